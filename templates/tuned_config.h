@@ -1,0 +1,62 @@
+// Types and lookup for generated best-config tables (configs/generated/*.hpp).
+// Plain constexpr C++17: usable by nvcc and host compilers, so that a build can turn a
+// looked-up entry straight into template arguments:
+//   constexpr auto e = flashtune::tuned::lookup("NVIDIA H100 80GB HBM3", "sm_90", "fa2_simt", "fwd", "fp32", 64, false, 4096);
+//   using Traits = flashtune::Fa2SimtTraits<64, e.params[0], e.params[1], e.params[2], e.params[3], e.params[4], false>;
+#pragma once
+
+namespace flashtune {
+namespace tuned {
+
+inline constexpr int kMaxParams = 8;
+
+// One tuned choice: parameters positional, in the order the family's kParams lists them.
+struct Entry {
+  const char* family;
+  const char* direction;
+  const char* dtype;
+  int head_dim;
+  bool causal;
+  int seq_max;  // the entry covers sequence lengths up to this bucket
+  int params[kMaxParams];
+  float tflops;  // what it measured (mean over the bucket's problems)
+};
+
+struct Table {
+  const char* device;  // "NVIDIA H100 80GB HBM3"
+  const char* arch;    // "sm_90"
+  const Entry* entries;
+  int count;
+};
+
+enum class Source { device, arch, fallback };
+
+struct Choice {
+  Entry entry;
+  Source source;
+};
+
+constexpr bool str_eq(const char* a, const char* b) {
+  while (*a && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+
+// The entry for (family, direction, dtype, d, causal) whose bucket is the smallest that
+// holds seq; past the largest bucket, the largest. nullptr when none matches.
+constexpr const Entry* find_in(const Table& t, const char* family, const char* direction, const char* dtype,
+                               int head_dim, bool causal, int seq) {
+  const Entry* best = nullptr;
+  const Entry* largest = nullptr;
+  for (int i = 0; i < t.count; ++i) {
+    const Entry& e = t.entries[i];
+    if (!str_eq(e.family, family) || !str_eq(e.direction, direction) || !str_eq(e.dtype, dtype) ||
+        e.head_dim != head_dim || e.causal != causal)
+      continue;
+    if (!largest || e.seq_max > largest->seq_max) largest = &e;
+    if (e.seq_max >= seq && (!best || e.seq_max < best->seq_max)) best = &e;
+  }
+  return best ? best : largest;
+}
+
+}  // namespace tuned
+}  // namespace flashtune

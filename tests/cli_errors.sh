@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Bad input: one line on stderr naming the problem, exit code 2, and a store left intact.
+set -u
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+expect_usage_error() {  # expect_usage_error "<needle>" args...
+  local needle=$1; shift
+  "$FLASHTUNE" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$tmp/err")
+  if [[ $rc -ne 2 || $lines -ne 1 ]] || ! grep -q -- "$needle" "$tmp/err"; then
+    echo "FAIL: flashtune $* -> rc=$rc, $lines stderr lines, want 2 and 1 line with '$needle':"; cat "$tmp/err"
+    fail=1
+  fi
+}
+
+echo '{"family":"fa2_simt","params":{"BLOCK_M":[48]}}' >"$tmp/bad_space.json"
+echo '{"family":"fa2_simt","params":{"BLOCK_M":["64>;evil"]}}' >"$tmp/inject.json"
+echo '{"problems":[{"batch":1,"heads":1,"seq":8}]}' >"$tmp/bad_problems.json"
+echo '{not json' >"$tmp/broken.json"
+
+expect_usage_error "unknown command" frobnicate
+expect_usage_error "unknown option --bogus" tune --bogus
+expect_usage_error "takes a space file and a problems file" tune "$SRC/configs/spaces/fa2_simt.json"
+expect_usage_error "BLOCK_M = 48 is outside its domain" compile-check "$tmp/bad_space.json"
+expect_usage_error "must hold integers only" compile-check "$tmp/inject.json"
+expect_usage_error "not valid JSON" compile-check "$tmp/broken.json"
+expect_usage_error "cannot read" compile-check "$tmp/missing.json"
+expect_usage_error "unsupported arch" compile-check "$SRC/configs/spaces/naive.json" --arch sm_1
+expect_usage_error "missing 'head_dim'" tune "$SRC/configs/spaces/naive.json" "$tmp/bad_problems.json" --db "$tmp/x.db"
+expect_usage_error "--shape must be B,H,Sq,Sk,d" run --family fa2_simt --params BLOCK_M=64 --shape 1,2,3
+expect_usage_error "exactly one of --params and --best" run --family fa2_simt --shape 1,1,8,8,64
+expect_usage_error "unknown family" run --family nope --params X=1 --shape 1,1,8,8,64
+expect_usage_error "outside its domain" run --family fa2_simt --params BLOCK_M=7 --shape 1,1,8,8,64
+expect_usage_error "does not support head_dim" run --family fa2_simt --params BLOCK_M=64 --shape 1,1,8,8,80
+expect_usage_error "unknown dtype" run --family fa2_simt --params BLOCK_M=64 --shape 1,1,8,8,64 --dtype fp8
+expect_usage_error "--timeout must be a positive number" run --family fa2_simt --params BLOCK_M=64 --shape 1,1,8,8,64 --timeout x
+expect_usage_error "does not exist" best --db "$tmp/none.db"
+expect_usage_error "emit needs --db and --out" emit --db x
+
+# A foreign SQLite file is refused and left as it was.
+python3 - "$tmp/foreign.db" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1]); c.execute("create table precious(x)"); c.execute("insert into precious values (7)"); c.commit()
+PY
+before=$(sha256sum "$tmp/foreign.db")
+expect_usage_error "is not a flashtune database" best --db "$tmp/foreign.db"
+expect_usage_error "is not a flashtune database" tune "$SRC/configs/spaces/naive.json" "$SRC/configs/problems/smoke.json" --db "$tmp/foreign.db"
+[[ "$(sha256sum "$tmp/foreign.db")" == "$before" ]] || { echo "FAIL: foreign DB modified"; fail=1; }
+
+# Every verb has --help (exit 0).
+for verb in devices compile-check tune run best emit drop-cubins; do
+  "$FLASHTUNE" $verb --help >/dev/null || { echo "FAIL: $verb --help"; fail=1; }
+done
+[[ $fail -eq 0 ]] && echo "cli_errors: all passed"
+exit $fail

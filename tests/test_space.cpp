@@ -1,0 +1,122 @@
+// Spaces and problem sets: parsing, validation (no value reaches a name expression unchecked),
+// enumeration.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tuner/space.hpp"
+#include "tuner/util.hpp"
+
+using namespace flashtune;
+using nlohmann::json;
+
+TEST(Space, CartesianProductInParamOrder) {
+  Space s = space_from_json(json::parse(R"({"family":"fa2_simt","params":{"BLOCK_M":[64,128],"BLOCK_N":[32,64],
+      "TM":[4],"TN":[4],"KV_STAGES":[1,2]},"head_dims":[64],"causal":[false]})"));
+  auto configs = s.configs();
+  ASSERT_EQ(configs.size(), 8u);
+  EXPECT_EQ(configs.front(), (Config{64, 32, 4, 4, 1}));
+  EXPECT_EQ(configs.back(), (Config{128, 64, 4, 4, 2}));
+  EXPECT_EQ(s.variants().size(), 8u);
+}
+
+TEST(Space, UnnamedParamsTakeTheDefault) {
+  Space s = space_from_json(json::parse(R"({"family":"fa2_simt","params":{"BLOCK_M":[128]}})"));
+  const Family& f = *s.family;
+  ASSERT_EQ(s.configs().size(), 1u);
+  Config expect = f.default_config;
+  expect[0] = 128;
+  EXPECT_EQ(s.configs()[0], expect);
+  EXPECT_EQ(s.head_dims, f.head_dims);
+  EXPECT_EQ(s.causal.size(), 2u);
+}
+
+TEST(Space, RejectsBadValuesBeforeTheyReachSource) {
+  auto bad = [](const char* text) { return space_from_json(json::parse(text)); };
+  EXPECT_THROW(bad(R"({"family":"nope"})"), UsageError);
+  EXPECT_THROW(bad(R"({"family":"fa2_simt","params":{"BLOCK_M":["64>; int x; //"]}})"), UsageError);
+  EXPECT_THROW(bad(R"({"family":"fa2_simt","params":{"BLOCK_M":[63]}})"), UsageError);
+  EXPECT_THROW(bad(R"({"family":"fa2_simt","params":{"BLOCK_M":[64.5]}})"), UsageError);
+  EXPECT_THROW(bad(R"({"family":"fa2_simt","params":{"WARPS":[4]}})"), UsageError);
+  EXPECT_THROW(bad(R"({"family":"fa2_simt","params":{"BLOCK_M":[]}})"), UsageError);
+  EXPECT_THROW(bad(R"({"family":"fa2_simt","head_dims":[80]})"), UsageError);
+  EXPECT_THROW(bad(R"({"family":"fa2_simt","dtypes":["bf16"]})"), UsageError);
+  EXPECT_THROW(bad(R"({"family":"fa2_simt","causal":["yes"]})"), UsageError);
+  EXPECT_THROW(bad(R"({"family":"fa2_simt","extra":1})"), UsageError);
+  try {
+    bad(R"({"family":"fa2_simt","params":{"BLOCK_M":[63]}})");
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("BLOCK_M = 63"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Family, ParseConfigRoundTripAndValidation) {
+  const Family& f = find_family("fa2_simt");
+  Config c = f.parse_config("BLOCK_M=128,BLOCK_N=64,TM=8,TN=4,KV_STAGES=2");
+  EXPECT_EQ(c, (Config{128, 64, 8, 4, 2}));
+  EXPECT_EQ(f.parse_config(f.config_string(c)), c);
+  EXPECT_THROW(f.parse_config("BLOCK_M=12x"), UsageError);
+  EXPECT_THROW(f.parse_config("BLOCK_M=100"), UsageError);
+  EXPECT_THROW(f.parse_config("FOO=1"), UsageError);
+  EXPECT_THROW(f.parse_config("BLOCK_M"), UsageError);
+  EXPECT_EQ(f.name_expression(c, 64, true, DType::fp32),
+            "&flashtune::fa2_simt_fwd<flashtune::Fa2SimtTraits<64,128,64,8,4,2,true>>");
+}
+
+TEST(Family, ConstraintsPruneWithReasons) {
+  const Family& f = find_family("fa2_simt");
+  EXPECT_EQ(f.check({64, 32, 4, 4, 2}, 64), nullptr);
+  // TC = 64/4 = 16 threads along N need d % 64 == 0: d = 96 is impossible.
+  ASSERT_NE(f.check({64, 64, 4, 4, 2}, 96), nullptr);
+  EXPECT_NE(std::string(f.check({64, 64, 4, 4, 2}, 96)).find("D % (4*TC)"), std::string::npos);
+  // TC = 128/2 = 64 threads along N cannot be lanes of one warp.
+  ASSERT_NE(f.check({32, 128, 2, 2, 1}, 64), nullptr);
+  EXPECT_NE(std::string(f.check({32, 128, 2, 2, 1}, 64)).find("TC does not divide 32"), std::string::npos);
+  // The default configuration must be valid for every supported head dim.
+  for (const auto& fam : families())
+    for (int d : fam.head_dims) EXPECT_EQ(fam.check(fam.default_config, d), nullptr) << fam.name << " d" << d;
+}
+
+TEST(Problems, ExplicitListAndStandardGrid) {
+  auto ps = problems_from_json(json::parse(R"({"problems":[{"batch":2,"heads":3,"seq_q":100,"seq_k":77,"head_dim":64,
+      "causal":true}], "grid":{"tokens":16384,"hidden":2048,"seq":[1024,4096],"head_dim":[64,128],
+      "causal":[false,true],"dtype":["fp32"]}})"));
+  ASSERT_EQ(ps.size(), 9u);
+  EXPECT_EQ(ps[0].seq_q, 100);
+  EXPECT_EQ(ps[0].seq_k, 77);
+  EXPECT_TRUE(ps[0].causal);
+  // B = tokens / S, H = hidden / d
+  EXPECT_EQ(ps[1].batch, 16);
+  EXPECT_EQ(ps[1].heads, 32);
+  EXPECT_EQ(ps[1].seq_q, 1024);
+  EXPECT_EQ(ps.back().batch, 4);
+  EXPECT_EQ(ps.back().heads, 16);
+  EXPECT_TRUE(ps.back().causal);
+}
+
+TEST(Problems, RejectsBadShapes) {
+  auto bad = [](const char* text) { return problems_from_json(json::parse(text)); };
+  EXPECT_THROW(bad(R"({"problems":[{"batch":0,"heads":1,"seq":8,"head_dim":64}]})"), UsageError);
+  EXPECT_THROW(bad(R"({"problems":[{"batch":1,"heads":1,"seq":8}]})"), UsageError);
+  EXPECT_THROW(bad(R"({"problems":[{"batch":1,"heads":1,"seq":8,"head_dim":64,"dtype":"fp8"}]})"), UsageError);
+  EXPECT_THROW(bad(R"({"problems":[{"batch":1,"heads":1,"seq":8,"head_dim":64,"causal":1}]})"), UsageError);
+  EXPECT_THROW(bad(R"({"grid":{"tokens":1000,"hidden":2048,"seq":[1024],"head_dim":[64]}})"), UsageError);
+  EXPECT_THROW(bad(R"({"problems":[]})"), UsageError);
+}
+
+TEST(Problems, FlopsFollowFlashAttentionConvention) {
+  Problem p{4, 16, 4096, 4096, 128, DType::fp32, false};
+  EXPECT_DOUBLE_EQ(p.flops(), 4.0 * 4 * 16 * 4096.0 * 4096 * 128);
+  p.causal = true;
+  EXPECT_DOUBLE_EQ(p.flops(), 2.0 * 4 * 16 * 4096.0 * 4096 * 128);
+  EXPECT_EQ(p.seq_bucket(), 4096);
+  p.seq_k = 4097;
+  EXPECT_EQ(p.seq_bucket(), 8192);
+}
+
+TEST(CommittedConfigs, EveryFileParses) {
+  for (const char* s : {"fa2_simt.json", "naive.json", "fault.json"})
+    EXPECT_NO_THROW(load_space(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/" + s)) << s;
+  for (const char* s : {"anchors_fp32.json", "smoke.json", "ragged.json"})
+    EXPECT_NO_THROW(load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/" + s)) << s;
+}

@@ -1,0 +1,112 @@
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <filesystem>
+
+#include "fixture.hpp"
+#include "tuner/store.hpp"
+#include "tuner/util.hpp"
+
+using namespace flashtune;
+namespace fs = std::filesystem;
+
+namespace {
+std::string temp_db(const char* name) {
+  auto p = fs::temp_directory_path() / (std::string("flashtune_test_") + name + "_" + std::to_string(getpid()) + ".db");
+  fs::remove(p);
+  return p.string();
+}
+}  // namespace
+
+TEST(Store, KernelRoundTripWithCubin) {
+  std::string path = temp_db("kernel");
+  {
+    Store s(path);
+    KernelRecord k;
+    k.hash = "abc";
+    k.family = "fa2_simt";
+    k.direction = "fwd";
+    k.config = "BLOCK_M=64";
+    k.head_dim = 64;
+    k.dtype = DType::fp32;
+    k.arch = "sm_90";
+    k.status = "compiled";
+    k.res = {96, 0, 0, 0, 0};
+    k.cubin = std::string("\x7f" "ELF\0\1\2", 7);
+    s.put_kernel(k);
+  }
+  Store s(path);  // reopen: persisted
+  auto k = s.find_kernel("abc");
+  ASSERT_TRUE(k);
+  EXPECT_EQ(k->res.registers, 96);
+  EXPECT_EQ(k->cubin.size(), 7u);
+  EXPECT_FALSE(s.find_kernel("missing"));
+  s.drop_cubins();
+  EXPECT_FALSE(s.find_kernel("abc")) << "a compiled entry without its binary is no cache hit";
+  EXPECT_TRUE(s.find_kernel("abc", false));
+  fs::remove(path);
+}
+
+TEST(Store, ResultsKeepMetadataAndRerunsSkip) {
+  std::string path = temp_db("results");
+  Store s(path);
+  fixture::fill_fixture(s);
+  const DeviceInfo dev = fixture::fixture_device();
+  Problem p1{4, 16, 4096, 4096, 64, DType::fp32, false};
+  EXPECT_TRUE(s.has_result("hash-BLOCK_M=128,BLOCK_N=64,TM=8,TN=4,KV_STAGES=2-64n", dev, p1));
+  Problem other = p1;
+  other.batch = 5;
+  EXPECT_FALSE(s.has_result("hash-BLOCK_M=128,BLOCK_N=64,TM=8,TN=4,KV_STAGES=2-64n", dev, other));
+
+  auto all = s.results({});
+  EXPECT_EQ(all.size(), 8u);
+  ResultFilter f;
+  f.device = dev.name;
+  f.ok_only = true;
+  auto ok = s.results(f);
+  EXPECT_EQ(ok.size(), 5u);
+  for (const auto& r : ok) {
+    EXPECT_EQ(r.status, "ok");
+    EXPECT_EQ(r.sm_count, 132);
+    EXPECT_EQ(r.driver_version, 13000);
+    EXPECT_EQ(r.nvrtc_version, "13.0");
+    EXPECT_GT(r.tflops, 0);
+    EXPECT_FALSE(r.created.empty());
+  }
+  f.causal = 1;
+  EXPECT_EQ(s.results(f).size(), 0u);
+  fs::remove(path);
+}
+
+TEST(Store, RefusesForeignOrNewerDatabases) {
+  std::string path = temp_db("foreign");
+  {
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    sqlite3_exec(db, "CREATE TABLE precious(x); INSERT INTO precious VALUES(42);", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+  }
+  EXPECT_THROW(Store s(path), UsageError);
+  {
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    sqlite3_stmt* st;
+    sqlite3_prepare_v2(db, "SELECT x FROM precious", -1, &st, nullptr);
+    ASSERT_EQ(sqlite3_step(st), SQLITE_ROW);
+    EXPECT_EQ(sqlite3_column_int(st, 0), 42) << "refusing must not alter the file";
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+  }
+  fs::remove(path);
+  {
+    Store s(path);
+  }
+  {
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    sqlite3_exec(db, "UPDATE meta SET value='99' WHERE key='schema_version'", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+  }
+  EXPECT_THROW(Store s(path), UsageError);
+  fs::remove(path);
+}

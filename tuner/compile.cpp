@@ -1,0 +1,192 @@
+#include "tuner/compile.hpp"
+
+#include <nvrtc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <regex>
+#include <thread>
+
+#include "tuner/embedded.hpp"
+#include "tuner/util.hpp"
+
+namespace flashtune {
+
+ArchLimits arch_limits(const std::string& arch) {
+  // Opt-in shared memory per block (CUDA programming guide, compute capabilities table).
+  if (arch == "sm_80" || arch == "sm_87") return {166912};
+  if (arch == "sm_86" || arch == "sm_89") return {101376};
+  if (arch == "sm_90" || arch == "sm_90a") return {232448};
+  if (arch == "sm_100" || arch == "sm_120") return {232448};
+  throw UsageError("unsupported arch '" + arch + "' (expected sm_80, sm_86, sm_87, sm_89, sm_90, sm_100 or sm_120)");
+}
+
+std::string nvrtc_version() {
+  int major = 0, minor = 0;
+  nvrtcVersion(&major, &minor);
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+Resources parse_ptxas_log(const std::string& log) {
+  Resources r;
+  std::smatch m;
+  if (std::regex_search(log, m, std::regex(R"(Used (\d+) registers)"))) r.registers = std::stoi(m[1]);
+  if (std::regex_search(log, m, std::regex(R"((\d+) bytes smem)"))) r.smem_static = std::stoi(m[1]);
+  if (std::regex_search(log, m, std::regex(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)"))) {
+    r.stack_bytes = std::stoi(m[1]);
+    r.spill_stores = std::stoi(m[2]);
+    r.spill_loads = std::stoi(m[3]);
+  }
+  return r;
+}
+
+Compiler::Compiler(std::string arch) : arch_(std::move(arch)) {
+  arch_limits(arch_);  // validates the name
+  std::string all;
+  for (const auto& f : embedded_templates()) all += f.name + '\0' + f.contents + '\0';
+  source_hash_ = content_hash(all);
+}
+
+std::vector<std::string> Compiler::options() const {
+  return {"--gpu-architecture=" + arch_, "--std=c++17", "-Xptxas=-v", "-DFLASHTUNE_NVRTC=1"};
+}
+
+std::string Compiler::options_string() const {
+  std::string s;
+  for (const auto& o : options()) s += (s.empty() ? "" : " ") + o;
+  return s;
+}
+
+std::string Compiler::variant_hash(const Variant& v) const {
+  std::string key = source_hash_ + '|' + options_string() + '|' + nvrtc_version() + '|' + arch_ + '|' +
+                    v.family->name_expression(v.config, v.head_dim, v.causal, v.dtype);
+  return content_hash(key);
+}
+
+KernelRecord Compiler::compile(const Variant& v) const {
+  const Family& f = *v.family;
+  KernelRecord k;
+  k.hash = variant_hash(v);
+  k.family = f.name;
+  k.direction = f.direction;
+  k.config = f.config_string(v.config);
+  k.head_dim = v.head_dim;
+  k.causal = v.causal;
+  k.dtype = v.dtype;
+  k.arch = arch_;
+  k.nvrtc_version = nvrtc_version();
+  k.options = options_string();
+  k.source_hash = source_hash_;
+  k.name_expression = f.name_expression(v.config, v.head_dim, v.causal, v.dtype);
+
+  // Prune before compiling: the family's constraints, then the target's limits.
+  if (const char* why = f.check(v.config, v.head_dim)) {
+    k.status = "pruned";
+    k.reason = why;
+    return k;
+  }
+  const ArchLimits lim = arch_limits(arch_);
+  Problem probe;  // launch geometry that does not depend on the shape
+  probe.head_dim = v.head_dim;
+  probe.causal = v.causal;
+  probe.dtype = v.dtype;
+  const Launch launch = f.launch(v.config, probe);
+  if ((int)launch.smem_bytes > lim.max_smem_per_block) {
+    k.status = "pruned";
+    k.reason = "shared memory " + std::to_string(launch.smem_bytes) + " B exceeds the " + arch_ + " limit of " +
+               std::to_string(lim.max_smem_per_block) + " B";
+    return k;
+  }
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<const char*> header_src, header_names;
+  for (const auto& h : embedded_templates()) {
+    header_src.push_back(h.contents.c_str());
+    header_names.push_back(h.name.c_str());
+  }
+  const std::string source = "#include \"" + f.template_file + "\"\n";
+  nvrtcProgram prog;
+  nvrtcCreateProgram(&prog, source.c_str(), ("flashtune_" + f.name + ".cu").c_str(), (int)header_src.size(),
+                     header_src.data(), header_names.data());
+  nvrtcAddNameExpression(prog, k.name_expression.c_str());
+  const auto opts = options();
+  std::vector<const char*> copts;
+  for (const auto& o : opts) copts.push_back(o.c_str());
+  nvrtcResult rc = nvrtcCompileProgram(prog, (int)copts.size(), copts.data());
+  size_t log_size = 0;
+  nvrtcGetProgramLogSize(prog, &log_size);
+  k.log.resize(log_size);
+  if (log_size) nvrtcGetProgramLog(prog, k.log.data());
+  while (!k.log.empty() && k.log.back() == '\0') k.log.pop_back();
+  k.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  if (rc != NVRTC_SUCCESS) {
+    k.status = "compile_error";
+    // The first "error" line says why (a static_assert message, for instance).
+    auto pos = k.log.find("error");
+    k.reason = pos == std::string::npos ? nvrtcGetErrorString(rc) : k.log.substr(pos, k.log.find('\n', pos) - pos);
+    nvrtcDestroyProgram(&prog);
+    return k;
+  }
+  const char* lowered = nullptr;
+  nvrtcGetLoweredName(prog, k.name_expression.c_str(), &lowered);
+  k.lowered_name = lowered ? lowered : "";
+  size_t cubin_size = 0;
+  nvrtcGetCUBINSize(prog, &cubin_size);
+  k.cubin.resize(cubin_size);
+  nvrtcGetCUBIN(prog, k.cubin.data());
+  nvrtcDestroyProgram(&prog);
+
+  k.res = parse_ptxas_log(k.log);
+  k.status = "compiled";
+  if (k.res.spill_stores > 0 || k.res.spill_loads > 0 || k.res.stack_bytes > 0) {
+    k.status = "pruned";
+    k.reason = "spills: " + std::to_string(k.res.stack_bytes) + " B stack, " + std::to_string(k.res.spill_stores) +
+               " B spill stores, " + std::to_string(k.res.spill_loads) + " B spill loads";
+  } else if ((long long)k.res.registers * launch.threads > lim.registers_per_sm) {
+    k.status = "pruned";
+    k.reason = std::to_string(k.res.registers) + " registers x " + std::to_string(launch.threads) +
+               " threads exceed the register file";
+  } else if ((int)(launch.smem_bytes + k.res.smem_static) > lim.max_smem_per_block) {
+    k.status = "pruned";
+    k.reason = "static + dynamic shared memory exceeds the limit";
+  }
+  if (k.status != "compiled") k.cubin.clear();
+  return k;
+}
+
+std::vector<KernelRecord> Compiler::compile_all(const std::vector<Variant>& variants, Store* cache,
+                                                const std::function<void(size_t, size_t)>& progress) const {
+  std::vector<KernelRecord> out(variants.size());
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    if (cache) {
+      if (auto k = cache->find_kernel(variant_hash(variants[i]))) {
+        out[i] = std::move(*k);
+        continue;
+      }
+    }
+    todo.push_back(i);
+  }
+  std::atomic<size_t> next{0}, done{variants.size() - todo.size()};
+  std::mutex store_mutex;
+  auto work = [&] {
+    for (size_t t; (t = next++) < todo.size();) {
+      size_t i = todo[t];
+      out[i] = compile(variants[i]);
+      std::lock_guard lock(store_mutex);
+      if (cache) cache->put_kernel(out[i]);
+      size_t d = ++done;
+      if (progress) progress(d, variants.size());
+    }
+  };
+  unsigned n = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), (unsigned)todo.size()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < n; ++t) pool.emplace_back(work);
+  for (auto& th : pool) th.join();
+  return out;
+}
+
+}  // namespace flashtune

@@ -1,0 +1,56 @@
+// NVRTC stage: a variant (family, config, head_dim, causal, dtype) becomes a cubin for one
+// arch, with its resource usage, or a pruned/compile_error record with the reason.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tuner/family.hpp"
+#include "tuner/store.hpp"
+
+namespace flashtune {
+
+struct Variant {
+  const Family* family = nullptr;
+  Config config;
+  int head_dim = 0;
+  bool causal = false;
+  DType dtype = DType::fp32;
+  bool operator==(const Variant& o) const {
+    return family == o.family && config == o.config && head_dim == o.head_dim && causal == o.causal &&
+           dtype == o.dtype;
+  }
+};
+
+// What the target can hold, for pruning without a GPU.
+struct ArchLimits {
+  int max_smem_per_block = 0;  // opt-in maximum, bytes
+  int registers_per_sm = 65536;
+  int max_threads = 1024;
+};
+ArchLimits arch_limits(const std::string& arch);  // "sm_80", "sm_90"; throws UsageError for unknown
+std::string nvrtc_version();
+
+class Compiler {
+ public:
+  explicit Compiler(std::string arch);
+  const std::string& arch() const { return arch_; }
+  std::string options_string() const;
+  // Hash of everything that determines the variant's code.
+  std::string variant_hash(const Variant&) const;
+  // Prunes by constraints and limits, compiles, parses resources; never throws for a bad variant.
+  KernelRecord compile(const Variant&) const;
+  // All variants, cached in the store where given, on all CPU cores. on_done(i) after each.
+  std::vector<KernelRecord> compile_all(const std::vector<Variant>&, Store*,
+                                        const std::function<void(size_t done, size_t total)>& progress = {}) const;
+
+ private:
+  std::vector<std::string> options() const;
+  std::string arch_;
+  std::string source_hash_;  // of every embedded template
+};
+
+// "ptxas info : Used 64 registers ..." -> Resources
+Resources parse_ptxas_log(const std::string& log);
+
+}  // namespace flashtune

@@ -1,0 +1,152 @@
+#include "tuner/family.hpp"
+
+#include <algorithm>
+
+#include "templates/fa2_simt_traits.h"
+#include "templates/naive_traits.h"
+#include "templates/test_faults_traits.h"
+#include "tuner/util.hpp"
+
+namespace flashtune {
+
+namespace {
+
+const char* bool_arg(bool b) { return b ? "true" : "false"; }
+
+std::string join_args(std::initializer_list<std::string> args) {
+  std::string s;
+  for (const auto& a : args) s += (s.empty() ? "" : ",") + a;
+  return s;
+}
+
+Launch make_launch(GridDims g, int threads, int smem, size_t workspace = 0) {
+  Launch l;
+  l.grid[0] = (unsigned)g.x;
+  l.grid[1] = (unsigned)g.y;
+  l.grid[2] = (unsigned)g.z;
+  l.threads = (unsigned)threads;
+  l.smem_bytes = (unsigned)smem;
+  l.workspace_bytes = workspace;
+  return l;
+}
+
+std::vector<Family> make_families() {
+  std::vector<Family> fs;
+  using S = std::string;
+
+  {  // The unfused baseline: scores materialised in global memory.
+    Family f;
+    f.name = "naive";
+    f.direction = "fwd";
+    f.template_file = "naive.cuh";
+    f.kernel = "flashtune::naive_fwd";
+    f.params = {{"THREADS", {64, 128, 256, 512, 1024}}};
+    f.head_dims = {32, 64, 96, 128};
+    f.dtypes = {DType::fp32};
+    f.default_config = {256};
+    f.traits = [](const Config& c, int d, bool causal, DType) {
+      return "flashtune::NaiveTraits<" + join_args({std::to_string(d), std::to_string(c[0]), bool_arg(causal)}) + ">";
+    };
+    f.check = [](const Config& c, int d) { return naive_check(d, c[0]); };
+    f.launch = [](const Config& c, const Problem& p) {
+      return make_launch(naive_grid(p.batch, p.heads, p.seq_q), naive_threads(c[0]), naive_smem_bytes(p.head_dim, c[0]),
+                         4 * (size_t)naive_workspace_floats(p.batch, p.heads, p.seq_q, p.seq_k));
+    };
+    fs.push_back(std::move(f));
+  }
+  {  // FlashAttention-2 forward on CUDA cores.
+    Family f;
+    f.name = "fa2_simt";
+    f.direction = "fwd";
+    f.template_file = "fa2_simt.cuh";
+    f.kernel = "flashtune::fa2_simt_fwd";
+    f.params = {{"BLOCK_M", {16, 32, 64, 128, 256}},
+                {"BLOCK_N", {16, 32, 64, 128, 256}},
+                {"TM", {1, 2, 4, 8, 16}},
+                {"TN", {1, 2, 4, 8, 16}},
+                {"KV_STAGES", {1, 2}}};
+    f.head_dims = {32, 64, 96, 128};
+    f.dtypes = {DType::fp32};
+    f.default_config = {64, 32, 4, 4, 2};  // 128 threads; TC = 8 divides every supported d / 4
+    f.traits = [](const Config& c, int d, bool causal, DType) {
+      return "flashtune::Fa2SimtTraits<" +
+             join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
+                        std::to_string(c[3]), std::to_string(c[4]), bool_arg(causal)}) +
+             ">";
+    };
+    // The target's shared-memory limit is the compile stage's to apply, per arch.
+    f.check = [](const Config& c, int d) { return fa2_simt_check(d, c[0], c[1], c[2], c[3], c[4], 1 << 30); };
+    f.launch = [](const Config& c, const Problem& p) {
+      return make_launch(fa2_simt_grid(p.batch, p.heads, p.seq_q, c[0]), fa2_simt_threads(c[0], c[1], c[2], c[3]),
+                         fa2_simt_smem_bytes(p.head_dim, c[0], c[1], c[4]));
+    };
+    fs.push_back(std::move(f));
+  }
+  {  // Test only: MODE 0 computes attention correctly, 1 writes out of bounds, 2 never ends.
+    Family f;
+    f.name = "fault";
+    f.direction = "fwd";
+    f.template_file = "test_faults.cuh";
+    f.kernel = "flashtune::fault_fwd";
+    f.params = {{"MODE", {0, 1, 2}}};
+    f.head_dims = {32, 64, 96, 128};
+    f.dtypes = {DType::fp32};
+    f.default_config = {0};
+    f.test_only = true;
+    f.traits = [](const Config& c, int d, bool causal, DType) {
+      return "flashtune::FaultTraits<" + join_args({std::to_string(c[0]), std::to_string(d), bool_arg(causal)}) + ">";
+    };
+    f.check = [](const Config&, int) -> const char* { return nullptr; };
+    f.launch = [](const Config&, const Problem& p) {
+      return make_launch(fault_grid(p.batch, p.heads, p.seq_q), kFaultThreads, 0, 4);
+    };
+    fs.push_back(std::move(f));
+  }
+  return fs;
+}
+
+}  // namespace
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> fs = make_families();
+  return fs;
+}
+
+const Family& find_family(const std::string& name) {
+  for (const auto& f : families())
+    if (f.name == name) return f;
+  std::string known;
+  for (const auto& f : families())
+    if (!f.test_only) known += (known.empty() ? "" : ", ") + f.name;
+  throw UsageError("unknown family '" + name + "' (known: " + known + ")");
+}
+
+std::string Family::config_string(const Config& c) const {
+  std::string s;
+  for (size_t i = 0; i < params.size() && i < c.size(); ++i)
+    s += (i ? "," : "") + params[i].name + "=" + std::to_string(c[i]);
+  return s;
+}
+
+Config Family::parse_config(const std::string& kv) const {
+  Config c = default_config;
+  std::vector<bool> seen(params.size(), false);
+  for (const auto& item : split(kv, ',')) {
+    auto parts = split(item, '=');
+    if (parts.size() != 2) throw UsageError("parameter '" + item + "' is not K=V");
+    const std::string key = trim(parts[0]), val = trim(parts[1]);
+    auto it = std::find_if(params.begin(), params.end(), [&](const ParamSpec& p) { return p.name == key; });
+    if (it == params.end()) throw UsageError("family " + name + " has no parameter '" + key + "'");
+    size_t i = (size_t)(it - params.begin());
+    char* end = nullptr;
+    long v = std::strtol(val.c_str(), &end, 10);
+    if (val.empty() || *end) throw UsageError("parameter " + key + " must be an integer, got '" + val + "'");
+    if (std::find(it->domain.begin(), it->domain.end(), (int)v) == it->domain.end())
+      throw UsageError("parameter " + key + " = " + val + " is outside its domain");
+    c[i] = (int)v;
+    seen[i] = true;
+  }
+  return c;
+}
+
+}  // namespace flashtune

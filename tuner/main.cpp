@@ -1,0 +1,396 @@
+// flashtune: the command line. Each verb validates its arguments and fails with one line
+// and exit code 2 on bad input; stored results are never touched by a failing command.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "tuner/compile.hpp"
+#include "tuner/emit.hpp"
+#include "tuner/select.hpp"
+#include "tuner/space.hpp"
+#include "tuner/store.hpp"
+#include "tuner/sweep.hpp"
+#include "tuner/util.hpp"
+
+using namespace flashtune;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: flashtune <command> [options]
+
+commands:
+  devices                               list CUDA devices (through the worker)
+  compile-check <space.json> [--arch sm_90]
+                                        compile (or prune, with the reason) every variant of a space
+  tune <space.json> <problems.json> [--db PATH] [--device N] [--timeout S] [--seed N] [--arch A]
+                                        sweep: compile, run, validate, time and store every candidate
+  run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32] [--causal]
+      [--seed N] [--check] [--json] [--db PATH] [--device N] [--timeout S]
+                                        one config on one problem, validated, timed
+  best --db PATH [--family F] [--device NAME] [--dtype T] [--d N] [--causal 0|1] [--csv]
+                                        the best valid config per problem, with TFLOP/s
+  emit --db PATH --out DIR              per-GPU best-config headers plus dispatch.hpp
+  drop-cubins --db PATH                 strip compiled binaries from a store (for committing it)
+
+every command takes --help.
+)";
+
+// --key value / --key=value / --flag, with the set of keys each command accepts.
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> opts;
+  bool has(const std::string& k) const { return opts.count(k); }
+  std::string get(const std::string& k, const std::string& def = "") const {
+    auto it = opts.find(k);
+    return it == opts.end() ? def : it->second;
+  }
+  long long get_int(const std::string& k, long long def, long long lo, long long hi) const {
+    if (!has(k)) return def;
+    const std::string& s = opts.at(k);
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || *end || errno || v < lo || v > hi)
+      throw UsageError("--" + k + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                       ", got '" + s + "'");
+    return v;
+  }
+  double get_double(const std::string& k, double def) const {
+    if (!has(k)) return def;
+    char* end = nullptr;
+    double v = std::strtod(opts.at(k).c_str(), &end);
+    if (*end || !(v > 0)) throw UsageError("--" + k + " must be a positive number, got '" + opts.at(k) + "'");
+    return v;
+  }
+};
+
+Args parse(int argc, char** argv, const std::set<std::string>& valued, const std::set<std::string>& flags) {
+  Args a;
+  for (int i = 2; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.rfind("--", 0) != 0) {
+      a.positional.push_back(s);
+      continue;
+    }
+    std::string key = s.substr(2), value;
+    bool has_value = false;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+      has_value = true;
+    }
+    if (flags.count(key)) {
+      if (has_value) throw UsageError("--" + key + " takes no value");
+      a.opts[key] = "1";
+    } else if (valued.count(key)) {
+      if (!has_value) {
+        if (i + 1 >= argc) throw UsageError("--" + key + " needs a value");
+        value = argv[++i];
+      }
+      a.opts[key] = value;
+    } else {
+      throw UsageError("unknown option --" + key);
+    }
+  }
+  return a;
+}
+
+bool wants_help(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return true;
+  return false;
+}
+
+std::string command_line(int argc, char** argv) {
+  std::string s = "flashtune";
+  for (int i = 1; i < argc; ++i) s += std::string(" ") + argv[i];
+  return s;
+}
+
+RunOptions run_options(const Args& a) {
+  RunOptions o;
+  o.device = (int)a.get_int("device", 0, 0, 64);
+  o.timeout_s = a.get_double("timeout", 30);
+  o.seed = (unsigned long long)a.get_int("seed", (long long)o.seed, 0, (1ll << 62));
+  return o;
+}
+
+void require_file(const std::string& path, const char* what) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) throw UsageError(std::string(what) + " '" + path + "' does not exist");
+}
+
+// ---------------------------------------------------------------------------------------
+int cmd_devices(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune devices [--device N]\nLists the CUDA devices the worker sees.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"device"}, {});
+  RunOptions o = run_options(a);
+  GpuSession s(o);
+  if (!s.has_gpu()) {
+    std::printf("no GPU found: %s\n", s.no_gpu_reason().c_str());
+    return 1;
+  }
+  const DeviceInfo& d = s.device();
+  std::printf("%d: %s  %s  %d SMs  %.1f GiB  L2 %d MiB  smem/block %d KiB  driver %d\n", o.device, d.name.c_str(),
+              d.arch.c_str(), d.sm_count, d.memory_bytes / 1073741824.0, d.l2_bytes >> 20, d.max_smem_optin >> 10,
+              d.driver_version);
+  return 0;
+}
+
+int cmd_compile_check(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune compile-check <space.json> [--arch sm_90] [--db PATH]\n"
+              "Compiles every variant of the space with NVRTC (or prunes it, with the reason) and prints the\n"
+              "resource table. Exit 1 if any variant failed to compile.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"arch", "db"}, {});
+  if (a.positional.size() != 1) throw UsageError("compile-check takes one space file");
+  Space space = load_space(a.positional[0]);
+  Compiler c(a.get("arch", "sm_90"));
+  std::unique_ptr<Store> store;
+  if (a.has("db")) store = std::make_unique<Store>(a.get("db"));
+  auto variants = space.variants();
+  Progress prog("compile " + c.arch(), variants.size(), true);
+  auto kernels = c.compile_all(variants, store.get(), [&](size_t d, size_t) { prog.update(d); });
+  prog.finish();
+  std::map<std::string, int> n;
+  std::printf("%-10s %-44s %4s %-6s %-5s %-13s %5s %6s  %s\n", "family", "config", "d", "causal", "dtype", "status",
+              "regs", "spill", "reason");
+  for (const auto& k : kernels) {
+    n[k.status]++;
+    std::printf("%-10s %-44s %4d %-6s %-5s %-13s %5d %6d  %s\n", k.family.c_str(), k.config.c_str(), k.head_dim,
+                k.causal ? "yes" : "no", to_string(k.dtype), k.status.c_str(), k.res.registers, k.res.spill_stores,
+                k.reason.substr(0, 90).c_str());
+  }
+  std::printf("%s %s: %zu variants:", space.family->name.c_str(), c.arch().c_str(), kernels.size());
+  for (auto& [s, count] : n) std::printf(" %d %s", count, s.c_str());
+  std::printf("\n");
+  return n.count("compile_error") ? 1 : 0;
+}
+
+int cmd_tune(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune tune <space.json> <problems.json> [--db PATH] [--device N] [--timeout S]\n"
+              "                      [--seed N] [--arch A] [--quiet]\n"
+              "Compiles the space's variants the problems need, runs each on each problem in a worker process,\n"
+              "validates against the float64 reference, times the valid ones and stores every attempt.\n"
+              "Without a GPU it compiles and prunes only. Default --db flashtune.db, --timeout 30 s.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"db", "device", "timeout", "seed", "arch"}, {"quiet"});
+  if (a.positional.size() != 2) throw UsageError("tune takes a space file and a problems file");
+  Space space = load_space(a.positional[0]);
+  std::vector<Problem> problems = load_problems(a.positional[1]);
+  SweepOptions o;
+  o.run = run_options(a);
+  o.arch = a.get("arch");
+  if (!o.arch.empty()) arch_limits(o.arch);
+  o.progress = !a.has("quiet");
+  Store store(a.get("db", "flashtune.db"));
+  SweepSummary s = tune(space, problems, store, o);
+  std::printf("%s: %s", space.family->name.c_str(), s.ran_kernels ? "candidates" : "variants");
+  for (auto& [status, count] : s.by_status) std::printf(" %d %s", count, status.c_str());
+  if (s.skipped) std::printf(", %d already stored", s.skipped);
+  std::printf("  (db %s)\n", store.path().c_str());
+  return 0;
+}
+
+Problem parse_shape(const std::string& shape, const Args& a) {
+  auto parts = split(shape, ',');
+  if (parts.size() != 5) throw UsageError("--shape must be B,H,Sq,Sk,d, got '" + shape + "'");
+  json j;
+  const char* keys[] = {"batch", "heads", "seq_q", "seq_k", "head_dim"};
+  for (int i = 0; i < 5; ++i) {
+    char* end = nullptr;
+    long long v = std::strtoll(parts[i].c_str(), &end, 10);
+    if (parts[i].empty() || *end) throw UsageError("--shape field " + std::string(keys[i]) + " is not an integer: '" + parts[i] + "'");
+    j[keys[i]] = v;
+  }
+  j["dtype"] = a.get("dtype", "fp32");
+  j["causal"] = a.has("causal");
+  return problem_from_json(j);
+}
+
+int cmd_run(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32]\n"
+              "                     [--causal] [--seed N] [--check] [--json] [--db PATH] [--device N] [--timeout S]\n"
+              "Runs one config of a family on one problem in the worker: validated against the float64\n"
+              "reference (sampled rows; every row with --check), then timed. --best takes the stored best\n"
+              "config for this device and problem from --db. Exit 1 if the kernel is not valid.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout"},
+                 {"causal", "check", "json", "best"});
+  if (!a.has("family")) throw UsageError("run needs --family");
+  if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d");
+  if (a.has("params") == a.has("best")) throw UsageError("run needs exactly one of --params and --best");
+  if (a.has("best") && !a.has("db")) throw UsageError("--best needs --db");
+  const Family& f = find_family(a.get("family"));
+  Problem p = parse_shape(a.get("shape"), a);
+  if (std::find(f.dtypes.begin(), f.dtypes.end(), p.dtype) == f.dtypes.end())
+    throw UsageError("family " + f.name + " does not support dtype " + to_string(p.dtype));
+  if (std::find(f.head_dims.begin(), f.head_dims.end(), p.head_dim) == f.head_dims.end())
+    throw UsageError("family " + f.name + " does not support head_dim " + std::to_string(p.head_dim));
+  RunOptions o = run_options(a);
+  if (a.has("check")) o.max_rows = (long long)p.batch * p.heads * p.seq_q;  // every row
+  std::unique_ptr<Store> store;
+  if (a.has("db")) {
+    if (a.has("best")) require_file(a.get("db"), "database");
+    store = std::make_unique<Store>(a.get("db"));
+  }
+  Config cfg = a.has("params") ? f.parse_config(a.get("params")) : Config{};  // bad params fail before any GPU work
+  GpuSession gpu(o);
+  if (!gpu.has_gpu()) {
+    std::fprintf(stderr, "flashtune: no GPU found (%s)\n", gpu.no_gpu_reason().c_str());
+    return 1;
+  }
+  if (a.has("best")) {
+    ResultFilter filter{f.name, gpu.device().name, to_string(p.dtype), f.direction, p.head_dim, (int)p.causal, true};
+    auto choices = best_per_bucket(store->results(filter));
+    const BucketChoice* pick = nullptr;
+    for (const auto& c : choices)  // the smallest bucket that holds the shape, else the largest
+      if ((c.seq_bucket >= p.seq_bucket() && (!pick || c.seq_bucket < pick->seq_bucket)) ||
+          (!pick && c.seq_bucket < p.seq_bucket()))
+        pick = &c;
+    if (!pick)
+      throw UsageError("no stored valid " + f.name + " result for " + gpu.device().name + " " + to_string(p.dtype) +
+                       " d" + std::to_string(p.head_dim) + (p.causal ? " causal" : "") + " in " + a.get("db"));
+    cfg = f.parse_config(pick->config);
+  }
+  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype};
+  Compiler compiler(gpu.device().arch);
+  KernelRecord k = compiler.compile_all({v}, store.get())[0];
+  ResultRecord r = gpu.run(k, v, p);
+  if (store && k.status == "compiled") store->put_result(r, gpu.device());
+  if (a.has("json")) {
+    json j = {{"family", f.name}, {"config", k.config}, {"problem", to_json(p)}, {"status", r.status},
+              {"error", r.error}, {"max_abs", r.max_abs}, {"max_rel", r.max_rel}, {"mse", r.mse},
+              {"ms_median", r.ms_median}, {"ms_p20", r.ms_p20}, {"ms_p80", r.ms_p80}, {"reps", r.reps},
+              {"tflops", r.tflops}, {"gbps", r.gbps}, {"registers", k.res.registers}, {"device", gpu.device().name}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("%s %s on %s [%s]\n", f.name.c_str(), k.config.c_str(), p.str().c_str(), gpu.device().name.c_str());
+    std::printf("  status %s%s%s\n", r.status.c_str(), r.error.empty() ? "" : ": ", r.error.c_str());
+    std::printf("  errors vs float64 reference: max_abs %.3g  max_rel %.3g  mse %.3g\n", r.max_abs, r.max_rel, r.mse);
+    if (r.status == "ok")
+      std::printf("  time %.4f ms (p20 %.4f, p80 %.4f, %d reps)  %.2f TFLOP/s  %.1f GB/s  %d registers\n", r.ms_median,
+                  r.ms_p20, r.ms_p80, r.reps, r.tflops, r.gbps, k.res.registers);
+  }
+  return r.status == "ok" ? 0 : 1;
+}
+
+ResultFilter filter_from(const Args& a) {
+  ResultFilter f;
+  f.family = a.get("family");
+  f.device = a.get("device");
+  f.dtype = a.get("dtype");
+  if (!f.dtype.empty()) parse_dtype(f.dtype);
+  f.head_dim = (int)a.get_int("d", 0, 1, 1024);
+  f.causal = (int)a.get_int("causal", -1, 0, 1);
+  if (!f.family.empty()) find_family(f.family);
+  return f;
+}
+
+int cmd_best(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune best --db PATH [--family F] [--device NAME] [--dtype T] [--d N] [--causal 0|1] [--csv]\n"
+              "The fastest valid config per problem, with its time, TFLOP/s and errors. Needs no GPU.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"db", "family", "device", "dtype", "d", "causal"}, {"csv"});
+  if (!a.has("db")) throw UsageError("best needs --db");
+  require_file(a.get("db"), "database");
+  Store store(a.get("db"));
+  ResultFilter filter = filter_from(a);
+  filter.ok_only = true;
+  auto best = best_per_problem(store.results(filter));
+  if (a.has("csv")) {
+    std::puts("device,family,direction,batch,heads,seq_q,seq_k,head_dim,dtype,causal,config,ms_median,ms_p20,ms_p80,"
+              "tflops,gbps,max_abs,max_rel");
+    for (const auto& r : best) {
+      const Problem& p = r.problem;
+      std::printf("\"%s\",%s,%s,%d,%d,%d,%d,%d,%s,%d,\"%s\",%.6f,%.6f,%.6f,%.3f,%.1f,%.3g,%.3g\n", r.device_name.c_str(),
+                  r.family.c_str(), r.direction.c_str(), p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim,
+                  to_string(p.dtype), (int)p.causal, r.config.c_str(), r.ms_median, r.ms_p20, r.ms_p80, r.tflops,
+                  r.gbps, r.max_abs, r.max_rel);
+    }
+  } else {
+    std::printf("%-24s %-9s %-40s %-46s %9s %8s %9s\n", "device", "family", "problem", "config", "ms", "TFLOP/s",
+                "max_abs");
+    for (const auto& r : best)
+      std::printf("%-24s %-9s %-40s %-46s %9.4f %8.2f %9.2g\n", r.device_name.substr(0, 24).c_str(), r.family.c_str(),
+                  r.problem.str().c_str(), r.config.c_str(), r.ms_median, r.tflops, r.max_abs);
+    if (best.empty()) std::puts("(no valid results match)");
+  }
+  return 0;
+}
+
+int cmd_emit(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune emit --db PATH --out DIR [--family F]\n"
+              "Writes DIR/<arch>_<gpu>.hpp per device in the store and DIR/dispatch.hpp (fallback device ->\n"
+              "arch -> default). Needs no GPU.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"db", "out", "family"}, {});
+  if (!a.has("db") || !a.has("out")) throw UsageError("emit needs --db and --out");
+  require_file(a.get("db"), "database");
+  Store store(a.get("db"));
+  ResultFilter filter = filter_from(a);
+  filter.ok_only = true;
+  auto choices = best_per_bucket(store.results(filter));
+  auto res = emit_headers(choices, a.get("out"), command_line(argc, argv));
+  for (const auto& w : res.written) std::printf("wrote %s\n", w.c_str());
+  std::printf("%d entries\n", res.entries);
+  return 0;
+}
+
+int cmd_drop_cubins(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune drop-cubins --db PATH\nRemoves compiled binaries, keeping every result and resource row.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"db"}, {});
+  if (!a.has("db")) throw UsageError("drop-cubins needs --db");
+  require_file(a.get("db"), "database");
+  Store(a.get("db")).drop_cubins();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string verb = argv[1];
+  static const std::map<std::string, int (*)(int, char**)> verbs = {
+      {"devices", cmd_devices}, {"compile-check", cmd_compile_check}, {"tune", cmd_tune}, {"run", cmd_run},
+      {"best", cmd_best},       {"emit", cmd_emit},                   {"drop-cubins", cmd_drop_cubins}};
+  auto it = verbs.find(verb);
+  try {
+    if (it == verbs.end()) throw UsageError("unknown command '" + verb + "' (see flashtune --help)");
+    return it->second(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "flashtune: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashtune: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,99 @@
+#include "tuner/problem.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "tuner/util.hpp"
+
+namespace flashtune {
+
+const char* to_string(DType t) {
+  switch (t) {
+    case DType::fp32: return "fp32";
+    case DType::fp16: return "fp16";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp32") return DType::fp32;
+  if (s == "fp16") return DType::fp16;
+  if (s == "bf16") return DType::bf16;
+  throw UsageError("unknown dtype '" + s + "' (expected fp32, fp16 or bf16)");
+}
+
+int dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
+
+double Problem::flops() const {
+  double f = 4.0 * batch * heads * (double)seq_q * seq_k * head_dim;
+  return causal ? f / 2 : f;
+}
+
+double Problem::bytes() const {
+  double e = dtype_bytes(dtype);
+  double bh = (double)batch * heads;
+  return bh * (e * head_dim * (2.0 * seq_q + 2.0 * seq_k) + 4.0 * seq_q);
+}
+
+int Problem::seq_bucket() const {
+  int s = seq_q > seq_k ? seq_q : seq_k, b = 1;
+  while (b < s) b *= 2;
+  return b;
+}
+
+std::string Problem::str() const {
+  std::string s = "B" + std::to_string(batch) + " H" + std::to_string(heads) + " Sq" + std::to_string(seq_q) +
+                  " Sk" + std::to_string(seq_k) + " d" + std::to_string(head_dim) + " " + to_string(dtype);
+  if (causal) s += " causal";
+  if (direction != "fwd") s += " " + direction;
+  return s;
+}
+
+static int positive_int(const nlohmann::json& j, const char* key, int max) {
+  if (!j.contains(key)) throw UsageError(std::string("problem is missing '") + key + "'");
+  const auto& v = j.at(key);
+  if (!v.is_number_integer() || v.get<long long>() < 1 || v.get<long long>() > max)
+    throw UsageError(std::string("problem field '") + key + "' must be an integer in 1.." + std::to_string(max) +
+                     ", got " + v.dump());
+  return v.get<int>();
+}
+
+Problem problem_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw UsageError("a problem must be a JSON object, got " + j.dump());
+  for (auto& [key, _] : j.items())
+    if (key != "batch" && key != "heads" && key != "seq_q" && key != "seq_k" && key != "seq" && key != "head_dim" &&
+        key != "dtype" && key != "causal" && key != "direction")
+      throw UsageError("unknown problem field '" + key + "'");
+  Problem p;
+  p.batch = positive_int(j, "batch", 1 << 20);
+  p.heads = positive_int(j, "heads", 1 << 16);
+  if (j.contains("seq")) {
+    p.seq_q = p.seq_k = positive_int(j, "seq", 1 << 20);
+  } else {
+    p.seq_q = positive_int(j, "seq_q", 1 << 20);
+    p.seq_k = positive_int(j, "seq_k", 1 << 20);
+  }
+  p.head_dim = positive_int(j, "head_dim", 1024);
+  if (j.contains("dtype")) {
+    if (!j["dtype"].is_string()) throw UsageError("problem field 'dtype' must be a string");
+    p.dtype = parse_dtype(j["dtype"].get<std::string>());
+  }
+  if (j.contains("causal")) {
+    if (!j["causal"].is_boolean()) throw UsageError("problem field 'causal' must be true or false");
+    p.causal = j["causal"].get<bool>();
+  }
+  if (j.contains("direction")) {
+    if (!j["direction"].is_string() || j["direction"] != "fwd")
+      throw UsageError("problem field 'direction' must be \"fwd\" (the only direction built so far)");
+    p.direction = j["direction"].get<std::string>();
+  }
+  return p;
+}
+
+nlohmann::json to_json(const Problem& p) {
+  return {{"batch", p.batch}, {"heads", p.heads}, {"seq_q", p.seq_q}, {"seq_k", p.seq_k},
+          {"head_dim", p.head_dim}, {"dtype", to_string(p.dtype)}, {"causal", p.causal},
+          {"direction", p.direction}};
+}
+
+}  // namespace flashtune

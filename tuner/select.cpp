@@ -1,0 +1,66 @@
+#include "tuner/select.hpp"
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+
+namespace flashtune {
+
+std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& results) {
+  using Key = std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int>;
+  std::map<Key, ResultRecord> best;
+  for (const auto& r : results) {
+    if (r.status != "ok") continue;
+    const Problem& p = r.problem;
+    Key key{r.device_name, r.family, r.direction, p.head_dim, p.causal, p.seq_q, p.seq_k, p.batch,
+            to_string(p.dtype), p.heads};
+    auto it = best.find(key);
+    if (it == best.end() || r.tflops > it->second.tflops) best[key] = r;
+  }
+  std::vector<ResultRecord> out;
+  for (auto& [_, r] : best) out.push_back(r);
+  return out;
+}
+
+std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results) {
+  using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int>;
+  struct Stats {
+    double log_sum = 0;
+    int ok = 0;
+  };
+  std::map<Bucket, std::set<std::string>> problems;             // bucket -> problem ids
+  std::map<Bucket, std::map<std::string, Stats>> per_config;    // bucket -> config -> stats
+  for (const auto& r : results) {
+    const Problem& p = r.problem;
+    Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket()};
+    problems[b].insert(p.str());
+    if (r.status != "ok" || r.tflops <= 0) continue;
+    auto& s = per_config[b][r.config];
+    s.log_sum += std::log(r.tflops);
+    s.ok += 1;
+  }
+  std::vector<BucketChoice> out;
+  for (auto& [b, configs] : per_config) {
+    const int n = (int)problems[b].size();
+    const std::string* best = nullptr;
+    double best_score = -1;
+    for (auto& [cfg, s] : configs) {
+      if (s.ok < n) continue;  // must be valid on every problem of the bucket
+      double score = std::exp(s.log_sum / s.ok);
+      if (score > best_score) best_score = score, best = &cfg;
+    }
+    if (!best) continue;
+    BucketChoice c;
+    std::tie(c.device, c.arch, c.family, c.direction, std::ignore, c.head_dim, std::ignore, c.seq_bucket) = b;
+    c.dtype = parse_dtype(std::get<4>(b));
+    c.causal = std::get<6>(b) != 0;
+    c.config = *best;
+    c.tflops = best_score;
+    c.problems = n;
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace flashtune

@@ -1,0 +1,28 @@
+// Selection: the best valid config per problem, and per (device, family, direction, dtype,
+// head_dim, causal, sequence bucket) for the emitted headers.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "tuner/store.hpp"
+
+namespace flashtune {
+
+// Among `ok` results: the fastest config for each (device, family, direction, problem).
+std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& results);
+
+struct BucketChoice {
+  std::string device, arch, family, direction, config;
+  DType dtype = DType::fp32;
+  int head_dim = 0;
+  bool causal = false;
+  int seq_bucket = 0;
+  double tflops = 0;  // geometric mean over the bucket's problems
+  int problems = 0;
+};
+
+// A config must be valid on every problem of its bucket; among those the highest geometric-mean
+// TFLOP/s wins (so one huge shape does not dominate).
+std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results);
+
+}  // namespace flashtune

@@ -1,0 +1,176 @@
+#include "tuner/space.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "tuner/util.hpp"
+
+using nlohmann::json;
+
+namespace flashtune {
+
+json read_json_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw UsageError("cannot read '" + path + "'");
+  try {
+    return json::parse(f);
+  } catch (const json::parse_error& e) {
+    throw UsageError("'" + path + "' is not valid JSON: " + e.what());
+  }
+}
+
+static std::vector<int> int_list(const json& j, const std::string& what) {
+  if (!j.is_array() || j.empty()) throw UsageError(what + " must be a non-empty array of integers");
+  std::vector<int> out;
+  for (const auto& v : j) {
+    if (!v.is_number_integer()) throw UsageError(what + " must hold integers only, got " + v.dump());
+    out.push_back(v.get<int>());
+  }
+  return out;
+}
+
+Space space_from_json(const json& j) {
+  if (!j.is_object()) throw UsageError("a space must be a JSON object");
+  for (auto& [key, _] : j.items())
+    if (key != "family" && key != "params" && key != "head_dims" && key != "causal" && key != "dtypes" &&
+        key != "description")
+      throw UsageError("unknown space field '" + key + "'");
+  if (!j.contains("family") || !j["family"].is_string()) throw UsageError("space needs a string 'family'");
+  Space s;
+  s.family = &find_family(j["family"].get<std::string>());
+  const Family& f = *s.family;
+
+  const json params = j.value("params", json::object());
+  if (!params.is_object()) throw UsageError("space 'params' must be an object");
+  for (auto& [key, _] : params.items())
+    if (std::none_of(f.params.begin(), f.params.end(), [&](const ParamSpec& p) { return p.name == key; }))
+      throw UsageError("family " + f.name + " has no parameter '" + key + "'");
+  for (size_t i = 0; i < f.params.size(); ++i) {
+    const ParamSpec& p = f.params[i];
+    if (!params.contains(p.name)) {
+      s.values.push_back({f.default_config[i]});  // unnamed: the default value
+      continue;
+    }
+    auto vals = int_list(params[p.name], "parameter " + p.name);
+    for (int v : vals)
+      if (std::find(p.domain.begin(), p.domain.end(), v) == p.domain.end()) {
+        std::string dom;
+        for (int d : p.domain) dom += (dom.empty() ? "" : ",") + std::to_string(d);
+        throw UsageError("parameter " + p.name + " = " + std::to_string(v) + " is outside its domain {" + dom + "}");
+      }
+    s.values.push_back(vals);
+  }
+
+  s.head_dims = j.contains("head_dims") ? int_list(j["head_dims"], "head_dims") : f.head_dims;
+  for (int d : s.head_dims)
+    if (std::find(f.head_dims.begin(), f.head_dims.end(), d) == f.head_dims.end())
+      throw UsageError("family " + f.name + " does not support head_dim " + std::to_string(d));
+  if (j.contains("causal")) {
+    if (!j["causal"].is_array() || j["causal"].empty()) throw UsageError("space 'causal' must be an array of booleans");
+    for (const auto& c : j["causal"]) {
+      if (!c.is_boolean()) throw UsageError("space 'causal' must hold booleans, got " + c.dump());
+      s.causal.push_back(c.get<bool>());
+    }
+  } else {
+    s.causal = {false, true};
+  }
+  if (j.contains("dtypes")) {
+    if (!j["dtypes"].is_array() || j["dtypes"].empty()) throw UsageError("space 'dtypes' must be an array of strings");
+    for (const auto& t : j["dtypes"]) {
+      if (!t.is_string()) throw UsageError("space 'dtypes' must hold strings");
+      DType d = parse_dtype(t.get<std::string>());
+      if (std::find(f.dtypes.begin(), f.dtypes.end(), d) == f.dtypes.end())
+        throw UsageError("family " + f.name + " does not support dtype " + t.get<std::string>());
+      s.dtypes.push_back(d);
+    }
+  } else {
+    s.dtypes = f.dtypes;
+  }
+  return s;
+}
+
+Space load_space(const std::string& path) {
+  try {
+    return space_from_json(read_json_file(path));
+  } catch (const UsageError& e) {
+    throw UsageError(path + ": " + e.what());
+  }
+}
+
+std::vector<Config> Space::configs() const {
+  std::vector<Config> out{{}};
+  for (const auto& vals : values) {
+    std::vector<Config> next;
+    for (const auto& prefix : out)
+      for (int v : vals) {
+        Config c = prefix;
+        c.push_back(v);
+        next.push_back(std::move(c));
+      }
+    out = std::move(next);
+  }
+  return out;
+}
+
+std::vector<Variant> Space::variants() const {
+  std::vector<Variant> out;
+  for (int d : head_dims)
+    for (bool c : causal)
+      for (DType t : dtypes)
+        for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t});
+  return out;
+}
+
+std::vector<Problem> problems_from_json(const json& j) {
+  if (!j.is_object()) throw UsageError("a problem set must be a JSON object");
+  for (auto& [key, _] : j.items())
+    if (key != "problems" && key != "grid" && key != "description" && key != "name")
+      throw UsageError("unknown problem-set field '" + key + "'");
+  std::vector<Problem> out;
+  if (j.contains("problems")) {
+    if (!j["problems"].is_array()) throw UsageError("'problems' must be an array");
+    for (const auto& p : j["problems"]) out.push_back(problem_from_json(p));
+  }
+  if (j.contains("grid")) {
+    const json& g = j["grid"];
+    if (!g.is_object()) throw UsageError("'grid' must be an object");
+    for (auto& [key, _] : g.items())
+      if (key != "tokens" && key != "hidden" && key != "seq" && key != "head_dim" && key != "causal" && key != "dtype")
+        throw UsageError("unknown grid field '" + key + "'");
+    if (!g.contains("tokens") || !g["tokens"].is_number_integer() || !g.contains("hidden") ||
+        !g["hidden"].is_number_integer())
+      throw UsageError("grid needs integer 'tokens' and 'hidden'");
+    const int tokens = g["tokens"], hidden = g["hidden"];
+    if (!g.contains("seq") || !g.contains("head_dim")) throw UsageError("grid needs 'seq' and 'head_dim'");
+    const auto seqs = int_list(g["seq"], "grid seq"), dims = int_list(g["head_dim"], "grid head_dim");
+    json causal = g.value("causal", json::array({false}));
+    json dtypes = g.value("dtype", json::array({"fp32"}));
+    if (!causal.is_array() || !dtypes.is_array()) throw UsageError("grid 'causal' and 'dtype' must be arrays");
+    for (const auto& t : dtypes)
+      for (int d : dims)
+        for (const auto& c : causal)
+          for (int s : seqs) {
+            if (s <= 0 || d <= 0 || tokens % s != 0 || hidden % d != 0)
+              throw UsageError("grid: tokens " + std::to_string(tokens) + " / seq " + std::to_string(s) +
+                               " and hidden " + std::to_string(hidden) + " / head_dim " + std::to_string(d) +
+                               " must divide exactly");
+            out.push_back(problem_from_json(
+                {{"batch", tokens / s}, {"heads", hidden / d}, {"seq", s}, {"head_dim", d}, {"causal", c}, {"dtype", t}}));
+          }
+  }
+  if (out.empty()) throw UsageError("the problem set is empty");
+  return out;
+}
+
+std::vector<Problem> load_problems(const std::string& path) {
+  try {
+    return problems_from_json(read_json_file(path));
+  } catch (const UsageError& e) {
+    throw UsageError(path + ": " + e.what());
+  }
+}
+
+}  // namespace flashtune

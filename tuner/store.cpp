@@ -1,0 +1,232 @@
+#include "tuner/store.hpp"
+
+#include <sqlite3.h>
+
+#include <stdexcept>
+
+#include "tuner/util.hpp"
+
+namespace flashtune {
+
+std::string DeviceInfo::slug() const { return slugify(name); }
+
+namespace {
+
+// A prepared statement with positional binds; finalizes itself.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const std::string& sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &s_, nullptr) != SQLITE_OK)
+      throw std::runtime_error(std::string("sqlite: ") + sqlite3_errmsg(db) + " in: " + sql);
+  }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt& bind(int i, const std::string& v) { check(sqlite3_bind_text(s_, i, v.c_str(), (int)v.size(), SQLITE_TRANSIENT)); return *this; }
+  Stmt& bind(int i, long long v) { check(sqlite3_bind_int64(s_, i, v)); return *this; }
+  Stmt& bind(int i, int v) { return bind(i, (long long)v); }
+  Stmt& bind(int i, double v) { check(sqlite3_bind_double(s_, i, v)); return *this; }
+  Stmt& bind_blob(int i, const std::string& v) {
+    check(v.empty() ? sqlite3_bind_null(s_, i) : sqlite3_bind_blob(s_, i, v.data(), (int)v.size(), SQLITE_TRANSIENT));
+    return *this;
+  }
+  bool step() {
+    int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    throw std::runtime_error(std::string("sqlite: ") + sqlite3_errmsg(db_));
+  }
+  std::string text(int c) const {
+    auto p = sqlite3_column_text(s_, c);
+    return p ? std::string((const char*)p, sqlite3_column_bytes(s_, c)) : std::string();
+  }
+  std::string blob(int c) const {
+    auto p = sqlite3_column_blob(s_, c);
+    return p ? std::string((const char*)p, sqlite3_column_bytes(s_, c)) : std::string();
+  }
+  long long i64(int c) const { return sqlite3_column_int64(s_, c); }
+  double f64(int c) const { return sqlite3_column_double(s_, c); }
+
+ private:
+  void check(int rc) {
+    if (rc != SQLITE_OK) throw std::runtime_error(std::string("sqlite bind: ") + sqlite3_errmsg(db_));
+  }
+  sqlite3* db_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kernels(
+  hash TEXT PRIMARY KEY,
+  family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+  head_dim INTEGER NOT NULL, causal INTEGER NOT NULL, dtype TEXT NOT NULL,
+  arch TEXT NOT NULL, nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+  name_expression TEXT NOT NULL,
+  status TEXT NOT NULL, reason TEXT, lowered_name TEXT,
+  registers INTEGER, smem_static INTEGER, stack_bytes INTEGER, spill_stores INTEGER, spill_loads INTEGER,
+  compile_ms REAL, log TEXT, cubin BLOB, created TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS results(
+  id INTEGER PRIMARY KEY,
+  kernel_hash TEXT NOT NULL, family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+  batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
+  head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, causal INTEGER NOT NULL,
+  status TEXT NOT NULL, error TEXT,
+  max_abs REAL, max_rel REAL, mse REAL,
+  ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL, gbps REAL, seed INTEGER,
+  device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL, driver_version INTEGER NOT NULL,
+  nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+  registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
+  created TEXT NOT NULL,
+  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, seq_q, seq_k));
+CREATE INDEX IF NOT EXISTS results_by_problem ON results(family, direction, device_name, head_dim, dtype, causal);
+)sql";
+
+}  // namespace
+
+Store::Store(const std::string& path) : path_(path) {
+  if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK) {
+    std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    throw std::runtime_error("cannot open database '" + path + "': " + msg);
+  }
+  sqlite3_busy_timeout(db_, 5000);
+  // A database written by something else (or a newer flashtune) is refused, never altered.
+  bool has_meta = false;
+  {
+    Stmt s(db_, "SELECT count(*) FROM sqlite_master WHERE type='table'");
+    s.step();
+    long long tables = s.i64(0);
+    Stmt m(db_, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='meta'");
+    m.step();
+    has_meta = m.i64(0) == 1;
+    if (tables > 0 && !has_meta) {
+      sqlite3_close(db_);
+      db_ = nullptr;
+      throw UsageError("'" + path + "' is not a flashtune database (it has tables but no meta table)");
+    }
+  }
+  if (has_meta) {
+    Stmt v(db_, "SELECT value FROM meta WHERE key='schema_version'");
+    std::string version = v.step() ? v.text(0) : "";
+    if (version != std::to_string(kSchemaVersion)) {
+      sqlite3_close(db_);
+      db_ = nullptr;
+      throw UsageError("'" + path + "' has schema version '" + version + "', this flashtune reads version " +
+                       std::to_string(kSchemaVersion));
+    }
+  }
+  // Only a database known to be ours (or a new one) is switched to WAL and given the schema.
+  exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");
+  exec(std::string("BEGIN;") + kSchema + "INSERT OR IGNORE INTO meta VALUES('schema_version','" +
+       std::to_string(kSchemaVersion) + "'); COMMIT;");
+}
+
+Store::~Store() { sqlite3_close(db_); }
+
+void Store::exec(const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "?";
+    sqlite3_free(err);
+    throw std::runtime_error("sqlite: " + msg);
+  }
+}
+
+std::optional<KernelRecord> Store::find_kernel(const std::string& hash, bool with_cubin) {
+  Stmt s(db_, std::string("SELECT family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
+                          "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,"
+                          "stack_bytes,spill_stores,spill_loads,compile_ms,log,") +
+                  (with_cubin ? "cubin" : "NULL") + " FROM kernels WHERE hash=?");
+  s.bind(1, hash);
+  if (!s.step()) return std::nullopt;
+  KernelRecord k;
+  k.hash = hash;
+  k.family = s.text(0); k.direction = s.text(1); k.config = s.text(2);
+  k.head_dim = (int)s.i64(3); k.causal = s.i64(4) != 0; k.dtype = parse_dtype(s.text(5));
+  k.arch = s.text(6); k.nvrtc_version = s.text(7); k.options = s.text(8); k.source_hash = s.text(9);
+  k.name_expression = s.text(10); k.status = s.text(11); k.reason = s.text(12); k.lowered_name = s.text(13);
+  k.res = {(int)s.i64(14), (int)s.i64(15), (int)s.i64(16), (int)s.i64(17), (int)s.i64(18)};
+  k.compile_ms = s.f64(19); k.log = s.text(20); k.cubin = s.blob(21);
+  // A cache entry whose binary was stripped (a committed DB) is not a usable compiled kernel.
+  if (with_cubin && k.status == "compiled" && k.cubin.empty()) return std::nullopt;
+  return k;
+}
+
+void Store::put_kernel(const KernelRecord& k) {
+  Stmt s(db_, "INSERT OR REPLACE INTO kernels VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  s.bind(1, k.hash).bind(2, k.family).bind(3, k.direction).bind(4, k.config).bind(5, k.head_dim)
+      .bind(6, (int)k.causal).bind(7, std::string(to_string(k.dtype))).bind(8, k.arch).bind(9, k.nvrtc_version)
+      .bind(10, k.options).bind(11, k.source_hash).bind(12, k.name_expression).bind(13, k.status)
+      .bind(14, k.reason).bind(15, k.lowered_name).bind(16, k.res.registers).bind(17, k.res.smem_static)
+      .bind(18, k.res.stack_bytes).bind(19, k.res.spill_stores).bind(20, k.res.spill_loads)
+      .bind(21, k.compile_ms).bind(22, k.log).bind_blob(23, k.cubin).bind(24, now_iso8601());
+  s.step();
+}
+
+bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, const Problem& p) {
+  Stmt s(db_, "SELECT 1 FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? AND batch=? AND heads=? "
+              "AND seq_q=? AND seq_k=?");
+  s.bind(1, kernel_hash).bind(2, d.name).bind(3, d.sm_count).bind(4, p.batch).bind(5, p.heads).bind(6, p.seq_q)
+      .bind(7, p.seq_k);
+  return s.step();
+}
+
+void Store::put_result(const ResultRecord& r, const DeviceInfo& d) {
+  Stmt s(db_, "INSERT OR REPLACE INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
+              "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
+              "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
+              "spill_stores,created) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  const Problem& p = r.problem;
+  s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
+      .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
+      .bind(10, std::string(to_string(p.dtype))).bind(11, (int)p.causal).bind(12, r.status).bind(13, r.error)
+      .bind(14, r.max_abs).bind(15, r.max_rel).bind(16, r.mse).bind(17, r.ms_median).bind(18, r.ms_p20)
+      .bind(19, r.ms_p80).bind(20, r.reps).bind(21, r.tflops).bind(22, r.gbps).bind(23, (long long)r.seed)
+      .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
+      .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
+      .bind(33, r.res.spill_stores).bind(34, now_iso8601());
+  s.step();
+}
+
+std::vector<ResultRecord> Store::results(const ResultFilter& f) {
+  std::string sql =
+      "SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,status,error,"
+      "max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,driver_version,"
+      "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created FROM results WHERE 1=1";
+  std::vector<std::string> binds;
+  auto add = [&](const std::string& col, const std::string& v) {
+    if (v.empty()) return;
+    sql += " AND " + col + "=?";
+    binds.push_back(v);
+  };
+  add("family", f.family);
+  add("device_name", f.device);
+  add("dtype", f.dtype);
+  add("direction", f.direction);
+  if (f.head_dim > 0) add("head_dim", std::to_string(f.head_dim));
+  if (f.causal >= 0) add("causal", std::to_string(f.causal));
+  if (f.ok_only) sql += " AND status='ok'";
+  sql += " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, id";
+  Stmt s(db_, sql);
+  for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
+  std::vector<ResultRecord> out;
+  while (s.step()) {
+    ResultRecord r;
+    r.id = s.i64(0); r.kernel_hash = s.text(1); r.family = s.text(2); r.direction = s.text(3); r.config = s.text(4);
+    r.problem = {(int)s.i64(5), (int)s.i64(6), (int)s.i64(7), (int)s.i64(8), (int)s.i64(9),
+                 parse_dtype(s.text(10)), s.i64(11) != 0, r.direction};
+    r.status = s.text(12); r.error = s.text(13);
+    r.max_abs = s.f64(14); r.max_rel = s.f64(15); r.mse = s.f64(16);
+    r.ms_median = s.f64(17); r.ms_p20 = s.f64(18); r.ms_p80 = s.f64(19); r.reps = (int)s.i64(20);
+    r.tflops = s.f64(21); r.gbps = s.f64(22); r.seed = (unsigned long long)s.i64(23);
+    r.device_name = s.text(24); r.arch = s.text(25); r.sm_count = (int)s.i64(26); r.driver_version = (int)s.i64(27);
+    r.nvrtc_version = s.text(28); r.options = s.text(29); r.source_hash = s.text(30);
+    r.res.registers = (int)s.i64(31); r.res.smem_static = (int)s.i64(32); r.res.spill_stores = (int)s.i64(33);
+    r.created = s.text(34);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void Store::drop_cubins() { exec("UPDATE kernels SET cubin=NULL; VACUUM;"); }
+
+}  // namespace flashtune

@@ -1,0 +1,83 @@
+// The sweep: space x problems -> compile (cached) -> run each variant in the worker ->
+// validate -> time -> store, one transaction per candidate; a rerun skips what is stored.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tuner/compile.hpp"
+#include "tuner/space.hpp"
+#include "tuner/store.hpp"
+#include "tuner/worker_client.hpp"
+
+namespace flashtune {
+
+struct RunOptions {
+  int device = 0;
+  double timeout_s = 30;          // per candidate; past it the worker is killed: "timeout"
+  unsigned long long seed = 20261121;
+  long long max_rows = 512;       // reference rows validated per problem
+  std::string worker_path;        // default: next to the executable
+};
+
+// A worker and the device it reports; the bridge between compiled kernels and results.
+class GpuSession {
+ public:
+  explicit GpuSession(const RunOptions&);
+  ~GpuSession();
+  bool has_gpu() const { return has_gpu_; }
+  const std::string& no_gpu_reason() const { return no_gpu_reason_; }
+  const DeviceInfo& device() const { return device_; }
+  int restarts() const { return worker_.restarts(); }
+  // Runs one compiled kernel on one problem: validated, then timed. Never throws for a bad
+  // kernel: crashes, hangs and wrong answers come back as the record's status.
+  ResultRecord run(const KernelRecord&, const Variant&, const Problem&);
+
+ private:
+  RunOptions opt_;
+  WorkerClient worker_;
+  DeviceInfo device_;
+  bool has_gpu_ = false;
+  std::string no_gpu_reason_;
+  std::string tmp_dir_;
+  bool prepared_ = false;
+  Problem prepared_problem_;
+};
+
+// A record for a variant that never ran (pruned, compile_error): stored like any other.
+ResultRecord unrun_result(const KernelRecord&, const Problem&);
+
+struct SweepSummary {
+  std::map<std::string, int> by_status;  // over this sweep's candidates, stored earlier ones included
+  int skipped = 0;                       // already in the store
+  bool ran_kernels = false;
+};
+
+struct SweepOptions {
+  RunOptions run;
+  std::string arch;   // compile target without a GPU (default sm_90); with one, must match or be empty
+  bool progress = true;
+};
+
+SweepSummary tune(const Space&, const std::vector<Problem>&, Store&, const SweepOptions&);
+
+// The variants of the space that some problem needs (matching d, causal, dtype).
+std::vector<Variant> variants_for(const Space&, const std::vector<Problem>&);
+
+// Terminal progress: "[ 41/240]  17%  eta 3m05s  label", redrawn in place on a TTY.
+class Progress {
+ public:
+  Progress(std::string what, size_t total, bool enabled);
+  void update(size_t done, const std::string& label = "");
+  void finish();
+
+ private:
+  std::string what_;
+  size_t total_;
+  bool enabled_, tty_;
+  double start_;
+  double last_print_ = -1;
+};
+
+}  // namespace flashtune

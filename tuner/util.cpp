@@ -1,0 +1,69 @@
+#include "tuner/util.hpp"
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+
+namespace flashtune {
+
+std::string content_hash(std::string_view data) {
+  // Two independent 64-bit FNV-1a lanes (different offset bases) -> 128 bits.
+  constexpr uint64_t kPrime = 1099511628211ull;
+  uint64_t a = 14695981039346656037ull, b = 0x9e3779b97f4a7c15ull;
+  for (unsigned char c : data) {
+    a = (a ^ c) * kPrime;
+    b = (b ^ c) * kPrime;
+    b ^= b >> 29;
+  }
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+  return buf;
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t pos = s.find(sep, start);
+    out.emplace_back(s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
+    if (pos == std::string_view::npos) break;
+    start = pos + 1;
+  }
+  return out;
+}
+
+std::string trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace((unsigned char)s[b])) ++b;
+  while (e > b && std::isspace((unsigned char)s[e - 1])) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+std::string slugify(std::string_view s, char sep) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c)) out += (char)std::tolower(c);
+    else if (!out.empty() && out.back() != sep) out += sep;
+  }
+  while (!out.empty() && out.back() == sep) out.pop_back();
+  return out;
+}
+
+std::string now_iso8601() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string format_duration(double seconds) {
+  long s = seconds < 0 ? 0 : (long)(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  else if (s >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", s);
+  return buf;
+}
+
+}  // namespace flashtune

@@ -1,0 +1,26 @@
+// Small helpers shared by the tuner stages: errors, hashing, strings, time.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashtune {
+
+// Bad input from the user (a space file, a flag): reported as one line, exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// 128-bit FNV-1a style content hash as 32 hex digits: a cache key, not a security boundary.
+std::string content_hash(std::string_view data);
+
+std::vector<std::string> split(std::string_view s, char sep);
+std::string trim(std::string_view s);
+// "NVIDIA H100 80GB HBM3" -> "nvidia_h100_80gb_hbm3"
+std::string slugify(std::string_view s, char sep = '_');
+std::string now_iso8601();
+std::string format_duration(double seconds);  // "1m05s"
+
+}  // namespace flashtune
