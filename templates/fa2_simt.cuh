@@ -200,7 +200,7 @@ __device__ __forceinline__ void accumulate_pv(float4 (&o)[T::kTM][T::kOChunks], 
 }  // namespace fa2_simt_detail
 
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads) fa2_simt_fwd(const AttnFwdParams p) {
+__global__ void __launch_bounds__(Traits::kThreads, 1) fa2_simt_fwd(const AttnFwdParams p) {
   using T = Traits;
   namespace det = fa2_simt_detail;
   constexpr int D = T::kHeadDim;

@@ -86,9 +86,11 @@ struct Fa2SimtTraits {
   static_assert(fa2_simt_bn4_ok(BLOCK_N), "BN % 4 != 0");
   static_assert(fa2_simt_tile_regs_ok(TM, TN), "TM*TN register tile too large (> 64)");
   static_assert(fa2_simt_acc_regs_ok(D, BLOCK_N, TM, TN), "TM*(TN + D/TC) accumulators too large (> 128)");
-  static_assert(fa2_simt_smem_bytes(D, BLOCK_M, BLOCK_N, KV_STAGES) <= kMaxSmemBytesSm90,
-                "shared memory exceeds 227 KB");
-  static_assert(fa2_simt_check(D, BLOCK_M, BLOCK_N, TM, TN, KV_STAGES) == nullptr, "invalid Fa2SimtTraits");
+  // No shared-memory static_assert: the limit depends on the device, so an oversized block
+  // compiles and fails at launch (cudaFuncSetAttribute / launch error); prune with
+  // fa2_simt_check(..., max_smem_bytes) on the host.
+  static_assert(fa2_simt_check(D, BLOCK_M, BLOCK_N, TM, TN, KV_STAGES, 0x7fffffff) == nullptr,
+                "invalid Fa2SimtTraits");
 
   static constexpr int kTR = fa2_simt_tr(BLOCK_M, TM);
   static constexpr int kTC = fa2_simt_tc(BLOCK_N, TN);

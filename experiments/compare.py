@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Join flashtune's best configs (`flashtune best --csv`) with baseline rows (sdpa_baseline.py) by
+problem, writing each point's TFLOP/s and the ratio to each baseline.
+
+usage: compare.py best.csv baseline.csv [baseline.csv ...] --out comparison.csv
+"""
+import argparse
+import csv
+
+
+def key(r):
+    return tuple(int(r[k]) for k in ("batch", "heads", "seq_q", "seq_k", "head_dim", "causal")) + (r["dtype"],)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("best")
+    ap.add_argument("baselines", nargs="+")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    best = {}
+    for r in csv.DictReader(open(a.best)):
+        best[(r["family"], key(r))] = r
+    base = {}
+    impls = []
+    for path in a.baselines:
+        for r in csv.DictReader(open(path)):
+            base[(r["impl"], key(r))] = r
+            if r["impl"] not in impls:
+                impls.append(r["impl"])
+    with open(a.out, "w", newline="") as f:
+        w = csv.writer(f)
+        head = ["device", "family", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal", "config",
+                "ms_median", "tflops"]
+        for i in impls:
+            head += [f"{i}_tflops", f"ratio_vs_{i}"]
+        w.writerow(head)
+        for (family, k), r in sorted(best.items()):
+            row = [r["device"], family, *k[:6], k[6], r["config"], r["ms_median"], r["tflops"]]
+            for i in impls:
+                b = base.get((i, k))
+                bt = float(b["tflops"]) if b and b["status"] == "ok" else 0.0
+                row += [f"{bt:.2f}", f"{float(r['tflops']) / bt:.3f}" if bt > 0 else ""]
+            w.writerow(row)
+    print(open(a.out).read())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Time torch SDPA with one backend forced on the shapes of a flashtune problems file.
+
+Same conventions as the flashtune worker: fresh seeded normal inputs, a warm-up, an L2 flush
+before every timed repeat, CUDA events around the call alone, median and p20/p80 of the repeats,
+FLOPs counted as FlashAttention does (4*B*H*Sq*Sk*d, halved when causal). Rows go to a CSV.
+
+usage: sdpa_baseline.py problems.json --backend efficient --out sdpa.csv [--reps 30]
+"""
+import argparse
+import csv
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {
+    "math": SDPBackend.MATH,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def expand(problem_set):
+    """The same expansion as flashtune's problems_from_json (explicit list, then grid)."""
+    out = []
+    for p in problem_set.get("problems", []):
+        sq = p.get("seq_q", p.get("seq"))
+        sk = p.get("seq_k", p.get("seq"))
+        out.append(dict(batch=p["batch"], heads=p["heads"], seq_q=sq, seq_k=sk, head_dim=p["head_dim"],
+                        dtype=p.get("dtype", "fp32"), causal=p.get("causal", False)))
+    g = problem_set.get("grid")
+    if g:
+        for dt in g.get("dtype", ["fp32"]):
+            for d in g["head_dim"]:
+                for c in g.get("causal", [False]):
+                    for s in g["seq"]:
+                        out.append(dict(batch=g["tokens"] // s, heads=g["hidden"] // d, seq_q=s, seq_k=s,
+                                        head_dim=d, dtype=dt, causal=c))
+    return out
+
+
+def flops(p):
+    f = 4.0 * p["batch"] * p["heads"] * p["seq_q"] * p["seq_k"] * p["head_dim"]
+    return f / 2 if p["causal"] else f
+
+
+def time_sdpa(p, backend, reps, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = DTYPES[p["dtype"]]
+    shape_q = (p["batch"], p["heads"], p["seq_q"], p["head_dim"])
+    shape_k = (p["batch"], p["heads"], p["seq_k"], p["head_dim"])
+    q = torch.randn(shape_q, device="cuda", dtype=dt, generator=gen)
+    k = torch.randn(shape_k, device="cuda", dtype=dt, generator=gen)
+    v = torch.randn(shape_k, device="cuda", dtype=dt, generator=gen)
+    # torch's is_causal is top-left aligned; equal lengths here, where both conventions agree.
+    assert not p["causal"] or p["seq_q"] == p["seq_k"], "causal baseline needs Sq == Sk"
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda", dtype=torch.float32)
+    with sdpa_kernel([BACKENDS[backend]]):
+        run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        times = []
+        for i in range(reps):
+            flush.fill_(float(i))
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            stop.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(stop))
+    t = torch.tensor(times)
+    return t.median().item(), t.quantile(0.2).item(), t.quantile(0.8).item()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("problems")
+    ap.add_argument("--backend", choices=BACKENDS, default="efficient")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=20261121)
+    a = ap.parse_args()
+    problems = expand(json.load(open(a.problems)))
+    device = torch.cuda.get_device_name(0)
+    with open(a.out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["device", "impl", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal", "ms_median",
+                    "ms_p20", "ms_p80", "tflops", "status"])
+        for p in problems:
+            try:
+                med, p20, p80 = time_sdpa(p, a.backend, a.reps, a.seed)
+                status, tf = "ok", flops(p) / (med * 1e-3) / 1e12
+            except Exception as e:  # a backend that refuses a shape is a result, not a crash
+                med = p20 = p80 = tf = 0.0
+                status = f"error: {type(e).__name__}: {str(e)[:120]}"
+            w.writerow([device, f"torch_sdpa_{a.backend}", p["batch"], p["heads"], p["seq_q"], p["seq_k"],
+                        p["head_dim"], p["dtype"], int(p["causal"]), f"{med:.6f}", f"{p20:.6f}", f"{p80:.6f}",
+                        f"{tf:.3f}", status])
+            print(f"sdpa {a.backend} {p}: {med:.3f} ms {tf:.1f} TFLOP/s {status}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

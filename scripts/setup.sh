@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine with the CUDA toolkit lacks, then configures and builds.
+# Sourced by main.sh and test.sh; safe to run again (installs nothing that is present).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+need=()
+have_pkg() { dpkg -s "$1" >/dev/null 2>&1; }
+if command -v dpkg >/dev/null && command -v apt-get >/dev/null; then
+  for p in cmake ninja-build g++ libsqlite3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev python3; do
+    have_pkg "$p" || need+=("$p")
+  done
+  if ((${#need[@]})); then
+    echo "setup: installing ${need[*]}" >&2
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+fi
+# matplotlib for the report plots, into whichever python3 is first on PATH.
+if ! python3 -c "import matplotlib" 2>/dev/null; then
+  echo "setup: installing matplotlib" >&2
+  python3 -m pip install -q matplotlib 2>/dev/null || python3 -m pip install -q --break-system-packages matplotlib
+fi
+# nvcc must be reachable for the CUDA language (consumer test).
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+
+cmake --preset release >/dev/null
+cmake --build --preset release
