@@ -10,7 +10,7 @@ if ! $ft devices; then
   $ft tune configs/spaces/fa2_simt.json configs/problems/anchors_fp32.json --db build/nogpu.db --arch sm_90
   exit 0
 fi
-slug=$($ft devices | head -1 | sed -E 's/^[0-9]+: (.*)  sm_[0-9]+.*/\1/' | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/-+$//')
+slug=$($ft devices --slug)
 out=reports/$slug
 mkdir -p "$out"
 db=$out/results.db

@@ -132,10 +132,11 @@ void require_file(const std::string& path, const char* what) {
 // ---------------------------------------------------------------------------------------
 int cmd_devices(int argc, char** argv) {
   if (wants_help(argc, argv)) {
-    std::puts("usage: flashtune devices [--device N]\nLists the CUDA devices the worker sees.");
+    std::puts("usage: flashtune devices [--device N] [--slug]\nDescribes the CUDA device the worker sees; --slug prints only\n"
+              "its report folder name (\"nvidia-h100-80gb-hbm3\").");
     return 0;
   }
-  Args a = parse(argc, argv, {"device"}, {});
+  Args a = parse(argc, argv, {"device"}, {"slug"});
   RunOptions o = run_options(a);
   GpuSession s(o);
   if (!s.has_gpu()) {
@@ -143,6 +144,10 @@ int cmd_devices(int argc, char** argv) {
     return 1;
   }
   const DeviceInfo& d = s.device();
+  if (a.has("slug")) {
+    std::printf("%s\n", slugify(d.name, '-').c_str());
+    return 0;
+  }
   std::printf("%d: %s  %s  %d SMs  %.1f GiB  L2 %d MiB  smem/block %d KiB  driver %d\n", o.device, d.name.c_str(),
               d.arch.c_str(), d.sm_count, d.memory_bytes / 1073741824.0, d.l2_bytes >> 20, d.max_smem_optin >> 10,
               d.driver_version);
