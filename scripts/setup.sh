@@ -22,6 +22,13 @@ if ! python3 -c "import matplotlib" 2>/dev/null; then
   echo "setup: installing matplotlib" >&2
   python3 -m pip install -q matplotlib 2>/dev/null || python3 -m pip install -q --break-system-packages matplotlib
 fi
+# cuobjdump (and the nvdisasm it runs) for the SASS checks: the toolkit's, else NVIDIA's PyPI packages.
+if ! command -v cuobjdump >/dev/null && [[ ! -x /usr/local/cuda/bin/cuobjdump ]] &&
+   ! python3 -c "import nvidia, os, sys; sys.exit(not any(os.path.exists(os.path.join(p, 'cu13/bin/cuobjdump')) for p in nvidia.__path__))" 2>/dev/null; then
+  echo "setup: installing cuobjdump and nvdisasm (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)" >&2
+  python3 -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
+fi
 # nvcc must be reachable for the CUDA language (consumer test).
 if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 

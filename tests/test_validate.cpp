@@ -55,3 +55,24 @@ TEST(Compile, ArchLimits) {
   EXPECT_EQ(arch_limits("sm_80").max_smem_per_block, 166912);
   EXPECT_THROW(arch_limits("sm_1"), std::exception);
 }
+
+#include "tuner/dtype_convert.hpp"
+
+TEST(DtypeConvert, RoundToNearestEvenAndBack) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
+  // 1 + 2^-8 is halfway between two bf16 values: ties to even (1.0); 1 + 3*2^-9 rounds up.
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 0x1p-8f)), 1.0f);
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 3 * 0x1p-9f)), 1.0f + 0x1p-7f);
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(fp16_to_float(float_to_fp16(-2.5f)), -2.5f);
+  EXPECT_EQ(fp16_to_float(float_to_fp16(1.0f + 0x1p-11f)), 1.0f);  // tie to even
+  EXPECT_TRUE(std::isnan(bf16_to_float((uint16_t)nan_bits(DType::bf16))));
+  EXPECT_TRUE(std::isnan(fp16_to_float((uint16_t)nan_bits(DType::fp16))));
+  std::vector<float> v = {0.1f, -3.14159f, 1e-3f};
+  auto bytes = to_device_format(v, DType::bf16);
+  EXPECT_EQ(bytes.size(), 6u);
+  auto back = from_device_format(bytes, DType::bf16);
+  EXPECT_EQ(back, v) << "the host copy is rounded to exactly what the device holds";
+  EXPECT_NEAR(v[1], -3.14159f, 3.14159f * 0x1p-8f);
+}

@@ -9,6 +9,7 @@
 
 #include "reference/attention_ref.hpp"
 #include "templates/attention_params.h"
+#include "tuner/dtype_convert.hpp"
 #include "tuner/validate.hpp"
 
 namespace flashtune {
@@ -80,7 +81,6 @@ double percentile(std::vector<float> v, double q) {
   return v[lo] + (pos - lo) * (v[hi] - v[lo]);
 }
 
-constexpr uint32_t kNaNBits = 0x7fc00000u;  // the poison every output starts as
 
 }  // namespace
 
@@ -134,22 +134,23 @@ void GpuRunner::ensure(Buffer& b, size_t bytes) {
 void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows) {
   if (prepared_ && p == problem_ && seed == seed_) return;
   prepared_ = false;
-  if (p.dtype != DType::fp32) throw std::runtime_error("dtype " + std::string(to_string(p.dtype)) + " not built yet");
   const size_t nq = (size_t)p.batch * p.heads * p.seq_q * p.head_dim;
   const size_t nk = (size_t)p.batch * p.heads * p.seq_k * p.head_dim;
+  const size_t elem = dtype_bytes(p.dtype);
   std::vector<float> q(nq), k(nk), v(nk);
-  // One stream per tensor: fresh inputs for every (problem, seed), never zeros.
+  // One stream per tensor: fresh inputs for every (problem, seed), never zeros. Rounded to the
+  // kernel's dtype, so the reference sees exactly the kernel's inputs.
   fill_normal(q, splitmix64(seed ^ 0x51));
   fill_normal(k, splitmix64(seed ^ 0x4b));
   fill_normal(v, splitmix64(seed ^ 0x56));
-  ensure(q_, nq * 4);
-  ensure(k_, nk * 4);
-  ensure(v_, nk * 4);
-  ensure(o_, nq * 4);
+  ensure(q_, nq * elem);
+  ensure(k_, nk * elem);
+  ensure(v_, nk * elem);
+  ensure(o_, nq * elem);
   ensure(lse_, (size_t)p.batch * p.heads * p.seq_q * 4);
-  CU_CHECK(cuMemcpyHtoD(q_.ptr, q.data(), nq * 4));
-  CU_CHECK(cuMemcpyHtoD(k_.ptr, k.data(), nk * 4));
-  CU_CHECK(cuMemcpyHtoD(v_.ptr, v.data(), nk * 4));
+  CU_CHECK(cuMemcpyHtoD(q_.ptr, to_device_format(q, p.dtype).data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(k_.ptr, to_device_format(k, p.dtype).data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(v_.ptr, to_device_format(v, p.dtype).data(), nk * elem));
   // The L2 flush buffer: twice the L2, rewritten before every timed repeat.
   ensure(flush_, (size_t)std::max(info_.l2_bytes, 1 << 20) * 2);
 
@@ -219,13 +220,17 @@ nlohmann::json GpuRunner::run(const nlohmann::json& req) {
 
   // 1. One validated run: outputs poisoned with NaN, every element must be written,
   //    sampled rows must match the float64 reference.
-  CU_CHECK(cuMemsetD32(o_.ptr, kNaNBits, nq));
-  CU_CHECK(cuMemsetD32(lse_.ptr, kNaNBits, nrows));
+  const size_t elem = dtype_bytes(p.dtype);
+  if (elem == 4) CU_CHECK(cuMemsetD32(o_.ptr, nan_bits(p.dtype), nq));
+  else CU_CHECK(cuMemsetD16(o_.ptr, (unsigned short)nan_bits(p.dtype), nq));
+  CU_CHECK(cuMemsetD32(lse_.ptr, nan_bits(DType::fp32), nrows));
   launch(fn, req, nullptr);
   CU_CHECK(cuCtxSynchronize());
-  std::vector<float> o(nq), lse(nrows);
-  CU_CHECK(cuMemcpyDtoH(o.data(), o_.ptr, nq * 4));
+  std::vector<uint8_t> o_bytes(nq * elem);
+  std::vector<float> lse(nrows);
+  CU_CHECK(cuMemcpyDtoH(o_bytes.data(), o_.ptr, nq * elem));
   CU_CHECK(cuMemcpyDtoH(lse.data(), lse_.ptr, nrows * 4));
+  const std::vector<float> o = from_device_format(o_bytes, p.dtype);
 
   const Tolerance tol = tolerance_for(p.dtype);
   ErrorStats err;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
@@ -156,12 +157,13 @@ int cmd_devices(int argc, char** argv) {
 
 int cmd_compile_check(int argc, char** argv) {
   if (wants_help(argc, argv)) {
-    std::puts("usage: flashtune compile-check <space.json> [--arch sm_90] [--db PATH]\n"
+    std::puts("usage: flashtune compile-check <space.json> [--arch sm_90] [--db PATH] [--save-cubins DIR]\n"
               "Compiles every variant of the space with NVRTC (or prunes it, with the reason) and prints the\n"
-              "resource table. Exit 1 if any variant failed to compile.");
+              "resource table; --save-cubins writes each compiled variant to DIR/<lowered name>.cubin (for\n"
+              "cuobjdump). Exit 1 if any variant failed to compile.");
     return 0;
   }
-  Args a = parse(argc, argv, {"arch", "db"}, {});
+  Args a = parse(argc, argv, {"arch", "db", "save-cubins"}, {});
   if (a.positional.size() != 1) throw UsageError("compile-check takes one space file");
   Space space = load_space(a.positional[0]);
   Compiler c(a.get("arch", "sm_90"));
@@ -179,6 +181,14 @@ int cmd_compile_check(int argc, char** argv) {
     std::printf("%-10s %-44s %4d %-6s %-5s %-13s %5d %6d  %s\n", k.family.c_str(), k.config.c_str(), k.head_dim,
                 k.causal ? "yes" : "no", to_string(k.dtype), k.status.c_str(), k.res.registers, k.res.spill_stores,
                 k.reason.substr(0, 90).c_str());
+  }
+  if (a.has("save-cubins")) {
+    std::filesystem::create_directories(a.get("save-cubins"));
+    for (const auto& k : kernels)
+      if (k.status == "compiled") {
+        std::ofstream f(std::filesystem::path(a.get("save-cubins")) / (k.lowered_name + ".cubin"), std::ios::binary);
+        f.write(k.cubin.data(), (std::streamsize)k.cubin.size());
+      }
   }
   std::printf("%s %s: %zu variants:", space.family->name.c_str(), c.arch().c_str(), kernels.size());
   for (auto& [s, count] : n) std::printf(" %d %s", count, s.c_str());
