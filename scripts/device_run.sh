@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: build, then one stage, results under $OUT.
 #   tests  - the `gpu` CTest label (fault isolation, every variant validated on ragged shapes)
-#   sweep  - tune fa2_simt and naive on the standard grid, torch SDPA baseline in the same run,
-#            comparison CSV, generated headers; the DB without cubins goes back in a tarball
+#   sweep-simt - tune fa2_simt and naive on the fp32 standard grid, torch SDPA baseline in the same run
+#   sweep-mma  - tune fa2_mma on the bf16 18-point grid, then re-time the tuned best, FA2's fixed table,
+#                torch flash and cuDNN side by side; tolerance probe
+#   both sweeps: comparison CSVs and generated headers; the DB without cubins comes back in a tarball
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-stage=${1:?stage: tests or sweep}
+stage=${1:?stage: tests, sweep-simt or sweep-mma}
 log() { echo "== $(date +%T) $*"; }
 
 log build
@@ -30,7 +32,7 @@ tests)
   log "ctest gpu"
   VALIDATE_DB=$OUT/validate.db ctest --preset gpu 2>&1 | tee "$OUT/ctest_gpu.log"
   ;;
-sweep)
+sweep-simt)
   rep=reports/$slug
   mkdir -p "$rep"
   db=$rep/results.db
@@ -45,7 +47,21 @@ sweep)
   $ft best --db "$db" --family naive --csv >"$rep/best_naive.csv"
   $ft emit --db "$db" --out configs/generated
   $ft drop-cubins --db "$db"
-  ls -la "$rep"
+  tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
+  ;;
+sweep-mma)
+  rep=reports/$slug
+  mkdir -p "$rep"
+  db=$rep/results.db
+  log "tune fa2_mma"
+  $ft tune configs/spaces/fa2_mma.json configs/problems/anchors_bf16.json --db "$db" 2>&1 | tail -4
+  log "forward comparison"
+  python3 experiments/fwd_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --out "$rep/fwd_vs_sdpa.csv" 2>"$OUT/fwd_vs_sdpa.log"
+  log "tolerance probe"
+  python3 experiments/tolerance_probe.py --out "$rep/tolerance_probe.csv" >"$OUT/probe.log" 2>&1
+  $ft best --db "$db" --family fa2_mma --csv >"$rep/best_fa2_mma.csv"
+  $ft emit --db "$db" --out configs/generated
+  $ft drop-cubins --db "$db"
   tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
   ;;
 esac

@@ -1,5 +1,6 @@
 // Small device helpers shared by the kernel families: constants, PTX wrappers
-// (cp.async, ex2/lg2) and the dynamic-shared-memory launch check.
+// (cp.async, ex2/lg2, ldmatrix, mma.sync, f16/bf16 packing) and the dynamic-shared-memory
+// launch check.
 // Must compile under NVRTC (no standard headers) and nvcc.
 #pragma once
 
@@ -51,6 +52,69 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// 16-byte async copy to a shared-memory address (smem_u32 form); src_bytes = 0 zero-fills.
+__device__ __forceinline__ void cp_async_16_s(unsigned smem_addr, const void* gmem_src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+}
+
+// ---- 16-bit tensor-core helpers (sm_80+): no cuda_fp16.h, data as packed 32-bit words ----
+// DTYPE: 0 = fp16, 1 = bf16.
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i
+// receives it in the MMA fragment layout (lane holds row lane/4, columns 2*(lane%4), +1).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+// Same, each matrix transposed (lane holds column lane/4, rows 2*(lane%4), +1).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+
+// c += a * b, m16n8k16, A row-major (4 regs), B column-major (2 regs), fp32 accumulators.
+template <int DTYPE>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  if constexpr (DTYPE == 0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats -> one 32-bit word of two 16-bit values, round to nearest; lo in the low half.
+template <int DTYPE>
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+  unsigned r;
+  if constexpr (DTYPE == 0) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+
+__device__ __forceinline__ void st_shared_u32(unsigned smem_addr, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(unsigned smem_addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr)
+               : "memory");
+  return v;
 }
 
 __device__ __forceinline__ float4 lds128(const float* p) { return *reinterpret_cast<const float4*>(p); }

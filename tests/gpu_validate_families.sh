@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # On a GPU: every variant of every committed family space validates against the float64
-# reference on ragged shapes (Sq != Sk, no tile divides, causal with fully masked rows), every head dim.
+# reference on ragged shapes (Sq != Sk, no tile divides, causal with fully masked rows), every head dim,
+# every dtype of the family.
 set -u
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 db=${VALIDATE_DB:-$tmp/v.db}
 fail=0
-for space in naive fa2_simt; do
-  "$FLASHTUNE" tune "$SRC/configs/spaces/$space.json" "$SRC/configs/problems/ragged.json" --db "$db" --quiet \
+for pair in naive:ragged fa2_simt:ragged fa2_mma:ragged_mma; do
+  space=${pair%%:*} problems=${pair##*:}
+  "$FLASHTUNE" tune "$SRC/configs/spaces/$space.json" "$SRC/configs/problems/$problems.json" --db "$db" --quiet \
     || { echo "FAIL: tune $space"; fail=1; }
 done
 python3 - "$db" <<'PY' || fail=1
@@ -19,7 +21,7 @@ bad = c.execute("select family, config, head_dim, causal, seq_q, seq_k, status, 
                 "where status not in ('ok', 'pruned')").fetchall()
 for b in bad[:20]: print("BAD", b)
 ok = {f: n for f, s, n in rows if s == "ok"}
-if bad or ok.get("naive", 0) == 0 or ok.get("fa2_simt", 0) == 0:
+if bad or any(ok.get(f, 0) == 0 for f in ("naive", "fa2_simt", "fa2_mma")):
     sys.exit(f"FAIL: {len(bad)} candidates neither ok nor pruned")
 PY
 [[ $fail -eq 0 ]] && echo "gpu_validate_families: passed"

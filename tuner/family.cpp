@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "templates/fa2_mma_traits.h"
 #include "templates/fa2_simt_traits.h"
 #include "templates/naive_traits.h"
 #include "templates/test_faults_traits.h"
@@ -79,6 +80,32 @@ std::vector<Family> make_families() {
     f.launch = [](const Config& c, const Problem& p) {
       return make_launch(fa2_simt_grid(p.batch, p.heads, p.seq_q, c[0]), fa2_simt_threads(c[0], c[1], c[2], c[3]),
                          fa2_simt_smem_bytes(p.head_dim, c[0], c[1], c[4]));
+    };
+    fs.push_back(std::move(f));
+  }
+  {  // FlashAttention-2 forward on tensor cores (mma.sync m16n8k16), fp16 / bf16.
+    Family f;
+    f.name = "fa2_mma";
+    f.direction = "fwd";
+    f.template_file = "fa2_mma.cuh";
+    f.kernel = "flashtune::fa2_mma_fwd";
+    f.params = {{"BLOCK_M", {16, 32, 64, 128, 256}},
+                {"BLOCK_N", {16, 32, 64, 128, 256}},
+                {"WARPS", {1, 2, 4, 8, 16}},
+                {"STAGES", {1, 2, 3, 4}}};
+    f.head_dims = {32, 64, 96, 128, 192, 256};
+    f.dtypes = {DType::fp16, DType::bf16};
+    f.default_config = {64, 64, 4, 2};  // FlashAttention-2's d=256 tile: fits every head dim
+    f.traits = [](const Config& c, int d, bool causal, DType t) {
+      return "flashtune::Fa2MmaTraits<" +
+             join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
+                        std::to_string(c[3]), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
+             ">";
+    };
+    f.check = [](const Config& c, int d) { return fa2_mma_check(d, c[0], c[1], c[2], c[3]); };
+    f.launch = [](const Config& c, const Problem& p) {
+      return make_launch(fa2_mma_grid(p.batch, p.heads, p.seq_q, c[0]), fa2_mma_threads(c[2]),
+                         fa2_mma_smem_bytes(p.head_dim, c[0], c[1], c[3]));
     };
     fs.push_back(std::move(f));
   }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On a GPU: `flashtune run` validates every row with --check and reports JSON; a faulting kernel
+# is a reported status and exit code 1, not a hang or a crash of flashtune.
+set -u
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+"$FLASHTUNE" run --family fa2_simt --params BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2 --shape 2,3,333,517,64 \
+  --causal --check --json >"$tmp/ok.json" || { echo "FAIL: fa2_simt run"; cat "$tmp/ok.json"; fail=1; }
+python3 - "$tmp/ok.json" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(r)
+assert r["status"] == "ok" and r["ms_median"] > 0 and r["tflops"] > 0 and 0 < r["max_abs"] < 1e-4, r
+PY
+"$FLASHTUNE" run --family fault --params MODE=1 --shape 1,1,64,64,32 --json >"$tmp/crash.json"
+rc=$?
+grep -q '"status": "crashed"' "$tmp/crash.json" && [[ $rc -eq 1 ]] || { echo "FAIL: crash not reported (rc=$rc)"; cat "$tmp/crash.json"; fail=1; }
+"$FLASHTUNE" run --family fault --params MODE=2 --shape 1,1,64,64,32 --timeout 3 --json >"$tmp/hang.json"
+rc=$?
+grep -q '"status": "timeout"' "$tmp/hang.json" && [[ $rc -eq 1 ]] || { echo "FAIL: hang not reported (rc=$rc)"; cat "$tmp/hang.json"; fail=1; }
+[[ $fail -eq 0 ]] && echo "gpu_run_cli: passed"
+exit $fail
