@@ -35,8 +35,10 @@ def main():
         for i in impls:
             head += [f"{i}_tflops", f"ratio_vs_{i}"]
         w.writerow(head)
-        for (family, k), r in sorted(best.items()):
-            row = [r["device"], family, *k[:6], k[6], r["config"], r["ms_median"], r["tflops"]]
+        for (family, k), r in sorted(best.items(), key=lambda item: (item[0][0], item[0][1][4], item[0][1][5], item[0][1][2])):
+            batch, heads, seq_q, seq_k, head_dim, causal, dtype = k
+            row = [r["device"], family, batch, heads, seq_q, seq_k, head_dim, dtype, causal, r["config"],
+                   r["ms_median"], r["tflops"]]
             for i in impls:
                 b = base.get((i, k))
                 bt = float(b["tflops"]) if b and b["status"] == "ok" else 0.0

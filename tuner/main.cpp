@@ -40,6 +40,7 @@ commands:
   best --db PATH [--family F] [--device NAME] [--dtype T] [--d N] [--causal 0|1] [--csv]
                                         the best valid config per problem, with TFLOP/s
   emit --db PATH --out DIR              per-GPU best-config headers plus dispatch.hpp
+  report --gpu SLUG [--reports DIR]     rebuild reports/SLUG/REPORT.md, CSVs and plots from stored data
   drop-cubins --db PATH                 strip compiled binaries from a store (for committing it)
 
 every command takes --help.
@@ -374,6 +375,24 @@ int cmd_emit(int argc, char** argv) {
   return 0;
 }
 
+int cmd_report(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune report --gpu SLUG [--reports DIR]\n"
+              "Rebuilds DIR/SLUG/REPORT.md, its CSVs and PNG plots (matplotlib) from the stored results.db and\n"
+              "the comparison CSVs beside it. Needs no GPU. DIR defaults to the source tree's reports/.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"gpu", "reports"}, {});
+  if (!a.has("gpu")) throw UsageError("report needs --gpu SLUG (a folder under reports/)");
+  const std::string root = a.get("reports", std::string(FLASHTUNE_SOURCE_DIR) + "/reports");
+  const std::string dir = root + "/" + a.get("gpu");
+  require_file(dir + "/results.db", "results database");
+  std::string cmd = "python3 '" + std::string(FLASHTUNE_SOURCE_DIR) + "/reports/make_report.py' '" + dir + "'";
+  for (const auto& f : families())
+    if (!f.test_only) cmd += " --default '" + f.name + ":" + f.config_string(f.default_config) + "'";
+  return std::system(cmd.c_str()) == 0 ? 0 : 1;
+}
+
 int cmd_drop_cubins(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune drop-cubins --db PATH\nRemoves compiled binaries, keeping every result and resource row.");
@@ -396,7 +415,8 @@ int main(int argc, char** argv) {
   const std::string verb = argv[1];
   static const std::map<std::string, int (*)(int, char**)> verbs = {
       {"devices", cmd_devices}, {"compile-check", cmd_compile_check}, {"tune", cmd_tune}, {"run", cmd_run},
-      {"best", cmd_best},       {"emit", cmd_emit},                   {"drop-cubins", cmd_drop_cubins}};
+      {"best", cmd_best},       {"emit", cmd_emit},                   {"drop-cubins", cmd_drop_cubins},
+      {"report", cmd_report}};
   auto it = verbs.find(verb);
   try {
     if (it == verbs.end()) throw UsageError("unknown command '" + verb + "' (see flashtune --help)");

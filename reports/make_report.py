@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Rebuild reports/<gpu>/REPORT.md, its CSVs and PNG plots from stored data alone (no GPU):
+the SQLite results of the sweeps and the comparison CSVs the device runs wrote beside them.
+
+usage: make_report.py reports/<gpu-slug> [--default FAMILY:K=V,... ...]
+(`flashtune report --gpu <slug>` runs it with every family's default configuration.)
+"""
+import csv
+import math
+import os
+import sqlite3
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# Family defaults, the fixed configurations a tuner has to beat: passed in by `flashtune report`
+# from the family descriptors (tuner/family.cpp), so they are written down once.
+DEFAULTS = {}
+
+
+def params(config):
+    return dict((k, int(v)) for k, v in (kv.split("=") for kv in config.split(",")))
+
+
+def problem_label(r):
+    s = f"d{r['head_dim']} S{r['seq_q']}" if r["seq_q"] == r["seq_k"] else f"d{r['head_dim']} Sq{r['seq_q']} Sk{r['seq_k']}"
+    return s + (" causal" if r["causal"] else "") + f" {r['dtype']}"
+
+
+def load(db):
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    rows = [dict(r) for r in con.execute("select * from results")]
+    con.close()
+    return rows
+
+
+def write_csv(path, rows, fields):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def md_table(rows, fields, headers=None):
+    headers = headers or fields
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in rows:
+        out.append("| " + " | ".join(str(r[f]) for f in fields) + " |")
+    return "\n".join(out)
+
+
+def best_per_problem(rows):
+    best = {}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        key = (r["device_name"], r["family"], r["batch"], r["heads"], r["seq_q"], r["seq_k"], r["head_dim"],
+               r["dtype"], r["causal"])
+        if key not in best or r["tflops"] > best[key]["tflops"]:
+            best[key] = r
+    return sorted(best.values(), key=lambda r: (r["family"], r["dtype"], r["head_dim"], r["causal"], r["seq_q"]))
+
+
+def landscape(rows, out_dir, report):
+    """TFLOP/s over (BLOCK_M, BLOCK_N), best over the other tunables, per family and head dim,
+    non-causal, at the largest sequence length swept."""
+    groups = defaultdict(list)
+    for r in rows:
+        if r["status"] == "ok" and not r["causal"] and "BLOCK_M" in r["config"]:
+            groups[(r["family"], r["dtype"], r["head_dim"])].append(r)
+    pngs = []
+    for (family, dtype, d), rs in sorted(groups.items()):
+        smax = max(r["seq_q"] for r in rs)
+        grid = defaultdict(float)
+        for r in rs:
+            if r["seq_q"] == smax:
+                p = params(r["config"])
+                grid[(p["BLOCK_M"], p["BLOCK_N"])] = max(grid[(p["BLOCK_M"], p["BLOCK_N"])], r["tflops"])
+        ms = sorted({m for m, _ in grid})
+        ns = sorted({n for _, n in grid})
+        data = [[grid.get((m, n), float("nan")) for n in ns] for m in ms]
+        fig, ax = plt.subplots(figsize=(4.8, 3.6))
+        im = ax.imshow(data, cmap="viridis", origin="lower")
+        ax.set_xticks(range(len(ns)), [str(n) for n in ns])
+        ax.set_yticks(range(len(ms)), [str(m) for m in ms])
+        ax.set_xlabel("BLOCK_N (keys per tile)")
+        ax.set_ylabel("BLOCK_M (queries per tile)")
+        for i, row in enumerate(data):
+            for j, v in enumerate(row):
+                if not math.isnan(v):
+                    ax.text(j, i, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", va="center",
+                            color="white" if v < 0.6 * max(x for x in sum(data, []) if not math.isnan(x)) else "black")
+        fig.colorbar(im, ax=ax, label="TFLOP/s (best over other tunables)")
+        ax.set_title(f"{family} {dtype} d={d}, S={smax}, non-causal")
+        fig.tight_layout()
+        name = f"landscape_{family}_{dtype}_d{d}.png"
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        pngs.append(name)
+    if pngs:
+        report.append("## Tuning landscape\n\nTFLOP/s over (BLOCK_M, BLOCK_N), best over the other tunables, "
+                      "non-causal, largest sequence swept. Empty cells: pruned or not in the space.\n")
+        report += [f"![{p}]({p})" for p in pngs]
+        report.append("")
+
+
+def tuned_vs_default(rows, out_dir, report):
+    by_problem = defaultdict(dict)
+    for r in rows:
+        if r["status"] == "ok":
+            by_problem[(r["family"], r["batch"], r["heads"], r["seq_q"], r["seq_k"], r["head_dim"], r["dtype"],
+                        r["causal"])][r["config"]] = r
+    out = []
+    for key, cfgs in sorted(by_problem.items()):
+        family = key[0]
+        default = cfgs.get(DEFAULTS.get(family, ""))
+        best = max(cfgs.values(), key=lambda r: r["tflops"])
+        if default is None:
+            continue
+        out.append(dict(family=family, problem=problem_label(best), batch=best["batch"], heads=best["heads"],
+                        tuned_config=best["config"], tuned_tflops=f"{best['tflops']:.1f}",
+                        default_config=default["config"], default_tflops=f"{default['tflops']:.1f}",
+                        speedup=f"{best['tflops'] / default['tflops']:.2f}"))
+    if not out:
+        return
+    write_csv(os.path.join(out_dir, "tuned_vs_default.csv"), out, list(out[0].keys()))
+    fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(out)), 3.8))
+    ax.bar(range(len(out)), [float(r["speedup"]) for r in out], color="tab:green")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(out)), [f"{r['family']}\n{r['problem']}" for r in out], rotation=60, ha="right",
+                  fontsize=7)
+    ax.set_ylabel("tuned / default config (TFLOP/s ratio)")
+    ax.set_title("What the tuner adds over each family's fixed default")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "tuned_vs_default.png"), dpi=110)
+    plt.close(fig)
+    report.append("## Tuned config vs the family default\n")
+    report.append(md_table(out, ["family", "problem", "tuned_config", "tuned_tflops", "default_config",
+                                 "default_tflops", "speedup"],
+                           ["family", "problem", "tuned", "TFLOP/s", "default", "TFLOP/s", "speedup"]))
+    report.append("\n![tuned_vs_default](tuned_vs_default.png)\n")
+
+
+def comparison_plot(csv_path, out_dir, report, title, ours, baselines):
+    rows = list(csv.DictReader(open(csv_path)))
+    if not rows:
+        return
+    labels = [f"d{r['head_dim']} S{r.get('seq', r.get('seq_q'))}{' c' if r['causal'] in ('1', 'True') else ''}"
+              for r in rows]
+    series = [(name, col) for name, col in [ours] + baselines if col in rows[0]]
+    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(rows) * len(series) / 2), 4))
+    width = 0.8 / len(series)
+    for i, (name, col) in enumerate(series):
+        ax.bar([x + i * width for x in range(len(rows))], [float(r[col] or 0) for r in rows], width, label=name)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("TFLOP/s (FA convention, causal counts half)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    name = os.path.splitext(os.path.basename(csv_path))[0] + ".png"
+    fig.savefig(os.path.join(out_dir, name), dpi=110)
+    plt.close(fig)
+    report.append(f"## {title}\n\nFrom `{os.path.basename(csv_path)}` (one device run, one GPU).\n")
+    report.append(md_table(rows, list(rows[0].keys())))
+    report.append(f"\n![{name}]({name})\n")
+
+
+def main():
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--default", action="append", default=[], help="FAMILY:K=V,... (repeatable)")
+    a = ap.parse_args()
+    out_dir = a.out_dir
+    for d in a.default:
+        family, config = d.split(":", 1)
+        DEFAULTS[family] = config
+    db = os.path.join(out_dir, "results.db")
+    rows = load(db)
+    devices = sorted({r["device_name"] for r in rows})
+    report = [f"# flashtune report: {', '.join(devices)}\n",
+              f"Regenerated by `reports/make_report.py {out_dir}` from `results.db` ({len(rows)} stored attempts) "
+              "and the CSVs beside it. Do not edit by hand.\n"]
+    status = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        status[r["family"]][r["status"]] += 1
+    all_status = sorted({s for f in status.values() for s in f})
+    srows = [dict(family=f, **{s: status[f].get(s, 0) for s in all_status}) for f in sorted(status)]
+    report.append("## Every attempt by status\n")
+    report.append(md_table(srows, ["family"] + all_status))
+    report.append("")
+
+    best = best_per_problem(rows)
+    for r in best:
+        r["problem"] = problem_label(r)
+        r["tflops_s"] = f"{r['tflops']:.1f}"
+        r["ms"] = f"{r['ms_median']:.3f}"
+        r["spread"] = f"{r['ms_p20']:.3f}-{r['ms_p80']:.3f}"
+        r["err"] = f"{r['max_abs']:.1e}"
+    write_csv(os.path.join(out_dir, "best.csv"), best,
+              ["device_name", "family", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal", "config",
+               "ms_median", "ms_p20", "ms_p80", "tflops", "gbps", "max_abs", "max_rel", "mse"])
+    report.append("## Best valid config per problem\n")
+    report.append(md_table(best, ["family", "problem", "batch", "heads", "config", "ms", "spread", "tflops_s", "err"],
+                           ["family", "problem", "B", "H", "config", "median ms", "p20-p80 ms", "TFLOP/s",
+                            "max abs err"]))
+    report.append("")
+
+    simt = os.path.join(out_dir, "fa2_simt_vs_sdpa.csv")
+    if os.path.exists(simt):
+        comparison_plot(simt, out_dir, report, "fa2_simt (fp32, CUDA cores) vs torch SDPA efficient (fp32)",
+                        ("fa2_simt tuned", "tflops"), [("torch SDPA efficient", "torch_sdpa_efficient_tflops")])
+    fwd = os.path.join(out_dir, "fwd_vs_sdpa.csv")
+    if os.path.exists(fwd):
+        comparison_plot(fwd, out_dir, report, "fa2_mma (bf16, tensor cores) vs torch SDPA flash and cuDNN",
+                        ("fa2_mma tuned", "tuned_tflops"),
+                        [("fa2_mma with FA2's fixed tiles", "fixed_tflops"), ("torch flash (FA2)", "torch_flash_tflops"),
+                         ("torch cuDNN", "torch_cudnn_tflops")])
+    tuned_vs_default(rows, out_dir, report)
+    landscape(rows, out_dir, report)
+    with open(os.path.join(out_dir, "REPORT.md"), "w") as f:
+        f.write("\n".join(report) + "\n")
+    print(f"wrote {out_dir}/REPORT.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,426 @@
+// FlashAttention-2 forward on tensor cores (mma.sync m16n8k16), fp16 or bf16 in and out,
+// fp32 accumulation and softmax, fp32 natural-log LSE.
+//   fa2_mma_fwd<Fa2MmaTraits<D, BLOCK_M, BLOCK_N, WARPS, STAGES, DTYPE, CAUSAL>>
+// Grid: x = ceil(seq_q / BLOCK_M) query blocks (reversed when causal), y = heads, z = batch;
+// 32*WARPS threads; kSmemBytes dynamic shared memory (checked at entry).
+//
+// Warp w owns query rows [w*R, (w+1)*R) of the block, R = BM/WARPS = 16*MT. Per K/V block:
+//   S = Q K^T     MT x BN/8 accumulator tiles; Q fragments from registers (kQInRegs) or by
+//                 ldmatrix from Qs, K fragments by ldmatrix from Ks[BN][D] (K rows are the
+//                 "column-major" B operand as stored);
+//   mask          only on blocks that straddle the diagonal or the seq_k end;
+//   softmax       row max/sum over the 4 lanes of a quad (2 shuffles), exp2 domain with the
+//                 scale folded into one FFMA per score, l kept per lane until the epilogue;
+//   O += P V      the S accumulators of n8 tiles 2j, 2j+1 are, packed to 16 bits, exactly the
+//                 A fragment of k16 slice j: P never touches shared memory. V fragments by
+//                 ldmatrix.trans from Vs[BN][D].
+// Shared-memory rows are D/8 16-byte chunks, swizzled (chunk ^ key(row)) so that the 8 row
+// addresses of every ldmatrix phase and every 8 consecutive cp.async chunks hit distinct banks.
+#pragma once
+#include "attention_params.h"
+#include "device_common.cuh"
+#include "fa2_mma_traits.h"
+
+namespace flashtune {
+
+namespace fa2_mma_detail {
+
+
+// Byte offset of 16-byte chunk c of row r in a swizzled tile with CPR chunks per row.
+// CPR % 8 == 0 (D = 64, 128, 192, 256): rows 0..7 XOR the low 3 chunk bits with r & 7.
+// CPR % 8 == 4 (D = 32, 96): a row spans half a 128-byte line, so row pairs share one
+// key: r&1 picks the half line, ((r >> 1) & 3) the chunk inside aligned groups of 4.
+template <int CPR>
+__device__ __forceinline__ int swizzle_key(int r) {
+  return (CPR % 8 == 0) ? (r & 7) : ((r >> 1) & 3);
+}
+template <int CPR>
+__device__ __forceinline__ unsigned swizzled(int r, int c) {
+  return static_cast<unsigned>((r * CPR + (c ^ swizzle_key<CPR>(r))) * 16);
+}
+
+// Per-lane ldmatrix addressing for a pattern "lane reads row row0 + lrow, chunk 2*ks + cb"
+// with row0 a multiple of 8 (so the swizzle key depends on lrow alone). The XOR touches only
+// the low 3 chunk bits, so chunk 2*ks + cb lands at (2ks & ~7) + ((2*(ks & 3)) ^ cb ^ key):
+// four per-lane offsets, the rest is compile-time.
+template <int CPR>
+struct LdsmCursor {
+  unsigned off[4];
+  __device__ __forceinline__ LdsmCursor(int lrow, int cb) {
+    const int kc = cb ^ swizzle_key<CPR>(lrow);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) off[j] = static_cast<unsigned>((lrow * CPR + ((2 * j) ^ kc)) * 16);
+  }
+  // ROW0, KS compile-time after unrolling.
+  __device__ __forceinline__ unsigned at(int row0, int ks) const {
+    return static_cast<unsigned>(row0 * CPR * 16 + ((2 * ks) & ~7) * 16) + off[ks & 3];
+  }
+};
+
+// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix into a swizzled smem tile with 16-byte
+// cp.async; rows >= seq are zero-filled (src-size 0, source clamped to row 0), never stale.
+// When NT is a multiple of the chunks per row, each thread copies one fixed chunk column of
+// rows tid/CPR + it*NT/CPR: one pointer and one smem offset per thread, the rest immediates.
+template <int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned short* src, int row0, int seq,
+                                                int tid) {
+  constexpr int CPR = D / 8;
+  constexpr int kChunks = ROWS * CPR;
+  if constexpr (NT % CPR == 0) {
+    constexpr int kRowStep = NT / CPR;
+    const int r0 = tid / CPR;
+    const int c = tid % CPR;
+    const unsigned short* g = src + static_cast<long long>(row0 + r0) * D + 8 * c;
+    const unsigned s0 = dst + swizzled<CPR>(r0, c);
+#pragma unroll
+    for (int it = 0; it < ceil_div(ROWS, kRowStep); ++it) {
+      const int r = r0 + it * kRowStep;
+      if (ROWS % kRowStep == 0 || r < ROWS) {
+        const bool ok = row0 + r < seq;
+        // kRowStep % 8 == 0 keeps the swizzle key; otherwise recompute the offset.
+        const unsigned sa = (kRowStep % 8 == 0) ? s0 + static_cast<unsigned>(it * kRowStep * CPR * 16)
+                                                : dst + swizzled<CPR>(r, c);
+        cp_async_16_s(sa, ok ? g + static_cast<long long>(it) * kRowStep * D : src, ok ? 16 : 0);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < ceil_div(kChunks, NT); ++it) {
+      const int idx = tid + it * NT;
+      if (kChunks % NT == 0 || idx < kChunks) {
+        const int r = idx / CPR;
+        const int c = idx % CPR;
+        const int grow = row0 + r;
+        const bool ok = grow < seq;
+        const unsigned short* g = src + (ok ? static_cast<long long>(grow) * D + 8 * c : 0);
+        cp_async_16_s(dst + swizzled<CPR>(r, c), g, ok ? 16 : 0);
+      }
+    }
+  }
+}
+
+// S[mt][nt] = Q(rows of m-tile mt) K(keys of n8 tile nt)^T over all D, raw (unscaled) scores.
+template <class T>
+__device__ __forceinline__ void gemm_qk(float (&s)[T::kMTiles][T::kSTiles][4],
+                                        const unsigned (&qf)[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kQkSlices : 1][4],
+                                        unsigned q_warp, const LdsmCursor<T::kChunksPerRow>& qc, unsigned k_tile,
+                                        const LdsmCursor<T::kChunksPerRow>& kc) {
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < T::kQkSlices; ++ks) {
+    unsigned a[T::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt) {
+      if constexpr (T::kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
+      } else {
+        ldmatrix_x4(a[mt], q_warp + qc.at(16 * mt, ks));
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < T::kSTiles / 2; ++np) {
+      // Keys 16np + lane%8 + 8*(lane/16), chunk 2ks + (lane/8)%2: b[0], b[1] = n8 tile 2np
+      // (k 0-7, 8-15), b[2], b[3] = n8 tile 2np+1 (register pairs, as HMMA wants them).
+      unsigned b[4];
+      ldmatrix_x4(b, k_tile + kc.at(16 * np, ks));
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt) {
+        mma_16816<T::kDtype>(s[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16816<T::kDtype>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// -inf where key j is past seq_k or (causal) j > i + causal_offset. Lane holds rows
+// row_g + 16*mt + {0, 8} and columns col_t + 8*nt + {0, 1}.
+template <class T>
+__device__ __forceinline__ void apply_mask(float (&s)[T::kMTiles][T::kSTiles][4], int row_g, int col_t, int seq_k,
+                                           int causal_offset) {
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = row_g + 16 * mt + 8 * (e >> 1);
+        const int j = col_t + 8 * nt + (e & 1);
+        if (j >= seq_k || (T::kCausal && j > i + causal_offset)) s[mt][nt][e] = neg_inf();
+      }
+}
+
+// Online softmax over one K/V block for the lane's rows (mt, half h: row g + 8h):
+// m = running max of raw scores, P = exp2(S*scale_log2 - m*scale_log2) in place,
+// l = l*alpha + (this lane's partial row sum), O *= alpha with alpha = exp2((m_old - m)*scale_log2).
+// A row with no visible key yet keeps m = -inf and uses base 0: P = 0, alpha = 0, no NaN.
+template <class T>
+__device__ __forceinline__ void online_softmax(float (&s)[T::kMTiles][T::kSTiles][4], float (&m)[T::kMTiles][2],
+                                               float (&l)[T::kMTiles][2], float (&o)[T::kMTiles][T::kOTiles][4],
+                                               float scale_log2) {
+  float alpha[T::kMTiles][2];
+  bool rescale = false;
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(s[mt][0][2 * h], s[mt][0][2 * h + 1]);
+#pragma unroll
+      for (int nt = 1; nt < T::kSTiles; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[mt][h], mx);
+      const float base = (m_new == neg_inf()) ? 0.f : m_new * scale_log2;
+      alpha[mt][h] = fast_exp2(fmaf(m[mt][h], scale_log2, -base));
+      rescale |= m_new != m[mt][h];
+      m[mt][h] = m_new;
+      float rs = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pv = fast_exp2(fmaf(s[mt][nt][2 * h + e], scale_log2, -base));
+          s[mt][nt][2 * h + e] = pv;
+          rs += pv;
+        }
+      l[mt][h] = fmaf(l[mt][h], alpha[mt][h], rs);
+    }
+  // Once the running maxima settle, most blocks change no row's max in the warp: skip O *= 1.
+  if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < T::kOTiles; ++dt) {
+        o[mt][dt][0] *= alpha[mt][0];
+        o[mt][dt][1] *= alpha[mt][0];
+        o[mt][dt][2] *= alpha[mt][1];
+        o[mt][dt][3] *= alpha[mt][1];
+      }
+  }
+}
+
+// O += P V. P's k16 slice j (keys 16j..16j+15) as an A fragment is the packed accumulators of
+// S n8 tiles 2j and 2j+1: {row g: tile 2j, row g+8: tile 2j, row g: tile 2j+1, row g+8: tile 2j+1}.
+template <class T>
+__device__ __forceinline__ void gemm_pv(float (&o)[T::kMTiles][T::kOTiles][4],
+                                        const float (&s)[T::kMTiles][T::kSTiles][4], unsigned v_tile,
+                                        const LdsmCursor<T::kChunksPerRow>& vc) {
+#pragma unroll
+  for (int kk = 0; kk < T::kPvSlices; ++kk) {
+    unsigned pa[T::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt) {
+      pa[mt][0] = pack_half2<T::kDtype>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      pa[mt][1] = pack_half2<T::kDtype>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      pa[mt][2] = pack_half2<T::kDtype>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      pa[mt][3] = pack_half2<T::kDtype>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < T::kOTiles / 2; ++dp) {
+      unsigned b[4];  // b[0], b[1]: d tile 2dp; b[2], b[3]: d tile 2dp+1
+      ldmatrix_x4_trans(b, v_tile + vc.at(16 * kk, dp));
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt) {
+        mma_16816<T::kDtype>(o[mt][2 * dp], pa[mt], b[0], b[1]);
+        mma_16816<T::kDtype>(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+}  // namespace fa2_mma_detail
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwdParams p) {
+  using T = Traits;
+  namespace det = fa2_mma_detail;
+  constexpr int D = T::kHeadDim;
+  constexpr int BM = T::kBlockM;
+  constexpr int BN = T::kBlockN;
+  constexpr int NT = T::kThreads;
+  constexpr int MT = T::kMTiles;
+  constexpr int CPR = T::kChunksPerRow;
+  constexpr int STAGES = T::kStages;
+  constexpr bool CAUSAL = T::kCausal;
+  check_dynamic_smem(T::kSmemBytes);
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const unsigned q_tile = smem_u32(smem);       // Qs[BM][D], later O staging
+  const unsigned kv_base = q_tile + T::kQBytes;  // STAGES x { Ks[BN][D], Vs[BN][D] }
+  auto k_tile = [&](int stage) { return kv_base + static_cast<unsigned>(stage * 2 * T::kTileBytes); };
+  auto v_tile = [&](int stage) { return kv_base + static_cast<unsigned>(stage * 2 * T::kTileBytes + T::kTileBytes); };
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp_row0 = (tid >> 5) * T::kRowsPerWarp;  // first block row of this warp
+  const int g = lane >> 2;                              // MMA fragment row group
+  const int tig = lane & 3;                             // thread in group
+
+  const int seq_q = p.seq_q;
+  const int seq_k = p.seq_k;
+  // Causal: the heaviest query blocks (largest i, most visible keys) launch first.
+  const int qblock = CAUSAL ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int m0 = qblock * BM;
+  if (m0 >= seq_q) return;  // whole block: safe before any barrier
+  const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
+  const unsigned short* q = static_cast<const unsigned short*>(p.q) + bh * seq_q * D;
+  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh * seq_k * D;
+  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh * seq_k * D;
+  const float scale_log2 = p.scale_log2;
+
+  // Key j is visible to query i iff j <= i + causal_offset (bottom-right aligned).
+  const int causal_offset = seq_k - seq_q;
+  int kv_end = seq_k;  // keys [0, kv_end) can be visible to some row of this block
+  if (CAUSAL) kv_end = imin(seq_k, imin(m0 + BM, seq_q) + causal_offset);
+  const int num_kv_blocks = kv_end > 0 ? (kv_end + BN - 1) / BN : 0;
+
+  // Lane addressing of the ldmatrix.x4: A operands (Q) and trans B (V) read row lane%16 of a
+  // 16-row slab, chunk 2*slice + lane/16 (one cursor; Qs adds this warp's first row);
+  // non-trans B (K) reads row lane%8 + 8*(lane/16), chunk 2*slice + (lane/8)%2.
+  const det::LdsmCursor<CPR> vc(lane & 15, lane >> 4);
+  const det::LdsmCursor<CPR> kc((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  const unsigned q_warp = q_tile + static_cast<unsigned>(warp_row0 * CPR * 16);
+
+  float o[MT][T::kOTiles][4];
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m[mt][h] = neg_inf();
+      l[mt][h] = 0.f;
+    }
+#pragma unroll
+    for (int dt = 0; dt < T::kOTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+  }
+  unsigned qf[T::kQInRegs ? MT : 1][T::kQInRegs ? T::kQkSlices : 1][4];
+
+  // Q (once) into registers, after Q's commit group has landed and a barrier (lanes read rows
+  // that other lanes copied).
+  auto load_q_regs = [&]() {
+    if constexpr (T::kQInRegs) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int ks = 0; ks < T::kQkSlices; ++ks) ldmatrix_x4(qf[mt][ks], q_warp + vc.at(16 * mt, ks));
+    }
+  };
+  // S for the block at key n0, masked where the block straddles the diagonal or seq_k.
+  auto scores = [&](float (&s)[MT][T::kSTiles][4], unsigned kt, int n0) {
+    det::gemm_qk<T>(s, qf, q_warp, vc, kt, kc);
+    const bool needs_mask = (n0 + BN > seq_k) || (CAUSAL && n0 + BN - 1 > m0 + causal_offset);
+    if (needs_mask) det::apply_mask<T>(s, m0 + warp_row0 + g, n0 + 2 * tig, seq_k, causal_offset);
+  };
+
+  det::load_tile_async<BM, D, NT>(q_tile, q, m0, seq_q, tid);
+  cp_async_commit();
+  if constexpr (STAGES == 1) {
+    // FlashAttention-2's schedule on one K and one V buffer: V(n) lands during S(n),
+    // K(n+1) lands during softmax and O += P V(n).
+    if (num_kv_blocks > 0) det::load_tile_async<BN, D, NT>(k_tile(0), k, 0, seq_k, tid);
+    cp_async_commit();
+    if constexpr (T::kQInRegs) {
+      cp_async_wait<1>();  // Q; K(0) may still be in flight
+      __syncthreads();
+      load_q_regs();
+    }
+    for (int nb = 0; nb < num_kv_blocks; ++nb) {
+      const int n0 = nb * BN;
+      cp_async_wait<0>();  // K(n) (and Q)
+      __syncthreads();     // visible to all; everyone done reading V(n-1)
+      det::load_tile_async<BN, D, NT>(v_tile(0), v, n0, seq_k, tid);
+      cp_async_commit();
+      float s[MT][T::kSTiles][4];
+      scores(s, k_tile(0), n0);
+      cp_async_wait<0>();  // V(n)
+      __syncthreads();     // visible to all; everyone done reading K(n)
+      if (nb + 1 < num_kv_blocks) det::load_tile_async<BN, D, NT>(k_tile(0), k, n0 + BN, seq_k, tid);
+      cp_async_commit();
+      det::online_softmax<T>(s, m, l, o, scale_log2);
+      det::gemm_pv<T>(o, s, v_tile(0), vc);
+    }
+  } else {
+    // Ring of STAGES K/V slots, STAGES-1 blocks in flight ahead of the one computed; one
+    // commit group per block (empty past the end) so wait_group<STAGES-2> means "block nb".
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (st < num_kv_blocks) {
+        det::load_tile_async<BN, D, NT>(k_tile(st), k, st * BN, seq_k, tid);
+        det::load_tile_async<BN, D, NT>(v_tile(st), v, st * BN, seq_k, tid);
+      }
+      cp_async_commit();
+    }
+    if constexpr (T::kQInRegs) {
+      cp_async_wait<STAGES - 1>();  // Q; the prologue's blocks may still be in flight
+      __syncthreads();
+      load_q_regs();
+    }
+    int stage = 0;
+    for (int nb = 0; nb < num_kv_blocks; ++nb) {
+      const int n0 = nb * BN;
+      cp_async_wait<STAGES - 2>();  // block nb (and Q)
+      __syncthreads();              // visible to all; everyone done with block nb-1's slot
+      const int ahead = nb + STAGES - 1;
+      const int ahead_stage = stage == 0 ? STAGES - 1 : stage - 1;  // the slot of block nb-1
+      if (ahead < num_kv_blocks) {
+        det::load_tile_async<BN, D, NT>(k_tile(ahead_stage), k, ahead * BN, seq_k, tid);
+        det::load_tile_async<BN, D, NT>(v_tile(ahead_stage), v, ahead * BN, seq_k, tid);
+      }
+      cp_async_commit();
+      float s[MT][T::kSTiles][4];
+      scores(s, k_tile(stage), n0);
+      det::online_softmax<T>(s, m, l, o, scale_log2);
+      det::gemm_pv<T>(o, s, v_tile(stage), vc);
+      stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+  }
+
+  // Epilogue: full row sums over the quad, O /= l, 16-bit O staged in this warp's own rows
+  // of Qs (only this warp ever read them), then 16-byte coalesced stores; lse per row.
+  // Fully masked rows (no visible key): O = 0, lse = +inf.
+  cp_async_wait<0>();
+  __syncthreads();  // no cp.async (Q when there was no K/V block) still writing Qs
+  // Output pointers formed here, not kept live through the loop.
+  unsigned short* o_out = static_cast<unsigned short*>(p.o) + bh * seq_q * D;
+  float* lse_out = p.lse + bh * seq_q;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float lt = l[mt][h];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      const int r = warp_row0 + 16 * mt + g + 8 * h;  // block row
+#pragma unroll
+      for (int dt = 0; dt < T::kOTiles; ++dt) {
+        const unsigned packed = pack_half2<T::kDtype>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
+        st_shared_u32(q_tile + det::swizzled<CPR>(r, dt) + 4 * tig, packed);
+      }
+      const int i = m0 + r;
+      if (tig == 0 && i < seq_q) lse_out[i] = lt > 0.f ? fmaf(m[mt][h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
+    }
+  __syncwarp();
+  constexpr int kWarpChunks = T::kRowsPerWarp * CPR;
+#pragma unroll
+  for (int it = 0; it < ceil_div(kWarpChunks, 32); ++it) {
+    const int idx = lane + 32 * it;
+    if (kWarpChunks % 32 == 0 || idx < kWarpChunks) {
+      const int r = warp_row0 + idx / CPR;
+      const int c = idx % CPR;
+      if (m0 + r < seq_q) {
+        const uint4 val = ld_shared_v4(q_tile + det::swizzled<CPR>(r, c));
+        *reinterpret_cast<uint4*>(o_out + static_cast<long long>(m0 + r) * D + 8 * c) = val;
+      }
+    }
+  }
+}
+
+}  // namespace flashtune
