@@ -22,4 +22,26 @@ struct AttnFwdParams {
   float scale_log2;  // scale * log2(e): scores in the exp2 domain
 };
 
+// The backward's argument: the forward's tensors and results, the incoming gradient, and the
+// three gradients out. Every kernel of a backward family (preprocess, dK/dV, dQ) takes it.
+struct AttnBwdParams {
+  const void* q;       // (B, H, Sq, d)
+  const void* k;       // (B, H, Sk, d)
+  const void* v;       // (B, H, Sk, d)
+  const void* o;       // (B, H, Sq, d): the forward's output
+  const float* lse;    // (B, H, Sq): the forward's natural-log LSE, +inf for a fully masked row
+  const void* dout;    // (B, H, Sq, d): dL/dO
+  void* dq;            // (B, H, Sq, d)
+  void* dk;            // (B, H, Sk, d)
+  void* dv;            // (B, H, Sk, d)
+  float* delta;        // (B, H, Sq) scratch: D = rowsum(dO * O), written by the preprocess kernel
+  float* dq_accum;     // (B, H, Sq, d) fp32 scratch for atomically accumulated dQ (may be unused)
+  int batch;
+  int heads;
+  int seq_q;
+  int seq_k;
+  float scale;         // softmax scale
+  float scale_log2;    // scale * log2(e)
+};
+
 }  // namespace flashtune

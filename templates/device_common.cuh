@@ -121,3 +121,62 @@ __device__ __forceinline__ float4 lds128(const float* p) { return *reinterpret_c
 __device__ __forceinline__ void sts128(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
 }  // namespace flashtune
+
+// ---- appended for fa2_simt_bwd (generic fp32 helpers) ----
+namespace flashtune {
+
+// Copy rows [row0, row0+ROWS) of a (seq, D) fp32 matrix into dst[ROWS][STRIDE] with 16-byte
+// cp.async; rows >= seq are zero-filled (never garbage: 0 * NaN = NaN).
+template <int ROWS, int D, int STRIDE, int NT>
+__device__ __forceinline__ void cp_async_rows_f32(float* dst, const float* src, int row0, int seq, int tid) {
+  constexpr int kChunksPerRow = D / 4;
+  constexpr int kChunks = ROWS * kChunksPerRow;
+#pragma unroll
+  for (int idx = tid; idx < kChunks; idx += NT) {
+    const int r = idx / kChunksPerRow;
+    const int c4 = idx % kChunksPerRow;
+    const int grow = row0 + r;
+    const bool ok = grow < seq;
+    const float* g = ok ? src + static_cast<long long>(grow) * D + 4 * c4 : src;
+    cp_async_16(dst + r * STRIDE + 4 * c4, g, ok ? 16 : 0);
+  }
+}
+
+// Sum over the WIDTH adjacent lanes of a group (WIDTH a power of two dividing 32).
+template <int WIDTH>
+__device__ __forceinline__ float group_sum(float x) {
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// *gptr += v (4 floats, global memory, relaxed, no return value). sm_90: one vector
+// reduction (red.global.add.v4.f32); older targets: four scalar reductions.
+__device__ __forceinline__ void red_add_f32x4(float* gptr, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gptr), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w)
+               : "memory");
+#else
+  atomicAdd(gptr + 0, v.x);
+  atomicAdd(gptr + 1, v.y);
+  atomicAdd(gptr + 2, v.z);
+  atomicAdd(gptr + 3, v.w);
+#endif
+}
+
+__device__ __forceinline__ void ffma4(float4& acc, float s, const float4& v) {
+  acc.x = fmaf(s, v.x, acc.x);
+  acc.y = fmaf(s, v.y, acc.y);
+  acc.z = fmaf(s, v.z, acc.z);
+  acc.w = fmaf(s, v.w, acc.w);
+}
+__device__ __forceinline__ float dot4_acc(const float4& a, const float4& b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  acc = fmaf(a.w, b.w, acc);
+  return acc;
+}
+
+}  // namespace flashtune

@@ -14,8 +14,10 @@
 //   O += P V      the S accumulators of n8 tiles 2j, 2j+1 are, packed to 16 bits, exactly the
 //                 A fragment of k16 slice j: P never touches shared memory. V fragments by
 //                 ldmatrix.trans from Vs[BN][D].
-// Shared-memory rows are D/8 16-byte chunks, swizzled (chunk ^ key(row)) so that the 8 row
-// addresses of every ldmatrix phase and every 8 consecutive cp.async chunks hit distinct banks.
+// Shared-memory rows are D/8 16-byte chunks padded by one chunk (row stride 2*(D+8) bytes, an
+// odd number of chunks since D/8 is even): the 8 row addresses of every ldmatrix phase fall in
+// 8 distinct 16-byte bank groups, and every ldmatrix address is one per-lane register plus a
+// compile-time offset.
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -26,38 +28,13 @@ namespace flashtune {
 namespace fa2_mma_detail {
 
 
-// Byte offset of 16-byte chunk c of row r in a swizzled tile with CPR chunks per row.
-// CPR % 8 == 0 (D = 64, 128, 192, 256): rows 0..7 XOR the low 3 chunk bits with r & 7.
-// CPR % 8 == 4 (D = 32, 96): a row spans half a 128-byte line, so row pairs share one
-// key: r&1 picks the half line, ((r >> 1) & 3) the chunk inside aligned groups of 4.
-template <int CPR>
-__device__ __forceinline__ int swizzle_key(int r) {
-  return (CPR % 8 == 0) ? (r & 7) : ((r >> 1) & 3);
-}
-template <int CPR>
-__device__ __forceinline__ unsigned swizzled(int r, int c) {
-  return static_cast<unsigned>((r * CPR + (c ^ swizzle_key<CPR>(r))) * 16);
+// Byte offset of 16-byte chunk c of row r in a padded tile.
+template <int D>
+__device__ __forceinline__ unsigned chunk_offset(int r, int c) {
+  return static_cast<unsigned>(r * fa2_mma_row_bytes(D) + 16 * c);
 }
 
-// Per-lane ldmatrix addressing for a pattern "lane reads row row0 + lrow, chunk 2*ks + cb"
-// with row0 a multiple of 8 (so the swizzle key depends on lrow alone). The XOR touches only
-// the low 3 chunk bits, so chunk 2*ks + cb lands at (2ks & ~7) + ((2*(ks & 3)) ^ cb ^ key):
-// four per-lane offsets, the rest is compile-time.
-template <int CPR>
-struct LdsmCursor {
-  unsigned off[4];
-  __device__ __forceinline__ LdsmCursor(int lrow, int cb) {
-    const int kc = cb ^ swizzle_key<CPR>(lrow);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) off[j] = static_cast<unsigned>((lrow * CPR + ((2 * j) ^ kc)) * 16);
-  }
-  // ROW0, KS compile-time after unrolling.
-  __device__ __forceinline__ unsigned at(int row0, int ks) const {
-    return static_cast<unsigned>(row0 * CPR * 16 + ((2 * ks) & ~7) * 16) + off[ks & 3];
-  }
-};
-
-// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix into a swizzled smem tile with 16-byte
+// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix into a padded smem tile with 16-byte
 // cp.async; rows >= seq are zero-filled (src-size 0, source clamped to row 0), never stale.
 // When NT is a multiple of the chunks per row, each thread copies one fixed chunk column of
 // rows tid/CPR + it*NT/CPR: one pointer and one smem offset per thread, the rest immediates.
@@ -71,16 +48,14 @@ __device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned sho
     const int r0 = tid / CPR;
     const int c = tid % CPR;
     const unsigned short* g = src + static_cast<long long>(row0 + r0) * D + 8 * c;
-    const unsigned s0 = dst + swizzled<CPR>(r0, c);
+    const unsigned s0 = dst + chunk_offset<D>(r0, c);
 #pragma unroll
     for (int it = 0; it < ceil_div(ROWS, kRowStep); ++it) {
       const int r = r0 + it * kRowStep;
       if (ROWS % kRowStep == 0 || r < ROWS) {
         const bool ok = row0 + r < seq;
-        // kRowStep % 8 == 0 keeps the swizzle key; otherwise recompute the offset.
-        const unsigned sa = (kRowStep % 8 == 0) ? s0 + static_cast<unsigned>(it * kRowStep * CPR * 16)
-                                                : dst + swizzled<CPR>(r, c);
-        cp_async_16_s(sa, ok ? g + static_cast<long long>(it) * kRowStep * D : src, ok ? 16 : 0);
+        cp_async_16_s(s0 + static_cast<unsigned>(it * kRowStep * fa2_mma_row_bytes(D)),
+                      ok ? g + static_cast<long long>(it) * kRowStep * D : src, ok ? 16 : 0);
       }
     }
   } else {
@@ -93,7 +68,7 @@ __device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned sho
         const int grow = row0 + r;
         const bool ok = grow < seq;
         const unsigned short* g = src + (ok ? static_cast<long long>(grow) * D + 8 * c : 0);
-        cp_async_16_s(dst + swizzled<CPR>(r, c), g, ok ? 16 : 0);
+        cp_async_16_s(dst + chunk_offset<D>(r, c), g, ok ? 16 : 0);
       }
     }
   }
@@ -103,8 +78,8 @@ __device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned sho
 template <class T>
 __device__ __forceinline__ void gemm_qk(float (&s)[T::kMTiles][T::kSTiles][4],
                                         const unsigned (&qf)[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kQkSlices : 1][4],
-                                        unsigned q_warp, const LdsmCursor<T::kChunksPerRow>& qc, unsigned k_tile,
-                                        const LdsmCursor<T::kChunksPerRow>& kc) {
+                                        unsigned q_lane, unsigned k_lane) {
+  constexpr int RB = T::kRowBytes;
 #pragma unroll
   for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
@@ -120,7 +95,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[T::kMTiles][T::kSTiles][4],
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
       } else {
-        ldmatrix_x4(a[mt], q_warp + qc.at(16 * mt, ks));
+        ldmatrix_x4(a[mt], q_lane + 16 * mt * RB + 32 * ks);
       }
     }
 #pragma unroll
@@ -128,7 +103,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[T::kMTiles][T::kSTiles][4],
       // Keys 16np + lane%8 + 8*(lane/16), chunk 2ks + (lane/8)%2: b[0], b[1] = n8 tile 2np
       // (k 0-7, 8-15), b[2], b[3] = n8 tile 2np+1 (register pairs, as HMMA wants them).
       unsigned b[4];
-      ldmatrix_x4(b, k_tile + kc.at(16 * np, ks));
+      ldmatrix_x4(b, k_lane + 16 * np * RB + 32 * ks);
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt) {
         mma_16816<T::kDtype>(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -208,8 +183,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[T::kMTiles][T::kSTiles
 // S n8 tiles 2j and 2j+1: {row g: tile 2j, row g+8: tile 2j, row g: tile 2j+1, row g+8: tile 2j+1}.
 template <class T>
 __device__ __forceinline__ void gemm_pv(float (&o)[T::kMTiles][T::kOTiles][4],
-                                        const float (&s)[T::kMTiles][T::kSTiles][4], unsigned v_tile,
-                                        const LdsmCursor<T::kChunksPerRow>& vc) {
+                                        const float (&s)[T::kMTiles][T::kSTiles][4], unsigned v_lane) {
+  constexpr int RB = T::kRowBytes;
 #pragma unroll
   for (int kk = 0; kk < T::kPvSlices; ++kk) {
     unsigned pa[T::kMTiles][4];
@@ -223,7 +198,7 @@ __device__ __forceinline__ void gemm_pv(float (&o)[T::kMTiles][T::kOTiles][4],
 #pragma unroll
     for (int dp = 0; dp < T::kOTiles / 2; ++dp) {
       unsigned b[4];  // b[0], b[1]: d tile 2dp; b[2], b[3]: d tile 2dp+1
-      ldmatrix_x4_trans(b, v_tile + vc.at(16 * kk, dp));
+      ldmatrix_x4_trans(b, v_lane + 16 * kk * RB + 32 * dp);
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt) {
         mma_16816<T::kDtype>(o[mt][2 * dp], pa[mt], b[0], b[1]);
@@ -279,13 +254,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
   if (CAUSAL) kv_end = imin(seq_k, imin(m0 + BM, seq_q) + causal_offset);
   const int num_kv_blocks = kv_end > 0 ? (kv_end + BN - 1) / BN : 0;
 
-  // Lane addressing of the ldmatrix.x4: A operands (Q) and trans B (V) read row lane%16 of a
-  // 16-row slab, chunk 2*slice + lane/16 (one cursor; Qs adds this warp's first row);
-  // non-trans B (K) reads row lane%8 + 8*(lane/16), chunk 2*slice + (lane/8)%2.
-  const det::LdsmCursor<CPR> vc(lane & 15, lane >> 4);
-  const det::LdsmCursor<CPR> kc((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-  const unsigned q_warp = q_tile + static_cast<unsigned>(warp_row0 * CPR * 16);
-
+  // Per-lane byte offsets of the ldmatrix.x4 row addresses. A operands (Q) and trans B (V):
+  // row lane%16 of a 16-row slab, chunk lane/16 of a k16 slice. Non-trans B (K): row
+  // lane%8 + 8*(lane/16), chunk (lane/8)%2. Everything else is a compile-time offset.
+  const unsigned a_off = det::chunk_offset<D>(lane & 15, lane >> 4);
+  const unsigned kb_off = det::chunk_offset<D>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  const unsigned q_lane = q_tile + det::chunk_offset<D>(warp_row0, 0) + a_off;
   float o[MT][T::kOTiles][4];
   float m[MT][2], l[MT][2];
 #pragma unroll
@@ -309,12 +283,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int ks = 0; ks < T::kQkSlices; ++ks) ldmatrix_x4(qf[mt][ks], q_warp + vc.at(16 * mt, ks));
+        for (int ks = 0; ks < T::kQkSlices; ++ks) ldmatrix_x4(qf[mt][ks], q_lane + 16 * mt * T::kRowBytes + 32 * ks);
     }
   };
   // S for the block at key n0, masked where the block straddles the diagonal or seq_k.
   auto scores = [&](float (&s)[MT][T::kSTiles][4], unsigned kt, int n0) {
-    det::gemm_qk<T>(s, qf, q_warp, vc, kt, kc);
+    det::gemm_qk<T>(s, qf, q_lane, kt + kb_off);
     const bool needs_mask = (n0 + BN > seq_k) || (CAUSAL && n0 + BN - 1 > m0 + causal_offset);
     if (needs_mask) det::apply_mask<T>(s, m0 + warp_row0 + g, n0 + 2 * tig, seq_k, causal_offset);
   };
@@ -344,7 +318,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
       if (nb + 1 < num_kv_blocks) det::load_tile_async<BN, D, NT>(k_tile(0), k, n0 + BN, seq_k, tid);
       cp_async_commit();
       det::online_softmax<T>(s, m, l, o, scale_log2);
-      det::gemm_pv<T>(o, s, v_tile(0), vc);
+      det::gemm_pv<T>(o, s, v_tile(0) + a_off);
     }
   } else {
     // Ring of STAGES K/V slots, STAGES-1 blocks in flight ahead of the one computed; one
@@ -377,7 +351,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
       float s[MT][T::kSTiles][4];
       scores(s, k_tile(stage), n0);
       det::online_softmax<T>(s, m, l, o, scale_log2);
-      det::gemm_pv<T>(o, s, v_tile(stage), vc);
+      det::gemm_pv<T>(o, s, v_tile(stage) + a_off);
       stage = stage + 1 == STAGES ? 0 : stage + 1;
     }
   }
@@ -402,7 +376,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
 #pragma unroll
       for (int dt = 0; dt < T::kOTiles; ++dt) {
         const unsigned packed = pack_half2<T::kDtype>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-        st_shared_u32(q_tile + det::swizzled<CPR>(r, dt) + 4 * tig, packed);
+        st_shared_u32(q_tile + det::chunk_offset<D>(r, dt) + 4 * tig, packed);
       }
       const int i = m0 + r;
       if (tig == 0 && i < seq_q) lse_out[i] = lt > 0.f ? fmaf(m[mt][h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
@@ -416,7 +390,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
       const int r = warp_row0 + idx / CPR;
       const int c = idx % CPR;
       if (m0 + r < seq_q) {
-        const uint4 val = ld_shared_v4(q_tile + det::swizzled<CPR>(r, c));
+        const uint4 val = ld_shared_v4(q_tile + det::chunk_offset<D>(r, c));
         *reinterpret_cast<uint4*>(o_out + static_cast<long long>(m0 + r) * D + 8 * c) = val;
       }
     }

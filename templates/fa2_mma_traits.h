@@ -11,9 +11,13 @@ FT_HD constexpr int fa2_mma_threads(int WARPS) { return 32 * WARPS; }
 FT_HD constexpr int fa2_mma_rows_per_warp(int BM, int WARPS) { return BM / WARPS; }
 FT_HD constexpr int fa2_mma_m_tiles(int BM, int WARPS) { return fa2_mma_rows_per_warp(BM, WARPS) / 16; }
 
-// Shared memory, 16-bit elements, rows of D/8 16-byte chunks, XOR-swizzled (no padding):
-// Qs[BM][D] (reused to stage O in the epilogue) + STAGES x (Ks[BN][D] + Vs[BN][D]).
-FT_HD constexpr int fa2_mma_smem_bytes(int D, int BM, int BN, int STAGES) { return 2 * D * (BM + 2 * STAGES * BN); }
+// Shared memory, 16-bit elements, each row of D values padded by 8 (one 16-byte chunk; keeps
+// ldmatrix conflict free): Qs[BM][D+8] (reused to stage O in the epilogue) +
+// STAGES x (Ks[BN][D+8] + Vs[BN][D+8]).
+FT_HD constexpr int fa2_mma_row_bytes(int D) { return 2 * (D + 8); }
+FT_HD constexpr int fa2_mma_smem_bytes(int D, int BM, int BN, int STAGES) {
+  return fa2_mma_row_bytes(D) * (BM + 2 * STAGES * BN);
+}
 
 // Grid: x = query blocks (the kernel reverses the order when causal), y = heads, z = batch.
 FT_HD constexpr GridDims fa2_mma_grid(int batch, int heads, int seq_q, int BM) {
@@ -29,7 +33,10 @@ FT_HD constexpr int fa2_mma_q_regs(int D, int BM, int WARPS) { return fa2_mma_m_
 constexpr int kFa2MmaMaxAccRegs = 192;
 // Q stays in registers when accumulators + Q fit this budget; otherwise every K/V block
 // re-reads Q's fragments from shared memory with ldmatrix (FlashAttention-2's default).
-constexpr int kFa2MmaQRegsBudget = 160;
+#ifndef FT_FA2_MMA_Q_REGS_BUDGET
+#define FT_FA2_MMA_Q_REGS_BUDGET 160
+#endif
+constexpr int kFa2MmaQRegsBudget = FT_FA2_MMA_Q_REGS_BUDGET;
 FT_HD constexpr bool fa2_mma_q_in_regs(int D, int BM, int BN, int WARPS) {
   return fa2_mma_acc_regs(D, BM, BN, WARPS) + fa2_mma_q_regs(D, BM, WARPS) <= kFa2MmaQRegsBudget;
 }
@@ -87,10 +94,11 @@ struct Fa2MmaTraits {
   static constexpr int kOTiles = D / 8;                             // n8 tiles of O per m-tile
   static constexpr int kQkSlices = D / 16;                          // k16 steps of S = Q K^T
   static constexpr int kPvSlices = BLOCK_N / 16;                    // k16 steps of O += P V
-  static constexpr int kChunksPerRow = D / 8;                       // 16-byte chunks per smem row
+  static constexpr int kChunksPerRow = D / 8;                       // 16-byte chunks of data per row
   static constexpr bool kQInRegs = fa2_mma_q_in_regs(D, BLOCK_M, BLOCK_N, WARPS);
-  static constexpr int kQBytes = 2 * BLOCK_M * D;
-  static constexpr int kTileBytes = 2 * BLOCK_N * D;  // one K or V tile
+  static constexpr int kRowBytes = fa2_mma_row_bytes(D);  // padded smem row
+  static constexpr int kQBytes = kRowBytes * BLOCK_M;
+  static constexpr int kTileBytes = kRowBytes * BLOCK_N;  // one K or V tile
   static constexpr int kSmemBytes = fa2_mma_smem_bytes(D, BLOCK_M, BLOCK_N, STAGES);
 };
 

@@ -59,8 +59,8 @@ TEST(Family, ParseConfigRoundTripAndValidation) {
   EXPECT_THROW(f.parse_config("BLOCK_M=100"), UsageError);
   EXPECT_THROW(f.parse_config("FOO=1"), UsageError);
   EXPECT_THROW(f.parse_config("BLOCK_M"), UsageError);
-  EXPECT_EQ(f.name_expression(c, 64, true, DType::fp32),
-            "&flashtune::fa2_simt_fwd<flashtune::Fa2SimtTraits<64,128,64,8,4,2,true>>");
+  EXPECT_EQ(f.name_expressions(c, 64, true, DType::fp32),
+            std::vector<std::string>{"&flashtune::fa2_simt_fwd<flashtune::Fa2SimtTraits<64,128,64,8,4,2,true>>"});
 }
 
 TEST(Family, ConstraintsPruneWithReasons) {

@@ -110,3 +110,29 @@ TEST(Store, RefusesForeignOrNewerDatabases) {
   EXPECT_THROW(Store s(path), UsageError);
   fs::remove(path);
 }
+
+TEST(Store, MigratesVersion1KeepingResults) {
+  std::string path = temp_db("v1");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);
+  }
+  {  // turn it back into a version-1 file: no detail column
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    ASSERT_EQ(sqlite3_exec(db, "ALTER TABLE results DROP COLUMN detail; UPDATE meta SET value='1'", nullptr, nullptr,
+                           nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  Store s(path);
+  EXPECT_EQ(s.results({}).size(), 8u);
+  auto r = fixture::fixture_result("BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=1", Problem{1, 1, 8, 8, 64}, "ok", 1.0);
+  r.detail = R"({"dq_rel_l2":1e-7})";
+  s.put_result(r, fixture::fixture_device());
+  bool found = false;
+  for (const auto& x : s.results({}))
+    if (x.detail == r.detail) found = true;
+  EXPECT_TRUE(found);
+  fs::remove(path);
+}

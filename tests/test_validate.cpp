@@ -50,6 +50,20 @@ TEST(Compile, ParsesPtxasLog) {
   EXPECT_EQ(r.spill_loads, 12);
 }
 
+TEST(Compile, MultiKernelLogReportsTheWorst) {
+  const char* log =
+      "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 40 registers, used 0 barriers\n"
+      "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+      "ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem\n"
+      "ptxas info    : Used 96 registers, used 1 barriers\n";
+  Resources r = parse_ptxas_log(log);
+  EXPECT_EQ(r.registers, 255);
+  EXPECT_EQ(r.spill_stores, 4);
+  EXPECT_EQ(r.stack_bytes, 8);
+  EXPECT_EQ(r.smem_static, 1024);
+}
+
 TEST(Compile, ArchLimits) {
   EXPECT_EQ(arch_limits("sm_90").max_smem_per_block, 232448);
   EXPECT_EQ(arch_limits("sm_80").max_smem_per_block, 166912);

@@ -30,15 +30,19 @@ std::string nvrtc_version() {
 }
 
 Resources parse_ptxas_log(const std::string& log) {
+  // One block per entry function; a multi-kernel family reports the worst of its kernels.
   Resources r;
-  std::smatch m;
-  if (std::regex_search(log, m, std::regex(R"(Used (\d+) registers)"))) r.registers = std::stoi(m[1]);
-  if (std::regex_search(log, m, std::regex(R"((\d+) bytes smem)"))) r.smem_static = std::stoi(m[1]);
-  if (std::regex_search(log, m, std::regex(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)"))) {
-    r.stack_bytes = std::stoi(m[1]);
-    r.spill_stores = std::stoi(m[2]);
-    r.spill_loads = std::stoi(m[3]);
-  }
+  auto each = [&](const std::regex& re, auto&& take) {
+    for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) take(*it);
+  };
+  each(std::regex(R"(Used (\d+) registers)"), [&](const std::smatch& m) { r.registers = std::max(r.registers, std::stoi(m[1])); });
+  each(std::regex(R"((\d+) bytes smem)"), [&](const std::smatch& m) { r.smem_static = std::max(r.smem_static, std::stoi(m[1])); });
+  each(std::regex(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)"),
+       [&](const std::smatch& m) {
+         r.stack_bytes = std::max(r.stack_bytes, std::stoi(m[1]));
+         r.spill_stores = std::max(r.spill_stores, std::stoi(m[2]));
+         r.spill_loads = std::max(r.spill_loads, std::stoi(m[3]));
+       });
   return r;
 }
 
@@ -60,8 +64,8 @@ std::string Compiler::options_string() const {
 }
 
 std::string Compiler::variant_hash(const Variant& v) const {
-  std::string key = source_hash_ + '|' + options_string() + '|' + nvrtc_version() + '|' + arch_ + '|' +
-                    v.family->name_expression(v.config, v.head_dim, v.causal, v.dtype);
+  std::string key = source_hash_ + '|' + options_string() + '|' + nvrtc_version() + '|' + arch_;
+  for (const auto& e : v.family->name_expressions(v.config, v.head_dim, v.causal, v.dtype)) key += '|' + e;
   return content_hash(key);
 }
 
@@ -79,7 +83,8 @@ KernelRecord Compiler::compile(const Variant& v) const {
   k.nvrtc_version = nvrtc_version();
   k.options = options_string();
   k.source_hash = source_hash_;
-  k.name_expression = f.name_expression(v.config, v.head_dim, v.causal, v.dtype);
+  const std::vector<std::string> exprs = f.name_expressions(v.config, v.head_dim, v.causal, v.dtype);
+  for (const auto& e : exprs) k.name_expression += (k.name_expression.empty() ? "" : "\n") + e;
 
   // Prune before compiling: the family's constraints, then the target's limits.
   if (const char* why = f.check(v.config, v.head_dim)) {
@@ -92,10 +97,15 @@ KernelRecord Compiler::compile(const Variant& v) const {
   probe.head_dim = v.head_dim;
   probe.causal = v.causal;
   probe.dtype = v.dtype;
-  const Launch launch = f.launch(v.config, probe);
-  if ((int)launch.smem_bytes > lim.max_smem_per_block) {
+  probe.direction = f.direction;
+  unsigned max_smem = 0, max_threads = 0;  // the most demanding of the family's kernels
+  for (const Launch& l : f.launches(v.config, probe)) {
+    max_smem = std::max(max_smem, l.smem_bytes);
+    max_threads = std::max(max_threads, l.threads);
+  }
+  if ((int)max_smem > lim.max_smem_per_block) {
     k.status = "pruned";
-    k.reason = "shared memory " + std::to_string(launch.smem_bytes) + " B exceeds the " + arch_ + " limit of " +
+    k.reason = "shared memory " + std::to_string(max_smem) + " B exceeds the " + arch_ + " limit of " +
                std::to_string(lim.max_smem_per_block) + " B";
     return k;
   }
@@ -110,7 +120,7 @@ KernelRecord Compiler::compile(const Variant& v) const {
   nvrtcProgram prog;
   nvrtcCreateProgram(&prog, source.c_str(), ("flashtune_" + f.name + ".cu").c_str(), (int)header_src.size(),
                      header_src.data(), header_names.data());
-  nvrtcAddNameExpression(prog, k.name_expression.c_str());
+  for (const auto& e : exprs) nvrtcAddNameExpression(prog, e.c_str());
   const auto opts = options();
   std::vector<const char*> copts;
   for (const auto& o : opts) copts.push_back(o.c_str());
@@ -130,9 +140,11 @@ KernelRecord Compiler::compile(const Variant& v) const {
     nvrtcDestroyProgram(&prog);
     return k;
   }
-  const char* lowered = nullptr;
-  nvrtcGetLoweredName(prog, k.name_expression.c_str(), &lowered);
-  k.lowered_name = lowered ? lowered : "";
+  for (const auto& e : exprs) {
+    const char* lowered = nullptr;
+    nvrtcGetLoweredName(prog, e.c_str(), &lowered);
+    k.lowered_name += (k.lowered_name.empty() ? "" : "\n") + std::string(lowered ? lowered : "");
+  }
   size_t cubin_size = 0;
   nvrtcGetCUBINSize(prog, &cubin_size);
   k.cubin.resize(cubin_size);
@@ -145,11 +157,11 @@ KernelRecord Compiler::compile(const Variant& v) const {
     k.status = "pruned";
     k.reason = "spills: " + std::to_string(k.res.stack_bytes) + " B stack, " + std::to_string(k.res.spill_stores) +
                " B spill stores, " + std::to_string(k.res.spill_loads) + " B spill loads";
-  } else if ((long long)k.res.registers * launch.threads > lim.registers_per_sm) {
+  } else if ((long long)k.res.registers * max_threads > lim.registers_per_sm) {
     k.status = "pruned";
-    k.reason = std::to_string(k.res.registers) + " registers x " + std::to_string(launch.threads) +
+    k.reason = std::to_string(k.res.registers) + " registers x " + std::to_string(max_threads) +
                " threads exceed the register file";
-  } else if ((int)(launch.smem_bytes + k.res.smem_static) > lim.max_smem_per_block) {
+  } else if ((int)(max_smem + k.res.smem_static) > lim.max_smem_per_block) {
     k.status = "pruned";
     k.reason = "static + dynamic shared memory exceeds the limit";
   }

@@ -20,14 +20,13 @@ std::string join_args(std::initializer_list<std::string> args) {
   return s;
 }
 
-Launch make_launch(GridDims g, int threads, int smem, size_t workspace = 0) {
+Launch make_launch(GridDims g, int threads, int smem) {
   Launch l;
   l.grid[0] = (unsigned)g.x;
   l.grid[1] = (unsigned)g.y;
   l.grid[2] = (unsigned)g.z;
   l.threads = (unsigned)threads;
   l.smem_bytes = (unsigned)smem;
-  l.workspace_bytes = workspace;
   return l;
 }
 
@@ -40,7 +39,7 @@ std::vector<Family> make_families() {
     f.name = "naive";
     f.direction = "fwd";
     f.template_file = "naive.cuh";
-    f.kernel = "flashtune::naive_fwd";
+    f.kernels = {"flashtune::naive_fwd"};
     f.params = {{"THREADS", {64, 128, 256, 512, 1024}}};
     f.head_dims = {32, 64, 96, 128};
     f.dtypes = {DType::fp32};
@@ -49,9 +48,12 @@ std::vector<Family> make_families() {
       return "flashtune::NaiveTraits<" + join_args({std::to_string(d), std::to_string(c[0]), bool_arg(causal)}) + ">";
     };
     f.check = [](const Config& c, int d) { return naive_check(d, c[0]); };
-    f.launch = [](const Config& c, const Problem& p) {
-      return make_launch(naive_grid(p.batch, p.heads, p.seq_q), naive_threads(c[0]), naive_smem_bytes(p.head_dim, c[0]),
-                         4 * (size_t)naive_workspace_floats(p.batch, p.heads, p.seq_q, p.seq_k));
+    f.launches = [](const Config& c, const Problem& p) {
+      return std::vector{
+          make_launch(naive_grid(p.batch, p.heads, p.seq_q), naive_threads(c[0]), naive_smem_bytes(p.head_dim, c[0]))};
+    };
+    f.workspace_bytes = [](const Config&, const Problem& p) {
+      return 4 * (size_t)naive_workspace_floats(p.batch, p.heads, p.seq_q, p.seq_k);
     };
     fs.push_back(std::move(f));
   }
@@ -60,7 +62,7 @@ std::vector<Family> make_families() {
     f.name = "fa2_simt";
     f.direction = "fwd";
     f.template_file = "fa2_simt.cuh";
-    f.kernel = "flashtune::fa2_simt_fwd";
+    f.kernels = {"flashtune::fa2_simt_fwd"};
     f.params = {{"BLOCK_M", {16, 32, 64, 128, 256}},
                 {"BLOCK_N", {16, 32, 64, 128, 256}},
                 {"TM", {1, 2, 4, 8, 16}},
@@ -77,9 +79,10 @@ std::vector<Family> make_families() {
     };
     // The target's shared-memory limit is the compile stage's to apply, per arch.
     f.check = [](const Config& c, int d) { return fa2_simt_check(d, c[0], c[1], c[2], c[3], c[4], 1 << 30); };
-    f.launch = [](const Config& c, const Problem& p) {
-      return make_launch(fa2_simt_grid(p.batch, p.heads, p.seq_q, c[0]), fa2_simt_threads(c[0], c[1], c[2], c[3]),
-                         fa2_simt_smem_bytes(p.head_dim, c[0], c[1], c[4]));
+    f.launches = [](const Config& c, const Problem& p) {
+      return std::vector{make_launch(fa2_simt_grid(p.batch, p.heads, p.seq_q, c[0]),
+                                     fa2_simt_threads(c[0], c[1], c[2], c[3]),
+                                     fa2_simt_smem_bytes(p.head_dim, c[0], c[1], c[4]))};
     };
     fs.push_back(std::move(f));
   }
@@ -88,7 +91,7 @@ std::vector<Family> make_families() {
     f.name = "fa2_mma";
     f.direction = "fwd";
     f.template_file = "fa2_mma.cuh";
-    f.kernel = "flashtune::fa2_mma_fwd";
+    f.kernels = {"flashtune::fa2_mma_fwd"};
     f.params = {{"BLOCK_M", {16, 32, 64, 128, 256}},
                 {"BLOCK_N", {16, 32, 64, 128, 256}},
                 {"WARPS", {1, 2, 4, 8, 16}},
@@ -103,9 +106,9 @@ std::vector<Family> make_families() {
              ">";
     };
     f.check = [](const Config& c, int d) { return fa2_mma_check(d, c[0], c[1], c[2], c[3]); };
-    f.launch = [](const Config& c, const Problem& p) {
-      return make_launch(fa2_mma_grid(p.batch, p.heads, p.seq_q, c[0]), fa2_mma_threads(c[2]),
-                         fa2_mma_smem_bytes(p.head_dim, c[0], c[1], c[3]));
+    f.launches = [](const Config& c, const Problem& p) {
+      return std::vector{make_launch(fa2_mma_grid(p.batch, p.heads, p.seq_q, c[0]), fa2_mma_threads(c[2]),
+                                     fa2_mma_smem_bytes(p.head_dim, c[0], c[1], c[3]))};
     };
     fs.push_back(std::move(f));
   }
@@ -114,7 +117,7 @@ std::vector<Family> make_families() {
     f.name = "fault";
     f.direction = "fwd";
     f.template_file = "test_faults.cuh";
-    f.kernel = "flashtune::fault_fwd";
+    f.kernels = {"flashtune::fault_fwd"};
     f.params = {{"MODE", {0, 1, 2}}};
     f.head_dims = {32, 64, 96, 128};
     f.dtypes = {DType::fp32};
@@ -124,9 +127,10 @@ std::vector<Family> make_families() {
       return "flashtune::FaultTraits<" + join_args({std::to_string(c[0]), std::to_string(d), bool_arg(causal)}) + ">";
     };
     f.check = [](const Config&, int) -> const char* { return nullptr; };
-    f.launch = [](const Config&, const Problem& p) {
-      return make_launch(fault_grid(p.batch, p.heads, p.seq_q), kFaultThreads, 0, 4);
+    f.launches = [](const Config&, const Problem& p) {
+      return std::vector{make_launch(fault_grid(p.batch, p.heads, p.seq_q), kFaultThreads, 0)};
     };
+    f.workspace_bytes = [](const Config&, const Problem&) { return size_t{4}; };  // the hang's flag
     fs.push_back(std::move(f));
   }
   return fs;

@@ -20,18 +20,19 @@ struct ParamSpec {
 
 using Config = std::vector<int>;  // values in the order of Family::params
 
+// One kernel launch's geometry. A family runs one or more kernels in order (a backward runs
+// preprocess, dK/dV and dQ); the candidate's time covers all of them.
 struct Launch {
   unsigned grid[3] = {1, 1, 1};
   unsigned threads = 0;
-  unsigned smem_bytes = 0;        // dynamic shared memory
-  size_t workspace_bytes = 0;     // p.workspace, zero-filled by the worker
+  unsigned smem_bytes = 0;  // dynamic shared memory
 };
 
 struct Family {
   std::string name;           // "fa2_simt"
   std::string direction;      // "fwd"
   std::string template_file;  // "fa2_simt.cuh"
-  std::string kernel;         // "flashtune::fa2_simt_fwd"
+  std::vector<std::string> kernels;  // {"flashtune::fa2_simt_fwd"}, launched in this order
   std::vector<ParamSpec> params;
   std::vector<int> head_dims;
   std::vector<DType> dtypes;
@@ -43,10 +44,16 @@ struct Family {
   // nullptr when the combination is valid, else why not (the same conditions as the
   // traits' static_asserts, so NVRTC never sees an impossible variant).
   std::function<const char*(const Config&, int head_dim)> check;
-  std::function<Launch(const Config&, const Problem&)> launch;
+  std::function<std::vector<Launch>(const Config&, const Problem&)> launches;  // one per kernel
+  // Bytes of p.workspace (zero-filled by the worker before each validated run).
+  std::function<size_t(const Config&, const Problem&)> workspace_bytes = [](const Config&, const Problem&) {
+    return size_t{0};
+  };
 
-  std::string name_expression(const Config& c, int head_dim, bool causal, DType t) const {
-    return "&" + kernel + "<" + traits(c, head_dim, causal, t) + ">";
+  std::vector<std::string> name_expressions(const Config& c, int head_dim, bool causal, DType t) const {
+    std::vector<std::string> out;
+    for (const auto& k : kernels) out.push_back("&" + k + "<" + traits(c, head_dim, causal, t) + ">");
+    return out;
   }
   std::string config_string(const Config& c) const;  // "BLOCK_M=128,BLOCK_N=64,..."
   Config parse_config(const std::string& kv) const;   // inverse; validated; throws UsageError

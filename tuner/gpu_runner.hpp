@@ -28,9 +28,10 @@ class GpuRunner {
   explicit GpuRunner(int device_ordinal);
   ~GpuRunner();
   DeviceInfo device_info() const { return info_; }
-  // Generates inputs for the problem (seeded) and the reference rows, unless already current.
+  // Generates inputs for the problem (seeded) and the reference, unless already current.
   void prepare(const Problem&, unsigned long long seed, long long max_rows);
-  // {"cubin_path","kernel","grid":[3],"threads","smem","workspace","check","timing":{...}} -> result json
+  // {"cubin_path", "kernels": [{"name","grid":[3],"threads","smem"}...], "workspace", "check_determinism",
+  //  "timing": {...}} -> result json
   nlohmann::json run(const nlohmann::json& request);
 
  private:
@@ -38,8 +39,18 @@ class GpuRunner {
     CUdeviceptr ptr = 0;
     size_t bytes = 0;
   };
+  struct Kernel {
+    CUfunction fn;
+    unsigned grid[3], threads, smem;
+  };
   void ensure(Buffer&, size_t bytes);
-  void launch(CUfunction, const nlohmann::json& req, CUstream);
+  void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows);
+  void prepare_bwd(const Problem&, unsigned long long seed);
+  void launch_all(const std::vector<Kernel>&, CUstream);
+  void poison_outputs();
+  std::vector<std::vector<uint8_t>> read_outputs();  // the problem's outputs, as bytes
+  void validate_fwd(const std::vector<std::vector<uint8_t>>&, nlohmann::json& out);
+  void validate_bwd(const std::vector<std::vector<uint8_t>>&, nlohmann::json& out);
 
   CUdevice dev_ = 0;
   CUcontext ctx_ = nullptr;
@@ -47,9 +58,15 @@ class GpuRunner {
   Problem problem_;
   unsigned long long seed_ = 0;
   bool prepared_ = false;
-  Buffer q_, k_, v_, o_, lse_, workspace_, flush_;
-  std::vector<int64_t> rows_;           // validated query rows (flat b*H*Sq + h*Sq + i)
-  std::vector<double> ref_o_, ref_lse_;  // rows_.size() x d, rows_.size()
+  // Forward: q, k, v in, o, lse out. Backward: q, k, v, o, lse, dout in; dq, dk, dv out.
+  Buffer q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_, delta_, dq_accum_, workspace_, flush_;
+  // Forward reference: sampled query rows (flat b*H*Sq + h*Sq + i) of O and LSE.
+  std::vector<int64_t> rows_;
+  std::vector<double> ref_o_, ref_lse_;
+  // Backward reference: every head's gradients; heads repeat the data of `distinct_heads_`
+  // independent ones (head h holds head h % distinct_heads_), so all of them are checked in full.
+  int distinct_heads_ = 0;
+  std::vector<double> ref_dq_, ref_dk_, ref_dv_;
 };
 
 }  // namespace flashtune

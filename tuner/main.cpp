@@ -187,7 +187,8 @@ int cmd_compile_check(int argc, char** argv) {
     std::filesystem::create_directories(a.get("save-cubins"));
     for (const auto& k : kernels)
       if (k.status == "compiled") {
-        std::ofstream f(std::filesystem::path(a.get("save-cubins")) / (k.lowered_name + ".cubin"), std::ios::binary);
+        std::ofstream f(std::filesystem::path(a.get("save-cubins")) / (split(k.lowered_name, '\n')[0] + ".cubin"),
+                        std::ios::binary);
         f.write(k.cubin.data(), (std::streamsize)k.cubin.size());
       }
   }
@@ -296,12 +297,14 @@ int cmd_run(int argc, char** argv) {
     json j = {{"family", f.name}, {"config", k.config}, {"problem", to_json(p)}, {"status", r.status},
               {"error", r.error}, {"max_abs", r.max_abs}, {"max_rel", r.max_rel}, {"mse", r.mse},
               {"ms_median", r.ms_median}, {"ms_p20", r.ms_p20}, {"ms_p80", r.ms_p80}, {"reps", r.reps},
-              {"tflops", r.tflops}, {"gbps", r.gbps}, {"registers", k.res.registers}, {"device", gpu.device().name}};
+              {"tflops", r.tflops}, {"gbps", r.gbps}, {"registers", k.res.registers}, {"device", gpu.device().name},
+              {"detail", r.detail.empty() ? json::object() : json::parse(r.detail)}};
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("%s %s on %s [%s]\n", f.name.c_str(), k.config.c_str(), p.str().c_str(), gpu.device().name.c_str());
     std::printf("  status %s%s%s\n", r.status.c_str(), r.error.empty() ? "" : ": ", r.error.c_str());
-    std::printf("  errors vs float64 reference: max_abs %.3g  max_rel %.3g  mse %.3g\n", r.max_abs, r.max_rel, r.mse);
+    std::printf("  errors vs float64 reference: max_abs %.3g  max_rel %.3g  mse %.3g  %s\n", r.max_abs, r.max_rel, r.mse,
+                r.detail.c_str());
     if (r.status == "ok")
       std::printf("  time %.4f ms (p20 %.4f, p80 %.4f, %d reps)  %.2f TFLOP/s  %.1f GB/s  %d registers\n", r.ms_median,
                   r.ms_p20, r.ms_p80, r.reps, r.tflops, r.gbps, k.res.registers);

@@ -26,12 +26,15 @@ int dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
 
 double Problem::flops() const {
   double f = 4.0 * batch * heads * (double)seq_q * seq_k * head_dim;
-  return causal ? f / 2 : f;
+  if (causal) f /= 2;
+  return direction == "bwd" ? 2.5 * f : f;
 }
 
 double Problem::bytes() const {
   double e = dtype_bytes(dtype);
   double bh = (double)batch * heads;
+  if (direction == "bwd")  // read Q, K, V, O, dO, LSE; write dQ, dK, dV
+    return bh * (e * head_dim * (4.0 * seq_q + 2.0 * seq_k + seq_q + 2.0 * seq_k) + 4.0 * seq_q);
   return bh * (e * head_dim * (2.0 * seq_q + 2.0 * seq_k) + 4.0 * seq_q);
 }
 
@@ -83,8 +86,8 @@ Problem problem_from_json(const nlohmann::json& j) {
     p.causal = j["causal"].get<bool>();
   }
   if (j.contains("direction")) {
-    if (!j["direction"].is_string() || j["direction"] != "fwd")
-      throw UsageError("problem field 'direction' must be \"fwd\" (the only direction built so far)");
+    if (!j["direction"].is_string() || (j["direction"] != "fwd" && j["direction"] != "bwd"))
+      throw UsageError("problem field 'direction' must be \"fwd\" or \"bwd\", got " + j["direction"].dump());
     p.direction = j["direction"].get<std::string>();
   }
   return p;

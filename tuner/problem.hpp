@@ -17,9 +17,10 @@ struct Problem {
   bool causal = false;
   std::string direction = "fwd";
 
-  // FlashAttention's convention: forward 4*B*H*Sq*Sk*d, halved when causal.
+  // FlashAttention's convention: forward 4*B*H*Sq*Sk*d, halved when causal; backward 2.5x that.
   double flops() const;
-  // Lower bound: read Q, K, V once, write O and LSE once.
+  // Lower bound: forward reads Q, K, V and writes O, LSE once; backward reads Q, K, V, O, dO, LSE
+  // and writes dQ, dK, dV once.
   double bytes() const;
   // Sequence bucket for selection: the smallest power of two >= max(Sq, Sk).
   int seq_bucket() const;

@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS results(
   device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL, driver_version INTEGER NOT NULL,
   nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
   registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
-  created TEXT NOT NULL,
+  created TEXT NOT NULL, detail TEXT,
   UNIQUE(kernel_hash, device_name, sm_count, batch, heads, seq_q, seq_k));
 CREATE INDEX IF NOT EXISTS results_by_problem ON results(family, direction, device_name, head_dim, dtype, causal);
 )sql";
@@ -105,8 +105,16 @@ Store::Store(const std::string& path) : path_(path) {
     }
   }
   if (has_meta) {
-    Stmt v(db_, "SELECT value FROM meta WHERE key='schema_version'");
-    std::string version = v.step() ? v.text(0) : "";
+    std::string version;
+    {
+      Stmt v(db_, "SELECT value FROM meta WHERE key='schema_version'");
+      version = v.step() ? v.text(0) : "";
+    }
+    if (version == "1") {  // v1 -> v2: results gained `detail`; nothing else changed
+      exec("BEGIN; ALTER TABLE results ADD COLUMN detail TEXT; "
+           "UPDATE meta SET value='2' WHERE key='schema_version'; COMMIT;");
+      version = "2";
+    }
     if (version != std::to_string(kSchemaVersion)) {
       sqlite3_close(db_);
       db_ = nullptr;
@@ -174,7 +182,7 @@ void Store::put_result(const ResultRecord& r, const DeviceInfo& d) {
   Stmt s(db_, "INSERT OR REPLACE INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
               "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
               "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
-              "spill_stores,created) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+              "spill_stores,created,detail) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   const Problem& p = r.problem;
   s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
       .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
@@ -183,7 +191,7 @@ void Store::put_result(const ResultRecord& r, const DeviceInfo& d) {
       .bind(19, r.ms_p80).bind(20, r.reps).bind(21, r.tflops).bind(22, r.gbps).bind(23, (long long)r.seed)
       .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
       .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
-      .bind(33, r.res.spill_stores).bind(34, now_iso8601());
+      .bind(33, r.res.spill_stores).bind(34, now_iso8601()).bind(35, r.detail);
   s.step();
 }
 
@@ -191,7 +199,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   std::string sql =
       "SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,status,error,"
       "max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,driver_version,"
-      "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created FROM results WHERE 1=1";
+      "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created,detail FROM results WHERE 1=1";
   std::vector<std::string> binds;
   auto add = [&](const std::string& col, const std::string& v) {
     if (v.empty()) return;
@@ -222,6 +230,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
     r.nvrtc_version = s.text(28); r.options = s.text(29); r.source_hash = s.text(30);
     r.res.registers = (int)s.i64(31); r.res.smem_static = (int)s.i64(32); r.res.spill_stores = (int)s.i64(33);
     r.created = s.text(34);
+    r.detail = s.text(35);
     out.push_back(std::move(r));
   }
   return out;

@@ -11,7 +11,7 @@ struct sqlite3;
 
 namespace flashtune {
 
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;  // 2: results.detail
 
 struct DeviceInfo {
   std::string name;          // "NVIDIA H100 80GB HBM3"
@@ -37,11 +37,12 @@ struct KernelRecord {
   int head_dim = 0;
   bool causal = false;
   DType dtype = DType::fp32;
-  std::string arch, nvrtc_version, options, source_hash, name_expression;
+  std::string arch, nvrtc_version, options, source_hash;
+  std::string name_expression;  // one per kernel of the family, newline-separated
   std::string status;  // compiled | compile_error | pruned
   std::string reason;  // why pruned / the compiler's first error
-  std::string lowered_name;
-  Resources res;
+  std::string lowered_name;  // one per kernel, newline-separated, in launch order
+  Resources res;             // the worst over the family's kernels
   double compile_ms = 0;
   std::string log;
   std::string cubin;   // bytes; empty unless status == compiled
@@ -56,6 +57,7 @@ struct ResultRecord {
   std::string status;  // ok | invalid | crashed | timeout | launch_error | pruned | compile_error
   std::string error;
   double max_abs = 0, max_rel = 0, mse = 0;
+  std::string detail;  // JSON: per-output errors (backward: dq/dk/dv relative L2), rows checked, determinism
   double ms_median = 0, ms_p20 = 0, ms_p80 = 0;
   int reps = 0;
   double tflops = 0, gbps = 0;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -110,14 +111,19 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
     std::ofstream f(cubin_path, std::ios::binary);
     f.write(k.cubin.data(), (std::streamsize)k.cubin.size());
   }
-  const Launch launch = v.family->launch(v.config, p);
+  const std::vector<Launch> launches = v.family->launches(v.config, p);
+  const std::vector<std::string> names = split(k.lowered_name, '\n');
+  json kernels = json::array();
+  for (size_t i = 0; i < launches.size() && i < names.size(); ++i)
+    kernels.push_back({{"name", names[i]},
+                       {"grid", {launches[i].grid[0], launches[i].grid[1], launches[i].grid[2]}},
+                       {"threads", launches[i].threads},
+                       {"smem", launches[i].smem_bytes}});
   json req = {{"op", "run"},
               {"cubin_path", cubin_path},
-              {"kernel", k.lowered_name},
-              {"grid", {launch.grid[0], launch.grid[1], launch.grid[2]}},
-              {"threads", launch.threads},
-              {"smem", launch.smem_bytes},
-              {"workspace", launch.workspace_bytes}};
+              {"kernels", kernels},
+              {"workspace", v.family->workspace_bytes(v.config, p)},
+              {"check_determinism", opt_.check_determinism}};
   json rep = worker_.request(req, opt_.timeout_s);
   r.status = rep.value("status", "error");
   r.error = rep.value("error", std::string());
@@ -125,6 +131,7 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
   r.max_abs = rep.value("max_abs", 0.0);
   r.max_rel = rep.value("max_rel", 0.0);
   r.mse = rep.value("mse", 0.0);
+  if (rep.contains("detail")) r.detail = rep["detail"].dump();
   if (r.status == "ok") {
     r.ms_median = rep["ms_median"];
     r.ms_p20 = rep["ms_p20"];
@@ -153,10 +160,13 @@ static void print_resource_table(const std::vector<Variant>& vs, const std::vect
               "regs", "smem", "spill", "reason");
   for (size_t i = 0; i < vs.size(); ++i) {
     const auto& k = ks[i];
-    const Launch l = vs[i].family->launch(vs[i].config, Problem{1, 1, 1, 1, vs[i].head_dim, vs[i].dtype, vs[i].causal});
+    unsigned smem = 0;
+    for (const Launch& l : vs[i].family->launches(
+             vs[i].config, Problem{1, 1, 1, 1, vs[i].head_dim, vs[i].dtype, vs[i].causal, vs[i].family->direction}))
+      smem = std::max(smem, l.smem_bytes);
     std::printf("%-10s %-44s %4d %-6s %-5s %-13s %5d %7u %6d  %s\n", k.family.c_str(), k.config.c_str(), k.head_dim,
                 k.causal ? "yes" : "no", to_string(k.dtype), k.status.c_str(), k.res.registers,
-                l.smem_bytes + k.res.smem_static, k.res.spill_stores, k.reason.substr(0, 70).c_str());
+                smem + k.res.smem_static, k.res.spill_stores, k.reason.substr(0, 70).c_str());
   }
 }
 

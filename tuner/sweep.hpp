@@ -19,6 +19,7 @@ struct RunOptions {
   unsigned long long seed = 20261121;
   long long max_rows = 512;       // reference rows validated per problem
   std::string worker_path;        // default: next to the executable
+  bool check_determinism = false; // run twice and compare the outputs' bits
 };
 
 // A worker and the device it reports; the bridge between compiled kernels and results.
