@@ -32,7 +32,8 @@ def expand(problem_set):
         sq = p.get("seq_q", p.get("seq"))
         sk = p.get("seq_k", p.get("seq"))
         out.append(dict(batch=p["batch"], heads=p["heads"], seq_q=sq, seq_k=sk, head_dim=p["head_dim"],
-                        dtype=p.get("dtype", "fp32"), causal=p.get("causal", False)))
+                        dtype=p.get("dtype", "fp32"), causal=p.get("causal", False),
+                        direction=p.get("direction", "fwd")))
     g = problem_set.get("grid")
     if g:
         for dt in g.get("dtype", ["fp32"]):
@@ -40,13 +41,15 @@ def expand(problem_set):
                 for c in g.get("causal", [False]):
                     for s in g["seq"]:
                         out.append(dict(batch=g["tokens"] // s, heads=g["hidden"] // d, seq_q=s, seq_k=s,
-                                        head_dim=d, dtype=dt, causal=c))
+                                        head_dim=d, dtype=dt, causal=c, direction=g.get("direction", "fwd")))
     return out
 
 
 def flops(p):
+    """FlashAttention's count: forward 4*B*H*Sq*Sk*d, halved when causal; backward 2.5x."""
     f = 4.0 * p["batch"] * p["heads"] * p["seq_q"] * p["seq_k"] * p["head_dim"]
-    return f / 2 if p["causal"] else f
+    f = f / 2 if p["causal"] else f
+    return 2.5 * f if p.get("direction", "fwd") == "bwd" else f
 
 
 def time_sdpa(p, backend, reps, seed):
@@ -61,7 +64,15 @@ def time_sdpa(p, backend, reps, seed):
     assert not p["causal"] or p["seq_q"] == p["seq_k"], "causal baseline needs Sq == Sk"
     flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda", dtype=torch.float32)
     with sdpa_kernel([BACKENDS[backend]]):
-        run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
+        if p.get("direction", "fwd") == "bwd":
+            # The backward alone: one forward builds the graph, each timed call replays its backward.
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
+            dout = torch.randn_like(out)
+            run = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        else:
+            run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
         for _ in range(3):
             run()
         torch.cuda.synchronize()
@@ -90,8 +101,8 @@ def main():
     device = torch.cuda.get_device_name(0)
     with open(a.out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["device", "impl", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal", "ms_median",
-                    "ms_p20", "ms_p80", "tflops", "status"])
+        w.writerow(["device", "impl", "direction", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal",
+                    "ms_median", "ms_p20", "ms_p80", "tflops", "status"])
         for p in problems:
             try:
                 med, p20, p80 = time_sdpa(p, a.backend, a.reps, a.seed)
@@ -99,7 +110,7 @@ def main():
             except Exception as e:  # a backend that refuses a shape is a result, not a crash
                 med = p20 = p80 = tf = 0.0
                 status = f"error: {type(e).__name__}: {str(e)[:120]}"
-            w.writerow([device, f"torch_sdpa_{a.backend}", p["batch"], p["heads"], p["seq_q"], p["seq_k"],
+            w.writerow([device, f"torch_sdpa_{a.backend}", p["direction"], p["batch"], p["heads"], p["seq_q"], p["seq_k"],
                         p["head_dim"], p["dtype"], int(p["causal"]), f"{med:.6f}", f"{p20:.6f}", f"{p80:.6f}",
                         f"{tf:.3f}", status])
             print(f"sdpa {a.backend} {p}: {med:.3f} ms {tf:.1f} TFLOP/s {status}", file=sys.stderr)

@@ -4,12 +4,13 @@
 #   sweep-simt - tune fa2_simt and naive on the fp32 standard grid, torch SDPA baseline in the same run
 #   sweep-mma  - tune fa2_mma on the bf16 18-point grid, then re-time the tuned best, FA2's fixed table,
 #                torch flash and cuDNN side by side; tolerance probe
-#   both sweeps: comparison CSVs and generated headers; the DB without cubins comes back in a tarball
+#   sweep-bwd  - tune fa2_simt_bwd on the fp32 grid beside torch SDPA efficient's backward
+#   every sweep: comparison CSVs and generated headers; the DB without cubins comes back in a tarball
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-stage=${1:?stage: tests, sweep-simt or sweep-mma}
+stage=${1:?stage: tests, sweep-simt, sweep-mma or sweep-bwd}
 log() { echo "== $(date +%T) $*"; }
 
 log build
@@ -45,6 +46,20 @@ sweep-simt)
   $ft best --db "$db" --family fa2_simt --csv >"$rep/best_fa2_simt.csv"
   python3 experiments/compare.py "$rep/best_fa2_simt.csv" "$rep/sdpa_efficient_fp32.csv" --out "$rep/fa2_simt_vs_sdpa.csv"
   $ft best --db "$db" --family naive --csv >"$rep/best_naive.csv"
+  $ft emit --db "$db" --out configs/generated
+  $ft drop-cubins --db "$db"
+  tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
+  ;;
+sweep-bwd)
+  rep=reports/$slug
+  mkdir -p "$rep"
+  db=$rep/results.db
+  log "tune fa2_simt_bwd"
+  $ft tune configs/spaces/fa2_simt_bwd.json configs/problems/anchors_bwd_fp32.json --db "$db" 2>&1 | tail -4
+  log "sdpa baseline (backward)"
+  python3 experiments/sdpa_baseline.py configs/problems/anchors_bwd_fp32.json --backend efficient --out "$rep/sdpa_efficient_fp32_bwd.csv" 2>&1 | tail -8
+  $ft best --db "$db" --family fa2_simt_bwd --csv >"$rep/best_fa2_simt_bwd.csv"
+  python3 experiments/compare.py "$rep/best_fa2_simt_bwd.csv" "$rep/sdpa_efficient_fp32_bwd.csv" --out "$rep/bwd_vs_sdpa.csv"
   $ft emit --db "$db" --out configs/generated
   $ft drop-cubins --db "$db"
   tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated

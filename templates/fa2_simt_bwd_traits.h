@@ -46,6 +46,16 @@ FT_HD constexpr int fa2_simt_bwd_acc_regs(int D, int BM, int BN, int TM, int TN,
          (DQ_MODE == 0 ? fa2_simt_bwd_qm(BM, BN, TN) * (D / fa2_simt_bwd_tc(BM, TM)) : 0);
 }
 constexpr int kFa2SimtBwdMaxAccRegs = 144;
+// CTAs per SM the main kernels ask ptxas for (__launch_bounds__ min blocks): 2 when two fit in
+// shared memory (sm_90) and the accumulators are small enough for 65536 / (2 * threads)
+// registers per thread, else 1 (up to 255 registers).
+FT_HD constexpr int fa2_simt_bwd_min_blocks(int D, int BM, int BN, int TM, int TN, int DQ_MODE) {
+  return (2 * (fa2_simt_bwd_main_smem_bytes(D, BM, BN) + 1024) <= kMaxSmemBytesSm90 + 1024 &&
+          fa2_simt_bwd_main_threads(BM, BN, TM, TN) <= 256 &&
+          fa2_simt_bwd_acc_regs(D, BM, BN, TM, TN, DQ_MODE) <= 64)
+             ? 2
+             : 1;
+}
 
 // ---- launch geometry, one set per kernel (same argument lists for all three) ----
 FT_HD constexpr int fa2_simt_bwd_preprocess_threads(int, int, int, int, int) { return kFa2SimtBwdRowThreads; }
@@ -155,6 +165,7 @@ struct Fa2SimtBwdTraits {
   static constexpr int kPreSmemBytes = fa2_simt_bwd_preprocess_smem_bytes(D, BLOCK_M, BLOCK_N, TM, TN, DQ_MODE);
   static constexpr int kDkdvSmemBytes = fa2_simt_bwd_dkdv_smem_bytes(D, BLOCK_M, BLOCK_N, TM, TN, DQ_MODE);
   static constexpr int kDqSmemBytes = fa2_simt_bwd_dq_smem_bytes(D, BLOCK_M, BLOCK_N, TM, TN, DQ_MODE);
+  static constexpr int kMinBlocks = fa2_simt_bwd_min_blocks(D, BLOCK_M, BLOCK_N, TM, TN, DQ_MODE);
   static constexpr int kRowLanes = kFa2SimtBwdRowLanes;
   static constexpr int kRowsPerCta = kFa2SimtBwdRowsPerCta;
   static constexpr int kRowChunks = D / (4 * kFa2SimtBwdRowLanes);  // float4 chunks per lane in the row kernels

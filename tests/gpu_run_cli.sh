@@ -19,5 +19,16 @@ grep -q '"status": "crashed"' "$tmp/crash.json" && [[ $rc -eq 1 ]] || { echo "FA
 "$FLASHTUNE" run --family fault --params MODE=2 --shape 1,1,64,64,32 --timeout 3 --json >"$tmp/hang.json"
 rc=$?
 grep -q '"status": "timeout"' "$tmp/hang.json" && [[ $rc -eq 1 ]] || { echo "FAIL: hang not reported (rc=$rc)"; cat "$tmp/hang.json"; fail=1; }
+# Backward: DQ_MODE=1 is bitwise deterministic; every gradient within fp32's bound.
+"$FLASHTUNE" run --family fa2_simt_bwd --params BLOCK_M=64,BLOCK_N=64,TM=4,TN=2,DQ_MODE=1 --shape 2,2,333,517,64 \
+  --causal --check-determinism --json >"$tmp/bwd.json" || { echo "FAIL: bwd run"; cat "$tmp/bwd.json"; fail=1; }
+python3 - "$tmp/bwd.json" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(r)
+d = r["detail"]
+assert r["status"] == "ok" and d["deterministic"] is True, r
+assert all(d[g + "_rel_l2"] <= 1e-5 for g in ("dq", "dk", "dv")), d
+PY
 [[ $fail -eq 0 ]] && echo "gpu_run_cli: passed"
 exit $fail

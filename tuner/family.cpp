@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "templates/fa2_mma_traits.h"
+#include "templates/fa2_simt_bwd_traits.h"
 #include "templates/fa2_simt_traits.h"
 #include "templates/naive_traits.h"
 #include "templates/test_faults_traits.h"
@@ -83,6 +84,40 @@ std::vector<Family> make_families() {
       return std::vector{make_launch(fa2_simt_grid(p.batch, p.heads, p.seq_q, c[0]),
                                      fa2_simt_threads(c[0], c[1], c[2], c[3]),
                                      fa2_simt_smem_bytes(p.head_dim, c[0], c[1], c[4]))};
+    };
+    fs.push_back(std::move(f));
+  }
+  {  // FlashAttention-2 backward on CUDA cores: preprocess (delta), dK/dV per K/V block, dQ.
+    Family f;
+    f.name = "fa2_simt_bwd";
+    f.direction = "bwd";
+    f.template_file = "fa2_simt_bwd.cuh";
+    f.kernels = {"flashtune::fa2_simt_bwd_preprocess", "flashtune::fa2_simt_bwd_dkdv", "flashtune::fa2_simt_bwd_dq"};
+    f.params = {{"BLOCK_M", {16, 32, 64, 128}},
+                {"BLOCK_N", {16, 32, 64, 128}},
+                {"TM", {1, 2, 4, 8}},
+                {"TN", {1, 2, 4, 8}},
+                {"DQ_MODE", {0, 1}}};  // 0: fp32 atomics into a workspace, 1: separate deterministic pass
+    f.head_dims = {32, 64, 96, 128};
+    f.dtypes = {DType::fp32};
+    f.default_config = {32, 64, 4, 2, 1};  // deterministic; TC = 8 fits every head dim
+    f.traits = [](const Config& c, int d, bool causal, DType) {
+      return "flashtune::Fa2SimtBwdTraits<" +
+             join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
+                        std::to_string(c[3]), std::to_string(c[4]), bool_arg(causal)}) +
+             ">";
+    };
+    f.check = [](const Config& c, int d) { return fa2_simt_bwd_check(d, c[0], c[1], c[2], c[3], c[4]); };
+    f.launches = [](const Config& c, const Problem& p) {
+      const int bm = c[0], bn = c[1], tm = c[2], tn = c[3], mode = c[4], d = p.head_dim;
+      auto grid = [&](auto fn) { return fn(p.batch, p.heads, p.seq_q, p.seq_k, bm, bn, tm, tn, mode); };
+      return std::vector{
+          make_launch(grid(fa2_simt_bwd_preprocess_grid), fa2_simt_bwd_preprocess_threads(bm, bn, tm, tn, mode),
+                      fa2_simt_bwd_preprocess_smem_bytes(d, bm, bn, tm, tn, mode)),
+          make_launch(grid(fa2_simt_bwd_dkdv_grid), fa2_simt_bwd_dkdv_threads(bm, bn, tm, tn, mode),
+                      fa2_simt_bwd_dkdv_smem_bytes(d, bm, bn, tm, tn, mode)),
+          make_launch(grid(fa2_simt_bwd_dq_grid), fa2_simt_bwd_dq_threads(bm, bn, tm, tn, mode),
+                      fa2_simt_bwd_dq_smem_bytes(d, bm, bn, tm, tn, mode))};
     };
     fs.push_back(std::move(f));
   }

@@ -35,7 +35,7 @@ commands:
   tune <space.json> <problems.json> [--db PATH] [--device N] [--timeout S] [--seed N] [--arch A]
                                         sweep: compile, run, validate, time and store every candidate
   run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32] [--causal]
-      [--seed N] [--check] [--json] [--db PATH] [--device N] [--timeout S]
+      [--direction fwd|bwd] [--seed N] [--check] [--check-determinism] [--json] [--db PATH] [--device N]
                                         one config on one problem, validated, timed
   best --db PATH [--family F] [--device NAME] [--dtype T] [--d N] [--causal 0|1] [--csv]
                                         the best valid config per problem, with TFLOP/s
@@ -244,26 +244,33 @@ Problem parse_shape(const std::string& shape, const Args& a) {
 int cmd_run(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32]\n"
-              "                     [--causal] [--seed N] [--check] [--json] [--db PATH] [--device N] [--timeout S]\n"
+              "                     [--causal] [--direction fwd|bwd] [--seed N] [--check] [--check-determinism]\n"
+              "                     [--json] [--db PATH] [--device N] [--timeout S]\n"
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
-              "reference (sampled rows; every row with --check), then timed. --best takes the stored best\n"
-              "config for this device and problem from --db. Exit 1 if the kernel is not valid.");
+              "reference (forward: sampled rows, every row with --check; backward: every element of dQ, dK,\n"
+              "dV), then timed. --check-determinism runs it twice and reports whether the outputs' bits\n"
+              "agree. --best takes the stored best config for this device and problem from --db.\n"
+              "Exit 1 if the kernel is not valid.");
     return 0;
   }
-  Args a = parse(argc, argv, {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout"},
-                 {"causal", "check", "json", "best"});
+  Args a = parse(argc, argv, {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction"},
+                 {"causal", "check", "json", "best", "check-determinism"});
   if (!a.has("family")) throw UsageError("run needs --family");
   if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d");
   if (a.has("params") == a.has("best")) throw UsageError("run needs exactly one of --params and --best");
   if (a.has("best") && !a.has("db")) throw UsageError("--best needs --db");
   const Family& f = find_family(a.get("family"));
   Problem p = parse_shape(a.get("shape"), a);
+  p.direction = a.get("direction", f.direction);
+  if (p.direction != f.direction)
+    throw UsageError("family " + f.name + " computes the " + f.direction + " direction, not " + p.direction);
   if (std::find(f.dtypes.begin(), f.dtypes.end(), p.dtype) == f.dtypes.end())
     throw UsageError("family " + f.name + " does not support dtype " + to_string(p.dtype));
   if (std::find(f.head_dims.begin(), f.head_dims.end(), p.head_dim) == f.head_dims.end())
     throw UsageError("family " + f.name + " does not support head_dim " + std::to_string(p.head_dim));
   RunOptions o = run_options(a);
   if (a.has("check")) o.max_rows = (long long)p.batch * p.heads * p.seq_q;  // every row
+  o.check_determinism = a.has("check-determinism");
   std::unique_ptr<Store> store;
   if (a.has("db")) {
     if (a.has("best")) require_file(a.get("db"), "database");

@@ -138,7 +138,8 @@ std::vector<Problem> problems_from_json(const json& j) {
     const json& g = j["grid"];
     if (!g.is_object()) throw UsageError("'grid' must be an object");
     for (auto& [key, _] : g.items())
-      if (key != "tokens" && key != "hidden" && key != "seq" && key != "head_dim" && key != "causal" && key != "dtype")
+      if (key != "tokens" && key != "hidden" && key != "seq" && key != "head_dim" && key != "causal" && key != "dtype" &&
+          key != "direction")
         throw UsageError("unknown grid field '" + key + "'");
     if (!g.contains("tokens") || !g["tokens"].is_number_integer() || !g.contains("hidden") ||
         !g["hidden"].is_number_integer())
@@ -157,8 +158,8 @@ std::vector<Problem> problems_from_json(const json& j) {
               throw UsageError("grid: tokens " + std::to_string(tokens) + " / seq " + std::to_string(s) +
                                " and hidden " + std::to_string(hidden) + " / head_dim " + std::to_string(d) +
                                " must divide exactly");
-            out.push_back(problem_from_json(
-                {{"batch", tokens / s}, {"heads", hidden / d}, {"seq", s}, {"head_dim", d}, {"causal", c}, {"dtype", t}}));
+            out.push_back(problem_from_json({{"batch", tokens / s}, {"heads", hidden / d}, {"seq", s}, {"head_dim", d},
+                                             {"causal", c}, {"dtype", t}, {"direction", g.value("direction", "fwd")}}));
           }
   }
   if (out.empty()) throw UsageError("the problem set is empty");

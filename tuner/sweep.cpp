@@ -212,7 +212,9 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
   for (const Problem& p : problems)
     for (size_t i = 0; i < variants.size(); ++i) {
       const Variant& v = variants[i];
-      if (v.head_dim != p.head_dim || v.causal != p.causal || v.dtype != p.dtype) continue;
+      if (v.head_dim != p.head_dim || v.causal != p.causal || v.dtype != p.dtype ||
+          v.family->direction != p.direction)
+        continue;
       if (store.has_result(kernels[i].hash, gpu.device(), p)) {
         ++sum.skipped;
         continue;
