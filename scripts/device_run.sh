@@ -28,56 +28,53 @@ ft=build/flashtune
 $ft devices || exit 1
 slug=$($ft devices --slug)
 
+rep=reports/$slug
+db=$rep/results.db
+mkdir -p "$rep"
+tune() {  # tune <space> <problems>
+  log "tune $1 on $2"
+  $ft tune "configs/spaces/$1.json" "configs/problems/$2.json" --db "$db" 2>&1 | tail -4
+}
+# Baseline rows and the comparison CSV for one family: compare <family> <problems> <backend> <out name>
+compare() {
+  log "torch sdpa $3 on $2"
+  python3 experiments/sdpa_baseline.py "configs/problems/$2.json" --backend "$3" --out "$rep/sdpa_$3_$2.csv" 2>&1 | tail -8
+  $ft best --db "$db" --family "$1" --csv >"$rep/best_$1.csv"
+  python3 experiments/compare.py "$rep/best_$1.csv" "$rep/sdpa_$3_$2.csv" --out "$rep/$4"
+}
+# Headers from everything stored, the DB without binaries, and all of it back under $OUT.
+finish() {
+  $ft emit --db "$db" --out configs/generated
+  $ft drop-cubins --db "$db"
+  tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
+}
+
 case $stage in
 tests)
   log "ctest gpu"
-  VALIDATE_DB=$OUT/validate.db ctest --preset gpu 2>&1 | tee "$OUT/ctest_gpu.log"
+  VALIDATE_DB=$OUT/validate.db ctest --preset gpu -V >"$OUT/ctest_gpu.log" 2>&1
+  grep -E "Test +#|tests passed|FAIL|BAD|^[0-9]+: (naive|fa2_|fault) " "$OUT/ctest_gpu.log" | tail -40
   ;;
 sweep-simt)
-  rep=reports/$slug
-  mkdir -p "$rep"
-  db=$rep/results.db
-  for space in naive fa2_simt; do
-    log "tune $space"
-    $ft tune configs/spaces/$space.json configs/problems/anchors_fp32.json --db "$db" 2>&1 | tail -5
-  done
-  log "sdpa baseline"
-  python3 experiments/sdpa_baseline.py configs/problems/anchors_fp32.json --backend efficient --out "$rep/sdpa_efficient_fp32.csv" 2>&1 | tail -8
-  $ft best --db "$db" --family fa2_simt --csv >"$rep/best_fa2_simt.csv"
-  python3 experiments/compare.py "$rep/best_fa2_simt.csv" "$rep/sdpa_efficient_fp32.csv" --out "$rep/fa2_simt_vs_sdpa.csv"
+  tune naive anchors_fp32
+  tune fa2_simt anchors_fp32
+  compare fa2_simt anchors_fp32 efficient fa2_simt_vs_sdpa.csv
   $ft best --db "$db" --family naive --csv >"$rep/best_naive.csv"
-  $ft emit --db "$db" --out configs/generated
-  $ft drop-cubins --db "$db"
-  tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
+  finish
   ;;
 sweep-bwd)
-  rep=reports/$slug
-  mkdir -p "$rep"
-  db=$rep/results.db
-  log "tune fa2_simt_bwd"
-  $ft tune configs/spaces/fa2_simt_bwd.json configs/problems/anchors_bwd_fp32.json --db "$db" 2>&1 | tail -4
-  log "sdpa baseline (backward)"
-  python3 experiments/sdpa_baseline.py configs/problems/anchors_bwd_fp32.json --backend efficient --out "$rep/sdpa_efficient_fp32_bwd.csv" 2>&1 | tail -8
-  $ft best --db "$db" --family fa2_simt_bwd --csv >"$rep/best_fa2_simt_bwd.csv"
-  python3 experiments/compare.py "$rep/best_fa2_simt_bwd.csv" "$rep/sdpa_efficient_fp32_bwd.csv" --out "$rep/bwd_vs_sdpa.csv"
-  $ft emit --db "$db" --out configs/generated
-  $ft drop-cubins --db "$db"
-  tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
+  tune fa2_simt_bwd anchors_bwd_fp32
+  compare fa2_simt_bwd anchors_bwd_fp32 efficient bwd_vs_sdpa_fp32.csv
+  finish
   ;;
 sweep-mma)
-  rep=reports/$slug
-  mkdir -p "$rep"
-  db=$rep/results.db
-  log "tune fa2_mma"
-  $ft tune configs/spaces/fa2_mma.json configs/problems/anchors_bf16.json --db "$db" 2>&1 | tail -4
+  tune fa2_mma anchors_bf16
   log "forward comparison"
   python3 experiments/fwd_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --out "$rep/fwd_vs_sdpa.csv" 2>"$OUT/fwd_vs_sdpa.log"
   log "tolerance probe"
   python3 experiments/tolerance_probe.py --out "$rep/tolerance_probe.csv" >"$OUT/probe.log" 2>&1
   $ft best --db "$db" --family fa2_mma --csv >"$rep/best_fa2_mma.csv"
-  $ft emit --db "$db" --out configs/generated
-  $ft drop-cubins --db "$db"
-  tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
+  finish
   ;;
 esac
 log done
