@@ -180,3 +180,38 @@ __device__ __forceinline__ float dot4_acc(const float4& a, const float4& b, floa
 }
 
 }  // namespace flashtune
+
+// ---- appended for fa2_mma_bwd (16-bit tensor-core backward) ----
+namespace flashtune {
+
+// 4-byte async copy to a shared-memory address (smem_u32 form); src_bytes = 0 zero-fills.
+__device__ __forceinline__ void cp_async_4_s(unsigned smem_addr, const void* gmem_src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+}
+
+// One 32-bit word of two 16-bit values (lo in the low half) -> two floats, exact.
+template <int DTYPE>
+__device__ __forceinline__ void unpack_half2(unsigned w, float& lo, float& hi) {
+  if constexpr (DTYPE == 0) {
+    unsigned short a = static_cast<unsigned short>(w & 0xffffu), b = static_cast<unsigned short>(w >> 16);
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(lo) : "h"(a));
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(hi) : "h"(b));
+  } else {
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+  }
+}
+
+// *gptr += (x, y) (two consecutive floats, 8-byte aligned, global memory, relaxed, no return value).
+// sm_90: one vector reduction; older targets: two scalar reductions.
+__device__ __forceinline__ void red_add_f32x2(float* gptr, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(gptr), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(gptr + 0, x);
+  atomicAdd(gptr + 1, y);
+#endif
+}
+
+}  // namespace flashtune

@@ -14,10 +14,8 @@
 //   O += P V      the S accumulators of n8 tiles 2j, 2j+1 are, packed to 16 bits, exactly the
 //                 A fragment of k16 slice j: P never touches shared memory. V fragments by
 //                 ldmatrix.trans from Vs[BN][D].
-// Shared-memory rows are D/8 16-byte chunks padded by one chunk (row stride 2*(D+8) bytes, an
-// odd number of chunks since D/8 is even): the 8 row addresses of every ldmatrix phase fall in
-// 8 distinct 16-byte bank groups, and every ldmatrix address is one per-lane register plus a
-// compile-time offset.
+// Shared-memory rows are D/8 16-byte chunks, padded (D <= 128) or XOR-swizzled (D >= 192) so
+// that the 8 row addresses of every ldmatrix phase hit distinct bank groups (SmemLayout).
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -28,34 +26,64 @@ namespace flashtune {
 namespace fa2_mma_detail {
 
 
-// Byte offset of 16-byte chunk c of row r in a padded tile.
+// Shared-memory tile layout for head dim D (rows of CPR = D/8 16-byte chunks, stride RB).
+// Padded (D <= 128): chunk c of row r at r*RB + 16c, RB = 2*(D+8); CPR+1 is odd, so the 8 rows
+// of an ldmatrix phase (same c) fall in 8 distinct 16-byte bank groups.
+// Swizzled (D >= 192): RB = 2*D, chunk c stored at c ^ key(r), key(r) = r & 7 for CPR % 8 == 0.
+// (For CPR % 8 == 4, i.e. D = 32 or 96 if ever swizzled, a row is half a 128-byte line, so the
+// key is ((r >> 1) & 3): r&1 picks the half line, the key the chunk in aligned groups of 4.)
+// ldmatrix addressing, pattern "lane reads row row0 + lrow, chunk 2*ks + cb" with row0 a
+// multiple of 8 (so the key depends on lrow alone): base = tile + lane_base(lrow, cb), then
+//   padded:   base + 32*ks + row0*RB
+//   swizzled: (base ^ 32*(ks & M)) + 32*(ks & ~M) + row0*RB,   M = 3 (CPR % 8 == 0) or 1,
+// since the key only permutes chunk bits inside an aligned group; the XOR form needs tile
+// bases aligned to 128 bytes (checked at kernel entry for the shared-memory base).
 template <int D>
-__device__ __forceinline__ unsigned chunk_offset(int r, int c) {
-  return static_cast<unsigned>(r * fa2_mma_row_bytes(D) + 16 * c);
-}
+struct SmemLayout {
+  static constexpr int CPR = D / 8;
+  static constexpr int RB = fa2_mma_row_bytes(D);
+  static constexpr bool kSwizzled = fa2_mma_swizzled(D);
+  static constexpr int kMask = (CPR % 8 == 0) ? 3 : 1;
+  __device__ __forceinline__ static int key(int r) { return (CPR % 8 == 0) ? (r & 7) : ((r >> 1) & 3); }
+  // Byte offset of chunk c of row r.
+  __device__ __forceinline__ static unsigned offset(int r, int c) {
+    return static_cast<unsigned>(r * RB + 16 * (kSwizzled ? (c ^ key(r)) : c));
+  }
+  __device__ __forceinline__ static unsigned lane_base(int lrow, int cb) { return offset(lrow, cb); }
+  // ROW0, KS compile-time after unrolling.
+  __device__ __forceinline__ static unsigned at(unsigned base, int row0, int ks) {
+    if constexpr (kSwizzled)
+      return (base ^ static_cast<unsigned>(32 * (ks & kMask))) + static_cast<unsigned>(32 * (ks & ~kMask) + row0 * RB);
+    else
+      return base + static_cast<unsigned>(32 * ks + row0 * RB);
+  }
+};
 
-// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix into a padded smem tile with 16-byte
-// cp.async; rows >= seq are zero-filled (src-size 0, source clamped to row 0), never stale.
-// When NT is a multiple of the chunks per row, each thread copies one fixed chunk column of
-// rows tid/CPR + it*NT/CPR: one pointer and one smem offset per thread, the rest immediates.
+// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix into a smem tile with 16-byte cp.async;
+// rows >= seq are zero-filled (src-size 0, source clamped to row 0), never stale. When NT is a
+// multiple of the chunks per row, each thread copies one fixed chunk column of rows
+// tid/CPR + it*NT/CPR: one pointer and one smem offset per thread, the rest immediates.
 template <int ROWS, int D, int NT>
 __device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned short* src, int row0, int seq,
                                                 int tid) {
+  using L = SmemLayout<D>;
   constexpr int CPR = D / 8;
   constexpr int kChunks = ROWS * CPR;
   if constexpr (NT % CPR == 0) {
     constexpr int kRowStep = NT / CPR;
+    // A row step that is a multiple of 8 keeps the swizzle key; otherwise recompute.
+    constexpr bool kSameKey = !L::kSwizzled || kRowStep % 8 == 0;
     const int r0 = tid / CPR;
     const int c = tid % CPR;
     const unsigned short* g = src + static_cast<long long>(row0 + r0) * D + 8 * c;
-    const unsigned s0 = dst + chunk_offset<D>(r0, c);
+    const unsigned s0 = dst + L::offset(r0, c);
 #pragma unroll
     for (int it = 0; it < ceil_div(ROWS, kRowStep); ++it) {
       const int r = r0 + it * kRowStep;
       if (ROWS % kRowStep == 0 || r < ROWS) {
         const bool ok = row0 + r < seq;
-        cp_async_16_s(s0 + static_cast<unsigned>(it * kRowStep * fa2_mma_row_bytes(D)),
-                      ok ? g + static_cast<long long>(it) * kRowStep * D : src, ok ? 16 : 0);
+        const unsigned sa = kSameKey ? s0 + static_cast<unsigned>(it * kRowStep * L::RB) : dst + L::offset(r, c);
+        cp_async_16_s(sa, ok ? g + static_cast<long long>(it) * kRowStep * D : src, ok ? 16 : 0);
       }
     }
   } else {
@@ -68,7 +96,7 @@ __device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned sho
         const int grow = row0 + r;
         const bool ok = grow < seq;
         const unsigned short* g = src + (ok ? static_cast<long long>(grow) * D + 8 * c : 0);
-        cp_async_16_s(dst + chunk_offset<D>(r, c), g, ok ? 16 : 0);
+        cp_async_16_s(dst + L::offset(r, c), g, ok ? 16 : 0);
       }
     }
   }
@@ -78,8 +106,8 @@ __device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned sho
 template <class T>
 __device__ __forceinline__ void gemm_qk(float (&s)[T::kMTiles][T::kSTiles][4],
                                         const unsigned (&qf)[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kQkSlices : 1][4],
-                                        unsigned q_lane, unsigned k_lane) {
-  constexpr int RB = T::kRowBytes;
+                                        unsigned q_base, unsigned k_base) {
+  using A = SmemLayout<T::kHeadDim>;
 #pragma unroll
   for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
@@ -95,7 +123,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[T::kMTiles][T::kSTiles][4],
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
       } else {
-        ldmatrix_x4(a[mt], q_lane + 16 * mt * RB + 32 * ks);
+        ldmatrix_x4(a[mt], A::at(q_base, 16 * mt, ks));
       }
     }
 #pragma unroll
@@ -103,7 +131,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[T::kMTiles][T::kSTiles][4],
       // Keys 16np + lane%8 + 8*(lane/16), chunk 2ks + (lane/8)%2: b[0], b[1] = n8 tile 2np
       // (k 0-7, 8-15), b[2], b[3] = n8 tile 2np+1 (register pairs, as HMMA wants them).
       unsigned b[4];
-      ldmatrix_x4(b, k_lane + 16 * np * RB + 32 * ks);
+      ldmatrix_x4(b, A::at(k_base, 16 * np, ks));
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt) {
         mma_16816<T::kDtype>(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -183,8 +211,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[T::kMTiles][T::kSTiles
 // S n8 tiles 2j and 2j+1: {row g: tile 2j, row g+8: tile 2j, row g: tile 2j+1, row g+8: tile 2j+1}.
 template <class T>
 __device__ __forceinline__ void gemm_pv(float (&o)[T::kMTiles][T::kOTiles][4],
-                                        const float (&s)[T::kMTiles][T::kSTiles][4], unsigned v_lane) {
-  constexpr int RB = T::kRowBytes;
+                                        const float (&s)[T::kMTiles][T::kSTiles][4], unsigned v_base) {
+  using A = SmemLayout<T::kHeadDim>;
 #pragma unroll
   for (int kk = 0; kk < T::kPvSlices; ++kk) {
     unsigned pa[T::kMTiles][4];
@@ -198,7 +226,7 @@ __device__ __forceinline__ void gemm_pv(float (&o)[T::kMTiles][T::kOTiles][4],
 #pragma unroll
     for (int dp = 0; dp < T::kOTiles / 2; ++dp) {
       unsigned b[4];  // b[0], b[1]: d tile 2dp; b[2], b[3]: d tile 2dp+1
-      ldmatrix_x4_trans(b, v_lane + 16 * kk * RB + 32 * dp);
+      ldmatrix_x4_trans(b, A::at(v_base, 16 * kk, dp));
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt) {
         mma_16816<T::kDtype>(o[mt][2 * dp], pa[mt], b[0], b[1]);
@@ -224,9 +252,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
   constexpr bool CAUSAL = T::kCausal;
   check_dynamic_smem(T::kSmemBytes);
 
-  extern __shared__ __align__(128) unsigned char smem[];
-  const unsigned q_tile = smem_u32(smem);       // Qs[BM][D], later O staging
-  const unsigned kv_base = q_tile + T::kQBytes;  // STAGES x { Ks[BN][D], Vs[BN][D] }
+  // Its own name: a translation unit may include several families' kernels.
+  extern __shared__ __align__(128) unsigned char fa2_mma_smem[];
+  const unsigned q_tile = smem_u32(fa2_mma_smem);  // Qs[BM] rows, later O staging
+  if (T::kSwizzled && (q_tile & 127u)) __trap();   // SmemLayout's XOR addressing: 128-byte tiles
+  const unsigned kv_base = q_tile + T::kQBytes;    // STAGES x { Ks[BN] rows, Vs[BN] rows }
   auto k_tile = [&](int stage) { return kv_base + static_cast<unsigned>(stage * 2 * T::kTileBytes); };
   auto v_tile = [&](int stage) { return kv_base + static_cast<unsigned>(stage * 2 * T::kTileBytes + T::kTileBytes); };
 
@@ -254,12 +284,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
   if (CAUSAL) kv_end = imin(seq_k, imin(m0 + BM, seq_q) + causal_offset);
   const int num_kv_blocks = kv_end > 0 ? (kv_end + BN - 1) / BN : 0;
 
-  // Per-lane byte offsets of the ldmatrix.x4 row addresses. A operands (Q) and trans B (V):
-  // row lane%16 of a 16-row slab, chunk lane/16 of a k16 slice. Non-trans B (K): row
-  // lane%8 + 8*(lane/16), chunk (lane/8)%2. Everything else is a compile-time offset.
-  const unsigned a_off = det::chunk_offset<D>(lane & 15, lane >> 4);
-  const unsigned kb_off = det::chunk_offset<D>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-  const unsigned q_lane = q_tile + det::chunk_offset<D>(warp_row0, 0) + a_off;
+  // Lane addressing of the ldmatrix.x4: A operands (Q) and trans B (V) read row lane%16 of a
+  // 16-row slab, chunk 2*slice + lane/16; non-trans B (K) reads row lane%8 + 8*(lane/16),
+  // chunk 2*slice + (lane/8)%2.
+  using Addr = det::SmemLayout<D>;
+  const unsigned a_lane = Addr::lane_base(lane & 15, lane >> 4);
+  const unsigned k_lane = Addr::lane_base((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  const unsigned q_base = q_tile + static_cast<unsigned>(warp_row0 * T::kRowBytes) + a_lane;
   float o[MT][T::kOTiles][4];
   float m[MT][2], l[MT][2];
 #pragma unroll
@@ -283,12 +314,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int ks = 0; ks < T::kQkSlices; ++ks) ldmatrix_x4(qf[mt][ks], q_lane + 16 * mt * T::kRowBytes + 32 * ks);
+        for (int ks = 0; ks < T::kQkSlices; ++ks) ldmatrix_x4(qf[mt][ks], Addr::at(q_base, 16 * mt, ks));
     }
   };
   // S for the block at key n0, masked where the block straddles the diagonal or seq_k.
   auto scores = [&](float (&s)[MT][T::kSTiles][4], unsigned kt, int n0) {
-    det::gemm_qk<T>(s, qf, q_lane, kt + kb_off);
+    det::gemm_qk<T>(s, qf, q_base, kt + k_lane);
     const bool needs_mask = (n0 + BN > seq_k) || (CAUSAL && n0 + BN - 1 > m0 + causal_offset);
     if (needs_mask) det::apply_mask<T>(s, m0 + warp_row0 + g, n0 + 2 * tig, seq_k, causal_offset);
   };
@@ -318,7 +349,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
       if (nb + 1 < num_kv_blocks) det::load_tile_async<BN, D, NT>(k_tile(0), k, n0 + BN, seq_k, tid);
       cp_async_commit();
       det::online_softmax<T>(s, m, l, o, scale_log2);
-      det::gemm_pv<T>(o, s, v_tile(0) + a_off);
+      det::gemm_pv<T>(o, s, v_tile(0) + a_lane);
     }
   } else {
     // Ring of STAGES K/V slots, STAGES-1 blocks in flight ahead of the one computed; one
@@ -351,7 +382,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
       float s[MT][T::kSTiles][4];
       scores(s, k_tile(stage), n0);
       det::online_softmax<T>(s, m, l, o, scale_log2);
-      det::gemm_pv<T>(o, s, v_tile(stage) + a_off);
+      det::gemm_pv<T>(o, s, v_tile(stage) + a_lane);
       stage = stage + 1 == STAGES ? 0 : stage + 1;
     }
   }
@@ -376,7 +407,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
 #pragma unroll
       for (int dt = 0; dt < T::kOTiles; ++dt) {
         const unsigned packed = pack_half2<T::kDtype>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-        st_shared_u32(q_tile + det::chunk_offset<D>(r, dt) + 4 * tig, packed);
+        st_shared_u32(q_tile + Addr::offset(r, dt) + 4 * tig, packed);
       }
       const int i = m0 + r;
       if (tig == 0 && i < seq_q) lse_out[i] = lt > 0.f ? fmaf(m[mt][h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
@@ -390,7 +421,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
       const int r = warp_row0 + idx / CPR;
       const int c = idx % CPR;
       if (m0 + r < seq_q) {
-        const uint4 val = ld_shared_v4(q_tile + det::chunk_offset<D>(r, c));
+        const uint4 val = ld_shared_v4(q_tile + Addr::offset(r, c));
         *reinterpret_cast<uint4*>(o_out + static_cast<long long>(m0 + r) * D + 8 * c) = val;
       }
     }

@@ -52,7 +52,7 @@ constexpr int kFa2SimtBwdMaxAccRegs = 144;
 FT_HD constexpr int fa2_simt_bwd_min_blocks(int D, int BM, int BN, int TM, int TN, int DQ_MODE) {
   return (2 * (fa2_simt_bwd_main_smem_bytes(D, BM, BN) + 1024) <= kMaxSmemBytesSm90 + 1024 &&
           fa2_simt_bwd_main_threads(BM, BN, TM, TN) <= 256 &&
-          fa2_simt_bwd_acc_regs(D, BM, BN, TM, TN, DQ_MODE) <= 64)
+          fa2_simt_bwd_acc_regs(D, BM, BN, TM, TN, DQ_MODE) <= 48)
              ? 2
              : 1;
 }

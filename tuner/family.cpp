@@ -129,8 +129,8 @@ std::vector<Family> make_families() {
     f.kernels = {"flashtune::fa2_mma_fwd"};
     f.params = {{"BLOCK_M", {16, 32, 64, 128, 256}},
                 {"BLOCK_N", {16, 32, 64, 128, 256}},
-                {"WARPS", {1, 2, 4, 8, 16}},
-                {"STAGES", {1, 2, 3, 4}}};
+                {"WARPS", {1, 2, 4, 8}},
+                {"STAGES", {1, 2, 3}}};
     f.head_dims = {32, 64, 96, 128, 192, 256};
     f.dtypes = {DType::fp16, DType::bf16};
     f.default_config = {64, 64, 4, 2};  // FlashAttention-2's d=256 tile: fits every head dim
