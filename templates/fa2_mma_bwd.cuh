@@ -48,8 +48,8 @@ __device__ __forceinline__ void load_rows(unsigned dst, const unsigned short* sr
   constexpr int CPR = D / 8;
   constexpr int RB = fa2_mma_bwd_row_bytes(D);
   constexpr int kChunks = ROWS * CPR;
-#pragma unroll
-  for (int it = 0; it < ceil_div(kChunks, NT); ++it) {
+  constexpr int kIters = ceil_div(kChunks, NT);
+  auto one = [&](int it) {
     const int idx = tid + it * NT;
     if (kChunks % NT == 0 || idx < kChunks) {
       const int r = idx / CPR;
@@ -59,6 +59,14 @@ __device__ __forceinline__ void load_rows(unsigned dst, const unsigned short* sr
       const unsigned short* g = ok ? src + static_cast<long long>(grow) * D + 8 * c : src;
       cp_async_16_s(dst + chunk_off<RB>(r, c), g, ok ? 16 : 0);
     }
+  };
+  if constexpr (kIters <= 8) {
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) one(it);
+  } else {
+    // Few threads, many chunks (1-2 warp CTAs): a rolled loop, or ptxas keeps every address live.
+#pragma unroll 4
+    for (int it = 0; it < kIters; ++it) one(it);
   }
 }
 
@@ -238,13 +246,13 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
   constexpr bool CAUSAL = T::kCausal;
   check_dynamic_smem(T::kDkdvSmemBytes);
 
-  extern __shared__ __align__(128) unsigned char smem[];
-  const unsigned k_tile = smem_u32(smem);                          // Ks [BN][D+8]
+  extern __shared__ __align__(128) unsigned char fa2_mma_bwd_smem[];
+  const unsigned k_tile = smem_u32(fa2_mma_bwd_smem);              // Ks [BN][D+8]
   const unsigned v_tile = k_tile + BN * RB;                        // Vs [BN][D+8]
   const unsigned qdo_base = v_tile + BN * RB;                      // STAGES x {Qs, dOs} [BM][D+8]
   const unsigned ds_tile = qdo_base + STAGES * 2 * BM * RB;        // dS^T [BN][BM+8] (DQ_MODE 0)
   constexpr int kStatsOff = 2 * BN * RB + STAGES * 2 * BM * RB + (T::kDqMode == 0 ? BN * SB : 0);
-  const float* stats = reinterpret_cast<const float*>(smem + kStatsOff);  // STAGES x {lse, delta} [BM]
+  const float* stats = reinterpret_cast<const float*>(fa2_mma_bwd_smem + kStatsOff);  // STAGES x {lse, delta} [BM]
   const unsigned stats_s = k_tile + kStatsOff;
   auto q_tile = [&](int s) { return qdo_base + static_cast<unsigned>(s * 2 * BM * RB); };
   auto do_tile = [&](int s) { return qdo_base + static_cast<unsigned>(s * 2 * BM * RB + BM * RB); };
@@ -453,8 +461,8 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const At
     constexpr int RB = T::kRowBytes;
     constexpr int STAGES = T::kStages;
     constexpr bool CAUSAL = T::kCausal;
-    extern __shared__ __align__(128) unsigned char smem[];
-    const unsigned q_tile = smem_u32(smem);      // Qs [BM][D+8]
+    extern __shared__ __align__(128) unsigned char fa2_mma_bwd_smem[];
+    const unsigned q_tile = smem_u32(fa2_mma_bwd_smem);      // Qs [BM][D+8]
     const unsigned do_tile = q_tile + BM * RB;   // dOs [BM][D+8]
     const unsigned kv_base = do_tile + BM * RB;  // STAGES x {Ks, Vs} [KS][D+8]
     auto k_tile = [&](int s) { return kv_base + static_cast<unsigned>(s * 2 * KS * RB); };

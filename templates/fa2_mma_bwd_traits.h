@@ -47,17 +47,17 @@ FT_HD constexpr int fa2_mma_bwd_dqa_acc_regs(int D, int BM, int BN, int WARPS, i
 }
 
 // ---- DQ_MODE 1 dQ kernel geometry: min(WARPS, BM/16) warps, each MTQ m16 query tiles; key
-// blocks of KS keys (the largest power of two <= BN, >= 16, keeping MTQ*(D/2 + KS) within the budget:
-// 176 registers for D <= 128, 144 above, where ptxas otherwise spills). ----
+// blocks of KS keys (the largest power of two <= BN, >= 16, keeping MTQ*(D/2 + KS) <= 144: beyond
+// that ptxas spilled, e.g. D=64 with KS=128, D=256 with KS=32). ----
 FT_HD constexpr int fa2_mma_bwd_dq_warps(int BM, int WARPS) { return fa2_mma_bwd_min(WARPS, BM / 16); }
 FT_HD constexpr int fa2_mma_bwd_dq_m_tiles(int BM, int WARPS) {
   return fa2_mma_bwd_dq_warps(BM, WARPS) > 0 ? BM / (16 * fa2_mma_bwd_dq_warps(BM, WARPS)) : 0;
 }
-FT_HD constexpr int fa2_mma_bwd_dq_acc_budget(int D) { return D <= 128 ? 176 : 144; }
+constexpr int kFa2MmaBwdDqAccBudget = 144;
 FT_HD constexpr int fa2_mma_bwd_dq_key_step(int D, int BM, int BN, int WARPS) {
   int ks = 0;
   for (int c = 256; c >= 16; c /= 2)
-    if (ks == 0 && c <= BN && fa2_mma_bwd_dq_m_tiles(BM, WARPS) * (D / 2 + c) <= fa2_mma_bwd_dq_acc_budget(D)) ks = c;
+    if (ks == 0 && c <= BN && fa2_mma_bwd_dq_m_tiles(BM, WARPS) * (D / 2 + c) <= kFa2MmaBwdDqAccBudget) ks = c;
   return ks;  // 0: none fits
 }
 
@@ -152,7 +152,7 @@ FT_HD constexpr const char* fa2_mma_bwd_check(int D, int BM, int BN, int WARPS, 
          : !fa2_mma_bwd_dqa_ok(D, BM, BN, WARPS, DSPLIT, DQ_MODE)
              ? "DQ_MODE 0 dQ product: warps do not tile BM x D in 16 x 16 pieces, or dK+dV+dQ tile > 192 registers"
          : !fa2_mma_bwd_dqk_ok(D, BM, BN, WARPS, DQ_MODE)
-             ? "DQ_MODE 1 dQ kernel: BM/16 not a multiple of its warps, or no key step fits MTQ*(D/2+KS) in the budget"
+             ? "DQ_MODE 1 dQ kernel: BM/16 not a multiple of its warps, or no key step fits MTQ*(D/2+KS) <= 144"
              : nullptr;
 }
 
@@ -172,7 +172,7 @@ struct Fa2MmaBwdTraits {
   static_assert(fa2_mma_bwd_dqa_ok(D, BLOCK_M, BLOCK_N, WARPS, DSPLIT, DQ_MODE),
                 "DQ_MODE 0 dQ product: warps do not tile BM x D in 16 x 16 pieces, or dK+dV+dQ tile > 192 registers");
   static_assert(fa2_mma_bwd_dqk_ok(D, BLOCK_M, BLOCK_N, WARPS, DQ_MODE),
-                "DQ_MODE 1 dQ kernel: BM/16 not a multiple of its warps, or no key step fits MTQ*(D/2+KS) in the budget");
+                "DQ_MODE 1 dQ kernel: BM/16 not a multiple of its warps, or no key step fits MTQ*(D/2+KS) <= 144");
   static_assert(fa2_mma_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
   static_assert(fa2_mma_bwd_check(D, BLOCK_M, BLOCK_N, WARPS, DSPLIT, STAGES, DQ_MODE) == nullptr,
                 "invalid Fa2MmaBwdTraits");
