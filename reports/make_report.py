@@ -215,6 +215,15 @@ def main():
     if os.path.exists(simt):
         comparison_plot(simt, out_dir, report, "fa2_simt (fp32, CUDA cores) vs torch SDPA efficient (fp32)",
                         ("fa2_simt tuned", "tflops"), [("torch SDPA efficient", "torch_sdpa_efficient_tflops")])
+    bwd32 = os.path.join(out_dir, "bwd_vs_sdpa_fp32.csv")
+    if os.path.exists(bwd32):
+        comparison_plot(bwd32, out_dir, report, "fa2_simt_bwd (fp32 backward) vs torch SDPA efficient backward",
+                        ("fa2_simt_bwd tuned", "tflops"), [("torch SDPA efficient", "torch_sdpa_efficient_tflops")])
+    bwd = os.path.join(out_dir, "bwd_vs_sdpa.csv")
+    if os.path.exists(bwd):
+        comparison_plot(bwd, out_dir, report, "fa2_mma_bwd (bf16 backward) vs torch SDPA flash and cuDNN backward",
+                        ("fa2_mma_bwd tuned", "tuned_tflops"),
+                        [("torch flash (FA2)", "torch_flash_tflops"), ("torch cuDNN", "torch_cudnn_tflops")])
     fwd = os.path.join(out_dir, "fwd_vs_sdpa.csv")
     if os.path.exists(fwd):
         comparison_plot(fwd, out_dir, report, "fa2_mma (bf16, tensor cores) vs torch SDPA flash and cuDNN",

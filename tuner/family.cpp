@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "templates/fa2_mma_bwd_traits.h"
 #include "templates/fa2_mma_traits.h"
 #include "templates/fa2_simt_bwd_traits.h"
 #include "templates/fa2_simt_traits.h"
@@ -144,6 +145,42 @@ std::vector<Family> make_families() {
     f.launches = [](const Config& c, const Problem& p) {
       return std::vector{make_launch(fa2_mma_grid(p.batch, p.heads, p.seq_q, c[0]), fa2_mma_threads(c[2]),
                                      fa2_mma_smem_bytes(p.head_dim, c[0], c[1], c[3]))};
+    };
+    fs.push_back(std::move(f));
+  }
+  {  // FlashAttention-2 backward on tensor cores, fp16 / bf16: preprocess, dK/dV, dQ.
+    Family f;
+    f.name = "fa2_mma_bwd";
+    f.direction = "bwd";
+    f.template_file = "fa2_mma_bwd.cuh";
+    f.kernels = {"flashtune::fa2_mma_bwd_preprocess", "flashtune::fa2_mma_bwd_dkdv", "flashtune::fa2_mma_bwd_dq"};
+    f.params = {{"BLOCK_M", {16, 32, 64, 128}},
+                {"BLOCK_N", {16, 32, 64, 128, 256}},
+                {"WARPS", {1, 2, 4, 8}},
+                {"DSPLIT", {1, 2, 4}},   // warps splitting each key tile's dK/dV columns
+                {"STAGES", {1, 2}},      // Q, dO, lse, delta double-buffered or not
+                {"DQ_MODE", {0, 1}}};    // 0: fp32 atomics into a workspace, 1: separate deterministic pass
+    f.head_dims = {32, 64, 96, 128, 192, 256};
+    f.dtypes = {DType::fp16, DType::bf16};
+    f.default_config = {32, 64, 8, 2, 2, 1};
+    f.traits = [](const Config& c, int d, bool causal, DType t) {
+      return "flashtune::Fa2MmaBwdTraits<" +
+             join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
+                        std::to_string(c[3]), std::to_string(c[4]), std::to_string(c[5]),
+                        t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
+             ">";
+    };
+    f.check = [](const Config& c, int d) { return fa2_mma_bwd_check(d, c[0], c[1], c[2], c[3], c[4], c[5]); };
+    f.launches = [](const Config& c, const Problem& p) {
+      const int bm = c[0], bn = c[1], w = c[2], ds = c[3], st = c[4], mode = c[5], d = p.head_dim;
+      auto grid = [&](auto fn) { return fn(p.batch, p.heads, p.seq_q, p.seq_k, bm, bn, w, ds, st, mode); };
+      return std::vector{
+          make_launch(grid(fa2_mma_bwd_preprocess_grid), fa2_mma_bwd_preprocess_threads(bm, bn, w, ds, st, mode),
+                      fa2_mma_bwd_preprocess_smem_bytes(d, bm, bn, w, ds, st, mode)),
+          make_launch(grid(fa2_mma_bwd_dkdv_grid), fa2_mma_bwd_dkdv_threads(bm, bn, w, ds, st, mode),
+                      fa2_mma_bwd_dkdv_smem_bytes(d, bm, bn, w, ds, st, mode)),
+          make_launch(grid(fa2_mma_bwd_dq_grid), fa2_mma_bwd_dq_threads(bm, bn, w, ds, st, mode),
+                      fa2_mma_bwd_dq_smem_bytes(d, bm, bn, w, ds, st, mode))};
     };
     fs.push_back(std::move(f));
   }

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Forward comparison on one GPU in one run: the tuned best config (re-timed, not the sweep's
-maximum), FlashAttention-2's fixed tile table run through our own template, and torch SDPA's
-flash and cuDNN backends, per point of a problem set. Writes one CSV row per point with
-TFLOP/s and the ratios.
+"""Comparison on one GPU in one run: the tuned best config (re-timed, not the sweep's maximum),
+for the forward also FlashAttention-2's fixed tile table run through our own template, and torch
+SDPA's flash and cuDNN backends (forward, or backward alone), per point of a problem set. Writes one
+CSV row per point with TFLOP/s and the ratios.
 
-usage: fwd_vs_sdpa.py --db reports/<gpu>/results.db --problems configs/problems/anchors_bf16.json \
-                      --out reports/<gpu>/fwd_vs_sdpa.csv [--family fa2_mma] [--flashtune build/flashtune]
+usage: tuned_vs_sdpa.py --db reports/<gpu>/results.db --problems configs/problems/anchors_bf16.json \
+                        --out reports/<gpu>/fwd_vs_sdpa.csv [--family fa2_mma] [--flashtune build/flashtune]
+       (the direction comes from the problems; backward: --family fa2_mma_bwd)
 """
 import argparse
 import csv
@@ -25,7 +26,8 @@ FA2_FIXED = {32: (128, 128, 4), 64: (128, 128, 4), 96: (128, 64, 4), 128: (128, 
 
 def flashtune_run(ft, family, p, selector):
     shape = f"{p['batch']},{p['heads']},{p['seq_q']},{p['seq_k']},{p['head_dim']}"
-    cmd = [ft, "run", "--family", family, "--shape", shape, "--dtype", p["dtype"], "--json", *selector]
+    cmd = [ft, "run", "--family", family, "--shape", shape, "--dtype", p["dtype"], "--direction", p["direction"],
+           "--json", *selector]
     if p["causal"]:
         cmd.append("--causal")
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -48,9 +50,12 @@ def main():
     rows = []
     for p in problems:
         tuned = flashtune_run(a.flashtune, a.family, p, ["--best", "--db", a.db])
-        bm, bn, w = FA2_FIXED[p["head_dim"]]
-        fixed_params = f"BLOCK_M={bm},BLOCK_N={bn},WARPS={w},STAGES=2"
-        fixed = flashtune_run(a.flashtune, a.family, p, ["--params", fixed_params])
+        if p["direction"] == "fwd":
+            bm, bn, w = FA2_FIXED[p["head_dim"]]
+            fixed_params = f"BLOCK_M={bm},BLOCK_N={bn},WARPS={w},STAGES=2"
+            fixed = flashtune_run(a.flashtune, a.family, p, ["--params", fixed_params])
+        else:  # FA2's backward tiles do not map onto this template's tunables
+            fixed_params, fixed = "", {"status": "not run"}
         base = {}
         for backend in ("flash", "cudnn"):
             try:
@@ -62,9 +67,10 @@ def main():
         t, f = tuned.get("tflops", 0.0) if tuned["status"] == "ok" else 0.0, \
             fixed.get("tflops", 0.0) if fixed["status"] == "ok" else 0.0
         ratio = lambda x, y: f"{x / y:.3f}" if x > 0 and y > 0 else ""
-        row = dict(device=tuned.get("device", ""), head_dim=p["head_dim"], causal=int(p["causal"]), seq=p["seq_q"],
+        row = dict(device=tuned.get("device", ""), direction=p["direction"], head_dim=p["head_dim"], causal=int(p["causal"]), seq=p["seq_q"],
                    batch=p["batch"], heads=p["heads"], dtype=p["dtype"], tuned_config=tuned.get("config", ""),
                    tuned_status=tuned["status"], tuned_tflops=f"{t:.1f}", tuned_max_abs=tuned.get("max_abs", ""),
+                   tuned_detail=json.dumps(tuned.get("detail", {})),
                    fixed_config=fixed_params, fixed_status=fixed["status"], fixed_tflops=f"{f:.1f}",
                    torch_flash_tflops=f"{base['flash']:.1f}", torch_cudnn_tflops=f"{base['cudnn']:.1f}",
                    ratio_vs_flash=ratio(t, base["flash"]), ratio_vs_cudnn=ratio(t, base["cudnn"]),
