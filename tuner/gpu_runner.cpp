@@ -125,12 +125,13 @@ GpuRunner::~GpuRunner() {
 }
 
 void GpuRunner::ensure(Buffer& b, size_t bytes) {
-  if (b.bytes >= bytes && b.ptr) return;
+  b.bytes = bytes;
+  if (b.capacity >= bytes && b.ptr) return;
   if (b.ptr) CU_CHECK(cuMemFree(b.ptr));
   b.ptr = 0;
-  b.bytes = 0;
+  b.capacity = 0;
   CU_CHECK(cuMemAlloc(&b.ptr, std::max<size_t>(bytes, 256)));
-  b.bytes = bytes;
+  b.capacity = bytes;
 }
 
 void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows) {

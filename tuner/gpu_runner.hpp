@@ -37,7 +37,8 @@ class GpuRunner {
  private:
   struct Buffer {
     CUdeviceptr ptr = 0;
-    size_t bytes = 0;
+    size_t capacity = 0;  // allocated; kept across problems
+    size_t bytes = 0;     // what the current problem uses
   };
   struct Kernel {
     CUfunction fn;
