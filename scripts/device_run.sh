@@ -2,16 +2,16 @@
 # One call on the lent GPU machine: build, then one stage, results under $OUT.
 #   tests  - the `gpu` CTest label (fault isolation, every variant validated on ragged shapes)
 #   sweep-simt - tune fa2_simt and naive on the fp32 standard grid, torch SDPA baseline in the same run
-#   sweep-mma  - tune fa2_mma on the bf16 18-point grid, then re-time the tuned best, FA2's fixed table,
-#                torch flash and cuDNN side by side; tolerance probe
+#   sweep-mma  - tune fa2_mma on the bf16 18-point grid
+#   compare-mma - re-time the tuned best, FA2's fixed table, torch flash and cuDNN side by side; tolerance probe
 #   sweep-bwd  - tune fa2_simt_bwd on the fp32 grid beside torch SDPA efficient's backward
-#   sweep-mma-bwd - tune fa2_mma_bwd on the bf16 grid, re-timed beside torch flash and cuDNN backward
+#   sweep-mma-bwd - tune fa2_mma_bwd on the bf16 grid; compare-mma-bwd - re-timed beside torch flash and cuDNN
 #   every sweep: comparison CSVs and generated headers; the DB without cubins comes back in a tarball
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-stage=${1:?stage: tests, sweep-simt, sweep-mma, sweep-bwd or sweep-mma-bwd}
+stage=${1:?stage: tests, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd or compare-mma-bwd}
 log() { echo "== $(date +%T) $*"; }
 
 log build
@@ -70,18 +70,24 @@ sweep-bwd)
   ;;
 sweep-mma-bwd)
   tune fa2_mma_bwd anchors_bwd_bf16
+  $ft best --db "$db" --family fa2_mma_bwd --csv >"$rep/best_fa2_mma_bwd.csv"
+  finish
+  ;;
+compare-mma-bwd)
   log "backward comparison"
   python3 experiments/tuned_vs_sdpa.py --family fa2_mma_bwd --db "$db" --problems configs/problems/anchors_bwd_bf16.json --out "$rep/bwd_vs_sdpa.csv" 2>"$OUT/bwd_vs_sdpa.log"
-  $ft best --db "$db" --family fa2_mma_bwd --csv >"$rep/best_fa2_mma_bwd.csv"
   finish
   ;;
 sweep-mma)
   tune fa2_mma anchors_bf16
+  $ft best --db "$db" --family fa2_mma --csv >"$rep/best_fa2_mma.csv"
+  finish
+  ;;
+compare-mma)
   log "forward comparison"
   python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --out "$rep/fwd_vs_sdpa.csv" 2>"$OUT/fwd_vs_sdpa.log"
   log "tolerance probe"
   python3 experiments/tolerance_probe.py --out "$rep/tolerance_probe.csv" >"$OUT/probe.log" 2>&1
-  $ft best --db "$db" --family fa2_mma --csv >"$rep/best_fa2_mma.csv"
   finish
   ;;
 esac
