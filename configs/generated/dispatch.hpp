@@ -16,6 +16,9 @@ inline constexpr Table kTables[] = {
 inline constexpr Entry kDefaults[] = {
     {"naive", "fwd", "*", 0, false, 0, {256}, 0.0f},  // THREADS=256
     {"fa2_simt", "fwd", "*", 0, false, 0, {64, 32, 4, 4, 2}, 0.0f},  // BLOCK_M=64,BLOCK_N=32,TM=4,TN=4,KV_STAGES=2
+    {"fa2_simt_bwd", "bwd", "*", 0, false, 0, {32, 64, 4, 2, 1}, 0.0f},  // BLOCK_M=32,BLOCK_N=64,TM=4,TN=2,DQ_MODE=1
+    {"fa2_mma", "fwd", "*", 0, false, 0, {64, 64, 4, 2}, 0.0f},  // BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2
+    {"fa2_mma_bwd", "bwd", "*", 0, false, 0, {32, 64, 8, 2, 2, 1}, 0.0f},  // BLOCK_M=32,BLOCK_N=64,WARPS=8,DSPLIT=2,STAGES=2,DQ_MODE=1
 };
 
 constexpr Choice lookup(const char* device, const char* arch, const char* family, const char* direction,

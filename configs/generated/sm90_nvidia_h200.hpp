@@ -8,10 +8,29 @@ namespace flashtune {
 namespace tuned {
 namespace sm90_nvidia_h200 {
 
+// fa2_mma parameters, positional: BLOCK_M BLOCK_N WARPS STAGES
 // fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
 // naive parameters, positional: THREADS
 inline constexpr Entry kEntries[] = {
     // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)
+    {"fa2_mma", "fwd", "bf16", 64, false, 1024, {128, 128, 4, 2}, 305.03f},
+    {"fa2_mma", "fwd", "bf16", 64, false, 4096, {128, 128, 4, 2}, 333.67f},
+    {"fa2_mma", "fwd", "bf16", 64, false, 16384, {128, 128, 4, 2}, 331.04f},
+    {"fa2_mma", "fwd", "bf16", 64, true, 1024, {128, 128, 4, 1}, 237.59f},
+    {"fa2_mma", "fwd", "bf16", 64, true, 4096, {128, 128, 4, 1}, 300.60f},
+    {"fa2_mma", "fwd", "bf16", 64, true, 16384, {128, 128, 4, 1}, 319.17f},
+    {"fa2_mma", "fwd", "bf16", 128, false, 1024, {128, 64, 4, 2}, 341.82f},
+    {"fa2_mma", "fwd", "bf16", 128, false, 4096, {128, 64, 4, 2}, 375.76f},
+    {"fa2_mma", "fwd", "bf16", 128, false, 16384, {128, 64, 4, 2}, 362.73f},
+    {"fa2_mma", "fwd", "bf16", 128, true, 1024, {128, 64, 4, 2}, 257.57f},
+    {"fa2_mma", "fwd", "bf16", 128, true, 4096, {128, 64, 4, 2}, 315.71f},
+    {"fa2_mma", "fwd", "bf16", 128, true, 16384, {128, 64, 4, 2}, 338.82f},
+    {"fa2_mma", "fwd", "bf16", 256, false, 1024, {64, 64, 4, 1}, 306.50f},
+    {"fa2_mma", "fwd", "bf16", 256, false, 4096, {64, 64, 4, 1}, 331.05f},
+    {"fa2_mma", "fwd", "bf16", 256, false, 16384, {64, 64, 4, 1}, 325.03f},
+    {"fa2_mma", "fwd", "bf16", 256, true, 1024, {64, 64, 4, 1}, 253.47f},
+    {"fa2_mma", "fwd", "bf16", 256, true, 4096, {64, 64, 4, 1}, 293.98f},
+    {"fa2_mma", "fwd", "bf16", 256, true, 16384, {128, 128, 8, 1}, 329.25f},
     {"fa2_simt", "fwd", "fp32", 64, false, 1024, {128, 64, 8, 8, 1}, 40.92f},
     {"fa2_simt", "fwd", "fp32", 64, false, 4096, {128, 64, 8, 8, 1}, 41.71f},
     {"fa2_simt", "fwd", "fp32", 64, true, 1024, {128, 64, 8, 8, 1}, 34.71f},
@@ -29,7 +48,7 @@ inline constexpr Entry kEntries[] = {
     {"naive", "fwd", "fp32", 128, true, 1024, {128}, 0.90f},
     {"naive", "fwd", "fp32", 128, true, 4096, {128}, 0.90f},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 16};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 34};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned
