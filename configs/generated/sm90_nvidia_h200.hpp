@@ -10,6 +10,7 @@ namespace sm90_nvidia_h200 {
 
 // fa2_mma parameters, positional: BLOCK_M BLOCK_N WARPS STAGES
 // fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
+// fa2_simt_bwd parameters, positional: BLOCK_M BLOCK_N TM TN DQ_MODE
 // naive parameters, positional: THREADS
 inline constexpr Entry kEntries[] = {
     // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)
@@ -39,6 +40,14 @@ inline constexpr Entry kEntries[] = {
     {"fa2_simt", "fwd", "fp32", 128, false, 4096, {128, 64, 8, 4, 1}, 39.88f},
     {"fa2_simt", "fwd", "fp32", 128, true, 1024, {128, 64, 8, 4, 1}, 33.21f},
     {"fa2_simt", "fwd", "fp32", 128, true, 4096, {128, 64, 8, 4, 1}, 37.39f},
+    {"fa2_simt_bwd", "bwd", "fp32", 64, false, 1024, {64, 32, 4, 4, 0}, 34.75f},
+    {"fa2_simt_bwd", "bwd", "fp32", 64, false, 4096, {64, 32, 4, 4, 0}, 35.39f},
+    {"fa2_simt_bwd", "bwd", "fp32", 64, true, 1024, {64, 32, 4, 4, 0}, 31.67f},
+    {"fa2_simt_bwd", "bwd", "fp32", 64, true, 4096, {64, 32, 4, 4, 0}, 34.28f},
+    {"fa2_simt_bwd", "bwd", "fp32", 128, false, 1024, {64, 64, 4, 4, 0}, 33.91f},
+    {"fa2_simt_bwd", "bwd", "fp32", 128, false, 4096, {64, 64, 4, 4, 0}, 34.67f},
+    {"fa2_simt_bwd", "bwd", "fp32", 128, true, 1024, {64, 64, 4, 4, 0}, 30.64f},
+    {"fa2_simt_bwd", "bwd", "fp32", 128, true, 4096, {64, 64, 4, 4, 0}, 33.63f},
     {"naive", "fwd", "fp32", 64, false, 1024, {128}, 0.96f},
     {"naive", "fwd", "fp32", 64, false, 4096, {128}, 0.96f},
     {"naive", "fwd", "fp32", 64, true, 1024, {128}, 0.89f},
@@ -48,7 +57,7 @@ inline constexpr Entry kEntries[] = {
     {"naive", "fwd", "fp32", 128, true, 1024, {128}, 0.90f},
     {"naive", "fwd", "fp32", 128, true, 4096, {128}, 0.90f},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 34};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 42};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned
