@@ -173,10 +173,12 @@ void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long
 }
 
 void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed) {
-  // Two independent heads' worth of data, tiled over all B*H heads: the float64 reference of a
-  // whole head's backward stays affordable, and every output element of every head is checked.
+  // Independent heads' worth of data tiled over all B*H heads: the float64 reference of a whole
+  // head's backward stays affordable, and every output element of every head is checked. Two heads,
+  // or one when a head alone costs ~10^11 float64 operations (S = 16k at d = 64 and up).
   const int bh = p.batch * p.heads;
-  distinct_heads_ = std::min(bh, 2);
+  const double head_cost = (double)p.seq_q * p.seq_k * p.head_dim;
+  distinct_heads_ = std::min(bh, head_cost >= 0x1p34 ? 1 : 2);
   const size_t hq = (size_t)p.seq_q * p.head_dim, hk = (size_t)p.seq_k * p.head_dim;
   const size_t elem = dtype_bytes(p.dtype);
   std::vector<float> q(hq * distinct_heads_), k(hk * distinct_heads_), v(k.size()), dout(q.size());
