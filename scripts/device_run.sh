@@ -32,9 +32,9 @@ slug=$($ft devices --slug)
 rep=reports/$slug
 db=$rep/results.db
 mkdir -p "$rep"
-tune() {  # tune <space> <problems>
+tune() {  # tune <space> <problems>; stopped in time to pack what is stored (a rerun resumes)
   log "tune $1 on $2"
-  $ft tune "configs/spaces/$1.json" "configs/problems/$2.json" --db "$db" 2>&1 | tail -4
+  timeout "${TUNE_LIMIT_S:-450}" $ft tune "configs/spaces/$1.json" "configs/problems/$2.json" --db "$db" 2>&1 | tail -4
 }
 # Baseline rows and the comparison CSV for one family: compare <family> <problems> <backend> <out name>
 compare() {
