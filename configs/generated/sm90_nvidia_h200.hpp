@@ -9,6 +9,7 @@ namespace tuned {
 namespace sm90_nvidia_h200 {
 
 // fa2_mma parameters, positional: BLOCK_M BLOCK_N WARPS STAGES
+// fa2_mma_bwd parameters, positional: BLOCK_M BLOCK_N WARPS DSPLIT STAGES DQ_MODE
 // fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
 // fa2_simt_bwd parameters, positional: BLOCK_M BLOCK_N TM TN DQ_MODE
 // naive parameters, positional: THREADS
@@ -32,6 +33,20 @@ inline constexpr Entry kEntries[] = {
     {"fa2_mma", "fwd", "bf16", 256, true, 1024, {64, 64, 4, 1}, 253.47f},
     {"fa2_mma", "fwd", "bf16", 256, true, 4096, {64, 64, 4, 1}, 293.98f},
     {"fa2_mma", "fwd", "bf16", 256, true, 16384, {128, 128, 8, 1}, 329.25f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 1024, {32, 128, 4, 1, 2, 0}, 268.89f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 4096, {32, 128, 4, 1, 2, 0}, 300.97f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 16384, {32, 128, 4, 1, 2, 0}, 308.71f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 1024, {32, 128, 4, 1, 2, 0}, 204.85f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 4096, {32, 128, 4, 1, 2, 0}, 275.03f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 16384, {32, 128, 4, 1, 2, 0}, 297.20f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, false, 1024, {32, 128, 8, 1, 2, 0}, 201.73f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, false, 4096, {32, 128, 8, 1, 2, 0}, 226.52f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, false, 16384, {32, 128, 8, 1, 2, 0}, 233.78f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, true, 1024, {64, 128, 8, 1, 2, 0}, 168.62f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, true, 4096, {64, 128, 8, 1, 2, 0}, 222.35f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, true, 16384, {64, 128, 8, 1, 2, 0}, 255.82f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, false, 1024, {32, 64, 8, 2, 2, 0}, 140.67f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, false, 4096, {32, 64, 8, 2, 2, 0}, 151.26f},
     {"fa2_simt", "fwd", "fp32", 64, false, 1024, {128, 64, 8, 8, 1}, 40.92f},
     {"fa2_simt", "fwd", "fp32", 64, false, 4096, {128, 64, 8, 8, 1}, 41.71f},
     {"fa2_simt", "fwd", "fp32", 64, true, 1024, {128, 64, 8, 8, 1}, 34.71f},
@@ -57,7 +72,7 @@ inline constexpr Entry kEntries[] = {
     {"naive", "fwd", "fp32", 128, true, 1024, {128}, 0.90f},
     {"naive", "fwd", "fp32", 128, true, 4096, {128}, 0.90f},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 42};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 56};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned
