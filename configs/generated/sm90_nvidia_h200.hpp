@@ -47,6 +47,10 @@ inline constexpr Entry kEntries[] = {
     {"fa2_mma_bwd", "bwd", "bf16", 128, true, 16384, {64, 128, 8, 1, 2, 0}, 255.82f},
     {"fa2_mma_bwd", "bwd", "bf16", 256, false, 1024, {32, 64, 8, 2, 2, 0}, 140.67f},
     {"fa2_mma_bwd", "bwd", "bf16", 256, false, 4096, {32, 64, 8, 2, 2, 0}, 151.26f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, false, 16384, {32, 64, 8, 2, 2, 0}, 154.50f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, true, 1024, {32, 64, 8, 2, 2, 0}, 116.21f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, true, 4096, {32, 64, 8, 2, 2, 0}, 139.98f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, true, 16384, {32, 64, 8, 2, 2, 0}, 154.96f},
     {"fa2_simt", "fwd", "fp32", 64, false, 1024, {128, 64, 8, 8, 1}, 40.92f},
     {"fa2_simt", "fwd", "fp32", 64, false, 4096, {128, 64, 8, 8, 1}, 41.71f},
     {"fa2_simt", "fwd", "fp32", 64, true, 1024, {128, 64, 8, 8, 1}, 34.71f},
@@ -72,7 +76,7 @@ inline constexpr Entry kEntries[] = {
     {"naive", "fwd", "fp32", 128, true, 1024, {128}, 0.90f},
     {"naive", "fwd", "fp32", 128, true, 4096, {128}, 0.90f},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 56};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 60};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned
