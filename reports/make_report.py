@@ -129,21 +129,25 @@ def tuned_vs_default(rows, out_dir, report):
     if not out:
         return
     write_csv(os.path.join(out_dir, "tuned_vs_default.csv"), out, list(out[0].keys()))
-    fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(out)), 3.8))
-    ax.bar(range(len(out)), [float(r["speedup"]) for r in out], color="tab:green")
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks(range(len(out)), [f"{r['family']}\n{r['problem']}" for r in out], rotation=60, ha="right",
-                  fontsize=7)
-    ax.set_ylabel("tuned / default config (TFLOP/s ratio)")
-    ax.set_title("What the tuner adds over each family's fixed default")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "tuned_vs_default.png"), dpi=110)
-    plt.close(fig)
     report.append("## Tuned config vs the family default\n")
     report.append(md_table(out, ["family", "problem", "tuned_config", "tuned_tflops", "default_config",
                                  "default_tflops", "speedup"],
                            ["family", "problem", "tuned", "TFLOP/s", "default", "TFLOP/s", "speedup"]))
-    report.append("\n![tuned_vs_default](tuned_vs_default.png)\n")
+    for family in sorted({r["family"] for r in out}):
+        rows = [r for r in out if r["family"] == family]
+        fig, ax = plt.subplots(figsize=(7, 0.9 + 0.32 * len(rows)))
+        ax.barh(range(len(rows)), [float(r["speedup"]) for r in rows], color="tab:green")
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_yticks(range(len(rows)), [r["problem"] for r in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("tuned / default TFLOP/s (1 = no gain)")
+        ax.set_title(f"{family}: tuned vs default {DEFAULTS[family]}", fontsize=9)
+        fig.tight_layout()
+        name = f"tuned_vs_default_{family}.png"
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        report.append(f"\n![{name}]({name})")
+    report.append("")
 
 
 def comparison_plot(csv_path, out_dir, report, title, ours, baselines):
@@ -153,14 +157,15 @@ def comparison_plot(csv_path, out_dir, report, title, ours, baselines):
     labels = [f"d{r['head_dim']} S{r.get('seq', r.get('seq_q'))}{' c' if r['causal'] in ('1', 'True') else ''}"
               for r in rows]
     series = [(name, col) for name, col in [ours] + baselines if col in rows[0]]
-    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(rows) * len(series) / 2), 4))
+    fig, ax = plt.subplots(figsize=(min(14, max(6, 0.45 * len(rows) * len(series) / 2)), 5))
     width = 0.8 / len(series)
     for i, (name, col) in enumerate(series):
         ax.bar([x + i * width for x in range(len(rows))], [float(r[col] or 0) for r in rows], width, label=name)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("TFLOP/s (FA convention, causal counts half)")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     name = os.path.splitext(os.path.basename(csv_path))[0] + ".png"
     fig.savefig(os.path.join(out_dir, name), dpi=110)

@@ -26,7 +26,7 @@ if "| fa2_simt | d64 S4096 fp32 | 4 | 16 | BLOCK_M=128,BLOCK_N=64,TM=8,TN=4,KV_S
 tvd = list(csv.DictReader(open(os.path.join(d, "tuned_vs_default.csv"))))
 s3000 = [r for r in tvd if "S3000" in r["problem"]]
 if not s3000 or s3000[0]["speedup"] != f"{5.0 / 3.0:.2f}": fail.append(f"tuned_vs_default: {tvd}")
-for png in ("tuned_vs_default.png", "landscape_fa2_simt_fp32_d64.png"):
+for png in ("tuned_vs_default_fa2_simt.png", "landscape_fa2_simt_fp32_d64.png"):
     p = os.path.join(d, png)
     if not os.path.exists(p) or open(p, "rb").read(8) != b"\x89PNG\r\n\x1a\n": fail.append(f"{png} missing or not a PNG")
     elif f"]({png})" not in report: fail.append(f"{png} not linked from REPORT.md")
