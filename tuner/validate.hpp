@@ -23,7 +23,11 @@ inline Tolerance tolerance_for(DType t) {
   switch (t) {
     case DType::fp32: return {1e-5, 1e-4};
     // Half precision: the output is rounded to 8 (bf16) or 11 (fp16) mantissa bits, and P
-    // is rounded to the same format before the P*V product.
+    // is rounded to the same format before the P*V product. experiments/tolerance_probe.py
+    // measures torch's own flash and cuDNN kernels against float64 on our kind of inputs: on the
+    // H200 their worst error used 20% (bf16) and 11% (fp16) of these bounds
+    // (reports/nvidia-h200/tolerance_probe.csv), so a kernel as accurate as torch's passes with
+    // margin while a masking or indexing bug (errors ~0.1 and up) fails.
     case DType::fp16: return {2e-3, 1e-2};
     case DType::bf16: return {1e-2, 2e-2};
   }
