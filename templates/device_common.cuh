@@ -149,6 +149,13 @@ __device__ __forceinline__ float group_sum(float x) {
   for (int off = WIDTH / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
   return x;
 }
+// Max over the WIDTH adjacent lanes of a group.
+template <int WIDTH>
+__device__ __forceinline__ float group_max(float x) {
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
 
 // *gptr += v (4 floats, global memory, relaxed, no return value). sm_90: one vector
 // reduction (red.global.add.v4.f32); older targets: four scalar reductions.
@@ -177,6 +184,36 @@ __device__ __forceinline__ float dot4_acc(const float4& a, const float4& b, floa
   acc = fmaf(a.z, b.z, acc);
   acc = fmaf(a.w, b.w, acc);
   return acc;
+}
+
+// acc[a][e] += sum_k P[ty + TR*a][k] * X[k][4*tx + 4*TC*e .. +3] for k < K: the register-tiled
+// product of a shared-memory tile P (probabilities or dS, row stride P_STRIDE) with K rows of X
+// (row stride X_STRIDE), four k per 16-byte read of P. The CUDA-core families' P*V, P^T*dO, dS^T*Q.
+template <int ROWS, int CHUNKS, int K, int TR, int TC, int P_STRIDE, int X_STRIDE>
+__device__ __forceinline__ void accumulate_p_x(float4 (&acc)[ROWS][CHUNKS], const float* P, const float* X, int ty,
+                                               int tx) {
+  const float* prow = P + ty * P_STRIDE;
+  const float* xcol = X + 4 * tx;
+#pragma unroll 2
+  for (int k = 0; k < K; k += 4) {
+    float4 pf[ROWS];
+#pragma unroll
+    for (int a = 0; a < ROWS; ++a) pf[a] = lds128(prow + a * TR * P_STRIDE + k);
+    float4 xf[4][CHUNKS];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int e = 0; e < CHUNKS; ++e) xf[kk][e] = lds128(xcol + (k + kk) * X_STRIDE + 4 * TC * e);
+#pragma unroll
+    for (int a = 0; a < ROWS; ++a)
+#pragma unroll
+      for (int e = 0; e < CHUNKS; ++e) {
+        ffma4(acc[a][e], pf[a].x, xf[0][e]);
+        ffma4(acc[a][e], pf[a].y, xf[1][e]);
+        ffma4(acc[a][e], pf[a].z, xf[2][e]);
+        ffma4(acc[a][e], pf[a].w, xf[3][e]);
+      }
+  }
 }
 
 }  // namespace flashtune

@@ -19,23 +19,6 @@ namespace flashtune {
 
 namespace fa2_simt_detail {
 
-// Copy rows [row0, row0+ROWS) of a (seq, D) fp32 matrix into dst[ROWS][STRIDE] with
-// 16-byte cp.async; rows >= seq are zero-filled (never garbage: 0 * NaN = NaN).
-template <int ROWS, int D, int STRIDE, int NT>
-__device__ __forceinline__ void load_tile_async(float* dst, const float* src, int row0, int seq, int tid) {
-  constexpr int kChunksPerRow = D / 4;
-  constexpr int kChunks = ROWS * kChunksPerRow;
-#pragma unroll
-  for (int idx = tid; idx < kChunks; idx += NT) {
-    const int r = idx / kChunksPerRow;
-    const int c4 = idx % kChunksPerRow;
-    const int grow = row0 + r;
-    const bool ok = grow < seq;
-    const float* g = ok ? src + static_cast<long long>(grow) * D + 4 * c4 : src;
-    cp_async_16(dst + r * STRIDE + 4 * c4, g, ok ? 16 : 0);
-  }
-}
-
 // Q block into shared memory, multiplied by scale_log2 (scores come out in the exp2 domain).
 template <int ROWS, int D, int STRIDE, int NT>
 __device__ __forceinline__ void load_q_scaled(float* dst, const float* src, int row0, int seq, float scale,
@@ -59,33 +42,6 @@ __device__ __forceinline__ void load_q_scaled(float* dst, const float* src, int 
   }
 }
 
-// Max / sum over the TC adjacent lanes that share a thread-row.
-template <int TC>
-__device__ __forceinline__ float row_max(float x) {
-#pragma unroll
-  for (int off = TC / 2; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
-template <int TC>
-__device__ __forceinline__ float row_sum(float x) {
-#pragma unroll
-  for (int off = TC / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
-
-__device__ __forceinline__ void fma4(float4& acc, float p, const float4& v) {
-  acc.x = fmaf(p, v.x, acc.x);
-  acc.y = fmaf(p, v.y, acc.y);
-  acc.z = fmaf(p, v.z, acc.z);
-  acc.w = fmaf(p, v.w, acc.w);
-}
-__device__ __forceinline__ float dot4(const float4& a, const float4& b, float acc) {
-  acc = fmaf(a.x, b.x, acc);
-  acc = fmaf(a.y, b.y, acc);
-  acc = fmaf(a.z, b.z, acc);
-  acc = fmaf(a.w, b.w, acc);
-  return acc;
-}
 __device__ __forceinline__ void scale4(float4& acc, float s) {
   acc.x *= s;
   acc.y *= s;
@@ -113,7 +69,7 @@ __device__ __forceinline__ void compute_scores(float (&s)[T::kTM][T::kTN], const
 #pragma unroll
     for (int a = 0; a < T::kTM; ++a)
 #pragma unroll
-      for (int b = 0; b < T::kTN; ++b) s[a][b] = dot4(qf[a], kf[b], s[a][b]);
+      for (int b = 0; b < T::kTN; ++b) s[a][b] = dot4_acc(qf[a], kf[b], s[a][b]);
   }
 }
 
@@ -144,7 +100,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[T::kTM][T::kTN], float
     float mx = s[a][0];
 #pragma unroll
     for (int b = 1; b < T::kTN; ++b) mx = fmaxf(mx, s[a][b]);
-    mx = row_max<T::kTC>(mx);
+    mx = group_max<T::kTC>(mx);  // over the TC lanes sharing a thread-row
     const float m_new = fmaxf(m[a], mx);
     const float base = (m_new == neg_inf()) ? 0.f : m_new;
     const float alpha = fast_exp2(m[a] - base);
@@ -173,28 +129,7 @@ __device__ __forceinline__ void store_p(const float (&s)[T::kTM][T::kTN], float*
 template <class T>
 __device__ __forceinline__ void accumulate_pv(float4 (&o)[T::kTM][T::kOChunks], const float* Ps, const float* Vs,
                                               int ty, int tx) {
-  const float* prow = Ps + ty * T::kPStride;
-  const float* vcol = Vs + 4 * tx;
-#pragma unroll 2
-  for (int j = 0; j < T::kBlockN; j += 4) {
-    float4 pf[T::kTM];
-#pragma unroll
-    for (int a = 0; a < T::kTM; ++a) pf[a] = lds128(prow + a * T::kTR * T::kPStride + j);
-    float4 vf[4][T::kOChunks];
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-      for (int e = 0; e < T::kOChunks; ++e) vf[jj][e] = lds128(vcol + (j + jj) * T::kKvStride + 4 * T::kTC * e);
-#pragma unroll
-    for (int a = 0; a < T::kTM; ++a)
-#pragma unroll
-      for (int e = 0; e < T::kOChunks; ++e) {
-        fma4(o[a][e], pf[a].x, vf[0][e]);
-        fma4(o[a][e], pf[a].y, vf[1][e]);
-        fma4(o[a][e], pf[a].z, vf[2][e]);
-        fma4(o[a][e], pf[a].w, vf[3][e]);
-      }
-  }
+  accumulate_p_x<T::kTM, T::kOChunks, T::kBlockN, T::kTR, T::kTC, T::kPStride, T::kKvStride>(o, Ps, Vs, ty, tx);
 }
 
 }  // namespace fa2_simt_detail
@@ -270,26 +205,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_simt_fwd(const AttnFw
 
   if constexpr (T::kKvStages == 1) {
     // One K/V buffer. V(n) lands while S(n) is computed; K(n+1) lands during O += P V(n).
-    if (num_kv_blocks > 0) det::load_tile_async<BN, D, KVS, NT>(k_tile(0), k, 0, seq_k, tid);
+    if (num_kv_blocks > 0) cp_async_rows_f32<BN, D, KVS, NT>(k_tile(0), k, 0, seq_k, tid);
     cp_async_commit();
     for (int nb = 0; nb < num_kv_blocks; ++nb) {
       const int n0 = nb * BN;
       cp_async_wait<0>();  // K(n) (the only group in flight)
       __syncthreads();     // K(n), Qs visible; everyone done with Vs and Ps of block n-1
-      det::load_tile_async<BN, D, KVS, NT>(v_tile(0), v, n0, seq_k, tid);
+      cp_async_rows_f32<BN, D, KVS, NT>(v_tile(0), v, n0, seq_k, tid);
       cp_async_commit();
       scores_to_p(k_tile(0), n0);
       cp_async_wait<0>();  // V(n)
       __syncthreads();     // V(n), Ps visible; everyone done reading Ks
-      if (nb + 1 < num_kv_blocks) det::load_tile_async<BN, D, KVS, NT>(k_tile(0), k, n0 + BN, seq_k, tid);
+      if (nb + 1 < num_kv_blocks) cp_async_rows_f32<BN, D, KVS, NT>(k_tile(0), k, n0 + BN, seq_k, tid);
       cp_async_commit();
       det::accumulate_pv<T>(o, Ps, v_tile(0), ty, tx);
     }
   } else {
     // Double buffer: block n+1 is in flight while block n is computed.
     if (num_kv_blocks > 0) {
-      det::load_tile_async<BN, D, KVS, NT>(k_tile(0), k, 0, seq_k, tid);
-      det::load_tile_async<BN, D, KVS, NT>(v_tile(0), v, 0, seq_k, tid);
+      cp_async_rows_f32<BN, D, KVS, NT>(k_tile(0), k, 0, seq_k, tid);
+      cp_async_rows_f32<BN, D, KVS, NT>(v_tile(0), v, 0, seq_k, tid);
     }
     cp_async_commit();
     for (int nb = 0; nb < num_kv_blocks; ++nb) {
@@ -298,8 +233,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_simt_fwd(const AttnFw
       cp_async_wait<0>();  // block n (the only group in flight)
       __syncthreads();     // block n, Qs visible; everyone done with block n-1 (its stage, Ps)
       if (nb + 1 < num_kv_blocks) {
-        det::load_tile_async<BN, D, KVS, NT>(k_tile(stage ^ 1), k, n0 + BN, seq_k, tid);
-        det::load_tile_async<BN, D, KVS, NT>(v_tile(stage ^ 1), v, n0 + BN, seq_k, tid);
+        cp_async_rows_f32<BN, D, KVS, NT>(k_tile(stage ^ 1), k, n0 + BN, seq_k, tid);
+        cp_async_rows_f32<BN, D, KVS, NT>(v_tile(stage ^ 1), v, n0 + BN, seq_k, tid);
       }
       cp_async_commit();
       scores_to_p(k_tile(stage), n0);
@@ -311,7 +246,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_simt_fwd(const AttnFw
   // Epilogue: full row sums, O /= l, lse = (m + log2 l) * ln2; fully masked rows: O = 0, lse = +inf.
 #pragma unroll
   for (int a = 0; a < TM; ++a) {
-    const float lt = det::row_sum<TC>(l[a]);
+    const float lt = group_sum<TC>(l[a]);
     const int i = m0 + ty + a * T::kTR;
     if (i < seq_q) {
       const float inv = lt > 0.f ? 1.f / lt : 0.f;

@@ -107,28 +107,7 @@ __device__ __forceinline__ void store_tile(const ScoreTile<T>& t, float* Ps, int
 template <class T>
 __device__ __forceinline__ void accumulate_rows(float4 (&acc)[T::kTN][T::kChunks], const float* Ps, const float* X,
                                                 int ty, int tx) {
-  const float* prow = Ps + ty * T::kPStride;
-  const float* xcol = X + 4 * tx;
-#pragma unroll 2
-  for (int m = 0; m < T::kBlockM; m += 4) {
-    float4 pf[T::kTN];
-#pragma unroll
-    for (int a = 0; a < T::kTN; ++a) pf[a] = lds128(prow + a * T::kTR * T::kPStride + m);
-    float4 xf[4][T::kChunks];
-#pragma unroll
-    for (int mm = 0; mm < 4; ++mm)
-#pragma unroll
-      for (int e = 0; e < T::kChunks; ++e) xf[mm][e] = lds128(xcol + (m + mm) * T::kRowStride + 4 * T::kTC * e);
-#pragma unroll
-    for (int a = 0; a < T::kTN; ++a)
-#pragma unroll
-      for (int e = 0; e < T::kChunks; ++e) {
-        ffma4(acc[a][e], pf[a].x, xf[0][e]);
-        ffma4(acc[a][e], pf[a].y, xf[1][e]);
-        ffma4(acc[a][e], pf[a].z, xf[2][e]);
-        ffma4(acc[a][e], pf[a].w, xf[3][e]);
-      }
-  }
+  accumulate_p_x<T::kTN, T::kChunks, T::kBlockM, T::kTR, T::kTC, T::kPStride, T::kRowStride>(acc, Ps, X, ty, tx);
 }
 
 // QM consecutive floats of shared memory (16-, 8- or 4-byte reads as alignment allows).
