@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: build, then one stage, results under $OUT.
 #   tests  - the `gpu` CTest label (fault isolation, every variant validated on ragged shapes)
+#   final  - tests, stored best configs re-timed, the closest call against torch flash re-measured
 #   sweep-simt - tune fa2_simt and naive on the fp32 standard grid, torch SDPA baseline in the same run
 #   sweep-mma  - tune fa2_mma on the bf16 18-point grid
 #   compare-mma - re-time the tuned best, FA2's fixed table, torch flash and cuDNN side by side; tolerance probe
@@ -11,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-stage=${1:?stage: tests, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd or compare-mma-bwd}
+stage=${1:?stage: tests, final, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd or compare-mma-bwd}
 log() { echo "== $(date +%T) $*"; }
 
 log build
@@ -55,6 +56,20 @@ tests)
   log "ctest gpu"
   VALIDATE_DB=$OUT/validate.db ctest --preset gpu -V >"$OUT/ctest_gpu.log" 2>&1
   grep -E "Test +#|tests passed|FAIL|BAD|^[0-9]+: (naive|fa2_|fault) " "$OUT/ctest_gpu.log" | tail -40
+  ;;
+final)
+  # After a template change: every gpu test again, the stored best configs re-timed (a regression
+  # shows as a drop against the stored figure), and the closest call against torch flash, three times.
+  VALIDATE_DB=$OUT/validate.db ctest --preset gpu -V >"$OUT/ctest_gpu.log" 2>&1
+  grep -E "Test +#|tests passed|FAIL|BAD|^[0-9]+: (naive|fa2_|fault) " "$OUT/ctest_gpu.log" | tail -20
+  for spec in "fa2_simt 4,32,4096,4096,64 fp32 fwd" "fa2_simt 4,16,4096,4096,128 fp32 fwd" \
+              "fa2_simt_bwd 4,16,4096,4096,128 fp32 bwd" "fa2_mma 4,16,4096,4096,128 bf16 fwd"; do
+    set -- $spec
+    $ft run --family $1 --best --db "$db" --shape $2 --dtype $3 --direction $4 | grep -E "^fa2|time"
+  done
+  for i in 1 2 3; do
+    python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/spot_d256_s1k.json --out "$OUT/spot$i.csv" 2>/dev/null | tail -1
+  done
   ;;
 sweep-simt)
   tune naive anchors_fp32
