@@ -244,12 +244,10 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
 
 void GpuRunner::poison_outputs() {
   const Problem& p = problem_;
-  const size_t elem = dtype_bytes(p.dtype);
   auto poison = [&](Buffer& b, DType t) {
     if (dtype_bytes(t) == 4) CU_CHECK(cuMemsetD32(b.ptr, nan_bits(t), b.bytes / 4));
     else CU_CHECK(cuMemsetD16(b.ptr, (unsigned short)nan_bits(t), b.bytes / 2));
   };
-  (void)elem;
   if (p.direction == "bwd") {
     for (Buffer* b : {&dq_, &dk_, &dv_}) poison(*b, p.dtype);
     poison(delta_, DType::fp32);

@@ -54,7 +54,7 @@ struct ResultRecord {
   std::string kernel_hash;
   std::string family, direction, config;
   Problem problem;
-  std::string status;  // ok | invalid | crashed | timeout | launch_error | pruned | compile_error
+  std::string status;  // ok | invalid | crashed | timeout | launch_error | error | pruned | compile_error
   std::string error;
   double max_abs = 0, max_rel = 0, mse = 0;
   std::string detail;  // JSON: per-output errors (backward: dq/dk/dv relative L2), rows checked, determinism

@@ -99,7 +99,7 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
                                 {"max_rows", opt_.max_rows}}, kPrepareTimeout);
     if (rep.value("status", "") != "ok") {
       prepared_ = false;
-      r.status = rep.value("status", "error") == "ok" ? "error" : rep.value("status", "error");
+      r.status = rep.value("status", "error");  // crashed, timeout, or error (e.g. out of memory)
       r.error = "prepare: " + rep.value("error", std::string());
       return r;
     }
