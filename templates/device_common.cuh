@@ -186,6 +186,31 @@ __device__ __forceinline__ float dot4_acc(const float4& a, const float4& b, floa
   return acc;
 }
 
+// c[a][b] = sum_{k < K} A[ty + TR*a][k] * B[tx + TC*b][k]: the register-tiled A * B^T of two
+// shared-memory row tiles (row strides A_STRIDE, B_STRIDE), 16-byte reads along k. The CUDA-core
+// families' S = Q K^T and dP^T = V dO^T.
+template <int ROWS, int COLS, int K, int TR, int TC, int A_STRIDE, int B_STRIDE>
+__device__ __forceinline__ void tile_a_bt(float (&c)[ROWS][COLS], const float* A, const float* B, int ty, int tx) {
+#pragma unroll
+  for (int a = 0; a < ROWS; ++a)
+#pragma unroll
+    for (int b = 0; b < COLS; ++b) c[a][b] = 0.f;
+  const float* arow = A + ty * A_STRIDE;
+  const float* brow = B + tx * B_STRIDE;
+#pragma unroll 4
+  for (int k = 0; k < K; k += 4) {
+    float4 af[ROWS], bf[COLS];
+#pragma unroll
+    for (int a = 0; a < ROWS; ++a) af[a] = lds128(arow + a * TR * A_STRIDE + k);
+#pragma unroll
+    for (int b = 0; b < COLS; ++b) bf[b] = lds128(brow + b * TC * B_STRIDE + k);
+#pragma unroll
+    for (int a = 0; a < ROWS; ++a)
+#pragma unroll
+      for (int b = 0; b < COLS; ++b) c[a][b] = dot4_acc(af[a], bf[b], c[a][b]);
+  }
+}
+
 // acc[a][e] += sum_k P[ty + TR*a][k] * X[k][4*tx + 4*TC*e .. +3] for k < K: the register-tiled
 // product of a shared-memory tile P (probabilities or dS, row stride P_STRIDE) with K rows of X
 // (row stride X_STRIDE), four k per 16-byte read of P. The CUDA-core families' P*V, P^T*dO, dS^T*Q.

@@ -53,24 +53,7 @@ __device__ __forceinline__ void scale4(float4& acc, float s) {
 template <class T>
 __device__ __forceinline__ void compute_scores(float (&s)[T::kTM][T::kTN], const float* Qs, const float* Ks, int ty,
                                                int tx) {
-#pragma unroll
-  for (int a = 0; a < T::kTM; ++a)
-#pragma unroll
-    for (int b = 0; b < T::kTN; ++b) s[a][b] = 0.f;
-  const float* qrow = Qs + ty * T::kQStride;
-  const float* krow = Ks + tx * T::kKvStride;
-#pragma unroll 4
-  for (int d = 0; d < T::kHeadDim; d += 4) {
-    float4 qf[T::kTM], kf[T::kTN];
-#pragma unroll
-    for (int a = 0; a < T::kTM; ++a) qf[a] = lds128(qrow + a * T::kTR * T::kQStride + d);
-#pragma unroll
-    for (int b = 0; b < T::kTN; ++b) kf[b] = lds128(krow + b * T::kTC * T::kKvStride + d);
-#pragma unroll
-    for (int a = 0; a < T::kTM; ++a)
-#pragma unroll
-      for (int b = 0; b < T::kTN; ++b) s[a][b] = dot4_acc(qf[a], kf[b], s[a][b]);
-  }
+  tile_a_bt<T::kTM, T::kTN, T::kHeadDim, T::kTR, T::kTC, T::kQStride, T::kKvStride>(s, Qs, Ks, ty, tx);
 }
 
 // -inf where key j is past seq_k or (causal) j > i + (seq_k - seq_q).

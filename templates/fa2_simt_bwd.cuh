@@ -38,24 +38,7 @@ using ScoreTile = float[T::kTN][T::kTM];
 // dP^T = V dO^T with A = Vs, B = dOs).
 template <class T>
 __device__ __forceinline__ void tile_abt(ScoreTile<T>& c, const float* A, const float* B, int ty, int tx) {
-#pragma unroll
-  for (int a = 0; a < T::kTN; ++a)
-#pragma unroll
-    for (int b = 0; b < T::kTM; ++b) c[a][b] = 0.f;
-  const float* arow = A + ty * T::kRowStride;
-  const float* brow = B + tx * T::kRowStride;
-#pragma unroll 4
-  for (int d = 0; d < T::kHeadDim; d += 4) {
-    float4 af[T::kTN], bf[T::kTM];
-#pragma unroll
-    for (int a = 0; a < T::kTN; ++a) af[a] = lds128(arow + a * T::kTR * T::kRowStride + d);
-#pragma unroll
-    for (int b = 0; b < T::kTM; ++b) bf[b] = lds128(brow + b * T::kTC * T::kRowStride + d);
-#pragma unroll
-    for (int a = 0; a < T::kTN; ++a)
-#pragma unroll
-      for (int b = 0; b < T::kTM; ++b) c[a][b] = dot4_acc(af[a], bf[b], c[a][b]);
-  }
+  tile_a_bt<T::kTN, T::kTM, T::kHeadDim, T::kTR, T::kTC, T::kRowStride, T::kRowStride>(c, A, B, ty, tx);
 }
 
 // Per query column m = m0 + tx + TC*b of this thread: -lse*log2(e) and delta; rows past seq_q
