@@ -17,6 +17,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import experiments_report  # noqa: E402
+
 # Family defaults, the fixed configurations a tuner has to beat: passed in by `flashtune report`
 # from the family descriptors (tuner/family.cpp), so they are written down once.
 DEFAULTS = {}
@@ -107,6 +110,7 @@ def landscape(rows, out_dir, report):
                       "non-causal, largest sequence swept. Empty cells: pruned or not in the space.\n")
         report += [f"![{p}]({p})" for p in pngs]
         report.append("")
+    return pngs
 
 
 def tuned_vs_default(rows, out_dir, report):
@@ -236,7 +240,10 @@ def main():
                         [("fa2_mma with FA2's fixed tiles", "fixed_tflops"), ("torch flash (FA2)", "torch_flash_tflops"),
                          ("torch cuDNN", "torch_cudnn_tflops")])
     tuned_vs_default(rows, out_dir, report)
-    landscape(rows, out_dir, report)
+    landscape_part = []
+    landscape_pngs = landscape(rows, out_dir, landscape_part)
+    experiments_report.add_sections(db, out_dir, report, landscape_pngs)
+    report += landscape_part
     with open(os.path.join(out_dir, "REPORT.md"), "w") as f:
         f.write("\n".join(report) + "\n")
     print(f"wrote {out_dir}/REPORT.md")

@@ -7,12 +7,15 @@
 #   compare-mma - re-time the tuned best, FA2's fixed table, torch flash and cuDNN side by side; tolerance probe
 #   sweep-bwd  - tune fa2_simt_bwd on the fp32 grid beside torch SDPA efficient's backward
 #   sweep-mma-bwd - tune fa2_mma_bwd on the bf16 grid; compare-mma-bwd - re-timed beside torch flash and cuDNN
+#   experiments NAME... - `flashtune experiment experiments/NAME.json` for each, then the report rebuilt
+#   smoke-baselines - the Python baselines (torch SDPA backends, CPU, Triton) on tiny problems
 #   every sweep: comparison CSVs and generated headers; the DB without cubins comes back in a tarball
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-stage=${1:?stage: tests, final, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd or compare-mma-bwd}
+stage=${1:?stage: tests, final, experiments, smoke-baselines, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd or compare-mma-bwd}
+shift
 log() { echo "== $(date +%T) $*"; }
 
 log build
@@ -52,6 +55,20 @@ finish() {
 }
 
 case $stage in
+experiments)
+  logs=$(mktemp -d)
+  for name in "$@"; do
+    log "experiment $name"
+    timeout "${EXPERIMENT_LIMIT_S:-500}" $ft experiment "experiments/$name.json" --db "$db" --quiet 2>"$logs/$name.log"
+    echo "exit $?"; grep -E "^(probes|experiment)" "$logs/$name.log" | tail -3
+  done
+  $ft report --gpu "$slug" >/dev/null 2>"$logs/report.log" || tail -5 "$logs/report.log"
+  tar czf "$OUT/logs.tar.gz" -C "$logs" .
+  finish
+  ;;
+smoke-baselines)
+  bash experiments/smoke_baselines.sh 2>&1 | tail -60
+  ;;
 tests)
   log "ctest gpu"
   VALIDATE_DB=$OUT/validate.db ctest --preset gpu -V >"$OUT/ctest_gpu.log" 2>&1

@@ -51,8 +51,23 @@ expect_usage_error "is not a flashtune database" best --db "$tmp/foreign.db"
 expect_usage_error "is not a flashtune database" tune "$SRC/configs/spaces/naive.json" "$SRC/configs/problems/smoke.json" --db "$tmp/foreign.db"
 [[ "$(sha256sum "$tmp/foreign.db")" == "$before" ]] || { echo "FAIL: foreign DB modified"; fail=1; }
 
+# Experiments: bad definitions are refused before any GPU work; every committed one is valid.
+echo '{"name":"x","problems":{"problems":[{"batch":1,"heads":1,"seq":8,"head_dim":64}]},"implementations":["fa9"]}' >"$tmp/e1.json"
+echo '{"name":"x","problems":{"problems":[{"batch":1,"heads":1,"seq":8,"head_dim":64}]},"implementations":["torch_flash"],"plot":"pie"}' >"$tmp/e2.json"
+echo '{"name":"x","problems":{"problems":[{"batch":1,"heads":1,"seq":8,"head_dim":64}]},"implementations":["fa2_simt:best"]}' >"$tmp/e3.json"
+echo '{"name":"x","problems":{"problems":[{"batch":1,"heads":1,"seq":8,"head_dim":64}]},"implementation":["fa2_simt"]}' >"$tmp/e4.json"
+expect_usage_error "unknown family 'fa9'" experiment "$tmp/e1.json" --dry-run
+expect_usage_error "unknown plot 'pie'" experiment "$tmp/e2.json" --dry-run
+expect_usage_error "must be ':tuned' or ':default'" experiment "$tmp/e3.json" --dry-run
+expect_usage_error "unknown key 'implementation'" experiment "$tmp/e4.json" --dry-run
+expect_usage_error "does not exist" experiment "$tmp/none.json"
+for e in "$SRC"/experiments/*.json; do
+  "$FLASHTUNE" experiment "$e" --dry-run >"$tmp/plan" 2>"$tmp/err" || { echo "FAIL: $e"; cat "$tmp/err"; fail=1; }
+  grep -q " rows, " "$tmp/plan" || { echo "FAIL: no plan for $e"; fail=1; }
+done
+
 # Every verb has --help (exit 0).
-for verb in devices compile-check tune run best emit drop-cubins; do
+for verb in devices compile-check tune run best emit drop-cubins experiment report; do
   "$FLASHTUNE" $verb --help >/dev/null || { echo "FAIL: $verb --help"; fail=1; }
 done
 [[ $fail -eq 0 ]] && echo "cli_errors: all passed"

@@ -56,4 +56,67 @@ inline void fill_fixture(Store& s) {
   s.put_result(fixture_result(C, p3, "ok", 1.0), fixture_device("NVIDIA H200", "sm_90"));
 }
 
+// Experiment runs: an older and a newer run of the classic comparison (the report must use the
+// newer), a scaling run with an out-of-memory point, a backward run and a tuned-vs-default run.
+inline ExperimentRow fixture_row(long long run, const std::string& impl, Problem p, const std::string& status,
+                                 double ms, long long peak_bytes = 0) {
+  ExperimentRow r;
+  r.run_id = run;
+  r.impl = impl;
+  r.family = impl.rfind("torch", 0) == 0 || impl == "triton" || impl == "cublas_unfused" ? "" : impl.substr(0, impl.find(':'));
+  r.problem = p;
+  r.status = status;
+  r.error = status == "oom" ? "out of memory" : "";
+  if (status == "ok") {
+    r.ms_median = ms;
+    r.ms_p20 = ms * 0.98;
+    r.ms_p80 = ms * 1.02;
+    r.reps = 10;
+    r.tflops = p.flops() / (ms * 1e-3) / 1e12;
+    r.gbps = p.bytes() / (ms * 1e-3) / 1e9;
+    r.max_abs = 1e-6;
+    r.mean_abs = 1e-7;
+  }
+  r.peak_bytes = peak_bytes;
+  r.device = impl == "torch_cpu" ? "cpu: fixture" : "NVIDIA H100 80GB HBM3";
+  return r;
+}
+
+inline void fill_experiments(Store& s) {
+  const std::string dev = "NVIDIA H100 80GB HBM3";
+  const std::string probes =
+      R"({"matmul_fp32_tflops":50.0,"matmul_tf32_tflops":400.0,"matmul_bf16_tflops":700.0,"matmul_fp16_tflops":700.0,"copy_gbps":3000.0})";
+  auto spec = [](const std::string& name, const std::string& plot) {
+    return R"({"name":")" + name + R"(","plot":")" + plot + R"(","description":"fixture )" + name + R"("})";
+  };
+  Problem f32{2, 8, 1024, 1024, 64, DType::fp32, false, "fwd"};
+  Problem b16{2, 8, 1024, 1024, 64, DType::bf16, false, "fwd"};
+  long long old_run = s.begin_experiment({0, "classic_shapes", "Classic shapes", dev, probes, spec("classic_shapes", "compare"), ""});
+  s.put_experiment_row(fixture_row(old_run, "fa2_simt", f32, "ok", 99.0));
+  long long run = s.begin_experiment({0, "classic_shapes", "Classic shapes", dev, probes, spec("classic_shapes", "compare"), ""});
+  // 4*2*8*1024^2*64 = 4.294967296e9 FLOP: 0.1 ms is 42.95 TFLOP/s, 85.9% of the 50 TFLOP/s fp32 probe.
+  s.put_experiment_row(fixture_row(run, "fa2_simt", f32, "ok", 0.1, 20 << 20));
+  s.put_experiment_row(fixture_row(run, "naive", f32, "ok", 1.0, 300 << 20));
+  s.put_experiment_row(fixture_row(run, "torch_cpu", f32, "ok", 50.0));
+  s.put_experiment_row(fixture_row(run, "fa2_mma", b16, "ok", 0.02, 10 << 20));
+  s.put_experiment_row(fixture_row(run, "torch_flash", b16, "ok", 0.025, 12 << 20));
+  s.put_experiment_row(fixture_row(run, "triton", b16, "invalid", 0));
+
+  long long scal = s.begin_experiment({0, "seq_scaling", "Scaling", dev, probes, spec("seq_scaling", "scaling"), ""});
+  for (int S : {1024, 65536}) {
+    Problem p{4, 8, S, S, 64, DType::fp32, false, "fwd"};
+    s.put_experiment_row(fixture_row(scal, "fa2_simt", p, "ok", S == 1024 ? 0.2 : 800.0, 32ll * S * 64 * 4 * 4));
+    s.put_experiment_row(S == 1024 ? fixture_row(scal, "naive", p, "ok", 2.0, 32ll * S * S * 4)
+                                   : fixture_row(scal, "naive", p, "oom", 0));
+  }
+  long long bwd = s.begin_experiment({0, "backward", "Backward", dev, probes, spec("backward", "backward"), ""});
+  Problem pb{2, 8, 1024, 1024, 64, DType::bf16, false, "bwd"};
+  s.put_experiment_row(fixture_row(bwd, "fa2_mma_bwd", pb, "ok", 0.1));
+  s.put_experiment_row(fixture_row(bwd, "torch_flash", pb, "ok", 0.12));
+  long long tvd = s.begin_experiment({0, "tuned_vs_default", "Tuned vs default", dev, probes,
+                                      spec("tuned_vs_default", "tuned_vs_default"), ""});
+  s.put_experiment_row(fixture_row(tvd, "fa2_mma", b16, "ok", 0.02));
+  s.put_experiment_row(fixture_row(tvd, "fa2_mma:default", b16, "ok", 0.03));
+}
+
 }  // namespace flashtune::fixture

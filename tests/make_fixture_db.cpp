@@ -10,5 +10,6 @@ int main(int argc, char** argv) {
   }
   flashtune::Store s(argv[1]);
   flashtune::fixture::fill_fixture(s);
+  flashtune::fixture::fill_experiments(s);
   return 0;
 }

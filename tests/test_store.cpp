@@ -136,3 +136,47 @@ TEST(Store, MigratesVersion1KeepingResults) {
   EXPECT_TRUE(found);
   fs::remove(path);
 }
+
+TEST(Store, ExperimentRowsRoundTripAndLatestRun) {
+  std::string path = temp_db("exp");
+  {
+    Store s(path);
+    fixture::fill_experiments(s);
+  }
+  Store s(path);
+  auto runs = s.experiment_runs("classic_shapes");
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_LT(runs[0].id, runs[1].id);
+  EXPECT_NE(runs[1].probes.find("matmul_fp32_tflops"), std::string::npos);
+  auto rows = s.experiment_rows(runs[1].id);
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(rows[0].impl, "fa2_simt");
+  EXPECT_EQ(rows[0].problem, (Problem{2, 8, 1024, 1024, 64, DType::fp32, false, "fwd"}));
+  EXPECT_DOUBLE_EQ(rows[0].ms_median, 0.1);
+  EXPECT_EQ(rows[0].peak_bytes, 20 << 20);
+  EXPECT_EQ(rows[5].status, "invalid");
+  EXPECT_EQ(s.experiment_rows(runs[0].id).size(), 1u);
+  EXPECT_EQ(s.experiment_runs().size(), 5u);
+  fs::remove(path);
+}
+
+TEST(Store, MigratesVersion2AddingExperimentTables) {
+  std::string path = temp_db("v2");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);
+  }
+  {  // a version-2 file: no experiment tables
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    ASSERT_EQ(sqlite3_exec(db, "DROP TABLE experiment_rows; DROP TABLE experiment_runs; UPDATE meta SET value='2'",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  Store s(path);
+  EXPECT_EQ(s.results({}).size(), 8u);
+  fixture::fill_experiments(s);
+  EXPECT_EQ(s.experiment_runs().size(), 5u);
+  fs::remove(path);
+}

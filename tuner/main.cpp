@@ -15,6 +15,7 @@
 
 #include "tuner/compile.hpp"
 #include "tuner/emit.hpp"
+#include "tuner/experiment.hpp"
 #include "tuner/select.hpp"
 #include "tuner/space.hpp"
 #include "tuner/store.hpp"
@@ -40,6 +41,8 @@ commands:
   best --db PATH [--family F] [--device NAME] [--dtype T] [--d N] [--causal 0|1] [--csv]
                                         the best valid config per problem, with TFLOP/s
   emit --db PATH --out DIR              per-GPU best-config headers plus dispatch.hpp
+  experiment <experiment.json> [--db PATH] [--dry-run] [--device N] [--timeout S] [--seed N]
+                                        every implementation of an experiment on its problems, stored
   report --gpu SLUG [--reports DIR]     rebuild reports/SLUG/REPORT.md, CSVs and plots from stored data
   drop-cubins --db PATH                 strip compiled binaries from a store (for committing it)
 
@@ -285,11 +288,7 @@ int cmd_run(int argc, char** argv) {
   if (a.has("best")) {
     ResultFilter filter{f.name, gpu.device().name, to_string(p.dtype), f.direction, p.head_dim, (int)p.causal, true};
     auto choices = best_per_bucket(store->results(filter));
-    const BucketChoice* pick = nullptr;
-    for (const auto& c : choices)  // the smallest bucket that holds the shape, else the largest
-      if ((c.seq_bucket >= p.seq_bucket() && (!pick || c.seq_bucket < pick->seq_bucket)) ||
-          (!pick && c.seq_bucket < p.seq_bucket()))
-        pick = &c;
+    const BucketChoice* pick = pick_bucket(choices, p);
     if (!pick)
       throw UsageError("no stored valid " + f.name + " result for " + gpu.device().name + " " + to_string(p.dtype) +
                        " d" + std::to_string(p.head_dim) + (p.causal ? " causal" : "") + " in " + a.get("db"));
@@ -403,6 +402,46 @@ int cmd_report(int argc, char** argv) {
   return std::system(cmd.c_str()) == 0 ? 0 : 1;
 }
 
+int cmd_experiment(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune experiment <experiment.json> [--db PATH] [--dry-run] [--device N] [--timeout S]\n"
+              "                            [--seed N] [--python PY]\n"
+              "Runs an experiment definition (experiments/*.json) on this GPU: the spaces it lists are tuned\n"
+              "on its problems, matmul and copy peaks are probed, then every implementation runs on every\n"
+              "problem it supports -- our families with the stored tuned config (or ':default'), the cuBLAS\n"
+              "unfused baseline, and the Python baselines (torch SDPA backends, PyTorch CPU, Triton) -- each\n"
+              "validated against the float64 reference and timed; one row per (implementation, problem) in\n"
+              "--db (default flashtune.db). --dry-run validates the file and lists the rows without a GPU.\n"
+              "Then `flashtune report --gpu SLUG` draws it.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"db", "device", "timeout", "seed", "python"}, {"dry-run", "quiet"});
+  if (a.positional.size() != 1) throw UsageError("experiment takes one experiment file");
+  require_file(a.positional[0], "experiment file");
+  ExperimentSpec spec = load_experiment(a.positional[0]);
+  if (a.has("dry-run")) {
+    auto plan = experiment_plan(spec);
+    for (const auto& [impl, p] : plan) std::printf("%-20s %s %s\n", impl.c_str(), p.str().c_str(), p.direction.c_str());
+    std::printf("%s: %zu problems, %zu implementations, %zu rows, %zu spaces to tune\n", spec.name.c_str(),
+                spec.problems.size(), spec.impls.size(), plan.size(), spec.tune_spaces.size());
+    return 0;
+  }
+  ExperimentOptions o;
+  o.run = run_options(a);
+  if (!a.has("timeout")) o.run.timeout_s = 120;  // slow baselines on large shapes
+  o.python = a.get("python", "python3");
+  o.source_dir = FLASHTUNE_SOURCE_DIR;
+  o.progress = !a.has("quiet");
+  Store store(a.get("db", "flashtune.db"));
+  long long run = run_experiment(spec, store, o);
+  std::map<std::string, int> n;
+  for (const auto& r : store.experiment_rows(run)) n[r.status]++;
+  std::printf("experiment %s: run %lld:", spec.name.c_str(), run);
+  for (auto& [s, c] : n) std::printf(" %d %s", c, s.c_str());
+  std::printf("  (db %s)\n", store.path().c_str());
+  return 0;
+}
+
 int cmd_drop_cubins(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune drop-cubins --db PATH\nRemoves compiled binaries, keeping every result and resource row.");
@@ -426,7 +465,7 @@ int main(int argc, char** argv) {
   static const std::map<std::string, int (*)(int, char**)> verbs = {
       {"devices", cmd_devices}, {"compile-check", cmd_compile_check}, {"tune", cmd_tune}, {"run", cmd_run},
       {"best", cmd_best},       {"emit", cmd_emit},                   {"drop-cubins", cmd_drop_cubins},
-      {"report", cmd_report}};
+      {"report", cmd_report},   {"experiment", cmd_experiment}};
   auto it = verbs.find(verb);
   try {
     if (it == verbs.end()) throw UsageError("unknown command '" + verb + "' (see flashtune --help)");

@@ -63,4 +63,14 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& resul
   return out;
 }
 
+const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p) {
+  const BucketChoice* pick = nullptr;
+  for (const auto& c : choices)
+    if (c.seq_bucket >= p.seq_bucket() && (!pick || c.seq_bucket < pick->seq_bucket)) pick = &c;
+  if (!pick)
+    for (const auto& c : choices)
+      if (!pick || c.seq_bucket > pick->seq_bucket) pick = &c;
+  return pick;
+}
+
 }  // namespace flashtune

@@ -25,4 +25,8 @@ struct BucketChoice {
 // TFLOP/s wins (so one huge shape does not dominate).
 std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results);
 
+// The choice a problem gets (as the emitted headers do): the smallest bucket that holds its
+// sequence length, else the largest there is; nullptr when there is none.
+const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p);
+
 }  // namespace flashtune

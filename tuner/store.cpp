@@ -77,6 +77,16 @@ CREATE TABLE IF NOT EXISTS results(
   registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
   created TEXT NOT NULL, detail TEXT,
   UNIQUE(kernel_hash, device_name, sm_count, batch, heads, seq_q, seq_k));
+CREATE TABLE IF NOT EXISTS experiment_runs(
+  id INTEGER PRIMARY KEY, experiment TEXT NOT NULL, title TEXT, device_name TEXT NOT NULL,
+  probes TEXT, spec TEXT, created TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS experiment_rows(
+  id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES experiment_runs(id),
+  impl TEXT NOT NULL, family TEXT, config TEXT, direction TEXT NOT NULL, dtype TEXT NOT NULL,
+  batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
+  head_dim INTEGER NOT NULL, causal INTEGER NOT NULL, status TEXT NOT NULL, error TEXT,
+  ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL, gbps REAL,
+  max_abs REAL, mean_abs REAL, mse REAL, max_rel REAL, peak_bytes INTEGER, device TEXT, detail TEXT);
 CREATE INDEX IF NOT EXISTS results_by_problem ON results(family, direction, device_name, head_dim, dtype, causal);
 )sql";
 
@@ -114,6 +124,10 @@ Store::Store(const std::string& path) : path_(path) {
       exec("BEGIN; ALTER TABLE results ADD COLUMN detail TEXT; "
            "UPDATE meta SET value='2' WHERE key='schema_version'; COMMIT;");
       version = "2";
+    }
+    if (version == "2") {  // v2 -> v3: the experiment tables, created below; results unchanged
+      exec("UPDATE meta SET value='3' WHERE key='schema_version';");
+      version = "3";
     }
     if (version != std::to_string(kSchemaVersion)) {
       sqlite3_close(db_);
@@ -231,6 +245,66 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
     r.res.registers = (int)s.i64(31); r.res.smem_static = (int)s.i64(32); r.res.spill_stores = (int)s.i64(33);
     r.created = s.text(34);
     r.detail = s.text(35);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+long long Store::begin_experiment(const ExperimentRun& r) {
+  Stmt s(db_, "INSERT INTO experiment_runs(experiment,title,device_name,probes,spec,created) VALUES(?,?,?,?,?,?)");
+  s.bind(1, r.experiment).bind(2, r.title).bind(3, r.device_name).bind(4, r.probes).bind(5, r.spec)
+      .bind(6, now_iso8601());
+  s.step();
+  return sqlite3_last_insert_rowid(db_);
+}
+
+void Store::set_experiment_probes(long long run_id, const std::string& probes) {
+  Stmt s(db_, "UPDATE experiment_runs SET probes=? WHERE id=?");
+  s.bind(1, probes).bind(2, run_id);
+  s.step();
+}
+
+void Store::put_experiment_row(const ExperimentRow& r) {
+  Stmt s(db_, "INSERT INTO experiment_rows(run_id,impl,family,config,direction,dtype,batch,heads,seq_q,seq_k,"
+              "head_dim,causal,status,error,ms_median,ms_p20,ms_p80,reps,tflops,gbps,max_abs,mean_abs,mse,max_rel,"
+              "peak_bytes,device,detail) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  const Problem& p = r.problem;
+  s.bind(1, r.run_id).bind(2, r.impl).bind(3, r.family).bind(4, r.config).bind(5, p.direction)
+      .bind(6, std::string(to_string(p.dtype))).bind(7, p.batch).bind(8, p.heads).bind(9, p.seq_q).bind(10, p.seq_k)
+      .bind(11, p.head_dim).bind(12, (int)p.causal).bind(13, r.status).bind(14, r.error).bind(15, r.ms_median)
+      .bind(16, r.ms_p20).bind(17, r.ms_p80).bind(18, r.reps).bind(19, r.tflops).bind(20, r.gbps).bind(21, r.max_abs)
+      .bind(22, r.mean_abs).bind(23, r.mse).bind(24, r.max_rel).bind(25, r.peak_bytes).bind(26, r.device)
+      .bind(27, r.detail);
+  s.step();
+}
+
+std::vector<ExperimentRun> Store::experiment_runs(const std::string& experiment) {
+  Stmt s(db_, "SELECT id,experiment,title,device_name,probes,spec,created FROM experiment_runs "
+              "WHERE ?='' OR experiment=? ORDER BY id");
+  s.bind(1, experiment).bind(2, experiment);
+  std::vector<ExperimentRun> out;
+  while (s.step())
+    out.push_back({s.i64(0), s.text(1), s.text(2), s.text(3), s.text(4), s.text(5), s.text(6)});
+  return out;
+}
+
+std::vector<ExperimentRow> Store::experiment_rows(long long run_id) {
+  Stmt s(db_, "SELECT impl,family,config,direction,dtype,batch,heads,seq_q,seq_k,head_dim,causal,status,error,"
+              "ms_median,ms_p20,ms_p80,reps,tflops,gbps,max_abs,mean_abs,mse,max_rel,peak_bytes,device,detail "
+              "FROM experiment_rows WHERE run_id=? ORDER BY id");
+  s.bind(1, run_id);
+  std::vector<ExperimentRow> out;
+  while (s.step()) {
+    ExperimentRow r;
+    r.run_id = run_id;
+    r.impl = s.text(0); r.family = s.text(1); r.config = s.text(2);
+    r.problem = {(int)s.i64(5), (int)s.i64(6), (int)s.i64(7), (int)s.i64(8), (int)s.i64(9),
+                 parse_dtype(s.text(4)), s.i64(10) != 0, s.text(3)};
+    r.status = s.text(11); r.error = s.text(12);
+    r.ms_median = s.f64(13); r.ms_p20 = s.f64(14); r.ms_p80 = s.f64(15); r.reps = (int)s.i64(16);
+    r.tflops = s.f64(17); r.gbps = s.f64(18);
+    r.max_abs = s.f64(19); r.mean_abs = s.f64(20); r.mse = s.f64(21); r.max_rel = s.f64(22);
+    r.peak_bytes = s.i64(23); r.device = s.text(24); r.detail = s.text(25);
     out.push_back(std::move(r));
   }
   return out;

@@ -11,7 +11,7 @@ struct sqlite3;
 
 namespace flashtune {
 
-inline constexpr int kSchemaVersion = 2;  // 2: results.detail
+inline constexpr int kSchemaVersion = 3;  // 2: results.detail; 3: experiment_runs, experiment_rows
 
 struct DeviceInfo {
   std::string name;          // "NVIDIA H100 80GB HBM3"
@@ -68,6 +68,28 @@ struct ResultRecord {
   Resources res;
 };
 
+// One run of an experiment definition (experiments/*.json) on one device: the spec as run and the
+// peak probes measured in the same call (matmul TFLOP/s per dtype, copy GB/s), as JSON.
+struct ExperimentRun {
+  long long id = 0;
+  std::string experiment, title, device_name, probes, spec, created;
+};
+
+// One implementation on one problem within an experiment run: ours (a family's config), a library
+// baseline (cuBLAS) or a Python one (torch SDPA backends, PyTorch CPU, Triton), all in one row format.
+struct ExperimentRow {
+  long long run_id = 0;
+  std::string impl, family, config;
+  Problem problem;
+  std::string status, error;  // ok | invalid | oom | unsupported | skipped | crashed | timeout | error
+  double ms_median = 0, ms_p20 = 0, ms_p80 = 0;
+  int reps = 0;
+  double tflops = 0, gbps = 0;
+  double max_abs = 0, mean_abs = 0, mse = 0, max_rel = 0;  // vs the float64 reference
+  long long peak_bytes = 0;                                 // device memory the run needed
+  std::string device, detail;                               // detail: JSON
+};
+
 struct ResultFilter {
   std::string family, device, dtype, direction;
   int head_dim = 0;         // 0: any
@@ -88,6 +110,12 @@ class Store {
   bool has_result(const std::string& kernel_hash, const DeviceInfo&, const Problem&);
   void put_result(const ResultRecord&, const DeviceInfo&);
   std::vector<ResultRecord> results(const ResultFilter&);
+
+  long long begin_experiment(const ExperimentRun&);  // returns the run id
+  void set_experiment_probes(long long run_id, const std::string& probes_json);
+  void put_experiment_row(const ExperimentRow&);
+  std::vector<ExperimentRun> experiment_runs(const std::string& experiment = "");
+  std::vector<ExperimentRow> experiment_rows(long long run_id);
 
   void drop_cubins();  // keep metadata and resources, drop binaries (for committing a DB)
   const std::string& path() const { return path_; }

@@ -1,0 +1,236 @@
+"""Experiment sections of REPORT.md: the latest run of each experiment in results.db
+(`flashtune experiment experiments/<name>.json`), one CSV per experiment with the derived
+metrics, and its plots. Imported by make_report.py; needs no GPU.
+
+Derived per row, from rows and probes of the same run only:
+  pct_matmul_peak  TFLOP/s / the cuBLAS GEMM TFLOP/s measured for the row's dtype (fp32: no TF32)
+  pct_copy_peak    GB/s (the problem's minimum bytes) / the device-to-device copy GB/s
+  speedup_vs_cpu   PyTorch CPU (fp32) median / this median, same shape and direction
+  speedup_vs_torch_flash  torch SDPA flash median / this median, same problem (half precision only)
+"""
+import csv
+import json
+import math
+import os
+import sqlite3
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+FIELDS = ["impl", "family", "config", "direction", "dtype", "batch", "heads", "seq_q", "seq_k", "head_dim", "causal",
+          "status", "error", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps", "pct_matmul_peak",
+          "pct_copy_peak", "speedup_vs_cpu", "speedup_vs_torch_flash", "max_abs", "mean_abs", "mse", "max_rel",
+          "peak_mib", "device"]
+PEAK_KEY = {"fp32": "matmul_fp32_tflops", "bf16": "matmul_bf16_tflops", "fp16": "matmul_fp16_tflops"}
+# One colour per implementation across every plot.
+COLORS = {"naive": "#7f7f7f", "fa1_simt": "#bcbd22", "fa2_simt": "#1f77b4", "fa2_mma": "#d62728",
+          "fa2_simt_bwd": "#1f77b4", "fa2_mma_bwd": "#d62728", "cublas_unfused": "#8c564b", "torch_math": "#e377c2",
+          "torch_efficient": "#2ca02c", "torch_flash": "#ff7f0e", "torch_cudnn": "#9467bd", "torch_cpu": "#17becf",
+          "triton": "#000000"}
+
+
+def color(impl):
+    return COLORS.get(impl.split(":")[0], None)
+
+
+def load(db):
+    """[(run, rows)] for the latest run of each experiment, in the order experiments were first run."""
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    if not con.execute("select 1 from sqlite_master where type='table' and name='experiment_runs'").fetchone():
+        return []
+    latest = {}
+    for r in con.execute("select * from experiment_runs order by id"):
+        latest[r["experiment"]] = dict(r)
+    out = []
+    for run in sorted(latest.values(), key=lambda r: r["id"]):
+        rows = [dict(x) for x in con.execute("select * from experiment_rows where run_id=? order by id", (run["id"],))]
+        run["probes"] = json.loads(run["probes"] or "{}")
+        run["spec"] = json.loads(run["spec"] or "{}")
+        out.append((run, rows))
+    con.close()
+    return out
+
+
+def shape_key(r):
+    return (r["direction"], r["batch"], r["heads"], r["seq_q"], r["seq_k"], r["head_dim"], r["causal"])
+
+
+def shape_label(r):
+    s = f"S{r['seq_q']}" if r["seq_q"] == r["seq_k"] else f"Sq{r['seq_q']} Sk{r['seq_k']}"
+    return f"B{r['batch']} H{r['heads']} {s} d{r['head_dim']}" + (" causal" if r["causal"] else "")
+
+
+def derive(run, rows):
+    """Adds the derived metrics (see the module docstring) to every row, in place."""
+    probes = run["probes"]
+    cpu = {shape_key(r): r for r in rows if r["impl"] == "torch_cpu" and r["status"] == "ok"}
+    flash = {(shape_key(r), r["dtype"]): r for r in rows if r["impl"] == "torch_flash" and r["status"] == "ok"}
+    for r in rows:
+        ok = r["status"] == "ok" and r["ms_median"] > 0
+        peak = probes.get(PEAK_KEY.get(r["dtype"], ""), 0)
+        r["pct_matmul_peak"] = f"{100 * r['tflops'] / peak:.1f}" if ok and peak else ""
+        copy = probes.get("copy_gbps", 0)
+        r["pct_copy_peak"] = f"{100 * r['gbps'] / copy:.1f}" if ok and copy else ""
+        c = cpu.get(shape_key(r))
+        r["speedup_vs_cpu"] = f"{c['ms_median'] / r['ms_median']:.1f}" if ok and c and r["impl"] != "torch_cpu" else ""
+        f = flash.get((shape_key(r), r["dtype"]))
+        r["speedup_vs_torch_flash"] = f"{f['ms_median'] / r['ms_median']:.3f}" if ok and f else ""
+        r["peak_mib"] = f"{r['peak_bytes'] / 2**20:.1f}" if r["peak_bytes"] else ""
+    return rows
+
+
+def pivot_table(rows, value, label="TFLOP/s"):
+    """Markdown: one line per (dtype, shape), one column per implementation; non-ok cells show the status."""
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    cells, order = {}, []
+    for r in rows:
+        k = (r["dtype"], shape_label(r))
+        if k not in cells:
+            cells[k] = {}
+            order.append(k)
+        cells[k][r["impl"]] = value(r) if r["status"] == "ok" else r["status"]
+    out = [f"| dtype | problem | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls),
+           *[f"| {k[0]} | {k[1]} | " + " | ".join(str(cells[k].get(i, "")) for i in impls) + " |" for k in order]]
+    return f"{label}; a cell that is not a number is the row's status.\n\n" + "\n".join(out)
+
+
+def savefig(fig, out_dir, name):
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, name), dpi=110)
+    plt.close(fig)
+    return name
+
+
+def bars(rows, out_dir, name, title, ylabel, value, log=True):
+    """Grouped bars: x = shape, one bar per implementation, one panel per dtype."""
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(13, 4.2 * len(dtypes)), squeeze=False)
+    for ax, dt in zip(axes[:, 0], dtypes):
+        rs = [r for r in rows if r["dtype"] == dt]
+        shapes = list(dict.fromkeys(shape_label(r) for r in rs))
+        impls = list(dict.fromkeys(r["impl"] for r in rs))
+        w = 0.85 / len(impls)
+        for i, impl in enumerate(impls):
+            got = {shape_label(r): value(r) for r in rs if r["impl"] == impl and r["status"] == "ok"}
+            xs = [x + i * w for x, s in enumerate(shapes) if s in got]
+            ax.bar(xs, [got[s] for s in shapes if s in got], w, label=impl, color=color(impl))
+        ax.set_xticks([x + 0.425 - w / 2 for x in range(len(shapes))], shapes, rotation=30, ha="right", fontsize=8)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} ({dt})", fontsize=10)
+        ax.grid(axis="y", alpha=0.3, which="both")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return savefig(fig, out_dir, name)
+
+
+def lines(rows, out_dir, name, title, xkey, xlabel, panels, logx=True):
+    """Lines over xkey, one per implementation; panels = [(ylabel, value fn, log y)], a row per dtype.
+    Points whose row is oom/skipped are marked at the bottom of the first panel with their status."""
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+    fig, axes = plt.subplots(len(dtypes), len(panels), figsize=(6.2 * len(panels), 4.3 * len(dtypes)), squeeze=False)
+    for row_axes, dt in zip(axes, dtypes):
+        rs = [r for r in rows if r["dtype"] == dt]
+        impls = list(dict.fromkeys(r["impl"] for r in rs))
+        for ax, (ylabel, value, logy) in zip(row_axes, panels):
+            for impl in impls:
+                pts = sorted((r[xkey], value(r)) for r in rs if r["impl"] == impl and r["status"] == "ok" and value(r))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl, color=color(impl))
+                fails = sorted(r[xkey] for r in rs if r["impl"] == impl and r["status"] in ("oom", "skipped"))
+                if fails and ax is row_axes[0] and pts:
+                    ax.plot(fails, [pts[-1][1]] * len(fails), marker="x", ls="none", color=color(impl))
+            if logx:
+                ax.set_xscale("log", base=2)
+            if logy:
+                ax.set_yscale("log")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{title} ({dt})", fontsize=10)
+            ax.grid(alpha=0.3, which="both")
+        row_axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return savefig(fig, out_dir, name)
+
+
+def num(s):
+    return float(s) if s not in ("", None) else 0.0
+
+
+def section(run, rows, out_dir, report, landscape_pngs):
+    name = run["experiment"]
+    spec = run["spec"]
+    derive(run, rows)
+    csv_name = f"exp_{name}.csv"
+    with open(os.path.join(out_dir, csv_name), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    probes = run["probes"]
+    status = defaultdict(int)
+    for r in rows:
+        status[r["status"]] += 1
+    report.append(f"## Experiment: {run['title']}\n")
+    if spec.get("description"):
+        report.append(spec["description"] + "\n")
+    report.append(f"`flashtune experiment experiments/{name}.json`, run {run['id']} on {run['device_name']}, "
+                  f"{run['created']}: {len(rows)} rows (" + ", ".join(f"{n} {s}" for s, n in sorted(status.items())) +
+                  f"). Every row: [`{csv_name}`]({csv_name}).")
+    if probes:
+        report.append("Peaks measured in the same call: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.0f}" for k, v in sorted(probes.items()) if k != "memory_bytes") + ".\n")
+    pngs = []
+    tflops = lambda r: r["tflops"]  # noqa: E731
+    if run["spec"].get("plot") in ("compare", "backward"):
+        what = "backward" if spec.get("plot") == "backward" else "forward"
+        pngs.append(bars(rows, out_dir, f"exp_{name}.png", f"{what} TFLOP/s by implementation", "TFLOP/s (log)", tflops))
+        pngs.append(bars(rows, out_dir, f"exp_{name}_pct_peak.png", "% of the measured GEMM peak",
+                         "% of cuBLAS GEMM TFLOP/s (log)", lambda r: num(r["pct_matmul_peak"])))
+        report.append(pivot_table(rows, lambda r: f"{r['tflops']:.2f}"))
+        report.append("\n" + pivot_table(rows, lambda r: f"{r['max_abs']:.1e}", "max abs error vs float64"))
+        report.append("\n" + pivot_table(rows, lambda r: r["speedup_vs_cpu"], "speedup vs PyTorch CPU (fp32)"))
+    elif spec.get("plot") == "scaling":
+        pngs.append(lines(rows, out_dir, f"exp_{name}.png", "sequence scaling", "seq_q", "sequence length S (log2)",
+                          [("median ms (log)", lambda r: r["ms_median"], True),
+                           ("peak device memory, MiB (log)", lambda r: num(r["peak_mib"]), True)]))
+        report.append("x: out of memory or skipped (drawn at that implementation's last measured time).\n")
+        report.append(pivot_table(rows, lambda r: f"{r['ms_median']:.3f}", "median ms"))
+        report.append("\n" + pivot_table(rows, lambda r: r["peak_mib"], "peak device memory, MiB"))
+    elif spec.get("plot") == "head_dim":
+        pngs.append(lines(rows, out_dir, f"exp_{name}.png", "head-dim sweep", "head_dim", "head dim d",
+                          [("TFLOP/s", tflops, False),
+                           ("% of the measured GEMM peak", lambda r: num(r["pct_matmul_peak"]), False)], logx=False))
+        report.append(pivot_table(rows, lambda r: f"{r['tflops']:.1f}"))
+    elif spec.get("plot") == "tuned_vs_default":
+        pngs.append(tuned_vs_default_plot(rows, out_dir, f"exp_{name}.png"))
+        report.append(pivot_table(rows, lambda r: f"{r['tflops']:.1f}"))
+    elif spec.get("plot") == "landscape":
+        report.append("The sweep's heat maps are in the tuning-landscape section: " +
+                      ", ".join(f"[{p}]({p})" for p in landscape_pngs) + ".")
+    report += [f"\n![{p}]({p})" for p in pngs]
+    report.append("")
+
+
+def tuned_vs_default_plot(rows, out_dir, name):
+    """tuned / default TFLOP/s per problem, one bar group per family."""
+    by = defaultdict(dict)
+    for r in rows:
+        if r["status"] == "ok":
+            by[(r["impl"].split(":")[0], r["dtype"], shape_label(r))][r["impl"].endswith(":default")] = r["tflops"]
+    pts = [(k, v[False] / v[True]) for k, v in by.items() if False in v and True in v and v[True] > 0]
+    fig, ax = plt.subplots(figsize=(8, 1 + 0.28 * max(1, len(pts))))
+    ax.barh(range(len(pts)), [p[1] for p in pts], color=[color(p[0][0]) for p in pts])
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_yticks(range(len(pts)), [f"{k[0]} {k[1]} {k[2]}" for k, _ in pts], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("tuned / default TFLOP/s (same run; 1 = no gain)")
+    ax.set_title("Tuned config vs the family default")
+    return savefig(fig, out_dir, name)
+
+
+def add_sections(db, out_dir, report, landscape_pngs):
+    for run, rows in load(db):
+        section(run, rows, out_dir, report, landscape_pngs)
