@@ -402,7 +402,7 @@ if __name__ == "__main__":
     for dtype in (torch.float32, torch.bfloat16):
         for d in (64, 96):
             for causal in (False, True):
-                for sq, sk in ((128, 128), (100, 257), (300, 77)) if dev == "cpu" else ((100, 257), (300, 77)):
+                for sq, sk in ((100, 257), (300, 77)):
                     q = torch.randn(2, 3, sq, d, device=dev, dtype=dtype, requires_grad=True)
                     k = torch.randn(2, 3, sk, d, device=dev, dtype=dtype, requires_grad=True)
                     v = torch.randn(2, 3, sk, d, device=dev, dtype=dtype, requires_grad=True)
