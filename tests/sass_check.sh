@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The SASS of representative variants holds the instructions the family is about:
-# fa2_mma: tensor-core HMMA fed by LDSM (ldmatrix) and LDGSTS (cp.async); fa2_simt: FFMA, LDGSTS, no HMMA.
+# fa2_mma: tensor-core HMMA fed by LDSM (ldmatrix) and LDGSTS (cp.async); fa2_simt and fa1_simt: FFMA, LDGSTS,
+# no HMMA.
 set -u
 shopt -s nullglob
 tmp=$(mktemp -d)
@@ -30,6 +31,8 @@ check() {  # check <name> <space json> <arch> <must have...> -- <must not have..
 }
 for arch in sm_80 sm_90; do
   check simt '{"family":"fa2_simt","params":{"BLOCK_M":[128],"BLOCK_N":[64],"TM":[8],"TN":[8],"KV_STAGES":[1]},"head_dims":[64],"causal":[false]}' \
+    $arch FFMA LDGSTS MUFU.EX2 -- HMMA
+  check fa1 '{"family":"fa1_simt","params":{"BLOCK_M":[64],"BLOCK_N":[32],"TM":[4],"TN":[4],"Q_STAGES":[2],"Q_SPLIT":[1]},"head_dims":[64],"causal":[true]}' \
     $arch FFMA LDGSTS MUFU.EX2 -- HMMA
   if [[ -f "$SRC/templates/fa2_mma.cuh" ]]; then
     check mma '{"family":"fa2_mma","params":{"BLOCK_M":[128],"BLOCK_N":[64],"WARPS":[4],"STAGES":[2]},"head_dims":[128],"causal":[true],"dtypes":["bf16","fp16"]}' \

@@ -40,6 +40,8 @@ void compile_space(const std::string& file, const std::string& arch) {
 
 TEST(Nvrtc, Fa2SimtSpaceSm90) { compile_space("fa2_simt.json", "sm_90"); }
 TEST(Nvrtc, Fa2SimtSpaceSm80) { compile_space("fa2_simt.json", "sm_80"); }
+TEST(Nvrtc, Fa1SimtSpaceSm90) { compile_space("fa1_simt.json", "sm_90"); }
+TEST(Nvrtc, Fa1SimtSpaceSm80) { compile_space("fa1_simt.json", "sm_80"); }
 TEST(Nvrtc, Fa2MmaSpaceSm90) { compile_space("fa2_mma.json", "sm_90"); }
 TEST(Nvrtc, Fa2MmaSpaceSm80) { compile_space("fa2_mma.json", "sm_80"); }
 TEST(Nvrtc, Fa2SimtBwdSpaceSm90) { compile_space("fa2_simt_bwd.json", "sm_90"); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "templates/fa1_simt_traits.h"
 #include "templates/fa2_mma_bwd_traits.h"
 #include "templates/fa2_mma_traits.h"
 #include "templates/fa2_simt_bwd_traits.h"
@@ -56,6 +57,39 @@ std::vector<Family> make_families() {
     };
     f.workspace_bytes = [](const Config&, const Problem& p) {
       return 4 * (size_t)naive_workspace_floats(p.batch, p.heads, p.seq_q, p.seq_k);
+    };
+    fs.push_back(std::move(f));
+  }
+  {  // FlashAttention-1 forward on CUDA cores: K/V blocks outer, O, m, l round-trip through global memory.
+    Family f;
+    f.name = "fa1_simt";
+    f.direction = "fwd";
+    f.template_file = "fa1_simt.cuh";
+    f.kernels = {"flashtune::fa1_simt_fwd"};
+    f.params = {{"BLOCK_M", {16, 32, 64, 128, 256}},
+                {"BLOCK_N", {16, 32, 64, 128, 256}},
+                {"TM", {1, 2, 4, 8, 16}},
+                {"TN", {1, 2, 4, 8, 16}},
+                {"Q_STAGES", {1, 2}},            // Q_i prefetched during the P V of the previous step, or double-buffered
+                {"Q_SPLIT", {1, 2, 4, 8, 16}}};  // CTAs per (batch, head), each a strided share of the query blocks
+    f.head_dims = {32, 64, 96, 128};
+    f.dtypes = {DType::fp32};
+    f.default_config = {64, 32, 4, 4, 2, 1};  // 128 threads, TC = 8 fits every d; one CTA per (batch, head) as FA1
+    f.traits = [](const Config& c, int d, bool causal, DType) {
+      return "flashtune::Fa1SimtTraits<" +
+             join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
+                        std::to_string(c[3]), std::to_string(c[4]), std::to_string(c[5]), bool_arg(causal)}) +
+             ">";
+    };
+    // The target's shared-memory limit is the compile stage's to apply, per arch.
+    f.check = [](const Config& c, int d) { return fa1_simt_check(d, c[0], c[1], c[2], c[3], c[4], c[5], 1 << 30); };
+    f.launches = [](const Config& c, const Problem& p) {
+      return std::vector{make_launch(fa1_simt_grid(p.batch, p.heads, p.seq_q, c[0], c[5]),
+                                     fa1_simt_threads(c[0], c[1], c[2], c[3]),
+                                     fa1_simt_smem_bytes(p.head_dim, c[0], c[1], c[4]))};
+    };
+    f.workspace_bytes = [](const Config&, const Problem& p) {  // running m and l
+      return 4 * (size_t)fa1_simt_workspace_floats(p.batch, p.heads, p.seq_q);
     };
     fs.push_back(std::move(f));
   }
