@@ -9,6 +9,7 @@
 
 #include "reference/attention_ref.hpp"
 #include "templates/attention_params.h"
+#include "tuner/cuda_check.hpp"
 #include "tuner/dtype_convert.hpp"
 #include "tuner/validate.hpp"
 
@@ -36,20 +37,6 @@ bool is_sticky(CUresult r) {
       return false;
   }
 }
-
-std::string describe(CUresult r) {
-  const char* name = nullptr;
-  const char* text = nullptr;
-  cuGetErrorName(r, &name);
-  cuGetErrorString(r, &text);
-  return std::string(name ? name : "CUDA_ERROR_?") + " (" + (text ? text : "") + ")";
-}
-
-#define CU_CHECK(call)                                                       \
-  do {                                                                       \
-    CUresult rc_ = (call);                                                   \
-    if (rc_ != CUDA_SUCCESS) throw CudaError(rc_, std::string(#call) + ": " + describe(rc_)); \
-  } while (0)
 
 // Counter-based normal random numbers: element i of stream `seed` is the same whatever
 // the thread count, so inputs are reproducible from (problem, seed) alone.
@@ -88,13 +75,15 @@ double percentile(std::vector<float> v, double q) {
 
 CudaError::CudaError(CUresult c, const std::string& what) : std::runtime_error(what), code(c), sticky(is_sticky(c)) {}
 
-GpuRunner::GpuRunner(int ordinal) {
+GpuRunner::GpuRunner(int ordinal) : ordinal_(ordinal) {
   CU_CHECK(cuInit(0));
   int count = 0;
   CU_CHECK(cuDeviceGetCount(&count));
   if (ordinal < 0 || ordinal >= count)
     throw std::runtime_error("no CUDA device " + std::to_string(ordinal) + " (found " + std::to_string(count) + ")");
   CU_CHECK(cuDeviceGet(&dev_, ordinal));
+  // The device's primary context, the one the CUDA runtime uses too: cuBLAS (library_runner.cpp)
+  // then runs in this same context, on the same legacy default stream as our launches.
   CU_CHECK(cuDevicePrimaryCtxRetain(&ctx_, dev_));
   CU_CHECK(cuCtxSetCurrent(ctx_));
 
@@ -119,9 +108,31 @@ GpuRunner::GpuRunner(int ordinal) {
 }
 
 GpuRunner::~GpuRunner() {
-  for (Buffer* b : {&q_, &k_, &v_, &o_, &lse_, &dout_, &dq_, &dk_, &dv_, &delta_, &dq_accum_, &workspace_, &flush_})
+  destroy_library();
+  for (Buffer* b : problem_buffers())
     if (b->ptr) cuMemFree(b->ptr);
+  if (flush_.ptr) cuMemFree(flush_.ptr);
   if (ctx_) cuDevicePrimaryCtxRelease(dev_);
+}
+
+std::vector<GpuRunner::Buffer*> GpuRunner::problem_buffers() {
+  return {&q_, &k_, &v_, &o_, &lse_, &dout_, &dq_, &dk_, &dv_, &delta_, &dq_accum_, &workspace_, &scores_, &probs_};
+}
+
+size_t GpuRunner::problem_bytes() {
+  size_t sum = 0;
+  for (Buffer* b : problem_buffers()) sum += b->bytes;
+  return sum;
+}
+
+void GpuRunner::release_buffers() {
+  prepared_ = false;  // the inputs are gone
+  for (Buffer* b : problem_buffers()) {
+    if (b->ptr) cuMemFree(b->ptr);  // unchecked: this runs on the error path
+    *b = Buffer{};
+  }
+  if (flush_.ptr) cuMemFree(flush_.ptr);
+  flush_ = Buffer{};
 }
 
 void GpuRunner::ensure(Buffer& b, size_t bytes) {
@@ -130,17 +141,43 @@ void GpuRunner::ensure(Buffer& b, size_t bytes) {
   if (b.ptr) CU_CHECK(cuMemFree(b.ptr));
   b.ptr = 0;
   b.capacity = 0;
-  CU_CHECK(cuMemAlloc(&b.ptr, std::max<size_t>(bytes, 256)));
+  const size_t n = std::max<size_t>(bytes, 256);
+  CUresult rc = cuMemAlloc(&b.ptr, n);
+  if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+    // Capacity kept from earlier problems may be what is in the way: free what this problem
+    // does not use, then try once more.
+    for (Buffer* other : problem_buffers())
+      if (other != &b && other->bytes == 0 && other->ptr) {
+        CU_CHECK(cuMemFree(other->ptr));
+        *other = Buffer{};
+      }
+    rc = cuMemAlloc(&b.ptr, n);
+  }
+  if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+    b.ptr = 0;
+    size_t free_b = 0, total_b = 0;
+    cuMemGetInfo(&free_b, &total_b);
+    throw OutOfMemory(n, 0, "out of device memory: cuMemAlloc of " + std::to_string(n) + " bytes failed (" +
+                                std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes free)");
+  }
+  CU_CHECK(rc);
   b.capacity = bytes;
 }
 
 void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows) {
   if (prepared_ && p == problem_ && seed == seed_) return;
   prepared_ = false;
-  if (p.direction == "bwd") prepare_bwd(p, seed);
-  else prepare_fwd(p, seed, max_rows);
-  // The L2 flush buffer: twice the L2, rewritten before every timed repeat.
-  ensure(flush_, (size_t)std::max(info_.l2_bytes, 1 << 20) * 2);
+  // Only what this problem ensures counts toward its footprint (peak_bytes).
+  for (Buffer* b : problem_buffers()) b->bytes = 0;
+  try {
+    if (p.direction == "bwd") prepare_bwd(p, seed);
+    else prepare_fwd(p, seed, max_rows);
+    // The L2 flush buffer: twice the L2, rewritten before every timed repeat.
+    ensure(flush_, (size_t)std::max(info_.l2_bytes, 1 << 20) * 2);
+  } catch (const OutOfMemory&) {
+    release_buffers();  // OOM is not sticky: the next problem starts from a clean slate
+    throw;
+  }
   problem_ = p;
   seed_ = seed;
   prepared_ = true;
@@ -277,13 +314,19 @@ void GpuRunner::validate_fwd(const std::vector<std::vector<uint8_t>>& outputs, j
   const Tolerance tol = tolerance_for(p.dtype);
   ErrorStats err;
   size_t unwritten = 0;
+  double sum_abs = 0;  // mean |out - ref| over the validated O elements
   for (size_t i = 0; i < nq; ++i) unwritten += std::isnan(o[i]);
   for (size_t r = 0; r < rows_.size(); ++r) {
     const size_t row = (size_t)rows_[r];
-    for (int c = 0; c < p.head_dim; ++c)
-      err.add(row * p.head_dim + c, o[row * p.head_dim + c], ref_o_[r * p.head_dim + c], tol);
+    for (int c = 0; c < p.head_dim; ++c) {
+      const double got = o[row * p.head_dim + c], want = ref_o_[r * p.head_dim + c];
+      err.add(row * p.head_dim + c, got, want, tol);
+      sum_abs += std::fabs(got - want);
+    }
     err.add(nq + row, lse[row], ref_lse_[r], tol);  // LSE indices follow O's in messages
   }
+  const double mean_abs = rows_.empty() ? 0.0 : sum_abs / ((double)rows_.size() * p.head_dim);
+  out["mean_abs"] = std::isfinite(mean_abs) ? mean_abs : 1e30;
   out["max_abs"] = std::isfinite(err.max_abs) ? err.max_abs : 1e30;
   out["max_rel"] = std::isfinite(err.max_rel) ? err.max_rel : 1e30;
   out["mse"] = err.mse();
@@ -303,7 +346,7 @@ void GpuRunner::validate_bwd(const std::vector<std::vector<uint8_t>>& outputs, j
   const std::vector<double>* refs[] = {&ref_dq_, &ref_dk_, &ref_dv_};
   const double bound = bwd_rel_l2_tolerance(p.dtype);
   const Tolerance tol = tolerance_for(p.dtype);
-  double max_abs = 0, max_rel = 0, sum_sq = 0;
+  double max_abs = 0, max_rel = 0, sum_sq = 0, sum_abs = 0;  // sum_abs: over every dQ, dK, dV element
   size_t count = 0;
   std::string msg;
   json detail = json::object();
@@ -318,6 +361,7 @@ void GpuRunner::validate_bwd(const std::vector<std::vector<uint8_t>>& outputs, j
       const double want = ref[i % (per_head * distinct_heads_)];
       unwritten += std::isnan(got[i]);
       err.add(i, got[i], want, tol);
+      sum_abs += std::fabs((double)got[i] - want);
       diff2 += ((double)got[i] - want) * ((double)got[i] - want);
       ref2 += want * want;
     }
@@ -334,6 +378,8 @@ void GpuRunner::validate_bwd(const std::vector<std::vector<uint8_t>>& outputs, j
   out["max_abs"] = std::isfinite(max_abs) ? max_abs : 1e30;
   out["max_rel"] = std::isfinite(max_rel) ? max_rel : 1e30;
   out["mse"] = count ? sum_sq / count : 0.0;
+  const double mean_abs = count ? sum_abs / count : 0.0;
+  out["mean_abs"] = std::isfinite(mean_abs) ? mean_abs : 1e30;
   detail["distinct_heads"] = distinct_heads_;
   out["detail"] = detail;
   if (!msg.empty()) {
@@ -371,7 +417,14 @@ json GpuRunner::run(const json& req) {
   }
   if (kernels.empty()) throw std::runtime_error("no kernels in the request");
   const size_t workspace = req.value("workspace", (size_t)0);
-  if (workspace) ensure(workspace_, workspace);
+  workspace_.bytes = 0;
+  try {
+    if (workspace) ensure(workspace_, workspace);
+  } catch (OutOfMemory& e) {
+    e.needed = problem_bytes();
+    release_buffers();
+    throw;
+  }
 
   // 1. One validated run: outputs poisoned with NaN, every element must be written and match
   //    the float64 reference within the dtype's tolerance.
@@ -387,15 +440,21 @@ json GpuRunner::run(const json& req) {
   const auto outputs = validated_run();
   if (problem_.direction == "bwd") validate_bwd(outputs, out);
   else validate_fwd(outputs, out);
+  out["peak_bytes"] = problem_bytes();
   if (out["status"] != "ok") return out;
   if (req.value("check_determinism", false)) {
     const bool same = validated_run() == outputs;
     out["detail"]["deterministic"] = same;
   }
 
-  // 2. Timing, only for a validated kernel: warm-up, then repeats each after an L2 flush,
-  //    CUDA events around the family's kernels alone; median and p20/p80 of the repeats.
-  const auto& timing = req.value("timing", json::object());
+  // 2. Timing, only for a validated kernel: CUDA events around the family's kernels alone.
+  time_repeats([&] { launch_all(kernels, nullptr); }, req.value("timing", json::object()), out);
+  return out;
+}
+
+void GpuRunner::time_repeats(const std::function<void()>& launch, const json& timing, json& out) {
+  // Warm-up, then repeats each after an L2 flush, CUDA events around `launch` alone;
+  // median and p20/p80 of the repeats.
   const int warmup = timing.value("warmup", 3);
   const int min_reps = timing.value("min_reps", 10), max_reps = timing.value("max_reps", 50);
   const double target_ms = timing.value("target_ms", 400.0);
@@ -403,7 +462,7 @@ json GpuRunner::run(const json& req) {
   CU_CHECK(cuEventCreate(&e0, CU_EVENT_DEFAULT));
   CU_CHECK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
   CU_CHECK(cuEventRecord(e0, nullptr));
-  for (int i = 0; i < warmup; ++i) launch_all(kernels, nullptr);
+  for (int i = 0; i < warmup; ++i) launch();
   CU_CHECK(cuEventRecord(e1, nullptr));
   CU_CHECK(cuEventSynchronize(e1));
   float warm_ms = 0;
@@ -421,7 +480,7 @@ json GpuRunner::run(const json& req) {
   for (int i = 0; i < reps; ++i) {
     CU_CHECK(cuMemsetD32Async(flush_.ptr, (unsigned)i, flush_.bytes / 4, nullptr));
     CU_CHECK(cuEventRecord(starts[i], nullptr));
-    launch_all(kernels, nullptr);
+    launch();
     CU_CHECK(cuEventRecord(stops[i], nullptr));
   }
   CU_CHECK(cuCtxSynchronize());
@@ -435,7 +494,6 @@ json GpuRunner::run(const json& req) {
   out["ms_median"] = percentile(ms, 0.5);
   out["ms_p20"] = percentile(ms, 0.2);
   out["ms_p80"] = percentile(ms, 0.8);
-  return out;
 }
 
 }  // namespace flashtune

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,16 @@ struct CudaError : std::runtime_error {
   CudaError(CUresult c, const std::string& what);
 };
 
+// A device allocation failed with CUDA_ERROR_OUT_OF_MEMORY (or cuBLAS could not allocate). Not
+// sticky: the runner has freed its large buffers when this reaches the worker's loop, which
+// answers "oom" and goes on. `asked`: the allocation that failed; `needed`: what the whole run
+// needs, when known (else 0).
+struct OutOfMemory : std::runtime_error {
+  size_t asked, needed;
+  OutOfMemory(size_t asked_bytes, size_t needed_bytes, const std::string& what)
+      : std::runtime_error(what), asked(asked_bytes), needed(needed_bytes) {}
+};
+
 class GpuRunner {
  public:
   explicit GpuRunner(int device_ordinal);
@@ -31,20 +42,37 @@ class GpuRunner {
   // Generates inputs for the problem (seeded) and the reference, unless already current.
   void prepare(const Problem&, unsigned long long seed, long long max_rows);
   // {"cubin_path", "kernels": [{"name","grid":[3],"threads","smem"}...], "workspace", "check_determinism",
-  //  "timing": {...}} -> result json
+  //  "timing": {...}} -> result json, with "mean_abs" and "peak_bytes" beside max_abs/max_rel/mse.
   nlohmann::json run(const nlohmann::json& request);
+  // Library baselines (library_runner.cpp). {"impl": "cublas_unfused", "timing": {...}} on the
+  // prepared problem: validated and timed like run(); same result fields.
+  nlohmann::json run_library(const nlohmann::json& request);
+  // Peak probes: cuBLAS GEMM 8192^3 TFLOP/s (fp32, tf32, bf16, fp16) and device copy GB/s.
+  nlohmann::json probe(const nlohmann::json& request);
+  // Frees every problem buffer (after an out-of-memory): the next problem starts from nothing.
+  void release_buffers();
 
  private:
   struct Buffer {
     CUdeviceptr ptr = 0;
     size_t capacity = 0;  // allocated; kept across problems
-    size_t bytes = 0;     // what the current problem uses
+    size_t bytes = 0;     // what the current problem uses (0: unused by it)
   };
+  struct LibraryState;  // cuBLAS handle and the NVRTC'd softmax module (library_runner.cpp)
   struct Kernel {
     CUfunction fn;
     unsigned grid[3], threads, smem;
   };
+  // Sizes the buffer for the current problem, reallocating when it is too small. On out of memory
+  // it frees the buffers the current problem does not use and tries once more, then throws
+  // OutOfMemory (the caller releases everything).
   void ensure(Buffer&, size_t bytes);
+  std::vector<Buffer*> problem_buffers();  // every buffer but the L2 flush
+  size_t problem_bytes();                  // sum of their `bytes`: the run's device footprint
+  // Warm-up, then `reps` L2-flushed, event-timed repeats of `launch`: reps, ms_median, ms_p20, ms_p80.
+  void time_repeats(const std::function<void()>& launch, const nlohmann::json& timing, nlohmann::json& out);
+  void init_library();
+  void destroy_library();
   void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows);
   void prepare_bwd(const Problem&, unsigned long long seed);
   void launch_all(const std::vector<Kernel>&, CUstream);
@@ -53,6 +81,7 @@ class GpuRunner {
   void validate_fwd(const std::vector<std::vector<uint8_t>>&, nlohmann::json& out);
   void validate_bwd(const std::vector<std::vector<uint8_t>>&, nlohmann::json& out);
 
+  int ordinal_ = 0;
   CUdevice dev_ = 0;
   CUcontext ctx_ = nullptr;
   DeviceInfo info_;
@@ -61,6 +90,10 @@ class GpuRunner {
   bool prepared_ = false;
   // Forward: q, k, v in, o, lse out. Backward: q, k, v, o, lse, dout in; dq, dk, dv out.
   Buffer q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_, delta_, dq_accum_, workspace_, flush_;
+  // The unfused baseline's scores S (fp32) and probabilities P (dtype): allocated per run_library
+  // call and freed at its end, so they never crowd out a family's run.
+  Buffer scores_, probs_;
+  LibraryState* lib_ = nullptr;
   // Forward reference: sampled query rows (flat b*H*Sq + h*Sq + i) of O and LSE.
   std::vector<int64_t> rows_;
   std::vector<double> ref_o_, ref_lse_;

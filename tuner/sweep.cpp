@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tuner/library_kernels.hpp"
 #include "tuner/util.hpp"
 
 using nlohmann::json;
@@ -19,6 +20,7 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 constexpr double kPrepareTimeout = 900;  // inputs + reference rows for the largest problems
+constexpr double kProbeTimeout = 600;    // four 8192^3 GEMMs (fp32 ~20 ms each) and a copy, repeated
 }  // namespace
 
 Progress::Progress(std::string what, size_t total, bool enabled)
@@ -93,19 +95,7 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
   r.sm_count = device_.sm_count;
   r.driver_version = device_.driver_version;
   if (k.status != "compiled") return r;
-
-  if (!prepared_ || !(prepared_problem_ == p)) {
-    json rep = worker_.request({{"op", "prepare"}, {"problem", to_json(p)}, {"seed", opt_.seed},
-                                {"max_rows", opt_.max_rows}}, kPrepareTimeout);
-    if (rep.value("status", "") != "ok") {
-      prepared_ = false;
-      r.status = rep.value("status", "error");  // crashed, timeout, or error (e.g. out of memory)
-      r.error = "prepare: " + rep.value("error", std::string());
-      return r;
-    }
-    prepared_ = true;
-    prepared_problem_ = p;
-  }
+  if (!prepare_for(p, r)) return r;
   const std::string cubin_path = tmp_dir_ + "/" + k.hash + ".cubin";
   if (!std::filesystem::exists(cubin_path)) {
     std::ofstream f(cubin_path, std::ios::binary);
@@ -124,14 +114,38 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
               {"kernels", kernels},
               {"workspace", v.family->workspace_bytes(v.config, p)},
               {"check_determinism", opt_.check_determinism}};
-  json rep = worker_.request(req, opt_.timeout_s);
+  take_reply(worker_.request(req, opt_.timeout_s), p, r);
+  return r;
+}
+
+bool GpuSession::prepare_for(const Problem& p, ResultRecord& r) {
+  if (prepared_ && prepared_problem_ == p) return true;
+  json rep = worker_.request({{"op", "prepare"}, {"problem", to_json(p)}, {"seed", opt_.seed},
+                              {"max_rows", opt_.max_rows}}, kPrepareTimeout);
+  if (rep.value("status", "") != "ok") {
+    prepared_ = false;
+    r.status = rep.value("status", "error");  // crashed, timeout, oom, or error
+    r.error = "prepare: " + rep.value("error", std::string());
+    if (rep.contains("asked_bytes")) r.detail = json{{"asked_bytes", rep["asked_bytes"]}}.dump();
+    return false;
+  }
+  prepared_ = true;
+  prepared_problem_ = p;
+  return true;
+}
+
+void GpuSession::take_reply(const json& rep, const Problem& p, ResultRecord& r) {
   r.status = rep.value("status", "error");
   r.error = rep.value("error", std::string());
-  if (r.status == "crashed" || r.status == "timeout") prepared_ = false;  // a fresh worker has nothing
+  // A fresh worker has nothing; after an OOM the worker has freed the problem's buffers.
+  if (r.status == "crashed" || r.status == "timeout" || r.status == "oom") prepared_ = false;
   r.max_abs = rep.value("max_abs", 0.0);
   r.max_rel = rep.value("max_rel", 0.0);
   r.mse = rep.value("mse", 0.0);
-  if (rep.contains("detail")) r.detail = rep["detail"].dump();
+  json detail = rep.contains("detail") && rep["detail"].is_object() ? rep["detail"] : json::object();
+  for (const char* key : {"mean_abs", "peak_bytes", "asked_bytes"})
+    if (rep.contains(key) && !detail.contains(key)) detail[key] = rep[key];
+  if (rep.contains("detail") || !detail.empty()) r.detail = detail.dump();
   if (r.status == "ok") {
     r.ms_median = rep["ms_median"];
     r.ms_p20 = rep["ms_p20"];
@@ -140,7 +154,33 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
     r.tflops = p.flops() / (r.ms_median * 1e-3) / 1e12;
     r.gbps = p.bytes() / (r.ms_median * 1e-3) / 1e9;
   }
+}
+
+ResultRecord GpuSession::run_library(const std::string& impl, const Problem& p) {
+  ResultRecord r;
+  r.family = impl;
+  r.direction = p.direction;
+  r.problem = p;
+  r.seed = opt_.seed;
+  r.device_name = device_.name;
+  r.arch = device_.arch;
+  r.sm_count = device_.sm_count;
+  r.driver_version = device_.driver_version;
+  if (const std::string why = lib::unsupported_reason(impl, p); !why.empty()) {
+    r.status = "error";
+    r.error = why;
+    return r;
+  }
+  if (!prepare_for(p, r)) return r;
+  take_reply(worker_.request({{"op", "run_library"}, {"impl", impl}}, opt_.timeout_s), p, r);
   return r;
+}
+
+json GpuSession::probe() {
+  json rep = worker_.request({{"op", "probe"}}, kProbeTimeout);
+  const std::string status = rep.value("status", "error");
+  if (status == "crashed" || status == "timeout" || status == "oom") prepared_ = false;
+  return rep;
 }
 
 std::vector<Variant> variants_for(const Space& s, const std::vector<Problem>& problems) {

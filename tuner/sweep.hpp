@@ -34,8 +34,24 @@ class GpuSession {
   // Runs one compiled kernel on one problem: validated, then timed. Never throws for a bad
   // kernel: crashes, hangs and wrong answers come back as the record's status.
   ResultRecord run(const KernelRecord&, const Variant&, const Problem&);
+  // Runs a library baseline on one problem, validated and timed like run(): impl "cublas_unfused"
+  // (forward; fp32, fp16, bf16). The record has family = impl, empty config and kernel_hash; detail
+  // holds mean_abs and peak_bytes (device bytes the run needs, S and P included). Status "oom" when
+  // they do not fit (the worker stays up); "error" with a one-line reason for an unknown impl or an
+  // unsupported problem.
+  ResultRecord run_library(const std::string& impl, const Problem&);
+  // Peak probes: {"status":"ok","matmul_fp32_tflops","matmul_tf32_tflops","matmul_bf16_tflops",
+  // "matmul_fp16_tflops","copy_gbps",...}: cuBLAS GEMM 8192^3 medians, 1 GiB device copy (read +
+  // write bytes). Otherwise {"status": "no_gpu" | "oom" | "crashed" | "timeout" | "error", "error"}.
+  nlohmann::json probe();
 
  private:
+  // Sends "prepare" unless the worker holds `p` already; false (with r's status and error) on failure.
+  bool prepare_for(const Problem& p, ResultRecord& r);
+  // A run/run_library reply into the record: status, errors, timing, TFLOP/s and GB/s, detail
+  // (the worker's detail object with mean_abs, peak_bytes and asked_bytes merged in).
+  void take_reply(const nlohmann::json& rep, const Problem& p, ResultRecord& r);
+
   RunOptions opt_;
   WorkerClient worker_;
   DeviceInfo device_;

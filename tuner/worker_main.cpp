@@ -1,7 +1,8 @@
 // flashtune-worker: the process that owns the CUDA context. It reads one JSON request per
 // line on stdin and answers one JSON line on stdout. After a sticky CUDA error (a kernel
 // that faulted) it answers "crashed" and exits: the context is unusable, and the parent
-// starts a fresh worker. A kernel that never ends is the parent's to kill.
+// starts a fresh worker. A kernel that never ends is the parent's to kill. Running out of device
+// memory is not sticky: it answers "oom", frees its buffers and stays.
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -51,9 +52,18 @@ int main(int argc, char** argv) {
         out = {{"status", "ok"}};
       } else if (op == "run") {
         out = gpu->run(req);
+      } else if (op == "run_library") {
+        out = gpu->run_library(req);
+      } else if (op == "probe") {
+        out = gpu->probe(req);
       } else {
         out = {{"status", "error"}, {"error", "unknown op '" + op + "'"}};
       }
+    } catch (const flashtune::OutOfMemory& e) {
+      // Not sticky: free what the runner holds (the problem must be prepared again) and go on.
+      gpu->release_buffers();
+      out = {{"status", "oom"}, {"error", e.what()}, {"asked_bytes", e.asked}};
+      if (e.needed) out["peak_bytes"] = e.needed;
     } catch (const flashtune::CudaError& e) {
       if (e.sticky) {
         reply({{"status", "crashed"}, {"error", e.what()}});
