@@ -72,7 +72,7 @@ smoke-baselines)
 tests)
   log "ctest gpu"
   VALIDATE_DB=$OUT/validate.db ctest --preset gpu -V >"$OUT/ctest_gpu.log" 2>&1
-  grep -E "Test +#|tests passed|FAIL|BAD|^[0-9]+: (naive|fa2_|fault) " "$OUT/ctest_gpu.log" | tail -40
+  grep -E "Test +#|tests passed|FAIL|BAD|^[0-9]+: (naive|fa1_|fa2_|fault|cublas|torch|triton) " "$OUT/ctest_gpu.log" | tail -60
   ;;
 final)
   # After a template change: every gpu test again, the stored best configs re-timed (a regression

@@ -421,7 +421,7 @@ int cmd_experiment(int argc, char** argv) {
   ExperimentSpec spec = load_experiment(a.positional[0]);
   if (a.has("dry-run")) {
     auto plan = experiment_plan(spec);
-    for (const auto& [impl, p] : plan) std::printf("%-20s %s %s\n", impl.c_str(), p.str().c_str(), p.direction.c_str());
+    for (const auto& [impl, p] : plan) std::printf("%-20s %s\n", impl.c_str(), p.str().c_str());
     std::printf("%s: %zu problems, %zu implementations, %zu rows, %zu spaces to tune\n", spec.name.c_str(),
                 spec.problems.size(), spec.impls.size(), plan.size(), spec.tune_spaces.size());
     return 0;
