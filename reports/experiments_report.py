@@ -128,7 +128,7 @@ def bars(rows, out_dir, name, title, ylabel, value, log=True):
     return savefig(fig, out_dir, name)
 
 
-def lines(rows, out_dir, name, title, xkey, xlabel, panels, logx=True):
+def lines(rows, out_dir, name, title, xkey, xlabel, panels, logx=True, hline=None):
     """Lines over xkey, one per implementation; panels = [(ylabel, value fn, log y)], a row per dtype.
     Points whose row is oom/skipped are marked at the bottom of the first panel with their status."""
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
@@ -144,6 +144,8 @@ def lines(rows, out_dir, name, title, xkey, xlabel, panels, logx=True):
                 fails = sorted(r[xkey] for r in rs if r["impl"] == impl and r["status"] in ("oom", "skipped"))
                 if fails and ax is row_axes[0] and pts:
                     ax.plot(fails, [pts[-1][1]] * len(fails), marker="x", ls="none", color=color(impl))
+            if hline and ax is row_axes[-1]:
+                ax.axhline(hline[0], color="red", lw=0.8, ls="--", label=hline[1])
             if logx:
                 ax.set_xscale("log", base=2)
             if logy:
@@ -179,9 +181,10 @@ def section(run, rows, out_dir, report, landscape_pngs):
     report.append(f"`flashtune experiment experiments/{name}.json`, run {run['id']} on {run['device_name']}, "
                   f"{run['created']}: {len(rows)} rows (" + ", ".join(f"{n} {s}" for s, n in sorted(status.items())) +
                   f"). Every row: [`{csv_name}`]({csv_name}).")
-    if probes:
+    peaks = [(k, v) for k, v in sorted(probes.items()) if k.endswith(("_tflops", "_gbps"))]
+    if peaks:
         report.append("Peaks measured in the same call: " + ", ".join(
-            f"{k.replace('_', ' ')} {v:.0f}" for k, v in sorted(probes.items()) if k != "memory_bytes") + ".\n")
+            f"{k.replace('_', ' ')} {v:.0f}" for k, v in peaks) + ".\n")
     pngs = []
     tflops = lambda r: r["tflops"]  # noqa: E731
     if run["spec"].get("plot") in ("compare", "backward"):
@@ -195,7 +198,8 @@ def section(run, rows, out_dir, report, landscape_pngs):
     elif spec.get("plot") == "scaling":
         pngs.append(lines(rows, out_dir, f"exp_{name}.png", "sequence scaling", "seq_q", "sequence length S (log2)",
                           [("median ms (log)", lambda r: r["ms_median"], True),
-                           ("peak device memory, MiB (log)", lambda r: num(r["peak_mib"]), True)]))
+                           ("peak device memory, MiB (log)", lambda r: num(r["peak_mib"]), True)],
+                          hline=(probes["memory_bytes"] / 2**20, "GPU memory") if probes.get("memory_bytes") else None))
         report.append("x: out of memory or skipped (drawn at that implementation's last measured time).\n")
         report.append(pivot_table(rows, lambda r: f"{r['ms_median']:.3f}", "median ms"))
         report.append("\n" + pivot_table(rows, lambda r: r["peak_mib"], "peak device memory, MiB"))

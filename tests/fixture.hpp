@@ -85,7 +85,7 @@ inline ExperimentRow fixture_row(long long run, const std::string& impl, Problem
 inline void fill_experiments(Store& s) {
   const std::string dev = "NVIDIA H100 80GB HBM3";
   const std::string probes =
-      R"({"matmul_fp32_tflops":50.0,"matmul_tf32_tflops":400.0,"matmul_bf16_tflops":700.0,"matmul_fp16_tflops":700.0,"copy_gbps":3000.0})";
+      R"({"matmul_fp32_tflops":50.0,"matmul_tf32_tflops":400.0,"matmul_bf16_tflops":700.0,"matmul_fp16_tflops":700.0,"copy_gbps":3000.0,"memory_bytes":85899345920,"status":"ok"})";
   auto spec = [](const std::string& name, const std::string& plot) {
     return R"({"name":")" + name + R"(","plot":")" + plot + R"(","description":"fixture )" + name + R"("})";
   };

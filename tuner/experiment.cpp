@@ -307,6 +307,7 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
 
   // 2. Peak probes of this GPU, in this call: the denominators of "% of peak".
   json probes = gpu.probe();
+  probes["memory_bytes"] = dev.memory_bytes;  // the ceiling of the memory plots
   store.set_experiment_probes(run, probes.dump());
   std::fprintf(stderr, "probes: %s\n", probes.dump().c_str());
 
