@@ -359,7 +359,8 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
             source = "problem";
           }
         if (source == "default") {
-          const BucketChoice* pick = pick_bucket(best_per_bucket(stored), p);
+          const std::vector<BucketChoice> buckets = best_per_bucket(stored);
+          const BucketChoice* pick = pick_bucket(buckets, p);
           if (pick) {
             cfg = f.parse_config(pick->config);
             source = "bucket";
