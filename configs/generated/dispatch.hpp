@@ -15,6 +15,7 @@ inline constexpr Table kTables[] = {
 // Defaults: each family's fixed configuration, the table a tuner has to beat.
 inline constexpr Entry kDefaults[] = {
     {"naive", "fwd", "*", 0, false, 0, {256}, 0.0f},  // THREADS=256
+    {"fa1_simt", "fwd", "*", 0, false, 0, {64, 32, 4, 4, 2, 1}, 0.0f},  // BLOCK_M=64,BLOCK_N=32,TM=4,TN=4,Q_STAGES=2,Q_SPLIT=1
     {"fa2_simt", "fwd", "*", 0, false, 0, {64, 32, 4, 4, 2}, 0.0f},  // BLOCK_M=64,BLOCK_N=32,TM=4,TN=4,KV_STAGES=2
     {"fa2_simt_bwd", "bwd", "*", 0, false, 0, {32, 64, 4, 2, 1}, 0.0f},  // BLOCK_M=32,BLOCK_N=64,TM=4,TN=2,DQ_MODE=1
     {"fa2_mma", "fwd", "*", 0, false, 0, {64, 64, 4, 2}, 0.0f},  // BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2

@@ -8,6 +8,7 @@ namespace flashtune {
 namespace tuned {
 namespace sm90_nvidia_h200 {
 
+// fa1_simt parameters, positional: BLOCK_M BLOCK_N TM TN Q_STAGES Q_SPLIT
 // fa2_mma parameters, positional: BLOCK_M BLOCK_N WARPS STAGES
 // fa2_mma_bwd parameters, positional: BLOCK_M BLOCK_N WARPS DSPLIT STAGES DQ_MODE
 // fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
@@ -15,6 +16,12 @@ namespace sm90_nvidia_h200 {
 // naive parameters, positional: THREADS
 inline constexpr Entry kEntries[] = {
     // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)
+    {"fa1_simt", "fwd", "fp32", 64, false, 32, {64, 32, 4, 4, 1, 4}, 3.87f},
+    {"fa1_simt", "fwd", "fp32", 64, false, 128, {64, 64, 4, 8, 1, 4}, 1.84f},
+    {"fa1_simt", "fwd", "fp32", 64, false, 256, {64, 64, 4, 8, 1, 4}, 6.65f},
+    {"fa1_simt", "fwd", "fp32", 64, false, 512, {128, 64, 4, 8, 1, 4}, 18.02f},
+    {"fa1_simt", "fwd", "fp32", 64, false, 1024, {128, 64, 4, 8, 1, 4}, 17.98f},
+    {"fa1_simt", "fwd", "fp32", 64, false, 2048, {128, 64, 8, 8, 1, 4}, 33.54f},
     {"fa2_mma", "fwd", "bf16", 64, false, 1024, {128, 128, 4, 2}, 305.03f},
     {"fa2_mma", "fwd", "bf16", 64, false, 4096, {128, 128, 4, 2}, 333.67f},
     {"fa2_mma", "fwd", "bf16", 64, false, 16384, {128, 128, 4, 2}, 331.04f},
@@ -76,7 +83,7 @@ inline constexpr Entry kEntries[] = {
     {"naive", "fwd", "fp32", 128, true, 1024, {128}, 0.90f},
     {"naive", "fwd", "fp32", 128, true, 4096, {128}, 0.90f},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 60};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 66};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned
