@@ -16,26 +16,33 @@ namespace sm90_nvidia_h200 {
 // naive parameters, positional: THREADS
 inline constexpr Entry kEntries[] = {
     // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)
+    {"fa1_simt", "fwd", "fp32", 32, false, 4096, {128, 64, 8, 8, 1, 4}, 30.28f},
     {"fa1_simt", "fwd", "fp32", 64, false, 32, {64, 32, 4, 4, 1, 4}, 3.87f},
     {"fa1_simt", "fwd", "fp32", 64, false, 128, {64, 64, 4, 8, 1, 4}, 1.84f},
     {"fa1_simt", "fwd", "fp32", 64, false, 256, {64, 64, 4, 8, 1, 4}, 6.65f},
     {"fa1_simt", "fwd", "fp32", 64, false, 512, {128, 64, 4, 8, 1, 4}, 18.02f},
     {"fa1_simt", "fwd", "fp32", 64, false, 1024, {128, 64, 4, 8, 1, 4}, 17.98f},
     {"fa1_simt", "fwd", "fp32", 64, false, 2048, {128, 64, 8, 8, 1, 4}, 33.54f},
+    {"fa1_simt", "fwd", "fp32", 64, false, 4096, {128, 64, 8, 8, 1, 4}, 33.89f},
+    {"fa1_simt", "fwd", "fp32", 96, false, 4096, {64, 64, 4, 8, 1, 4}, 35.37f},
+    {"fa1_simt", "fwd", "fp32", 128, false, 4096, {128, 64, 8, 4, 1, 4}, 33.56f},
+    {"fa2_mma", "fwd", "bf16", 32, false, 4096, {128, 128, 4, 2}, 240.80f},
     {"fa2_mma", "fwd", "bf16", 64, false, 1024, {128, 128, 4, 2}, 305.03f},
-    {"fa2_mma", "fwd", "bf16", 64, false, 4096, {128, 128, 4, 2}, 333.67f},
+    {"fa2_mma", "fwd", "bf16", 64, false, 4096, {128, 128, 4, 2}, 332.45f},
     {"fa2_mma", "fwd", "bf16", 64, false, 16384, {128, 128, 4, 2}, 331.04f},
     {"fa2_mma", "fwd", "bf16", 64, true, 1024, {128, 128, 4, 1}, 237.59f},
     {"fa2_mma", "fwd", "bf16", 64, true, 4096, {128, 128, 4, 1}, 300.60f},
     {"fa2_mma", "fwd", "bf16", 64, true, 16384, {128, 128, 4, 1}, 319.17f},
+    {"fa2_mma", "fwd", "bf16", 96, false, 4096, {128, 64, 4, 1}, 331.97f},
     {"fa2_mma", "fwd", "bf16", 128, false, 1024, {128, 64, 4, 2}, 341.82f},
-    {"fa2_mma", "fwd", "bf16", 128, false, 4096, {128, 64, 4, 2}, 375.76f},
+    {"fa2_mma", "fwd", "bf16", 128, false, 4096, {128, 64, 4, 2}, 373.50f},
     {"fa2_mma", "fwd", "bf16", 128, false, 16384, {128, 64, 4, 2}, 362.73f},
     {"fa2_mma", "fwd", "bf16", 128, true, 1024, {128, 64, 4, 2}, 257.57f},
     {"fa2_mma", "fwd", "bf16", 128, true, 4096, {128, 64, 4, 2}, 315.71f},
     {"fa2_mma", "fwd", "bf16", 128, true, 16384, {128, 64, 4, 2}, 338.82f},
+    {"fa2_mma", "fwd", "bf16", 192, false, 4096, {64, 32, 4, 2}, 310.30f},
     {"fa2_mma", "fwd", "bf16", 256, false, 1024, {64, 64, 4, 1}, 306.50f},
-    {"fa2_mma", "fwd", "bf16", 256, false, 4096, {64, 64, 4, 1}, 331.05f},
+    {"fa2_mma", "fwd", "bf16", 256, false, 4096, {64, 64, 4, 1}, 330.01f},
     {"fa2_mma", "fwd", "bf16", 256, false, 16384, {64, 64, 4, 1}, 325.03f},
     {"fa2_mma", "fwd", "bf16", 256, true, 1024, {64, 64, 4, 1}, 253.47f},
     {"fa2_mma", "fwd", "bf16", 256, true, 4096, {64, 64, 4, 1}, 293.98f},
@@ -58,12 +65,14 @@ inline constexpr Entry kEntries[] = {
     {"fa2_mma_bwd", "bwd", "bf16", 256, true, 1024, {32, 64, 8, 2, 2, 0}, 116.84f},
     {"fa2_mma_bwd", "bwd", "bf16", 256, true, 4096, {32, 64, 8, 2, 2, 0}, 140.43f},
     {"fa2_mma_bwd", "bwd", "bf16", 256, true, 16384, {32, 64, 8, 2, 2, 0}, 155.00f},
+    {"fa2_simt", "fwd", "fp32", 32, false, 4096, {128, 32, 8, 8, 1}, 38.40f},
     {"fa2_simt", "fwd", "fp32", 64, false, 1024, {128, 64, 8, 8, 1}, 40.92f},
-    {"fa2_simt", "fwd", "fp32", 64, false, 4096, {128, 64, 8, 8, 1}, 41.71f},
+    {"fa2_simt", "fwd", "fp32", 64, false, 4096, {128, 64, 8, 8, 1}, 41.68f},
     {"fa2_simt", "fwd", "fp32", 64, true, 1024, {128, 64, 8, 8, 1}, 34.71f},
     {"fa2_simt", "fwd", "fp32", 64, true, 4096, {128, 64, 8, 8, 1}, 38.98f},
+    {"fa2_simt", "fwd", "fp32", 96, false, 4096, {128, 32, 8, 4, 1}, 40.89f},
     {"fa2_simt", "fwd", "fp32", 128, false, 1024, {128, 64, 8, 4, 1}, 39.02f},
-    {"fa2_simt", "fwd", "fp32", 128, false, 4096, {128, 64, 8, 4, 1}, 39.88f},
+    {"fa2_simt", "fwd", "fp32", 128, false, 4096, {128, 64, 8, 4, 1}, 39.89f},
     {"fa2_simt", "fwd", "fp32", 128, true, 1024, {128, 64, 8, 4, 1}, 33.21f},
     {"fa2_simt", "fwd", "fp32", 128, true, 4096, {128, 64, 8, 4, 1}, 37.39f},
     {"fa2_simt_bwd", "bwd", "fp32", 64, false, 1024, {64, 32, 4, 4, 0}, 34.75f},
@@ -83,7 +92,7 @@ inline constexpr Entry kEntries[] = {
     {"naive", "fwd", "fp32", 128, true, 1024, {128}, 0.90f},
     {"naive", "fwd", "fp32", 128, true, 4096, {128}, 0.90f},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 66};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 75};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned
