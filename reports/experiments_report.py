@@ -112,8 +112,8 @@ def bars(rows, out_dir, name, title, ylabel, value, log=True):
     for ax, dt in zip(axes[:, 0], dtypes):
         rs = [r for r in rows if r["dtype"] == dt]
         shapes = list(dict.fromkeys(shape_label(r) for r in rs))
-        impls = list(dict.fromkeys(r["impl"] for r in rs))
-        w = 0.85 / len(impls)
+        impls = list(dict.fromkeys(r["impl"] for r in rs if r["status"] == "ok"))  # no empty legend entries
+        w = 0.85 / max(1, len(impls))
         for i, impl in enumerate(impls):
             got = {shape_label(r): value(r) for r in rs if r["impl"] == impl and r["status"] == "ok"}
             xs = [x + i * w for x, s in enumerate(shapes) if s in got]
