@@ -38,6 +38,21 @@ expect_usage_error "outside its domain" run --family fa2_simt --params BLOCK_M=7
 expect_usage_error "does not support head_dim" run --family fa2_simt --params BLOCK_M=64 --shape 1,1,8,8,80
 expect_usage_error "unknown dtype" run --family fa2_simt --params BLOCK_M=64 --shape 1,1,8,8,64 --dtype fp8
 expect_usage_error "--timeout must be a positive number" run --family fa2_simt --params BLOCK_M=64 --shape 1,1,8,8,64 --timeout x
+# --inputs: every file must be there with exactly the shape's bytes, checked before any GPU work.
+simt="--family fa2_simt --params BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2 --shape 2,2,130,200,64"
+mkdir -p "$tmp/in"
+head -c $((2 * 2 * 130 * 64 * 4)) /dev/zero >"$tmp/in/q.bin"
+head -c $((2 * 2 * 200 * 64 * 4)) /dev/zero >"$tmp/in/k.bin"
+head -c 100 /dev/zero >"$tmp/in/v.bin"
+expect_usage_error "input file '$tmp/none/q.bin' does not exist" run $simt --inputs "$tmp/none"
+expect_usage_error "input file '$tmp/in/v.bin' has 100 bytes, expected 204800" run $simt --inputs "$tmp/in"
+expect_usage_error "q.bin' has 133120 bytes, expected 66560" run --family fa2_mma --params BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2 \
+  --shape 2,2,130,200,64 --dtype bf16 --inputs "$tmp/in"
+head -c $((2 * 2 * 200 * 64 * 4)) /dev/zero >"$tmp/in/v.bin"
+expect_usage_error "input file '$tmp/in/do.bin' does not exist" run --family fa2_simt_bwd \
+  --params BLOCK_M=64,BLOCK_N=64,TM=4,TN=2,DQ_MODE=1 --shape 2,2,130,200,64 --inputs "$tmp/in"
+expect_usage_error "is over 2^34" run --family fa2_simt_bwd --params BLOCK_M=64,BLOCK_N=64,TM=4,TN=2,DQ_MODE=1 \
+  --shape 32,16,1024,1024,64 --inputs "$tmp/in"
 expect_usage_error "does not exist" best --db "$tmp/none.db"
 expect_usage_error "emit needs --db and --out" emit --db x
 

@@ -11,6 +11,7 @@
 #include "templates/attention_params.h"
 #include "tuner/cuda_check.hpp"
 #include "tuner/dtype_convert.hpp"
+#include "tuner/input_files.hpp"
 #include "tuner/validate.hpp"
 
 using nlohmann::json;
@@ -61,6 +62,30 @@ void fill_normal(std::vector<float>& out, uint64_t seed) {
     });
   }
   for (auto& th : pool) th.join();
+}
+
+// One input tensor: its values as floats (what the reference reads) and its device bytes (what the
+// kernel reads), the same numbers.
+struct HostTensor {
+  std::vector<float> values;
+  std::vector<uint8_t> bytes;
+};
+
+// n seeded normal numbers rounded to the dtype.
+HostTensor generated_input(size_t n, uint64_t stream, DType t) {
+  HostTensor h;
+  h.values.resize(n);
+  fill_normal(h.values, stream);
+  h.bytes = to_device_format(h.values, t);
+  return h;
+}
+
+// DIR/<name>.bin as it is: its bytes go to the device unchanged.
+HostTensor loaded_input(const std::string& dir, const InputFile& f, DType t) {
+  HostTensor h;
+  h.bytes = read_input_file(dir, f);
+  h.values = from_device_format(h.bytes, t);
+  return h;
 }
 
 double percentile(std::vector<float> v, double q) {
@@ -164,14 +189,15 @@ void GpuRunner::ensure(Buffer& b, size_t bytes) {
   b.capacity = bytes;
 }
 
-void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows) {
-  if (prepared_ && p == problem_ && seed == seed_) return;
+void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows, const std::string& inputs_dir) {
+  // Generated and file-backed inputs never stand in for each other, nor two folders' files.
+  if (prepared_ && p == problem_ && seed == seed_ && inputs_dir == inputs_dir_) return;
   prepared_ = false;
   // Only what this problem ensures counts toward its footprint (peak_bytes).
   for (Buffer* b : problem_buffers()) b->bytes = 0;
   try {
-    if (p.direction == "bwd") prepare_bwd(p, seed);
-    else prepare_fwd(p, seed, max_rows);
+    if (p.direction == "bwd") prepare_bwd(p, seed, inputs_dir);
+    else prepare_fwd(p, seed, max_rows, inputs_dir);
     // The L2 flush buffer: twice the L2, rewritten before every timed repeat.
     ensure(flush_, (size_t)std::max(info_.l2_bytes, 1 << 20) * 2);
   } catch (const OutOfMemory&) {
@@ -180,61 +206,70 @@ void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
   }
   problem_ = p;
   seed_ = seed;
+  inputs_dir_ = inputs_dir;
   prepared_ = true;
 }
 
-void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long max_rows) {
+void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long max_rows,
+                            const std::string& inputs_dir) {
   const size_t nq = (size_t)p.batch * p.heads * p.seq_q * p.head_dim;
   const size_t nk = (size_t)p.batch * p.heads * p.seq_k * p.head_dim;
   const size_t elem = dtype_bytes(p.dtype);
-  std::vector<float> q(nq), k(nk), v(nk);
   // One stream per tensor: fresh inputs for every (problem, seed), never zeros. Rounded to the
-  // kernel's dtype, so the reference sees exactly the kernel's inputs.
-  fill_normal(q, splitmix64(seed ^ 0x51));
-  fill_normal(k, splitmix64(seed ^ 0x4b));
-  fill_normal(v, splitmix64(seed ^ 0x56));
+  // kernel's dtype, so the reference sees exactly the kernel's inputs. Or the files' numbers as they are.
+  const std::vector<InputFile> files = input_files(p);
+  auto input = [&](int i, uint64_t tag, size_t n) {
+    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype)
+                              : loaded_input(inputs_dir, files[i], p.dtype);
+  };
+  const HostTensor q = input(0, 0x51, nq), k = input(1, 0x4b, nk), v = input(2, 0x56, nk);
   ensure(q_, nq * elem);
   ensure(k_, nk * elem);
   ensure(v_, nk * elem);
   ensure(o_, nq * elem);
   ensure(lse_, (size_t)p.batch * p.heads * p.seq_q * 4);
-  CU_CHECK(cuMemcpyHtoD(q_.ptr, to_device_format(q, p.dtype).data(), nq * elem));
-  CU_CHECK(cuMemcpyHtoD(k_.ptr, to_device_format(k, p.dtype).data(), nk * elem));
-  CU_CHECK(cuMemcpyHtoD(v_.ptr, to_device_format(v, p.dtype).data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(q_.ptr, q.bytes.data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(k_.ptr, k.bytes.data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(v_.ptr, v.bytes.data(), nk * elem));
 
   ref::Shape shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal};
   rows_ = ref::sample_rows(shape, max_rows, seed);
   ref_o_.assign(rows_.size() * p.head_dim, 0.0);
   ref_lse_.assign(rows_.size(), 0.0);
-  ref::forward_rows(shape, q.data(), k.data(), v.data(), rows_, ref_o_.data(), ref_lse_.data());
+  ref::forward_rows(shape, q.values.data(), k.values.data(), v.values.data(), rows_, ref_o_.data(), ref_lse_.data());
 }
 
-void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed) {
-  // Independent heads' worth of data tiled over all B*H heads: the float64 reference of a whole
-  // head's backward stays affordable, and every output element of every head is checked. Two heads,
-  // or one when a head alone costs ~10^11 float64 operations (S = 16k at d = 64 and up).
+void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std::string& inputs_dir) {
+  // Generated inputs: independent heads' worth of data tiled over all B*H heads: the float64
+  // reference of a whole head's backward stays affordable, and every output element of every head is
+  // checked. Two heads, or one when a head alone costs ~10^11 float64 operations (S = 16k at d = 64
+  // and up). File-backed inputs: every head is its own, so the reference covers all B*H of them.
   const int bh = p.batch * p.heads;
   const double head_cost = (double)p.seq_q * p.seq_k * p.head_dim;
-  distinct_heads_ = std::min(bh, head_cost >= 0x1p34 ? 1 : 2);
+  if (!inputs_dir.empty() && bh * head_cost > kMaxFileBwdReferenceWork)
+    throw std::runtime_error("backward with file inputs: B*H*Sq*Sk*d = " + std::to_string(bh * head_cost) +
+                             " is over 2^34, too slow for the float64 reference of every head");
+  distinct_heads_ = inputs_dir.empty() ? std::min(bh, head_cost >= 0x1p34 ? 1 : 2) : bh;
   const size_t hq = (size_t)p.seq_q * p.head_dim, hk = (size_t)p.seq_k * p.head_dim;
   const size_t elem = dtype_bytes(p.dtype);
-  std::vector<float> q(hq * distinct_heads_), k(hk * distinct_heads_), v(k.size()), dout(q.size());
-  fill_normal(q, splitmix64(seed ^ 0x51));
-  fill_normal(k, splitmix64(seed ^ 0x4b));
-  fill_normal(v, splitmix64(seed ^ 0x56));
-  fill_normal(dout, splitmix64(seed ^ 0x64));
-  const auto q_dev = to_device_format(q, p.dtype), k_dev = to_device_format(k, p.dtype),
-             v_dev = to_device_format(v, p.dtype), do_dev = to_device_format(dout, p.dtype);
+  const std::vector<InputFile> files = input_files(p);
+  auto input = [&](int i, uint64_t tag, size_t n) {
+    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype)
+                              : loaded_input(inputs_dir, files[i], p.dtype);
+  };
+  const HostTensor q = input(0, 0x51, hq * distinct_heads_), k = input(1, 0x4b, hk * distinct_heads_),
+                   v = input(2, 0x56, hk * distinct_heads_), dout = input(3, 0x64, hq * distinct_heads_);
+  const auto &q_dev = q.bytes, &k_dev = k.bytes, &v_dev = v.bytes, &do_dev = dout.bytes;
 
   ref::Shape one{1, 1, p.seq_q, p.seq_k, p.head_dim, p.causal};
-  std::vector<double> o(q.size()), lse((size_t)p.seq_q * distinct_heads_);
-  ref_dq_.assign(q.size(), 0.0);
-  ref_dk_.assign(k.size(), 0.0);
-  ref_dv_.assign(k.size(), 0.0);
+  std::vector<double> o(q.values.size()), lse((size_t)p.seq_q * distinct_heads_);
+  ref_dq_.assign(q.values.size(), 0.0);
+  ref_dk_.assign(k.values.size(), 0.0);
+  ref_dv_.assign(k.values.size(), 0.0);
   for (int h = 0; h < distinct_heads_; ++h) {
-    ref::forward(one, &q[h * hq], &k[h * hk], &v[h * hk], &o[h * hq], &lse[(size_t)h * p.seq_q]);
-    ref::backward(one, &q[h * hq], &k[h * hk], &v[h * hk], &dout[h * hq], &ref_dq_[h * hq], &ref_dk_[h * hk],
-                  &ref_dv_[h * hk]);
+    const float *qh = &q.values[h * hq], *kh = &k.values[h * hk], *vh = &v.values[h * hk];
+    ref::forward(one, qh, kh, vh, &o[h * hq], &lse[(size_t)h * p.seq_q]);
+    ref::backward(one, qh, kh, vh, &dout.values[h * hq], &ref_dq_[h * hq], &ref_dk_[h * hk], &ref_dv_[h * hk]);
   }
   // The forward's results as the backward's inputs: O in the kernel's dtype, LSE in fp32.
   std::vector<float> o_f(o.begin(), o.end()), lse_f(lse.begin(), lse.end());
@@ -441,6 +476,11 @@ json GpuRunner::run(const json& req) {
   if (problem_.direction == "bwd") validate_bwd(outputs, out);
   else validate_fwd(outputs, out);
   out["peak_bytes"] = problem_bytes();
+  if (const std::string dir = req.value("save_dir", std::string()); !dir.empty()) {
+    const std::vector<std::string> names =
+        problem_.direction == "bwd" ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o", "lse"};
+    for (size_t i = 0; i < names.size(); ++i) write_output_file(dir, names[i], outputs[i]);
+  }
   if (out["status"] != "ok") return out;
   if (req.value("check_determinism", false)) {
     const bool same = validated_run() == outputs;

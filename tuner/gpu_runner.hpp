@@ -39,10 +39,14 @@ class GpuRunner {
   explicit GpuRunner(int device_ordinal);
   ~GpuRunner();
   DeviceInfo device_info() const { return info_; }
-  // Generates inputs for the problem (seeded) and the reference, unless already current.
-  void prepare(const Problem&, unsigned long long seed, long long max_rows);
+  // Generates inputs for the problem (seeded) and the reference, unless already current. With
+  // `inputs_dir` non-empty the inputs are read from DIR/q.bin, k.bin, v.bin (and do.bin for a
+  // backward; see input_files.hpp) instead, and a backward's reference covers every head.
+  void prepare(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir = "");
   // {"cubin_path", "kernels": [{"name","grid":[3],"threads","smem"}...], "workspace", "check_determinism",
-  //  "timing": {...}} -> result json, with "mean_abs" and "peak_bytes" beside max_abs/max_rel/mse.
+  //  "timing": {...}, "save_dir" (optional)} -> result json, with "mean_abs" and "peak_bytes" beside
+  //  max_abs/max_rel/mse. With "save_dir" the validated run's outputs are written there as raw files:
+  //  forward o.bin (dtype) and lse.bin (fp32); backward dq.bin, dk.bin, dv.bin (dtype).
   nlohmann::json run(const nlohmann::json& request);
   // Library baselines (library_runner.cpp). {"impl": "cublas_unfused", "timing": {...}} on the
   // prepared problem: validated and timed like run(); same result fields.
@@ -73,8 +77,8 @@ class GpuRunner {
   void time_repeats(const std::function<void()>& launch, const nlohmann::json& timing, nlohmann::json& out);
   void init_library();
   void destroy_library();
-  void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows);
-  void prepare_bwd(const Problem&, unsigned long long seed);
+  void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir);
+  void prepare_bwd(const Problem&, unsigned long long seed, const std::string& inputs_dir);
   void launch_all(const std::vector<Kernel>&, CUstream);
   void poison_outputs();
   std::vector<std::vector<uint8_t>> read_outputs();  // the problem's outputs, as bytes
@@ -87,6 +91,7 @@ class GpuRunner {
   DeviceInfo info_;
   Problem problem_;
   unsigned long long seed_ = 0;
+  std::string inputs_dir_;  // where the prepared inputs came from; empty: generated from seed_
   bool prepared_ = false;
   // Forward: q, k, v in, o, lse out. Backward: q, k, v, o, lse, dout in; dq, dk, dv out.
   Buffer q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_, delta_, dq_accum_, workspace_, flush_;
@@ -99,6 +104,7 @@ class GpuRunner {
   std::vector<double> ref_o_, ref_lse_;
   // Backward reference: every head's gradients; heads repeat the data of `distinct_heads_`
   // independent ones (head h holds head h % distinct_heads_), so all of them are checked in full.
+  // File-backed inputs: distinct_heads_ = B*H, every head has its own reference.
   int distinct_heads_ = 0;
   std::vector<double> ref_dq_, ref_dk_, ref_dv_;
 };

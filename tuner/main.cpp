@@ -16,6 +16,7 @@
 #include "tuner/compile.hpp"
 #include "tuner/emit.hpp"
 #include "tuner/experiment.hpp"
+#include "tuner/input_files.hpp"
 #include "tuner/select.hpp"
 #include "tuner/space.hpp"
 #include "tuner/store.hpp"
@@ -37,6 +38,7 @@ commands:
                                         sweep: compile, run, validate, time and store every candidate
   run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32] [--causal]
       [--direction fwd|bwd] [--seed N] [--check] [--check-determinism] [--json] [--db PATH] [--device N]
+      [--inputs DIR] [--save-outputs DIR]
                                         one config on one problem, validated, timed
   best --db PATH [--family F] [--device NAME] [--dtype T] [--d N] [--causal 0|1] [--csv]
                                         the best valid config per problem, with TFLOP/s
@@ -248,15 +250,23 @@ int cmd_run(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32]\n"
               "                     [--causal] [--direction fwd|bwd] [--seed N] [--check] [--check-determinism]\n"
-              "                     [--json] [--db PATH] [--device N] [--timeout S]\n"
+              "                     [--json] [--db PATH] [--device N] [--timeout S] [--inputs DIR] [--save-outputs DIR]\n"
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
               "reference (forward: sampled rows, every row with --check; backward: every element of dQ, dK,\n"
               "dV), then timed. --check-determinism runs it twice and reports whether the outputs' bits\n"
               "agree. --best takes the stored best config for this device and problem from --db.\n"
+              "--inputs DIR reads the inputs instead of generating seeded ones: DIR/q.bin, k.bin, v.bin (and\n"
+              "do.bin for a backward), raw little-endian values in the --dtype (fp32, or fp16/bf16 bits), layout\n"
+              "[B,H,S,d] contiguous, sizes exactly as --shape says; the float64 reference is computed from them\n"
+              "(a backward's over every head: B*H*Sq*Sk*d at most 2^34). Such a run is not stored in --db.\n"
+              "--save-outputs DIR writes the validated run's outputs there as raw files: forward o.bin (dtype)\n"
+              "and lse.bin (fp32, [B,H,Sq]); backward dq.bin, dk.bin, dv.bin (dtype).\n"
               "Exit 1 if the kernel is not valid.");
     return 0;
   }
-  Args a = parse(argc, argv, {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction"},
+  Args a = parse(argc, argv,
+                 {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
+                  "save-outputs"},
                  {"causal", "check", "json", "best", "check-determinism"});
   if (!a.has("family")) throw UsageError("run needs --family");
   if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d");
@@ -280,6 +290,21 @@ int cmd_run(int argc, char** argv) {
     store = std::make_unique<Store>(a.get("db"));
   }
   Config cfg = a.has("params") ? f.parse_config(a.get("params")) : Config{};  // bad params fail before any GPU work
+  if (a.has("inputs")) {  // checked here, before any GPU work: every file there, every size exact
+    const double work = (double)p.batch * p.heads * p.seq_q * p.seq_k * p.head_dim;
+    if (p.direction == "bwd" && work > kMaxFileBwdReferenceWork)
+      throw UsageError("--inputs with a backward: B*H*Sq*Sk*d = " + std::to_string((long long)work) +
+                       " is over 2^34, too slow for the float64 reference of every head");
+    if (const std::string why = check_input_files(a.get("inputs"), p); !why.empty()) throw UsageError("--inputs: " + why);
+    o.inputs_dir = std::filesystem::absolute(a.get("inputs")).string();
+  }
+  if (a.has("save-outputs")) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.get("save-outputs"), ec);
+    if (ec || !std::filesystem::is_directory(a.get("save-outputs")))
+      throw UsageError("--save-outputs: cannot create folder '" + a.get("save-outputs") + "'");
+    o.save_outputs_dir = std::filesystem::absolute(a.get("save-outputs")).string();
+  }
   GpuSession gpu(o);
   if (!gpu.has_gpu()) {
     std::fprintf(stderr, "flashtune: no GPU found (%s)\n", gpu.no_gpu_reason().c_str());
@@ -298,13 +323,15 @@ int cmd_run(int argc, char** argv) {
   Compiler compiler(gpu.device().arch);
   KernelRecord k = compiler.compile_all({v}, store.get())[0];
   ResultRecord r = gpu.run(k, v, p);
-  if (store && k.status == "compiled") store->put_result(r, gpu.device());
+  // A run on file inputs is not a (problem, seed) measurement: it stays out of the store.
+  if (store && k.status == "compiled" && o.inputs_dir.empty()) store->put_result(r, gpu.device());
   if (a.has("json")) {
     json j = {{"family", f.name}, {"config", k.config}, {"problem", to_json(p)}, {"status", r.status},
               {"error", r.error}, {"max_abs", r.max_abs}, {"max_rel", r.max_rel}, {"mse", r.mse},
               {"ms_median", r.ms_median}, {"ms_p20", r.ms_p20}, {"ms_p80", r.ms_p80}, {"reps", r.reps},
               {"tflops", r.tflops}, {"gbps", r.gbps}, {"registers", k.res.registers}, {"device", gpu.device().name},
               {"detail", r.detail.empty() ? json::object() : json::parse(r.detail)}};
+    if (!o.inputs_dir.empty()) j["inputs"] = o.inputs_dir;
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("%s %s on %s [%s]\n", f.name.c_str(), k.config.c_str(), p.str().c_str(), gpu.device().name.c_str());

@@ -114,14 +114,17 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
               {"kernels", kernels},
               {"workspace", v.family->workspace_bytes(v.config, p)},
               {"check_determinism", opt_.check_determinism}};
+  if (!opt_.save_outputs_dir.empty()) req["save_dir"] = opt_.save_outputs_dir;
   take_reply(worker_.request(req, opt_.timeout_s), p, r);
   return r;
 }
 
 bool GpuSession::prepare_for(const Problem& p, ResultRecord& r) {
-  if (prepared_ && prepared_problem_ == p) return true;
-  json rep = worker_.request({{"op", "prepare"}, {"problem", to_json(p)}, {"seed", opt_.seed},
-                              {"max_rows", opt_.max_rows}}, kPrepareTimeout);
+  // Generated and file-backed inputs of the same problem are different problems to the cache.
+  if (prepared_ && prepared_problem_ == p && prepared_inputs_dir_ == opt_.inputs_dir) return true;
+  json req = {{"op", "prepare"}, {"problem", to_json(p)}, {"seed", opt_.seed}, {"max_rows", opt_.max_rows}};
+  if (!opt_.inputs_dir.empty()) req["inputs_dir"] = opt_.inputs_dir;
+  json rep = worker_.request(req, kPrepareTimeout);
   if (rep.value("status", "") != "ok") {
     prepared_ = false;
     r.status = rep.value("status", "error");  // crashed, timeout, oom, or error
@@ -131,6 +134,7 @@ bool GpuSession::prepare_for(const Problem& p, ResultRecord& r) {
   }
   prepared_ = true;
   prepared_problem_ = p;
+  prepared_inputs_dir_ = opt_.inputs_dir;
   return true;
 }
 

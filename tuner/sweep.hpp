@@ -20,6 +20,11 @@ struct RunOptions {
   long long max_rows = 512;       // reference rows validated per problem
   std::string worker_path;        // default: next to the executable
   bool check_determinism = false; // run twice and compare the outputs' bits
+  // File-backed inputs (input_files.hpp): the worker reads q/k/v(/do).bin from this folder instead of
+  // generating seeded ones. Absolute path; empty: generated.
+  std::string inputs_dir;
+  // Where the worker writes the validated run's outputs as raw files (o/lse or dq/dk/dv .bin); empty: nowhere.
+  std::string save_outputs_dir;
 };
 
 // A worker and the device it reports; the bridge between compiled kernels and results.
@@ -60,6 +65,7 @@ class GpuSession {
   std::string tmp_dir_;
   bool prepared_ = false;
   Problem prepared_problem_;
+  std::string prepared_inputs_dir_;  // "" when the worker holds generated inputs
 };
 
 // A record for a variant that never ran (pruned, compile_error): stored like any other.

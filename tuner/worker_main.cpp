@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
         out = {{"status", "ok"}, {"device", device_json(gpu->device_info())}};
       } else if (op == "prepare") {
         gpu->prepare(flashtune::problem_from_json(req.at("problem")), req.at("seed").get<unsigned long long>(),
-                     req.value("max_rows", 512LL));
+                     req.value("max_rows", 512LL), req.value("inputs_dir", std::string()));
         out = {{"status", "ok"}};
       } else if (op == "run") {
         out = gpu->run(req);
