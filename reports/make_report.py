@@ -239,6 +239,20 @@ def main():
                         ("fa2_mma tuned", "tuned_tflops"),
                         [("fa2_mma with FA2's fixed tiles", "fixed_tflops"), ("torch flash (FA2)", "torch_flash_tflops"),
                          ("torch cuDNN", "torch_cudnn_tflops")])
+    err = os.path.join(out_dir, "bwd_error_vs_torch.csv")
+    if os.path.exists(err):
+        erows = list(csv.DictReader(open(err)))
+        worst = max(float(r["ratio"]) for r in erows) if erows else 0
+        report.append("## Backward error on identical inputs: ours vs torch SDPA flash\n\n"
+                      "`experiments/bwd_error_vs_torch.py`: the same q, k, v, dO files through `flashtune run --inputs` "
+                      "and torch flash; relative L2 of dQ, dK, dV against float64 (the harness's reference and an "
+                      f"independent torch float64 one agree). {sum(r['pass'] == '1' for r in erows)} of {len(erows)} "
+                      f"gradients within 1.2x of torch flash; worst ratio {worst:.3f}.\n")
+        report.append(md_table(erows, ["dtype", "seq", "head_dim", "causal", "gradient", "ours_harness_rel_l2",
+                                       "torch_flash_rel_l2", "ratio"],
+                               ["dtype", "S", "d", "causal", "gradient", "ours rel L2", "torch flash rel L2",
+                                "ours / torch"]))
+        report.append("")
     tuned_vs_default(rows, out_dir, report)
     landscape_part = []
     landscape_pngs = landscape(rows, out_dir, landscape_part)
