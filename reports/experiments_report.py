@@ -185,6 +185,11 @@ def section(run, rows, out_dir, report, landscape_pngs):
     if peaks:
         report.append("Peaks measured in the same call: " + ", ".join(
             f"{k.replace('_', ' ')} {v:.0f}" for k, v in peaks) + ".\n")
+    report.append("Timing: CUDA events after a warm-up, an L2 flush before each repeat, median (p20/p80 in the CSV). "
+                  "Our kernels and cuBLAS are timed around their launches; the Python baselines around the framework "
+                  "call (SDPA, autograd.grad, the Triton launch), which includes the framework's launch overhead: on "
+                  "the smallest shapes (tens of microseconds) that overhead dominates their time, so ratios there "
+                  "say more about dispatch than about kernels.\n")
     pngs = []
     tflops = lambda r: r["tflops"]  # noqa: E731
     if run["spec"].get("plot") in ("compare", "backward"):
