@@ -105,6 +105,9 @@ sweep-mma-bwd)
   $ft best --db "$db" --family fa2_mma_bwd --csv >"$rep/best_fa2_mma_bwd.csv"
   finish
   ;;
+sweep-mma-bwd-wide)  # the wide space at d 128/256, then the comparison re-timed
+  tune fa2_mma_bwd_wide anchors_bwd_bf16
+  ;&
 compare-mma-bwd)
   log "backward comparison"
   python3 experiments/tuned_vs_sdpa.py --family fa2_mma_bwd --db "$db" --problems configs/problems/anchors_bwd_bf16.json --out "$rep/bwd_vs_sdpa.csv" 2>"$OUT/bwd_vs_sdpa.log"

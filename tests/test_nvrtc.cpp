@@ -48,6 +48,8 @@ TEST(Nvrtc, Fa2SimtBwdSpaceSm90) { compile_space("fa2_simt_bwd.json", "sm_90"); 
 TEST(Nvrtc, Fa2SimtBwdSpaceSm80) { compile_space("fa2_simt_bwd.json", "sm_80"); }
 TEST(Nvrtc, Fa2MmaBwdSpaceSm90) { compile_space("fa2_mma_bwd.json", "sm_90"); }
 TEST(Nvrtc, Fa2MmaBwdSpaceSm80) { compile_space("fa2_mma_bwd.json", "sm_80"); }
+TEST(Nvrtc, Fa2MmaBwdWideSpaceSm90) { compile_space("fa2_mma_bwd_wide.json", "sm_90"); }
+TEST(Nvrtc, Fa2MmaBwdWideSpaceSm80) { compile_space("fa2_mma_bwd_wide.json", "sm_80"); }
 TEST(Nvrtc, NaiveSpaceSm90) { compile_space("naive.json", "sm_90"); }
 TEST(Nvrtc, NaiveSpaceSm80) { compile_space("naive.json", "sm_80"); }
 TEST(Nvrtc, FaultSpaceSm90) { compile_space("fault.json", "sm_90"); }

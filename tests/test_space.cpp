@@ -115,7 +115,7 @@ TEST(Problems, FlopsFollowFlashAttentionConvention) {
 }
 
 TEST(CommittedConfigs, EveryFileParses) {
-  for (const char* s : {"fa1_simt.json", "fa2_simt.json", "fa2_mma.json", "fa2_simt_bwd.json", "fa2_mma_bwd.json",
+  for (const char* s : {"fa1_simt.json", "fa2_simt.json", "fa2_mma.json", "fa2_simt_bwd.json", "fa2_mma_bwd.json", "fa2_mma_bwd_wide.json",
                         "naive.json", "fault.json"})
     EXPECT_NO_THROW(load_space(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/" + s)) << s;
   for (const char* s : {"anchors_fp32.json", "anchors_bf16.json", "smoke.json", "ragged.json", "ragged_mma.json",
