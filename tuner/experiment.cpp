@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
@@ -376,25 +377,33 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
   Compiler compiler(dev.arch);
   std::vector<KernelRecord> kernels = compiler.compile_all(variants, &store);
 
+  // One measured (or skipped) point: a point predicted over the time limit is stored as skipped.
   Pace pace;
-  Progress prog("experiment " + spec.name, jobs.size(), opt.progress);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const Job& job = jobs[i];
+  auto measure = [&](const ImplSpec& impl, const Problem& p, const std::function<ResultRecord()>& run_it,
+                     const json& extra_detail) {
     ExperimentRow row;
-    const double predicted = pace.predicted_s(job.impl->name, job.problem);
+    const double predicted = pace.predicted_s(impl.name, p);
     if (predicted > spec.time_limit_s) {
       char why[128];
       std::snprintf(why, sizeof why, "predicted %.1f s per run, over the experiment's %.1f s limit", predicted,
                     spec.time_limit_s);
-      row = unrun_row(run, *job.impl, job.problem, "skipped", why);
+      row = unrun_row(run, impl, p, "skipped", why);
     } else {
-      row = row_from_result(run, *job.impl, gpu.run(kernels[i], job.variant, job.problem), dev.name);
+      row = row_from_result(run, impl, run_it(), dev.name);
       json d = json::parse(row.detail);
-      d["config_source"] = job.config_source;
+      d.update(extra_detail);
       row.detail = d.dump();
     }
     pace.record(row);
     store.put_experiment_row(row);
+    return row;
+  };
+
+  Progress prog("experiment " + spec.name, jobs.size(), opt.progress);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& job = jobs[i];
+    ExperimentRow row = measure(*job.impl, job.problem, [&] { return gpu.run(kernels[i], job.variant, job.problem); },
+                                {{"config_source", job.config_source}});
     prog.update(i + 1, fmt_row(row));
   }
   prog.finish();
@@ -402,21 +411,10 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
   // 5. The library baseline (cuBLAS unfused) in the same worker.
   for (const auto& impl : spec.impls) {
     if (impl.kind != ImplKind::library) continue;
-    for (const Problem& p : spec.problems) {
-      if (!impl_applies(impl, p)) continue;
-      ExperimentRow row;
-      const double predicted = pace.predicted_s(impl.name, p);
-      if (predicted > spec.time_limit_s) {
-        row = unrun_row(run, impl, p, "skipped", "predicted over the experiment's time limit");
-      } else {
-        ResultRecord res = gpu.run_library(impl.name, p);
-        row = row_from_result(run, impl, res, dev.name);
-        row.impl = impl.name;
-      }
-      pace.record(row);
-      store.put_experiment_row(row);
-      std::fprintf(stderr, "  %s\n", fmt_row(row).c_str());
-    }
+    for (const Problem& p : spec.problems)
+      if (impl_applies(impl, p))
+        std::fprintf(stderr, "  %s\n",
+                     fmt_row(measure(impl, p, [&] { return gpu.run_library(impl.name, p); }, json::object())).c_str());
   }
   std::error_code ec;
   std::filesystem::remove_all(tmp, ec);
