@@ -10,11 +10,15 @@ usage: sdpa_baseline.py problems.json --backend efficient --out sdpa.csv [--reps
 import argparse
 import csv
 import json
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import baselines  # noqa: E402
 
 BACKENDS = {
     "math": SDPBackend.MATH,
@@ -25,31 +29,9 @@ BACKENDS = {
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def expand(problem_set):
-    """The same expansion as flashtune's problems_from_json (explicit list, then grid)."""
-    out = []
-    for p in problem_set.get("problems", []):
-        sq = p.get("seq_q", p.get("seq"))
-        sk = p.get("seq_k", p.get("seq"))
-        out.append(dict(batch=p["batch"], heads=p["heads"], seq_q=sq, seq_k=sk, head_dim=p["head_dim"],
-                        dtype=p.get("dtype", "fp32"), causal=p.get("causal", False),
-                        direction=p.get("direction", "fwd")))
-    g = problem_set.get("grid")
-    if g:
-        for dt in g.get("dtype", ["fp32"]):
-            for d in g["head_dim"]:
-                for c in g.get("causal", [False]):
-                    for s in g["seq"]:
-                        out.append(dict(batch=g["tokens"] // s, heads=g["hidden"] // d, seq_q=s, seq_k=s,
-                                        head_dim=d, dtype=dt, causal=c, direction=g.get("direction", "fwd")))
-    return out
-
-
-def flops(p):
-    """FlashAttention's count: forward 4*B*H*Sq*Sk*d, halved when causal; backward 2.5x."""
-    f = 4.0 * p["batch"] * p["heads"] * p["seq_q"] * p["seq_k"] * p["head_dim"]
-    f = f / 2 if p["causal"] else f
-    return 2.5 * f if p.get("direction", "fwd") == "bwd" else f
+# Problem sets and FLOP counts: one implementation, shared with the experiment baselines.
+expand = baselines.load_problems
+flops = baselines.flops
 
 
 def time_sdpa(p, backend, reps, seed):

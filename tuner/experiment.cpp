@@ -73,7 +73,7 @@ ExperimentRow unrun_row(long long run, const ImplSpec& impl, const Problem& p, c
   return r;
 }
 
-ExperimentRow row_from_result(long long run, const ImplSpec& impl, const ResultRecord& res, const std::string& device) {
+ExperimentRow row_from_result(long long run, const ImplSpec& impl, const ResultRecord& res) {
   ExperimentRow r;
   r.run_id = run;
   r.impl = impl.name;
@@ -91,7 +91,7 @@ ExperimentRow row_from_result(long long run, const ImplSpec& impl, const ResultR
   r.max_abs = res.max_abs;
   r.max_rel = res.max_rel;
   r.mse = res.mse;
-  r.device = device;
+  r.device = res.device_name;
   json d = res.detail.empty() ? json::object() : json::parse(res.detail, nullptr, false);
   if (d.is_discarded() || !d.is_object()) d = json::object();
   r.mean_abs = d.value("mean_abs", 0.0);
@@ -389,7 +389,7 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
                     spec.time_limit_s);
       row = unrun_row(run, impl, p, "skipped", why);
     } else {
-      row = row_from_result(run, impl, run_it(), dev.name);
+      row = row_from_result(run, impl, run_it());
       json d = json::parse(row.detail);
       d.update(extra_detail);
       row.detail = d.dump();
