@@ -53,18 +53,22 @@ Compiler::Compiler(std::string arch) : arch_(std::move(arch)) {
   source_hash_ = content_hash(all);
 }
 
-std::vector<std::string> Compiler::options() const {
-  return {"--gpu-architecture=" + arch_, "--std=c++17", "-Xptxas=-v", "-DFLASHTUNE_NVRTC=1"};
+std::string Compiler::target(const Family& f) const {
+  return f.hopper_only && arch_ == "sm_90" ? "sm_90a" : arch_;
 }
 
-std::string Compiler::options_string() const {
+std::vector<std::string> Compiler::options(const Family& f) const {
+  return {"--gpu-architecture=" + target(f), "--std=c++17", "-Xptxas=-v", "-DFLASHTUNE_NVRTC=1"};
+}
+
+std::string Compiler::options_string(const Family& f) const {
   std::string s;
-  for (const auto& o : options()) s += (s.empty() ? "" : " ") + o;
+  for (const auto& o : options(f)) s += (s.empty() ? "" : " ") + o;
   return s;
 }
 
 std::string Compiler::variant_hash(const Variant& v) const {
-  std::string key = source_hash_ + '|' + options_string() + '|' + nvrtc_version() + '|' + arch_;
+  std::string key = source_hash_ + '|' + options_string(*v.family) + '|' + nvrtc_version() + '|' + arch_;
   for (const auto& e : v.family->name_expressions(v.config, v.head_dim, v.causal, v.dtype)) key += '|' + e;
   return content_hash(key);
 }
@@ -81,12 +85,17 @@ KernelRecord Compiler::compile(const Variant& v) const {
   k.dtype = v.dtype;
   k.arch = arch_;
   k.nvrtc_version = nvrtc_version();
-  k.options = options_string();
+  k.options = options_string(f);
   k.source_hash = source_hash_;
   const std::vector<std::string> exprs = f.name_expressions(v.config, v.head_dim, v.causal, v.dtype);
   for (const auto& e : exprs) k.name_expression += (k.name_expression.empty() ? "" : "\n") + e;
 
-  // Prune before compiling: the family's constraints, then the target's limits.
+  // Prune before compiling: the target's instruction set, the family's constraints, the target's limits.
+  if (f.hopper_only && target(f) != "sm_90a") {
+    k.status = "pruned";
+    k.reason = "needs Hopper's wgmma (sm_90a); target is " + arch_;
+    return k;
+  }
   if (const char* why = f.check(v.config, v.head_dim)) {
     k.status = "pruned";
     k.reason = why;
@@ -121,7 +130,7 @@ KernelRecord Compiler::compile(const Variant& v) const {
   nvrtcCreateProgram(&prog, source.c_str(), ("flashtune_" + f.name + ".cu").c_str(), (int)header_src.size(),
                      header_src.data(), header_names.data());
   for (const auto& e : exprs) nvrtcAddNameExpression(prog, e.c_str());
-  const auto opts = options();
+  const auto opts = options(f);
   std::vector<const char*> copts;
   for (const auto& o : opts) copts.push_back(o.c_str());
   nvrtcResult rc = nvrtcCompileProgram(prog, (int)copts.size(), copts.data());

@@ -35,7 +35,9 @@ class Compiler {
  public:
   explicit Compiler(std::string arch);
   const std::string& arch() const { return arch_; }
-  std::string options_string() const;
+  // NVRTC options for a family: its target is arch(), or arch() + "a" for a family that uses
+  // arch-specific instructions (Family::hopper_only: sm_90a).
+  std::string options_string(const Family& f) const;
   // Hash of everything that determines the variant's code.
   std::string variant_hash(const Variant&) const;
   // Prunes by constraints and limits, compiles, parses resources; never throws for a bad variant.
@@ -45,7 +47,8 @@ class Compiler {
                                         const std::function<void(size_t done, size_t total)>& progress = {}) const;
 
  private:
-  std::vector<std::string> options() const;
+  std::vector<std::string> options(const Family& f) const;
+  std::string target(const Family& f) const;
   std::string arch_;
   std::string source_hash_;  // of every embedded template
 };

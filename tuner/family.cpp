@@ -7,6 +7,7 @@
 #include "templates/fa2_mma_traits.h"
 #include "templates/fa2_simt_bwd_traits.h"
 #include "templates/fa2_simt_traits.h"
+#include "templates/fa2_wgmma_bwd_traits.h"
 #include "templates/naive_traits.h"
 #include "templates/test_faults_traits.h"
 #include "tuner/util.hpp"
@@ -215,6 +216,41 @@ std::vector<Family> make_families() {
                       fa2_mma_bwd_dkdv_smem_bytes(d, bm, bn, w, ds, st, mode)),
           make_launch(grid(fa2_mma_bwd_dq_grid), fa2_mma_bwd_dq_threads(bm, bn, w, ds, st, mode),
                       fa2_mma_bwd_dq_smem_bytes(d, bm, bn, w, ds, st, mode))};
+    };
+    fs.push_back(std::move(f));
+  }
+  {  // FlashAttention-2 backward on Hopper's wgmma (sm_90a), fp16 / bf16: fa2_mma_bwd's preprocess and
+     // dQ conversion around a warpgroup dK/dV kernel (dQ by fp32 reductions).
+    Family f;
+    f.name = "fa2_wgmma_bwd";
+    f.direction = "bwd";
+    f.template_file = "fa2_wgmma_bwd.cuh";
+    f.kernels = {"flashtune::fa2_mma_bwd_preprocess", "flashtune::fa2_wgmma_bwd_dkdv", "flashtune::fa2_mma_bwd_dq"};
+    f.params = {{"BLOCK_M", {64, 128}},
+                {"BLOCK_N", {64, 128, 192, 256}},
+                {"SPLIT", {0, 1}},     // 0: each warpgroup owns 64 keys; 1: two warpgroups split dV / dK of 64 keys
+                {"STAGES", {1, 2}}};   // Q, dO, lse, delta double-buffered or not
+    f.head_dims = {32, 64, 96, 128, 192, 256};
+    f.dtypes = {DType::fp16, DType::bf16};
+    f.default_config = {64, 64, 1, 1};  // fits every head dim (one of dK, dV per warpgroup)
+    f.hopper_only = true;
+    f.traits = [](const Config& c, int d, bool causal, DType t) {
+      return "flashtune::Fa2WgmmaBwdTraits<" +
+             join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
+                        std::to_string(c[3]), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
+             ">";
+    };
+    f.check = [](const Config& c, int d) { return fa2_wgmma_bwd_check(d, c[0], c[1], c[2], c[3]); };
+    f.launches = [](const Config& c, const Problem& p) {
+      const int bm = c[0], bn = c[1], sp = c[2], st = c[3], d = p.head_dim;
+      auto grid = [&](auto fn) { return fn(p.batch, p.heads, p.seq_q, p.seq_k, bm, bn, sp, st); };
+      return std::vector{
+          make_launch(grid(fa2_wgmma_bwd_preprocess_grid), fa2_wgmma_bwd_preprocess_threads(bm, bn, sp, st),
+                      fa2_wgmma_bwd_preprocess_smem_bytes(d, bm, bn, sp, st)),
+          make_launch(grid(fa2_wgmma_bwd_dkdv_grid), fa2_wgmma_bwd_dkdv_threads(bm, bn, sp, st),
+                      fa2_wgmma_bwd_dkdv_smem_bytes(d, bm, bn, sp, st)),
+          make_launch(grid(fa2_wgmma_bwd_dq_grid), fa2_wgmma_bwd_dq_threads(bm, bn, sp, st),
+                      fa2_wgmma_bwd_dq_smem_bytes(d, bm, bn, sp, st))};
     };
     fs.push_back(std::move(f));
   }

@@ -38,6 +38,7 @@ struct Family {
   std::vector<DType> dtypes;
   Config default_config;      // valid for every supported head dim
   bool test_only = false;     // fault-injection families: never in default listings
+  bool hopper_only = false;   // wgmma: compiled for sm_90a (on an sm_90 target), pruned on others
 
   // "flashtune::Fa2SimtTraits<64,128,64,8,4,2,false>"
   std::function<std::string(const Config&, int head_dim, bool causal, DType)> traits;

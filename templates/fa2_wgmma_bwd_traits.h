@@ -1,0 +1,150 @@
+// Tunables, derived constants and launch geometry of the fa2_wgmma_bwd family: FlashAttention-2's
+// backward on Hopper's warpgroup MMA (wgmma, sm_90a), fp16 or bf16 in and out, fp32 accumulation.
+// Three kernels, launched in this order; the first and last are fa2_mma_bwd's (DQ_MODE 0):
+//   fa2_mma_bwd_preprocess  delta = rowsum(dO * O) (fp32), dq_accum = 0
+//   fa2_wgmma_bwd_dkdv      one CTA per K/V block of BLOCK_N keys: dK, dV, and dq_accum += scale dS K
+//                           (fp32 reductions)
+//   fa2_mma_bwd_dq          dQ = 16-bit(dq_accum)
+// Host-usable: plain constexpr C++. Every host function takes the same tunables (BM, BN, SPLIT,
+// STAGES); DTYPE and CAUSAL change no geometry.
+//
+// dK/dV kernel, warpgroups (4 warps, 128 threads) and their work per query block of BM rows:
+//   SPLIT 0 (keys): BN/64 warpgroups, each owns 64 keys and computes S^T, dP^T, dV, dK for them;
+//   SPLIT 1 (roles): two warpgroups share the CTA's 64 keys (BN = 64): warpgroup 0 computes S^T,
+//     P^T (handed to warpgroup 1 through shared memory) and dV; warpgroup 1 computes dP^T, dS^T and
+//     dK. Meant for d >= 192, where one warpgroup cannot hold both dK and dV (2 x D/2 registers).
+//   Both: dQ_i = dS K_j is split over all warpgroups: BM/64 m64 tiles x NQ column pieces of D/NQ.
+#pragma once
+#include "traits_common.h"
+
+namespace flashtune {
+
+FT_HD constexpr int fa2_wgmma_bwd_warpgroups(int BN, int SPLIT) { return SPLIT == 1 ? 2 : BN / 64; }
+FT_HD constexpr int fa2_wgmma_bwd_dq_m_tiles(int BM) { return BM / 64; }
+FT_HD constexpr int fa2_wgmma_bwd_dq_col_pieces(int BM, int BN, int SPLIT) {
+  return fa2_wgmma_bwd_dq_m_tiles(BM) > 0 ? fa2_wgmma_bwd_warpgroups(BN, SPLIT) / fa2_wgmma_bwd_dq_m_tiles(BM) : 0;
+}
+FT_HD constexpr int fa2_wgmma_bwd_dq_cols(int D, int BM, int BN, int SPLIT) {
+  return fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) > 0 ? D / fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) : 0;
+}
+// The N of every wgmma issued (BM for S^T / dP^T, D or D/NQ for the others) must be one of these.
+FT_HD constexpr bool fa2_wgmma_bwd_n_ok(int n) {
+  return n == 16 || n == 32 || n == 48 || n == 64 || n == 96 || n == 128 || n == 192 || n == 256;
+}
+// dQ columns per wgmma chain (the piece is done in chunks to bound registers): at most 64, 32 beside
+// 128 kept gradient registers (d = 256 with SPLIT 1), equal chunks (96 -> 2 x 48).
+FT_HD constexpr int fa2_wgmma_bwd_dq_chunk(int D, int BM, int BN, int SPLIT) {
+  const int cols = fa2_wgmma_bwd_dq_cols(D, BM, BN, SPLIT);
+  const int cap = (SPLIT == 1 ? D / 2 : D) >= 128 ? 32 : 64;
+  return cols <= cap ? cols : cols % cap == 0 ? cap : cols / 2;
+}
+// Peak fp32 accumulators per thread: SPLIT 0 holds dK + dV (D) and S^T + dP^T (BM), later dK + dV
+// and a dQ chunk; SPLIT 1 holds one of dK, dV (D/2) and one of S^T, dP^T (BM/2), later a dQ chunk.
+FT_HD constexpr int fa2_wgmma_bwd_acc_regs(int D, int BM, int BN, int SPLIT) {
+  const int keep = SPLIT == 1 ? D / 2 : D;
+  const int scores = SPLIT == 1 ? BM / 2 : BM;
+  const int dq = fa2_wgmma_bwd_dq_chunk(D, BM, BN, SPLIT) / 2;
+  return keep + (scores > dq ? scores : dq);
+}
+// What the register file leaves for accumulators at one CTA per SM (65536 registers; ~48 per thread
+// for addresses, loop state and fragments), capped at 192 like the other tensor-core families.
+FT_HD constexpr int fa2_wgmma_bwd_acc_budget(int threads) {
+  return threads > 0 ? (65536 / threads - 48 < 192 ? 65536 / threads - 48 : 192) : 0;
+}
+
+// Elementwise kernels shared with fa2_mma_bwd: 256 threads, 8 lanes per row, 32 rows per CTA.
+constexpr int kFa2WgmmaBwdRowThreads = 256;
+constexpr int kFa2WgmmaBwdRowLanes = 8;
+constexpr int kFa2WgmmaBwdRowsPerCta = kFa2WgmmaBwdRowThreads / kFa2WgmmaBwdRowLanes;
+
+FT_HD constexpr int fa2_wgmma_bwd_preprocess_threads(int, int, int, int) { return kFa2WgmmaBwdRowThreads; }
+FT_HD constexpr int fa2_wgmma_bwd_preprocess_smem_bytes(int, int, int, int, int) { return 0; }
+FT_HD constexpr GridDims fa2_wgmma_bwd_preprocess_grid(int batch, int heads, int seq_q, int, int, int, int, int) {
+  return GridDims{ceil_div(seq_q, kFa2WgmmaBwdRowsPerCta), heads, batch};
+}
+
+FT_HD constexpr int fa2_wgmma_bwd_dkdv_threads(int, int BN, int SPLIT, int) {
+  return 128 * fa2_wgmma_bwd_warpgroups(BN, SPLIT);
+}
+// K, V [BN][D]; STAGES x (Q, dO [BM][D]); dS^T [BN][BM] (16-bit, interleaved); SPLIT 1: P^T [64][BM]
+// fp32; STAGES x (lse, delta [BM]) fp32.
+FT_HD constexpr int fa2_wgmma_bwd_dkdv_smem_bytes(int D, int BM, int BN, int SPLIT, int STAGES) {
+  return 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + (SPLIT == 1 ? 4 * 64 * BM : 0) + 8 * STAGES * BM;
+}
+FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int seq_k, int, int BN, int, int) {
+  return GridDims{ceil_div(seq_k, BN), heads, batch};
+}
+
+FT_HD constexpr int fa2_wgmma_bwd_dq_threads(int, int, int, int) { return kFa2WgmmaBwdRowThreads; }
+FT_HD constexpr int fa2_wgmma_bwd_dq_smem_bytes(int, int, int, int, int) { return 0; }
+FT_HD constexpr GridDims fa2_wgmma_bwd_dq_grid(int batch, int heads, int seq_q, int, int, int, int, int) {
+  return GridDims{ceil_div(seq_q, kFa2WgmmaBwdRowsPerCta), heads, batch};
+}
+
+// ---- validity (shared by fa2_wgmma_bwd_check and the traits' static_asserts) ----
+FT_HD constexpr bool fa2_wgmma_bwd_d_ok(int D) {
+  return D == 32 || D == 64 || D == 96 || D == 128 || D == 192 || D == 256;
+}
+FT_HD constexpr bool fa2_wgmma_bwd_bm_ok(int BM) { return BM == 64 || BM == 128; }
+FT_HD constexpr bool fa2_wgmma_bwd_split_ok(int BN, int SPLIT) {
+  return (SPLIT == 0 && BN >= 64 && BN <= 256 && BN % 64 == 0) || (SPLIT == 1 && BN == 64);
+}
+FT_HD constexpr bool fa2_wgmma_bwd_stages_ok(int STAGES) { return STAGES == 1 || STAGES == 2; }
+FT_HD constexpr bool fa2_wgmma_bwd_dq_ok(int D, int BM, int BN, int SPLIT) {
+  return fa2_wgmma_bwd_dq_m_tiles(BM) > 0 && fa2_wgmma_bwd_warpgroups(BN, SPLIT) % fa2_wgmma_bwd_dq_m_tiles(BM) == 0 &&
+         fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) > 0 && D % fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) == 0 &&
+         fa2_wgmma_bwd_n_ok(fa2_wgmma_bwd_dq_cols(D, BM, BN, SPLIT)) &&
+         fa2_wgmma_bwd_n_ok(fa2_wgmma_bwd_dq_chunk(D, BM, BN, SPLIT)) &&
+         fa2_wgmma_bwd_dq_cols(D, BM, BN, SPLIT) % fa2_wgmma_bwd_dq_chunk(D, BM, BN, SPLIT) == 0;
+}
+FT_HD constexpr bool fa2_wgmma_bwd_acc_ok(int D, int BM, int BN, int SPLIT) {
+  return fa2_wgmma_bwd_acc_regs(D, BM, BN, SPLIT) <=
+         fa2_wgmma_bwd_acc_budget(fa2_wgmma_bwd_dkdv_threads(BM, BN, SPLIT, 1));
+}
+FT_HD constexpr bool fa2_wgmma_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
+
+// nullptr if valid, else the reason. The shared-memory limit is the host's to compare.
+FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT, int STAGES) {
+  return !fa2_wgmma_bwd_d_ok(D)                ? "D must be 32, 64, 96, 128, 192 or 256"
+         : !fa2_wgmma_bwd_bm_ok(BM)            ? "BLOCK_M must be 64 or 128 (m64 tiles of the dQ product)"
+         : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 BLOCK_N = 64"
+         : !fa2_wgmma_bwd_stages_ok(STAGES)    ? "STAGES must be 1 or 2"
+         : !fa2_wgmma_bwd_dq_ok(D, BM, BN, SPLIT)
+             ? "dQ product: warpgroups must tile BM/64 m64 tiles x column pieces of a wgmma N"
+         : !fa2_wgmma_bwd_acc_ok(D, BM, BN, SPLIT)
+             ? "accumulators per thread exceed the register budget (kept dK/dV + max(S^T/dP^T, dQ chunk))"
+             : nullptr;
+}
+
+template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DTYPE, bool CAUSAL>
+struct Fa2WgmmaBwdTraits {
+  static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES) == nullptr,
+                "invalid Fa2WgmmaBwdTraits: see fa2_wgmma_bwd_check");
+  static_assert(fa2_wgmma_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
+
+  static constexpr int kHeadDim = D;
+  static constexpr int kBlockM = BLOCK_M;
+  static constexpr int kBlockN = BLOCK_N;
+  static constexpr int kSplit = SPLIT;
+  static constexpr int kStages = STAGES;
+  static constexpr int kDtype = DTYPE;
+  static constexpr bool kCausal = CAUSAL;
+  static constexpr int kDqMode = 0;  // dQ by fp32 reductions (the shared preprocess / dq kernels read this)
+
+  static constexpr int kWarpgroups = fa2_wgmma_bwd_warpgroups(BLOCK_N, SPLIT);
+  static constexpr int kDqMTiles = fa2_wgmma_bwd_dq_m_tiles(BLOCK_M);
+  static constexpr int kDqColPieces = fa2_wgmma_bwd_dq_col_pieces(BLOCK_M, BLOCK_N, SPLIT);
+  static constexpr int kDqCols = fa2_wgmma_bwd_dq_cols(D, BLOCK_M, BLOCK_N, SPLIT);
+  static constexpr int kDqChunk = fa2_wgmma_bwd_dq_chunk(D, BLOCK_M, BLOCK_N, SPLIT);
+
+  static constexpr int kPreThreads = fa2_wgmma_bwd_preprocess_threads(BLOCK_M, BLOCK_N, SPLIT, STAGES);
+  static constexpr int kDkdvThreads = fa2_wgmma_bwd_dkdv_threads(BLOCK_M, BLOCK_N, SPLIT, STAGES);
+  static constexpr int kDqThreads = fa2_wgmma_bwd_dq_threads(BLOCK_M, BLOCK_N, SPLIT, STAGES);
+  static constexpr int kPreSmemBytes = fa2_wgmma_bwd_preprocess_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES);
+  static constexpr int kDkdvSmemBytes = fa2_wgmma_bwd_dkdv_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES);
+  static constexpr int kDqSmemBytes = fa2_wgmma_bwd_dq_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES);
+  static constexpr int kRowLanes = kFa2WgmmaBwdRowLanes;
+  static constexpr int kRowsPerCta = kFa2WgmmaBwdRowsPerCta;
+};
+
+}  // namespace flashtune

@@ -1,0 +1,75 @@
+// Hopper warpgroup MMA (wgmma, sm_90a): shared-memory matrix descriptors for the interleaved
+// ("no swizzle") layout, the issue/commit/wait protocol and the proxy fence. The instruction
+// wrappers themselves are generated (wgmma_ops.cuh).
+//
+// Tile layout used by every wgmma operand here: a tile of R rows x C 16-bit columns is stored as
+// 8 x 8 "core matrices" of 128 contiguous bytes (8 rows x 16 bytes), row group major:
+//   byte(r, c) = ((r/8) * (C/8) + c/8) * 128 + (r%8) * 16 + (c%8) * 2
+// so one 8-row group takes 16*C bytes. The same tile serves both operand orientations:
+//   rows = M/N, columns = K (K-major, trans 0): LBO = 128 (next 8 columns), SBO = 16*C (next 8 rows)
+//   rows = K, columns = M/N (MN-major, trans 1): LBO = 16*C (next 8 rows),   SBO = 128 (next 8 columns)
+// (LBO: between core matrices adjacent in K; SBO: adjacent in M/N; PTX ISA, matrix descriptor.)
+// A 16-byte chunk (r, c8) is one cp.async; 8 consecutive threads on rows r..r+7 of one chunk fill a
+// whole core matrix (conflict free), and the tensor cores read whole core matrices.
+#pragma once
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "wgmma needs the sm_90a target (arch-specific Hopper features)"
+#endif
+
+#include "wgmma_ops.cuh"
+
+namespace flashtune {
+
+// Byte offset of 16-byte chunk c8 (columns 8*c8 .. 8*c8+7) of row r in an interleaved tile of C columns.
+template <int C>
+__device__ __forceinline__ unsigned il_chunk(int r, int c8) {
+  return static_cast<unsigned>((((r >> 3) * (C / 8) + c8) << 7) + ((r & 7) << 4));
+}
+
+// Matrix descriptor: start address, LBO, SBO (all in 16-byte units), no swizzle (bits 62-63 = 0).
+// Built from two 32-bit halves so that a descriptor at base + constant offset costs one integer add
+// on the low half (the start address field cannot carry into LBO: shared memory < 256 KB).
+__device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, unsigned lbo, unsigned sbo) {
+  const unsigned lo = (smem_addr >> 4) | ((lbo >> 4) << 16);
+  const unsigned hi = sbo >> 4;
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+// Descriptor of an operand whose tile rows are M/N and columns K (C columns): trans flag 0.
+template <int C>
+__device__ __forceinline__ unsigned long long desc_k_major(unsigned addr) {
+  return wgmma_desc(addr, 128, 16 * C);
+}
+// Descriptor of an operand whose tile rows are K and columns M/N (C columns): trans flag 1.
+template <int C>
+__device__ __forceinline__ unsigned long long desc_mn_major(unsigned addr) {
+  return wgmma_desc(addr, 16 * C, 128);
+}
+
+// Registers written by ordinary instructions (accumulators, A fragments) before a wgmma reads them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Wait until at most N committed groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of accumulator registers across issue / wait points.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_regs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Ordinary shared-memory writes (st.shared, cp.async) made visible to the async proxy (wgmma
+// operands); each writing thread runs it before the barrier that publishes the data.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Named barrier over `threads` threads (a multiple of 32): bar.sync waits, bar.arrive signals only.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace flashtune
