@@ -113,6 +113,31 @@ compare-mma-bwd)
   python3 experiments/tuned_vs_sdpa.py --family fa2_mma_bwd --db "$db" --problems configs/problems/anchors_bwd_bf16.json --out "$rep/bwd_vs_sdpa.csv" 2>"$OUT/bwd_vs_sdpa.log"
   finish
   ;;
+check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then timed at S = 4096
+  for spec in "64,128,0,2 64" "128,128,0,2 64" "64,128,0,2 128" "64,128,0,1 128" "64,64,1,1 128" \
+              "64,64,1,1 256" "64,64,1,2 256" "64,64,1,1 32" "64,128,0,2 96" "64,64,1,1 192"; do
+    set -- $spec
+    IFS=, read -r bm bn sp st <<<"$1"
+    params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st"
+    for shape in "2,3,333,517,$2 bf16" "1,2,517,333,$2 fp16 --causal" "2,2,256,256,$2 bf16 --causal"; do
+      set -- $shape
+      $ft run --family fa2_wgmma_bwd --params "$params" --shape "$1" --dtype "$2" ${3:-} --direction bwd --check 2>&1 |
+        grep -E "status|error|dq|fa2_" | tr '\n' ' '; echo " <- $params $shape"
+    done
+  done
+  for spec in "64,128,0,2 4,32,4096,4096,64" "128,128,0,2 4,32,4096,4096,64" "64,128,0,2 4,16,4096,4096,128" \
+              "64,128,0,1 4,16,4096,4096,128" "64,64,1,1 4,16,4096,4096,128" "64,64,1,1 4,8,4096,4096,256" \
+              "64,64,1,2 4,8,4096,4096,256"; do
+    set -- $spec
+    IFS=, read -r bm bn sp st <<<"$1"
+    for c in "" "--causal"; do
+      $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st" --shape "$2" --dtype bf16 \
+        $c --direction bwd 2>&1 | grep -E "TFLOP|time|status" | tr '\n' ' '; echo " <- $1 $2 $c"
+    done
+  done
+  python3 experiments/sdpa_baseline.py configs/problems/anchors_bwd_bf16.json --backend flash --out "$OUT/sdpa_flash.csv" 2>&1 | tail -3
+  cat "$OUT/sdpa_flash.csv"
+  ;;
 sweep-mma)
   tune fa2_mma anchors_bf16
   $ft best --db "$db" --family fa2_mma --csv >"$rep/best_fa2_mma.csv"
