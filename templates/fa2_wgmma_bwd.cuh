@@ -18,7 +18,10 @@
 //                         then fp32 reductions into dq_accum
 // SPLIT 0: each warpgroup owns 64 keys and runs all of the above. SPLIT 1 (d >= 192): two warpgroups
 // share 64 keys; warpgroup 0 runs S^T, P^T (handed over through shared memory, named barrier 1) and
-// dV; warpgroup 1 runs dP^T, dS^T and dK; both take a piece of dQ.
+// dV; warpgroup 1 runs dP^T, dS^T and dK; both take a piece of dQ. SPLIT 2 (d >= 128): two
+// warpgroups share 64 keys and halve every product along N: S^T, dP^T over half the queries each,
+// P^T and dS^T (16-bit) exchanged through shared memory, dV += P^T dO and dK += dS^T Q over half the
+// D columns each with both operands from shared memory (SS), then a piece of dQ.
 // Shared-memory tiles use the interleaved core-matrix layout of wgmma_common.cuh (no swizzle).
 //
 // Masking as fa2_mma_bwd: padded rows are zero-filled (lse, delta too), so a padded query
@@ -134,19 +137,31 @@ __device__ __forceinline__ void dscores(float (&dpt)[BM / 2], PT pt, const float
   }
 }
 
-// Rows of a 64 x D accumulator tile (this thread's elements) to a (seq, D) 16-bit matrix, times mul.
-template <int DTYPE, int D>
-__device__ __forceinline__ void store_tile(unsigned short* out, const float (&acc)[D / 2], float mul, int row0,
-                                           int seq, int tig) {
+// Rows of a 64 x NCOL accumulator tile (this thread's elements) to columns col0.. of a (seq, D)
+// 16-bit matrix, times mul.
+template <int DTYPE, int NCOL, int D>
+__device__ __forceinline__ void store_tile(unsigned short* out, const float (&acc)[NCOL / 2], float mul, int row0,
+                                           int col0, int seq, int tig) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
     if (r < seq) {
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<unsigned*>(out + static_cast<long long>(r) * D + 8 * j + 2 * tig) =
+      for (int j = 0; j < NCOL / 8; ++j)
+        *reinterpret_cast<unsigned*>(out + static_cast<long long>(r) * D + col0 + 8 * j + 2 * tig) =
             pack_half2<DTYPE>(acc[4 * j + 2 * h] * mul, acc[4 * j + 2 * h + 1] * mul);
     }
+  }
+}
+
+// This thread's elements of a 64 x N accumulator tile (rows row, row + 8), packed to 16 bits, into
+// columns col0.. of an interleaved tile of C columns.
+template <int DTYPE, int N, int C>
+__device__ __forceinline__ void store_frags(unsigned tile, const float (&x)[N / 2], int row, int col0, int tig) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    st_shared_u32(tile + il_chunk<C>(row, col0 / 8 + j) + 4 * tig, pack_half2<DTYPE>(x[4 * j], x[4 * j + 1]));
+    st_shared_u32(tile + il_chunk<C>(row + 8, col0 / 8 + j) + 4 * tig, pack_half2<DTYPE>(x[4 * j + 2], x[4 * j + 3]));
   }
 }
 
@@ -175,8 +190,8 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   const unsigned v_tile = k_tile + 2 * BN * D;           // V [BN][D]
   const unsigned qdo_base = v_tile + 2 * BN * D;         // STAGES x {Q, dO} [BM][D]
   const unsigned ds_tile = qdo_base + STAGES * 4 * BM * D;  // dS^T [BN][BM]
-  const unsigned p_tile = ds_tile + 2 * BN * BM;            // SPLIT 1: P^T fp32, float4 slot q of thread t at (q*128+t)*16
-  constexpr int kStatsOff = 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + (SPLIT == 1 ? 4 * 64 * BM : 0);
+  const unsigned p_tile = ds_tile + 2 * BN * BM;            // P^T: SPLIT 1 fp32 (float4 slot q of thread t at (q*128+t)*16), SPLIT 2 16-bit [64][BM]
+  constexpr int kStatsOff = 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT);
   const float* stats = reinterpret_cast<const float*>(fa2_wgmma_bwd_smem + kStatsOff);  // STAGES x {lse, delta} [BM]
   const unsigned stats_s = k_tile + kStatsOff;
   auto q_tile = [&](int s) { return qdo_base + static_cast<unsigned>(s * 4 * BM * D); };
@@ -226,8 +241,11 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   cp_async_commit();
 
   // Kept gradients: SPLIT 0 both (ga = dV, gb = dK); SPLIT 1 one per warpgroup (ga = dV on
-  // warpgroup 0, dK on warpgroup 1).
-  float ga[D / 2], gb[SPLIT == 0 ? D / 2 : 2];
+  // warpgroup 0, dK on warpgroup 1); SPLIT 2 columns gc0.. of both (ga = dV, gb = dK).
+  constexpr int GA = SPLIT == 2 ? D / 4 : D / 2;
+  constexpr int GB = SPLIT == 0 ? D / 2 : SPLIT == 2 ? D / 4 : 2;
+  const int gc0 = SPLIT == 2 ? wg * (D / 2) : 0;
+  float ga[GA], gb[GB];
   det::zero(ga);
   det::zero(gb);
 
@@ -244,11 +262,11 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     const float* lse_s = stats + 2 * s * BM;
     const float* dl_s = lse_s + BM;
     const unsigned kt = det::opaque(k_tile), vt = det::opaque(v_tile), qt = det::opaque(q_tile(s)),
-                   dot = det::opaque(do_tile(s)), dst = det::opaque(ds_tile);
+                   dot = det::opaque(do_tile(s)), dst = det::opaque(ds_tile), ptt = det::opaque(p_tile);
     const int key0 = n0 + kr0 + wrow;  // this thread's rows: key0 + g, key0 + g + 8
     const bool needs_mask = (n0 + kr0 + 64 > seq_k) || (CAUSAL && n0 + kr0 + 63 > m0 + causal_offset);
 
-    unsigned ds_a[BM / 16][4];  // dS^T as 16-bit A fragments (all k16 slices), stored below
+    unsigned ds_a[BM / 16][4];  // SPLIT 0, 1: dS^T as 16-bit A fragments (all k16 slices), stored below
     if constexpr (SPLIT == 0) {
       float st[BM / 2], dpt[BM / 2];
       wgmma_fence_regs(st);
@@ -271,6 +289,34 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       wgmma_fence();
       det::gemm_frags_by_tile<D, BM, DT>(ga, p_a, dot);   // dV += P^T dO
       det::gemm_frags_by_tile<D, BM, DT>(gb, ds_a, qt);   // dK += dS^T Q
+      wgmma_commit();
+    } else if constexpr (SPLIT == 2) {
+      constexpr int HM = BM / 2;  // this warpgroup's query columns: qc .. qc+HM-1
+      const int qc = wg * HM;
+      float st[HM / 2], dpt[HM / 2];
+      wgmma_fence_regs(st);
+      wgmma_fence_regs(dpt);
+      wgmma_fence();
+      det::gemm_abt<HM, D, DT>(st, kt, qt + 2 * qc * D);
+      det::gemm_abt<HM, D, DT>(dpt, vt, dot + 2 * qc * D);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_regs(st);
+      wgmma_fence_regs(dpt);
+      det::probs<HM>(st, lse_s + qc, scale_log2, needs_mask, key0, m0 + qc, seq_k, causal_offset, CAUSAL, g, tig);
+      det::dscores<HM>(dpt, [&](int j, int e) { return st[4 * j + e]; }, dl_s + qc, tig);
+      det::store_frags<DT, HM, BM>(ptt, st, wrow + g, qc, tig);
+      det::store_frags<DT, HM, BM>(dst, dpt, wrow + g, qc, tig);
+      fence_proxy_async();
+      __syncthreads();  // P^T, dS^T complete (both halves)
+      wgmma_fence_regs(ga);
+      wgmma_fence_regs(gb);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {  // dV[:, gc0..] += P^T dO[:, gc0..]; dK likewise with dS^T, Q
+        wgmma_ss<D / 2, DT, 0, 1>(ga, desc_k_major<BM>(ptt + 256 * kk), desc_mn_major<D>(dot + 32 * D * kk + 16 * gc0), 1);
+        wgmma_ss<D / 2, DT, 0, 1>(gb, desc_k_major<BM>(dst + 256 * kk), desc_mn_major<D>(qt + 32 * D * kk + 16 * gc0), 1);
+      }
       wgmma_commit();
     } else {
       float x[BM / 2];  // warpgroup 0: S^T -> P^T; warpgroup 1: dP^T -> dS^T
@@ -307,7 +353,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     }
 
     // dS^T (16-bit) to shared memory for the dQ product; rows key0 - n0 + g (+8), query columns.
-    if (SPLIT == 0 || wg == 1) {
+    if (SPLIT == 0 || (SPLIT == 1 && wg == 1)) {
       const int r = kr0 + wrow + g;
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
@@ -320,8 +366,10 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     wgmma_wait<0>();  // dV, dK products done: Q_i, dO_i and the A fragments are free
     wgmma_fence_regs(ga);
     wgmma_fence_regs(gb);
-    fence_proxy_async();
-    __syncthreads();  // dS^T complete for every warpgroup
+    if constexpr (SPLIT != 2 || STAGES == 1) {
+      fence_proxy_async();
+      __syncthreads();  // dS^T complete for every warpgroup; STAGES 1: Q_i, dO_i free
+    }
     if constexpr (STAGES == 1) {
       if (mb + 1 < num_m_blocks) load_block(mb + 1, 0);
       cp_async_commit();
@@ -361,11 +409,11 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh * seq_k * D;
   unsigned short* dv_out = static_cast<unsigned short*>(p.dv) + bh * seq_k * D;
   const int row0 = n0 + kr0 + wrow + g;
-  if constexpr (SPLIT == 0) {
-    det::store_tile<DT, D>(dv_out, ga, 1.f, row0, seq_k, tig);
-    det::store_tile<DT, D>(dk_out, gb, p.scale, row0, seq_k, tig);
+  if constexpr (SPLIT == 1) {
+    det::store_tile<DT, GA * 2, D>(wg == 0 ? dv_out : dk_out, ga, wg == 0 ? 1.f : p.scale, row0, 0, seq_k, tig);
   } else {
-    det::store_tile<DT, D>(wg == 0 ? dv_out : dk_out, ga, wg == 0 ? 1.f : p.scale, row0, seq_k, tig);
+    det::store_tile<DT, GA * 2, D>(dv_out, ga, 1.f, row0, gc0, seq_k, tig);
+    det::store_tile<DT, GB * 2, D>(dk_out, gb, p.scale, row0, gc0, seq_k, tig);
   }
 }
 

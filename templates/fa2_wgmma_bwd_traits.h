@@ -13,13 +13,17 @@
 //   SPLIT 1 (roles): two warpgroups share the CTA's 64 keys (BN = 64): warpgroup 0 computes S^T,
 //     P^T (handed to warpgroup 1 through shared memory) and dV; warpgroup 1 computes dP^T, dS^T and
 //     dK. Meant for d >= 192, where one warpgroup cannot hold both dK and dV (2 x D/2 registers).
-//   Both: dQ_i = dS K_j is split over all warpgroups: BM/64 m64 tiles x NQ column pieces of D/NQ.
+//   SPLIT 2 (columns): two warpgroups share the CTA's 64 keys (BN = 64) and halve every product
+//     along N: S^T and dP^T over half of the query columns each, P^T and dS^T (16-bit) exchanged
+//     through shared memory, then dV and dK over half of the D columns each (both operands from
+//     shared memory). No role waits on the other; both hold D/4 + D/4 gradient registers.
+//   All: dQ_i = dS K_j is split over all warpgroups: BM/64 m64 tiles x NQ column pieces of D/NQ.
 #pragma once
 #include "traits_common.h"
 
 namespace flashtune {
 
-FT_HD constexpr int fa2_wgmma_bwd_warpgroups(int BN, int SPLIT) { return SPLIT == 1 ? 2 : BN / 64; }
+FT_HD constexpr int fa2_wgmma_bwd_warpgroups(int BN, int SPLIT) { return SPLIT == 0 ? BN / 64 : 2; }
 FT_HD constexpr int fa2_wgmma_bwd_dq_m_tiles(int BM) { return BM / 64; }
 FT_HD constexpr int fa2_wgmma_bwd_dq_col_pieces(int BM, int BN, int SPLIT) {
   return fa2_wgmma_bwd_dq_m_tiles(BM) > 0 ? fa2_wgmma_bwd_warpgroups(BN, SPLIT) / fa2_wgmma_bwd_dq_m_tiles(BM) : 0;
@@ -32,17 +36,18 @@ FT_HD constexpr bool fa2_wgmma_bwd_n_ok(int n) {
   return n == 16 || n == 32 || n == 48 || n == 64 || n == 96 || n == 128 || n == 192 || n == 256;
 }
 // dQ columns per wgmma chain (the piece is done in chunks to bound registers): at most 64, 32 beside
-// 128 kept gradient registers (d = 256 with SPLIT 1), equal chunks (96 -> 2 x 48).
+// 128 or more kept gradient registers (SPLIT 0 at d >= 128, SPLIT 1 at d = 256), equal chunks (96 -> 2 x 48).
 FT_HD constexpr int fa2_wgmma_bwd_dq_chunk(int D, int BM, int BN, int SPLIT) {
   const int cols = fa2_wgmma_bwd_dq_cols(D, BM, BN, SPLIT);
-  const int cap = (SPLIT == 1 ? D / 2 : D) >= 128 ? 32 : 64;
+  const int cap = (SPLIT == 0 ? D : SPLIT == 1 ? D / 2 : 0) >= 128 ? 32 : 64;
   return cols <= cap ? cols : cols % cap == 0 ? cap : cols / 2;
 }
 // Peak fp32 accumulators per thread: SPLIT 0 holds dK + dV (D) and S^T + dP^T (BM), later dK + dV
-// and a dQ chunk; SPLIT 1 holds one of dK, dV (D/2) and one of S^T, dP^T (BM/2), later a dQ chunk.
+// and a dQ chunk; SPLIT 1 holds one of dK, dV (D/2) and one of S^T, dP^T (BM/2), later a dQ chunk;
+// SPLIT 2 half of dK and of dV (D/2) and half of S^T and of dP^T (BM/2), later a dQ chunk.
 FT_HD constexpr int fa2_wgmma_bwd_acc_regs(int D, int BM, int BN, int SPLIT) {
-  const int keep = SPLIT == 1 ? D / 2 : D;
-  const int scores = SPLIT == 1 ? BM / 2 : BM;
+  const int keep = SPLIT == 0 ? D : D / 2;
+  const int scores = SPLIT == 0 ? BM : BM / 2;
   const int dq = fa2_wgmma_bwd_dq_chunk(D, BM, BN, SPLIT) / 2;
   return keep + (scores > dq ? scores : dq);
 }
@@ -66,10 +71,11 @@ FT_HD constexpr GridDims fa2_wgmma_bwd_preprocess_grid(int batch, int heads, int
 FT_HD constexpr int fa2_wgmma_bwd_dkdv_threads(int, int BN, int SPLIT, int) {
   return 128 * fa2_wgmma_bwd_warpgroups(BN, SPLIT);
 }
-// K, V [BN][D]; STAGES x (Q, dO [BM][D]); dS^T [BN][BM] (16-bit, interleaved); SPLIT 1: P^T [64][BM]
-// fp32; STAGES x (lse, delta [BM]) fp32.
+// K, V [BN][D]; STAGES x (Q, dO [BM][D]); dS^T [BN][BM] (16-bit, interleaved); P^T [64][BM] (SPLIT 1
+// fp32, SPLIT 2 16-bit); STAGES x (lse, delta [BM]) fp32.
+FT_HD constexpr int fa2_wgmma_bwd_p_bytes(int BM, int SPLIT) { return SPLIT == 1 ? 4 * 64 * BM : SPLIT == 2 ? 2 * 64 * BM : 0; }
 FT_HD constexpr int fa2_wgmma_bwd_dkdv_smem_bytes(int D, int BM, int BN, int SPLIT, int STAGES) {
-  return 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + (SPLIT == 1 ? 4 * 64 * BM : 0) + 8 * STAGES * BM;
+  return 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT) + 8 * STAGES * BM;
 }
 FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int seq_k, int, int BN, int, int) {
   return GridDims{ceil_div(seq_k, BN), heads, batch};
@@ -87,11 +93,11 @@ FT_HD constexpr bool fa2_wgmma_bwd_d_ok(int D) {
 }
 FT_HD constexpr bool fa2_wgmma_bwd_bm_ok(int BM) { return BM == 64 || BM == 128; }
 FT_HD constexpr bool fa2_wgmma_bwd_split_ok(int BN, int SPLIT) {
-  return (SPLIT == 0 && BN >= 64 && BN <= 256 && BN % 64 == 0) || (SPLIT == 1 && BN == 64);
+  return (SPLIT == 0 && BN >= 64 && BN <= 256 && BN % 64 == 0) || ((SPLIT == 1 || SPLIT == 2) && BN == 64);
 }
 FT_HD constexpr bool fa2_wgmma_bwd_stages_ok(int STAGES) { return STAGES == 1 || STAGES == 2; }
 FT_HD constexpr bool fa2_wgmma_bwd_dq_ok(int D, int BM, int BN, int SPLIT) {
-  return fa2_wgmma_bwd_dq_m_tiles(BM) > 0 && fa2_wgmma_bwd_warpgroups(BN, SPLIT) % fa2_wgmma_bwd_dq_m_tiles(BM) == 0 &&
+  return (SPLIT != 2 || (fa2_wgmma_bwd_n_ok(BM / 2) && fa2_wgmma_bwd_n_ok(D / 2))) && fa2_wgmma_bwd_dq_m_tiles(BM) > 0 && fa2_wgmma_bwd_warpgroups(BN, SPLIT) % fa2_wgmma_bwd_dq_m_tiles(BM) == 0 &&
          fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) > 0 && D % fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) == 0 &&
          fa2_wgmma_bwd_n_ok(fa2_wgmma_bwd_dq_cols(D, BM, BN, SPLIT)) &&
          fa2_wgmma_bwd_n_ok(fa2_wgmma_bwd_dq_chunk(D, BM, BN, SPLIT)) &&
@@ -107,10 +113,10 @@ FT_HD constexpr bool fa2_wgmma_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DT
 FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT, int STAGES) {
   return !fa2_wgmma_bwd_d_ok(D)                ? "D must be 32, 64, 96, 128, 192 or 256"
          : !fa2_wgmma_bwd_bm_ok(BM)            ? "BLOCK_M must be 64 or 128 (m64 tiles of the dQ product)"
-         : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 BLOCK_N = 64"
+         : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 and 2 BLOCK_N = 64"
          : !fa2_wgmma_bwd_stages_ok(STAGES)    ? "STAGES must be 1 or 2"
          : !fa2_wgmma_bwd_dq_ok(D, BM, BN, SPLIT)
-             ? "dQ product: warpgroups must tile BM/64 m64 tiles x column pieces of a wgmma N"
+             ? "wgmma shapes: warpgroups must tile dQ in BM/64 m64 tiles x column pieces of a wgmma N (SPLIT 2: BM/2, D/2 too)"
          : !fa2_wgmma_bwd_acc_ok(D, BM, BN, SPLIT)
              ? "accumulators per thread exceed the register budget (kept dK/dV + max(S^T/dP^T, dQ chunk))"
              : nullptr;

@@ -228,7 +228,7 @@ std::vector<Family> make_families() {
     f.kernels = {"flashtune::fa2_mma_bwd_preprocess", "flashtune::fa2_wgmma_bwd_dkdv", "flashtune::fa2_mma_bwd_dq"};
     f.params = {{"BLOCK_M", {64, 128}},
                 {"BLOCK_N", {64, 128, 192, 256}},
-                {"SPLIT", {0, 1}},     // 0: each warpgroup owns 64 keys; 1: two warpgroups split dV / dK of 64 keys
+                {"SPLIT", {0, 1, 2}},  // 0: a warpgroup per 64 keys; 1: two split dV | dK roles, 2: two halve every product
                 {"STAGES", {1, 2}}};   // Q, dO, lse, delta double-buffered or not
     f.head_dims = {32, 64, 96, 128, 192, 256};
     f.dtypes = {DType::fp16, DType::bf16};
