@@ -113,7 +113,8 @@ compare-mma-bwd)
   python3 experiments/tuned_vs_sdpa.py --family fa2_mma_bwd --db "$db" --problems configs/problems/anchors_bwd_bf16.json --out "$rep/bwd_vs_sdpa.csv" 2>"$OUT/bwd_vs_sdpa.log"
   finish
   ;;
-check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then timed at S = 4096
+check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then timed at S = 4096; "all": then sweep-wgmma-bwd
+  then=${1:-}
   for spec in "64,128,0,2 64" "64,64,2,2 256" "64,64,2,1 256" "128,64,2,2 128" "64,64,2,2 128" "64,64,2,2 64" \
               "64,64,2,2 32" "64,64,2,2 96" "64,64,2,2 192" "64,192,0,2 64"; do
     set -- $spec
@@ -125,8 +126,8 @@ check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then tim
         grep -E "status|error|dq|fa2_" | tr '\n' ' '; echo " <- $params $shape"
     done
   done
-  for spec in "64,64,2,2 4,32,4096,4096,64" "64,64,2,2 4,16,4096,4096,128" "128,64,2,2 4,16,4096,4096,128" \
-              "64,64,2,2 4,8,4096,4096,256" "64,64,2,1 4,8,4096,4096,256"; do
+  for spec in "64,128,0,2 4,32,4096,4096,64" "64,64,2,2 4,32,4096,4096,64" "64,128,0,2 4,16,4096,4096,128" \
+              "64,64,2,2 4,16,4096,4096,128" "64,64,2,2 4,8,4096,4096,256" "64,64,1,1 4,8,4096,4096,256"; do
     set -- $spec
     IFS=, read -r bm bn sp st <<<"$1"
     for c in "" "--causal"; do
@@ -134,7 +135,7 @@ check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then tim
         $c --direction bwd 2>&1 | grep -E "TFLOP|time|status" | tr '\n' ' '; echo " <- $1 $2 $c"
     done
   done
-  [[ ${1:-} == all ]] || exit 0
+  [[ $then == all ]] || exit 0
   ;&
 sweep-wgmma-bwd)  # tune fa2_wgmma_bwd on the bf16 grid, then the best of both bf16 backward families beside torch
   tune fa2_wgmma_bwd anchors_bwd_bf16

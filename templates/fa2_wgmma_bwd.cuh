@@ -168,7 +168,7 @@ __device__ __forceinline__ void store_frags(unsigned tile, const float (&x)[N / 
 }  // namespace fa2_wgmma_bwd_detail
 
 // One CTA per K/V block j (x), head (y), batch (z): dK_j, dV_j over every query block i that can see
-// the block, in increasing i; dq_accum[i] += scale * dS_ij K_j.
+// the block (in a rotated order, below); dq_accum[i] += scale * dS_ij K_j.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(const AttnBwdParams p) {
   using T = Traits;
@@ -227,6 +227,11 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   const int causal_offset = seq_k - seq_q;
   const int num_m_blocks = ceil_div(seq_q, BM);
   const int first_m_block = CAUSAL ? imax(0, n0 - causal_offset) / BM : 0;
+  // The visible query blocks, visited from a per-CTA rotation: CTAs of one head that run together
+  // then add into different rows of dq_accum instead of contending for the same L2 lines.
+  const int m_count = num_m_blocks - first_m_block;
+  const int m_rot = m_count > 0 ? static_cast<int>(blockIdx.x) % m_count : 0;
+  auto m_block = [&](int t) { return first_m_block + (t + m_rot) % m_count; };
 
   auto load_block = [&](int mb, int s) {
     det::load_rows_il<BM, D, NT>(q_tile(s), q, mb * BM, seq_q, tid);
@@ -237,7 +242,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
 
   det::load_rows_il<BN, D, NT>(k_tile, k, n0, seq_k, tid);
   det::load_rows_il<BN, D, NT>(v_tile, v, n0, seq_k, tid);
-  if (first_m_block < num_m_blocks) load_block(first_m_block, 0);
+  if (m_count > 0) load_block(m_block(0), 0);
   cp_async_commit();
 
   // Kept gradients: SPLIT 0 both (ga = dV, gb = dK); SPLIT 1 one per warpgroup (ga = dV on
@@ -250,13 +255,14 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   det::zero(gb);
 
   int s = 0;
-  for (int mb = first_m_block; mb < num_m_blocks; ++mb) {
+  for (int t = 0; t < m_count; ++t) {
+    const int mb = m_block(t);
     const int m0 = mb * BM;
     cp_async_wait<0>();   // block mb (K, V too on the first pass)
     fence_proxy_async();  // ... visible to the tensor cores' reads
     __syncthreads();      // and to every thread; everyone is done with block mb-1 (its slot, dS^T, P^T)
     if constexpr (STAGES == 2) {
-      if (mb + 1 < num_m_blocks) load_block(mb + 1, s ^ 1);
+      if (t + 1 < m_count) load_block(m_block(t + 1), s ^ 1);
       cp_async_commit();
     }
     const float* lse_s = stats + 2 * s * BM;
@@ -371,7 +377,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       __syncthreads();  // dS^T complete for every warpgroup; STAGES 1: Q_i, dO_i free
     }
     if constexpr (STAGES == 1) {
-      if (mb + 1 < num_m_blocks) load_block(mb + 1, 0);
+      if (t + 1 < m_count) load_block(m_block(t + 1), 0);
       cp_async_commit();
     }
 
