@@ -134,12 +134,13 @@ check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then tim
       $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st" --shape "$2" --dtype bf16 \
         $c --direction bwd 2>&1 | grep -E "TFLOP|time|status" | tr '\n' ' '; echo " <- $1 $2 $c"
     done
-  done
+  done | tee "$OUT/check_timing.txt"
   [[ $then == all ]] || exit 0
   ;&
-sweep-wgmma-bwd)  # tune fa2_wgmma_bwd on the bf16 grid, then the best of both bf16 backward families beside torch
-  tune fa2_wgmma_bwd anchors_bwd_bf16
+sweep-wgmma-bwd)  # tune fa2_wgmma_bwd on the grid's d 128/256 points, then the best of both bf16 backward families beside torch
+  tune fa2_wgmma_bwd_grid anchors_bwd_bf16_d128_256
   $ft best --db "$db" --family fa2_wgmma_bwd --csv >"$rep/best_fa2_wgmma_bwd.csv"
+  finish  # packed now too: the comparison below may be cut by the time limit
   log "backward comparison"
   python3 experiments/tuned_vs_sdpa.py --family fa2_wgmma_bwd,fa2_mma_bwd --db "$db" --problems configs/problems/anchors_bwd_bf16.json --out "$rep/bwd_vs_sdpa.csv" 2>"$OUT/bwd_vs_sdpa.log"
   cat "$rep/bwd_vs_sdpa.csv" | cut -d, -f2-20 | head -3
