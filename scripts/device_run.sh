@@ -115,23 +115,24 @@ compare-mma-bwd)
   ;;
 check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then timed at S = 4096; "all": then sweep-wgmma-bwd
   then=${1:-}
-  for spec in "64,128,0,2 64" "64,64,2,2 256" "64,64,2,1 256" "128,64,2,2 128" "64,64,2,2 128" "64,64,2,2 64" \
-              "64,64,2,2 32" "64,64,2,2 96" "64,64,2,2 192" "64,192,0,2 64"; do
+  for spec in "64,128,0,2,1 64" "64,64,2,1,1 256" "64,64,2,2,0 256" "64,128,0,2,1 128" "64,64,2,2,1 128" \
+              "64,64,2,2,1 32" "64,64,2,2,1 96" "64,64,2,1,1 192" "64,64,1,1,1 64"; do
     set -- $spec
-    IFS=, read -r bm bn sp st <<<"$1"
-    params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st"
+    IFS=, read -r bm bn sp st red <<<"$1"
+    params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red"
     for shape in "2,3,333,517,$2 bf16" "1,2,517,333,$2 fp16 --causal" "2,2,256,256,$2 bf16 --causal"; do
       set -- $shape
       $ft run --family fa2_wgmma_bwd --params "$params" --shape "$1" --dtype "$2" ${3:-} --direction bwd --check 2>&1 |
         grep -E "status|error|dq|fa2_" | tr '\n' ' '; echo " <- $params $shape"
     done
   done
-  for spec in "64,128,0,2 4,32,4096,4096,64" "64,64,2,2 4,32,4096,4096,64" "64,128,0,2 4,16,4096,4096,128" \
-              "64,64,2,2 4,16,4096,4096,128" "64,64,2,2 4,8,4096,4096,256" "64,64,1,1 4,8,4096,4096,256"; do
+  for spec in "64,128,0,2,0 4,32,4096,4096,64" "64,128,0,2,1 4,32,4096,4096,64" "64,64,2,2,1 4,32,4096,4096,64" \
+              "64,128,0,2,0 4,16,4096,4096,128" "64,128,0,2,1 4,16,4096,4096,128" "64,64,2,2,1 4,16,4096,4096,128" \
+              "64,64,2,1,0 4,8,4096,4096,256" "64,64,2,1,1 4,8,4096,4096,256" "64,64,2,2,0 4,8,4096,4096,256"; do
     set -- $spec
-    IFS=, read -r bm bn sp st <<<"$1"
+    IFS=, read -r bm bn sp st red <<<"$1"
     for c in "" "--causal"; do
-      $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st" --shape "$2" --dtype bf16 \
+      $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" --shape "$2" --dtype bf16 \
         $c --direction bwd 2>&1 | grep -E "TFLOP|time|status" | tr '\n' ' '; echo " <- $1 $2 $c"
     done
   done | tee "$OUT/check_timing.txt"

@@ -1,6 +1,6 @@
 // FlashAttention-2 backward on Hopper's warpgroup MMA (wgmma, sm_90a), fp16 or bf16 in and out,
 // fp32 accumulation. Kernels, launched in order (T = Fa2WgmmaBwdTraits<D, BLOCK_M, BLOCK_N, SPLIT,
-// STAGES, DTYPE, CAUSAL>):
+// STAGES, DQ_RED, DTYPE, CAUSAL>):
 //   fa2_mma_bwd_preprocess<T>  delta = rowsum(dO * O), dq_accum = 0        (shared with fa2_mma_bwd)
 //   fa2_wgmma_bwd_dkdv<T>      one CTA per K/V block j: dK_j, dV_j; dq_accum += scale dS K_j
 //   fa2_mma_bwd_dq<T>          dQ = 16-bit(dq_accum)                        (shared with fa2_mma_bwd)
@@ -192,6 +192,8 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   const unsigned ds_tile = qdo_base + STAGES * 4 * BM * D;  // dS^T [BN][BM]
   const unsigned p_tile = ds_tile + 2 * BN * BM;            // P^T: SPLIT 1 fp32 (float4 slot q of thread t at (q*128+t)*16), SPLIT 2 16-bit [64][BM]
   constexpr int kStatsOff = 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT);
+  constexpr int kDqStageOff = kStatsOff + 8 * STAGES * BM;  // DQ_RED 1: dQ tile [BM][D] fp32, row-major
+  float* dq_stage = reinterpret_cast<float*>(fa2_wgmma_bwd_smem + kDqStageOff);
   const float* stats = reinterpret_cast<const float*>(fa2_wgmma_bwd_smem + kStatsOff);  // STAGES x {lse, delta} [BM]
   const unsigned stats_s = k_tile + kStatsOff;
   auto q_tile = [&](int s) { return qdo_base + static_cast<unsigned>(s * 4 * BM * D); };
@@ -259,6 +261,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     const int mb = m_block(t);
     const int m0 = mb * BM;
     cp_async_wait<0>();   // block mb (K, V too on the first pass)
+    if (T::kDqRed == 1 && tid == 0) bulk_wait_read<0>();  // the previous dQ tile has left shared memory
     fence_proxy_async();  // ... visible to the tensor cores' reads
     __syncthreads();      // and to every thread; everyone is done with block mb-1 (its slot, dS^T, P^T)
     if constexpr (STAGES == 2) {
@@ -398,18 +401,35 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       wgmma_fence_regs(dq);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = m0 + dq_m + wrow + g + 8 * h;
-        if (r < seq_q) {
+        const int rb = dq_m + wrow + g + 8 * h;  // row in the block
+        if constexpr (T::kDqRed == 0) {
+          if (m0 + rb < seq_q) {
+#pragma unroll
+            for (int j = 0; j < DQ_CHUNK / 8; ++j)
+              red_add_f32x2(dq_accum + static_cast<long long>(m0 + rb) * D + dq_c + c0 + 8 * j + 2 * tig,
+                            scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
+          }
+        } else {
 #pragma unroll
           for (int j = 0; j < DQ_CHUNK / 8; ++j)
-            red_add_f32x2(dq_accum + static_cast<long long>(r) * D + dq_c + c0 + 8 * j + 2 * tig,
-                          scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
+            *reinterpret_cast<float2*>(dq_stage + rb * D + dq_c + c0 + 8 * j + 2 * tig) =
+                make_float2(scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
         }
+      }
+    }
+    if constexpr (T::kDqRed == 1) {  // the block's dQ tile (rows below seq_q) in one bulk reduction
+      fence_proxy_async();
+      __syncthreads();
+      if (tid == 0) {
+        bulk_reduce_add_f32(dq_accum + static_cast<long long>(m0) * D, smem_u32(dq_stage),
+                            static_cast<unsigned>(imin(BM, seq_q - m0) * D * 4));
+        bulk_commit();
       }
     }
     if constexpr (STAGES == 2) s ^= 1;
   }
   cp_async_wait<0>();  // nothing in flight at exit (no query block: K, V unused)
+  if (T::kDqRed == 1 && tid == 0) bulk_wait<0>();  // the last dQ tile reduced before shared memory goes
 
   // dK (times scale), dV rows; zeros for a block no query sees.
   unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh * seq_k * D;

@@ -5,8 +5,8 @@
 //   fa2_wgmma_bwd_dkdv      one CTA per K/V block of BLOCK_N keys: dK, dV, and dq_accum += scale dS K
 //                           (fp32 reductions)
 //   fa2_mma_bwd_dq          dQ = 16-bit(dq_accum)
-// Host-usable: plain constexpr C++. Every host function takes the same tunables (BM, BN, SPLIT,
-// STAGES); DTYPE and CAUSAL change no geometry.
+// Host-usable: plain constexpr C++. Host functions take the tunables they depend on (BM, BN, SPLIT,
+// STAGES; DQ_RED only changes the dK/dV kernel's shared memory); DTYPE and CAUSAL change no geometry.
 //
 // dK/dV kernel, warpgroups (4 warps, 128 threads) and their work per query block of BM rows:
 //   SPLIT 0 (keys): BN/64 warpgroups, each owns 64 keys and computes S^T, dP^T, dV, dK for them;
@@ -17,7 +17,10 @@
 //     along N: S^T and dP^T over half of the query columns each, P^T and dS^T (16-bit) exchanged
 //     through shared memory, then dV and dK over half of the D columns each (both operands from
 //     shared memory). No role waits on the other; both hold D/4 + D/4 gradient registers.
-//   All: dQ_i = dS K_j is split over all warpgroups: BM/64 m64 tiles x NQ column pieces of D/NQ.
+//   All: dQ_i = dS K_j is split over all warpgroups: BM/64 m64 tiles x NQ column pieces of D/NQ,
+//   added into dq_accum by fp32 reductions from registers (DQ_RED 0: red.global.add.v2.f32 per pair),
+//   or (DQ_RED 1) staged as a BM x D fp32 tile in shared memory and added by one bulk reduction
+//   (cp.reduce.async.bulk .add.f32) per query block: the rows m0.. of dq_accum are contiguous.
 #pragma once
 #include "traits_common.h"
 
@@ -74,8 +77,10 @@ FT_HD constexpr int fa2_wgmma_bwd_dkdv_threads(int, int BN, int SPLIT, int) {
 // K, V [BN][D]; STAGES x (Q, dO [BM][D]); dS^T [BN][BM] (16-bit, interleaved); P^T [64][BM] (SPLIT 1
 // fp32, SPLIT 2 16-bit); STAGES x (lse, delta [BM]) fp32.
 FT_HD constexpr int fa2_wgmma_bwd_p_bytes(int BM, int SPLIT) { return SPLIT == 1 ? 4 * 64 * BM : SPLIT == 2 ? 2 * 64 * BM : 0; }
-FT_HD constexpr int fa2_wgmma_bwd_dkdv_smem_bytes(int D, int BM, int BN, int SPLIT, int STAGES) {
-  return 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT) + 8 * STAGES * BM;
+// DQ_RED 1: + the dQ staging tile [BM][D] fp32.
+FT_HD constexpr int fa2_wgmma_bwd_dkdv_smem_bytes(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED) {
+  return 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT) + 8 * STAGES * BM +
+         (DQ_RED == 1 ? 4 * BM * D : 0);
 }
 FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int seq_k, int, int BN, int, int) {
   return GridDims{ceil_div(seq_k, BN), heads, batch};
@@ -96,6 +101,7 @@ FT_HD constexpr bool fa2_wgmma_bwd_split_ok(int BN, int SPLIT) {
   return (SPLIT == 0 && BN >= 64 && BN <= 256 && BN % 64 == 0) || ((SPLIT == 1 || SPLIT == 2) && BN == 64);
 }
 FT_HD constexpr bool fa2_wgmma_bwd_stages_ok(int STAGES) { return STAGES == 1 || STAGES == 2; }
+FT_HD constexpr bool fa2_wgmma_bwd_red_ok(int DQ_RED) { return DQ_RED == 0 || DQ_RED == 1; }
 FT_HD constexpr bool fa2_wgmma_bwd_dq_ok(int D, int BM, int BN, int SPLIT) {
   return (SPLIT != 2 || (fa2_wgmma_bwd_n_ok(BM / 2) && fa2_wgmma_bwd_n_ok(D / 2))) && fa2_wgmma_bwd_dq_m_tiles(BM) > 0 && fa2_wgmma_bwd_warpgroups(BN, SPLIT) % fa2_wgmma_bwd_dq_m_tiles(BM) == 0 &&
          fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) > 0 && D % fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) == 0 &&
@@ -110,11 +116,12 @@ FT_HD constexpr bool fa2_wgmma_bwd_acc_ok(int D, int BM, int BN, int SPLIT) {
 FT_HD constexpr bool fa2_wgmma_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 
 // nullptr if valid, else the reason. The shared-memory limit is the host's to compare.
-FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT, int STAGES) {
+FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED) {
   return !fa2_wgmma_bwd_d_ok(D)                ? "D must be 32, 64, 96, 128, 192 or 256"
          : !fa2_wgmma_bwd_bm_ok(BM)            ? "BLOCK_M must be 64 or 128 (m64 tiles of the dQ product)"
          : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 and 2 BLOCK_N = 64"
          : !fa2_wgmma_bwd_stages_ok(STAGES)    ? "STAGES must be 1 or 2"
+         : !fa2_wgmma_bwd_red_ok(DQ_RED)       ? "DQ_RED must be 0 (reductions from registers) or 1 (bulk from shared memory)"
          : !fa2_wgmma_bwd_dq_ok(D, BM, BN, SPLIT)
              ? "wgmma shapes: warpgroups must tile dQ in BM/64 m64 tiles x column pieces of a wgmma N (SPLIT 2: BM/2, D/2 too)"
          : !fa2_wgmma_bwd_acc_ok(D, BM, BN, SPLIT)
@@ -122,9 +129,9 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
              : nullptr;
 }
 
-template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DTYPE, bool CAUSAL>
+template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int DTYPE, bool CAUSAL>
 struct Fa2WgmmaBwdTraits {
-  static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES) == nullptr,
+  static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED) == nullptr,
                 "invalid Fa2WgmmaBwdTraits: see fa2_wgmma_bwd_check");
   static_assert(fa2_wgmma_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
 
@@ -133,6 +140,7 @@ struct Fa2WgmmaBwdTraits {
   static constexpr int kBlockN = BLOCK_N;
   static constexpr int kSplit = SPLIT;
   static constexpr int kStages = STAGES;
+  static constexpr int kDqRed = DQ_RED;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
   static constexpr int kDqMode = 0;  // dQ by fp32 reductions (the shared preprocess / dq kernels read this)
@@ -147,7 +155,7 @@ struct Fa2WgmmaBwdTraits {
   static constexpr int kDkdvThreads = fa2_wgmma_bwd_dkdv_threads(BLOCK_M, BLOCK_N, SPLIT, STAGES);
   static constexpr int kDqThreads = fa2_wgmma_bwd_dq_threads(BLOCK_M, BLOCK_N, SPLIT, STAGES);
   static constexpr int kPreSmemBytes = fa2_wgmma_bwd_preprocess_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES);
-  static constexpr int kDkdvSmemBytes = fa2_wgmma_bwd_dkdv_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES);
+  static constexpr int kDkdvSmemBytes = fa2_wgmma_bwd_dkdv_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED);
   static constexpr int kDqSmemBytes = fa2_wgmma_bwd_dq_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES);
   static constexpr int kRowLanes = kFa2WgmmaBwdRowLanes;
   static constexpr int kRowsPerCta = kFa2WgmmaBwdRowsPerCta;

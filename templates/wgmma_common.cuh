@@ -72,4 +72,22 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Bulk reduction shared -> global (the copy engine): gptr[0 .. bytes/4) += smem[...] in fp32; bytes
+// a multiple of 16, both addresses 16-byte aligned. Tracked by bulk groups of the issuing thread.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gptr, unsigned smem_addr, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gptr),
+               "r"(smem_addr), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N bulk groups are pending: .read = their shared-memory sources may be reused.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 }  // namespace flashtune
