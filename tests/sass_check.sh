@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The SASS of representative variants holds the instructions the family is about:
 # fa2_mma: tensor-core HMMA fed by LDSM (ldmatrix) and LDGSTS (cp.async); fa2_simt and fa1_simt: FFMA, LDGSTS,
-# no HMMA.
+# no HMMA; fa2_wgmma_bwd (sm_90 target, built as sm_90a): warpgroup HGMMA, no HMMA.
 set -u
 shopt -s nullglob
 tmp=$(mktemp -d)
@@ -25,7 +25,7 @@ check() {  # check <name> <space json> <arch> <must have...> -- <must not have..
       if [[ $absent -eq 0 && $count -eq 0 ]]; then echo "FAIL: $name $arch $(basename "$cubin"): no $op"; fail=1; fi
       if [[ $absent -eq 1 && $count -ne 0 ]]; then echo "FAIL: $name $arch $(basename "$cubin"): $count x $op"; fail=1; fi
     done
-    echo "$name $arch: $(grep -c '\bHMMA' "$tmp/sass.txt") HMMA, $(grep -c '\bLDSM' "$tmp/sass.txt") LDSM, $(grep -c '\bLDGSTS' "$tmp/sass.txt") LDGSTS, $(grep -c '\bFFMA' "$tmp/sass.txt") FFMA, $(grep -c '\bMUFU.EX2' "$tmp/sass.txt") MUFU.EX2"
+    echo "$name $arch: $(grep -c '\bHGMMA' "$tmp/sass.txt") HGMMA, $(grep -c '\bHMMA' "$tmp/sass.txt") HMMA, $(grep -c '\bLDSM' "$tmp/sass.txt") LDSM, $(grep -c '\bLDGSTS' "$tmp/sass.txt") LDGSTS, $(grep -c '\bFFMA' "$tmp/sass.txt") FFMA, $(grep -c '\bMUFU.EX2' "$tmp/sass.txt") MUFU.EX2"
   done
   [[ $n -gt 0 ]] || { echo "FAIL: $name: nothing compiled"; fail=1; }
 }
@@ -39,5 +39,7 @@ for arch in sm_80 sm_90; do
       $arch HMMA LDSM LDGSTS MUFU.EX2
   fi
 done
+check wgmma '{"family":"fa2_wgmma_bwd","params":{"BLOCK_M":[64],"BLOCK_N":[128],"SPLIT":[0],"STAGES":[2],"DQ_RED":[0]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]}' \
+  sm_90 HGMMA LDGSTS MUFU.EX2 -- HMMA
 [[ $fail -eq 0 ]] && echo "sass_check: all passed"
 exit $fail

@@ -50,6 +50,17 @@ TEST(Nvrtc, Fa2MmaBwdSpaceSm90) { compile_space("fa2_mma_bwd.json", "sm_90"); }
 TEST(Nvrtc, Fa2MmaBwdSpaceSm80) { compile_space("fa2_mma_bwd.json", "sm_80"); }
 TEST(Nvrtc, Fa2MmaBwdWideSpaceSm90) { compile_space("fa2_mma_bwd_wide.json", "sm_90"); }
 TEST(Nvrtc, Fa2MmaBwdWideSpaceSm80) { compile_space("fa2_mma_bwd_wide.json", "sm_80"); }
+TEST(Nvrtc, Fa2WgmmaBwdSpaceSm90) { compile_space("fa2_wgmma_bwd.json", "sm_90"); }
+TEST(Nvrtc, Fa2WgmmaBwdGridSpaceSm90) { compile_space("fa2_wgmma_bwd_grid.json", "sm_90"); }
+TEST(Nvrtc, Fa2WgmmaBwdPrunedOnSm80) {
+  // wgmma is Hopper-only: on sm_80 every variant is pruned before NVRTC, with the reason.
+  Space s = load_space(kSpaces + "fa2_wgmma_bwd.json");
+  Compiler c("sm_80");
+  for (const auto& k : c.compile_all(s.variants(), nullptr)) {
+    EXPECT_EQ(k.status, "pruned") << k.name_expression;
+    EXPECT_NE(k.reason.find("sm_90a"), std::string::npos) << k.reason;
+  }
+}
 TEST(Nvrtc, NaiveSpaceSm90) { compile_space("naive.json", "sm_90"); }
 TEST(Nvrtc, NaiveSpaceSm80) { compile_space("naive.json", "sm_80"); }
 TEST(Nvrtc, FaultSpaceSm90) { compile_space("fault.json", "sm_90"); }
