@@ -13,6 +13,7 @@ namespace sm90_nvidia_h200 {
 // fa2_mma_bwd parameters, positional: BLOCK_M BLOCK_N WARPS DSPLIT STAGES DQ_MODE
 // fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
 // fa2_simt_bwd parameters, positional: BLOCK_M BLOCK_N TM TN DQ_MODE
+// fa2_wgmma_bwd parameters, positional: BLOCK_M BLOCK_N SPLIT STAGES DQ_RED
 // naive parameters, positional: THREADS
 inline constexpr Entry kEntries[] = {
     // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)
@@ -56,25 +57,25 @@ inline constexpr Entry kEntries[] = {
     {"fa2_mma_bwd", "bwd", "bf16", 64, false, 128, {64, 64, 4, 1, 2, 0}, 4.96f},
     {"fa2_mma_bwd", "bwd", "bf16", 64, false, 256, {64, 64, 8, 2, 2, 0}, 21.75f},
     {"fa2_mma_bwd", "bwd", "bf16", 64, false, 512, {64, 64, 4, 1, 2, 1}, 96.12f},
-    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 1024, {32, 128, 4, 1, 2, 0}, 221.52f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 1024, {32, 128, 4, 1, 2, 0}, 230.42f},
     {"fa2_mma_bwd", "bwd", "bf16", 64, false, 2048, {32, 128, 4, 1, 2, 0}, 287.85f},
-    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 4096, {32, 128, 4, 1, 2, 0}, 302.88f},
-    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 16384, {32, 128, 4, 1, 2, 0}, 311.60f},
-    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 1024, {32, 128, 4, 1, 2, 0}, 205.29f},
-    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 4096, {32, 128, 4, 1, 2, 0}, 274.86f},
-    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 16384, {32, 128, 4, 1, 2, 0}, 300.61f},
-    {"fa2_mma_bwd", "bwd", "bf16", 128, false, 1024, {32, 128, 8, 1, 2, 0}, 203.08f},
-    {"fa2_mma_bwd", "bwd", "bf16", 128, false, 4096, {32, 128, 8, 1, 2, 0}, 227.24f},
-    {"fa2_mma_bwd", "bwd", "bf16", 128, false, 16384, {32, 128, 8, 1, 2, 0}, 233.79f},
-    {"fa2_mma_bwd", "bwd", "bf16", 128, true, 1024, {64, 128, 8, 1, 2, 0}, 168.99f},
-    {"fa2_mma_bwd", "bwd", "bf16", 128, true, 4096, {64, 128, 8, 1, 2, 0}, 223.15f},
-    {"fa2_mma_bwd", "bwd", "bf16", 128, true, 16384, {64, 128, 8, 1, 2, 0}, 256.85f},
-    {"fa2_mma_bwd", "bwd", "bf16", 256, false, 1024, {32, 64, 8, 2, 2, 0}, 140.67f},
-    {"fa2_mma_bwd", "bwd", "bf16", 256, false, 4096, {32, 64, 8, 2, 2, 0}, 151.82f},
-    {"fa2_mma_bwd", "bwd", "bf16", 256, false, 16384, {32, 64, 8, 2, 2, 0}, 155.15f},
-    {"fa2_mma_bwd", "bwd", "bf16", 256, true, 1024, {32, 64, 8, 2, 2, 0}, 116.87f},
-    {"fa2_mma_bwd", "bwd", "bf16", 256, true, 4096, {32, 64, 8, 2, 2, 0}, 140.75f},
-    {"fa2_mma_bwd", "bwd", "bf16", 256, true, 16384, {32, 64, 8, 2, 2, 0}, 155.68f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 4096, {32, 128, 4, 1, 2, 0}, 299.73f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 16384, {32, 128, 4, 1, 2, 0}, 308.92f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 1024, {32, 128, 4, 1, 2, 0}, 205.58f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 4096, {32, 128, 4, 1, 2, 0}, 272.31f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 16384, {32, 128, 4, 1, 2, 0}, 298.52f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, false, 1024, {32, 128, 8, 1, 2, 0}, 203.04f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, false, 4096, {32, 128, 8, 1, 2, 0}, 227.59f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, false, 16384, {32, 128, 8, 1, 2, 0}, 234.41f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, true, 1024, {64, 128, 8, 1, 2, 0}, 169.19f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, true, 4096, {64, 128, 8, 1, 2, 0}, 223.34f},
+    {"fa2_mma_bwd", "bwd", "bf16", 128, true, 16384, {64, 128, 8, 1, 2, 0}, 257.33f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, false, 1024, {32, 64, 8, 2, 2, 0}, 140.63f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, false, 4096, {32, 64, 8, 2, 2, 0}, 152.05f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, false, 16384, {32, 64, 8, 2, 2, 0}, 155.36f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, true, 1024, {32, 64, 8, 2, 2, 0}, 116.83f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, true, 4096, {32, 64, 8, 2, 2, 0}, 140.85f},
+    {"fa2_mma_bwd", "bwd", "bf16", 256, true, 16384, {32, 64, 8, 2, 2, 0}, 155.95f},
     {"fa2_simt", "fwd", "fp32", 32, false, 4096, {128, 32, 8, 8, 1}, 38.40f},
     {"fa2_simt", "fwd", "fp32", 64, false, 32, {32, 32, 2, 4, 1}, 3.98f},
     {"fa2_simt", "fwd", "fp32", 64, false, 128, {32, 64, 4, 4, 1}, 2.15f},
@@ -103,6 +104,18 @@ inline constexpr Entry kEntries[] = {
     {"fa2_simt_bwd", "bwd", "fp32", 128, false, 4096, {64, 64, 4, 4, 0}, 34.67f},
     {"fa2_simt_bwd", "bwd", "fp32", 128, true, 1024, {64, 64, 4, 4, 0}, 30.64f},
     {"fa2_simt_bwd", "bwd", "fp32", 128, true, 4096, {64, 64, 4, 4, 0}, 33.63f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 128, 0, 2, 0}, 255.57f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 128, 0, 2, 0}, 306.44f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 16384, {64, 128, 0, 2, 0}, 321.99f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 128, 0, 2, 0}, 191.66f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 128, 0, 2, 0}, 270.11f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 128, 0, 2, 0}, 314.94f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 1024, {64, 64, 2, 2, 0}, 171.79f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 4096, {64, 64, 2, 2, 0}, 194.04f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 16384, {64, 64, 2, 2, 0}, 200.57f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 1024, {64, 64, 2, 2, 0}, 141.98f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 4096, {64, 64, 2, 2, 0}, 182.95f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 16384, {64, 64, 2, 2, 0}, 207.44f},
     {"naive", "fwd", "fp32", 64, false, 32, {128}, 0.66f},
     {"naive", "fwd", "fp32", 64, false, 128, {128}, 0.34f},
     {"naive", "fwd", "fp32", 64, false, 256, {128}, 0.78f},
@@ -117,7 +130,7 @@ inline constexpr Entry kEntries[] = {
     {"naive", "fwd", "fp32", 128, true, 1024, {128}, 0.90f},
     {"naive", "fwd", "fp32", 128, true, 4096, {128}, 0.90f},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 100};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 112};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned
