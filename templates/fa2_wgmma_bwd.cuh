@@ -402,12 +402,18 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int rb = dq_m + wrow + g + 8 * h;  // row in the block
-        if constexpr (T::kDqRed == 0) {
+        if constexpr (T::kDqRed != 1) {
           if (m0 + rb < seq_q) {
 #pragma unroll
-            for (int j = 0; j < DQ_CHUNK / 8; ++j)
-              red_add_f32x2(dq_accum + static_cast<long long>(m0 + rb) * D + dq_c + c0 + 8 * j + 2 * tig,
-                            scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
+            for (int j = 0; j < DQ_CHUNK / 8; ++j) {
+              float* dst = dq_accum + static_cast<long long>(m0 + rb) * D + dq_c + c0 + 8 * j + 2 * tig;
+              if constexpr (T::kDqRed == 0) {
+                red_add_f32x2(dst, scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
+              } else {
+                atomicAdd(dst, scale * dq[4 * j + 2 * h]);
+                atomicAdd(dst + 1, scale * dq[4 * j + 2 * h + 1]);
+              }
+            }
           }
         } else {
 #pragma unroll
