@@ -19,7 +19,8 @@
 //     shared memory). No role waits on the other; both hold D/4 + D/4 gradient registers.
 //   All: dQ_i = dS K_j is split over all warpgroups: BM/64 m64 tiles x NQ column pieces of D/NQ,
 //   added into dq_accum by fp32 reductions from registers (DQ_RED 0: red.global.add.v2.f32 per pair,
-//   DQ_RED 2: scalar red.global.add.f32 per element, as FlashAttention-2), or (DQ_RED 1) staged as a BM x D fp32 tile in shared memory and added by one bulk reduction
+//   DQ_RED 2: red.global.add.v4.f32 after a lane-pair exchange gives each thread 4 consecutive
+//   columns of one row: half the reduction instructions of DQ_RED 0), or (DQ_RED 1) staged as a BM x D fp32 tile in shared memory and added by one bulk reduction
 //   (cp.reduce.async.bulk .add.f32) per query block: the rows m0.. of dq_accum are contiguous.
 #pragma once
 #include "traits_common.h"
@@ -121,7 +122,7 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
          : !fa2_wgmma_bwd_bm_ok(BM)            ? "BLOCK_M must be 64 or 128 (m64 tiles of the dQ product)"
          : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 and 2 BLOCK_N = 64"
          : !fa2_wgmma_bwd_stages_ok(STAGES)    ? "STAGES must be 1 or 2"
-         : !fa2_wgmma_bwd_red_ok(DQ_RED)       ? "DQ_RED must be 0 (vector reductions from registers), 1 (bulk from shared memory) or 2 (scalar reductions)"
+         : !fa2_wgmma_bwd_red_ok(DQ_RED)       ? "DQ_RED must be 0 (v2 reductions from registers), 1 (bulk from shared memory) or 2 (v4 reductions)"
          : !fa2_wgmma_bwd_dq_ok(D, BM, BN, SPLIT)
              ? "wgmma shapes: warpgroups must tile dQ in BM/64 m64 tiles x column pieces of a wgmma N (SPLIT 2: BM/2, D/2 too)"
          : !fa2_wgmma_bwd_acc_ok(D, BM, BN, SPLIT)
