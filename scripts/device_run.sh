@@ -115,7 +115,8 @@ compare-mma-bwd)
   ;;
 check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then timed at S = 4096; "all": then sweep-wgmma-bwd
   then=${1:-}
-  for spec in "64,64,2,2,2 256" "64,128,0,2,2 128" "64,128,0,2,2 64" "64,64,2,2,2 96"; do
+  for spec in "64,128,0,2,0 64" "64,64,2,2,0 256" "64,64,2,1,1 256" "64,128,0,2,1 128" "64,64,2,2,1 128" \
+              "64,64,2,2,1 32" "64,64,2,2,1 96" "64,64,2,1,1 192" "64,64,1,1,0 64"; do
     set -- $spec
     IFS=, read -r bm bn sp st red <<<"$1"
     params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red"
@@ -125,9 +126,8 @@ check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then tim
         grep -E "status|error|dq|fa2_" | tr '\n' ' '; echo " <- $params $shape"
     done
   done
-  for spec in "64,64,2,2,0 4,8,4096,4096,256" "64,64,2,2,2 4,8,4096,4096,256" "64,128,0,2,0 4,16,4096,4096,128" \
-              "64,128,0,2,2 4,16,4096,4096,128" "64,64,2,2,2 4,16,4096,4096,128" "64,128,0,2,2 4,32,4096,4096,64" \
-              "64,64,1,1,2 4,8,4096,4096,256"; do
+  for spec in "64,128,0,2,0 4,32,4096,4096,64" "64,128,0,2,0 4,16,4096,4096,128" "64,128,0,2,1 4,16,4096,4096,128" \
+              "64,64,2,2,0 4,16,4096,4096,128" "64,64,2,2,0 4,8,4096,4096,256" "64,64,2,1,1 4,8,4096,4096,256"; do
     set -- $spec
     IFS=, read -r bm bn sp st red <<<"$1"
     for c in "" "--causal"; do

@@ -399,38 +399,21 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(dq);
-      if constexpr (T::kDqRed == 2) {
-        // Lanes tig, tig^1 swap pairs: the even lane then holds row g, the odd lane row g+8, each 4
-        // consecutive columns 8j + 2(tig & ~1) .. +3: one 16-byte reduction per n8 tile.
-        const bool odd = tig & 1;
-        const int rb = dq_m + wrow + g + (odd ? 8 : 0);
 #pragma unroll
-        for (int j = 0; j < DQ_CHUNK / 8; ++j) {
-          const float a0 = scale * dq[4 * j], a1 = scale * dq[4 * j + 1];          // row g
-          const float b0 = scale * dq[4 * j + 2], b1 = scale * dq[4 * j + 3];      // row g + 8
-          const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
-          const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-          if (m0 + rb < seq_q)
-            red_add_f32x4(dq_accum + static_cast<long long>(m0 + rb) * D + dq_c + c0 + 8 * j + 2 * (tig & 2),
-                          odd ? make_float4(r0, r1, b0, b1) : make_float4(a0, a1, r0, r1));
-        }
-      } else {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int rb = dq_m + wrow + g + 8 * h;  // row in the block
-          if constexpr (T::kDqRed == 0) {
-            if (m0 + rb < seq_q) {
-#pragma unroll
-              for (int j = 0; j < DQ_CHUNK / 8; ++j)
-                red_add_f32x2(dq_accum + static_cast<long long>(m0 + rb) * D + dq_c + c0 + 8 * j + 2 * tig,
-                              scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
-            }
-          } else {
+      for (int h = 0; h < 2; ++h) {
+        const int rb = dq_m + wrow + g + 8 * h;  // row in the block
+        if constexpr (T::kDqRed == 0) {
+          if (m0 + rb < seq_q) {
 #pragma unroll
             for (int j = 0; j < DQ_CHUNK / 8; ++j)
-              *reinterpret_cast<float2*>(dq_stage + rb * D + dq_c + c0 + 8 * j + 2 * tig) =
-                  make_float2(scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
+              red_add_f32x2(dq_accum + static_cast<long long>(m0 + rb) * D + dq_c + c0 + 8 * j + 2 * tig,
+                            scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
           }
+        } else {
+#pragma unroll
+          for (int j = 0; j < DQ_CHUNK / 8; ++j)
+            *reinterpret_cast<float2*>(dq_stage + rb * D + dq_c + c0 + 8 * j + 2 * tig) =
+                make_float2(scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
         }
       }
     }

@@ -18,9 +18,8 @@
 //     through shared memory, then dV and dK over half of the D columns each (both operands from
 //     shared memory). No role waits on the other; both hold D/4 + D/4 gradient registers.
 //   All: dQ_i = dS K_j is split over all warpgroups: BM/64 m64 tiles x NQ column pieces of D/NQ,
-//   added into dq_accum by fp32 reductions from registers (DQ_RED 0: red.global.add.v2.f32 per pair,
-//   DQ_RED 2: red.global.add.v4.f32 after a lane-pair exchange gives each thread 4 consecutive
-//   columns of one row: half the reduction instructions of DQ_RED 0), or (DQ_RED 1) staged as a BM x D fp32 tile in shared memory and added by one bulk reduction
+//   added into dq_accum by fp32 reductions from registers (DQ_RED 0: red.global.add.v2.f32 per pair),
+//   or (DQ_RED 1) staged as a BM x D fp32 tile in shared memory and added by one bulk reduction
 //   (cp.reduce.async.bulk .add.f32) per query block: the rows m0.. of dq_accum are contiguous.
 #pragma once
 #include "traits_common.h"
@@ -102,7 +101,7 @@ FT_HD constexpr bool fa2_wgmma_bwd_split_ok(int BN, int SPLIT) {
   return (SPLIT == 0 && BN >= 64 && BN <= 256 && BN % 64 == 0) || ((SPLIT == 1 || SPLIT == 2) && BN == 64);
 }
 FT_HD constexpr bool fa2_wgmma_bwd_stages_ok(int STAGES) { return STAGES == 1 || STAGES == 2; }
-FT_HD constexpr bool fa2_wgmma_bwd_red_ok(int DQ_RED) { return DQ_RED == 0 || DQ_RED == 1 || DQ_RED == 2; }
+FT_HD constexpr bool fa2_wgmma_bwd_red_ok(int DQ_RED) { return DQ_RED == 0 || DQ_RED == 1; }
 FT_HD constexpr bool fa2_wgmma_bwd_dq_ok(int D, int BM, int BN, int SPLIT) {
   return (SPLIT != 2 || (fa2_wgmma_bwd_n_ok(BM / 2) && fa2_wgmma_bwd_n_ok(D / 2))) && fa2_wgmma_bwd_dq_m_tiles(BM) > 0 && fa2_wgmma_bwd_warpgroups(BN, SPLIT) % fa2_wgmma_bwd_dq_m_tiles(BM) == 0 &&
          fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) > 0 && D % fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) == 0 &&
@@ -122,7 +121,7 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
          : !fa2_wgmma_bwd_bm_ok(BM)            ? "BLOCK_M must be 64 or 128 (m64 tiles of the dQ product)"
          : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 and 2 BLOCK_N = 64"
          : !fa2_wgmma_bwd_stages_ok(STAGES)    ? "STAGES must be 1 or 2"
-         : !fa2_wgmma_bwd_red_ok(DQ_RED)       ? "DQ_RED must be 0 (v2 reductions from registers), 1 (bulk from shared memory) or 2 (v4 reductions)"
+         : !fa2_wgmma_bwd_red_ok(DQ_RED)       ? "DQ_RED must be 0 (reductions from registers) or 1 (bulk from shared memory)"
          : !fa2_wgmma_bwd_dq_ok(D, BM, BN, SPLIT)
              ? "wgmma shapes: warpgroups must tile dQ in BM/64 m64 tiles x column pieces of a wgmma N (SPLIT 2: BM/2, D/2 too)"
          : !fa2_wgmma_bwd_acc_ok(D, BM, BN, SPLIT)
