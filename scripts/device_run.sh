@@ -7,6 +7,9 @@
 #   compare-mma - re-time the tuned best, FA2's fixed table, torch flash and cuDNN side by side; tolerance probe
 #   sweep-bwd  - tune fa2_simt_bwd on the fp32 grid beside torch SDPA efficient's backward
 #   sweep-mma-bwd - tune fa2_mma_bwd on the bf16 grid; compare-mma-bwd - re-timed beside torch flash and cuDNN
+#   check-wgmma [all] - a few fa2_wgmma_bwd configs validated on ragged shapes and timed at S = 4k
+#   sweep-wgmma-bwd - tune fa2_wgmma_bwd on the grid's d 128/256 points; the best of both bf16 backward
+#                 families per point re-timed beside torch flash and cuDNN (bwd_vs_sdpa.csv)
 #   experiments NAME... - `flashtune experiment experiments/NAME.json` for each, then the report rebuilt
 #   smoke-baselines - the Python baselines (torch SDPA backends, CPU, Triton) on tiny problems
 #   every sweep: comparison CSVs and generated headers; the DB without cubins comes back in a tarball
@@ -14,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-stage=${1:?stage: tests, final, experiments, smoke-baselines, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd or compare-mma-bwd}
+stage=${1:?stage: tests, final, experiments, smoke-baselines, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd, compare-mma-bwd, check-wgmma or sweep-wgmma-bwd}
 shift
 log() { echo "== $(date +%T) $*"; }
 
