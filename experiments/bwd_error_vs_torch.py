@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Backward error of our tuned fa2_mma_bwd against torch SDPA flash, on identical inputs (issue 4's criterion).
+"""Backward error of our tuned bf16/fp16 backward (fa2_mma_bwd or --family) against torch SDPA flash, on identical inputs (issue 4's criterion).
 
-usage: bwd_error_vs_torch.py [--out reports/nvidia-h200/bwd_error_vs_torch.csv] [--flashtune build/flashtune]
+usage: bwd_error_vs_torch.py [--out reports/nvidia-h200/bwd_error_vs_torch.csv] [--flashtune build/flashtune] [--family F]
                              [--db reports/nvidia-h200/results.db] [--dtypes bf16,fp16] [--seqs 1024,2048]
                              [--dims 64,128,256] [--batch 1] [--heads 4] [--seed 4] [--time-limit-s 300]
 
@@ -59,7 +59,7 @@ def read_bin(torch, np, path, shape, dtype):
 
 
 def run_ours(args, db, dtype, shape, causal, inputs, out, params=None):
-    cmd = [args.flashtune, "run", "--family", "fa2_mma_bwd", "--direction", "bwd", "--dtype", dtype,
+    cmd = [args.flashtune, "run", "--family", args.family, "--direction", "bwd", "--dtype", dtype,
            "--shape", ",".join(map(str, shape)), "--inputs", inputs, "--save-outputs", out, "--json", "--db", db]
     cmd += ["--params", params] if params else ["--best"]
     if causal:
@@ -74,6 +74,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "reports/nvidia-h200/bwd_error_vs_torch.csv"))
     ap.add_argument("--flashtune", default=os.path.join(ROOT, "build/flashtune"))
+    ap.add_argument("--family", default="fa2_mma_bwd")
     ap.add_argument("--db", default=os.path.join(ROOT, "reports/nvidia-h200/results.db"))
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--seqs", default="1024,2048")
