@@ -52,6 +52,17 @@ TEST(Nvrtc, Fa2MmaBwdWideSpaceSm90) { compile_space("fa2_mma_bwd_wide.json", "sm
 TEST(Nvrtc, Fa2MmaBwdWideSpaceSm80) { compile_space("fa2_mma_bwd_wide.json", "sm_80"); }
 TEST(Nvrtc, Fa2WgmmaBwdSpaceSm90) { compile_space("fa2_wgmma_bwd.json", "sm_90"); }
 TEST(Nvrtc, Fa2WgmmaBwdGridSpaceSm90) { compile_space("fa2_wgmma_bwd_grid.json", "sm_90"); }
+TEST(Nvrtc, Fa2WgmmaBwdDefaultCompilesEverywhereSm90) {
+  // The default is the fallback of emitted dispatch headers: it must compile (no spills) for every
+  // head dim, dtype and mask, not only pass the family's check.
+  const Family& f = find_family("fa2_wgmma_bwd");
+  Compiler c("sm_90");
+  std::vector<Variant> vs;
+  for (int d : f.head_dims)
+    for (bool causal : {false, true})
+      for (DType t : f.dtypes) vs.push_back(Variant{&f, f.default_config, d, causal, t});
+  for (const auto& k : c.compile_all(vs, nullptr)) EXPECT_EQ(k.status, "compiled") << k.name_expression << ": " << k.reason;
+}
 TEST(Nvrtc, Fa2WgmmaBwdPrunedOnSm80) {
   // wgmma is Hopper-only: on sm_80 every variant is pruned before NVRTC, with the reason.
   Space s = load_space(kSpaces + "fa2_wgmma_bwd.json");
