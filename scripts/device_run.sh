@@ -8,6 +8,7 @@
 #   sweep-bwd  - tune fa2_simt_bwd on the fp32 grid beside torch SDPA efficient's backward
 #   sweep-mma-bwd - tune fa2_mma_bwd on the bf16 grid; compare-mma-bwd - re-timed beside torch flash and cuDNN
 #   check-wgmma [all] - a few fa2_wgmma_bwd configs validated on ragged shapes and timed at S = 4k
+#   exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED:d ... - those fa2_wgmma_bwd configs validated on ragged shapes, timed on the grid
 #   sweep-wgmma-bwd - tune fa2_wgmma_bwd on the grid's d 128/256 points; the best of both bf16 backward
 #                 families per point re-timed beside torch flash and cuDNN (bwd_vs_sdpa.csv)
 #   experiments NAME... - `flashtune experiment experiments/NAME.json` for each, then the report rebuilt
@@ -140,6 +141,24 @@ check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then tim
   done | tee "$OUT/check_timing.txt"
   [[ $then == all ]] || exit 0
   ;&
+exp-wgmma)  # exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED:d ...: each config validated on ragged shapes, then timed on the grid's d points
+  for spec in "$@"; do
+    IFS=, read -r bm bn sp st red <<<"${spec%:*}"
+    d=${spec#*:}
+    params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red"
+    for shape in "2,3,333,517,$d bf16" "1,2,517,333,$d fp16 --causal" "2,2,256,256,$d bf16 --causal"; do
+      set -- $shape
+      $ft run --family fa2_wgmma_bwd --params "$params" --shape "$1" --dtype "$2" ${3:-} --direction bwd --check 2>&1 |
+        grep -E "status|error|dq" | tr '\n' ' '; echo " <- $params $shape"
+    done
+    for s in 1024 4096 16384; do
+      for c in "" "--causal"; do
+        $ft run --family fa2_wgmma_bwd --params "$params" --shape "$((16384 / s)),$((2048 / d)),$s,$s,$d" --dtype bf16 $c \
+          --direction bwd 2>&1 | grep -E "TFLOP|status" | tr '\n' ' '; echo " <- $params d$d S$s $c"
+      done
+    done
+  done | tee "$OUT/exp_wgmma.txt"
+  ;;
 sweep-wgmma-bwd)  # tune fa2_wgmma_bwd on the grid's d 128/256 points, then the best of both bf16 backward families beside torch
   tune fa2_wgmma_bwd_grid anchors_bwd_bf16_d128_256
   $ft best --db "$db" --family fa2_wgmma_bwd --csv >"$rep/best_fa2_wgmma_bwd.csv"

@@ -165,6 +165,38 @@ __device__ __forceinline__ void store_frags(unsigned tile, const float (&x)[N / 
   }
 }
 
+// DQ_RED 2: a warp's 16 x C piece of dQ (accumulators in the C layout, times mul) added into rows
+// 0..15 of out (row stride D; rows >= rows_left skipped), 32 columns at a time through the warp's
+// 16 x 32 fp32 staging tile: stored in 16-byte pieces swizzled by row (piece c4 of row r at
+// c4 ^ (r % 8): conflict free), read back 8 lanes per row, so that every red.v4 instruction of the
+// warp covers four whole 128-byte rows (instead of 8 rows x 32 bytes from the C layout).
+template <int C, int D, int N>
+__device__ __forceinline__ void reduce_staged(float* stage, const float (&acc)[N], float mul, float* out, int rows_left,
+                                              int lane) {
+  static_assert(C % 32 == 0 && N == C / 2, "dQ chunks of a multiple of 32 columns");
+  const int g = lane >> 2, tig = lane & 3;
+  const int rr = lane >> 3, c4 = lane & 7;  // read-back: row rr (+4, +8, +12), 16-byte piece c4
+#pragma unroll
+  for (int c32 = 0; c32 < C / 32; ++c32) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = g + 8 * h;
+        const float* x = acc + 16 * c32 + 4 * j + 2 * h;
+        *reinterpret_cast<float2*>(stage + 32 * r + 4 * ((2 * j + (tig >> 1)) ^ (r & 7)) + 2 * (tig & 1)) =
+            make_float2(x[0] * mul, x[1] * mul);
+      }
+    __syncwarp();
+#pragma unroll 1  // one row in flight: keeps the registers of d = 256 (dK, dV, dQ chunk) spill-free
+    for (int r = rr; r < 16; r += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(stage + 32 * r + 4 * (c4 ^ (r & 7)));
+      if (r < rows_left) red_add_f32x4(out + static_cast<long long>(r) * D + 32 * c32 + 4 * c4, v);
+    }
+    __syncwarp();  // read before the next piece overwrites it
+  }
+}
+
 }  // namespace fa2_wgmma_bwd_detail
 
 // One CTA per K/V block j (x), head (y), batch (z): dK_j, dV_j over every query block i that can see
@@ -192,8 +224,10 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   const unsigned ds_tile = qdo_base + STAGES * 4 * BM * D;  // dS^T [BN][BM]
   const unsigned p_tile = ds_tile + 2 * BN * BM;            // P^T: SPLIT 1 fp32 (float4 slot q of thread t at (q*128+t)*16), SPLIT 2 16-bit [64][BM]
   constexpr int kStatsOff = 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT);
-  constexpr int kDqStageOff = kStatsOff + 8 * STAGES * BM;  // DQ_RED 1: dQ tile [BM][D] fp32, row-major
+  constexpr int kDqStageOff = kStatsOff + 8 * STAGES * BM;  // DQ_RED 1: dQ tile [BM][D + 8] fp32; 2: per warp
+  constexpr int kDqStageRow = D + 8;  // DQ_RED 1: rows padded by 32 bytes, so that the C-layout stores do not conflict
   float* dq_stage = reinterpret_cast<float*>(fa2_wgmma_bwd_smem + kDqStageOff);
+  float* dq_stage_warp = dq_stage + (threadIdx.x >> 5) * 16 * 32;  // DQ_RED 2: this warp's [16][32]
   const float* stats = reinterpret_cast<const float*>(fa2_wgmma_bwd_smem + kStatsOff);  // STAGES x {lse, delta} [BM]
   const unsigned stats_s = k_tile + kStatsOff;
   auto q_tile = [&](int s) { return qdo_base + static_cast<unsigned>(s * 4 * BM * D); };
@@ -261,7 +295,6 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     const int mb = m_block(t);
     const int m0 = mb * BM;
     cp_async_wait<0>();   // block mb (K, V too on the first pass)
-    if (T::kDqRed == 1 && tid == 0) bulk_wait_read<0>();  // the previous dQ tile has left shared memory
     fence_proxy_async();  // ... visible to the tensor cores' reads
     __syncthreads();      // and to every thread; everyone is done with block mb-1 (its slot, dS^T, P^T)
     if constexpr (STAGES == 2) {
@@ -375,9 +408,12 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     wgmma_wait<0>();  // dV, dK products done: Q_i, dO_i and the A fragments are free
     wgmma_fence_regs(ga);
     wgmma_fence_regs(gb);
-    if constexpr (SPLIT != 2 || STAGES == 1) {
+    if constexpr (T::kDqRed == 1) {
+      if (warp == 0) bulk_wait_read<0>();  // the previous block's dQ rows have left the staging tile
+    }
+    if constexpr (SPLIT != 2 || STAGES == 1 || T::kDqRed == 1) {
       fence_proxy_async();
-      __syncthreads();  // dS^T complete for every warpgroup; STAGES 1: Q_i, dO_i free
+      __syncthreads();  // dS^T complete for every warpgroup; STAGES 1: Q_i, dO_i free; DQ_RED 1: staging free
     }
     if constexpr (STAGES == 1) {
       if (t + 1 < m_count) load_block(m_block(t + 1), 0);
@@ -399,37 +435,43 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(dq);
+      if constexpr (T::kDqRed == 2) {  // whole-line v4 reductions through this warp's staging tile
+        det::reduce_staged<DQ_CHUNK, D>(dq_stage_warp, dq, scale,
+                                        dq_accum + static_cast<long long>(m0 + dq_m + wrow) * D + dq_c + c0,
+                                        seq_q - (m0 + dq_m + wrow), lane);
+      } else {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int rb = dq_m + wrow + g + 8 * h;  // row in the block
-        if constexpr (T::kDqRed == 0) {
-          if (m0 + rb < seq_q) {
+        for (int h = 0; h < 2; ++h) {
+          const int rb = dq_m + wrow + g + 8 * h;  // row in the block
+          if constexpr (T::kDqRed == 0) {
+            if (m0 + rb < seq_q) {
+#pragma unroll
+              for (int j = 0; j < DQ_CHUNK / 8; ++j)
+                red_add_f32x2(dq_accum + static_cast<long long>(m0 + rb) * D + dq_c + c0 + 8 * j + 2 * tig,
+                              scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
+            }
+          } else {
 #pragma unroll
             for (int j = 0; j < DQ_CHUNK / 8; ++j)
-              red_add_f32x2(dq_accum + static_cast<long long>(m0 + rb) * D + dq_c + c0 + 8 * j + 2 * tig,
-                            scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
+              *reinterpret_cast<float2*>(dq_stage + rb * kDqStageRow + dq_c + c0 + 8 * j + 2 * tig) =
+                  make_float2(scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
           }
-        } else {
-#pragma unroll
-          for (int j = 0; j < DQ_CHUNK / 8; ++j)
-            *reinterpret_cast<float2*>(dq_stage + rb * D + dq_c + c0 + 8 * j + 2 * tig) =
-                make_float2(scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
         }
       }
     }
-    if constexpr (T::kDqRed == 1) {  // the block's dQ tile (rows below seq_q) in one bulk reduction
+    if constexpr (T::kDqRed == 1) {  // the block's dQ rows (below seq_q), one bulk reduction each, by warp 0
       fence_proxy_async();
       __syncthreads();
-      if (tid == 0) {
-        bulk_reduce_add_f32(dq_accum + static_cast<long long>(m0) * D, smem_u32(dq_stage),
-                            static_cast<unsigned>(imin(BM, seq_q - m0) * D * 4));
+      if (warp == 0) {  // left to run while the next block is computed: waited for before the next staging
+        for (int r = lane; r < imin(BM, seq_q - m0); r += 32)
+          bulk_reduce_add_f32(dq_accum + static_cast<long long>(m0 + r) * D, smem_u32(dq_stage + r * kDqStageRow), D * 4);
         bulk_commit();
       }
     }
     if constexpr (STAGES == 2) s ^= 1;
   }
   cp_async_wait<0>();  // nothing in flight at exit (no query block: K, V unused)
-  if (T::kDqRed == 1 && tid == 0) bulk_wait<0>();  // the last dQ tile reduced before shared memory goes
+  if (T::kDqRed == 1 && warp == 0) bulk_wait<0>();  // the last dQ rows reduced before shared memory goes
 
   // dK (times scale), dV rows; zeros for a block no query sees.
   unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh * seq_k * D;

@@ -20,7 +20,12 @@
 //   All: dQ_i = dS K_j is split over all warpgroups: BM/64 m64 tiles x NQ column pieces of D/NQ,
 //   added into dq_accum by fp32 reductions from registers (DQ_RED 0: red.global.add.v2.f32 per pair),
 //   or (DQ_RED 1) staged as a BM x D fp32 tile in shared memory and added by one bulk reduction
-//   (cp.reduce.async.bulk .add.f32) per query block: the rows m0.. of dq_accum are contiguous.
+//   (cp.reduce.async.bulk .add.f32) per row, issued by warp 0 and left running while the next query
+//   block is computed (waited for only before the next staging), or
+//   (DQ_RED 2) staged per warp (its 16 rows x 32 columns at a time, swizzled), read back row-contiguous,
+//   so that each red.global.add.v4.f32 of a warp covers whole 128-byte lines: on an H100 such
+//   reductions sustain 2.4 TB/s against 1.7 TB/s for the 32-byte pieces of the C layout
+//   (experiments/probes/wgmma_rate.cu).
 #pragma once
 #include "traits_common.h"
 
@@ -77,10 +82,15 @@ FT_HD constexpr int fa2_wgmma_bwd_dkdv_threads(int, int BN, int SPLIT, int) {
 // K, V [BN][D]; STAGES x (Q, dO [BM][D]); dS^T [BN][BM] (16-bit, interleaved); P^T [64][BM] (SPLIT 1
 // fp32, SPLIT 2 16-bit); STAGES x (lse, delta [BM]) fp32.
 FT_HD constexpr int fa2_wgmma_bwd_p_bytes(int BM, int SPLIT) { return SPLIT == 1 ? 4 * 64 * BM : SPLIT == 2 ? 2 * 64 * BM : 0; }
-// DQ_RED 1: + the dQ staging tile [BM][D] fp32.
+// DQ_RED 1: + the dQ staging tile [BM][D + 8] fp32 (rows padded); DQ_RED 2: + a [16][32] fp32 tile per warp.
+FT_HD constexpr int fa2_wgmma_bwd_dq_stage_bytes(int D, int BM, int BN, int SPLIT, int DQ_RED) {
+  return DQ_RED == 1   ? 4 * BM * (D + 8)
+         : DQ_RED == 2 ? fa2_wgmma_bwd_warpgroups(BN, SPLIT) * 4 * 16 * 32 * 4
+                       : 0;
+}
 FT_HD constexpr int fa2_wgmma_bwd_dkdv_smem_bytes(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED) {
   return 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT) + 8 * STAGES * BM +
-         (DQ_RED == 1 ? 4 * BM * D : 0);
+         fa2_wgmma_bwd_dq_stage_bytes(D, BM, BN, SPLIT, DQ_RED);
 }
 FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int seq_k, int, int BN, int, int) {
   return GridDims{ceil_div(seq_k, BN), heads, batch};
@@ -101,7 +111,11 @@ FT_HD constexpr bool fa2_wgmma_bwd_split_ok(int BN, int SPLIT) {
   return (SPLIT == 0 && BN >= 64 && BN <= 256 && BN % 64 == 0) || ((SPLIT == 1 || SPLIT == 2) && BN == 64);
 }
 FT_HD constexpr bool fa2_wgmma_bwd_stages_ok(int STAGES) { return STAGES == 1 || STAGES == 2; }
-FT_HD constexpr bool fa2_wgmma_bwd_red_ok(int DQ_RED) { return DQ_RED == 0 || DQ_RED == 1; }
+FT_HD constexpr bool fa2_wgmma_bwd_red_ok(int DQ_RED) { return DQ_RED >= 0 && DQ_RED <= 2; }
+// DQ_RED 2 stages dQ chunks 32 columns at a time.
+FT_HD constexpr bool fa2_wgmma_bwd_red_chunk_ok(int D, int BM, int BN, int SPLIT, int DQ_RED) {
+  return DQ_RED != 2 || fa2_wgmma_bwd_dq_chunk(D, BM, BN, SPLIT) % 32 == 0;
+}
 FT_HD constexpr bool fa2_wgmma_bwd_dq_ok(int D, int BM, int BN, int SPLIT) {
   return (SPLIT != 2 || (fa2_wgmma_bwd_n_ok(BM / 2) && fa2_wgmma_bwd_n_ok(D / 2))) && fa2_wgmma_bwd_dq_m_tiles(BM) > 0 && fa2_wgmma_bwd_warpgroups(BN, SPLIT) % fa2_wgmma_bwd_dq_m_tiles(BM) == 0 &&
          fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) > 0 && D % fa2_wgmma_bwd_dq_col_pieces(BM, BN, SPLIT) == 0 &&
@@ -121,12 +135,14 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
          : !fa2_wgmma_bwd_bm_ok(BM)            ? "BLOCK_M must be 64 or 128 (m64 tiles of the dQ product)"
          : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 and 2 BLOCK_N = 64"
          : !fa2_wgmma_bwd_stages_ok(STAGES)    ? "STAGES must be 1 or 2"
-         : !fa2_wgmma_bwd_red_ok(DQ_RED)       ? "DQ_RED must be 0 (reductions from registers) or 1 (bulk from shared memory)"
+         : !fa2_wgmma_bwd_red_ok(DQ_RED)
+             ? "DQ_RED must be 0 (reductions from registers), 1 (bulk from shared memory) or 2 (staged per warp, v4)"
          : !fa2_wgmma_bwd_dq_ok(D, BM, BN, SPLIT)
              ? "wgmma shapes: warpgroups must tile dQ in BM/64 m64 tiles x column pieces of a wgmma N (SPLIT 2: BM/2, D/2 too)"
          : !fa2_wgmma_bwd_acc_ok(D, BM, BN, SPLIT)
              ? "accumulators per thread exceed the register budget (kept dK/dV + max(S^T/dP^T, dQ chunk))"
-             : nullptr;
+         : !fa2_wgmma_bwd_red_chunk_ok(D, BM, BN, SPLIT, DQ_RED) ? "DQ_RED 2 needs dQ chunks of a multiple of 32 columns"
+                                                                 : nullptr;
 }
 
 template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int DTYPE, bool CAUSAL>
