@@ -9,6 +9,7 @@
 #   sweep-mma-bwd - tune fa2_mma_bwd on the bf16 grid; compare-mma-bwd - re-timed beside torch flash and cuDNN
 #   check-wgmma [all] - a few fa2_wgmma_bwd configs validated on ragged shapes and timed at S = 4k
 #   exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED:d ... - those fa2_wgmma_bwd configs validated on ragged shapes, timed on the grid
+#   profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED B,H,Sq,Sk,d - Nsight Compute sections of the fa2_wgmma_bwd dK/dV kernel
 #   sweep-wgmma-bwd - tune fa2_wgmma_bwd on the grid's d 128/256 points; the best of both bf16 backward
 #                 families per point re-timed beside torch flash and cuDNN (bwd_vs_sdpa.csv)
 #   experiments NAME... - `flashtune experiment experiments/NAME.json` for each, then the report rebuilt
@@ -158,6 +159,15 @@ exp-wgmma)  # exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED:d ...: each config validated o
       done
     done
   done | tee "$OUT/exp_wgmma.txt"
+  ;;
+profile-wgmma)  # profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED B,H,Sq,Sk,d: Nsight Compute on the dK/dV kernel (bf16, clocks untouched)
+  IFS=, read -r bm bn sp st red <<<"$1"
+  ncu --clock-control none -k regex:fa2_wgmma_bwd_dkdv -c 1 --section SpeedOfLight --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
+    -o "$OUT/profile" $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" \
+    --shape "$2" --dtype bf16 --direction bwd >"$OUT/profile.log" 2>&1
+  ncu --import "$OUT/profile.ncu-rep" --page details >"$OUT/profile.txt" 2>&1
+  grep -E "Duration|Throughput|Stall|Issued|Eligible|Active Warps|Pipe|L2|Shared|Bank|No Eligible|One or More" "$OUT/profile.txt" | head -60
   ;;
 sweep-wgmma-bwd)  # tune fa2_wgmma_bwd on the grid's d 128/256 points, then the best of both bf16 backward families beside torch
   tune fa2_wgmma_bwd_grid anchors_bwd_bf16_d128_256
