@@ -9,6 +9,7 @@
 #   sweep-mma-bwd - tune fa2_mma_bwd on the bf16 grid; compare-mma-bwd - re-timed beside torch flash and cuDNN
 #   check-wgmma [all] - a few fa2_wgmma_bwd configs validated on ragged shapes and timed at S = 4k
 #   exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED:d ... - those fa2_wgmma_bwd configs validated on ragged shapes, timed on the grid
+#   refresh-wgmma-d256 - error vs torch flash on identical inputs (d 128/256); DQ_RED 2 stored and compared at d = 256
 #   profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED B,H,Sq,Sk,d - Nsight Compute sections of the fa2_wgmma_bwd dK/dV kernel
 #   sweep-wgmma-bwd - tune fa2_wgmma_bwd on the grid's d 128/256 points; the best of both bf16 backward
 #                 families per point re-timed beside torch flash and cuDNN (bwd_vs_sdpa.csv)
@@ -168,6 +169,28 @@ profile-wgmma)  # profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED B,H,Sq,Sk,d: Nsight Co
     --shape "$2" --dtype bf16 --direction bwd >"$OUT/profile.log" 2>&1
   ncu --import "$OUT/profile.ncu-rep" --page details >"$OUT/profile.txt" 2>&1
   grep -E "Duration|Throughput|Stall|Issued|Eligible|Active Warps|Pipe|L2|Shared|Bank|No Eligible|One or More" "$OUT/profile.txt" | head -60
+  ;;
+refresh-wgmma-d256)  # identical-input error vs torch flash (d 128, 256); DQ_RED 2 configs stored at the d = 256 points,
+                     # then the best per d = 256 point re-timed beside torch flash and cuDNN (bwd_vs_sdpa_d256.csv)
+  log "error vs torch flash, identical inputs"
+  python3 experiments/bwd_error_vs_torch.py --family fa2_wgmma_bwd --dims 128,256 --db "$db" --time-limit-s 150 \
+    --out "$rep/bwd_error_vs_torch_wgmma.csv" >"$OUT/error.log" 2>&1; tail -3 "$OUT/error.log"
+  log "DQ_RED 2 at d = 256"
+  for cfg in 64,64,2,2,2 64,64,2,1,2; do
+    IFS=, read -r bm bn sp st red <<<"$cfg"
+    for s in 1024 4096 16384; do
+      for c in "" "--causal"; do
+        $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" --db "$db" \
+          --shape "$((16384 / s)),8,$s,$s,256" --dtype bf16 $c --direction bwd 2>&1 | grep -E "TFLOP" | tr '\n' ' '
+        echo " <- $cfg S$s $c"
+      done
+    done
+  done
+  log "d = 256 comparison"
+  python3 experiments/tuned_vs_sdpa.py --family fa2_wgmma_bwd,fa2_mma_bwd --db "$db" --problems configs/problems/anchors_bwd_bf16_d256.json \
+    --out "$rep/bwd_vs_sdpa_d256.csv" 2>"$OUT/bwd_vs_sdpa_d256.log"
+  cut -d, -f2-20 "$rep/bwd_vs_sdpa_d256.csv"
+  finish
   ;;
 sweep-wgmma-bwd)  # tune fa2_wgmma_bwd on the grid's d 128/256 points, then the best of both bf16 backward families beside torch
   tune fa2_wgmma_bwd_grid anchors_bwd_bf16_d128_256
