@@ -53,6 +53,15 @@ compare() {
   $ft best --db "$db" --family "$1" --csv >"$rep/best_$1.csv"
   python3 experiments/compare.py "$rep/best_$1.csv" "$rep/sdpa_$3_$2.csv" --out "$rep/$4"
 }
+# One fa2_wgmma_bwd config (params) validated at head dim d on three ragged shapes: wgmma_ragged_checks <params> <d>
+wgmma_ragged_checks() {
+  local shape
+  for shape in "2,3,333,517,$2 bf16" "1,2,517,333,$2 fp16 --causal" "2,2,256,256,$2 bf16 --causal"; do
+    set -- "$1" $shape
+    $ft run --family fa2_wgmma_bwd --params "$1" --shape "$2" --dtype "$3" ${4:-} --direction bwd --check 2>&1 |
+      grep -E "status|error|dq|fa2_" | tr '\n' ' '; echo " <- $1 $shape"
+  done
+}
 # Headers from everything stored, the DB without binaries, and all of it back under $OUT.
 finish() {
   $ft emit --db "$db" --out configs/generated
@@ -119,40 +128,12 @@ compare-mma-bwd)
   python3 experiments/tuned_vs_sdpa.py --family fa2_mma_bwd --db "$db" --problems configs/problems/anchors_bwd_bf16.json --out "$rep/bwd_vs_sdpa.csv" 2>"$OUT/bwd_vs_sdpa.log"
   finish
   ;;
-check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then timed at S = 4096; "all": then sweep-wgmma-bwd
-  then=${1:-}
-  for spec in "64,128,0,2,0 64" "64,64,2,2,0 256" "64,64,2,1,1 256" "64,128,0,2,1 128" "64,64,2,2,1 128" \
-              "64,64,2,2,1 32" "64,64,2,2,1 96" "64,64,2,1,1 192" "64,64,1,1,0 64"; do
-    set -- $spec
-    IFS=, read -r bm bn sp st red <<<"$1"
-    params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red"
-    for shape in "2,3,333,517,$2 bf16" "1,2,517,333,$2 fp16 --causal" "2,2,256,256,$2 bf16 --causal"; do
-      set -- $shape
-      $ft run --family fa2_wgmma_bwd --params "$params" --shape "$1" --dtype "$2" ${3:-} --direction bwd --check 2>&1 |
-        grep -E "status|error|dq|fa2_" | tr '\n' ' '; echo " <- $params $shape"
-    done
-  done
-  for spec in "64,128,0,2,0 4,32,4096,4096,64" "64,128,0,2,0 4,16,4096,4096,128" "64,128,0,2,1 4,16,4096,4096,128" \
-              "64,64,2,2,0 4,16,4096,4096,128" "64,64,2,2,0 4,8,4096,4096,256" "64,64,2,1,1 4,8,4096,4096,256"; do
-    set -- $spec
-    IFS=, read -r bm bn sp st red <<<"$1"
-    for c in "" "--causal"; do
-      $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" --shape "$2" --dtype bf16 \
-        $c --direction bwd 2>&1 | grep -E "TFLOP|time|status" | tr '\n' ' '; echo " <- $1 $2 $c"
-    done
-  done | tee "$OUT/check_timing.txt"
-  [[ $then == all ]] || exit 0
-  ;&
 exp-wgmma)  # exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED:d ...: each config validated on ragged shapes, then timed on the grid's d points
   for spec in "$@"; do
     IFS=, read -r bm bn sp st red <<<"${spec%:*}"
     d=${spec#*:}
     params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red"
-    for shape in "2,3,333,517,$d bf16" "1,2,517,333,$d fp16 --causal" "2,2,256,256,$d bf16 --causal"; do
-      set -- $shape
-      $ft run --family fa2_wgmma_bwd --params "$params" --shape "$1" --dtype "$2" ${3:-} --direction bwd --check 2>&1 |
-        grep -E "status|error|dq" | tr '\n' ' '; echo " <- $params $shape"
-    done
+    wgmma_ragged_checks "$params" "$d"
     for s in 1024 4096 16384; do
       for c in "" "--causal"; do
         $ft run --family fa2_wgmma_bwd --params "$params" --shape "$((16384 / s)),$((2048 / d)),$s,$s,$d" --dtype bf16 $c \
@@ -192,6 +173,25 @@ refresh-wgmma-d256)  # identical-input error vs torch flash (d 128, 256); DQ_RED
   cut -d, -f2-20 "$rep/bwd_vs_sdpa_d256.csv"
   finish
   ;;
+check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then timed at S = 4096; "all": then sweep-wgmma-bwd
+  then=${1:-}
+  for spec in "64,128,0,2,0 64" "64,64,2,2,0 256" "64,64,2,1,1 256" "64,128,0,2,1 128" "64,64,2,2,1 128" \
+              "64,64,2,2,1 32" "64,64,2,2,1 96" "64,64,2,1,1 192" "64,64,1,1,0 64"; do
+    set -- $spec
+    IFS=, read -r bm bn sp st red <<<"$1"
+    wgmma_ragged_checks "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" "$2"
+  done
+  for spec in "64,128,0,2,0 4,32,4096,4096,64" "64,128,0,2,0 4,16,4096,4096,128" "64,128,0,2,1 4,16,4096,4096,128" \
+              "64,64,2,2,0 4,16,4096,4096,128" "64,64,2,2,0 4,8,4096,4096,256" "64,64,2,1,1 4,8,4096,4096,256"; do
+    set -- $spec
+    IFS=, read -r bm bn sp st red <<<"$1"
+    for c in "" "--causal"; do
+      $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" --shape "$2" --dtype bf16 \
+        $c --direction bwd 2>&1 | grep -E "TFLOP|time|status" | tr '\n' ' '; echo " <- $1 $2 $c"
+    done
+  done | tee "$OUT/check_timing.txt"
+  [[ $then == all ]] || exit 0
+  ;&
 sweep-wgmma-bwd)  # tune fa2_wgmma_bwd on the grid's d 128/256 points, then the best of both bf16 backward families beside torch
   tune fa2_wgmma_bwd_grid anchors_bwd_bf16_d128_256
   $ft best --db "$db" --family fa2_wgmma_bwd --csv >"$rep/best_fa2_wgmma_bwd.csv"

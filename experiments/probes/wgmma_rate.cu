@@ -151,18 +151,16 @@ __global__ void __launch_bounds__(128) bulk_pattern(float* acc, int rows_per_hea
   bulk_wait<0>();
 }
 
-template <int D, int PIECE>
-void run_bulk(float* d_acc, int heads, int rows) {
-  const int ctas_per_head = rows / 64, steps = rows / 64;
-  const int smem = 2 * 64 * D * 4;
-  CK(cudaFuncSetAttribute(bulk_pattern<D, PIECE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+// Median milliseconds of 3 timed launches (after one warm-up), CUDA events around each.
+template <class Launch>
+double median_ms(Launch launch) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   std::vector<float> ms;
   for (int it = 0; it < 4; ++it) {
     CK(cudaEventRecord(e0));
-    bulk_pattern<D, PIECE><<<heads * ctas_per_head, 128, smem>>>(d_acc, rows, ctas_per_head, steps);
+    launch();
     CK(cudaGetLastError());
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
@@ -170,10 +168,22 @@ void run_bulk(float* d_acc, int heads, int rows) {
     CK(cudaEventElapsedTime(&t, e0, e1));
     if (it > 0) ms.push_back(t);
   }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
   std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+template <int D, int PIECE>
+void run_bulk(float* d_acc, int heads, int rows) {
+  const int ctas_per_head = rows / 64, steps = rows / 64;
+  const int smem = 2 * 64 * D * 4;
+  CK(cudaFuncSetAttribute(bulk_pattern<D, PIECE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const double ms = median_ms(
+      [&] { bulk_pattern<D, PIECE><<<heads * ctas_per_head, 128, smem>>>(d_acc, rows, ctas_per_head, steps); });
   const double bytes = static_cast<double>(heads) * ctas_per_head * steps * 64.0 * D * 4;
   std::printf("bulk reduce pieces of %d B, D=%d heads=%d S=%d: %.3f ms, %.0f GB/s of fp32 reductions\n", PIECE, D, heads,
-              rows, ms[ms.size() / 2], bytes / (ms[ms.size() / 2] * 1e6));
+              rows, ms, bytes / (ms * 1e6));
 }
 
 template <int N, int MODE>
@@ -201,26 +211,11 @@ template <int D, int VEC>
 void run_red(float* d_acc, int heads, int rows) {
   const int ctas_per_head = rows / 64;  // one CTA per 64 keys, as at BN = 64
   const int steps = rows / 64;          // every query block, as non-causal
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int it = 0; it < 4; ++it) {
-    CK(cudaEventRecord(e0));
-    red_pattern<D, VEC><<<heads * ctas_per_head, 256>>>(d_acc, rows, ctas_per_head, steps);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    if (it > 0) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
+  const double ms =
+      median_ms([&] { red_pattern<D, VEC><<<heads * ctas_per_head, 256>>>(d_acc, rows, ctas_per_head, steps); });
   const double bytes = static_cast<double>(heads) * ctas_per_head * steps * 64.0 * D * 4;
-  std::printf("red.v%d dQ pattern D=%d heads=%d S=%d: %.3f ms, %.0f GB/s of fp32 reductions\n", VEC, D, heads, rows,
-              ms[ms.size() / 2], bytes / (ms[ms.size() / 2] * 1e6));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+  std::printf("red.v%d dQ pattern D=%d heads=%d S=%d: %.3f ms, %.0f GB/s of fp32 reductions\n", VEC, D, heads, rows, ms,
+              bytes / (ms * 1e6));
 }
 
 int main() {
@@ -232,21 +227,21 @@ int main() {
   long long* d_clocks;
   CK(cudaMalloc(&sink, 4096));
   CK(cudaMalloc(&d_clocks, sizeof(long long) * sms * 3));
-  if (getenv("CHAINS")) run_chain<32, kSsIl>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<32, kSsSw>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<64, kSsIl>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<64, kSsSw>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<128, kSsIl>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<128, kSsSw>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<256, kSsIl>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<256, kSsSw>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<64, kRsIl>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<64, kRsSw>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<128, kRsIl>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<128, kRsSw>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<32, kSsIlMn>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<64, kSsIlMn>(sms, sink, d_clocks);
-  if (getenv("CHAINS")) run_chain<128, kSsIlMn>(sms, sink, d_clocks);
+  run_chain<32, kSsIl>(sms, sink, d_clocks);
+  run_chain<32, kSsSw>(sms, sink, d_clocks);
+  run_chain<64, kSsIl>(sms, sink, d_clocks);
+  run_chain<64, kSsSw>(sms, sink, d_clocks);
+  run_chain<128, kSsIl>(sms, sink, d_clocks);
+  run_chain<128, kSsSw>(sms, sink, d_clocks);
+  run_chain<256, kSsIl>(sms, sink, d_clocks);
+  run_chain<256, kSsSw>(sms, sink, d_clocks);
+  run_chain<64, kRsIl>(sms, sink, d_clocks);
+  run_chain<64, kRsSw>(sms, sink, d_clocks);
+  run_chain<128, kRsIl>(sms, sink, d_clocks);
+  run_chain<128, kRsSw>(sms, sink, d_clocks);
+  run_chain<32, kSsIlMn>(sms, sink, d_clocks);
+  run_chain<64, kSsIlMn>(sms, sink, d_clocks);
+  run_chain<128, kSsIlMn>(sms, sink, d_clocks);
   float* d_acc;
   const int heads = 32, rows = 4096;
   CK(cudaMalloc(&d_acc, sizeof(float) * heads * rows * 256));
