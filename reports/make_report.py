@@ -234,19 +234,27 @@ def main():
                         "bf16 backward, best of fa2_wgmma_bwd and fa2_mma_bwd (tuned_family), vs torch SDPA flash and cuDNN",
                         ("ours tuned", "tuned_tflops"),
                         [("torch flash (FA2)", "torch_flash_tflops"), ("torch cuDNN", "torch_cudnn_tflops")])
+    bwd256 = os.path.join(out_dir, "bwd_vs_sdpa_d256.csv")
+    if os.path.exists(bwd256):
+        comparison_plot(bwd256, out_dir, report,
+                        "bf16 backward at d = 256, re-measured after a kernel change, vs torch SDPA flash and cuDNN",
+                        ("ours tuned", "tuned_tflops"),
+                        [("torch flash (FA2)", "torch_flash_tflops"), ("torch cuDNN", "torch_cudnn_tflops")])
     fwd = os.path.join(out_dir, "fwd_vs_sdpa.csv")
     if os.path.exists(fwd):
         comparison_plot(fwd, out_dir, report, "fa2_mma (bf16, tensor cores) vs torch SDPA flash and cuDNN",
                         ("fa2_mma tuned", "tuned_tflops"),
                         [("fa2_mma with FA2's fixed tiles", "fixed_tflops"), ("torch flash (FA2)", "torch_flash_tflops"),
                          ("torch cuDNN", "torch_cudnn_tflops")])
-    err = os.path.join(out_dir, "bwd_error_vs_torch.csv")
-    if os.path.exists(err):
+    for name, family in (("bwd_error_vs_torch.csv", "fa2_mma_bwd"), ("bwd_error_vs_torch_wgmma.csv", "fa2_wgmma_bwd")):
+        err = os.path.join(out_dir, name)
+        if not os.path.exists(err):
+            continue
         erows = list(csv.DictReader(open(err)))
         worst = max(float(r["ratio"]) for r in erows) if erows else 0
-        report.append("## Backward error on identical inputs: ours vs torch SDPA flash\n\n"
-                      "`experiments/bwd_error_vs_torch.py`: the same q, k, v, dO files through `flashtune run --inputs` "
-                      "and torch flash; relative L2 of dQ, dK, dV against float64 (the harness's reference and an "
+        report.append(f"## Backward error on identical inputs: {family} vs torch SDPA flash\n\n"
+                      f"`experiments/bwd_error_vs_torch.py` (`{name}`): the same q, k, v, dO files through `flashtune run "
+                      "--inputs` and torch flash; relative L2 of dQ, dK, dV against float64 (the harness's reference and an "
                       f"independent torch float64 one agree). {sum(r['pass'] == '1' for r in erows)} of {len(erows)} "
                       f"gradients within 1.2x of torch flash; worst ratio {worst:.3f}.\n")
         report.append(md_table(erows, ["dtype", "seq", "head_dim", "causal", "gradient", "ours_harness_rel_l2",
