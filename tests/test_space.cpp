@@ -77,6 +77,28 @@ TEST(Family, ConstraintsPruneWithReasons) {
     for (int d : fam.head_dims) EXPECT_EQ(fam.check(fam.default_config, d), nullptr) << fam.name << " d" << d;
 }
 
+TEST(Family, WgmmaBwdDqReductionPaths) {
+  const Family& f = find_family("fa2_wgmma_bwd");
+  // DQ_RED 2 stages dQ 32 columns at a time: SPLIT 2 at d = 96 has 48-column chunks and is pruned with why.
+  EXPECT_EQ(f.check({64, 64, 2, 2, 2}, 128), nullptr);
+  ASSERT_NE(f.check({64, 64, 2, 2, 2}, 96), nullptr);
+  EXPECT_NE(std::string(f.check({64, 64, 2, 2, 2}, 96)).find("DQ_RED 2"), std::string::npos);
+  ASSERT_NE(f.check({64, 64, 2, 2, 3}, 128), nullptr);
+  // Shared memory of the dK/dV kernel (the second launch) at d = 256: DQ_RED 2 adds 2 KB per warp and
+  // still fits the 227 KB of an sm_90 block with Q/dO double-buffered; DQ_RED 1's padded [64][264] fp32
+  // tile does not (the compiler prunes it there), but does with one stage.
+  Problem p;
+  p.head_dim = 256;
+  p.direction = "bwd";
+  auto dkdv_smem = [&](const Config& c) { return f.launches(c, p).at(1).smem_bytes; };
+  const unsigned sm90_limit = 227 * 1024;
+  EXPECT_EQ(dkdv_smem({64, 64, 2, 2, 2}) - dkdv_smem({64, 64, 2, 2, 0}), 8u * 2048u);
+  EXPECT_LE(dkdv_smem({64, 64, 2, 2, 2}), sm90_limit);
+  EXPECT_EQ(dkdv_smem({64, 64, 2, 1, 1}) - dkdv_smem({64, 64, 2, 1, 0}), 64u * 264u * 4u);
+  EXPECT_GT(dkdv_smem({64, 64, 2, 2, 1}), sm90_limit);
+  EXPECT_LE(dkdv_smem({64, 64, 2, 1, 1}), sm90_limit);
+}
+
 TEST(Problems, ExplicitListAndStandardGrid) {
   auto ps = problems_from_json(json::parse(R"({"problems":[{"batch":2,"heads":3,"seq_q":100,"seq_k":77,"head_dim":64,
       "causal":true}], "grid":{"tokens":16384,"hidden":2048,"seq":[1024,4096],"head_dim":[64,128],
