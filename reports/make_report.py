@@ -228,18 +228,15 @@ def main():
     if os.path.exists(bwd32):
         comparison_plot(bwd32, out_dir, report, "fa2_simt_bwd (fp32 backward) vs torch SDPA efficient backward",
                         ("fa2_simt_bwd tuned", "tflops"), [("torch SDPA efficient", "torch_sdpa_efficient_tflops")])
-    bwd = os.path.join(out_dir, "bwd_vs_sdpa.csv")
-    if os.path.exists(bwd):
-        comparison_plot(bwd, out_dir, report,
-                        "bf16 backward, best of fa2_wgmma_bwd and fa2_mma_bwd (tuned_family), vs torch SDPA flash and cuDNN",
-                        ("ours tuned", "tuned_tflops"),
-                        [("torch flash (FA2)", "torch_flash_tflops"), ("torch cuDNN", "torch_cudnn_tflops")])
-    bwd256 = os.path.join(out_dir, "bwd_vs_sdpa_d256.csv")
-    if os.path.exists(bwd256):
-        comparison_plot(bwd256, out_dir, report,
-                        "bf16 backward at d = 256, re-measured after a kernel change, vs torch SDPA flash and cuDNN",
-                        ("ours tuned", "tuned_tflops"),
-                        [("torch flash (FA2)", "torch_flash_tflops"), ("torch cuDNN", "torch_cudnn_tflops")])
+    for name, title in (
+            ("bwd_vs_sdpa.csv",
+             "bf16 backward, best of fa2_wgmma_bwd and fa2_mma_bwd (tuned_family), vs torch SDPA flash and cuDNN"),
+            ("bwd_vs_sdpa_d256.csv",
+             "bf16 backward at d = 256, re-measured after a kernel change, vs torch SDPA flash and cuDNN")):
+        bwd = os.path.join(out_dir, name)
+        if os.path.exists(bwd):
+            comparison_plot(bwd, out_dir, report, title, ("ours tuned", "tuned_tflops"),
+                            [("torch flash (FA2)", "torch_flash_tflops"), ("torch cuDNN", "torch_cudnn_tflops")])
     fwd = os.path.join(out_dir, "fwd_vs_sdpa.csv")
     if os.path.exists(fwd):
         comparison_plot(fwd, out_dir, report, "fa2_mma (bf16, tensor cores) vs torch SDPA flash and cuDNN",
