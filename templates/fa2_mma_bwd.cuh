@@ -442,10 +442,11 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const At
     const long long off = (bh * seq_q + row) * D;
     unsigned short* dq = static_cast<unsigned short*>(p.dq) + off;
     const float* acc = p.dq_accum + off;
+    const int swz = T::kDqAccumSwizzled ? (row & 7) : 0;  // 16-byte piece c of the row stored at c ^ swz
 #pragma unroll
     for (int c = g; c < D / 8; c += L) {
-      const float4 x = *reinterpret_cast<const float4*>(acc + 8 * c);
-      const float4 y = *reinterpret_cast<const float4*>(acc + 8 * c + 4);
+      const float4 x = *reinterpret_cast<const float4*>(acc + 4 * ((2 * c) ^ swz));
+      const float4 y = *reinterpret_cast<const float4*>(acc + 4 * ((2 * c + 1) ^ swz));
       uint4 w;
       w.x = pack_half2<DT>(x.x, x.y);
       w.y = pack_half2<DT>(x.z, x.w);

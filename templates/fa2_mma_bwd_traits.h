@@ -184,6 +184,7 @@ struct Fa2MmaBwdTraits {
   static constexpr int kDSplit = DSPLIT;
   static constexpr int kStages = STAGES;
   static constexpr int kDqMode = DQ_MODE;
+  static constexpr bool kDqAccumSwizzled = false;  // dq_accum row-major (see fa2_wgmma_bwd's DQ_RED 3)
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 

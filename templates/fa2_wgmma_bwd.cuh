@@ -290,17 +290,38 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   det::zero(ga);
   det::zero(gb);
 
+  // DQ_RED 3: block t's dQ tile, staged in its own (then dead) Q/dO slot, is added to dq_accum by one
+  // bulk reduction issued after block t+1's first barrier; block t+2 may refill that slot once the
+  // copy engine has read it, which is waited for after block t+1's scores (prefetch_next).
+  auto reduce_block = [&](int mb_done, int slot) {
+    const int m0_done = mb_done * BM;
+    bulk_reduce_add_f32(dq_accum + static_cast<long long>(m0_done) * D, q_tile(slot),
+                        static_cast<unsigned>(imin(BM, seq_q - m0_done) * D * 4));
+    bulk_commit();
+  };
+
   int s = 0;
   for (int t = 0; t < m_count; ++t) {
     const int mb = m_block(t);
     const int m0 = mb * BM;
     cp_async_wait<0>();   // block mb (K, V too on the first pass)
-    fence_proxy_async();  // ... visible to the tensor cores' reads
+    fence_proxy_async();  // ... visible to the tensor cores' reads (DQ_RED 3: block t-1's dQ tile to the copy engine)
     __syncthreads();      // and to every thread; everyone is done with block mb-1 (its slot, dS^T, P^T)
-    if constexpr (STAGES == 2) {
+    auto prefetch_next = [&]() {
       if (t + 1 < m_count) load_block(m_block(t + 1), s ^ 1);
       cp_async_commit();
+    };
+    if constexpr (T::kDqRed == 3) {
+      if (tid == 0 && t > 0) reduce_block(m_block(t - 1), s ^ 1);
+    } else if constexpr (STAGES == 2) {
+      prefetch_next();
     }
+    // DQ_RED 3, after the scores: block t-1's dQ tile read out of slot s^1, block t+1 into it.
+    auto refill_other_slot = [&]() {
+      if (tid == 0) bulk_wait_read<0>();
+      __syncthreads();
+      prefetch_next();
+    };
     const float* lse_s = stats + 2 * s * BM;
     const float* dl_s = lse_s + BM;
     const unsigned kt = det::opaque(k_tile), vt = det::opaque(v_tile), qt = det::opaque(q_tile(s)),
@@ -320,6 +341,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       wgmma_wait<0>();
       wgmma_fence_regs(st);
       wgmma_fence_regs(dpt);
+      if constexpr (T::kDqRed == 3) refill_other_slot();
 
       det::probs<BM>(st, lse_s, scale_log2, needs_mask, key0, m0, seq_k, causal_offset, CAUSAL, g, tig);
       det::dscores<BM>(dpt, [&](int j, int e) { return st[4 * j + e]; }, dl_s, tig);
@@ -350,7 +372,11 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       det::store_frags<DT, HM, BM>(ptt, st, wrow + g, qc, tig);
       det::store_frags<DT, HM, BM>(dst, dpt, wrow + g, qc, tig);
       fence_proxy_async();
-      __syncthreads();  // P^T, dS^T complete (both halves)
+      if constexpr (T::kDqRed == 3) {
+        refill_other_slot();  // its barrier: P^T, dS^T complete (both halves)
+      } else {
+        __syncthreads();  // P^T, dS^T complete (both halves)
+      }
       wgmma_fence_regs(ga);
       wgmma_fence_regs(gb);
       wgmma_fence();
@@ -368,6 +394,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(x);
+      if constexpr (T::kDqRed == 3) refill_other_slot();
       if (wg == 0) {
         det::probs<BM>(x, lse_s, scale_log2, needs_mask, key0, m0, seq_k, causal_offset, CAUSAL, g, tig);
         float4* pt = reinterpret_cast<float4*>(fa2_wgmma_bwd_smem + (p_tile - k_tile));
@@ -411,9 +438,9 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     if constexpr (T::kDqRed == 1) {
       if (warp == 0) bulk_wait_read<0>();  // the previous block's dQ rows have left the staging tile
     }
-    if constexpr (SPLIT != 2 || STAGES == 1 || T::kDqRed == 1) {
+    if constexpr (SPLIT != 2 || STAGES == 1 || T::kDqRed == 1 || T::kDqRed == 3) {
       fence_proxy_async();
-      __syncthreads();  // dS^T complete for every warpgroup; STAGES 1: Q_i, dO_i free; DQ_RED 1: staging free
+      __syncthreads();  // dS^T complete for every warpgroup; STAGES 1, DQ_RED 3: Q_i, dO_i free; DQ_RED 1: staging free
     }
     if constexpr (STAGES == 1) {
       if (t + 1 < m_count) load_block(m_block(t + 1), 0);
@@ -423,6 +450,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     // dQ piece: rows dq_m .. dq_m+63 of the block, columns dq_c .. dq_c+DQC-1 in chunks of T::kDqChunk
     // (registers); A = dS (M-major view of dS^T), B = K (MN-major), k over the BN keys.
     const float scale = p.scale;
+    float* dq_tile = reinterpret_cast<float*>(fa2_wgmma_bwd_smem + (q_tile(s) - k_tile));  // DQ_RED 3: [BM][D], swizzled
 #pragma unroll
     for (int c0 = 0; c0 < DQC; c0 += DQ_CHUNK) {
       float dq[DQ_CHUNK / 2];
@@ -435,7 +463,17 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(dq);
-      if constexpr (T::kDqRed == 2) {  // whole-line v4 reductions through this warp's staging tile
+      if constexpr (T::kDqRed == 3) {  // into the block's tile: piece c4 of row r at c4 ^ (r % 8), as in dq_accum
+        // This thread's rows are g (mod 8): the pair at column 8j + 2 tig of the chunk (piece 2j + tig/2)
+        // goes to piece 2 (j ^ g/2) + (tig/2 ^ g%2).
+        float* row_g = dq_tile + (dq_m + wrow + g) * D + dq_c + c0 + 4 * ((tig >> 1) ^ (g & 1)) + 2 * (tig & 1);
+#pragma unroll
+        for (int j = 0; j < DQ_CHUNK / 8; ++j) {
+          float* at = row_g + 8 * (j ^ (g >> 1));
+          *reinterpret_cast<float2*>(at) = make_float2(scale * dq[4 * j], scale * dq[4 * j + 1]);
+          *reinterpret_cast<float2*>(at + 8 * D) = make_float2(scale * dq[4 * j + 2], scale * dq[4 * j + 3]);
+        }
+      } else if constexpr (T::kDqRed == 2) {  // whole-line v4 reductions through this warp's staging tile
         det::reduce_staged<DQ_CHUNK, D>(dq_stage_warp, dq, scale,
                                         dq_accum + static_cast<long long>(m0 + dq_m + wrow) * D + dq_c + c0,
                                         seq_q - (m0 + dq_m + wrow), lane);
@@ -471,6 +509,14 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     if constexpr (STAGES == 2) s ^= 1;
   }
   cp_async_wait<0>();  // nothing in flight at exit (no query block: K, V unused)
+  if constexpr (T::kDqRed == 3) {  // the last block's dQ tile
+    if (m_count > 0) {
+      fence_proxy_async();
+      __syncthreads();
+      if (tid == 0) reduce_block(m_block(m_count - 1), s ^ 1);
+    }
+    if (tid == 0) bulk_wait<0>();
+  }
   if (T::kDqRed == 1 && warp == 0) bulk_wait<0>();  // the last dQ rows reduced before shared memory goes
 
   // dK (times scale), dV rows; zeros for a block no query sees.

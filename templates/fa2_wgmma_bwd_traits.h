@@ -25,7 +25,15 @@
 //   (DQ_RED 2) staged per warp (its 16 rows x 32 columns at a time, swizzled), read back row-contiguous,
 //   so that each red.global.add.v4.f32 of a warp covers whole 128-byte lines: on an H100 such
 //   reductions sustain 2.4 TB/s against 1.7 TB/s for the 32-byte pieces of the C layout
-//   (experiments/probes/wgmma_rate.cu).
+//   (experiments/probes/wgmma_rate.cu), or
+//   (DQ_RED 3) staged as the whole BM x D fp32 tile in the Q/dO slot of the block just used (dead
+//   once dV, dK are done: 4 BM D bytes either way) and added by ONE bulk reduction per query block
+//   (the rows are contiguous in dq_accum), issued after the next block's first barrier and waited
+//   for only before that slot is refilled, after the next block's scores (STAGES 2 only: the
+//   prefetch of block i+1 moves from the top of block i to its middle). No reduction instruction
+//   is left to the warps. dq_accum is then stored swizzled (16-byte piece c of row r at c ^ (r % 8)
+//   within its 128-byte line: conflict-free C-layout stores, and the bulk copy is a plain memcpy);
+//   the dQ conversion kernel reads it back through the same swizzle.
 #pragma once
 #include "traits_common.h"
 
@@ -82,7 +90,8 @@ FT_HD constexpr int fa2_wgmma_bwd_dkdv_threads(int, int BN, int SPLIT, int) {
 // K, V [BN][D]; STAGES x (Q, dO [BM][D]); dS^T [BN][BM] (16-bit, interleaved); P^T [64][BM] (SPLIT 1
 // fp32, SPLIT 2 16-bit); STAGES x (lse, delta [BM]) fp32.
 FT_HD constexpr int fa2_wgmma_bwd_p_bytes(int BM, int SPLIT) { return SPLIT == 1 ? 4 * 64 * BM : SPLIT == 2 ? 2 * 64 * BM : 0; }
-// DQ_RED 1: + the dQ staging tile [BM][D + 8] fp32 (rows padded); DQ_RED 2: + a [16][32] fp32 tile per warp.
+// DQ_RED 1: + the dQ staging tile [BM][D + 8] fp32 (rows padded); DQ_RED 2: + a [16][32] fp32 tile per warp;
+// DQ_RED 3: nothing (the Q/dO slot).
 FT_HD constexpr int fa2_wgmma_bwd_dq_stage_bytes(int D, int BM, int BN, int SPLIT, int DQ_RED) {
   return DQ_RED == 1   ? 4 * BM * (D + 8)
          : DQ_RED == 2 ? fa2_wgmma_bwd_warpgroups(BN, SPLIT) * 4 * 16 * 32 * 4
@@ -111,10 +120,12 @@ FT_HD constexpr bool fa2_wgmma_bwd_split_ok(int BN, int SPLIT) {
   return (SPLIT == 0 && BN >= 64 && BN <= 256 && BN % 64 == 0) || ((SPLIT == 1 || SPLIT == 2) && BN == 64);
 }
 FT_HD constexpr bool fa2_wgmma_bwd_stages_ok(int STAGES) { return STAGES == 1 || STAGES == 2; }
-FT_HD constexpr bool fa2_wgmma_bwd_red_ok(int DQ_RED) { return DQ_RED >= 0 && DQ_RED <= 2; }
-// DQ_RED 2 stages dQ chunks 32 columns at a time.
+FT_HD constexpr bool fa2_wgmma_bwd_red_ok(int DQ_RED) { return DQ_RED >= 0 && DQ_RED <= 3; }
+// DQ_RED 3 stages dQ in the slot the next-but-one block is loaded into: needs the second slot.
+FT_HD constexpr bool fa2_wgmma_bwd_red_stages_ok(int STAGES, int DQ_RED) { return DQ_RED != 3 || STAGES == 2; }
+// DQ_RED 2 stages dQ chunks 32 columns at a time; DQ_RED 3 swizzles within 128-byte (32-column) lines.
 FT_HD constexpr bool fa2_wgmma_bwd_red_chunk_ok(int D, int BM, int BN, int SPLIT, int DQ_RED) {
-  return DQ_RED != 2 || fa2_wgmma_bwd_dq_chunk(D, BM, BN, SPLIT) % 32 == 0;
+  return DQ_RED < 2 || fa2_wgmma_bwd_dq_chunk(D, BM, BN, SPLIT) % 32 == 0;
 }
 FT_HD constexpr bool fa2_wgmma_bwd_dq_ok(int D, int BM, int BN, int SPLIT) {
   return (SPLIT != 2 || (fa2_wgmma_bwd_n_ok(BM / 2) && fa2_wgmma_bwd_n_ok(D / 2))) && fa2_wgmma_bwd_dq_m_tiles(BM) > 0 && fa2_wgmma_bwd_warpgroups(BN, SPLIT) % fa2_wgmma_bwd_dq_m_tiles(BM) == 0 &&
@@ -136,13 +147,15 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
          : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 and 2 BLOCK_N = 64"
          : !fa2_wgmma_bwd_stages_ok(STAGES)    ? "STAGES must be 1 or 2"
          : !fa2_wgmma_bwd_red_ok(DQ_RED)
-             ? "DQ_RED must be 0 (reductions from registers), 1 (bulk from shared memory) or 2 (staged per warp, v4)"
+             ? "DQ_RED must be 0 (reductions from registers), 1 (bulk per row), 2 (staged per warp, v4) or 3 (bulk per block)"
          : !fa2_wgmma_bwd_dq_ok(D, BM, BN, SPLIT)
              ? "wgmma shapes: warpgroups must tile dQ in BM/64 m64 tiles x column pieces of a wgmma N (SPLIT 2: BM/2, D/2 too)"
          : !fa2_wgmma_bwd_acc_ok(D, BM, BN, SPLIT)
              ? "accumulators per thread exceed the register budget (kept dK/dV + max(S^T/dP^T, dQ chunk))"
-         : !fa2_wgmma_bwd_red_chunk_ok(D, BM, BN, SPLIT, DQ_RED) ? "DQ_RED 2 needs dQ chunks of a multiple of 32 columns"
-                                                                 : nullptr;
+         : !fa2_wgmma_bwd_red_chunk_ok(D, BM, BN, SPLIT, DQ_RED) ? "DQ_RED 2 and 3 need dQ chunks of a multiple of 32 columns"
+         : !fa2_wgmma_bwd_red_stages_ok(STAGES, DQ_RED)
+             ? "DQ_RED 3 stages dQ in the Q/dO slot of the block just used: needs STAGES 2"
+             : nullptr;
 }
 
 template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int DTYPE, bool CAUSAL>
@@ -160,6 +173,7 @@ struct Fa2WgmmaBwdTraits {
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
   static constexpr int kDqMode = 0;  // dQ by fp32 reductions (the shared preprocess / dq kernels read this)
+  static constexpr bool kDqAccumSwizzled = DQ_RED == 3;  // dq_accum's layout, for the dQ conversion kernel
 
   static constexpr int kWarpgroups = fa2_wgmma_bwd_warpgroups(BLOCK_N, SPLIT);
   static constexpr int kDqMTiles = fa2_wgmma_bwd_dq_m_tiles(BLOCK_M);

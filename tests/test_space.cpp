@@ -83,7 +83,12 @@ TEST(Family, WgmmaBwdDqReductionPaths) {
   EXPECT_EQ(f.check({64, 64, 2, 2, 2}, 128), nullptr);
   ASSERT_NE(f.check({64, 64, 2, 2, 2}, 96), nullptr);
   EXPECT_NE(std::string(f.check({64, 64, 2, 2, 2}, 96)).find("DQ_RED 2"), std::string::npos);
-  ASSERT_NE(f.check({64, 64, 2, 2, 3}, 128), nullptr);
+  ASSERT_NE(f.check({64, 64, 2, 2, 4}, 128), nullptr);
+  // DQ_RED 3 stages dQ in the Q/dO slot that the prefetch refills: one stage is pruned with why.
+  EXPECT_EQ(f.check({64, 64, 2, 2, 3}, 256), nullptr);
+  ASSERT_NE(f.check({64, 64, 2, 1, 3}, 256), nullptr);
+  EXPECT_NE(std::string(f.check({64, 64, 2, 1, 3}, 256)).find("STAGES 2"), std::string::npos);
+  ASSERT_NE(f.check({64, 64, 2, 2, 3}, 96), nullptr);
   // Shared memory of the dK/dV kernel (the second launch) at d = 256: DQ_RED 2 adds 2 KB per warp and
   // still fits the 227 KB of an sm_90 block with Q/dO double-buffered; DQ_RED 1's padded [64][264] fp32
   // tile does not (the compiler prunes it there), but does with one stage.
@@ -97,6 +102,8 @@ TEST(Family, WgmmaBwdDqReductionPaths) {
   EXPECT_EQ(dkdv_smem({64, 64, 2, 1, 1}) - dkdv_smem({64, 64, 2, 1, 0}), 64u * 264u * 4u);
   EXPECT_GT(dkdv_smem({64, 64, 2, 2, 1}), sm90_limit);
   EXPECT_LE(dkdv_smem({64, 64, 2, 1, 1}), sm90_limit);
+  // DQ_RED 3's dQ tile ([BM][D] fp32) is exactly the Q/dO slot it reuses ([BM][D] x 2 x 16-bit): no extra bytes.
+  EXPECT_EQ(dkdv_smem({64, 64, 2, 2, 3}), dkdv_smem({64, 64, 2, 2, 0}));
 }
 
 TEST(Problems, ExplicitListAndStandardGrid) {

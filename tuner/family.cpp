@@ -230,8 +230,9 @@ std::vector<Family> make_families() {
                 {"BLOCK_N", {64, 128, 192, 256}},
                 {"SPLIT", {0, 1, 2}},  // 0: a warpgroup per 64 keys; 1: two split dV | dK roles, 2: two halve every product
                 {"STAGES", {1, 2}},    // Q, dO, lse, delta double-buffered or not
-                // dQ into dq_accum: 0 reductions from registers, 1 bulk reductions per row, 2 whole-line v4 reductions
-                {"DQ_RED", {0, 1, 2}}};
+                // dQ into dq_accum: 0 reductions from registers, 1 bulk reductions per row, 2 whole-line v4
+                // reductions, 3 one bulk reduction per query block from its dead Q/dO slot
+                {"DQ_RED", {0, 1, 2, 3}}};
     f.head_dims = {32, 64, 96, 128, 192, 256};
     f.dtypes = {DType::fp16, DType::bf16};
     f.default_config = {64, 64, 2, 1, 0};  // compiles spill-free for every head dim (SPLIT 1 spills at d = 256)
