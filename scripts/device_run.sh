@@ -146,9 +146,13 @@ profile-wgmma)  # profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED B,H,Sq,Sk,d: Nsight Co
   IFS=, read -r bm bn sp st red <<<"$1"
   ncu --clock-control none -k regex:fa2_wgmma_bwd_dkdv -c 1 --section SpeedOfLight --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
+    --section SourceCounters --import-source no \
     -o "$OUT/profile" $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" \
     --shape "$2" --dtype bf16 --direction bwd >"$OUT/profile.log" 2>&1
   ncu --import "$OUT/profile.ncu-rep" --page details >"$OUT/profile.txt" 2>&1
+  # per SASS instruction: executed counts and warp-stall samples (where the time goes inside the loop)
+  ncu --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass >"$OUT/profile_sass.csv" 2>&1
+  gzip -f "$OUT/profile_sass.csv"
   grep -E "Duration|Throughput|Stall|Issued|Eligible|Active Warps|Pipe|L2|Shared|Bank|No Eligible|One or More" "$OUT/profile.txt" | head -60
   ;;
 refresh-wgmma-d256)  # identical-input error vs torch flash (d 128, 256); DQ_RED 2 configs stored at the d = 256 points,

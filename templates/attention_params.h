@@ -42,6 +42,7 @@ struct AttnBwdParams {
   int seq_k;
   float scale;         // softmax scale
   float scale_log2;    // scale * log2(e)
+  void* workspace;     // family-specific scratch (fa2_wgmma_bwd LOAD 1: tile images of Q, dO, lse, delta), may be null
 };
 
 }  // namespace flashtune

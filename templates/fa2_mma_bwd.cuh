@@ -184,6 +184,22 @@ __device__ __forceinline__ void store_rows(unsigned short* out, const float (&ac
 
 }  // namespace fa2_mma_bwd_detail
 
+// acc + the dot product of two 16-byte chunks of 16-bit values (dO and O), in fp32.
+template <int DTYPE>
+__device__ __forceinline__ float dot_chunk(uint4 a, uint4 b, float acc) {
+  const unsigned aw[4] = {a.x, a.y, a.z, a.w};
+  const unsigned bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    float a0, a1, b0, b1;
+    unpack_half2<DTYPE>(aw[w], a0, a1);
+    unpack_half2<DTYPE>(bw[w], b0, b1);
+    acc = fmaf(a0, b0, acc);
+    acc = fmaf(a1, b1, acc);
+  }
+  return acc;
+}
+
 // delta[b,h,i] = sum_c dO[i][c] * O[i][c] in fp32; DQ_MODE 0 also zeroes dq_accum. 8 lanes per row,
 // 16-byte loads.
 template <class Traits>
@@ -203,20 +219,8 @@ __global__ void __launch_bounds__(Traits::kPreThreads) fa2_mma_bwd_preprocess(co
     const unsigned short* o = static_cast<const unsigned short*>(p.o) + off;
     const unsigned short* dout = static_cast<const unsigned short*>(p.dout) + off;
 #pragma unroll
-    for (int c = g; c < D / 8; c += L) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o + 8 * c);
-      const uint4 dv = *reinterpret_cast<const uint4*>(dout + 8 * c);
-      const unsigned ow[4] = {ov.x, ov.y, ov.z, ov.w};
-      const unsigned dw[4] = {dv.x, dv.y, dv.z, dv.w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        float o0, o1, d0, d1;
-        unpack_half2<T::kDtype>(ow[w], o0, o1);
-        unpack_half2<T::kDtype>(dw[w], d0, d1);
-        acc = fmaf(d0, o0, acc);
-        acc = fmaf(d1, o1, acc);
-      }
-    }
+    for (int c = g; c < D / 8; c += L)
+      acc = dot_chunk<T::kDtype>(*reinterpret_cast<const uint4*>(dout + 8 * c), *reinterpret_cast<const uint4*>(o + 8 * c), acc);
     if constexpr (T::kDqMode == 0) {
 #pragma unroll
       for (int c = g; c < D / 4; c += L)

@@ -1,12 +1,13 @@
 // FlashAttention-2 backward on Hopper's warpgroup MMA (wgmma, sm_90a), fp16 or bf16 in and out,
 // fp32 accumulation. Kernels, launched in order (T = Fa2WgmmaBwdTraits<D, BLOCK_M, BLOCK_N, SPLIT,
-// STAGES, DQ_RED, DTYPE, CAUSAL>):
-//   fa2_mma_bwd_preprocess<T>  delta = rowsum(dO * O), dq_accum = 0        (shared with fa2_mma_bwd)
-//   fa2_wgmma_bwd_dkdv<T>      one CTA per K/V block j: dK_j, dV_j; dq_accum += scale dS K_j
-//   fa2_mma_bwd_dq<T>          dQ = 16-bit(dq_accum)                        (shared with fa2_mma_bwd)
+// STAGES, DQ_RED, LOAD, DTYPE, CAUSAL>):
+//   fa2_wgmma_bwd_preprocess<T>  delta = rowsum(dO * O), dq_accum = 0; LOAD 1: the tile images of Q, dO,
+//                                lse, delta that the dK/dV kernel bulk-copies
+//   fa2_wgmma_bwd_dkdv<T>        one CTA per K/V block j: dK_j, dV_j; dq_accum += scale dS K_j
+//   fa2_mma_bwd_dq<T>            dQ = 16-bit(dq_accum)                        (shared with fa2_mma_bwd)
 //
-// dK/dV kernel, per query block i (Q_i, dO_i, lse_i, delta_i by cp.async, STAGES = 2: block i+1
-// lands during block i). Scores are held transposed (keys x queries) so that a warpgroup's score
+// dK/dV kernel, per query block i (Q_i, dO_i, lse_i, delta_i by cp.async or, LOAD 1, bulk copies;
+// STAGES = 2: block i+1 lands during block i). Scores are held transposed (keys x queries) so that a warpgroup's score
 // rows are its dK/dV rows, as in fa2_mma_bwd, but every product is one wgmma chain per warpgroup:
 //   S^T  = K_j Q_i^T      SS: A = K (K-major), B = Q (K-major)              m64 x BM, k = D
 //   dP^T = V_j dO_i^T     SS: A = V, B = dO                                 m64 x BM, k = D
@@ -197,7 +198,75 @@ __device__ __forceinline__ void reduce_staged(float* stage, const float (&acc)[N
   }
 }
 
+// LOAD 1's images in p.workspace (traits: fa2_wgmma_bwd_workspace_bytes), for (batch, head) bh with
+// R = seq_q rounded up to BM rows: Q and dO as [R/BM] interleaved [BM][D] tiles, lse and delta [R].
+struct Images {
+  unsigned short* q;
+  unsigned short* dout;
+  float* lse;
+  float* delta;
+};
+template <class T>
+__device__ __forceinline__ Images images(const AttnBwdParams& p, long long bh) {
+  if constexpr (T::kLoad != 1) {
+    return Images{};
+  } else {
+    const long long rows = fa2_wgmma_bwd_padded_rows(p.seq_q, T::kBlockM);
+    const long long bhs = static_cast<long long>(p.batch) * p.heads;
+    unsigned short* base = static_cast<unsigned short*>(p.workspace);
+    float* stats = reinterpret_cast<float*>(base + 2 * bhs * rows * T::kHeadDim);
+    return Images{base + bh * rows * T::kHeadDim, base + (bhs + bh) * rows * T::kHeadDim, stats + bh * rows,
+                  stats + (bhs + bh) * rows};
+  }
+}
+
 }  // namespace fa2_wgmma_bwd_detail
+
+// delta = rowsum(dO * O) and dq_accum = 0 for rows < seq_q, as fa2_mma_bwd_preprocess; LOAD 1 also
+// writes the images, zeros for the rows from seq_q up to the next multiple of BM.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kPreThreads) fa2_wgmma_bwd_preprocess(const AttnBwdParams p) {
+  using T = Traits;
+  constexpr int D = T::kHeadDim;
+  constexpr int BM = T::kBlockM;
+  constexpr int L = T::kRowLanes;
+  check_dynamic_smem(T::kPreSmemBytes);
+  const int tid = threadIdx.x;
+  const int g = tid % L;
+  const int row = blockIdx.x * T::kRowsPerCta + tid / L;
+  const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
+  const bool ok = row < p.seq_q;
+  const long long off = (bh * p.seq_q + row) * D;
+  const auto img = fa2_wgmma_bwd_detail::images<T>(p, bh);
+  const int blk = row / BM, rb = row % BM;  // LOAD 1: this row's tile and row within it
+  float acc = 0.f;
+#pragma unroll
+  for (int c = g; c < D / 8; c += L) {
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const uint4 ov = ok ? *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p.o) + off + 8 * c) : zero;
+    const uint4 dv = ok ? *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p.dout) + off + 8 * c) : zero;
+    acc = dot_chunk<T::kDtype>(dv, ov, acc);
+    if constexpr (T::kLoad == 1) {
+      const uint4 qv = ok ? *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p.q) + off + 8 * c) : zero;
+      const long long at = static_cast<long long>(blk) * BM * D + il_chunk<D>(rb, c) / 2;  // in 16-bit elements
+      *reinterpret_cast<uint4*>(img.q + at) = qv;
+      *reinterpret_cast<uint4*>(img.dout + at) = dv;
+    }
+  }
+  if (ok) {
+#pragma unroll
+    for (int c = g; c < D / 4; c += L)
+      *reinterpret_cast<float4*>(p.dq_accum + off + 4 * c) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  acc = group_sum<L>(acc);  // every lane takes part (no early exit before the shuffles)
+  if (g == 0) {
+    if (ok) p.delta[bh * p.seq_q + row] = acc;
+    if (T::kLoad == 1 && row < fa2_wgmma_bwd_padded_rows(p.seq_q, BM)) {
+      img.delta[row] = ok ? acc : 0.f;
+      img.lse[row] = ok ? p.lse[bh * p.seq_q + row] : 0.f;
+    }
+  }
+}
 
 // One CTA per K/V block j (x), head (y), batch (z): dK_j, dV_j over every query block i that can see
 // the block (in a rotated order, below); dq_accum[i] += scale * dS_ij K_j.
@@ -230,6 +299,9 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   float* dq_stage_warp = dq_stage + (threadIdx.x >> 5) * 16 * 32;  // DQ_RED 2: this warp's [16][32]
   const float* stats = reinterpret_cast<const float*>(fa2_wgmma_bwd_smem + kStatsOff);  // STAGES x {lse, delta} [BM]
   const unsigned stats_s = k_tile + kStatsOff;
+  // LOAD 1: one mbarrier per stage, after everything else; bulk copies of block t complete phase t / STAGES.
+  constexpr int kBarOff = kDqStageOff + fa2_wgmma_bwd_dq_stage_bytes(D, BM, BN, SPLIT, T::kDqRed);
+  auto stage_bar = [&](int st) { return k_tile + static_cast<unsigned>(kBarOff + 8 * st); };
   auto q_tile = [&](int s) { return qdo_base + static_cast<unsigned>(s * 4 * BM * D); };
   auto do_tile = [&](int s) { return qdo_base + static_cast<unsigned>(s * 4 * BM * D + 2 * BM * D); };
 
@@ -269,12 +341,32 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   const int m_rot = m_count > 0 ? static_cast<int>(blockIdx.x) % m_count : 0;
   auto m_block = [&](int t) { return first_m_block + (t + m_rot) % m_count; };
 
+  const det::Images img = det::images<T>(p, bh);
   auto load_block = [&](int mb, int s) {
-    det::load_rows_il<BM, D, NT>(q_tile(s), q, mb * BM, seq_q, tid);
-    det::load_rows_il<BM, D, NT>(do_tile(s), dout, mb * BM, seq_q, tid);
-    fa2_mma_bwd_detail::load_stats<BM, NT>(stats_s + 8 * s * BM, stats_s + 8 * s * BM + 4 * BM, lse, delta, mb * BM,
-                                           seq_q, tid);
+    if constexpr (T::kLoad == 1) {  // the block's images (padded: no bounds), by one thread
+      if (tid == 0) {
+        const long long row0 = static_cast<long long>(mb) * BM;
+        mbar_arrive_expect_tx(stage_bar(s), 4 * BM * D + 8 * BM);
+        bulk_load(q_tile(s), img.q + row0 * D, 2 * BM * D, stage_bar(s));
+        bulk_load(do_tile(s), img.dout + row0 * D, 2 * BM * D, stage_bar(s));
+        bulk_load(stats_s + 8 * s * BM, img.lse + row0, 4 * BM, stage_bar(s));
+        bulk_load(stats_s + 8 * s * BM + 4 * BM, img.delta + row0, 4 * BM, stage_bar(s));
+      }
+    } else {
+      det::load_rows_il<BM, D, NT>(q_tile(s), q, mb * BM, seq_q, tid);
+      det::load_rows_il<BM, D, NT>(do_tile(s), dout, mb * BM, seq_q, tid);
+      fa2_mma_bwd_detail::load_stats<BM, NT>(stats_s + 8 * s * BM, stats_s + 8 * s * BM + 4 * BM, lse, delta, mb * BM,
+                                             seq_q, tid);
+    }
   };
+  unsigned bar_parity = 0;  // LOAD 1: bit st = the parity of stage st's next phase
+  if constexpr (T::kLoad == 1) {
+    if (tid == 0) {
+      for (int st = 0; st < STAGES; ++st) mbar_init(stage_bar(st), 1);
+      fence_mbar_init();
+    }
+    __syncthreads();
+  }
 
   det::load_rows_il<BN, D, NT>(k_tile, k, n0, seq_k, tid);
   det::load_rows_il<BN, D, NT>(v_tile, v, n0, seq_k, tid);
@@ -305,6 +397,10 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
     const int mb = m_block(t);
     const int m0 = mb * BM;
     cp_async_wait<0>();   // block mb (K, V too on the first pass)
+    if constexpr (T::kLoad == 1) {
+      mbar_wait(stage_bar(s), (bar_parity >> s) & 1u);
+      bar_parity ^= 1u << s;
+    }
     fence_proxy_async();  // ... visible to the tensor cores' reads (DQ_RED 3: block t-1's dQ tile to the copy engine)
     __syncthreads();      // and to every thread; everyone is done with block mb-1 (its slot, dS^T, P^T)
     auto prefetch_next = [&]() {

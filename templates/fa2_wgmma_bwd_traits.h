@@ -1,12 +1,22 @@
 // Tunables, derived constants and launch geometry of the fa2_wgmma_bwd family: FlashAttention-2's
 // backward on Hopper's warpgroup MMA (wgmma, sm_90a), fp16 or bf16 in and out, fp32 accumulation.
-// Three kernels, launched in this order; the first and last are fa2_mma_bwd's (DQ_MODE 0):
-//   fa2_mma_bwd_preprocess  delta = rowsum(dO * O) (fp32), dq_accum = 0
+// Three kernels, launched in this order; the last is fa2_mma_bwd's (DQ_MODE 0):
+//   fa2_wgmma_bwd_preprocess  delta = rowsum(dO * O) (fp32), dq_accum = 0; LOAD 1: tile images (below)
 //   fa2_wgmma_bwd_dkdv      one CTA per K/V block of BLOCK_N keys: dK, dV, and dq_accum += scale dS K
 //                           (fp32 reductions)
 //   fa2_mma_bwd_dq          dQ = 16-bit(dq_accum)
 // Host-usable: plain constexpr C++. Host functions take the tunables they depend on (BM, BN, SPLIT,
-// STAGES; DQ_RED only changes the dK/dV kernel's shared memory); DTYPE and CAUSAL change no geometry.
+// STAGES; DQ_RED and LOAD only change the dK/dV kernel's shared memory, LOAD the workspace); DTYPE and
+// CAUSAL change no geometry.
+//
+// How Q_i, dO_i, lse_i, delta_i reach shared memory (LOAD):
+//   0: every thread issues 16-byte cp.async from the inputs (rows past seq_q zero-filled);
+//   1: the preprocess writes each BM-row block of Q and dO as the interleaved tile image that shared
+//      memory holds, and lse, delta padded to whole blocks (zeros past seq_q), into p.workspace; one
+//      thread then loads a block with four bulk copies (the copy engine) completing on an mbarrier.
+//      Nsight Compute on the d = 256 kernel with LOAD 0 put a third of all warp stall samples on the
+//      cp.async issue sequence (long scoreboard: each LDGSTS holds its address registers until the
+//      memory system accepts it, with the L2 73% busy).
 //
 // dK/dV kernel, warpgroups (4 warps, 128 threads) and their work per query block of BM rows:
 //   SPLIT 0 (keys): BN/64 warpgroups, each owns 64 keys and computes S^T, dP^T, dV, dK for them;
@@ -80,8 +90,10 @@ constexpr int kFa2WgmmaBwdRowsPerCta = kFa2WgmmaBwdRowThreads / kFa2WgmmaBwdRowL
 
 FT_HD constexpr int fa2_wgmma_bwd_preprocess_threads(int, int, int, int) { return kFa2WgmmaBwdRowThreads; }
 FT_HD constexpr int fa2_wgmma_bwd_preprocess_smem_bytes(int, int, int, int, int) { return 0; }
-FT_HD constexpr GridDims fa2_wgmma_bwd_preprocess_grid(int batch, int heads, int seq_q, int, int, int, int, int) {
-  return GridDims{ceil_div(seq_q, kFa2WgmmaBwdRowsPerCta), heads, batch};
+// Rows up to seq_q rounded up to BM (LOAD 1 writes the padding of the images; with LOAD 0 those CTAs
+// have nothing to do).
+FT_HD constexpr GridDims fa2_wgmma_bwd_preprocess_grid(int batch, int heads, int seq_q, int, int BM, int, int, int) {
+  return GridDims{ceil_div(ceil_div(seq_q, BM) * BM, kFa2WgmmaBwdRowsPerCta), heads, batch};
 }
 
 FT_HD constexpr int fa2_wgmma_bwd_dkdv_threads(int, int BN, int SPLIT, int) {
@@ -97,9 +109,15 @@ FT_HD constexpr int fa2_wgmma_bwd_dq_stage_bytes(int D, int BM, int BN, int SPLI
          : DQ_RED == 2 ? fa2_wgmma_bwd_warpgroups(BN, SPLIT) * 4 * 16 * 32 * 4
                        : 0;
 }
-FT_HD constexpr int fa2_wgmma_bwd_dkdv_smem_bytes(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED) {
+// LOAD 1: + one 8-byte mbarrier per stage, last.
+FT_HD constexpr int fa2_wgmma_bwd_dkdv_smem_bytes(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED, int LOAD) {
   return 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT) + 8 * STAGES * BM +
-         fa2_wgmma_bwd_dq_stage_bytes(D, BM, BN, SPLIT, DQ_RED);
+         fa2_wgmma_bwd_dq_stage_bytes(D, BM, BN, SPLIT, DQ_RED) + (LOAD == 1 ? 8 * STAGES : 0);
+}
+// LOAD 1's images in p.workspace: Q, dO (16-bit) and lse, delta (fp32) for seq_q rounded up to BM rows.
+FT_HD constexpr long long fa2_wgmma_bwd_padded_rows(int seq_q, int BM) { return static_cast<long long>(ceil_div(seq_q, BM)) * BM; }
+FT_HD constexpr long long fa2_wgmma_bwd_workspace_bytes(int batch, int heads, int seq_q, int D, int BM, int LOAD) {
+  return LOAD == 1 ? static_cast<long long>(batch) * heads * fa2_wgmma_bwd_padded_rows(seq_q, BM) * (4LL * D + 8) : 0;
 }
 FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int seq_k, int, int BN, int, int) {
   return GridDims{ceil_div(seq_k, BN), heads, batch};
@@ -139,9 +157,10 @@ FT_HD constexpr bool fa2_wgmma_bwd_acc_ok(int D, int BM, int BN, int SPLIT) {
          fa2_wgmma_bwd_acc_budget(fa2_wgmma_bwd_dkdv_threads(BM, BN, SPLIT, 1));
 }
 FT_HD constexpr bool fa2_wgmma_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
+FT_HD constexpr bool fa2_wgmma_bwd_load_ok(int LOAD) { return LOAD == 0 || LOAD == 1; }
 
 // nullptr if valid, else the reason. The shared-memory limit is the host's to compare.
-FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED) {
+FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED, int LOAD) {
   return !fa2_wgmma_bwd_d_ok(D)                ? "D must be 32, 64, 96, 128, 192 or 256"
          : !fa2_wgmma_bwd_bm_ok(BM)            ? "BLOCK_M must be 64 or 128 (m64 tiles of the dQ product)"
          : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 and 2 BLOCK_N = 64"
@@ -155,12 +174,13 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
          : !fa2_wgmma_bwd_red_chunk_ok(D, BM, BN, SPLIT, DQ_RED) ? "DQ_RED 2 and 3 need dQ chunks of a multiple of 32 columns"
          : !fa2_wgmma_bwd_red_stages_ok(STAGES, DQ_RED)
              ? "DQ_RED 3 stages dQ in the Q/dO slot of the block just used: needs STAGES 2"
-             : nullptr;
+         : !fa2_wgmma_bwd_load_ok(LOAD) ? "LOAD must be 0 (cp.async from the inputs) or 1 (bulk copies of tile images)"
+                                        : nullptr;
 }
 
-template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int DTYPE, bool CAUSAL>
+template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int LOAD, int DTYPE, bool CAUSAL>
 struct Fa2WgmmaBwdTraits {
-  static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED) == nullptr,
+  static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED, LOAD) == nullptr,
                 "invalid Fa2WgmmaBwdTraits: see fa2_wgmma_bwd_check");
   static_assert(fa2_wgmma_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
 
@@ -170,6 +190,7 @@ struct Fa2WgmmaBwdTraits {
   static constexpr int kSplit = SPLIT;
   static constexpr int kStages = STAGES;
   static constexpr int kDqRed = DQ_RED;
+  static constexpr int kLoad = LOAD;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
   static constexpr int kDqMode = 0;  // dQ by fp32 reductions (the shared preprocess / dq kernels read this)
@@ -185,7 +206,7 @@ struct Fa2WgmmaBwdTraits {
   static constexpr int kDkdvThreads = fa2_wgmma_bwd_dkdv_threads(BLOCK_M, BLOCK_N, SPLIT, STAGES);
   static constexpr int kDqThreads = fa2_wgmma_bwd_dq_threads(BLOCK_M, BLOCK_N, SPLIT, STAGES);
   static constexpr int kPreSmemBytes = fa2_wgmma_bwd_preprocess_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES);
-  static constexpr int kDkdvSmemBytes = fa2_wgmma_bwd_dkdv_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED);
+  static constexpr int kDkdvSmemBytes = fa2_wgmma_bwd_dkdv_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED, LOAD);
   static constexpr int kDqSmemBytes = fa2_wgmma_bwd_dq_smem_bytes(D, BLOCK_M, BLOCK_N, SPLIT, STAGES);
   static constexpr int kRowLanes = kFa2WgmmaBwdRowLanes;
   static constexpr int kRowsPerCta = kFa2WgmmaBwdRowsPerCta;

@@ -90,4 +90,35 @@ __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Bulk copy global -> shared (the copy engine): smem[0 .. bytes) = gptr[...]; bytes a multiple of 16,
+// both addresses 16-byte aligned. Completion is counted in bytes on the mbarrier at `bar`.
+__device__ __forceinline__ void bulk_load(unsigned smem_addr, const void* gptr, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr),
+               "l"(gptr), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// mbarrier: `count` arrivals complete a phase. Initialised by one thread, then fenced and published by
+// a barrier before any other thread or the copy engine uses it.
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// This thread's arrival, announcing `bytes` of bulk copies that complete the phase with it.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Until the phase with this parity (0 for the first, then alternating) has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
 }  // namespace flashtune

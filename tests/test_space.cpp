@@ -80,15 +80,15 @@ TEST(Family, ConstraintsPruneWithReasons) {
 TEST(Family, WgmmaBwdDqReductionPaths) {
   const Family& f = find_family("fa2_wgmma_bwd");
   // DQ_RED 2 stages dQ 32 columns at a time: SPLIT 2 at d = 96 has 48-column chunks and is pruned with why.
-  EXPECT_EQ(f.check({64, 64, 2, 2, 2}, 128), nullptr);
-  ASSERT_NE(f.check({64, 64, 2, 2, 2}, 96), nullptr);
-  EXPECT_NE(std::string(f.check({64, 64, 2, 2, 2}, 96)).find("DQ_RED 2"), std::string::npos);
-  ASSERT_NE(f.check({64, 64, 2, 2, 4}, 128), nullptr);
+  EXPECT_EQ(f.check({64, 64, 2, 2, 2, 0}, 128), nullptr);
+  ASSERT_NE(f.check({64, 64, 2, 2, 2, 0}, 96), nullptr);
+  EXPECT_NE(std::string(f.check({64, 64, 2, 2, 2, 0}, 96)).find("DQ_RED 2"), std::string::npos);
+  ASSERT_NE(f.check({64, 64, 2, 2, 4, 0}, 128), nullptr);
   // DQ_RED 3 stages dQ in the Q/dO slot that the prefetch refills: one stage is pruned with why.
-  EXPECT_EQ(f.check({64, 64, 2, 2, 3}, 256), nullptr);
-  ASSERT_NE(f.check({64, 64, 2, 1, 3}, 256), nullptr);
-  EXPECT_NE(std::string(f.check({64, 64, 2, 1, 3}, 256)).find("STAGES 2"), std::string::npos);
-  ASSERT_NE(f.check({64, 64, 2, 2, 3}, 96), nullptr);
+  EXPECT_EQ(f.check({64, 64, 2, 2, 3, 0}, 256), nullptr);
+  ASSERT_NE(f.check({64, 64, 2, 1, 3, 0}, 256), nullptr);
+  EXPECT_NE(std::string(f.check({64, 64, 2, 1, 3, 0}, 256)).find("STAGES 2"), std::string::npos);
+  ASSERT_NE(f.check({64, 64, 2, 2, 3, 0}, 96), nullptr);
   // Shared memory of the dK/dV kernel (the second launch) at d = 256: DQ_RED 2 adds 2 KB per warp and
   // still fits the 227 KB of an sm_90 block with Q/dO double-buffered; DQ_RED 1's padded [64][264] fp32
   // tile does not (the compiler prunes it there), but does with one stage.
@@ -97,13 +97,38 @@ TEST(Family, WgmmaBwdDqReductionPaths) {
   p.direction = "bwd";
   auto dkdv_smem = [&](const Config& c) { return f.launches(c, p).at(1).smem_bytes; };
   const unsigned sm90_limit = 227 * 1024;
-  EXPECT_EQ(dkdv_smem({64, 64, 2, 2, 2}) - dkdv_smem({64, 64, 2, 2, 0}), 8u * 2048u);
-  EXPECT_LE(dkdv_smem({64, 64, 2, 2, 2}), sm90_limit);
-  EXPECT_EQ(dkdv_smem({64, 64, 2, 1, 1}) - dkdv_smem({64, 64, 2, 1, 0}), 64u * 264u * 4u);
-  EXPECT_GT(dkdv_smem({64, 64, 2, 2, 1}), sm90_limit);
-  EXPECT_LE(dkdv_smem({64, 64, 2, 1, 1}), sm90_limit);
+  EXPECT_EQ(dkdv_smem({64, 64, 2, 2, 2, 0}) - dkdv_smem({64, 64, 2, 2, 0, 0}), 8u * 2048u);
+  EXPECT_LE(dkdv_smem({64, 64, 2, 2, 2, 0}), sm90_limit);
+  EXPECT_EQ(dkdv_smem({64, 64, 2, 1, 1, 0}) - dkdv_smem({64, 64, 2, 1, 0, 0}), 64u * 264u * 4u);
+  EXPECT_GT(dkdv_smem({64, 64, 2, 2, 1, 0}), sm90_limit);
+  EXPECT_LE(dkdv_smem({64, 64, 2, 1, 1, 0}), sm90_limit);
   // DQ_RED 3's dQ tile ([BM][D] fp32) is exactly the Q/dO slot it reuses ([BM][D] x 2 x 16-bit): no extra bytes.
-  EXPECT_EQ(dkdv_smem({64, 64, 2, 2, 3}), dkdv_smem({64, 64, 2, 2, 0}));
+  EXPECT_EQ(dkdv_smem({64, 64, 2, 2, 3, 0}), dkdv_smem({64, 64, 2, 2, 0, 0}));
+}
+
+TEST(Family, WgmmaBwdLoadImages) {
+  const Family& f = find_family("fa2_wgmma_bwd");
+  ASSERT_NE(f.check({64, 64, 2, 2, 3, 2}, 256), nullptr);
+  EXPECT_NE(std::string(f.check({64, 64, 2, 2, 3, 2}, 256)).find("LOAD"), std::string::npos);
+  // LOAD 1: Q and dO images (2 bytes each) and lse, delta (4 bytes each) for seq_q rounded up to BLOCK_M
+  // rows per (batch, head); the dK/dV kernel adds one mbarrier per stage; the preprocess covers the
+  // padded rows (it writes their zeros).
+  Problem p;
+  p.batch = 2;
+  p.heads = 3;
+  p.seq_q = 333;
+  p.seq_k = 517;
+  p.head_dim = 128;
+  p.direction = "bwd";
+  EXPECT_EQ(f.workspace_bytes({64, 64, 2, 2, 3, 0}, p), 0u);
+  EXPECT_EQ(f.workspace_bytes({64, 64, 2, 2, 3, 1}, p), 2u * 3u * 384u * (2u * 2u * 128u + 2u * 4u));
+  EXPECT_EQ(f.workspace_bytes({128, 64, 2, 2, 3, 1}, p), 2u * 3u * 384u * (2u * 2u * 128u + 2u * 4u));
+  Problem whole = p;  // a multiple of BLOCK_M: no padding
+  whole.seq_q = 320;
+  EXPECT_EQ(f.workspace_bytes({64, 64, 2, 2, 3, 1}, whole), 2u * 3u * 320u * (2u * 2u * 128u + 2u * 4u));
+  const auto with = f.launches({64, 64, 2, 2, 3, 1}, p), without = f.launches({64, 64, 2, 2, 3, 0}, p);
+  EXPECT_EQ(with.at(1).smem_bytes - without.at(1).smem_bytes, 2u * 8u);
+  EXPECT_EQ(with.at(0).grid[0] * 32u, 384u);
 }
 
 TEST(Problems, ExplicitListAndStandardGrid) {

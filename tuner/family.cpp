@@ -225,33 +225,39 @@ std::vector<Family> make_families() {
     f.name = "fa2_wgmma_bwd";
     f.direction = "bwd";
     f.template_file = "fa2_wgmma_bwd.cuh";
-    f.kernels = {"flashtune::fa2_mma_bwd_preprocess", "flashtune::fa2_wgmma_bwd_dkdv", "flashtune::fa2_mma_bwd_dq"};
+    f.kernels = {"flashtune::fa2_wgmma_bwd_preprocess", "flashtune::fa2_wgmma_bwd_dkdv", "flashtune::fa2_mma_bwd_dq"};
     f.params = {{"BLOCK_M", {64, 128}},
                 {"BLOCK_N", {64, 128, 192, 256}},
                 {"SPLIT", {0, 1, 2}},  // 0: a warpgroup per 64 keys; 1: two split dV | dK roles, 2: two halve every product
                 {"STAGES", {1, 2}},    // Q, dO, lse, delta double-buffered or not
                 // dQ into dq_accum: 0 reductions from registers, 1 bulk reductions per row, 2 whole-line v4
                 // reductions, 3 one bulk reduction per query block from its dead Q/dO slot
-                {"DQ_RED", {0, 1, 2, 3}}};
+                {"DQ_RED", {0, 1, 2, 3}},
+                // Q, dO, lse, delta: 0 cp.async by every thread, 1 bulk copies of tile images the preprocess writes
+                {"LOAD", {0, 1}}};
     f.head_dims = {32, 64, 96, 128, 192, 256};
     f.dtypes = {DType::fp16, DType::bf16};
-    f.default_config = {64, 64, 2, 1, 0};  // compiles spill-free for every head dim (SPLIT 1 spills at d = 256)
+    f.default_config = {64, 64, 2, 1, 0, 0};  // compiles spill-free for every head dim (SPLIT 1 spills at d = 256)
     f.hopper_only = true;
     f.traits = [](const Config& c, int d, bool causal, DType t) {
       return "flashtune::Fa2WgmmaBwdTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
-                        std::to_string(c[3]), std::to_string(c[4]), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
+                        std::to_string(c[3]), std::to_string(c[4]), std::to_string(c[5]), t == DType::bf16 ? "1" : "0",
+                        bool_arg(causal)}) +
              ">";
     };
-    f.check = [](const Config& c, int d) { return fa2_wgmma_bwd_check(d, c[0], c[1], c[2], c[3], c[4]); };
+    f.check = [](const Config& c, int d) { return fa2_wgmma_bwd_check(d, c[0], c[1], c[2], c[3], c[4], c[5]); };
+    f.workspace_bytes = [](const Config& c, const Problem& p) {
+      return (size_t)fa2_wgmma_bwd_workspace_bytes(p.batch, p.heads, p.seq_q, p.head_dim, c[0], c[5]);
+    };
     f.launches = [](const Config& c, const Problem& p) {
-      const int bm = c[0], bn = c[1], sp = c[2], st = c[3], red = c[4], d = p.head_dim;
+      const int bm = c[0], bn = c[1], sp = c[2], st = c[3], red = c[4], load = c[5], d = p.head_dim;
       auto grid = [&](auto fn) { return fn(p.batch, p.heads, p.seq_q, p.seq_k, bm, bn, sp, st); };
       return std::vector{
           make_launch(grid(fa2_wgmma_bwd_preprocess_grid), fa2_wgmma_bwd_preprocess_threads(bm, bn, sp, st),
                       fa2_wgmma_bwd_preprocess_smem_bytes(d, bm, bn, sp, st)),
           make_launch(grid(fa2_wgmma_bwd_dkdv_grid), fa2_wgmma_bwd_dkdv_threads(bm, bn, sp, st),
-                      fa2_wgmma_bwd_dkdv_smem_bytes(d, bm, bn, sp, st, red)),
+                      fa2_wgmma_bwd_dkdv_smem_bytes(d, bm, bn, sp, st, red, load)),
           make_launch(grid(fa2_wgmma_bwd_dq_grid), fa2_wgmma_bwd_dq_threads(bm, bn, sp, st),
                       fa2_wgmma_bwd_dq_smem_bytes(d, bm, bn, sp, st))};
     };

@@ -306,7 +306,8 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
                     workspace, p.batch, p.heads, p.seq_q, p.seq_k, scale, scale_log2};
   AttnBwdParams bwd{(const void*)q_.ptr, (const void*)k_.ptr, (const void*)v_.ptr, (const void*)o_.ptr,
                     (const float*)lse_.ptr, (const void*)dout_.ptr, (void*)dq_.ptr, (void*)dk_.ptr, (void*)dv_.ptr,
-                    (float*)delta_.ptr, (float*)dq_accum_.ptr, p.batch, p.heads, p.seq_q, p.seq_k, scale, scale_log2};
+                    (float*)delta_.ptr, (float*)dq_accum_.ptr, p.batch, p.heads, p.seq_q, p.seq_k, scale, scale_log2,
+                    (void*)workspace};
   void* fwd_args[] = {&fwd};
   void* bwd_args[] = {&bwd};
   for (const Kernel& k : kernels)
