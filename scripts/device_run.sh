@@ -8,9 +8,9 @@
 #   sweep-bwd  - tune fa2_simt_bwd on the fp32 grid beside torch SDPA efficient's backward
 #   sweep-mma-bwd - tune fa2_mma_bwd on the bf16 grid; compare-mma-bwd - re-timed beside torch flash and cuDNN
 #   check-wgmma [all] - a few fa2_wgmma_bwd configs validated on ragged shapes and timed at S = 4k
-#   exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED:d ... - those fa2_wgmma_bwd configs validated on ragged shapes, timed on the grid
+#   exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD]:d ... - those fa2_wgmma_bwd configs validated on ragged shapes, timed on the grid
 #   refresh-wgmma-d256 - error vs torch flash on identical inputs (d 128/256); DQ_RED 2 stored and compared at d = 256
-#   profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED B,H,Sq,Sk,d - Nsight Compute sections of the fa2_wgmma_bwd dK/dV kernel
+#   profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD] B,H,Sq,Sk,d - Nsight Compute sections of the fa2_wgmma_bwd dK/dV kernel
 #   sweep-wgmma-bwd - tune fa2_wgmma_bwd on the grid's d 128/256 points; the best of both bf16 backward
 #                 families per point re-timed beside torch flash and cuDNN (bwd_vs_sdpa.csv)
 #   experiments NAME... - `flashtune experiment experiments/NAME.json` for each, then the report rebuilt
@@ -128,11 +128,11 @@ compare-mma-bwd)
   python3 experiments/tuned_vs_sdpa.py --family fa2_mma_bwd --db "$db" --problems configs/problems/anchors_bwd_bf16.json --out "$rep/bwd_vs_sdpa.csv" 2>"$OUT/bwd_vs_sdpa.log"
   finish
   ;;
-exp-wgmma)  # exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED:d ...: each config validated on ragged shapes, then timed on the grid's d points
+exp-wgmma)  # exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD]:d ...: each config validated on ragged shapes, then timed on the grid's d points
   for spec in "$@"; do
-    IFS=, read -r bm bn sp st red <<<"${spec%:*}"
+    IFS=, read -r bm bn sp st red load <<<"${spec%:*}"
     d=${spec#*:}
-    params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red"
+    params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}"
     wgmma_ragged_checks "$params" "$d"
     for s in 1024 4096 16384; do
       for c in "" "--causal"; do
@@ -142,12 +142,12 @@ exp-wgmma)  # exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED:d ...: each config validated o
     done
   done | tee "$OUT/exp_wgmma.txt"
   ;;
-profile-wgmma)  # profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED B,H,Sq,Sk,d: Nsight Compute on the dK/dV kernel (bf16, clocks untouched)
-  IFS=, read -r bm bn sp st red <<<"$1"
+profile-wgmma)  # profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD] B,H,Sq,Sk,d: Nsight Compute on the dK/dV kernel (bf16, clocks untouched)
+  IFS=, read -r bm bn sp st red load <<<"$1"
   ncu --clock-control none -k regex:fa2_wgmma_bwd_dkdv -c 1 --section SpeedOfLight --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
     --section SourceCounters --import-source no \
-    -o "$OUT/profile" $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" \
+    -o "$OUT/profile" $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}" \
     --shape "$2" --dtype bf16 --direction bwd >"$OUT/profile.log" 2>&1
   ncu --import "$OUT/profile.ncu-rep" --page details >"$OUT/profile.txt" 2>&1
   # per SASS instruction: executed counts and warp-stall samples (where the time goes inside the loop)
@@ -162,10 +162,10 @@ refresh-wgmma-d256)  # identical-input error vs torch flash (d 128, 256); DQ_RED
     --out "$rep/bwd_error_vs_torch_wgmma.csv" >"$OUT/error.log" 2>&1; tail -3 "$OUT/error.log"
   log "DQ_RED 2 at d = 256"
   for cfg in 64,64,2,2,2 64,64,2,1,2; do
-    IFS=, read -r bm bn sp st red <<<"$cfg"
+    IFS=, read -r bm bn sp st red load <<<"$cfg"
     for s in 1024 4096 16384; do
       for c in "" "--causal"; do
-        $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" --db "$db" \
+        $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}" --db "$db" \
           --shape "$((16384 / s)),8,$s,$s,256" --dtype bf16 $c --direction bwd 2>&1 | grep -E "TFLOP" | tr '\n' ' '
         echo " <- $cfg S$s $c"
       done
@@ -182,15 +182,15 @@ check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then tim
   for spec in "64,128,0,2,0 64" "64,64,2,2,0 256" "64,64,2,1,1 256" "64,128,0,2,1 128" "64,64,2,2,1 128" \
               "64,64,2,2,1 32" "64,64,2,2,1 96" "64,64,2,1,1 192" "64,64,1,1,0 64"; do
     set -- $spec
-    IFS=, read -r bm bn sp st red <<<"$1"
-    wgmma_ragged_checks "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" "$2"
+    IFS=, read -r bm bn sp st red load <<<"$1"
+    wgmma_ragged_checks "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}" "$2"
   done
   for spec in "64,128,0,2,0 4,32,4096,4096,64" "64,128,0,2,0 4,16,4096,4096,128" "64,128,0,2,1 4,16,4096,4096,128" \
               "64,64,2,2,0 4,16,4096,4096,128" "64,64,2,2,0 4,8,4096,4096,256" "64,64,2,1,1 4,8,4096,4096,256"; do
     set -- $spec
-    IFS=, read -r bm bn sp st red <<<"$1"
+    IFS=, read -r bm bn sp st red load <<<"$1"
     for c in "" "--causal"; do
-      $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red" --shape "$2" --dtype bf16 \
+      $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}" --shape "$2" --dtype bf16 \
         $c --direction bwd 2>&1 | grep -E "TFLOP|time|status" | tr '\n' ' '; echo " <- $1 $2 $c"
     done
   done | tee "$OUT/check_timing.txt"
