@@ -9,6 +9,7 @@
 #   sweep-mma-bwd - tune fa2_mma_bwd on the bf16 grid; compare-mma-bwd - re-timed beside torch flash and cuDNN
 #   check-wgmma [all] - a few fa2_wgmma_bwd configs validated on ragged shapes and timed at S = 4k
 #   exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD]:d ... - those fa2_wgmma_bwd configs validated on ragged shapes, timed on the grid
+#   error-wgmma - the tuned configs' error vs torch flash on identical inputs (d 128/256)
 #   refresh-wgmma-d256 - error vs torch flash on identical inputs (d 128/256); DQ_RED 2 stored and compared at d = 256
 #   profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD] B,H,Sq,Sk,d - Nsight Compute sections of the fa2_wgmma_bwd dK/dV kernel
 #   sweep-wgmma-bwd - tune fa2_wgmma_bwd on the grid's d 128/256 points; the best of both bf16 backward
@@ -154,6 +155,11 @@ profile-wgmma)  # profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD] B,H,Sq,Sk,d: Ns
   ncu --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass >"$OUT/profile_sass.csv" 2>&1
   gzip -f "$OUT/profile_sass.csv"
   grep -E "Duration|Throughput|Stall|Issued|Eligible|Active Warps|Pipe|L2|Shared|Bank|No Eligible|One or More" "$OUT/profile.txt" | head -60
+  ;;
+error-wgmma)  # identical-input error vs torch flash of the tuned fa2_wgmma_bwd (d 128, 256; --best from the DB)
+  python3 experiments/bwd_error_vs_torch.py --family fa2_wgmma_bwd --dims 128,256 --db "$db" --time-limit-s "${ERROR_LIMIT_S:-150}" \
+    --out "$rep/bwd_error_vs_torch_wgmma.csv" >"$OUT/error.log" 2>&1; tail -3 "$OUT/error.log"
+  cp "$rep/bwd_error_vs_torch_wgmma.csv" "$OUT/"
   ;;
 refresh-wgmma-d256)  # identical-input error vs torch flash (d 128, 256); DQ_RED 2 configs stored at the d = 256 points,
                      # then the best per d = 256 point re-timed beside torch flash and cuDNN (bwd_vs_sdpa_d256.csv)
