@@ -54,6 +54,17 @@ compare() {
   $ft best --db "$db" --family "$1" --csv >"$rep/best_$1.csv"
   python3 experiments/compare.py "$rep/best_$1.csv" "$rep/sdpa_$3_$2.csv" --out "$rep/$4"
 }
+# "BM,BN,SPLIT,STAGES,DQ_RED[,LOAD]" -> fa2_wgmma_bwd's --params string (LOAD defaults to 0)
+wgmma_params() {
+  local bm bn sp st red load
+  IFS=, read -r bm bn sp st red load <<<"$1"
+  echo "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}"
+}
+# Identical-input error vs torch flash of the tuned fa2_wgmma_bwd (d 128, 256; --best from the DB)
+wgmma_error() {
+  python3 experiments/bwd_error_vs_torch.py --family fa2_wgmma_bwd --dims 128,256 --db "$db" --time-limit-s "${ERROR_LIMIT_S:-150}" \
+    --out "$rep/bwd_error_vs_torch_wgmma.csv" >"$OUT/error.log" 2>&1; tail -3 "$OUT/error.log"
+}
 # One fa2_wgmma_bwd config (params) validated at head dim d on three ragged shapes: wgmma_ragged_checks <params> <d>
 wgmma_ragged_checks() {
   local shape
@@ -131,9 +142,8 @@ compare-mma-bwd)
   ;;
 exp-wgmma)  # exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD]:d ...: each config validated on ragged shapes, then timed on the grid's d points
   for spec in "$@"; do
-    IFS=, read -r bm bn sp st red load <<<"${spec%:*}"
+    params=$(wgmma_params "${spec%:*}")
     d=${spec#*:}
-    params="BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}"
     wgmma_ragged_checks "$params" "$d"
     for s in 1024 4096 16384; do
       for c in "" "--causal"; do
@@ -144,11 +154,10 @@ exp-wgmma)  # exp-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD]:d ...: each config vali
   done | tee "$OUT/exp_wgmma.txt"
   ;;
 profile-wgmma)  # profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD] B,H,Sq,Sk,d: Nsight Compute on the dK/dV kernel (bf16, clocks untouched)
-  IFS=, read -r bm bn sp st red load <<<"$1"
   ncu --clock-control none -k regex:fa2_wgmma_bwd_dkdv -c 1 --section SpeedOfLight --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section Occupancy \
     --section SourceCounters --import-source no \
-    -o "$OUT/profile" $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}" \
+    -o "$OUT/profile" $ft run --family fa2_wgmma_bwd --params "$(wgmma_params "$1")" \
     --shape "$2" --dtype bf16 --direction bwd >"$OUT/profile.log" 2>&1
   ncu --import "$OUT/profile.ncu-rep" --page details >"$OUT/profile.txt" 2>&1
   # per SASS instruction: executed counts and warp-stall samples (where the time goes inside the loop)
@@ -157,21 +166,18 @@ profile-wgmma)  # profile-wgmma BM,BN,SPLIT,STAGES,DQ_RED[,LOAD] B,H,Sq,Sk,d: Ns
   grep -E "Duration|Throughput|Stall|Issued|Eligible|Active Warps|Pipe|L2|Shared|Bank|No Eligible|One or More" "$OUT/profile.txt" | head -60
   ;;
 error-wgmma)  # identical-input error vs torch flash of the tuned fa2_wgmma_bwd (d 128, 256; --best from the DB)
-  python3 experiments/bwd_error_vs_torch.py --family fa2_wgmma_bwd --dims 128,256 --db "$db" --time-limit-s "${ERROR_LIMIT_S:-150}" \
-    --out "$rep/bwd_error_vs_torch_wgmma.csv" >"$OUT/error.log" 2>&1; tail -3 "$OUT/error.log"
+  wgmma_error
   cp "$rep/bwd_error_vs_torch_wgmma.csv" "$OUT/"
   ;;
 refresh-wgmma-d256)  # identical-input error vs torch flash (d 128, 256); DQ_RED 2 configs stored at the d = 256 points,
                      # then the best per d = 256 point re-timed beside torch flash and cuDNN (bwd_vs_sdpa_d256.csv)
   log "error vs torch flash, identical inputs"
-  python3 experiments/bwd_error_vs_torch.py --family fa2_wgmma_bwd --dims 128,256 --db "$db" --time-limit-s 150 \
-    --out "$rep/bwd_error_vs_torch_wgmma.csv" >"$OUT/error.log" 2>&1; tail -3 "$OUT/error.log"
+  wgmma_error
   log "DQ_RED 2 at d = 256"
   for cfg in 64,64,2,2,2 64,64,2,1,2; do
-    IFS=, read -r bm bn sp st red load <<<"$cfg"
     for s in 1024 4096 16384; do
       for c in "" "--causal"; do
-        $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}" --db "$db" \
+        $ft run --family fa2_wgmma_bwd --params "$(wgmma_params "$cfg")" --db "$db" \
           --shape "$((16384 / s)),8,$s,$s,256" --dtype bf16 $c --direction bwd 2>&1 | grep -E "TFLOP" | tr '\n' ' '
         echo " <- $cfg S$s $c"
       done
@@ -188,15 +194,13 @@ check-wgmma)  # a few fa2_wgmma_bwd configs validated on ragged shapes, then tim
   for spec in "64,128,0,2,0 64" "64,64,2,2,0 256" "64,64,2,1,1 256" "64,128,0,2,1 128" "64,64,2,2,1 128" \
               "64,64,2,2,1 32" "64,64,2,2,1 96" "64,64,2,1,1 192" "64,64,1,1,0 64"; do
     set -- $spec
-    IFS=, read -r bm bn sp st red load <<<"$1"
-    wgmma_ragged_checks "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}" "$2"
+    wgmma_ragged_checks "$(wgmma_params "$1")" "$2"
   done
   for spec in "64,128,0,2,0 4,32,4096,4096,64" "64,128,0,2,0 4,16,4096,4096,128" "64,128,0,2,1 4,16,4096,4096,128" \
               "64,64,2,2,0 4,16,4096,4096,128" "64,64,2,2,0 4,8,4096,4096,256" "64,64,2,1,1 4,8,4096,4096,256"; do
     set -- $spec
-    IFS=, read -r bm bn sp st red load <<<"$1"
     for c in "" "--causal"; do
-      $ft run --family fa2_wgmma_bwd --params "BLOCK_M=$bm,BLOCK_N=$bn,SPLIT=$sp,STAGES=$st,DQ_RED=$red,LOAD=${load:-0}" --shape "$2" --dtype bf16 \
+      $ft run --family fa2_wgmma_bwd --params "$(wgmma_params "$1")" --shape "$2" --dtype bf16 \
         $c --direction bwd 2>&1 | grep -E "TFLOP|time|status" | tr '\n' ' '; echo " <- $1 $2 $c"
     done
   done | tee "$OUT/check_timing.txt"
