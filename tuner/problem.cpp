@@ -2,6 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
 #include "tuner/util.hpp"
 
 namespace flashtune {
@@ -20,6 +24,34 @@ DType parse_dtype(const std::string& s) {
   if (s == "fp16") return DType::fp16;
   if (s == "bf16") return DType::bf16;
   throw UsageError("unknown dtype '" + s + "' (expected fp32, fp16 or bf16)");
+}
+
+std::string InputDist::str() const {
+  if (kind == Kind::normal && scale == 1.0) return "normal";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%s*%.6g", kind == Kind::normal ? "normal" : "heavy", scale);
+  return buf;
+}
+
+InputDist make_input_dist(const std::string& kind, double scale) {
+  InputDist d;
+  if (kind == "normal") d.kind = InputDist::Kind::normal;
+  else if (kind == "heavy") d.kind = InputDist::Kind::heavy;
+  else throw UsageError("unknown input distribution '" + kind + "' (expected normal or heavy)");
+  if (!std::isfinite(scale) || scale < 1e-3 || scale > 1e3)
+    throw UsageError("input scale must be a number in [0.001, 1000], got " + std::to_string(scale));
+  d.scale = scale;
+  return d;
+}
+
+InputDist parse_input_dist(const std::string& s) {
+  const auto star = s.find('*');
+  if (star == std::string::npos) return make_input_dist(s, 1.0);
+  const std::string num = s.substr(star + 1);
+  char* end = nullptr;
+  const double scale = std::strtod(num.c_str(), &end);
+  if (num.empty() || *end) throw UsageError("input distribution '" + s + "' is not <normal|heavy>[*<scale>]");
+  return make_input_dist(s.substr(0, star), scale);
 }
 
 int dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
@@ -49,6 +81,7 @@ std::string Problem::str() const {
                   " Sk" + std::to_string(seq_k) + " d" + std::to_string(head_dim) + " " + to_string(dtype);
   if (causal) s += " causal";
   if (direction != "fwd") s += " " + direction;
+  if (!(inputs == InputDist{})) s += " inputs " + inputs.str();
   return s;
 }
 
@@ -61,11 +94,33 @@ static int positive_int(const nlohmann::json& j, const char* key, int max) {
   return v.get<int>();
 }
 
+// {"distribution": "normal" | "heavy", "scale": X}, both optional.
+InputDist input_dist_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw UsageError("problem field 'inputs' must be an object like {\"distribution\": \"heavy\", \"scale\": 5}");
+  for (auto& [key, _] : j.items())
+    if (key != "distribution" && key != "scale") throw UsageError("unknown inputs field '" + key + "'");
+  std::string kind = "normal";
+  double scale = 1.0;
+  if (j.contains("distribution")) {
+    if (!j["distribution"].is_string()) throw UsageError("inputs 'distribution' must be \"normal\" or \"heavy\"");
+    kind = j["distribution"].get<std::string>();
+  }
+  if (j.contains("scale")) {
+    if (!j["scale"].is_number()) throw UsageError("inputs 'scale' must be a number, got " + j["scale"].dump());
+    scale = j["scale"].get<double>();
+  }
+  return make_input_dist(kind, scale);
+}
+
+nlohmann::json to_json(const InputDist& d) {
+  return {{"distribution", d.kind == InputDist::Kind::normal ? "normal" : "heavy"}, {"scale", d.scale}};
+}
+
 Problem problem_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw UsageError("a problem must be a JSON object, got " + j.dump());
   for (auto& [key, _] : j.items())
     if (key != "batch" && key != "heads" && key != "seq_q" && key != "seq_k" && key != "seq" && key != "head_dim" &&
-        key != "dtype" && key != "causal" && key != "direction")
+        key != "dtype" && key != "causal" && key != "direction" && key != "inputs")
       throw UsageError("unknown problem field '" + key + "'");
   Problem p;
   p.batch = positive_int(j, "batch", 1 << 20);
@@ -90,13 +145,14 @@ Problem problem_from_json(const nlohmann::json& j) {
       throw UsageError("problem field 'direction' must be \"fwd\" or \"bwd\", got " + j["direction"].dump());
     p.direction = j["direction"].get<std::string>();
   }
+  if (j.contains("inputs")) p.inputs = input_dist_from_json(j["inputs"]);
   return p;
 }
 
 nlohmann::json to_json(const Problem& p) {
   return {{"batch", p.batch}, {"heads", p.heads}, {"seq_q", p.seq_q}, {"seq_k", p.seq_k},
           {"head_dim", p.head_dim}, {"dtype", to_string(p.dtype)}, {"causal", p.causal},
-          {"direction", p.direction}};
+          {"direction", p.direction}, {"inputs", to_json(p.inputs)}};
 }
 
 }  // namespace flashtune

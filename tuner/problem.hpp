@@ -11,11 +11,29 @@ const char* to_string(DType);
 DType parse_dtype(const std::string&);  // throws UsageError
 int dtype_bytes(DType);
 
+// What a problem's generated inputs are drawn from: seeded standard normal numbers times `scale`
+// (trained models' q and k reach |x| of 10-30, which makes the softmax near one-hot), or a
+// heavy-tailed Student-t (3 degrees of freedom) times `scale`. Part of a result's identity.
+struct InputDist {
+  enum class Kind { normal, heavy };
+  Kind kind = Kind::normal;
+  double scale = 1.0;
+  // "normal" for the default; otherwise "<kind>*<scale>" ("normal*30", "heavy*1").
+  std::string str() const;
+  bool operator==(const InputDist&) const = default;
+};
+// Inverse of InputDist::str(); throws UsageError naming the problem.
+InputDist parse_input_dist(const std::string&);
+// --input-dist NAME and --input-scale X (or a problem file's "inputs" object) as one InputDist;
+// scale must be finite, in [1e-3, 1e3]. Throws UsageError.
+InputDist make_input_dist(const std::string& kind, double scale);
+
 struct Problem {
   int batch = 1, heads = 1, seq_q = 1, seq_k = 1, head_dim = 64;
   DType dtype = DType::fp32;
   bool causal = false;
   std::string direction = "fwd";
+  InputDist inputs;  // what the generated inputs are drawn from
 
   // FlashAttention's convention: forward 4*B*H*Sq*Sk*d, halved when causal; backward 2.5x that.
   double flops() const;
@@ -30,5 +48,7 @@ struct Problem {
 
 Problem problem_from_json(const nlohmann::json&);  // validated; throws UsageError
 nlohmann::json to_json(const Problem&);
+InputDist input_dist_from_json(const nlohmann::json&);  // {"distribution": ..., "scale": ...}
+nlohmann::json to_json(const InputDist&);
 
 }  // namespace flashtune
