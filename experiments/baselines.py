@@ -7,12 +7,15 @@ usage: baselines.py --impl IMPL --problems problems.json --out rows.jsonl [--rep
 IMPL: torch_math | torch_efficient | torch_flash | torch_cudnn  (F.scaled_dot_product_attention with that
       backend forced through torch.nn.attention.sdpa_kernel), torch_cpu (the same call on CPU tensors,
       timed with time.perf_counter), triton (experiments/triton_fa.py, ours).
-problems.json: a JSON list of {batch, heads, seq_q, seq_k, head_dim, dtype, causal, direction} (what
+problems.json: a JSON list of {batch, heads, seq_q, seq_k, head_dim, dtype, causal, direction, inputs} (what
       tuner/experiment.cpp writes), or a flashtune problem-set file ({"problems": [...], "grid": {...}}).
 
 Conventions, the same as the flashtune worker (tuner/gpu_runner.cpp, tuner/validate.hpp, tuner/problem.cpp):
   * inputs: fresh seeded normal numbers (torch.randn with a seeded generator) drawn directly in the
-    problem's dtype, so the float64 reference sees exactly what the kernel sees;
+    problem's dtype, so the float64 reference sees exactly what the kernel sees; a problem's "inputs"
+    ({"distribution": "normal" | "heavy", "scale": X}) scales them, or draws Student-t(3) (clamped to
+    +-32) times X, as the worker does (dO: the same kind, unscaled). The fixed tolerances below are
+    calibrated for unit inputs only (the worker's scale with the data: tuner/validate.hpp);
   * causal is bottom-right aligned (query i sees key j iff j <= i + Sk - Sq; torch's is_causal=True
     when Sq == Sk, torch.nn.attention.bias.causal_lower_right otherwise); fully masked rows give O = 0;
   * timing: a validated first call, 3 warm-up calls, then per repeat an L2 flush (a 256 MiB buffer is
@@ -57,7 +60,9 @@ WARMUP = 3
 CPU_TIME_BUDGET_S = 20.0        # timed repeats of one torch_cpu problem stop being added past this
 BWD_REF_SLICES = 2
 BIG = sys.float_info.max        # stands for +inf in a row (JSON has no inf; the C++ reader wants numbers)
-PROBLEM_FIELDS = ("batch", "heads", "seq_q", "seq_k", "seq", "head_dim", "dtype", "causal", "direction")
+PROBLEM_FIELDS = ("batch", "heads", "seq_q", "seq_k", "seq", "head_dim", "dtype", "causal", "direction", "inputs")
+DEFAULT_INPUTS = {"distribution": "normal", "scale": 1.0}
+HEAVY_CLAMP = 32.0              # tuner/gpu_runner.cpp kHeavyClamp: |t_3| clamped before scaling
 
 
 # ------------------------------------------------------------------------- problems, counts, rows
@@ -69,6 +74,29 @@ def _positive_int(j, key, limit):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v > limit:
         raise ValueError(f"problem field '{key}' must be an integer in 1..{limit}, got {json.dumps(v)}")
     return v
+
+
+def parse_inputs(j):
+    """A problem's "inputs" object ({"distribution": "normal" | "heavy", "scale": X}, both optional) -> the
+    normalised dict; the same rules as flashtune's input_dist_from_json / make_input_dist."""
+    if not isinstance(j, dict):
+        raise ValueError(f"problem field 'inputs' must be an object, got {json.dumps(j)}")
+    for key in j:
+        if key not in ("distribution", "scale"):
+            raise ValueError(f"unknown inputs field '{key}'")
+    kind = j.get("distribution", "normal")
+    if kind not in ("normal", "heavy"):
+        raise ValueError(f"unknown input distribution {json.dumps(kind)} (expected normal or heavy)")
+    scale = j.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
+            or not 1e-3 <= scale <= 1e3:
+        raise ValueError(f"input scale must be a number in [0.001, 1000], got {json.dumps(scale)}")
+    return {"distribution": kind, "scale": float(scale)}
+
+
+def input_dist(p):
+    """What the problem's q, k, v are drawn from (dO: the same kind, scale 1, as the worker does)."""
+    return p.get("inputs", DEFAULT_INPUTS)
 
 
 def parse_problem(j):
@@ -97,6 +125,10 @@ def parse_problem(j):
     p["direction"] = j.get("direction", "fwd")
     if p["direction"] not in ("fwd", "bwd"):
         raise ValueError(f"problem field 'direction' must be \"fwd\" or \"bwd\", got {json.dumps(p['direction'])}")
+    if "inputs" in j:
+        inputs = parse_inputs(j["inputs"])
+        if inputs != DEFAULT_INPUTS:  # the default stays implicit, so plain problems compare as before
+            p["inputs"] = inputs
     return p
 
 
@@ -113,9 +145,11 @@ def load_problems(obj):
             for d in g["head_dim"]:
                 for c in g.get("causal", [False]):
                     for s in g["seq"]:
-                        out.append(parse_problem(dict(batch=g["tokens"] // s, heads=g["hidden"] // d, seq_q=s,
-                                                      seq_k=s, head_dim=d, dtype=dt, causal=c,
-                                                      direction=g.get("direction", "fwd"))))
+                        pj = dict(batch=g["tokens"] // s, heads=g["hidden"] // d, seq_q=s, seq_k=s, head_dim=d,
+                                  dtype=dt, causal=c, direction=g.get("direction", "fwd"))
+                        if "inputs" in g:
+                            pj["inputs"] = g["inputs"]
+                        out.append(parse_problem(pj))
     return out
 
 
@@ -399,10 +433,11 @@ class Runner:
         causal = bool(p["causal"])
         bwd = p["direction"] == "bwd"
         gen = torch.Generator(device=self.device).manual_seed(self.seed)
-        q = torch.randn((B, H, Sq, d), device=self.device, dtype=dt, generator=gen)
-        k = torch.randn((B, H, Sk, d), device=self.device, dtype=dt, generator=gen)
-        v = torch.randn((B, H, Sk, d), device=self.device, dtype=dt, generator=gen)
-        dout = torch.randn((B, H, Sq, d), device=self.device, dtype=dt, generator=gen) if bwd else None
+        dist = input_dist(p)
+        q = draw_input(torch, (B, H, Sq, d), dt, self.device, gen, dist)
+        k = draw_input(torch, (B, H, Sk, d), dt, self.device, gen, dist)
+        v = draw_input(torch, (B, H, Sk, d), dt, self.device, gen, dist)
+        dout = draw_input(torch, (B, H, Sq, d), dt, self.device, gen, dict(dist, scale=1.0)) if bwd else None
         atol, rtol = FWD_TOL[p["dtype"]]
         tf = getattr(self, "triton_fa", None)
 
@@ -520,6 +555,19 @@ class Runner:
 
 
 # ------------------------------------------------------------------------- float64 references
+
+def draw_input(torch, shape, dt, device, gen, dist):
+    """Seeded inputs of the problem's distribution, as the worker draws them: normal times scale, or
+    Student-t with 3 degrees of freedom (Z / sqrt(chi2_3 / 3), clamped to +-32) times scale; rounded to
+    the dtype. The default (normal, 1) is torch.randn in the dtype, as before."""
+    if dist == DEFAULT_INPUTS:
+        return torch.randn(shape, device=device, dtype=dt, generator=gen)
+    x = torch.randn(shape, device=device, dtype=torch.float32, generator=gen)
+    if dist["distribution"] == "heavy":
+        chi2 = sum(torch.randn(shape, device=device, dtype=torch.float32, generator=gen) ** 2 for _ in range(3))
+        x = (x / torch.sqrt(torch.clamp(chi2, min=1e-30) / 3)).clamp(-HEAVY_CLAMP, HEAVY_CLAMP)
+    return (x * dist["scale"]).to(dt)
+
 
 def reference_rows(torch, q, k, v, rows, causal, scale):
     """Exact float64 attention for the flat query rows given (bh * Sq + i), on q's device: one head at a

@@ -12,6 +12,7 @@ import csv
 import json
 import math
 import os
+import pathlib
 import sqlite3
 from collections import defaultdict
 
@@ -36,9 +37,14 @@ def color(impl):
     return COLORS.get(impl.split(":")[0], None)
 
 
+def connect_ro(db):
+    """The store opened read-only: a report never writes to it (no WAL switch, no schema change)."""
+    return sqlite3.connect(pathlib.Path(db).absolute().as_uri() + "?mode=ro", uri=True)
+
+
 def load(db):
     """[(run, rows)] for the latest run of each experiment, in the order experiments were first run."""
-    con = sqlite3.connect(db)
+    con = connect_ro(db)
     con.row_factory = sqlite3.Row
     if not con.execute("select 1 from sqlite_master where type='table' and name='experiment_runs'").fetchone():
         return []

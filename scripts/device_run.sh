@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: build, then one stage, results under $OUT.
-#   tests  - the `gpu` CTest label (fault isolation, every variant validated on ragged shapes)
+#   tests  - the `gpu` CTest label (fault isolation, every variant validated on ragged shapes), then the
+#            `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
 #   final  - tests, stored best configs re-timed, the closest call against torch flash re-measured
 #   sweep-simt - tune fa2_simt and naive on the fp32 standard grid, torch SDPA baseline in the same run
 #   sweep-mma  - tune fa2_mma on the bf16 18-point grid
@@ -100,6 +101,11 @@ tests)
   log "ctest gpu"
   VALIDATE_DB=$OUT/validate.db ctest --preset gpu -V >"$OUT/ctest_gpu.log" 2>&1
   grep -E "Test +#|tests passed|FAIL|BAD|^[0-9]+: (naive|fa1_|fa2_|fault|cublas|torch|triton) " "$OUT/ctest_gpu.log" | tail -60
+  # Every variant of every space through NVRTC for sm_80 and sm_90 (CI compiles a covering sample):
+  # one CTest entry per space and arch, each compiling on every core.
+  log "ctest nvrtc-full"
+  ctest --preset nvrtc-full -V >"$OUT/ctest_nvrtc_full.log" 2>&1
+  grep -E "Test +#|tests passed|FAIL|Failure|variants:" "$OUT/ctest_nvrtc_full.log" | tail -60
   ;;
 final)
   # After a template change: every gpu test again, the stored best configs re-timed (a regression

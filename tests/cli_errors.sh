@@ -53,6 +53,16 @@ expect_usage_error "input file '$tmp/in/do.bin' does not exist" run --family fa2
   --params BLOCK_M=64,BLOCK_N=64,TM=4,TN=2,DQ_MODE=1 --shape 2,2,130,200,64 --inputs "$tmp/in"
 expect_usage_error "is over 2^34" run --family fa2_simt_bwd --params BLOCK_M=64,BLOCK_N=64,TM=4,TN=2,DQ_MODE=1 \
   --shape 32,16,1024,1024,64 --inputs "$tmp/in"
+# A NaN or Inf in an input file has no reference: refused before any GPU work.
+printf '\x00\x00\xc0\x7f' | dd of="$tmp/in/k.bin" bs=1 seek=4000 conv=notrunc status=none
+expect_usage_error "k.bin' holds NaN or Inf (element 1000 of 51200)" run $simt --inputs "$tmp/in"
+# Input distributions: --input-dist normal|heavy, --input-scale in [0.001, 1000]; not with --inputs.
+expect_usage_error "unknown input distribution 'cauchy'" run $simt --input-dist cauchy
+expect_usage_error "input scale must be a number in" run $simt --input-scale 1e9
+expect_usage_error "--input-scale must be a number" run $simt --input-scale x
+expect_usage_error "are for generated ones" run $simt --input-scale 3 --inputs "$tmp/in"
+echo '{"problems": [{"batch": 1, "heads": 1, "seq": 64, "head_dim": 32}]}' >"$tmp/p_dist.json"
+expect_usage_error "unknown input distribution 'cauchy'" tune "$SRC/configs/spaces/fault.json" "$tmp/p_dist.json" --input-dist cauchy
 expect_usage_error "does not exist" best --db "$tmp/none.db"
 expect_usage_error "emit needs --db and --out" emit --db x
 

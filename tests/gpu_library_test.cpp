@@ -42,13 +42,13 @@ void check_library_ok(GpuSession& s, const Problem& p) {
   const ResultRecord r = s.run_library("cublas_unfused", p);
   show(r);
   const json d = detail_of(r);
-  const Tolerance tol = tolerance_for(p.dtype);
   const double s_bytes = (double)lib::score_elements(p) * (4 + dtype_bytes(p.dtype));
   const double io_bytes = (double)p.batch * p.heads * (2.0 * p.seq_q + 2.0 * p.seq_k) * p.head_dim * dtype_bytes(p.dtype) +
                           4.0 * p.batch * p.heads * p.seq_q;
   check(r.status == "ok", "cublas_unfused " + p.str() + " status ok");
-  // max_abs covers O and LSE; LSE is ~log(Sk) in size, so allow its relative part on ~10.
-  check(r.max_abs <= tol.atol + tol.rtol * 10, "max_abs " + std::to_string(r.max_abs) + " within tolerance");
+  // Unit normal inputs: O and its magnitudes are O(1), LSE ~log(Sk); the status already applied the
+  // bound of tuner/validate.hpp, this is a coarse cross-check of max_abs (O and LSE) on that scale.
+  check(r.max_abs <= 64 * unit_roundoff(p.dtype) + 1e-4, "max_abs " + std::to_string(r.max_abs) + " within tolerance");
   check(r.tflops > 0 && r.ms_median > 0 && r.reps >= 10, "timed");
   check(d.contains("mean_abs") && d["mean_abs"].get<double>() <= r.max_abs + 1e-12,
         "detail.mean_abs present and <= max_abs");

@@ -7,11 +7,21 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/fixture-gpu"
 "$FIXTURE_TOOL" "$tmp/fixture-gpu/results.db" || exit 1
 "$FLASHTUNE" report --gpu fixture-gpu --reports "$tmp" >/dev/null || { echo "FAIL: report"; exit 1; }
+# The --db form writes elsewhere, opens the store read-only (its bytes unchanged, no -wal/-shm left behind),
+# and both REPORT.md files name no machine path.
+before=$(sha256sum <"$tmp/fixture-gpu/results.db")
+"$FLASHTUNE" report --db "$tmp/fixture-gpu/results.db" --out "$tmp/elsewhere" >/dev/null || { echo "FAIL: report --db"; exit 1; }
+[[ "$(sha256sum <"$tmp/fixture-gpu/results.db")" == "$before" ]] || { echo "FAIL: report changed the store"; exit 1; }
+[[ -f "$tmp/elsewhere/REPORT.md" && -f "$tmp/elsewhere/best.csv" ]] || { echo "FAIL: report --out wrote nothing"; exit 1; }
+for r in "$tmp/fixture-gpu/REPORT.md" "$tmp/elsewhere/REPORT.md"; do
+  if grep -n -e "$tmp" -e "$SRC" -e "$HOME" "$r"; then echo "FAIL: $r holds a machine path"; exit 1; fi
+done
 python3 - "$tmp/fixture-gpu" <<'PY'
-import csv, os, sys
+import csv, os, re, sys
 d = sys.argv[1]
 report = open(os.path.join(d, "REPORT.md")).read()
 fail = []
+if re.search(r"(^|[\s`(])/(work|tmp|home|usr|root)/", report): fail.append("an absolute path in REPORT.md")
 # Every attempt is counted: the fixture holds 8 (6 ok, 1 invalid, 1 crashed).
 if "| fa2_simt | 1 | 1 | 6 |" not in report: fail.append("status table")
 best = list(csv.DictReader(open(os.path.join(d, "best.csv"))))

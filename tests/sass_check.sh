@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The SASS of representative variants holds the instructions the family is about:
-# fa2_mma: tensor-core HMMA fed by LDSM (ldmatrix) and LDGSTS (cp.async); fa2_simt and fa1_simt: FFMA, LDGSTS,
-# no HMMA; fa2_wgmma_bwd (sm_90 target, built as sm_90a): warpgroup HGMMA, no HMMA.
+# The SASS of a representative variant of every family (from `flashtune families --json`, sm_80 and
+# sm_90; a Hopper-only family on sm_90, built as sm_90a) holds the instructions the family is about.
+# The expectations are per family, below; a family missing from the table fails here.
 set -u
 shopt -s nullglob
 tmp=$(mktemp -d)
@@ -29,17 +29,42 @@ check() {  # check <name> <space json> <arch> <must have...> -- <must not have..
   done
   [[ $n -gt 0 ]] || { echo "FAIL: $name: nothing compiled"; fail=1; }
 }
-for arch in sm_80 sm_90; do
-  check simt '{"family":"fa2_simt","params":{"BLOCK_M":[128],"BLOCK_N":[64],"TM":[8],"TN":[8],"KV_STAGES":[1]},"head_dims":[64],"causal":[false]}' \
-    $arch FFMA LDGSTS MUFU.EX2 -- HMMA
-  check fa1 '{"family":"fa1_simt","params":{"BLOCK_M":[64],"BLOCK_N":[32],"TM":[4],"TN":[4],"Q_STAGES":[2],"Q_SPLIT":[1]},"head_dims":[64],"causal":[true]}' \
-    $arch FFMA LDGSTS MUFU.EX2 -- HMMA
-  if [[ -f "$SRC/templates/fa2_mma.cuh" ]]; then
-    check mma '{"family":"fa2_mma","params":{"BLOCK_M":[128],"BLOCK_N":[64],"WARPS":[4],"STAGES":[2]},"head_dims":[128],"causal":[true],"dtypes":["bf16","fp16"]}' \
-      $arch HMMA LDSM LDGSTS MUFU.EX2
+# Per family: the variant (space fields after "family") and the instructions it must and must not hold.
+expect() {  # expect <family> -> sets space and ops; returns 1 for a family without an entry
+  case $1 in
+    naive) space='"params":{"THREADS":[256]},"head_dims":[64],"causal":[true]'
+      ops=(FFMA MUFU.EX2 -- HMMA) ;;  # scores through global memory: no cp.async, no tensor cores
+    fa1_simt) space='"params":{"BLOCK_M":[64],"BLOCK_N":[32],"TM":[4],"TN":[4],"Q_STAGES":[2],"Q_SPLIT":[1]},"head_dims":[64],"causal":[true]'
+      ops=(FFMA LDGSTS MUFU.EX2 -- HMMA) ;;
+    fa2_simt) space='"params":{"BLOCK_M":[128],"BLOCK_N":[64],"TM":[8],"TN":[8],"KV_STAGES":[1]},"head_dims":[64],"causal":[false]'
+      ops=(FFMA LDGSTS MUFU.EX2 -- HMMA) ;;
+    fa2_simt_bwd) space='"params":{"BLOCK_M":[32],"BLOCK_N":[64],"TM":[4],"TN":[2],"DQ_MODE":[1]},"head_dims":[64],"causal":[true]'
+      ops=(FFMA LDGSTS MUFU.EX2 -- HMMA) ;;
+    fa2_mma) space='"params":{"BLOCK_M":[128],"BLOCK_N":[64],"WARPS":[4],"STAGES":[2]},"head_dims":[128],"causal":[true],"dtypes":["bf16","fp16"]'
+      ops=(HMMA LDSM LDGSTS MUFU.EX2) ;;
+    fa2_mma_bwd) space='"params":{"BLOCK_M":[32],"BLOCK_N":[64],"WARPS":[8],"DSPLIT":[2],"STAGES":[2],"DQ_MODE":[1]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'
+      ops=(HMMA LDSM LDGSTS MUFU.EX2) ;;
+    fa2_wgmma_bwd) space='"params":{"BLOCK_M":[64],"BLOCK_N":[128],"SPLIT":[0],"STAGES":[2],"DQ_RED":[0]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'
+      ops=(HGMMA LDGSTS MUFU.EX2 -- HMMA) ;;
+    *) return 1 ;;
+  esac
+}
+"$FLASHTUNE" families --json >"$tmp/families.json" || { echo "FAIL: flashtune families"; exit 1; }
+# name and hopper_only of every family that is not test-only
+python3 -c 'import json, sys
+for f in json.load(open(sys.argv[1])):
+    if not f["test_only"]: print(f["name"], int(f["hopper_only"]))' "$tmp/families.json" >"$tmp/list.txt" || fail=1
+[[ -s $tmp/list.txt ]] || { echo "FAIL: no families listed"; fail=1; }
+while read -r family hopper_only; do
+  if ! expect "$family"; then
+    echo "FAIL: sass_check has no expectation for family $family: add one to expect() in tests/sass_check.sh"
+    fail=1; continue
   fi
-done
-check wgmma '{"family":"fa2_wgmma_bwd","params":{"BLOCK_M":[64],"BLOCK_N":[128],"SPLIT":[0],"STAGES":[2],"DQ_RED":[0]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]}' \
-  sm_90 HGMMA LDGSTS MUFU.EX2 -- HMMA
+  archs=(sm_80 sm_90)
+  [[ $hopper_only -eq 1 ]] && archs=(sm_90)
+  for arch in "${archs[@]}"; do
+    check "$family" "{\"family\":\"$family\",$space}" "$arch" "${ops[@]}"
+  done
+done <"$tmp/list.txt"
 [[ $fail -eq 0 ]] && echo "sass_check: all passed"
 exit $fail

@@ -108,6 +108,27 @@ class Problems(unittest.TestCase):
                 with open(os.path.join(folder, name)) as f:
                     self.assertTrue(bl.load_problems(json.load(f)), name)
 
+    def test_inputs_field(self):
+        # to_json(Problem) always writes "inputs"; the default stays implicit so plain problems compare as before
+        p = bl.parse_problem(prob(inputs={"distribution": "normal", "scale": 1}))
+        self.assertNotIn("inputs", p)
+        self.assertEqual(bl.input_dist(p), {"distribution": "normal", "scale": 1.0})
+        p = bl.parse_problem(prob(inputs={"distribution": "heavy", "scale": 5}))
+        self.assertEqual(p["inputs"], {"distribution": "heavy", "scale": 5.0})
+        self.assertEqual(bl.parse_problem(prob(inputs={"scale": 30}))["inputs"], {"distribution": "normal", "scale": 30.0})
+        self.assertEqual(bl.parse_problem(prob(inputs={"distribution": "heavy"}))["inputs"]["scale"], 1.0)
+        text = ('[{"batch":1,"causal":false,"direction":"fwd","dtype":"bf16","head_dim":64,"heads":1,'
+                '"inputs":{"distribution":"normal","scale":30.0},"seq_k":300,"seq_q":200}]')
+        (q,) = bl.load_problems(json.loads(text))
+        self.assertEqual(q["inputs"], {"distribution": "normal", "scale": 30.0})
+        (g,) = bl.load_problems({"grid": {"tokens": 1024, "hidden": 64, "seq": [1024], "head_dim": [64],
+                                          "inputs": {"distribution": "heavy", "scale": 3}}})
+        self.assertEqual(g["inputs"], {"distribution": "heavy", "scale": 3.0})
+        for bad in ({"distribution": "cauchy"}, {"scale": 0}, {"scale": 1e4}, {"scale": "2"}, {"scale": True},
+                    {"spread": 1}, "heavy", {"scale": float("nan")}):
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                bl.parse_problem(prob(inputs=bad))
+
     def test_causal_as_int(self):
         self.assertTrue(bl.parse_problem(prob(causal=1))["causal"])
         self.assertFalse(bl.parse_problem(prob(causal=0))["causal"])

@@ -2,6 +2,9 @@
 // enumeration.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "tuner/space.hpp"
@@ -168,12 +171,30 @@ TEST(Problems, FlopsFollowFlashAttentionConvention) {
   EXPECT_EQ(p.seq_bucket(), 8192);
 }
 
-TEST(CommittedConfigs, EveryFileParses) {
-  for (const char* s : {"fa1_simt.json", "fa2_simt.json", "fa2_mma.json", "fa2_simt_bwd.json", "fa2_mma_bwd.json", "fa2_mma_bwd_wide.json",
-                        "naive.json", "fault.json"})
-    EXPECT_NO_THROW(load_space(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/" + s)) << s;
-  for (const char* s : {"anchors_fp32.json", "anchors_bf16.json", "smoke.json", "ragged.json", "ragged_mma.json",
-                        "ragged_bwd.json", "anchors_bwd_fp32.json", "ragged_mma_bwd.json",
-                        "anchors_bwd_bf16.json"})
-    EXPECT_NO_THROW(load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/" + s)) << s;
+namespace {
+std::vector<std::string> committed_json(const std::string& sub) {  // configs/<sub>/*.json, sorted
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/" + sub))
+    if (e.path().extension() == ".json") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+TEST(CommittedConfigs, EveryFileParses) {  // every committed file, discovered
+  const auto spaces = committed_json("spaces"), problems = committed_json("problems");
+  EXPECT_FALSE(spaces.empty());
+  EXPECT_FALSE(problems.empty());
+  for (const auto& s : spaces) EXPECT_NO_THROW(load_space(s)) << s;
+  for (const auto& p : problems) EXPECT_NO_THROW(load_problems(p)) << p;
+}
+
+TEST(CommittedConfigs, EveryFamilyHasASpaceFile) {
+  // configs/spaces/<family>.json is what the NVRTC tests compile (a sample in CI, all of it on the GPU
+  // machine) and what gpu_validate_families.sh validates: a family without one would go untested.
+  for (const auto& f : families()) {
+    const std::string path = std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/" + f.name + ".json";
+    ASSERT_TRUE(std::filesystem::exists(path)) << "family " << f.name << " has no space file " << path;
+    EXPECT_EQ(load_space(path).family, &f) << path << " names another family";
+  }
 }

@@ -1,39 +1,48 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "tuner/compile.hpp"
 #include "tuner/validate.hpp"
+#include "tuner/input_files.hpp"
 
 using namespace flashtune;
 
-TEST(Validate, ToleranceRuleAndStats) {
-  Tolerance tol{1e-5, 1e-4};
+TEST(Validate, ErrorStatsAgainstBounds) {
   ErrorStats e;
-  e.add(0, 1.00005f, 1.0, tol);  // 5e-5 <= 1e-5 + 1e-4
-  e.add(1, 0.0f, 0.0, tol);
+  e.add(0, 1.00005f, 1.0, 1e-4, 1e-5);
+  e.add(1, 0.0f, 0.0, 1e-12, 1e-5);
   EXPECT_EQ(e.bad, 0u);
   EXPECT_NEAR(e.max_abs, 5e-5, 1e-7);  // 1.00005f is not exact
-  e.add(2, 1.001f, 1.0, tol);
+  EXPECT_NEAR(e.worst_ratio, 0.5, 0.01);
+  e.add(2, 1.001f, 1.0, 1e-4, 1e-5);
   EXPECT_EQ(e.bad, 1u);
   EXPECT_NE(e.first_bad.find("[2]"), std::string::npos);
   EXPECT_EQ(e.count, 3u);
-}
-
-TEST(Validate, NonFiniteHandling) {
-  Tolerance tol = tolerance_for(DType::fp32);
-  ErrorStats e;
-  e.add(0, INFINITY, INFINITY, tol);  // fully masked row's LSE
-  EXPECT_EQ(e.bad, 0u);
-  e.add(1, NAN, 1.0, tol);  // poison left in place: unwritten output
-  EXPECT_EQ(e.bad, 1u);
-  e.add(2, 1.0f, INFINITY, tol);
-  EXPECT_EQ(e.bad, 2u);
+  ErrorStats f;
+  f.add(0, INFINITY, INFINITY, 1e-6, 1e-5);  // fully masked row's LSE
+  EXPECT_EQ(f.bad, 0u);
+  f.add(1, NAN, 1.0, 1.0, 1e-5);  // poison left in place: unwritten output
+  EXPECT_EQ(f.bad, 1u);
+  f.add(2, 1.0f, INFINITY, 1.0, 1e-5);
+  EXPECT_EQ(f.bad, 2u);
+  f.add(3, INFINITY, 1.0, 1e30, 1e-5);  // no bound admits an infinite output
+  EXPECT_EQ(f.bad, 3u);
 }
 
 TEST(Validate, TolerancesTightenWithPrecision) {
-  EXPECT_LT(tolerance_for(DType::fp32).atol, tolerance_for(DType::fp16).atol);
-  EXPECT_LE(tolerance_for(DType::fp16).rtol, tolerance_for(DType::bf16).rtol);
+  EXPECT_EQ(unit_roundoff(DType::fp32), 0x1p-24);
+  EXPECT_LT(unit_roundoff(DType::fp32), unit_roundoff(DType::fp16));
+  EXPECT_LT(unit_roundoff(DType::fp16), unit_roundoff(DType::bf16));
+  for (DType t : {DType::fp32, DType::fp16, DType::bf16}) {
+    const ToleranceModel f = forward_tolerance(t, 4096, 64);
+    EXPECT_GT(f.bound(1, 0), 0);
+    EXPECT_LT(f.floor, f.bound(1e-3, 0)) << "the floor only matters for zero references";
+    // fp16's subnormal rounding (2^-25 absolute) must fit under the floor.
+    if (t == DType::fp16) EXPECT_GE(f.floor, 0x1p-25);
+  }
 }
 
 TEST(Compile, ParsesPtxasLog) {
@@ -89,4 +98,319 @@ TEST(DtypeConvert, RoundToNearestEvenAndBack) {
   auto back = from_device_format(bytes, DType::bf16);
   EXPECT_EQ(back, v) << "the host copy is rounded to exactly what the device holds";
   EXPECT_NEAR(v[1], -3.14159f, 3.14159f * 0x1p-8f);
+}
+
+// ---- Calibration: CPU emulations of correct and slightly wrong kernels against the bound ----------
+
+namespace {
+
+float round_to(DType t, float x) {
+  if (t == DType::fp32) return x;
+  return t == DType::bf16 ? bf16_to_float(float_to_bf16(x)) : fp16_to_float(float_to_fp16(x));
+}
+
+struct Inputs {
+  ref::Shape shape;
+  DType dtype;
+  std::vector<float> q, k, v, dout;
+};
+
+// Seeded inputs like the worker's: normal, or Student-t(3) (heavy), times scale, rounded to the dtype;
+// dO of the same kind, unscaled.
+Inputs make_inputs(ref::Shape shape, DType t, bool heavy, double scale, uint64_t seed) {
+  Inputs in{shape, t, {}, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  auto normal = [&] {
+    const double u1 = ((rng() >> 11) + 0.5) * 0x1.0p-53, u2 = (rng() >> 11) * 0x1.0p-53;
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  };
+  auto draw = [&](double s) {
+    double x = normal();
+    if (heavy) {
+      double chi2 = 0;
+      for (int n = 0; n < 3; ++n) chi2 += std::pow(normal(), 2);
+      x = std::clamp(x / std::sqrt(chi2 / 3), -32.0, 32.0);
+    }
+    return round_to(t, (float)(s * x));
+  };
+  const size_t bh = (size_t)shape.batch * shape.heads, d = shape.head_dim;
+  for (size_t i = 0; i < bh * shape.seq_q * d; ++i) in.q.push_back(draw(scale));
+  for (size_t i = 0; i < bh * shape.seq_k * d; ++i) in.k.push_back(draw(scale));
+  for (size_t i = 0; i < bh * shape.seq_k * d; ++i) in.v.push_back(draw(scale));
+  for (size_t i = 0; i < bh * shape.seq_q * d; ++i) in.dout.push_back(draw(1.0));
+  return in;
+}
+
+Problem problem_of(const Inputs& in, const char* direction) {
+  Problem p;
+  p.batch = in.shape.batch;
+  p.heads = in.shape.heads;
+  p.seq_q = in.shape.seq_q;
+  p.seq_k = in.shape.seq_k;
+  p.head_dim = in.shape.head_dim;
+  p.causal = in.shape.causal;
+  p.dtype = in.dtype;
+  p.direction = direction;
+  return p;
+}
+
+enum class Fault { none, skip_block, perturb_row };
+constexpr int kBlockN = 64;
+
+// What a correct FlashAttention-2 forward does, in fp32: scores by fp32 dot products, online softmax
+// over blocks of 64 keys in the exp2 domain (rescaling by exp2(m_old - m_new)), P rounded to the dtype
+// before P V, fp32 accumulation, O rounded to the dtype, LSE in fp32. The faults: skip_block drops
+// keys [0, 64); perturb_row moves the last row of the last head by 5% of its magnitude scale (the
+// mean of its o_mag).
+void emulate_forward(const Inputs& in, Fault fault, std::vector<float>& o, std::vector<float>& lse,
+                     const FwdReference* ref_for_perturb = nullptr) {
+  const ref::Shape& s = in.shape;
+  const int d = s.head_dim;
+  const int64_t rows = (int64_t)s.batch * s.heads * s.seq_q;
+  const float scale_log2 = (float)(s.softmax_scale() * M_LOG2E);
+  o.assign(rows * d, 0.f);
+  lse.assign(rows, 0.f);
+  std::vector<float> acc(d), p(kBlockN), sc(kBlockN);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t bh = r / s.seq_q, i = r % s.seq_q;
+    const float* q = &in.q[r * d];
+    const int64_t n_keys = ref::visible_keys(s, i);
+    float m = -INFINITY, l = 0;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t j0 = fault == Fault::skip_block ? kBlockN : 0; j0 < n_keys; j0 += kBlockN) {
+      const int nb = (int)std::min<int64_t>(kBlockN, n_keys - j0);
+      float m_new = m;
+      for (int j = 0; j < nb; ++j) {
+        const float* k = &in.k[(bh * s.seq_k + j0 + j) * d];
+        float dot = 0;
+        for (int c = 0; c < d; ++c) dot = std::fmaf(q[c], k[c], dot);
+        sc[j] = dot * scale_log2;
+        m_new = std::max(m_new, sc[j]);
+      }
+      const float alpha = std::exp2(m - m_new);
+      float rowsum = 0;
+      for (int j = 0; j < nb; ++j) {
+        p[j] = std::exp2(sc[j] - m_new);
+        rowsum += p[j];
+        p[j] = round_to(in.dtype, p[j]);
+      }
+      l = l * alpha + rowsum;
+      for (int c = 0; c < d; ++c) {
+        float a = acc[c] * alpha;
+        for (int j = 0; j < nb; ++j) a = std::fmaf(p[j], in.v[(bh * s.seq_k + j0 + j) * d + c], a);
+        acc[c] = a;
+      }
+      m = m_new;
+    }
+    for (int c = 0; c < d; ++c) o[r * d + c] = round_to(in.dtype, l > 0 ? acc[c] / l : 0.f);
+    lse[r] = l > 0 ? (m + std::log2(l)) * (float)M_LN2 : INFINITY;
+  }
+  if (fault == Fault::perturb_row) {
+    const int64_t r = rows - 1;  // sampled first by ref::sample_rows
+    const auto it = std::find(ref_for_perturb->rows.begin(), ref_for_perturb->rows.end(), r);
+    const size_t n = it - ref_for_perturb->rows.begin();
+    double mean_mag = 0;
+    for (int c = 0; c < d; ++c) mean_mag += ref_for_perturb->o_mag[n * d + c] / d;
+    for (int c = 0; c < d; ++c) o[r * d + c] = round_to(in.dtype, o[r * d + c] + (float)(0.05 * mean_mag));
+  }
+}
+
+// A correct backward in fp32 (FlashAttention-2's): P = exp2(s scale log2e - lse log2e) with lse in
+// fp32, delta = rowsum(dO * O) from O in the dtype, dS = P (dP - delta), P and dS rounded to the dtype
+// before their products, fp32 accumulation, outputs rounded. skip_block drops keys [0, 64) from every
+// sum; perturb_row moves one dK row by 5% of its magnitude scale.
+void emulate_backward(const Inputs& in, const BwdReference& ref, Fault fault, std::vector<float>& dq,
+                      std::vector<float>& dk, std::vector<float>& dv) {
+  const ref::Shape& s = in.shape;
+  const int d = s.head_dim;
+  const int64_t heads = (int64_t)s.batch * s.heads;
+  const float scale = (float)s.softmax_scale(), scale_log2 = (float)(s.softmax_scale() * M_LOG2E);
+  std::vector<float> fq(heads * s.seq_q * d, 0.f), fk(heads * s.seq_k * d, 0.f), fv(fk.size(), 0.f);
+  for (int64_t bh = 0; bh < heads; ++bh)
+    for (int64_t i = 0; i < s.seq_q; ++i) {
+      const int64_t r = bh * s.seq_q + i;
+      const float lse_l2 = (float)ref.lse[r] * (float)M_LOG2E;
+      const float* q = &in.q[r * d];
+      const float* dO = &in.dout[r * d];
+      float delta = 0;
+      for (int c = 0; c < d; ++c) delta = std::fmaf(dO[c], round_to(in.dtype, (float)ref.o[r * d + c]), delta);
+      for (int64_t j = fault == Fault::skip_block ? kBlockN : 0; j < ref::visible_keys(s, i); ++j) {
+        const float* k = &in.k[(bh * s.seq_k + j) * d];
+        const float* v = &in.v[(bh * s.seq_k + j) * d];
+        float dot = 0, dp = 0;
+        for (int c = 0; c < d; ++c) {
+          dot = std::fmaf(q[c], k[c], dot);
+          dp = std::fmaf(dO[c], v[c], dp);
+        }
+        const float p = std::exp2(std::fmaf(dot, scale_log2, -lse_l2));
+        const float ds = round_to(in.dtype, p * (dp - delta)), pr = round_to(in.dtype, p);
+        for (int c = 0; c < d; ++c) {
+          fv[(bh * s.seq_k + j) * d + c] = std::fmaf(pr, dO[c], fv[(bh * s.seq_k + j) * d + c]);
+          fk[(bh * s.seq_k + j) * d + c] = std::fmaf(ds, q[c], fk[(bh * s.seq_k + j) * d + c]);
+          fq[r * d + c] = std::fmaf(ds, k[c], fq[r * d + c]);
+        }
+      }
+    }
+  dq.resize(fq.size());
+  dk.resize(fk.size());
+  dv.resize(fv.size());
+  for (size_t i = 0; i < fq.size(); ++i) dq[i] = round_to(in.dtype, scale * fq[i]);
+  for (size_t i = 0; i < fk.size(); ++i) dk[i] = round_to(in.dtype, scale * fk[i]);
+  for (size_t i = 0; i < fv.size(); ++i) dv[i] = round_to(in.dtype, fv[i]);
+  if (fault == Fault::perturb_row) {
+    // The key row with the largest magnitude: with a near one-hot softmax most keys win no query, and
+    // their dK is 0 with magnitude 0, where 5% of nothing is no fault.
+    size_t r = 0;
+    double mean_mag = 0;
+    for (size_t row = 0; row < fk.size() / d; ++row) {
+      double m = 0;
+      for (int c = 0; c < d; ++c) m += ref.dk_mag[row * d + c] / d;
+      if (m > mean_mag) r = row, mean_mag = m;
+    }
+    for (int c = 0; c < d; ++c) dk[r * d + c] = round_to(in.dtype, dk[r * d + c] + (float)(0.05 * mean_mag));
+  }
+}
+
+struct Case {
+  const char* name;
+  ref::Shape shape;
+  bool heavy;
+  double scale;
+};
+
+const Case kCases[] = {
+    {"unit", {1, 2, 100, 300, 64, false}, false, 1},
+    {"unit causal Sq>Sk (masked rows)", {1, 2, 300, 130, 64, true}, false, 1},
+    {"x30 (near one-hot)", {1, 2, 100, 300, 64, false}, false, 30},
+    {"x30 causal", {1, 1, 130, 200, 128, true}, false, 30},
+    {"heavy", {1, 2, 100, 300, 64, false}, true, 1},
+    {"heavy x5", {2, 1, 64, 257, 32, true}, true, 5},
+    {"Sk = 1", {1, 1, 1, 1, 64, false}, false, 1},
+    {"Sk = 1, Sq 200 causal", {1, 1, 200, 1, 64, true}, false, 1},
+    {"Sk = 1 x30", {1, 1, 70, 1, 64, false}, false, 30},
+};
+constexpr DType kDtypes[] = {DType::fp32, DType::fp16, DType::bf16};
+constexpr double kMargin = 0.5;  // a correct kernel uses at most half of its bound
+
+}  // namespace
+
+TEST(Calibration, ForwardCorrectPassesWithMarginWrongFails) {
+  for (const Case& cs : kCases)
+    for (DType t : kDtypes) {
+      SCOPED_TRACE(std::string(cs.name) + " " + to_string(t));
+      const Inputs in = make_inputs(cs.shape, t, cs.heavy, cs.scale, 7);
+      const Problem p = problem_of(in, "fwd");
+      const int64_t rows = (int64_t)cs.shape.batch * cs.shape.heads * cs.shape.seq_q;
+      const FwdReference ref = forward_reference(cs.shape, in.q.data(), in.k.data(), in.v.data(),
+                                                 ref::sample_rows(cs.shape, rows, 1));
+      std::vector<float> o, lse;
+      emulate_forward(in, Fault::none, o, lse);
+      const Verdict ok = validate_forward(p, ref, o, lse);
+      std::printf("  fwd %-32s %s worst err/bound %.3f\n", cs.name, to_string(t), ok.worst_ratio);
+      EXPECT_TRUE(ok.ok) << ok.error;
+      EXPECT_LT(ok.worst_ratio, kMargin) << "correct kernel too close to its bound";
+      emulate_forward(in, Fault::skip_block, o, lse);
+      if (cs.shape.seq_k > kBlockN || cs.shape.seq_k == 1) {  // with Sk = 1 the one block is skipped
+        const Verdict bad = validate_forward(p, ref, o, lse);
+        EXPECT_FALSE(bad.ok) << "skipped K/V block passed, worst " << bad.worst_ratio;
+      }
+      emulate_forward(in, Fault::perturb_row, o, lse, &ref);
+      const Verdict bad = validate_forward(p, ref, o, lse);
+      EXPECT_FALSE(bad.ok) << "perturbed row passed, worst " << bad.worst_ratio;
+    }
+}
+
+TEST(Calibration, BackwardCorrectPassesWithMarginWrongFails) {
+  for (const Case& cs : kCases)
+    for (DType t : kDtypes) {
+      if (cs.shape.seq_q * cs.shape.seq_k > 40000) continue;  // keep the float64 backward quick
+      SCOPED_TRACE(std::string(cs.name) + " " + to_string(t));
+      const Inputs in = make_inputs(cs.shape, t, cs.heavy, cs.scale, 11);
+      const Problem p = problem_of(in, "bwd");
+      const BwdReference ref = backward_reference(cs.shape, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+      std::vector<float> dq, dk, dv;
+      emulate_backward(in, ref, Fault::none, dq, dk, dv);
+      const Verdict ok = validate_backward(p, ref, dq, dk, dv);
+      std::printf("  bwd %-32s %s worst err/bound %.3f\n", cs.name, to_string(t), ok.worst_ratio);
+      EXPECT_TRUE(ok.ok) << ok.error;
+      EXPECT_LT(ok.worst_ratio, kMargin) << ok.detail.dump();
+      if (cs.shape.seq_k > kBlockN) {
+        emulate_backward(in, ref, Fault::skip_block, dq, dk, dv);
+        EXPECT_FALSE(validate_backward(p, ref, dq, dk, dv).ok) << "skipped K/V block passed";
+      }
+      emulate_backward(in, ref, Fault::perturb_row, dq, dk, dv);
+      EXPECT_FALSE(validate_backward(p, ref, dq, dk, dv).ok) << "perturbed dK row passed";
+    }
+}
+
+TEST(Validate, SkOneBackwardZeroReferences) {
+  // dQ and dK are exactly zero (a softmax over one key has no gradient); rounding noise passes,
+  // anything of the size of the data does not.
+  const ref::Shape shape{1, 1, 64, 1, 64, false};
+  for (DType t : kDtypes) {
+    const Inputs in = make_inputs(shape, t, false, 1, 3);
+    const BwdReference ref = backward_reference(shape, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+    for (double x : ref.dq) ASSERT_EQ(x, 0.0);
+    std::vector<float> dq(ref.dq.size(), 0.f), dk(ref.dk.size(), 0.f), dv(ref.dv.begin(), ref.dv.end());
+    for (float& x : dv) x = round_to(t, x);
+    dq[5] = 1e-7f;  // fp32 noise of dP - delta
+    EXPECT_TRUE(validate_backward(problem_of(in, "bwd"), ref, dq, dk, dv).ok);
+    dq[5] = 1.0f;  // the size of a gradient of unit data
+    EXPECT_FALSE(validate_backward(problem_of(in, "bwd"), ref, dq, dk, dv).ok);
+  }
+}
+
+TEST(Validate, MaskedRowsNaNAndInf) {
+  const ref::Shape shape{1, 1, 100, 30, 32, true};  // rows 0..69 see no key: O = 0, LSE = +inf
+  const Inputs in = make_inputs(shape, DType::fp16, false, 1, 5);
+  const Problem p = problem_of(in, "fwd");
+  const FwdReference ref = forward_reference(shape, in.q.data(), in.k.data(), in.v.data(), ref::sample_rows(shape, 100, 1));
+  ASSERT_TRUE(std::isinf(ref.lse[0]));
+  std::vector<float> o, lse;
+  emulate_forward(in, Fault::none, o, lse);
+  ASSERT_TRUE(validate_forward(p, ref, o, lse).ok);
+  auto with = [&](std::vector<float> o2, std::vector<float> lse2) { return validate_forward(p, ref, o2, lse2); };
+  std::vector<float> o2 = o, lse2 = lse;
+  o2[3] = 1e-3f;  // a masked row's O must be exactly 0 (its magnitude is 0)
+  EXPECT_FALSE(with(o2, lse).ok);
+  lse2[0] = 0.f;  // a masked row's LSE must be +inf
+  EXPECT_FALSE(with(o, lse2).ok);
+  o2 = o;
+  o2[o.size() - 1] = NAN;  // unwritten
+  const Verdict v = with(o2, lse);
+  EXPECT_FALSE(v.ok);
+  EXPECT_NE(v.error.find("NaN"), std::string::npos);
+  o2[o.size() - 1] = INFINITY;
+  EXPECT_FALSE(with(o2, lse).ok);
+  lse2 = lse;
+  lse2[99] = NAN;
+  EXPECT_FALSE(with(o, lse2).ok);
+  // A NaN in a row that is not sampled is still found: every O element is scanned.
+  const FwdReference few = forward_reference(shape, in.q.data(), in.k.data(), in.v.data(), {99});
+  o2 = o;
+  o2[80 * 32] = NAN;
+  EXPECT_TRUE(validate_forward(p, few, o, lse).ok);
+  EXPECT_FALSE(validate_forward(p, few, o2, lse).ok);
+}
+
+TEST(Validate, SaturatedSoftmaxAndLargeMagnitudes) {
+  // x30: scores in the thousands, a one-hot softmax; the bound follows |V| (~30), not 1.
+  const ref::Shape shape{1, 1, 16, 128, 64, false};
+  const Inputs in = make_inputs(shape, DType::bf16, false, 30, 9);
+  const FwdReference ref = forward_reference(shape, in.q.data(), in.k.data(), in.v.data(), ref::sample_rows(shape, 16, 1));
+  double max_mag = 0;
+  for (double m : ref.o_mag) max_mag = std::max(max_mag, m);
+  EXPECT_GT(max_mag, 30.0);
+  const ToleranceModel tol = forward_tolerance(DType::bf16, 128, 64);
+  EXPECT_GT(tol.bound(max_mag, 0), 0.27) << "torch flash's own bf16 error on such inputs (0.255) must pass";
+}
+
+TEST(InputFiles, NonFiniteValuesFound) {
+  const float f32[] = {1.f, -2.f, NAN};
+  EXPECT_EQ(first_non_finite(reinterpret_cast<const uint8_t*>(f32), 8, DType::fp32), -1);
+  EXPECT_EQ(first_non_finite(reinterpret_cast<const uint8_t*>(f32), 12, DType::fp32), 2);
+  const uint16_t h[] = {0x3c00, 0x7c00};  // 1, +inf in fp16
+  EXPECT_EQ(first_non_finite(reinterpret_cast<const uint8_t*>(h), 4, DType::fp16), 1);
+  const uint16_t b[] = {0x3f80, 0x7c00, 0xff80};  // 1, a finite bf16 (2^121), -inf
+  EXPECT_EQ(first_non_finite(reinterpret_cast<const uint8_t*>(b), 6, DType::bf16), 2);
 }

@@ -73,6 +73,30 @@ std::string Compiler::variant_hash(const Variant& v) const {
   return content_hash(key);
 }
 
+namespace {
+Problem shape_free_probe(const Variant& v) {  // launch geometry that does not depend on the shape
+  Problem probe;
+  probe.head_dim = v.head_dim;
+  probe.causal = v.causal;
+  probe.dtype = v.dtype;
+  probe.direction = v.family->direction;
+  return probe;
+}
+}  // namespace
+
+std::string Compiler::prune_before_compile(const Variant& v) const {
+  const Family& f = *v.family;
+  if (f.hopper_only && target(f) != "sm_90a") return "needs Hopper's wgmma (sm_90a); target is " + arch_;
+  if (const char* why = f.check(v.config, v.head_dim)) return why;
+  unsigned max_smem = 0;
+  for (const Launch& l : f.launches(v.config, shape_free_probe(v))) max_smem = std::max(max_smem, l.smem_bytes);
+  const ArchLimits lim = arch_limits(arch_);
+  if ((int)max_smem > lim.max_smem_per_block)
+    return "shared memory " + std::to_string(max_smem) + " B exceeds the " + arch_ + " limit of " +
+           std::to_string(lim.max_smem_per_block) + " B";
+  return "";
+}
+
 KernelRecord Compiler::compile(const Variant& v) const {
   const Family& f = *v.family;
   KernelRecord k;
@@ -91,32 +115,16 @@ KernelRecord Compiler::compile(const Variant& v) const {
   for (const auto& e : exprs) k.name_expression += (k.name_expression.empty() ? "" : "\n") + e;
 
   // Prune before compiling: the target's instruction set, the family's constraints, the target's limits.
-  if (f.hopper_only && target(f) != "sm_90a") {
+  k.reason = prune_before_compile(v);
+  if (!k.reason.empty()) {
     k.status = "pruned";
-    k.reason = "needs Hopper's wgmma (sm_90a); target is " + arch_;
-    return k;
-  }
-  if (const char* why = f.check(v.config, v.head_dim)) {
-    k.status = "pruned";
-    k.reason = why;
     return k;
   }
   const ArchLimits lim = arch_limits(arch_);
-  Problem probe;  // launch geometry that does not depend on the shape
-  probe.head_dim = v.head_dim;
-  probe.causal = v.causal;
-  probe.dtype = v.dtype;
-  probe.direction = f.direction;
   unsigned max_smem = 0, max_threads = 0;  // the most demanding of the family's kernels
-  for (const Launch& l : f.launches(v.config, probe)) {
+  for (const Launch& l : f.launches(v.config, shape_free_probe(v))) {
     max_smem = std::max(max_smem, l.smem_bytes);
     max_threads = std::max(max_threads, l.threads);
-  }
-  if ((int)max_smem > lim.max_smem_per_block) {
-    k.status = "pruned";
-    k.reason = "shared memory " + std::to_string(max_smem) + " B exceeds the " + arch_ + " limit of " +
-               std::to_string(lim.max_smem_per_block) + " B";
-    return k;
   }
 
   auto t0 = std::chrono::steady_clock::now();
@@ -196,9 +204,14 @@ std::vector<KernelRecord> Compiler::compile_all(const std::vector<Variant>& vari
   auto work = [&] {
     for (size_t t; (t = next++) < todo.size();) {
       size_t i = todo[t];
-      out[i] = compile(variants[i]);
+      std::optional<KernelRecord> stored;  // another process sharing the store may have compiled it meanwhile
+      if (cache) {
+        std::lock_guard lock(store_mutex);
+        stored = cache->find_kernel(variant_hash(variants[i]));
+      }
+      out[i] = stored ? std::move(*stored) : compile(variants[i]);
       std::lock_guard lock(store_mutex);
-      if (cache) cache->put_kernel(out[i]);
+      if (cache && !stored) cache->put_kernel(out[i]);
       size_t d = ++done;
       if (progress) progress(d, variants.size());
     }

@@ -40,6 +40,9 @@ class Compiler {
   std::string options_string(const Family& f) const;
   // Hash of everything that determines the variant's code.
   std::string variant_hash(const Variant&) const;
+  // Why the variant is pruned without compiling it (the target's instruction set, the family's check,
+  // shared memory over the target's limit), or "" when it goes to NVRTC. No NVRTC call: cheap.
+  std::string prune_before_compile(const Variant&) const;
   // Prunes by constraints and limits, compiles, parses resources; never throws for a bad variant.
   KernelRecord compile(const Variant&) const;
   // All variants, cached in the store where given, on all CPU cores. on_done(i) after each.

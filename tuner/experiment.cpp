@@ -160,8 +160,13 @@ std::vector<ExperimentRow> run_python(const ImplSpec& impl, const std::vector<Pr
   std::set<size_t> seen;
   std::ifstream f(out);
   for (std::string line; std::getline(f, line);) {
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) continue;
+    json j;
+    try {
+      j = parse_json_bounded(line, "a baseline row");
+    } catch (const UsageError&) {
+      continue;
+    }
+    if (!j.is_object()) continue;
     ExperimentRow r;
     r.run_id = run;
     r.impl = impl.name;
@@ -231,10 +236,16 @@ ExperimentSpec experiment_from_json(const json& j, const std::string& base_dir) 
     }
   }
   if (j.contains("tune")) {
+    if (!j["tune"].is_array()) throw UsageError("experiment: 'tune' must be a list of space files");
     for (const auto& t : j["tune"]) {
       if (!t.is_string()) throw UsageError("experiment: 'tune' lists space files");
       s.tune_spaces.push_back(resolve(t.get<std::string>(), base_dir));
-      load_space(s.tune_spaces.back());  // validated now, not after an hour
+      const Space space = load_space(s.tune_spaces.back());  // validated now, not after an hour
+      std::vector<Problem> ps;
+      for (const Problem& p : s.problems)
+        if (p.direction == space.family->direction) ps.push_back(p);
+      if (variants_for(space, ps).empty())
+        throw UsageError("experiment: the space " + t.get<std::string>() + " matches none of its problems");
     }
   }
   if (s.impls.empty() && s.tune_spaces.empty()) throw UsageError("experiment: no implementations and nothing to tune");
@@ -256,7 +267,11 @@ ExperimentSpec load_experiment(const std::string& path) {
   json j = read_json_file(path);
   // Relative paths in an experiment are relative to the source tree (the experiment's parent folder).
   auto base = std::filesystem::absolute(path).parent_path().parent_path().string();
-  return experiment_from_json(j, base);
+  try {
+    return experiment_from_json(j, base);
+  } catch (const json::exception& e) {  // a field of the wrong type: bad input, one line
+    throw UsageError(path + ": " + brief(e.what(), 160));
+  }
 }
 
 bool impl_applies(const ImplSpec& i, const Problem& p) {
@@ -312,9 +327,7 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
   store.set_experiment_probes(run, probes.dump());
   std::fprintf(stderr, "probes: %s\n", probes.dump().c_str());
 
-  char tmpl[] = "/tmp/flashtune-exp-XXXXXX";
-  if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-  const std::string tmp = tmpl;
+  const std::string tmp = make_private_tmpdir("flashtune-exp");  // 0700, under $TMPDIR
 
   // 3. Python baselines first: they run in their own process while the worker holds no buffers.
   for (const auto& impl : spec.impls) {

@@ -1,6 +1,7 @@
 #include "tuner/family.hpp"
 
 #include <algorithm>
+#include <cerrno>
 
 #include "templates/fa1_simt_traits.h"
 #include "templates/fa2_mma_bwd_traits.h"
@@ -263,19 +264,21 @@ std::vector<Family> make_families() {
     };
     fs.push_back(std::move(f));
   }
-  {  // Test only: MODE 0 computes attention correctly, 1 writes out of bounds, 2 never ends.
+  {  // Test only: MODE 0 computes attention correctly, 1 writes out of bounds, 2 never ends,
+     // 3 skips a K/V block, 4 perturbs one output row (3 and 4: slightly wrong, must be invalid).
     Family f;
     f.name = "fault";
     f.direction = "fwd";
     f.template_file = "test_faults.cuh";
     f.kernels = {"flashtune::fault_fwd"};
-    f.params = {{"MODE", {0, 1, 2}}};
+    f.params = {{"MODE", {0, 1, 2, 3, 4}}};
     f.head_dims = {32, 64, 96, 128};
-    f.dtypes = {DType::fp32};
+    f.dtypes = {DType::fp32, DType::fp16, DType::bf16};
     f.default_config = {0};
     f.test_only = true;
-    f.traits = [](const Config& c, int d, bool causal, DType) {
-      return "flashtune::FaultTraits<" + join_args({std::to_string(c[0]), std::to_string(d), bool_arg(causal)}) + ">";
+    f.traits = [](const Config& c, int d, bool causal, DType t) {
+      const char* dt = t == DType::fp32 ? "0" : t == DType::fp16 ? "1" : "2";
+      return "flashtune::FaultTraits<" + join_args({std::to_string(c[0]), std::to_string(d), bool_arg(causal), dt}) + ">";
     };
     f.check = [](const Config&, int) -> const char* { return nullptr; };
     f.launches = [](const Config&, const Problem& p) {
@@ -300,7 +303,7 @@ const Family& find_family(const std::string& name) {
   std::string known;
   for (const auto& f : families())
     if (!f.test_only) known += (known.empty() ? "" : ", ") + f.name;
-  throw UsageError("unknown family '" + name + "' (known: " + known + ")");
+  throw UsageError("unknown family '" + brief(name) + "' (known: " + known + ")");
 }
 
 std::string Family::config_string(const Config& c) const {
@@ -315,16 +318,19 @@ Config Family::parse_config(const std::string& kv) const {
   std::vector<bool> seen(params.size(), false);
   for (const auto& item : split(kv, ',')) {
     auto parts = split(item, '=');
-    if (parts.size() != 2) throw UsageError("parameter '" + item + "' is not K=V");
+    if (parts.size() != 2) throw UsageError("parameter '" + brief(item) + "' is not K=V");
     const std::string key = trim(parts[0]), val = trim(parts[1]);
     auto it = std::find_if(params.begin(), params.end(), [&](const ParamSpec& p) { return p.name == key; });
-    if (it == params.end()) throw UsageError("family " + name + " has no parameter '" + key + "'");
+    if (it == params.end()) throw UsageError("family " + name + " has no parameter '" + brief(key) + "'");
     size_t i = (size_t)(it - params.begin());
     char* end = nullptr;
-    long v = std::strtol(val.c_str(), &end, 10);
-    if (val.empty() || *end) throw UsageError("parameter " + key + " must be an integer, got '" + val + "'");
-    if (std::find(it->domain.begin(), it->domain.end(), (int)v) == it->domain.end())
-      throw UsageError("parameter " + key + " = " + val + " is outside its domain");
+    errno = 0;
+    long long v = std::strtoll(val.c_str(), &end, 10);
+    if (val.empty() || *end || errno == ERANGE)
+      throw UsageError("parameter " + key + " must be an integer, got '" + brief(val) + "'");
+    // The whole value is compared, before any narrowing: 4294967360 is not 64.
+    if (std::find(it->domain.begin(), it->domain.end(), v) == it->domain.end())
+      throw UsageError("parameter " + key + " = " + brief(val) + " is outside its domain");
     c[i] = (int)v;
     seen[i] = true;
   }

@@ -13,6 +13,7 @@
 
 #include "tuner/problem.hpp"
 #include "tuner/store.hpp"
+#include "tuner/validate.hpp"
 
 namespace flashtune {
 
@@ -82,8 +83,8 @@ class GpuRunner {
   void launch_all(const std::vector<Kernel>&, CUstream);
   void poison_outputs();
   std::vector<std::vector<uint8_t>> read_outputs();  // the problem's outputs, as bytes
-  void validate_fwd(const std::vector<std::vector<uint8_t>>&, nlohmann::json& out);
-  void validate_bwd(const std::vector<std::vector<uint8_t>>&, nlohmann::json& out);
+  // The validated run's outputs against the reference (tuner/validate.hpp) into `out`.
+  void validate(const std::vector<std::vector<uint8_t>>& outputs, nlohmann::json& out);
 
   int ordinal_ = 0;
   CUdevice dev_ = 0;
@@ -99,14 +100,13 @@ class GpuRunner {
   // call and freed at its end, so they never crowd out a family's run.
   Buffer scores_, probs_;
   LibraryState* lib_ = nullptr;
-  // Forward reference: sampled query rows (flat b*H*Sq + h*Sq + i) of O and LSE.
-  std::vector<int64_t> rows_;
-  std::vector<double> ref_o_, ref_lse_;
+  // Forward reference: sampled query rows (flat b*H*Sq + h*Sq + i) of O and LSE, with their magnitudes.
+  FwdReference fwd_ref_;
   // Backward reference: every head's gradients; heads repeat the data of `distinct_heads_`
   // independent ones (head h holds head h % distinct_heads_), so all of them are checked in full.
   // File-backed inputs: distinct_heads_ = B*H, every head has its own reference.
   int distinct_heads_ = 0;
-  std::vector<double> ref_dq_, ref_dk_, ref_dv_;
+  BwdReference bwd_ref_;
 };
 
 }  // namespace flashtune

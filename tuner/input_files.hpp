@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -29,7 +30,30 @@ inline std::vector<InputFile> input_files(const Problem& p) {
 
 inline std::string input_path(const std::string& dir, const std::string& name) { return dir + "/" + name + ".bin"; }
 
-// "" when every file exists with exactly the expected size, else a one-line reason.
+// Index of the first NaN or Inf among raw values of dtype t (fp32, or fp16/bf16 bit patterns), or -1.
+// A non-finite input has no meaningful float64 reference: the run is refused before any GPU work.
+inline long long first_non_finite(const uint8_t* bytes, size_t n_bytes, DType t) {
+  if (t == DType::fp32) {
+    for (size_t i = 0; i + 4 <= n_bytes; i += 4) {
+      uint32_t w;
+      std::memcpy(&w, bytes + i, 4);
+      if ((w & 0x7f800000u) == 0x7f800000u) return (long long)(i / 4);
+    }
+    return -1;
+  }
+  const uint16_t exp_mask = t == DType::fp16 ? 0x7c00u : 0x7f80u;  // all-ones exponent: Inf or NaN
+  for (size_t i = 0; i + 2 <= n_bytes; i += 2) {
+    uint16_t h;
+    std::memcpy(&h, bytes + i, 2);
+    if ((h & exp_mask) == exp_mask) return (long long)(i / 2);
+  }
+  return -1;
+}
+
+inline std::vector<uint8_t> read_input_file(const std::string& dir, const InputFile& f);
+
+// "" when every file exists with exactly the expected size and holds only finite values, else a
+// one-line reason.
 inline std::string check_input_files(const std::string& dir, const Problem& p) {
   for (const InputFile& f : input_files(p)) {
     const std::string path = input_path(dir, f.name);
@@ -39,6 +63,17 @@ inline std::string check_input_files(const std::string& dir, const Problem& p) {
     if ((size_t)st.st_size != f.bytes)
       return "input file '" + path + "' has " + std::to_string((long long)st.st_size) + " bytes, expected " +
              std::to_string(f.bytes) + " (" + to_string(p.dtype) + " [B,H,S,d] for " + p.str() + ")";
+  }
+  for (const InputFile& f : input_files(p)) {
+    std::vector<uint8_t> bytes;
+    try {
+      bytes = read_input_file(dir, f);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    if (const long long i = first_non_finite(bytes.data(), bytes.size(), p.dtype); i >= 0)
+      return "input file '" + input_path(dir, f.name) + "' holds NaN or Inf (element " + std::to_string(i) +
+             " of " + std::to_string(bytes.size() / dtype_bytes(p.dtype)) + ")";
   }
   return "";
 }

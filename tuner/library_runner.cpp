@@ -225,7 +225,7 @@ json GpuRunner::run_library(const json& req) {
   poison_outputs();
   launch();
   CU_CHECK(cuCtxSynchronize());
-  validate_fwd(read_outputs(), out);
+  validate(read_outputs(), out);
   out["peak_bytes"] = problem_bytes() + lib_->workspace_bytes;
   out["detail"]["impl"] = impl;
   out["detail"]["cublas_version"] = lib_->cublas_version;

@@ -1,6 +1,8 @@
 // flashtune: the command line. Each verb validates its arguments and fails with one line
 // and exit code 2 on bad input; stored results are never touched by a failing command.
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -23,6 +25,8 @@
 #include "tuner/sweep.hpp"
 #include "tuner/util.hpp"
 
+extern char** environ;
+
 using namespace flashtune;
 using nlohmann::json;
 
@@ -32,20 +36,22 @@ constexpr const char* kUsage = R"(usage: flashtune <command> [options]
 
 commands:
   devices                               list CUDA devices (through the worker)
+  families [--json]                     the kernel families: direction, dtypes, head dims, tunables, default
   compile-check <space.json> [--arch sm_90]
                                         compile (or prune, with the reason) every variant of a space
   tune <space.json> <problems.json> [--db PATH] [--device N] [--timeout S] [--seed N] [--arch A]
+      [--input-dist normal|heavy] [--input-scale X]
                                         sweep: compile, run, validate, time and store every candidate
   run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32] [--causal]
       [--direction fwd|bwd] [--seed N] [--check] [--check-determinism] [--json] [--db PATH] [--device N]
-      [--inputs DIR] [--save-outputs DIR]
+      [--inputs DIR] [--save-outputs DIR] [--input-dist normal|heavy] [--input-scale X]
                                         one config on one problem, validated, timed
   best --db PATH [--family F] [--device NAME] [--dtype T] [--d N] [--causal 0|1] [--csv]
                                         the best valid config per problem, with TFLOP/s
   emit --db PATH --out DIR              per-GPU best-config headers plus dispatch.hpp
   experiment <experiment.json> [--db PATH] [--dry-run] [--device N] [--timeout S] [--seed N]
                                         every implementation of an experiment on its problems, stored
-  report --gpu SLUG [--reports DIR]     rebuild reports/SLUG/REPORT.md, CSVs and plots from stored data
+  report --db PATH [--out DIR]          REPORT.md, CSVs and plots from a store (--gpu SLUG: reports/SLUG/results.db)
   drop-cubins --db PATH                 strip compiled binaries from a store (for committing it)
 
 every command takes --help.
@@ -68,14 +74,17 @@ struct Args {
     long long v = std::strtoll(s.c_str(), &end, 10);
     if (s.empty() || *end || errno || v < lo || v > hi)
       throw UsageError("--" + k + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
-                       ", got '" + s + "'");
+                       ", got '" + brief(s) + "'");
     return v;
   }
-  double get_double(const std::string& k, double def) const {
+  double get_double(const std::string& k, double def, double hi = 1e6) const {
     if (!has(k)) return def;
     char* end = nullptr;
+    errno = 0;
     double v = std::strtod(opts.at(k).c_str(), &end);
-    if (*end || !(v > 0)) throw UsageError("--" + k + " must be a positive number, got '" + opts.at(k) + "'");
+    if (opts.at(k).empty() || *end || errno || !std::isfinite(v) || !(v > 0) || v > hi)
+      throw UsageError("--" + k + " must be a positive number up to " + std::to_string((long long)hi) + ", got '" +
+                       brief(opts.at(k)) + "'");
     return v;
   }
 };
@@ -105,7 +114,7 @@ Args parse(int argc, char** argv, const std::set<std::string>& valued, const std
       }
       a.opts[key] = value;
     } else {
-      throw UsageError("unknown option --" + key);
+      throw UsageError("unknown option --" + brief(key));
     }
   }
   return a;
@@ -129,6 +138,21 @@ RunOptions run_options(const Args& a) {
   o.timeout_s = a.get_double("timeout", 30);
   o.seed = (unsigned long long)a.get_int("seed", (long long)o.seed, 0, (1ll << 62));
   return o;
+}
+
+// --input-dist and --input-scale over `base` (either alone keeps the other from base).
+InputDist input_dist_option(const Args& a, const InputDist& base) {
+  if (!a.has("input-dist") && !a.has("input-scale")) return base;
+  double scale = base.scale;
+  if (a.has("input-scale")) {
+    const std::string v = a.get("input-scale");
+    char* end = nullptr;
+    scale = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end) throw UsageError("--input-scale must be a number, got '" + v + "'");
+  }
+  const std::string kind =
+      a.has("input-dist") ? a.get("input-dist") : (base.kind == InputDist::Kind::heavy ? "heavy" : "normal");
+  return make_input_dist(kind, scale);
 }
 
 void require_file(const std::string& path, const char* what) {
@@ -161,6 +185,51 @@ int cmd_devices(int argc, char** argv) {
   return 0;
 }
 
+int cmd_families(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune families [--json]\n"
+              "Lists the registry's kernel families: name, direction, dtypes, head dims, tunables with their\n"
+              "domains, default config, hopper_only (built for sm_90a, pruned elsewhere), test_only. Tests and\n"
+              "scripts read --json instead of keeping lists of families.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {}, {"json"});
+  if (!a.positional.empty()) throw UsageError("families takes no positional arguments");
+  json all = json::array();
+  for (const auto& f : families()) {
+    json j = {{"name", f.name}, {"direction", f.direction}, {"template", f.template_file},
+              {"kernels", f.kernels}, {"head_dims", f.head_dims}, {"hopper_only", f.hopper_only},
+              {"test_only", f.test_only}, {"default", f.config_string(f.default_config)}};
+    j["dtypes"] = json::array();
+    for (DType t : f.dtypes) j["dtypes"].push_back(to_string(t));
+    j["params"] = json::array();
+    j["default_config"] = json::object();
+    for (size_t i = 0; i < f.params.size(); ++i) {
+      j["params"].push_back({{"name", f.params[i].name}, {"domain", f.params[i].domain}});
+      j["default_config"][f.params[i].name] = f.default_config[i];
+    }
+    all.push_back(std::move(j));
+  }
+  if (a.has("json")) {
+    std::printf("%s\n", all.dump(1).c_str());
+    return 0;
+  }
+  for (const auto& j : all) {
+    auto list = [](const json& arr) {
+      std::string s;
+      for (const auto& v : arr) s += (s.empty() ? "" : ",") + (v.is_string() ? v.get<std::string>() : v.dump());
+      return s;
+    };
+    std::string params;
+    for (const auto& p : j["params"]) params += (params.empty() ? "" : " ") + p["name"].get<std::string>() + "{" + list(p["domain"]) + "}";
+    std::printf("%-14s %s  dtypes %s  d %s%s%s\n  params  %s\n  default %s\n", j["name"].get<std::string>().c_str(),
+                j["direction"].get<std::string>().c_str(), list(j["dtypes"]).c_str(), list(j["head_dims"]).c_str(),
+                j["hopper_only"].get<bool>() ? "  hopper_only" : "", j["test_only"].get<bool>() ? "  test_only" : "",
+                params.c_str(), j["default"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
 int cmd_compile_check(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune compile-check <space.json> [--arch sm_90] [--db PATH] [--save-cubins DIR]\n"
@@ -169,10 +238,16 @@ int cmd_compile_check(int argc, char** argv) {
               "cuobjdump). Exit 1 if any variant failed to compile.");
     return 0;
   }
-  Args a = parse(argc, argv, {"arch", "db", "save-cubins"}, {});
+  Args a = parse(argc, argv, {"arch", "db", "save-cubins"}, {"allow-large-space"});
   if (a.positional.size() != 1) throw UsageError("compile-check takes one space file");
-  Space space = load_space(a.positional[0]);
+  Space space = load_space(a.positional[0], a.has("allow-large-space"));
   Compiler c(a.get("arch", "sm_90"));
+  if (a.has("save-cubins")) {  // checked before any work
+    std::error_code ec;
+    std::filesystem::create_directories(a.get("save-cubins"), ec);
+    if (ec || !std::filesystem::is_directory(a.get("save-cubins")))
+      throw UsageError("--save-cubins: cannot create folder '" + a.get("save-cubins") + "'");
+  }
   std::unique_ptr<Store> store;
   if (a.has("db")) store = std::make_unique<Store>(a.get("db"));
   auto variants = space.variants();
@@ -189,7 +264,6 @@ int cmd_compile_check(int argc, char** argv) {
                 k.reason.substr(0, 90).c_str());
   }
   if (a.has("save-cubins")) {
-    std::filesystem::create_directories(a.get("save-cubins"));
     for (const auto& k : kernels)
       if (k.status == "compiled") {
         std::ofstream f(std::filesystem::path(a.get("save-cubins")) / (split(k.lowered_name, '\n')[0] + ".cubin"),
@@ -206,16 +280,25 @@ int cmd_compile_check(int argc, char** argv) {
 int cmd_tune(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune tune <space.json> <problems.json> [--db PATH] [--device N] [--timeout S]\n"
-              "                      [--seed N] [--arch A] [--quiet]\n"
+              "                      [--seed N] [--arch A] [--quiet] [--input-dist normal|heavy] [--input-scale X]\n"
               "Compiles the space's variants the problems need, runs each on each problem in a worker process,\n"
               "validates against the float64 reference, times the valid ones and stores every attempt.\n"
-              "Without a GPU it compiles and prunes only. Default --db flashtune.db, --timeout 30 s.");
+              "Without a GPU it compiles and prunes only. Default --db flashtune.db, --timeout 30 s.\n"
+              "--input-dist and --input-scale override every problem's \"inputs\": seeded normal numbers, or\n"
+              "Student-t with 3 degrees of freedom (heavy), times the scale (0.001 to 1000); either alone keeps\n"
+              "the other from each problem. Default: the problem's own, else normal, 1.");
     return 0;
   }
-  Args a = parse(argc, argv, {"db", "device", "timeout", "seed", "arch"}, {"quiet"});
+  Args a = parse(argc, argv, {"db", "device", "timeout", "seed", "arch", "input-dist", "input-scale"},
+                 {"quiet", "allow-large-space"});
   if (a.positional.size() != 2) throw UsageError("tune takes a space file and a problems file");
-  Space space = load_space(a.positional[0]);
+  Space space = load_space(a.positional[0], a.has("allow-large-space"));
   std::vector<Problem> problems = load_problems(a.positional[1]);
+  for (Problem& p : problems) p.inputs = input_dist_option(a, p.inputs);
+  check_db_path(a.get("db", "flashtune.db"));
+  if (variants_for(space, problems).empty())  // a sweep that would do nothing is an error, before any work
+    throw UsageError("no problem in " + a.positional[1] + " matches a variant of " + a.positional[0] +
+                     " (head_dim, causal, dtype and direction must agree)");
   SweepOptions o;
   o.run = run_options(a);
   o.arch = a.get("arch");
@@ -237,8 +320,10 @@ Problem parse_shape(const std::string& shape, const Args& a) {
   const char* keys[] = {"batch", "heads", "seq_q", "seq_k", "head_dim"};
   for (int i = 0; i < 5; ++i) {
     char* end = nullptr;
+    errno = 0;
     long long v = std::strtoll(parts[i].c_str(), &end, 10);
-    if (parts[i].empty() || *end) throw UsageError("--shape field " + std::string(keys[i]) + " is not an integer: '" + parts[i] + "'");
+    if (parts[i].empty() || *end || errno)
+      throw UsageError("--shape field " + std::string(keys[i]) + " is not an integer: '" + brief(parts[i]) + "'");
     j[keys[i]] = v;
   }
   j["dtype"] = a.get("dtype", "fp32");
@@ -251,6 +336,7 @@ int cmd_run(int argc, char** argv) {
     std::puts("usage: flashtune run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32]\n"
               "                     [--causal] [--direction fwd|bwd] [--seed N] [--check] [--check-determinism]\n"
               "                     [--json] [--db PATH] [--device N] [--timeout S] [--inputs DIR] [--save-outputs DIR]\n"
+              "                     [--input-dist normal|heavy] [--input-scale X]\n"
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
               "reference (forward: sampled rows, every row with --check; backward: every element of dQ, dK,\n"
               "dV), then timed. --check-determinism runs it twice and reports whether the outputs' bits\n"
@@ -259,6 +345,10 @@ int cmd_run(int argc, char** argv) {
               "do.bin for a backward), raw little-endian values in the --dtype (fp32, or fp16/bf16 bits), layout\n"
               "[B,H,S,d] contiguous, sizes exactly as --shape says; the float64 reference is computed from them\n"
               "(a backward's over every head: B*H*Sq*Sk*d at most 2^34). Such a run is not stored in --db.\n"
+              "Files holding NaN or Inf are refused (exit 2).\n"
+              "--input-dist normal|heavy and --input-scale X (0.001 to 1000) choose the generated inputs: seeded\n"
+              "normal numbers, or Student-t with 3 degrees of freedom (heavy), times X for q, k, v (a backward's\n"
+              "dO is of the same kind, unscaled). Default normal, 1. Tolerances scale with the inputs.\n"
               "--save-outputs DIR writes the validated run's outputs there as raw files: forward o.bin (dtype)\n"
               "and lse.bin (fp32, [B,H,Sq]); backward dq.bin, dk.bin, dv.bin (dtype).\n"
               "Exit 1 if the kernel is not valid.");
@@ -266,7 +356,7 @@ int cmd_run(int argc, char** argv) {
   }
   Args a = parse(argc, argv,
                  {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
-                  "save-outputs"},
+                  "save-outputs", "input-dist", "input-scale"},
                  {"causal", "check", "json", "best", "check-determinism"});
   if (!a.has("family")) throw UsageError("run needs --family");
   if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d");
@@ -274,6 +364,9 @@ int cmd_run(int argc, char** argv) {
   if (a.has("best") && !a.has("db")) throw UsageError("--best needs --db");
   const Family& f = find_family(a.get("family"));
   Problem p = parse_shape(a.get("shape"), a);
+  if (a.has("inputs") && (a.has("input-dist") || a.has("input-scale")))
+    throw UsageError("--inputs reads the inputs from files; --input-dist and --input-scale are for generated ones");
+  p.inputs = input_dist_option(a, p.inputs);
   p.direction = a.get("direction", f.direction);
   if (p.direction != f.direction)
     throw UsageError("family " + f.name + " computes the " + f.direction + " direction, not " + p.direction);
@@ -284,11 +377,8 @@ int cmd_run(int argc, char** argv) {
   RunOptions o = run_options(a);
   if (a.has("check")) o.max_rows = (long long)p.batch * p.heads * p.seq_q;  // every row
   o.check_determinism = a.has("check-determinism");
-  std::unique_ptr<Store> store;
-  if (a.has("db")) {
-    if (a.has("best")) require_file(a.get("db"), "database");
-    store = std::make_unique<Store>(a.get("db"));
-  }
+  std::unique_ptr<Store> store;  // --best: opened read-only for the lookup; for storing the run, read-write after it
+  if (a.has("db")) store = std::make_unique<Store>(a.get("db"), a.has("best") ? Store::Mode::read_only : Store::Mode::read_write);
   Config cfg = a.has("params") ? f.parse_config(a.get("params")) : Config{};  // bad params fail before any GPU work
   if (a.has("inputs")) {  // checked here, before any GPU work: every file there, every size exact
     const double work = (double)p.batch * p.heads * p.seq_q * p.seq_k * p.head_dim;
@@ -318,6 +408,7 @@ int cmd_run(int argc, char** argv) {
       throw UsageError("no stored valid " + f.name + " result for " + gpu.device().name + " " + to_string(p.dtype) +
                        " d" + std::to_string(p.head_dim) + (p.causal ? " causal" : "") + " in " + a.get("db"));
     cfg = f.parse_config(pick->config);
+    store = std::make_unique<Store>(a.get("db"));
   }
   Variant v{&f, cfg, p.head_dim, p.causal, p.dtype};
   Compiler compiler(gpu.device().arch);
@@ -330,7 +421,7 @@ int cmd_run(int argc, char** argv) {
               {"error", r.error}, {"max_abs", r.max_abs}, {"max_rel", r.max_rel}, {"mse", r.mse},
               {"ms_median", r.ms_median}, {"ms_p20", r.ms_p20}, {"ms_p80", r.ms_p80}, {"reps", r.reps},
               {"tflops", r.tflops}, {"gbps", r.gbps}, {"registers", k.res.registers}, {"device", gpu.device().name},
-              {"detail", r.detail.empty() ? json::object() : json::parse(r.detail)}};
+              {"detail", r.detail.empty() ? json::object() : json::parse(r.detail, nullptr, false)}};
     if (!o.inputs_dir.empty()) j["inputs"] = o.inputs_dir;
     std::cout << j.dump(2) << "\n";
   } else {
@@ -365,8 +456,7 @@ int cmd_best(int argc, char** argv) {
   }
   Args a = parse(argc, argv, {"db", "family", "device", "dtype", "d", "causal"}, {"csv"});
   if (!a.has("db")) throw UsageError("best needs --db");
-  require_file(a.get("db"), "database");
-  Store store(a.get("db"));
+  Store store(a.get("db"), Store::Mode::read_only);
   ResultFilter filter = filter_from(a);
   filter.ok_only = true;
   auto best = best_per_problem(store.results(filter));
@@ -400,8 +490,7 @@ int cmd_emit(int argc, char** argv) {
   }
   Args a = parse(argc, argv, {"db", "out", "family"}, {});
   if (!a.has("db") || !a.has("out")) throw UsageError("emit needs --db and --out");
-  require_file(a.get("db"), "database");
-  Store store(a.get("db"));
+  Store store(a.get("db"), Store::Mode::read_only);
   ResultFilter filter = filter_from(a);
   filter.ok_only = true;
   auto choices = best_per_bucket(store.results(filter));
@@ -411,22 +500,50 @@ int cmd_emit(int argc, char** argv) {
   return 0;
 }
 
+// Runs argv[0] (looked up in PATH) with these arguments, no shell in between; its exit status, or -1.
+int spawn_and_wait(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& x : args) argv.push_back(const_cast<char*>(x.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (int rc = posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ); rc != 0)
+    throw std::runtime_error("cannot start " + args[0] + ": " + std::strerror(rc));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 int cmd_report(int argc, char** argv) {
   if (wants_help(argc, argv)) {
-    std::puts("usage: flashtune report --gpu SLUG [--reports DIR]\n"
-              "Rebuilds DIR/SLUG/REPORT.md, its CSVs and PNG plots (matplotlib) from the stored results.db and\n"
-              "the comparison CSVs beside it. Needs no GPU. DIR defaults to the source tree's reports/.");
+    std::puts("usage: flashtune report --db PATH [--out DIR]\n"
+              "       flashtune report --gpu SLUG [--reports DIR] [--out DIR]\n"
+              "Builds REPORT.md, its CSVs and PNG plots (matplotlib) from a store, opened read-only, and the\n"
+              "comparison CSVs beside it. Needs no GPU. --out defaults to the store's folder. --gpu SLUG is\n"
+              "short for --db DIR/SLUG/results.db, DIR defaulting to the source tree's reports/.");
     return 0;
   }
-  Args a = parse(argc, argv, {"gpu", "reports"}, {});
-  if (!a.has("gpu")) throw UsageError("report needs --gpu SLUG (a folder under reports/)");
-  const std::string root = a.get("reports", std::string(FLASHTUNE_SOURCE_DIR) + "/reports");
-  const std::string dir = root + "/" + a.get("gpu");
-  require_file(dir + "/results.db", "results database");
-  std::string cmd = "python3 '" + std::string(FLASHTUNE_SOURCE_DIR) + "/reports/make_report.py' '" + dir + "'";
+  Args a = parse(argc, argv, {"db", "gpu", "reports", "out"}, {});
+  if (a.has("db") == a.has("gpu")) throw UsageError("report needs exactly one of --db PATH and --gpu SLUG");
+  std::string db = a.get("db");
+  if (a.has("gpu")) {
+    const std::string slug = a.get("gpu");
+    if (slug.empty() || slug.find('/') != std::string::npos || slug == "." || slug == "..")
+      throw UsageError("--gpu takes a folder name under reports/, got '" + brief(slug) + "'");
+    db = a.get("reports", std::string(FLASHTUNE_SOURCE_DIR) + "/reports") + "/" + slug + "/results.db";
+  }
+  { Store check(db, Store::Mode::read_only); }  // exists, is ours, is readable: one line and exit 2 if not
+  const std::string out = a.has("out") ? a.get("out") : std::filesystem::path(db).parent_path().string();
+  std::error_code ec;
+  std::filesystem::create_directories(out.empty() ? "." : out, ec);
+  if (ec || !std::filesystem::is_directory(out.empty() ? "." : out))
+    throw UsageError("--out '" + out + "' is not a folder that can be created");
+  // An argv, never a shell string: the paths and slugs stay data.
+  std::vector<std::string> args = {"python3", std::string(FLASHTUNE_SOURCE_DIR) + "/reports/make_report.py", "--db", db,
+                                    "--out", out.empty() ? "." : out};
   for (const auto& f : families())
-    if (!f.test_only) cmd += " --default '" + f.name + ":" + f.config_string(f.default_config) + "'";
-  return std::system(cmd.c_str()) == 0 ? 0 : 1;
+    if (!f.test_only) args.push_back("--default=" + f.name + ":" + f.config_string(f.default_config));
+  return spawn_and_wait(args) == 0 ? 0 : 1;
 }
 
 int cmd_experiment(int argc, char** argv) {
@@ -459,6 +576,12 @@ int cmd_experiment(int argc, char** argv) {
   o.python = a.get("python", "python3");
   o.source_dir = FLASHTUNE_SOURCE_DIR;
   o.progress = !a.has("quiet");
+  check_db_path(a.get("db", "flashtune.db"));
+  {  // no GPU: one line and exit 2 before any space is compiled or the store is touched
+    GpuSession probe(o.run);
+    if (!probe.has_gpu())
+      throw UsageError("no GPU found (" + probe.no_gpu_reason() + "): an experiment measures on a GPU (--dry-run lists it)");
+  }
   Store store(a.get("db", "flashtune.db"));
   long long run = run_experiment(spec, store, o);
   std::map<std::string, int> n;
@@ -476,7 +599,8 @@ int cmd_drop_cubins(int argc, char** argv) {
   }
   Args a = parse(argc, argv, {"db"}, {});
   if (!a.has("db")) throw UsageError("drop-cubins needs --db");
-  require_file(a.get("db"), "database");
+  check_db_path(a.get("db"));
+  require_file(a.get("db"), "database");  // a write verb, but not one that creates a store
   Store(a.get("db")).drop_cubins();
   return 0;
 }
@@ -491,6 +615,7 @@ int main(int argc, char** argv) {
   const std::string verb = argv[1];
   static const std::map<std::string, int (*)(int, char**)> verbs = {
       {"devices", cmd_devices}, {"compile-check", cmd_compile_check}, {"tune", cmd_tune}, {"run", cmd_run},
+      {"families", cmd_families},
       {"best", cmd_best},       {"emit", cmd_emit},                   {"drop-cubins", cmd_drop_cubins},
       {"report", cmd_report},   {"experiment", cmd_experiment}};
   auto it = verbs.find(verb);
@@ -498,10 +623,13 @@ int main(int argc, char** argv) {
     if (it == verbs.end()) throw UsageError("unknown command '" + verb + "' (see flashtune --help)");
     return it->second(argc, argv);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "flashtune: %s\n", e.what());
+    std::fprintf(stderr, "flashtune: %s\n", brief(e.what(), 400).c_str());
+    return 2;
+  } catch (const nlohmann::json::exception& e) {  // JSON the CLI read that had the wrong shape: bad input
+    std::fprintf(stderr, "flashtune: bad JSON input: %s\n", brief(e.what(), 200).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "flashtune: error: %s\n", e.what());
+    std::fprintf(stderr, "flashtune: error: %s\n", brief(e.what(), 400).c_str());
     return 1;
   }
 }

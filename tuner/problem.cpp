@@ -88,10 +88,14 @@ std::string Problem::str() const {
 static int positive_int(const nlohmann::json& j, const char* key, int max) {
   if (!j.contains(key)) throw UsageError(std::string("problem is missing '") + key + "'");
   const auto& v = j.at(key);
-  if (!v.is_number_integer() || v.get<long long>() < 1 || v.get<long long>() > max)
+  // The full range is checked before converting (an unsigned 2^32 + 64 is not 64).
+  const bool ok = v.is_number_unsigned()  ? v.get<unsigned long long>() >= 1 && v.get<unsigned long long>() <= (unsigned)max
+                  : v.is_number_integer() ? v.get<long long>() >= 1 && v.get<long long>() <= max
+                                          : false;
+  if (!ok)
     throw UsageError(std::string("problem field '") + key + "' must be an integer in 1.." + std::to_string(max) +
-                     ", got " + v.dump());
-  return v.get<int>();
+                     ", got " + brief(v.dump(), 60));
+  return (int)v.get<long long>();
 }
 
 // {"distribution": "normal" | "heavy", "scale": X}, both optional.
@@ -106,7 +110,7 @@ InputDist input_dist_from_json(const nlohmann::json& j) {
     kind = j["distribution"].get<std::string>();
   }
   if (j.contains("scale")) {
-    if (!j["scale"].is_number()) throw UsageError("inputs 'scale' must be a number, got " + j["scale"].dump());
+    if (!j["scale"].is_number()) throw UsageError("inputs 'scale' must be a number, got " + brief(j["scale"].dump(), 60));
     scale = j["scale"].get<double>();
   }
   return make_input_dist(kind, scale);
@@ -117,7 +121,7 @@ nlohmann::json to_json(const InputDist& d) {
 }
 
 Problem problem_from_json(const nlohmann::json& j) {
-  if (!j.is_object()) throw UsageError("a problem must be a JSON object, got " + j.dump());
+  if (!j.is_object()) throw UsageError("a problem must be a JSON object, got " + brief(j.dump(), 60));
   for (auto& [key, _] : j.items())
     if (key != "batch" && key != "heads" && key != "seq_q" && key != "seq_k" && key != "seq" && key != "head_dim" &&
         key != "dtype" && key != "causal" && key != "direction" && key != "inputs")
@@ -142,7 +146,7 @@ Problem problem_from_json(const nlohmann::json& j) {
   }
   if (j.contains("direction")) {
     if (!j["direction"].is_string() || (j["direction"] != "fwd" && j["direction"] != "bwd"))
-      throw UsageError("problem field 'direction' must be \"fwd\" or \"bwd\", got " + j["direction"].dump());
+      throw UsageError("problem field 'direction' must be \"fwd\" or \"bwd\", got " + brief(j["direction"].dump(), 60));
     p.direction = j["direction"].get<std::string>();
   }
   if (j.contains("inputs")) p.inputs = input_dist_from_json(j["inputs"]);

@@ -1,6 +1,10 @@
 #include "tuner/space.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <climits>
+#include <iterator>
 #include <fstream>
 #include <set>
 
@@ -12,27 +16,89 @@ using nlohmann::json;
 
 namespace flashtune {
 
-json read_json_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw UsageError("cannot read '" + path + "'");
-  try {
-    return json::parse(f);
-  } catch (const json::parse_error& e) {
-    throw UsageError("'" + path + "' is not valid JSON: " + e.what());
+namespace {
+
+// Deeper nesting than any flashtune file needs is refused before the parser sees it, so that
+// neither parsing nor destroying nor printing a hostile document can exhaust the stack.
+void check_nesting(std::string_view text, const std::string& what) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        throw UsageError(what + " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
   }
 }
 
+}  // namespace
+
+json parse_json_bounded(std::string_view text, const std::string& what) {
+  if (text.size() > kMaxJsonBytes)
+    throw UsageError(what + " is larger than " + std::to_string(kMaxJsonBytes >> 20) + " MiB");
+  check_nesting(text, what);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw UsageError(what + " is not valid JSON: " + brief(e.what(), 160));
+  }
+}
+
+json read_json_file(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) throw UsageError("cannot read '" + path + "': it does not exist");
+  if (!S_ISREG(st.st_mode)) throw UsageError("cannot read '" + path + "': not a regular file");
+  if ((unsigned long long)st.st_size > kMaxJsonBytes)
+    throw UsageError("'" + path + "' is larger than " + std::to_string(kMaxJsonBytes >> 20) + " MiB");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw UsageError("cannot read '" + path + "'");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (text.size() > kMaxJsonBytes)
+    throw UsageError("'" + path + "' is larger than " + std::to_string(kMaxJsonBytes >> 20) + " MiB");
+  return parse_json_bounded(text, "'" + path + "'");
+}
+
+std::string brief_json(const json& j) { return brief(j.dump(), 60); }
+
+int json_int(const json& v, const std::string& what, long long lo, long long hi) {
+  // The full range is checked before converting: 4294967424 is not 128.
+  bool ok = false;
+  long long x = 0;
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<unsigned long long>();
+    ok = u <= (unsigned long long)hi;
+    x = ok ? (long long)u : 0;
+  } else if (v.is_number_integer()) {
+    x = v.get<long long>();
+    ok = true;
+  }
+  if (!ok || x < lo || x > hi)
+    throw UsageError(what + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " +
+                     brief_json(v));
+  return (int)x;
+}
+
+// A list of integers, duplicates dropped (first occurrence kept): a value is compiled once.
 static std::vector<int> int_list(const json& j, const std::string& what) {
   if (!j.is_array() || j.empty()) throw UsageError(what + " must be a non-empty array of integers");
   std::vector<int> out;
   for (const auto& v : j) {
-    if (!v.is_number_integer()) throw UsageError(what + " must hold integers only, got " + v.dump());
-    out.push_back(v.get<int>());
+    if (!v.is_number_integer()) throw UsageError(what + " must hold integers only, got " + brief_json(v));
+    const int x = json_int(v, what, INT_MIN, INT_MAX);
+    if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
   }
   return out;
 }
 
-Space space_from_json(const json& j) {
+Space space_from_json(const json& j, bool allow_large) {
   if (!j.is_object()) throw UsageError("a space must be a JSON object");
   for (auto& [key, _] : j.items())
     if (key != "family" && key != "params" && key != "head_dims" && key != "causal" && key != "dtypes" &&
@@ -71,8 +137,8 @@ Space space_from_json(const json& j) {
   if (j.contains("causal")) {
     if (!j["causal"].is_array() || j["causal"].empty()) throw UsageError("space 'causal' must be an array of booleans");
     for (const auto& c : j["causal"]) {
-      if (!c.is_boolean()) throw UsageError("space 'causal' must hold booleans, got " + c.dump());
-      s.causal.push_back(c.get<bool>());
+      if (!c.is_boolean()) throw UsageError("space 'causal' must hold booleans, got " + brief_json(c));
+      if (std::find(s.causal.begin(), s.causal.end(), c.get<bool>()) == s.causal.end()) s.causal.push_back(c.get<bool>());
     }
   } else {
     s.causal = {false, true};
@@ -84,19 +150,36 @@ Space space_from_json(const json& j) {
       DType d = parse_dtype(t.get<std::string>());
       if (std::find(f.dtypes.begin(), f.dtypes.end(), d) == f.dtypes.end())
         throw UsageError("family " + f.name + " does not support dtype " + t.get<std::string>());
-      s.dtypes.push_back(d);
+      if (std::find(s.dtypes.begin(), s.dtypes.end(), d) == s.dtypes.end()) s.dtypes.push_back(d);
     }
   } else {
     s.dtypes = f.dtypes;
   }
+  if (!allow_large && s.size() > kMaxSpaceVariants)
+    throw UsageError("the space has " + std::to_string(s.size()) + " variants, more than " +
+                     std::to_string(kMaxSpaceVariants) + " (--allow-large-space to sweep it anyway)");
   return s;
 }
 
-Space load_space(const std::string& path) {
+unsigned long long Space::size() const {
+  // Saturating product, computed before anything is materialised.
+  unsigned long long n = 1;
+  const unsigned long long cap = 1ull << 62;
+  auto mul = [&](size_t k) { n = k == 0 ? 0 : (n > cap / k ? cap : n * k); };
+  for (const auto& v : values) mul(v.size());
+  mul(head_dims.size());
+  mul(causal.size());
+  mul(dtypes.size());
+  return n;
+}
+
+Space load_space(const std::string& path, bool allow_large) {
   try {
-    return space_from_json(read_json_file(path));
+    return space_from_json(read_json_file(path), allow_large);
   } catch (const UsageError& e) {
     throw UsageError(path + ": " + e.what());
+  } catch (const json::exception& e) {  // a type error deep in the document is bad input too
+    throw UsageError(path + ": " + brief(e.what(), 160));
   }
 }
 
@@ -139,12 +222,13 @@ std::vector<Problem> problems_from_json(const json& j) {
     if (!g.is_object()) throw UsageError("'grid' must be an object");
     for (auto& [key, _] : g.items())
       if (key != "tokens" && key != "hidden" && key != "seq" && key != "head_dim" && key != "causal" && key != "dtype" &&
-          key != "direction")
+          key != "direction" && key != "inputs")
         throw UsageError("unknown grid field '" + key + "'");
     if (!g.contains("tokens") || !g["tokens"].is_number_integer() || !g.contains("hidden") ||
         !g["hidden"].is_number_integer())
       throw UsageError("grid needs integer 'tokens' and 'hidden'");
-    const int tokens = g["tokens"], hidden = g["hidden"];
+    const int tokens = json_int(g["tokens"], "grid tokens", 1, INT_MAX),
+              hidden = json_int(g["hidden"], "grid hidden", 1, INT_MAX);
     if (!g.contains("seq") || !g.contains("head_dim")) throw UsageError("grid needs 'seq' and 'head_dim'");
     const auto seqs = int_list(g["seq"], "grid seq"), dims = int_list(g["head_dim"], "grid head_dim");
     json causal = g.value("causal", json::array({false}));
@@ -158,8 +242,10 @@ std::vector<Problem> problems_from_json(const json& j) {
               throw UsageError("grid: tokens " + std::to_string(tokens) + " / seq " + std::to_string(s) +
                                " and hidden " + std::to_string(hidden) + " / head_dim " + std::to_string(d) +
                                " must divide exactly");
-            out.push_back(problem_from_json({{"batch", tokens / s}, {"heads", hidden / d}, {"seq", s}, {"head_dim", d},
-                                             {"causal", c}, {"dtype", t}, {"direction", g.value("direction", "fwd")}}));
+            json pj = {{"batch", tokens / s}, {"heads", hidden / d}, {"seq", s}, {"head_dim", d},
+                       {"causal", c}, {"dtype", t}, {"direction", g.value("direction", "fwd")}};
+            if (g.contains("inputs")) pj["inputs"] = g["inputs"];  // {"distribution", "scale"}, as in a problem
+            out.push_back(problem_from_json(pj));
           }
   }
   if (out.empty()) throw UsageError("the problem set is empty");
@@ -171,6 +257,8 @@ std::vector<Problem> load_problems(const std::string& path) {
     return problems_from_json(read_json_file(path));
   } catch (const UsageError& e) {
     throw UsageError(path + ": " + e.what());
+  } catch (const json::exception& e) {
+    throw UsageError(path + ": " + brief(e.what(), 160));
   }
 }
 

@@ -3,6 +3,7 @@
 // so a space file can never inject source.
 #pragma once
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -19,18 +20,32 @@ struct Space {
   std::vector<bool> causal;
   std::vector<DType> dtypes;
 
+  unsigned long long size() const;        // variants() would hold this many (saturating), without building them
   std::vector<Config> configs() const;    // the cartesian product of values
   std::vector<Variant> variants() const;  // configs x head_dims x causal x dtypes
 };
 
-Space space_from_json(const nlohmann::json&);  // throws UsageError naming the problem
-Space load_space(const std::string& path);
+// Spaces over this many variants are refused unless allowed (`--allow-large-space`): each variant is an NVRTC
+// compile of seconds, so 20000 is already a day of compiling; the largest committed space has 6912.
+inline constexpr unsigned long long kMaxSpaceVariants = 20000;
+
+// Every value list is deduplicated (first order kept) and the size checked before any variant is built.
+Space space_from_json(const nlohmann::json&, bool allow_large = false);  // throws UsageError naming the problem
+Space load_space(const std::string& path, bool allow_large = false);
 
 // {"problems": [ {...}, ... ]} and/or {"grid": {"tokens":16384, "hidden":2048, "seq":[...],
 // "head_dim":[...], "causal":[...], "dtype":[...]}} (B = tokens/S, H = hidden/d).
 std::vector<Problem> problems_from_json(const nlohmann::json&);
 std::vector<Problem> load_problems(const std::string& path);
 
-nlohmann::json read_json_file(const std::string& path);  // one-line UsageError on failure
+// JSON read by the CLI is bounded: files of at most 16 MiB, nesting of at most 64 levels (checked
+// before parsing); every failure is one UsageError line with the document quoted only briefly.
+inline constexpr size_t kMaxJsonBytes = 16u << 20;
+inline constexpr int kMaxJsonDepth = 64;
+nlohmann::json read_json_file(const std::string& path);  // a regular file; one-line UsageError on failure
+nlohmann::json parse_json_bounded(std::string_view text, const std::string& what);  // UsageError naming `what`
+std::string brief_json(const nlohmann::json&);  // at most 60 characters of the dump, for messages
+// An integer checked against [lo, hi] in its full range before converting; UsageError naming `what`.
+int json_int(const nlohmann::json&, const std::string& what, long long lo, long long hi);
 
 }  // namespace flashtune

@@ -1,8 +1,14 @@
 #include "tuner/store.hpp"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <random>
+#include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "tuner/util.hpp"
 
@@ -12,12 +18,33 @@ std::string DeviceInfo::slug() const { return slugify(name); }
 
 namespace {
 
+// SQLITE_BUSY / SQLITE_LOCKED where SQLite gave up (or never called the busy handler): retried.
+struct BusyError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+constexpr int kBusyTimeoutMs = 60000;       // the busy handler's wait per statement
+constexpr double kBusyRetrySeconds = 300;   // and our own retries on top of it
+
+[[noreturn]] void throw_sqlite(sqlite3* db, int rc, const std::string& what) {
+  const std::string msg = std::string("sqlite: ") + (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc)) + what;
+  if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) throw BusyError(msg);
+  throw std::runtime_error(msg);
+}
+
+void backoff(int attempt) {
+  static thread_local std::minstd_rand rng{(unsigned)getpid()};
+  std::this_thread::sleep_for(std::chrono::milliseconds(5 + rng() % (5 + 10 * std::min(attempt, 20))));
+}
+
 // A prepared statement with positional binds; finalizes itself.
 class Stmt {
  public:
   Stmt(sqlite3* db, const std::string& sql) : db_(db) {
-    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &s_, nullptr) != SQLITE_OK)
-      throw std::runtime_error(std::string("sqlite: ") + sqlite3_errmsg(db) + " in: " + sql);
+    if (int rc = sqlite3_prepare_v2(db, sql.c_str(), -1, &s_, nullptr); rc != SQLITE_OK) {
+      sqlite3_finalize(s_);
+      s_ = nullptr;
+      throw_sqlite(db, rc, " in: " + sql.substr(0, 120));
+    }
   }
   ~Stmt() { sqlite3_finalize(s_); }
   Stmt& bind(int i, const std::string& v) { check(sqlite3_bind_text(s_, i, v.c_str(), (int)v.size(), SQLITE_TRANSIENT)); return *this; }
@@ -32,7 +59,7 @@ class Stmt {
     int rc = sqlite3_step(s_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
-    throw std::runtime_error(std::string("sqlite: ") + sqlite3_errmsg(db_));
+    throw_sqlite(db_, rc, "");
   }
   std::string text(int c) const {
     auto p = sqlite3_column_text(s_, c);
@@ -53,18 +80,9 @@ class Stmt {
   sqlite3_stmt* s_ = nullptr;
 };
 
-constexpr const char* kSchema = R"sql(
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS kernels(
-  hash TEXT PRIMARY KEY,
-  family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
-  head_dim INTEGER NOT NULL, causal INTEGER NOT NULL, dtype TEXT NOT NULL,
-  arch TEXT NOT NULL, nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
-  name_expression TEXT NOT NULL,
-  status TEXT NOT NULL, reason TEXT, lowered_name TEXT,
-  registers INTEGER, smem_static INTEGER, stack_bytes INTEGER, spill_stores INTEGER, spill_loads INTEGER,
-  compile_ms REAL, log TEXT, cubin BLOB, created TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS results(
+// The results table of schema v4, by name (the v3 -> v4 migration builds it beside the old one).
+std::string results_ddl(const std::string& name) {
+  return "CREATE TABLE IF NOT EXISTS " + name + R"sql((
   id INTEGER PRIMARY KEY,
   kernel_hash TEXT NOT NULL, family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
   batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
@@ -75,8 +93,22 @@ CREATE TABLE IF NOT EXISTS results(
   device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL, driver_version INTEGER NOT NULL,
   nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
   registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
-  created TEXT NOT NULL, detail TEXT,
-  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, seq_q, seq_k));
+  created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal',
+  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, seq_q, seq_k, inputs)))sql";
+}
+
+constexpr const char* kSchemaRest = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kernels(
+  hash TEXT PRIMARY KEY,
+  family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+  head_dim INTEGER NOT NULL, causal INTEGER NOT NULL, dtype TEXT NOT NULL,
+  arch TEXT NOT NULL, nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+  name_expression TEXT NOT NULL,
+  status TEXT NOT NULL, reason TEXT, lowered_name TEXT,
+  registers INTEGER, smem_static INTEGER, stack_bytes INTEGER, spill_stores INTEGER, spill_loads INTEGER,
+  compile_ms REAL, log TEXT, cubin BLOB, created TEXT NOT NULL);
+
 CREATE TABLE IF NOT EXISTS experiment_runs(
   id INTEGER PRIMARY KEY, experiment TEXT NOT NULL, title TEXT, device_name TEXT NOT NULL,
   probes TEXT, spec TEXT, created TEXT NOT NULL);
@@ -90,66 +122,218 @@ CREATE TABLE IF NOT EXISTS experiment_rows(
 CREATE INDEX IF NOT EXISTS results_by_problem ON results(family, direction, device_name, head_dim, dtype, causal);
 )sql";
 
+std::string schema_sql() {
+  const std::string rest = kSchemaRest;
+  const auto kernels_end = rest.find("CREATE TABLE IF NOT EXISTS experiment_runs");
+  return rest.substr(0, kernels_end) + results_ddl("results") + ";\n" + rest.substr(kernels_end);
+}
+
+// What the file holds, read without writing anything.
+struct FileState {
+  long long application_id = 0;
+  std::set<std::string> tables;   // sqlite_* excluded
+  std::string version;            // meta.schema_version, "" without one
+  long long meta_rows = 0;
+  std::set<std::string> results_columns, kernels_columns;
+};
+
+std::set<std::string> columns(sqlite3* db, const std::string& table) {
+  std::set<std::string> out;
+  Stmt s(db, "SELECT name FROM pragma_table_info('" + table + "')");
+  while (s.step()) out.insert(s.text(0));
+  return out;
+}
+
+FileState inspect(sqlite3* db) {
+  FileState f;
+  {
+    Stmt s(db, "PRAGMA application_id");
+    if (s.step()) f.application_id = s.i64(0);
+  }
+  {
+    Stmt s(db, R"(SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\')");
+    while (s.step()) f.tables.insert(s.text(0));
+  }
+  if (f.tables.count("meta")) {
+    const auto meta_columns = columns(db, "meta");
+    if (meta_columns.count("key") && meta_columns.count("value")) {
+      Stmt n(db, "SELECT count(*) FROM meta");
+      n.step();
+      f.meta_rows = n.i64(0);
+      Stmt v(db, "SELECT value FROM meta WHERE key='schema_version'");
+      if (v.step()) f.version = v.text(0);
+    }
+  }
+  if (f.tables.count("results")) f.results_columns = columns(db, "results");
+  if (f.tables.count("kernels")) f.kernels_columns = columns(db, "kernels");
+  return f;
+}
+
+// Stores written before application_id existed (schema 1-3) are ours when their table set is
+// exactly what that version created and `meta` holds only the version row.
+bool legacy_ours(const FileState& f) {
+  static const std::set<std::string> v12 = {"meta", "kernels", "results"};
+  static const std::set<std::string> v3 = {"meta", "kernels", "results", "experiment_runs", "experiment_rows"};
+  const bool tables_match = ((f.version == "1" || f.version == "2") && f.tables == v12) || (f.version == "3" && f.tables == v3);
+  return f.application_id == 0 && tables_match && f.meta_rows == 1 && f.results_columns.count("kernel_hash") &&
+         f.results_columns.count("device_name") && f.kernels_columns.count("hash");
+}
+
 }  // namespace
 
-Store::Store(const std::string& path) : path_(path) {
-  if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK) {
-    std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
+void check_db_path(const std::string& path) {
+  if (path.empty()) throw UsageError("the database path is empty");
+  if (path == ":memory:") throw UsageError("--db :memory: would discard every result; give a file");
+  if (path.rfind("file:", 0) == 0) throw UsageError("--db '" + brief(path) + "': SQLite URIs are not accepted; give a file path");
+}
+
+Store::Store(const std::string& path, Mode mode) : path_(path), read_only_(mode == Mode::read_only) {
+  check_db_path(path);
+  struct stat st {};
+  const bool exists = stat(path.c_str(), &st) == 0;
+  if (!exists && read_only_) throw UsageError("database '" + path + "' does not exist");
+  if (exists && S_ISDIR(st.st_mode)) throw UsageError("database '" + path + "' is a folder, not a file");
+  if (exists && !S_ISREG(st.st_mode)) throw UsageError("database '" + path + "' is not a regular file");
+  if (exists && read_only_ && st.st_size == 0) throw UsageError("'" + path + "' is empty, not a flashtune database");
+  const int flags = read_only_ ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  if (int rc = sqlite3_open_v2(path.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr); rc != SQLITE_OK) {
+    std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
     sqlite3_close(db_);
-    throw std::runtime_error("cannot open database '" + path + "': " + msg);
+    db_ = nullptr;
+    throw UsageError("cannot open database '" + path + "': " + msg);
   }
-  sqlite3_busy_timeout(db_, 5000);
-  // A database written by something else (or a newer flashtune) is refused, never altered.
-  bool has_meta = false;
-  {
-    Stmt s(db_, "SELECT count(*) FROM sqlite_master WHERE type='table'");
-    s.step();
-    long long tables = s.i64(0);
-    Stmt m(db_, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='meta'");
-    m.step();
-    has_meta = m.i64(0) == 1;
-    if (tables > 0 && !has_meta) {
-      sqlite3_close(db_);
-      db_ = nullptr;
-      throw UsageError("'" + path + "' is not a flashtune database (it has tables but no meta table)");
-    }
+  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  try {
+    open_checked(mode);
+  } catch (const UsageError&) {
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw;
+  } catch (const std::exception& e) {  // "file is not a database", an unreadable file: bad input
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw UsageError("cannot use database '" + path + "': " + brief(e.what(), 160));
   }
-  if (has_meta) {
-    std::string version;
-    {
-      Stmt v(db_, "SELECT value FROM meta WHERE key='schema_version'");
-      version = v.step() ? v.text(0) : "";
-    }
-    if (version == "1") {  // v1 -> v2: results gained `detail`; nothing else changed
-      exec("BEGIN; ALTER TABLE results ADD COLUMN detail TEXT; "
-           "UPDATE meta SET value='2' WHERE key='schema_version'; COMMIT;");
-      version = "2";
-    }
-    if (version == "2") {  // v2 -> v3: the experiment tables, created below; results unchanged
-      exec("UPDATE meta SET value='3' WHERE key='schema_version';");
-      version = "3";
-    }
-    if (version != std::to_string(kSchemaVersion)) {
-      sqlite3_close(db_);
-      db_ = nullptr;
-      throw UsageError("'" + path + "' has schema version '" + version + "', this flashtune reads version " +
+}
+
+void Store::open_checked(Mode mode) {
+  // Nothing is written before the file is known to be ours (or new). A database written by something
+  // else, or by a newer flashtune, is refused untouched.
+  auto refuse_foreign = [&](const FileState& f) {
+    if (f.application_id != 0 && f.application_id != kApplicationId)
+      throw UsageError("'" + path_ + "' is not a flashtune database (application_id " + std::to_string(f.application_id) + ")");
+    if (!f.tables.count("meta"))
+      throw UsageError("'" + path_ + "' is not a flashtune database (it has tables but no meta table)");
+    throw UsageError("'" + path_ + "' is not a flashtune database (its tables and meta row are not flashtune's)");
+  };
+  auto version_of = [&](const FileState& f) {
+    const std::string& v = f.version;
+    const int n = v.size() == 1 && v[0] >= '1' && v[0] <= '9' ? v[0] - '0' : -1;
+    if (n < 1 || n > kSchemaVersion)
+      throw UsageError("'" + path_ + "' has schema version '" + brief(v, 20) + "', this flashtune reads versions 1.." +
                        std::to_string(kSchemaVersion));
+    return n;
+  };
+
+  if (mode == Mode::read_only) {
+    FileState f;
+    for (int attempt = 0;; ++attempt) {  // a writer creating the schema right now: wait for it
+      try {
+        f = inspect(db_);
+        break;
+      } catch (const BusyError&) {
+        if (attempt > 2000) throw;
+        backoff(attempt);
+      }
     }
+    if (f.tables.empty()) throw UsageError("'" + path_ + "' is not a flashtune database (no tables)");
+    if (f.application_id != kApplicationId && !legacy_ours(f)) refuse_foreign(f);
+    version_ = version_of(f);
+    has_detail_ = f.results_columns.count("detail") > 0;
+    has_inputs_ = f.results_columns.count("inputs") > 0;
+    has_experiments_ = f.tables.count("experiment_runs") && f.tables.count("experiment_rows");
+    return;
   }
-  // Only a database known to be ours (or a new one) is switched to WAL and given the schema.
-  exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");
-  exec(std::string("BEGIN;") + kSchema + "INSERT OR IGNORE INTO meta VALUES('schema_version','" +
-       std::to_string(kSchemaVersion) + "'); COMMIT;");
+
+  // Writers: inspect, create or migrate, all inside one BEGIN IMMEDIATE transaction, so that
+  // concurrent first opens of a new file serialise and the second sees the first's schema.
+  write_txn([&] {
+    const FileState f = inspect(db_);
+    if (f.tables.empty() && f.application_id == 0) {  // new (or zero bytes): ours from now on
+      exec(schema_sql());
+      exec("INSERT INTO meta VALUES('schema_version','" + std::to_string(kSchemaVersion) + "');");
+      exec("PRAGMA application_id=" + std::to_string(kApplicationId) + ";");
+      return;
+    }
+    if (f.application_id != kApplicationId && !legacy_ours(f)) refuse_foreign(f);
+    int v = version_of(f);
+    if (v == 1) {  // v1 -> v2: results gained `detail`
+      if (!f.results_columns.count("detail")) exec("ALTER TABLE results ADD COLUMN detail TEXT;");
+      v = 2;
+    }
+    if (v == 2) v = 3;  // v2 -> v3: the experiment tables, created by the schema below
+    if (v == 3) {       // v3 -> v4: results.inputs in the unique key: rebuild the table
+      const std::set<std::string> old_cols = columns(db_, "results");
+      exec("DROP TABLE IF EXISTS results_v4;" + results_ddl("results_v4") + ";");
+      const std::set<std::string> new_cols = columns(db_, "results_v4");
+      std::string list;
+      for (const auto& c : old_cols)
+        if (new_cols.count(c)) list += (list.empty() ? "" : ",") + c;
+      exec("INSERT INTO results_v4(" + list + ") SELECT " + list + " FROM results ORDER BY id;");
+      exec("DROP TABLE results; ALTER TABLE results_v4 RENAME TO results;");
+      v = 4;
+    }
+    exec(schema_sql());  // tables and index that a migrated file lacks
+    exec("UPDATE meta SET value='" + std::to_string(kSchemaVersion) + "' WHERE key='schema_version';");
+    if (f.application_id != kApplicationId) exec("PRAGMA application_id=" + std::to_string(kApplicationId) + ";");
+  });
+  version_ = kSchemaVersion;
+  // WAL only on a file known to be ours. Switching needs every other connection out of the way, and
+  // SQLite answers BUSY here without waiting: retry.
+  for (int attempt = 0;; ++attempt) {
+    try {
+      Stmt m(db_, "PRAGMA journal_mode=WAL");
+      if (m.step() && m.text(0) == "wal") break;
+      if (attempt > 2000) break;  // a file system without WAL support: stay in rollback mode
+    } catch (const BusyError&) {
+      if (attempt > 2000) throw;
+    }
+    backoff(attempt);
+  }
+  exec("PRAGMA synchronous=NORMAL;");
 }
 
 Store::~Store() { sqlite3_close(db_); }
 
 void Store::exec(const std::string& sql) {
   char* err = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "?";
+  if (int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
+    std::string msg = err ? err : sqlite3_errstr(rc);
     sqlite3_free(err);
+    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) throw BusyError("sqlite: " + msg);
     throw std::runtime_error("sqlite: " + msg);
+  }
+}
+
+void Store::write_txn(const std::function<void()>& body) {
+  if (read_only_) throw std::logic_error("write to a store opened read-only: '" + path_ + "'");
+  const auto start = std::chrono::steady_clock::now();
+  for (int attempt = 0;; ++attempt) {
+    bool begun = false;
+    try {
+      exec("BEGIN IMMEDIATE;");
+      begun = true;
+      body();
+      exec("COMMIT;");
+      return;
+    } catch (const BusyError&) {
+      if (begun) sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kBusyRetrySeconds) throw;
+      backoff(attempt);
+    } catch (...) {
+      if (begun) sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+      throw;
+    }
   }
 }
 
@@ -174,6 +358,7 @@ std::optional<KernelRecord> Store::find_kernel(const std::string& hash, bool wit
 }
 
 void Store::put_kernel(const KernelRecord& k) {
+  write_txn([&] {
   Stmt s(db_, "INSERT OR REPLACE INTO kernels VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   s.bind(1, k.hash).bind(2, k.family).bind(3, k.direction).bind(4, k.config).bind(5, k.head_dim)
       .bind(6, (int)k.causal).bind(7, std::string(to_string(k.dtype))).bind(8, k.arch).bind(9, k.nvrtc_version)
@@ -182,21 +367,24 @@ void Store::put_kernel(const KernelRecord& k) {
       .bind(18, k.res.stack_bytes).bind(19, k.res.spill_stores).bind(20, k.res.spill_loads)
       .bind(21, k.compile_ms).bind(22, k.log).bind_blob(23, k.cubin).bind(24, now_iso8601());
   s.step();
+  });
 }
 
 bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, const Problem& p) {
-  Stmt s(db_, "SELECT 1 FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? AND batch=? AND heads=? "
-              "AND seq_q=? AND seq_k=?");
+  // The same kernel on the same shape with other inputs is another result.
+  Stmt s(db_, std::string("SELECT 1 FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? AND batch=? "
+                          "AND heads=? AND seq_q=? AND seq_k=? AND ") + (has_inputs_ ? "inputs=?" : "'normal'=?"));
   s.bind(1, kernel_hash).bind(2, d.name).bind(3, d.sm_count).bind(4, p.batch).bind(5, p.heads).bind(6, p.seq_q)
-      .bind(7, p.seq_k);
+      .bind(7, p.seq_k).bind(8, p.inputs.str());
   return s.step();
 }
 
 void Store::put_result(const ResultRecord& r, const DeviceInfo& d) {
+  write_txn([&] {
   Stmt s(db_, "INSERT OR REPLACE INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
               "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
               "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
-              "spill_stores,created,detail) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+              "spill_stores,created,detail,inputs) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   const Problem& p = r.problem;
   s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
       .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
@@ -205,15 +393,18 @@ void Store::put_result(const ResultRecord& r, const DeviceInfo& d) {
       .bind(19, r.ms_p80).bind(20, r.reps).bind(21, r.tflops).bind(22, r.gbps).bind(23, (long long)r.seed)
       .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
       .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
-      .bind(33, r.res.spill_stores).bind(34, now_iso8601()).bind(35, r.detail);
+      .bind(33, r.res.spill_stores).bind(34, now_iso8601()).bind(35, r.detail).bind(36, p.inputs.str());
   s.step();
+  });
 }
 
 std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   std::string sql =
       "SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,status,error,"
       "max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,driver_version,"
-      "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created,detail FROM results WHERE 1=1";
+      "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created," +
+      std::string(has_detail_ ? "detail" : "NULL") + "," + (has_inputs_ ? "inputs" : "'normal'") +  // v1-v3, read-only
+      " FROM results WHERE 1=1";
   std::vector<std::string> binds;
   auto add = [&](const std::string& col, const std::string& v) {
     if (v.empty()) return;
@@ -234,8 +425,18 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   while (s.step()) {
     ResultRecord r;
     r.id = s.i64(0); r.kernel_hash = s.text(1); r.family = s.text(2); r.direction = s.text(3); r.config = s.text(4);
-    r.problem = {(int)s.i64(5), (int)s.i64(6), (int)s.i64(7), (int)s.i64(8), (int)s.i64(9),
-                 parse_dtype(s.text(10)), s.i64(11) != 0, r.direction};
+    // Stored strings and numbers are checked as they are read: a row that fails is named.
+    try {
+      for (int c = 5; c <= 9; ++c)
+        if (s.i64(c) < 1 || s.i64(c) > (1 << 20))
+          throw UsageError("problem dimension " + std::to_string(s.i64(c)) + " is out of range");
+      if (r.direction != "fwd" && r.direction != "bwd") throw UsageError("direction '" + brief(r.direction) + "'");
+      r.problem = {(int)s.i64(5), (int)s.i64(6), (int)s.i64(7), (int)s.i64(8), (int)s.i64(9),
+                   parse_dtype(s.text(10)), s.i64(11) != 0, r.direction};
+      r.problem.inputs = parse_input_dist(s.text(36));
+    } catch (const UsageError& e) {
+      throw UsageError("'" + path_ + "': results row " + std::to_string(r.id) + ": " + e.what());
+    }
     r.status = s.text(12); r.error = s.text(13);
     r.max_abs = s.f64(14); r.max_rel = s.f64(15); r.mse = s.f64(16);
     r.ms_median = s.f64(17); r.ms_p20 = s.f64(18); r.ms_p80 = s.f64(19); r.reps = (int)s.i64(20);
@@ -251,20 +452,27 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
 }
 
 long long Store::begin_experiment(const ExperimentRun& r) {
+  long long id = 0;
+  write_txn([&] {
   Stmt s(db_, "INSERT INTO experiment_runs(experiment,title,device_name,probes,spec,created) VALUES(?,?,?,?,?,?)");
   s.bind(1, r.experiment).bind(2, r.title).bind(3, r.device_name).bind(4, r.probes).bind(5, r.spec)
       .bind(6, now_iso8601());
   s.step();
-  return sqlite3_last_insert_rowid(db_);
+  id = sqlite3_last_insert_rowid(db_);
+  });
+  return id;
 }
 
 void Store::set_experiment_probes(long long run_id, const std::string& probes) {
+  write_txn([&] {
   Stmt s(db_, "UPDATE experiment_runs SET probes=? WHERE id=?");
   s.bind(1, probes).bind(2, run_id);
   s.step();
+  });
 }
 
 void Store::put_experiment_row(const ExperimentRow& r) {
+  write_txn([&] {
   Stmt s(db_, "INSERT INTO experiment_rows(run_id,impl,family,config,direction,dtype,batch,heads,seq_q,seq_k,"
               "head_dim,causal,status,error,ms_median,ms_p20,ms_p80,reps,tflops,gbps,max_abs,mean_abs,mse,max_rel,"
               "peak_bytes,device,detail) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
@@ -276,9 +484,11 @@ void Store::put_experiment_row(const ExperimentRow& r) {
       .bind(22, r.mean_abs).bind(23, r.mse).bind(24, r.max_rel).bind(25, r.peak_bytes).bind(26, r.device)
       .bind(27, r.detail);
   s.step();
+  });
 }
 
 std::vector<ExperimentRun> Store::experiment_runs(const std::string& experiment) {
+  if (!has_experiments_) return {};  // a v1/v2 store read read-only
   Stmt s(db_, "SELECT id,experiment,title,device_name,probes,spec,created FROM experiment_runs "
               "WHERE ?='' OR experiment=? ORDER BY id");
   s.bind(1, experiment).bind(2, experiment);
@@ -289,6 +499,7 @@ std::vector<ExperimentRun> Store::experiment_runs(const std::string& experiment)
 }
 
 std::vector<ExperimentRow> Store::experiment_rows(long long run_id) {
+  if (!has_experiments_) return {};
   Stmt s(db_, "SELECT impl,family,config,direction,dtype,batch,heads,seq_q,seq_k,head_dim,causal,status,error,"
               "ms_median,ms_p20,ms_p80,reps,tflops,gbps,max_abs,mean_abs,mse,max_rel,peak_bytes,device,detail "
               "FROM experiment_rows WHERE run_id=? ORDER BY id");
@@ -310,6 +521,22 @@ std::vector<ExperimentRow> Store::experiment_rows(long long run_id) {
   return out;
 }
 
-void Store::drop_cubins() { exec("UPDATE kernels SET cubin=NULL; VACUUM;"); }
+void Store::drop_cubins() {
+  write_txn([&] { exec("UPDATE kernels SET cubin=NULL;"); });
+  // VACUUM runs outside a transaction. Then the file leaves WAL mode: a committed store is one
+  // self-contained file that read-only readers open without creating -wal/-shm files beside it
+  // (the next write verb switches it back to WAL).
+  for (int attempt = 0;; ++attempt) {
+    try {
+      exec("VACUUM;");
+      Stmt m(db_, "PRAGMA journal_mode=DELETE");
+      if (m.step() && m.text(0) == "delete") return;
+      if (attempt > 2000) return;  // another connection holds it open: it stays in WAL mode
+    } catch (const BusyError&) {
+      if (attempt > 2000) throw;
+    }
+    backoff(attempt);
+  }
+}
 
 }  // namespace flashtune

@@ -1,6 +1,9 @@
 // SQLite store: the compile cache (kernels) and every measured attempt (results).
-// One transaction per write, WAL journal, a schema version in `meta`.
+// One BEGIN IMMEDIATE transaction per write, WAL journal, a schema version in `meta`, and
+// `PRAGMA application_id` = kApplicationId marking the file as ours. Read-only verbs open it
+// with SQLITE_OPEN_READONLY and never migrate; only a write verb migrates, and only our files.
 #pragma once
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,7 +14,9 @@ struct sqlite3;
 
 namespace flashtune {
 
-inline constexpr int kSchemaVersion = 3;  // 2: results.detail; 3: experiment_runs, experiment_rows
+// 2: results.detail; 3: experiment_runs, experiment_rows; 4: results.inputs (part of the unique key)
+inline constexpr int kSchemaVersion = 4;
+inline constexpr int kApplicationId = 0x466c546e;  // "FlTn" in the SQLite header, set at creation
 
 struct DeviceInfo {
   std::string name;          // "NVIDIA H100 80GB HBM3"
@@ -97,9 +102,19 @@ struct ResultFilter {
   bool ok_only = false;
 };
 
+// A DB path the CLI accepts: not empty, not ":memory:", not a "file:" URI (each would lose results).
+// Throws UsageError.
+void check_db_path(const std::string& path);
+
 class Store {
  public:
-  explicit Store(const std::string& path);  // creates or opens; throws on a foreign schema
+  enum class Mode {
+    read_write,  // creates a missing or empty file; migrates an older schema of ours
+    read_only,   // the file must exist and be ours (any version up to kSchemaVersion); nothing is written
+  };
+  // Throws UsageError (one line) for a bad path, a missing file (read_only), a folder, a file that is
+  // not SQLite, a database that is not ours, or a newer schema: the file is left as it was.
+  explicit Store(const std::string& path, Mode mode = Mode::read_write);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -119,11 +134,18 @@ class Store {
 
   void drop_cubins();  // keep metadata and resources, drop binaries (for committing a DB)
   const std::string& path() const { return path_; }
+  int schema_version() const { return version_; }  // as found on open (read_only) or after migrating
 
  private:
   void exec(const std::string& sql);
+  // body inside BEGIN IMMEDIATE ... COMMIT; SQLITE_BUSY where SQLite did not wait is retried.
+  void write_txn(const std::function<void()>& body);
+  void open_checked(Mode mode);
   sqlite3* db_ = nullptr;
   std::string path_;
+  bool read_only_ = false;
+  int version_ = kSchemaVersion;
+  bool has_detail_ = true, has_inputs_ = true, has_experiments_ = true;  // older stores read read-only
 };
 
 }  // namespace flashtune

@@ -59,9 +59,7 @@ GpuSession::GpuSession(const RunOptions& opt) : opt_(opt), worker_(opt.device, o
   device_.max_smem_optin = d["max_smem_optin"];
   device_.clock_khz = d["clock_khz"];
   has_gpu_ = true;
-  char tmpl[] = "/tmp/flashtune-XXXXXX";
-  if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-  tmp_dir_ = tmpl;
+  tmp_dir_ = make_private_tmpdir("flashtune");  // 0700, under $TMPDIR: the cubins handed to the worker
 }
 
 GpuSession::~GpuSession() {
@@ -216,6 +214,8 @@ static void print_resource_table(const std::vector<Variant>& vs, const std::vect
 
 SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Store& store, const SweepOptions& opt) {
   SweepSummary sum;
+  if (variants_for(space, problems).empty())
+    throw UsageError("no problem matches a variant of the " + space.family->name + " space");
   GpuSession gpu(opt.run);
   std::string arch = opt.arch.empty() ? "sm_90" : opt.arch;
   if (gpu.has_gpu()) {
@@ -270,6 +270,12 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
   size_t done = 0;
   for (const Candidate& c : todo) {
     const KernelRecord& k = kernels[c.variant];
+    // Checked again just before the run: another tune on the same store may have stored it meanwhile.
+    if (store.has_result(k.hash, gpu.device(), *c.problem)) {
+      ++sum.skipped;
+      prog.update(++done, k.config + ": stored by another run");
+      continue;
+    }
     ResultRecord r = gpu.run(k, variants[c.variant], *c.problem);
     store.put_result(r, gpu.device());
     sum.by_status[r.status]++;

@@ -3,7 +3,11 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <stdexcept>
+
+#include <unistd.h>
 
 namespace flashtune {
 
@@ -64,6 +68,24 @@ std::string format_duration(double seconds) {
   else if (s >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
   else std::snprintf(buf, sizeof buf, "%lds", s);
   return buf;
+}
+
+std::string brief(std::string_view s, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max; ++i) out += (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+  if (s.size() > max) out += "...";
+  return out;
+}
+
+std::string make_private_tmpdir(const std::string& prefix) {
+  const char* env = std::getenv("TMPDIR");
+  std::string base = env && *env == '/' ? env : "/tmp";
+  std::string tmpl = base + "/" + prefix + "-XXXXXX";
+  if (!mkdtemp(tmpl.data())) {  // mkdtemp: a new folder, mode 0700, never an existing path
+    tmpl = "/tmp/" + prefix + "-XXXXXX";
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("cannot create a private folder under " + base + " or /tmp");
+  }
+  return tmpl;
 }
 
 }  // namespace flashtune

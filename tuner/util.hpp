@@ -23,4 +23,10 @@ std::string slugify(std::string_view s, char sep = '_');
 std::string now_iso8601();
 std::string format_duration(double seconds);  // "1m05s"
 
+// An untrusted string quoted for a one-line message: at most `max` bytes, control characters as '?'.
+std::string brief(std::string_view s, size_t max = 80);
+
+// A private folder (mode 0700, mkdtemp) under $TMPDIR, or /tmp: "<base>/<prefix>-XXXXXX".
+std::string make_private_tmpdir(const std::string& prefix);
+
 }  // namespace flashtune

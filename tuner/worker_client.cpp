@@ -13,6 +13,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "tuner/util.hpp"
+
 extern char** environ;
 
 namespace flashtune {
@@ -30,7 +32,10 @@ WorkerClient::WorkerClient(int device, std::string path)
   signal(SIGPIPE, SIG_IGN);  // a dead worker must surface as an error, not kill us
 }
 
-WorkerClient::~WorkerClient() { stop(); }
+WorkerClient::~WorkerClient() {
+  stop();
+  if (!log_dir_.empty()) rmdir(log_dir_.c_str());
+}
 
 void WorkerClient::start() {
   int to[2], from[2];
@@ -39,8 +44,11 @@ void WorkerClient::start() {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, to[0], 0);
   posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-  log_path_ = "/tmp/flashtune-worker-" + std::to_string(getpid()) + "-" + std::to_string(starts_) + ".log";
-  posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // Never a predictable shared path: a private folder, and a new file that is not a link.
+  if (log_dir_.empty()) log_dir_ = make_private_tmpdir("flashtune-worker");
+  log_path_ = log_dir_ + "/worker-" + std::to_string(starts_) + ".log";
+  unlink(log_path_.c_str());
+  posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
   for (int fd : {to[0], to[1], from[0], from[1]}) posix_spawn_file_actions_addclose(&fa, fd);
   std::string dev = std::to_string(device_);
   char* argv[] = {(char*)path_.c_str(), (char*)dev.c_str(), nullptr};
@@ -63,8 +71,13 @@ void WorkerClient::start() {
 }
 
 std::string WorkerClient::log_tail() const {
-  FILE* f = fopen(log_path_.c_str(), "r");
-  if (!f) return "";
+  const int fd = open(log_path_.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return "";
+  FILE* f = fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return "";
+  }
   std::string text;
   char buf[4096];
   size_t n;

@@ -31,7 +31,8 @@ class WorkerClient {
   pid_t pid_ = -1;
   int to_fd_ = -1, from_fd_ = -1;
   std::string pending_;   // bytes read past the last newline
-  std::string log_path_;  // the worker's stderr: its last lines explain a death
+  std::string log_dir_;   // private (0700, mkdtemp under $TMPDIR), made at the first start, removed at the end
+  std::string log_path_;  // the worker's stderr in log_dir_ (O_EXCL | O_NOFOLLOW): its last lines explain a death
   int starts_ = 0, restarts_ = 0;
 };
 

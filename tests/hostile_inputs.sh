@@ -1,0 +1,313 @@
+#!/usr/bin/env bash
+# Untrusted input must not hurt: hostile values, JSON, databases and file system tricks each get one
+# line and exit 2 (or, where documented, a harmless success), and nothing already stored changes.
+# No GPU needed: tune compiles only (sm_80); spaces are tiny (the naive family).
+set -u
+fail=0
+cases=0
+tmp=$(mktemp -d)
+planted=()
+cleanup() {
+  for l in "${planted[@]}"; do [[ -L "$l" ]] && rm -f "$l"; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+F=$FLASHTUNE
+NAIVE=$SRC/configs/spaces/naive.json
+
+# Protected state: a valid store and an emitted header folder that no failing case may change.
+"$FIXTURE_TOOL" "$tmp/fixture.db" || exit 1
+"$F" emit --db "$tmp/fixture.db" --out "$tmp/headers" >/dev/null || { echo "FAIL: initial emit"; exit 1; }
+state() { (cd "$tmp" && sha256sum fixture.db headers/* 2>&1); }
+protected=$(state)
+
+check_protected() {
+  if [[ "$(state)" != "$protected" ]]; then
+    echo "FAIL ($1): the protected store or header folder changed"; fail=1
+    protected=$(state)
+  fi
+}
+
+# expect_usage_error "<needle>" args...: exit 2, exactly one stderr line holding the needle.
+expect_usage_error() {
+  local needle=$1; shift
+  cases=$((cases + 1))
+  "$F" "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/err")
+  if [[ $rc -ne 2 || $lines -ne 1 ]] || ! grep -q -F -- "$needle" "$tmp/err"; then
+    echo "FAIL: flashtune $(echo "$*" | cut -c1-150) -> rc=$rc, $lines stderr lines, want 2 and one line with '$needle':"
+    head -c 600 "$tmp/err"; echo
+    fail=1
+  elif [[ $(wc -c <"$tmp/err") -gt 700 ]]; then
+    echo "FAIL: flashtune $(echo "$*" | cut -c1-100): message longer than 700 bytes"; fail=1
+  fi
+  check_protected "$needle"
+}
+ok() {  # ok "<what>" <condition command...>
+  local what=$1; shift
+  cases=$((cases + 1))
+  "$@" || { echo "FAIL: $what"; fail=1; }
+  check_protected "$what"
+}
+sql() { python3 -c 'import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); r = c.execute(sys.argv[2]).fetchall(); c.commit(); print("\n".join("|".join(map(str, x)) for x in r))' "$@"; }
+
+cat >"$tmp/space.json" <<'EOF'
+{"family": "naive", "params": {"THREADS": [128, 256]}, "head_dims": [64], "causal": [false], "dtypes": ["fp32"]}
+EOF
+echo '{"problems": [{"batch": 1, "heads": 2, "seq": 64, "head_dim": 64}]}' >"$tmp/problems.json"
+python3 - "$tmp" <<'PY'
+import json, os, sys
+t = sys.argv[1]
+w = lambda name, text: open(os.path.join(t, name), "w").write(text)
+w("deep_space.json", '{"family": "naive", "params": {"THREADS": ' + "[" * 100000 + "]" * 100000 + "}}")
+w("deep_problems.json", '{"problems": ' + "[" * 70 + "]" * 70 + "}")
+w("deep_exp.json", '{"name": "x", "problems": ' + "{\"a\":" * 5000 + "1" + "}" * 5000 + "}")
+w("huge_threads.json", '{"family": "naive", "params": {"THREADS": [4294967424]}, "head_dims": [64]}')
+w("neg_threads.json", '{"family": "naive", "params": {"THREADS": [-4294967168]}, "head_dims": [64]}')
+w("huge_u64.json", '{"family": "naive", "params": {"THREADS": [18446744073709551615]}, "head_dims": [64]}')
+w("float_dim.json", '{"family": "naive", "head_dims": [64.0]}')
+w("str_threads.json", '{"family": "naive", "params": {"THREADS": "128"}}')
+w("array_space.json", "[]")
+w("long_family.json", json.dumps({"family": "A" * 200000}))
+w("ctrl_family.json", json.dumps({"family": "x\n#error\u001b[2J"}))
+w("dupes.json", '{"family": "naive", "params": {"THREADS": [' + ",".join(["128"] * 1000000) + ']}, "head_dims": [64, 64, 64], "causal": [false, false], "dtypes": ["fp32", "fp32"]}')
+w("large.json", json.dumps({"family": "fa1_simt", "params": {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
+  "TM": [1, 2, 4, 8, 16], "TN": [1, 2, 4, 8, 16], "Q_STAGES": [1, 2], "Q_SPLIT": [1, 2, 4, 8, 16]}}))
+w("big_batch.json", '{"problems": [{"batch": 4294967297, "heads": 1, "seq": 8, "head_dim": 64}]}')
+w("overflow_batch.json", '{"problems": [{"batch": 1e400, "heads": 1, "seq": 8, "head_dim": 64}]}')
+w("float_batch.json", '{"problems": [{"batch": 1.5, "heads": 1, "seq": 8, "head_dim": 64}]}')
+w("big_grid.json", '{"grid": {"tokens": 4294967296, "hidden": 128, "seq": [64], "head_dim": [64]}}')
+w("causal_str.json", '{"problems": [{"batch": 1, "heads": 1, "seq": 8, "head_dim": 64, "causal": "yes"}]}')
+w("nomatch.json", '{"problems": [{"batch": 1, "heads": 1, "seq": 8, "head_dim": 32}]}')
+P = '{"problems": [{"batch": 1, "heads": 1, "seq": 8, "head_dim": 64}]}'
+w("exp_title.json", '{"name": "x", "title": 5, "problems": ' + P + ', "implementations": ["naive"]}')
+w("exp_reps.json", '{"name": "x", "problems": ' + P + ', "implementations": ["naive"], "reps": "many"}')
+w("exp_tune.json", '{"name": "x", "problems": ' + P + ', "tune": "configs/spaces/naive.json"}')
+w("exp_ok.json", '{"name": "x", "problems": ' + P + ', "implementations": ["naive"]}')
+with open(os.path.join(t, "huge.json"), "w") as f:
+    f.write('{"family": "naive", "description": "' + "x" * (17 << 20) + '"}')
+PY
+
+# --- JSON: nesting, sizes, narrowing, types, duplicates -------------------------------------
+expect_usage_error "nests deeper than 64 levels" compile-check "$tmp/deep_space.json"
+expect_usage_error "nests deeper than 64 levels" tune "$tmp/space.json" "$tmp/deep_problems.json" --db "$tmp/n.db"
+expect_usage_error "nests deeper than 64 levels" experiment "$tmp/deep_exp.json" --dry-run
+expect_usage_error "larger than 16 MiB" compile-check "$tmp/huge.json"
+expect_usage_error "must be an integer in -2147483648..2147483647, got 4294967424" compile-check "$tmp/huge_threads.json"
+expect_usage_error "must be an integer in" compile-check "$tmp/neg_threads.json"
+expect_usage_error "must be an integer in" compile-check "$tmp/huge_u64.json"
+expect_usage_error "head_dims must hold integers only" compile-check "$tmp/float_dim.json"
+expect_usage_error "must be a non-empty array of integers" compile-check "$tmp/str_threads.json"
+expect_usage_error "a space must be a JSON object" compile-check "$tmp/array_space.json"
+expect_usage_error "unknown family 'AAAA" compile-check "$tmp/long_family.json"
+expect_usage_error "unknown family 'x?#error?[2J'" compile-check "$tmp/ctrl_family.json"
+expect_usage_error "more than 20000 (--allow-large-space" compile-check "$tmp/large.json"
+expect_usage_error "not a regular file" compile-check "$tmp"
+expect_usage_error "does not exist" compile-check "$tmp/none.json"
+expect_usage_error "'batch' must be an integer in 1..1048576, got 4294967297" tune "$tmp/space.json" "$tmp/big_batch.json" --db "$tmp/n.db"
+expect_usage_error "'batch' must be an integer in 1..1048576, got 1.5" tune "$tmp/space.json" "$tmp/float_batch.json" --db "$tmp/n.db"
+expect_usage_error "number overflow parsing '1e400'" tune "$tmp/space.json" "$tmp/overflow_batch.json" --db "$tmp/n.db"
+expect_usage_error "grid tokens must be an integer in" tune "$tmp/space.json" "$tmp/big_grid.json" --db "$tmp/n.db"
+expect_usage_error "'causal' must be true or false" tune "$tmp/space.json" "$tmp/causal_str.json" --db "$tmp/n.db"
+expect_usage_error "type must be string" experiment "$tmp/exp_title.json" --dry-run
+expect_usage_error "'reps' must be a number" experiment "$tmp/exp_reps.json" --dry-run
+expect_usage_error "'tune' must be a list" experiment "$tmp/exp_tune.json" --dry-run
+# A million duplicate values are one value: one variant, compiled once, in bounded memory.
+cases=$((cases + 1))
+if (ulimit -v 2000000; "$F" compile-check "$tmp/dupes.json" --arch sm_80 >"$tmp/out" 2>"$tmp/err"); then
+  grep -q "naive sm_80: 1 variants: 1 compiled" "$tmp/out" || { echo "FAIL: dupes: $(tail -1 "$tmp/out")"; fail=1; }
+else
+  echo "FAIL: a space of duplicates: $(head -c 300 "$tmp/err")"; fail=1
+fi
+[[ $("$F" compile-check "$tmp/space.json" --arch sm_80 --allow-large-space 2>/dev/null | tail -1) == *"2 variants: 2 compiled"* ]] ||
+  { echo "FAIL: --allow-large-space on a small space"; fail=1; }
+
+# --- command-line numbers: the full range before converting --------------------------------
+RUN="run --family naive --shape 1,1,8,8,64"
+expect_usage_error "THREADS = 4294967424 is outside its domain" run --family naive --params THREADS=4294967424 --shape 1,1,8,8,64
+expect_usage_error "must be an integer, got '99999999999999999999'" run --family naive --params THREADS=99999999999999999999 --shape 1,1,8,8,64
+expect_usage_error "'batch' must be an integer in 1..1048576, got 4294967297" $RUN --params THREADS=128 --shape 4294967297,1,8,8,64
+expect_usage_error "--shape field head_dim is not an integer" $RUN --params THREADS=128 --shape 1,1,8,8,99999999999999999999
+expect_usage_error "--seed must be an integer" $RUN --params THREADS=128 --seed 99999999999999999999
+expect_usage_error "--device must be an integer in 0..64" $RUN --params THREADS=128 --device 4294967296
+expect_usage_error "--timeout must be a positive number" $RUN --params THREADS=128 --timeout inf
+expect_usage_error "--timeout must be a positive number" $RUN --params THREADS=128 --timeout nan
+expect_usage_error "--d must be an integer in 1..1024" best --db "$tmp/fixture.db" --d 4294967360
+
+# --- database paths and files that are not ours ------------------------------------------
+expect_usage_error "the database path is empty" tune "$tmp/space.json" "$tmp/problems.json" --db ""
+expect_usage_error ":memory: would discard every result" tune "$tmp/space.json" "$tmp/problems.json" --db :memory:
+expect_usage_error "SQLite URIs are not accepted" tune "$tmp/space.json" "$tmp/problems.json" --db "file:$tmp/u.db?mode=memory"
+expect_usage_error "SQLite URIs are not accepted" best --db "file:$tmp/fixture.db"
+expect_usage_error "is a folder" best --db "$tmp"
+expect_usage_error "is a folder" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp"
+: >"$tmp/zero.db"
+expect_usage_error "is empty, not a flashtune database" best --db "$tmp/zero.db"
+ok "a read-only verb left the zero-byte file at zero bytes" test ! -s "$tmp/zero.db"
+echo "just text, not SQLite, but long enough to have a header: $(head -c 300 /dev/zero | tr '\0' x)" >"$tmp/text.db"
+text_sum=$(sha256sum <"$tmp/text.db")
+expect_usage_error "file is not a database" best --db "$tmp/text.db"
+expect_usage_error "file is not a database" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/text.db"
+ok "the text file is unchanged" test "$(sha256sum <"$tmp/text.db")" == "$text_sum"
+expect_usage_error "database '$tmp/missing.db' does not exist" best --db "$tmp/missing.db"
+expect_usage_error "does not exist" emit --db "$tmp/missing.db" --out "$tmp/headers"
+expect_usage_error "does not exist" report --db "$tmp/missing.db"
+expect_usage_error "does not exist" run --family naive --best --db "$tmp/missing.db" --shape 1,1,8,8,64
+ok "read-only verbs created no file" test ! -e "$tmp/missing.db"
+# Another application's SQLite file with a meta table and schema_version '2': never migrated.
+sql "$tmp/foreign.db" "create table meta(key text primary key, value text)" >/dev/null
+sql "$tmp/foreign.db" "insert into meta values('schema_version', '2')" >/dev/null
+sql "$tmp/foreign.db" "create table accounts(id integer primary key, balance real)" >/dev/null
+foreign_sum=$(sha256sum <"$tmp/foreign.db")
+expect_usage_error "is not a flashtune database" best --db "$tmp/foreign.db"
+expect_usage_error "is not a flashtune database" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/foreign.db"
+expect_usage_error "is not a flashtune database" drop-cubins --db "$tmp/foreign.db"
+expect_usage_error "is not a flashtune database" report --db "$tmp/foreign.db"
+ok "the foreign store is unchanged" test "$(sha256sum <"$tmp/foreign.db")" == "$foreign_sum"
+# Another application's id on an otherwise flashtune-shaped file; and a newer schema of ours.
+cp "$tmp/fixture.db" "$tmp/otherid.db"
+sql "$tmp/otherid.db" "pragma application_id=1234" >/dev/null
+expect_usage_error "is not a flashtune database (application_id 1234)" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/otherid.db"
+cp "$tmp/fixture.db" "$tmp/newer.db"
+sql "$tmp/newer.db" "update meta set value='9' where key='schema_version'" >/dev/null
+expect_usage_error "has schema version '9'" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/newer.db"
+
+# --- stored strings that become paths or source text ------------------------------------
+add_row() {  # add_row DB DEVICE ARCH FAMILY CONFIG [DTYPE]
+  python3 - "$@" <<'PY'
+import sqlite3, sys
+db, device, arch, family, config = sys.argv[1:6]
+dtype = sys.argv[6] if len(sys.argv) > 6 else "fp32"
+c = sqlite3.connect(db)
+c.execute("""insert into results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,status,
+  ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,created)
+  values('h-evil',?,'fwd',?,1,1,128,128,64,?,0,'ok',1,1,1,3,1.5,1,1,?,?,1,13000,'13.0','','','now')""",
+          (family, config, dtype, device, arch))
+c.commit()
+PY
+}
+cp "$tmp/fixture.db" "$tmp/traversal.db"
+add_row "$tmp/traversal.db" "Evil GPU" "../../x/pwn" fa2_simt "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2"
+expect_usage_error "arch '../../x/pwn'" emit --db "$tmp/traversal.db" --out "$tmp/headers"
+ok "nothing written outside --out" test ! -e "$tmp/x" -a ! -e "$tmp/../x/pwn"
+cp "$tmp/fixture.db" "$tmp/family.db"
+add_row "$tmp/family.db" "Evil GPU" sm_90 'fa2_simt", "x"}; #error' "BLOCK_M=64"
+expect_usage_error "unknown family" emit --db "$tmp/family.db" --out "$tmp/headers"
+cp "$tmp/fixture.db" "$tmp/config.db"
+add_row "$tmp/config.db" "Evil GPU" sm_90 fa2_simt "BLOCK_M=64}; #error x"
+expect_usage_error "parameter BLOCK_M must be an integer, got '64}; #error x'" emit --db "$tmp/config.db" --out "$tmp/headers"
+cp "$tmp/fixture.db" "$tmp/dtype.db"
+add_row "$tmp/dtype.db" "Evil GPU" sm_90 fa2_simt "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2" 'fp32"; #error'
+expect_usage_error "results row 9: unknown dtype" best --db "$tmp/dtype.db"
+# A device name with a newline and a preprocessor line stays inside an escaped string literal.
+cp "$tmp/fixture.db" "$tmp/newline.db"
+add_row "$tmp/newline.db" $'Evil\n#error injected\n// \\' sm_90 fa2_simt "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2"
+cp -r "$tmp/headers" "$tmp/headers2"
+cases=$((cases + 1))
+if "$F" emit --db "$tmp/newline.db" --out "$tmp/headers2" >/dev/null 2>"$tmp/err"; then
+  if grep -n "^#error\|^// \\\\" "$tmp"/headers2/*.hpp; then echo "FAIL: a stored device name became a source line"; fail=1; fi
+  grep -q 'Evil\\012#error injected\\012// \\\\' "$tmp"/headers2/sm90_evil_error_injected.hpp ||
+    { echo "FAIL: device name not escaped as a C string"; fail=1; }
+  if command -v g++ >/dev/null; then
+    g++ -std=c++17 -fsyntax-only -I"$SRC/templates" -x c++ "$tmp/headers2/dispatch.hpp" 2>"$tmp/gxx" ||
+      { echo "FAIL: the emitted headers do not compile:"; head -5 "$tmp/gxx"; fail=1; }
+  fi
+else
+  echo "FAIL: emit of an escaped device name: $(cat "$tmp/err")"; fail=1
+fi
+: >"$tmp/a_file"
+expect_usage_error "is not a folder that can be created" emit --db "$tmp/fixture.db" --out "$tmp/a_file"
+
+# --- no shell: a path with $(...) and quotes reaches python as data ------------------------
+evil="$tmp/a'\$(touch $tmp/PWNED)'b"
+mkdir -p "$evil"
+cp "$tmp/fixture.db" "$evil/results.db"
+cases=$((cases + 1))
+"$F" report --db "$evil/results.db" >/dev/null 2>"$tmp/err" || { echo "FAIL: report on a quoted path: $(tail -2 "$tmp/err")"; fail=1; }
+[[ -e "$tmp/PWNED" ]] && { echo "FAIL: report ran a shell command from its arguments"; fail=1; }
+[[ -f "$evil/REPORT.md" ]] || { echo "FAIL: report wrote no REPORT.md"; fail=1; }
+expect_usage_error "--gpu takes a folder name" report --gpu "x'\$(touch $tmp/PWNED2)'/y"
+cd "$tmp"
+expect_usage_error "does not exist" report --gpu "x'\$(touch PWNED2)'" --reports "$tmp"
+ok "no marker from --gpu" test ! -e "$tmp/PWNED2"
+expect_usage_error "exactly one of --db PATH and --gpu SLUG" report --db "$tmp/fixture.db" --gpu x
+
+# --- silent no-ops are errors, before any work ------------------------------------------
+expect_usage_error "matches a variant" tune "$tmp/space.json" "$tmp/nomatch.json" --db "$tmp/nomatch.db"
+ok "no store created for a sweep that matches nothing" test ! -e "$tmp/nomatch.db"
+expect_usage_error "no GPU found" experiment "$tmp/exp_ok.json" --db "$tmp/exp.db"
+ok "no store created by an experiment without a GPU" test ! -e "$tmp/exp.db"
+
+# --- a store of schema 3 (before application_id) is read as is, migrated only by a write verb ----
+cp "$tmp/fixture.db" "$tmp/v3.db"
+python3 - "$tmp/v3.db" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] != "inputs"]
+c.executescript(f"""create table r3 as select {','.join(cols)} from results; drop table results;
+  alter table r3 rename to results; update meta set value='3'; pragma application_id=0;""")
+c.commit()
+PY
+v3_sum=$(sha256sum <"$tmp/v3.db")
+cases=$((cases + 1))
+n3=$("$F" best --db "$tmp/v3.db" --csv | wc -l)
+[[ "$(sha256sum <"$tmp/v3.db")" == "$v3_sum" && $n3 -gt 1 ]] || { echo "FAIL: best changed or could not read a v3 store"; fail=1; }
+"$F" report --db "$tmp/v3.db" --out "$tmp/v3report" >/dev/null 2>&1 || { echo "FAIL: report of a v3 store"; fail=1; }
+[[ "$(sha256sum <"$tmp/v3.db")" == "$v3_sum" ]] || { echo "FAIL: report changed a v3 store"; fail=1; }
+cases=$((cases + 1))
+"$F" drop-cubins --db "$tmp/v3.db" || { echo "FAIL: drop-cubins on v3"; fail=1; }
+[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "4,1181504622" ]] ||
+  { echo "FAIL: v3 not migrated to 4 with our application_id"; fail=1; }
+[[ "$(sql "$tmp/v3.db" "select count(*), count(distinct inputs) from results")" == "8|1" ]] ||
+  { echo "FAIL: migrated results: $(sql "$tmp/v3.db" "select count(*), group_concat(distinct inputs) from results")"; fail=1; }
+[[ $("$F" best --db "$tmp/v3.db" --csv | wc -l) -eq $n3 ]] || { echo "FAIL: best after migration"; fail=1; }
+
+# --- the worker log: never a predictable path, never through a planted link -------------------
+mkdir -p "$tmp/tmpdir"
+for p in $(seq $$ $(($$ + 400))); do
+  l=/tmp/flashtune-worker-$p-0.log
+  [[ -e "$l" || -L "$l" ]] && continue
+  ln -s "$tmp/victim" "$l" 2>/dev/null && planted+=("$l")
+done
+cases=$((cases + 1))
+TMPDIR="$tmp/tmpdir" "$F" devices >/dev/null 2>&1
+[[ -e "$tmp/victim" ]] && { echo "FAIL: the worker log followed a planted symlink"; fail=1; }
+[[ -z "$(ls -A "$tmp/tmpdir")" ]] || { echo "FAIL: private worker folder left behind: $(ls -A "$tmp/tmpdir")"; fail=1; }
+
+# --- concurrent writers on a new store: all finish, nothing doubled ---------------------------
+python3 -c "
+import json
+print(json.dumps({'problems': [{'batch': 1, 'heads': 2, 'seq': 64, 'head_dim': d, 'causal': c}
+                               for d in (32, 64, 96, 128) for c in (False, True)]}))" >"$tmp/all.json"
+cases=$((cases + 1))
+pids=()
+for i in 1 2 3 4 5 6; do
+  "$F" tune "$NAIVE" "$tmp/all.json" --db "$tmp/conc.db" --arch sm_80 --quiet >"$tmp/conc$i.out" 2>"$tmp/conc$i.err" &
+  pids+=($!)
+done
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || { echo "FAIL: concurrent tune $i: $(grep -v 'no GPU' "$tmp/conc$((i + 1)).err" | head -2)"; fail=1; }
+done
+[[ "$(sql "$tmp/conc.db" "select count(*), count(distinct hash) from kernels")" == "16|16" ]] ||
+  { echo "FAIL: concurrent kernels: $(sql "$tmp/conc.db" "select count(*), count(distinct hash) from kernels")"; fail=1; }
+[[ "$(sql "$tmp/conc.db" "select count(*) from (select 1 from results group by kernel_hash, device_name, sm_count, batch, heads, seq_q, seq_k, inputs having count(*) > 1)")" == 0 ]] ||
+  { echo "FAIL: doubled results"; fail=1; }
+
+# --- kill -9 mid-sweep, then resume: complete, nothing doubled, the file intact ---------------
+cases=$((cases + 1))
+# (TMPDIR inside $tmp: a killed process cannot remove its private worker folder)
+TMPDIR="$tmp/tmpdir" "$F" tune "$NAIVE" "$tmp/all.json" --db "$tmp/kill.db" --arch sm_80 --quiet >/dev/null 2>&1 &
+kpid=$!
+sleep 0.4
+kill -9 $kpid 2>/dev/null
+wait $kpid 2>/dev/null
+before_resume=$(sql "$tmp/kill.db" "select count(*) from kernels" 2>/dev/null || echo 0)
+"$F" tune "$NAIVE" "$tmp/all.json" --db "$tmp/kill.db" --arch sm_80 --quiet >/dev/null 2>&1 || { echo "FAIL: resume after kill -9"; fail=1; }
+[[ "$(sql "$tmp/kill.db" "pragma integrity_check")" == ok ]] || { echo "FAIL: store damaged by kill -9"; fail=1; }
+[[ "$(sql "$tmp/kill.db" "select count(*), count(distinct hash), sum(status in ('compiled','pruned')) from kernels")" == "16|16|16" ]] ||
+  { echo "FAIL: after resume: $(sql "$tmp/kill.db" "select count(*), count(distinct hash) from kernels") (had $before_resume)"; fail=1; }
+
+echo "hostile_inputs: $cases cases"
+[[ $fail -eq 0 ]] && echo "hostile_inputs: all passed"
+exit $fail

@@ -1,0 +1,247 @@
+#include "tuner/validate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace flashtune {
+
+namespace {
+
+double finite_or_big(double x) { return std::isfinite(x) ? x : 1e30; }
+
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", x);
+  return buf;
+}
+
+}  // namespace
+
+double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::fp32: return 0x1p-24;
+    case DType::fp16: return 0x1p-11;
+    case DType::bf16: return 0x1p-8;
+  }
+  return 0;
+}
+
+double report_floor(DType t) {
+  switch (t) {
+    case DType::fp32: return 1e-5;
+    case DType::fp16: return 2e-3;
+    case DType::bf16: return 1e-2;
+  }
+  return 0;
+}
+
+double subnormal_rounding(DType t) {
+  switch (t) {
+    case DType::fp32: return 0x1p-150;
+    case DType::fp16: return 0x1p-25;
+    case DType::bf16: return 0x1p-134;
+  }
+  return 0;
+}
+
+ToleranceModel forward_tolerance(DType t, int seq_k, int head_dim, double floor_scale) {
+  return {kFwdSafety, unit_roundoff(t), std::sqrt((double)seq_k) + std::sqrt((double)head_dim),
+          kFwdSafety * subnormal_rounding(t) * std::max(floor_scale, 1.0)};
+}
+
+ToleranceModel backward_tolerance(DType t, int seq_q, int seq_k, int head_dim, double floor_scale) {
+  return {kBwdSafety, unit_roundoff(t), std::sqrt((double)std::max(seq_q, seq_k)) + std::sqrt((double)head_dim),
+          kBwdSafety * subnormal_rounding(t) * std::max(floor_scale, 1.0)};
+}
+
+namespace {
+double max_abs_of(const float* x, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs((double)x[i]));
+  return m;
+}
+}  // namespace
+
+void ErrorStats::add(size_t index, double got, double want, double bound, double rel_floor) {
+  ++count;
+  bool ok;
+  double err = 0;
+  if (!std::isfinite(want)) {
+    ok = got == want;
+    if (!ok) err = INFINITY;
+  } else if (!std::isfinite(got)) {
+    ok = false;
+    err = INFINITY;
+  } else {
+    err = std::fabs(got - want);
+    sum_sq += err * err;
+    sum_abs += err;
+    ok = err <= bound;
+  }
+  max_abs = std::fmax(max_abs, err);
+  if (std::isfinite(want)) max_rel = std::fmax(max_rel, err / std::fmax(std::fabs(want), rel_floor));
+  worst_ratio = std::fmax(worst_ratio, bound > 0 ? err / bound : (err > 0 ? INFINITY : 0));
+  if (!ok && ++bad <= 5) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s[%zu] got %.7g want %.7g (bound %.3g)", first_bad.empty() ? "" : "; ", index, got,
+                  want, bound);
+    first_bad += buf;
+  }
+}
+
+FwdReference forward_reference(const ref::Shape& shape, const float* q, const float* k, const float* v,
+                               std::vector<int64_t> rows, int threads) {
+  FwdReference r;
+  r.shape = shape;
+  r.rows = std::move(rows);
+  const size_t n = r.rows.size(), d = (size_t)shape.head_dim;
+  r.o.assign(n * d, 0.0);
+  r.o_mag.assign(n * d, 0.0);
+  r.o_logit.assign(n * d, 0.0);
+  r.lse.assign(n, 0.0);
+  r.lse_mag.assign(n, 0.0);
+  ref::forward_rows(shape, q, k, v, r.rows, r.o.data(), r.lse.data(), threads,
+                    {r.o_mag.data(), r.o_logit.data(), r.lse_mag.data()});
+  r.max_abs_v = max_abs_of(v, (size_t)shape.batch * shape.heads * shape.seq_k * d);
+  return r;
+}
+
+BwdReference backward_reference(const ref::Shape& shape, const float* q, const float* k, const float* v,
+                                const float* dout, int threads) {
+  BwdReference r;
+  r.shape = shape;
+  const size_t heads = (size_t)shape.batch * shape.heads, d = (size_t)shape.head_dim;
+  const size_t nq = heads * shape.seq_q * d, nk = heads * shape.seq_k * d;
+  r.o.assign(nq, 0.0);
+  r.lse.assign(heads * shape.seq_q, 0.0);
+  ref::forward(shape, q, k, v, r.o.data(), r.lse.data(), threads);
+  for (auto* g : {&r.dq, &r.dq_mag, &r.dq_logit}) g->assign(nq, 0.0);
+  for (auto* g : {&r.dk, &r.dk_mag, &r.dk_logit, &r.dv, &r.dv_mag, &r.dv_logit}) g->assign(nk, 0.0);
+  ref::backward(shape, q, k, v, dout, r.dq.data(), r.dk.data(), r.dv.data(), threads,
+                {r.dq_mag.data(), r.dq_logit.data(), r.dk_mag.data(), r.dk_logit.data(), r.dv_mag.data(),
+                 r.dv_logit.data()});
+  r.max_abs_q = max_abs_of(q, nq);
+  r.max_abs_k = max_abs_of(k, nk);
+  r.max_abs_do = max_abs_of(dout, nq);
+  return r;
+}
+
+Verdict validate_forward(const Problem& p, const FwdReference& ref, const std::vector<float>& o,
+                         const std::vector<float>& lse) {
+  const size_t d = (size_t)p.head_dim, nq = o.size();
+  const ToleranceModel tol = forward_tolerance(p.dtype, p.seq_k, p.head_dim, p.seq_k * ref.max_abs_v);
+  const ToleranceModel lse_tol = forward_tolerance(DType::fp32, p.seq_k, p.head_dim);
+  const double rel_floor = report_floor(p.dtype);
+  ErrorStats err_o, err_lse;
+  size_t non_finite_o = 0, unwritten_lse = 0;
+  for (float x : o) non_finite_o += !std::isfinite(x);
+  for (float x : lse) unwritten_lse += std::isnan(x);
+  for (size_t r = 0; r < ref.rows.size(); ++r) {
+    const size_t row = (size_t)ref.rows[r];
+    for (size_t c = 0; c < d; ++c) {
+      const size_t i = r * d + c;
+      err_o.add(row * d + c, o[row * d + c], ref.o[i], tol.bound(ref.o_mag[i], ref.o_logit[i]), rel_floor);
+    }
+    // LSE indices follow O's in messages.
+    err_lse.add(nq + row, lse[row], ref.lse[r], lse_tol.bound(1.0, ref.lse_mag[r]), report_floor(DType::fp32));
+  }
+  Verdict v;
+  v.max_abs = std::fmax(err_o.max_abs, err_lse.max_abs);
+  v.max_rel = std::fmax(err_o.max_rel, err_lse.max_rel);
+  const size_t count = err_o.count + err_lse.count;
+  v.mse = count ? (err_o.sum_sq + err_lse.sum_sq) / count : 0;
+  v.mean_abs = err_o.mean_abs();  // over the validated O elements
+  v.worst_ratio = std::fmax(err_o.worst_ratio, err_lse.worst_ratio);
+  v.detail = {{"validated_rows", ref.rows.size()},
+              {"worst_err_over_bound", finite_or_big(v.worst_ratio)},
+              {"lse_worst_err_over_bound", finite_or_big(err_lse.worst_ratio)}};
+  std::string msg;
+  if (non_finite_o) msg += std::to_string(non_finite_o) + " output elements NaN, infinite or unwritten; ";
+  if (unwritten_lse) msg += std::to_string(unwritten_lse) + " LSE entries NaN or unwritten; ";
+  const size_t bad = err_o.bad + err_lse.bad;
+  if (bad) {
+    msg += std::to_string(bad) + " of " + std::to_string(count) + " checked values off (worst error " +
+           number(v.worst_ratio) + "x its bound): " + err_o.first_bad;
+    if (!err_lse.first_bad.empty()) msg += (err_o.first_bad.empty() ? "" : "; ") + err_lse.first_bad;
+  }
+  if (!msg.empty()) {
+    v.ok = false;
+    v.error = msg;
+  }
+  return v;
+}
+
+Verdict validate_backward(const Problem& p, const BwdReference& ref, const std::vector<float>& dq,
+                          const std::vector<float>& dk, const std::vector<float>& dv) {
+  const char* names[] = {"dq", "dk", "dv"};
+  const std::vector<float>* gots[] = {&dq, &dk, &dv};
+  const std::vector<double>* refs[] = {&ref.dq, &ref.dk, &ref.dv};
+  const std::vector<double>* mags[] = {&ref.dq_mag, &ref.dk_mag, &ref.dv_mag};
+  const std::vector<double>* logits[] = {&ref.dq_logit, &ref.dk_logit, &ref.dv_logit};
+  const double scale = ref.shape.softmax_scale();
+  const ToleranceModel tols[] = {
+      backward_tolerance(p.dtype, p.seq_q, p.seq_k, p.head_dim, p.seq_k * scale * ref.max_abs_k),
+      backward_tolerance(p.dtype, p.seq_q, p.seq_k, p.head_dim, p.seq_q * scale * ref.max_abs_q),
+      backward_tolerance(p.dtype, p.seq_q, p.seq_k, p.head_dim, p.seq_q * ref.max_abs_do)};
+  const double rel_floor = report_floor(p.dtype);
+  Verdict v;
+  double sum_sq = 0, sum_abs = 0;
+  size_t count = 0;
+  std::string msg;
+  for (int g = 0; g < 3; ++g) {
+    const std::vector<float>& got = *gots[g];
+    const std::vector<double>& want = *refs[g];
+    ErrorStats err;
+    size_t non_finite = 0;
+    double diff2 = 0, ref2 = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const size_t j = i % want.size();  // head h holds reference head h % distinct heads
+      non_finite += !std::isfinite(got[i]);
+      err.add(i, got[i], want[j], tols[g].bound((*mags[g])[j], (*logits[g])[j]), rel_floor);
+      if (std::isfinite(got[i])) {
+        diff2 += (got[i] - want[j]) * (got[i] - want[j]);
+        ref2 += want[j] * want[j];
+      }
+    }
+    const std::string name = names[g];
+    // Relative L2 error, reported (not judged): 0 / 0 (Sk = 1's dQ, dK) is reported as the absolute norm.
+    const double rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+    v.detail[name + "_rel_l2"] = finite_or_big(rel_l2);
+    v.detail[name + "_worst_err_over_bound"] = finite_or_big(err.worst_ratio);
+    v.max_abs = std::fmax(v.max_abs, err.max_abs);
+    v.max_rel = std::fmax(v.max_rel, err.max_rel);
+    v.worst_ratio = std::fmax(v.worst_ratio, err.worst_ratio);
+    sum_sq += err.sum_sq;
+    sum_abs += err.sum_abs;
+    count += err.count;
+    if (non_finite) msg += name + ": " + std::to_string(non_finite) + " elements NaN, infinite or unwritten; ";
+    else if (err.bad)
+      msg += name + ": " + std::to_string(err.bad) + " of " + std::to_string(err.count) + " off (worst error " +
+             number(err.worst_ratio) + "x its bound): " + err.first_bad + "; ";
+  }
+  v.mse = count ? sum_sq / count : 0;
+  v.mean_abs = count ? sum_abs / count : 0;
+  v.detail["worst_err_over_bound"] = finite_or_big(v.worst_ratio);
+  v.detail["distinct_heads"] = ref.shape.batch * ref.shape.heads;
+  if (!msg.empty()) {
+    v.ok = false;
+    v.error = msg.substr(0, msg.size() - 2);
+  }
+  return v;
+}
+
+void write_verdict(const Verdict& v, nlohmann::json& out) {
+  out["max_abs"] = finite_or_big(v.max_abs);
+  out["max_rel"] = finite_or_big(v.max_rel);
+  out["mse"] = finite_or_big(v.mse);
+  out["mean_abs"] = finite_or_big(v.mean_abs);
+  if (!out.contains("detail") || !out["detail"].is_object()) out["detail"] = nlohmann::json::object();
+  for (auto& [key, value] : v.detail.items()) out["detail"][key] = value;
+  if (!v.ok) {
+    out["status"] = "invalid";
+    out["error"] = v.error;
+  }
+}
+
+}  // namespace flashtune
