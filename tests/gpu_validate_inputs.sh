@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU: validation keeps right kernels and throws away wrong ones on inputs that are not unit normal
 # (tuner/validate.hpp, issue 12).
-#  (a) every non-test family (from `flashtune families --json`, else from configs/spaces/*.json), with
+#  (a) every non-test family (from `flashtune families --json`), with
 #      its default config, on each dtype it supports, d = 64 (or its first head dim), causal and not:
 #      Sk = 1 (B,H,Sq,Sk = 1,1,1,1 and 1,1,4096,1 causal), normal x30 and heavy-tailed (Student-t, x3)
 #      on a ragged 1,2,200,333: every candidate must be `ok` (hopper-only families off sm_90 are
@@ -14,26 +14,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
 
-if ! "$FLASHTUNE" families --json >"$tmp/families.json" 2>/dev/null; then
-  # No listing verb: derive the families from the committed spaces (the registry's own fields would
-  # be better; this keeps the script working on trees without `families`).
-  python3 - "$SRC/configs/spaces" >"$tmp/families.json" <<'PY' || exit 1
-import glob, json, os, sys
-fams = {}
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
-    s = json.load(open(path))
-    f = s.get("family")
-    if not f or f == "fault":
-        continue
-    e = fams.setdefault(f, {"name": f, "dtypes": set(), "head_dims": set(), "test_only": False,
-                            "hopper_only": False, "direction": "bwd" if f.endswith("_bwd") else "fwd",
-                            "default": ""})
-    e["dtypes"].update(s.get("dtypes", ["fp32"]))
-    e["head_dims"].update(s.get("head_dims", []))
-print(json.dumps([dict(e, dtypes=sorted(e["dtypes"]), head_dims=sorted(e["head_dims"]),
-                       hopper_only=e["name"].startswith("fa2_wgmma")) for e in fams.values()]))
-PY
-fi
+"$FLASHTUNE" families --json >"$tmp/families.json" || { echo "FAIL: flashtune families --json"; exit 1; }
 
 # One space (the family's default config) and one problem file per family.
 python3 - "$tmp" <<'PY' || exit 1
