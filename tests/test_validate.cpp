@@ -104,6 +104,9 @@ TEST(DtypeConvert, RoundToNearestEvenAndBack) {
 
 namespace {
 
+// The GPU's fp32 math flushes results below the smallest normal to zero (ex2.approx.ftz, -ftz).
+float ftz(float x) { return std::fabs(x) < 0x1p-126f ? 0.0f : x; }
+
 float round_to(DType t, float x) {
   if (t == DType::fp32) return x;
   return t == DType::bf16 ? bf16_to_float(float_to_bf16(x)) : fp16_to_float(float_to_fp16(x));
@@ -190,7 +193,7 @@ void emulate_forward(const Inputs& in, Fault fault, std::vector<float>& o, std::
       const float alpha = std::exp2(m - m_new);
       float rowsum = 0;
       for (int j = 0; j < nb; ++j) {
-        p[j] = std::exp2(sc[j] - m_new);
+        p[j] = ftz(std::exp2(sc[j] - m_new));
         rowsum += p[j];
         p[j] = round_to(in.dtype, p[j]);
       }
@@ -242,8 +245,8 @@ void emulate_backward(const Inputs& in, const BwdReference& ref, Fault fault, st
           dot = std::fmaf(q[c], k[c], dot);
           dp = std::fmaf(dO[c], v[c], dp);
         }
-        const float p = std::exp2(std::fmaf(dot, scale_log2, -lse_l2));
-        const float ds = round_to(in.dtype, p * (dp - delta)), pr = round_to(in.dtype, p);
+        const float p = ftz(std::exp2(std::fmaf(dot, scale_log2, -lse_l2)));
+        const float ds = round_to(in.dtype, ftz(p * (dp - delta))), pr = round_to(in.dtype, p);
         for (int c = 0; c < d; ++c) {
           fv[(bh * s.seq_k + j) * d + c] = std::fmaf(pr, dO[c], fv[(bh * s.seq_k + j) * d + c]);
           fk[(bh * s.seq_k + j) * d + c] = std::fmaf(ds, q[c], fk[(bh * s.seq_k + j) * d + c]);

@@ -11,11 +11,14 @@
 //   backward dV, dK, dQ: M and L as in BwdMagnitudes (dV: sum_i P_ij |dO_ic|; dQ: scale sum_j P_ij
 //     (||dO_i|| ||V_j|| + ||dO_i|| ||O_i||) |K_jc|; dK likewise with Q), g = sqrt(max(Sq, Sk)) + sqrt(d)
 //   with Lambda_ij = 3 (|s_ij| + |LSE_i|) + sqrt(d) scale ||q_i|| ||k_j||, C = 4 forward, 8 backward, and
-//   floor = C * eta * n * max|x|: eta is half the format's smallest subnormal (fp16 2^-25, bf16 2^-134,
-//   fp32 2^-150), the absolute rounding error of a P or dS that falls below the normal range, n the
-//   number of such terms an output sums and x what they multiply (O: Sk, V; dV: Sq, dO; dK: Sq,
-//   scale Q; dQ: Sk, scale K). It only matters in fp16 (P < 6e-5 is subnormal there); elsewhere it is
-//   ~0, so a zero reference with zero magnitude (a fully masked row) must be met exactly.
+//   floor = C * eta * n * max|x|: eta is the absolute error of a P or dS that falls below the normal
+//   range -- fp32's smallest normal 2^-126 for fp32 and bf16 (the kernels' fp32 exp and products
+//   flush to zero: measured on an H100, x30 inputs put dK entries of 1e-37 to 1e-35 at 0 or a few
+//   percent off), half of fp16's subnormal spacing 2^-25 for fp16 -- n the number of such terms an
+//   output sums and x what they multiply (O: Sk, V; dV: Sq, dO; dK: Sq, scale Q (1 + 2^-126 / eta
+//   2 d max|dO| max|V|); dQ: Sk, scale K (likewise): a P flushed in fp32 takes dP - delta with it). It matters in
+//   fp16 (P < 6e-5 is subnormal there); in fp32/bf16 it is < 1e-30, so a zero reference with zero
+//   magnitude (a fully masked row) must still be met exactly.
 // A non-finite reference (+inf LSE of a fully masked row) must be matched exactly; a non-finite output
 // fails; O (and dQ, dK, dV) must be written everywhere (the NaN poison, checked over every element).
 // Backward is checked element by element over every element of every head, like the forward.
@@ -83,7 +86,8 @@ struct ToleranceModel {
     return c * (u * mag + kFp32Roundoff * (growth * mag + logit)) + floor;
   }
 };
-// Half the smallest subnormal of the format: fp16 2^-25, bf16 2^-134, fp32 2^-150.
+// The absolute error of a P or dS that underflows: fp32's smallest normal 2^-126 (the kernels' fp32
+// math flushes to zero; bf16 shares fp32's exponent range), fp16 half its subnormal spacing 2^-25.
 double subnormal_rounding(DType);
 // floor_scale: n * max|x| of the floor above (0 gives the bare subnormal rounding eta).
 ToleranceModel forward_tolerance(DType, int seq_k, int head_dim, double floor_scale = 0);
@@ -120,7 +124,7 @@ struct BwdReference {
   ref::Shape shape{1, 1, 1, 1, 1};
   std::vector<double> o, lse;  // (heads, Sq, d), (heads, Sq)
   std::vector<double> dq, dk, dv, dq_mag, dq_logit, dk_mag, dk_logit, dv_mag, dv_logit;
-  double max_abs_q = 0, max_abs_k = 0, max_abs_do = 0;  // the floors' max|x|
+  double max_abs_q = 0, max_abs_k = 0, max_abs_do = 0, max_abs_v = 0;  // the floors' max|x|
 };
 BwdReference backward_reference(const ref::Shape&, const float* q, const float* k, const float* v,
                                 const float* dout, int threads = 0);
