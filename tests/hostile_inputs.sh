@@ -127,6 +127,7 @@ fi
 RUN="run --family naive --shape 1,1,8,8,64"
 expect_usage_error "THREADS = 4294967424 is outside its domain" run --family naive --params THREADS=4294967424 --shape 1,1,8,8,64
 expect_usage_error "must be an integer, got '99999999999999999999'" run --family naive --params THREADS=99999999999999999999 --shape 1,1,8,8,64
+expect_usage_error "parameter THREADS is given twice" run --family naive --params THREADS=128,THREADS=64 --shape 1,1,8,8,64
 expect_usage_error "'batch' must be an integer in 1..1048576, got 4294967297" $RUN --params THREADS=128 --shape 4294967297,1,8,8,64
 expect_usage_error "--shape field head_dim is not an integer" $RUN --params THREADS=128 --shape 1,1,8,8,99999999999999999999
 expect_usage_error "--seed must be an integer" $RUN --params THREADS=128 --seed 99999999999999999999

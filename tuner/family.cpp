@@ -323,6 +323,7 @@ Config Family::parse_config(const std::string& kv) const {
     auto it = std::find_if(params.begin(), params.end(), [&](const ParamSpec& p) { return p.name == key; });
     if (it == params.end()) throw UsageError("family " + name + " has no parameter '" + brief(key) + "'");
     size_t i = (size_t)(it - params.begin());
+    if (seen[i]) throw UsageError("parameter " + key + " is given twice");
     char* end = nullptr;
     errno = 0;
     long long v = std::strtoll(val.c_str(), &end, 10);
