@@ -2,7 +2,8 @@
 # One call on the lent GPU machine: build, then one stage, results under $OUT.
 #   tests  - the `gpu` CTest label (fault isolation, every variant validated on ragged shapes, scaled and
 #            heavy-tailed inputs, slightly wrong kernels refused)
-#   edges  - issue 12's reported cases (Sk = 1 backward, x30 / x5 / heavy-tailed inputs) through `run --json`
+#   edges  - issue 12's reported cases (Sk = 1 backward, x30 / x5 / heavy-tailed inputs) through `run --json`;
+#            concurrent writers on one store and a kill -9 resume (gpu_concurrent_tune)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
 #   final  - tests, stored best configs re-timed, the closest call against torch flash re-measured
 #   sweep-simt - tune fa2_simt and naive on the fp32 standard grid, torch SDPA baseline in the same run
@@ -128,6 +129,7 @@ tests)
   ;;
 edges)
   edge_cases | tee "$OUT/edge_cases.txt"
+  ctest --test-dir build -R gpu_concurrent_tune -V 2>&1 | grep -vE "^[0-9]+: *$" | tail -30
   ;;
 full-compile)
   # Every variant of every space through NVRTC for sm_80 and sm_90 (CI compiles a covering sample):
