@@ -44,21 +44,27 @@ echo "concurrent: $rows rows, $keys distinct, $bad neither ok nor pruned"; cat "
 skipped=$(cat "$tmp"/out? | grep -o '[0-9]* already stored' | awk '{s += $1} END {print s + 0}')
 [[ $skipped -gt 0 ]] || { echo "FAIL: no writer skipped what another stored"; fail=1; }
 
-# 2. kill -9 mid-sweep, then resume: complete, nothing doubled.
-"$FLASHTUNE" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/k.db" --quiet >"$tmp/kill1" 2>&1 &
+# 2. kill -9 mid-sweep, then resume: complete, nothing doubled. Shapes large enough (~0.5 s a
+#    candidate) that the kill lands inside the sweep.
+cat >"$tmp/large.json" <<'JSON'
+{"problems": [{"batch": 4, "heads": 16, "seq_q": 2048, "seq_k": 2000, "head_dim": 64},
+              {"batch": 4, "heads": 16, "seq_q": 2000, "seq_k": 2048, "head_dim": 64, "causal": true},
+              {"batch": 4, "heads": 16, "seq": 2048, "head_dim": 64, "inputs": {"distribution": "heavy"}}]}
+JSON
+"$FLASHTUNE" tune "$tmp/space.json" "$tmp/large.json" --db "$tmp/k.db" --quiet >"$tmp/kill1" 2>&1 &
 pid=$!
-for _ in $(seq 100); do  # until a few results are stored
-  sleep 0.2
+for _ in $(seq 600); do  # until a few results are stored
+  sleep 0.1
   [[ -f "$tmp/k.db" ]] && n=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('select count(*) from results').fetchone()[0])" "$tmp/k.db" 2>/dev/null) && [[ ${n:-0} -ge 3 ]] && break
 done
 kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 read -r rows_killed _ _ < <(count_rows "$tmp/k.db")
-"$FLASHTUNE" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/k.db" --quiet >"$tmp/kill2" 2>&1 ||
+"$FLASHTUNE" tune "$tmp/space.json" "$tmp/large.json" --db "$tmp/k.db" --quiet >"$tmp/kill2" 2>&1 ||
   { echo "FAIL: resumed tune exited non-zero"; cat "$tmp/kill2"; fail=1; }
 read -r rows keys bad < <(count_rows "$tmp/k.db")
 echo "kill -9 after $rows_killed rows; resumed: $rows rows, $keys distinct, $bad neither ok nor pruned"; cat "$tmp/kill2"
-[[ $rows_killed -lt $want ]] || echo "note: the sweep finished before the kill"
+[[ $rows_killed -ge 1 && $rows_killed -lt $want ]] || { echo "FAIL: the kill did not land inside the sweep"; fail=1; }
 [[ $rows -eq $want && $keys -eq $want && $bad -eq 0 ]] || { echo "FAIL: want $want rows after the resume"; fail=1; }
 [[ $fail -eq 0 ]] && echo "gpu_concurrent_tune: passed"
 exit $fail
