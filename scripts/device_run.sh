@@ -4,6 +4,8 @@
 #            heavy-tailed inputs, slightly wrong kernels refused)
 #   edges  - issue 12's reported cases (Sk = 1 backward, x30 / x5 / heavy-tailed inputs) through `run --json`;
 #            concurrent writers on one store and a kill -9 resume (gpu_concurrent_tune)
+#   library - the runtime, the CMake consumer and the torch op (gpu tests), pip install, train_tiny_gpt
+#   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
 #   final  - tests, stored best configs re-timed, the closest call against torch flash re-measured
 #   sweep-simt - tune fa2_simt and naive on the fp32 standard grid, torch SDPA baseline in the same run
@@ -130,6 +132,25 @@ tests)
 edges)
   edge_cases | tee "$OUT/edge_cases.txt"
   ctest --test-dir build -R gpu_concurrent_tune -V 2>&1 | grep -vE "^[0-9]+: *$" | tail -30
+  ;;
+library)
+  # The runtime library, the installed CMake package's consumer and the PyTorch op on this GPU; the
+  # package pip-installed offline (scikit-build-core from the carried .whl/); the training example.
+  log "ctest runtime, cmake consumer, torch op"
+  ctest --test-dir build -R 'gpu_runtime|gpu_cmake_consumer|gpu_torch_op|python_unit' -V >"$OUT/ctest_library.log" 2>&1
+  grep -E "Test +#|tests passed|FAIL|explain|error|ratio" "$OUT/ctest_library.log" | tail -60
+  log "pip install"
+  python3 -m pip install -q --no-index --find-links .whl scikit-build-core 2>&1 | tail -3
+  python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 || tail -30 "$OUT/pip.log"
+  (cd /tmp && python3 -c "import flashtune; print(flashtune.__file__, flashtune.device_available())")
+  log "train_tiny_gpt"
+  (cd /tmp && python3 "$OLDPWD/examples/train_tiny_gpt.py" --out-dir "$OLDPWD/$rep") 2>&1 | tail -15
+  cp "$rep"/train_tiny_gpt.* "$OUT/" 2>/dev/null
+  ;;
+overhead)
+  log "module overhead"
+  python3 experiments/module_overhead.py --flashtune "$ft" 2>&1 | tail -30
+  cp "$rep/module_overhead.csv" "$OUT/" 2>/dev/null
   ;;
 full-compile)
   # Every variant of every space through NVRTC for sm_80 and sm_90 (CI compiles a covering sample):

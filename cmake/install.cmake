@@ -1,0 +1,41 @@
+# `cmake --install build --prefix P`: the flashtune CMake package.
+#   P/include/flashtune/attention.h, attention.hpp          the runtime's C ABI and C++ interface
+#   P/include/flashtune/{tuner,reference,templates,configs/generated}/   the tuner library's headers, the
+#       kernel templates and the generated config tables (include <flashtune/configs/generated/dispatch.hpp>
+#       with flashtune::tuner linked: its include path holds templates/ for tuned_config.h)
+#   P/lib/libflashtune_attention.so (flashtune::attention), libflashtune_core.a (flashtune::tuner),
+#   libflashtune_reference.a (flashtune::reference); P/bin/flashtune and flashtune-worker
+#   P/lib/cmake/flashtune/flashtuneConfig.cmake, ...ConfigVersion.cmake, flashtuneTargets.cmake
+# The templates are embedded in the libraries, so nothing here reads the source tree at run time
+# (except `flashtune report`, which runs reports/make_report.py from the source tree it was built in).
+include(CMakePackageConfigHelpers)
+
+set_target_properties(flashtune_core PROPERTIES EXPORT_NAME tuner)
+set_target_properties(flashtune_reference PROPERTIES EXPORT_NAME reference)
+add_library(flashtune::tuner ALIAS flashtune_core)
+add_library(flashtune::reference ALIAS flashtune_reference)
+
+install(TARGETS flashtune_attention flashtune_core flashtune_reference
+        EXPORT flashtuneTargets
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS flashtune flashtune-worker RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+set(FT_INC ${CMAKE_INSTALL_INCLUDEDIR}/flashtune)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/flashtune/ DESTINATION ${FT_INC} FILES_MATCHING PATTERN "*.h*")
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/tuner/ DESTINATION ${FT_INC}/tuner FILES_MATCHING PATTERN "*.hpp")
+install(FILES ${PROJECT_SOURCE_DIR}/reference/attention_ref.hpp DESTINATION ${FT_INC}/reference)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/templates/ DESTINATION ${FT_INC}/templates
+        FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/configs/generated/ DESTINATION ${FT_INC}/configs/generated
+        FILES_MATCHING PATTERN "*.hpp")
+
+set(FT_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashtune)
+install(EXPORT flashtuneTargets NAMESPACE flashtune:: DESTINATION ${FT_CMAKE_DIR})
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flashtuneConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/flashtuneConfig.cmake INSTALL_DESTINATION ${FT_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/flashtuneConfigVersion.cmake
+                                 VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/flashtuneConfig.cmake ${PROJECT_BINARY_DIR}/flashtuneConfigVersion.cmake
+        DESTINATION ${FT_CMAKE_DIR})

@@ -1,0 +1,274 @@
+"""ctypes bindings over the flashtune runtime's C ABI (runtime/include/flashtune/attention.h).
+
+The structs below mirror the header field for field (tests/test_python_unit.py compares their sizes and
+offsets with a C++ program compiled against the header). The library is found through
+$FLASHTUNE_LIBRARY (a path to libflashtune_attention.so, as the tests in the build tree use), else beside
+this package (where `pip install .` puts it). It is loaded at first use, so `import flashtune` works
+where it is missing, and a non-FT_OK status becomes a Python exception carrying ft_last_error()'s line.
+Nothing here needs torch: tensors are passed as (device pointer, 4 element strides).
+"""
+import ctypes
+import math
+import os
+import threading
+
+LIBRARY_NAME = "libflashtune_attention.so"
+ENV_LIBRARY = "FLASHTUNE_LIBRARY"
+
+# ft_status
+FT_OK = 0
+FT_INVALID_ARGUMENT = 1
+FT_UNSUPPORTED = 2
+FT_NO_GPU = 3
+FT_CUDA_ERROR = 4
+FT_COMPILE_ERROR = 5
+STATUS_NAMES = {FT_OK: "FT_OK", FT_INVALID_ARGUMENT: "FT_INVALID_ARGUMENT", FT_UNSUPPORTED: "FT_UNSUPPORTED",
+                FT_NO_GPU: "FT_NO_GPU", FT_CUDA_ERROR: "FT_CUDA_ERROR", FT_COMPILE_ERROR: "FT_COMPILE_ERROR"}
+
+# ft_dtype
+DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}
+
+_INT_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+
+
+# --- errors ------------------------------------------------------------------------------------
+class FlashtuneError(RuntimeError):
+    """A runtime call returned a status other than FT_OK; str() is ft_last_error()'s line."""
+    status = None
+
+
+class InvalidArgumentError(FlashtuneError, ValueError):
+    status = FT_INVALID_ARGUMENT
+
+
+class UnsupportedError(FlashtuneError, ValueError):
+    status = FT_UNSUPPORTED
+
+
+class NoGpuError(FlashtuneError):
+    status = FT_NO_GPU
+
+
+class CudaError(FlashtuneError):
+    status = FT_CUDA_ERROR
+
+
+class CompileError(FlashtuneError):
+    status = FT_COMPILE_ERROR
+
+
+class LibraryNotFoundError(FlashtuneError, OSError):
+    """libflashtune_attention.so could not be found or loaded."""
+
+
+_ERRORS = {c.status: c for c in (InvalidArgumentError, UnsupportedError, NoGpuError, CudaError, CompileError)}
+
+
+def one_line(msg, limit=400):
+    msg = " ".join(str(msg).split())
+    return msg if len(msg) <= limit else msg[:limit - 3] + "..."
+
+
+# --- the structs of attention.h ----------------------------------------------------------------
+class FtTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("stride", ctypes.c_int64 * 4)]
+
+
+# C enums (ft_dtype) are int-sized on the platforms CUDA supports.
+_HEAD = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("seq_q", ctypes.c_int), ("seq_k", ctypes.c_int),
+         ("head_dim", ctypes.c_int), ("dtype", ctypes.c_int), ("causal", ctypes.c_int), ("scale", ctypes.c_float)]
+
+
+class FtForwardArgs(ctypes.Structure):
+    _fields_ = _HEAD + [("q", FtTensor), ("k", FtTensor), ("v", FtTensor), ("o", FtTensor),
+                        ("lse", ctypes.c_void_p)]
+
+
+class FtBackwardArgs(ctypes.Structure):
+    _fields_ = _HEAD + [("q", FtTensor), ("k", FtTensor), ("v", FtTensor), ("o", FtTensor), ("dout", FtTensor),
+                        ("lse", ctypes.c_void_p),
+                        ("dq", FtTensor), ("dk", FtTensor), ("dv", FtTensor),
+                        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
+
+
+class FtExplanation(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_char * 32), ("config", ctypes.c_char * 160), ("source", ctypes.c_char * 16),
+                ("cache", ctypes.c_char * 16), ("device", ctypes.c_char * 96), ("arch", ctypes.c_char * 16)]
+
+    def as_dict(self):
+        return {name: getattr(self, name).decode("utf-8", "replace") for name, _ in self._fields_}
+
+
+# --- loading -----------------------------------------------------------------------------------
+_lock = threading.Lock()
+_lib = None
+_load_error = None
+
+
+def library_path():
+    """Where the library is looked for: $FLASHTUNE_LIBRARY, else beside this package."""
+    env = os.environ.get(ENV_LIBRARY)
+    if env:
+        return env
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
+
+
+def _bind(lib):
+    P = ctypes.POINTER
+    sigs = {
+        "ft_attention_forward": (ctypes.c_int, [P(FtForwardArgs), ctypes.c_void_p]),
+        "ft_attention_backward": (ctypes.c_int, [P(FtBackwardArgs), ctypes.c_void_p]),
+        "ft_backward_workspace_bytes": (ctypes.c_int, [P(FtBackwardArgs), P(ctypes.c_size_t)]),
+        "ft_explain_forward": (ctypes.c_int, [P(FtForwardArgs), P(FtExplanation)]),
+        "ft_explain_backward": (ctypes.c_int, [P(FtBackwardArgs), P(FtExplanation)]),
+        "ft_device_available": (ctypes.c_int, []),
+        "ft_last_error": (ctypes.c_char_p, []),
+        "ft_version": (ctypes.c_char_p, []),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)  # AttributeError: a library without the whole ABI
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+def load():
+    """The bound library; raises LibraryNotFoundError (one line) when it cannot be loaded."""
+    global _lib, _load_error
+    with _lock:
+        if _lib is None and _load_error is None:
+            path = library_path()
+            try:
+                if not os.path.isfile(path):
+                    raise OSError(f"{path} does not exist")
+                _lib = _bind(ctypes.CDLL(path))
+            except (OSError, AttributeError) as e:
+                _load_error = one_line(f"cannot load the flashtune runtime library ({ENV_LIBRARY} or beside the "
+                                       f"package): {e}")
+        if _lib is None:
+            raise LibraryNotFoundError(_load_error)
+        return _lib
+
+
+def last_error():
+    return one_line(load().ft_last_error().decode("utf-8", "replace"))
+
+
+def check(status, what):
+    """FT_OK passes; any other status raises its exception with ft_last_error()'s line."""
+    if status == FT_OK:
+        return
+    msg = last_error() or STATUS_NAMES.get(status, f"status {status}")
+    cls = _ERRORS.get(status, FlashtuneError)
+    err = cls(f"{what}: {msg}")
+    err.status = status
+    raise err
+
+
+def version():
+    return load().ft_version().decode()
+
+
+def device_available():
+    """(True, "") when a CUDA device is usable, else (False, one line saying why); never raises."""
+    try:
+        lib = load()
+    except LibraryNotFoundError as e:
+        return False, str(e)
+    status = lib.ft_device_available()
+    if status == FT_OK:
+        return True, ""
+    return False, last_error() or STATUS_NAMES.get(status, f"status {status}")
+
+
+# --- argument packing (no torch) ---------------------------------------------------------------
+def _int_in(name, x, lo, hi):
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if not lo <= x <= hi:
+        raise ValueError(f"{name} = {x} is out of range [{lo}, {hi}]")
+    return x
+
+
+def make_tensor(name, t):
+    """(device pointer, 4 strides in elements) -> FtTensor, every value checked in range."""
+    try:
+        ptr, strides = t
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a (pointer, strides) pair") from None
+    _int_in(f"{name} pointer", ptr, 0, 2**64 - 1)
+    strides = tuple(strides)
+    if len(strides) != 4:
+        raise ValueError(f"{name} needs 4 strides ([B, H, S, d]), got {len(strides)}")
+    for i, s in enumerate(strides):
+        _int_in(f"{name} stride[{i}]", s, -_INT64_MAX, _INT64_MAX)
+    return FtTensor(ptr or None, (ctypes.c_int64 * 4)(*strides))
+
+
+def _head(args, shape, dtype, causal, scale):
+    if len(shape) != 5:
+        raise ValueError(f"shape must be (batch, heads, seq_q, seq_k, head_dim), got {len(shape)} values")
+    for name, x in zip(("batch", "heads", "seq_q", "seq_k", "head_dim"), shape):
+        setattr(args, name, _int_in(name, x, 1, _INT_MAX))
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    args.dtype = DTYPES[dtype]
+    args.causal = 1 if causal else 0
+    if scale is None:
+        scale = 0.0  # the runtime's 1/sqrt(head_dim)
+    scale = float(scale)
+    if not math.isfinite(scale) or scale < 0:
+        raise ValueError(f"scale must be a positive finite number (or None for 1/sqrt(head_dim)), got {scale}")
+    args.scale = scale
+
+
+def forward_args(shape, dtype, causal, scale, q, k, v, o, lse):
+    """shape (B, H, Sq, Sk, d); q, k, v, o as (pointer, strides); lse a pointer (0: not wanted)."""
+    a = FtForwardArgs()
+    _head(a, shape, dtype, causal, scale)
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        setattr(a, name, make_tensor(name, t))
+    a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
+    return a
+
+
+def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, workspace=0, workspace_bytes=0):
+    a = FtBackwardArgs()
+    _head(a, shape, dtype, causal, scale)
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        setattr(a, name, make_tensor(name, t))
+    a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
+    a.workspace = _int_in("workspace pointer", workspace, 0, 2**64 - 1) or None
+    a.workspace_bytes = _int_in("workspace_bytes", workspace_bytes, 0, 2**64 - 1)
+    return a
+
+
+def _stream(stream):
+    return _int_in("stream", stream or 0, 0, 2**64 - 1) or None
+
+
+# --- calls -------------------------------------------------------------------------------------
+def forward(args, stream=0):
+    check(load().ft_attention_forward(ctypes.byref(args), _stream(stream)), "flashtune forward")
+
+
+def backward(args, stream=0):
+    check(load().ft_attention_backward(ctypes.byref(args), _stream(stream)), "flashtune backward")
+
+
+def backward_workspace_bytes(args):
+    n = ctypes.c_size_t(0)
+    check(load().ft_backward_workspace_bytes(ctypes.byref(args), ctypes.byref(n)), "flashtune workspace")
+    return n.value
+
+
+def explain_forward(args):
+    out = FtExplanation()
+    check(load().ft_explain_forward(ctypes.byref(args), ctypes.byref(out)), "flashtune explain")
+    return out.as_dict()
+
+
+def explain_backward(args):
+    out = FtExplanation()
+    check(load().ft_explain_backward(ctypes.byref(args), ctypes.byref(out)), "flashtune explain")
+    return out.as_dict()

@@ -1,0 +1,221 @@
+"""flashtune for PyTorch: a custom op with autograd, a FlashAttention module, and explain().
+
+    from flashtune.torch import attention, FlashAttention, explain
+    o = attention(q, k, v, causal=True)          # q [B, H, Sq, d], k and v [B, H, Sk, d], as torch SDPA
+    attn = FlashAttention(head_dim=64); o = attn(q, k, v); o.sum().backward()
+
+The op is torch.ops.flashtune.attention_fwd (q, k, v, causal, scale) -> (o, lse) with the backward op
+torch.ops.flashtune.attention_bwd (dout, q, k, v, o, lse, causal, scale) -> (dq, dk, dv); both have
+fake (meta) implementations, so they work in eager mode, under torch.compile (fullgraph) and under
+torch.autocast("cuda"): floating inputs are cast to the autocast dtype first, as SDPA's are. Calls run
+on torch.cuda.current_stream(); inputs keep their strides (the runtime packs a non-contiguous layout),
+outputs are contiguous. causal is bottom-right aligned (query i sees keys j <= i + Sk - Sq), as
+FlashAttention; a query row that sees no key gives O = 0 and LSE = +inf. scale 0.0 in the ops means
+1/sqrt(head_dim).
+"""
+import math
+
+import torch
+
+from . import _lib
+
+__all__ = ["attention", "FlashAttention", "explain"]
+
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_NAMES = ("q", "k", "v")
+
+
+# --- validation (one line each; runs under torch.compile too: nothing here reads data) ------------
+def _check(q, k, v, fn, autocast=False):
+    for n, t in zip(_NAMES, (q, k, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {n} must be a torch.Tensor, got {type(t).__name__}")
+    for n, t in zip(_NAMES, (q, k, v)):
+        if t.dim() != 4:
+            raise ValueError(f"{fn}: {n} must be 4-D [batch, heads, seq, head_dim] (torch SDPA's layout), "
+                             f"got shape {tuple(t.shape)}")
+    for n, t in zip(_NAMES, (q, k, v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{fn}: {n} is on {t.device}; flashtune runs on CUDA tensors (move them with .cuda())")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"{fn}: q, k, v are on different devices ({q.device}, {k.device}, {v.device})")
+    if autocast and torch.is_autocast_enabled("cuda"):  # as SDPA: floating inputs in the autocast dtype
+        dt = torch.get_autocast_dtype("cuda")
+        q, k, v = [t.to(dt) if t.is_floating_point() else t for t in (q, k, v)]
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{fn}: mixed dtypes (q {q.dtype}, k {k.dtype}, v {v.dtype}); give all three one dtype")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"{fn}: dtype {q.dtype} is not supported; use torch.float32, torch.float16 or torch.bfloat16")
+    B, H, Sq, d = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"{fn}: batch sizes differ (q {B}, k {k.shape[0]}, v {v.shape[0]})")
+    if k.shape[1] != H or v.shape[1] != H:
+        raise ValueError(f"{fn}: q has {H} heads, k {k.shape[1]} and v {v.shape[1]}; grouped-query attention "
+                         f"(Hq != Hk) is not supported: repeat k and v along dim 1 first")
+    if k.shape[3] != d or v.shape[3] != d:
+        raise ValueError(f"{fn}: head dims differ (q {d}, k {k.shape[3]}, v {v.shape[3]})")
+    if v.shape[2] != k.shape[2]:
+        raise ValueError(f"{fn}: k and v have different sequence lengths ({k.shape[2]}, {v.shape[2]})")
+    return q, k, v
+
+
+def _scale(scale):
+    if scale is None:
+        return 0.0  # the runtime's 1/sqrt(head_dim)
+    s = float(scale)
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"flashtune.torch.attention: scale must be a positive finite number or None, got {scale}")
+    return s
+
+
+# --- tensors as the runtime takes them -------------------------------------------------------------
+def _runtime_layout(t):
+    """t when its layout can go to the runtime as it is (unit-stride head dim, positive strides, no two
+    elements at one address), else a contiguous copy."""
+    dims = sorted(((t.stride(i), t.shape[i]) for i in range(4) if t.shape[i] != 1))
+    ok = t.shape[3] == 1 or t.stride(3) == 1
+    span = 1
+    for stride, size in dims:
+        if stride < span:
+            ok = False
+            break
+        span = stride * size
+    return t if ok else t.contiguous()
+
+
+def _ref(t):
+    """(pointer, strides); a size-1 dim, whose stride torch leaves arbitrary, gets 0 (never read)."""
+    return t.data_ptr(), [t.stride(i) if t.shape[i] != 1 else 0 for i in range(4)]
+
+
+def _stream(device):
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _fwd_args(q, k, v, o, lse, causal, scale):
+    B, H, Sq, d = q.shape
+    return _lib.forward_args((B, H, Sq, k.shape[2], d), _DTYPES[q.dtype], causal, scale,
+                             _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr())
+
+
+def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale):
+    B, H, Sq, d = q.shape
+    return _lib.backward_args((B, H, Sq, k.shape[2], d), _DTYPES[q.dtype], causal, scale,
+                              _ref(q), _ref(k), _ref(v), _ref(o), _ref(dout), lse.data_ptr(),
+                              _ref(dq), _ref(dk), _ref(dv))
+
+
+# --- the ops ---------------------------------------------------------------------------------------
+@torch.library.custom_op("flashtune::attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = _check(q, k, v, "flashtune::attention_fwd")
+    B, H, Sq, d = q.shape
+    o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse
+    if k.shape[2] == 0:  # no keys: every row fully masked
+        return o.zero_(), lse.fill_(math.inf)
+    q, k, v = (_runtime_layout(t) for t in (q, k, v))
+    with torch.cuda.device(q.device):
+        _lib.forward(_fwd_args(q, k, v, o, lse, causal, scale), _stream(q.device))
+    return o, lse
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, causal, scale):
+    B, H, Sq, d = q.shape
+    return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashtune::attention_bwd", mutates_args=())
+def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                  lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = _check(q, k, v, "flashtune::attention_bwd")
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if dq.numel() == 0 or dk.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    dout = _runtime_layout(dout.to(device=q.device, dtype=q.dtype))  # a broadcast gradient (stride 0) is copied
+    o = _runtime_layout(o.to(dtype=q.dtype))
+    q, k, v = (_runtime_layout(t) for t in (q, k, v))
+    lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
+    with torch.cuda.device(q.device):
+        _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale), _stream(q.device))
+    return dq, dk, dv
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, q, k, v, o, lse, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal = causal
+    ctx.scale = scale
+
+
+def _backward(ctx, dout, dlse):
+    # lse is an auxiliary output (attention() returns o alone); its gradient is not propagated.
+    q, k, v, o, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(o)
+    dq, dk, dv = attention_bwd(dout, q, k, v, o, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --- the public face -------------------------------------------------------------------------------
+def attention(q, k, v, causal=False, scale=None):
+    """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, H, Sk, d].
+
+    Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
+    TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or
+    dtype the runtime has no kernel for on this GPU, flashtune.FlashtuneError for other runtime failures."""
+    q, k, v = _check(q, k, v, "flashtune.torch.attention", autocast=True)
+    o, _ = attention_fwd(q, k, v, bool(causal), _scale(scale))
+    return o
+
+
+class FlashAttention(torch.nn.Module):
+    """attn = FlashAttention(head_dim=64, causal=True); out = attn(q, k, v) with q [B, H, S, head_dim]."""
+
+    def __init__(self, head_dim=None, causal=False, scale=None):
+        super().__init__()
+        self.head_dim = head_dim
+        self.causal = bool(causal)
+        self.scale = scale
+
+    def forward(self, q, k, v, causal=None):
+        if self.head_dim is not None and isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[-1] != self.head_dim:
+            raise ValueError(f"FlashAttention(head_dim={self.head_dim}) got q with head dim {q.shape[-1]}")
+        return attention(q, k, v, causal=self.causal if causal is None else bool(causal), scale=self.scale)
+
+    def extra_repr(self):
+        return f"head_dim={self.head_dim}, causal={self.causal}" + (f", scale={self.scale}" if self.scale else "")
+
+
+def explain(q, k, v, causal=False):
+    """Which kernels attention(q, k, v, causal) runs and why: a dict with family, config, source
+    ("db", "device", "arch", "default"), cache ("memory", "disk", "jit", "aot"), device and arch of
+    the forward, and the same for the backward under "backward" ({"error": ...} where it has none)."""
+    q, k, v = _check(q, k, v, "flashtune.torch.explain", autocast=True)
+    B, H, Sq, d = q.shape
+    q, k, v = (_runtime_layout(t) for t in (q, k, v))
+    o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    with torch.cuda.device(q.device):
+        out = _lib.explain_forward(_fwd_args(q, k, v, o, lse, bool(causal), 0.0))
+        dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
+        try:
+            out["backward"] = _lib.explain_backward(_bwd_args(o, q, k, v, o, lse, dq, dk, dv, bool(causal), 0.0))
+        except _lib.FlashtuneError as e:
+            out["backward"] = {"error": str(e)}
+    return out

@@ -1,0 +1,646 @@
+// The C ABI (flashtune/attention.h): argument checks, config lookup, kernels from the in-process map,
+// the disk cache or NVRTC, and the launches on the caller's stream. The launch sequence is the
+// worker's (tuner/gpu_runner.cpp: module load, lowered names, >48 KiB shared memory opt-in, zero-filled
+// family workspace, kernels in the family's order), on caller-owned tensors instead of test buffers.
+#pragma GCC visibility push(default)
+#include "flashtune/attention.h"
+#pragma GCC visibility pop
+
+#include <nvrtc.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+
+#include "args.hpp"
+#include "disk_cache.hpp"
+#include "driver.hpp"
+#include "lookup.hpp"
+#include "templates/attention_params.h"
+#include "tuner/compile.hpp"
+#include "tuner/util.hpp"
+
+namespace flashtune::rt {
+namespace {
+
+thread_local std::string t_last_error;
+
+struct Failure {
+  ft_status status;
+  std::string message;
+};
+[[noreturn]] void fail(ft_status s, std::string m) { throw Failure{s, std::move(m)}; }
+
+const Driver& drv() {
+  std::string why;
+  const Driver* d = driver(&why);
+  if (!d) fail(FT_NO_GPU, why);
+  return *d;
+}
+void check(CUresult r, const char* call) {
+  if (r != CUDA_SUCCESS) fail(FT_CUDA_ERROR, std::string(call) + ": " + describe(r));
+}
+#define FT_CU(fn, ...) check(drv().fn(__VA_ARGS__), #fn)
+
+// ---- process-wide state (one mutex; compiles run outside it) ------------------------------------
+struct Compiled {
+  std::vector<std::string> names;  // lowered kernel names, launch order
+  std::string cubin;
+};
+struct Loaded {
+  CUmodule module = nullptr;
+  std::vector<CUfunction> fns;
+};
+struct DeviceDesc {
+  std::string name, arch;
+};
+struct State {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<const Compiled>> compiled;    // variant hash -> cubin
+  std::map<std::pair<CUcontext, std::string>, Loaded> modules;        // per context
+  std::map<int, CUcontext> primaries;                                 // retained for the process
+  std::map<int, DeviceDesc> devices;
+  std::map<std::string, std::unique_ptr<Compiler>> compilers;         // per arch
+  std::map<std::string, Pick> plans;
+};
+State& state() {
+  static State* s = new State;  // never destroyed: modules may outlive static destruction order
+  return *s;
+}
+
+std::string encode_payload(const Compiled& c) {
+  std::string names;
+  for (const auto& n : c.names) names += (names.empty() ? "" : "\n") + n;
+  return names + '\0' + c.cubin;
+}
+std::shared_ptr<const Compiled> decode_payload(const std::string& p) {
+  const size_t z = p.find('\0');
+  if (z == std::string::npos || z + 1 >= p.size()) return nullptr;
+  auto c = std::make_shared<Compiled>();
+  c->names = split(p.substr(0, z), '\n');
+  c->cubin = p.substr(z + 1);
+  return c;
+}
+
+// ---- context: the caller's, else the primary context of the pointer's device ---------------------
+class ContextScope {
+ public:
+  explicit ContextScope(const void* ptr) {
+    CUcontext cur = nullptr;
+    FT_CU(cuCtxGetCurrent, &cur);
+    if (cur) {
+      ctx_ = cur;
+      return;
+    }
+    int ordinal = -1;
+    const CUresult r = drv().cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)ptr);
+    if (r != CUDA_SUCCESS) fail(FT_INVALID_ARGUMENT, "q.data is not a CUDA device pointer (" + describe(r) + ")");
+    {
+      State& s = state();
+      std::lock_guard<std::mutex> lock(s.mu);
+      auto it = s.primaries.find(ordinal);
+      if (it == s.primaries.end()) {
+        CUdevice dev;
+        FT_CU(cuDeviceGet, &dev, ordinal);
+        CUcontext ctx;
+        FT_CU(cuDevicePrimaryCtxRetain, &ctx, dev);
+        it = s.primaries.emplace(ordinal, ctx).first;
+      }
+      ctx_ = it->second;
+    }
+    FT_CU(cuCtxPushCurrent, ctx_);
+    pushed_ = true;
+  }
+  ~ContextScope() {
+    if (pushed_) {
+      CUcontext c;
+      drv().cuCtxPopCurrent(&c);
+    }
+  }
+  CUcontext get() const { return ctx_; }
+
+ private:
+  CUcontext ctx_ = nullptr;
+  bool pushed_ = false;
+};
+
+DeviceDesc current_device() {
+  CUdevice dev;
+  FT_CU(cuCtxGetDevice, &dev);
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (auto it = s.devices.find((int)dev); it != s.devices.end()) return it->second;
+  }
+  char name[256] = {};
+  FT_CU(cuDeviceGetName, name, (int)sizeof name - 1, dev);
+  int major = 0, minor = 0;
+  FT_CU(cuDeviceGetAttribute, &major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  FT_CU(cuDeviceGetAttribute, &minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  DeviceDesc d{name, "sm_" + std::to_string(major) + std::to_string(minor)};
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.devices[(int)dev] = d;
+  return d;
+}
+
+const Compiler& compiler_for(const std::string& arch) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto& c = s.compilers[arch];
+  if (!c) {
+    try {
+      arch_limits(arch);
+    } catch (const std::exception&) {
+      s.compilers.erase(arch);
+      fail(FT_UNSUPPORTED, "GPU architecture " + arch + " is not supported (sm_80 or newer with a known shared-memory limit)");
+    }
+    c = std::make_unique<Compiler>(arch);
+  }
+  return *c;
+}
+
+// ---- which kernel ---------------------------------------------------------------------------
+struct Plan {
+  DeviceDesc device;
+  Pick pick;
+  Problem problem;
+  std::string key;       // variant hash
+  std::string plan_key;  // the plan cache's key
+};
+
+Plan make_plan(const Query& q0, const Problem& p) {
+  Plan plan;
+  plan.device = current_device();
+  Query q = q0;
+  q.device = plan.device.name;
+  q.arch = plan.device.arch;
+  const Compiler& compiler = compiler_for(q.arch);
+  const char* db = std::getenv("FLASHTUNE_DB");
+  const std::string db_path = db ? db : "";
+  const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
+                               std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + '|' +
+                               std::to_string(p.seq_bucket()) + '|' + db_path;
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (auto it = s.plans.find(plan_key); it != s.plans.end()) plan.pick = it->second;
+  }
+  if (!plan.pick.family) {
+    try {
+      plan.pick = choose(generated_tables(), q, db_path);
+    } catch (const std::exception& e) {
+      fail(FT_INVALID_ARGUMENT, std::string("FLASHTUNE_DB: ") + e.what());
+    }
+    if (!plan.pick.family)
+      fail(FT_UNSUPPORTED, "no family runs " + std::string(to_string(q.dtype)) + " " +
+                               (q.direction == "fwd" ? "forward" : "backward") + " d=" + std::to_string(q.head_dim) +
+                               " on " + q.arch);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.plans[plan_key] = plan.pick;
+  }
+  plan.problem = p;
+  plan.plan_key = plan_key;
+  plan.key = compiler.variant_hash(Variant{plan.pick.family, plan.pick.config, p.head_dim, p.causal, p.dtype});
+  return plan;
+}
+
+// Where a kernel would come from now: "memory", "disk" or "jit".
+std::string cache_level(CUcontext ctx, const std::string& key) {
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.modules.count({ctx, key}) || s.compiled.count(key)) return "memory";
+  }
+  return DiskCache(DiskCache::default_dir()).contains(key) ? "disk" : "jit";
+}
+
+// The cubin for `key`: memory, else disk, else `build` (stored on disk and in memory).
+template <class Build>
+std::shared_ptr<const Compiled> cubin_for(const std::string& key, Build build) {
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (auto it = s.compiled.find(key); it != s.compiled.end()) return it->second;
+  }
+  const DiskCache disk(DiskCache::default_dir());
+  std::shared_ptr<const Compiled> c;
+  if (auto payload = disk.load(key)) c = decode_payload(*payload);
+  if (!c) {
+    c = build();
+    if (!c) return nullptr;  // a failed compile is not cached
+    disk.store(key, encode_payload(*c));
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.compiled.emplace(key, c).first->second;
+}
+
+const Loaded& load_module(CUcontext ctx, const std::string& key, const Compiled& c) {
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (auto it = s.modules.find({ctx, key}); it != s.modules.end()) return it->second;
+  }
+  Loaded l;
+  FT_CU(cuModuleLoadData, &l.module, c.cubin.data());
+  for (const auto& n : c.names) {
+    CUfunction fn;
+    FT_CU(cuModuleGetFunction, &fn, l.module, n.c_str());
+    l.fns.push_back(fn);
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  // Another thread may have loaded it meanwhile: keep the first (ours stays loaded, a small leak once).
+  return s.modules.emplace(std::make_pair(ctx, key), l).first->second;
+}
+
+// The plan's kernels in this context; a config that does not compile falls back to the default.
+const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
+  const Compiler& compiler = compiler_for(plan.device.arch);
+  const Problem& p = plan.problem;
+  std::string first_error;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const Variant v{plan.pick.family, plan.pick.config, p.head_dim, p.causal, p.dtype};
+    auto c = cubin_for(plan.key, [&]() -> std::shared_ptr<const Compiled> {
+      KernelRecord k = compiler.compile(v);
+      if (k.status != "compiled") {
+        first_error = plan.pick.family->name + " " + k.config + ": " + k.status + ": " + brief(k.reason, 200);
+        return nullptr;
+      }
+      auto out = std::make_shared<Compiled>();
+      out->names = split(k.lowered_name, '\n');
+      out->cubin = std::move(k.cubin);
+      return out;
+    });
+    if (c) return load_module(ctx, plan.key, *c);
+    if (plan.pick.source == "default") break;
+    plan.pick.note = first_error + ": default used";
+    plan.pick.source = "default";
+    plan.pick.config = plan.pick.family->default_config;
+    plan.key = compiler.variant_hash(Variant{plan.pick.family, plan.pick.config, p.head_dim, p.causal, p.dtype});
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.plans[plan.plan_key] = plan.pick;  // later calls (and explain) go straight to the default
+  }
+  fail(FT_COMPILE_ERROR, first_error);
+}
+
+// ---- strided copies: arguments in other layouts to and from contiguous scratch -------------------
+constexpr const char* kCopySource = R"cuda(
+// Element i of contiguous [B, H, S, D] <-> element (b, h, s, c) of a strided tensor.
+template <typename T>
+__device__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, long long H, long long S,
+                             long long D, long long s0, long long s1, long long s2, long long s3, int unpack) {
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    const long long c = i % D, r = i / D, s = r % S, r2 = r / S, h = r2 % H, b = r2 / H;
+    const long long off = b * s0 + h * s1 + s * s2 + c * s3;
+    if (unpack) dst[off] = src[i];
+    else dst[i] = src[off];
+  }
+}
+extern "C" __global__ void ft_strided_copy_2(const unsigned short* src, unsigned short* dst, long long n, long long H,
+    long long S, long long D, long long s0, long long s1, long long s2, long long s3, int unpack) {
+  strided_copy(src, dst, n, H, S, D, s0, s1, s2, s3, unpack);
+}
+extern "C" __global__ void ft_strided_copy_4(const unsigned int* src, unsigned int* dst, long long n, long long H,
+    long long S, long long D, long long s0, long long s1, long long s2, long long s3, int unpack) {
+  strided_copy(src, dst, n, H, S, D, s0, s1, s2, s3, unpack);
+}
+)cuda";
+
+std::shared_ptr<const Compiled> compile_copy(const std::string& arch) {
+  nvrtcProgram prog;
+  if (nvrtcCreateProgram(&prog, kCopySource, "flashtune_strided_copy.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
+    fail(FT_COMPILE_ERROR, "nvrtcCreateProgram failed for the strided copy");
+  const std::string opt = "--gpu-architecture=" + arch;
+  const char* opts[] = {opt.c_str()};
+  const nvrtcResult rc = nvrtcCompileProgram(prog, 1, opts);
+  if (rc != NVRTC_SUCCESS) {
+    nvrtcDestroyProgram(&prog);
+    fail(FT_COMPILE_ERROR, std::string("the strided copy kernel: ") + nvrtcGetErrorString(rc));
+  }
+  auto c = std::make_shared<Compiled>();
+  size_t n = 0;
+  nvrtcGetCUBINSize(prog, &n);
+  c->cubin.resize(n);
+  nvrtcGetCUBIN(prog, c->cubin.data());
+  nvrtcDestroyProgram(&prog);
+  c->names = {"ft_strided_copy_2", "ft_strided_copy_4"};
+  return c;
+}
+
+const Loaded& copy_kernels(CUcontext ctx, const std::string& arch) {
+  const std::string key = content_hash(std::string(kCopySource) + '|' + arch + '|' + nvrtc_version());
+  auto c = cubin_for(key, [&] { return compile_copy(arch); });
+  return load_module(ctx, key, *c);
+}
+
+// ---- one call's tensors and scratch ------------------------------------------------------------
+struct Operand {
+  const ft_tensor* t;
+  int64_t seq;
+  bool output;
+  size_t offset = 0;   // in scratch, when packed
+  bool packed = false;
+  CUdeviceptr ptr = 0;  // what the kernel sees
+};
+
+struct CallLayout {
+  Layout layout;
+  size_t lse = 0, delta = 0, dq_accum = 0, workspace = 0, workspace_bytes = 0;
+};
+
+void launch_copy(const Loaded& copy, CUstream stream, const Operand& o, const Problem& p, int elem, CUdeviceptr src,
+                 CUdeviceptr dst, int unpack) {
+  long long n = (long long)p.batch * p.heads * o.seq * p.head_dim, H = p.heads, S = o.seq, D = p.head_dim;
+  long long s[4] = {o.t->stride[0], o.t->stride[1], o.t->stride[2], o.t->stride[3]};
+  void* args[] = {&src, &dst, &n, &H, &S, &D, &s[0], &s[1], &s[2], &s[3], &unpack};
+  const unsigned blocks = (unsigned)std::min<long long>((n + 255) / 256, 1 << 16);
+  FT_CU(cuLaunchKernel, copy.fns[elem == 2 ? 0 : 1], blocks, 1, 1, 256, 1, 1, 0, stream, args, nullptr);
+}
+
+// Scratch pieces: packed operands, then the per-direction buffers.
+CallLayout layout_for(std::vector<Operand>& ops, const Problem& p, size_t workspace_bytes, bool need_lse, bool bwd) {
+  CallLayout c;
+  const size_t elem = dtype_bytes(p.dtype);
+  for (Operand& o : ops) {
+    o.packed = !direct(*o.t, p.batch, p.heads, o.seq, p.head_dim);
+    if (o.packed) o.offset = c.layout.add((size_t)p.batch * p.heads * o.seq * p.head_dim * elem);
+  }
+  const size_t rows = (size_t)p.batch * p.heads * p.seq_q;
+  if (need_lse) c.lse = c.layout.add(rows * 4);
+  if (bwd) {
+    c.delta = c.layout.add(rows * 4);
+    c.dq_accum = c.layout.add(rows * p.head_dim * 4);
+  }
+  c.workspace_bytes = workspace_bytes;
+  if (workspace_bytes) c.workspace = c.layout.add(workspace_bytes);
+  return c;
+}
+
+// Stream-ordered scratch: allocated at the start of a call, freed on its stream at the end.
+class Scratch {
+ public:
+  Scratch(size_t bytes, void* given, size_t given_bytes, CUstream s) : stream_(s) {
+    if (!bytes) return;
+    if (given) {
+      if (given_bytes < bytes)
+        fail(FT_INVALID_ARGUMENT, "workspace_bytes " + std::to_string(given_bytes) + " is less than the " +
+                                      std::to_string(bytes) + " this call needs (ft_backward_workspace_bytes)");
+      if (reinterpret_cast<uintptr_t>(given) % 256)
+        fail(FT_INVALID_ARGUMENT, "workspace is not 256-byte aligned (cudaMalloc's alignment)");
+      base_ = (CUdeviceptr)given;
+      return;
+    }
+    FT_CU(cuMemAllocAsync, &base_, bytes, stream_);
+    owned_ = true;
+  }
+  ~Scratch() {
+    if (owned_) drv().cuMemFreeAsync(base_, stream_);
+  }
+  CUdeviceptr at(size_t off) const { return base_ + off; }
+
+ private:
+  CUstream stream_;
+  CUdeviceptr base_ = 0;
+  bool owned_ = false;
+};
+
+void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream stream) {
+  const std::vector<Launch> ls = plan.pick.family->launches(plan.pick.config, plan.problem);
+  void* args[] = {params};
+  for (size_t i = 0; i < ls.size() && i < k.fns.size(); ++i) {
+    const Launch& l = ls[i];
+    if (l.smem_bytes > 48 * 1024)
+      FT_CU(cuFuncSetAttribute, k.fns[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)l.smem_bytes);
+    FT_CU(cuLaunchKernel, k.fns[i], l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem_bytes, stream, args,
+          nullptr);
+  }
+}
+
+template <class Args>
+Problem problem_of(const Args* a, const char* direction) {
+  Problem p;
+  p.batch = a->batch;
+  p.heads = a->heads;
+  p.seq_q = a->seq_q;
+  p.seq_k = a->seq_k;
+  p.head_dim = a->head_dim;
+  p.dtype = to_dtype(a->dtype);
+  p.causal = a->causal != 0;
+  p.direction = direction;
+  return p;
+}
+Query query_of(const Problem& p) {
+  Query q;
+  q.direction = p.direction;
+  q.dtype = p.dtype;
+  q.head_dim = p.head_dim;
+  q.causal = p.causal;
+  q.seq = std::max(p.seq_q, p.seq_k);
+  return q;
+}
+
+std::vector<Operand> forward_operands(const ft_forward_args* a) {
+  return {{&a->q, a->seq_q, false}, {&a->k, a->seq_k, false}, {&a->v, a->seq_k, false}, {&a->o, a->seq_q, true}};
+}
+std::vector<Operand> backward_operands(const ft_backward_args* a) {
+  return {{&a->q, a->seq_q, false},  {&a->k, a->seq_k, false}, {&a->v, a->seq_k, false},
+          {&a->o, a->seq_q, false},  {&a->dout, a->seq_q, false}, {&a->dq, a->seq_q, true},
+          {&a->dk, a->seq_k, true},  {&a->dv, a->seq_k, true}};
+}
+
+// Packs the inputs, runs `launch`, unpacks the outputs: all on the stream.
+template <class Launch>
+void with_operands(CUcontext ctx, const Plan& plan, std::vector<Operand>& ops, const Scratch& scratch, CUstream stream,
+                   Launch launch) {
+  const Problem& p = plan.problem;
+  const int elem = dtype_bytes(p.dtype);
+  const Loaded* copy = nullptr;
+  for (Operand& o : ops) {
+    o.ptr = o.packed ? scratch.at(o.offset) : (CUdeviceptr)o.t->data;
+    if (o.packed && !copy) copy = &copy_kernels(ctx, plan.device.arch);
+    if (o.packed && !o.output) launch_copy(*copy, stream, o, p, elem, (CUdeviceptr)o.t->data, o.ptr, 0);
+  }
+  launch();
+  for (Operand& o : ops)
+    if (o.packed && o.output) launch_copy(*copy, stream, o, p, elem, o.ptr, (CUdeviceptr)o.t->data, 1);
+}
+
+void run_forward(const ft_forward_args* a, CUstream stream) {
+  ContextScope ctx(a->q.data);
+  const Problem p = problem_of(a, "fwd");
+  Plan plan = make_plan(query_of(p), p);
+  const Loaded& k = family_kernels(ctx.get(), plan);
+  std::vector<Operand> ops = forward_operands(a);
+  const CallLayout c = layout_for(ops, p, plan.pick.family->workspace_bytes(plan.pick.config, p), !a->lse, false);
+  Scratch scratch(c.layout.total, nullptr, 0, stream);
+  if (c.workspace_bytes) FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
+  with_operands(ctx.get(), plan, ops, scratch, stream, [&] {
+    const float scale = softmax_scale(a->scale, p.head_dim);
+    AttnFwdParams fp{(const void*)ops[0].ptr, (const void*)ops[1].ptr, (const void*)ops[2].ptr, (void*)ops[3].ptr,
+                     a->lse ? a->lse : (float*)scratch.at(c.lse),
+                     c.workspace_bytes ? (float*)scratch.at(c.workspace) : nullptr,
+                     p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E)};
+    launch_family(k, plan, &fp, stream);
+  });
+}
+
+CallLayout backward_layout(const Plan& plan, std::vector<Operand>& ops) {
+  return layout_for(ops, plan.problem, plan.pick.family->workspace_bytes(plan.pick.config, plan.problem), false, true);
+}
+
+void run_backward(const ft_backward_args* a, CUstream stream) {
+  ContextScope ctx(a->q.data);
+  const Problem p = problem_of(a, "bwd");
+  Plan plan = make_plan(query_of(p), p);
+  const Loaded& k = family_kernels(ctx.get(), plan);
+  std::vector<Operand> ops = backward_operands(a);
+  const CallLayout c = backward_layout(plan, ops);
+  Scratch scratch(c.layout.total, a->workspace, a->workspace_bytes, stream);
+  if (c.workspace_bytes) FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
+  with_operands(ctx.get(), plan, ops, scratch, stream, [&] {
+    const float scale = softmax_scale(a->scale, p.head_dim);
+    AttnBwdParams bp{(const void*)ops[0].ptr, (const void*)ops[1].ptr, (const void*)ops[2].ptr,
+                     (const void*)ops[3].ptr, a->lse, (const void*)ops[4].ptr, (void*)ops[5].ptr, (void*)ops[6].ptr,
+                     (void*)ops[7].ptr, (float*)scratch.at(c.delta), (float*)scratch.at(c.dq_accum),
+                     p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E),
+                     c.workspace_bytes ? (void*)scratch.at(c.workspace) : nullptr};
+    launch_family(k, plan, &bp, stream);
+  });
+}
+
+void copy_str(char* dst, size_t n, const std::string& s) {
+  std::snprintf(dst, n, "%s", s.c_str());
+}
+
+template <class Args>
+std::string explain(const Args* a, const char* direction, ft_explanation* out) {
+  ContextScope ctx(a->q.data);
+  const Problem p = problem_of(a, direction);
+  const Plan plan = make_plan(query_of(p), p);
+  const std::string cache = cache_level(ctx.get(), plan.key);
+  const std::string config = plan.pick.family->config_string(plan.pick.config);
+  if (out) {
+    std::memset(out, 0, sizeof *out);
+    copy_str(out->family, sizeof out->family, plan.pick.family->name);
+    copy_str(out->config, sizeof out->config, config);
+    copy_str(out->source, sizeof out->source, plan.pick.source);
+    copy_str(out->cache, sizeof out->cache, cache);
+    copy_str(out->device, sizeof out->device, plan.device.name);
+    copy_str(out->arch, sizeof out->arch, plan.device.arch);
+  }
+  return plan.pick.family->name + " " + config + " (config: " + plan.pick.source + ", kernel: " + cache + ") on " +
+         plan.device.name + " (" + plan.device.arch + ")" + (plan.pick.note.empty() ? "" : "; " + plan.pick.note);
+}
+
+// Every entry point: errors become (status, one line) in the thread's last error.
+template <class F>
+ft_status guarded(F f) {
+  try {
+    f();
+    t_last_error.clear();
+    return FT_OK;
+  } catch (const Failure& e) {
+    t_last_error = e.message;
+    for (char& ch : t_last_error)
+      if (ch == '\n') ch = ' ';
+    return e.status;
+  } catch (const std::bad_alloc&) {
+    t_last_error = "out of host memory";
+  } catch (const std::exception& e) {
+    t_last_error = std::string("internal error: ") + e.what();
+  }
+  for (char& ch : t_last_error)
+    if (ch == '\n') ch = ' ';
+  return FT_CUDA_ERROR;
+}
+void require(const Check& c) {
+  if (c.status != FT_OK) fail(c.status, c.message);
+}
+
+}  // namespace
+}  // namespace flashtune::rt
+
+using namespace flashtune::rt;
+
+extern "C" {
+
+ft_status ft_attention_forward(const ft_forward_args* args, void* stream) {
+  return guarded([&] {
+    require(check_forward(args));
+    drv();
+    run_forward(args, (CUstream)stream);
+  });
+}
+
+ft_status ft_attention_backward(const ft_backward_args* args, void* stream) {
+  return guarded([&] {
+    require(check_backward(args));
+    drv();
+    run_backward(args, (CUstream)stream);
+  });
+}
+
+ft_status ft_backward_workspace_bytes(const ft_backward_args* args, size_t* bytes) {
+  return guarded([&] {
+    if (!bytes) fail(FT_INVALID_ARGUMENT, "bytes is null");
+    require(check_backward(args));
+    drv();
+    ContextScope ctx(args->q.data);
+    const flashtune::Problem p = problem_of(args, "bwd");
+    const Plan plan = make_plan(query_of(p), p);
+    std::vector<Operand> ops = backward_operands(args);
+    *bytes = backward_layout(plan, ops).layout.total;
+  });
+}
+
+ft_status ft_explain_forward(const ft_forward_args* args, ft_explanation* out) {
+  return guarded([&] {
+    require(check_forward(args));
+    if (!out) fail(FT_INVALID_ARGUMENT, "out is null");
+    drv();
+    explain(args, "fwd", out);
+  });
+}
+
+ft_status ft_explain_backward(const ft_backward_args* args, ft_explanation* out) {
+  return guarded([&] {
+    require(check_backward(args));
+    if (!out) fail(FT_INVALID_ARGUMENT, "out is null");
+    drv();
+    explain(args, "bwd", out);
+  });
+}
+
+ft_status ft_explain_forward_text(const ft_forward_args* args, char* buf, size_t size) {
+  return guarded([&] {
+    require(check_forward(args));
+    if (!buf || !size) fail(FT_INVALID_ARGUMENT, "buf is null or size is 0");
+    drv();
+    copy_str(buf, size, explain(args, "fwd", nullptr));
+  });
+}
+
+ft_status ft_explain_backward_text(const ft_backward_args* args, char* buf, size_t size) {
+  return guarded([&] {
+    require(check_backward(args));
+    if (!buf || !size) fail(FT_INVALID_ARGUMENT, "buf is null or size is 0");
+    drv();
+    copy_str(buf, size, explain(args, "bwd", nullptr));
+  });
+}
+
+ft_status ft_device_available(void) {
+  return guarded([] { drv(); });
+}
+
+const char* ft_last_error(void) { return t_last_error.c_str(); }
+
+const char* ft_version(void) { return FLASHTUNE_VERSION_STRING; }
+
+}  // extern "C"

@@ -1,0 +1,61 @@
+// Which family and config a call runs: pure host code over the family registry (tuner/family.hpp),
+// the generated tables (configs/generated/dispatch.hpp, compiled in) and an optional results store.
+// No GPU: the unit tests drive it with synthetic tables.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "tuned_config.h"
+#include "tuner/family.hpp"
+
+namespace flashtune::rt {
+
+// The tables a lookup reads: device tables (device name, arch, entries) and the families' defaults.
+struct TableSet {
+  const tuned::Table* tables = nullptr;
+  int count = 0;
+};
+// configs/generated/dispatch.hpp's kTables, as compiled into the library.
+TableSet generated_tables();
+
+// What a call asks for, from the tables' point of view.
+struct Query {
+  std::string device, arch;  // "NVIDIA H100 80GB HBM3", "sm_90"
+  std::string direction;     // "fwd" | "bwd"
+  DType dtype = DType::fp32;
+  int head_dim = 0;
+  bool causal = false;
+  int seq = 0;  // max(Sq, Sk): the tables' sequence buckets
+};
+
+// The registry's non-test families that run `q` (direction, dtype, head dim) on q.arch (a Hopper-only
+// family only on sm_90), in registry order.
+std::vector<const Family*> candidate_families(const Query& q);
+// Why no family runs `q`, one line, or "" when one does (the arch is not considered: argument checks).
+std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim);
+
+// The fixed preference where no table rates a candidate: fp32 fwd fa2_simt, fp16/bf16 fwd fa2_mma,
+// fp32 bwd fa2_simt_bwd, fp16/bf16 bwd fa2_wgmma_bwd on sm_90 else fa2_mma_bwd.
+const char* preferred_family(const Query& q);
+
+// Among the candidates, the one whose table entry (device table first, then the arch's) measured the
+// most TFLOP/s for this query; else the preferred family; nullptr when no family runs the query.
+const Family* choose_family(const TableSet&, const Query&);
+
+struct Pick {
+  const Family* family = nullptr;
+  Config config;
+  std::string source;  // "db", "device", "arch" or "default"
+  std::string note;    // why a tabled/stored config was not used, or ""
+};
+
+// The config for `f`: the results store at db_path first (when not empty; read-only open, best valid
+// row of the query's sequence bucket for this device), then the tables (device -> arch), then the
+// family's default. A stored or tabled config that the family's check rejects for this head dim falls
+// back to the default, with the reason in `note`. Throws UsageError for a store that cannot be read.
+Pick choose_config(const TableSet&, const Family& f, const Query&, const std::string& db_path = "");
+
+// choose_family then choose_config; family nullptr when unsupported.
+Pick choose(const TableSet&, const Query&, const std::string& db_path = "");
+
+}  // namespace flashtune::rt

@@ -1,0 +1,42 @@
+// Prints the C ABI's struct sizes and field offsets (runtime/include/flashtune/attention.h) as JSON, so
+// that tests/test_python_unit.py can compare them with python/flashtune/_lib.py's ctypes mirrors.
+#include <cstddef>
+#include <cstdio>
+
+#include "flashtune/attention.h"
+
+#define FIELD(T, f) std::printf("%s\"%s\": %zu", first ? "" : ", ", #f, offsetof(T, f)), first = false
+#define STRUCT(T, ...)                                                            \
+  do {                                                                            \
+    bool first = true;                                                            \
+    std::printf("%s\"%s\": {\"sizeof\": %zu, \"fields\": {", sep, #T, sizeof(T)); \
+    __VA_ARGS__;                                                                  \
+    std::printf("}}");                                                            \
+    sep = ", ";                                                                   \
+  } while (0)
+
+int main() {
+  const char* sep = "";
+  std::printf("{");
+  STRUCT(ft_tensor, FIELD(ft_tensor, data); FIELD(ft_tensor, stride));
+  STRUCT(ft_forward_args, FIELD(ft_forward_args, batch); FIELD(ft_forward_args, heads); FIELD(ft_forward_args, seq_q);
+         FIELD(ft_forward_args, seq_k); FIELD(ft_forward_args, head_dim); FIELD(ft_forward_args, dtype);
+         FIELD(ft_forward_args, causal); FIELD(ft_forward_args, scale); FIELD(ft_forward_args, q);
+         FIELD(ft_forward_args, k); FIELD(ft_forward_args, v); FIELD(ft_forward_args, o); FIELD(ft_forward_args, lse));
+  STRUCT(ft_backward_args, FIELD(ft_backward_args, batch); FIELD(ft_backward_args, heads);
+         FIELD(ft_backward_args, seq_q); FIELD(ft_backward_args, seq_k); FIELD(ft_backward_args, head_dim);
+         FIELD(ft_backward_args, dtype); FIELD(ft_backward_args, causal); FIELD(ft_backward_args, scale);
+         FIELD(ft_backward_args, q); FIELD(ft_backward_args, k); FIELD(ft_backward_args, v); FIELD(ft_backward_args, o);
+         FIELD(ft_backward_args, dout); FIELD(ft_backward_args, lse); FIELD(ft_backward_args, dq);
+         FIELD(ft_backward_args, dk); FIELD(ft_backward_args, dv); FIELD(ft_backward_args, workspace);
+         FIELD(ft_backward_args, workspace_bytes));
+  STRUCT(ft_explanation, FIELD(ft_explanation, family); FIELD(ft_explanation, config); FIELD(ft_explanation, source);
+         FIELD(ft_explanation, cache); FIELD(ft_explanation, device); FIELD(ft_explanation, arch));
+  // The enums' values and size: ctypes passes them as int.
+  std::printf(", \"enums\": {\"sizeof_ft_status\": %zu, \"sizeof_ft_dtype\": %zu, \"FT_OK\": %d, "
+              "\"FT_INVALID_ARGUMENT\": %d, \"FT_UNSUPPORTED\": %d, \"FT_NO_GPU\": %d, \"FT_CUDA_ERROR\": %d, "
+              "\"FT_COMPILE_ERROR\": %d, \"FT_FP32\": %d, \"FT_FP16\": %d, \"FT_BF16\": %d}}\n",
+              sizeof(ft_status), sizeof(ft_dtype), FT_OK, FT_INVALID_ARGUMENT, FT_UNSUPPORTED, FT_NO_GPU, FT_CUDA_ERROR,
+              FT_COMPILE_ERROR, FT_FP32, FT_FP16, FT_BF16);
+  return 0;
+}

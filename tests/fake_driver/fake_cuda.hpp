@@ -1,0 +1,19 @@
+// What the fake driver (fake_cuda.cpp) records, for tests/test_runtime_fake_driver.cpp.
+#pragma once
+#include <string>
+#include <vector>
+
+struct FakeLaunch {
+  std::string name;  // the function's name as looked up (lowered name)
+  unsigned grid[3];
+  unsigned threads, smem;
+};
+
+struct FakeState {
+  std::vector<FakeLaunch> launches;
+  std::vector<size_t> allocated;  // cuMemAllocAsync sizes
+  int live_allocations = 0, module_loads = 0, primary_retains = 0, pushes = 0, pops = 0;
+  void (*hook)(const char* name, void** params) = nullptr;  // plays a launch on the host
+};
+
+extern "C" FakeState* fake_cuda_state();  // looked up with dlsym by the test

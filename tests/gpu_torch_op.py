@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""flashtune.torch on a GPU (label gpu), from the source tree: PYTHONPATH=<repo>/python and
+FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (tests/CMakeLists.txt sets both).
+
+- Forward and backward through the custom op against a float64 reference computed by torch (bottom-right
+  causal, fully masked rows O = 0), on ragged, causal, Sq != Sk (both ways) and transposed ([B, S, H, d])
+  shapes. fp32: relative L2 error <= 1e-5 for O, dQ, dK, dV. fp16/bf16: max-abs and relative L2 no worse
+  than 1.2x torch flash's (SDPA, flash backend) on the same inputs against the same reference.
+- A model using the op under torch.compile(fullgraph=True): forward and backward match eager.
+- torch.autocast("cuda", bf16) on fp32 inputs runs in bf16, as SDPA does (eager and compiled).
+- A side stream, the FlashAttention module, explain(), and the one-line errors (CPU tensors, mixed
+  dtypes, wrong ranks, Hq != Hk, an unsupported head dim).
+"""
+import math
+import sys
+import traceback
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashtune
+from flashtune.torch import FlashAttention, attention, explain
+
+FAILURES = []
+SEED = 20261123
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+# --- references ------------------------------------------------------------------------------------
+def causal_mask(sq, sk, device):
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    return j <= i + (sk - sq)  # bottom-right, as FlashAttention
+
+
+def reference(q, k, v, dout, causal, scale):
+    """float64 forward and backward (autograd in double precision); rows that see no key: O = 0."""
+    q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    s = (q @ k.transpose(-1, -2)) * scale
+    sq, sk = q.shape[2], k.shape[2]
+    mask = causal_mask(sq, sk, q.device) if causal else torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    seen = mask.any(-1, keepdim=True)
+    s = torch.where(mask, s, float("-inf"))
+    s = torch.where(seen, s, 0.0)
+    p = torch.softmax(s, dim=-1) * seen
+    o = p @ v
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout.double())
+    return o.detach(), dq, dk, dv
+
+
+def torch_flash(q, k, v, dout, causal, scale):
+    """torch SDPA, flash backend, bottom-right causal through square sub-problems: for Sq < Sk the queries
+    are padded in front (zero dO there, so dK and dV are unchanged); for Sq > Sk the first Sq - Sk rows
+    see no key (O = 0, dQ = 0) and the rest are a square causal problem."""
+    sq, sk = q.shape[2], k.shape[2]
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        if not causal or sq == sk:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+            dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+            return o.detach(), dq, dk, dv
+        if sq < sk:
+            pad = torch.zeros(q.shape[0], q.shape[1], sk - sq, q.shape[3], dtype=q.dtype, device=q.device)
+            qp = torch.cat([pad, q], dim=2)
+            op = F.scaled_dot_product_attention(qp, k, v, is_causal=True, scale=scale)
+            o = op[:, :, sk - sq:]
+            dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+            return o.detach(), dq, dk, dv
+        m = sq - sk
+        o_tail = F.scaled_dot_product_attention(q[:, :, m:], k, v, is_causal=True, scale=scale)
+        dq, dk, dv = torch.autograd.grad(o_tail, (q, k, v), dout[:, :, m:])
+        o = torch.cat([torch.zeros_like(q[:, :, :m]), o_tail], dim=2)
+        return o.detach(), dq, dk, dv
+
+
+def errors(x, ref):
+    d = x.double() - ref
+    return d.abs().max().item(), (d.norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def make(shape, dtype, layout, gen):
+    B, H, S, d = shape
+    if layout == "bshd":  # PyTorch's transposed layout: [B, S, H, d] memory seen as [B, H, S, d]
+        return torch.randn(B, S, H, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    return torch.randn(B, H, S, d, device="cuda", dtype=dtype, generator=gen)
+
+
+# --- accuracy --------------------------------------------------------------------------------------
+CASES = [  # B, H, Sq, Sk, d, causal, dtype, layout
+    (2, 3, 113, 113, 64, False, torch.float32, "bhsd"),
+    (1, 2, 77, 200, 64, True, torch.float32, "bhsd"),
+    (2, 2, 200, 77, 128, True, torch.float32, "bshd"),
+    (1, 3, 129, 257, 128, False, torch.float32, "bhsd"),
+    (2, 3, 113, 113, 64, False, torch.bfloat16, "bhsd"),
+    (2, 4, 255, 255, 64, True, torch.bfloat16, "bhsd"),
+    (1, 2, 77, 200, 128, True, torch.bfloat16, "bhsd"),
+    (1, 2, 200, 77, 128, True, torch.bfloat16, "bhsd"),
+    (2, 2, 300, 300, 128, False, torch.bfloat16, "bshd"),
+    (1, 2, 130, 190, 256, True, torch.bfloat16, "bhsd"),
+    (1, 2, 257, 257, 256, False, torch.bfloat16, "bshd"),
+    (2, 3, 113, 301, 64, True, torch.float16, "bhsd"),
+    (1, 4, 320, 320, 128, True, torch.float16, "bshd"),
+]
+
+
+def accuracy():
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    for B, H, sq, sk, d, causal, dtype, layout in CASES:
+        name = f"{str(dtype).split('.')[-1]} B{B} H{H} Sq{sq} Sk{sk} d{d}{' causal' if causal else ''} {layout}"
+        q = make((B, H, sq, d), dtype, layout, gen).requires_grad_(True)
+        k = make((B, H, sk, d), dtype, layout, gen).requires_grad_(True)
+        v = make((B, H, sk, d), dtype, layout, gen).requires_grad_(True)
+        dout = torch.randn(B, H, sq, d, device="cuda", dtype=dtype, generator=gen)
+        scale = 1.0 / math.sqrt(d)
+        o = attention(q, k, v, causal=causal)
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+        check(o.is_contiguous() and o.dtype == dtype and o.shape == (B, H, sq, d), f"{name}: O contiguous, dtype, shape")
+        ref = reference(q, k, v, dout, causal, scale)
+        ours = dict(zip(("O", "dQ", "dK", "dV"), (o, dq, dk, dv)))
+        refs = dict(zip(("O", "dQ", "dK", "dV"), ref))
+        if dtype == torch.float32:
+            for key in ours:
+                ma, rl2 = errors(ours[key], refs[key])
+                check(rl2 <= 1e-5, f"{name}: {key} rel L2 {rl2:.2e} <= 1e-5 (max-abs {ma:.2e})")
+            continue
+        theirs = dict(zip(("O", "dQ", "dK", "dV"), torch_flash(q, k, v, dout, causal, scale)))
+        for key in ours:
+            ma, rl2 = errors(ours[key], refs[key])
+            tma, trl2 = errors(theirs[key], refs[key])
+            check(ma <= 1.2 * tma and rl2 <= 1.2 * trl2,
+                  f"{name}: {key} max-abs {ma:.3e} vs torch flash {tma:.3e}, rel L2 {rl2:.3e} vs {trl2:.3e} (<= 1.2x)")
+
+
+# --- torch.compile, autocast, streams, module, explain ------------------------------------------------
+class TinyAttentionBlock(torch.nn.Module):
+    def __init__(self, dim=256, heads=4, causal=True):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+        self.attn = FlashAttention(head_dim=dim // heads, causal=causal)
+
+    def forward(self, x):
+        B, S, C = x.shape
+        q, k, v = self.qkv(x).view(B, S, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        return x + self.proj(self.attn(q, k, v).transpose(1, 2).reshape(B, S, C))
+
+
+def run_model(model, x):
+    model.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    y = model(x)
+    y.float().square().mean().backward()
+    return [y.detach().float(), x.grad.float()] + [p.grad.float() for p in model.parameters()]
+
+
+def compiled_and_autocast():
+    torch.manual_seed(SEED)
+    model = TinyAttentionBlock().cuda()
+    x = torch.randn(2, 192, 256, device="cuda")
+    eager = run_model(model, x)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    comp = run_model(compiled, x)
+    worst = max((a - b).norm().item() / b.norm().clamp_min(1e-30).item() for a, b in zip(comp, eager))
+    check(worst <= 1e-4, f"torch.compile(fullgraph=True) fp32: output and every gradient match eager (rel L2 {worst:.2e})")
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        eager_ac = run_model(model, x)
+        comp_ac = run_model(compiled, x)
+    worst = max((a - b).norm().item() / b.norm().clamp_min(1e-30).item() for a, b in zip(comp_ac, eager_ac))
+    check(worst <= 2e-2, f"torch.compile under autocast bf16 matches eager under autocast (rel L2 {worst:.2e})")
+    rel = (eager_ac[0] - eager[0]).norm().item() / eager[0].norm().item()
+    check(rel <= 2e-2, f"autocast bf16 output near the fp32 one (rel L2 {rel:.2e})")
+
+    q, k, v = (torch.randn(2, 4, 100, 64, device="cuda", requires_grad=True) for _ in range(3))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        o = attention(q, k, v, causal=True)
+        o_sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    check(o.dtype == torch.bfloat16 == o_sdpa.dtype, f"autocast: fp32 inputs give a {o.dtype} output, as SDPA ({o_sdpa.dtype})")
+    o_bf = attention(q.detach().bfloat16(), k.detach().bfloat16(), v.detach().bfloat16(), causal=True)
+    check(torch.equal(o, o_bf), "autocast: the same bits as calling with bf16 inputs")
+    o.float().sum().backward()
+    check(q.grad is not None and q.grad.dtype == torch.float32, "autocast: gradients reach the fp32 inputs in fp32")
+
+
+def streams_module_explain():
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 1)
+    q, k, v = (torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    base = attention(q, k, v)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        o_side = attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(side)
+    check(torch.equal(base, o_side), "a side stream (torch.cuda.stream) gives the same bits")
+
+    attn = FlashAttention(head_dim=64)
+    Q, K, V = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = attn(Q, K, V)
+    loss = out.float().pow(2).mean()
+    loss.backward()
+    check(all(t.grad is not None and torch.isfinite(t.grad).all().item() for t in (Q, K, V)),
+          "FlashAttention(head_dim=64): out = attn(Q, K, V); loss.backward() gives finite gradients")
+
+    e = explain(q, k, v, causal=True)
+    keys = {"family", "config", "source", "cache", "device", "arch"}
+    check(keys <= set(e) and e["source"] in ("db", "device", "arch", "default")
+          and e["cache"] in ("memory", "disk", "jit", "aot") and e["device"] == torch.cuda.get_device_name()
+          and e["arch"].startswith("sm_"), f"explain(): {e}")
+    check(isinstance(e.get("backward"), dict) and "family" in e["backward"], f"explain() backward: {e.get('backward')}")
+
+
+# --- errors ------------------------------------------------------------------------------------------
+def raises(fn, exc, pattern, what):
+    try:
+        fn()
+    except exc as e:
+        msg = str(e)
+        good = "\n" not in msg and pattern.lower() in msg.lower()
+        check(good, f"{what}: {type(e).__name__}: {msg}")
+        return
+    except Exception as e:  # noqa: BLE001 - the wrong kind is a failure, reported
+        check(False, f"{what}: expected {exc.__name__}, got {type(e).__name__}: {e}")
+        return
+    check(False, f"{what}: no error raised")
+
+
+def error_messages():
+    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    raises(lambda: attention(q.cpu(), q.cpu(), q.cpu()), ValueError, "CUDA", "CPU tensors")
+    raises(lambda: attention(q, q.half(), q), TypeError, "mixed dtypes", "mixed dtypes")
+    raises(lambda: attention(q[0], q[0], q[0]), ValueError, "4-D", "a 3-D tensor")
+    raises(lambda: attention(q, q[:, :1], q[:, :1]), ValueError, "grouped-query", "Hq != Hk")
+    raises(lambda: attention(q.double(), q.double(), q.double()), TypeError, "not supported", "float64")
+    big = torch.randn(1, 2, 64, 512, device="cuda", dtype=torch.bfloat16)
+    raises(lambda: attention(big, big, big), flashtune.UnsupportedError, "512", "head dim 512 (the runtime's FT_UNSUPPORTED)")
+    check(issubclass(flashtune.UnsupportedError, ValueError), "UnsupportedError is a ValueError")
+
+
+def main():
+    ok, why = flashtune.device_available()
+    if not ok or not torch.cuda.is_available():
+        print(f"FAIL  no GPU: flashtune says {why!r}, torch.cuda.is_available() = {torch.cuda.is_available()}")
+        return 1
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
+    for part in (error_messages, accuracy, streams_module_explain, compiled_and_autocast):
+        try:
+            part()
+        except Exception:  # noqa: BLE001 - one part's crash is reported and the rest still run
+            traceback.print_exc()
+            check(False, f"{part.__name__} raised")
+    print(f"{len(FAILURES)} failure(s)" if FAILURES else "all checks passed")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+// The runtime library without a GPU: config lookup (device -> arch -> default, the results store, the
+// family choice, a tabled config the family rejects), the JIT disk cache (atomic fill by concurrent
+// processes, truncated and corrupted entries), the C ABI's argument checks and its no-GPU answer.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "args.hpp"
+#include "disk_cache.hpp"
+#include "fixture.hpp"
+#include "flashtune/attention.hpp"
+#include "lookup.hpp"
+#include "tuner/util.hpp"
+
+namespace fs = std::filesystem;
+using namespace flashtune;
+using namespace flashtune::rt;
+
+namespace {
+
+Query query(const std::string& device, const std::string& arch, const std::string& dir, DType t, int d, bool causal,
+            int seq) {
+  Query q;
+  q.device = device;
+  q.arch = arch;
+  q.direction = dir;
+  q.dtype = t;
+  q.head_dim = d;
+  q.causal = causal;
+  q.seq = seq;
+  return q;
+}
+
+// A config of `f` that its check rejects at head dim d (searched over the domains: tests enumerate
+// what exists), or empty when every config is valid there.
+Config rejected_config(const Family& f, int d) {
+  Config c(f.params.size());
+  std::vector<size_t> idx(f.params.size(), 0);
+  for (;;) {
+    for (size_t i = 0; i < c.size(); ++i) c[i] = f.params[i].domain[idx[i]];
+    if (f.check(c, d)) return c;
+    size_t i = 0;
+    while (i < idx.size() && ++idx[i] == f.params[i].domain.size()) idx[i++] = 0;
+    if (i == idx.size()) return {};
+  }
+}
+
+tuned::Entry entry(const char* family, const char* dir, const char* dtype, int d, const Config& c, float tflops) {
+  tuned::Entry e{family, dir, dtype, d, false, 4096, {}, tflops};
+  for (size_t i = 0; i < c.size(); ++i) e.params[i] = c[i];
+  return e;
+}
+
+std::string temp_dir(const std::string& tag) { return make_private_tmpdir("ft-" + tag); }
+
+}  // namespace
+
+// ---- lookup --------------------------------------------------------------------------------------
+
+TEST(RuntimeLookup, DeviceThenArchThenDefault) {
+  const Family& f = find_family("fa2_simt");
+  const Config tuned_dev = f.parse_config("BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2");
+  const Config tuned_arch = f.parse_config("BLOCK_M=128,BLOCK_N=64,TM=8,TN=4,KV_STAGES=2");
+  const tuned::Entry dev_entries[] = {entry("fa2_simt", "fwd", "fp32", 64, tuned_dev, 10)};
+  const tuned::Entry arch_entries[] = {entry("fa2_simt", "fwd", "fp32", 64, tuned_arch, 9)};
+  const tuned::Table tables[] = {{"GPU A", "sm_90", dev_entries, 1}, {"GPU B", "sm_90", arch_entries, 1}};
+  const TableSet ts{tables, 2};
+
+  Pick p = choose_config(ts, f, query("GPU A", "sm_90", "fwd", DType::fp32, 64, false, 1000));
+  EXPECT_EQ(p.source, "device");
+  EXPECT_EQ(p.config, tuned_dev);
+  p = choose_config(ts, f, query("GPU C", "sm_90", "fwd", DType::fp32, 64, false, 1000));
+  EXPECT_EQ(p.source, "arch");  // the first table of the arch
+  EXPECT_EQ(p.config, tuned_dev);
+  p = choose_config(ts, f, query("GPU C", "sm_80", "fwd", DType::fp32, 64, false, 1000));
+  EXPECT_EQ(p.source, "default");
+  EXPECT_EQ(p.config, f.default_config);
+  p = choose_config(ts, f, query("GPU A", "sm_90", "fwd", DType::fp32, 128, false, 1000));  // no entry for d128
+  EXPECT_EQ(p.source, "default");
+  EXPECT_TRUE(p.note.empty());
+}
+
+TEST(RuntimeLookup, GeneratedTablesAreCompiledIn) {
+  const TableSet ts = generated_tables();
+  ASSERT_GT(ts.count, 0);
+  const std::string device = ts.tables[0].device, arch = ts.tables[0].arch;
+  const tuned::Entry& e = ts.tables[0].entries[0];
+  const DType t = parse_dtype(e.dtype);
+  Query q = query(device, arch, e.direction, t, e.head_dim, e.causal, e.seq_max);
+  Pick p = choose_config(ts, find_family(e.family), q);
+  EXPECT_EQ(p.source, "device");
+  q.device = "Some Other GPU";
+  EXPECT_EQ(choose_config(ts, find_family(e.family), q).source, "arch");
+  q.arch = "sm_1234";
+  EXPECT_EQ(choose_config(ts, find_family(e.family), q).source, "default");
+}
+
+TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
+  // No table: the fixed preference.
+  const TableSet none{nullptr, 0};
+  auto name = [&](const TableSet& ts, const Query& q) {
+    const Family* f = choose_family(ts, q);
+    return f ? f->name : std::string("none");
+  };
+  EXPECT_EQ(name(none, query("X", "sm_80", "fwd", DType::fp32, 64, false, 512)), "fa2_simt");
+  EXPECT_EQ(name(none, query("X", "sm_80", "fwd", DType::bf16, 256, true, 512)), "fa2_mma");
+  EXPECT_EQ(name(none, query("X", "sm_80", "bwd", DType::fp32, 64, false, 512)), "fa2_simt_bwd");
+  EXPECT_EQ(name(none, query("X", "sm_90", "bwd", DType::fp16, 128, false, 512)), "fa2_wgmma_bwd");
+  EXPECT_EQ(name(none, query("X", "sm_80", "bwd", DType::fp16, 128, false, 512)), "fa2_mma_bwd");  // Hopper-only out
+  EXPECT_EQ(name(none, query("X", "sm_90", "fwd", DType::fp32, 256, false, 512)), "none");
+  // Hopper-only families are never candidates off sm_90; test-only families never.
+  for (const Family* f : candidate_families(query("X", "sm_80", "bwd", DType::bf16, 64, false, 1)))
+    EXPECT_FALSE(f->hopper_only || f->test_only) << f->name;
+  for (const Family* f : candidate_families(query("X", "sm_90", "fwd", DType::fp32, 64, false, 1)))
+    EXPECT_FALSE(f->test_only) << f->name;
+
+  // A table that rates fa1_simt faster than fa2_simt for this query: fa1_simt; another device of the
+  // arch gets the same through the arch fallback.
+  const tuned::Entry entries[] = {entry("fa2_simt", "fwd", "fp32", 64, find_family("fa2_simt").default_config, 5),
+                                  entry("fa1_simt", "fwd", "fp32", 64, find_family("fa1_simt").default_config, 7)};
+  const tuned::Table tables[] = {{"GPU A", "sm_90", entries, 2}};
+  const TableSet ts{tables, 1};
+  EXPECT_EQ(name(ts, query("GPU A", "sm_90", "fwd", DType::fp32, 64, false, 512)), "fa1_simt");
+  EXPECT_EQ(name(ts, query("GPU B", "sm_90", "fwd", DType::fp32, 64, false, 512)), "fa1_simt");
+  EXPECT_EQ(name(ts, query("GPU C", "sm_80", "fwd", DType::fp32, 64, false, 512)), "fa2_simt");
+  EXPECT_EQ(name(ts, query("GPU A", "sm_90", "fwd", DType::fp32, 32, false, 512)), "fa2_simt");
+}
+
+TEST(RuntimeLookup, RejectedTabledConfigFallsBackToDefault) {
+  // For every non-test family and head dim where some config is invalid: a table holding it.
+  int cases = 0;
+  for (const Family& f : families()) {
+    if (f.test_only) continue;
+    for (int d : f.head_dims) {
+      const Config bad = rejected_config(f, d);
+      if (bad.empty()) continue;
+      const tuned::Entry e[] = {entry(f.name.c_str(), f.direction.c_str(), to_string(f.dtypes[0]), d, bad, 1)};
+      const tuned::Table t[] = {{"GPU A", "sm_90", e, 1}};
+      const Pick p = choose_config(TableSet{t, 1}, f, query("GPU A", "sm_90", f.direction, f.dtypes[0], d, false, 64));
+      EXPECT_EQ(p.source, "default") << f.name << " d" << d;
+      EXPECT_EQ(p.config, f.default_config);
+      EXPECT_NE(p.note.find("rejected for d=" + std::to_string(d)), std::string::npos) << p.note;
+      EXPECT_EQ(p.note.find('\n'), std::string::npos);
+      ++cases;
+    }
+  }
+  EXPECT_GT(cases, 0);
+}
+
+TEST(RuntimeLookup, ResultsStoreFirst) {
+  const std::string dir = temp_dir("db");
+  const std::string db = dir + "/results.db";
+  {
+    Store s(db);
+    fixture::fill_fixture(s);
+  }
+  const Family& f = find_family("fa2_simt");
+  const Query q = query("NVIDIA H100 80GB HBM3", "sm_90", "fwd", DType::fp32, 64, false, 4096);
+  Pick p = choose_config(TableSet{nullptr, 0}, f, q, db);
+  EXPECT_EQ(p.source, "db");
+  EXPECT_EQ(f.config_string(p.config), "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2");  // valid on both problems
+  // Another device: nothing stored, the tables (none here) then the default.
+  p = choose_config(TableSet{nullptr, 0}, f, query("GPU Z", "sm_90", "fwd", DType::fp32, 64, false, 4096), db);
+  EXPECT_EQ(p.source, "default");
+  EXPECT_THROW(choose_config(TableSet{nullptr, 0}, f, q, dir + "/missing.db"), std::exception);
+  fs::remove_all(dir);
+}
+
+// ---- disk cache -----------------------------------------------------------------------------------
+
+TEST(RuntimeDiskCache, RoundTripTruncatedAndCorrupted) {
+  const std::string dir = temp_dir("cache");
+  const DiskCache cache(dir + "/sub/folder");  // created on first store
+  const std::string key = content_hash("variant"), payload = std::string("names\0cubin", 11) + std::string(5000, 'x');
+  EXPECT_FALSE(cache.load(key));
+  ASSERT_TRUE(cache.store(key, payload));
+  EXPECT_EQ(cache.load(key).value_or(""), payload);
+
+  // Truncated: detected, removed, rebuilt.
+  fs::resize_file(cache.path(key), fs::file_size(cache.path(key)) - 7);
+  EXPECT_FALSE(cache.load(key));
+  EXPECT_FALSE(fs::exists(cache.path(key)));
+  ASSERT_TRUE(cache.store(key, payload));
+  EXPECT_EQ(cache.load(key).value_or(""), payload);
+
+  // One flipped byte in the payload, or in the header: detected.
+  for (size_t at : {fs::file_size(cache.path(key)) - 100, (uintmax_t)3, (uintmax_t)10}) {
+    ASSERT_TRUE(cache.store(key, payload));
+    {
+      std::fstream fh(cache.path(key), std::ios::in | std::ios::out | std::ios::binary);
+      fh.seekg(at);
+      char c;
+      fh.get(c);
+      fh.seekp(at);
+      fh.put((char)(c ^ 0x20));
+    }
+    EXPECT_FALSE(cache.load(key)) << "byte " << at;
+  }
+  // Keys are hex: never a path.
+  EXPECT_FALSE(cache.store("../evil", payload));
+  EXPECT_FALSE(cache.load("../evil"));
+  EXPECT_FALSE(DiskCache("").store(key, payload));
+  fs::remove_all(dir);
+}
+
+TEST(RuntimeDiskCache, ConcurrentProcessesLeaveOneValidEntry) {
+  const std::string dir = temp_dir("cache2");
+  const DiskCache cache(dir);
+  const std::string key = content_hash("same variant");
+  const std::string payload = std::string("k\0", 2) + std::string(1 << 20, 'c');  // 1 MiB: writes interleave
+  constexpr int kProcs = 4, kRounds = 20;
+  pid_t pids[kProcs];
+  for (int i = 0; i < kProcs; ++i) {
+    pids[i] = fork();
+    ASSERT_GE(pids[i], 0);
+    if (pids[i] == 0) {
+      bool ok = true;
+      for (int r = 0; r < kRounds; ++r) {
+        ok = cache.store(key, payload) && ok;
+        auto got = cache.load(key);  // a reader between writers sees a whole entry
+        ok = ok && got && *got == payload;
+      }
+      _exit(ok ? 0 : 1);
+    }
+  }
+  for (pid_t pid : pids) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    ++files;
+    EXPECT_EQ(e.path().filename().string(), key + ".ftk");  // no temp file left behind
+  }
+  EXPECT_EQ(files, 1);
+  EXPECT_EQ(cache.load(key).value_or(""), payload);
+  fs::remove_all(dir);
+}
+
+TEST(RuntimeDiskCache, FolderFromEnvironment) {
+  const char* keep[] = {"FLASHTUNE_CACHE_DIR", "XDG_CACHE_HOME", "HOME"};
+  std::string saved[3];
+  bool had[3];
+  for (int i = 0; i < 3; ++i) {
+    const char* v = std::getenv(keep[i]);
+    had[i] = v != nullptr;
+    saved[i] = v ? v : "";
+  }
+  setenv("FLASHTUNE_CACHE_DIR", "/a", 1);
+  setenv("XDG_CACHE_HOME", "/b", 1);
+  setenv("HOME", "/c", 1);
+  EXPECT_EQ(DiskCache::default_dir(), "/a");
+  unsetenv("FLASHTUNE_CACHE_DIR");
+  EXPECT_EQ(DiskCache::default_dir(), "/b/flashtune");
+  unsetenv("XDG_CACHE_HOME");
+  EXPECT_EQ(DiskCache::default_dir(), "/c/.cache/flashtune");
+  for (int i = 0; i < 3; ++i) had[i] ? (void)setenv(keep[i], saved[i].c_str(), 1) : (void)unsetenv(keep[i]);
+}
+
+// ---- argument checks and the C ABI without a GPU -----------------------------------------------
+
+namespace {
+alignas(16) char g_fake[16];  // a non-null pointer: checks never dereference it
+
+ft_tensor contiguous(int64_t h, int64_t s, int64_t d) { return ft_tensor{g_fake, {h * s * d, s * d, d, 1}}; }
+
+ft_forward_args good_forward() {
+  ft_forward_args a{};
+  a.batch = 2, a.heads = 3, a.seq_q = 130, a.seq_k = 200, a.head_dim = 64, a.dtype = FT_BF16, a.causal = 1;
+  a.q = a.o = contiguous(3, 130, 64);
+  a.k = a.v = contiguous(3, 200, 64);
+  return a;
+}
+ft_backward_args good_backward() {
+  ft_backward_args a{};
+  a.batch = 2, a.heads = 3, a.seq_q = 130, a.seq_k = 200, a.head_dim = 64, a.dtype = FT_FP32;
+  a.q = a.o = a.dout = a.dq = contiguous(3, 130, 64);
+  a.k = a.v = a.dk = a.dv = contiguous(3, 200, 64);
+  a.lse = reinterpret_cast<const float*>(g_fake);
+  return a;
+}
+void expect_one_line(const std::string& s) {
+  EXPECT_FALSE(s.empty());
+  EXPECT_EQ(s.find('\n'), std::string::npos) << s;
+}
+}  // namespace
+
+TEST(RuntimeArgs, ForwardChecks) {
+  EXPECT_EQ(check_forward(nullptr).status, FT_INVALID_ARGUMENT);
+  EXPECT_EQ(check_forward(&(const ft_forward_args&)good_forward()).status, FT_OK);
+  struct Case {
+    void (*edit)(ft_forward_args&);
+    ft_status want;
+    const char* says;
+  } cases[] = {
+      {[](ft_forward_args& a) { a.q.data = nullptr; }, FT_INVALID_ARGUMENT, "q.data is null"},
+      {[](ft_forward_args& a) { a.o.data = nullptr; }, FT_INVALID_ARGUMENT, "o.data is null"},
+      {[](ft_forward_args& a) { a.batch = 0; }, FT_INVALID_ARGUMENT, "batch must be positive"},
+      {[](ft_forward_args& a) { a.seq_k = -3; }, FT_INVALID_ARGUMENT, "seq_k must be positive"},
+      {[](ft_forward_args& a) { a.head_dim = 80; }, FT_UNSUPPORTED, "head_dim 80 is not supported for bf16 forward"},
+      {[](ft_forward_args& a) { a.dtype = FT_FP32, a.head_dim = 256; }, FT_UNSUPPORTED, "(supported: 32, 64, 96, 128)"},
+      {[](ft_forward_args& a) { a.dtype = (ft_dtype)7; }, FT_INVALID_ARGUMENT, "dtype 7"},
+      {[](ft_forward_args& a) { a.scale = 1.0f / 0.0f; }, FT_INVALID_ARGUMENT, "scale is not finite"},
+      {[](ft_forward_args& a) { a.k.stride[2] = -64; }, FT_INVALID_ARGUMENT, "k.stride[2] is negative"},
+      {[](ft_forward_args& a) { a.o.stride[2] = 0; }, FT_INVALID_ARGUMENT, "o has overlapping strides"},
+      {[](ft_forward_args& a) { a.o.stride[1] = 64; }, FT_INVALID_ARGUMENT, "o has overlapping strides"},
+  };
+  for (const Case& c : cases) {
+    ft_forward_args a = good_forward();
+    c.edit(a);
+    const Check k = check_forward(&a);
+    EXPECT_EQ(k.status, c.want) << c.says;
+    EXPECT_NE(k.message.find(c.says), std::string::npos) << k.message;
+    expect_one_line(k.message);
+    // The same through the C ABI, before any driver call.
+    EXPECT_EQ(ft_attention_forward(&a, nullptr), c.want);
+    EXPECT_EQ(std::string(ft_last_error()), k.message);
+    ft_explanation e;
+    EXPECT_EQ(ft_explain_forward(&a, &e), c.want);
+  }
+  // Inputs may broadcast (stride 0); transposed outputs are fine.
+  ft_forward_args a = good_forward();
+  a.k.stride[1] = 0;
+  a.o.stride[1] = 64, a.o.stride[2] = 3 * 64;
+  EXPECT_EQ(check_forward(&a).status, FT_OK);
+  EXPECT_FALSE(is_contiguous(a.o, 2, 3, 130, 64));
+  EXPECT_TRUE(is_contiguous(good_forward().o, 2, 3, 130, 64));
+}
+
+TEST(RuntimeArgs, BackwardChecks) {
+  ft_backward_args a = good_backward();
+  EXPECT_EQ(check_backward(&a).status, FT_OK);
+  a.lse = nullptr;
+  EXPECT_EQ(check_backward(&a).status, FT_INVALID_ARGUMENT);
+  EXPECT_EQ(ft_attention_backward(&a, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ft_last_error()).find("lse is null"), std::string::npos);
+  a = good_backward();
+  a.dv.data = nullptr;
+  EXPECT_NE(check_backward(&a).message.find("dv.data is null"), std::string::npos);
+  a = good_backward();
+  a.dtype = FT_FP16, a.head_dim = 48;
+  EXPECT_EQ(check_backward(&a).status, FT_UNSUPPORTED);
+  EXPECT_NE(check_backward(&a).message.find("fp16 backward"), std::string::npos);
+  size_t bytes = 0;
+  EXPECT_EQ(ft_backward_workspace_bytes(&a, &bytes), FT_UNSUPPORTED);
+  EXPECT_EQ(ft_backward_workspace_bytes(&a, nullptr), FT_INVALID_ARGUMENT);
+}
+
+TEST(RuntimeArgs, LayoutAligns) {
+  Layout l;
+  EXPECT_EQ(l.add(10), 0u);
+  EXPECT_EQ(l.add(256), 256u);
+  EXPECT_EQ(l.add(0), 512u);
+  EXPECT_EQ(l.total, 512u);
+  EXPECT_FLOAT_EQ(softmax_scale(0, 64), 0.125f);
+  EXPECT_FLOAT_EQ(softmax_scale(0.5f, 64), 0.5f);
+}
+
+TEST(RuntimeCApi, NoGpuIsOneLine) {
+  const ft_status s = ft_device_available();
+  if (s == FT_OK) {
+    EXPECT_STREQ(ft_last_error(), "");
+    GTEST_SKIP() << "a GPU is present";
+  }
+  EXPECT_EQ(s, FT_NO_GPU);
+  expect_one_line(ft_last_error());
+  // Valid arguments get past the checks and stop at the driver, with the same reason.
+  const std::string why = ft_last_error();
+  ft_forward_args f = good_forward();
+  EXPECT_EQ(ft_attention_forward(&f, nullptr), FT_NO_GPU);
+  EXPECT_EQ(std::string(ft_last_error()), why);
+  ft_backward_args b = good_backward();
+  EXPECT_EQ(ft_attention_backward(&b, nullptr), FT_NO_GPU);
+  // The C++ interface: errors as values.
+  runtime::ForwardArgs cf;
+  cf.batch = 1, cf.heads = 1, cf.seq_q = 1, cf.seq_k = 1, cf.head_dim = 64;
+  runtime::Status st = runtime::forward(cf);
+  EXPECT_FALSE(st);
+  EXPECT_EQ(st.code, FT_INVALID_ARGUMENT);
+  EXPECT_EQ(st.message, "q.data is null");
+  EXPECT_EQ(runtime::device_available().code, FT_NO_GPU);
+  EXPECT_EQ(runtime::explain(cf), "error: q.data is null");
+  EXPECT_EQ(runtime::version(), "0.1.0");
+}

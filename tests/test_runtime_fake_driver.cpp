@@ -1,0 +1,282 @@
+// The runtime library's GPU path without a GPU: a fake libcuda.so.1 (tests/fake_driver/) stands in for
+// the driver (host memory as device memory, launches recorded and played on the host by a hook), while
+// NVRTC, the disk cache and the plan are real. Checks: the family and default config on an untabled
+// sm_80 device, the launch sequence and geometry against the family's descriptor, the primary context
+// retained once and push/pop balanced (none when a context is current), stream scratch freed, packing
+// and unpacking of transposed strides (the hook's kernel is o = q, so o must come back in o's layout),
+// the backward's three kernels and its workspace (size, caller-given, too small), kernels from memory,
+// then from disk in a child process, and a truncated entry recompiled there.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "disk_cache.hpp"
+#include "fixture.hpp"
+#include "fake_driver/fake_cuda.hpp"
+#include "flashtune/attention.h"
+#include "templates/attention_params.h"
+#include "tuner/family.hpp"
+#include "tuner/util.hpp"
+
+extern char** environ;
+namespace fs = std::filesystem;
+using namespace flashtune;
+
+namespace {
+// The fake driver, loaded by path before the runtime's first driver call (its SONAME is libcuda.so.1).
+void* fake_lib() {
+  static void* lib = dlopen(FT_FAKE_CUDA, RTLD_NOW | RTLD_GLOBAL);
+  return lib;
+}
+FakeState& fake() {
+  void* lib = fake_lib();
+  if (!lib) throw std::runtime_error(dlerror());
+  return *reinterpret_cast<FakeState* (*)()>(dlsym(lib, "fake_cuda_state"))();
+}
+template <class F>
+F* fake_fn(const char* name) {
+  return reinterpret_cast<F*>(dlsym(fake_lib(), name));
+}
+
+constexpr int B = 1, H = 2, Sq = 70, Sk = 50, D = 32;
+int g_head_dim = D;
+
+// Plays the strided copy as written in runtime/src/attention.cpp, and the forward as o = q.
+void play(const char* name, void** params) {
+  const std::string n = name;
+  if (n.rfind("ft_strided_copy_", 0) == 0) {
+    const size_t elem = n.back() == '2' ? 2 : 4;
+    char* src = *static_cast<char**>(params[0]);
+    char* dst = *static_cast<char**>(params[1]);
+    long long v[8];
+    for (int i = 0; i < 8; ++i) v[i] = *static_cast<long long*>(params[2 + i]);
+    const long long cnt = v[0], h_ = v[1], s_ = v[2], d_ = v[3];
+    const int unpack = *static_cast<int*>(params[10]);
+    for (long long i = 0; i < cnt; ++i) {
+      const long long c = i % d_, r = i / d_, s = r % s_, r2 = r / s_, h = r2 % h_, b = r2 / h_;
+      const long long off = b * v[4] + h * v[5] + s * v[6] + c * v[7];
+      if (unpack) std::memcpy(dst + off * elem, src + i * elem, elem);
+      else std::memcpy(dst + i * elem, src + off * elem, elem);
+    }
+  } else if (n.find("fa2_simt_fwd") != std::string::npos) {
+    const AttnFwdParams& p = **reinterpret_cast<AttnFwdParams**>(params);
+    std::memcpy(p.o, p.q, sizeof(float) * p.batch * p.heads * p.seq_q * g_head_dim);
+  }
+}
+
+struct Host {
+  std::vector<float> mem;
+  explicit Host(size_t n) : mem(n + 4) {}
+  float* ptr() { return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(mem.data()) + 15) / 16 * 16); }
+};
+
+ft_tensor bhsd(float* p, int s) { return ft_tensor{p, {(int64_t)H * s * D, (int64_t)s * D, D, 1}}; }
+ft_tensor bshd(float* p, int s) { return ft_tensor{p, {(int64_t)s * H * D, D, (int64_t)H * D, 1}}; }
+
+std::string explain_fwd(const ft_forward_args& a) {
+  char buf[512];
+  EXPECT_EQ(ft_explain_forward_text(&a, buf, sizeof buf), FT_OK) << ft_last_error();
+  return buf;
+}
+
+int entries(const std::string& dir) {
+  int n = 0;
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".ftk";
+  return n;
+}
+
+int spawn_child(const char* mode) {
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::string filter = "--gtest_filter=FakeDriver.Child";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  setenv("FT_FAKE_CHILD", mode, 1);
+  pid_t pid;
+  if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, environ) != 0) return -1;
+  unsetenv("FT_FAKE_CHILD");
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+struct Buffers {
+  Host q{B * H * Sq * D}, k{B * H * Sk * D}, v{B * H * Sk * D}, o{B * H * Sq * D};
+  ft_forward_args fwd() {
+    for (size_t i = 0; i < (size_t)B * H * Sq * D; ++i) q.ptr()[i] = (float)i;
+    ft_forward_args a{};
+    a.batch = B, a.heads = H, a.seq_q = Sq, a.seq_k = Sk, a.head_dim = D, a.dtype = FT_FP32;
+    a.q = bhsd(q.ptr(), Sq), a.k = bhsd(k.ptr(), Sk), a.v = bhsd(v.ptr(), Sk), a.o = bhsd(o.ptr(), Sq);
+    return a;
+  }
+};
+}  // namespace
+
+TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  const std::string cache = make_private_tmpdir("ft-fake-cache");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  FakeState& st = fake();
+  st.hook = play;
+  ASSERT_EQ(ft_device_available(), FT_OK) << ft_last_error();
+
+  Buffers buf;
+  ft_forward_args a = buf.fwd();
+  std::string line = explain_fwd(a);
+  EXPECT_NE(line.find("fa2_simt " + find_family("fa2_simt").config_string(find_family("fa2_simt").default_config) +
+                      " (config: default, kernel: jit) on Fake GPU (sm_80)"),
+            std::string::npos)
+      << line;
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK);
+  EXPECT_STREQ(e.family, "fa2_simt");
+  EXPECT_STREQ(e.source, "default");
+  EXPECT_STREQ(e.cache, "jit");
+  EXPECT_STREQ(e.arch, "sm_80");
+
+  // Contiguous: one launch, the family's geometry; the primary context retained once, push/pop balanced.
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  ASSERT_EQ(st.launches.size(), 1u);
+  Problem p;
+  p.batch = B, p.heads = H, p.seq_q = Sq, p.seq_k = Sk, p.head_dim = D;
+  const Family& f = find_family("fa2_simt");
+  const Launch want = f.launches(f.default_config, p)[0];
+  const FakeLaunch& got = st.launches[0];
+  EXPECT_NE(got.name.find("fa2_simt_fwd"), std::string::npos) << got.name;
+  EXPECT_EQ(std::vector<unsigned>(got.grid, got.grid + 3), std::vector<unsigned>(want.grid, want.grid + 3));
+  EXPECT_EQ(got.threads, want.threads);
+  EXPECT_EQ(got.smem, want.smem_bytes);
+  EXPECT_EQ(st.primary_retains, 1);
+  EXPECT_EQ(st.pushes, st.pops);
+  EXPECT_EQ(st.live_allocations, 0);
+  ASSERT_EQ(st.allocated.size(), 1u);  // the LSE nobody asked for
+  EXPECT_GE(st.allocated[0], (size_t)B * H * Sq * 4);
+  EXPECT_EQ(std::memcmp(buf.o.ptr(), buf.q.ptr(), sizeof(float) * B * H * Sq * D), 0);
+  EXPECT_EQ(entries(cache), 1);
+  EXPECT_NE(explain_fwd(a).find("kernel: memory"), std::string::npos);
+
+  // Transposed q and o: packed, run, unpacked; o (o = q by the hook) must hold q's values in o's layout.
+  Host qt(B * H * Sq * D), ot(B * H * Sq * D);
+  for (int i = 0; i < B * H * Sq * D; ++i) qt.ptr()[i] = (float)(7 * i % 1000);
+  a.q = bshd(qt.ptr(), Sq), a.o = bshd(ot.ptr(), Sq);
+  st.launches.clear();
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  ASSERT_EQ(st.launches.size(), 3u);
+  EXPECT_EQ(st.launches[0].name, "ft_strided_copy_4");
+  EXPECT_EQ(st.launches[2].name, "ft_strided_copy_4");
+  EXPECT_EQ(std::memcmp(ot.ptr(), qt.ptr(), sizeof(float) * B * H * Sq * D), 0);
+  EXPECT_EQ(entries(cache), 2);  // + the copy kernel
+  EXPECT_EQ(st.live_allocations, 0);
+  EXPECT_EQ(st.primary_retains, 1);
+
+  // A context already current: used as it is (no push of ours).
+  CUcontext mine = reinterpret_cast<CUcontext>(0x2000);
+  fake_fn<CUresult(CUcontext)>("cuCtxPushCurrent_v2")(mine);
+  const int pushes = st.pushes;
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_EQ(st.pushes, pushes);
+  CUcontext popped;
+  fake_fn<CUresult(CUcontext*)>("cuCtxPopCurrent_v2")(&popped);
+  EXPECT_EQ(popped, mine);
+
+  // Backward: three kernels; workspace size, allocated on the stream, or the caller's.
+  Host lse(B * H * Sq), dout(B * H * Sq * D), dq(B * H * Sq * D), dk(B * H * Sk * D), dv(B * H * Sk * D);
+  ft_backward_args b{};
+  b.batch = B, b.heads = H, b.seq_q = Sq, b.seq_k = Sk, b.head_dim = D, b.dtype = FT_FP32, b.causal = 1;
+  b.q = bhsd(buf.q.ptr(), Sq), b.k = bhsd(buf.k.ptr(), Sk), b.v = bhsd(buf.v.ptr(), Sk), b.o = bhsd(buf.o.ptr(), Sq);
+  b.dout = bhsd(dout.ptr(), Sq), b.lse = lse.ptr();
+  b.dq = bhsd(dq.ptr(), Sq), b.dk = bhsd(dk.ptr(), Sk), b.dv = bhsd(dv.ptr(), Sk);
+  size_t ws = 0;
+  ASSERT_EQ(ft_backward_workspace_bytes(&b, &ws), FT_OK) << ft_last_error();
+  EXPECT_GE(ws, (size_t)B * H * Sq * (D + 1) * 4);  // delta and dq_accum at least
+  st.launches.clear();
+  st.allocated.clear();
+  ASSERT_EQ(ft_attention_backward(&b, nullptr), FT_OK) << ft_last_error();
+  const Family& fb = find_family("fa2_simt_bwd");
+  ASSERT_EQ(st.launches.size(), fb.kernels.size());
+  for (size_t i = 0; i < fb.kernels.size(); ++i) {
+    const std::string k = fb.kernels[i].substr(fb.kernels[i].rfind(':') + 1);
+    EXPECT_NE(st.launches[i].name.find(k), std::string::npos) << st.launches[i].name << " vs " << k;
+  }
+  ASSERT_EQ(st.allocated.size(), 1u);
+  EXPECT_EQ(st.allocated[0], ws);
+  std::vector<char> mem(ws + 256);
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(mem.data()) + 255) / 256 * 256);
+  b.workspace = aligned, b.workspace_bytes = ws - 1;
+  EXPECT_EQ(ft_attention_backward(&b, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ft_last_error()).find("workspace_bytes"), std::string::npos);
+  b.workspace_bytes = ws;
+  st.allocated.clear();
+  EXPECT_EQ(ft_attention_backward(&b, nullptr), FT_OK) << ft_last_error();
+  EXPECT_TRUE(st.allocated.empty());
+  EXPECT_EQ(st.live_allocations, 0);
+  EXPECT_EQ(st.pushes, st.pops);
+
+  // $FLASHTUNE_DB: the store's best valid row for this device first (explain only: nothing compiled);
+  // a store that cannot be read is a one-line error.
+  {
+    const std::string db = cache + "/results.db";
+    // The first config of the domains (not the default) that the family accepts at this head dim.
+    Config c(f.params.size());
+    std::vector<size_t> idx(f.params.size(), 0);
+    for (;;) {
+      for (size_t i = 0; i < c.size(); ++i) c[i] = f.params[i].domain[idx[i]];
+      if (c != f.default_config && !f.check(c, D)) break;
+      size_t i = 0;
+      while (i < idx.size() && ++idx[i] == f.params[i].domain.size()) idx[i++] = 0;
+      ASSERT_LT(i, idx.size()) << "no valid non-default config";
+    }
+    const std::string tuned = f.config_string(c);
+    {
+      Store s(db);
+      ResultRecord r = fixture::fixture_result(tuned, Problem{B, H, Sq, Sk, D, DType::fp32, false}, "ok", 1.0);
+      s.put_result(r, fixture::fixture_device("Fake GPU", "sm_80"));
+    }
+    setenv("FLASHTUNE_DB", db.c_str(), 1);
+    a = buf.fwd();
+    ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+    EXPECT_STREQ(e.source, "db");
+    EXPECT_EQ(std::string(e.config), tuned);
+    setenv("FLASHTUNE_DB", (cache + "/missing.db").c_str(), 1);
+    EXPECT_EQ(ft_explain_forward(&a, &e), FT_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(ft_last_error()).rfind("FLASHTUNE_DB: ", 0), 0u) << ft_last_error();
+    unsetenv("FLASHTUNE_DB");
+    fs::remove(db);
+  }
+
+  // A new process: every kernel from disk; then a truncated entry is detected and recompiled.
+  EXPECT_EQ(spawn_child("disk"), 0);
+  int truncated = 0;
+  for (const auto& x : fs::directory_iterator(cache))
+    if (x.path().extension() == ".ftk") fs::resize_file(x.path(), fs::file_size(x.path()) / 2), ++truncated;
+  EXPECT_EQ(truncated, 3);
+  EXPECT_EQ(spawn_child("truncated"), 0);
+  rt::DiskCache dc(cache);
+  int valid = 0;
+  for (const auto& x : fs::directory_iterator(cache))
+    if (x.path().extension() == ".ftk") valid += dc.load(x.path().stem().string()).has_value();
+  EXPECT_GE(valid, 1);  // the forward's kernel, rebuilt by the child
+  fs::remove_all(cache);
+}
+
+// Run by the test above in a child process (FT_FAKE_CHILD = disk | truncated); skipped otherwise.
+TEST(FakeDriver, Child) {
+  const char* mode = std::getenv("FT_FAKE_CHILD");
+  if (!mode) GTEST_SKIP() << "run by FakeDriver.ForwardBackwardCachesAndPacking";
+  fake().hook = play;
+  Buffers buf;
+  ft_forward_args a = buf.fwd();
+  const std::string want = std::string(mode) == "disk" ? "kernel: disk" : "kernel: jit";
+  EXPECT_NE(explain_fwd(a).find(want), std::string::npos) << explain_fwd(a);
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_EQ(std::memcmp(buf.o.ptr(), buf.q.ptr(), sizeof(float) * B * H * Sq * D), 0);
+  EXPECT_NE(explain_fwd(a).find("kernel: memory"), std::string::npos);
+}
