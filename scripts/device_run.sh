@@ -141,7 +141,8 @@ library)
   grep -E "Test +#|tests passed|FAIL|explain|error|ratio" "$OUT/ctest_library.log" | tail -60
   log "pip install"
   python3 -m pip install -q --no-index --find-links .whl scikit-build-core 2>&1 | tail -3
-  python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 || tail -30 "$OUT/pip.log"
+  CMAKE_ARGS="${extra[*]}" python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 ||
+    tail -30 "$OUT/pip.log"
   (cd /tmp && python3 -c "import flashtune; print(flashtune.__file__, flashtune.device_available())")
   log "train_tiny_gpt"
   (cd /tmp && python3 "$OLDPWD/examples/train_tiny_gpt.py" --out-dir "$OLDPWD/$rep") 2>&1 | tail -15

@@ -19,7 +19,8 @@ ls "$tmp/prefix"/lib*/libflashtune_attention.so* >/dev/null || fail "libflashtun
 
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 cmake -S "$SRC/examples/cmake_consumer" -B "$tmp/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/configure.log" 2>&1 || { cat "$tmp/configure.log"; fail "configure"; }
+      -DCMAKE_PREFIX_PATH="$tmp/prefix" -DSQLite3_INCLUDE_DIR="${FT_SQLITE3_INCLUDE_DIR:-}" \
+      -DSQLite3_LIBRARY="${FT_SQLITE3_LIBRARY:-}" >"$tmp/configure.log" 2>&1 || { cat "$tmp/configure.log"; fail "configure"; }
 cmake --build "$tmp/build" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "build"; }
 
 export FLASHTUNE_CACHE_DIR="$tmp/cache"
