@@ -96,7 +96,10 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda", dtype=torch.float32)
     gen = torch.Generator(device="cuda").manual_seed(a.seed)
-    rows = []
+    f = open(out, "w", newline="")  # written row by row: a run stopped early keeps what it measured
+    w = csv.writer(f)
+    w.writerow(["head_dim", "causal", "seq", "module_tflops", "kernel_tflops", "ratio", "sdpa_flash_tflops",
+                "sdpa_cudnn_tflops"])
     for d in HEAD_DIMS:
         for causal in (False, True):
             for S in SEQS:
@@ -135,19 +138,16 @@ def main():
                         note += f" sdpa {name}: {str(err).splitlines()[0][:120]}"
                 module_tf, kernel_tf = tf(module_ms), tf(kernel_ms)
                 ratio = module_tf / kernel_tf if kernel_tf else 0.0
-                rows.append([d, int(causal), S, f"{module_tf:.2f}", f"{kernel_tf:.2f}", f"{ratio:.4f}",
-                             f"{sdpa_tf['flash']:.2f}", f"{sdpa_tf['cudnn']:.2f}"])
+                w.writerow([d, int(causal), S, f"{module_tf:.2f}", f"{kernel_tf:.2f}", f"{ratio:.4f}",
+                            f"{sdpa_tf['flash']:.2f}", f"{sdpa_tf['cudnn']:.2f}"])
+                f.flush()
                 print(f"d{d:<3} {'causal' if causal else 'full  '} S{S:<5} module {module_ms:8.3f} ms {module_tf:6.1f} "
                       f"TFLOP/s | kernels {kernel_ms:8.3f} ms {kernel_tf:6.1f} | ratio {ratio:.3f} | sdpa flash "
                       f"{sdpa_tf['flash']:6.1f} cudnn {sdpa_tf['cudnn']:6.1f} | fwd {e['family']} {e['config']}, bwd "
                       f"{e['backward'].get('family', '?')} {e['backward'].get('config', '')}{note}", flush=True)
                 del q, k, v, dout
                 torch.cuda.empty_cache()
-    with open(out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["head_dim", "causal", "seq", "module_tflops", "kernel_tflops", "ratio", "sdpa_flash_tflops",
-                    "sdpa_cudnn_tflops"])
-        w.writerows(rows)
+    f.close()
     print(f"wrote {out} ({device})")
 
 

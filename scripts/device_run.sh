@@ -150,7 +150,7 @@ library)
   ;;
 overhead)
   log "module overhead"
-  python3 experiments/module_overhead.py --flashtune "$ft" 2>&1 | tail -30
+  PYTHONUNBUFFERED=1 timeout "${OVERHEAD_LIMIT_S:-540}" python3 experiments/module_overhead.py --flashtune "$ft" 2>&1 | tail -30
   cp "$rep/module_overhead.csv" "$OUT/" 2>/dev/null
   ;;
 full-compile)
