@@ -67,6 +67,7 @@ struct State {
   std::map<int, DeviceDesc> devices;
   std::map<std::string, std::unique_ptr<Compiler>> compilers;         // per arch
   std::map<std::string, Pick> plans;
+  std::map<int, CUmemoryPool> pools;                                  // scratch, per device
 };
 State& state() {
   static State* s = new State;  // never destroyed: modules may outlive static destruction order
@@ -382,6 +383,29 @@ CallLayout layout_for(std::vector<Operand>& ops, const Problem& p, size_t worksp
   return c;
 }
 
+// The library's own stream-ordered memory pool on the current device, keeping what it frees (release
+// threshold: never): a pool that returns memory to the driver at every synchronisation (the device's
+// default pool does) maps the backward's dq_accum anew on every call, milliseconds of host time (measured
+// on an H100: 0.3-1.3 ms per forward + backward at S = 1k-4k before this pool).
+CUmemoryPool scratch_pool() {
+  CUdevice dev;
+  FT_CU(cuCtxGetDevice, &dev);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (auto it = s.pools.find((int)dev); it != s.pools.end()) return it->second;
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = (int)dev;
+  CUmemoryPool pool;
+  FT_CU(cuMemPoolCreate, &pool, &props);
+  cuuint64_t keep = ~cuuint64_t{0};
+  FT_CU(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+  s.pools.emplace((int)dev, pool);
+  return pool;
+}
+
 // Stream-ordered scratch: allocated at the start of a call, freed on its stream at the end.
 class Scratch {
  public:
@@ -396,7 +420,7 @@ class Scratch {
       base_ = (CUdeviceptr)given;
       return;
     }
-    FT_CU(cuMemAllocAsync, &base_, bytes, stream_);
+    FT_CU(cuMemAllocFromPoolAsync, &base_, bytes, scratch_pool(), stream_);
     owned_ = true;
   }
   ~Scratch() {

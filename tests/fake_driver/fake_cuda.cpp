@@ -126,6 +126,15 @@ CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) {
   ++g_state.live_allocations;
   return CUDA_SUCCESS;
 }
+CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps*) {
+  static int the_pool;
+  *pool = reinterpret_cast<CUmemoryPool>(&the_pool);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute, void*) { return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t bytes, CUmemoryPool, CUstream s) {
+  return cuMemAllocAsync(p, bytes, s);
+}
 CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr p, CUstream) {
   std::free(reinterpret_cast<void*>(p));
   std::lock_guard<std::mutex> l(g_mu);
