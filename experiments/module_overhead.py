@@ -13,7 +13,9 @@ cuDNN backends) through PyTorch.
 - sdpa_flash, sdpa_cudnn: the same fwd+bwd call as the module's, through F.scaled_dot_product_attention
   with one backend forced.
 TFLOP/s as FlashAttention counts: forward 4*B*H*S^2*d (halved when causal), backward 2.5x, fwd+bwd 3.5x.
-ratio = module_tflops / kernel_tflops (1.0: the module adds nothing).
+ratio = module_tflops / kernel_tflops (1.0: the module adds nothing), each module call timed after a
+synchronisation (its host time exposed); module_steady_tflops / ratio_steady: eight calls back to back per
+timing, as a training loop issues them; module_host_ms: the host time to issue one forward + backward.
 
 usage: python3 experiments/module_overhead.py [--flashtune build/flashtune] [--reps 20] [--out CSV]
 Writes reports/<gpu-slug>/module_overhead.csv by default.
@@ -25,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +70,35 @@ def time_cuda(fn, reps, warmup, flush):
     return float(torch.tensor(times).median())
 
 
+def time_steady(fn, reps, iters, flush):
+    """Back to back, as a training step issues them: `iters` calls between two events (one L2 flush
+    before them), per call; median over `reps`. Host time of one call hides behind the previous call's
+    kernels here, where time_cuda (a synchronisation before every call) exposes it."""
+    times = []
+    for i in range(reps):
+        flush.fill_(float(i))
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) / iters)
+    return float(torch.tensor(times).median())
+
+
+def host_ms(fn, reps):
+    """Host time to issue one call (after a synchronisation, so that nothing waits for the GPU)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return float(torch.tensor(times).median())
+
+
 def harness_ms(flashtune_bin, family, config, shape, causal, direction, timeout):
     cmd = [flashtune_bin, "run", "--family", family, "--params", config, "--shape", ",".join(map(str, shape)),
            "--dtype", "bf16", "--direction", direction, "--json", "--timeout", str(timeout)]
@@ -99,7 +131,7 @@ def main():
     f = open(out, "w", newline="")  # written row by row: a run stopped early keeps what it measured
     w = csv.writer(f)
     w.writerow(["head_dim", "causal", "seq", "module_tflops", "kernel_tflops", "ratio", "sdpa_flash_tflops",
-                "sdpa_cudnn_tflops"])
+                "sdpa_cudnn_tflops", "module_steady_tflops", "ratio_steady", "module_host_ms"])
     for d in HEAD_DIMS:
         for causal in (False, True):
             for S in SEQS:
@@ -120,6 +152,8 @@ def main():
                     torch.autograd.grad(o, (q, k, v), dout)
 
                 module_ms = time_cuda(module, a.reps, a.warmup, flush)
+                steady_ms = time_steady(module, max(3, a.reps // 4), 8, flush)
+                issue_ms = host_ms(module, a.reps)
                 e = explain(q, k, v, causal=causal)
                 kernel_ms, note = 0.0, ""
                 try:
@@ -138,11 +172,14 @@ def main():
                         note += f" sdpa {name}: {str(err).splitlines()[0][:120]}"
                 module_tf, kernel_tf = tf(module_ms), tf(kernel_ms)
                 ratio = module_tf / kernel_tf if kernel_tf else 0.0
+                steady_tf = tf(steady_ms)
                 w.writerow([d, int(causal), S, f"{module_tf:.2f}", f"{kernel_tf:.2f}", f"{ratio:.4f}",
-                            f"{sdpa_tf['flash']:.2f}", f"{sdpa_tf['cudnn']:.2f}"])
+                            f"{sdpa_tf['flash']:.2f}", f"{sdpa_tf['cudnn']:.2f}", f"{steady_tf:.2f}",
+                            f"{steady_tf / kernel_tf if kernel_tf else 0.0:.4f}", f"{issue_ms:.3f}"])
                 f.flush()
                 print(f"d{d:<3} {'causal' if causal else 'full  '} S{S:<5} module {module_ms:8.3f} ms {module_tf:6.1f} "
-                      f"TFLOP/s | kernels {kernel_ms:8.3f} ms {kernel_tf:6.1f} | ratio {ratio:.3f} | sdpa flash "
+                      f"TFLOP/s | kernels {kernel_ms:8.3f} ms {kernel_tf:6.1f} | ratio {ratio:.3f} | steady {steady_tf:6.1f} "
+                      f"host {issue_ms:.3f} ms | sdpa flash "
                       f"{sdpa_tf['flash']:6.1f} cudnn {sdpa_tf['cudnn']:6.1f} | fwd {e['family']} {e['config']}, bwd "
                       f"{e['backward'].get('family', '?')} {e['backward'].get('config', '')}{note}", flush=True)
                 del q, k, v, dout
