@@ -22,6 +22,11 @@ if ! python3 -c "import matplotlib" 2>/dev/null; then
   echo "setup: installing matplotlib" >&2
   python3 -m pip install -q matplotlib 2>/dev/null || python3 -m pip install -q --break-system-packages matplotlib
 fi
+# scikit-build-core, the Python package's build backend, for its offline build test (pip install --no-build-isolation).
+if ! python3 -c "import scikit_build_core" 2>/dev/null; then
+  echo "setup: installing scikit-build-core" >&2
+  python3 -m pip install -q scikit-build-core 2>/dev/null || python3 -m pip install -q --break-system-packages scikit-build-core
+fi
 # cuobjdump (and the nvdisasm it runs) for the SASS checks: the toolkit's, else NVIDIA's PyPI packages.
 if ! command -v cuobjdump >/dev/null && [[ ! -x /usr/local/cuda/bin/cuobjdump ]] &&
    ! python3 -c "import nvidia, os, sys; sys.exit(not any(os.path.exists(os.path.join(p, 'cu13/bin/cuobjdump')) for p in nvidia.__path__))" 2>/dev/null; then
