@@ -78,20 +78,24 @@ size_t Layout::add(size_t bytes) {
   return off;
 }
 
+std::vector<TensorArg> tensor_args(const ft_forward_args* a) {
+  return {{"q", &a->q, a->seq_q, false}, {"k", &a->k, a->seq_k, false}, {"v", &a->v, a->seq_k, false},
+          {"o", &a->o, a->seq_q, true}};
+}
+std::vector<TensorArg> tensor_args(const ft_backward_args* a) {
+  return {{"q", &a->q, a->seq_q, false},  {"k", &a->k, a->seq_k, false},       {"v", &a->v, a->seq_k, false},
+          {"o", &a->o, a->seq_q, false},  {"dout", &a->dout, a->seq_q, false}, {"dq", &a->dq, a->seq_q, true},
+          {"dk", &a->dk, a->seq_k, true}, {"dv", &a->dv, a->seq_k, true}};
+}
+
 Check check_forward(const ft_forward_args* a) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
   if (Check c = check_common(a->batch, a->heads, a->seq_q, a->seq_k, a->head_dim, a->dtype, a->scale, "fwd");
       c.status != FT_OK)
     return c;
-  const int64_t B = a->batch, H = a->heads, Sq = a->seq_q, Sk = a->seq_k, d = a->head_dim;
-  const struct {
-    const char* name;
-    const ft_tensor& t;
-    int64_t s;
-    bool out;
-  } ts[] = {{"q", a->q, Sq, false}, {"k", a->k, Sk, false}, {"v", a->v, Sk, false}, {"o", a->o, Sq, true}};
-  for (const auto& t : ts)
-    if (std::string why = check_tensor(t.name, t.t, B, H, t.s, d, t.out); !why.empty())
+  const int64_t B = a->batch, H = a->heads, d = a->head_dim;
+  for (const TensorArg& t : tensor_args(a))
+    if (std::string why = check_tensor(t.name, *t.t, B, H, t.seq, d, t.output); !why.empty())
       return bad(FT_INVALID_ARGUMENT, why);
   return {};
 }
@@ -101,17 +105,9 @@ Check check_backward(const ft_backward_args* a) {
   if (Check c = check_common(a->batch, a->heads, a->seq_q, a->seq_k, a->head_dim, a->dtype, a->scale, "bwd");
       c.status != FT_OK)
     return c;
-  const int64_t B = a->batch, H = a->heads, Sq = a->seq_q, Sk = a->seq_k, d = a->head_dim;
-  const struct {
-    const char* name;
-    const ft_tensor& t;
-    int64_t s;
-    bool out;
-  } ts[] = {{"q", a->q, Sq, false},   {"k", a->k, Sk, false},  {"v", a->v, Sk, false},
-            {"o", a->o, Sq, false},   {"dout", a->dout, Sq, false}, {"dq", a->dq, Sq, true},
-            {"dk", a->dk, Sk, true},  {"dv", a->dv, Sk, true}};
-  for (const auto& t : ts)
-    if (std::string why = check_tensor(t.name, t.t, B, H, t.s, d, t.out); !why.empty())
+  const int64_t B = a->batch, H = a->heads, Sq = a->seq_q, d = a->head_dim;
+  for (const TensorArg& t : tensor_args(a))
+    if (std::string why = check_tensor(t.name, *t.t, B, H, t.seq, d, t.output); !why.empty())
       return bad(FT_INVALID_ARGUMENT, why);
   if (!a->lse) return bad(FT_INVALID_ARGUMENT, "lse is null (the backward needs the forward's LSE)");
   if (reinterpret_cast<uintptr_t>(a->lse) % 4) return bad(FT_INVALID_ARGUMENT, "lse is not 4-byte aligned");

@@ -27,6 +27,17 @@ bool is_contiguous(const ft_tensor& t, int64_t b, int64_t h, int64_t s, int64_t 
 // it is packed to (or, for an output, unpacked from) contiguous scratch.
 bool direct(const ft_tensor& t, int64_t b, int64_t h, int64_t s, int64_t d);
 
+// The tensors of a call, in one table for the argument checks and the packing: name, its sequence
+// length, whether the call writes it.
+struct TensorArg {
+  const char* name;
+  const ft_tensor* t;
+  int64_t seq;
+  bool output;
+};
+std::vector<TensorArg> tensor_args(const ft_forward_args* a);
+std::vector<TensorArg> tensor_args(const ft_backward_args* a);
+
 DType to_dtype(ft_dtype);
 float softmax_scale(float scale, int head_dim);  // scale <= 0: 1/sqrt(head_dim)
 

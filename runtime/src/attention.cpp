@@ -469,13 +469,11 @@ Query query_of(const Problem& p) {
   return q;
 }
 
-std::vector<Operand> forward_operands(const ft_forward_args* a) {
-  return {{&a->q, a->seq_q, false}, {&a->k, a->seq_k, false}, {&a->v, a->seq_k, false}, {&a->o, a->seq_q, true}};
-}
-std::vector<Operand> backward_operands(const ft_backward_args* a) {
-  return {{&a->q, a->seq_q, false},  {&a->k, a->seq_k, false}, {&a->v, a->seq_k, false},
-          {&a->o, a->seq_q, false},  {&a->dout, a->seq_q, false}, {&a->dq, a->seq_q, true},
-          {&a->dk, a->seq_k, true},  {&a->dv, a->seq_k, true}};
+template <class Args>
+std::vector<Operand> operands(const Args* a) {
+  std::vector<Operand> ops;
+  for (const TensorArg& t : tensor_args(a)) ops.push_back({t.t, t.seq, t.output});
+  return ops;
 }
 
 // Packs the inputs, runs `launch`, unpacks the outputs: all on the stream.
@@ -500,7 +498,7 @@ void run_forward(const ft_forward_args* a, CUstream stream) {
   const Problem p = problem_of(a, "fwd");
   Plan plan = make_plan(query_of(p), p);
   const Loaded& k = family_kernels(ctx.get(), plan);
-  std::vector<Operand> ops = forward_operands(a);
+  std::vector<Operand> ops = operands(a);
   const CallLayout c = layout_for(ops, p, plan.pick.family->workspace_bytes(plan.pick.config, p), !a->lse, false);
   Scratch scratch(c.layout.total, nullptr, 0, stream);
   if (c.workspace_bytes) FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
@@ -523,7 +521,7 @@ void run_backward(const ft_backward_args* a, CUstream stream) {
   const Problem p = problem_of(a, "bwd");
   Plan plan = make_plan(query_of(p), p);
   const Loaded& k = family_kernels(ctx.get(), plan);
-  std::vector<Operand> ops = backward_operands(a);
+  std::vector<Operand> ops = operands(a);
   const CallLayout c = backward_layout(plan, ops);
   Scratch scratch(c.layout.total, a->workspace, a->workspace_bytes, stream);
   if (c.workspace_bytes) FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
@@ -618,7 +616,7 @@ ft_status ft_backward_workspace_bytes(const ft_backward_args* args, size_t* byte
     ContextScope ctx(args->q.data);
     const flashtune::Problem p = problem_of(args, "bwd");
     const Plan plan = make_plan(query_of(p), p);
-    std::vector<Operand> ops = backward_operands(args);
+    std::vector<Operand> ops = operands(args);
     *bytes = backward_layout(plan, ops).layout.total;
   });
 }
