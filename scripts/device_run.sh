@@ -5,6 +5,7 @@
 #   edges  - issue 12's reported cases (Sk = 1 backward, x30 / x5 / heavy-tailed inputs) through `run --json`;
 #            concurrent writers on one store and a kill -9 resume (gpu_concurrent_tune)
 #   library - the runtime, the CMake consumer and the torch op (gpu tests), pip install, train_tiny_gpt
+#   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py)
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
 #   final  - tests, stored best configs re-timed, the closest call against torch flash re-measured
@@ -152,6 +153,10 @@ overhead)
   log "module overhead"
   PYTHONUNBUFFERED=1 timeout "${OVERHEAD_LIMIT_S:-540}" python3 experiments/module_overhead.py --flashtune "$ft" 2>&1 | tail -30
   cp "$rep/module_overhead.csv" "$OUT/" 2>/dev/null
+  ;;
+host-time)
+  log "host time of the torch op, layer by layer"
+  PYTHONUNBUFFERED=1 python3 experiments/probes/host_time.py "$@" 2>&1 | tee "$OUT/host_time.txt" | tail -150
   ;;
 full-compile)
   # Every variant of every space through NVRTC for sm_80 and sm_90 (CI compiles a covering sample):
