@@ -129,6 +129,23 @@ class ArgumentChecks(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "dout needs 4 strides"):
             _lib.backward_args((2, 8, 128, 256, 128), "fp16", True, None, t, t, t, t, (1, (1,)), 0x3000, t, t, t)
 
+    def test_fast_packing_matches_the_checked_one(self):
+        # pack_forward/pack_backward (the torch layer's path) write the same bytes as the field-by-field
+        # packers, whose layout StructLayout checks against the header.
+        t = (0x1000, (4096, 1024, 64, 1))
+        flat = lambda x: (x[0], *x[1])  # noqa: E731
+        slow = _lib.forward_args((3, 16, 64, 96, 64), "bf16", True, 0.125, t, (0x2000, (1, 2, 3, 1)), t, t, 0x9000)
+        fast = _lib.pack_forward((3, 16, 64, 96, 64), _lib.DTYPES["bf16"], 1, 0.125, flat(t), (0x2000, 1, 2, 3, 1),
+                                 flat(t), flat(t), 0x9000)
+        self.assertEqual(bytes(slow), bytes(fast))
+        slow = _lib.backward_args((2, 8, 128, 256, 128), "fp16", False, None, t, t, t, t, t, 0x3000, t, t,
+                                  (0x4000, (7, 6, 5, 1)))
+        fast = _lib.pack_backward((2, 8, 128, 256, 128), _lib.DTYPES["fp16"], 0, 0.0, *[flat(t)] * 5, 0x3000,
+                                  flat(t), flat(t), (0x4000, 7, 6, 5, 1))
+        self.assertEqual(bytes(slow), bytes(fast))
+        with self.assertRaisesRegex(ValueError, "does not fit"):
+            _lib.pack_forward((2**31, 1, 1, 1, 64), 0, 0, 0.0, *[flat(t)] * 4, 0)
+
     def test_error_classes(self):
         self.assertTrue(issubclass(flashtune.UnsupportedError, ValueError))
         self.assertTrue(issubclass(flashtune.InvalidArgumentError, ValueError))

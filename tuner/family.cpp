@@ -251,6 +251,7 @@ std::vector<Family> make_families() {
     f.workspace_bytes = [](const Config& c, const Problem& p) {
       return (size_t)fa2_wgmma_bwd_workspace_bytes(p.batch, p.heads, p.seq_q, p.head_dim, c[0], c[5]);
     };
+    f.workspace_written = true;  // LOAD 1's images: the preprocess writes every padded row (zeros past seq_q)
     f.launches = [](const Config& c, const Problem& p) {
       const int bm = c[0], bn = c[1], sp = c[2], st = c[3], red = c[4], load = c[5], d = p.head_dim;
       auto grid = [&](auto fn) { return fn(p.batch, p.heads, p.seq_q, p.seq_k, bm, bn, sp, st); };

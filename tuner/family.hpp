@@ -38,6 +38,7 @@ struct Family {
   std::vector<DType> dtypes;
   Config default_config;      // valid for every supported head dim
   bool test_only = false;     // fault-injection families: never in default listings
+  bool workspace_written = false;  // see workspace_bytes
   bool hopper_only = false;   // wgmma: compiled for sm_90a (on an sm_90 target), pruned on others
 
   // "flashtune::Fa2SimtTraits<64,128,64,8,4,2,false>"
@@ -46,7 +47,9 @@ struct Family {
   // traits' static_asserts, so NVRTC never sees an impossible variant).
   std::function<const char*(const Config&, int head_dim)> check;
   std::function<std::vector<Launch>(const Config&, const Problem&)> launches;  // one per kernel
-  // Bytes of p.workspace (zero-filled by the worker before each validated run).
+  // Bytes of p.workspace: zero-filled by the worker before each validated run and by the runtime before
+  // each call, unless workspace_written (the family's kernels write every byte before reading it; the
+  // worker then fills it with 0xFF before the validated run, so a byte read unwritten shows as a wrong answer).
   std::function<size_t(const Config&, const Problem&)> workspace_bytes = [](const Config&, const Problem&) {
     return size_t{0};
   };

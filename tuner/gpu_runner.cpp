@@ -403,6 +403,7 @@ json GpuRunner::run(const json& req) {
   }
   if (kernels.empty()) throw std::runtime_error("no kernels in the request");
   const size_t workspace = req.value("workspace", (size_t)0);
+  const unsigned char fill = (unsigned char)req.value("workspace_fill", 0);  // 0xFF: the kernels must write it all
   workspace_.bytes = 0;
   try {
     if (workspace) ensure(workspace_, workspace);
@@ -417,7 +418,7 @@ json GpuRunner::run(const json& req) {
   json out;
   out["status"] = "ok";
   auto validated_run = [&] {
-    if (workspace) CU_CHECK(cuMemsetD8(workspace_.ptr, 0, workspace));
+    if (workspace) CU_CHECK(cuMemsetD8(workspace_.ptr, fill, workspace));
     poison_outputs();
     launch_all(kernels, nullptr);
     CU_CHECK(cuCtxSynchronize());

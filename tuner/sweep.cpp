@@ -111,6 +111,7 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
               {"cubin_path", cubin_path},
               {"kernels", kernels},
               {"workspace", v.family->workspace_bytes(v.config, p)},
+              {"workspace_fill", v.family->workspace_written ? 0xFF : 0},
               {"check_determinism", opt_.check_determinism}};
   if (!opt_.save_outputs_dir.empty()) req["save_dir"] = opt_.save_outputs_dir;
   take_reply(worker_.request(req, opt_.timeout_s), p, r);

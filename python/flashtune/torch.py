@@ -13,6 +13,7 @@ outputs are contiguous. causal is bottom-right aligned (query i sees keys j <= i
 FlashAttention; a query row that sees no key gives O = 0 and LSE = +inf. scale 0.0 in the ops means
 1/sqrt(head_dim).
 """
+import contextlib
 import math
 
 import torch
@@ -69,11 +70,21 @@ def _scale(scale):
 
 
 # --- tensors as the runtime takes them -------------------------------------------------------------
+# Everything here runs twice per training step: each line is kept cheap (one stride() call per tensor,
+# one struct.pack_into per call) because its host time shows in a step's time when the GPU waits for it
+# (experiments/probes/host_time.py).
+_DTYPE_CODES = {t: _lib.DTYPES[n] for t, n in _DTYPES.items()}
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # internal: the stream without a Stream object
+
+
 def _runtime_layout(t):
     """t when its layout can go to the runtime as it is (unit-stride head dim, positive strides, no two
     elements at one address), else a contiguous copy."""
-    dims = sorted(((t.stride(i), t.shape[i]) for i in range(4) if t.shape[i] != 1))
-    ok = t.shape[3] == 1 or t.stride(3) == 1
+    if t.is_contiguous():
+        return t
+    st, sh = t.stride(), t.shape
+    dims = sorted((st[i], sh[i]) for i in range(4) if sh[i] != 1)
+    ok = sh[3] == 1 or st[3] == 1
     span = 1
     for stride, size in dims:
         if stride < span:
@@ -84,23 +95,34 @@ def _runtime_layout(t):
 
 
 def _ref(t):
-    """(pointer, strides); a size-1 dim, whose stride torch leaves arbitrary, gets 0 (never read)."""
-    return t.data_ptr(), [t.stride(i) if t.shape[i] != 1 else 0 for i in range(4)]
+    """(pointer, 4 strides); a size-1 dim, whose stride torch leaves arbitrary, gets 0 (never read)."""
+    st, sh = t.stride(), t.shape
+    return (t.data_ptr(), st[0] if sh[0] != 1 else 0, st[1] if sh[1] != 1 else 0, st[2] if sh[2] != 1 else 0,
+            st[3] if sh[3] != 1 else 0)
 
 
 def _stream(device):
+    if _raw_stream is not None:
+        return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
     return torch.cuda.current_stream(device).cuda_stream
+
+
+def _on(device):
+    """The device's context for the runtime call: a no-op when it is current already (the usual case)."""
+    if device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def _fwd_args(q, k, v, o, lse, causal, scale):
     B, H, Sq, d = q.shape
-    return _lib.forward_args((B, H, Sq, k.shape[2], d), _DTYPES[q.dtype], causal, scale,
+    return _lib.pack_forward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
                              _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr())
 
 
 def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale):
     B, H, Sq, d = q.shape
-    return _lib.backward_args((B, H, Sq, k.shape[2], d), _DTYPES[q.dtype], causal, scale,
+    return _lib.pack_backward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
                               _ref(q), _ref(k), _ref(v), _ref(o), _ref(dout), lse.data_ptr(),
                               _ref(dq), _ref(dk), _ref(dv))
 
@@ -114,8 +136,8 @@ def _forward_impl(q, k, v, causal, scale):
         return o, lse
     if k.shape[2] == 0:  # no keys: every row fully masked
         return o.zero_(), lse.fill_(math.inf)
-    q, k, v = (_runtime_layout(t) for t in (q, k, v))
-    with torch.cuda.device(q.device):
+    q, k, v = _runtime_layout(q), _runtime_layout(k), _runtime_layout(v)
+    with _on(q.device):
         _lib.forward(_fwd_args(q, k, v, o, lse, causal, scale), _stream(q.device))
     return o, lse
 
@@ -139,11 +161,15 @@ def _backward_impl(dout, q, k, v, o, lse, causal, scale):
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if dq.numel() == 0 or dk.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    dout = _runtime_layout(dout.to(device=q.device, dtype=q.dtype))  # a broadcast gradient (stride 0) is copied
-    o = _runtime_layout(o.to(dtype=q.dtype))
-    q, k, v = (_runtime_layout(t) for t in (q, k, v))
-    lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
-    with torch.cuda.device(q.device):
+    if dout.dtype != q.dtype or dout.device != q.device:
+        dout = dout.to(device=q.device, dtype=q.dtype)
+    if o.dtype != q.dtype:
+        o = o.to(dtype=q.dtype)
+    dout, o = _runtime_layout(dout), _runtime_layout(o)  # a broadcast gradient (stride 0) is copied
+    q, k, v = _runtime_layout(q), _runtime_layout(k), _runtime_layout(v)
+    if lse.dtype != torch.float32 or lse.device != q.device or not lse.is_contiguous():
+        lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
+    with _on(q.device):
         _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale), _stream(q.device))
     return dq, dk, dv
 
@@ -239,7 +265,7 @@ def explain(q, k, v, causal=False):
     q, k, v = (_runtime_layout(t) for t in (q, k, v))
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-    with torch.cuda.device(q.device):
+    with _on(q.device):
         out = _lib.explain_forward(_fwd_args(q, k, v, o, lse, bool(causal), 0.0))
         dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
         try:

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,9 +56,15 @@ struct Compiled {
 struct Loaded {
   CUmodule module = nullptr;
   std::vector<CUfunction> fns;
+  // The dynamic shared memory each function is opted in for (cuFuncSetAttribute once per size, not per call).
+  std::shared_ptr<std::vector<std::atomic<unsigned>>> smem_optin;
 };
 struct DeviceDesc {
   std::string name, arch;
+};
+struct CachedPick {
+  Pick pick;
+  std::string variant;  // its variant hash
 };
 struct State {
   std::mutex mu;
@@ -66,7 +73,7 @@ struct State {
   std::map<int, CUcontext> primaries;                                 // retained for the process
   std::map<int, DeviceDesc> devices;
   std::map<std::string, std::unique_ptr<Compiler>> compilers;         // per arch
-  std::map<std::string, Pick> plans;
+  std::map<std::string, CachedPick> plans;                            // plan key -> pick and its variant
   std::map<int, CUmemoryPool> pools;                                  // scratch, per device
 };
 State& state() {
@@ -180,7 +187,6 @@ Plan make_plan(const Query& q0, const Problem& p) {
   Query q = q0;
   q.device = plan.device.name;
   q.arch = plan.device.arch;
-  const Compiler& compiler = compiler_for(q.arch);
   const char* db = std::getenv("FLASHTUNE_DB");
   const std::string db_path = db ? db : "";
   const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
@@ -189,24 +195,27 @@ Plan make_plan(const Query& q0, const Problem& p) {
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (auto it = s.plans.find(plan_key); it != s.plans.end()) plan.pick = it->second;
-  }
-  if (!plan.pick.family) {
-    try {
-      plan.pick = choose(generated_tables(), q, db_path);
-    } catch (const std::exception& e) {
-      fail(FT_INVALID_ARGUMENT, std::string("FLASHTUNE_DB: ") + e.what());
+    if (auto it = s.plans.find(plan_key); it != s.plans.end()) {
+      plan.pick = it->second.pick;
+      plan.key = it->second.variant;
     }
-    if (!plan.pick.family)
-      fail(FT_UNSUPPORTED, "no family runs " + std::string(to_string(q.dtype)) + " " +
-                               (q.direction == "fwd" ? "forward" : "backward") + " d=" + std::to_string(q.head_dim) +
-                               " on " + q.arch);
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.plans[plan_key] = plan.pick;
   }
   plan.problem = p;
   plan.plan_key = plan_key;
+  if (plan.pick.family) return plan;
+  const Compiler& compiler = compiler_for(q.arch);
+  try {
+    plan.pick = choose(generated_tables(), q, db_path);
+  } catch (const std::exception& e) {
+    fail(FT_INVALID_ARGUMENT, std::string("FLASHTUNE_DB: ") + e.what());
+  }
+  if (!plan.pick.family)
+    fail(FT_UNSUPPORTED, "no family runs " + std::string(to_string(q.dtype)) + " " +
+                             (q.direction == "fwd" ? "forward" : "backward") + " d=" + std::to_string(q.head_dim) +
+                             " on " + q.arch);
   plan.key = compiler.variant_hash(Variant{plan.pick.family, plan.pick.config, p.head_dim, p.causal, p.dtype});
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.plans[plan_key] = {plan.pick, plan.key};
   return plan;
 }
 
@@ -253,6 +262,7 @@ const Loaded& load_module(CUcontext ctx, const std::string& key, const Compiled&
     FT_CU(cuModuleGetFunction, &fn, l.module, n.c_str());
     l.fns.push_back(fn);
   }
+  l.smem_optin = std::make_shared<std::vector<std::atomic<unsigned>>>(l.fns.size());
   std::lock_guard<std::mutex> lock(s.mu);
   // Another thread may have loaded it meanwhile: keep the first (ours stays loaded, a small leak once).
   return s.modules.emplace(std::make_pair(ctx, key), l).first->second;
@@ -284,7 +294,7 @@ const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
     plan.key = compiler.variant_hash(Variant{plan.pick.family, plan.pick.config, p.head_dim, p.causal, p.dtype});
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
-    s.plans[plan.plan_key] = plan.pick;  // later calls (and explain) go straight to the default
+    s.plans[plan.plan_key] = {plan.pick, plan.key};  // later calls (and explain) go straight to the default
   }
   fail(FT_COMPILE_ERROR, first_error);
 }
@@ -439,8 +449,11 @@ void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream str
   void* args[] = {params};
   for (size_t i = 0; i < ls.size() && i < k.fns.size(); ++i) {
     const Launch& l = ls[i];
-    if (l.smem_bytes > 48 * 1024)
+    std::atomic<unsigned>& optin = (*k.smem_optin)[i];
+    if (l.smem_bytes > 48 * 1024 && l.smem_bytes > optin.load()) {
       FT_CU(cuFuncSetAttribute, k.fns[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)l.smem_bytes);
+      optin.store(l.smem_bytes);  // a race only sets the attribute twice
+    }
     FT_CU(cuLaunchKernel, k.fns[i], l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem_bytes, stream, args,
           nullptr);
   }
@@ -501,7 +514,8 @@ void run_forward(const ft_forward_args* a, CUstream stream) {
   std::vector<Operand> ops = operands(a);
   const CallLayout c = layout_for(ops, p, plan.pick.family->workspace_bytes(plan.pick.config, p), !a->lse, false);
   Scratch scratch(c.layout.total, nullptr, 0, stream);
-  if (c.workspace_bytes) FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
+  if (c.workspace_bytes && !plan.pick.family->workspace_written)
+    FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
   with_operands(ctx.get(), plan, ops, scratch, stream, [&] {
     const float scale = softmax_scale(a->scale, p.head_dim);
     AttnFwdParams fp{(const void*)ops[0].ptr, (const void*)ops[1].ptr, (const void*)ops[2].ptr, (void*)ops[3].ptr,
@@ -524,7 +538,8 @@ void run_backward(const ft_backward_args* a, CUstream stream) {
   std::vector<Operand> ops = operands(a);
   const CallLayout c = backward_layout(plan, ops);
   Scratch scratch(c.layout.total, a->workspace, a->workspace_bytes, stream);
-  if (c.workspace_bytes) FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
+  if (c.workspace_bytes && !plan.pick.family->workspace_written)
+    FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
   with_operands(ctx.get(), plan, ops, scratch, stream, [&] {
     const float scale = softmax_scale(a->scale, p.head_dim);
     AttnBwdParams bp{(const void*)ops[0].ptr, (const void*)ops[1].ptr, (const void*)ops[2].ptr,
