@@ -463,25 +463,53 @@ void GpuRunner::time_repeats(const std::function<void()>& launch, const json& ti
   const double per_launch = std::max(1e-3, (double)warm_ms / std::max(1, warmup));
   const int reps = std::clamp((int)(target_ms / per_launch), min_reps, max_reps);
 
+  // Timing economy: with stop_above_ms, the first 3 repeats are read before the rest is launched, and a
+  // candidate whose median over them is above it (clearly slower than the best so far) stops there.
+  const double stop_above = timing.value("stop_above_ms", 0.0);
+  const int first = stop_above > 0 ? std::min(reps, 3) : reps;
+
   std::vector<CUevent> starts(reps), stops(reps);
   for (int i = 0; i < reps; ++i) {
     CU_CHECK(cuEventCreate(&starts[i], CU_EVENT_DEFAULT));
     CU_CHECK(cuEventCreate(&stops[i], CU_EVENT_DEFAULT));
   }
-  for (int i = 0; i < reps; ++i) {
-    CU_CHECK(cuMemsetD32Async(flush_.ptr, (unsigned)i, flush_.bytes / 4, nullptr));
-    CU_CHECK(cuEventRecord(starts[i], nullptr));
-    launch();
-    CU_CHECK(cuEventRecord(stops[i], nullptr));
+  auto timed = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      CU_CHECK(cuMemsetD32Async(flush_.ptr, (unsigned)i, flush_.bytes / 4, nullptr));
+      CU_CHECK(cuEventRecord(starts[i], nullptr));
+      launch();
+      CU_CHECK(cuEventRecord(stops[i], nullptr));
+    }
+    CU_CHECK(cuCtxSynchronize());
+  };
+  std::vector<float> ms;
+  auto read = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      float t = 0;
+      CU_CHECK(cuEventElapsedTime(&t, starts[i], stops[i]));
+      ms.push_back(t);
+    }
+  };
+  timed(0, first);
+  read(0, first);
+  bool early = false;
+  if (first < reps) {
+    if (percentile(ms, 0.5) > stop_above) {
+      early = true;
+    } else {
+      timed(first, reps);
+      read(first, reps);
+    }
   }
-  CU_CHECK(cuCtxSynchronize());
-  std::vector<float> ms(reps);
   for (int i = 0; i < reps; ++i) {
-    CU_CHECK(cuEventElapsedTime(&ms[i], starts[i], stops[i]));
     cuEventDestroy(starts[i]);
     cuEventDestroy(stops[i]);
   }
-  out["reps"] = reps;
+  double spent = warm_ms;
+  for (float t : ms) spent += t;
+  out["detail"]["timing_ms"] = spent;
+  if (early) out["detail"]["early_stopped"] = true;
+  out["reps"] = (int)ms.size();
   out["ms_median"] = percentile(ms, 0.5);
   out["ms_p20"] = percentile(ms, 0.2);
   out["ms_p80"] = percentile(ms, 0.8);

@@ -86,7 +86,7 @@ ResultRecord unrun_result(const KernelRecord& k, const Problem& p) {
   return r;
 }
 
-ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Problem& p) {
+ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Problem& p, const json& timing) {
   ResultRecord r = unrun_result(k, p);
   r.seed = opt_.seed;
   r.device_name = device_.name;
@@ -114,6 +114,7 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
               {"workspace_fill", v.family->workspace_written ? 0xFF : 0},
               {"check_determinism", opt_.check_determinism}};
   if (!opt_.save_outputs_dir.empty()) req["save_dir"] = opt_.save_outputs_dir;
+  if (!timing.empty()) req["timing"] = timing;
   take_reply(worker_.request(req, opt_.timeout_s), p, r);
   return r;
 }
@@ -213,81 +214,230 @@ static void print_resource_table(const std::vector<Variant>& vs, const std::vect
   }
 }
 
-SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Store& store, const SweepOptions& opt) {
-  SweepSummary sum;
-  if (variants_for(space, problems).empty())
-    throw UsageError("no problem matches a variant of the " + space.family->name + " space");
-  GpuSession gpu(opt.run);
-  std::string arch = opt.arch.empty() ? "sm_90" : opt.arch;
-  if (gpu.has_gpu()) {
-    if (!opt.arch.empty() && opt.arch != gpu.device().arch)
-      throw UsageError("--arch " + opt.arch + " does not match device " + gpu.device().name + " (" +
-                       gpu.device().arch + ")");
-    arch = gpu.device().arch;
-    std::fprintf(stderr, "device %d: %s (%s, %d SMs, driver %d)\n", opt.run.device, gpu.device().name.c_str(),
-                 arch.c_str(), gpu.device().sm_count, gpu.device().driver_version);
-  } else {
-    std::fprintf(stderr, "no GPU found (%s): compiling and pruning for %s only, no kernel runs\n",
-                 gpu.no_gpu_reason().c_str(), arch.c_str());
-  }
+namespace {
 
-  const std::vector<Variant> variants = variants_for(space, problems);
+// Compile-only (no GPU): every variant of this shard compiled and pruned, resources printed.
+SweepSummary compile_only(const Space& space, const std::vector<Problem>& problems, Store& store,
+                          const SweepOptions& opt, const std::string& arch) {
+  SweepSummary sum;
   Compiler compiler(arch);
+  std::vector<Variant> variants;
+  for (const Variant& v : variants_for(space, problems))
+    if (in_shard(opt.search.shard, compiler.variant_hash(v))) variants.push_back(v);
   Progress cprog("compile " + arch, variants.size(), opt.progress);
   const auto kernels = compiler.compile_all(variants, &store, [&](size_t d, size_t) { cprog.update(d); });
   cprog.finish();
-  std::map<std::string, int> compile_status;
-  for (const auto& k : kernels) compile_status[k.status]++;
-  std::fprintf(stderr, "%zu variants:", kernels.size());
-  for (auto& [s, n] : compile_status) std::fprintf(stderr, " %d %s", n, s.c_str());
+  for (const auto& k : kernels) sum.by_status[k.status]++;
+  std::fprintf(stderr, "%zu variants%s:", kernels.size(),
+               opt.search.shard.all() ? "" : (" (shard " + std::to_string(opt.search.shard.index) + "/" +
+                                              std::to_string(opt.search.shard.count) + ")").c_str());
+  for (auto& [st, n] : sum.by_status) std::fprintf(stderr, " %d %s", n, st.c_str());
   std::fprintf(stderr, "\n");
+  if (!opt.json) print_resource_table(variants, kernels);
+  return sum;
+}
 
-  if (!gpu.has_gpu()) {
-    print_resource_table(variants, kernels);
-    sum.by_status = compile_status;
-    return sum;
+Outcome outcome_of(const ResultRecord& r) {
+  Outcome o;
+  o.ok = r.status == "ok" && r.ms_median > 0;
+  o.ms = r.ms_median;
+  o.reps = r.reps;
+  if (!r.detail.empty()) {
+    const json d = json::parse(r.detail, nullptr, false);
+    if (d.is_object()) o.early_stopped = d.value("early_stopped", false);
   }
+  return o;
+}
 
-  // Candidates: every (problem, variant) pair whose d, causal and dtype agree.
-  struct Candidate {
-    size_t variant;
-    const Problem* problem;
+double timing_ms_of(const ResultRecord& r) {
+  if (r.detail.empty()) return 0;
+  const json d = json::parse(r.detail, nullptr, false);
+  return d.is_object() ? d.value("timing_ms", 0.0) : 0.0;
+}
+
+}  // namespace
+
+namespace {
+void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& p, const SearchOptions& so,
+                      const std::vector<std::pair<double, size_t>>& ranking, GpuSession& gpu, Store& store,
+                      const std::function<KernelRecord(size_t, const Variant&, const std::string&)>& kernel_for,
+                      ProblemReport& rep) {
+  // The finalists timed in turn (A B C A B C ...), so that a drift in clocks or temperature during the
+  // sweep falls on all of them; each figure the median of its rounds' medians.
+  const size_t n = std::min<size_t>((size_t)so.retime_top, ranking.size());
+  std::vector<std::vector<double>> rounds(n);
+  std::vector<ResultRecord> last(n);
+  for (int r = 0; r < so.retime_rounds; ++r)
+    for (size_t i = 0; i < n; ++i) {
+      const SearchCandidate& c = cands[ranking[i].second];
+      ResultRecord rec = gpu.run(kernel_for(0, c.v, c.hash), c.v, p, json{{"min_reps", 10}, {"max_reps", 10}, {"warmup", 1}});
+      if (rec.status == "ok") rounds[i].push_back(rec.ms_median), last[i] = rec;
+    }
+  double best = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < n; ++i) {
+    if (rounds[i].empty()) continue;
+    std::sort(rounds[i].begin(), rounds[i].end());
+    const double ms = rounds[i][rounds[i].size() / 2];
+    ResultRecord rec = last[i];
+    json d = rec.detail.empty() ? json::object() : json::parse(rec.detail, nullptr, false);
+    if (!d.is_object()) d = json::object();
+    d["sweep_ms_median"] = ranking[i].first;
+    d["retime"] = {{"order", "interleaved"}, {"rounds", rounds[i]}, {"finalists", n}};
+    rec.detail = d.dump();
+    rec.ms_median = ms;
+    rec.tflops = p.flops() / (ms * 1e-3) / 1e12;
+    rec.gbps = p.bytes() / (ms * 1e-3) / 1e9;
+    store.put_result(rec, gpu.device());
+    if (ms < best) {
+      best = ms;
+      const SearchCandidate& c = cands[ranking[i].second];
+      rep.best_config = c.v.family->config_string(c.v.config);
+      rep.best_ms = ms;
+      rep.best_tflops = rec.tflops;
+    }
+  }
+}
+
+}  // namespace
+
+SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Store& store, const SweepOptions& opt) {
+  if (variants_for(space, problems).empty())
+    throw UsageError("no problem matches a variant of the " + space.family->name + " space");
+  // One worker per listed device; the first one says whether there is a GPU at all.
+  std::vector<std::unique_ptr<GpuSession>> gpus;
+  for (int d : opt.devices) {
+    RunOptions ro = opt.run;
+    ro.device = d;
+    gpus.push_back(std::make_unique<GpuSession>(ro));
+    if (!gpus[0]->has_gpu()) break;
+  }
+  std::string arch = opt.arch.empty() ? "sm_90" : opt.arch;
+  if (!gpus[0]->has_gpu()) {
+    std::fprintf(stderr, "no GPU found (%s): compiling and pruning for %s only, no kernel runs\n",
+                 gpus[0]->no_gpu_reason().c_str(), arch.c_str());
+    return compile_only(space, problems, store, opt, arch);
+  }
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    const GpuSession& g = *gpus[i];
+    if (!g.has_gpu())
+      throw UsageError("device " + std::to_string(opt.devices[i]) + ": " + g.no_gpu_reason());
+    if (g.device().arch != gpus[0]->device().arch)
+      throw UsageError("devices " + std::to_string(opt.devices[0]) + " and " + std::to_string(opt.devices[i]) +
+                       " differ in architecture (" + gpus[0]->device().arch + ", " + g.device().arch +
+                       "): tune them in separate runs");
+    std::fprintf(stderr, "device %d: %s (%s, %d SMs, driver %d)\n", opt.devices[i], g.device().name.c_str(),
+                 g.device().arch.c_str(), g.device().sm_count, g.device().driver_version);
+  }
+  if (!opt.arch.empty() && opt.arch != gpus[0]->device().arch)
+    throw UsageError("--arch " + opt.arch + " does not match device " + gpus[0]->device().name + " (" +
+                     gpus[0]->device().arch + ")");
+  arch = gpus[0]->device().arch;
+  const Compiler compiler(arch);
+  const SearchOptions& so = opt.search;
+  // Every worker thread its own connection to the store (SQLite serialises the writers).
+  std::vector<std::unique_ptr<Store>> stores;
+  for (size_t i = 0; i < gpus.size(); ++i) stores.push_back(std::make_unique<Store>(store.path()));
+
+  // Strategies that will evaluate every candidate anyway get all of them compiled first, on every core;
+  // the others compile what they propose, when they propose it.
+  const bool compile_first = so.max_evals.empty() && so.strategy != "guided";
+  std::map<std::string, KernelRecord> kernels;
+  std::mutex kernels_mu;
+  if (compile_first) {
+    std::vector<Variant> variants;
+    for (const Variant& v : variants_for(space, problems)) variants.push_back(v);
+    Progress cprog("compile " + arch, variants.size(), opt.progress);
+    auto ks = compiler.compile_all(variants, &store, [&](size_t d, size_t) { cprog.update(d); });
+    cprog.finish();
+    for (auto& k : ks) kernels[k.hash] = std::move(k);
+  }
+  auto kernel_for = [&](size_t worker, const Variant& v, const std::string& hash) -> KernelRecord {
+    {
+      std::lock_guard<std::mutex> lock(kernels_mu);
+      if (auto it = kernels.find(hash); it != kernels.end()) return it->second;
+    }
+    Store& st = *stores[worker];
+    std::optional<KernelRecord> k = st.find_kernel(hash);
+    if (!k) {
+      k = compiler.compile(v);
+      st.put_kernel(*k);
+    }
+    std::lock_guard<std::mutex> lock(kernels_mu);
+    return kernels.emplace(hash, std::move(*k)).first->second;
   };
-  std::vector<Candidate> todo;
-  for (const Problem& p : problems)
-    for (size_t i = 0; i < variants.size(); ++i) {
-      const Variant& v = variants[i];
-      if (v.head_dim != p.head_dim || v.causal != p.causal || v.dtype != p.dtype ||
-          v.family->direction != p.direction)
-        continue;
-      if (store.has_result(kernels[i].hash, gpu.device(), p)) {
-        ++sum.skipped;
-        continue;
+
+  SweepSummary sum;
+  const double t0 = seconds_now();
+  const double deadline = so.time_budget_s > 0 ? t0 + so.time_budget_s : 0;
+  for (const Problem& p : problems) {
+    std::vector<SearchCandidate> cands = search_candidates(space, p, compiler, so.shard);
+    if (cands.empty()) continue;
+    // What the store holds already for this problem on this device: reused, not re-run.
+    std::map<std::string, ResultRecord> stored;
+    auto load_stored = [&] {
+      ResultFilter f;
+      f.family = space.family->name;
+      f.device = gpus[0]->device().name;
+      f.direction = p.direction;
+      f.dtype = to_string(p.dtype);
+      f.head_dim = p.head_dim;
+      f.causal = p.causal;
+      for (auto& r : store.results(f))
+        if (r.problem == p) stored[r.kernel_hash] = std::move(r);
+    };
+    load_stored();
+    std::mutex stored_mu;
+    Progress prog("tune " + p.str(), cands.size(), opt.progress);
+    SearchEvaluate evaluate = [&](int w, size_t c, const Proposal& prop, double stop_above) {
+      SearchEvaluation e;
+      const SearchCandidate& cand = cands[c];
+      const DeviceInfo& dev = gpus[(size_t)w]->device();
+      {
+        std::lock_guard<std::mutex> lock(stored_mu);
+        auto it = stored.find(cand.hash);
+        // Checked again just before the run: another tune on the same store may have stored it meanwhile.
+        if (it == stored.end() && stores[(size_t)w]->has_result(cand.hash, dev, p)) {
+          load_stored();
+          it = stored.find(cand.hash);
+        }
+        if (it != stored.end() && prop.reps == 0) {
+          e.o = outcome_of(it->second);
+          e.reused = true;
+          ++sum.skipped;
+          return e;
+        }
       }
-      todo.push_back({i, &p});
-    }
-  if (sum.skipped) std::fprintf(stderr, "%d candidates already stored: skipped\n", sum.skipped);
-  Progress prog("tune", todo.size(), opt.progress);
-  size_t done = 0;
-  for (const Candidate& c : todo) {
-    const KernelRecord& k = kernels[c.variant];
-    // Checked again just before the run: another tune on the same store may have stored it meanwhile.
-    if (store.has_result(k.hash, gpu.device(), *c.problem)) {
-      ++sum.skipped;
-      prog.update(++done, k.config + ": stored by another run");
-      continue;
-    }
-    ResultRecord r = gpu.run(k, variants[c.variant], *c.problem);
-    store.put_result(r, gpu.device());
-    sum.by_status[r.status]++;
-    sum.ran_kernels |= k.status == "compiled";
-    char label[160];
-    std::snprintf(label, sizeof label, "%s %s: %s %.1f TFLOP/s", k.config.c_str(), c.problem->str().c_str(),
-                  r.status.c_str(), r.tflops);
-    prog.update(++done, label);
+      const KernelRecord k = kernel_for((size_t)w, cand.v, cand.hash);
+      json timing = json::object();
+      if (prop.reps > 0) timing["min_reps"] = timing["max_reps"] = prop.reps;
+      if (prop.warmup >= 0) timing["warmup"] = prop.warmup;
+      if (stop_above > 0) timing["stop_above_ms"] = stop_above;
+      ResultRecord r = gpus[(size_t)w]->run(k, cand.v, p, timing);
+      stores[(size_t)w]->put_result(r, dev);
+      {
+        std::lock_guard<std::mutex> lock(stored_mu);
+        sum.by_status[r.status]++;
+        sum.ran_kernels |= k.status == "compiled";
+        stored[cand.hash] = r;
+      }
+      e.o = outcome_of(r);
+      e.timing_ms = timing_ms_of(r);
+      return e;
+    };
+    std::vector<std::pair<double, size_t>> ranking;
+    ProblemReport rep = search_problem(cands, p, so, (int)gpus.size(), evaluate, deadline, seconds_now, &prog, &ranking);
+    prog.finish();
+    if (so.retime_top > 0 && ranking.size() > 1 && !(deadline > 0 && seconds_now() >= deadline))
+      retime_finalists(cands, p, so, ranking, *gpus[0], *stores[0], kernel_for, rep);
+    std::fprintf(stderr, "%s: %zu of %zu candidates evaluated (%zu stored before), best %s %.3f ms %.1f TFLOP/s\n",
+                 p.str().c_str(), rep.evaluations, rep.space_size, rep.reused, rep.best_config.c_str(), rep.best_ms,
+                 rep.best_tflops);
+    sum.reports.push_back(rep);
   }
-  prog.finish();
-  if (gpu.restarts()) std::fprintf(stderr, "the worker was restarted %d times (crashes or hangs)\n", gpu.restarts());
+  for (const auto& g : gpus)
+    if (g->restarts()) std::fprintf(stderr, "a worker was restarted %d times (crashes or hangs)\n", g->restarts());
+  if (deadline > 0 && seconds_now() >= deadline)
+    std::fprintf(stderr, "--time-budget reached: stopped; a rerun continues from what is stored\n");
   return sum;
 }
 

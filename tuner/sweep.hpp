@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tuner/compile.hpp"
+#include "tuner/search.hpp"
 #include "tuner/space.hpp"
 #include "tuner/store.hpp"
 #include "tuner/worker_client.hpp"
@@ -38,7 +39,10 @@ class GpuSession {
   int restarts() const { return worker_.restarts(); }
   // Runs one compiled kernel on one problem: validated, then timed. Never throws for a bad
   // kernel: crashes, hangs and wrong answers come back as the record's status.
-  ResultRecord run(const KernelRecord&, const Variant&, const Problem&);
+  // `timing` overrides the worker's timing: min_reps, max_reps, warmup, stop_above_ms (stop after 3
+  // repeats when their median is over it: detail.early_stopped). detail.timing_ms: the GPU time spent.
+  ResultRecord run(const KernelRecord&, const Variant&, const Problem&,
+                   const nlohmann::json& timing = nlohmann::json::object());
   // Runs a library baseline on one problem, validated and timed like run(): impl "cublas_unfused"
   // (forward; fp32, fp16, bf16). The record has family = impl, empty config and kernel_hash; detail
   // holds mean_abs and peak_bytes (device bytes the run needs, S and P included). Status "oom" when
@@ -75,12 +79,16 @@ struct SweepSummary {
   std::map<std::string, int> by_status;  // over this sweep's candidates, stored earlier ones included
   int skipped = 0;                       // already in the store
   bool ran_kernels = false;
+  std::vector<ProblemReport> reports;    // per problem (with a GPU)
 };
 
 struct SweepOptions {
   RunOptions run;
   std::string arch;   // compile target without a GPU (default sm_90); with one, must match or be empty
   bool progress = true;
+  SearchOptions search;
+  std::vector<int> devices = {0};
+  bool json = false;  // the caller prints reports as JSON: progress and tables go to stderr only
 };
 
 SweepSummary tune(const Space&, const std::vector<Problem>&, Store&, const SweepOptions&);

@@ -1,0 +1,131 @@
+// Strategies without a GPU: each proposes what it promises (exhaustive everything once, random a seeded
+// share, halving rounds of 2 / 8 / full repeats, guided within its budget), and the CLI parsers refuse
+// bad budgets and shards in one line.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "tuner/search.hpp"
+#include "tuner/strategy.hpp"
+#include "tuner/util.hpp"
+
+using namespace flashtune;
+
+namespace {
+std::vector<CandidateFeatures> grid(int n) {  // n x n candidates on [0,1]^2
+  std::vector<CandidateFeatures> f;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) f.push_back({{i / (n - 1.0), j / (n - 1.0)}});
+  return f;
+}
+// A smooth landscape with its optimum at (0.7, 0.3); time in ms.
+double landscape(const CandidateFeatures& c) {
+  return 1.0 + 4 * (c.x[0] - 0.7) * (c.x[0] - 0.7) + 4 * (c.x[1] - 0.3) * (c.x[1] - 0.3);
+}
+// Drives a strategy to its end; returns the proposals made.
+std::vector<Proposal> drive(Strategy& s, const std::vector<CandidateFeatures>& f) {
+  std::vector<Proposal> all;
+  for (int guard = 0; guard < 100000; ++guard) {
+    auto next = s.propose(2);
+    if (next.empty()) break;
+    for (const Proposal& p : next) {
+      all.push_back(p);
+      s.observe(p, {true, landscape(f[p.candidate]), p.reps, false});
+    }
+  }
+  return all;
+}
+}  // namespace
+
+TEST(Strategy, ExhaustiveProposesEveryCandidateOnce) {
+  auto f = grid(5);
+  auto s = make_strategy({"exhaustive", 0, 1}, f);
+  auto props = drive(*s, f);
+  std::set<size_t> seen;
+  for (auto& p : props) {
+    EXPECT_TRUE(seen.insert(p.candidate).second);
+    EXPECT_EQ(p.reps, 0);
+  }
+  EXPECT_EQ(seen.size(), f.size());
+}
+
+TEST(Strategy, RandomIsASeededShare) {
+  auto f = grid(6);
+  auto a = drive(*make_strategy({"random", 9, 7}, f), f);
+  auto b = drive(*make_strategy({"random", 9, 7}, f), f);
+  auto c = drive(*make_strategy({"random", 9, 8}, f), f);
+  ASSERT_EQ(a.size(), 9u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].candidate, b[i].candidate);
+  bool differs = false;
+  for (size_t i = 0; i < a.size(); ++i) differs |= a[i].candidate != c[i].candidate;
+  EXPECT_TRUE(differs);
+}
+
+TEST(Strategy, HalvingRanksCheaplyThenTimesTheFinalistsFully) {
+  auto f = grid(8);  // 64 candidates: 64 x 2 repeats, 16 x 8, 3 x full
+  auto props = drive(*make_strategy({"halving", 0, 1}, f), f);
+  std::map<int, int> by_reps;
+  for (auto& p : props) by_reps[p.reps]++;
+  EXPECT_EQ(by_reps[2], 64);
+  EXPECT_EQ(by_reps[8], 16);
+  EXPECT_EQ(by_reps[0], 3);
+  // The finalists are the three fastest of the landscape.
+  std::vector<std::pair<double, size_t>> order;
+  for (size_t i = 0; i < f.size(); ++i) order.push_back({landscape(f[i]), i});
+  std::sort(order.begin(), order.end());
+  std::set<size_t> finalists;
+  for (auto& p : props)
+    if (p.reps == 0) finalists.insert(p.candidate);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(finalists.count(order[i].second)) << i;
+}
+
+TEST(Strategy, GuidedStaysInItsBudgetAndFindsTheOptimumOfASmoothLandscape) {
+  auto f = grid(10);
+  std::vector<Proposal> props = drive(*make_strategy({"guided", 20, 3}, f), f);
+  EXPECT_EQ(props.size(), 20u);
+  std::set<size_t> distinct;
+  double best = 1e9;
+  for (auto& p : props) distinct.insert(p.candidate), best = std::min(best, landscape(f[p.candidate]));
+  EXPECT_EQ(distinct.size(), props.size());
+  double optimum = 1e9;
+  for (auto& c : f) optimum = std::min(optimum, landscape(c));
+  EXPECT_LE(best, optimum * 1.02);  // 20 of 100 evaluations
+}
+
+TEST(Strategy, UnknownNameIsOneLine) {
+  EXPECT_THROW(make_strategy({"annealing", 0, 1}, {}), UsageError);
+}
+
+TEST(StrategyParse, MaxEvals) {
+  EXPECT_EQ(parse_max_evals("25%", 88), 22u);
+  EXPECT_EQ(parse_max_evals("25%", 27), 6u);  // never over the share
+  EXPECT_EQ(parse_max_evals("1%", 10), 1u);
+  EXPECT_EQ(parse_max_evals("40", 10), 40u);
+  for (const char* bad : {"", "0", "-3", "150%", "abc", "2.5", "%", "nan%"})
+    EXPECT_THROW(parse_max_evals(bad, 10), UsageError) << bad;
+}
+
+TEST(StrategyParse, Durations) {
+  EXPECT_DOUBLE_EQ(parse_duration("10m"), 600);
+  EXPECT_DOUBLE_EQ(parse_duration("90s"), 90);
+  EXPECT_DOUBLE_EQ(parse_duration("1h30m"), 5400);
+  EXPECT_DOUBLE_EQ(parse_duration("45"), 45);
+  for (const char* bad : {"", "0", "10x", "m", "1h30", "-5m", "99999h"}) EXPECT_THROW(parse_duration(bad), UsageError) << bad;
+}
+
+TEST(Shards, PartitionEveryKeyExactlyOnce) {
+  for (const char* bad : {"", "3", "1/0", "2/2", "-1/2", "a/b", "1/5000", "1/2/3"})
+    EXPECT_THROW(parse_shard(bad), UsageError) << bad;
+  const Shard s3 = parse_shard("2/3");
+  EXPECT_EQ(s3.index, 2);
+  EXPECT_EQ(s3.count, 3);
+  std::vector<int> per(3, 0);
+  for (int i = 0; i < 300; ++i) {
+    int owners = 0;
+    for (int k = 0; k < 3; ++k)
+      if (in_shard({k, 3}, "key" + std::to_string(i))) ++owners, ++per[k];
+    EXPECT_EQ(owners, 1);
+  }
+  for (int n : per) EXPECT_GT(n, 60);  // roughly even
+}

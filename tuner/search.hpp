@@ -1,0 +1,86 @@
+// One sweep as a search: per problem, the candidates (variants that fit it, less those pruned without
+// compiling, less other shards') go to a strategy (strategy.hpp) that proposes evaluations; evaluators
+// make them, on GPUs (one worker per device, compiling only what is proposed) or from a stored sweep
+// (replay); budgets end the search; every GPU evaluation is one stored row, so a stopped sweep leaves
+// nothing half-written and a rerun continues from what is stored.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tuner/compile.hpp"
+#include "tuner/space.hpp"
+#include "tuner/store.hpp"
+#include "tuner/strategy.hpp"
+
+namespace flashtune {
+
+struct Shard {
+  int index = 0, count = 1;  // this run takes the candidates whose stable hash % count == index
+  bool all() const { return count == 1; }
+};
+Shard parse_shard(const std::string& text);  // "k/n", 0 <= k < n <= 4096; throws UsageError
+// Stable share of a key (a variant hash, or a variant hash and a problem): same on every machine.
+bool in_shard(const Shard&, const std::string& key);
+
+struct SearchOptions {
+  std::string strategy = "exhaustive";
+  std::string max_evals;         // "" (none), "N" or "N%" of each problem's candidates
+  double time_budget_s = 0;      // 0: none; GPU: wall time; replay: simulated timing time
+  uint64_t seed = 1;
+  double stop_margin = 0.25;     // early stop: slower than (1 + margin) x the best so far after a few repeats; <= 0: off
+  int retime_top = 3;            // finalists re-timed interleaved (ABAB) per problem; 0: none
+  int retime_rounds = 3;
+  Shard shard;
+  bool progress = true;
+};
+
+// One problem's outcome, for --json and the summary.
+struct ProblemReport {
+  Problem problem;
+  size_t space_size = 0;     // candidates after static pruning (and this shard)
+  size_t evaluations = 0;    // distinct candidates evaluated (stored ones reused included)
+  size_t reused = 0;         // of them, already in the store
+  double timing_ms = 0;      // GPU time spent in timed and warm-up launches (replay: simulated)
+  std::string best_config;
+  double best_ms = 0, best_tflops = 0;        // the pick, as measured (GPU) or as stored (replay)
+  double exhaustive_best_tflops = -1;         // replay: the stored best over every candidate; -1: unknown
+  double exhaustive_timing_ms = -1;           // replay: what timing every candidate with the worker's repeats costs
+  nlohmann::json to_json() const;
+};
+
+// Replays a stored sweep: evaluations read the rows of `db` (read-only) for the space's family on one
+// device (`device`, or the one with the most rows), matched by config and problem; timings carry
+// seeded noise of the stored spread, shrinking with the repeats asked for.
+std::vector<ProblemReport> replay_search(const Space&, const std::vector<Problem>&, const std::string& db,
+                                         const std::string& device, const SearchOptions&);
+
+// ---- the pieces a GPU sweep (sweep.cpp) shares with replay -------------------------------------
+struct SearchCandidate {
+  Variant v;
+  std::string hash;  // the compiler's variant hash
+};
+// The space's variants that fit `p`, less those pruned without compiling and other shards' share.
+std::vector<SearchCandidate> search_candidates(const Space&, const Problem&, const Compiler&, const Shard&);
+
+struct SearchEvaluation {
+  Outcome o;
+  double timing_ms = 0;  // GPU time in warm-up and timed launches
+  bool reused = false;   // already stored: nothing ran
+};
+using SearchEvaluate =
+    std::function<SearchEvaluation(int worker, size_t candidate, const Proposal&, double stop_above_ms)>;
+
+class Progress;
+// One problem's search with `workers` evaluators in parallel threads (1: in the caller's thread); each
+// evaluation that could be cut short after 3 repeats gets stop_above_ms (0: never). `deadline` (on
+// `clock`, 0: none) ends it before a new evaluation starts. `ranking`: the fully timed successes,
+// fastest first (ms, candidate).
+ProblemReport search_problem(const std::vector<SearchCandidate>&, const Problem&, const SearchOptions&, int workers,
+                             const SearchEvaluate&, double deadline, const std::function<double()>& clock,
+                             Progress* progress, std::vector<std::pair<double, size_t>>* ranking);
+
+}  // namespace flashtune
