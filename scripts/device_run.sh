@@ -5,6 +5,9 @@
 #   edges  - issue 12's reported cases (Sk = 1 backward, x30 / x5 / heavy-tailed inputs) through `run --json`;
 #            concurrent writers on one store and a kill -9 resume (gpu_concurrent_tune)
 #   library - the runtime, the CMake consumer and the torch op (gpu tests), pip install, train_tiny_gpt
+#   search - the search path of tune on the GPU (gpu_search: halving on two workers of one GPU, resume,
+#            guided, early stop, a crash on one worker), fault isolation, concurrent writers
+#   main-job - scripts/main.sh from this fresh build, cold caches, within MAIN_BUDGET
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py)
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
@@ -153,6 +156,22 @@ overhead)
   log "module overhead"
   PYTHONUNBUFFERED=1 timeout "${OVERHEAD_LIMIT_S:-540}" python3 experiments/module_overhead.py --flashtune "$ft" 2>&1 | tail -30
   cp "$rep/module_overhead.csv" "$OUT/" 2>/dev/null
+  ;;
+search)
+  log "ctest gpu_search, gpu_fault_isolation, gpu_concurrent_tune"
+  ctest --test-dir build -R 'gpu_search|gpu_fault_isolation|gpu_concurrent_tune' -V 2>&1 | grep -vE "^[0-9]+: *$" | tail -40
+  ;;
+main-job)
+  # The main job from this fresh build with cold caches (no store, no compile cache), within MAIN_BUDGET.
+  rm -f "$db" "$db-wal" "$db-shm"
+  log "main job (MAIN_BUDGET=${MAIN_BUDGET:-14m})"
+  t0=$(date +%s)
+  MAIN_SKIP_SETUP=1 bash scripts/main.sh >"$OUT/main.log" 2>&1
+  echo "main job: exit $?, $(($(date +%s) - t0)) s"
+  grep -E "^main:|evaluated|budget|eta" "$OUT/main.log" | grep -vE "\[ *[0-9]+/[0-9]+\].*eta" | tail -60
+  grep -E "eta" "$OUT/main.log" | head -5
+  cp "$rep/summary.txt" "$OUT/" 2>/dev/null
+  finish
   ;;
 host-time)
   log "host time of the torch op, layer by layer"

@@ -427,7 +427,9 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
     std::vector<std::pair<double, size_t>> ranking;
     ProblemReport rep = search_problem(cands, p, so, (int)gpus.size(), evaluate, deadline, seconds_now, &prog, &ranking);
     prog.finish();
-    if (so.retime_top > 0 && ranking.size() > 1 && !(deadline > 0 && seconds_now() >= deadline))
+    // Re-timed only when something new ran: a rerun over a finished sweep changes nothing.
+    if (so.retime_top > 0 && ranking.size() > 1 && rep.reused < rep.evaluations &&
+        !(deadline > 0 && seconds_now() >= deadline))
       retime_finalists(cands, p, so, ranking, *gpus[0], *stores[0], kernel_for, rep);
     std::fprintf(stderr, "%s: %zu of %zu candidates evaluated (%zu stored before), best %s %.3f ms %.1f TFLOP/s\n",
                  p.str().c_str(), rep.evaluations, rep.space_size, rep.reused, rep.best_config.c_str(), rep.best_ms,
