@@ -400,7 +400,10 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
           load_stored();
           it = stored.find(cand.hash);
         }
-        if (it != stored.end() && prop.reps == 0) {
+        // A stored row stands for this evaluation when it was timed with at least the repeats asked for
+        // (the worker's default: at least 10), or when it failed (a rerun does not retry a crash).
+        const int want = prop.reps > 0 ? prop.reps : 10;
+        if (it != stored.end() && (it->second.status != "ok" || it->second.reps >= want)) {
           e.o = outcome_of(it->second);
           e.reused = true;
           ++sum.skipped;
