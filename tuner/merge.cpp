@@ -54,8 +54,27 @@ struct Loaded {
   std::string hash, upstream;
   std::set<DeviceSignature> devices;
   std::vector<ResultRecord> results;
-  std::vector<std::pair<ExperimentRun, std::vector<ExperimentRow>>> runs;
+  struct Run {
+    ExperimentRun run;
+    std::vector<ExperimentRow> rows;
+    std::string rows_hash;
+  };
+  std::vector<Run> runs;
 };
+
+// An experiment run has no key: two runs are the same when their fields and all their rows are.
+std::string rows_hash(const std::vector<ExperimentRow>& rows) {
+  std::string text;
+  for (const auto& r : rows) {
+    const Problem& p = r.problem;
+    text += json::array({r.impl, r.family, r.config, p.direction, to_string(p.dtype), p.batch, p.heads, p.seq_q, p.seq_k,
+                         p.head_dim, p.causal, r.status, r.error, r.ms_median, r.ms_p20, r.ms_p80, r.reps, r.tflops,
+                         r.gbps, r.max_abs, r.mean_abs, r.mse, r.max_rel, r.peak_bytes, r.device, r.detail})
+                .dump() +
+            "\n";
+  }
+  return content_hash(text);
+}
 
 std::string result_key(const ResultRecord& r) {
   const Problem& p = r.problem;
@@ -104,20 +123,13 @@ Loaded load(Store& s) {
       l.devices.insert({r.device_name, r.arch, r.sm_count, r.driver_version});
     }
     for (const auto& run : s.experiment_runs()) {
-      auto rs = s.experiment_rows(run.id);
-      rows += content_hash(json::array({run.experiment, run.title, run.device_name, run.probes, run.spec, run.created})
+      Loaded::Run r{run, s.experiment_rows(run.id), ""};
+      r.rows_hash = rows_hash(r.rows);
+      rows += content_hash(json::array({run.experiment, run.title, run.device_name, run.probes, run.spec, run.created,
+                                        r.rows_hash})
                                .dump()) +
               "\n";
-      for (const auto& r : rs) {
-        const Problem& p = r.problem;
-        rows += content_hash(json::array({r.impl, r.family, r.config, p.direction, to_string(p.dtype), p.batch, p.heads,
-                                          p.seq_q, p.seq_k, p.head_dim, p.causal, r.status, r.error, r.ms_median,
-                                          r.ms_p20, r.ms_p80, r.reps, r.tflops, r.gbps, r.max_abs, r.mean_abs, r.mse,
-                                          r.max_rel, r.peak_bytes, r.device, r.detail})
-                                 .dump()) +
-                "\n";
-      }
-      l.runs.emplace_back(run, std::move(rs));
+      l.runs.push_back(std::move(r));
     }
     // A merged store's own provenance goes along as JSON, so a merge of merges still names the shards.
     json up = json::array();
@@ -238,15 +250,16 @@ std::vector<MergeInputSummary> merge_stores(const std::vector<std::string>& inpu
           true);
       for (const auto& r : l.results)
         count(out.copy_result(r, m.provenance_id), m.results, m.results_present, m.results_differ);
-      for (const auto& [run, rows] : l.runs) {
-        long long id = out.find_experiment_run(run);
-        if (!id) {
-          id = out.copy_experiment_run(run, m.provenance_id);
-          ++m.experiment_runs;
-        }
-        for (ExperimentRow row : rows) {
+      for (const auto& r : l.runs) {
+        const auto same = out.find_experiment_runs(r.run);
+        if (std::any_of(same.begin(), same.end(), [&](long long id) { return rows_hash(out.experiment_rows(id)) == r.rows_hash; }))
+          continue;
+        const long long id = out.copy_experiment_run(r.run, m.provenance_id);
+        ++m.experiment_runs;
+        for (ExperimentRow row : r.rows) {
           row.run_id = id;
-          if (out.copy_experiment_row(row) == Copied::added) ++m.experiment_rows;
+          out.put_experiment_row(row);
+          ++m.experiment_rows;
         }
       }
       out.set_provenance_counts(m.provenance_id, m.kernels, m.results, m.experiment_runs);

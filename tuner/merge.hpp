@@ -1,7 +1,9 @@
 // `flashtune merge`: stores tuned apart (Slurm array shards, several machines) into one.
 //
 // Rows are copied with their own times; a row whose key the output already holds is kept as stored
-// (row identity = the store's unique keys, see Store::copy_*). Every input becomes one provenance
+// (row identity = the store's unique keys: kernels.hash, results' UNIQUE(kernel_hash, device_name,
+// sm_count, batch, heads, seq_q, seq_k, inputs)); an experiment run, which has no key, is the same run
+// when its experiment, device, start time, spec, probes and all its rows are. Every input becomes one provenance
 // row of the output, keyed by a hash of its rows, so merging the same content again adds nothing.
 // Inputs are opened read-only (any schema of ours, never migrated); the output is created, or
 // migrated if it is an older store of ours. Everything is checked before the output is opened, and

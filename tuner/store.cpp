@@ -708,13 +708,14 @@ Copied Store::copy_result(const ResultRecord& r, long long origin) {
   return out;
 }
 
-long long Store::find_experiment_run(const ExperimentRun& r) {
-  if (!has_experiments_) return 0;
-  // The probes are set after a run starts: a run is its experiment, device, start time and spec.
-  Stmt s(db_, "SELECT id FROM experiment_runs WHERE experiment=? AND device_name=? AND created=? AND spec IS ? "
-              "ORDER BY id LIMIT 1");
-  s.bind(1, r.experiment).bind(2, r.device_name).bind(3, r.created).bind(4, r.spec);
-  return s.step() ? s.i64(0) : 0;
+std::vector<long long> Store::find_experiment_runs(const ExperimentRun& r) {
+  if (!has_experiments_) return {};
+  Stmt s(db_, "SELECT id FROM experiment_runs WHERE experiment=? AND device_name=? AND created=? AND "
+              "ifnull(spec,'')=? AND ifnull(probes,'')=? ORDER BY id");
+  s.bind(1, r.experiment).bind(2, r.device_name).bind(3, r.created).bind(4, r.spec).bind(5, r.probes);
+  std::vector<long long> ids;
+  while (s.step()) ids.push_back(s.i64(0));
+  return ids;
 }
 
 long long Store::copy_experiment_run(const ExperimentRun& r, long long origin) {
@@ -728,22 +729,6 @@ long long Store::copy_experiment_run(const ExperimentRun& r, long long origin) {
     id = sqlite3_last_insert_rowid(db_);
   });
   return id;
-}
-
-Copied Store::copy_experiment_row(const ExperimentRow& r) {
-  Copied out = Copied::present;
-  write_txn([&] {
-    const Problem& p = r.problem;
-    Stmt s(db_, "SELECT 1 FROM experiment_rows WHERE run_id=? AND impl=? AND ifnull(family,'')=? AND ifnull(config,'')=? "
-                "AND direction=? AND dtype=? AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND head_dim=? AND causal=?");
-    s.bind(1, r.run_id).bind(2, r.impl).bind(3, r.family).bind(4, r.config).bind(5, p.direction)
-        .bind(6, std::string(to_string(p.dtype))).bind(7, p.batch).bind(8, p.heads).bind(9, p.seq_q)
-        .bind(10, p.seq_k).bind(11, p.head_dim).bind(12, (int)p.causal);
-    if (s.step()) return;
-    put_experiment_row(r);
-    out = Copied::added;
-  });
-  return out;
 }
 
 }  // namespace flashtune

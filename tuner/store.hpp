@@ -178,12 +178,12 @@ class Store {
   void set_provenance_counts(long long id, long long kernels, long long results, long long experiment_runs);
   // Copies from another store or a file: the row's own `created` is kept, `origin` is a provenance
   // id, and a row whose key is already stored is left as it is (row identity = the unique keys:
-  // kernels.hash; results' UNIQUE; a run's experiment, device, created and spec; a row's run, impl and problem).
+  // kernels.hash and results' UNIQUE). Experiment runs have no key: merge.cpp compares a run's rows.
   Copied copy_kernel(const KernelRecord&, long long origin);
   Copied copy_result(const ResultRecord&, long long origin);
-  long long find_experiment_run(const ExperimentRun&);            // its id, 0 if not stored
+  // Runs with the same experiment, device, start time, spec and probes (candidates for the same run).
+  std::vector<long long> find_experiment_runs(const ExperimentRun&);
   long long copy_experiment_run(const ExperimentRun&, long long origin);  // the new run's id
-  Copied copy_experiment_row(const ExperimentRow&);              // run_id: this store's run
   const std::string& path() const { return path_; }
   int schema_version() const { return version_; }  // as found on open (read_only) or after migrating
 
