@@ -297,46 +297,51 @@ expect_usage_error "unknown family" export --db "$tmp/family.db" -o "$tmp/x.json
 ok "a refused export wrote no file" test ! -e "$tmp/x.json"
 
 "$F" export --db "$tmp/fixture.db" -o "$tmp/t4.json" || { echo "FAIL: export of the fixture"; fail=1; }
-t4() {  # t4 NAME 'python on d (the document), r (its first ok result), ft (r's flashtune object)': a changed copy
-  python3 - "$tmp/t4.json" "$tmp/$1.json" "$2" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-r = next(x for x in d["results"] if x["flashtune"]["status"] == "ok")
-ft = r["flashtune"]
-m = {x["name"]: x for x in r["measurements"]}
-exec(sys.argv[3])
-open(sys.argv[2], "w").write(json.dumps(d) if not isinstance(d, str) else d)
-PY
+# Changed copies of the export, one per case: python run on d (the document), r (its first ok result),
+# ft (r's flashtune object) and m (r's measurements by name).
+python3 - "$tmp" <<'PY'
+import copy, json, os, sys
+t = sys.argv[1]
+cases = {
+    "deep": r'd = "{\"results\": " + "[" * 100 + "]" * 100 + "}"',
+    "notjson": r'd = "{\"results\": [1, 2"',
+    "version": r'd["schema_version"] = "2.0.0"',
+    "toplevel": r'd["extra"] = 1',
+    "notarray": r'd["results"] = {}',
+    "timeunit": r'd["metadata"]["timeunit"] = "seconds"',
+    "resultkey": r'r["evil"] = 1',
+    "nofamily": r'ft["family"] = "nope"',
+    "ctrlfamily": r'ft["family"] = "x\n#error\u001b[2J"',
+    "evilkey": r'r["configuration"]["EVIL"] = 1',
+    "domain": r'r["configuration"]["BLOCK_M"] = 48',
+    "narrowing": r'r["configuration"]["BLOCK_M"] = 4294967360',
+    "floatcfg": r'r["configuration"]["BLOCK_M"] = 64.0',
+    "missingcfg": r'del r["configuration"]["TM"]',
+    "status": r'ft["status"] = "great"',
+    "invalidity": r'r["invalidity"] = "timeout"',
+    "correctness": r'r["correctness"] = 2',
+    "negtime": r'm["time"]["value"] = -1',
+    "unit": r'm["time"]["unit"] = "s"',
+    "measure": r'r["measurements"].append({"name": "power", "value": 1, "unit": "W"})',
+    "twice": r'r["measurements"].append(dict(m["time"]))',
+    "devname": r'ft["device"]["name"] = "Evil\n#error injected"',
+    "arch": r'ft["device"]["arch"] = "../../x/pwn"',
+    "smcount": r'ft["device"]["sm_count"] = 0',
+    "mismatch": r'ft["device"]["sm_count"] = 114',
+    "batch": r'ft["problem"]["batch"] = 4294967297',
+    "headdim": r'ft["problem"]["head_dim"] = 80',
+    "seed": r'ft["seed"] = -1',
+    "hash": r'ft["kernel_hash"] = ""',
 }
-t4 deep 'd = "{\"results\": " + "[" * 100 + "]" * 100 + "}"'
-t4 notjson 'd = "{\"results\": [1, 2"'
-t4 version 'd["schema_version"] = "2.0.0"'
-t4 toplevel 'd["extra"] = 1'
-t4 notarray 'd["results"] = {}'
-t4 timeunit 'd["metadata"]["timeunit"] = "seconds"'
-t4 resultkey 'r["evil"] = 1'
-t4 nofamily 'ft["family"] = "nope"'
-t4 ctrlfamily 'ft["family"] = "x\n#error\u001b[2J"'
-t4 evilkey 'r["configuration"]["EVIL"] = 1'
-t4 domain 'r["configuration"]["BLOCK_M"] = 48'
-t4 narrowing 'r["configuration"]["BLOCK_M"] = 4294967360'
-t4 floatcfg 'r["configuration"]["BLOCK_M"] = 64.0'
-t4 missingcfg 'del r["configuration"]["TM"]'
-t4 status 'ft["status"] = "great"'
-t4 invalidity 'r["invalidity"] = "timeout"'
-t4 correctness 'r["correctness"] = 2'
-t4 negtime 'm["time"]["value"] = -1'
-t4 unit 'm["time"]["unit"] = "s"'
-t4 measure 'r["measurements"].append({"name": "power", "value": 1, "unit": "W"})'
-t4 twice 'r["measurements"].append(dict(m["time"]))'
-t4 devname 'ft["device"]["name"] = "Evil\n#error injected"'
-t4 arch 'ft["device"]["arch"] = "../../x/pwn"'
-t4 smcount 'ft["device"]["sm_count"] = 0'
-t4 mismatch 'ft["device"]["sm_count"] = 114'
-t4 batch 'ft["problem"]["batch"] = 4294967297'
-t4 headdim 'ft["problem"]["head_dim"] = 80'
-t4 seed 'ft["seed"] = -1'
-t4 hash 'ft["kernel_hash"] = ""'
+original = json.load(open(os.path.join(t, "t4.json")))
+for name, change in cases.items():
+    d = copy.deepcopy(original)
+    r = next(x for x in d["results"] if x["flashtune"]["status"] == "ok")
+    ft = r["flashtune"]
+    m = {x["name"]: x for x in r["measurements"]}
+    exec(change)
+    open(os.path.join(t, name + ".json"), "w").write(d if isinstance(d, str) else json.dumps(d))
+PY
 expect_usage_error "nests deeper than 64 levels" import --db "$tmp/fixture.db" "$tmp/deep.json"
 expect_usage_error "is not valid JSON" import --db "$tmp/fixture.db" "$tmp/notjson.json"
 expect_usage_error "schema_version '2.0.0' is not a T4 1.x.y version" import --db "$tmp/fixture.db" "$tmp/version.json"
@@ -367,7 +372,7 @@ expect_usage_error "does not support head_dim 80" import --db "$tmp/fixture.db" 
 expect_usage_error "flashtune.seed must be an integer in 0.." import --db "$tmp/fixture.db" "$tmp/seed.json"
 expect_usage_error "kernel_hash must be a non-empty string" import --db "$tmp/fixture.db" "$tmp/hash.json"
 truncate -s 300M "$tmp/sparse.json"
-expect_usage_error "is larger than 256 MiB" import --db "$tmp/fixture.db" "$tmp/sparse.json"
+expect_usage_error "is larger than 128 MiB" import --db "$tmp/fixture.db" "$tmp/sparse.json"
 rm -f "$tmp/sparse.json"
 expect_usage_error "cannot read" import --db "$tmp/fixture.db" "$tmp/none.json"
 expect_usage_error "import takes one T4 file" import --db "$tmp/fixture.db"

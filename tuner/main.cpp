@@ -715,7 +715,7 @@ int cmd_import(int argc, char** argv) {
               "untrusted: every field is checked (known family and tunables in their domains, problem, status\n"
               "matching invalidity and correctness, measurements and units, device) before anything is stored,\n"
               "and its devices must match the store's (see merge --help). A row whose key is stored is kept as\n"
-              "stored; the file's bytes become a provenance row, so importing it again adds nothing. Up to 256 MiB.");
+              "stored; the file's bytes become a provenance row, so importing it again adds nothing. Up to 128 MiB.");
     return 0;
   }
   Args a = parse(argc, argv, {"db"}, {"quiet"});
