@@ -173,7 +173,14 @@ ResultRecord read_result(const json& t, const Reader& in) {
   in.only_keys(ft, "'flashtune'", {"family", "config", "problem", "status", "error", "kernel_hash", "seed", "device",
                                    "nvrtc_version", "options", "source_hash", "detail"});
   ResultRecord r;
-  const Family& f = find_family(in.str(in.need(ft, "family"), "flashtune.family", 64));
+  const std::string family = in.str(in.need(ft, "family"), "flashtune.family", 64);
+  const Family* fp = nullptr;
+  try {
+    fp = &find_family(family);
+  } catch (const UsageError& e) {
+    in.fail(e.what());
+  }
+  const Family& f = *fp;
   r.family = f.name;
   r.direction = f.direction;
 

@@ -28,7 +28,8 @@ while (($#)); do
   esac
 done
 ((${#pos[@]} == 3)) || usage
-[[ $shards =~ ^[0-9]+$ ]] && ((shards >= 1 && shards <= 10000)) || die "--shards must be an integer in 1..10000, got '$shards'"
+# Slurm's default MaxArraySize (1001) allows indices up to 1000.
+[[ $shards =~ ^[0-9]+$ ]] && ((shards >= 1 && shards <= 1000)) || die "--shards must be an integer in 1..1000, got '$shards'"
 [[ $gpus =~ ^[0-9]+$ ]] && ((gpus <= 16)) || die "--gpus must be an integer in 0..16, got '$gpus'"
 [[ -x $ft ]] || die "flashtune binary '$ft' is not executable (build it, or --flashtune PATH)"
 [[ -f ${pos[0]} ]] || die "space file '${pos[0]}' does not exist"
