@@ -718,7 +718,7 @@ int cmd_import(int argc, char** argv) {
               "stored; the file's bytes become a provenance row, so importing it again adds nothing. Up to 128 MiB.");
     return 0;
   }
-  Args a = parse(argc, argv, {"db"}, {"quiet"});
+  Args a = parse(argc, argv, {"db"}, {});
   if (!a.has("db")) throw UsageError("import needs --db");
   if (a.positional.size() != 1) throw UsageError("import takes one T4 file");
   ImportSummary s = t4_import(a.positional[0], a.get("db"));
