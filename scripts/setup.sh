@@ -10,6 +10,10 @@ if command -v dpkg >/dev/null && command -v apt-get >/dev/null; then
   for p in cmake ninja-build g++ libsqlite3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev python3; do
     have_pkg "$p" || need+=("$p")
   done
+  # The Slurm test (tests/slurm_shards.sh cluster) starts its own single-node Slurm: for test.sh only.
+  if [[ -n ${FLASHTUNE_SETUP_TESTS:-} ]]; then
+    for p in slurmctld slurmd slurm-client munge; do have_pkg "$p" || need+=("$p"); done
+  fi
   if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2
     SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
@@ -21,6 +25,11 @@ fi
 if ! python3 -c "import matplotlib" 2>/dev/null; then
   echo "setup: installing matplotlib" >&2
   python3 -m pip install -q matplotlib 2>/dev/null || python3 -m pip install -q --break-system-packages matplotlib
+fi
+# jsonschema: the T4 export is validated against the published schema (tests/t4_export.py).
+if ! python3 -c "import jsonschema" 2>/dev/null; then
+  echo "setup: installing jsonschema" >&2
+  python3 -m pip install -q jsonschema 2>/dev/null || python3 -m pip install -q --break-system-packages jsonschema
 fi
 # scikit-build-core, the Python package's build backend, for its offline build test (pip install --no-build-isolation).
 if ! python3 -c "import scikit_build_core" 2>/dev/null; then

@@ -5,6 +5,7 @@
 # then the full compile.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export FLASHTUNE_SETUP_TESTS=1  # setup.sh installs what the tests alone need (Slurm for slurm_cluster)
 source scripts/setup.sh
 case "${1:-}" in
   --gpu) ctest --preset gpu && ctest --preset nvrtc-full ;;

@@ -245,9 +245,10 @@ cp "$tmp/fixture.db" "$tmp/v3.db"
 python3 - "$tmp/v3.db" <<'PY'
 import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
-cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] != "inputs"]
+cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] not in ("inputs", "origin")]
 c.executescript(f"""create table r3 as select {','.join(cols)} from results; drop table results;
-  alter table r3 rename to results; update meta set value='3'; pragma application_id=0;""")
+  alter table r3 rename to results; drop table provenance; alter table kernels drop column origin;
+  alter table experiment_runs drop column origin; update meta set value='3'; pragma application_id=0;""")
 c.commit()
 PY
 v3_sum=$(sha256sum <"$tmp/v3.db")
@@ -258,11 +259,127 @@ n3=$("$F" best --db "$tmp/v3.db" --csv | wc -l)
 [[ "$(sha256sum <"$tmp/v3.db")" == "$v3_sum" ]] || { echo "FAIL: report changed a v3 store"; fail=1; }
 cases=$((cases + 1))
 "$F" drop-cubins --db "$tmp/v3.db" || { echo "FAIL: drop-cubins on v3"; fail=1; }
-[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "4,1181504622" ]] ||
-  { echo "FAIL: v3 not migrated to 4 with our application_id"; fail=1; }
+[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "5,1181504622" ]] ||
+  { echo "FAIL: v3 not migrated to 5 with our application_id"; fail=1; }
 [[ "$(sql "$tmp/v3.db" "select count(*), count(distinct inputs) from results")" == "8|1" ]] ||
   { echo "FAIL: migrated results: $(sql "$tmp/v3.db" "select count(*), group_concat(distinct inputs) from results")"; fail=1; }
 [[ $("$F" best --db "$tmp/v3.db" --csv | wc -l) -eq $n3 ]] || { echo "FAIL: best after migration"; fail=1; }
+
+# --- merge, export, import: bad stores and T4 files refused, the target store unchanged ------------
+# (the protected fixture.db is the merge output and the import target in every case)
+expect_usage_error "is not a flashtune database" merge "$tmp/foreign.db" -o "$tmp/fixture.db"
+expect_usage_error "has schema version '9'" merge "$tmp/newer.db" -o "$tmp/fixture.db"
+expect_usage_error "file is not a database" merge "$tmp/text.db" -o "$tmp/fixture.db"
+expect_usage_error "is empty, not a flashtune database" merge "$tmp/zero.db" -o "$tmp/fixture.db"
+expect_usage_error "is a folder" merge "$tmp" -o "$tmp/fixture.db"
+expect_usage_error "arch '../../x/pwn' is not sm_NN[a]" merge "$tmp/traversal.db" -o "$tmp/fixture.db"
+expect_usage_error "unknown family" merge "$tmp/family.db" -o "$tmp/fixture.db"
+expect_usage_error "unknown dtype" merge "$tmp/dtype.db" -o "$tmp/fixture.db"
+expect_usage_error "holds control characters" merge "$tmp/newline.db" -o "$tmp/fixture.db"
+cp "$tmp/fixture.db" "$tmp/sm.db"
+sql "$tmp/sm.db" "update results set sm_count = 114 where device_name = 'NVIDIA H200'" >/dev/null
+expect_usage_error "cannot merge: device 'NVIDIA H200' is sm_90, 132 SMs, driver 13000" merge "$tmp/sm.db" -o "$tmp/fixture.db"
+expect_usage_error "is the output too" merge "$tmp/fixture.db" -o "$tmp/fixture.db"
+expect_usage_error "is not a flashtune database" merge "$tmp/fixture.db" -o "$tmp/foreign.db"
+ok "the foreign store is unchanged by merge" test "$(sha256sum <"$tmp/foreign.db")" == "$foreign_sum"
+expect_usage_error "merge needs -o OUT.db" merge "$tmp/fixture.db"
+expect_usage_error "merge needs at least one input" merge -o "$tmp/m.db"
+expect_usage_error ":memory: would discard every result" merge "$tmp/fixture.db" -o :memory:
+expect_usage_error "SQLite URIs are not accepted" merge "file:$tmp/fixture.db" -o "$tmp/m.db"
+expect_usage_error "cannot merge: device 'NVIDIA H200'" merge "$tmp/fixture.db" "$tmp/sm.db" -o "$tmp/m.db"
+ok "refused merges created no output" test ! -e "$tmp/m.db"
+
+expect_usage_error "--format must be t4, got 'csv'" export --db "$tmp/fixture.db" --format csv
+expect_usage_error "is a folder, not a file" export --db "$tmp/fixture.db" -o "$tmp"
+expect_usage_error "does not exist" export --db "$tmp/missing.db"
+expect_usage_error "is not a flashtune database" export --db "$tmp/foreign.db"
+expect_usage_error "unknown family" export --db "$tmp/family.db" -o "$tmp/x.json"
+ok "a refused export wrote no file" test ! -e "$tmp/x.json"
+
+"$F" export --db "$tmp/fixture.db" -o "$tmp/t4.json" || { echo "FAIL: export of the fixture"; fail=1; }
+# Changed copies of the export, one per case: python run on d (the document), r (its first ok result),
+# ft (r's flashtune object) and m (r's measurements by name).
+python3 - "$tmp" <<'PY'
+import copy, json, os, sys
+t = sys.argv[1]
+cases = {
+    "deep": r'd = "{\"results\": " + "[" * 100 + "]" * 100 + "}"',
+    "notjson": r'd = "{\"results\": [1, 2"',
+    "version": r'd["schema_version"] = "2.0.0"',
+    "toplevel": r'd["extra"] = 1',
+    "notarray": r'd["results"] = {}',
+    "timeunit": r'd["metadata"]["timeunit"] = "seconds"',
+    "resultkey": r'r["evil"] = 1',
+    "nofamily": r'ft["family"] = "nope"',
+    "ctrlfamily": r'ft["family"] = "x\n#error\u001b[2J"',
+    "evilkey": r'r["configuration"]["EVIL"] = 1',
+    "domain": r'r["configuration"]["BLOCK_M"] = 48',
+    "narrowing": r'r["configuration"]["BLOCK_M"] = 4294967360',
+    "floatcfg": r'r["configuration"]["BLOCK_M"] = 64.0',
+    "missingcfg": r'del r["configuration"]["TM"]',
+    "status": r'ft["status"] = "great"',
+    "invalidity": r'r["invalidity"] = "timeout"',
+    "correctness": r'r["correctness"] = 2',
+    "negtime": r'm["time"]["value"] = -1',
+    "unit": r'm["time"]["unit"] = "s"',
+    "measure": r'r["measurements"].append({"name": "power", "value": 1, "unit": "W"})',
+    "twice": r'r["measurements"].append(dict(m["time"]))',
+    "devname": r'ft["device"]["name"] = "Evil\n#error injected"',
+    "arch": r'ft["device"]["arch"] = "../../x/pwn"',
+    "smcount": r'ft["device"]["sm_count"] = 0',
+    "mismatch": r'ft["device"]["sm_count"] = 114',
+    "batch": r'ft["problem"]["batch"] = 4294967297',
+    "headdim": r'ft["problem"]["head_dim"] = 80',
+    "seed": r'ft["seed"] = -1',
+    "hash": r'ft["kernel_hash"] = ""',
+}
+original = json.load(open(os.path.join(t, "t4.json")))
+for name, change in cases.items():
+    d = copy.deepcopy(original)
+    r = next(x for x in d["results"] if x["flashtune"]["status"] == "ok")
+    ft = r["flashtune"]
+    m = {x["name"]: x for x in r["measurements"]}
+    exec(change)
+    open(os.path.join(t, name + ".json"), "w").write(d if isinstance(d, str) else json.dumps(d))
+PY
+expect_usage_error "nests deeper than 64 levels" import --db "$tmp/fixture.db" "$tmp/deep.json"
+expect_usage_error "is not valid JSON" import --db "$tmp/fixture.db" "$tmp/notjson.json"
+expect_usage_error "schema_version '2.0.0' is not a T4 1.x.y version" import --db "$tmp/fixture.db" "$tmp/version.json"
+expect_usage_error "a T4 document has an unknown field 'extra'" import --db "$tmp/fixture.db" "$tmp/toplevel.json"
+expect_usage_error "'results' must be an array" import --db "$tmp/fixture.db" "$tmp/notarray.json"
+expect_usage_error "metadata.timeunit must be \"milliseconds\"" import --db "$tmp/fixture.db" "$tmp/timeunit.json"
+expect_usage_error "]: a result has an unknown field 'evil'" import --db "$tmp/fixture.db" "$tmp/resultkey.json"
+expect_usage_error "unknown family 'nope'" import --db "$tmp/fixture.db" "$tmp/nofamily.json"
+expect_usage_error "flashtune.family holds control characters: 'x?#error?[2J'" import --db "$tmp/fixture.db" "$tmp/ctrlfamily.json"
+expect_usage_error "family fa2_simt has no tunable 'EVIL'" import --db "$tmp/fixture.db" "$tmp/evilkey.json"
+expect_usage_error "BLOCK_M = 48 is outside its domain" import --db "$tmp/fixture.db" "$tmp/domain.json"
+expect_usage_error "configuration.BLOCK_M must be an integer in -2147483648..2147483647, got 4294967360" import --db "$tmp/fixture.db" "$tmp/narrowing.json"
+expect_usage_error "configuration.BLOCK_M must be an integer" import --db "$tmp/fixture.db" "$tmp/floatcfg.json"
+expect_usage_error "configuration has no TM" import --db "$tmp/fixture.db" "$tmp/missingcfg.json"
+expect_usage_error "unknown status 'great'" import --db "$tmp/fixture.db" "$tmp/status.json"
+expect_usage_error "invalidity 'timeout' does not go with status" import --db "$tmp/fixture.db" "$tmp/invalidity.json"
+expect_usage_error "correctness must be" import --db "$tmp/fixture.db" "$tmp/correctness.json"
+expect_usage_error "measurement time must be a number in 0.." import --db "$tmp/fixture.db" "$tmp/negtime.json"
+expect_usage_error "measurement time must be in 'ms', got 's'" import --db "$tmp/fixture.db" "$tmp/unit.json"
+expect_usage_error "unknown measurement 'power'" import --db "$tmp/fixture.db" "$tmp/measure.json"
+expect_usage_error "measurement time is given twice" import --db "$tmp/fixture.db" "$tmp/twice.json"
+expect_usage_error "flashtune.device.name holds control characters" import --db "$tmp/fixture.db" "$tmp/devname.json"
+expect_usage_error "arch '../../x/pwn' is not sm_NN[a]" import --db "$tmp/fixture.db" "$tmp/arch.json"
+expect_usage_error "flashtune.device.sm_count must be an integer in 1..4096, got 0" import --db "$tmp/fixture.db" "$tmp/smcount.json"
+expect_usage_error "cannot import: device 'NVIDIA H100 80GB HBM3'" import --db "$tmp/fixture.db" "$tmp/mismatch.json"
+expect_usage_error "'batch' must be an integer in 1..1048576, got 4294967297" import --db "$tmp/fixture.db" "$tmp/batch.json"
+expect_usage_error "does not support head_dim 80" import --db "$tmp/fixture.db" "$tmp/headdim.json"
+expect_usage_error "flashtune.seed must be an integer in 0.." import --db "$tmp/fixture.db" "$tmp/seed.json"
+expect_usage_error "kernel_hash must be a non-empty string" import --db "$tmp/fixture.db" "$tmp/hash.json"
+truncate -s 300M "$tmp/sparse.json"
+expect_usage_error "is larger than 128 MiB" import --db "$tmp/fixture.db" "$tmp/sparse.json"
+rm -f "$tmp/sparse.json"
+expect_usage_error "cannot read" import --db "$tmp/fixture.db" "$tmp/none.json"
+expect_usage_error "import takes one T4 file" import --db "$tmp/fixture.db"
+expect_usage_error "is not a flashtune database" import --db "$tmp/foreign.db" "$tmp/t4.json"
+ok "the foreign store is unchanged by import" test "$(sha256sum <"$tmp/foreign.db")" == "$foreign_sum"
+expect_usage_error "unknown family 'nope'" import --db "$tmp/imp.db" "$tmp/nofamily.json"
+ok "a refused import created no store" test ! -e "$tmp/imp.db"
 
 # --- the worker log: never a predictable path, never through a planted link -------------------
 mkdir -p "$tmp/tmpdir"

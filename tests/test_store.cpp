@@ -180,3 +180,76 @@ TEST(Store, MigratesVersion2AddingExperimentTables) {
   EXPECT_EQ(s.experiment_runs().size(), 5u);
   fs::remove(path);
 }
+
+TEST(Store, MigratesVersion4ToProvenanceReadingIt) {
+  std::string path = temp_db("v4");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);
+  }
+  {  // a version-4 file: no provenance table, no origin columns
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    ASSERT_EQ(sqlite3_exec(db, "DROP TABLE provenance; ALTER TABLE results DROP COLUMN origin; "
+                               "ALTER TABLE kernels DROP COLUMN origin; ALTER TABLE experiment_runs DROP COLUMN origin; "
+                               "UPDATE meta SET value='4'",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  {
+    Store ro(path, Store::Mode::read_only);  // read as it is
+    EXPECT_EQ(ro.schema_version(), 4);
+    EXPECT_TRUE(ro.provenance().empty());
+    EXPECT_FALSE(ro.find_provenance("x"));
+    EXPECT_EQ(ro.results({}).size(), 8u);
+    EXPECT_EQ(ro.device_signatures().size(), 2u);
+  }
+  Store s(path);  // a write verb migrates
+  EXPECT_EQ(s.schema_version(), 5);
+  Provenance p;
+  p.kind = "merge";
+  p.source = "/x/a.db";
+  p.content_hash = "h1";
+  const long long id = s.add_provenance(p);
+  s.set_provenance_counts(id, 1, 2, 3);
+  auto found = s.find_provenance("h1");
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->id, id);
+  EXPECT_EQ(found->results, 2);
+  EXPECT_EQ(s.provenance().size(), 1u);
+  fs::remove(path);
+}
+
+TEST(Store, CopiesKeepStoredRowsAndRollBackTogether) {
+  std::string path = temp_db("copy");
+  Store s(path);
+  auto r = fixture::fixture_result("BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2", Problem{1, 1, 8, 8, 64}, "ok", 1.0);
+  r.device_name = "NVIDIA H200";
+  r.sm_count = 132;
+  r.driver_version = 13000;
+  r.created = "2020-01-01T00:00:00Z";
+  EXPECT_EQ(s.copy_result(r, 0), Copied::added);
+  EXPECT_EQ(s.copy_result(r, 0), Copied::present);
+  auto other = r;
+  other.ms_median = 2.0;
+  EXPECT_EQ(s.copy_result(other, 0), Copied::differs);
+  auto stored = s.results({});
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_EQ(stored[0].ms_median, 1.0);  // the stored row is kept
+  EXPECT_EQ(stored[0].created, r.created);  // with its own time
+
+  // A throw inside transaction() undoes every copy and put made in it.
+  auto r2 = r;
+  r2.kernel_hash = "another";
+  EXPECT_THROW(s.transaction([&] {
+    s.copy_result(r2, 0);
+    s.put_result(r2, fixture::fixture_device());
+    throw UsageError("refused");
+  }),
+               UsageError);
+  EXPECT_EQ(s.results({}).size(), 1u);
+  s.transaction([&] { EXPECT_EQ(s.copy_result(r2, 0), Copied::added); });
+  EXPECT_EQ(s.results({}).size(), 2u);
+  fs::remove(path);
+}

@@ -3,6 +3,7 @@
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -19,11 +20,13 @@
 #include "tuner/emit.hpp"
 #include "tuner/experiment.hpp"
 #include "tuner/input_files.hpp"
+#include "tuner/merge.hpp"
 #include "tuner/search.hpp"
 #include "tuner/select.hpp"
 #include "tuner/space.hpp"
 #include "tuner/store.hpp"
 #include "tuner/sweep.hpp"
+#include "tuner/t4.hpp"
 #include "tuner/util.hpp"
 
 extern char** environ;
@@ -54,6 +57,10 @@ commands:
                                         every implementation of an experiment on its problems, stored
   report --db PATH [--out DIR]          REPORT.md, CSVs and plots from a store (--gpu SLUG: reports/SLUG/results.db)
   drop-cubins --db PATH                 strip compiled binaries from a store (for committing it)
+  merge A.db B.db ... -o OUT.db         stores (shards, machines) into one; the same input twice adds nothing
+  export --db PATH [--format t4] [-o FILE]
+                                        results in the T4 auto-tuning format (Kernel Tuner, KTT)
+  import --db PATH FILE.json            a T4 file exported by flashtune into a store
 
 every command takes --help.
 )";
@@ -699,6 +706,125 @@ int cmd_drop_cubins(int argc, char** argv) {
   return 0;
 }
 
+// merge and export take "-o FILE" as well as "--output FILE".
+std::vector<char*> with_output_flag(int argc, char** argv) {
+  static std::string long_flag = "--output";
+  std::vector<char*> out(argv, argv + argc);
+  for (int i = 2; i < argc; ++i)
+    if (!std::strcmp(argv[i], "-o")) out[i] = long_flag.data();
+  return out;
+}
+
+int cmd_merge(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune merge A.db B.db ... -o OUT.db [--quiet]\n"
+              "Copies the kernels, results and experiment runs of every input store into OUT.db (created if\n"
+              "missing; an existing store of ours is merged into, and migrated if older). A row whose key OUT.db\n"
+              "already holds is kept as stored. Each input becomes a provenance row of OUT.db (its path, a hash\n"
+              "of its rows, the time, the rows it added), and an input whose content was merged before adds\n"
+              "nothing: merging twice changes nothing. Inputs are opened read-only, any schema of ours.\n"
+              "Refused (exit 2, OUT.db untouched): a file that is not a flashtune store, a newer schema, an input\n"
+              "that is OUT.db, a row this build cannot use, and mismatched devices: a device name that two stores\n"
+              "hold results for with different (arch, SM count, driver version) sets. One transaction.");
+    return 0;
+  }
+  std::vector<char*> args = with_output_flag(argc, argv);
+  Args a = parse(argc, args.data(), {"output"}, {"quiet"});
+  if (!a.has("output")) throw UsageError("merge needs -o OUT.db");
+  if (a.positional.empty()) throw UsageError("merge needs at least one input store");
+  auto summaries = merge_stores(a.positional, a.get("output"));
+  long long kernels = 0, results = 0;
+  for (const auto& m : summaries) {
+    kernels += m.kernels;
+    results += m.results;
+    if (a.has("quiet")) continue;
+    if (m.already) {
+      std::printf("%s: already merged (provenance %lld), nothing copied\n", m.path.c_str(), m.provenance_id);
+      continue;
+    }
+    std::printf("%s: +%lld kernels, +%lld results, +%lld experiment runs (+%lld rows)", m.path.c_str(), m.kernels,
+                m.results, m.experiment_runs, m.experiment_rows);
+    if (m.kernels_present + m.results_present) std::printf(", %lld already stored", m.kernels_present + m.results_present);
+    if (m.kernels_differ + m.results_differ)
+      std::printf(", %lld kept as stored though the input's values differ", m.kernels_differ + m.results_differ);
+    std::printf("\n");
+  }
+  std::printf("merged %zu stores into %s: +%lld kernels, +%lld results\n", summaries.size(), a.get("output").c_str(),
+              kernels, results);
+  return 0;
+}
+
+int cmd_export(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune export --db PATH [--format t4] [-o FILE] [--family F] [--device NAME] [--dtype T]\n"
+              "                        [--d N] [--causal 0|1]\n"
+              "Writes the store's results (every status) in the T4 auto-tuning results format shared by Kernel\n"
+              "Tuner and KTT (schema 1.0.0): configuration = the family's tunables, objectives time (ms) and\n"
+              "tflops, the median time as runtimes, invalidity and correctness from the status, measurements,\n"
+              "and a \"flashtune\" object per result with the family, problem, device, driver, NVRTC and status\n"
+              "(what `flashtune import` reads back). To FILE (written whole, then renamed) or stdout. Needs no\n"
+              "GPU; the store is opened read-only. A compile-only store has kernels but no results to export.");
+    return 0;
+  }
+  std::vector<char*> args = with_output_flag(argc, argv);
+  Args a = parse(argc, args.data(), {"db", "format", "output", "family", "device", "dtype", "d", "causal"}, {});
+  if (!a.positional.empty()) throw UsageError("export takes no positional arguments (--db PATH)");
+  if (!a.has("db")) throw UsageError("export needs --db");
+  if (a.get("format", "t4") != "t4") throw UsageError("--format must be t4, got '" + brief(a.get("format")) + "'");
+  ResultFilter filter = filter_from(a);
+  std::string out_dir;
+  if (a.has("output")) {  // checked before the store is read
+    const std::string out = a.get("output");
+    if (out.empty()) throw UsageError("-o needs a file name");
+    if (std::filesystem::is_directory(out)) throw UsageError("-o '" + out + "' is a folder, not a file");
+    out_dir = std::filesystem::path(out).parent_path().string();
+    if (!std::filesystem::is_directory(out_dir.empty() ? "." : out_dir))
+      throw UsageError("-o '" + out + "': folder '" + out_dir + "' does not exist");
+  }
+  Store store(a.get("db"), Store::Mode::read_only);
+  const std::string text = t4_export(store, filter);
+  if (!a.has("output")) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  // A temporary file beside the target, renamed over it: a failed export leaves the old file whole.
+  const std::string out = a.get("output");
+  std::string tmp = out + ".tmp-XXXXXX";
+  const int fd = mkstemp(tmp.data());
+  if (fd < 0) throw UsageError("-o '" + out + "': cannot create a file in '" + (out_dir.empty() ? "." : out_dir) + "'");
+  const bool written = write(fd, text.data(), text.size()) == (ssize_t)text.size();
+  fchmod(fd, 0644);
+  if (close(fd) != 0 || !written || std::rename(tmp.c_str(), out.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write '" + out + "'");
+  }
+  return 0;
+}
+
+int cmd_import(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune import --db PATH FILE.json\n"
+              "Reads a T4 results file written by `flashtune export` into the store (created if missing), as if\n"
+              "its results had been measured here: later tunes skip them, best/emit/report use them. The file is\n"
+              "untrusted: every field is checked (known family and tunables in their domains, problem, status\n"
+              "matching invalidity and correctness, measurements and units, device) before anything is stored,\n"
+              "and its devices must match the store's (see merge --help). A row whose key is stored is kept as\n"
+              "stored; the file's bytes become a provenance row, so importing it again adds nothing. Up to 128 MiB.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"db"}, {});
+  if (!a.has("db")) throw UsageError("import needs --db");
+  if (a.positional.size() != 1) throw UsageError("import takes one T4 file");
+  ImportSummary s = t4_import(a.positional[0], a.get("db"));
+  if (s.already)
+    std::printf("%s: already imported (provenance %lld), nothing copied\n", a.positional[0].c_str(), s.provenance_id);
+  else
+    std::printf("%s: %lld results, +%lld, %lld already stored%s  (db %s)\n", a.positional[0].c_str(), s.total, s.added,
+                s.present + s.differ, s.differ ? (" (" + std::to_string(s.differ) + " with other values, kept as stored)").c_str() : "",
+                a.get("db").c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -711,7 +837,8 @@ int main(int argc, char** argv) {
       {"devices", cmd_devices}, {"compile-check", cmd_compile_check}, {"tune", cmd_tune}, {"run", cmd_run},
       {"families", cmd_families},
       {"best", cmd_best},       {"emit", cmd_emit},                   {"drop-cubins", cmd_drop_cubins},
-      {"report", cmd_report},   {"experiment", cmd_experiment}};
+      {"report", cmd_report},   {"experiment", cmd_experiment},
+      {"merge", cmd_merge},     {"export", cmd_export},               {"import", cmd_import}};
   auto it = verbs.find(verb);
   try {
     if (it == verbs.end()) throw UsageError("unknown command '" + verb + "' (see flashtune --help)");

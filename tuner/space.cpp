@@ -41,9 +41,8 @@ void check_nesting(std::string_view text, const std::string& what) {
 
 }  // namespace
 
-json parse_json_bounded(std::string_view text, const std::string& what) {
-  if (text.size() > kMaxJsonBytes)
-    throw UsageError(what + " is larger than " + std::to_string(kMaxJsonBytes >> 20) + " MiB");
+json parse_json_bounded(std::string_view text, const std::string& what, size_t max_bytes) {
+  if (text.size() > max_bytes) throw UsageError(what + " is larger than " + std::to_string(max_bytes >> 20) + " MiB");
   check_nesting(text, what);
   try {
     return json::parse(text);
@@ -52,18 +51,21 @@ json parse_json_bounded(std::string_view text, const std::string& what) {
   }
 }
 
-json read_json_file(const std::string& path) {
+std::string read_bounded_file(const std::string& path, size_t max_bytes) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) throw UsageError("cannot read '" + path + "': it does not exist");
   if (!S_ISREG(st.st_mode)) throw UsageError("cannot read '" + path + "': not a regular file");
-  if ((unsigned long long)st.st_size > kMaxJsonBytes)
-    throw UsageError("'" + path + "' is larger than " + std::to_string(kMaxJsonBytes >> 20) + " MiB");
+  const std::string too_large = "'" + path + "' is larger than " + std::to_string(max_bytes >> 20) + " MiB";
+  if ((unsigned long long)st.st_size > max_bytes) throw UsageError(too_large);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw UsageError("cannot read '" + path + "'");
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (text.size() > kMaxJsonBytes)
-    throw UsageError("'" + path + "' is larger than " + std::to_string(kMaxJsonBytes >> 20) + " MiB");
-  return parse_json_bounded(text, "'" + path + "'");
+  if (text.size() > max_bytes) throw UsageError(too_large);
+  return text;
+}
+
+json read_json_file(const std::string& path) {
+  return parse_json_bounded(read_bounded_file(path, kMaxJsonBytes), "'" + path + "'");
 }
 
 std::string brief_json(const json& j) { return brief(j.dump(), 60); }

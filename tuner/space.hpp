@@ -43,7 +43,9 @@ std::vector<Problem> load_problems(const std::string& path);
 inline constexpr size_t kMaxJsonBytes = 16u << 20;
 inline constexpr int kMaxJsonDepth = 64;
 nlohmann::json read_json_file(const std::string& path);  // a regular file; one-line UsageError on failure
-nlohmann::json parse_json_bounded(std::string_view text, const std::string& what);  // UsageError naming `what`
+// UsageError naming `what`; a larger bound for data files (flashtune import) than for definitions.
+nlohmann::json parse_json_bounded(std::string_view text, const std::string& what, size_t max_bytes = kMaxJsonBytes);
+std::string read_bounded_file(const std::string& path, size_t max_bytes);  // a regular file's bytes
 std::string brief_json(const nlohmann::json&);  // at most 60 characters of the dump, for messages
 // An integer checked against [lo, hi] in its full range before converting; UsageError naming `what`.
 int json_int(const nlohmann::json&, const std::string& what, long long lo, long long hi);

@@ -80,7 +80,7 @@ class Stmt {
   sqlite3_stmt* s_ = nullptr;
 };
 
-// The results table of schema v4, by name (the v3 -> v4 migration builds it beside the old one).
+// The results table of schema v4 and later, by name (the v3 -> v4 migration builds it beside the old one).
 std::string results_ddl(const std::string& name) {
   return "CREATE TABLE IF NOT EXISTS " + name + R"sql((
   id INTEGER PRIMARY KEY,
@@ -93,7 +93,7 @@ std::string results_ddl(const std::string& name) {
   device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL, driver_version INTEGER NOT NULL,
   nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
   registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
-  created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal',
+  created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER,
   UNIQUE(kernel_hash, device_name, sm_count, batch, heads, seq_q, seq_k, inputs)))sql";
 }
 
@@ -107,11 +107,11 @@ CREATE TABLE IF NOT EXISTS kernels(
   name_expression TEXT NOT NULL,
   status TEXT NOT NULL, reason TEXT, lowered_name TEXT,
   registers INTEGER, smem_static INTEGER, stack_bytes INTEGER, spill_stores INTEGER, spill_loads INTEGER,
-  compile_ms REAL, log TEXT, cubin BLOB, created TEXT NOT NULL);
+  compile_ms REAL, log TEXT, cubin BLOB, created TEXT NOT NULL, origin INTEGER);
 
 CREATE TABLE IF NOT EXISTS experiment_runs(
   id INTEGER PRIMARY KEY, experiment TEXT NOT NULL, title TEXT, device_name TEXT NOT NULL,
-  probes TEXT, spec TEXT, created TEXT NOT NULL);
+  probes TEXT, spec TEXT, created TEXT NOT NULL, origin INTEGER);
 CREATE TABLE IF NOT EXISTS experiment_rows(
   id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES experiment_runs(id),
   impl TEXT NOT NULL, family TEXT, config TEXT, direction TEXT NOT NULL, dtype TEXT NOT NULL,
@@ -119,6 +119,13 @@ CREATE TABLE IF NOT EXISTS experiment_rows(
   head_dim INTEGER NOT NULL, causal INTEGER NOT NULL, status TEXT NOT NULL, error TEXT,
   ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL, gbps REAL,
   max_abs REAL, mean_abs REAL, mse REAL, max_rel REAL, peak_bytes INTEGER, device TEXT, detail TEXT);
+-- Where merged or imported rows came from (schema 5): one row per input, its content hash unique,
+-- so that merging or importing the same content again adds nothing. `origin` columns point here;
+-- NULL origin: produced in this store by tune, run or experiment.
+CREATE TABLE IF NOT EXISTS provenance(
+  id INTEGER PRIMARY KEY, kind TEXT NOT NULL, source TEXT NOT NULL, content_hash TEXT NOT NULL UNIQUE,
+  source_schema INTEGER, kernels INTEGER NOT NULL DEFAULT 0, results INTEGER NOT NULL DEFAULT 0,
+  experiment_runs INTEGER NOT NULL DEFAULT 0, upstream TEXT, created TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS results_by_problem ON results(family, direction, device_name, head_dim, dtype, causal);
 )sql";
 
@@ -252,6 +259,7 @@ void Store::open_checked(Mode mode) {
     has_detail_ = f.results_columns.count("detail") > 0;
     has_inputs_ = f.results_columns.count("inputs") > 0;
     has_experiments_ = f.tables.count("experiment_runs") && f.tables.count("experiment_rows");
+    has_provenance_ = f.tables.count("provenance") > 0;
     return;
   }
 
@@ -282,6 +290,12 @@ void Store::open_checked(Mode mode) {
       exec("INSERT INTO results_v4(" + list + ") SELECT " + list + " FROM results ORDER BY id;");
       exec("DROP TABLE results; ALTER TABLE results_v4 RENAME TO results;");
       v = 4;
+    }
+    if (v == 4) {  // v4 -> v5: `origin` columns (the provenance table comes with the schema below)
+      for (const char* table : {"kernels", "results", "experiment_runs"})
+        if (f.tables.count(table) && !columns(db_, table).count("origin"))
+          exec(std::string("ALTER TABLE ") + table + " ADD COLUMN origin INTEGER;");
+      v = 5;
     }
     exec(schema_sql());  // tables and index that a migrated file lacks
     exec("UPDATE meta SET value='" + std::to_string(kSchemaVersion) + "' WHERE key='schema_version';");
@@ -317,20 +331,28 @@ void Store::exec(const std::string& sql) {
 
 void Store::write_txn(const std::function<void()>& body) {
   if (read_only_) throw std::logic_error("write to a store opened read-only: '" + path_ + "'");
+  if (txn_depth_ > 0) {  // inside transaction(): join it (a BUSY retries the outermost body)
+    body();
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   for (int attempt = 0;; ++attempt) {
     bool begun = false;
     try {
       exec("BEGIN IMMEDIATE;");
       begun = true;
+      ++txn_depth_;
       body();
+      --txn_depth_;
       exec("COMMIT;");
       return;
     } catch (const BusyError&) {
+      txn_depth_ = 0;
       if (begun) sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kBusyRetrySeconds) throw;
       backoff(attempt);
     } catch (...) {
+      txn_depth_ = 0;
       if (begun) sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
       throw;
     }
@@ -341,7 +363,7 @@ std::optional<KernelRecord> Store::find_kernel(const std::string& hash, bool wit
   Stmt s(db_, std::string("SELECT family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
                           "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,"
                           "stack_bytes,spill_stores,spill_loads,compile_ms,log,") +
-                  (with_cubin ? "cubin" : "NULL") + " FROM kernels WHERE hash=?");
+                  (with_cubin ? "cubin" : "NULL") + ",created FROM kernels WHERE hash=?");
   s.bind(1, hash);
   if (!s.step()) return std::nullopt;
   KernelRecord k;
@@ -351,23 +373,56 @@ std::optional<KernelRecord> Store::find_kernel(const std::string& hash, bool wit
   k.arch = s.text(6); k.nvrtc_version = s.text(7); k.options = s.text(8); k.source_hash = s.text(9);
   k.name_expression = s.text(10); k.status = s.text(11); k.reason = s.text(12); k.lowered_name = s.text(13);
   k.res = {(int)s.i64(14), (int)s.i64(15), (int)s.i64(16), (int)s.i64(17), (int)s.i64(18)};
-  k.compile_ms = s.f64(19); k.log = s.text(20); k.cubin = s.blob(21);
+  k.compile_ms = s.f64(19); k.log = s.text(20); k.cubin = s.blob(21); k.created = s.text(22);
   // A cache entry whose binary was stripped (a committed DB) is not a usable compiled kernel.
   if (with_cubin && k.status == "compiled" && k.cubin.empty()) return std::nullopt;
   return k;
 }
 
-void Store::put_kernel(const KernelRecord& k) {
-  write_txn([&] {
-  Stmt s(db_, "INSERT OR REPLACE INTO kernels VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+namespace {
+
+// One kernels row: `verb` "INSERT OR REPLACE" (a compile) or "INSERT OR IGNORE" (a copy); origin 0: NULL.
+void insert_kernel_row(sqlite3* db, const char* verb, const KernelRecord& k, const std::string& created,
+                       long long origin) {
+  Stmt s(db, std::string(verb) +
+                 " INTO kernels(hash,family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
+                 "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,stack_bytes,"
+                 "spill_stores,spill_loads,compile_ms,log,cubin,created,origin) "
+                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0))");
   s.bind(1, k.hash).bind(2, k.family).bind(3, k.direction).bind(4, k.config).bind(5, k.head_dim)
       .bind(6, (int)k.causal).bind(7, std::string(to_string(k.dtype))).bind(8, k.arch).bind(9, k.nvrtc_version)
       .bind(10, k.options).bind(11, k.source_hash).bind(12, k.name_expression).bind(13, k.status)
       .bind(14, k.reason).bind(15, k.lowered_name).bind(16, k.res.registers).bind(17, k.res.smem_static)
       .bind(18, k.res.stack_bytes).bind(19, k.res.spill_stores).bind(20, k.res.spill_loads)
-      .bind(21, k.compile_ms).bind(22, k.log).bind_blob(23, k.cubin).bind(24, now_iso8601());
+      .bind(21, k.compile_ms).bind(22, k.log).bind_blob(23, k.cubin).bind(24, created).bind(25, origin);
   s.step();
-  });
+}
+
+// One results row with the device's fields as given; origin 0: NULL.
+void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, const DeviceInfo& d,
+                       const std::string& created, long long origin) {
+  Stmt s(db, std::string(verb) +
+                 " INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
+                 "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
+                 "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
+                 "spill_stores,created,detail,inputs,origin) "
+                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0))");
+  const Problem& p = r.problem;
+  s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
+      .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
+      .bind(10, std::string(to_string(p.dtype))).bind(11, (int)p.causal).bind(12, r.status).bind(13, r.error)
+      .bind(14, r.max_abs).bind(15, r.max_rel).bind(16, r.mse).bind(17, r.ms_median).bind(18, r.ms_p20)
+      .bind(19, r.ms_p80).bind(20, r.reps).bind(21, r.tflops).bind(22, r.gbps).bind(23, (long long)r.seed)
+      .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
+      .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
+      .bind(33, r.res.spill_stores).bind(34, created).bind(35, r.detail).bind(36, p.inputs.str()).bind(37, origin);
+  s.step();
+}
+
+}  // namespace
+
+void Store::put_kernel(const KernelRecord& k) {
+  write_txn([&] { insert_kernel_row(db_, "INSERT OR REPLACE", k, now_iso8601(), 0); });
 }
 
 bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, const Problem& p) {
@@ -380,22 +435,7 @@ bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, cons
 }
 
 void Store::put_result(const ResultRecord& r, const DeviceInfo& d) {
-  write_txn([&] {
-  Stmt s(db_, "INSERT OR REPLACE INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
-              "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
-              "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
-              "spill_stores,created,detail,inputs) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-  const Problem& p = r.problem;
-  s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
-      .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
-      .bind(10, std::string(to_string(p.dtype))).bind(11, (int)p.causal).bind(12, r.status).bind(13, r.error)
-      .bind(14, r.max_abs).bind(15, r.max_rel).bind(16, r.mse).bind(17, r.ms_median).bind(18, r.ms_p20)
-      .bind(19, r.ms_p80).bind(20, r.reps).bind(21, r.tflops).bind(22, r.gbps).bind(23, (long long)r.seed)
-      .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
-      .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
-      .bind(33, r.res.spill_stores).bind(34, now_iso8601()).bind(35, r.detail).bind(36, p.inputs.str());
-  s.step();
-  });
+  write_txn([&] { insert_result_row(db_, "INSERT OR REPLACE", r, d, now_iso8601(), 0); });
 }
 
 std::vector<ResultRecord> Store::results(const ResultFilter& f) {
@@ -537,6 +577,158 @@ void Store::drop_cubins() {
     }
     backoff(attempt);
   }
+}
+
+// --- merge and import -------------------------------------------------------------------
+
+void Store::transaction(const std::function<void()>& body) { write_txn(body); }
+
+void Store::snapshot(const std::function<void()>& body) {
+  exec("BEGIN;");  // deferred: the first read takes the snapshot that the rest sees
+  try {
+    body();
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+    throw;
+  }
+  exec("COMMIT;");
+}
+
+void Store::each_kernel(const std::function<void(const KernelRecord&)>& fn, bool with_cubin) {
+  Stmt s(db_, std::string("SELECT hash,family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
+                          "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,"
+                          "stack_bytes,spill_stores,spill_loads,compile_ms,log,") +
+                  (with_cubin ? "cubin" : "NULL") + ",created FROM kernels ORDER BY hash");
+  while (s.step()) {
+    KernelRecord k;
+    k.hash = s.text(0);
+    k.family = s.text(1); k.direction = s.text(2); k.config = s.text(3);
+    try {
+      if (s.i64(4) < 1 || s.i64(4) > 1024) throw UsageError("head_dim " + std::to_string(s.i64(4)) + " is out of range");
+      k.head_dim = (int)s.i64(4);
+      k.dtype = parse_dtype(s.text(6));
+    } catch (const UsageError& e) {
+      throw UsageError("'" + path_ + "': kernel " + brief(k.hash, 40) + ": " + e.what());
+    }
+    k.causal = s.i64(5) != 0;
+    k.arch = s.text(7); k.nvrtc_version = s.text(8); k.options = s.text(9); k.source_hash = s.text(10);
+    k.name_expression = s.text(11); k.status = s.text(12); k.reason = s.text(13); k.lowered_name = s.text(14);
+    k.res = {(int)s.i64(15), (int)s.i64(16), (int)s.i64(17), (int)s.i64(18), (int)s.i64(19)};
+    k.compile_ms = s.f64(20); k.log = s.text(21); k.cubin = s.blob(22); k.created = s.text(23);
+    fn(k);
+  }
+}
+
+std::set<DeviceSignature> Store::device_signatures() {
+  Stmt s(db_, "SELECT DISTINCT device_name, arch, sm_count, driver_version FROM results");
+  std::set<DeviceSignature> out;
+  while (s.step()) out.insert({s.text(0), s.text(1), (int)s.i64(2), (int)s.i64(3)});
+  return out;
+}
+
+namespace {
+constexpr const char* kProvenanceColumns =
+    "id,kind,source,content_hash,source_schema,kernels,results,experiment_runs,upstream,created";
+Provenance read_provenance(const Stmt& s) {
+  Provenance p;
+  p.id = s.i64(0); p.kind = s.text(1); p.source = s.text(2); p.content_hash = s.text(3);
+  p.source_schema = (int)s.i64(4); p.kernels = s.i64(5); p.results = s.i64(6); p.experiment_runs = s.i64(7);
+  p.upstream = s.text(8); p.created = s.text(9);
+  return p;
+}
+}  // namespace
+
+std::vector<Provenance> Store::provenance() {
+  if (!has_provenance_) return {};  // before schema 5, read read-only
+  Stmt s(db_, std::string("SELECT ") + kProvenanceColumns + " FROM provenance ORDER BY id");
+  std::vector<Provenance> out;
+  while (s.step()) out.push_back(read_provenance(s));
+  return out;
+}
+
+std::optional<Provenance> Store::find_provenance(const std::string& content_hash) {
+  if (!has_provenance_) return std::nullopt;
+  Stmt s(db_, std::string("SELECT ") + kProvenanceColumns + " FROM provenance WHERE content_hash=?");
+  s.bind(1, content_hash);
+  if (!s.step()) return std::nullopt;
+  return read_provenance(s);
+}
+
+long long Store::add_provenance(const Provenance& p) {
+  long long id = 0;
+  write_txn([&] {
+    Stmt s(db_, "INSERT INTO provenance(kind,source,content_hash,source_schema,kernels,results,experiment_runs,"
+                "upstream,created) VALUES(?,?,?,NULLIF(?,0),?,?,?,?,?)");
+    s.bind(1, p.kind).bind(2, p.source).bind(3, p.content_hash).bind(4, p.source_schema).bind(5, p.kernels)
+        .bind(6, p.results).bind(7, p.experiment_runs).bind(8, p.upstream)
+        .bind(9, p.created.empty() ? now_iso8601() : p.created);
+    s.step();
+    id = sqlite3_last_insert_rowid(db_);
+  });
+  return id;
+}
+
+void Store::set_provenance_counts(long long id, long long kernels, long long results, long long experiment_runs) {
+  write_txn([&] {
+    Stmt s(db_, "UPDATE provenance SET kernels=?, results=?, experiment_runs=? WHERE id=?");
+    s.bind(1, kernels).bind(2, results).bind(3, experiment_runs).bind(4, id);
+    s.step();
+  });
+}
+
+Copied Store::copy_kernel(const KernelRecord& k, long long origin) {
+  Copied out = Copied::added;
+  write_txn([&] {
+    insert_kernel_row(db_, "INSERT OR IGNORE", k, k.created.empty() ? now_iso8601() : k.created, origin);
+    if (sqlite3_changes(db_) > 0) return;
+    // The same hash is the same source, options, NVRTC and arch: what it compiled to should agree.
+    Stmt s(db_, "SELECT status, ifnull(reason,''), registers FROM kernels WHERE hash=?");
+    s.bind(1, k.hash);
+    s.step();
+    out = s.text(0) == k.status && s.text(1) == k.reason && s.i64(2) == k.res.registers ? Copied::present : Copied::differs;
+  });
+  return out;
+}
+
+Copied Store::copy_result(const ResultRecord& r, long long origin) {
+  Copied out = Copied::added;
+  write_txn([&] {
+    DeviceInfo d;
+    d.name = r.device_name; d.arch = r.arch; d.sm_count = r.sm_count; d.driver_version = r.driver_version;
+    insert_result_row(db_, "INSERT OR IGNORE", r, d, r.created.empty() ? now_iso8601() : r.created, origin);
+    if (sqlite3_changes(db_) > 0) return;
+    const Problem& p = r.problem;
+    Stmt s(db_, "SELECT status, ms_median, config FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? "
+                "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=?");
+    s.bind(1, r.kernel_hash).bind(2, r.device_name).bind(3, r.sm_count).bind(4, p.batch).bind(5, p.heads)
+        .bind(6, p.seq_q).bind(7, p.seq_k).bind(8, p.inputs.str());
+    s.step();
+    out = s.text(0) == r.status && s.f64(1) == r.ms_median && s.text(2) == r.config ? Copied::present : Copied::differs;
+  });
+  return out;
+}
+
+std::vector<long long> Store::find_experiment_runs(const ExperimentRun& r) {
+  if (!has_experiments_) return {};
+  Stmt s(db_, "SELECT id FROM experiment_runs WHERE experiment=? AND device_name=? AND created=? AND "
+              "ifnull(spec,'')=? AND ifnull(probes,'')=? ORDER BY id");
+  s.bind(1, r.experiment).bind(2, r.device_name).bind(3, r.created).bind(4, r.spec).bind(5, r.probes);
+  std::vector<long long> ids;
+  while (s.step()) ids.push_back(s.i64(0));
+  return ids;
+}
+
+long long Store::copy_experiment_run(const ExperimentRun& r, long long origin) {
+  long long id = 0;
+  write_txn([&] {
+    Stmt s(db_, "INSERT INTO experiment_runs(experiment,title,device_name,probes,spec,created,origin) "
+                "VALUES(?,?,?,?,?,?,NULLIF(?,0))");
+    s.bind(1, r.experiment).bind(2, r.title).bind(3, r.device_name).bind(4, r.probes).bind(5, r.spec)
+        .bind(6, r.created).bind(7, origin);
+    s.step();
+    id = sqlite3_last_insert_rowid(db_);
+  });
+  return id;
 }
 
 }  // namespace flashtune

@@ -5,7 +5,9 @@
 #pragma once
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tuner/problem.hpp"
@@ -14,8 +16,9 @@ struct sqlite3;
 
 namespace flashtune {
 
-// 2: results.detail; 3: experiment_runs, experiment_rows; 4: results.inputs (part of the unique key)
-inline constexpr int kSchemaVersion = 4;
+// 2: results.detail; 3: experiment_runs, experiment_rows; 4: results.inputs (part of the unique key);
+// 5: provenance (merged and imported sources) and `origin` on kernels, results and experiment_runs
+inline constexpr int kSchemaVersion = 5;
 inline constexpr int kApplicationId = 0x466c546e;  // "FlTn" in the SQLite header, set at creation
 
 struct DeviceInfo {
@@ -51,6 +54,7 @@ struct KernelRecord {
   double compile_ms = 0;
   std::string log;
   std::string cubin;   // bytes; empty unless status == compiled
+  std::string created;  // when it was stored (read back; put_kernel stamps the time itself)
 };
 
 // One attempt to run a compiled variant on one problem on one device.
@@ -95,6 +99,32 @@ struct ExperimentRow {
   std::string device, detail;                               // detail: JSON
 };
 
+// One merged store or imported file (schema 5): `source` as given, made absolute; `content_hash` of
+// its rows (a store) or bytes (a file), unique, so the same content is never taken twice; the rows it
+// added; `upstream`: a merged store's own provenance rows, as JSON.
+struct Provenance {
+  long long id = 0;
+  std::string kind;  // merge | import
+  std::string source, content_hash, upstream, created;
+  int source_schema = 0;  // a merged store's schema version; 0 for an imported file
+  long long kernels = 0, results = 0, experiment_runs = 0;
+};
+
+// How results name the device they were measured on. select and emit key on the name alone, so
+// one name must not stand for two kinds of GPU (see merge.hpp).
+struct DeviceSignature {
+  std::string name, arch;
+  int sm_count = 0, driver_version = 0;
+  bool operator<(const DeviceSignature& o) const {
+    return std::tie(name, arch, sm_count, driver_version) < std::tie(o.name, o.arch, o.sm_count, o.driver_version);
+  }
+  bool operator==(const DeviceSignature&) const = default;
+};
+
+// What a copy into a store found: the row added, its key already stored with the same values,
+// or its key already stored with other values (the stored row is kept).
+enum class Copied { added, present, differs };
+
 struct ResultFilter {
   std::string family, device, dtype, direction;
   int head_dim = 0;         // 0: any
@@ -133,6 +163,27 @@ class Store {
   std::vector<ExperimentRow> experiment_rows(long long run_id);
 
   void drop_cubins();  // keep metadata and resources, drop binaries (for committing a DB)
+
+  // --- merge and import (tuner/merge.cpp, tuner/t4.cpp) ---
+  // body in one write transaction: put_* and the copies below join it; a throw rolls all of it back.
+  void transaction(const std::function<void()>& body);
+  // body inside one read transaction: what it reads is one consistent state of the file.
+  void snapshot(const std::function<void()>& body);
+  // Every kernel row in hash order, stripped binaries included (cubin empty); with_cubin false reads none.
+  void each_kernel(const std::function<void(const KernelRecord&)>& fn, bool with_cubin);
+  std::set<DeviceSignature> device_signatures();  // the distinct devices of the results table
+  std::vector<Provenance> provenance();           // none before schema 5
+  std::optional<Provenance> find_provenance(const std::string& content_hash);
+  long long add_provenance(const Provenance&);    // returns its id
+  void set_provenance_counts(long long id, long long kernels, long long results, long long experiment_runs);
+  // Copies from another store or a file: the row's own `created` is kept, `origin` is a provenance
+  // id, and a row whose key is already stored is left as it is (row identity = the unique keys:
+  // kernels.hash and results' UNIQUE). Experiment runs have no key: merge.cpp compares a run's rows.
+  Copied copy_kernel(const KernelRecord&, long long origin);
+  Copied copy_result(const ResultRecord&, long long origin);
+  // Runs with the same experiment, device, start time, spec and probes (candidates for the same run).
+  std::vector<long long> find_experiment_runs(const ExperimentRun&);
+  long long copy_experiment_run(const ExperimentRun&, long long origin);  // the new run's id
   const std::string& path() const { return path_; }
   int schema_version() const { return version_; }  // as found on open (read_only) or after migrating
 
@@ -145,7 +196,8 @@ class Store {
   std::string path_;
   bool read_only_ = false;
   int version_ = kSchemaVersion;
-  bool has_detail_ = true, has_inputs_ = true, has_experiments_ = true;  // older stores read read-only
+  int txn_depth_ = 0;  // write_txn nesting: inner calls join the outer transaction
+  bool has_detail_ = true, has_inputs_ = true, has_experiments_ = true, has_provenance_ = true;  // older stores read read-only
 };
 
 }  // namespace flashtune

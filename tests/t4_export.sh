@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# flashtune export --format t4 / import: every committed store (copied, never changed) and a fixture
+# holding every status are exported and validated against the published T4 schema (t4_export.py);
+# each export imported into a new store and exported again gives the same bytes and the same rows; a
+# second import changes nothing.
+set -u
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+F=$FLASHTUNE
+"$F" families --json >"$tmp/families.json" || exit 1
+
+# A fixture with every status, an infinite error and a non-canonical config (a tunable added later).
+"$FIXTURE_TOOL" "$tmp/fixture.db" || exit 1
+python3 - "$tmp/fixture.db" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+base = c.execute("select * from results where status='crashed'").fetchone()
+cols = [r[1] for r in c.execute("pragma table_info(results)")]
+for i, status in enumerate(["timeout", "compile_error", "launch_error", "error", "pruned"]):
+    row = dict(zip(cols, base), id=None, kernel_hash=f"h-{status}", status=status, error=f"why {status}\nsecond line",
+               registers=40 + i, spill_stores=8 * i)
+    c.execute(f"insert into results({','.join(cols)}) values({','.join('?' * len(cols))})", [row[k] for k in cols])
+c.execute("update results set max_rel=9e999, detail='{\"validated_rows\":512}' where status='invalid'")
+c.execute("update results set config='BLOCK_M=64,BLOCK_N=32,TM=4,TN=4' where status='pruned'")
+c.commit()
+PY
+
+stores=("$tmp/fixture.db")
+for db in "$SRC"/reports/*/results.db; do
+  [[ -f "$db" ]] || continue
+  name=$(basename "$(dirname "$db")")
+  cp "$db" "$tmp/$name.db"
+  stores+=("$tmp/$name.db")
+done
+committed_sums=$(sha256sum "$SRC"/reports/*/results.db 2>/dev/null)
+
+same_rows() {  # same_rows A.db B.db: the results rows agree, ids and origins aside
+  python3 - "$1" "$2" <<'PY'
+import sqlite3, sys
+def rows(p):
+    c = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] not in ("id", "origin")]
+    return sorted(tuple("" if v is None else v for v in r) for r in c.execute(f"select {','.join(cols)} from results"))
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+if a != b:
+    print(f"{len(a)} rows vs {len(b)}, {len(set(a) ^ set(b))} differ"); sys.exit(1)
+PY
+}
+
+for db in "${stores[@]}"; do
+  n=$(basename "$db" .db)
+  start=$SECONDS
+  "$F" export --db "$db" --format t4 -o "$tmp/$n.json" || { echo "FAIL: export $n"; fail=1; continue; }
+  python3 "$SRC/tests/t4_export.py" "$SRC/tests/data/t4/results-schema.json" "$tmp/$n.json" "$db" "$tmp/families.json" ||
+    fail=1
+  "$F" import --db "$tmp/$n.back.db" "$tmp/$n.json" >/dev/null || { echo "FAIL: import $n"; fail=1; continue; }
+  "$F" export --db "$tmp/$n.back.db" -o "$tmp/$n.again.json" || { echo "FAIL: export of the import of $n"; fail=1; }
+  cmp -s "$tmp/$n.json" "$tmp/$n.again.json" || { echo "FAIL: $n: export -> import -> export differs"; fail=1; }
+  same_rows "$db" "$tmp/$n.back.db" || { echo "FAIL: $n: the imported rows differ from the stored ones"; fail=1; }
+  sum=$(sha256sum <"$tmp/$n.back.db")
+  out=$("$F" import --db "$tmp/$n.back.db" "$tmp/$n.json")
+  [[ $out == *"already imported"* && "$(sha256sum <"$tmp/$n.back.db")" == "$sum" ]] ||
+    { echo "FAIL: $n: a second import changed the store: $out"; fail=1; }
+  echo "$n: export, validate, import, export again: $((SECONDS - start)) s"
+done
+
+# stdout and a filter: the fixture's H200 rows only.
+"$F" export --db "$tmp/fixture.db" --device "NVIDIA H200" >"$tmp/h200_only.json" || { echo "FAIL: export to stdout"; fail=1; }
+want=$(python3 -c 'import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("select count(*) from results where device_name=?", ("NVIDIA H200",)).fetchone()[0])' "$tmp/fixture.db")
+got=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(len(d["results"]), d["metadata"]["device"])' "$tmp/h200_only.json")
+[[ $got == "$want NVIDIA H200" ]] || { echo "FAIL: --device filter: $got, want $want NVIDIA H200"; fail=1; }
+# A compile-only store has no results: an empty, valid document.
+python3 -c 'import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute("delete from results"); c.commit()' "$tmp/fixture.db"
+"$F" export --db "$tmp/fixture.db" -o "$tmp/empty.json" &&
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(d["results"] != [])' "$tmp/empty.json" ||
+  { echo "FAIL: export of a store without results"; fail=1; }
+
+[[ "$(sha256sum "$SRC"/reports/*/results.db 2>/dev/null)" == "$committed_sums" ]] || { echo "FAIL: a committed store changed"; fail=1; }
+[[ $fail -eq 0 ]] && echo "t4_export: all passed"
+exit $fail
