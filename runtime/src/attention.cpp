@@ -6,8 +6,6 @@
 #include "flashtune/attention.h"
 #pragma GCC visibility pop
 
-#include <nvrtc.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +19,7 @@
 #include "disk_cache.hpp"
 #include "driver.hpp"
 #include "lookup.hpp"
+#include "strided_copy.hpp"
 #include "templates/attention_params.h"
 #include "tuner/compile.hpp"
 #include "tuner/util.hpp"
@@ -290,53 +289,16 @@ const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
 }
 
 // ---- strided copies: arguments in other layouts to and from contiguous scratch -------------------
-constexpr const char* kCopySource = R"cuda(
-// Element i of contiguous [B, H, S, D] <-> element (b, h, s, c) of a strided tensor.
-template <typename T>
-__device__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, long long H, long long S,
-                             long long D, long long s0, long long s1, long long s2, long long s3, int unpack) {
-  const long long step = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-    const long long c = i % D, r = i / D, s = r % S, r2 = r / S, h = r2 % H, b = r2 / H;
-    const long long off = b * s0 + h * s1 + s * s2 + c * s3;
-    if (unpack) dst[off] = src[i];
-    else dst[i] = src[off];
-  }
-}
-extern "C" __global__ void ft_strided_copy_2(const unsigned short* src, unsigned short* dst, long long n, long long H,
-    long long S, long long D, long long s0, long long s1, long long s2, long long s3, int unpack) {
-  strided_copy(src, dst, n, H, S, D, s0, s1, s2, s3, unpack);
-}
-extern "C" __global__ void ft_strided_copy_4(const unsigned int* src, unsigned int* dst, long long n, long long H,
-    long long S, long long D, long long s0, long long s1, long long s2, long long s3, int unpack) {
-  strided_copy(src, dst, n, H, S, D, s0, s1, s2, s3, unpack);
-}
-)cuda";
-
-std::shared_ptr<const Compiled> compile_copy(const std::string& arch) {
-  nvrtcProgram prog;
-  if (nvrtcCreateProgram(&prog, kCopySource, "flashtune_strided_copy.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
-    fail(FT_COMPILE_ERROR, "nvrtcCreateProgram failed for the strided copy");
-  const std::string opt = "--gpu-architecture=" + arch;
-  const char* opts[] = {opt.c_str()};
-  const nvrtcResult rc = nvrtcCompileProgram(prog, 1, opts);
-  if (rc != NVRTC_SUCCESS) {
-    nvrtcDestroyProgram(&prog);
-    fail(FT_COMPILE_ERROR, std::string("the strided copy kernel: ") + nvrtcGetErrorString(rc));
-  }
-  auto c = std::make_shared<Compiled>();
-  size_t n = 0;
-  nvrtcGetCUBINSize(prog, &n);
-  c->cubin.resize(n);
-  nvrtcGetCUBIN(prog, c->cubin.data());
-  nvrtcDestroyProgram(&prog);
-  c->names = {"ft_strided_copy_2", "ft_strided_copy_4"};
-  return c;
-}
-
 const Loaded& copy_kernels(CUcontext ctx, const std::string& arch) {
-  const std::string key = content_hash(std::string(kCopySource) + '|' + arch + '|' + nvrtc_version());
-  auto c = cubin_for(key, [&] { return compile_copy(arch); });
+  const std::string key = copy_kernel_hash(arch);
+  auto c = cubin_for(key, [&] {
+    std::string error;
+    auto out = std::make_shared<Compiled>();
+    out->cubin = compile_copy_kernel(arch, &error);
+    if (out->cubin.empty()) fail(FT_COMPILE_ERROR, error);
+    out->names = copy_kernel_names();
+    return out;
+  });
   return load_module(ctx, key, *c);
 }
 
