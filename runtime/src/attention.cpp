@@ -15,6 +15,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "aot.hpp"
 #include "args.hpp"
 #include "disk_cache.hpp"
 #include "driver.hpp"
@@ -209,8 +210,17 @@ Plan make_plan(const Query& q0, const Problem& p) {
   return plan;
 }
 
-// Where a kernel would come from now: "memory", "disk" or "jit".
+// The kernels embedded in the library (FLASHTUNE_AOT_ARCHS; none without).
+const AotTable& embedded() {
+  static const AotTable table = aot_table();
+  return table;
+}
+// The embedded entry for `key`, or nullptr.
+const AotKernel* aot_kernel(const std::string& key) { return aot_find(embedded(), key); }
+
+// Where a kernel would come from now: "aot" (embedded in the library), "memory", "disk" or "jit".
 std::string cache_level(CUcontext ctx, const std::string& key) {
+  if (aot_kernel(key)) return "aot";
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -219,7 +229,8 @@ std::string cache_level(CUcontext ctx, const std::string& key) {
   return DiskCache(DiskCache::default_dir()).contains(key) ? "disk" : "jit";
 }
 
-// The cubin for `key`: memory, else disk, else `build` (stored on disk and in memory).
+// The cubin for `key`: memory, else the library's embedded kernels, else disk, else `build` (stored on
+// disk and in memory).
 template <class Build>
 std::shared_ptr<const Compiled> cubin_for(const std::string& key, Build build) {
   State& s = state();
@@ -227,9 +238,16 @@ std::shared_ptr<const Compiled> cubin_for(const std::string& key, Build build) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (auto it = s.compiled.find(key); it != s.compiled.end()) return it->second;
   }
-  const DiskCache disk(DiskCache::default_dir());
   std::shared_ptr<const Compiled> c;
-  if (auto payload = disk.load(key)) c = decode_payload(*payload);
+  if (const AotKernel* a = aot_kernel(key)) {
+    auto aot = std::make_shared<Compiled>();
+    aot->names = split(a->names, '\n');
+    aot->cubin.assign(reinterpret_cast<const char*>(embedded().blob) + a->offset, a->size);
+    c = std::move(aot);
+  }
+  const DiskCache disk(DiskCache::default_dir());
+  if (!c)
+    if (auto payload = disk.load(key)) c = decode_payload(*payload);
   if (!c) {
     c = build();
     if (!c) return nullptr;  // a failed compile is not cached
