@@ -1,7 +1,6 @@
 #include "aot.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <set>
 
 #include "tuner/util.hpp"

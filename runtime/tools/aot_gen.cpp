@@ -118,6 +118,8 @@ int run(int argc, char** argv) {
   filter.head_dims = int_list("--head-dims", args["--head-dims"]);
   for (const std::string& t : list(args["--dtypes"])) filter.dtypes.push_back(parse_dtype(t));
   filter.causal = int_list("--causal", args["--causal"]);
+  for (int c : filter.causal)
+    if (c != 0 && c != 1) throw UsageError("--causal: " + std::to_string(c) + " is not 0 or 1");
 
   std::vector<AotArch> archs;
   const std::vector<std::string> entries = list(args["--archs"]);
@@ -131,7 +133,8 @@ int run(int argc, char** argv) {
     AotPlan plan;
   };
   std::vector<ArchPlan> plans;
-  std::string key = "flashtune-aot 2";  // the generated files' form: bump when it changes
+  // The generated files' form (bump when it changes) and where the .cpp says the blob is.
+  std::string key = "flashtune-aot 2|" + bin_path;
   for (size_t i = 0; i < archs.size(); ++i) {
     ArchPlan p{entries[i], archs[i], aot_variants(generated_tables(), archs[i], filter)};
     const Compiler compiler(p.arch.arch);
