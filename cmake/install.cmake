@@ -5,7 +5,9 @@
 #       with flashtune::tuner linked: its include path holds templates/ for tuned_config.h)
 #   P/lib/libflashtune_attention.so (flashtune::attention), libflashtune_core.a (flashtune::tuner),
 #   libflashtune_reference.a (flashtune::reference); P/bin/flashtune and flashtune-worker
-#   P/lib/cmake/flashtune/flashtuneConfig.cmake, ...ConfigVersion.cmake, flashtuneTargets.cmake
+#   P/lib/cmake/flashtune/flashtuneConfig.cmake, ...ConfigVersion.cmake, and one targets file per
+#       component (flashtune{Attention,Reference,Tuner}Targets.cmake), so that a consumer of
+#       flashtune::attention alone loads nothing that needs SQLite3 or NVRTC's development files
 # The templates are embedded in the libraries, so nothing here reads the source tree at run time
 # (except `flashtune report`, which runs reports/make_report.py from the source tree it was built in).
 include(CMakePackageConfigHelpers)
@@ -15,11 +17,10 @@ set_target_properties(flashtune_reference PROPERTIES EXPORT_NAME reference)
 add_library(flashtune::tuner ALIAS flashtune_core)
 add_library(flashtune::reference ALIAS flashtune_reference)
 
-install(TARGETS flashtune_attention flashtune_core flashtune_reference
-        EXPORT flashtuneTargets
-        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS flashtune_attention EXPORT flashtuneAttentionTargets
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS flashtune_reference EXPORT flashtuneReferenceTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(TARGETS flashtune_core EXPORT flashtuneTunerTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS flashtune flashtune-worker RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 set(FT_INC ${CMAKE_INSTALL_INCLUDEDIR}/flashtune)
@@ -32,7 +33,9 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/configs/generated/ DESTINATION ${FT_INC}
         FILES_MATCHING PATTERN "*.hpp")
 
 set(FT_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashtune)
-install(EXPORT flashtuneTargets NAMESPACE flashtune:: DESTINATION ${FT_CMAKE_DIR})
+foreach(set Attention Reference Tuner)
+  install(EXPORT flashtune${set}Targets NAMESPACE flashtune:: DESTINATION ${FT_CMAKE_DIR})
+endforeach()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/flashtuneConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/flashtuneConfig.cmake INSTALL_DESTINATION ${FT_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/flashtuneConfigVersion.cmake

@@ -8,6 +8,7 @@
 #   search - the search path of tune on the GPU (gpu_search: halving on two workers of one GPU, resume,
 #            guided, early stop, a crash on one worker), fault isolation, concurrent writers
 #   main-job - scripts/main.sh from this fresh build, cold caches, within MAIN_BUDGET
+#   aot    - a second build with FLASHTUNE_AOT_ARCHS="80;90a": gpu_runtime with every kernel from the library
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py)
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
@@ -151,6 +152,19 @@ library)
   log "train_tiny_gpt"
   (cd /tmp && python3 "$OLDPWD/examples/train_tiny_gpt.py" --out-dir "$OLDPWD/$rep") 2>&1 | tail -15
   cp "$rep"/train_tiny_gpt.* "$OUT/" 2>/dev/null
+  ;;
+aot)
+  # Ahead-of-time kernels: a build of its own (build-aot) embedding every kernel the runtime picks on
+  # sm_80 and sm_90; gpu_runtime's pass 0 runs every case from them and checks that nothing was compiled.
+  log "AOT build (80;90a)"
+  if ! { cmake -S . -B build-aot -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTUNE_BENCHMARKS=OFF \
+           "-DFLASHTUNE_AOT_ARCHS=80;90a" "${extra[@]}" &&
+         cmake --build build-aot --target gpu_runtime_test -j"$(nproc)"; } >"$OUT/build_aot.log" 2>&1; then
+    tail -40 "$OUT/build_aot.log"; exit 1
+  fi
+  grep -E "flashtune AOT|not built|pruned|compile_error" "$OUT/build_aot.log" | tail -20
+  ctest --test-dir build-aot -R '^gpu_runtime$' -V >"$OUT/ctest_aot.log" 2>&1
+  grep -E "aot|tests passed|FAIL" "$OUT/ctest_aot.log" | tail -40
   ;;
 overhead)
   log "module overhead"

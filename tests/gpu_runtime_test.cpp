@@ -6,6 +6,9 @@
 // into a fresh FLASHTUNE_CACHE_DIR), pass 2 again in this process (every kernel from memory), pass 3
 // in a child process (kernels from disk, none compiled). Also: a call from a thread with no current
 // context (the primary context of q's device), and unsupported head dims. Prints explain() lines.
+// In a build with FLASHTUNE_AOT_ARCHS that covers this GPU's arch (90a for sm_90), pass 0 runs every
+// case first: each kernel must come from the library ("kernel: aot") and the fresh cache folder must
+// stay empty (nothing compiled by NVRTC).
 // Exit 0 pass, 1 fail, 77 no GPU.
 #include <spawn.h>
 #include <sys/wait.h>
@@ -68,6 +71,30 @@ std::vector<Case> cases() {
 }
 
 bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
+
+#ifndef FLASHTUNE_AOT_ARCHS
+#define FLASHTUNE_AOT_ARCHS ""
+#endif
+// This GPU's arch ("sm_90") when the build embeds kernels for it: the entry of FLASHTUNE_AOT_ARCHS
+// (comma-separated here) that names it (90a on sm_90, where the Hopper-only families are picked); "" otherwise.
+std::string aot_arch() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const std::string arch = std::to_string(major) + std::to_string(minor);
+  for (std::string e : flashtune::split(FLASHTUNE_AOT_ARCHS, ',')) {
+    if (e.rfind("sm_", 0) == 0) e = e.substr(3);
+    if (e == (arch == "90" ? "90a" : arch)) return "sm_" + arch;
+  }
+  return "";
+}
+
+int cache_entries(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.path().extension() == ".ftk";
+  return n;
+}
 
 // Runs every case; `want_cache` checks each explain line's kernel source ("" = any).
 int run_pass(const char* name, const std::vector<Case>& cs, unsigned threads, const std::vector<const char*>& allowed) {
@@ -155,14 +182,25 @@ int main(int argc, char** argv) {
     return 77;
   }
   const std::vector<Case> cs = cases();
-  if (disk_pass) return run_pass("disk", cs, 1, {"kernel: disk", "kernel: memory"}) ? 1 : 0;
+  // With AOT kernels in the library, explain() says "aot" for them wherever they are loaded from.
+  const bool aot = !std::string(FLASHTUNE_AOT_ARCHS).empty();
+  if (disk_pass) return run_pass("disk", cs, 1, {"kernel: disk", "kernel: memory", aot ? "kernel: aot" : "kernel: disk"}) ? 1 : 0;
 
   std::string dir = flashtune::make_private_tmpdir("ft-runtime-cache");
   setenv("FLASHTUNE_CACHE_DIR", dir.c_str(), 1);
   std::printf("FLASHTUNE_CACHE_DIR=%s, %zu cases\n", dir.c_str(), cs.size());
   const unsigned threads = std::max(1u, std::min(12u, std::thread::hardware_concurrency()));
-  int failed = run_pass("jit", cs, threads, {});
-  failed += run_pass("memory", cs, 1, {"kernel: memory"});
+  int failed = 0;
+  if (const std::string arch = aot_arch(); !arch.empty()) {
+    failed += run_pass("aot", cs, threads, {"kernel: aot"});
+    const int n = cache_entries(dir);
+    std::printf("%s aot: %d kernel(s) compiled by NVRTC on %s (want 0)\n", n ? "FAIL" : "PASS", n, arch.c_str());
+    failed += n != 0;
+  } else if (aot) {
+    std::printf("note: FLASHTUNE_AOT_ARCHS=%s does not cover this GPU; no aot pass\n", FLASHTUNE_AOT_ARCHS);
+  }
+  failed += run_pass("jit", cs, threads, {});
+  failed += run_pass("memory", cs, 1, {"kernel: memory", aot ? "kernel: aot" : "kernel: memory"});
   failed += contextless_thread();
   failed += unsupported();
 

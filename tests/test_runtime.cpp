@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
+#include "aot.hpp"
 #include "args.hpp"
 #include "disk_cache.hpp"
 #include "fixture.hpp"
@@ -169,6 +171,87 @@ TEST(RuntimeLookup, ResultsStoreFirst) {
   EXPECT_EQ(p.source, "default");
   EXPECT_THROW(choose_config(TableSet{nullptr, 0}, f, q, dir + "/missing.db"), std::exception);
   fs::remove_all(dir);
+}
+
+// ---- ahead-of-time kernels: the plan and the table's lookup (no NVRTC) ---------------------------
+
+TEST(RuntimeAot, ArchEntries) {
+  EXPECT_EQ(parse_aot_arch("80").arch, "sm_80");
+  EXPECT_FALSE(parse_aot_arch("80").hopper);
+  EXPECT_EQ(parse_aot_arch("90").arch, "sm_90");
+  EXPECT_FALSE(parse_aot_arch("90").hopper);
+  EXPECT_EQ(parse_aot_arch("90a").arch, "sm_90");  // the device's arch: the runtime's key
+  EXPECT_TRUE(parse_aot_arch("90a").hopper);
+  EXPECT_EQ(parse_aot_arch("sm_86").arch, "sm_86");
+  for (const char* bad : {"", "a", "75", "100a", "sm_", "9x", "90aa", "../90"})
+    EXPECT_THROW(parse_aot_arch(bad), UsageError) << bad;
+}
+
+TEST(RuntimeAot, FindIsExactAndAbsentFallsThrough) {
+  const AotKernel kernels[] = {{"0a", "k0", 0, 4}, {"1b", "k1", 4, 0}, {"2c", "k2\nk3", 4, 3}};
+  const unsigned char blob[] = "ELF!abc";
+  const AotTable t{kernels, 3, blob};
+  for (const AotKernel& k : kernels) EXPECT_EQ(aot_find(t, k.hash), &k);
+  for (const char* absent : {"", "0", "0a0", "1a", "2d", "ff"}) EXPECT_EQ(aot_find(t, absent), nullptr) << absent;
+  EXPECT_EQ(aot_find(AotTable{}, "0a"), nullptr);  // a build without AOT kernels
+}
+
+// Every config choose() can return on the arch (no $FLASHTUNE_DB), and its family's default, is in the
+// plan; the plan has nothing else; Hopper-only families only where 90a is listed.
+TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
+  const TableSet ts = generated_tables();
+  std::vector<int> seqs = {1, 100, 1000, 5000, 1 << 20};
+  for (int i = 0; i < ts.count; ++i)
+    for (int j = 0; j < ts.tables[i].count; ++j)
+      for (int d : {-1, 0, 1}) seqs.push_back(ts.tables[i].entries[j].seq_max + d);
+  for (const char* entry : {"80", "90", "90a"}) {
+    const AotArch a = parse_aot_arch(entry);
+    std::vector<std::string> devices = {"Some Other GPU"};  // and the tabled devices of this arch
+    for (int i = 0; i < ts.count; ++i)
+      if (ts.tables[i].arch == a.arch) devices.push_back(ts.tables[i].device);
+    const Compiler compiler(a.arch);
+    const AotPlan plan = aot_variants(ts, a);
+    std::set<std::string> planned, needed;
+    for (const Variant& v : plan.variants) {
+      planned.insert(compiler.variant_hash(v));
+      EXPECT_TRUE(!v.family->hopper_only || a.hopper) << entry << " " << v.family->name;
+      if (a.arch == "sm_80") EXPECT_EQ(v.config, v.family->default_config) << "sm_80 has no table";
+    }
+    EXPECT_EQ(planned.size(), plan.variants.size()) << "duplicates";
+    bool hopper_skipped = false;
+    for (const char* dir : {"fwd", "bwd"})
+      for (DType t : {DType::fp32, DType::fp16, DType::bf16})
+        for (int d : {32, 64, 96, 128, 192, 256})
+          for (bool causal : {false, true})
+            for (const std::string& device : devices)
+              for (int seq : seqs) {
+                const Pick p = choose(ts, query(device, a.arch, dir, t, d, causal, seq));
+                if (!p.family) continue;
+                if (p.family->hopper_only && !a.hopper) {
+                  hopper_skipped = true;
+                  continue;
+                }
+                for (const Config& c : {p.config, p.family->default_config}) {
+                  const std::string h = compiler.variant_hash(Variant{p.family, c, d, causal, t});
+                  needed.insert(h);
+                  EXPECT_TRUE(planned.count(h)) << entry << " " << p.family->name << " " << p.family->config_string(c)
+                                                << " d=" << d << " " << to_string(t) << (causal ? " causal" : "")
+                                                << " seq " << seq << " on " << device;
+                }
+              }
+    EXPECT_EQ(planned, needed) << entry << ": the plan holds variants no query picks";
+    EXPECT_EQ(hopper_skipped, !plan.skipped.empty()) << entry;
+  }
+  // A filter narrows the queries (what the generator's test table uses).
+  AotFilter filter;
+  filter.families = {"fa2_simt"};
+  filter.head_dims = {32};
+  filter.dtypes = {DType::fp32};
+  filter.causal = {0};
+  const AotPlan small = aot_variants(ts, parse_aot_arch("80"), filter);
+  ASSERT_EQ(small.variants.size(), 1u);
+  EXPECT_EQ(small.variants[0].family->name, "fa2_simt");
+  EXPECT_EQ(small.variants[0].config, find_family("fa2_simt").default_config);
 }
 
 // ---- disk cache -----------------------------------------------------------------------------------

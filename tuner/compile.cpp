@@ -58,7 +58,11 @@ std::string Compiler::target(const Family& f) const {
 }
 
 std::vector<std::string> Compiler::options(const Family& f) const {
-  return {"--gpu-architecture=" + target(f), "--std=c++17", "-Xptxas=-v", "-DFLASHTUNE_NVRTC=1"};
+  // --frandom-seed: NVRTC otherwise names internal-linkage symbols of a templated program after the
+  // compiling process, so the same variant's cubin differed between processes (the tuner's, the runtime's
+  // JIT, an AOT build's) in those names; seeded, a variant's cubin is the same bytes everywhere.
+  return {"--gpu-architecture=" + target(f), "--std=c++17", "-Xptxas=-v", "-DFLASHTUNE_NVRTC=1",
+          "--frandom-seed=flashtune"};
 }
 
 std::string Compiler::options_string(const Family& f) const {

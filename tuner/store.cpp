@@ -1,6 +1,5 @@
 #include "tuner/store.hpp"
 
-#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +9,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "tuner/sqlite_api.hpp"
 #include "tuner/util.hpp"
 
 namespace flashtune {
@@ -26,7 +26,7 @@ constexpr int kBusyTimeoutMs = 60000;       // the busy handler's wait per state
 constexpr double kBusyRetrySeconds = 300;   // and our own retries on top of it
 
 [[noreturn]] void throw_sqlite(sqlite3* db, int rc, const std::string& what) {
-  const std::string msg = std::string("sqlite: ") + (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc)) + what;
+  const std::string msg = std::string("sqlite: ") + (db ? sqlite().errmsg(db) : sqlite().errstr(rc)) + what;
   if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) throw BusyError(msg);
   throw std::runtime_error(msg);
 }
@@ -40,41 +40,41 @@ void backoff(int attempt) {
 class Stmt {
  public:
   Stmt(sqlite3* db, const std::string& sql) : db_(db) {
-    if (int rc = sqlite3_prepare_v2(db, sql.c_str(), -1, &s_, nullptr); rc != SQLITE_OK) {
-      sqlite3_finalize(s_);
+    if (int rc = sqlite().prepare_v2(db, sql.c_str(), -1, &s_, nullptr); rc != SQLITE_OK) {
+      sqlite().finalize(s_);
       s_ = nullptr;
       throw_sqlite(db, rc, " in: " + sql.substr(0, 120));
     }
   }
-  ~Stmt() { sqlite3_finalize(s_); }
-  Stmt& bind(int i, const std::string& v) { check(sqlite3_bind_text(s_, i, v.c_str(), (int)v.size(), SQLITE_TRANSIENT)); return *this; }
-  Stmt& bind(int i, long long v) { check(sqlite3_bind_int64(s_, i, v)); return *this; }
+  ~Stmt() { sqlite().finalize(s_); }
+  Stmt& bind(int i, const std::string& v) { check(sqlite().bind_text(s_, i, v.c_str(), (int)v.size(), SQLITE_TRANSIENT)); return *this; }
+  Stmt& bind(int i, long long v) { check(sqlite().bind_int64(s_, i, v)); return *this; }
   Stmt& bind(int i, int v) { return bind(i, (long long)v); }
-  Stmt& bind(int i, double v) { check(sqlite3_bind_double(s_, i, v)); return *this; }
+  Stmt& bind(int i, double v) { check(sqlite().bind_double(s_, i, v)); return *this; }
   Stmt& bind_blob(int i, const std::string& v) {
-    check(v.empty() ? sqlite3_bind_null(s_, i) : sqlite3_bind_blob(s_, i, v.data(), (int)v.size(), SQLITE_TRANSIENT));
+    check(v.empty() ? sqlite().bind_null(s_, i) : sqlite().bind_blob(s_, i, v.data(), (int)v.size(), SQLITE_TRANSIENT));
     return *this;
   }
   bool step() {
-    int rc = sqlite3_step(s_);
+    int rc = sqlite().step(s_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
     throw_sqlite(db_, rc, "");
   }
   std::string text(int c) const {
-    auto p = sqlite3_column_text(s_, c);
-    return p ? std::string((const char*)p, sqlite3_column_bytes(s_, c)) : std::string();
+    auto p = sqlite().column_text(s_, c);
+    return p ? std::string((const char*)p, sqlite().column_bytes(s_, c)) : std::string();
   }
   std::string blob(int c) const {
-    auto p = sqlite3_column_blob(s_, c);
-    return p ? std::string((const char*)p, sqlite3_column_bytes(s_, c)) : std::string();
+    auto p = sqlite().column_blob(s_, c);
+    return p ? std::string((const char*)p, sqlite().column_bytes(s_, c)) : std::string();
   }
-  long long i64(int c) const { return sqlite3_column_int64(s_, c); }
-  double f64(int c) const { return sqlite3_column_double(s_, c); }
+  long long i64(int c) const { return sqlite().column_int64(s_, c); }
+  double f64(int c) const { return sqlite().column_double(s_, c); }
 
  private:
   void check(int rc) {
-    if (rc != SQLITE_OK) throw std::runtime_error(std::string("sqlite bind: ") + sqlite3_errmsg(db_));
+    if (rc != SQLITE_OK) throw std::runtime_error(std::string("sqlite bind: ") + sqlite().errmsg(db_));
   }
   sqlite3* db_;
   sqlite3_stmt* s_ = nullptr;
@@ -203,21 +203,21 @@ Store::Store(const std::string& path, Mode mode) : path_(path), read_only_(mode 
   if (exists && !S_ISREG(st.st_mode)) throw UsageError("database '" + path + "' is not a regular file");
   if (exists && read_only_ && st.st_size == 0) throw UsageError("'" + path + "' is empty, not a flashtune database");
   const int flags = read_only_ ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
-  if (int rc = sqlite3_open_v2(path.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr); rc != SQLITE_OK) {
-    std::string msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
-    sqlite3_close(db_);
+  if (int rc = sqlite().open_v2(path.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr); rc != SQLITE_OK) {
+    std::string msg = db_ ? sqlite().errmsg(db_) : sqlite().errstr(rc);
+    sqlite().close(db_);
     db_ = nullptr;
     throw UsageError("cannot open database '" + path + "': " + msg);
   }
-  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  sqlite().busy_timeout(db_, kBusyTimeoutMs);
   try {
     open_checked(mode);
   } catch (const UsageError&) {
-    sqlite3_close(db_);
+    sqlite().close(db_);
     db_ = nullptr;
     throw;
   } catch (const std::exception& e) {  // "file is not a database", an unreadable file: bad input
-    sqlite3_close(db_);
+    sqlite().close(db_);
     db_ = nullptr;
     throw UsageError("cannot use database '" + path + "': " + brief(e.what(), 160));
   }
@@ -317,13 +317,13 @@ void Store::open_checked(Mode mode) {
   exec("PRAGMA synchronous=NORMAL;");
 }
 
-Store::~Store() { sqlite3_close(db_); }
+Store::~Store() { sqlite().close(db_); }
 
 void Store::exec(const std::string& sql) {
   char* err = nullptr;
-  if (int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
-    std::string msg = err ? err : sqlite3_errstr(rc);
-    sqlite3_free(err);
+  if (int rc = sqlite().exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
+    std::string msg = err ? err : sqlite().errstr(rc);
+    sqlite().free(err);
     if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) throw BusyError("sqlite: " + msg);
     throw std::runtime_error("sqlite: " + msg);
   }
@@ -348,12 +348,12 @@ void Store::write_txn(const std::function<void()>& body) {
       return;
     } catch (const BusyError&) {
       txn_depth_ = 0;
-      if (begun) sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+      if (begun) sqlite().exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kBusyRetrySeconds) throw;
       backoff(attempt);
     } catch (...) {
       txn_depth_ = 0;
-      if (begun) sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+      if (begun) sqlite().exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
       throw;
     }
   }
@@ -498,7 +498,7 @@ long long Store::begin_experiment(const ExperimentRun& r) {
   s.bind(1, r.experiment).bind(2, r.title).bind(3, r.device_name).bind(4, r.probes).bind(5, r.spec)
       .bind(6, now_iso8601());
   s.step();
-  id = sqlite3_last_insert_rowid(db_);
+  id = sqlite().last_insert_rowid(db_);
   });
   return id;
 }
@@ -588,7 +588,7 @@ void Store::snapshot(const std::function<void()>& body) {
   try {
     body();
   } catch (...) {
-    sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+    sqlite().exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
     throw;
   }
   exec("COMMIT;");
@@ -663,7 +663,7 @@ long long Store::add_provenance(const Provenance& p) {
         .bind(6, p.results).bind(7, p.experiment_runs).bind(8, p.upstream)
         .bind(9, p.created.empty() ? now_iso8601() : p.created);
     s.step();
-    id = sqlite3_last_insert_rowid(db_);
+    id = sqlite().last_insert_rowid(db_);
   });
   return id;
 }
@@ -680,7 +680,7 @@ Copied Store::copy_kernel(const KernelRecord& k, long long origin) {
   Copied out = Copied::added;
   write_txn([&] {
     insert_kernel_row(db_, "INSERT OR IGNORE", k, k.created.empty() ? now_iso8601() : k.created, origin);
-    if (sqlite3_changes(db_) > 0) return;
+    if (sqlite().changes(db_) > 0) return;
     // The same hash is the same source, options, NVRTC and arch: what it compiled to should agree.
     Stmt s(db_, "SELECT status, ifnull(reason,''), registers FROM kernels WHERE hash=?");
     s.bind(1, k.hash);
@@ -696,7 +696,7 @@ Copied Store::copy_result(const ResultRecord& r, long long origin) {
     DeviceInfo d;
     d.name = r.device_name; d.arch = r.arch; d.sm_count = r.sm_count; d.driver_version = r.driver_version;
     insert_result_row(db_, "INSERT OR IGNORE", r, d, r.created.empty() ? now_iso8601() : r.created, origin);
-    if (sqlite3_changes(db_) > 0) return;
+    if (sqlite().changes(db_) > 0) return;
     const Problem& p = r.problem;
     Stmt s(db_, "SELECT status, ms_median, config FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? "
                 "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=?");
@@ -726,7 +726,7 @@ long long Store::copy_experiment_run(const ExperimentRun& r, long long origin) {
     s.bind(1, r.experiment).bind(2, r.title).bind(3, r.device_name).bind(4, r.probes).bind(5, r.spec)
         .bind(6, r.created).bind(7, origin);
     s.step();
-    id = sqlite3_last_insert_rowid(db_);
+    id = sqlite().last_insert_rowid(db_);
   });
   return id;
 }

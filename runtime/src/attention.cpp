@@ -6,8 +6,6 @@
 #include "flashtune/attention.h"
 #pragma GCC visibility pop
 
-#include <nvrtc.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,10 +16,12 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "aot.hpp"
 #include "args.hpp"
 #include "disk_cache.hpp"
 #include "driver.hpp"
 #include "lookup.hpp"
+#include "strided_copy.hpp"
 #include "templates/attention_params.h"
 #include "tuner/compile.hpp"
 #include "tuner/util.hpp"
@@ -219,8 +219,17 @@ Plan make_plan(const Query& q0, const Problem& p) {
   return plan;
 }
 
-// Where a kernel would come from now: "memory", "disk" or "jit".
+// The kernels embedded in the library (FLASHTUNE_AOT_ARCHS; none without).
+const AotTable& embedded() {
+  static const AotTable table = aot_table();
+  return table;
+}
+// The embedded entry for `key`, or nullptr.
+const AotKernel* aot_kernel(const std::string& key) { return aot_find(embedded(), key); }
+
+// Where a kernel would come from now: "aot" (embedded in the library), "memory", "disk" or "jit".
 std::string cache_level(CUcontext ctx, const std::string& key) {
+  if (aot_kernel(key)) return "aot";
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -229,7 +238,8 @@ std::string cache_level(CUcontext ctx, const std::string& key) {
   return DiskCache(DiskCache::default_dir()).contains(key) ? "disk" : "jit";
 }
 
-// The cubin for `key`: memory, else disk, else `build` (stored on disk and in memory).
+// The cubin for `key`: memory, else the library's embedded kernels, else disk, else `build` (stored on
+// disk and in memory).
 template <class Build>
 std::shared_ptr<const Compiled> cubin_for(const std::string& key, Build build) {
   State& s = state();
@@ -237,9 +247,16 @@ std::shared_ptr<const Compiled> cubin_for(const std::string& key, Build build) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (auto it = s.compiled.find(key); it != s.compiled.end()) return it->second;
   }
-  const DiskCache disk(DiskCache::default_dir());
   std::shared_ptr<const Compiled> c;
-  if (auto payload = disk.load(key)) c = decode_payload(*payload);
+  if (const AotKernel* a = aot_kernel(key)) {
+    auto aot = std::make_shared<Compiled>();
+    aot->names = split(a->names, '\n');
+    aot->cubin.assign(reinterpret_cast<const char*>(embedded().blob) + a->offset, a->size);
+    c = std::move(aot);
+  }
+  const DiskCache disk(DiskCache::default_dir());
+  if (!c)
+    if (auto payload = disk.load(key)) c = decode_payload(*payload);
   if (!c) {
     c = build();
     if (!c) return nullptr;  // a failed compile is not cached
@@ -300,53 +317,16 @@ const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
 }
 
 // ---- strided copies: arguments in other layouts to and from contiguous scratch -------------------
-constexpr const char* kCopySource = R"cuda(
-// Element i of contiguous [B, H, S, D] <-> element (b, h, s, c) of a strided tensor.
-template <typename T>
-__device__ void strided_copy(const T* __restrict__ src, T* __restrict__ dst, long long n, long long H, long long S,
-                             long long D, long long s0, long long s1, long long s2, long long s3, int unpack) {
-  const long long step = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-    const long long c = i % D, r = i / D, s = r % S, r2 = r / S, h = r2 % H, b = r2 / H;
-    const long long off = b * s0 + h * s1 + s * s2 + c * s3;
-    if (unpack) dst[off] = src[i];
-    else dst[i] = src[off];
-  }
-}
-extern "C" __global__ void ft_strided_copy_2(const unsigned short* src, unsigned short* dst, long long n, long long H,
-    long long S, long long D, long long s0, long long s1, long long s2, long long s3, int unpack) {
-  strided_copy(src, dst, n, H, S, D, s0, s1, s2, s3, unpack);
-}
-extern "C" __global__ void ft_strided_copy_4(const unsigned int* src, unsigned int* dst, long long n, long long H,
-    long long S, long long D, long long s0, long long s1, long long s2, long long s3, int unpack) {
-  strided_copy(src, dst, n, H, S, D, s0, s1, s2, s3, unpack);
-}
-)cuda";
-
-std::shared_ptr<const Compiled> compile_copy(const std::string& arch) {
-  nvrtcProgram prog;
-  if (nvrtcCreateProgram(&prog, kCopySource, "flashtune_strided_copy.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
-    fail(FT_COMPILE_ERROR, "nvrtcCreateProgram failed for the strided copy");
-  const std::string opt = "--gpu-architecture=" + arch;
-  const char* opts[] = {opt.c_str()};
-  const nvrtcResult rc = nvrtcCompileProgram(prog, 1, opts);
-  if (rc != NVRTC_SUCCESS) {
-    nvrtcDestroyProgram(&prog);
-    fail(FT_COMPILE_ERROR, std::string("the strided copy kernel: ") + nvrtcGetErrorString(rc));
-  }
-  auto c = std::make_shared<Compiled>();
-  size_t n = 0;
-  nvrtcGetCUBINSize(prog, &n);
-  c->cubin.resize(n);
-  nvrtcGetCUBIN(prog, c->cubin.data());
-  nvrtcDestroyProgram(&prog);
-  c->names = {"ft_strided_copy_2", "ft_strided_copy_4"};
-  return c;
-}
-
 const Loaded& copy_kernels(CUcontext ctx, const std::string& arch) {
-  const std::string key = content_hash(std::string(kCopySource) + '|' + arch + '|' + nvrtc_version());
-  auto c = cubin_for(key, [&] { return compile_copy(arch); });
+  const std::string key = copy_kernel_hash(arch);
+  auto c = cubin_for(key, [&] {
+    std::string error;
+    auto out = std::make_shared<Compiled>();
+    out->cubin = compile_copy_kernel(arch, &error);
+    if (out->cubin.empty()) fail(FT_COMPILE_ERROR, error);
+    out->names = copy_kernel_names();
+    return out;
+  });
   return load_module(ctx, key, *c);
 }
 

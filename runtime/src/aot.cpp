@@ -1,0 +1,94 @@
+#include "aot.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "tuner/util.hpp"
+
+namespace flashtune::rt {
+
+const AotKernel* aot_find(const AotTable& t, const std::string& hash) {
+  const AotKernel* end = t.kernels + t.count;
+  const AotKernel* it = std::lower_bound(t.kernels, end, hash,
+                                         [](const AotKernel& k, const std::string& h) { return k.hash < h; });
+  return it != end && it->hash == hash ? it : nullptr;
+}
+
+AotArch parse_aot_arch(const std::string& entry) {
+  std::string s = entry.rfind("sm_", 0) == 0 ? entry.substr(3) : entry;
+  AotArch a;
+  if (!s.empty() && s.back() == 'a') {
+    s.pop_back();
+    a.hopper = true;
+  }
+  const bool digits = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits) throw UsageError("FLASHTUNE_AOT_ARCHS entry '" + entry + "' is not an arch (80, 86, 89, 90a, ...)");
+  if (a.hopper && s != "90")
+    throw UsageError("FLASHTUNE_AOT_ARCHS entry '" + entry + "': only 90a has arch-specific kernels (the Hopper-only families)");
+  a.arch = "sm_" + s;
+  arch_limits(a.arch);  // an arch the runtime runs (it needs the shared-memory limit)
+  return a;
+}
+
+namespace {
+template <class T>
+bool wanted(const std::vector<T>& filter, const T& x) {
+  return filter.empty() || std::find(filter.begin(), filter.end(), x) != filter.end();
+}
+}  // namespace
+
+AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filter) {
+  // The devices whose tables a query can reach on this arch (a device table is matched by name, and
+  // every table of the arch serves other devices), and an untabled device ("").
+  std::vector<std::string> devices = {""};
+  std::set<int> seqs;
+  for (int i = 0; i < ts.count; ++i) {
+    const tuned::Table& t = ts.tables[i];
+    if (t.arch == a.arch && std::find(devices.begin(), devices.end(), t.device) == devices.end())
+      devices.push_back(t.device);
+    for (int j = 0; j < t.count; ++j) seqs.insert(t.entries[j].seq_max);
+  }
+  // find_in picks the smallest bucket that holds seq: every bucket boundary, and one past the largest,
+  // covers each interval of sequence lengths on which the choice is constant.
+  std::vector<int> seq_points(seqs.begin(), seqs.end());
+  seq_points.push_back(seqs.empty() ? 1 : *seqs.rbegin() + 1);
+  std::set<int> dims;
+  for (const Family& f : families())
+    if (!f.test_only) dims.insert(f.head_dims.begin(), f.head_dims.end());
+
+  AotPlan plan;
+  std::set<std::string> seen_skips;
+  std::vector<Variant> hopper_skipped;  // summed up in one line per family
+  auto add = [&](const Family& f, const Config& c, const Query& q) {
+    const Variant v{&f, c, q.head_dim, q.causal, q.dtype};
+    std::vector<Variant>& to = f.hopper_only && !a.hopper ? hopper_skipped : plan.variants;
+    if (std::find(to.begin(), to.end(), v) == to.end()) to.push_back(v);
+  };
+  for (const char* dir : {"fwd", "bwd"})
+    for (DType t : {DType::fp32, DType::fp16, DType::bf16})
+      for (int d : dims)
+        for (int causal : {0, 1}) {
+          if (!wanted(filter.dtypes, t) || !wanted(filter.head_dims, d) || !wanted(filter.causal, causal)) continue;
+          for (const std::string& device : devices)
+            for (int seq : seq_points) {
+              Query q;
+              q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
+              q.head_dim = d, q.causal = causal != 0, q.seq = seq;
+              const Family* f = choose_family(ts, q);
+              if (!f || !wanted(filter.families, f->name)) continue;
+              const Pick pick = choose_config(ts, *f, q);
+              if (!pick.note.empty() && seen_skips.insert(pick.note).second) plan.skipped.push_back(pick.note);
+              add(*f, pick.config, q);
+              add(*f, f->default_config, q);
+            }
+        }
+  for (const Family& f : families()) {
+    const auto n = std::count_if(hopper_skipped.begin(), hopper_skipped.end(), [&](const Variant& v) { return v.family == &f; });
+    if (n)
+      plan.skipped.push_back(f.name + ": " + std::to_string(n) + " variants: Hopper-only (sm_90a), built only where " +
+                             a.arch.substr(3) + "a is listed");
+  }
+  return plan;
+}
+
+}  // namespace flashtune::rt
