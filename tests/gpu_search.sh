@@ -62,6 +62,9 @@ rows = sqlite3.connect(sys.argv[1]).execute("select reps, detail from results wh
 cut = [r for r in rows if json.loads(r[1] or "{}").get("early_stopped")]
 assert rows and all(r[0] == 3 for r in cut), "an early-stopped row must hold its 3 repeats"
 assert all("timing_ms" in json.loads(r[1]) for r in rows), "timing_ms missing from detail"
+tel = [json.loads(r[1]).get("telemetry", {}) for r in rows]
+assert all(t.get("sm_clock_mhz", 0) > 0 and "temperature_c" in t and "power_w" in t and "throttle" in t for t in tel), tel[:2]
+print(f"telemetry with every timing, e.g. {tel[0]}")
 print(f"early stop (margin 0.1): {len(cut)} of {len(rows)} timings cut after 3 repeats")
 PY
 

@@ -8,6 +8,7 @@
 
 #include "tuner/search.hpp"
 #include "tuner/strategy.hpp"
+#include "tuner/telemetry.hpp"
 #include "tuner/util.hpp"
 
 using namespace flashtune;
@@ -128,4 +129,14 @@ TEST(Shards, PartitionEveryKeyExactlyOnce) {
     EXPECT_EQ(owners, 1);
   }
   for (int n : per) EXPECT_GT(n, 60);  // roughly even
+}
+
+TEST(Telemetry, ReasonBitsHaveNamesAndAbsentNvmlSaysWhy) {
+  EXPECT_EQ(throttle_reason_names(0), std::vector<std::string>{});
+  EXPECT_EQ(throttle_reason_names(0x1 | 0x4 | 0x40), (std::vector<std::string>{"gpu_idle", "sw_power_cap", "hw_thermal"}));
+  EXPECT_EQ(throttle_reason_names(1ull << 40), std::vector<std::string>{"0x10000000000"});
+  // A bus id no device has: NVML (where the driver is installed) does not know it; without NVML, why.
+  const auto j = Telemetry("0000:FF:1F.7").sample();
+  ASSERT_TRUE(j.contains("unavailable")) << j.dump();
+  EXPECT_FALSE(j["unavailable"].get<std::string>().empty());
 }

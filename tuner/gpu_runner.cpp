@@ -140,6 +140,9 @@ GpuRunner::GpuRunner(int ordinal) : ordinal_(ordinal) {
   // then runs in this same context, on the same legacy default stream as our launches.
   CU_CHECK(cuDevicePrimaryCtxRetain(&ctx_, dev_));
   CU_CHECK(cuCtxSetCurrent(ctx_));
+  char pci[32] = {};
+  CU_CHECK(cuDeviceGetPCIBusId(pci, sizeof pci, dev_));
+  telemetry_ = std::make_unique<Telemetry>(pci);
 
   char name[256] = {};
   CU_CHECK(cuDeviceGetName(name, sizeof name, dev_));
@@ -508,6 +511,7 @@ void GpuRunner::time_repeats(const std::function<void()>& launch, const json& ti
   double spent = warm_ms;
   for (float t : ms) spent += t;
   out["detail"]["timing_ms"] = spent;
+  out["detail"]["telemetry"] = telemetry_->sample();  // right after the repeats: the state they ran in
   if (early) out["detail"]["early_stopped"] = true;
   out["reps"] = (int)ms.size();
   out["ms_median"] = percentile(ms, 0.5);

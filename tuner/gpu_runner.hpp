@@ -1,6 +1,9 @@
 // The worker's side: owns the CUDA context (driver API), the problem's device buffers,
 // the seeded inputs and the reference rows; runs, validates and times one kernel per request.
 #pragma once
+#include <memory>
+
+#include "tuner/telemetry.hpp"
 #include <cuda.h>
 
 #include <functional>
@@ -88,6 +91,7 @@ class GpuRunner {
 
   int ordinal_ = 0;
   CUdevice dev_ = 0;
+  std::unique_ptr<Telemetry> telemetry_;  // clocks, temperature, power, throttle reasons beside each timing
   CUcontext ctx_ = nullptr;
   DeviceInfo info_;
   Problem problem_;

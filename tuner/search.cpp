@@ -82,7 +82,8 @@ struct Measured {
 
 ProblemReport search_problem(const std::vector<SearchCandidate>& cands, const Problem& p, const SearchOptions& o,
                              int workers, const SearchEvaluate& evaluate, double deadline,
-                             const std::function<double()>& clock, Progress* progress,
+                             const std::function<double()>& clock,
+                             const std::function<void(const std::string& config)>& evaluated_cb,
                              std::vector<std::pair<double, size_t>>* ranking) {
   ProblemReport rep;
   rep.problem = p;
@@ -101,7 +102,6 @@ ProblemReport search_problem(const std::vector<SearchCandidate>& cands, const Pr
   std::set<size_t> evaluated;
   std::map<size_t, Measured> measured;
   double best_ms = std::numeric_limits<double>::infinity();
-  size_t done = 0;
 
   auto work = [&](int worker) {
     std::unique_lock<std::mutex> lock(mu);
@@ -130,7 +130,7 @@ ProblemReport search_problem(const std::vector<SearchCandidate>& cands, const Pr
       Measured& m = measured[prop.candidate];
       if (weight >= m.weight) m = {e.o, weight};
       if (e.o.ok && !e.o.early_stopped && prop.reps == 0) best_ms = std::min(best_ms, e.o.ms);
-      if (progress) progress->update(++done, cands[prop.candidate].v.family->config_string(cands[prop.candidate].v.config));
+      if (evaluated_cb) evaluated_cb(cands[prop.candidate].v.family->config_string(cands[prop.candidate].v.config));
       cv.notify_all();
     }
     cv.notify_all();
@@ -287,7 +287,7 @@ std::vector<ProblemReport> replay_search(const Space& space, const std::vector<P
     };
     SearchOptions po = o;
     const double deadline = o.time_budget_s > 0 ? o.time_budget_s * 1e3 : 0;
-    ProblemReport rep = search_problem(cands, p, po, 1, counted, deadline, [&] { return simulated; }, nullptr, nullptr);
+    ProblemReport rep = search_problem(cands, p, po, 1, counted, deadline, [&] { return simulated; }, {}, nullptr);
     // Replay reports the pick at its stored speed, not at the noisy figure that picked it.
     for (size_t i = 0; i < cands.size(); ++i)
       if (row[i] && cands[i].v.family->config_string(cands[i].v.config) == rep.best_config) {

@@ -74,13 +74,14 @@ struct SearchEvaluation {
 using SearchEvaluate =
     std::function<SearchEvaluation(int worker, size_t candidate, const Proposal&, double stop_above_ms)>;
 
-class Progress;
 // One problem's search with `workers` evaluators in parallel threads (1: in the caller's thread); each
 // evaluation that could be cut short after 3 repeats gets stop_above_ms (0: never). `deadline` (on
-// `clock`, 0: none) ends it before a new evaluation starts. `ranking`: the fully timed successes,
+// `clock`, 0: none) ends it before a new evaluation starts; `evaluated` (may be empty) hears of each
+// evaluation made. `ranking`: the fully timed successes,
 // fastest first (ms, candidate).
 ProblemReport search_problem(const std::vector<SearchCandidate>&, const Problem&, const SearchOptions&, int workers,
                              const SearchEvaluate&, double deadline, const std::function<double()>& clock,
-                             Progress* progress, std::vector<std::pair<double, size_t>>* ranking);
+                             const std::function<void(const std::string& config)>& evaluated,
+                             std::vector<std::pair<double, size_t>>* ranking);
 
 }  // namespace flashtune

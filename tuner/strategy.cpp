@@ -202,6 +202,13 @@ class Guided : public Strategy {
 
 }  // namespace
 
+size_t planned_evaluations(const StrategyOptions& o, size_t n) {
+  const size_t b = budget_of(o, n);
+  if (o.name != "halving") return b;
+  const size_t second = b <= 3 ? 0 : std::max<size_t>(3, (b + 3) / 4);  // Halving's cut (kEta = 4)
+  return b + second + std::min<size_t>(3, b);
+}
+
 const std::vector<std::string>& strategy_names() {
   static const std::vector<std::string> names = {"exhaustive", "random", "halving", "guided"};
   return names;

@@ -51,6 +51,9 @@ struct StrategyOptions {
   uint64_t seed = 1;
 };
 
+// About how many evaluations the strategy makes over n candidates (halving's rounds included): the
+// progress line's total.
+size_t planned_evaluations(const StrategyOptions&, size_t n);
 // The strategy names, for help text and errors.
 const std::vector<std::string>& strategy_names();
 // Throws UsageError for an unknown name.

@@ -32,10 +32,10 @@ void Progress::update(size_t done, const std::string& label) {
   // On a terminal redraw often; in a log, one line every 15 s.
   if (done < total_ && now - last_print_ < (tty_ ? 0.2 : 15.0)) return;
   last_print_ = now;
-  double eta = done ? elapsed / done * (total_ - done) : 0;
+  double eta = done && done < total_ ? elapsed / done * (total_ - done) : 0;
   std::fprintf(stderr, "%s%s [%zu/%zu] %3d%%  elapsed %s  eta %s  %s%s", tty_ ? "\r\033[K" : "", what_.c_str(), done,
-               total_, (int)(100.0 * done / total_), format_duration(elapsed).c_str(), format_duration(eta).c_str(),
-               label.substr(0, 60).c_str(), tty_ ? "" : "\n");
+               total_, (int)(100.0 * std::min(done, total_) / total_), format_duration(elapsed).c_str(), format_duration(eta).c_str(),
+               label.substr(0, 100).c_str(), tty_ ? "" : "\n");
   std::fflush(stderr);
 }
 
@@ -369,8 +369,20 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
   SweepSummary sum;
   const double t0 = seconds_now();
   const double deadline = so.time_budget_s > 0 ? t0 + so.time_budget_s : 0;
+  // One progress line for the whole sweep (its ETA over every problem's planned evaluations).
+  std::vector<std::vector<SearchCandidate>> all_cands;
+  size_t planned = 0;
   for (const Problem& p : problems) {
-    std::vector<SearchCandidate> cands = search_candidates(space, p, compiler, so.shard);
+    all_cands.push_back(search_candidates(space, p, compiler, so.shard));
+    const size_t n = all_cands.back().size();
+    planned += planned_evaluations({so.strategy, so.max_evals.empty() || !n ? 0 : parse_max_evals(so.max_evals, n), so.seed}, n);
+  }
+  Progress prog("tune " + space.family->name, planned, opt.progress);
+  size_t evaluations_done = 0;
+  std::mutex prog_mu;
+  for (size_t pi = 0; pi < problems.size(); ++pi) {
+    const Problem& p = problems[pi];
+    const std::vector<SearchCandidate>& cands = all_cands[pi];
     if (cands.empty()) continue;
     // What the store holds already for this problem on this device: reused, not re-run.
     std::map<std::string, ResultRecord> stored;
@@ -387,7 +399,6 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
     };
     load_stored();
     std::mutex stored_mu;
-    Progress prog("tune " + p.str(), cands.size(), opt.progress);
     SearchEvaluate evaluate = [&](int w, size_t c, const Proposal& prop, double stop_above) {
       SearchEvaluation e;
       const SearchCandidate& cand = cands[c];
@@ -428,8 +439,11 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
       return e;
     };
     std::vector<std::pair<double, size_t>> ranking;
-    ProblemReport rep = search_problem(cands, p, so, (int)gpus.size(), evaluate, deadline, seconds_now, &prog, &ranking);
-    prog.finish();
+    auto evaluated = [&](const std::string& config) {
+      std::lock_guard<std::mutex> lock(prog_mu);
+      prog.update(++evaluations_done, p.str() + " " + config);
+    };
+    ProblemReport rep = search_problem(cands, p, so, (int)gpus.size(), evaluate, deadline, seconds_now, evaluated, &ranking);
     // Re-timed only when something new ran: a rerun over a finished sweep changes nothing.
     if (so.retime_top > 0 && ranking.size() > 1 && rep.reused < rep.evaluations &&
         !(deadline > 0 && seconds_now() >= deadline))
@@ -439,6 +453,7 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
                  rep.best_tflops);
     sum.reports.push_back(rep);
   }
+  prog.finish();
   for (const auto& g : gpus)
     if (g->restarts()) std::fprintf(stderr, "a worker was restarted %d times (crashes or hangs)\n", g->restarts());
   if (deadline > 0 && seconds_now() >= deadline)
