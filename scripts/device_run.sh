@@ -177,10 +177,12 @@ search)
   ;;
 main-job)
   # The main job from this fresh build with cold caches (no store, no compile cache), within MAIN_BUDGET.
-  rm -f "$db" "$db-wal" "$db-shm"
-  log "main job (MAIN_BUDGET=${MAIN_BUDGET:-14m})"
+  # MAIN_RESUME=1: keep the carried store (the job continued after a call's time limit);
+  # MAIN_TIMEOUT_S: stop the job there (the store keeps every finished evaluation).
+  [[ "${MAIN_RESUME:-0}" == 1 ]] || rm -f "$db" "$db-wal" "$db-shm"
+  log "main job (MAIN_BUDGET=${MAIN_BUDGET:-14m}, resume ${MAIN_RESUME:-0})"
   t0=$(date +%s)
-  MAIN_SKIP_SETUP=1 bash scripts/main.sh >"$OUT/main.log" 2>&1
+  MAIN_SKIP_SETUP=1 timeout "${MAIN_TIMEOUT_S:-3600}" bash scripts/main.sh >"$OUT/main.log" 2>&1
   echo "main job: exit $?, $(($(date +%s) - t0)) s"
   grep -E "^main:|evaluated|budget|eta" "$OUT/main.log" | grep -vE "\[ *[0-9]+/[0-9]+\].*eta" | tail -60
   grep -E "eta" "$OUT/main.log" | head -5
