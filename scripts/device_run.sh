@@ -9,6 +9,7 @@
 #            guided, early stop, a crash on one worker), fault isolation, concurrent writers
 #   main-job - scripts/main.sh from this fresh build, cold caches, within MAIN_BUDGET
 #   aot    - a second build with FLASHTUNE_AOT_ARCHS="80;90a": gpu_runtime with every kernel from the library
+#   exhaustive-check - fa2_mma exhaustively on the bf16 grid; the committed main job's picks timed within it
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py)
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
@@ -188,6 +189,17 @@ main-job)
   grep -E "eta" "$OUT/main.log" | head -5
   cp "$rep/summary.txt" "$OUT/" 2>/dev/null
   finish
+  ;;
+exhaustive-check)
+  # fa2_mma exhaustively on the bf16 grid in a store of its own, then the main job's (halving) picks
+  # timed within it, and the strategies replayed on it (the CI bars, on this GPU's data).
+  log "exhaustive fa2_mma on anchors_bf16"
+  ex=$OUT/exhaustive_fa2_mma.db
+  $ft tune configs/spaces/fa2_mma.json configs/problems/anchors_bf16.json --db "$ex" --quiet --stop-margin 0 2>&1 | tail -3
+  python3 experiments/halving_vs_exhaustive.py "$db" "$ex" fa2_mma "$OUT/halving_vs_exhaustive.csv" | tail -20
+  $ft drop-cubins --db "$ex"
+  python3 tests/replay_strategies.py $ft configs/spaces/fa2_mma.json configs/problems/anchors_bf16.json "$ex" \
+    --strategies halving,guided 2>&1 | tail -45
   ;;
 host-time)
   log "host time of the torch op, layer by layer"
