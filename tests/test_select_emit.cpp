@@ -55,6 +55,26 @@ TEST(Select, BucketWinnerMustBeValidOnEveryProblem) {
   EXPECT_EQ(h100->config, "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2");
 }
 
+TEST(Select, CheapTimingsArePickedOnlyWithoutFullOnes) {
+  // A search's 2-repeat row can read faster than it is; a fully timed row of the problem wins over it.
+  auto rows = fixture_results();
+  ResultRecord cheap;
+  for (const auto& r : rows)
+    if (r.status == "ok" && r.device_name == "NVIDIA H100 80GB HBM3" && r.problem.seq_q == 4096) cheap = r;
+  ASSERT_FALSE(cheap.config.empty());
+  cheap.config = "BLOCK_M=32,BLOCK_N=32,TM=2,TN=2,KV_STAGES=1";
+  cheap.reps = 2;
+  cheap.tflops *= 10;
+  rows.push_back(cheap);
+  for (const auto& r : best_per_problem(rows))
+    if (r.device_name == cheap.device_name && r.problem.seq_q == 4096) EXPECT_NE(r.config, cheap.config);
+  for (const auto& c : best_per_bucket(rows)) EXPECT_NE(c.config, cheap.config);
+  // Alone (no fully timed row for its problem), a cheap timing is still a pick.
+  std::vector<ResultRecord> only{cheap};
+  ASSERT_EQ(best_per_problem(only).size(), 1u);
+  EXPECT_EQ(best_per_problem(only)[0].config, cheap.config);
+}
+
 TEST(Emit, HeadersCarryBannerEntriesAndFallbacks) {
   auto dir = fs::temp_directory_path() / ("flashtune_emit_" + std::to_string(getpid()));
   fs::remove_all(dir);

@@ -7,8 +7,29 @@
 
 namespace flashtune {
 
-std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& results) {
-  using Key = std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int>;
+namespace {
+using ProblemKey = std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int>;
+ProblemKey key_of(const ResultRecord& r) {
+  const Problem& p = r.problem;
+  return {r.device_name, r.family, r.direction, p.head_dim, p.causal, p.seq_q, p.seq_k, p.batch, to_string(p.dtype),
+          p.heads};
+}
+// A search stores cheap timings too (halving's 2- and 8-repeat rounds, timings stopped after 3 repeats):
+// they rank candidates within a sweep, but where a problem has fully timed rows only those may be picked.
+std::vector<ResultRecord> fully_timed_where_any(const std::vector<ResultRecord>& results) {
+  std::set<ProblemKey> full;
+  for (const auto& r : results)
+    if (r.status == "ok" && r.reps >= kFullTimingReps) full.insert(key_of(r));
+  std::vector<ResultRecord> out;
+  for (const auto& r : results)
+    if (r.status != "ok" || r.reps >= kFullTimingReps || !full.count(key_of(r))) out.push_back(r);
+  return out;
+}
+}  // namespace
+
+std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& all) {
+  const std::vector<ResultRecord> results = fully_timed_where_any(all);
+  using Key = ProblemKey;
   std::map<Key, ResultRecord> best;
   for (const auto& r : results) {
     if (r.status != "ok") continue;
@@ -23,7 +44,8 @@ std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& resu
   return out;
 }
 
-std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results) {
+std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) {
+  const std::vector<ResultRecord> results = fully_timed_where_any(all);
   using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int>;
   struct Stats {
     double log_sum = 0;
