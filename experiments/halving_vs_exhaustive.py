@@ -12,12 +12,14 @@ import sys
 
 
 def rows(db, family):
-    q = ("select batch, heads, seq_q, seq_k, head_dim, dtype, causal, config, ms_median from results "
-         "where family=? and status='ok' and ms_median > 0 and coalesce(detail, '') not like '%early_stopped%'")
-    out = {}
-    for b, h, sq, sk, d, dt, c, cfg, ms in sqlite3.connect(db).execute(q, (family,)):
-        out.setdefault((b, h, sq, sk, d, dt, c), {})[cfg] = ms
-    return out
+    """problem -> {config: ms} over the fully timed rows (10 repeats or more, as `best` and `emit` pick),
+    or every ok row of a problem that has none."""
+    q = ("select batch, heads, seq_q, seq_k, head_dim, dtype, causal, config, ms_median, reps from results "
+         "where family=? and status='ok' and ms_median > 0")
+    full, cheap = {}, {}
+    for b, h, sq, sk, d, dt, c, cfg, ms, reps in sqlite3.connect(db).execute(q, (family,)):
+        (full if reps >= 10 else cheap).setdefault((b, h, sq, sk, d, dt, c), {})[cfg] = ms
+    return {k: full.get(k) or cheap[k] for k in set(full) | set(cheap)}
 
 
 def main():
