@@ -110,6 +110,17 @@ expect_usage_error "'batch' must be an integer in 1..1048576, got 1.5" tune "$tm
 expect_usage_error "number overflow parsing '1e400'" tune "$tmp/space.json" "$tmp/overflow_batch.json" --db "$tmp/n.db"
 expect_usage_error "grid tokens must be an integer in" tune "$tmp/space.json" "$tmp/big_grid.json" --db "$tmp/n.db"
 expect_usage_error "'causal' must be true or false" tune "$tmp/space.json" "$tmp/causal_str.json" --db "$tmp/n.db"
+# The search options: refused in one line before any work.
+expect_usage_error "unknown --strategy 'annealing'" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --strategy annealing
+expect_usage_error "--max-evals must be a count" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --max-evals 150%
+expect_usage_error "--max-evals must be a count" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --max-evals -3
+expect_usage_error "--time-budget must be a duration" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --time-budget 10parsecs
+expect_usage_error "--shard must be k/n" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --shard 3/3
+expect_usage_error "--devices must be a comma-separated list" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --devices "0;rm -rf /"
+expect_usage_error "give --device or --devices, not both" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --device 0 --devices 0,1
+expect_usage_error "--replay database" tune "$tmp/space.json" "$tmp/problems.json" --replay "$tmp/absent.db"
+expect_usage_error "--replay writes nothing: drop --db" tune "$tmp/space.json" "$tmp/problems.json" --replay "$tmp/fixture.db" --db "$tmp/fixture.db"
+expect_usage_error "--stop-margin must be a positive number" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --stop-margin -1
 expect_usage_error "type must be string" experiment "$tmp/exp_title.json" --dry-run
 expect_usage_error "'reps' must be a number" experiment "$tmp/exp_reps.json" --dry-run
 expect_usage_error "'tune' must be a list" experiment "$tmp/exp_tune.json" --dry-run
