@@ -32,6 +32,34 @@ TEST(Validate, ErrorStatsAgainstBounds) {
   EXPECT_EQ(f.bad, 3u);
 }
 
+TEST(Validate, ChunkedStatsMergeToTheSequentialOnes) {
+  // The backward compares its outputs in chunks on every core; merged, they are the one-pass stats:
+  // the same counts, maxima and first five bad elements, in index order.
+  std::vector<double> got(1000), want(1000);
+  for (size_t i = 0; i < got.size(); ++i) {
+    want[i] = std::sin(0.1 * i);
+    got[i] = want[i] + ((i % 97 == 3) ? 0.5 : 1e-4 * std::cos(i));
+  }
+  ErrorStats one;
+  for (size_t i = 0; i < got.size(); ++i) one.add(i, got[i], want[i], 1e-3, 1e-6);
+  for (size_t chunks : {2u, 3u, 7u, 64u}) {
+    ErrorStats merged;
+    for (size_t c = 0; c < chunks; ++c) {
+      ErrorStats part;
+      for (size_t i = got.size() * c / chunks; i < got.size() * (c + 1) / chunks; ++i) part.add(i, got[i], want[i], 1e-3, 1e-6);
+      if (c == 0) merged = part;
+      else merged.merge(part);
+    }
+    EXPECT_EQ(merged.count, one.count);
+    EXPECT_EQ(merged.bad, one.bad);
+    EXPECT_EQ(merged.first_bad, one.first_bad) << chunks;
+    EXPECT_EQ(merged.max_abs, one.max_abs);
+    EXPECT_EQ(merged.worst_ratio, one.worst_ratio);
+    EXPECT_NEAR(merged.sum_sq, one.sum_sq, 1e-12 * one.sum_sq);
+  }
+  EXPECT_EQ(one.bad, 11u);
+}
+
 TEST(Validate, TolerancesTightenWithPrecision) {
   EXPECT_EQ(unit_roundoff(DType::fp32), 0x1p-24);
   EXPECT_LT(unit_roundoff(DType::fp32), unit_roundoff(DType::fp16));

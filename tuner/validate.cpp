@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
 
 namespace flashtune {
 
@@ -64,7 +67,53 @@ double max_abs_of(const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs((double)x[i]));
   return m;
 }
+// "a; b; c" -> {a, b, c} (an example holds no "; ").
+std::vector<std::string> split_examples(const std::string& s) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  while (from < s.size()) {
+    const size_t at = s.find("; ", from);
+    out.push_back(s.substr(from, at == std::string::npos ? std::string::npos : at - from));
+    if (at == std::string::npos) break;
+    from = at + 2;
+  }
+  return out;
+}
+
+// body(begin, end, chunk) over [0, n) in contiguous chunks on up to every core (one chunk below 1M
+// elements): the backward compares every element of dQ, dK and dV, tens of millions of them.
+template <class Body>
+void parallel_chunks(size_t n, size_t chunks, Body body) {
+  if (chunks <= 1) {
+    body(size_t{0}, n, size_t{0});
+    return;
+  }
+  std::vector<std::thread> ts;
+  for (size_t c = 0; c < chunks; ++c) ts.emplace_back(body, n * c / chunks, n * (c + 1) / chunks, c);
+  for (auto& t : ts) t.join();
+}
+size_t chunks_for(size_t n) {
+  if (n < (1u << 20)) return 1;
+  return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 32);
+}
 }  // namespace
+
+void ErrorStats::merge(const ErrorStats& later) {
+  max_abs = std::fmax(max_abs, later.max_abs);
+  max_rel = std::fmax(max_rel, later.max_rel);
+  worst_ratio = std::fmax(worst_ratio, later.worst_ratio);
+  sum_sq += later.sum_sq;
+  sum_abs += later.sum_abs;
+  count += later.count;
+  // The first five bad elements overall: ours, then the later chunk's.
+  size_t shown = std::min<size_t>(bad, 5);
+  for (const std::string& e : split_examples(later.first_bad)) {
+    if (shown >= 5) break;
+    first_bad += (first_bad.empty() ? "" : "; ") + e;
+    ++shown;
+  }
+  bad += later.bad;
+}
 
 void ErrorStats::add(size_t index, double got, double want, double bound, double rel_floor) {
   ++count;
@@ -200,17 +249,33 @@ Verdict validate_backward(const Problem& p, const BwdReference& ref, const std::
   for (int g = 0; g < 3; ++g) {
     const std::vector<float>& got = *gots[g];
     const std::vector<double>& want = *refs[g];
-    ErrorStats err;
-    size_t non_finite = 0;
-    double diff2 = 0, ref2 = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const size_t j = i % want.size();  // head h holds reference head h % distinct heads
-      non_finite += !std::isfinite(got[i]);
-      err.add(i, got[i], want[j], tols[g].bound((*mags[g])[j], (*logits[g])[j]), rel_floor);
-      if (std::isfinite(got[i])) {
-        diff2 += (got[i] - want[j]) * (got[i] - want[j]);
-        ref2 += want[j] * want[j];
+    struct Part {
+      ErrorStats err;
+      size_t non_finite = 0;
+      double diff2 = 0, ref2 = 0;
+    };
+    const size_t chunks = chunks_for(got.size());
+    std::vector<Part> parts(chunks);
+    parallel_chunks(got.size(), chunks, [&](size_t begin, size_t end, size_t c) {
+      Part& part = parts[c];
+      for (size_t i = begin; i < end; ++i) {
+        const size_t j = i % want.size();  // head h holds reference head h % distinct heads
+        part.non_finite += !std::isfinite(got[i]);
+        part.err.add(i, got[i], want[j], tols[g].bound((*mags[g])[j], (*logits[g])[j]), rel_floor);
+        if (std::isfinite(got[i])) {
+          part.diff2 += (got[i] - want[j]) * (got[i] - want[j]);
+          part.ref2 += want[j] * want[j];
+        }
       }
+    });
+    ErrorStats err = parts[0].err;
+    size_t non_finite = parts[0].non_finite;
+    double diff2 = parts[0].diff2, ref2 = parts[0].ref2;
+    for (size_t c = 1; c < chunks; ++c) {
+      err.merge(parts[c].err);
+      non_finite += parts[c].non_finite;
+      diff2 += parts[c].diff2;
+      ref2 += parts[c].ref2;
     }
     const std::string name = names[g];
     // Relative L2 error, reported (not judged): 0 / 0 (Sk = 1's dQ, dK) is reported as the absolute norm.

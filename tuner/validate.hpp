@@ -105,6 +105,8 @@ struct ErrorStats {
   double mean_abs() const { return count ? sum_abs / count : 0; }
   // One element against its bound; rel_floor only for max_rel.
   void add(size_t index, double got, double want, double bound, double rel_floor);
+  // Folds in the stats of the elements after this one's (a later chunk of the same output).
+  void merge(const ErrorStats& later);
 };
 
 // Forward reference on sampled rows, with the magnitudes the bound needs.
