@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "aot.hpp"
-#include "fake_driver/fake_cuda.hpp"
+#include "fake_driver/load.hpp"
 #include "flashtune/attention.h"
 #include "strided_copy.hpp"
 #include "tuner/util.hpp"
@@ -82,15 +82,6 @@ TEST(AotTable, HoldsThePlannedKernelsByteForByte) {
 
 // ---- the library on the fake driver ----------------------------------------------------------------
 namespace {
-void* fake_lib() {
-  static void* lib = dlopen(FT_FAKE_CUDA, RTLD_NOW | RTLD_GLOBAL);
-  return lib;
-}
-FakeState& fake() {
-  void* lib = fake_lib();
-  if (!lib) throw std::runtime_error(dlerror());
-  return *reinterpret_cast<FakeState* (*)()>(dlsym(lib, "fake_cuda_state"))();
-}
 
 constexpr int B = 1, H = 2, Sq = 70, Sk = 50;
 

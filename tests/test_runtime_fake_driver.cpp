@@ -20,7 +20,7 @@
 
 #include "disk_cache.hpp"
 #include "fixture.hpp"
-#include "fake_driver/fake_cuda.hpp"
+#include "fake_driver/load.hpp"
 #include "flashtune/attention.h"
 #include "templates/attention_params.h"
 #include "tuner/family.hpp"
@@ -31,16 +31,6 @@ namespace fs = std::filesystem;
 using namespace flashtune;
 
 namespace {
-// The fake driver, loaded by path before the runtime's first driver call (its SONAME is libcuda.so.1).
-void* fake_lib() {
-  static void* lib = dlopen(FT_FAKE_CUDA, RTLD_NOW | RTLD_GLOBAL);
-  return lib;
-}
-FakeState& fake() {
-  void* lib = fake_lib();
-  if (!lib) throw std::runtime_error(dlerror());
-  return *reinterpret_cast<FakeState* (*)()>(dlsym(lib, "fake_cuda_state"))();
-}
 template <class F>
 F* fake_fn(const char* name) {
   return reinterpret_cast<F*>(dlsym(fake_lib(), name));

@@ -13,6 +13,7 @@
 #include "tuner/dtype_convert.hpp"
 #include "tuner/input_files.hpp"
 #include "tuner/validate.hpp"
+#include "tuner/timing.hpp"
 
 using nlohmann::json;
 
@@ -449,9 +450,9 @@ json GpuRunner::run(const json& req) {
 void GpuRunner::time_repeats(const std::function<void()>& launch, const json& timing, json& out) {
   // Warm-up, then repeats each after an L2 flush, CUDA events around `launch` alone;
   // median and p20/p80 of the repeats.
-  const int warmup = timing.value("warmup", 3);
-  const int min_reps = timing.value("min_reps", 10), max_reps = timing.value("max_reps", 50);
-  const double target_ms = timing.value("target_ms", 400.0);
+  const int warmup = timing.value("warmup", timing::kWarmup);
+  const int min_reps = timing.value("min_reps", timing::kMinReps), max_reps = timing.value("max_reps", timing::kMaxReps);
+  const double target_ms = timing.value("target_ms", timing::kTargetMs);
   CUevent e0, e1;
   CU_CHECK(cuEventCreate(&e0, CU_EVENT_DEFAULT));
   CU_CHECK(cuEventCreate(&e1, CU_EVENT_DEFAULT));

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "tuner/sweep.hpp"
+#include "tuner/timing.hpp"
 #include "tuner/util.hpp"
 
 using nlohmann::json;
@@ -69,9 +70,6 @@ std::vector<CandidateFeatures> features_of(const std::vector<SearchCandidate>& c
   return f;
 }
 
-// The worker's adaptive repeats (gpu_runner.cpp time_repeats): about 400 ms of launches, 10 to 50.
-int default_reps(double ms) { return std::clamp((int)(400.0 / std::max(1e-3, ms)), 10, 50); }
-constexpr int kDefaultWarmup = 3;
 
 struct Measured {
   Outcome o;
@@ -254,7 +252,7 @@ std::vector<ProblemReport> replay_search(const Space& space, const std::vector<P
       row[i] = &it->second;
       if (it->second.status == "ok") {
         exhaustive_best = std::max(exhaustive_best, it->second.tflops);
-        exhaustive_time += (kDefaultWarmup + default_reps(it->second.ms)) * it->second.ms;
+        exhaustive_time += (timing::kWarmup + timing::default_reps(it->second.ms)) * it->second.ms;
       }
     }
     std::mt19937_64 rng(o.seed * 0x9E3779B97F4A7C15ull + out.size());
@@ -265,8 +263,8 @@ std::vector<ProblemReport> replay_search(const Space& space, const std::vector<P
       // The median of n repeats scatters around the stored median by about 1.25 sigma / sqrt(n), with
       // sigma the per-launch spread the stored p20-p80 range implies (a normal's: 1.68 sigma).
       const double sigma = std::max(0.0, r->p80 - r->p20) / 1.683;
-      int reps = prop.reps ? prop.reps : default_reps(r->ms);
-      const int warmup = prop.warmup >= 0 ? prop.warmup : kDefaultWarmup;
+      int reps = prop.reps ? prop.reps : timing::default_reps(r->ms);
+      const int warmup = prop.warmup >= 0 ? prop.warmup : timing::kWarmup;
       std::normal_distribution<double> noise(0.0, 1.0);
       if (stop_above > 0 && prop.reps == 0) {  // early stop after 3 repeats, as the worker does
         const double first = r->ms + 1.2533 * sigma / std::sqrt(3.0) * noise(rng);
@@ -285,9 +283,8 @@ std::vector<ProblemReport> replay_search(const Space& space, const std::vector<P
       simulated += e.timing_ms;
       return e;
     };
-    SearchOptions po = o;
     const double deadline = o.time_budget_s > 0 ? o.time_budget_s * 1e3 : 0;
-    ProblemReport rep = search_problem(cands, p, po, 1, counted, deadline, [&] { return simulated; }, {}, nullptr);
+    ProblemReport rep = search_problem(cands, p, o, 1, counted, deadline, [&] { return simulated; }, {}, nullptr);
     // Replay reports the pick at its stored speed, not at the noisy figure that picked it.
     for (size_t i = 0; i < cands.size(); ++i)
       if (row[i] && cands[i].v.family->config_string(cands[i].v.config) == rep.best_config) {

@@ -5,12 +5,13 @@
 #include <vector>
 
 #include "tuner/store.hpp"
+#include "tuner/timing.hpp"
 
 namespace flashtune {
 
 // The worker's fewest repeats for a full timing; rows with fewer (a search's cheap rounds, timings
 // stopped early) are picked only for a problem that has no fully timed row.
-inline constexpr int kFullTimingReps = 10;
+inline constexpr int kFullTimingReps = timing::kMinReps;
 
 // Among `ok` results: the fastest config for each (device, family, direction, problem).
 std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& results);

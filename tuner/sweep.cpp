@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "tuner/library_kernels.hpp"
+#include "tuner/timing.hpp"
 #include "tuner/util.hpp"
 
 using nlohmann::json;
@@ -237,22 +238,19 @@ SweepSummary compile_only(const Space& space, const std::vector<Problem>& proble
   return sum;
 }
 
-Outcome outcome_of(const ResultRecord& r) {
-  Outcome o;
-  o.ok = r.status == "ok" && r.ms_median > 0;
-  o.ms = r.ms_median;
-  o.reps = r.reps;
-  if (!r.detail.empty()) {
-    const json d = json::parse(r.detail, nullptr, false);
-    if (d.is_object()) o.early_stopped = d.value("early_stopped", false);
+// A stored row as an evaluation: its outcome, and the GPU time its timing took (0 when `reused`).
+SearchEvaluation evaluation_of(const ResultRecord& r, bool reused) {
+  SearchEvaluation e;
+  e.o.ok = r.status == "ok" && r.ms_median > 0;
+  e.o.ms = r.ms_median;
+  e.o.reps = r.reps;
+  e.reused = reused;
+  const json d = r.detail.empty() ? json() : json::parse(r.detail, nullptr, false);
+  if (d.is_object()) {
+    e.o.early_stopped = d.value("early_stopped", false);
+    if (!reused) e.timing_ms = d.value("timing_ms", 0.0);
   }
-  return o;
-}
-
-double timing_ms_of(const ResultRecord& r) {
-  if (r.detail.empty()) return 0;
-  const json d = json::parse(r.detail, nullptr, false);
-  return d.is_object() ? d.value("timing_ms", 0.0) : 0.0;
+  return e;
 }
 
 }  // namespace
@@ -260,7 +258,7 @@ double timing_ms_of(const ResultRecord& r) {
 namespace {
 void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& p, const SearchOptions& so,
                       const std::vector<std::pair<double, size_t>>& ranking, GpuSession& gpu, Store& store,
-                      const std::function<KernelRecord(size_t, const Variant&, const std::string&)>& kernel_for,
+                      const std::function<const KernelRecord&(size_t, const Variant&, const std::string&)>& kernel_for,
                       ProblemReport& rep) {
   // The finalists timed in turn (A B C A B C ...), so that a drift in clocks or temperature during the
   // sweep falls on all of them; each figure the median of its rounds' medians.
@@ -344,14 +342,14 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
   std::map<std::string, KernelRecord> kernels;
   std::mutex kernels_mu;
   if (compile_first) {
-    std::vector<Variant> variants;
-    for (const Variant& v : variants_for(space, problems)) variants.push_back(v);
+    const std::vector<Variant> variants = variants_for(space, problems);
     Progress cprog("compile " + arch, variants.size(), opt.progress);
     auto ks = compiler.compile_all(variants, &store, [&](size_t d, size_t) { cprog.update(d); });
     cprog.finish();
     for (auto& k : ks) kernels[k.hash] = std::move(k);
   }
-  auto kernel_for = [&](size_t worker, const Variant& v, const std::string& hash) -> KernelRecord {
+  // The kernel record (its cubin included) by reference: map nodes stay put as others are added.
+  auto kernel_for = [&](size_t worker, const Variant& v, const std::string& hash) -> const KernelRecord& {
     {
       std::lock_guard<std::mutex> lock(kernels_mu);
       if (auto it = kernels.find(hash); it != kernels.end()) return it->second;
@@ -400,7 +398,6 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
     load_stored();
     std::mutex stored_mu;
     SearchEvaluate evaluate = [&](int w, size_t c, const Proposal& prop, double stop_above) {
-      SearchEvaluation e;
       const SearchCandidate& cand = cands[c];
       const DeviceInfo& dev = gpus[(size_t)w]->device();
       {
@@ -413,20 +410,18 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
         }
         // A stored row stands for this evaluation when it was timed with at least the repeats asked for
         // (the worker's default: at least 10), or when it failed (a rerun does not retry a crash).
-        const int want = prop.reps > 0 ? prop.reps : 10;
+        const int want = prop.reps > 0 ? prop.reps : timing::kMinReps;
         if (it != stored.end() && (it->second.status != "ok" || it->second.reps >= want)) {
-          e.o = outcome_of(it->second);
-          e.reused = true;
           ++sum.skipped;
-          return e;
+          return evaluation_of(it->second, true);
         }
       }
-      const KernelRecord k = kernel_for((size_t)w, cand.v, cand.hash);
-      json timing = json::object();
-      if (prop.reps > 0) timing["min_reps"] = timing["max_reps"] = prop.reps;
-      if (prop.warmup >= 0) timing["warmup"] = prop.warmup;
-      if (stop_above > 0) timing["stop_above_ms"] = stop_above;
-      ResultRecord r = gpus[(size_t)w]->run(k, cand.v, p, timing);
+      const KernelRecord& k = kernel_for((size_t)w, cand.v, cand.hash);
+      json plan = json::object();  // the proposal's timing, over the worker's defaults
+      if (prop.reps > 0) plan["min_reps"] = plan["max_reps"] = prop.reps;
+      if (prop.warmup >= 0) plan["warmup"] = prop.warmup;
+      if (stop_above > 0) plan["stop_above_ms"] = stop_above;
+      ResultRecord r = gpus[(size_t)w]->run(k, cand.v, p, plan);
       stores[(size_t)w]->put_result(r, dev);
       {
         std::lock_guard<std::mutex> lock(stored_mu);
@@ -434,9 +429,7 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
         sum.ran_kernels |= k.status == "compiled";
         stored[cand.hash] = r;
       }
-      e.o = outcome_of(r);
-      e.timing_ms = timing_ms_of(r);
-      return e;
+      return evaluation_of(r, false);
     };
     std::vector<std::pair<double, size_t>> ranking;
     auto evaluated = [&](const std::string& config) {
