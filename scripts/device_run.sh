@@ -10,6 +10,8 @@
 #   main-job - scripts/main.sh from this fresh build, cold caches, within MAIN_BUDGET
 #   aot    - a second build with FLASHTUNE_AOT_ARCHS="80;90a": gpu_runtime with every kernel from the library
 #   exhaustive-check - fa2_mma exhaustively on the bf16 grid; the committed main job's picks timed within it
+#   multi-gpu [one|two|all] - issue 17 on two GPUs: one sweep on --devices 1, then on --devices 0,1, a crash on one
+#            worker, multi_gpu_sweep.csv (experiments/multi_gpu_sweep.py)
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py)
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
@@ -200,6 +202,56 @@ exhaustive-check)
   $ft drop-cubins --db "$ex"
   python3 tests/replay_strategies.py $ft configs/spaces/fa2_mma.json configs/problems/anchors_bf16.json "$ex" \
     --strategies halving,guided 2>&1 | tail -45
+  ;;
+multi-gpu)
+  # Issue 17: one sweep over two GPUs against one GPU alone, on a machine with two. "one": the sweep
+  # with --devices 1 (part 1); "two": with --devices 0,1, a crash injected on one worker, the analysis
+  # (part 2; a cold machine gets .mg/one.db back from the carried folder). Both start from the same
+  # compile cache, so the wall times are the GPU work. Spaces and problems: MG_SWEEPS.
+  part=${1:-all}
+  mg=.mg; mkdir -p $mg
+  sweeps=${MG_SWEEPS:-"fa2_mma:anchors_bf16 fa2_mma_bwd:anchors_bwd_bf16_d64"}
+  if [[ ! -f $mg/cache.db ]]; then
+    log "compile cache (no GPU visible: compile and prune only)"
+    arch=$($ft devices | grep -o ' sm_[0-9a-z]*' | head -1 | tr -d ' ')
+    for s in $sweeps; do
+      CUDA_VISIBLE_DEVICES= $ft tune "configs/spaces/${s%%:*}.json" "configs/problems/${s##*:}.json" --db $mg/cache.db --arch "$arch" --quiet | tail -1
+    done
+    python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('delete from results'); c.commit()" $mg/cache.db
+  fi
+  sweep() {  # sweep <name> <devices>: every sweep into $mg/<name>.db, wall time and kernel runs into $mg/<name>.json
+    cp $mg/cache.db $mg/$1.db
+    local fwd=0 bwd=0 runs=0
+    for s in $sweeps; do
+      log "tune ${s%%:*} on ${s##*:}, --devices $2"
+      t0=$(date +%s.%N)
+      $ft tune "configs/spaces/${s%%:*}.json" "configs/problems/${s##*:}.json" --db $mg/$1.db --devices "$2" --quiet >$mg/$1.out 2>&1
+      rc=$?; t1=$(date +%s.%N); tail -1 $mg/$1.out
+      [[ $rc == 0 ]] || { cat $mg/$1.out; exit 1; }
+      n=$(tail -1 $mg/$1.out | python3 -c "import re,sys; print(sum(int(x) for x in re.findall(r'(\d+) (?:ok|invalid|crashed|timeout|error)', sys.stdin.read())))")
+      runs=$((runs + n))
+      if [[ $s == *bwd* ]]; then bwd=$(python3 -c "print($bwd + $t1 - $t0)"); else fwd=$(python3 -c "print($fwd + $t1 - $t0)"); fi
+    done
+    echo "{\"fwd\": $fwd, \"bwd\": $bwd, \"runs\": $runs}" >$mg/$1.json; cat $mg/$1.json
+    cp $mg/$1.db $OUT/$1.db; $ft drop-cubins --db $OUT/$1.db; cp $mg/$1.json $OUT/
+  }
+  [[ $part == one || $part == all ]] && sweep one 1
+  if [[ $part == two || $part == all ]]; then
+    sweep two 0,1
+    log "fault family on --devices 0,1"
+    cat >$mg/f.json <<'JSON'
+{"problems": [{"batch": 1, "heads": 2, "seq_q": 100, "seq_k": 130, "head_dim": 32},
+              {"batch": 1, "heads": 2, "seq_q": 130, "seq_k": 100, "head_dim": 32, "causal": true},
+              {"batch": 2, "heads": 2, "seq_q": 64, "seq_k": 200, "head_dim": 32},
+              {"batch": 2, "heads": 2, "seq_q": 200, "seq_k": 64, "head_dim": 32, "causal": true}]}
+JSON
+    rm -f $OUT/fault.db
+    $ft tune configs/spaces/fault.json $mg/f.json --db $OUT/fault.db --devices 0,1 --timeout 4 --quiet 2>&1 | tail -2
+    $ft drop-cubins --db $OUT/fault.db
+    python3 -c "import json; print(json.dumps({'one': json.load(open('$mg/one.json')), 'two': json.load(open('$mg/two.json'))}))" >$mg/times.json
+    python3 experiments/multi_gpu_sweep.py $mg/one.db $mg/two.db $mg/times.json $OUT/fault.db "$rep/multi_gpu_sweep.csv" | tee $OUT/multi_gpu_sweep.txt
+    cp "$rep/multi_gpu_sweep.csv" $OUT/
+  fi
   ;;
 host-time)
   log "host time of the torch op, layer by layer"

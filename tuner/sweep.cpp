@@ -296,6 +296,15 @@ void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& 
   }
 }
 
+// A row of a sweep over several workers names the GPU ordinal that ran it (detail.worker_device):
+// agreement between GPUs and a crash on one of them are read from the store.
+std::string with_worker_device(const std::string& detail, int device) {
+  json d = detail.empty() ? json::object() : json::parse(detail, nullptr, false);
+  if (!d.is_object()) d = json::object();
+  d["worker_device"] = device;
+  return d.dump();
+}
+
 }  // namespace
 
 SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Store& store, const SweepOptions& opt) {
@@ -422,6 +431,7 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
       if (prop.warmup >= 0) plan["warmup"] = prop.warmup;
       if (stop_above > 0) plan["stop_above_ms"] = stop_above;
       ResultRecord r = gpus[(size_t)w]->run(k, cand.v, p, plan);
+      if (gpus.size() > 1) r.detail = with_worker_device(r.detail, opt.devices[(size_t)w]);
       stores[(size_t)w]->put_result(r, dev);
       {
         std::lock_guard<std::mutex> lock(stored_mu);
