@@ -107,6 +107,21 @@ def main():
         metrics.append((f"rows_gpu{d}", str(n)))
     ok &= set(per_dev) == {0, 1}
 
+    # Where an evaluation's time went (the worker's detail.phase_ms), median per direction: a CPU-bound
+    # phase that grows with two workers is what holds the speedup back.
+    for name, rs in (("one", one), ("two", two)):
+        for direction in ("fwd", "bwd"):
+            phases = {}
+            for r in rs:
+                if r["direction"] != direction:
+                    continue
+                for k, v in json.loads(r["detail"] or "{}").get("phase_ms", {}).items():
+                    phases.setdefault(k, []).append(v)
+            if phases:
+                med = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
+                print(f"{name} GPU(s) {direction}: median ms per evaluation " +
+                      ", ".join(f"{k} {v:.0f}" for k, v in med.items()))
+
     fault = rows(fault_db)
     want = {"MODE=1": "crashed", "MODE=2": "timeout", "MODE=0": "ok"}
     bad = [r for r in fault if want[r["config"]] != r["status"]]

@@ -204,9 +204,9 @@ exhaustive-check)
     --strategies halving,guided 2>&1 | tail -45
   ;;
 multi-gpu)
-  # Issue 17: one sweep over two GPUs against one GPU alone, on a machine with two. "one": the sweep
-  # with --devices 1 (part 1); "two": with --devices 0,1, a crash injected on one worker, the analysis
-  # (part 2; a cold machine gets .mg/one.db back from the carried folder). Both start from the same
+  # Issue 17: one sweep over two GPUs against one GPU alone, on a machine with two. "two": gpu_search,
+  # the sweep with --devices 0,1, a crash injected on one worker; "one": the sweep with --devices 1;
+  # the analysis once both are there (two calls on one warm machine; a cold one gets .mg back carried). Both start from the same
   # compile cache, so the wall times are the GPU work. Spaces and problems: MG_SWEEPS.
   part=${1:-all}
   mg=.mg; mkdir -p $mg
@@ -235,8 +235,8 @@ multi-gpu)
     echo "{\"fwd\": $fwd, \"bwd\": $bwd, \"runs\": $runs}" >$mg/$1.json; cat $mg/$1.json
     cp $mg/$1.db $OUT/$1.db; $ft drop-cubins --db $OUT/$1.db; cp $mg/$1.json $OUT/
   }
-  [[ $part == one || $part == all ]] && sweep one 1
   if [[ $part == two || $part == all ]]; then
+    ctest --test-dir build -R gpu_search --output-on-failure 2>&1 | grep -E "passed|FAIL|Passed|Failed" | tail -4
     sweep two 0,1
     log "fault family on --devices 0,1"
     cat >$mg/f.json <<'JSON'
@@ -245,11 +245,14 @@ multi-gpu)
               {"batch": 2, "heads": 2, "seq_q": 64, "seq_k": 200, "head_dim": 32},
               {"batch": 2, "heads": 2, "seq_q": 200, "seq_k": 64, "head_dim": 32, "causal": true}]}
 JSON
-    rm -f $OUT/fault.db
-    $ft tune configs/spaces/fault.json $mg/f.json --db $OUT/fault.db --devices 0,1 --timeout 4 --quiet 2>&1 | tail -2
-    $ft drop-cubins --db $OUT/fault.db
+    rm -f $mg/fault.db
+    $ft tune configs/spaces/fault.json $mg/f.json --db $mg/fault.db --devices 0,1 --timeout 4 --quiet 2>&1 | tail -2
+    $ft drop-cubins --db $mg/fault.db; cp $mg/fault.db $OUT/
+  fi
+  [[ $part == one || $part == all ]] && sweep one 1
+  if [[ -f $mg/one.json && -f $mg/two.json && -f $mg/fault.db ]]; then
     python3 -c "import json; print(json.dumps({'one': json.load(open('$mg/one.json')), 'two': json.load(open('$mg/two.json'))}))" >$mg/times.json
-    python3 experiments/multi_gpu_sweep.py $mg/one.db $mg/two.db $mg/times.json $OUT/fault.db "$rep/multi_gpu_sweep.csv" | tee $OUT/multi_gpu_sweep.txt
+    python3 experiments/multi_gpu_sweep.py $mg/one.db $mg/two.db $mg/times.json $mg/fault.db "$rep/multi_gpu_sweep.csv" | tee $OUT/multi_gpu_sweep.txt
     cp "$rep/multi_gpu_sweep.csv" $OUT/
   fi
   ;;

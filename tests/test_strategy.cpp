@@ -4,9 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
+#include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 
+#include "tuner/compile.hpp"
+#include "tuner/problem.hpp"
 #include "tuner/search.hpp"
+#include "tuner/space.hpp"
 #include "tuner/strategy.hpp"
 #include "tuner/telemetry.hpp"
 #include "tuner/util.hpp"
@@ -139,4 +146,86 @@ TEST(Telemetry, ReasonBitsHaveNamesAndAbsentNvmlSaysWhy) {
   const auto j = Telemetry("0000:FF:1F.7").sample();
   ASSERT_TRUE(j.contains("unavailable")) << j.dump();
   EXPECT_FALSE(j["unavailable"].get<std::string>().empty());
+}
+
+namespace {
+// Every (problem, candidate) of fa2_mma's space on four problems, evaluated by fake workers that
+// record who ran what; the time of a candidate is a fixed function of its index.
+struct Stepped {
+  std::vector<std::vector<SearchCandidate>> cands;
+  std::vector<Problem> problems;
+  std::map<std::pair<size_t, size_t>, int> runs;  // (problem, candidate) -> times run
+  std::map<size_t, std::set<int>> workers_of;     // problem -> workers that evaluated it
+  std::vector<int> finished_by;                   // problem -> the worker that finished it (-1: none)
+  std::vector<ProblemReport> reports;
+};
+Stepped step_fa2_mma(const std::string& strategy, int workers) {
+  const Space space = load_space(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/fa2_mma.json");
+  const Compiler compiler("sm_90");
+  Stepped s;
+  for (int d : {64, 128, 64, 256}) {
+    Problem p;
+    p.batch = 2, p.heads = 4, p.seq_q = p.seq_k = 512, p.head_dim = d, p.dtype = DType::bf16;
+    p.causal = s.problems.size() == 2;
+    s.problems.push_back(p);
+    s.cands.push_back(search_candidates(space, p, compiler, Shard{}));
+  }
+  s.finished_by.assign(s.problems.size(), -1);
+  s.reports.resize(s.problems.size());
+  SearchOptions o;
+  o.strategy = strategy;
+  std::mutex mu;
+  step_problems(
+      s.problems.size(), workers, 0, [] { return 0.0; },
+      [&](size_t pi, int) { return std::make_unique<ProblemSearch>(s.cands[pi], s.problems[pi], o); },
+      [&](size_t pi, int w, const ProblemSearch::Ticket& t) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        std::lock_guard<std::mutex> lock(mu);
+        s.runs[{pi, t.prop.candidate}]++;
+        s.workers_of[pi].insert(w);
+        SearchEvaluation e;
+        e.o = {true, 1.0 + 0.01 * (double)((t.prop.candidate * 7 + pi) % 13), t.prop.reps, false};
+        return e;
+      },
+      [&](size_t pi, int w, const ProblemSearch& search) {
+        std::lock_guard<std::mutex> lock(mu);
+        EXPECT_EQ(s.finished_by[pi], -1) << "problem " << pi << " finished twice";
+        s.finished_by[pi] = w;
+        s.reports[pi] = search.report(nullptr);
+      });
+  return s;
+}
+}  // namespace
+
+TEST(StepProblems, SeveralWorkersRunEveryCandidateOnceAndFinishEveryProblemOnce) {
+  const Stepped one = step_fa2_mma("exhaustive", 1), two = step_fa2_mma("exhaustive", 3);
+  for (const Stepped* s : {&one, &two}) {
+    size_t want = 0;
+    for (size_t pi = 0; pi < s->problems.size(); ++pi) {
+      want += s->cands[pi].size();
+      EXPECT_GE(s->finished_by[pi], 0) << "problem " << pi << " never finished";
+      EXPECT_EQ(s->reports[pi].evaluations, s->cands[pi].size());
+    }
+    ASSERT_EQ(s->runs.size(), want);
+    for (const auto& [key, n] : s->runs) EXPECT_EQ(n, 1) << "problem " << key.first << " candidate " << key.second;
+  }
+  // The same picks whatever the number of workers.
+  for (size_t pi = 0; pi < one.problems.size(); ++pi) EXPECT_EQ(one.reports[pi].best_config, two.reports[pi].best_config);
+  // Three workers on four problems: more than one worker took part overall.
+  std::set<int> all;
+  for (const auto& [pi, ws] : two.workers_of) all.insert(ws.begin(), ws.end());
+  EXPECT_GT(all.size(), 1u);
+}
+
+TEST(StepProblems, HalvingRoundsCloseWhileOtherProblemsGoOn) {
+  const Stepped one = step_fa2_mma("halving", 1), two = step_fa2_mma("halving", 2);
+  for (size_t pi = 0; pi < one.problems.size(); ++pi) {
+    EXPECT_EQ(two.reports[pi].evaluations, two.cands[pi].size());
+    EXPECT_EQ(one.reports[pi].best_config, two.reports[pi].best_config) << "problem " << pi;
+  }
+  // Halving evaluates the best candidates again with more repeats: more runs than candidates.
+  size_t runs = 0, cands = 0;
+  for (const auto& [key, n] : two.runs) runs += (size_t)n;
+  for (const auto& c : two.cands) cands += c.size();
+  EXPECT_GT(runs, cands);
 }

@@ -70,13 +70,75 @@ std::vector<CandidateFeatures> features_of(const std::vector<SearchCandidate>& c
   return f;
 }
 
-
-struct Measured {
-  Outcome o;
-  int weight = -1;  // repeats, the worker's default counting as the most
-};
-
 }  // namespace
+
+ProblemSearch::ProblemSearch(const std::vector<SearchCandidate>& cands, const Problem& p, const SearchOptions& o)
+    : cands_(cands), opt_(o), features_(features_of(cands, p)) {
+  rep_.problem = p;
+  rep_.space_size = cands.size();
+  StrategyOptions so;
+  so.name = o.strategy;
+  so.seed = o.seed;
+  so.max_evals = o.max_evals.empty() ? 0 : parse_max_evals(o.max_evals, cands.size());
+  strategy_ = make_strategy(so, features_);
+}
+
+ProblemSearch::~ProblemSearch() = default;
+
+std::optional<ProblemSearch::Ticket> ProblemSearch::take(bool stopped) {
+  std::vector<Proposal> next = stopped || exhausted_ ? std::vector<Proposal>{} : strategy_->propose(1);
+  if (next.empty()) {
+    // Nothing in flight can bring more proposals (halving's next round waits on this one's results).
+    if (in_flight_ == 0) exhausted_ = true;
+    return std::nullopt;
+  }
+  Ticket t{next[0], 0.0};
+  if (opt_.stop_margin > 0 && t.prop.reps == 0 && strategy_->may_stop_early(t.prop) && std::isfinite(best_ms_))
+    t.stop_above_ms = best_ms_ * (1.0 + opt_.stop_margin);
+  ++in_flight_;
+  return t;
+}
+
+void ProblemSearch::complete(const Ticket& t, const SearchEvaluation& e) {
+  --in_flight_;
+  strategy_->observe(t.prop, e.o);
+  if (evaluated_.insert(t.prop.candidate).second && e.reused) ++rep_.reused;
+  rep_.timing_ms += e.timing_ms;
+  const int weight = t.prop.reps == 0 ? (1 << 30) : t.prop.reps;
+  Measured& m = measured_[t.prop.candidate];
+  if (weight >= m.weight) m = {e.o, weight};
+  if (e.o.ok && !e.o.early_stopped && t.prop.reps == 0) best_ms_ = std::min(best_ms_, e.o.ms);
+}
+
+ProblemReport ProblemSearch::report(std::vector<std::pair<double, size_t>>* ranking) const {
+  ProblemReport rep = rep_;
+  rep.evaluations = evaluated_.size();
+  // The pick: the fastest fully timed success (an early-stopped one only when nothing else succeeded).
+  long best = -1;
+  for (const auto& [c, m] : measured_) {
+    if (!m.o.ok) continue;
+    if (best < 0) {
+      best = (long)c;
+      continue;
+    }
+    const Measured& b = measured_.at((size_t)best);
+    const bool full = !m.o.early_stopped, b_full = !b.o.early_stopped;
+    if ((full && !b_full) || (full == b_full && m.o.ms < b.o.ms)) best = (long)c;
+  }
+  if (ranking) {
+    ranking->clear();
+    for (const auto& [c, m] : measured_)
+      if (m.o.ok && !m.o.early_stopped) ranking->push_back({m.o.ms, c});
+    std::sort(ranking->begin(), ranking->end());
+  }
+  if (best >= 0) {
+    const SearchCandidate& c = cands_[(size_t)best];
+    rep.best_config = c.v.family->config_string(c.v.config);
+    rep.best_ms = measured_.at((size_t)best).o.ms;
+    rep.best_tflops = rep.problem.flops() / (rep.best_ms * 1e-3) / 1e12;
+  }
+  return rep;
+}
 
 ProblemReport search_problem(const std::vector<SearchCandidate>& cands, const Problem& p, const SearchOptions& o,
                              int workers, const SearchEvaluate& evaluate, double deadline,
@@ -84,88 +146,14 @@ ProblemReport search_problem(const std::vector<SearchCandidate>& cands, const Pr
                              const std::function<void(const std::string& config)>& evaluated_cb,
                              std::vector<std::pair<double, size_t>>* ranking) {
   ProblemReport rep;
-  rep.problem = p;
-  rep.space_size = cands.size();
-  StrategyOptions so;
-  so.name = o.strategy;
-  so.seed = o.seed;
-  so.max_evals = o.max_evals.empty() ? 0 : parse_max_evals(o.max_evals, cands.size());
-  const auto features = features_of(cands, p);
-  std::unique_ptr<Strategy> strategy = make_strategy(so, features);
-
-  std::mutex mu;
-  std::condition_variable cv;
-  int in_flight = 0;
-  bool stopped = false;
-  std::set<size_t> evaluated;
-  std::map<size_t, Measured> measured;
-  double best_ms = std::numeric_limits<double>::infinity();
-
-  auto work = [&](int worker) {
-    std::unique_lock<std::mutex> lock(mu);
-    for (;;) {
-      if (deadline > 0 && clock() >= deadline) stopped = true;
-      std::vector<Proposal> next = stopped ? std::vector<Proposal>{} : strategy->propose(1);
-      if (next.empty()) {
-        if (in_flight == 0) break;
-        cv.wait(lock);
-        continue;
-      }
-      const Proposal prop = next[0];
-      const double stop_above = o.stop_margin > 0 && prop.reps == 0 && strategy->may_stop_early(prop) &&
-                                        std::isfinite(best_ms)
-                                    ? best_ms * (1.0 + o.stop_margin)
-                                    : 0.0;
-      ++in_flight;
-      lock.unlock();
-      const SearchEvaluation e = evaluate(worker, prop.candidate, prop, stop_above);
-      lock.lock();
-      --in_flight;
-      strategy->observe(prop, e.o);
-      if (evaluated.insert(prop.candidate).second && e.reused) ++rep.reused;
-      rep.timing_ms += e.timing_ms;
-      const int weight = prop.reps == 0 ? (1 << 30) : prop.reps;
-      Measured& m = measured[prop.candidate];
-      if (weight >= m.weight) m = {e.o, weight};
-      if (e.o.ok && !e.o.early_stopped && prop.reps == 0) best_ms = std::min(best_ms, e.o.ms);
-      if (evaluated_cb) evaluated_cb(cands[prop.candidate].v.family->config_string(cands[prop.candidate].v.config));
-      cv.notify_all();
-    }
-    cv.notify_all();
-  };
-  if (workers <= 1) {
-    work(0);
-  } else {
-    std::vector<std::thread> threads;
-    for (int w = 0; w < workers; ++w) threads.emplace_back(work, w);
-    for (auto& t : threads) t.join();
-  }
-  rep.evaluations = evaluated.size();
-  // The pick: the fastest fully timed success (an early-stopped one only when nothing else succeeded).
-  long best = -1;
-  for (const auto& [c, m] : measured) {
-    if (!m.o.ok) continue;
-    const bool full = !m.o.early_stopped;
-    if (best < 0) {
-      best = (long)c;
-      continue;
-    }
-    const Measured& b = measured[(size_t)best];
-    const bool b_full = !b.o.early_stopped;
-    if ((full && !b_full) || (full == b_full && m.o.ms < b.o.ms)) best = (long)c;
-  }
-  if (ranking) {
-    ranking->clear();
-    for (const auto& [c, m] : measured)
-      if (m.o.ok && !m.o.early_stopped) ranking->push_back({m.o.ms, c});
-    std::sort(ranking->begin(), ranking->end());
-  }
-  if (best >= 0) {
-    const SearchCandidate& c = cands[(size_t)best];
-    rep.best_config = c.v.family->config_string(c.v.config);
-    rep.best_ms = measured[(size_t)best].o.ms;
-    rep.best_tflops = p.flops() / (rep.best_ms * 1e-3) / 1e12;
-  }
+  step_problems(
+      1, workers, deadline, clock, [&](size_t, int) { return std::make_unique<ProblemSearch>(cands, p, o); },
+      [&](size_t, int w, const ProblemSearch::Ticket& t) {
+        const SearchEvaluation e = evaluate(w, t.prop.candidate, t.prop, t.stop_above_ms);
+        if (evaluated_cb) evaluated_cb(cands[t.prop.candidate].v.family->config_string(cands[t.prop.candidate].v.config));
+        return e;
+      },
+      [&](size_t, int, const ProblemSearch& search) { rep = search.report(ranking); });
   return rep;
 }
 
@@ -298,6 +286,83 @@ std::vector<ProblemReport> replay_search(const Space& space, const std::vector<P
     out.push_back(rep);
   }
   return out;
+}
+
+}  // namespace flashtune
+
+namespace flashtune {
+
+void step_problems(size_t problems, int workers, double deadline, const std::function<double()>& clock,
+                   const StartProblem& start, const EvaluateTicket& evaluate, const FinishProblem& finish) {
+  struct Run {
+    std::unique_ptr<ProblemSearch> search;
+    bool started = false, finishing = false;  // finishing: a worker took its finish
+  };
+  std::vector<Run> runs(problems);
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t next_problem = 0;
+  auto work = [&](int w) {
+    std::unique_lock<std::mutex> lock(mu);
+    size_t mine = problems;  // the problem this worker last stepped
+    for (;;) {
+      const bool stopped = deadline > 0 && clock() >= deadline;
+      std::optional<ProblemSearch::Ticket> ticket;
+      size_t pi = problems;
+      bool finishing = false;
+      auto pick = [&](size_t i) {
+        Run& r = runs[i];
+        if (!r.search || r.finishing) return false;
+        if ((ticket = r.search->take(stopped))) {
+          pi = i;
+          return true;
+        }
+        if (r.search->finished()) {
+          r.finishing = finishing = true;
+          pi = i;
+          return true;
+        }
+        return false;
+      };
+      // The worker's own problem first (its inputs and reference are prepared there), then the next
+      // problem not started, then any problem with an evaluation to share.
+      bool found = mine < problems && pick(mine);
+      while (!found && next_problem < problems) {
+        const size_t i = next_problem++;
+        runs[i].started = true;
+        runs[i].search = start(i, w);
+        found = pick(i);
+      }
+      for (size_t i = 0; !found && i < next_problem; ++i) found = pick(i);
+      if (!found) {
+        bool all_done = next_problem == problems;
+        for (size_t i = 0; all_done && i < problems; ++i) all_done = !runs[i].search || runs[i].finishing;
+        if (all_done) break;
+        cv.wait(lock);
+        continue;
+      }
+      mine = pi;
+      ProblemSearch& search = *runs[pi].search;
+      lock.unlock();
+      if (finishing) {
+        finish(pi, w, search);  // nothing else touches a finished search
+        lock.lock();
+      } else {
+        const SearchEvaluation e = evaluate(pi, w, *ticket);
+        lock.lock();
+        search.complete(*ticket, e);
+      }
+      cv.notify_all();
+    }
+    cv.notify_all();
+  };
+  if (workers <= 1) {
+    work(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < workers; ++w) threads.emplace_back(work, w);
+    for (auto& t : threads) t.join();
+  }
 }
 
 }  // namespace flashtune

@@ -5,7 +5,11 @@
 // nothing half-written and a rerun continues from what is stored.
 #pragma once
 #include <functional>
+#include <limits>
+#include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -74,6 +78,43 @@ struct SearchEvaluation {
 using SearchEvaluate =
     std::function<SearchEvaluation(int worker, size_t candidate, const Proposal&, double stop_above_ms)>;
 
+// One problem's search, stepped by whoever evaluates: take() hands out the strategy's next proposal
+// (none while the strategy waits on evaluations in flight, or once it is done or `stopped`),
+// complete() brings its evaluation back. Not thread-safe: callers hold one lock around every call.
+// A sweep over several GPUs steps several problems at once (sweep.cpp); search_problem steps one.
+class ProblemSearch {
+ public:
+  struct Ticket {
+    Proposal prop;
+    double stop_above_ms = 0;  // early stop above this time after 3 repeats (0: never)
+  };
+  ProblemSearch(const std::vector<SearchCandidate>&, const Problem&, const SearchOptions&);
+  ~ProblemSearch();
+  std::optional<Ticket> take(bool stopped);
+  void complete(const Ticket&, const SearchEvaluation&);
+  // Nothing left to propose and nothing in flight (known once a take() found nothing with none in flight).
+  bool finished() const { return exhausted_ && in_flight_ == 0; }
+  bool busy() const { return in_flight_ > 0; }
+  // `ranking`: the fully timed successes, fastest first (ms, candidate).
+  ProblemReport report(std::vector<std::pair<double, size_t>>* ranking) const;
+
+ private:
+  struct Measured {
+    Outcome o;
+    int weight = -1;  // repeats, the worker's default counting as the most
+  };
+  const std::vector<SearchCandidate>& cands_;
+  const SearchOptions opt_;
+  std::vector<CandidateFeatures> features_;  // the strategy keeps a reference
+  std::unique_ptr<Strategy> strategy_;
+  ProblemReport rep_;
+  int in_flight_ = 0;
+  bool exhausted_ = false;
+  std::set<size_t> evaluated_;
+  std::map<size_t, Measured> measured_;
+  double best_ms_ = std::numeric_limits<double>::infinity();
+};
+
 // One problem's search with `workers` evaluators in parallel threads (1: in the caller's thread); each
 // evaluation that could be cut short after 3 repeats gets stop_above_ms (0: never). `deadline` (on
 // `clock`, 0: none) ends it before a new evaluation starts; `evaluated` (may be empty) hears of each
@@ -83,5 +124,18 @@ ProblemReport search_problem(const std::vector<SearchCandidate>&, const Problem&
                              const SearchEvaluate&, double deadline, const std::function<double()>& clock,
                              const std::function<void(const std::string& config)>& evaluated,
                              std::vector<std::pair<double, size_t>>* ranking);
+
+// Several problems' searches stepped by `workers` threads (one per GPU): each worker steps its own
+// problem first (its inputs and reference are prepared there), then starts the next problem, then
+// shares another's evaluations. With one worker: the problems in order, one after the other; with
+// several, no worker idles at the end of a problem (a reference being computed, a halving round
+// closing, the re-timing) while another problem has work. start(problem, worker) makes a problem's
+// search (nullptr: nothing to search); evaluate runs a ticket outside every lock; finish (re-timing,
+// report) runs once per problem, on the worker that found it finished.
+using StartProblem = std::function<std::unique_ptr<ProblemSearch>(size_t problem, int worker)>;
+using EvaluateTicket = std::function<SearchEvaluation(size_t problem, int worker, const ProblemSearch::Ticket&)>;
+using FinishProblem = std::function<void(size_t problem, int worker, const ProblemSearch&)>;
+void step_problems(size_t problems, int workers, double deadline, const std::function<double()>& clock,
+                   const StartProblem&, const EvaluateTicket&, const FinishProblem&);
 
 }  // namespace flashtune

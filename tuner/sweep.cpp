@@ -4,9 +4,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include "tuner/library_kernels.hpp"
 #include "tuner/timing.hpp"
@@ -258,6 +263,7 @@ SearchEvaluation evaluation_of(const ResultRecord& r, bool reused) {
 namespace {
 void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& p, const SearchOptions& so,
                       const std::vector<std::pair<double, size_t>>& ranking, GpuSession& gpu, Store& store,
+                      int worker, int worker_device,
                       const std::function<const KernelRecord&(size_t, const Variant&, const std::string&)>& kernel_for,
                       ProblemReport& rep) {
   // The finalists timed in turn (A B C A B C ...), so that a drift in clocks or temperature during the
@@ -268,7 +274,7 @@ void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& 
   for (int r = 0; r < so.retime_rounds; ++r)
     for (size_t i = 0; i < n; ++i) {
       const SearchCandidate& c = cands[ranking[i].second];
-      ResultRecord rec = gpu.run(kernel_for(0, c.v, c.hash), c.v, p, json{{"min_reps", 10}, {"max_reps", 10}, {"warmup", 1}});
+      ResultRecord rec = gpu.run(kernel_for((size_t)worker, c.v, c.hash), c.v, p, json{{"min_reps", 10}, {"max_reps", 10}, {"warmup", 1}});
       if (rec.status == "ok") rounds[i].push_back(rec.ms_median), last[i] = rec;
     }
   double best = std::numeric_limits<double>::infinity();
@@ -281,6 +287,7 @@ void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& 
     if (!d.is_object()) d = json::object();
     d["sweep_ms_median"] = ranking[i].first;
     d["retime"] = {{"order", "interleaved"}, {"rounds", rounds[i]}, {"finalists", n}};
+    if (worker_device >= 0) d["worker_device"] = worker_device;
     rec.detail = d.dump();
     rec.ms_median = ms;
     rec.tflops = p.flops() / (ms * 1e-3) / 1e12;
@@ -387,75 +394,101 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
   Progress prog("tune " + space.family->name, planned, opt.progress);
   size_t evaluations_done = 0;
   std::mutex prog_mu;
-  for (size_t pi = 0; pi < problems.size(); ++pi) {
-    const Problem& p = problems[pi];
-    const std::vector<SearchCandidate>& cands = all_cands[pi];
-    if (cands.empty()) continue;
-    // What the store holds already for this problem on this device: reused, not re-run.
+
+  // Per problem: what the store holds for it on this device (reused, not re-run) and its search.
+  struct ProblemRun {
     std::map<std::string, ResultRecord> stored;
-    auto load_stored = [&] {
-      ResultFilter f;
-      f.family = space.family->name;
-      f.device = gpus[0]->device().name;
-      f.direction = p.direction;
-      f.dtype = to_string(p.dtype);
-      f.head_dim = p.head_dim;
-      f.causal = p.causal;
-      for (auto& r : store.results(f))
-        if (r.problem == p) stored[r.kernel_hash] = std::move(r);
-    };
-    load_stored();
     std::mutex stored_mu;
-    SearchEvaluate evaluate = [&](int w, size_t c, const Proposal& prop, double stop_above) {
-      const SearchCandidate& cand = cands[c];
-      const DeviceInfo& dev = gpus[(size_t)w]->device();
-      {
-        std::lock_guard<std::mutex> lock(stored_mu);
-        auto it = stored.find(cand.hash);
-        // Checked again just before the run: another tune on the same store may have stored it meanwhile.
-        if (it == stored.end() && stores[(size_t)w]->has_result(cand.hash, dev, p)) {
-          load_stored();
-          it = stored.find(cand.hash);
-        }
-        // A stored row stands for this evaluation when it was timed with at least the repeats asked for
-        // (the worker's default: at least 10), or when it failed (a rerun does not retry a crash).
-        const int want = prop.reps > 0 ? prop.reps : timing::kMinReps;
-        if (it != stored.end() && (it->second.status != "ok" || it->second.reps >= want)) {
-          ++sum.skipped;
-          return evaluation_of(it->second, true);
-        }
+  };
+  std::vector<std::unique_ptr<ProblemRun>> runs(problems.size());
+  std::vector<std::optional<ProblemReport>> reports(problems.size());
+  const bool several = gpus.size() > 1;
+
+  auto load_stored = [&](size_t pi, Store& st) {
+    const Problem& p = problems[pi];
+    ResultFilter f;
+    f.family = space.family->name;
+    f.device = gpus[0]->device().name;
+    f.direction = p.direction;
+    f.dtype = to_string(p.dtype);
+    f.head_dim = p.head_dim;
+    f.causal = p.causal;
+    for (auto& r : st.results(f))
+      if (r.problem == p) runs[pi]->stored[r.kernel_hash] = std::move(r);
+  };
+  auto evaluate = [&](size_t pi, int w, size_t c, const Proposal& prop, double stop_above) {
+    const Problem& p = problems[pi];
+    const SearchCandidate& cand = all_cands[pi][c];
+    ProblemRun& run = *runs[pi];
+    const DeviceInfo& dev = gpus[(size_t)w]->device();
+    {
+      std::lock_guard<std::mutex> lock(run.stored_mu);
+      auto it = run.stored.find(cand.hash);
+      // Checked again just before the run: another tune on the same store may have stored it meanwhile.
+      if (it == run.stored.end() && stores[(size_t)w]->has_result(cand.hash, dev, p)) {
+        load_stored(pi, *stores[(size_t)w]);
+        it = run.stored.find(cand.hash);
       }
-      const KernelRecord& k = kernel_for((size_t)w, cand.v, cand.hash);
-      json plan = json::object();  // the proposal's timing, over the worker's defaults
-      if (prop.reps > 0) plan["min_reps"] = plan["max_reps"] = prop.reps;
-      if (prop.warmup >= 0) plan["warmup"] = prop.warmup;
-      if (stop_above > 0) plan["stop_above_ms"] = stop_above;
-      ResultRecord r = gpus[(size_t)w]->run(k, cand.v, p, plan);
-      if (gpus.size() > 1) r.detail = with_worker_device(r.detail, opt.devices[(size_t)w]);
-      stores[(size_t)w]->put_result(r, dev);
-      {
-        std::lock_guard<std::mutex> lock(stored_mu);
-        sum.by_status[r.status]++;
-        sum.ran_kernels |= k.status == "compiled";
-        stored[cand.hash] = r;
+      // A stored row stands for this evaluation when it was timed with at least the repeats asked for
+      // (the worker's default: at least 10), or when it failed (a rerun does not retry a crash).
+      const int want = prop.reps > 0 ? prop.reps : timing::kMinReps;
+      if (it != run.stored.end() && (it->second.status != "ok" || it->second.reps >= want)) {
+        std::lock_guard<std::mutex> plock(prog_mu);
+        ++sum.skipped;
+        return evaluation_of(it->second, true);
       }
-      return evaluation_of(r, false);
-    };
+    }
+    const KernelRecord& k = kernel_for((size_t)w, cand.v, cand.hash);
+    json plan = json::object();  // the proposal's timing, over the worker's defaults
+    if (prop.reps > 0) plan["min_reps"] = plan["max_reps"] = prop.reps;
+    if (prop.warmup >= 0) plan["warmup"] = prop.warmup;
+    if (stop_above > 0) plan["stop_above_ms"] = stop_above;
+    ResultRecord r = gpus[(size_t)w]->run(k, cand.v, p, plan);
+    if (several) r.detail = with_worker_device(r.detail, opt.devices[(size_t)w]);
+    stores[(size_t)w]->put_result(r, dev);
+    {
+      std::lock_guard<std::mutex> plock(prog_mu);
+      sum.by_status[r.status]++;
+      sum.ran_kernels |= k.status == "compiled";
+    }
+    std::lock_guard<std::mutex> lock(run.stored_mu);
+    run.stored[cand.hash] = r;
+    return evaluation_of(r, false);
+  };
+  // A finished problem's finalists re-timed on the worker's GPU, then its report.
+  auto finish = [&](size_t pi, int w, const ProblemSearch& search) {
+    const Problem& p = problems[pi];
     std::vector<std::pair<double, size_t>> ranking;
-    auto evaluated = [&](const std::string& config) {
-      std::lock_guard<std::mutex> lock(prog_mu);
-      prog.update(++evaluations_done, p.str() + " " + config);
-    };
-    ProblemReport rep = search_problem(cands, p, so, (int)gpus.size(), evaluate, deadline, seconds_now, evaluated, &ranking);
+    ProblemReport rep = search.report(&ranking);
     // Re-timed only when something new ran: a rerun over a finished sweep changes nothing.
     if (so.retime_top > 0 && ranking.size() > 1 && rep.reused < rep.evaluations &&
         !(deadline > 0 && seconds_now() >= deadline))
-      retime_finalists(cands, p, so, ranking, *gpus[0], *stores[0], kernel_for, rep);
+      retime_finalists(all_cands[pi], p, so, ranking, *gpus[(size_t)w], *stores[(size_t)w], w, several ? opt.devices[(size_t)w] : -1,
+                       kernel_for, rep);
     std::fprintf(stderr, "%s: %zu of %zu candidates evaluated (%zu stored before), best %s %.3f ms %.1f TFLOP/s\n",
                  p.str().c_str(), rep.evaluations, rep.space_size, rep.reused, rep.best_config.c_str(), rep.best_ms,
                  rep.best_tflops);
-    sum.reports.push_back(rep);
-  }
+    reports[pi] = std::move(rep);
+  };
+
+  step_problems(
+      problems.size(), (int)gpus.size(), deadline, seconds_now,
+      [&](size_t pi, int w) -> std::unique_ptr<ProblemSearch> {
+        if (all_cands[pi].empty()) return nullptr;
+        runs[pi] = std::make_unique<ProblemRun>();
+        load_stored(pi, *stores[(size_t)w]);
+        return std::make_unique<ProblemSearch>(all_cands[pi], problems[pi], so);
+      },
+      [&](size_t pi, int w, const ProblemSearch::Ticket& t) {
+        const SearchEvaluation e = evaluate(pi, w, t.prop.candidate, t.prop, t.stop_above_ms);
+        const Variant& v = all_cands[pi][t.prop.candidate].v;
+        std::lock_guard<std::mutex> plock(prog_mu);
+        prog.update(++evaluations_done, problems[pi].str() + " " + v.family->config_string(v.config));
+        return e;
+      },
+      finish);
+  for (auto& r : reports)
+    if (r) sum.reports.push_back(std::move(*r));
   prog.finish();
   for (const auto& g : gpus)
     if (g->restarts()) std::fprintf(stderr, "a worker was restarted %d times (crashes or hangs)\n", g->restarts());
