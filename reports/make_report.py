@@ -274,6 +274,17 @@ def main():
                                ["dtype", "S", "d", "causal", "gradient", "ours rel L2", "torch flash rel L2",
                                 "ours / torch"]))
         report.append("")
+    multi = os.path.join(src_dir, "multi_gpu_sweep.csv")
+    if os.path.exists(multi):
+        m = {r["metric"]: r["value"] for r in csv.DictReader(open(multi))}
+        report.append("## One sweep over two GPUs of one host\n\n"
+                      "`scripts/device_run.sh multi-gpu` (`experiments/multi_gpu_sweep.py`): the same exhaustive sweep "
+                      "with `--devices 1`, then `--devices 0,1`, both from one compile cache, so the wall times are the "
+                      f"GPU work. Speedup {m.get('speedup_2gpu_vs_1gpu')} (bar 1.8); same best configs: "
+                      f"{m.get('same_best_configs')}; rows lost or doubled: {m.get('rows_lost_or_duplicated')}; "
+                      f"fault sweep with a crash on one GPU complete: {m.get('fault_sweep_complete')}.\n")
+        report.append(md_table([{"metric": k, "value": v} for k, v in m.items()], ["metric", "value"], ["metric", "value"]))
+        report.append("")
     tuned_vs_default(rows, out_dir, report)
     landscape_part = []
     landscape_pngs = landscape(rows, out_dir, landscape_part)
