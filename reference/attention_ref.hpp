@@ -15,6 +15,7 @@ struct Shape {
   int batch, heads, seq_q, seq_k, head_dim;
   bool causal = false;
   double scale = 0;  // <= 0 means 1/sqrt(head_dim)
+  int heads_k = 0;   // grouped-query attention: K, V have heads_k heads; 0 means heads
 
   double softmax_scale() const;
 };

@@ -273,9 +273,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
   const int m0 = qblock * BM;
   if (m0 >= seq_q) return;  // whole block: safe before any barrier
   const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
+  // Grouped-query attention: this query head's kv head.
+  const long long bh_kv = static_cast<long long>(blockIdx.z) * (p.heads / query_group(p)) + blockIdx.y / query_group(p);
   const unsigned short* q = static_cast<const unsigned short*>(p.q) + bh * seq_q * D;
-  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh * seq_k * D;
-  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh * seq_k * D;
+  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh_kv * seq_k * D;
+  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh_kv * seq_k * D;
   const float scale_log2 = p.scale_log2;
 
   // Key j is visible to query i iff j <= i + causal_offset (bottom-right aligned).

@@ -273,29 +273,38 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
   const int seq_k = p.seq_k;
   const int n0 = blockIdx.x * BN;
   if (n0 >= seq_k) return;  // whole block: safe before any barrier
-  const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
-  const unsigned short* q = static_cast<const unsigned short*>(p.q) + bh * seq_q * D;
-  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh * seq_k * D;
-  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh * seq_k * D;
-  const unsigned short* dout = static_cast<const unsigned short*>(p.dout) + bh * seq_q * D;
-  const float* lse = p.lse + bh * seq_q;
-  const float* delta = p.delta + bh * seq_q;
+  // One CTA per kv head (y): grouped-query attention sums dK, dV over the group's query heads, so the
+  // loop below runs over (query head of the group, query block) pairs.
+  const int group = query_group(p);
+  const long long bh_kv = static_cast<long long>(blockIdx.z) * (p.heads / group) + blockIdx.y;
+  const long long bh_q0 = static_cast<long long>(blockIdx.z) * p.heads + static_cast<long long>(blockIdx.y) * group;
+  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh_kv * seq_k * D;
+  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh_kv * seq_k * D;
   const float scale_log2 = p.scale_log2;
 
   // Query i sees key n iff n <= i + causal_offset: only query blocks reaching row n0 - causal_offset.
   const int causal_offset = seq_k - seq_q;
   const int num_m_blocks = ceil_div(seq_q, BM);
   const int first_m_block = CAUSAL ? imax(0, n0 - causal_offset) / BM : 0;
+  const int blocks_per_head = num_m_blocks - first_m_block;
+  const int num_steps = group * blocks_per_head;  // step t: query head t / blocks_per_head of the group
+  auto head_of = [&](int t) { return bh_q0 + t / blocks_per_head; };
+  auto block_of = [&](int t) { return first_m_block + t % blocks_per_head; };
 
   // Per-lane ldmatrix offsets: A / trans-B pattern (row lane%16, chunk lane/16) and non-trans B /
   // trans-A pattern (row lane%8 + 8*(lane/16), chunk (lane/8)%2).
   const unsigned a_off = det::chunk_off<RB>(lane & 15, lane >> 4);
   const unsigned b_off = det::chunk_off<RB>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
 
-  auto load_block = [&](int mb, int s) {
+  auto load_block = [&](int t, int s) {
+    const long long bh = head_of(t);
+    const int mb = block_of(t);
+    const unsigned short* q = static_cast<const unsigned short*>(p.q) + bh * seq_q * D;
+    const unsigned short* dout = static_cast<const unsigned short*>(p.dout) + bh * seq_q * D;
     det::load_rows<BM, D, NT>(q_tile(s), q, mb * BM, seq_q, tid);
     det::load_rows<BM, D, NT>(do_tile(s), dout, mb * BM, seq_q, tid);
-    det::load_stats<BM, NT>(stats_s + 8 * s * BM, stats_s + 8 * s * BM + 4 * BM, lse, delta, mb * BM, seq_q, tid);
+    det::load_stats<BM, NT>(stats_s + 8 * s * BM, stats_s + 8 * s * BM + 4 * BM, p.lse + bh * seq_q,
+                            p.delta + bh * seq_q, mb * BM, seq_q, tid);
   };
 
   float dk[MTN][DC / 8][4], dv[MTN][DC / 8][4];
@@ -304,16 +313,16 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
 
   det::load_rows<BN, D, NT>(k_tile, k, n0, seq_k, tid);
   det::load_rows<BN, D, NT>(v_tile, v, n0, seq_k, tid);
-  if (first_m_block < num_m_blocks) load_block(first_m_block, 0);
+  if (num_steps > 0) load_block(0, 0);
   cp_async_commit();
 
   int s = 0;
-  for (int mb = first_m_block; mb < num_m_blocks; ++mb) {
-    const int m0 = mb * BM;
-    cp_async_wait<0>();  // block mb (K, V too on the first pass)
-    __syncthreads();     // visible to all; everyone done with block mb-1 (its slot, dS^T)
+  for (int t = 0; t < num_steps; ++t) {
+    const int m0 = block_of(t) * BM;
+    cp_async_wait<0>();  // step t's block (K, V too on the first pass)
+    __syncthreads();     // visible to all; everyone done with step t-1 (its slot, dS^T)
     if constexpr (STAGES == 2) {
-      if (mb + 1 < num_m_blocks) load_block(mb + 1, s ^ 1);
+      if (t + 1 < num_steps) load_block(t + 1, s ^ 1);
       cp_async_commit();
     }
 
@@ -367,7 +376,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
 
     if constexpr (T::kDqMode == 0 || STAGES == 1) __syncthreads();  // dS^T visible; slot s free (STAGES 1)
     if constexpr (STAGES == 1) {
-      if (mb + 1 < num_m_blocks) load_block(mb + 1, 0);
+      if (t + 1 < num_steps) load_block(t + 1, 0);
       cp_async_commit();
     }
 
@@ -398,7 +407,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
           }
         }
       }
-      float* dq_accum = p.dq_accum + bh * seq_q * D;
+      float* dq_accum = p.dq_accum + head_of(t) * seq_q * D;
       const float scale = p.scale;
 #pragma unroll
       for (int mq = 0; mq < MQ; ++mq)
@@ -418,8 +427,8 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
   cp_async_wait<0>();  // nothing in flight at exit (no query block: K, V unused)
 
   // dK (times scale), dV rows; zeros for a block no query sees.
-  unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh * seq_k * D;
-  unsigned short* dv_out = static_cast<unsigned short*>(p.dv) + bh * seq_k * D;
+  unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh_kv * seq_k * D;
+  unsigned short* dv_out = static_cast<unsigned short*>(p.dv) + bh_kv * seq_k * D;
   det::store_rows<DT, MTN, DC, D>(dk_out, dk, p.scale, n0 + kr0 + g, dc0 + 2 * tig, seq_k);
   det::store_rows<DT, MTN, DC, D>(dv_out, dv, 1.f, n0 + kr0 + g, dc0 + 2 * tig, seq_k);
 }
@@ -482,8 +491,9 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const At
     const int m0 = qblock * BM;
     if (m0 >= seq_q) return;  // whole block: safe before any barrier
     const unsigned short* q = static_cast<const unsigned short*>(p.q) + bh * seq_q * D;
-    const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh * seq_k * D;
-    const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh * seq_k * D;
+    const long long bh_kv = static_cast<long long>(blockIdx.z) * (p.heads / query_group(p)) + blockIdx.y / query_group(p);
+    const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh_kv * seq_k * D;
+    const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh_kv * seq_k * D;
     const unsigned short* dout = static_cast<const unsigned short*>(p.dout) + bh * seq_q * D;
     const float scale_log2 = p.scale_log2;
 

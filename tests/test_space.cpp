@@ -151,6 +151,30 @@ TEST(Problems, ExplicitListAndStandardGrid) {
   EXPECT_TRUE(ps.back().causal);
 }
 
+// Grouped-query attention: heads_k divides heads; heads_k == heads is multi-head (one spelling, one
+// key); K and V bytes count kv heads; multi-head JSON has no heads_k (its keys and shards unchanged).
+TEST(Problems, GroupedQueryHeads) {
+  auto one = [](const char* s) { return problems_from_json(json::parse(s)).at(0); };
+  const Problem g = one(R"({"problems":[{"batch":2,"heads":32,"heads_k":8,"seq":1024,"head_dim":128,"dtype":"bf16"}]})");
+  EXPECT_EQ(g.heads_k, 8);
+  EXPECT_EQ(g.kv_heads(), 8);
+  EXPECT_EQ(g.group(), 4);
+  EXPECT_EQ(g.str(), "B2 H32/8 Sq1024 Sk1024 d128 bf16");
+  EXPECT_EQ(to_json(g)["heads_k"], 8);
+  EXPECT_EQ(problem_from_json(to_json(g)), g);
+  Problem m = g;
+  m.heads_k = 0;
+  // Q, O (and LSE) per query head; K, V per kv head: 8 of 32 heads' worth of K and V.
+  EXPECT_DOUBLE_EQ(m.bytes() - g.bytes(), 2.0 * 2 * (32 - 8) * 1024 * 128 * 2);
+  EXPECT_DOUBLE_EQ(m.flops(), g.flops());
+  const Problem same = one(R"({"problems":[{"batch":2,"heads":32,"heads_k":32,"seq":1024,"head_dim":128,"dtype":"bf16"}]})");
+  EXPECT_EQ(same.heads_k, 0);
+  EXPECT_FALSE(to_json(same).contains("heads_k"));
+  EXPECT_THROW(one(R"({"problems":[{"batch":1,"heads":32,"heads_k":6,"seq":8,"head_dim":64}]})"), UsageError);
+  EXPECT_THROW(one(R"({"problems":[{"batch":1,"heads":32,"heads_k":0,"seq":8,"head_dim":64}]})"), UsageError);
+  EXPECT_THROW(one(R"({"problems":[{"batch":1,"heads":8,"heads_k":16,"seq":8,"head_dim":64}]})"), UsageError);
+}
+
 TEST(Problems, RejectsBadShapes) {
   auto bad = [](const char* text) { return problems_from_json(json::parse(text)); };
   EXPECT_THROW(bad(R"({"problems":[{"batch":0,"heads":1,"seq":8,"head_dim":64}]})"), UsageError);

@@ -206,7 +206,7 @@ TEST(Store, MigratesVersion4ToProvenanceReadingIt) {
     EXPECT_EQ(ro.device_signatures().size(), 2u);
   }
   Store s(path);  // a write verb migrates
-  EXPECT_EQ(s.schema_version(), 5);
+  EXPECT_EQ(s.schema_version(), kSchemaVersion);
   Provenance p;
   p.kind = "merge";
   p.source = "/x/a.db";
@@ -218,6 +218,76 @@ TEST(Store, MigratesVersion4ToProvenanceReadingIt) {
   EXPECT_EQ(found->id, id);
   EXPECT_EQ(found->results, 2);
   EXPECT_EQ(s.provenance().size(), 1u);
+  fs::remove(path);
+}
+
+// Schema 6: heads_k (grouped-query attention) joined the results' unique key; a v5 file's rows come
+// through as multi-head rows, and a GQA row beside a multi-head one of the same kernel and shape is
+// another row.
+TEST(Store, MigratesVersion5ToGroupedQueryKeys) {
+  std::string path = temp_db("v5");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);
+  }
+  {  // a version-5 results table: no heads_k column
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    const char* sql = R"sql(
+      CREATE TABLE r5(id INTEGER PRIMARY KEY,
+        kernel_hash TEXT NOT NULL, family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+        batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
+        head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, causal INTEGER NOT NULL, status TEXT NOT NULL, error TEXT,
+        max_abs REAL, max_rel REAL, mse REAL, ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL,
+        gbps REAL, seed INTEGER, device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL,
+        driver_version INTEGER NOT NULL, nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+        registers INTEGER, smem_static INTEGER, spill_stores INTEGER, created TEXT NOT NULL, detail TEXT,
+        inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER,
+        UNIQUE(kernel_hash, device_name, sm_count, batch, heads, seq_q, seq_k, inputs));
+      INSERT INTO r5 SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,
+        status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,
+        driver_version,nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created,detail,inputs,origin
+        FROM results;
+      DROP TABLE results; ALTER TABLE r5 RENAME TO results; UPDATE meta SET value='5';)sql";
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  }
+  std::vector<ResultRecord> before;
+  {
+    Store ro(path, Store::Mode::read_only);
+    EXPECT_EQ(ro.schema_version(), 5);
+    before = ro.results({});
+    ASSERT_EQ(before.size(), 8u);
+    for (const auto& r : before) EXPECT_EQ(r.problem.heads_k, 0);
+  }
+  Store s(path);
+  EXPECT_EQ(s.schema_version(), kSchemaVersion);
+  const std::vector<ResultRecord> after = s.results({});
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].id, before[i].id);
+    EXPECT_EQ(after[i].problem, before[i].problem);
+    EXPECT_EQ(after[i].ms_median, before[i].ms_median);
+  }
+  // The same kernel and shape with 8 kv heads for the fixture's query heads: a row of its own.
+  ResultRecord gqa = after[0];
+  gqa.problem.heads = 8;
+  ResultRecord mha = gqa;
+  gqa.problem.heads_k = 2;
+  gqa.ms_median = 0.5;
+  DeviceInfo d;
+  d.name = gqa.device_name; d.arch = gqa.arch; d.sm_count = gqa.sm_count; d.driver_version = gqa.driver_version;
+  s.put_result(mha, d);
+  s.put_result(gqa, d);
+  EXPECT_TRUE(s.has_result(gqa.kernel_hash, d, gqa.problem));
+  int found_gqa = 0, found_mha = 0;
+  for (const auto& r : s.results({}))
+    if (r.kernel_hash == gqa.kernel_hash && r.problem.heads == 8) {
+      found_gqa += r.problem.heads_k == 2 && r.ms_median == 0.5;
+      found_mha += r.problem.heads_k == 0;
+    }
+  EXPECT_EQ(found_gqa, 1);
+  EXPECT_EQ(found_mha, 1);
   fs::remove(path);
 }
 

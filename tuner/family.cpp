@@ -171,6 +171,7 @@ std::vector<Family> make_families() {
     f.head_dims = {32, 64, 96, 128, 192, 256};
     f.dtypes = {DType::fp16, DType::bf16};
     f.default_config = {64, 64, 4, 2};  // FlashAttention-2's d=256 tile: fits every head dim
+    f.gqa = true;
     f.traits = [](const Config& c, int d, bool causal, DType t) {
       return "flashtune::Fa2MmaTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
@@ -199,6 +200,7 @@ std::vector<Family> make_families() {
     f.head_dims = {32, 64, 96, 128, 192, 256};
     f.dtypes = {DType::fp16, DType::bf16};
     f.default_config = {32, 64, 8, 2, 2, 1};
+    f.gqa = true;
     f.traits = [](const Config& c, int d, bool causal, DType t) {
       return "flashtune::Fa2MmaBwdTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
@@ -209,13 +211,14 @@ std::vector<Family> make_families() {
     f.check = [](const Config& c, int d) { return fa2_mma_bwd_check(d, c[0], c[1], c[2], c[3], c[4], c[5]); };
     f.launches = [](const Config& c, const Problem& p) {
       const int bm = c[0], bn = c[1], w = c[2], ds = c[3], st = c[4], mode = c[5], d = p.head_dim;
-      auto grid = [&](auto fn) { return fn(p.batch, p.heads, p.seq_q, p.seq_k, bm, bn, w, ds, st, mode); };
+      // Per query head, but dK/dV per kv head (grouped-query attention sums over the group in the CTA).
+      auto grid = [&](auto fn, int heads) { return fn(p.batch, heads, p.seq_q, p.seq_k, bm, bn, w, ds, st, mode); };
       return std::vector{
-          make_launch(grid(fa2_mma_bwd_preprocess_grid), fa2_mma_bwd_preprocess_threads(bm, bn, w, ds, st, mode),
+          make_launch(grid(fa2_mma_bwd_preprocess_grid, p.heads), fa2_mma_bwd_preprocess_threads(bm, bn, w, ds, st, mode),
                       fa2_mma_bwd_preprocess_smem_bytes(d, bm, bn, w, ds, st, mode)),
-          make_launch(grid(fa2_mma_bwd_dkdv_grid), fa2_mma_bwd_dkdv_threads(bm, bn, w, ds, st, mode),
+          make_launch(grid(fa2_mma_bwd_dkdv_grid, p.kv_heads()), fa2_mma_bwd_dkdv_threads(bm, bn, w, ds, st, mode),
                       fa2_mma_bwd_dkdv_smem_bytes(d, bm, bn, w, ds, st, mode)),
-          make_launch(grid(fa2_mma_bwd_dq_grid), fa2_mma_bwd_dq_threads(bm, bn, w, ds, st, mode),
+          make_launch(grid(fa2_mma_bwd_dq_grid, p.heads), fa2_mma_bwd_dq_threads(bm, bn, w, ds, st, mode),
                       fa2_mma_bwd_dq_smem_bytes(d, bm, bn, w, ds, st, mode))};
     };
     fs.push_back(std::move(f));

@@ -40,6 +40,7 @@ struct Family {
   bool test_only = false;     // fault-injection families: never in default listings
   bool workspace_written = false;  // see workspace_bytes
   bool hopper_only = false;   // wgmma: compiled for sm_90a (on an sm_90 target), pruned on others
+  bool gqa = false;           // reads kv head h / (heads / heads_k) (grouped-query attention)
 
   // "flashtune::Fa2SimtTraits<64,128,64,8,4,2,false>"
   std::function<std::string(const Config&, int head_dim, bool causal, DType)> traits;

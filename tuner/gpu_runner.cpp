@@ -247,7 +247,7 @@ void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
 void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long max_rows,
                             const std::string& inputs_dir) {
   const size_t nq = (size_t)p.batch * p.heads * p.seq_q * p.head_dim;
-  const size_t nk = (size_t)p.batch * p.heads * p.seq_k * p.head_dim;
+  const size_t nk = (size_t)p.batch * p.kv_heads() * p.seq_k * p.head_dim;
   const size_t elem = dtype_bytes(p.dtype);
   // One stream per tensor: fresh inputs for every (problem, seed), never zeros. Rounded to the
   // kernel's dtype, so the reference sees exactly the kernel's inputs. Or the files' numbers as they are.
@@ -267,6 +267,7 @@ void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long
   CU_CHECK(cuMemcpyHtoD(v_.ptr, v.bytes.data(), nk * elem));
 
   ref::Shape shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal};
+  shape.heads_k = p.heads_k;
   fwd_ref_ = forward_reference(shape, q.values.data(), k.values.data(), v.values.data(),
                                ref::sample_rows(shape, max_rows, seed));
 }
@@ -276,12 +277,17 @@ void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std
   // reference of a whole head's backward stays affordable, and every output element of every head is
   // checked. Two heads, or one when a head alone costs ~10^11 float64 operations (S = 16k at d = 64
   // and up). File-backed inputs: every head is its own, so the reference covers all B*H of them.
-  const int bh = p.batch * p.heads;
+  // Grouped-query attention: the unit is a kv head with its group of query heads (one query head
+  // when multi-head); the distinct groups are tiled, query heads over query heads and kv heads over kv
+  // heads, so that query head i holds distinct query head i % (groups * g) and kv head G distinct
+  // kv head G % groups: element i of every gradient is element i % size of its reference.
+  const int bh = p.batch * p.heads, bhk = p.batch * p.kv_heads(), g = p.group();
   const double head_cost = (double)p.seq_q * p.seq_k * p.head_dim;
   if (!inputs_dir.empty() && bh * head_cost > kMaxFileBwdReferenceWork)
     throw std::runtime_error("backward with file inputs: B*H*Sq*Sk*d = " + std::to_string(bh * head_cost) +
                              " is over 2^34, too slow for the float64 reference of every head");
-  distinct_heads_ = inputs_dir.empty() ? std::min(bh, head_cost >= 0x1p34 ? 1 : 2) : bh;
+  const int groups = inputs_dir.empty() ? std::min(bhk, head_cost * g >= 0x1p34 ? 1 : 2) : bhk;
+  distinct_heads_ = groups * g;
   const size_t hq = (size_t)p.seq_q * p.head_dim, hk = (size_t)p.seq_k * p.head_dim;
   const size_t elem = dtype_bytes(p.dtype);
   const std::vector<InputFile> files = input_files(p);
@@ -289,37 +295,41 @@ void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std
     return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, dist)
                               : loaded_input(inputs_dir, files[i], p.dtype);
   };
-  const HostTensor q = input(0, 0x51, hq * distinct_heads_, p.inputs), k = input(1, 0x4b, hk * distinct_heads_, p.inputs),
-                   v = input(2, 0x56, hk * distinct_heads_, p.inputs),
+  const HostTensor q = input(0, 0x51, hq * distinct_heads_, p.inputs), k = input(1, 0x4b, hk * groups, p.inputs),
+                   v = input(2, 0x56, hk * groups, p.inputs),
                    dout = input(3, 0x64, hq * distinct_heads_, grad_dist(p.inputs));
   const auto &q_dev = q.bytes, &k_dev = k.bytes, &v_dev = v.bytes, &do_dev = dout.bytes;
 
   // The distinct heads as one (1, distinct_heads_) problem: each head's reference is its own.
   ref::Shape heads{1, distinct_heads_, p.seq_q, p.seq_k, p.head_dim, p.causal};
+  heads.heads_k = g > 1 ? groups : 0;
   bwd_ref_ = backward_reference(heads, q.values.data(), k.values.data(), v.values.data(), dout.values.data());
   // The forward's results as the backward's inputs: O in the kernel's dtype, LSE in fp32.
   std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
   const auto o_dev = to_device_format(o_f, p.dtype);
 
   ensure(q_, bh * hq * elem);
-  ensure(k_, bh * hk * elem);
-  ensure(v_, bh * hk * elem);
+  ensure(k_, bhk * hk * elem);
+  ensure(v_, bhk * hk * elem);
   ensure(o_, bh * hq * elem);
   ensure(dout_, bh * hq * elem);
   ensure(lse_, (size_t)bh * p.seq_q * 4);
   ensure(dq_, bh * hq * elem);
-  ensure(dk_, bh * hk * elem);
-  ensure(dv_, bh * hk * elem);
+  ensure(dk_, bhk * hk * elem);
+  ensure(dv_, bhk * hk * elem);
   ensure(delta_, (size_t)bh * p.seq_q * 4);
   ensure(dq_accum_, bh * hq * 4);
   for (int i = 0; i < bh; ++i) {
     const int h = i % distinct_heads_;
     CU_CHECK(cuMemcpyHtoD(q_.ptr + i * hq * elem, q_dev.data() + h * hq * elem, hq * elem));
-    CU_CHECK(cuMemcpyHtoD(k_.ptr + i * hk * elem, k_dev.data() + h * hk * elem, hk * elem));
-    CU_CHECK(cuMemcpyHtoD(v_.ptr + i * hk * elem, v_dev.data() + h * hk * elem, hk * elem));
     CU_CHECK(cuMemcpyHtoD(o_.ptr + i * hq * elem, o_dev.data() + h * hq * elem, hq * elem));
     CU_CHECK(cuMemcpyHtoD(dout_.ptr + i * hq * elem, do_dev.data() + h * hq * elem, hq * elem));
     CU_CHECK(cuMemcpyHtoD(lse_.ptr + (size_t)i * p.seq_q * 4, lse_f.data() + (size_t)h * p.seq_q, p.seq_q * 4));
+  }
+  for (int i = 0; i < bhk; ++i) {
+    const int h = i % groups;
+    CU_CHECK(cuMemcpyHtoD(k_.ptr + i * hk * elem, k_dev.data() + h * hk * elem, hk * elem));
+    CU_CHECK(cuMemcpyHtoD(v_.ptr + i * hk * elem, v_dev.data() + h * hk * elem, hk * elem));
   }
 }
 
@@ -329,11 +339,11 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
   const float scale_log2 = (float)(scale * M_LOG2E);
   float* workspace = workspace_.ptr ? (float*)workspace_.ptr : nullptr;
   AttnFwdParams fwd{(const void*)q_.ptr, (const void*)k_.ptr, (const void*)v_.ptr, (void*)o_.ptr, (float*)lse_.ptr,
-                    workspace, p.batch, p.heads, p.seq_q, p.seq_k, scale, scale_log2};
+                    workspace, p.batch, p.heads, p.seq_q, p.seq_k, scale, scale_log2, p.heads_k};
   AttnBwdParams bwd{(const void*)q_.ptr, (const void*)k_.ptr, (const void*)v_.ptr, (const void*)o_.ptr,
                     (const float*)lse_.ptr, (const void*)dout_.ptr, (void*)dq_.ptr, (void*)dk_.ptr, (void*)dv_.ptr,
                     (float*)delta_.ptr, (float*)dq_accum_.ptr, p.batch, p.heads, p.seq_q, p.seq_k, scale, scale_log2,
-                    (void*)workspace};
+                    (void*)workspace, p.heads_k};
   void* fwd_args[] = {&fwd};
   void* bwd_args[] = {&bwd};
   for (const Kernel& k : kernels)

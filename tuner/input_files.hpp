@@ -21,8 +21,8 @@ struct InputFile {
 };
 
 inline std::vector<InputFile> input_files(const Problem& p) {
-  const size_t e = dtype_bytes(p.dtype), bh = (size_t)p.batch * p.heads;
-  const size_t q = bh * p.seq_q * p.head_dim * e, k = bh * p.seq_k * p.head_dim * e;
+  const size_t e = dtype_bytes(p.dtype), bh = (size_t)p.batch * p.heads, bhk = (size_t)p.batch * p.kv_heads();
+  const size_t q = bh * p.seq_q * p.head_dim * e, k = bhk * p.seq_k * p.head_dim * e;
   std::vector<InputFile> f = {{"q", q}, {"k", k}, {"v", k}};
   if (p.direction == "bwd") f.push_back({"do", q});
   return f;

@@ -429,6 +429,7 @@ Problem parse_shape(const std::string& shape, const Args& a) {
   }
   j["dtype"] = a.get("dtype", "fp32");
   j["causal"] = a.has("causal");
+  if (a.has("heads-k")) j["heads_k"] = a.get_int("heads-k", 1, 1, 1 << 16);
   return problem_from_json(j);
 }
 
@@ -437,7 +438,7 @@ int cmd_run(int argc, char** argv) {
     std::puts("usage: flashtune run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32]\n"
               "                     [--causal] [--direction fwd|bwd] [--seed N] [--check] [--check-determinism]\n"
               "                     [--json] [--db PATH] [--device N] [--timeout S] [--inputs DIR] [--save-outputs DIR]\n"
-              "                     [--input-dist normal|heavy] [--input-scale X]\n"
+              "                     [--input-dist normal|heavy] [--input-scale X] [--heads-k N]\n"
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
               "reference (forward: sampled rows, every row with --check; backward: every element of dQ, dK,\n"
               "dV), then timed. --check-determinism runs it twice and reports whether the outputs' bits\n"
@@ -452,12 +453,14 @@ int cmd_run(int argc, char** argv) {
               "dO is of the same kind, unscaled). Default normal, 1. Tolerances scale with the inputs.\n"
               "--save-outputs DIR writes the validated run's outputs there as raw files: forward o.bin (dtype)\n"
               "and lse.bin (fp32, [B,H,Sq]); backward dq.bin, dk.bin, dv.bin (dtype).\n"
+              "--heads-k N: grouped-query attention (N divides H): K, V, dK, dV have N heads, query head h\n"
+              "reads kv head h / (H / N) (families fa2_mma, fa2_mma_bwd).\n"
               "Exit 1 if the kernel is not valid.");
     return 0;
   }
   Args a = parse(argc, argv,
                  {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
-                  "save-outputs", "input-dist", "input-scale"},
+                  "save-outputs", "input-dist", "input-scale", "heads-k"},
                  {"causal", "check", "json", "best", "check-determinism"});
   if (!a.has("family")) throw UsageError("run needs --family");
   if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d");
@@ -475,6 +478,8 @@ int cmd_run(int argc, char** argv) {
     throw UsageError("family " + f.name + " does not support dtype " + to_string(p.dtype));
   if (std::find(f.head_dims.begin(), f.head_dims.end(), p.head_dim) == f.head_dims.end())
     throw UsageError("family " + f.name + " does not support head_dim " + std::to_string(p.head_dim));
+  if (p.heads_k > 0 && !f.gqa)
+    throw UsageError("family " + f.name + " does not support grouped-query attention (--heads-k)");
   RunOptions o = run_options(a);
   if (a.has("check")) o.max_rows = (long long)p.batch * p.heads * p.seq_q;  // every row
   o.check_determinism = a.has("check-determinism");

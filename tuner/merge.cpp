@@ -78,7 +78,8 @@ std::string rows_hash(const std::vector<ExperimentRow>& rows) {
 
 std::string result_key(const ResultRecord& r) {
   const Problem& p = r.problem;
-  return json::array({r.kernel_hash, r.device_name, r.sm_count, p.batch, p.heads, p.seq_q, p.seq_k, p.inputs.str()}).dump();
+  return json::array({r.kernel_hash, r.device_name, r.sm_count, p.batch, p.heads, p.heads_k, p.seq_q, p.seq_k, p.inputs.str()})
+      .dump();
 }
 
 Loaded load(Store& s) {

@@ -64,10 +64,11 @@ double Problem::flops() const {
 
 double Problem::bytes() const {
   double e = dtype_bytes(dtype);
-  double bh = (double)batch * heads;
+  // Per query head: Q, O, dO, dQ and LSE; per kv head: K, V, dK, dV.
+  const double bh = (double)batch * heads, bhk = (double)batch * kv_heads();
   if (direction == "bwd")  // read Q, K, V, O, dO, LSE; write dQ, dK, dV
-    return bh * (e * head_dim * (4.0 * seq_q + 2.0 * seq_k + seq_q + 2.0 * seq_k) + 4.0 * seq_q);
-  return bh * (e * head_dim * (2.0 * seq_q + 2.0 * seq_k) + 4.0 * seq_q);
+    return bh * (e * head_dim * 4.0 * seq_q + 4.0 * seq_q) + bhk * e * head_dim * 4.0 * seq_k;
+  return bh * (e * head_dim * 2.0 * seq_q + 4.0 * seq_q) + bhk * e * head_dim * 2.0 * seq_k;
 }
 
 int Problem::seq_bucket() const {
@@ -77,7 +78,8 @@ int Problem::seq_bucket() const {
 }
 
 std::string Problem::str() const {
-  std::string s = "B" + std::to_string(batch) + " H" + std::to_string(heads) + " Sq" + std::to_string(seq_q) +
+  std::string s = "B" + std::to_string(batch) + " H" + std::to_string(heads) +
+                  (heads_k > 0 ? "/" + std::to_string(heads_k) : std::string()) + " Sq" + std::to_string(seq_q) +
                   " Sk" + std::to_string(seq_k) + " d" + std::to_string(head_dim) + " " + to_string(dtype);
   if (causal) s += " causal";
   if (direction != "fwd") s += " " + direction;
@@ -124,11 +126,18 @@ Problem problem_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw UsageError("a problem must be a JSON object, got " + brief(j.dump(), 60));
   for (auto& [key, _] : j.items())
     if (key != "batch" && key != "heads" && key != "seq_q" && key != "seq_k" && key != "seq" && key != "head_dim" &&
-        key != "dtype" && key != "causal" && key != "direction" && key != "inputs")
+        key != "dtype" && key != "causal" && key != "direction" && key != "inputs" && key != "heads_k")
       throw UsageError("unknown problem field '" + key + "'");
   Problem p;
   p.batch = positive_int(j, "batch", 1 << 20);
   p.heads = positive_int(j, "heads", 1 << 16);
+  if (j.contains("heads_k")) {
+    p.heads_k = positive_int(j, "heads_k", 1 << 16);
+    if (p.heads % p.heads_k)
+      throw UsageError("problem field 'heads_k' (" + std::to_string(p.heads_k) + ") must divide 'heads' (" +
+                       std::to_string(p.heads) + ")");
+    if (p.heads_k == p.heads) p.heads_k = 0;  // multi-head: one spelling, one store key
+  }
   if (j.contains("seq")) {
     p.seq_q = p.seq_k = positive_int(j, "seq", 1 << 20);
   } else {
@@ -154,9 +163,11 @@ Problem problem_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json to_json(const Problem& p) {
-  return {{"batch", p.batch}, {"heads", p.heads}, {"seq_q", p.seq_q}, {"seq_k", p.seq_k},
-          {"head_dim", p.head_dim}, {"dtype", to_string(p.dtype)}, {"causal", p.causal},
-          {"direction", p.direction}, {"inputs", to_json(p.inputs)}};
+  nlohmann::json j = {{"batch", p.batch}, {"heads", p.heads}, {"seq_q", p.seq_q}, {"seq_k", p.seq_k},
+                      {"head_dim", p.head_dim}, {"dtype", to_string(p.dtype)}, {"causal", p.causal},
+                      {"direction", p.direction}, {"inputs", to_json(p.inputs)}};
+  if (p.heads_k > 0) j["heads_k"] = p.heads_k;  // only for GQA: multi-head problems keep their keys and shards
+  return j;
 }
 
 }  // namespace flashtune

@@ -34,6 +34,7 @@ struct Problem {
   bool causal = false;
   std::string direction = "fwd";
   InputDist inputs;  // what the generated inputs are drawn from
+  int heads_k = 0;   // grouped-query attention: K and V have heads_k heads (a divisor of heads); 0: heads
 
   // FlashAttention's convention: forward 4*B*H*Sq*Sk*d, halved when causal; backward 2.5x that.
   double flops() const;
@@ -42,7 +43,9 @@ struct Problem {
   double bytes() const;
   // Sequence bucket for selection: the smallest power of two >= max(Sq, Sk).
   int seq_bucket() const;
-  std::string str() const;  // "B4 H16 Sq4096 Sk4096 d128 fp32 causal"
+  int kv_heads() const { return heads_k > 0 ? heads_k : heads; }
+  int group() const { return heads / kv_heads(); }  // query heads per kv head
+  std::string str() const;  // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8")
   bool operator==(const Problem&) const = default;
 };
 

@@ -8,11 +8,11 @@
 namespace flashtune {
 
 namespace {
-using ProblemKey = std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int>;
+using ProblemKey = std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int, int>;
 ProblemKey key_of(const ResultRecord& r) {
   const Problem& p = r.problem;
   return {r.device_name, r.family, r.direction, p.head_dim, p.causal, p.seq_q, p.seq_k, p.batch, to_string(p.dtype),
-          p.heads};
+          p.heads, p.heads_k};
 }
 // A search stores cheap timings too (halving's 2- and 8-repeat rounds, timings stopped after 3 repeats):
 // they rank candidates within a sweep, but where a problem has fully timed rows only those may be picked.
@@ -33,9 +33,7 @@ std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& all)
   std::map<Key, ResultRecord> best;
   for (const auto& r : results) {
     if (r.status != "ok") continue;
-    const Problem& p = r.problem;
-    Key key{r.device_name, r.family, r.direction, p.head_dim, p.causal, p.seq_q, p.seq_k, p.batch,
-            to_string(p.dtype), p.heads};
+    const Key key = key_of(r);
     auto it = best.find(key);
     if (it == best.end() || r.tflops > it->second.tflops) best[key] = r;
   }
@@ -55,6 +53,7 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) 
   std::map<Bucket, std::map<std::string, Stats>> per_config;    // bucket -> config -> stats
   for (const auto& r : results) {
     const Problem& p = r.problem;
+    if (p.heads_k > 0) continue;  // grouped-query rows: not (yet) a dispatch key of their own
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket()};
     problems[b].insert(p.str());
     if (r.status != "ok" || r.tflops <= 0) continue;

@@ -80,7 +80,8 @@ class Stmt {
   sqlite3_stmt* s_ = nullptr;
 };
 
-// The results table of schema v4 and later, by name (the v3 -> v4 migration builds it beside the old one).
+// The results table of schema v6, by name (the v3 -> v4 and v5 -> v6 migrations build it beside the old one).
+// heads_k (v6): grouped-query attention's kv heads, 0 for multi-head.
 std::string results_ddl(const std::string& name) {
   return "CREATE TABLE IF NOT EXISTS " + name + R"sql((
   id INTEGER PRIMARY KEY,
@@ -94,7 +95,8 @@ std::string results_ddl(const std::string& name) {
   nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
   registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
   created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER,
-  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, seq_q, seq_k, inputs)))sql";
+  heads_k INTEGER NOT NULL DEFAULT 0,
+  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs)))sql";
 }
 
 constexpr const char* kSchemaRest = R"sql(
@@ -258,6 +260,7 @@ void Store::open_checked(Mode mode) {
     version_ = version_of(f);
     has_detail_ = f.results_columns.count("detail") > 0;
     has_inputs_ = f.results_columns.count("inputs") > 0;
+    has_heads_k_ = f.results_columns.count("heads_k") > 0;
     has_experiments_ = f.tables.count("experiment_runs") && f.tables.count("experiment_rows");
     has_provenance_ = f.tables.count("provenance") > 0;
     return;
@@ -280,15 +283,19 @@ void Store::open_checked(Mode mode) {
       v = 2;
     }
     if (v == 2) v = 3;  // v2 -> v3: the experiment tables, created by the schema below
-    if (v == 3) {       // v3 -> v4: results.inputs in the unique key: rebuild the table
+    // A new column in the unique key: the table rebuilt beside the old one, the common columns copied.
+    auto rebuild_results = [&] {
       const std::set<std::string> old_cols = columns(db_, "results");
-      exec("DROP TABLE IF EXISTS results_v4;" + results_ddl("results_v4") + ";");
-      const std::set<std::string> new_cols = columns(db_, "results_v4");
+      exec("DROP TABLE IF EXISTS results_new;" + results_ddl("results_new") + ";");
+      const std::set<std::string> new_cols = columns(db_, "results_new");
       std::string list;
       for (const auto& c : old_cols)
         if (new_cols.count(c)) list += (list.empty() ? "" : ",") + c;
-      exec("INSERT INTO results_v4(" + list + ") SELECT " + list + " FROM results ORDER BY id;");
-      exec("DROP TABLE results; ALTER TABLE results_v4 RENAME TO results;");
+      exec("INSERT INTO results_new(" + list + ") SELECT " + list + " FROM results ORDER BY id;");
+      exec("DROP TABLE results; ALTER TABLE results_new RENAME TO results;");
+    };
+    if (v == 3) {  // v3 -> v4: results.inputs in the unique key (the table of v6 at once)
+      rebuild_results();
       v = 4;
     }
     if (v == 4) {  // v4 -> v5: `origin` columns (the provenance table comes with the schema below)
@@ -296,6 +303,10 @@ void Store::open_checked(Mode mode) {
         if (f.tables.count(table) && !columns(db_, table).count("origin"))
           exec(std::string("ALTER TABLE ") + table + " ADD COLUMN origin INTEGER;");
       v = 5;
+    }
+    if (v == 5) {  // v5 -> v6: results.heads_k (grouped-query attention) in the unique key
+      if (!columns(db_, "results").count("heads_k")) rebuild_results();
+      v = 6;
     }
     exec(schema_sql());  // tables and index that a migrated file lacks
     exec("UPDATE meta SET value='" + std::to_string(kSchemaVersion) + "' WHERE key='schema_version';");
@@ -405,8 +416,8 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
                  " INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
                  "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
                  "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
-                 "spill_stores,created,detail,inputs,origin) "
-                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0))");
+                 "spill_stores,created,detail,inputs,origin,heads_k) "
+                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0),?)");
   const Problem& p = r.problem;
   s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
       .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
@@ -415,7 +426,8 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
       .bind(19, r.ms_p80).bind(20, r.reps).bind(21, r.tflops).bind(22, r.gbps).bind(23, (long long)r.seed)
       .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
       .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
-      .bind(33, r.res.spill_stores).bind(34, created).bind(35, r.detail).bind(36, p.inputs.str()).bind(37, origin);
+      .bind(33, r.res.spill_stores).bind(34, created).bind(35, r.detail).bind(36, p.inputs.str()).bind(37, origin)
+      .bind(38, p.heads_k);
   s.step();
 }
 
@@ -428,9 +440,10 @@ void Store::put_kernel(const KernelRecord& k) {
 bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, const Problem& p) {
   // The same kernel on the same shape with other inputs is another result.
   Stmt s(db_, std::string("SELECT 1 FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? AND batch=? "
-                          "AND heads=? AND seq_q=? AND seq_k=? AND ") + (has_inputs_ ? "inputs=?" : "'normal'=?"));
+                          "AND heads=? AND seq_q=? AND seq_k=? AND ") + (has_inputs_ ? "inputs=?" : "'normal'=?") +
+                  (has_heads_k_ ? " AND heads_k=?" : " AND 0=?"));
   s.bind(1, kernel_hash).bind(2, d.name).bind(3, d.sm_count).bind(4, p.batch).bind(5, p.heads).bind(6, p.seq_q)
-      .bind(7, p.seq_k).bind(8, p.inputs.str());
+      .bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k);
   return s.step();
 }
 
@@ -444,7 +457,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
       "max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,driver_version,"
       "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created," +
       std::string(has_detail_ ? "detail" : "NULL") + "," + (has_inputs_ ? "inputs" : "'normal'") +  // v1-v3, read-only
-      " FROM results WHERE 1=1";
+      "," + (has_heads_k_ ? "heads_k" : "0") + " FROM results WHERE 1=1";
   std::vector<std::string> binds;
   auto add = [&](const std::string& col, const std::string& v) {
     if (v.empty()) return;
@@ -458,7 +471,8 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   if (f.head_dim > 0) add("head_dim", std::to_string(f.head_dim));
   if (f.causal >= 0) add("causal", std::to_string(f.causal));
   if (f.ok_only) sql += " AND status='ok'";
-  sql += " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, id";
+  sql += " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
+         std::string(has_heads_k_ ? "heads_k, " : "") + "id";
   Stmt s(db_, sql);
   for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
   std::vector<ResultRecord> out;
@@ -474,6 +488,10 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
       r.problem = {(int)s.i64(5), (int)s.i64(6), (int)s.i64(7), (int)s.i64(8), (int)s.i64(9),
                    parse_dtype(s.text(10)), s.i64(11) != 0, r.direction};
       r.problem.inputs = parse_input_dist(s.text(36));
+      const long long hk = s.i64(37);
+      if (hk < 0 || hk > (1 << 16) || (hk > 0 && r.problem.heads % hk))
+        throw UsageError("heads_k " + std::to_string(hk) + " does not divide heads " + std::to_string(r.problem.heads));
+      r.problem.heads_k = hk == r.problem.heads ? 0 : (int)hk;
     } catch (const UsageError& e) {
       throw UsageError("'" + path_ + "': results row " + std::to_string(r.id) + ": " + e.what());
     }
@@ -699,9 +717,9 @@ Copied Store::copy_result(const ResultRecord& r, long long origin) {
     if (sqlite().changes(db_) > 0) return;
     const Problem& p = r.problem;
     Stmt s(db_, "SELECT status, ms_median, config FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? "
-                "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=?");
+                "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=? AND heads_k=?");
     s.bind(1, r.kernel_hash).bind(2, r.device_name).bind(3, r.sm_count).bind(4, p.batch).bind(5, p.heads)
-        .bind(6, p.seq_q).bind(7, p.seq_k).bind(8, p.inputs.str());
+        .bind(6, p.seq_q).bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k);
     s.step();
     out = s.text(0) == r.status && s.f64(1) == r.ms_median && s.text(2) == r.config ? Copied::present : Copied::differs;
   });

@@ -66,12 +66,14 @@ ordered_json measure_value(double v) {
 auto sort_key(const ResultRecord& r) {
   const Problem& p = r.problem;
   return std::make_tuple(r.family, r.device_name, r.sm_count, r.direction, std::string(to_string(p.dtype)), p.head_dim,
-                         p.causal, p.seq_q, p.seq_k, p.batch, p.heads, p.inputs.str(), r.config, r.kernel_hash);
+                         p.causal, p.seq_q, p.seq_k, p.batch, p.heads, p.heads_k, p.inputs.str(), r.config, r.kernel_hash);
 }
 
 ordered_json problem_json(const Problem& p) {
   ordered_json j;
-  j["batch"] = p.batch; j["heads"] = p.heads; j["seq_q"] = p.seq_q; j["seq_k"] = p.seq_k; j["head_dim"] = p.head_dim;
+  j["batch"] = p.batch; j["heads"] = p.heads;
+  if (p.heads_k > 0) j["heads_k"] = p.heads_k;  // GQA only: multi-head rows export as before
+  j["seq_q"] = p.seq_q; j["seq_k"] = p.seq_k; j["head_dim"] = p.head_dim;
   j["dtype"] = to_string(p.dtype); j["causal"] = p.causal; j["direction"] = p.direction;
   j["inputs"] = {{"distribution", p.inputs.kind == InputDist::Kind::heavy ? "heavy" : "normal"}, {"scale", p.inputs.scale}};
   return j;

@@ -155,7 +155,8 @@ FwdReference forward_reference(const ref::Shape& shape, const float* q, const fl
   r.lse_mag.assign(n, 0.0);
   ref::forward_rows(shape, q, k, v, r.rows, r.o.data(), r.lse.data(), threads,
                     {r.o_mag.data(), r.o_logit.data(), r.lse_mag.data()});
-  r.max_abs_v = max_abs_of(v, (size_t)shape.batch * shape.heads * shape.seq_k * d);
+  const int kv_heads = shape.heads_k > 0 ? shape.heads_k : shape.heads;
+  r.max_abs_v = max_abs_of(v, (size_t)shape.batch * kv_heads * shape.seq_k * d);
   return r;
 }
 
@@ -164,7 +165,8 @@ BwdReference backward_reference(const ref::Shape& shape, const float* q, const f
   BwdReference r;
   r.shape = shape;
   const size_t heads = (size_t)shape.batch * shape.heads, d = (size_t)shape.head_dim;
-  const size_t nq = heads * shape.seq_q * d, nk = heads * shape.seq_k * d;
+  const size_t kv_heads = (size_t)shape.batch * (shape.heads_k > 0 ? shape.heads_k : shape.heads);
+  const size_t nq = heads * shape.seq_q * d, nk = kv_heads * shape.seq_k * d;
   r.o.assign(nq, 0.0);
   r.lse.assign(heads * shape.seq_q, 0.0);
   ref::forward(shape, q, k, v, r.o.data(), r.lse.data(), threads);
@@ -237,10 +239,12 @@ Verdict validate_backward(const Problem& p, const BwdReference& ref, const std::
   // ||O_i||) <= 2 d max|dO| max|V| with it; dS's own underflow or subnormal rounding is eta (the 1).
   const double ds_factor =
       1.0 + 0x1p-126 / subnormal_rounding(p.dtype) * 2.0 * p.head_dim * ref.max_abs_do * ref.max_abs_v;
+  // dK and dV of a kv head sum over the group's query heads too: group * Sq terms (grouped-query attention).
+  const int sq_sum = p.seq_q * p.group();
   const ToleranceModel tols[] = {
       backward_tolerance(p.dtype, p.seq_q, p.seq_k, p.head_dim, p.seq_k * scale * ref.max_abs_k * ds_factor),
-      backward_tolerance(p.dtype, p.seq_q, p.seq_k, p.head_dim, p.seq_q * scale * ref.max_abs_q * ds_factor),
-      backward_tolerance(p.dtype, p.seq_q, p.seq_k, p.head_dim, p.seq_q * ref.max_abs_do)};
+      backward_tolerance(p.dtype, sq_sum, p.seq_k, p.head_dim, sq_sum * scale * ref.max_abs_q * ds_factor),
+      backward_tolerance(p.dtype, sq_sum, p.seq_k, p.head_dim, sq_sum * ref.max_abs_do)};
   const double rel_floor = report_floor(p.dtype);
   Verdict v;
   double sum_sq = 0, sum_abs = 0;
