@@ -34,6 +34,11 @@ void check_shape(const Shape& s) {
   if (s.batch <= 0 || s.heads <= 0 || s.seq_q <= 0 || s.seq_k <= 0 || s.head_dim <= 0) {
     throw std::invalid_argument("flashtune::ref: all Shape dimensions must be positive");
   }
+  if (s.heads_k < 0 || (s.heads_k > 0 && s.heads % s.heads_k != 0)) {
+    throw std::invalid_argument("flashtune::ref: heads (" + std::to_string(s.heads) +
+                                ") must be a positive multiple of heads_k (" +
+                                std::to_string(s.heads_k) + "), or heads_k 0 for multi-head");
+  }
 }
 
 int resolve_threads(int threads) {
@@ -77,42 +82,54 @@ double dot(const float* a, const float* b, int d) {
   return acc;
 }
 
+// Flat (b, kv head) pair of the flat (b, h) pair bh: with H = Hk * group,
+// (b*H + h) / group = b*Hk + h / group.
+int64_t kv_pair_of(const Shape& s, int64_t bh) { return bh / s.group_size(); }
+
+// The keys a row attends: [begin, end) cut to the causal mask's visible keys, and the lse of a row
+// left with none (+inf for the dense rule, -inf for a split; attention_ref.hpp).
+struct KeyRange {
+  int64_t begin = 0, end = std::numeric_limits<int64_t>::max();
+  double empty_lse = kInf;
+};
+
 // One query row of the forward pass, the single kernel shared by forward,
-// forward_rows and backward (so they agree bit for bit).
+// forward_rows, forward_split and backward (so they agree bit for bit).
 // row is a flat index into (B*H*Sq); scores is scratch of at least Sk doubles.
 // Writes o_row (d) and *lse; with mag_o / logit_o / mag_lse non-null also the row's magnitudes
 // (FwdMagnitudes), in a second pass over the keys once O and lse are known.
 void forward_row(const Shape& s, const float* q, const float* k, const float* v, int64_t row,
-                 double* o_row, double* lse, double* scores, double* mag_o = nullptr,
-                 double* logit_o = nullptr, double* mag_lse = nullptr) {
+                 const KeyRange& keys, double* o_row, double* lse, double* scores,
+                 double* mag_o = nullptr, double* logit_o = nullptr, double* mag_lse = nullptr) {
   const int d = s.head_dim;
   const int64_t bh = row / s.seq_q;  // flat (b, h) pair
   const int64_t i = row % s.seq_q;
+  const int64_t kv_bh = kv_pair_of(s, bh);
   const float* q_row = q + row * d;                          // q is (B, H, Sq, d)
-  const float* k_head = k + bh * s.seq_k * d;                // k is (B, H, Sk, d)
-  const float* v_head = v + bh * s.seq_k * d;                // v is (B, H, Sk, d)
+  const float* k_head = k + kv_bh * s.seq_k * d;             // k is (B, Hk, Sk, d)
+  const float* v_head = v + kv_bh * s.seq_k * d;             // v is (B, Hk, Sk, d)
   const double scale = s.softmax_scale();
-  const int64_t n_keys = visible_keys(s, i);
+  const int64_t first_key = keys.begin, end_key = std::min(keys.end, visible_keys(s, i));
 
   std::fill(o_row, o_row + d, 0.0);
   if (mag_o) std::fill(mag_o, mag_o + d, 0.0);
   if (logit_o) std::fill(logit_o, logit_o + d, 0.0);
   if (mag_lse) *mag_lse = 0;
-  if (n_keys == 0) {  // fully masked: FlashAttention-2 convention
-    *lse = kInf;
+  if (end_key <= first_key) {  // no key to attend: O = 0, lse by the caller's rule
+    *lse = keys.empty_lse;
     return;
   }
 
   // scores[j] = scale * q_i . k_j; track the max for a stable softmax.
   double row_max = -kInf;
-  for (int64_t j = 0; j < n_keys; ++j) {
+  for (int64_t j = first_key; j < end_key; ++j) {
     scores[j] = scale * dot(q_row, k_head + j * d, d);
     row_max = std::max(row_max, scores[j]);
   }
 
   // o_i = sum_j exp(s_ij - max) v_j / sum_j exp(s_ij - max)
   double row_sum = 0;
-  for (int64_t j = 0; j < n_keys; ++j) {
+  for (int64_t j = first_key; j < end_key; ++j) {
     const double p = std::exp(scores[j] - row_max);
     row_sum += p;
     const float* v_row = v_head + j * d;
@@ -125,7 +142,7 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
   // Magnitudes: P_ij exactly as above, Lambda_ij as in the header.
   const double q_norm = norm2(q_row, d), root_d = std::sqrt(static_cast<double>(d));
   double lse_acc = 0;
-  for (int64_t j = 0; j < n_keys; ++j) {
+  for (int64_t j = first_key; j < end_key; ++j) {
     const double p = std::exp(scores[j] - row_max) / row_sum;
     const double lambda = kExponentRoundings * (std::fabs(scores[j]) + std::fabs(*lse)) + root_d * scale * q_norm * norm2(k_head + j * d, d);
     lse_acc += p * lambda;
@@ -151,17 +168,24 @@ double Shape::softmax_scale() const {
   return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
+int Shape::kv_heads() const { return heads_k > 0 ? heads_k : heads; }
+int Shape::group_size() const { return kv_heads() > 0 ? heads / kv_heads() : 0; }  // 0: no heads at all
+int Shape::kv_head_of(int h) const { return h / group_size(); }
+int64_t Shape::q_rows() const { return int64_t{batch} * heads * seq_q; }
+int64_t Shape::q_elements() const { return q_rows() * head_dim; }
+int64_t Shape::kv_elements() const { return int64_t{batch} * kv_heads() * seq_k * head_dim; }
+
 // Row n's slice of an optional per-row output (d values per row, or one with d = 1).
 static double* row_of(double* base, int64_t n, int d) { return base ? base + n * d : nullptr; }
 
 void forward(const Shape& s, const float* q, const float* k, const float* v, double* o,
              double* lse, int threads, const FwdMagnitudes& mag) {
   check_shape(s);
-  const int64_t n_rows = static_cast<int64_t>(s.batch) * s.heads * s.seq_q;
+  const int64_t n_rows = s.q_rows();
   parallel_for(n_rows, threads, [&](int64_t begin, int64_t end) {
     std::vector<double> scores(s.seq_k);
     for (int64_t r = begin; r < end; ++r) {
-      forward_row(s, q, k, v, r, o + r * s.head_dim, lse + r, scores.data(), row_of(mag.o_mag, r, s.head_dim),
+      forward_row(s, q, k, v, r, {}, o + r * s.head_dim, lse + r, scores.data(), row_of(mag.o_mag, r, s.head_dim),
                   row_of(mag.o_logit, r, s.head_dim), row_of(mag.lse_mag, r, 1));
     }
   });
@@ -171,7 +195,7 @@ void forward_rows(const Shape& s, const float* q, const float* k, const float* v
                   std::span<const int64_t> rows, double* o, double* lse, int threads,
                   const FwdMagnitudes& mag) {
   check_shape(s);
-  const int64_t n_rows = static_cast<int64_t>(s.batch) * s.heads * s.seq_q;
+  const int64_t n_rows = s.q_rows();
   for (int64_t r : rows) {
     if (r < 0 || r >= n_rows) {
       throw std::out_of_range("flashtune::ref::forward_rows: row " + std::to_string(r) +
@@ -181,7 +205,7 @@ void forward_rows(const Shape& s, const float* q, const float* k, const float* v
   parallel_for(static_cast<int64_t>(rows.size()), threads, [&](int64_t begin, int64_t end) {
     std::vector<double> scores(s.seq_k);
     for (int64_t n = begin; n < end; ++n) {
-      forward_row(s, q, k, v, rows[n], o + n * s.head_dim, lse + n, scores.data(), row_of(mag.o_mag, n, s.head_dim),
+      forward_row(s, q, k, v, rows[n], {}, o + n * s.head_dim, lse + n, scores.data(), row_of(mag.o_mag, n, s.head_dim),
                   row_of(mag.o_logit, n, s.head_dim), row_of(mag.lse_mag, n, 1));
     }
   });
@@ -194,15 +218,17 @@ void forward_rows(const Shape& s, const float* q, const float* k, const float* v
 //   pass 2, over key rows j:   dV_j = sum_i P_ij dO_i,  dK_j = scale * sum_i dS_ij q_i
 // with P_ij = exp(s_ij - lse_i), dP_ij = dO_i . v_j, dS_ij = P_ij (dP_ij - D_i).
 // Pass 2 recomputes s_ij instead of storing P (Sq x Sk per head would not fit for
-// long sequences), the same trade FlashAttention makes.
+// long sequences), the same trade FlashAttention makes. Under GQA a key row of kv head
+// g serves the query heads of g's group: pass 2 sums each head's share on its own and
+// adds the shares in group order, so the result does not depend on who owns what.
 void backward(const Shape& s, const float* q, const float* k, const float* v, const float* dout,
               double* dq, double* dk, double* dv, int threads, const BwdMagnitudes& mag) {
   check_shape(s);
   const int d = s.head_dim;
+  const int group = s.group_size();
   const double scale = s.softmax_scale();
-  const int64_t n_heads = static_cast<int64_t>(s.batch) * s.heads;
-  const int64_t n_q_rows = n_heads * s.seq_q;
-  const int64_t n_k_rows = n_heads * s.seq_k;
+  const int64_t n_q_rows = s.q_rows();
+  const int64_t n_k_rows = static_cast<int64_t>(s.batch) * s.kv_heads() * s.seq_k;
 
   std::vector<double> lse(n_q_rows);    // (B, H, Sq)
   std::vector<double> delta(n_q_rows);  // D = rowsum(dO * O), (B, H, Sq)
@@ -237,7 +263,7 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
     std::vector<double> scores(s.seq_k);
     std::vector<double> o_row(d);
     for (int64_t r = begin; r < end; ++r) {
-      forward_row(s, q, k, v, r, o_row.data(), &lse[r], scores.data());
+      forward_row(s, q, k, v, r, {}, o_row.data(), &lse[r], scores.data());
       const float* do_row = dout + r * d;  // dout is (B, H, Sq, d)
       double D = 0, o2 = 0;
       for (int x = 0; x < d; ++x) {
@@ -253,10 +279,10 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
         std::fill(lq_row, lq_row + d, 0.0);
       }
 
-      const int64_t bh = r / s.seq_q;
+      const int64_t kv_bh = kv_pair_of(s, r / s.seq_q);
       const float* q_row = q + r * d;
-      const float* k_head = k + bh * s.seq_k * d;
-      const float* v_head = v + bh * s.seq_k * d;
+      const float* k_head = k + kv_bh * s.seq_k * d;  // k, v are (B, Hk, Sk, d)
+      const float* v_head = v + kv_bh * s.seq_k * d;
       double* dq_row = dq + r * d;  // dq is (B, H, Sq, d)
       std::fill(dq_row, dq_row + d, 0.0);
       // Masked keys (j >= n_keys) have P = 0 and contribute nothing; a fully
@@ -270,7 +296,7 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
         const double ds = p * (dp - D);
         for (int x = 0; x < d; ++x) dq_row[x] += scale * ds * static_cast<double>(k_row[x]);
         if (mq) {
-          const int64_t kr = bh * s.seq_k + j;
+          const int64_t kr = kv_bh * s.seq_k + j;
           const double w = do_norm[r] * (v_norm[kr] + o_norm[r]);
           const double lambda = kExponentRoundings * (std::fabs(sc) + std::fabs(lse[r])) + root_d * scale * q_norm[r] * k_norm[kr];
           const double a = scale * p * w, b = scale * lambda * std::fabs(ds);
@@ -284,15 +310,19 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
     }
   });
 
-  // Pass 2: per key row.
+  // Pass 2: per key row of (B, Hk, Sk).
   const int64_t causal_offset = static_cast<int64_t>(s.seq_k) - s.seq_q;
   parallel_for(n_k_rows, threads, [&](int64_t begin, int64_t end) {
+    // One query head's share of a key row: dK, dV and their four magnitudes, d each.
+    std::vector<double> share(6 * d);
+    double *dk_share = share.data(), *dv_share = dk_share + d;
+    double *mk_share = dv_share + d, *lk_share = mk_share + d, *mv_share = lk_share + d, *lv_share = mv_share + d;
     for (int64_t kr = begin; kr < end; ++kr) {
-      const int64_t bh = kr / s.seq_k;
+      const int64_t kv_bh = kr / s.seq_k;
       const int64_t j = kr % s.seq_k;
-      const float* k_row = k + kr * d;  // k is (B, H, Sk, d)
+      const float* k_row = k + kr * d;  // k is (B, Hk, Sk, d)
       const float* v_row = v + kr * d;
-      double* dk_row = dk + kr * d;     // dk, dv are (B, H, Sk, d)
+      double* dk_row = dk + kr * d;     // dk, dv are (B, Hk, Sk, d)
       double* dv_row = dv + kr * d;
       std::fill(dk_row, dk_row + d, 0.0);
       std::fill(dv_row, dv_row + d, 0.0);
@@ -304,34 +334,250 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
         if (m) std::fill(m, m + d, 0.0);
       // Key j is visible to queries i >= j - (Sk - Sq) under the causal mask.
       const int64_t first_query = s.causal ? std::max<int64_t>(0, j - causal_offset) : 0;
-      for (int64_t i = first_query; i < s.seq_q; ++i) {
-        const int64_t r = bh * s.seq_q + i;
-        const float* q_row = q + r * d;
-        const float* do_row = dout + r * d;
-        const double sc = scale * dot(q_row, k_row, d);
-        const double p = std::exp(sc - lse[r]);
-        const double dp = dot(do_row, v_row, d);
-        const double ds = p * (dp - delta[r]);
-        for (int x = 0; x < d; ++x) {
-          dv_row[x] += p * static_cast<double>(do_row[x]);
-          dk_row[x] += scale * ds * static_cast<double>(q_row[x]);
-        }
-        if (mk || mv) {
-          const double lambda = kExponentRoundings * (std::fabs(sc) + std::fabs(lse[r])) + root_d * scale * q_norm[r] * k_norm[kr];
-          const double a = scale * p * do_norm[r] * (v_norm[kr] + o_norm[r]), b = scale * lambda * std::fabs(ds);
-          const double pl = p * lambda;
+      for (int64_t bh = kv_bh * group; bh < (kv_bh + 1) * group; ++bh) {  // the group's query heads, in order
+        std::fill(share.begin(), share.end(), 0.0);
+        for (int64_t i = first_query; i < s.seq_q; ++i) {
+          const int64_t r = bh * s.seq_q + i;
+          const float* q_row = q + r * d;
+          const float* do_row = dout + r * d;
+          const double sc = scale * dot(q_row, k_row, d);
+          const double p = std::exp(sc - lse[r]);
+          const double dp = dot(do_row, v_row, d);
+          const double ds = p * (dp - delta[r]);
           for (int x = 0; x < d; ++x) {
-            const double qx = std::fabs(static_cast<double>(q_row[x])), dox = std::fabs(static_cast<double>(do_row[x]));
-            if (mk) {
-              mk_row[x] += a * qx;
-              lk_row[x] += b * qx;
-            }
-            if (mv) {
-              mv_row[x] += p * dox;
-              lv_row[x] += pl * dox;
+            dv_share[x] += p * static_cast<double>(do_row[x]);
+            dk_share[x] += scale * ds * static_cast<double>(q_row[x]);
+          }
+          if (mk || mv) {
+            const double lambda = kExponentRoundings * (std::fabs(sc) + std::fabs(lse[r])) + root_d * scale * q_norm[r] * k_norm[kr];
+            const double a = scale * p * do_norm[r] * (v_norm[kr] + o_norm[r]), b = scale * lambda * std::fabs(ds);
+            const double pl = p * lambda;
+            for (int x = 0; x < d; ++x) {
+              const double qx = std::fabs(static_cast<double>(q_row[x])), dox = std::fabs(static_cast<double>(do_row[x]));
+              mk_share[x] += a * qx;
+              lk_share[x] += b * qx;
+              mv_share[x] += p * dox;
+              lv_share[x] += pl * dox;
             }
           }
         }
+        // With one head per group this is 0 + share = share, the multi-head sum exactly.
+        for (int x = 0; x < d; ++x) {
+          dk_row[x] += dk_share[x];
+          dv_row[x] += dv_share[x];
+          if (mk) {
+            mk_row[x] += mk_share[x];
+            lk_row[x] += lk_share[x];
+          }
+          if (mv) {
+            mv_row[x] += mv_share[x];
+            lv_row[x] += lv_share[x];
+          }
+        }
+      }
+    }
+  });
+}
+
+// --- packed variable-length batches ---------------------------------------------------------
+
+int VarlenShape::kv_heads() const { return heads_k > 0 ? heads_k : heads; }
+
+namespace {
+
+// Checks one offsets array (batch + 1 entries from 0, non-decreasing); what names it in errors.
+void check_offsets(std::span<const int32_t> cu, const std::string& what) {
+  if (cu.empty()) throw std::invalid_argument(what + " needs batch + 1 entries, has none");
+  if (cu[0] != 0) throw std::invalid_argument(what + " must start at 0, starts at " + std::to_string(cu[0]));
+  for (size_t b = 0; b + 1 < cu.size(); ++b) {
+    if (cu[b + 1] < cu[b]) {
+      throw std::invalid_argument(what + " decreases at entry " + std::to_string(b + 1) + " (" +
+                                  std::to_string(cu[b]) + " then " + std::to_string(cu[b + 1]) + ")");
+    }
+  }
+}
+
+// Checks a packed batch and returns its number of sequences.
+int check_varlen(const VarlenShape& vs, std::span<const int32_t> cu_q, std::span<const int32_t> cu_k,
+                 const char* function) {
+  const std::string where = std::string("flashtune::ref::") + function + ": ";
+  if (vs.heads <= 0 || vs.head_dim <= 0) throw std::invalid_argument(where + "heads and head_dim must be positive");
+  check_shape(Shape{1, vs.heads, 1, 1, vs.head_dim, vs.causal, vs.scale, vs.heads_k});  // heads_k
+  check_offsets(cu_q, where + "cu_seqlens_q");
+  check_offsets(cu_k, where + "cu_seqlens_k");
+  if (cu_q.size() != cu_k.size()) {
+    throw std::invalid_argument(where + "cu_seqlens_q and cu_seqlens_k differ in length (" +
+                                std::to_string(cu_q.size()) + " and " + std::to_string(cu_k.size()) + ")");
+  }
+  return static_cast<int>(cu_q.size() - 1);
+}
+
+// One sequence of a packed batch, as the dense problem it is (batch 1). A length may be 0,
+// which check_shape refuses: callers handle those sequences without the dense path.
+Shape sequence_shape(const VarlenShape& vs, int64_t len_q, int64_t len_k) {
+  return Shape{1, vs.heads, static_cast<int>(len_q), static_cast<int>(len_k), vs.head_dim, vs.causal, vs.scale, vs.heads_k};
+}
+
+// Between the packed layout (tokens, heads, d) and a sequence's dense one (1, heads, len, d):
+// tokens [first, first + len) of the packed tensor are the dense tensor's rows.
+template <class T>
+void gather_tokens(const T* packed, int64_t first, int64_t len, int heads, int d, T* dense) {
+  for (int h = 0; h < heads; ++h)
+    for (int64_t t = 0; t < len; ++t)
+      std::copy_n(packed + ((first + t) * heads + h) * d, d, dense + (h * len + t) * d);
+}
+
+void scatter_tokens(const double* dense, int64_t first, int64_t len, int heads, int d, double* packed) {
+  for (int h = 0; h < heads; ++h)
+    for (int64_t t = 0; t < len; ++t)
+      std::copy_n(dense + (h * len + t) * d, d, packed + ((first + t) * heads + h) * d);
+}
+
+// lse: dense (1, H, len) into packed (H, total_q).
+void scatter_lse(const double* dense, int64_t first, int64_t len, int heads, int64_t total_q, double* packed) {
+  for (int h = 0; h < heads; ++h) std::copy_n(dense + h * len, len, packed + h * total_q + first);
+}
+
+// A dense buffer for an optional output: n zeros when wanted, else none (and a nullptr).
+struct OptionalBuffer {
+  std::vector<double> data;
+  OptionalBuffer(bool wanted, int64_t n) : data(wanted ? n : 0) {}
+  double* ptr() { return data.empty() ? nullptr : data.data(); }
+};
+
+}  // namespace
+
+// Each sequence is gathered into its dense layout and run through forward(), so that it matches
+// that call bit for bit; sequences run one after another, each on all threads.
+void forward_varlen(const VarlenShape& vs, std::span<const int32_t> cu_q, std::span<const int32_t> cu_k,
+                    const float* q, const float* k, const float* v, double* o, double* lse, int threads,
+                    const FwdMagnitudes& mag) {
+  const int batch = check_varlen(vs, cu_q, cu_k, "forward_varlen");
+  const int H = vs.heads, d = vs.head_dim;
+  const int Hk = vs.kv_heads();
+  const int64_t total_q = cu_q[batch];
+  for (int b = 0; b < batch; ++b) {
+    const int64_t first_q = cu_q[b], len_q = cu_q[b + 1] - first_q;
+    const int64_t first_k = cu_k[b], len_k = cu_k[b + 1] - first_k;
+    if (len_q == 0) continue;  // nothing to write
+    const int64_t n_q = len_q * H * d;
+    std::vector<double> o_seq(n_q, 0.0), lse_seq(len_q * H, kInf);  // no keys: O = 0, lse = +inf
+    OptionalBuffer o_mag(mag.o_mag != nullptr, n_q), o_logit(mag.o_logit != nullptr, n_q),
+        lse_mag(mag.lse_mag != nullptr, len_q * H);  // zeros: a row without keys has none
+    if (len_k > 0) {
+      const Shape s = sequence_shape(vs, len_q, len_k);
+      std::vector<float> q_seq(n_q), k_seq(len_k * Hk * d), v_seq(len_k * Hk * d);
+      gather_tokens(q, first_q, len_q, H, d, q_seq.data());
+      gather_tokens(k, first_k, len_k, Hk, d, k_seq.data());
+      gather_tokens(v, first_k, len_k, Hk, d, v_seq.data());
+      forward(s, q_seq.data(), k_seq.data(), v_seq.data(), o_seq.data(), lse_seq.data(), threads,
+              {o_mag.ptr(), o_logit.ptr(), lse_mag.ptr()});
+    }
+    scatter_tokens(o_seq.data(), first_q, len_q, H, d, o);
+    scatter_lse(lse_seq.data(), first_q, len_q, H, total_q, lse);
+    if (mag.o_mag) scatter_tokens(o_mag.ptr(), first_q, len_q, H, d, mag.o_mag);
+    if (mag.o_logit) scatter_tokens(o_logit.ptr(), first_q, len_q, H, d, mag.o_logit);
+    if (mag.lse_mag) scatter_lse(lse_mag.ptr(), first_q, len_q, H, total_q, mag.lse_mag);
+  }
+}
+
+// As forward_varlen: one dense backward() per sequence. A sequence without queries still owns its
+// keys' rows of dK and dV (zeros); one without keys, its queries' rows of dQ (zeros).
+void backward_varlen(const VarlenShape& vs, std::span<const int32_t> cu_q, std::span<const int32_t> cu_k,
+                     const float* q, const float* k, const float* v, const float* dout, double* dq,
+                     double* dk, double* dv, int threads, const BwdMagnitudes& mag) {
+  const int batch = check_varlen(vs, cu_q, cu_k, "backward_varlen");
+  const int H = vs.heads, d = vs.head_dim;
+  const int Hk = vs.kv_heads();
+  // As in backward(): a gradient's magnitudes are computed when both of its arrays are given.
+  const bool mq = mag.dq_mag && mag.dq_logit, mk = mag.dk_mag && mag.dk_logit, mv = mag.dv_mag && mag.dv_logit;
+  for (int b = 0; b < batch; ++b) {
+    const int64_t first_q = cu_q[b], len_q = cu_q[b + 1] - first_q;
+    const int64_t first_k = cu_k[b], len_k = cu_k[b + 1] - first_k;
+    const int64_t n_q = len_q * H * d, n_k = len_k * Hk * d;
+    std::vector<double> dq_seq(n_q, 0.0), dk_seq(n_k, 0.0), dv_seq(n_k, 0.0);
+    OptionalBuffer dq_mag(mq, n_q), dq_logit(mq, n_q), dk_mag(mk, n_k), dk_logit(mk, n_k),
+        dv_mag(mv, n_k), dv_logit(mv, n_k);
+    if (len_q > 0 && len_k > 0) {
+      const Shape s = sequence_shape(vs, len_q, len_k);
+      std::vector<float> q_seq(n_q), do_seq(n_q), k_seq(n_k), v_seq(n_k);
+      gather_tokens(q, first_q, len_q, H, d, q_seq.data());
+      gather_tokens(dout, first_q, len_q, H, d, do_seq.data());
+      gather_tokens(k, first_k, len_k, Hk, d, k_seq.data());
+      gather_tokens(v, first_k, len_k, Hk, d, v_seq.data());
+      backward(s, q_seq.data(), k_seq.data(), v_seq.data(), do_seq.data(), dq_seq.data(), dk_seq.data(),
+               dv_seq.data(), threads,
+               {dq_mag.ptr(), dq_logit.ptr(), dk_mag.ptr(), dk_logit.ptr(), dv_mag.ptr(), dv_logit.ptr()});
+    }
+    scatter_tokens(dq_seq.data(), first_q, len_q, H, d, dq);
+    scatter_tokens(dk_seq.data(), first_k, len_k, Hk, d, dk);
+    scatter_tokens(dv_seq.data(), first_k, len_k, Hk, d, dv);
+    if (mq) {
+      scatter_tokens(dq_mag.ptr(), first_q, len_q, H, d, mag.dq_mag);
+      scatter_tokens(dq_logit.ptr(), first_q, len_q, H, d, mag.dq_logit);
+    }
+    if (mk) {
+      scatter_tokens(dk_mag.ptr(), first_k, len_k, Hk, d, mag.dk_mag);
+      scatter_tokens(dk_logit.ptr(), first_k, len_k, Hk, d, mag.dk_logit);
+    }
+    if (mv) {
+      scatter_tokens(dv_mag.ptr(), first_k, len_k, Hk, d, mag.dv_mag);
+      scatter_tokens(dv_logit.ptr(), first_k, len_k, Hk, d, mag.dv_logit);
+    }
+  }
+}
+
+// --- split-KV ---------------------------------------------------------------------------------
+
+void forward_split(const Shape& s, const float* q, const float* k, const float* v, int64_t key_begin,
+                   int64_t key_end, double* o, double* lse, int threads) {
+  check_shape(s);
+  if (key_begin < 0 || key_begin > key_end || key_end > s.seq_k) {
+    throw std::invalid_argument("flashtune::ref::forward_split: keys [" + std::to_string(key_begin) + ", " +
+                                std::to_string(key_end) + ") not a range within [0, " +
+                                std::to_string(s.seq_k) + "]");
+  }
+  const KeyRange keys{key_begin, key_end, -kInf};  // an empty split: lse = -inf
+  parallel_for(s.q_rows(), threads, [&](int64_t begin, int64_t end) {
+    std::vector<double> scores(s.seq_k);
+    for (int64_t r = begin; r < end; ++r) {
+      forward_row(s, q, k, v, r, keys, o + r * s.head_dim, lse + r, scores.data());
+    }
+  });
+}
+
+void combine_splits(const Shape& s, int n_splits, const double* o_splits, const double* lse_splits,
+                    double* o, double* lse, int threads) {
+  check_shape(s);
+  if (n_splits < 1) {
+    throw std::invalid_argument("flashtune::ref::combine_splits: n_splits must be positive, is " +
+                                std::to_string(n_splits));
+  }
+  const int d = s.head_dim;
+  const int64_t n_rows = s.q_rows();
+  parallel_for(n_rows, threads, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      // An empty split (infinite LSE_s) has weight 0: skipped, rather than risk inf - inf.
+      auto split_lse = [&](int sp) { return lse_splits[sp * n_rows + r]; };
+      double lse_max = -kInf;
+      for (int sp = 0; sp < n_splits; ++sp)
+        if (!std::isinf(split_lse(sp))) lse_max = std::max(lse_max, split_lse(sp));
+      double* o_row = o + r * d;
+      std::fill(o_row, o_row + d, 0.0);
+      if (lse_max == -kInf) {  // every split empty: the dense rule for a fully masked row
+        lse[r] = kInf;
+        continue;
+      }
+      // Subtracting the max keeps every exp <= 1, as in the softmax itself.
+      double sum = 0;
+      for (int sp = 0; sp < n_splits; ++sp)
+        if (!std::isinf(split_lse(sp))) sum += std::exp(split_lse(sp) - lse_max);
+      lse[r] = lse_max + std::log(sum);
+      for (int sp = 0; sp < n_splits; ++sp) {
+        if (std::isinf(split_lse(sp))) continue;
+        const double weight = std::exp(split_lse(sp) - lse[r]);
+        const double* o_split = o_splits + (sp * n_rows + r) * d;
+        for (int x = 0; x < d; ++x) o_row[x] += weight * o_split[x];
       }
     }
   });

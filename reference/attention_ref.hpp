@@ -15,9 +15,17 @@ struct Shape {
   int batch, heads, seq_q, seq_k, head_dim;
   bool causal = false;
   double scale = 0;  // <= 0 means 1/sqrt(head_dim)
-  int heads_k = 0;   // grouped-query attention: K, V have heads_k heads; 0 means heads
+  // K/V heads, for grouped-query attention (GQA; 1 is multi-query, MQA). 0 means heads (plain
+  // multi-head); otherwise heads must be a multiple of it. Query head h reads kv head kv_head_of(h).
+  int heads_k = 0;
 
   double softmax_scale() const;
+  int kv_heads() const;          // heads_k, or heads when it is 0
+  int group_size() const;        // query heads per kv head: heads / kv_heads()
+  int kv_head_of(int h) const;   // h / group_size()
+  int64_t q_rows() const;        // B*H*Sq: rows of Q and O, entries of lse
+  int64_t q_elements() const;    // B*H*Sq*d: Q, O, dO, dQ
+  int64_t kv_elements() const;   // B*Hk*Sk*d: K, V, dK, dV
 };
 
 // Error magnitudes: beside each output, what it sums, so that a tolerance can scale with the problem
@@ -44,14 +52,17 @@ struct FwdMagnitudes {
 //   dk_mag[j,c] = scale sum_i P_ij w_ij |Q_ic|   dk_logit[j,c] = scale sum_i Lambda_ij |dS_ij| |Q_ic|
 //   dq_mag[i,c] = scale sum_j P_ij w_ij |K_jc|   dq_logit[i,c] = scale sum_j Lambda_ij |dS_ij| |K_jc|
 // Every array is shaped like its gradient; a nullptr member is not computed (all or none per gradient).
+// Under GQA a kv head's dk_* and dv_* are the sums of the per-query-head quantities over its group,
+// as its dK and dV are.
 struct BwdMagnitudes {
   double *dq_mag = nullptr, *dq_logit = nullptr;
   double *dk_mag = nullptr, *dk_logit = nullptr;
   double *dv_mag = nullptr, *dv_logit = nullptr;
 };
 
-// All tensors contiguous (B, H, S, d) row-major; inputs float, outputs double.
-// lse is (B, H, Sq), natural log.
+// All tensors contiguous row-major; inputs float, outputs double. Q, O, dO, dQ are (B, H, Sq, d);
+// K, V, dK, dV are (B, Hk, Sk, d) with Hk = shape.kv_heads(). lse is (B, H, Sq), natural log.
+// Query head h of batch b attends kv head shape.kv_head_of(h) of batch b.
 // Causal mask is bottom-right aligned (FlashAttention >= 2.1):
 //   query i may attend key j iff j <= i + (seq_k - seq_q).
 // A fully masked row (possible when Sq > Sk) gives O row = 0 and lse = +infinity,
@@ -69,8 +80,11 @@ void forward_rows(const Shape& shape, const float* q, const float* k, const floa
                   std::span<const int64_t> rows, double* o, double* lse, int threads = 0,
                   const FwdMagnitudes& mag = {});
 
-// Backward: given dO (B, H, Sq, d) computes dQ (B, H, Sq, d), dK and dV (B, H, Sk, d),
+// Backward: given dO (B, H, Sq, d) computes dQ (B, H, Sq, d), dK and dV (B, Hk, Sk, d),
 // recomputing P in float64. dq, dk, dv are overwritten (not accumulated into).
+// Under GQA a kv head's dK and dV are the sums of its group's per-query-head gradients, added in
+// group order (0 + head 0 + head 1 + ...): bit for bit the group sums, in that order, of MHA's dK
+// and dV on K and V repeated over the group. dQ equals MHA's bit for bit.
 void backward(const Shape& shape, const float* q, const float* k, const float* v,
               const float* dout, double* dq, double* dk, double* dv, int threads = 0,
               const BwdMagnitudes& mag = {});
@@ -79,6 +93,64 @@ void backward(const Shape& shape, const float* q, const float* k, const float* v
 // clamp(i + Sk - Sq + 1, 0, Sk).
 int64_t visible_keys(const Shape& shape, int64_t i);
 
+// ---------------------------------------------------------------------------------------------
+// Packed variable-length batches (FlashAttention's varlen layout).
+//
+// Heads and softmax settings of a packed batch; the number of sequences and their lengths come
+// from the offsets. Members mean what Shape's do.
+struct VarlenShape {
+  int heads, head_dim;
+  bool causal = false;
+  double scale = 0;
+  int heads_k = 0;
+
+  int kv_heads() const;  // heads_k, or heads when it is 0
+};
+
+// Sequence b owns the query tokens [cu_seqlens_q[b], cu_seqlens_q[b+1]) and the key tokens
+// [cu_seqlens_k[b], cu_seqlens_k[b+1]). Both offset arrays have batch + 1 entries, start at 0
+// and never decrease (else std::invalid_argument); a sequence may have no queries or no keys.
+// Tensors are token-major with heads inside: Q, O, dO, dQ are (total_q, H, d), K, V, dK, dV are
+// (total_k, Hk, d), lse is (H, total_q), where total_q = cu_seqlens_q[batch], total_k likewise.
+// Each sequence is attended on its own, exactly as forward()/backward() on that sequence alone
+// (bit for bit): causal is bottom-right aligned to its own lengths, query i of sequence b may
+// attend key j iff j <= i + (len_k_b - len_q_b); a query row with no visible key (len_k_b = 0
+// included) gives O = 0 and lse = +inf; keys of a sequence without queries get dK = dV = 0.
+// Magnitudes are optional as for the dense calls, each array laid out like its tensor
+// (o_*, dq_*: (total_q, H, d); lse_mag: (H, total_q); dk_*, dv_*: (total_k, Hk, d)).
+void forward_varlen(const VarlenShape& shape, std::span<const int32_t> cu_seqlens_q,
+                    std::span<const int32_t> cu_seqlens_k, const float* q, const float* k,
+                    const float* v, double* o, double* lse, int threads = 0,
+                    const FwdMagnitudes& mag = {});
+
+void backward_varlen(const VarlenShape& shape, std::span<const int32_t> cu_seqlens_q,
+                     std::span<const int32_t> cu_seqlens_k, const float* q, const float* k,
+                     const float* v, const float* dout, double* dq, double* dk, double* dv,
+                     int threads = 0, const BwdMagnitudes& mag = {});
+
+// ---------------------------------------------------------------------------------------------
+// Split-KV (FlashAttention's decoding path): each split attends a range of the keys, and a
+// combine merges the splits' outputs.
+//
+// Forward over the keys [key_begin, key_end) only, 0 <= key_begin <= key_end <= Sk (else
+// std::invalid_argument); the causal mask is still that of the whole (Sq, Sk) problem. o and lse
+// are shaped as in forward() and hold the split's normalised O_s and its LSE_s (softmax over the
+// split's visible keys). A row that sees no key of the range (an empty split) gets O_s = 0 and
+// LSE_s = -inf, FlashAttention's split convention: log of an empty sum, weight exp(-inf) = 0.
+void forward_split(const Shape& shape, const float* q, const float* k, const float* v,
+                   int64_t key_begin, int64_t key_end, double* o, double* lse, int threads = 0);
+
+// Merges n_splits splits' outputs into forward()'s O and lse: per row
+//   LSE = log(sum_s exp(LSE_s)),  O = sum_s exp(LSE_s - LSE) O_s,
+// summed in split order, over the splits that are not empty (LSE_s = -inf; +inf, the dense rule
+// for a fully masked row, is read as empty too). A row with every split empty gets O = 0 and
+// lse = +inf, as forward() gives a fully masked row.
+// o_splits is (n_splits, B, H, Sq, d) and lse_splits (n_splits, B, H, Sq), FlashAttention's
+// out_accum and lse_accum; o is (B, H, Sq, d), lse (B, H, Sq). n_splits >= 1.
+void combine_splits(const Shape& shape, int n_splits, const double* o_splits,
+                    const double* lse_splits, double* o, double* lse, int threads = 0);
+
+// ---------------------------------------------------------------------------------------------
 // Rows worth validating on a problem too large to check fully.
 // If B*H*Sq <= max_rows returns every row. Otherwise returns exactly max_rows rows
 // (sorted, unique, deterministic in seed): first, last and last-tile (the final,

@@ -155,8 +155,7 @@ FwdReference forward_reference(const ref::Shape& shape, const float* q, const fl
   r.lse_mag.assign(n, 0.0);
   ref::forward_rows(shape, q, k, v, r.rows, r.o.data(), r.lse.data(), threads,
                     {r.o_mag.data(), r.o_logit.data(), r.lse_mag.data()});
-  const int kv_heads = shape.heads_k > 0 ? shape.heads_k : shape.heads;
-  r.max_abs_v = max_abs_of(v, (size_t)shape.batch * kv_heads * shape.seq_k * d);
+  r.max_abs_v = max_abs_of(v, (size_t)shape.kv_elements());
   return r;
 }
 
@@ -165,8 +164,7 @@ BwdReference backward_reference(const ref::Shape& shape, const float* q, const f
   BwdReference r;
   r.shape = shape;
   const size_t heads = (size_t)shape.batch * shape.heads, d = (size_t)shape.head_dim;
-  const size_t kv_heads = (size_t)shape.batch * (shape.heads_k > 0 ? shape.heads_k : shape.heads);
-  const size_t nq = heads * shape.seq_q * d, nk = kv_heads * shape.seq_k * d;
+  const size_t nq = (size_t)shape.q_elements(), nk = (size_t)shape.kv_elements();
   r.o.assign(nq, 0.0);
   r.lse.assign(heads * shape.seq_q, 0.0);
   ref::forward(shape, q, k, v, r.o.data(), r.lse.data(), threads);
