@@ -60,7 +60,8 @@ WARMUP = 3
 CPU_TIME_BUDGET_S = 20.0        # timed repeats of one torch_cpu problem stop being added past this
 BWD_REF_SLICES = 2
 BIG = sys.float_info.max        # stands for +inf in a row (JSON has no inf; the C++ reader wants numbers)
-PROBLEM_FIELDS = ("batch", "heads", "seq_q", "seq_k", "seq", "head_dim", "dtype", "causal", "direction", "inputs")
+PROBLEM_FIELDS = ("batch", "heads", "heads_k", "seq_q", "seq_k", "seq", "head_dim", "dtype", "causal", "direction",
+                  "inputs")
 DEFAULT_INPUTS = {"distribution": "normal", "scale": 1.0}
 HEAVY_CLAMP = 32.0              # tuner/gpu_runner.cpp kHeavyClamp: |t_3| clamped before scaling
 
@@ -107,6 +108,12 @@ def parse_problem(j):
         if key not in PROBLEM_FIELDS:
             raise ValueError(f"unknown problem field '{key}'")
     p = {"batch": _positive_int(j, "batch", 1 << 20), "heads": _positive_int(j, "heads", 1 << 16)}
+    if "heads_k" in j:  # grouped-query attention; heads_k == heads is multi-head and stays implicit
+        hk = _positive_int(j, "heads_k", 1 << 16)
+        if p["heads"] % hk:
+            raise ValueError(f"problem field 'heads_k' ({hk}) must divide 'heads' ({p['heads']})")
+        if hk != p["heads"]:
+            p["heads_k"] = hk
     if "seq" in j:
         p["seq_q"] = p["seq_k"] = _positive_int(j, "seq", 1 << 20)
     else:
@@ -169,10 +176,11 @@ def bytes_moved(p):
     LSE and writes dQ, dK, dV."""
     e = float(DTYPE_BYTES[p["dtype"]])
     bh = float(p["batch"]) * p["heads"]
+    bhk = float(p["batch"]) * p.get("heads_k", p["heads"])  # K, V (dK, dV) per kv head
     d, sq, sk = p["head_dim"], float(p["seq_q"]), float(p["seq_k"])
     if p["direction"] == "bwd":
-        return bh * (e * d * (4.0 * sq + 2.0 * sk + sq + 2.0 * sk) + 4.0 * sq)
-    return bh * (e * d * (2.0 * sq + 2.0 * sk) + 4.0 * sq)
+        return bh * (e * d * 4.0 * sq + 4.0 * sq) + bhk * e * d * 4.0 * sk
+    return bh * (e * d * 2.0 * sq + 4.0 * sq) + bhk * e * d * 2.0 * sk
 
 
 def sample_rows(n_heads, seq_q, max_rows, seed):

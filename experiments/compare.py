@@ -9,7 +9,10 @@ import csv
 
 
 def key(r):
-    return tuple(int(r[k]) for k in ("batch", "heads", "seq_q", "seq_k", "head_dim", "causal")) + (r["dtype"],)
+    # heads_k: grouped-query rows; files without the column are multi-head.
+    heads_k = int(r.get("heads_k") or r["heads"])
+    return tuple(int(r[k]) for k in ("batch", "heads", "seq_q", "seq_k", "head_dim", "causal")) + (
+        r["dtype"], heads_k, r.get("direction", "fwd"))
 
 
 def main():
@@ -17,6 +20,8 @@ def main():
     ap.add_argument("best")
     ap.add_argument("baselines", nargs="+")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--short", action="store_true",
+                    help="torch_sdpa_<backend> columns as torch_<backend>_tflops and ratio_vs_<backend>, plus heads_k")
     a = ap.parse_args()
     best = {}
     for r in csv.DictReader(open(a.best)):
@@ -31,14 +36,15 @@ def main():
     with open(a.out, "w", newline="") as f:
         w = csv.writer(f)
         head = ["device", "family", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal", "config",
-                "ms_median", "tflops"]
+                "ms_median", "tflops"] + (["heads_k"] if a.short else [])
         for i in impls:
-            head += [f"{i}_tflops", f"ratio_vs_{i}"]
+            short = i.replace("torch_sdpa_", "")
+            head += [f"torch_{short}_tflops", f"ratio_vs_{short}"] if a.short else [f"{i}_tflops", f"ratio_vs_{i}"]
         w.writerow(head)
         for (family, k), r in sorted(best.items(), key=lambda item: (item[0][0], item[0][1][4], item[0][1][5], item[0][1][2])):
-            batch, heads, seq_q, seq_k, head_dim, causal, dtype = k
+            batch, heads, seq_q, seq_k, head_dim, causal, dtype, heads_k, _ = k
             row = [r["device"], family, batch, heads, seq_q, seq_k, head_dim, dtype, causal, r["config"],
-                   r["ms_median"], r["tflops"]]
+                   r["ms_median"], r["tflops"]] + ([heads_k] if a.short else [])
             for i in impls:
                 b = base.get((i, k))
                 bt = float(b["tflops"]) if b and b["status"] == "ok" else 0.0

@@ -38,7 +38,8 @@ def time_sdpa(p, backend, reps, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dt = DTYPES[p["dtype"]]
     shape_q = (p["batch"], p["heads"], p["seq_q"], p["head_dim"])
-    shape_k = (p["batch"], p["heads"], p["seq_k"], p["head_dim"])
+    shape_k = (p["batch"], p.get("heads_k", p["heads"]), p["seq_k"], p["head_dim"])
+    gqa = {"enable_gqa": True} if "heads_k" in p else {}  # grouped-query attention: torch's own GQA path
     q = torch.randn(shape_q, device="cuda", dtype=dt, generator=gen)
     k = torch.randn(shape_k, device="cuda", dtype=dt, generator=gen)
     v = torch.randn(shape_k, device="cuda", dtype=dt, generator=gen)
@@ -50,11 +51,11 @@ def time_sdpa(p, backend, reps, seed):
             # The backward alone: one forward builds the graph, each timed call replays its backward.
             for t in (q, k, v):
                 t.requires_grad_(True)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"], **gqa)
             dout = torch.randn_like(out)
             run = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         else:
-            run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
+            run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"], **gqa)
         for _ in range(3):
             run()
         torch.cuda.synchronize()
@@ -84,7 +85,7 @@ def main():
     with open(a.out, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["device", "impl", "direction", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal",
-                    "ms_median", "ms_p20", "ms_p80", "tflops", "status"])
+                    "ms_median", "ms_p20", "ms_p80", "tflops", "status", "heads_k"])
         for p in problems:
             try:
                 med, p20, p80 = time_sdpa(p, a.backend, a.reps, a.seed)
@@ -94,7 +95,7 @@ def main():
                 status = f"error: {type(e).__name__}: {str(e)[:120]}"
             w.writerow([device, f"torch_sdpa_{a.backend}", p["direction"], p["batch"], p["heads"], p["seq_q"], p["seq_k"],
                         p["head_dim"], p["dtype"], int(p["causal"]), f"{med:.6f}", f"{p20:.6f}", f"{p80:.6f}",
-                        f"{tf:.3f}", status])
+                        f"{tf:.3f}", status, p.get("heads_k", p["heads"])])
             print(f"sdpa {a.backend} {p}: {med:.3f} ms {tf:.1f} TFLOP/s {status}", file=sys.stderr)
 
 

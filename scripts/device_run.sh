@@ -12,6 +12,8 @@
 #   exhaustive-check - fa2_mma exhaustively on the bf16 grid; the committed main job's picks timed within it
 #   multi-gpu [one|two|all] - issue 17 on two GPUs: one sweep on --devices 1, then on --devices 0,1, a crash on one
 #            worker, multi_gpu_sweep.csv (experiments/multi_gpu_sweep.py)
+#   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
+#            both tuned on Llama-3-like shapes beside torch SDPA (enable_gqa): gqa_vs_peers.csv
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py)
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
@@ -255,6 +257,39 @@ JSON
     python3 experiments/multi_gpu_sweep.py $mg/one.db $mg/two.db $mg/times.json $mg/fault.db "$rep/multi_gpu_sweep.csv" | tee $OUT/multi_gpu_sweep.txt
     cp "$rep/multi_gpu_sweep.csv" $OUT/
   fi
+  ;;
+gqa)
+  # Issue 16, grouped-query attention: every fa2_mma / fa2_mma_bwd variant validated on ragged GQA and
+  # MQA shapes, then both tuned on Llama-3-like shapes (32 or 64 query heads, 8 kv heads, d 128) and
+  # timed beside torch SDPA (enable_gqa=True) flash, cuDNN and efficient: gqa_vs_peers.csv.
+  # Resumable: a second call continues the sweeps from the store.
+  val=$rep/gqa_validate.db
+  for s in "fa2_mma ragged_gqa" "fa2_mma_bwd ragged_gqa_bwd"; do
+    set -- $s
+    log "validate $1 on $2"
+    $ft tune configs/spaces/$1.json configs/problems/$2.json --db "$val" --quiet --stop-margin 0.5 --retime 0 2>&1 | tail -1
+  done
+  python3 - "$val" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+for fam, st, n in c.execute("select family, status, count(*) from results group by family, status"):
+    print(f"validation {fam}: {n} {st}")
+for r in c.execute("select family, config, batch, heads, heads_k, seq_q, seq_k, head_dim, dtype, causal, status, substr(error,1,200) from results where status not in ('ok') limit 8"):
+    print("  not ok:", r)
+PY
+  $ft drop-cubins --db "$val"
+  TUNE_LIMIT_S=${GQA_FWD_LIMIT_S:-150} tune fa2_mma gqa_bf16
+  log "tune fa2_mma_bwd on gqa_bwd_bf16 (halving)"
+  timeout "${GQA_BWD_LIMIT_S:-240}" $ft tune configs/spaces/fa2_mma_bwd.json configs/problems/gqa_bwd_bf16.json --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -10
+  for b in flash cudnn efficient; do
+    for pf in gqa_bf16 gqa_bwd_bf16; do
+      python3 experiments/sdpa_baseline.py configs/problems/$pf.json --backend $b --out "$OUT/sdpa_${b}_$pf.csv" 2>&1 | tail -2
+    done
+  done
+  $ft best --db "$db" --csv | python3 -c "import csv,sys; r=list(csv.DictReader(sys.stdin)); w=csv.DictWriter(sys.stdout, r[0].keys()); w.writeheader(); w.writerows(x for x in r if x['heads_k']!=x['heads'])" >"$OUT/best_gqa.csv"
+  python3 experiments/compare.py "$OUT/best_gqa.csv" "$OUT"/sdpa_*_gqa_*.csv --short --out "$rep/gqa_vs_peers.csv"
+  cp "$rep/gqa_vs_peers.csv" "$OUT/"
+  finish
   ;;
 host-time)
   log "host time of the torch op, layer by layer"

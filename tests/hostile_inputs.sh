@@ -256,7 +256,7 @@ cp "$tmp/fixture.db" "$tmp/v3.db"
 python3 - "$tmp/v3.db" <<'PY'
 import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
-cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] not in ("inputs", "origin")]
+cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] not in ("inputs", "origin", "heads_k")]
 c.executescript(f"""create table r3 as select {','.join(cols)} from results; drop table results;
   alter table r3 rename to results; drop table provenance; alter table kernels drop column origin;
   alter table experiment_runs drop column origin; update meta set value='3'; pragma application_id=0;""")
@@ -270,8 +270,8 @@ n3=$("$F" best --db "$tmp/v3.db" --csv | wc -l)
 [[ "$(sha256sum <"$tmp/v3.db")" == "$v3_sum" ]] || { echo "FAIL: report changed a v3 store"; fail=1; }
 cases=$((cases + 1))
 "$F" drop-cubins --db "$tmp/v3.db" || { echo "FAIL: drop-cubins on v3"; fail=1; }
-[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "5,1181504622" ]] ||
-  { echo "FAIL: v3 not migrated to 5 with our application_id"; fail=1; }
+[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "6,1181504622" ]] ||
+  { echo "FAIL: v3 not migrated to 6 with our application_id"; fail=1; }
 [[ "$(sql "$tmp/v3.db" "select count(*), count(distinct inputs) from results")" == "8|1" ]] ||
   { echo "FAIL: migrated results: $(sql "$tmp/v3.db" "select count(*), group_concat(distinct inputs) from results")"; fail=1; }
 [[ $("$F" best --db "$tmp/v3.db" --csv | wc -l) -eq $n3 ]] || { echo "FAIL: best after migration"; fail=1; }

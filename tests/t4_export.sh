@@ -38,11 +38,21 @@ committed_sums=$(sha256sum "$SRC"/reports/*/results.db 2>/dev/null)
 same_rows() {  # same_rows A.db B.db: the results rows agree, ids and origins aside
   python3 - "$1" "$2" <<'PY'
 import sqlite3, sys
-def rows(p):
+def columns(p):
     c = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
-    cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] not in ("id", "origin")]
+    return [r[1] for r in c.execute("pragma table_info(results)") if r[1] not in ("id", "origin")]
+def rows(p, cols):
+    c = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
     return sorted(tuple("" if v is None else v for v in r) for r in c.execute(f"select {','.join(cols)} from results"))
-a, b = rows(sys.argv[1]), rows(sys.argv[2])
+# A store of an older schema lacks newer columns (v6's heads_k): those must hold their default.
+ca, cb = columns(sys.argv[1]), columns(sys.argv[2])
+common = [c for c in ca if c in cb]
+for p, extra in ((sys.argv[1], set(ca) - set(cb)), (sys.argv[2], set(cb) - set(ca))):
+    for col in extra:
+        bad = sqlite3.connect(f"file:{p}?mode=ro", uri=True).execute(f"select count(*) from results where {col} != 0").fetchone()[0]
+        if col != "heads_k" or bad:
+            print(f"column {col} only in {p} ({bad} rows not 0)"); sys.exit(1)
+a, b = rows(sys.argv[1], common), rows(sys.argv[2], common)
 if a != b:
     print(f"{len(a)} rows vs {len(b)}, {len(set(a) ^ set(b))} differ"); sys.exit(1)
 PY

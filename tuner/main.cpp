@@ -355,7 +355,7 @@ int cmd_tune(int argc, char** argv) {
   for (Problem& p : problems) p.inputs = input_dist_option(a, p.inputs);
   if (variants_for(space, problems).empty())  // a sweep that would do nothing is an error, before any work
     throw UsageError("no problem in " + a.positional[1] + " matches a variant of " + a.positional[0] +
-                     " (head_dim, causal, dtype and direction must agree)");
+                     " (head_dim, causal, dtype and direction must agree; heads_k needs a grouped-query family)");
   SearchOptions so;
   so.strategy = a.get("strategy", "exhaustive");
   make_strategy({so.strategy, 0, 1}, {});  // an unknown name fails here, before any work
@@ -568,13 +568,13 @@ int cmd_best(int argc, char** argv) {
   auto best = best_per_problem(store.results(filter));
   if (a.has("csv")) {
     std::puts("device,family,direction,batch,heads,seq_q,seq_k,head_dim,dtype,causal,config,ms_median,ms_p20,ms_p80,"
-              "tflops,gbps,max_abs,max_rel");
+              "tflops,gbps,max_abs,max_rel,heads_k");
     for (const auto& r : best) {
       const Problem& p = r.problem;
-      std::printf("\"%s\",%s,%s,%d,%d,%d,%d,%d,%s,%d,\"%s\",%.6f,%.6f,%.6f,%.3f,%.1f,%.3g,%.3g\n", r.device_name.c_str(),
+      std::printf("\"%s\",%s,%s,%d,%d,%d,%d,%d,%s,%d,\"%s\",%.6f,%.6f,%.6f,%.3f,%.1f,%.3g,%.3g,%d\n", r.device_name.c_str(),
                   r.family.c_str(), r.direction.c_str(), p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim,
                   to_string(p.dtype), (int)p.causal, r.config.c_str(), r.ms_median, r.ms_p20, r.ms_p80, r.tflops,
-                  r.gbps, r.max_abs, r.max_rel);
+                  r.gbps, r.max_abs, r.max_rel, p.kv_heads());
     }
   } else {
     std::printf("%-24s %-9s %-40s %-46s %9s %8s %9s\n", "device", "family", "problem", "config", "ms", "TFLOP/s",
