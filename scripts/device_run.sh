@@ -261,34 +261,42 @@ JSON
 gqa)
   # Issue 16, grouped-query attention: every fa2_mma / fa2_mma_bwd variant validated on ragged GQA and
   # MQA shapes, then both tuned on Llama-3-like shapes (32 or 64 query heads, 8 kv heads, d 128) and
-  # timed beside torch SDPA (enable_gqa=True) flash, cuDNN and efficient: gqa_vs_peers.csv.
-  # Resumable: a second call continues the sweeps from the store.
+  # timed beside torch SDPA (enable_gqa=True) flash and cuDNN: gqa_vs_peers.csv.
+  # "gqa fwd": the validation, the forward sweep and its baselines; "gqa bwd": the backward's, then the
+  # comparison (two calls; the store and the baselines travel back in sweep.tar.gz between them).
+  part=${1:-all}
   val=$rep/gqa_validate.db
-  for s in "fa2_mma ragged_gqa" "fa2_mma_bwd ragged_gqa_bwd"; do
-    set -- $s
-    log "validate $1 on $2"
-    $ft tune configs/spaces/$1.json configs/problems/$2.json --db "$val" --quiet --stop-margin 0.5 --retime 0 2>&1 | tail -1
-  done
-  python3 - "$val" <<'PY'
+  baselines() {  # baselines <problems>: torch SDPA flash and cuDNN (enable_gqa) in this run
+    for b in flash cudnn; do
+      python3 experiments/sdpa_baseline.py configs/problems/$1.json --backend $b --out "$rep/sdpa_${b}_$1.csv" 2>&1 | tail -1
+    done
+  }
+  if [[ $part == fwd || $part == all ]]; then
+    for s in "fa2_mma ragged_gqa" "fa2_mma_bwd ragged_gqa_bwd"; do
+      set -- $s
+      log "validate $1 on $2"
+      $ft tune configs/spaces/$1.json configs/problems/$2.json --db "$val" --quiet --stop-margin 0.5 --retime 0 2>&1 | tail -1
+    done
+    python3 - "$val" <<'PY'
 import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
 for fam, st, n in c.execute("select family, status, count(*) from results group by family, status"):
     print(f"validation {fam}: {n} {st}")
-for r in c.execute("select family, config, batch, heads, heads_k, seq_q, seq_k, head_dim, dtype, causal, status, substr(error,1,200) from results where status not in ('ok') limit 8"):
+for r in c.execute("select family, config, batch, heads, heads_k, seq_q, seq_k, head_dim, dtype, causal, status, substr(error,1,200) from results where status != 'ok' limit 8"):
     print("  not ok:", r)
 PY
-  $ft drop-cubins --db "$val"
-  TUNE_LIMIT_S=${GQA_FWD_LIMIT_S:-150} tune fa2_mma gqa_bf16
-  log "tune fa2_mma_bwd on gqa_bwd_bf16 (halving)"
-  timeout "${GQA_BWD_LIMIT_S:-240}" $ft tune configs/spaces/fa2_mma_bwd.json configs/problems/gqa_bwd_bf16.json --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -10
-  for b in flash cudnn efficient; do
-    for pf in gqa_bf16 gqa_bwd_bf16; do
-      python3 experiments/sdpa_baseline.py configs/problems/$pf.json --backend $b --out "$OUT/sdpa_${b}_$pf.csv" 2>&1 | tail -2
-    done
-  done
-  $ft best --db "$db" --csv | python3 -c "import csv,sys; r=list(csv.DictReader(sys.stdin)); w=csv.DictWriter(sys.stdout, r[0].keys()); w.writeheader(); w.writerows(x for x in r if x['heads_k']!=x['heads'])" >"$OUT/best_gqa.csv"
-  python3 experiments/compare.py "$OUT/best_gqa.csv" "$OUT"/sdpa_*_gqa_*.csv --short --out "$rep/gqa_vs_peers.csv"
-  cp "$rep/gqa_vs_peers.csv" "$OUT/"
+    $ft drop-cubins --db "$val"
+    TUNE_LIMIT_S=${GQA_FWD_LIMIT_S:-130} tune fa2_mma gqa_bf16
+    baselines gqa_bf16
+  fi
+  if [[ $part == bwd || $part == all ]]; then
+    log "tune fa2_mma_bwd on gqa_bwd_bf16 (halving)"
+    timeout "${GQA_BWD_LIMIT_S:-240}" $ft tune configs/spaces/fa2_mma_bwd.json configs/problems/gqa_bwd_bf16.json --db "$db" \
+      --strategy halving 2>&1 | grep -vE "^\[" | tail -10
+    baselines gqa_bwd_bf16
+    $ft best --db "$db" --csv | python3 -c "import csv,sys; r=list(csv.DictReader(sys.stdin)); w=csv.DictWriter(sys.stdout, r[0].keys()); w.writeheader(); w.writerows(x for x in r if x['heads_k']!=x['heads'])" >"$rep/best_gqa.csv"
+    python3 experiments/compare.py "$rep/best_gqa.csv" "$rep"/sdpa_*_gqa_*.csv --short --out "$rep/gqa_vs_peers.csv"
+  fi
   finish
   ;;
 host-time)
