@@ -31,6 +31,12 @@ for r in reps:
     assert n == distinct == r["space_size"], (n, distinct, r["space_size"])
     retimed = db.execute("select count(*) from results where seq_q=? and detail like '%\"retime\"%'", (p["seq_q"],)).fetchone()[0]
     assert retimed == 3, f"{retimed} rows re-timed, want 3"
+    # Halving's later rounds and the re-timing time a kernel this sweep validated: timed only, the
+    # validated run's errors kept (detail.validation "reused", the per-output errors still there).
+    for st, mx, det in db.execute("select status, max_abs, detail from results where seq_q=? and reps >= 8", (p["seq_q"],)):
+        d = json.loads(det)
+        assert st == "ok" and d.get("validation") == "reused", (st, d.get("validation"))
+        assert mx > 0 and "worst_err_over_bound" in d and "timing" in d["phase_ms"] and "validate" not in d["phase_ms"], d
     print(f"halving {p['seq_q']}x{p['seq_k']} causal={p['causal']}: {r['evaluations']} evaluated, best {r['best_config']} "
           f"{r['best_found_tflops']:.1f} TFLOP/s, timing {r['timing_ms']:.0f} ms")
 PY

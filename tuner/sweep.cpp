@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -92,7 +93,13 @@ ResultRecord unrun_result(const KernelRecord& k, const Problem& p) {
   return r;
 }
 
-ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Problem& p, const json& timing) {
+ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Problem& p, const json& timing,
+                             const ResultRecord* validated) {
+  // A validated row stands for this run's validation only when it is this kernel's, on this problem
+  // and these inputs, and it passed.
+  if (validated && (validated->status != "ok" || validated->kernel_hash != k.hash || !(validated->problem == p) ||
+                    validated->seed != opt_.seed || !opt_.inputs_dir.empty() || opt_.check_determinism))
+    validated = nullptr;
   ResultRecord r = unrun_result(k, p);
   r.seed = opt_.seed;
   r.device_name = device_.name;
@@ -121,7 +128,24 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
               {"check_determinism", opt_.check_determinism}};
   if (!opt_.save_outputs_dir.empty()) req["save_dir"] = opt_.save_outputs_dir;
   if (!timing.empty()) req["timing"] = timing;
+  if (validated) req["time_only"] = true;
   take_reply(worker_.request(req, opt_.timeout_s), p, r);
+  if (validated && r.status == "ok") {
+    r.max_abs = validated->max_abs;
+    r.max_rel = validated->max_rel;
+    r.mse = validated->mse;
+    // The validation's findings (errors per output, bounds, rows checked) from the validated row; this
+    // run's own timing, telemetry and phases over them.
+    json d = validated->detail.empty() ? json::object() : json::parse(validated->detail, nullptr, false);
+    if (!d.is_object()) d = json::object();
+    const json mine = r.detail.empty() ? json::object() : json::parse(r.detail, nullptr, false);
+    for (const char* key : {"timing_ms", "telemetry", "phase_ms", "early_stopped", "worker_device"}) {
+      d.erase(key);
+      if (mine.is_object() && mine.contains(key)) d[key] = mine[key];
+    }
+    d["validation"] = "reused";
+    r.detail = d.dump();
+  }
   return r;
 }
 
@@ -263,7 +287,7 @@ SearchEvaluation evaluation_of(const ResultRecord& r, bool reused) {
 namespace {
 void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& p, const SearchOptions& so,
                       const std::vector<std::pair<double, size_t>>& ranking, GpuSession& gpu, Store& store,
-                      int worker, int worker_device,
+                      int worker, int worker_device, const std::map<std::string, ResultRecord>& validated,
                       const std::function<const KernelRecord&(size_t, const Variant&, const std::string&)>& kernel_for,
                       ProblemReport& rep) {
   // The finalists timed in turn (A B C A B C ...), so that a drift in clocks or temperature during the
@@ -274,7 +298,10 @@ void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& 
   for (int r = 0; r < so.retime_rounds; ++r)
     for (size_t i = 0; i < n; ++i) {
       const SearchCandidate& c = cands[ranking[i].second];
-      ResultRecord rec = gpu.run(kernel_for((size_t)worker, c.v, c.hash), c.v, p, json{{"min_reps", 10}, {"max_reps", 10}, {"warmup", 1}});
+      // Timed only: each finalist's validated row stands for its validation.
+      const auto v = validated.find(c.hash);
+      ResultRecord rec = gpu.run(kernel_for((size_t)worker, c.v, c.hash), c.v, p, json{{"min_reps", 10}, {"max_reps", 10}, {"warmup", 1}},
+                                 v != validated.end() ? &v->second : nullptr);
       if (rec.status == "ok") rounds[i].push_back(rec.ms_median), last[i] = rec;
     }
   double best = std::numeric_limits<double>::infinity();
@@ -398,6 +425,7 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
   // Per problem: what the store holds for it on this device (reused, not re-run) and its search.
   struct ProblemRun {
     std::map<std::string, ResultRecord> stored;
+    std::set<std::string> validated;  // validated by this sweep (its later runs are timed only)
     std::mutex stored_mu;
   };
   std::vector<std::unique_ptr<ProblemRun>> runs(problems.size());
@@ -438,12 +466,19 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
         return evaluation_of(it->second, true);
       }
     }
+    // A candidate this sweep validated already (halving's later rounds) is timed only.
+    std::optional<ResultRecord> validated;
+    {
+      std::lock_guard<std::mutex> lock(run.stored_mu);
+      if (auto it = run.stored.find(cand.hash); it != run.stored.end() && it->second.status == "ok" && run.validated.count(cand.hash))
+        validated = it->second;
+    }
     const KernelRecord& k = kernel_for((size_t)w, cand.v, cand.hash);
     json plan = json::object();  // the proposal's timing, over the worker's defaults
     if (prop.reps > 0) plan["min_reps"] = plan["max_reps"] = prop.reps;
     if (prop.warmup >= 0) plan["warmup"] = prop.warmup;
     if (stop_above > 0) plan["stop_above_ms"] = stop_above;
-    ResultRecord r = gpus[(size_t)w]->run(k, cand.v, p, plan);
+    ResultRecord r = gpus[(size_t)w]->run(k, cand.v, p, plan, validated ? &*validated : nullptr);
     if (several) r.detail = with_worker_device(r.detail, opt.devices[(size_t)w]);
     stores[(size_t)w]->put_result(r, dev);
     {
@@ -453,6 +488,7 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
     }
     std::lock_guard<std::mutex> lock(run.stored_mu);
     run.stored[cand.hash] = r;
+    if (r.status == "ok") run.validated.insert(cand.hash);
     return evaluation_of(r, false);
   };
   // A finished problem's finalists re-timed on the worker's GPU, then its report.
@@ -464,7 +500,7 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
     if (so.retime_top > 0 && ranking.size() > 1 && rep.reused < rep.evaluations &&
         !(deadline > 0 && seconds_now() >= deadline))
       retime_finalists(all_cands[pi], p, so, ranking, *gpus[(size_t)w], *stores[(size_t)w], w, several ? opt.devices[(size_t)w] : -1,
-                       kernel_for, rep);
+                       runs[pi]->stored, kernel_for, rep);
     std::fprintf(stderr, "%s: %zu of %zu candidates evaluated (%zu stored before), best %s %.3f ms %.1f TFLOP/s\n",
                  p.str().c_str(), rep.evaluations, rep.space_size, rep.reused, rep.best_config.c_str(), rep.best_ms,
                  rep.best_tflops);

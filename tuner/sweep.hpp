@@ -41,8 +41,11 @@ class GpuSession {
   // kernel: crashes, hangs and wrong answers come back as the record's status.
   // `timing` overrides the worker's timing: min_reps, max_reps, warmup, stop_above_ms (stop after 3
   // repeats when their median is over it: detail.early_stopped). detail.timing_ms: the GPU time spent.
+  // `validated`: this kernel's validated row on this problem and seed (status ok), from this sweep:
+  // the run is timed only (no second comparison with the reference: halving's later rounds and the
+  // re-timing of finalists), and the record keeps that row's errors (detail.validation "reused").
   ResultRecord run(const KernelRecord&, const Variant&, const Problem&,
-                   const nlohmann::json& timing = nlohmann::json::object());
+                   const nlohmann::json& timing = nlohmann::json::object(), const ResultRecord* validated = nullptr);
   // Runs a library baseline on one problem, validated and timed like run(): impl "cublas_unfused"
   // (forward; fp32, fp16, bf16). The record has family = impl, empty config and kernel_hash; detail
   // holds mean_abs and peak_bytes (device bytes the run needs, S and P included). Status "oom" when
