@@ -22,14 +22,15 @@ int main() {
   STRUCT(ft_forward_args, FIELD(ft_forward_args, batch); FIELD(ft_forward_args, heads); FIELD(ft_forward_args, seq_q);
          FIELD(ft_forward_args, seq_k); FIELD(ft_forward_args, head_dim); FIELD(ft_forward_args, dtype);
          FIELD(ft_forward_args, causal); FIELD(ft_forward_args, scale); FIELD(ft_forward_args, q);
-         FIELD(ft_forward_args, k); FIELD(ft_forward_args, v); FIELD(ft_forward_args, o); FIELD(ft_forward_args, lse));
+         FIELD(ft_forward_args, k); FIELD(ft_forward_args, v); FIELD(ft_forward_args, o); FIELD(ft_forward_args, lse);
+         FIELD(ft_forward_args, heads_k));
   STRUCT(ft_backward_args, FIELD(ft_backward_args, batch); FIELD(ft_backward_args, heads);
          FIELD(ft_backward_args, seq_q); FIELD(ft_backward_args, seq_k); FIELD(ft_backward_args, head_dim);
          FIELD(ft_backward_args, dtype); FIELD(ft_backward_args, causal); FIELD(ft_backward_args, scale);
          FIELD(ft_backward_args, q); FIELD(ft_backward_args, k); FIELD(ft_backward_args, v); FIELD(ft_backward_args, o);
          FIELD(ft_backward_args, dout); FIELD(ft_backward_args, lse); FIELD(ft_backward_args, dq);
          FIELD(ft_backward_args, dk); FIELD(ft_backward_args, dv); FIELD(ft_backward_args, workspace);
-         FIELD(ft_backward_args, workspace_bytes));
+         FIELD(ft_backward_args, workspace_bytes); FIELD(ft_backward_args, heads_k));
   STRUCT(ft_explanation, FIELD(ft_explanation, family); FIELD(ft_explanation, config); FIELD(ft_explanation, source);
          FIELD(ft_explanation, cache); FIELD(ft_explanation, device); FIELD(ft_explanation, arch));
   // The enums' values and size: ctypes passes them as int.

@@ -39,9 +39,17 @@ def causal_mask(sq, sk, device):
     return j <= i + (sk - sq)  # bottom-right, as FlashAttention
 
 
+def expand_kv(q, k, v):
+    """Grouped-query attention as multi-head: each kv head repeated over its group (differentiable, so
+    the gradients of the originals are the group sums). Returns (k, v)."""
+    g = q.shape[1] // k.shape[1]
+    return (k, v) if g == 1 else (k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1))
+
+
 def reference(q, k, v, dout, causal, scale):
     """float64 forward and backward (autograd in double precision); rows that see no key: O = 0."""
-    q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    q, k0, v0 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    k, v = expand_kv(q, k0, v0)
     s = (q @ k.transpose(-1, -2)) * scale
     sq, sk = q.shape[2], k.shape[2]
     mask = causal_mask(sq, sk, q.device) if causal else torch.ones(sq, sk, dtype=torch.bool, device=q.device)
@@ -50,31 +58,34 @@ def reference(q, k, v, dout, causal, scale):
     s = torch.where(seen, s, 0.0)
     p = torch.softmax(s, dim=-1) * seen
     o = p @ v
-    dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout.double())
+    dq, dk, dv = torch.autograd.grad(o, (q, k0, v0), dout.double())
     return o.detach(), dq, dk, dv
 
 
 def torch_flash(q, k, v, dout, causal, scale):
     """torch SDPA, flash backend, bottom-right causal through square sub-problems: for Sq < Sk the queries
     are padded in front (zero dO there, so dK and dV are unchanged); for Sq > Sk the first Sq - Sk rows
-    see no key (O = 0, dQ = 0) and the rest are a square causal problem."""
+    see no key (O = 0, dQ = 0) and the rest are a square causal problem. Grouped-query attention: the
+    same products on K and V repeated over each group; the gradients are the originals'."""
     sq, sk = q.shape[2], k.shape[2]
-    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    leaves = tuple(t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    q = leaves[0]
+    k, v = expand_kv(*leaves)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         if not causal or sq == sk:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-            dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+            dq, dk, dv = torch.autograd.grad(o, leaves, dout)
             return o.detach(), dq, dk, dv
         if sq < sk:
             pad = torch.zeros(q.shape[0], q.shape[1], sk - sq, q.shape[3], dtype=q.dtype, device=q.device)
             qp = torch.cat([pad, q], dim=2)
             op = F.scaled_dot_product_attention(qp, k, v, is_causal=True, scale=scale)
             o = op[:, :, sk - sq:]
-            dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+            dq, dk, dv = torch.autograd.grad(o, leaves, dout)
             return o.detach(), dq, dk, dv
         m = sq - sk
         o_tail = F.scaled_dot_product_attention(q[:, :, m:], k, v, is_causal=True, scale=scale)
-        dq, dk, dv = torch.autograd.grad(o_tail, (q, k, v), dout[:, :, m:])
+        dq, dk, dv = torch.autograd.grad(o_tail, leaves, dout[:, :, m:])
         o = torch.cat([torch.zeros_like(q[:, :, :m]), o_tail], dim=2)
         return o.detach(), dq, dk, dv
 
@@ -107,15 +118,22 @@ CASES = [  # B, H, Sq, Sk, d, causal, dtype, layout
     (2, 3, 113, 301, 64, True, torch.float16, "bhsd"),
     (1, 4, 320, 320, 128, True, torch.float16, "bshd"),
 ]
+GQA_CASES = [  # B, H, Hk, Sq, Sk, d, causal, dtype, layout: grouped- and multi-query attention
+    (2, 8, 2, 113, 301, 128, True, torch.bfloat16, "bhsd"),
+    (1, 6, 1, 200, 77, 64, True, torch.float16, "bshd"),
+    (2, 4, 2, 255, 255, 64, False, torch.bfloat16, "bshd"),
+]
 
 
 def accuracy():
     gen = torch.Generator(device="cuda").manual_seed(SEED)
-    for B, H, sq, sk, d, causal, dtype, layout in CASES:
-        name = f"{str(dtype).split('.')[-1]} B{B} H{H} Sq{sq} Sk{sk} d{d}{' causal' if causal else ''} {layout}"
+    cases = [(B, H, H, sq, sk, d, c, dt, lay) for B, H, sq, sk, d, c, dt, lay in CASES] + GQA_CASES
+    for B, H, Hk, sq, sk, d, causal, dtype, layout in cases:
+        name = (f"{str(dtype).split('.')[-1]} B{B} H{H}{f'/{Hk}' if Hk != H else ''} Sq{sq} Sk{sk} d{d}"
+                f"{' causal' if causal else ''} {layout}")
         q = make((B, H, sq, d), dtype, layout, gen).requires_grad_(True)
-        k = make((B, H, sk, d), dtype, layout, gen).requires_grad_(True)
-        v = make((B, H, sk, d), dtype, layout, gen).requires_grad_(True)
+        k = make((B, Hk, sk, d), dtype, layout, gen).requires_grad_(True)
+        v = make((B, Hk, sk, d), dtype, layout, gen).requires_grad_(True)
         dout = torch.randn(B, H, sq, d, device="cuda", dtype=dtype, generator=gen)
         scale = 1.0 / math.sqrt(d)
         o = attention(q, k, v, causal=causal)

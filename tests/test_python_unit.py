@@ -134,15 +134,19 @@ class ArgumentChecks(unittest.TestCase):
         # packers, whose layout StructLayout checks against the header.
         t = (0x1000, (4096, 1024, 64, 1))
         flat = lambda x: (x[0], *x[1])  # noqa: E731
-        slow = _lib.forward_args((3, 16, 64, 96, 64), "bf16", True, 0.125, t, (0x2000, (1, 2, 3, 1)), t, t, 0x9000)
+        slow = _lib.forward_args((3, 16, 64, 96, 64), "bf16", True, 0.125, t, (0x2000, (1, 2, 3, 1)), t, t, 0x9000,
+                                 heads_k=4)
         fast = _lib.pack_forward((3, 16, 64, 96, 64), _lib.DTYPES["bf16"], 1, 0.125, flat(t), (0x2000, 1, 2, 3, 1),
-                                 flat(t), flat(t), 0x9000)
+                                 flat(t), flat(t), 0x9000, 4)
         self.assertEqual(bytes(slow), bytes(fast))
+        self.assertEqual(slow.heads_k, 4)
         slow = _lib.backward_args((2, 8, 128, 256, 128), "fp16", False, None, t, t, t, t, t, 0x3000, t, t,
-                                  (0x4000, (7, 6, 5, 1)))
+                                  (0x4000, (7, 6, 5, 1)), heads_k=2)
         fast = _lib.pack_backward((2, 8, 128, 256, 128), _lib.DTYPES["fp16"], 0, 0.0, *[flat(t)] * 5, 0x3000,
-                                  flat(t), flat(t), (0x4000, 7, 6, 5, 1))
+                                  flat(t), flat(t), (0x4000, 7, 6, 5, 1), 2)
         self.assertEqual(bytes(slow), bytes(fast))
+        with self.assertRaisesRegex(ValueError, "heads_k 3 must divide heads 8"):
+            _lib.backward_args((2, 8, 128, 256, 128), "fp16", False, None, t, t, t, t, t, 0x3000, t, t, t, heads_k=3)
         with self.assertRaisesRegex(ValueError, "does not fit"):
             _lib.pack_forward((2**31, 1, 1, 1, 64), 0, 0, 0.0, *[flat(t)] * 4, 0)
 

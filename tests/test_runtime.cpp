@@ -469,5 +469,5 @@ TEST(RuntimeCApi, NoGpuIsOneLine) {
   EXPECT_EQ(st.message, "q.data is null");
   EXPECT_EQ(runtime::device_available().code, FT_NO_GPU);
   EXPECT_EQ(runtime::explain(cf), "error: q.data is null");
-  EXPECT_EQ(runtime::version(), "0.1.0");
+  EXPECT_EQ(runtime::version(), "0.2.0");
 }

@@ -262,6 +262,87 @@ TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
 
 // Run by the test above in a child process (FT_FAKE_CHILD = disk | truncated); disabled, so that it is
 // not a test of its own.
+// Grouped-query attention through the C ABI (bf16, 8 query heads over 2 kv heads): fa2_mma and
+// fa2_mma_bwd chosen (the families that read kv head h / group), heads_k reaches the kernels'
+// parameters, the dK/dV kernel runs one CTA row per kv head, a transposed k is packed with its own
+// 2 heads; fp32 and a heads_k that does not divide heads are refused in one line.
+int g_heads_k_seen = -1;
+void record_heads_k(const char* name, void** params) {
+  const std::string n = name;
+  if (n.find("fa2_mma_fwd") != std::string::npos) g_heads_k_seen = (*reinterpret_cast<AttnFwdParams**>(params))->heads_k;
+  if (n.find("fa2_mma_bwd_dkdv") != std::string::npos)
+    g_heads_k_seen = (*reinterpret_cast<AttnBwdParams**>(params))->heads_k;
+}
+
+TEST(FakeDriver, GroupedQueryHeads) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  for (const std::string& e : split(FT_AOT_ARCHS, ','))
+    if (e == "80" || e == "sm_80") GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  const std::string cache = make_private_tmpdir("ft-fake-gqa");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  FakeState& st = fake();
+  st.hook = record_heads_k;
+  constexpr int Hq = 8, Hk = 2, S = 64, d = 64;
+  std::vector<uint16_t> q(Hq * S * d + 8), kv(Hk * S * d + 8), o(Hq * S * d + 8), lse(Hq * S * 2 + 8);
+  auto al = [](std::vector<uint16_t>& v) { return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(v.data()) + 15) / 16 * 16); };
+  auto t = [](void* p, int h, int s) { return ft_tensor{p, {(int64_t)h * s * d, (int64_t)s * d, d, 1}}; };
+  ft_forward_args a{};
+  a.batch = 1, a.heads = Hq, a.heads_k = Hk, a.seq_q = S, a.seq_k = S, a.head_dim = d, a.dtype = FT_BF16;
+  a.q = t(al(q), Hq, S), a.k = t(al(kv), Hk, S), a.v = t(al(kv), Hk, S), a.o = t(al(o), Hq, S);
+  a.lse = reinterpret_cast<float*>(al(lse));
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "fa2_mma");
+  st.launches.clear();
+  g_heads_k_seen = -1;
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  ASSERT_EQ(st.launches.size(), 1u);
+  EXPECT_EQ(g_heads_k_seen, Hk);
+  EXPECT_EQ(st.launches[0].grid[1], (unsigned)Hq);  // one CTA row per query head
+
+  // k as [B, S, Hk, d] (transposed): packed with Hk heads (the copy's second size argument).
+  std::vector<uint16_t> kt(Hk * S * d + 8);
+  a.k = ft_tensor{al(kt), {(int64_t)S * Hk * d, d, (int64_t)Hk * d, 1}};
+  st.launches.clear();
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  ASSERT_EQ(st.launches.size(), 2u);
+  EXPECT_EQ(st.launches[0].name, "ft_strided_copy_2");
+  a.k = a.v;
+
+  // Backward: fa2_mma_bwd, dK/dV per kv head.
+  std::vector<uint16_t> dout(Hq * S * d + 8), dq(Hq * S * d + 8), dk(Hk * S * d + 8), dv(Hk * S * d + 8);
+  ft_backward_args b{};
+  b.batch = 1, b.heads = Hq, b.heads_k = Hk, b.seq_q = S, b.seq_k = S, b.head_dim = d, b.dtype = FT_BF16;
+  b.q = a.q, b.k = a.k, b.v = a.v, b.o = a.o, b.dout = t(al(dout), Hq, S), b.lse = a.lse;
+  b.dq = t(al(dq), Hq, S), b.dk = t(al(dk), Hk, S), b.dv = t(al(dv), Hk, S);
+  ASSERT_EQ(ft_explain_backward(&b, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "fa2_mma_bwd");
+  st.launches.clear();
+  g_heads_k_seen = -1;
+  ASSERT_EQ(ft_attention_backward(&b, nullptr), FT_OK) << ft_last_error();
+  const Family& f = find_family("fa2_mma_bwd");
+  Problem p;
+  p.batch = 1, p.heads = Hq, p.heads_k = Hk, p.seq_q = p.seq_k = S, p.head_dim = d, p.dtype = DType::bf16, p.direction = "bwd";
+  const std::vector<Launch> want = f.launches(f.parse_config(e.config), p);
+  ASSERT_EQ(st.launches.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(std::vector<unsigned>(st.launches[i].grid, st.launches[i].grid + 3),
+              std::vector<unsigned>(want[i].grid, want[i].grid + 3)) << st.launches[i].name;
+  EXPECT_EQ(want[1].grid[1], (unsigned)Hk);  // the dK/dV kernel: one CTA row per kv head
+  EXPECT_EQ(g_heads_k_seen, Hk);
+
+  // Refused in one line: a heads_k that does not divide heads; fp32 (no grouped-query family).
+  b.heads_k = 3;
+  EXPECT_EQ(ft_attention_backward(&b, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ft_last_error()).find("heads_k 3 must be 0 or divide heads 8"), std::string::npos) << ft_last_error();
+  a.dtype = FT_FP32;
+  EXPECT_EQ(ft_attention_forward(&a, nullptr), FT_UNSUPPORTED);
+  EXPECT_NE(std::string(ft_last_error()).find("grouped-query"), std::string::npos) << ft_last_error();
+  st.hook = nullptr;
+  fs::remove_all(cache);
+}
+
 TEST(FakeDriver, DISABLED_Child) {
   const char* mode = std::getenv("FT_FAKE_CHILD");
   ASSERT_NE(mode, nullptr) << "run by FakeDriver.ForwardBackwardCachesAndPacking";

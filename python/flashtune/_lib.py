@@ -83,14 +83,15 @@ _HEAD = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("seq_q", ctypes.c_in
 
 class FtForwardArgs(ctypes.Structure):
     _fields_ = _HEAD + [("q", FtTensor), ("k", FtTensor), ("v", FtTensor), ("o", FtTensor),
-                        ("lse", ctypes.c_void_p)]
+                        ("lse", ctypes.c_void_p), ("heads_k", ctypes.c_int)]
 
 
 class FtBackwardArgs(ctypes.Structure):
     _fields_ = _HEAD + [("q", FtTensor), ("k", FtTensor), ("v", FtTensor), ("o", FtTensor), ("dout", FtTensor),
                         ("lse", ctypes.c_void_p),
                         ("dq", FtTensor), ("dk", FtTensor), ("dv", FtTensor),
-                        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
+                        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+                        ("heads_k", ctypes.c_int)]
 
 
 class FtExplanation(ctypes.Structure):
@@ -223,19 +224,31 @@ def _head(args, shape, dtype, causal, scale):
     args.scale = scale
 
 
-def forward_args(shape, dtype, causal, scale, q, k, v, o, lse):
-    """shape (B, H, Sq, Sk, d); q, k, v, o as (pointer, strides); lse a pointer (0: not wanted)."""
+def _heads_k(args, heads_k):
+    """Grouped-query attention's kv heads: 0 (= heads) or a divisor of heads."""
+    hk = _int_in("heads_k", heads_k, 0, _INT_MAX)
+    if hk and args.heads % hk:
+        raise ValueError(f"heads_k {hk} must divide heads {args.heads}")
+    args.heads_k = hk
+
+
+def forward_args(shape, dtype, causal, scale, q, k, v, o, lse, heads_k=0):
+    """shape (B, H, Sq, Sk, d); q, k, v, o as (pointer, strides); lse a pointer (0: not wanted); heads_k
+    the kv heads of k and v (grouped-query attention; 0: H)."""
     a = FtForwardArgs()
     _head(a, shape, dtype, causal, scale)
+    _heads_k(a, heads_k)
     for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
         setattr(a, name, make_tensor(name, t))
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
     return a
 
 
-def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, workspace=0, workspace_bytes=0):
+def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, workspace=0, workspace_bytes=0,
+                  heads_k=0):
     a = FtBackwardArgs()
     _head(a, shape, dtype, causal, scale)
+    _heads_k(a, heads_k)
     for name, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         setattr(a, name, make_tensor(name, t))
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
@@ -252,30 +265,30 @@ def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv
 # against the header, by tests/test_python_unit.py). The runtime checks every value again.
 _HEAD_FMT = "=7if"
 _TENSOR_FMT = "Q4q"
-FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q")
-BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ")
+FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q" + "i4x")  # ..., lse, heads_k, padding
+BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ" + "i4x")
 assert FORWARD_FMT.size == ctypes.sizeof(FtForwardArgs) and BACKWARD_FMT.size == ctypes.sizeof(FtBackwardArgs)
 
 
-def pack_forward(shape, dtype_code, causal, scale, q, k, v, o, lse):
+def pack_forward(shape, dtype_code, causal, scale, q, k, v, o, lse, heads_k=0):
     """FtForwardArgs from (B, H, Sq, Sk, d), an ft_dtype code, causal (0/1), scale (0.0: 1/sqrt(d)), q, k,
-    v, o each a 5-tuple (pointer, 4 strides) and the lse pointer. ValueError (one line) when a value does
-    not fit its field."""
+    v, o each a 5-tuple (pointer, 4 strides), the lse pointer and heads_k (0: H). ValueError (one line)
+    when a value does not fit its field."""
     a = FtForwardArgs()
     try:
-        FORWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, lse)
+        FORWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, lse, heads_k)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a
 
 
-def pack_backward(shape, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk, dv):
+def pack_backward(shape, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, heads_k=0):
     """FtBackwardArgs as pack_forward, with dout, the lse pointer and dq, dk, dv; no workspace (the
     runtime allocates it)."""
     a = FtBackwardArgs()
     try:
         BACKWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, *dout, lse, *dq, *dk, *dv,
-                               0, 0)
+                               0, 0, heads_k)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a

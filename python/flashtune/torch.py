@@ -1,7 +1,7 @@
 """flashtune for PyTorch: a custom op with autograd, a FlashAttention module, and explain().
 
     from flashtune.torch import attention, FlashAttention, explain
-    o = attention(q, k, v, causal=True)          # q [B, H, Sq, d], k and v [B, H, Sk, d], as torch SDPA
+    o = attention(q, k, v, causal=True)          # q [B, H, Sq, d], k and v [B, H or Hk, Sk, d], as torch SDPA
     attn = FlashAttention(head_dim=64); o = attn(q, k, v); o.sum().backward()
 
 The op is torch.ops.flashtune.attention_fwd (q, k, v, causal, scale) -> (o, lse) with the backward op
@@ -50,9 +50,9 @@ def _check(q, k, v, fn, autocast=False):
     B, H, Sq, d = q.shape
     if k.shape[0] != B or v.shape[0] != B:
         raise ValueError(f"{fn}: batch sizes differ (q {B}, k {k.shape[0]}, v {v.shape[0]})")
-    if k.shape[1] != H or v.shape[1] != H:
-        raise ValueError(f"{fn}: q has {H} heads, k {k.shape[1]} and v {v.shape[1]}; grouped-query attention "
-                         f"(Hq != Hk) is not supported: repeat k and v along dim 1 first")
+    if v.shape[1] != k.shape[1] or k.shape[1] == 0 or H % k.shape[1]:
+        raise ValueError(f"{fn}: q has {H} heads, k {k.shape[1]} and v {v.shape[1]}; k and v need the same number "
+                         f"of heads, dividing q's (grouped-query attention, as torch SDPA's enable_gqa=True)")
     if k.shape[3] != d or v.shape[3] != d:
         raise ValueError(f"{fn}: head dims differ (q {d}, k {k.shape[3]}, v {v.shape[3]})")
     if v.shape[2] != k.shape[2]:
@@ -117,14 +117,14 @@ def _on(device):
 def _fwd_args(q, k, v, o, lse, causal, scale):
     B, H, Sq, d = q.shape
     return _lib.pack_forward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
-                             _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr())
+                             _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr(), k.shape[1])
 
 
 def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale):
     B, H, Sq, d = q.shape
     return _lib.pack_backward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
                               _ref(q), _ref(k), _ref(v), _ref(o), _ref(dout), lse.data_ptr(),
-                              _ref(dq), _ref(dk), _ref(dv))
+                              _ref(dq), _ref(dk), _ref(dv), k.shape[1])
 
 
 # --- the ops ---------------------------------------------------------------------------------------
@@ -227,7 +227,9 @@ class _EagerAttention(torch.autograd.Function):
 
 # --- the public face -------------------------------------------------------------------------------
 def attention(q, k, v, causal=False, scale=None):
-    """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, H, Sk, d].
+    """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
+    (Hk = H, or a divisor of H: grouped-query attention, query head h reading kv head h // (H // Hk), as
+    torch SDPA with enable_gqa=True; fp16 and bf16).
 
     Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
     TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or

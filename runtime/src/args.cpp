@@ -40,7 +40,7 @@ std::string check_tensor(const char* name, const ft_tensor& t, int64_t b, int64_
   return "";
 }
 
-Check check_common(int batch, int heads, int seq_q, int seq_k, int head_dim, ft_dtype dtype, float scale,
+Check check_common(int batch, int heads, int heads_k, int seq_q, int seq_k, int head_dim, ft_dtype dtype, float scale,
                    const char* direction) {
   const struct {
     const char* name;
@@ -51,7 +51,10 @@ Check check_common(int batch, int heads, int seq_q, int seq_k, int head_dim, ft_
   if (dtype != FT_FP32 && dtype != FT_FP16 && dtype != FT_BF16)
     return bad(FT_INVALID_ARGUMENT, "dtype " + std::to_string((int)dtype) + " is not FT_FP32, FT_FP16 or FT_BF16");
   if (!std::isfinite(scale)) return bad(FT_INVALID_ARGUMENT, "scale is not finite");
-  if (std::string why = unsupported_reason(direction, to_dtype(dtype), head_dim); !why.empty())
+  if (heads_k < 0 || (heads_k > 0 && heads % heads_k))
+    return bad(FT_INVALID_ARGUMENT, "heads_k " + std::to_string(heads_k) + " must be 0 or divide heads " + std::to_string(heads));
+  const bool gqa = heads_k > 0 && heads_k != heads;
+  if (std::string why = unsupported_reason(direction, to_dtype(dtype), head_dim, gqa); !why.empty())
     return bad(FT_UNSUPPORTED, why);
   return {};
 }
@@ -79,35 +82,36 @@ size_t Layout::add(size_t bytes) {
 }
 
 std::vector<TensorArg> tensor_args(const ft_forward_args* a) {
-  return {{"q", &a->q, a->seq_q, false}, {"k", &a->k, a->seq_k, false}, {"v", &a->v, a->seq_k, false},
+  return {{"q", &a->q, a->seq_q, false},      {"k", &a->k, a->seq_k, false, true}, {"v", &a->v, a->seq_k, false, true},
           {"o", &a->o, a->seq_q, true}};
 }
 std::vector<TensorArg> tensor_args(const ft_backward_args* a) {
-  return {{"q", &a->q, a->seq_q, false},  {"k", &a->k, a->seq_k, false},       {"v", &a->v, a->seq_k, false},
-          {"o", &a->o, a->seq_q, false},  {"dout", &a->dout, a->seq_q, false}, {"dq", &a->dq, a->seq_q, true},
-          {"dk", &a->dk, a->seq_k, true}, {"dv", &a->dv, a->seq_k, true}};
+  return {{"q", &a->q, a->seq_q, false},        {"k", &a->k, a->seq_k, false, true},
+          {"v", &a->v, a->seq_k, false, true},  {"o", &a->o, a->seq_q, false},
+          {"dout", &a->dout, a->seq_q, false},  {"dq", &a->dq, a->seq_q, true},
+          {"dk", &a->dk, a->seq_k, true, true}, {"dv", &a->dv, a->seq_k, true, true}};
 }
 
 Check check_forward(const ft_forward_args* a) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
-  if (Check c = check_common(a->batch, a->heads, a->seq_q, a->seq_k, a->head_dim, a->dtype, a->scale, "fwd");
+  if (Check c = check_common(a->batch, a->heads, a->heads_k, a->seq_q, a->seq_k, a->head_dim, a->dtype, a->scale, "fwd");
       c.status != FT_OK)
     return c;
-  const int64_t B = a->batch, H = a->heads, d = a->head_dim;
+  const int64_t B = a->batch, d = a->head_dim;
   for (const TensorArg& t : tensor_args(a))
-    if (std::string why = check_tensor(t.name, *t.t, B, H, t.seq, d, t.output); !why.empty())
+    if (std::string why = check_tensor(t.name, *t.t, B, t.kv ? kv_heads(a) : a->heads, t.seq, d, t.output); !why.empty())
       return bad(FT_INVALID_ARGUMENT, why);
   return {};
 }
 
 Check check_backward(const ft_backward_args* a) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
-  if (Check c = check_common(a->batch, a->heads, a->seq_q, a->seq_k, a->head_dim, a->dtype, a->scale, "bwd");
+  if (Check c = check_common(a->batch, a->heads, a->heads_k, a->seq_q, a->seq_k, a->head_dim, a->dtype, a->scale, "bwd");
       c.status != FT_OK)
     return c;
   const int64_t B = a->batch, H = a->heads, Sq = a->seq_q, d = a->head_dim;
   for (const TensorArg& t : tensor_args(a))
-    if (std::string why = check_tensor(t.name, *t.t, B, H, t.seq, d, t.output); !why.empty())
+    if (std::string why = check_tensor(t.name, *t.t, B, t.kv ? kv_heads(a) : a->heads, t.seq, d, t.output); !why.empty())
       return bad(FT_INVALID_ARGUMENT, why);
   if (!a->lse) return bad(FT_INVALID_ARGUMENT, "lse is null (the backward needs the forward's LSE)");
   if (reinterpret_cast<uintptr_t>(a->lse) % 4) return bad(FT_INVALID_ARGUMENT, "lse is not 4-byte aligned");

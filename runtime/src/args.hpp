@@ -34,7 +34,13 @@ struct TensorArg {
   const ft_tensor* t;
   int64_t seq;
   bool output;
+  bool kv = false;  // k, v, dk, dv: heads_k heads under grouped-query attention
 };
+// The kv heads a call's k and v have (heads_k, or heads when 0).
+template <class Args>
+int kv_heads(const Args* a) {
+  return a->heads_k > 0 ? a->heads_k : a->heads;
+}
 std::vector<TensorArg> tensor_args(const ft_forward_args* a);
 std::vector<TensorArg> tensor_args(const ft_backward_args* a);
 

@@ -190,7 +190,7 @@ Plan make_plan(const Query& q0, const Problem& p) {
   const char* db = std::getenv("FLASHTUNE_DB");
   const std::string db_path = db ? db : "";
   const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
-                               std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + '|' +
+                               std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") + '|' +
                                std::to_string(p.seq_bucket()) + '|' + db_path;
   State& s = state();
   {
@@ -335,6 +335,7 @@ struct Operand {
   const ft_tensor* t;
   int64_t seq;
   bool output;
+  int heads;           // the query heads, or the kv heads (k, v, dk, dv)
   size_t offset = 0;   // in scratch, when packed
   bool packed = false;
   CUdeviceptr ptr = 0;  // what the kernel sees
@@ -347,7 +348,7 @@ struct CallLayout {
 
 void launch_copy(const Loaded& copy, CUstream stream, const Operand& o, const Problem& p, int elem, CUdeviceptr src,
                  CUdeviceptr dst, int unpack) {
-  long long n = (long long)p.batch * p.heads * o.seq * p.head_dim, H = p.heads, S = o.seq, D = p.head_dim;
+  long long H = o.heads, n = (long long)p.batch * H * o.seq * p.head_dim, S = o.seq, D = p.head_dim;
   long long s[4] = {o.t->stride[0], o.t->stride[1], o.t->stride[2], o.t->stride[3]};
   void* args[] = {&src, &dst, &n, &H, &S, &D, &s[0], &s[1], &s[2], &s[3], &unpack};
   const unsigned blocks = (unsigned)std::min<long long>((n + 255) / 256, 1 << 16);
@@ -359,8 +360,8 @@ CallLayout layout_for(std::vector<Operand>& ops, const Problem& p, size_t worksp
   CallLayout c;
   const size_t elem = dtype_bytes(p.dtype);
   for (Operand& o : ops) {
-    o.packed = !direct(*o.t, p.batch, p.heads, o.seq, p.head_dim);
-    if (o.packed) o.offset = c.layout.add((size_t)p.batch * p.heads * o.seq * p.head_dim * elem);
+    o.packed = !direct(*o.t, p.batch, o.heads, o.seq, p.head_dim);
+    if (o.packed) o.offset = c.layout.add((size_t)p.batch * o.heads * o.seq * p.head_dim * elem);
   }
   const size_t rows = (size_t)p.batch * p.heads * p.seq_q;
   if (need_lse) c.lse = c.layout.add(rows * 4);
@@ -444,6 +445,7 @@ Problem problem_of(const Args* a, const char* direction) {
   Problem p;
   p.batch = a->batch;
   p.heads = a->heads;
+  p.heads_k = a->heads_k == a->heads ? 0 : a->heads_k;
   p.seq_q = a->seq_q;
   p.seq_k = a->seq_k;
   p.head_dim = a->head_dim;
@@ -459,13 +461,14 @@ Query query_of(const Problem& p) {
   q.head_dim = p.head_dim;
   q.causal = p.causal;
   q.seq = std::max(p.seq_q, p.seq_k);
+  q.gqa = p.heads_k > 0;
   return q;
 }
 
 template <class Args>
 std::vector<Operand> operands(const Args* a) {
   std::vector<Operand> ops;
-  for (const TensorArg& t : tensor_args(a)) ops.push_back({t.t, t.seq, t.output});
+  for (const TensorArg& t : tensor_args(a)) ops.push_back({t.t, t.seq, t.output, t.kv ? kv_heads(a) : a->heads});
   return ops;
 }
 
@@ -501,7 +504,7 @@ void run_forward(const ft_forward_args* a, CUstream stream) {
     AttnFwdParams fp{(const void*)ops[0].ptr, (const void*)ops[1].ptr, (const void*)ops[2].ptr, (void*)ops[3].ptr,
                      a->lse ? a->lse : (float*)scratch.at(c.lse),
                      c.workspace_bytes ? (float*)scratch.at(c.workspace) : nullptr,
-                     p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E)};
+                     p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E), p.heads_k};
     launch_family(k, plan, &fp, stream);
   });
 }
@@ -526,7 +529,7 @@ void run_backward(const ft_backward_args* a, CUstream stream) {
                      (const void*)ops[3].ptr, a->lse, (const void*)ops[4].ptr, (void*)ops[5].ptr, (void*)ops[6].ptr,
                      (void*)ops[7].ptr, (float*)scratch.at(c.delta), (float*)scratch.at(c.dq_accum),
                      p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E),
-                     c.workspace_bytes ? (void*)scratch.at(c.workspace) : nullptr};
+                     c.workspace_bytes ? (void*)scratch.at(c.workspace) : nullptr, p.heads_k};
     launch_family(k, plan, &bp, stream);
   });
 }

@@ -44,21 +44,23 @@ const tuned::Entry* find(const TableSet& ts, const std::string& family, const Qu
 std::vector<const Family*> candidate_families(const Query& q) {
   std::vector<const Family*> out;
   for (const Family& f : families())
-    if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90")) out.push_back(&f);
+    if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90") && (!q.gqa || f.gqa))
+      out.push_back(&f);
   return out;
 }
 
-std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim) {
+std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa) {
   std::vector<int> dims;
   bool dtype_known = false;
   for (const Family& f : families()) {
-    if (f.test_only || f.direction != direction || !has(f.dtypes, dtype)) continue;
+    if (f.test_only || f.direction != direction || !has(f.dtypes, dtype) || (gqa && !f.gqa)) continue;
     dtype_known = true;
     if (has(f.head_dims, head_dim)) return "";
     for (int d : f.head_dims)
       if (!has(dims, d)) dims.push_back(d);
   }
-  const std::string what = std::string(to_string(dtype)) + (direction == "fwd" ? " forward" : " backward");
+  const std::string what = std::string(to_string(dtype)) + (direction == "fwd" ? " forward" : " backward") +
+                           (gqa ? " with grouped-query heads (heads_k)" : "");
   if (!dtype_known) return "no family runs " + what;
   std::string list;
   for (int d : dims) list += (list.empty() ? "" : ", ") + std::to_string(d);
@@ -67,6 +69,7 @@ std::string unsupported_reason(const std::string& direction, DType dtype, int he
 
 const char* preferred_family(const Query& q) {
   const bool fp32 = q.dtype == DType::fp32;
+  if (q.gqa) return q.direction == "fwd" ? "fa2_mma" : "fa2_mma_bwd";
   if (q.direction == "fwd") return fp32 ? "fa2_simt" : "fa2_mma";
   if (fp32) return "fa2_simt_bwd";
   return q.arch == "sm_90" ? "fa2_wgmma_bwd" : "fa2_mma_bwd";

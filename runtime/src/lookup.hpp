@@ -26,13 +26,14 @@ struct Query {
   int head_dim = 0;
   bool causal = false;
   int seq = 0;  // max(Sq, Sk): the tables' sequence buckets
+  bool gqa = false;  // grouped-query attention: only families that support it
 };
 
 // The registry's non-test families that run `q` (direction, dtype, head dim) on q.arch (a Hopper-only
 // family only on sm_90), in registry order.
 std::vector<const Family*> candidate_families(const Query& q);
 // Why no family runs `q`, one line, or "" when one does (the arch is not considered: argument checks).
-std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim);
+std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa = false);
 
 // The fixed preference where no table rates a candidate: fp32 fwd fa2_simt, fp16/bf16 fwd fa2_mma,
 // fp32 bwd fa2_simt_bwd, fp16/bf16 bwd fa2_wgmma_bwd on sm_90 else fa2_mma_bwd.

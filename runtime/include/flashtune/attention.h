@@ -3,6 +3,9 @@
  * The C ABI (for ctypes and other languages); flashtune/attention.hpp is the C++17 interface over it.
  * Tensors are [B, H, S, d] with explicit element strides, so PyTorch's contiguous [B, H, S, d] and its
  * transposed [B, S, H, d] layouts both work (the latter is packed to contiguous scratch on the stream).
+ * Grouped-query attention (GQA, MQA): heads_k > 0 gives k, v (dk, dv) heads_k heads, a divisor of
+ * heads; query head h reads kv head h / (heads / heads_k), and dk, dv sum over each kv head's group.
+ * heads_k = 0 (a zero-initialised struct) means heads_k = heads. fp16 and bf16 only.
  * Every call runs on the caller's stream (a CUstream / cudaStream_t; NULL: the legacy default stream)
  * in the CUDA context current on the calling thread, else the primary context of q's device.
  * Kernels are compiled with NVRTC for exactly this GPU at first use and cached on disk
@@ -42,9 +45,10 @@ typedef struct {
   ft_dtype dtype;
   int causal;      /* bottom-right aligned (query i sees keys j <= i + Sk - Sq), as FlashAttention */
   float scale;     /* softmax scale; <= 0 means 1/sqrt(head_dim) */
-  ft_tensor q, k, v; /* inputs, q [B,H,Sq,d], k and v [B,H,Sk,d] */
+  ft_tensor q, k, v; /* inputs, q [B,H,Sq,d], k and v [B,Hk,Sk,d] */
   ft_tensor o;     /* output [B,H,Sq,d] */
   float* lse;      /* output [B,H,Sq] contiguous fp32, natural log; +inf for a fully masked row; may be NULL */
+  int heads_k;     /* kv heads (grouped-query attention); 0: heads */
 } ft_forward_args;
 
 typedef struct {
@@ -52,11 +56,12 @@ typedef struct {
   ft_dtype dtype;
   int causal;
   float scale;
-  ft_tensor q, k, v, o, dout; /* the forward's inputs and output, and dL/dO */
+  ft_tensor q, k, v, o, dout; /* the forward's inputs and output, and dL/dO (k, v [B,Hk,Sk,d]) */
   const float* lse;           /* the forward's [B,H,Sq] contiguous fp32 LSE */
-  ft_tensor dq, dk, dv;       /* outputs */
+  ft_tensor dq, dk, dv;       /* outputs (dk, dv [B,Hk,Sk,d]) */
   void* workspace;            /* NULL: the library allocates on the stream and frees after */
   size_t workspace_bytes;     /* at least ft_backward_workspace_bytes() when workspace is given */
+  int heads_k;                /* kv heads (grouped-query attention); 0: heads */
 } ft_backward_args;
 
 /* Which kernel a call runs, and where the choice came from. */
