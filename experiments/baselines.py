@@ -179,7 +179,7 @@ def bytes_moved(p):
     bhk = float(p["batch"]) * p.get("heads_k", p["heads"])  # K, V (dK, dV) per kv head
     d, sq, sk = p["head_dim"], float(p["seq_q"]), float(p["seq_k"])
     if p["direction"] == "bwd":
-        return bh * (e * d * 4.0 * sq + 4.0 * sq) + bhk * e * d * 4.0 * sk
+        return bh * (e * d * 5.0 * sq + 4.0 * sq) + bhk * e * d * 4.0 * sk
     return bh * (e * d * 2.0 * sq + 4.0 * sq) + bhk * e * d * 2.0 * sk
 
 

@@ -61,8 +61,13 @@ TEST(AotTable, HoldsThePlannedKernelsByteForByte) {
   for (const Variant& v : plan.variants) {
     const AotKernel* k = aot_find(t, compiler.variant_hash(v));
     ASSERT_NE(k, nullptr) << v.family->name;
-    const KernelRecord jit = compiler.compile(v);  // what the runtime's JIT path would make
+    // What the runtime's JIT path would make. ptxas schedules some kernels differently when the machine
+    // is loaded (seen here: fa2_simt_bwd, 2 of ~30 compiles under two parallel NVRTC test runs, same
+    // size, other instruction order), so a differing compile is retried: the embedded cubin must be one
+    // of NVRTC's outputs for exactly this variant.
+    KernelRecord jit = compiler.compile(v);
     ASSERT_EQ(jit.status, "compiled") << jit.reason;
+    for (int retry = 0; retry < 3 && cubin_of(t, *k) != jit.cubin; ++retry) jit = compiler.compile(v);
     EXPECT_EQ(cubin_of(t, *k), jit.cubin) << v.family->name << ": the embedded cubin differs from NVRTC's";
     EXPECT_EQ(k->names, jit.lowered_name);
   }

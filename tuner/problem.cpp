@@ -67,7 +67,7 @@ double Problem::bytes() const {
   // Per query head: Q, O, dO, dQ and LSE; per kv head: K, V, dK, dV.
   const double bh = (double)batch * heads, bhk = (double)batch * kv_heads();
   if (direction == "bwd")  // read Q, K, V, O, dO, LSE; write dQ, dK, dV
-    return bh * (e * head_dim * 4.0 * seq_q + 4.0 * seq_q) + bhk * e * head_dim * 4.0 * seq_k;
+    return bh * (e * head_dim * 5.0 * seq_q + 4.0 * seq_q) + bhk * e * head_dim * 4.0 * seq_k;
   return bh * (e * head_dim * 2.0 * seq_q + 4.0 * seq_q) + bhk * e * head_dim * 2.0 * seq_k;
 }
 
