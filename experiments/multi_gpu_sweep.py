@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One sweep over two GPUs against one GPU alone (issue 17), read from the two stores.
 
-usage: multi_gpu_sweep.py ONE.db TWO.db TIMES.json FAULT.db OUT.csv
+usage: multi_gpu_sweep.py FLASHTUNE ONE.db TWO.db TIMES.json FAULT.db OUT.csv
 
 ONE.db: the sweep with `--devices 1`; TWO.db: the same sweep with `--devices 0,1` (both started from
 the same compile cache, so the wall times are the GPU work: run, validate, time). TIMES.json holds
@@ -9,7 +9,8 @@ the same compile cache, so the wall times are the GPU work: run, validate, time)
 fault family on `--devices 0,1`.
 
 Checks, each printed with its figures:
-- same picks: per problem, the best config of both stores is the same, and their times within 3%;
+- same picks: per problem, the best config of both stores (`flashtune best`) is the same, and their times
+  within 3%;
 - nothing lost or doubled: TWO.db holds exactly the (config, problem) rows ONE.db holds, and the
   number of kernel runs the sweep reported equals its rows (a candidate run twice would show);
 - both GPUs worked: TWO.db's rows name both ordinals (detail.worker_device);
@@ -19,8 +20,10 @@ Writes rows metric,value to OUT.csv. Exit 1 when a bar (speedup >= 1.8, same pic
 doubled, fault sweep complete) is missed.
 """
 import csv
+import io
 import json
 import sqlite3
+import subprocess
 import sys
 
 PROBLEM = "family, direction, batch, heads, seq_q, seq_k, head_dim, dtype, causal"
@@ -36,23 +39,19 @@ def key(r):
     return tuple(r[k] for k in PROBLEM.split(", "))
 
 
-def best(rs):
-    """Per problem the fastest valid row among the fully timed ones (what `flashtune best` picks)."""
+def best(flashtune, db):
+    """Per problem the pick of `flashtune best` (the fastest valid fully timed row), keyed as key()."""
+    text = subprocess.run([flashtune, "best", "--db", db, "--csv"], check=True, capture_output=True, text=True).stdout
     out = {}
-    for r in rs:
-        if r["status"] != "ok" or r["ms"] is None:
-            continue
-        full = r["reps"] is not None and r["reps"] >= 10
-        k = key(r)
-        cur = out.get(k)
-        rank = (not full, r["ms"])
-        if cur is None or rank < cur[0]:
-            out[k] = (rank, r)
-    return {k: v[1] for k, v in out.items()}
+    for r in csv.DictReader(io.StringIO(text)):
+        k = (r["family"], r["direction"], int(r["batch"]), int(r["heads"]), int(r["seq_q"]), int(r["seq_k"]),
+             int(r["head_dim"]), r["dtype"], int(r["causal"]))
+        out[k] = {"config": r["config"], "ms": float(r["ms_median"])}
+    return out
 
 
 def main():
-    one_db, two_db, times_path, fault_db, out_path = sys.argv[1:6]
+    flashtune, one_db, two_db, times_path, fault_db, out_path = sys.argv[1:7]
     t = json.load(open(times_path))
     one, two = rows(one_db), rows(two_db)
     metrics = []
@@ -71,7 +70,7 @@ def main():
           f"({t['one']['runs']} and {t['two']['runs']} kernel runs)")
     ok &= speedup >= 1.8
 
-    b1, b2 = best(one), best(two)
+    b1, b2 = best(flashtune, one_db), best(flashtune, two_db)
     same, worst = True, 0.0
     for k in sorted(set(b1) | set(b2), key=str):
         r1, r2 = b1.get(k), b2.get(k)

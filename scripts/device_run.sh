@@ -254,7 +254,7 @@ JSON
   [[ $part == one || $part == all ]] && sweep one 1
   if [[ -f $mg/one.json && -f $mg/two.json && -f $mg/fault.db ]]; then
     python3 -c "import json; print(json.dumps({'one': json.load(open('$mg/one.json')), 'two': json.load(open('$mg/two.json'))}))" >$mg/times.json
-    python3 experiments/multi_gpu_sweep.py $mg/one.db $mg/two.db $mg/times.json $mg/fault.db "$rep/multi_gpu_sweep.csv" | tee $OUT/multi_gpu_sweep.txt
+    python3 experiments/multi_gpu_sweep.py $ft $mg/one.db $mg/two.db $mg/times.json $mg/fault.db "$rep/multi_gpu_sweep.csv" | tee $OUT/multi_gpu_sweep.txt
     cp "$rep/multi_gpu_sweep.csv" $OUT/
   fi
   ;;

@@ -100,16 +100,7 @@ PY
 
 # --- older schemas: inputs read as they are, an older output migrated -------------------------
 cp "$tmp/fixture.db" "$tmp/v3.db"
-python3 - "$tmp/v3.db" <<'PY'
-import sqlite3, sys
-c = sqlite3.connect(sys.argv[1])
-cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] not in ("inputs", "origin", "heads_k")]
-c.executescript(f"""create table r3 as select {','.join(cols)} from results; drop table results;
-  alter table r3 rename to results; drop table provenance; alter table kernels drop column origin;
-  alter table experiment_runs drop column origin; update meta set value='3'; pragma application_id=0;
-  pragma journal_mode=delete;""")
-c.commit()
-PY
+python3 "$SRC/tests/make_v3_store.py" "$tmp/v3.db"
 v3_sum=$(sha256sum <"$tmp/v3.db")
 "$F" merge "$tmp/v3.db" -o "$tmp/from_v3.db" >/dev/null || { echo "FAIL: merge of a v3 store"; fail=1; }
 check "v3 input unchanged" "$(sha256sum <"$tmp/v3.db")" "$v3_sum"

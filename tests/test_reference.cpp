@@ -337,12 +337,31 @@ TEST(Reference, ThreadCountDoesNotChangeBits) {
   }
 }
 
+// L = sum(O * dO) for O = forward(q, k, v): dL/dq = dQ etc. Central differences of L in float64 with
+// step h have error ~h^2 (truncation) + eps*|L|/h (rounding) ~ 1e-10, far below any formula mistake.
+// forward(q, k, v) -> O (as BruteForward); x is one of q, k, v (perturbed in place and restored).
+template <class Forward>
+void expect_finite_differences(Forward forward, const std::vector<double>& dout, std::vector<double>& x,
+                               const std::vector<double>& grad, const char* name) {
+  constexpr double kStep = 1e-6, kFdTol = 1e-7;
+  auto loss = [&] {
+    const BruteForward f = forward();
+    double l = 0;
+    for (size_t n = 0; n < f.o.size(); ++n) l += f.o[n] * dout[n];
+    return l;
+  };
+  for (size_t n = 0; n < x.size(); ++n) {
+    const double saved = x[n];
+    x[n] = saved + kStep;
+    const double up = loss();
+    x[n] = saved - kStep;
+    const double down = loss();
+    x[n] = saved;
+    EXPECT_NEAR(grad[n], (up - down) / (2 * kStep), kFdTol) << name << "[" << n << "]";
+  }
+}
+
 TEST(Reference, BackwardMatchesFiniteDifferences) {
-  // L = sum(O * dO), so dL/dq = dQ etc. Central differences in float64 with step h
-  // have error ~h^2 (truncation) + eps*|L|/h (rounding) ~ 1e-10, far below any
-  // formula mistake.
-  constexpr double kStep = 1e-6;
-  constexpr double kFdTol = 1e-7;
   for (bool causal : {false, true})
     for (auto [sq, sk] : {std::pair{3, 5}, std::pair{5, 3}}) {
       Shape s{1, 2, sq, sk, 3, causal};
@@ -355,26 +374,10 @@ TEST(Reference, BackwardMatchesFiniteDifferences) {
 
       const std::vector<double> dout = to_double(p.dout);
       std::vector<double> q = to_double(p.q), k = to_double(p.k), v = to_double(p.v);
-      auto loss = [&] {
-        const BruteForward f = brute_forward(s, q, k, v);
-        double l = 0;
-        for (size_t n = 0; n < f.o.size(); ++n) l += f.o[n] * dout[n];
-        return l;
-      };
-      auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-        for (size_t n = 0; n < x.size(); ++n) {
-          const double saved = x[n];
-          x[n] = saved + kStep;
-          const double up = loss();
-          x[n] = saved - kStep;
-          const double down = loss();
-          x[n] = saved;
-          EXPECT_NEAR(grad[n], (up - down) / (2 * kStep), kFdTol) << name << "[" << n << "]";
-        }
-      };
-      check(q, dq, "dq");
-      check(k, dk, "dk");
-      check(v, dv, "dv");
+      auto forward = [&] { return brute_forward(s, q, k, v); };
+      expect_finite_differences(forward, dout, q, dq, "dq");
+      expect_finite_differences(forward, dout, k, dk, "dk");
+      expect_finite_differences(forward, dout, v, dv, "dv");
     }
 }
 
@@ -574,7 +577,6 @@ TEST(Reference, GqaBackwardMatchesGroupSums) {
 TEST(Reference, MqaBackwardMatchesFiniteDifferences) {
   // Independent of the bit-for-bit comparisons above: with one kv head shared by all query
   // heads, dK and dV must be the loss's derivatives w.r.t. the shared K and V.
-  constexpr double kStep = 1e-6, kFdTol = 1e-7;  // as BackwardMatchesFiniteDifferences
   for (bool causal : {false, true}) {
     Shape s{1, 3, 4, 5, 3, causal};
     s.heads_k = 1;
@@ -583,25 +585,9 @@ TEST(Reference, MqaBackwardMatchesFiniteDifferences) {
     const BackwardOut g = run_backward(s, p.q, p.k, p.v, p.dout, 2);
     const std::vector<double> q = to_double(p.q), dout = to_double(p.dout);
     std::vector<double> k = to_double(p.k), v = to_double(p.v);
-    auto loss = [&] {
-      const BruteForward f = brute_forward(as_multi_head(s), q, repeat_kv(s, k), repeat_kv(s, v));
-      double l = 0;
-      for (size_t n = 0; n < f.o.size(); ++n) l += f.o[n] * dout[n];
-      return l;
-    };
-    auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-      for (size_t n = 0; n < x.size(); ++n) {
-        const double saved = x[n];
-        x[n] = saved + kStep;
-        const double up = loss();
-        x[n] = saved - kStep;
-        const double down = loss();
-        x[n] = saved;
-        EXPECT_NEAR(grad[n], (up - down) / (2 * kStep), kFdTol) << name << "[" << n << "]";
-      }
-    };
-    check(k, g.dk, "dk");
-    check(v, g.dv, "dv");
+    auto forward = [&] { return brute_forward(as_multi_head(s), q, repeat_kv(s, k), repeat_kv(s, v)); };
+    expect_finite_differences(forward, dout, k, g.dk, "dk");
+    expect_finite_differences(forward, dout, v, g.dv, "dv");
   }
 }
 

@@ -141,19 +141,12 @@ ProblemReport ProblemSearch::report(std::vector<std::pair<double, size_t>>* rank
 }
 
 ProblemReport search_problem(const std::vector<SearchCandidate>& cands, const Problem& p, const SearchOptions& o,
-                             int workers, const SearchEvaluate& evaluate, double deadline,
-                             const std::function<double()>& clock,
-                             const std::function<void(const std::string& config)>& evaluated_cb,
-                             std::vector<std::pair<double, size_t>>* ranking) {
+                             const SearchEvaluate& evaluate, double deadline, const std::function<double()>& clock) {
   ProblemReport rep;
   step_problems(
-      1, workers, deadline, clock, [&](size_t, int) { return std::make_unique<ProblemSearch>(cands, p, o); },
-      [&](size_t, int w, const ProblemSearch::Ticket& t) {
-        const SearchEvaluation e = evaluate(w, t.prop.candidate, t.prop, t.stop_above_ms);
-        if (evaluated_cb) evaluated_cb(cands[t.prop.candidate].v.family->config_string(cands[t.prop.candidate].v.config));
-        return e;
-      },
-      [&](size_t, int, const ProblemSearch& search) { rep = search.report(ranking); });
+      1, 1, deadline, clock, [&](size_t, int) { return std::make_unique<ProblemSearch>(cands, p, o); },
+      [&](size_t, int w, const ProblemSearch::Ticket& t) { return evaluate(w, t.prop.candidate, t.prop, t.stop_above_ms); },
+      [&](size_t, int, const ProblemSearch& search) { rep = search.report(nullptr); });
   return rep;
 }
 
@@ -272,7 +265,7 @@ std::vector<ProblemReport> replay_search(const Space& space, const std::vector<P
       return e;
     };
     const double deadline = o.time_budget_s > 0 ? o.time_budget_s * 1e3 : 0;
-    ProblemReport rep = search_problem(cands, p, o, 1, counted, deadline, [&] { return simulated; }, {}, nullptr);
+    ProblemReport rep = search_problem(cands, p, o, counted, deadline, [&] { return simulated; });
     // Replay reports the pick at its stored speed, not at the noisy figure that picked it.
     for (size_t i = 0; i < cands.size(); ++i)
       if (row[i] && cands[i].v.family->config_string(cands[i].v.config) == rep.best_config) {
@@ -296,7 +289,7 @@ void step_problems(size_t problems, int workers, double deadline, const std::fun
                    const StartProblem& start, const EvaluateTicket& evaluate, const FinishProblem& finish) {
   struct Run {
     std::unique_ptr<ProblemSearch> search;
-    bool started = false, finishing = false;  // finishing: a worker took its finish
+    bool finishing = false;  // a worker took its finish
   };
   std::vector<Run> runs(problems);
   std::mutex mu;
@@ -329,7 +322,6 @@ void step_problems(size_t problems, int workers, double deadline, const std::fun
       bool found = mine < problems && pick(mine);
       while (!found && next_problem < problems) {
         const size_t i = next_problem++;
-        runs[i].started = true;
         runs[i].search = start(i, w);
         found = pick(i);
       }

@@ -94,7 +94,6 @@ class ProblemSearch {
   void complete(const Ticket&, const SearchEvaluation&);
   // Nothing left to propose and nothing in flight (known once a take() found nothing with none in flight).
   bool finished() const { return exhausted_ && in_flight_ == 0; }
-  bool busy() const { return in_flight_ > 0; }
   // `ranking`: the fully timed successes, fastest first (ms, candidate).
   ProblemReport report(std::vector<std::pair<double, size_t>>* ranking) const;
 
@@ -115,15 +114,11 @@ class ProblemSearch {
   double best_ms_ = std::numeric_limits<double>::infinity();
 };
 
-// One problem's search with `workers` evaluators in parallel threads (1: in the caller's thread); each
-// evaluation that could be cut short after 3 repeats gets stop_above_ms (0: never). `deadline` (on
-// `clock`, 0: none) ends it before a new evaluation starts; `evaluated` (may be empty) hears of each
-// evaluation made. `ranking`: the fully timed successes,
-// fastest first (ms, candidate).
-ProblemReport search_problem(const std::vector<SearchCandidate>&, const Problem&, const SearchOptions&, int workers,
-                             const SearchEvaluate&, double deadline, const std::function<double()>& clock,
-                             const std::function<void(const std::string& config)>& evaluated,
-                             std::vector<std::pair<double, size_t>>* ranking);
+// One problem's search, evaluated in the caller's thread (replay); each evaluation that could be cut
+// short after 3 repeats gets stop_above_ms (0: never). `deadline` (on `clock`, 0: none) ends it before
+// a new evaluation starts.
+ProblemReport search_problem(const std::vector<SearchCandidate>&, const Problem&, const SearchOptions&,
+                             const SearchEvaluate&, double deadline, const std::function<double()>& clock);
 
 // Several problems' searches stepped by `workers` threads (one per GPU): each worker steps its own
 // problem first (its inputs and reference are prepared there), then starts the next problem, then
