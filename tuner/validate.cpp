@@ -163,10 +163,9 @@ BwdReference backward_reference(const ref::Shape& shape, const float* q, const f
                                 const float* dout, int threads) {
   BwdReference r;
   r.shape = shape;
-  const size_t heads = (size_t)shape.batch * shape.heads, d = (size_t)shape.head_dim;
   const size_t nq = (size_t)shape.q_elements(), nk = (size_t)shape.kv_elements();
   r.o.assign(nq, 0.0);
-  r.lse.assign(heads * shape.seq_q, 0.0);
+  r.lse.assign((size_t)shape.q_rows(), 0.0);
   ref::forward(shape, q, k, v, r.o.data(), r.lse.data(), threads);
   for (auto* g : {&r.dq, &r.dq_mag, &r.dq_logit}) g->assign(nq, 0.0);
   for (auto* g : {&r.dk, &r.dk_mag, &r.dk_logit, &r.dv, &r.dv_mag, &r.dv_logit}) g->assign(nk, 0.0);
