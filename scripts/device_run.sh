@@ -97,6 +97,18 @@ finish() {
   tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
 }
 
+# Per family and status, the rows of a validation store, and the first rows that are not ok.
+validation_summary() {
+  python3 - "$1" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+for fam, st, n in c.execute("select family, status, count(*) from results group by family, status"):
+    print(f"validation {fam}: {n} {st}")
+for r in c.execute("select family, config, batch, heads, heads_k, seq_q, seq_k, head_dim, dtype, causal, status, substr(error,1,200) from results where status != 'ok' limit 8"):
+    print("  not ok:", r)
+PY
+}
+
 # Issue 12's reported cases, each with a tuned or default config of its family (Sk = 1 backward, x30, x5 and heavy-tailed inputs).
 edge_cases() {
   log "edge cases"
@@ -277,14 +289,7 @@ gqa)
       log "validate $1 on $2"
       $ft tune configs/spaces/$1.json configs/problems/$2.json --db "$val" --quiet --stop-margin 0.5 --retime 0 2>&1 | tail -1
     done
-    python3 - "$val" <<'PY'
-import sqlite3, sys
-c = sqlite3.connect(sys.argv[1])
-for fam, st, n in c.execute("select family, status, count(*) from results group by family, status"):
-    print(f"validation {fam}: {n} {st}")
-for r in c.execute("select family, config, batch, heads, heads_k, seq_q, seq_k, head_dim, dtype, causal, status, substr(error,1,200) from results where status != 'ok' limit 8"):
-    print("  not ok:", r)
-PY
+    validation_summary "$val"
     $ft drop-cubins --db "$val"
     TUNE_LIMIT_S=${GQA_FWD_LIMIT_S:-130} tune fa2_mma gqa_bf16
     baselines gqa_bf16
@@ -298,6 +303,38 @@ PY
     python3 experiments/compare.py "$rep/best_gqa.csv" "$rep"/sdpa_*_gqa_*.csv --short --out "$rep/gqa_vs_peers.csv"
   fi
   finish
+  ;;
+fa3)
+  # Issue 14, fa3_wgmma. "fa3 check": the sample space validated on ragged shapes (every head dim, fp16
+  # and bf16, causal and not, Sq != Sk both ways, Sq = 1, grouped- and multi-query); "fa3 time": the
+  # sample tuned (halving) on the bf16 grid, torch SDPA flash and cuDNN timed in the same call, and
+  # fwd_fa3_sample_vs_peers.csv.
+  part=${1:-check}
+  val=$rep/fa3_validate.db
+  if [[ $part == check ]]; then
+    rm -f "$val"
+    for probs in ragged_mma ragged_gqa; do
+      log "validate fa3_wgmma_sample on $probs"
+      $ft tune configs/spaces/fa3_wgmma_sample.json configs/problems/$probs.json --db "$val" --quiet --stop-margin 0.5 \
+        --retime 0 2>&1 | tail -2
+    done
+    validation_summary "$val"
+    $ft drop-cubins --db "$val"
+    cp "$val" "$OUT/"
+  fi
+  if [[ $part == time ]]; then
+    log "tune fa3_wgmma_sample on anchors_bf16 (halving)"
+    timeout "${FA3_TIME_LIMIT_S:-300}" $ft tune configs/spaces/fa3_wgmma_sample.json configs/problems/anchors_bf16.json \
+      --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -6
+    for b in flash cudnn; do
+      python3 experiments/sdpa_baseline.py configs/problems/anchors_bf16.json --backend $b --out "$rep/sdpa_${b}_anchors_bf16.csv" 2>&1 | tail -1
+    done
+    $ft best --db "$db" --family fa3_wgmma --csv >"$rep/best_fa3_wgmma.csv"
+    python3 experiments/compare.py "$rep/best_fa3_wgmma.csv" "$rep"/sdpa_{flash,cudnn}_anchors_bf16.csv --short \
+      --out "$rep/fwd_fa3_sample_vs_peers.csv"
+    cut -d, -f3-20 "$rep/fwd_fa3_sample_vs_peers.csv" | column -s, -t | cut -c1-220
+    finish
+  fi
   ;;
 host-time)
   log "host time of the torch op, layer by layer"

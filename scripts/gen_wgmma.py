@@ -4,7 +4,7 @@ accumulators and fp16/bf16 inputs, one per N (the accumulator count N/2 is part 
 so each N is its own function). Run after changing the N list; the output is committed."""
 import pathlib
 
-NS = [16, 32, 48, 64, 96, 128, 192, 256]
+NS = list(range(16, 257, 16))  # every multiple of 16: fa3_wgmma's BLOCK_N steps by 16
 
 
 def regs(n, first=0):

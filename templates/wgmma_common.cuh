@@ -46,6 +46,35 @@ __device__ __forceinline__ unsigned long long desc_mn_major(unsigned addr) {
   return wgmma_desc(addr, 16 * C, 128);
 }
 
+// Swizzled tiles (fa3_wgmma; loaded and stored by TMA with the same swizzle): a tile of R rows x W
+// 16-bit columns, W*2 = SW bytes per row (SW = 128, 64 or 32), rows contiguous, the 16-byte chunk c of
+// row r stored at chunk c ^ ((r * SW / 128) % (SW / 16)): bits [4, 4+b) of the byte offset XOR bits
+// [7, 7+b), b = log2(SW/16) (CuTe's Swizzle<b,4,3>). Wider matrices are column groups of W columns,
+// each an R x W tile. Tile bases are 1024-byte aligned (the swizzle reads absolute address bits).
+// Descriptor layout types (bits 62-63): 1 = 128-byte, 2 = 64-byte, 3 = 32-byte swizzle.
+template <int SW>
+__device__ __forceinline__ constexpr unsigned swizzle_layout_type() {
+  return SW == 128 ? 1u : SW == 64 ? 2u : 3u;
+}
+// Byte offset of 16-byte chunk c of row r in a swizzled R x (SW/2) tile.
+template <int SW>
+__device__ __forceinline__ unsigned sw_chunk(int r, int c) {
+  const unsigned off = static_cast<unsigned>(r * SW + 16 * c);
+  return off ^ (((off >> 7) & (SW / 16 - 1)) << 4);
+}
+// K-major operand (rows M/N, columns K) in SW-swizzled groups: 8-row groups SBO = 8*SW apart; the
+// k16 slices inside a group are reached by adding 32 bytes per slice to the start address (LBO unused).
+template <int SW>
+__device__ __forceinline__ unsigned long long desc_k_major_sw(unsigned addr) {
+  return wgmma_desc(addr, 16, 8 * SW) | (static_cast<unsigned long long>(swizzle_layout_type<SW>()) << 62);
+}
+// MN-major operand (rows K, columns M/N) in SW-swizzled groups of SW/2 columns that lie group_bytes
+// apart (LBO); 8-row K groups SBO = 8*SW apart (CuTe's canonical MN-major layouts).
+template <int SW>
+__device__ __forceinline__ unsigned long long desc_mn_major_sw(unsigned addr, unsigned group_bytes) {
+  return wgmma_desc(addr, group_bytes, 8 * SW) | (static_cast<unsigned long long>(swizzle_layout_type<SW>()) << 62);
+}
+
 // Registers written by ordinary instructions (accumulators, A fragments) before a wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -119,6 +148,43 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
       "}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+}
+
+// ---- TMA (cp.async.bulk.tensor) and register reallocation ----
+
+// A CUtensorMap encoded by the host (the worker, the runtime), passed as a __grid_constant__ kernel
+// parameter; its address is the generic address the TMA instructions take.
+// 4-D tile copy global -> shared of the box at coordinates (c0 innermost .. c3), completing `bytes`
+// (the whole box, out-of-bounds elements zero-filled) on the mbarrier at `bar`.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const void* map, int c0, int c1, int c2, int c3, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(
+          dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+// 4-D tile copy shared -> global; elements outside the tensor are not written. Tracked by bulk groups
+// of the issuing thread (bulk_commit, bulk_wait_read).
+__device__ __forceinline__ void tma_store_4d(const void* map, unsigned src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(map),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void prefetch_tensormap(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+// Arrival without transaction bytes (a consumer releasing a buffer).
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Warpgroup register reallocation: every thread of the warpgroup runs it with the same count.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 }  // namespace flashtune

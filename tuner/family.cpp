@@ -9,6 +9,7 @@
 #include "templates/fa2_simt_bwd_traits.h"
 #include "templates/fa2_simt_traits.h"
 #include "templates/fa2_wgmma_bwd_traits.h"
+#include "templates/fa3_wgmma_traits.h"
 #include "templates/naive_traits.h"
 #include "templates/test_faults_traits.h"
 #include "tuner/util.hpp"
@@ -268,6 +269,45 @@ std::vector<Family> make_families() {
     };
     fs.push_back(std::move(f));
   }
+  {  // FlashAttention-3's forward design on Hopper (sm_90a), fp16 / bf16: TMA, mbarriers, a producer
+     // warpgroup and 1-3 consumer warpgroups with register reallocation, wgmma for both GEMMs.
+    Family f;
+    f.name = "fa3_wgmma";
+    f.direction = "fwd";
+    f.template_file = "fa3_wgmma.cuh";
+    f.kernels = {"flashtune::fa3_wgmma_fwd"};
+    std::vector<int> bns;
+    for (int bn = 64; bn <= 256; bn += 16) bns.push_back(bn);
+    f.params = {{"BLOCK_N", bns},
+                {"CONSUMERS", {1, 2, 3}},  // consumer warpgroups: BLOCK_M = 64 x CONSUMERS
+                {"STAGES", {2, 3}},        // K/V slots in the TMA ring
+                {"OVERLAP", {0, 1}},       // softmax of block n+1 during P(n) V(n)
+                {"PINGPONG", {0, 1}}};     // consumers take turns issuing GEMMs
+    f.head_dims = {32, 64, 96, 128, 192, 256};
+    f.dtypes = {DType::fp16, DType::bf16};
+    f.default_config = {64, 2, 2, 1, 1};  // fits every head dim (d = 256: 128 + 32 + 16 accumulators)
+    f.hopper_only = true;
+    f.gqa = true;
+    f.traits = [](const Config& c, int d, bool causal, DType t) {
+      return "flashtune::Fa3WgmmaTraits<" +
+             join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
+                        std::to_string(c[3]), std::to_string(c[4]), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
+             ">";
+    };
+    f.check = [](const Config& c, int d) { return fa3_wgmma_check(d, c[0], c[1], c[2], c[3], c[4]); };
+    f.launches = [](const Config& c, const Problem& p) {
+      return std::vector{make_launch(fa3_wgmma_grid(p.batch, p.heads, p.seq_q, c[1]), fa3_wgmma_threads(c[1]),
+                                     fa3_wgmma_smem_bytes(p.head_dim, c[0], c[1], c[2]))};
+    };
+    f.tensor_maps = [](const Config& c, const Problem& p) {
+      const int w = fa3_wgmma_group_cols(p.head_dim), sw = fa3_wgmma_swizzle_bytes(p.head_dim);
+      return std::vector<TensorMapSpec>{{"q", fa3_wgmma_block_m(c[1]), w, sw},
+                                        {"k", c[0], w, sw},
+                                        {"v", c[0], w, sw},
+                                        {"o", 64, w, sw}};
+    };
+    fs.push_back(std::move(f));
+  }
   {  // Test only: MODE 0 computes attention correctly, 1 writes out of bounds, 2 never ends,
      // 3 skips a K/V block, 4 perturbs one output row (3 and 4: slightly wrong, must be invalid).
     Family f;
@@ -295,6 +335,20 @@ std::vector<Family> make_families() {
 }
 
 }  // namespace
+
+std::string tensor_map_error(const TensorMapSpec& m, const Problem& p) {
+  if (m.tensor != "q" && m.tensor != "k" && m.tensor != "v" && m.tensor != "o")
+    return "tensor map of unknown tensor '" + brief(m.tensor) + "' (q, k, v or o)";
+  if (dtype_bytes(p.dtype) != 2) return "tensor maps need a 16-bit dtype";
+  if (m.swizzle_bytes != 32 && m.swizzle_bytes != 64 && m.swizzle_bytes != 128)
+    return "tensor map swizzle must be 32, 64 or 128 bytes";
+  if (m.box_rows < 1 || m.box_rows > 256) return "tensor map box rows must be in 1..256";
+  if (m.box_cols < 8 || m.box_cols * 2 % 16 != 0 || m.box_cols * 2 > m.swizzle_bytes)
+    return "tensor map box columns must be a multiple of 8 whose bytes fit the swizzle";
+  if (p.head_dim % m.box_cols != 0) return "tensor map box columns must divide the head dim";
+  if (p.head_dim * 2 % 16 != 0) return "tensor map rows must be a multiple of 16 bytes";
+  return "";
+}
 
 const std::vector<Family>& families() {
   static const std::vector<Family> fs = make_families();

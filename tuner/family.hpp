@@ -28,6 +28,16 @@ struct Launch {
   unsigned smem_bytes = 0;  // dynamic shared memory
 };
 
+// A TMA tensor map the worker encodes for a family's kernels (their second, __grid_constant__
+// parameter, AttnTensorMaps, in the order listed): one of the problem's tensors as 4-D (head_dim,
+// seq, heads, batch), a box of box_cols x box_rows (x 1 x 1), its rows swizzled.
+struct TensorMapSpec {
+  std::string tensor;     // "q", "k", "v" or "o"
+  int box_rows = 0;       // 1..256
+  int box_cols = 0;       // 16-bit elements: box_cols * 2 a multiple of 16, at most swizzle_bytes
+  int swizzle_bytes = 0;  // 32, 64 or 128
+};
+
 struct Family {
   std::string name;           // "fa2_simt"
   std::string direction;      // "fwd"
@@ -55,6 +65,10 @@ struct Family {
     return size_t{0};
   };
 
+  // TMA tensor maps its kernels take (none: the kernels take the params struct alone).
+  std::function<std::vector<TensorMapSpec>(const Config&, const Problem&)> tensor_maps =
+      [](const Config&, const Problem&) { return std::vector<TensorMapSpec>{}; };
+
   std::vector<std::string> name_expressions(const Config& c, int head_dim, bool causal, DType t) const {
     std::vector<std::string> out;
     for (const auto& k : kernels) out.push_back("&" + k + "<" + traits(c, head_dim, causal, t) + ">");
@@ -63,6 +77,10 @@ struct Family {
   std::string config_string(const Config& c) const;  // "BLOCK_M=128,BLOCK_N=64,..."
   Config parse_config(const std::string& kv) const;   // inverse; validated; throws UsageError
 };
+
+// Why a tensor map cannot be encoded for this problem (empty when it can): an unknown tensor, a box
+// outside the copy engine's limits, a swizzle the box does not fit, strides TMA cannot express.
+std::string tensor_map_error(const TensorMapSpec&, const Problem&);
 
 const std::vector<Family>& families();
 const Family& find_family(const std::string& name);  // throws UsageError

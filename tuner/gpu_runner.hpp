@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "templates/attention_params.h"
+
 #include "tuner/problem.hpp"
 #include "tuner/store.hpp"
 #include "tuner/validate.hpp"
@@ -84,6 +86,9 @@ class GpuRunner {
   void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir);
   void prepare_bwd(const Problem&, unsigned long long seed, const std::string& inputs_dir);
   void launch_all(const std::vector<Kernel>&, CUstream);
+  // The request's "tensor_maps" (Family::tensor_maps) encoded over this problem's buffers into maps_;
+  // none: the kernels take the params struct alone.
+  void encode_tensor_maps(const nlohmann::json& specs);
   void poison_outputs();
   std::vector<std::vector<uint8_t>> read_outputs();  // the problem's outputs, as bytes
   // The validated run's outputs against the reference (tuner/validate.hpp) into `out`.
@@ -104,6 +109,8 @@ class GpuRunner {
   // call and freed at its end, so they never crowd out a family's run.
   Buffer scores_, probs_;
   LibraryState* lib_ = nullptr;
+  AttnTensorMaps maps_{};  // the current run's TMA descriptors, the kernels' second parameter
+  bool use_maps_ = false;
   // Forward reference: sampled query rows (flat b*H*Sq + h*Sq + i) of O and LSE, with their magnitudes.
   FwdReference fwd_ref_;
   // Backward reference: every head's gradients; heads repeat the data of `distinct_heads_`

@@ -126,6 +126,9 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
               {"workspace", v.family->workspace_bytes(v.config, p)},
               {"workspace_fill", v.family->workspace_written ? 0xFF : 0},
               {"check_determinism", opt_.check_determinism}};
+  for (const TensorMapSpec& m : v.family->tensor_maps(v.config, p))
+    req["tensor_maps"].push_back(
+        {{"tensor", m.tensor}, {"box_rows", m.box_rows}, {"box_cols", m.box_cols}, {"swizzle", m.swizzle_bytes}});
   if (!opt_.save_outputs_dir.empty()) req["save_dir"] = opt_.save_outputs_dir;
   if (!timing.empty()) req["timing"] = timing;
   if (validated) req["time_only"] = true;

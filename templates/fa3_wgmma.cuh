@@ -1,0 +1,396 @@
+// FlashAttention-3's forward design on Hopper (sm_90a): TMA, an mbarrier pipeline, warp
+// specialization and wgmma, fp16 or bf16 in and out, fp32 accumulation and softmax, fp32 LSE.
+//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, DTYPE, CAUSAL>>
+//   (const AttnFwdParams, const __grid_constant__ AttnTensorMaps: Q box [BM][W], K and V [BN][W],
+//   O [64][W], W = the swizzle's columns; Family::tensor_maps declares them)
+// Grid: x = ceil(seq_q / BM) query blocks (reversed when causal: the heaviest first), y = heads,
+// z = batch; 128 x (CONSUMERS + 1) threads; kSmemBytes dynamic shared memory.
+//
+// Warpgroup 0, the producer, keeps kProducerRegs registers; one of its threads copies Q once and then
+// K(n), V(n) into slot n % STAGES as soon as the consumers released the slot's previous block
+// (kv_empty), each completing on its own mbarrier (k_full, v_full: S can start before V lands).
+// Consumer warpgroup c owns query rows [64c, 64c + 64) of the block; per K/V block n:
+//   S = Q K^T            wgmma SS (Q and K K-major, swizzled), 64 x BN, k = D
+//   mask, online softmax  rows' max over the quad, P = exp2(S scale_log2 - m scale_log2), l, alpha
+//   O = alpha O + P V     wgmma RS: P packed to 16 bits from the S accumulators (the mma.sync A layout
+//                         is wgmma's register A layout), V MN-major, 64 x D, k = BN
+//   release the slot      one arrival per warp on kv_empty
+// OVERLAP 1 issues S(n+1) and P(n) V(n) back to back and computes the softmax of S(n+1) while
+// P(n) V(n) runs; PINGPONG 1 has the consumers take turns at issuing (named barriers 1..C).
+// Epilogue: O / l (16-bit) staged swizzled in the warpgroup's rows of Q's slot, one TMA store per
+// column group (rows past seq_q are clipped by the copy engine); lse by the threads that hold the rows.
+//
+// Masking as fa2_mma: keys past seq_k (zero-filled by TMA) and causal keys j > i + seq_k - seq_q
+// get S = -inf on blocks that straddle them; a row with no visible key ends with O = 0, lse = +inf.
+#pragma once
+#include "attention_params.h"
+#include "device_common.cuh"
+#include "fa3_wgmma_traits.h"
+#include "wgmma_common.cuh"
+
+namespace flashtune {
+
+namespace fa3_wgmma_detail {
+
+// Where everything lives in shared memory (base 1024-byte aligned). Column group g of a tile of R
+// rows starts g * R * kSwizzle bytes after the tile.
+template <class T>
+struct Smem {
+  unsigned q, kv, bars;
+  __device__ explicit Smem(unsigned base)
+      : q(base), kv(base + T::kQBytes), bars(base + T::kQBytes + 2 * T::kStages * T::kKvBytes) {}
+  __device__ unsigned k(int s) const { return kv + static_cast<unsigned>(2 * s * T::kKvBytes); }
+  __device__ unsigned v(int s) const { return kv + static_cast<unsigned>((2 * s + 1) * T::kKvBytes); }
+  __device__ unsigned q_full() const { return bars; }
+  __device__ unsigned k_full(int s) const { return bars + 8 + 24 * s; }
+  __device__ unsigned v_full(int s) const { return bars + 16 + 24 * s; }
+  __device__ unsigned kv_empty(int s) const { return bars + 24 + 24 * s; }
+};
+
+// Slot and mbarrier parity of consecutive blocks in a ring of STAGES slots.
+template <int STAGES>
+struct Ring {
+  int slot = 0;
+  unsigned parity = 0;
+  __device__ void next() {
+    if (++slot == STAGES) slot = 0, parity ^= 1u;
+  }
+};
+
+// The producer thread: Q, then every K/V block of the query block into the ring.
+template <class T>
+__device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps& tm, int m0, int head, int kv_head,
+                                        int batch, int num_kv_blocks) {
+  constexpr int W = T::kGroupCols, SW = T::kSwizzle, BN = T::kBlockN;
+  mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
+#pragma unroll
+  for (int g = 0; g < T::kGroups; ++g)
+    tma_load_4d(sm.q + static_cast<unsigned>(g * T::kBlockM * SW), &tm.map[0], g * W, m0, head, batch, sm.q_full());
+  Ring<T::kStages> ring;
+  for (int nb = 0; nb < num_kv_blocks; ++nb, ring.next()) {
+    if (nb >= T::kStages) mbar_wait(sm.kv_empty(ring.slot), ring.parity ^ 1u);  // block nb - STAGES released
+    const unsigned kf = sm.k_full(ring.slot), vf = sm.v_full(ring.slot);
+    mbar_arrive_expect_tx(kf, T::kKvBytes);
+#pragma unroll
+    for (int g = 0; g < T::kGroups; ++g)
+      tma_load_4d(sm.k(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[1], g * W, nb * BN, kv_head, batch, kf);
+    mbar_arrive_expect_tx(vf, T::kKvBytes);
+#pragma unroll
+    for (int g = 0; g < T::kGroups; ++g)
+      tma_load_4d(sm.v(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[2], g * W, nb * BN, kv_head, batch, vf);
+  }
+}
+
+// S (64 x BN, raw scores) = Q_wg K^T: both operands K-major; k16 slice kk is 32 bytes into its group.
+template <class T>
+__device__ __forceinline__ void issue_qk(float (&s)[T::kBlockN / 2], unsigned q_wg, unsigned k_slot) {
+  constexpr int SW = T::kSwizzle, SLICES = T::kGroupCols / 16;
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    const unsigned col = static_cast<unsigned>(32 * (kk % SLICES));
+    const unsigned long long da = desc_k_major_sw<SW>(q_wg + static_cast<unsigned>(kk / SLICES * T::kBlockM * SW) + col);
+    const unsigned long long db = desc_k_major_sw<SW>(k_slot + static_cast<unsigned>(kk / SLICES * T::kBlockN * SW) + col);
+    wgmma_ss<T::kBlockN, T::kDtype, 0, 0>(s, da, db, kk > 0);
+  }
+}
+
+// O += P V: P as 16-bit A fragments, one per k16 slice of keys; V MN-major: slice kk is 16 rows in,
+// its column groups BN * kSwizzle bytes apart.
+template <class T>
+__device__ __forceinline__ void issue_pv(float (&o)[T::kHeadDim / 2], const unsigned (&pa)[T::kBlockN / 16][4],
+                                         unsigned v_slot) {
+  constexpr int SW = T::kSwizzle;
+#pragma unroll
+  for (int kk = 0; kk < T::kBlockN / 16; ++kk)
+    wgmma_rs<T::kHeadDim, T::kDtype, 1>(
+        o, pa[kk], desc_mn_major_sw<SW>(v_slot + static_cast<unsigned>(16 * SW * kk), T::kBlockN * SW), 1);
+}
+
+template <int N>
+__device__ __forceinline__ void fence_frags(unsigned (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+// The rows this thread holds (row0 = its first, row0 + 8 the second) and what masking needs.
+struct Rows {
+  int row0, col0;     // first row and the thread's first column within a block (2 tig)
+  int seq_k, causal_offset;
+};
+
+// -inf at keys past seq_k and (causal) keys j > i + causal_offset, for the block at key n0.
+template <class T>
+__device__ __forceinline__ void mask(float (&s)[T::kBlockN / 2], const Rows& r, int n0) {
+#pragma unroll
+  for (int j = 0; j < T::kSTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = r.row0 + 8 * (e >> 1);
+      const int key = n0 + r.col0 + 8 * j + (e & 1);
+      if (key >= r.seq_k || (T::kCausal && key > i + r.causal_offset)) s[4 * j + e] = neg_inf();
+    }
+}
+
+// Online softmax of one block for the thread's two rows: P in place of S, running max m and
+// (per-thread partial) sum l, and alpha, the factor O must be scaled by before P V is added.
+// A row with no visible key yet keeps m = -inf and uses base 0: P = 0, alpha = 0, no NaN.
+template <class T>
+__device__ __forceinline__ void softmax(float (&s)[T::kBlockN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                        float scale_log2) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = fmaxf(s[2 * h], s[2 * h + 1]);
+#pragma unroll
+    for (int j = 1; j < T::kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[h], mx);
+    const float base = m_new == neg_inf() ? 0.f : m_new * scale_log2;
+    alpha[h] = fast_exp2(fmaf(m[h], scale_log2, -base));
+    m[h] = m_new;
+    float rs = 0.f;
+#pragma unroll
+    for (int j = 0; j < T::kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = fast_exp2(fmaf(s[4 * j + 2 * h + e], scale_log2, -base));
+        s[4 * j + 2 * h + e] = pv;
+        rs += pv;
+      }
+    l[h] = fmaf(l[h], alpha[h], rs);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void rescale(float (&o)[T::kHeadDim / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < T::kOTiles; ++j) {
+    o[4 * j] *= alpha[0];
+    o[4 * j + 1] *= alpha[0];
+    o[4 * j + 2] *= alpha[1];
+    o[4 * j + 3] *= alpha[1];
+  }
+}
+
+// P's k16 slice kk as an A fragment: the packed accumulators of S n8 tiles 2kk and 2kk + 1.
+template <class T>
+__device__ __forceinline__ void pack_p(unsigned (&pa)[T::kBlockN / 16][4], const float (&s)[T::kBlockN / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < T::kBlockN / 16; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pa[kk][e] = pack_half2<T::kDtype>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+}
+
+// PINGPONG: consumer c waits for its turn (barrier 1 + c) before issuing GEMMs and hands the turn
+// to the next consumer (barrier 1 + (c + 1) % C) after; 128 waiting + 128 arriving threads each.
+template <class T>
+struct Turns {
+  int c;
+  __device__ void wait() const {
+    if constexpr (T::kPingpong) named_bar_sync(1 + c, 256);
+  }
+  __device__ void pass() const {
+    if constexpr (T::kPingpong) named_bar_arrive(1 + (c + 1) % T::kConsumers, 256);
+  }
+};
+
+// One consumer warpgroup's main loop, serial: S, softmax, P V per block.
+template <class T>
+__device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg, const Rows& r, int num_kv_blocks,
+                                               float scale_log2, bool lane0, float (&o)[T::kHeadDim / 2],
+                                               float (&m)[2], float (&l)[2]) {
+  Ring<T::kStages> ring;
+  for (int nb = 0; nb < num_kv_blocks; ++nb, ring.next()) {
+    const int n0 = nb * T::kBlockN;
+    float s[T::kBlockN / 2];
+    mbar_wait(sm.k_full(ring.slot), ring.parity);
+    wgmma_fence();
+    issue_qk<T>(s, q_wg, sm.k(ring.slot));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(s);
+    mask<T>(s, r, n0);
+    float alpha[2];
+    softmax<T>(s, m, l, alpha, scale_log2);
+    rescale<T>(o, alpha);
+    unsigned pa[T::kBlockN / 16][4];
+    pack_p<T>(pa, s);
+    mbar_wait(sm.v_full(ring.slot), ring.parity);
+    wgmma_fence_regs(o);
+    fence_frags(pa);
+    wgmma_fence();
+    issue_pv<T>(o, pa, sm.v(ring.slot));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(o);
+    fence_frags(pa);  // the GEMM read them asynchronously: live until here
+    if (lane0) mbar_arrive(sm.kv_empty(ring.slot));
+  }
+}
+
+// One consumer warpgroup's main loop with intra-warpgroup overlap: S(n+1) and P(n) V(n) issued
+// together, the softmax of S(n+1) computed while P(n) V(n) runs.
+template <class T>
+__device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q_wg, const Rows& r, int num_kv_blocks,
+                                                   float scale_log2, bool lane0, const Turns<T>& turns,
+                                                   float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2]) {
+  if (num_kv_blocks == 0) return;
+  float s[T::kBlockN / 2];
+  unsigned pa[T::kBlockN / 16][4];
+  float alpha[2];
+  Ring<T::kStages> cur;  // the block whose P is in pa
+  mbar_wait(sm.k_full(0), 0);
+  turns.wait();
+  wgmma_fence();
+  issue_qk<T>(s, q_wg, sm.k(0));
+  wgmma_commit();
+  turns.pass();
+  wgmma_wait<0>();
+  wgmma_fence_regs(s);
+  mask<T>(s, r, 0);
+  softmax<T>(s, m, l, alpha, scale_log2);  // alpha = 0 scales the zero O: nothing to do
+  pack_p<T>(pa, s);
+  for (int nb = 1; nb < num_kv_blocks; ++nb) {
+    Ring<T::kStages> nxt = cur;
+    nxt.next();
+    mbar_wait(sm.k_full(nxt.slot), nxt.parity);
+    mbar_wait(sm.v_full(cur.slot), cur.parity);
+    turns.wait();
+    wgmma_fence_regs(o);
+    fence_frags(pa);
+    wgmma_fence();
+    issue_qk<T>(s, q_wg, sm.k(nxt.slot));
+    wgmma_commit();
+    issue_pv<T>(o, pa, sm.v(cur.slot));
+    wgmma_commit();
+    turns.pass();
+    wgmma_wait<1>();  // S(nb)
+    wgmma_fence_regs(s);
+    mask<T>(s, r, nb * T::kBlockN);
+    softmax<T>(s, m, l, alpha, scale_log2);
+    wgmma_wait<0>();  // P(nb-1) V(nb-1)
+    wgmma_fence_regs(o);
+    fence_frags(pa);
+    if (lane0) mbar_arrive(sm.kv_empty(cur.slot));
+    rescale<T>(o, alpha);
+    pack_p<T>(pa, s);
+    cur = nxt;
+  }
+  mbar_wait(sm.v_full(cur.slot), cur.parity);
+  turns.wait();
+  wgmma_fence_regs(o);
+  fence_frags(pa);
+  wgmma_fence();
+  issue_pv<T>(o, pa, sm.v(cur.slot));
+  wgmma_commit();
+  turns.pass();
+  wgmma_wait<0>();
+  wgmma_fence_regs(o);
+  fence_frags(pa);
+  if (lane0) mbar_arrive(sm.kv_empty(cur.slot));
+}
+
+}  // namespace fa3_wgmma_detail
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fa3_wgmma_fwd(const AttnFwdParams p, const __grid_constant__ AttnTensorMaps tm) {
+  using T = Traits;
+  namespace det = fa3_wgmma_detail;
+  constexpr int BM = T::kBlockM, BN = T::kBlockN, SW = T::kSwizzle, W = T::kGroupCols;
+  check_dynamic_smem(T::kSmemBytes);
+
+  extern __shared__ __align__(1024) unsigned char fa3_wgmma_smem[];
+  const det::Smem<T> sm((smem_u32(fa3_wgmma_smem) + 1023u) & ~1023u);
+
+  const int qblock = T::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int m0 = qblock * BM;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / query_group(p);
+  const int seq_q = p.seq_q, seq_k = p.seq_k;
+  // Key j is visible to query i iff j <= i + causal_offset (bottom-right aligned).
+  const int causal_offset = seq_k - seq_q;
+  const int kv_end = T::kCausal ? imin(seq_k, imin(m0 + BM, seq_q) + causal_offset) : seq_k;
+  const int num_kv_blocks = kv_end > 0 ? ceil_div(kv_end, BN) : 0;
+
+  if (threadIdx.x == 0) {
+    mbar_init(sm.q_full(), 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(sm.k_full(s), 1);
+      mbar_init(sm.v_full(s), 1);
+      mbar_init(sm.kv_empty(s), 4 * T::kConsumers);  // lane 0 of every consumer warp
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+  if (wg == 0) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < 4; ++i) prefetch_tensormap(&tm.map[i]);
+      det::produce<T>(sm, tm, m0, head, kv_head, batch, num_kv_blocks);
+    }
+    return;
+  }
+  setmaxnreg_inc<T::kConsumerRegs>();
+
+  const int c = wg - 1;  // consumer index: query rows [64c, 64c + 64) of the block
+  const int tid = static_cast<int>(threadIdx.x) - 128 * wg;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const int wg_row = 16 * warp + g;  // the thread's first row within the warpgroup's 64
+  const det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, seq_k, causal_offset};
+  const unsigned q_wg = sm.q + static_cast<unsigned>(64 * c * SW);  // column group 0 of its rows
+  const float scale_log2 = p.scale_log2;
+
+  float o[T::kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < T::kHeadDim / 2; ++i) o[i] = 0.f;
+  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+  const det::Turns<T> turns{c};
+  if constexpr (T::kPingpong) {
+    if (c == T::kConsumers - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
+  }
+
+  mbar_wait(sm.q_full(), 0);
+  if constexpr (T::kOverlap)
+    det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, o, m, l);
+  else
+    det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, o, m, l);
+  if constexpr (T::kPingpong) {
+    if (c == 0) named_bar_sync(1, 256);  // the turn the last consumer passed after its last GEMMs
+  }
+
+  // Epilogue: full row sums over the quad, O / l as 16 bits into this warpgroup's rows of Q's slot
+  // (its own S GEMMs, the only readers, are done), then TMA stores; lse per row.
+  float* lse_out = p.lse + (static_cast<long long>(batch) * p.heads + head) * seq_q;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float lt = l[h];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    const int r = wg_row + 8 * h;
+#pragma unroll
+    for (int j = 0; j < T::kOTiles; ++j) {
+      const int grp = 8 * j / W, chunk = 8 * j % W / 8;
+      st_shared_u32(q_wg + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk) + 4 * tig,
+                    pack_half2<T::kDtype>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
+    }
+    const int i = rows.row0 + 8 * h;
+    if (tig == 0 && i < seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
+  }
+  fence_proxy_async();  // the generic-proxy writes, before the copy engine reads them
+  named_bar_sync(1 + T::kConsumers + c, 128);
+  if (tid == 0) {
+#pragma unroll
+    for (int grp = 0; grp < T::kGroups; ++grp)
+      tma_store_4d(&tm.map[3], q_wg + static_cast<unsigned>(grp * BM * SW), grp * W, m0 + 64 * c, head, batch);
+    bulk_commit();
+    bulk_wait_read<0>();  // shared memory stays valid until the copy engine has read it
+  }
+}
+
+}  // namespace flashtune
