@@ -52,11 +52,11 @@ struct AttnBwdParams {
   int heads_k;         // kv heads (0: heads)
 };
 
-// TMA tensor maps (CUtensorMap, 128 opaque bytes, 64-byte aligned), encoded on the host from what a
+// TMA tensor maps (CUtensorMap: 128 opaque bytes, 128-byte aligned as cuda.h declares it), encoded on the host from what a
 // family declares (Family::tensor_maps) and passed as the kernel's second, __grid_constant__
 // parameter. Each describes one tensor as 4-D (head_dim, seq, heads, batch) with a box of
 // (columns, rows, 1, 1), in the order the family lists them.
-struct alignas(64) TmaDescriptor {
+struct alignas(128) TmaDescriptor {
   unsigned long long bits[16];
 };
 constexpr int kMaxTensorMaps = 4;

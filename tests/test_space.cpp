@@ -1,5 +1,6 @@
 // Spaces and problem sets: parsing, validation (no value reaches a name expression unchecked),
 // enumeration.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,10 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include "tuner/space.hpp"
+#include "tuner/tensor_maps.hpp"
 #include "tuner/util.hpp"
 
 using namespace flashtune;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 TEST(Space, CartesianProductInParamOrder) {
   Space s = space_from_json(json::parse(R"({"family":"fa2_simt","params":{"BLOCK_M":[64,128],"BLOCK_N":[32,64],
@@ -221,4 +224,72 @@ TEST(CommittedConfigs, EveryFamilyHasASpaceFile) {
     ASSERT_TRUE(std::filesystem::exists(path)) << "family " << f.name << " has no space file " << path;
     EXPECT_EQ(load_space(path).family, &f) << path << " names another family";
   }
+}
+
+namespace {
+// Records the arguments of every call in the map's words, as the fake driver does.
+CUresult record_encode(CUtensorMap* m, CUtensorMapDataType type, cuuint32_t rank, void* addr, const cuuint64_t* dims,
+                       const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave,
+                       CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  if (rank != 4) return CUDA_ERROR_INVALID_VALUE;
+  cuuint64_t* w = m->opaque;
+  w[0] = reinterpret_cast<cuuint64_t>(addr);
+  for (int i = 0; i < 4; ++i) w[1 + i] = dims[i], w[8 + i] = box[i];
+  for (int i = 0; i < 3; ++i) w[5 + i] = strides[i];
+  w[12] = (cuuint64_t)swizzle;
+  w[13] = (cuuint64_t)type;
+  return CUDA_SUCCESS;
+}
+CUresult refuse_encode(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                       const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                       CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  return CUDA_ERROR_INVALID_VALUE;
+}
+}  // namespace
+
+// fa3_wgmma's maps: Q, K, V, O in that order, 4-D (d, seq, heads, batch) with kv heads for K and V,
+// boxes of the swizzle's columns x the tile rows, byte strides of the contiguous layout.
+TEST(Family, Fa3TensorMapsFollowTheProblem) {
+  const Family& f = find_family("fa3_wgmma");
+  Problem p;
+  p.batch = 3, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 96, p.dtype = DType::bf16;
+  const Config c = f.parse_config("BLOCK_N=80,CONSUMERS=3");
+  const auto specs = f.tensor_maps(c, p);
+  ASSERT_EQ(specs.size(), 4u);
+  const AttnTensorMaps m = encode_tensor_maps(&record_encode, specs, p, {0x1000, 0x2000, 0x3000, 0x4000});
+  const cuuint64_t row = 2 * 96;
+  struct Want { cuuint64_t addr, seq, heads, box_rows; };
+  const Want want[4] = {{0x1000, 333, 8, 192}, {0x2000, 517, 2, 80}, {0x3000, 517, 2, 80}, {0x4000, 333, 8, 64}};
+  for (int i = 0; i < 4; ++i) {
+    const auto* w = reinterpret_cast<const cuuint64_t*>(m.map[i].bits);
+    EXPECT_EQ(w[0], want[i].addr) << i;
+    EXPECT_EQ(w[1], 96u) << i;
+    EXPECT_EQ(w[2], want[i].seq) << i;
+    EXPECT_EQ(w[3], want[i].heads) << i;
+    EXPECT_EQ(w[4], 3u) << i;
+    EXPECT_EQ(w[5], row) << i;
+    EXPECT_EQ(w[6], row * want[i].seq) << i;
+    EXPECT_EQ(w[7], row * want[i].seq * want[i].heads) << i;
+    EXPECT_EQ(w[8], 32u) << i;  // d = 96: 64-byte swizzle, 32 columns per box
+    EXPECT_EQ(w[9], want[i].box_rows) << i;
+    EXPECT_EQ(w[12], (cuuint64_t)CU_TENSOR_MAP_SWIZZLE_64B) << i;
+    EXPECT_EQ(w[13], (cuuint64_t)CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) << i;
+  }
+  // d = 128: 128-byte swizzle, 64 columns.
+  p.head_dim = 128;
+  EXPECT_EQ(f.tensor_maps(c, p)[0].box_cols, 64);
+  EXPECT_EQ(f.tensor_maps(c, p)[0].swizzle_bytes, 128);
+  // Refused: a spec the problem cannot have, and the driver's refusal, each named.
+  TensorMapSpec bad{"dq", 64, 64, 128};
+  EXPECT_THAT(tensor_map_error(bad, p), HasSubstr("unknown tensor"));
+  bad = {"q", 300, 64, 128};
+  EXPECT_THAT(tensor_map_error(bad, p), HasSubstr("rows"));
+  bad = {"q", 64, 128, 128};
+  EXPECT_THAT(tensor_map_error(bad, p), HasSubstr("columns"));
+  EXPECT_THROW(encode_tensor_maps(&record_encode, {bad}, p, {}), std::invalid_argument);
+  EXPECT_THROW(encode_tensor_maps(&refuse_encode, specs, p, {}), std::runtime_error);
+  p.dtype = DType::fp32;
+  EXPECT_THAT(tensor_map_error(specs[0], p), HasSubstr("16-bit"));
+  // The other families take no maps.
+  EXPECT_TRUE(find_family("fa2_mma").tensor_maps(find_family("fa2_mma").default_config, p).empty());
 }

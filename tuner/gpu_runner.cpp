@@ -12,6 +12,7 @@
 #include "templates/attention_params.h"
 #include "tuner/cuda_check.hpp"
 #include "tuner/family.hpp"
+#include "tuner/tensor_maps.hpp"
 #include "tuner/dtype_convert.hpp"
 #include "tuner/input_files.hpp"
 #include "tuner/validate.hpp"
@@ -353,36 +354,14 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
 }
 
 void GpuRunner::encode_tensor_maps(const json& specs) {
-  use_maps_ = false;
   maps_ = AttnTensorMaps{};
   if (specs.is_null()) return;
-  if (!specs.is_array() || specs.size() > (size_t)kMaxTensorMaps)
-    throw std::runtime_error("tensor_maps must be an array of at most " + std::to_string(kMaxTensorMaps));
-  const Problem& p = problem_;
-  static_assert(sizeof(TmaDescriptor) == sizeof(CUtensorMap), "TmaDescriptor holds a CUtensorMap");
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const json& j = specs[i];
-    TensorMapSpec m{j.at("tensor").get<std::string>(), j.at("box_rows").get<int>(), j.at("box_cols").get<int>(),
-                    j.at("swizzle").get<int>()};
-    if (const std::string why = tensor_map_error(m, p); !why.empty()) throw std::runtime_error(why);
-    const bool is_q = m.tensor == "q" || m.tensor == "o";
-    const Buffer& b = m.tensor == "q" ? q_ : m.tensor == "k" ? k_ : m.tensor == "v" ? v_ : o_;
-    const cuuint64_t seq = (cuuint64_t)(is_q ? p.seq_q : p.seq_k), heads = (cuuint64_t)(is_q ? p.heads : p.kv_heads());
-    const cuuint64_t dims[4] = {(cuuint64_t)p.head_dim, seq, heads, (cuuint64_t)p.batch};
-    const cuuint64_t row = 2ull * p.head_dim;
-    const cuuint64_t strides[3] = {row, row * seq, row * seq * heads};  // bytes, dims 1..3
-    const cuuint32_t box[4] = {(cuuint32_t)m.box_cols, (cuuint32_t)m.box_rows, 1, 1};
-    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-    const CUtensorMapSwizzle sw = m.swizzle_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
-                                  : m.swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                                          : CU_TENSOR_MAP_SWIZZLE_32B;
-    CU_CHECK(cuTensorMapEncodeTiled(
-        reinterpret_cast<CUtensorMap*>(&maps_.map[i]),
-        p.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-        reinterpret_cast<void*>(b.ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-  }
-  use_maps_ = !specs.empty();
+  if (!specs.is_array()) throw std::runtime_error("tensor_maps must be an array");
+  std::vector<TensorMapSpec> ms;
+  for (const json& j : specs)
+    ms.push_back({j.at("tensor").get<std::string>(), j.at("box_rows").get<int>(), j.at("box_cols").get<int>(),
+                  j.at("swizzle").get<int>()});
+  maps_ = flashtune::encode_tensor_maps(&cuTensorMapEncodeTiled, ms, problem_, {q_.ptr, k_.ptr, v_.ptr, o_.ptr});
 }
 
 void GpuRunner::poison_outputs() {

@@ -109,8 +109,8 @@ class GpuRunner {
   // call and freed at its end, so they never crowd out a family's run.
   Buffer scores_, probs_;
   LibraryState* lib_ = nullptr;
-  AttnTensorMaps maps_{};  // the current run's TMA descriptors, the kernels' second parameter
-  bool use_maps_ = false;
+  // The current run's TMA descriptors: the kernels' second parameter (ignored by kernels that take one).
+  AttnTensorMaps maps_{};
   // Forward reference: sampled query rows (flat b*H*Sq + h*Sq + i) of O and LSE, with their magnitudes.
   FwdReference fwd_ref_;
   // Backward reference: every head's gradients; heads repeat the data of `distinct_heads_`

@@ -24,6 +24,7 @@
 #include "strided_copy.hpp"
 #include "templates/attention_params.h"
 #include "tuner/compile.hpp"
+#include "tuner/tensor_maps.hpp"
 #include "tuner/util.hpp"
 
 namespace flashtune::rt {
@@ -425,9 +426,11 @@ class Scratch {
   bool owned_ = false;
 };
 
-void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream stream) {
+// maps: the TMA descriptors of a family that declares tensor maps (the kernels' second parameter).
+void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream stream,
+                   const AttnTensorMaps* maps = nullptr) {
   const std::vector<Launch> ls = plan.pick.family->launches(plan.pick.config, plan.problem);
-  void* args[] = {params};
+  void* args[] = {params, const_cast<AttnTensorMaps*>(maps)};
   for (size_t i = 0; i < ls.size() && i < k.fns.size(); ++i) {
     const Launch& l = ls[i];
     std::atomic<unsigned>& optin = (*k.smem_optin)[i];
@@ -505,7 +508,16 @@ void run_forward(const ft_forward_args* a, CUstream stream) {
                      a->lse ? a->lse : (float*)scratch.at(c.lse),
                      c.workspace_bytes ? (float*)scratch.at(c.workspace) : nullptr,
                      p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E), p.heads_k};
-    launch_family(k, plan, &fp, stream);
+    const std::vector<TensorMapSpec> specs = plan.pick.family->tensor_maps(plan.pick.config, p);
+    AttnTensorMaps maps{};
+    if (!specs.empty()) {
+      try {
+        maps = encode_tensor_maps(drv().cuTensorMapEncodeTiled, specs, p, {ops[0].ptr, ops[1].ptr, ops[2].ptr, ops[3].ptr});
+      } catch (const std::exception& e) {
+        fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick.family->name + ": " + e.what());
+      }
+    }
+    launch_family(k, plan, &fp, stream, &maps);
   });
 }
 
