@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Comparison on one GPU in one run: the tuned best config (re-timed, not the sweep's maximum),
-for the forward also FlashAttention-2's fixed tile table run through our own template, and torch
+for the forward also FlashAttention-2's (fa3_wgmma: FlashAttention-3's) fixed tile table run through our own template, and torch
 SDPA's flash and cuDNN backends (forward, or backward alone), per point of a problem set. Writes one
 CSV row per point with TFLOP/s and the ratios.
 
 usage: tuned_vs_sdpa.py --db reports/<gpu>/results.db --problems configs/problems/anchors_bf16.json \
                         --out reports/<gpu>/fwd_vs_sdpa.csv [--family fa2_mma] [--flashtune build/flashtune]
+       (--family fa3_wgmma: FlashAttention-3's fixed table instead, columns fa3_table_* and tuned_vs_fa3_table:
+        reports/<gpu>/fwd_hopper_vs_peers.csv)
        (the direction comes from the problems; backward: --family fa2_wgmma_bwd,fa2_mma_bwd; with
         several families the best re-timed one per point is the tuned figure, named in tuned_family)
 """
@@ -23,6 +25,25 @@ import sdpa_baseline  # noqa: E402
 # Our template adds STAGES; FA2 keeps the next K/V tile in flight, which is STAGES=2 here.
 FA2_FIXED = {32: (128, 128, 4), 64: (128, 128, 4), 96: (128, 64, 4), 128: (128, 64, 4), 192: (128, 64, 8),
              256: (64, 64, 4)}
+
+# FlashAttention-3's fixed sm90 forward table (hopper/tile_size.h; ../shared/ANCHORS.md) through fa3_wgmma:
+# (d, causal) -> BLOCK_M x BLOCK_N as CONSUMERS = BLOCK_M / 64 and BLOCK_N, P V's operand (SS: P_SMEM 1),
+# softmax/GEMM overlap always on, pingpong for d <= 128, two stages.
+FA3_FIXED = {(64, 0): (3, 192, 1), (64, 1): (3, 128, 0), (96, 0): (3, 144, 1), (96, 1): (3, 144, 1),
+             (128, 0): (2, 176, 0), (128, 1): (2, 128, 0), (192, 0): (2, 112, 0), (192, 1): (2, 112, 0),
+             (256, 0): (2, 80, 0), (256, 1): (2, 80, 0)}
+
+
+def fixed_params(family, p):
+    """The fixed table's config for this point through our template, or "" when there is none."""
+    if p["direction"] != "fwd":
+        return ""  # the backward tables do not map onto these templates' tunables
+    if family == "fa3_wgmma":
+        c, bn, ss = FA3_FIXED[(p["head_dim"], int(p["causal"]))]
+        pingpong = 1 if p["head_dim"] <= 128 else 0
+        return f"BLOCK_N={bn},CONSUMERS={c},STAGES=2,OVERLAP=1,PINGPONG={pingpong},P_SMEM={ss}"
+    bm, bn, w = FA2_FIXED[p["head_dim"]]
+    return f"BLOCK_M={bm},BLOCK_N={bn},WARPS={w},STAGES=2"
 
 
 def flashtune_run(ft, family, p, selector):
@@ -54,12 +75,9 @@ def main():
         runs = [dict(flashtune_run(a.flashtune, fam, p, ["--best", "--db", a.db]), family=fam) for fam in families]
         ok = [r for r in runs if r["status"] == "ok"]
         tuned = max(ok, key=lambda r: r.get("tflops", 0.0)) if ok else runs[0]
-        if p["direction"] == "fwd":
-            bm, bn, w = FA2_FIXED[p["head_dim"]]
-            fixed_params = f"BLOCK_M={bm},BLOCK_N={bn},WARPS={w},STAGES=2"
-            fixed = flashtune_run(a.flashtune, families[0], p, ["--params", fixed_params])
-        else:  # FA2's backward tiles do not map onto this template's tunables
-            fixed_params, fixed = "", {"status": "not run"}
+        fixed_config = fixed_params(families[0], p)
+        fixed = flashtune_run(a.flashtune, families[0], p, ["--params", fixed_config]) if fixed_config \
+            else {"status": "not run"}
         base = {}
         for backend in ("flash", "cudnn"):
             try:
@@ -76,16 +94,19 @@ def main():
                    tuned_config=tuned.get("config", ""),
                    tuned_status=tuned["status"], tuned_tflops=f"{t:.1f}", tuned_max_abs=tuned.get("max_abs", ""),
                    tuned_detail=json.dumps(tuned.get("detail", {})),
-                   fixed_config=fixed_params, fixed_status=fixed["status"], fixed_tflops=f"{f:.1f}",
+                   fixed_config=fixed_config, fixed_status=fixed["status"], fixed_tflops=f"{f:.1f}",
                    torch_flash_tflops=f"{base['flash']:.1f}", torch_cudnn_tflops=f"{base['cudnn']:.1f}",
                    ratio_vs_flash=ratio(t, base["flash"]), ratio_vs_cudnn=ratio(t, base["cudnn"]),
                    tuned_vs_fixed=ratio(t, f))
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items() if k not in ("device",)), file=sys.stderr, flush=True)
+    # The fixed table's columns named after it (fixed_* -> fa3_table_*, tuned_vs_fixed -> tuned_vs_fa3_table).
+    name = {"fa3_wgmma": "fa3_table"}.get(families[0], "fixed")
+    renamed = [{k.replace("fixed", name): v for k, v in r.items()} for r in rows]
     with open(a.out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w = csv.DictWriter(fh, fieldnames=list(renamed[0].keys()))
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(renamed)
     print(f"{'d':>4} {'causal':>6} {'S':>6} {'tuned':>7} {'fixed':>7} {'flash':>7} {'cudnn':>7} {'/flash':>7} {'/cudnn':>7} {'/fixed':>7}")
     for r in rows:
         print(f"{r['head_dim']:>4} {r['causal']:>6} {r['seq']:>6} {r['tuned_tflops']:>7} {r['fixed_tflops']:>7} "

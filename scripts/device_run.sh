@@ -307,11 +307,12 @@ gqa)
 fa3)
   # Issue 14, fa3_wgmma. "fa3 check": the sample space validated on ragged shapes (every head dim, fp16
   # and bf16, causal and not, Sq != Sk both ways, Sq = 1, grouped- and multi-query); "fa3 time": the
-  # sample tuned (halving) on the bf16 grid, torch SDPA flash and cuDNN timed in the same call, and
-  # fwd_fa3_sample_vs_peers.csv.
+  # grid space tuned (halving) on the bf16 grid, then each point's best re-timed beside FlashAttention-3's
+  # fixed table through our template and torch SDPA flash and cuDNN in one process:
+  # fwd_hopper_vs_peers.csv. "fa3 all": both.
   part=${1:-check}
   val=$rep/fa3_validate.db
-  if [[ $part == check ]]; then
+  if [[ $part == check || $part == all ]]; then
     rm -f "$val"
     for probs in ragged_mma ragged_gqa; do
       log "validate fa3_wgmma_sample on $probs"
@@ -320,21 +321,16 @@ fa3)
     done
     validation_summary "$val"
     $ft drop-cubins --db "$val"
-    cp "$val" "$OUT/"
   fi
-  if [[ $part == time ]]; then
-    log "tune fa3_wgmma_sample on anchors_bf16 (halving)"
-    timeout "${FA3_TIME_LIMIT_S:-300}" $ft tune configs/spaces/fa3_wgmma_sample.json configs/problems/anchors_bf16.json \
-      --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -6
-    for b in flash cudnn; do
-      python3 experiments/sdpa_baseline.py configs/problems/anchors_bf16.json --backend $b --out "$rep/sdpa_${b}_anchors_bf16.csv" 2>&1 | tail -1
-    done
-    $ft best --db "$db" --family fa3_wgmma --csv >"$rep/best_fa3_wgmma.csv"
-    python3 experiments/compare.py "$rep/best_fa3_wgmma.csv" "$rep"/sdpa_{flash,cudnn}_anchors_bf16.csv --short \
-      --out "$rep/fwd_fa3_sample_vs_peers.csv"
-    cut -d, -f3-20 "$rep/fwd_fa3_sample_vs_peers.csv" | column -s, -t | cut -c1-220
-    finish
+  if [[ $part == time || $part == all ]]; then
+    log "tune fa3_wgmma_grid on anchors_bf16 (halving)"
+    timeout "${FA3_TIME_LIMIT_S:-300}" $ft tune configs/spaces/fa3_wgmma_grid.json configs/problems/anchors_bf16.json \
+      --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
+    log "re-timed beside FlashAttention-3's table, torch flash and cuDNN"
+    python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --family fa3_wgmma \
+      --flashtune "$ft" --out "$rep/fwd_hopper_vs_peers.csv" 2>/dev/null
   fi
+  finish
   ;;
 host-time)
   log "host time of the torch op, layer by layer"

@@ -1,6 +1,6 @@
 // FlashAttention-3's forward design on Hopper (sm_90a): TMA, an mbarrier pipeline, warp
 // specialization and wgmma, fp16 or bf16 in and out, fp32 accumulation and softmax, fp32 LSE.
-//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, DTYPE, CAUSAL>>
+//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, DTYPE, CAUSAL>>
 //   (const AttnFwdParams, const __grid_constant__ AttnTensorMaps: Q box [BM][W], K and V [BN][W],
 //   O [64][W], W = the swizzle's columns; Family::tensor_maps declares them)
 // Grid: x = ceil(seq_q / BM) query blocks (reversed when causal: the heaviest first), y = heads,
@@ -13,7 +13,8 @@
 //   S = Q K^T            wgmma SS (Q and K K-major, swizzled), 64 x BN, k = D
 //   mask, online softmax  rows' max over the quad, P = exp2(S scale_log2 - m scale_log2), l, alpha
 //   O = alpha O + P V     wgmma RS: P packed to 16 bits from the S accumulators (the mma.sync A layout
-//                         is wgmma's register A layout), V MN-major, 64 x D, k = BN
+//                         is wgmma's register A layout), V MN-major, 64 x D, k = BN; P_SMEM: SS, P
+//                         staged in the consumer's shared-memory tile (interleaved core matrices)
 //   release the slot      one arrival per warp on kv_empty
 // OVERLAP 1 issues S(n+1) and P(n) V(n) back to back and computes the softmax of S(n+1) while
 // P(n) V(n) runs; PINGPONG 1 has the consumers take turns at issuing (named barriers 1..C).
@@ -21,7 +22,7 @@
 // column group (rows past seq_q are clipped by the copy engine); lse by the threads that hold the rows.
 //
 // Masking as fa2_mma: keys past seq_k (zero-filled by TMA) and causal keys j > i + seq_k - seq_q
-// get S = -inf on blocks that straddle them; a row with no visible key ends with O = 0, lse = +inf.
+// get S = -inf, only on blocks that straddle them; a row with no visible key ends with O = 0, lse = +inf.
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -37,8 +38,12 @@ namespace fa3_wgmma_detail {
 template <class T>
 struct Smem {
   unsigned q, kv, bars;
+  unsigned p;  // P_SMEM: consumer c's P tile at p + c * kPBytes
   __device__ explicit Smem(unsigned base)
-      : q(base), kv(base + T::kQBytes), bars(base + T::kQBytes + 2 * T::kStages * T::kKvBytes) {}
+      : q(base),
+        kv(base + T::kQBytes),
+        bars(base + T::kQBytes + 2 * T::kStages * T::kKvBytes + T::kConsumers * T::kPBytes),
+        p(base + T::kQBytes + 2 * T::kStages * T::kKvBytes) {}
   __device__ unsigned k(int s) const { return kv + static_cast<unsigned>(2 * s * T::kKvBytes); }
   __device__ unsigned v(int s) const { return kv + static_cast<unsigned>((2 * s + 1) * T::kKvBytes); }
   __device__ unsigned q_full() const { return bars; }
@@ -94,18 +99,6 @@ __device__ __forceinline__ void issue_qk(float (&s)[T::kBlockN / 2], unsigned q_
   }
 }
 
-// O += P V: P as 16-bit A fragments, one per k16 slice of keys; V MN-major: slice kk is 16 rows in,
-// its column groups BN * kSwizzle bytes apart.
-template <class T>
-__device__ __forceinline__ void issue_pv(float (&o)[T::kHeadDim / 2], const unsigned (&pa)[T::kBlockN / 16][4],
-                                         unsigned v_slot) {
-  constexpr int SW = T::kSwizzle;
-#pragma unroll
-  for (int kk = 0; kk < T::kBlockN / 16; ++kk)
-    wgmma_rs<T::kHeadDim, T::kDtype, 1>(
-        o, pa[kk], desc_mn_major_sw<SW>(v_slot + static_cast<unsigned>(16 * SW * kk), T::kBlockN * SW), 1);
-}
-
 template <int N>
 __device__ __forceinline__ void fence_frags(unsigned (&a)[N][4]) {
 #pragma unroll
@@ -118,11 +111,15 @@ __device__ __forceinline__ void fence_frags(unsigned (&a)[N][4]) {
 struct Rows {
   int row0, col0;     // first row and the thread's first column within a block (2 tig)
   int seq_k, causal_offset;
+  int wg_row0;        // the warpgroup's first row: masking is needed on a block iff some row of it needs it
 };
 
-// -inf at keys past seq_k and (causal) keys j > i + causal_offset, for the block at key n0.
+// -inf at keys past seq_k and (causal) keys j > i + causal_offset, for the block at key n0; only
+// blocks that straddle the end of the keys or the warpgroup's diagonal have any.
 template <class T>
 __device__ __forceinline__ void mask(float (&s)[T::kBlockN / 2], const Rows& r, int n0) {
+  const bool needed = n0 + T::kBlockN > r.seq_k || (T::kCausal && n0 + T::kBlockN - 1 > r.wg_row0 + r.causal_offset);
+  if (!needed) return;
 #pragma unroll
   for (int j = 0; j < T::kSTiles; ++j)
 #pragma unroll
@@ -174,14 +171,76 @@ __device__ __forceinline__ void rescale(float (&o)[T::kHeadDim / 2], const float
   }
 }
 
-// P's k16 slice kk as an A fragment: the packed accumulators of S n8 tiles 2kk and 2kk + 1.
+// Waits for the P V GEMM in flight, then O *= alpha. The branch on a warp vote (O *= 1 is skipped once
+// the rows' maxima settle) also ends the basic block, and that matters: ptxas hoists a warpgroup wait
+// to the top of its basic block, and in a build without the branch the whole softmax of the next block
+// ran after this wait (SASS: both waits back to back after the S GEMM), i.e. no overlap at all.
 template <class T>
-__device__ __forceinline__ void pack_p(unsigned (&pa)[T::kBlockN / 16][4], const float (&s)[T::kBlockN / 2]) {
-#pragma unroll
-  for (int kk = 0; kk < T::kBlockN / 16; ++kk)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) pa[kk][e] = pack_half2<T::kDtype>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+__device__ __forceinline__ void wait_then_rescale(float (&o)[T::kHeadDim / 2], const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+    wgmma_wait<0>();
+    wgmma_fence_regs(o);
+    rescale<T>(o, alpha);
+  } else {
+    wgmma_wait<0>();
+  }
+  wgmma_fence_regs(o);
 }
+
+// P, the A operand of O += P V (64 x BN, k = BN keys), in one of two places (P_SMEM):
+//   registers: P's k16 slice kk as an A fragment is the packed accumulators of S n8 tiles 2kk, 2kk + 1;
+//   shared memory: the consumer's P tile, interleaved core matrices (8 rows x 16 bytes, 128 contiguous
+//     bytes: a warp's 4-byte stores of one n8 tile cover one whole core matrix, conflict free), published
+//     to the warpgroup's GEMM by a proxy fence and a named barrier (2C + 1 + c) before the issue.
+// V is MN-major: slice kk is 16 rows in, its column groups BN * kSwizzle bytes apart.
+template <class T, bool SMEM = T::kPSmem>
+struct POperand;
+
+template <class T>
+struct POperand<T, false> {
+  unsigned pa[T::kBlockN / 16][4];
+  __device__ void stage(const float (&s)[T::kBlockN / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockN / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pa[kk][e] = pack_half2<T::kDtype>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+  }
+  // Registers an asynchronous GEMM reads are kept live (and unmoved) until after its wait.
+  __device__ void fence() { fence_frags(pa); }
+  __device__ void issue(float (&o)[T::kHeadDim / 2], unsigned v_slot) const {
+    constexpr int SW = T::kSwizzle;
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockN / 16; ++kk)
+      wgmma_rs<T::kHeadDim, T::kDtype, 1>(
+          o, pa[kk], desc_mn_major_sw<SW>(v_slot + static_cast<unsigned>(16 * SW * kk), T::kBlockN * SW), 1);
+  }
+};
+
+template <class T>
+struct POperand<T, true> {
+  unsigned tile;  // this consumer's P tile
+  int bar;        // its named barrier
+  int row, tig;   // the thread's first row (of 64) and thread in quad
+  __device__ void stage(const float (&s)[T::kBlockN / 2]) {
+#pragma unroll
+    for (int j = 0; j < T::kSTiles; ++j) {
+      st_shared_u32(tile + il_chunk<T::kBlockN>(row, j) + 4 * tig, pack_half2<T::kDtype>(s[4 * j], s[4 * j + 1]));
+      st_shared_u32(tile + il_chunk<T::kBlockN>(row + 8, j) + 4 * tig,
+                    pack_half2<T::kDtype>(s[4 * j + 2], s[4 * j + 3]));
+    }
+    fence_proxy_async();
+  }
+  __device__ void fence() {}
+  __device__ void issue(float (&o)[T::kHeadDim / 2], unsigned v_slot) const {
+    constexpr int SW = T::kSwizzle;
+    named_bar_sync(bar, 128);  // every warp's rows staged
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockN / 16; ++kk)
+      wgmma_ss<T::kHeadDim, T::kDtype, 0, 1>(
+          o, desc_k_major<T::kBlockN>(tile + static_cast<unsigned>(256 * kk)),
+          desc_mn_major_sw<SW>(v_slot + static_cast<unsigned>(16 * SW * kk), T::kBlockN * SW), 1);
+  }
+};
 
 // PINGPONG: consumer c waits for its turn (barrier 1 + c) before issuing GEMMs and hands the turn
 // to the next consumer (barrier 1 + (c + 1) % C) after; 128 waiting + 128 arriving threads each.
@@ -199,8 +258,8 @@ struct Turns {
 // One consumer warpgroup's main loop, serial: S, softmax, P V per block.
 template <class T>
 __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg, const Rows& r, int num_kv_blocks,
-                                               float scale_log2, bool lane0, float (&o)[T::kHeadDim / 2],
-                                               float (&m)[2], float (&l)[2]) {
+                                               float scale_log2, bool lane0, POperand<T>& p,
+                                               float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2]) {
   Ring<T::kStages> ring;
   for (int nb = 0; nb < num_kv_blocks; ++nb, ring.next()) {
     const int n0 = nb * T::kBlockN;
@@ -215,17 +274,16 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     float alpha[2];
     softmax<T>(s, m, l, alpha, scale_log2);
     rescale<T>(o, alpha);
-    unsigned pa[T::kBlockN / 16][4];
-    pack_p<T>(pa, s);
+    p.stage(s);
     mbar_wait(sm.v_full(ring.slot), ring.parity);
     wgmma_fence_regs(o);
-    fence_frags(pa);
+    p.fence();
     wgmma_fence();
-    issue_pv<T>(o, pa, sm.v(ring.slot));
+    p.issue(o, sm.v(ring.slot));
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(o);
-    fence_frags(pa);  // the GEMM read them asynchronously: live until here
+    p.fence();
     if (lane0) mbar_arrive(sm.kv_empty(ring.slot));
   }
 }
@@ -235,12 +293,12 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
 template <class T>
 __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q_wg, const Rows& r, int num_kv_blocks,
                                                    float scale_log2, bool lane0, const Turns<T>& turns,
-                                                   float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2]) {
+                                                   POperand<T>& p, float (&o)[T::kHeadDim / 2], float (&m)[2],
+                                                   float (&l)[2]) {
   if (num_kv_blocks == 0) return;
   float s[T::kBlockN / 2];
-  unsigned pa[T::kBlockN / 16][4];
   float alpha[2];
-  Ring<T::kStages> cur;  // the block whose P is in pa
+  Ring<T::kStages> cur;  // the block whose P is staged in p
   mbar_wait(sm.k_full(0), 0);
   turns.wait();
   wgmma_fence();
@@ -251,7 +309,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   wgmma_fence_regs(s);
   mask<T>(s, r, 0);
   softmax<T>(s, m, l, alpha, scale_log2);  // alpha = 0 scales the zero O: nothing to do
-  pack_p<T>(pa, s);
+  p.stage(s);
   for (int nb = 1; nb < num_kv_blocks; ++nb) {
     Ring<T::kStages> nxt = cur;
     nxt.next();
@@ -259,36 +317,40 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     mbar_wait(sm.v_full(cur.slot), cur.parity);
     turns.wait();
     wgmma_fence_regs(o);
-    fence_frags(pa);
+    p.fence();
     wgmma_fence();
     issue_qk<T>(s, q_wg, sm.k(nxt.slot));
     wgmma_commit();
-    issue_pv<T>(o, pa, sm.v(cur.slot));
+    p.issue(o, sm.v(cur.slot));
     wgmma_commit();
     turns.pass();
     wgmma_wait<1>();  // S(nb)
     wgmma_fence_regs(s);
     mask<T>(s, r, nb * T::kBlockN);
     softmax<T>(s, m, l, alpha, scale_log2);
-    wgmma_wait<0>();  // P(nb-1) V(nb-1)
-    wgmma_fence_regs(o);
-    fence_frags(pa);
+    // The softmax is plain register arithmetic the compiler may move below the wait (NVVM): these pin
+    // it above; wait_then_rescale's branch keeps ptxas from hoisting the wait above it.
+    wgmma_fence_regs(s);
+    wgmma_fence_regs(m);
+    wgmma_fence_regs(l);
+    wgmma_fence_regs(alpha);
+    wait_then_rescale<T>(o, alpha);  // P(nb-1) V(nb-1)
+    p.fence();
     if (lane0) mbar_arrive(sm.kv_empty(cur.slot));
-    rescale<T>(o, alpha);
-    pack_p<T>(pa, s);
+    p.stage(s);
     cur = nxt;
   }
   mbar_wait(sm.v_full(cur.slot), cur.parity);
   turns.wait();
   wgmma_fence_regs(o);
-  fence_frags(pa);
+  p.fence();
   wgmma_fence();
-  issue_pv<T>(o, pa, sm.v(cur.slot));
+  p.issue(o, sm.v(cur.slot));
   wgmma_commit();
   turns.pass();
   wgmma_wait<0>();
   wgmma_fence_regs(o);
-  fence_frags(pa);
+  p.fence();
   if (lane0) mbar_arrive(sm.kv_empty(cur.slot));
 }
 
@@ -341,7 +403,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int tid = static_cast<int>(threadIdx.x) - 128 * wg;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int wg_row = 16 * warp + g;  // the thread's first row within the warpgroup's 64
-  const det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, seq_k, causal_offset};
+  const det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, seq_k, causal_offset, m0 + 64 * c};
   const unsigned q_wg = sm.q + static_cast<unsigned>(64 * c * SW);  // column group 0 of its rows
   const float scale_log2 = p.scale_log2;
 
@@ -355,10 +417,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
 
   mbar_wait(sm.q_full(), 0);
+  det::POperand<T> pop;
+  if constexpr (T::kPSmem) pop = {sm.p + static_cast<unsigned>(c * T::kPBytes), 1 + 2 * T::kConsumers + c, wg_row, tig};
   if constexpr (T::kOverlap)
-    det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, o, m, l);
+    det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, pop, o, m, l);
   else
-    det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, o, m, l);
+    det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, pop, o, m, l);
   if constexpr (T::kPingpong) {
     if (c == 0) named_bar_sync(1, 256);  // the turn the last consumer passed after its last GEMMs
   }

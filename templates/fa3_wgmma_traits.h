@@ -1,14 +1,16 @@
 // Tunables, derived constants and launch geometry of the fa3_wgmma family: FlashAttention-3's forward
 // design on Hopper (sm_90a), fp16 or bf16 in and out, fp32 accumulation and softmax, fp32 LSE.
-//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, DTYPE, CAUSAL>>
+//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, DTYPE, CAUSAL>>
 // One CTA per query block of BLOCK_M = 64 x CONSUMERS rows: a producer warpgroup (one thread issues
 // TMA copies of Q once and of K, V blocks into a ring of STAGES slots, mbarrier-tracked) and CONSUMERS
 // warpgroups of 64 query rows each (wgmma for S = Q K^T from shared memory and O += P V with P from
-// registers). Register reallocation gives the producer kProducerRegs, each consumer kConsumerRegs.
+// registers or, P_SMEM 1, from shared memory). Register reallocation gives the producer kProducerRegs, each consumer kConsumerRegs.
 //   OVERLAP 1: a consumer issues S(n+1) = Q K(n+1)^T and O += P(n) V(n) together and runs the softmax
 //              of block n+1 while the tensor cores work (FlashAttention-3's intra-warpgroup overlap).
 //   PINGPONG 1: consumers take turns issuing their GEMMs (named barriers), so that one warpgroup's
 //              softmax runs during the other's GEMMs (needs OVERLAP 1 and 2 or 3 consumers).
+//   P_SMEM 1:   P is staged in shared memory (a 64 x BLOCK_N tile per consumer) and P V is an SS wgmma:
+//              no registers of the softmax are read by a GEMM in flight (FlashAttention-3's SS configs).
 // Host-usable: plain constexpr C++.
 #pragma once
 #include "traits_common.h"
@@ -26,17 +28,21 @@ FT_HD constexpr int fa3_wgmma_threads(int CONSUMERS) { return 128 * (CONSUMERS +
 FT_HD constexpr int fa3_wgmma_producer_regs(int CONSUMERS) { return CONSUMERS == 3 ? 32 : 24; }
 FT_HD constexpr int fa3_wgmma_consumer_regs(int CONSUMERS) { return CONSUMERS == 3 ? 160 : 240; }
 // fp32 accumulators a consumer thread holds at once: O (D/2), S (BN/2), and with OVERLAP the packed P
-// of the previous block (BN/4) while the next S is computed.
-FT_HD constexpr int fa3_wgmma_acc_regs(int D, int BN, int OVERLAP) { return D / 2 + BN / 2 + (OVERLAP ? BN / 4 : 0); }
+// of the previous block (BN/4, in registers unless P_SMEM) while the next S is computed.
+FT_HD constexpr int fa3_wgmma_acc_regs(int D, int BN, int OVERLAP, int P_SMEM) {
+  return D / 2 + BN / 2 + (OVERLAP && !P_SMEM ? BN / 4 : 0);
+}
 
 // Shared memory: Q [BM][D], STAGES x (K [BN][D], V [BN][D]), all 16-bit and swizzled, 1024-byte
-// aligned (the base is aligned at run time: + 1024 bytes of slack); then the mbarriers: q_full,
-// STAGES x (k_full, v_full, kv_empty). The epilogue stages O in Q's slot.
+// aligned (the base is aligned at run time: + 1024 bytes of slack); P_SMEM: CONSUMERS x P [64][BN]
+// (16-bit, interleaved core matrices); then the mbarriers: q_full, STAGES x (k_full, v_full,
+// kv_empty). The epilogue stages O in Q's slot.
 FT_HD constexpr int fa3_wgmma_tile_bytes(int D, int rows) { return 2 * rows * D; }
 FT_HD constexpr int fa3_wgmma_barrier_bytes(int STAGES) { return 8 * (1 + 3 * STAGES); }
-FT_HD constexpr int fa3_wgmma_smem_bytes(int D, int BN, int CONSUMERS, int STAGES) {
+FT_HD constexpr int fa3_wgmma_p_bytes(int BN, int CONSUMERS, int P_SMEM) { return P_SMEM ? CONSUMERS * 2 * 64 * BN : 0; }
+FT_HD constexpr int fa3_wgmma_smem_bytes(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM) {
   return 1024 + fa3_wgmma_tile_bytes(D, fa3_wgmma_block_m(CONSUMERS)) + 2 * STAGES * fa3_wgmma_tile_bytes(D, BN) +
-         fa3_wgmma_barrier_bytes(STAGES);
+         fa3_wgmma_p_bytes(BN, CONSUMERS, P_SMEM) + fa3_wgmma_barrier_bytes(STAGES);
 }
 FT_HD constexpr GridDims fa3_wgmma_grid(int batch, int heads, int seq_q, int CONSUMERS) {
   return GridDims{ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)), heads, batch};
@@ -52,29 +58,31 @@ FT_HD constexpr bool fa3_wgmma_pingpong_ok(int CONSUMERS, int OVERLAP, int PINGP
   return PINGPONG == 0 || (OVERLAP == 1 && CONSUMERS >= 2);
 }
 // 32 registers of a consumer's budget kept for addresses, loop state, row statistics.
-FT_HD constexpr bool fa3_wgmma_acc_ok(int D, int BN, int CONSUMERS, int OVERLAP) {
-  return fa3_wgmma_acc_regs(D, BN, OVERLAP) <= fa3_wgmma_consumer_regs(CONSUMERS) - 32;
+FT_HD constexpr bool fa3_wgmma_acc_ok(int D, int BN, int CONSUMERS, int OVERLAP, int P_SMEM) {
+  return fa3_wgmma_acc_regs(D, BN, OVERLAP, P_SMEM) <= fa3_wgmma_consumer_regs(CONSUMERS) - 32;
 }
 FT_HD constexpr bool fa3_wgmma_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 
 // nullptr if valid, else the reason. The shared-memory limit is the compile stage's to apply.
-FT_HD constexpr const char* fa3_wgmma_check(int D, int BN, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG) {
+FT_HD constexpr const char* fa3_wgmma_check(int D, int BN, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG,
+                                            int P_SMEM) {
   return !fa3_wgmma_d_ok(D)                 ? "D must be 32, 64, 96, 128, 192 or 256"
          : !fa3_wgmma_bn_ok(BN)             ? "BLOCK_N must be a multiple of 16 in 64..256 (a wgmma N)"
          : !fa3_wgmma_consumers_ok(CONSUMERS) ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_M = 64 x CONSUMERS)"
          : !fa3_wgmma_stages_ok(STAGES)     ? "STAGES must be 2 or 3 (K/V slots)"
          : !fa3_wgmma_switch_ok(OVERLAP)    ? "OVERLAP must be 0 or 1"
          : !fa3_wgmma_switch_ok(PINGPONG)   ? "PINGPONG must be 0 or 1"
+         : !fa3_wgmma_switch_ok(P_SMEM)     ? "P_SMEM must be 0 or 1"
          : !fa3_wgmma_pingpong_ok(CONSUMERS, OVERLAP, PINGPONG)
              ? "PINGPONG needs OVERLAP 1 and 2 or 3 consumer warpgroups"
-         : !fa3_wgmma_acc_ok(D, BN, CONSUMERS, OVERLAP)
-             ? "accumulators (O D/2 + S BN/2 + P BN/4 with OVERLAP) exceed the consumer register budget - 32"
+         : !fa3_wgmma_acc_ok(D, BN, CONSUMERS, OVERLAP, P_SMEM)
+             ? "accumulators (O D/2 + S BN/2 + P BN/4 with OVERLAP in registers) exceed the consumer register budget - 32"
              : nullptr;
 }
 
-template <int D, int BLOCK_N, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG, int DTYPE, bool CAUSAL>
+template <int D, int BLOCK_N, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG, int P_SMEM, int DTYPE, bool CAUSAL>
 struct Fa3WgmmaTraits {
-  static_assert(fa3_wgmma_check(D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG) == nullptr,
+  static_assert(fa3_wgmma_check(D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM) == nullptr,
                 "invalid Fa3WgmmaTraits: see fa3_wgmma_check");
   static_assert(fa3_wgmma_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
 
@@ -85,6 +93,7 @@ struct Fa3WgmmaTraits {
   static constexpr int kStages = STAGES;
   static constexpr bool kOverlap = OVERLAP == 1;
   static constexpr bool kPingpong = PINGPONG == 1;
+  static constexpr bool kPSmem = P_SMEM == 1;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 
@@ -96,7 +105,8 @@ struct Fa3WgmmaTraits {
   static constexpr int kGroups = D / kGroupCols;
   static constexpr int kQBytes = fa3_wgmma_tile_bytes(D, kBlockM);
   static constexpr int kKvBytes = fa3_wgmma_tile_bytes(D, BLOCK_N);  // one K or V slot
-  static constexpr int kSmemBytes = fa3_wgmma_smem_bytes(D, BLOCK_N, CONSUMERS, STAGES);
+  static constexpr int kPBytes = fa3_wgmma_p_bytes(BLOCK_N, 1, P_SMEM);  // one consumer's P tile
+  static constexpr int kSmemBytes = fa3_wgmma_smem_bytes(D, BLOCK_N, CONSUMERS, STAGES, P_SMEM);
   static constexpr int kSTiles = BLOCK_N / 8;  // n8 tiles of S per thread row pair
   static constexpr int kOTiles = D / 8;
 };

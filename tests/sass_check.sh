@@ -46,7 +46,7 @@ expect() {  # expect <family> -> sets space and ops; returns 1 for a family with
       ops=(HMMA LDSM LDGSTS MUFU.EX2) ;;
     fa2_wgmma_bwd) space='"params":{"BLOCK_M":[64],"BLOCK_N":[128],"SPLIT":[0],"STAGES":[2],"DQ_RED":[0]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'
       ops=(HGMMA LDGSTS MUFU.EX2 -- HMMA) ;;
-    fa3_wgmma) space='"params":{"BLOCK_N":[128],"CONSUMERS":[2],"STAGES":[2],"OVERLAP":[1],"PINGPONG":[1]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'
+    fa3_wgmma) space='"params":{"BLOCK_N":[128],"CONSUMERS":[2],"STAGES":[2],"OVERLAP":[1],"PINGPONG":[1],"P_SMEM":[0]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'
       ops=(HGMMA UTMALDG UTMASTG USETMAXREG MUFU.EX2 -- HMMA LDGSTS) ;;  # TMA in and out, no cp.async
     *) return 1 ;;
   esac
