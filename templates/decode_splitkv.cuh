@@ -191,7 +191,7 @@ __device__ __forceinline__ void load_chunks(unsigned s0, const unsigned short* g
 }
 
 // Rows [n0, n0 + ROWS) of a (seq, D) 16-bit matrix into a shared-memory tile (fa2_mma's SmemLayout), rows at
-// or past `end` zero-filled by shared-memory stores (their global addresses are never formed). One 64-bit
+// or past `end` zero-filled by shared-memory stores (no global access is issued for them). One 64-bit
 // base per thread and tile; every chunk's offset is an immediate of its instruction, so that no per-chunk
 // address can stay live through the main loop.
 template <int ROWS, int D, int NT>
