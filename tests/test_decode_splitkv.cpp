@@ -17,7 +17,9 @@
 #include "reference/attention_ref.hpp"
 #include "templates/decode_splitkv_traits.h"
 #include "tuner/family.hpp"
+#include "tuner/select.hpp"
 #include "tuner/space.hpp"
+#include "tuner/sweep.hpp"
 
 using namespace flashtune;
 
@@ -246,4 +248,45 @@ TEST(DecodeSplitkv, GeometryAndConstraints) {
   // Shared memory: Q tile + max(K/V stages, the warps' fp32 O tiles) + per-warp row statistics.
   EXPECT_EQ(decode_splitkv_smem_bytes(128, 64, 4, 2), 16 * 272 + 2 * 2 * 64 * 272 + 2 * 4 * 4 * 16);
   EXPECT_EQ(decode_splitkv_smem_bytes(256, 32, 2, 1), 16 * 512 + 2 * 16 * 264 * 4 + 2 * 4 * 2 * 16);  // O tiles win
+}
+
+// The query-length range: decode_splitkv serves Sq <= max_seq_q. A space matches no problem past it
+// (tune), selection never picks a row past it (a store imported from elsewhere), and the shapes the
+// committed problem sets give it are all inside it.
+TEST(DecodeSplitkv, ServesDecodingShapesOnly) {
+  const Family& f = find_family("decode_splitkv");
+  ASSERT_GT(f.max_seq_q, 0);
+  for (const char* file : {"ragged_decode.json", "decode_bf16.json"})
+    for (const Problem& p : load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/" + file))
+      EXPECT_EQ(f.shape_reason(p), "") << file << " " << p.str();
+  Problem p;
+  p.batch = 2, p.heads = 8, p.heads_k = 2, p.seq_k = 4096, p.head_dim = 128, p.dtype = DType::bf16;
+  p.seq_q = f.max_seq_q;
+  EXPECT_EQ(f.shape_reason(p), "");
+  p.seq_q = f.max_seq_q + 1;
+  EXPECT_NE(f.shape_reason(p).find("Sq <= " + std::to_string(f.max_seq_q)), std::string::npos) << f.shape_reason(p);
+  // Families without a range serve any Sq; a GQA problem only where gqa.
+  EXPECT_EQ(find_family("fa2_mma").shape_reason(p), "");
+  EXPECT_NE(find_family("fa2_simt").shape_reason(p).find("grouped-query"), std::string::npos);
+
+  const Space space = load_space(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/decode_splitkv.json");
+  Problem decode = p, prefill = p;
+  decode.seq_q = 1;
+  prefill.seq_q = prefill.seq_k;
+  EXPECT_FALSE(variants_for(space, {decode}).empty());
+  EXPECT_TRUE(variants_for(space, {prefill}).empty());
+
+  // A row past the range (as an import could bring) never becomes a bucket's pick; one inside does.
+  auto row = [&](const Problem& q, double tflops) {
+    ResultRecord r;
+    r.family = f.name, r.direction = f.direction, r.config = f.config_string(f.default_config);
+    r.problem = q, r.status = "ok", r.reps = kFullTimingReps, r.tflops = tflops;
+    r.device_name = "GPU A", r.arch = "sm_90";
+    return r;
+  };
+  decode.heads_k = prefill.heads_k = 0;  // multi-head rows: the ones buckets are made of
+  EXPECT_TRUE(best_per_bucket({row(prefill, 500)}).empty());
+  const auto choices = best_per_bucket({row(decode, 1), row(prefill, 500)});
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_EQ(choices[0].tflops, 1);
 }

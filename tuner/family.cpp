@@ -285,6 +285,10 @@ std::vector<Family> make_families() {
     // 16 splits: 128 CTAs for one sequence of a Llama-3-like model (8 kv heads), about one per SM.
     f.default_config = {16, 64, 4, 2};
     f.gqa = true;
+    // Decoding (Sq 1) and speculative decoding (a few draft tokens): up to 16 query rows per sequence,
+    // the largest Sq of ragged_decode.json. Longer queries are prefill: fa2_mma's (BLOCK_M rows of a
+    // head per CTA), not split K/V's, whose CTAs would each re-read K/V for 16 group rows.
+    f.max_seq_q = 16;
     f.traits = [](const Config& c, int d, bool causal, DType t) {
       return "flashtune::DecodeSplitkvTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
@@ -343,13 +347,25 @@ const std::vector<Family>& families() {
   return fs;
 }
 
-const Family& find_family(const std::string& name) {
+const Family* family_named(const std::string& name) {
   for (const auto& f : families())
-    if (f.name == name) return f;
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+const Family& find_family(const std::string& name) {
+  if (const Family* f = family_named(name)) return *f;
   std::string known;
   for (const auto& f : families())
     if (!f.test_only) known += (known.empty() ? "" : ", ") + f.name;
   throw UsageError("unknown family '" + brief(name) + "' (known: " + known + ")");
+}
+
+std::string Family::shape_reason(const Problem& p) const {
+  if (p.heads_k > 0 && !gqa) return "does not support grouped-query attention (heads_k)";
+  if (max_seq_q > 0 && p.seq_q > max_seq_q)
+    return "serves Sq <= " + std::to_string(max_seq_q) + " (decoding), not Sq " + std::to_string(p.seq_q);
+  return "";
 }
 
 std::string Family::config_string(const Config& c) const {
