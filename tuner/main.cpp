@@ -447,7 +447,8 @@ int cmd_run(int argc, char** argv) {
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
               "reference (forward: sampled rows, every row with --check; backward: every element of dQ, dK,\n"
               "dV), then timed. --check-determinism runs it twice and reports whether the outputs' bits\n"
-              "agree. --best takes the stored best config for this device and problem from --db.\n"
+              "agree. --best takes the stored best config for this device and problem from --db (the\n"
+              "problem's own, else its sequence bucket's: grouped-query problems need their own).\n"
               "--inputs DIR reads the inputs instead of generating seeded ones: DIR/q.bin, k.bin, v.bin (and\n"
               "do.bin for a backward), raw little-endian values in the --dtype (fp32, or fp16/bf16 bits), layout\n"
               "[B,H,S,d] contiguous, sizes exactly as --shape says; the float64 reference is computed from them\n"
@@ -512,12 +513,11 @@ int cmd_run(int argc, char** argv) {
   }
   if (a.has("best")) {
     ResultFilter filter{f.name, gpu.device().name, to_string(p.dtype), f.direction, p.head_dim, (int)p.causal, true};
-    auto choices = best_per_bucket(store->results(filter));
-    const BucketChoice* pick = pick_bucket(choices, p);
-    if (!pick)
+    const StoredChoice pick = stored_choice(store->results(filter), p);  // the problem's own best, else its bucket's
+    if (pick.source.empty())
       throw UsageError("no stored valid " + f.name + " result for " + gpu.device().name + " " + to_string(p.dtype) +
                        " d" + std::to_string(p.head_dim) + (p.causal ? " causal" : "") + " in " + a.get("db"));
-    cfg = f.parse_config(pick->config);
+    cfg = f.parse_config(pick.config);
     store = std::make_unique<Store>(a.get("db"));
   }
   Variant v{&f, cfg, p.head_dim, p.causal, p.dtype};

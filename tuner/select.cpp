@@ -98,4 +98,12 @@ const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const 
   return pick;
 }
 
+StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Problem& p) {
+  for (const auto& b : best_per_problem(results))
+    if (b.problem == p) return {b.config, "problem"};
+  const std::vector<BucketChoice> buckets = best_per_bucket(results);
+  if (const BucketChoice* pick = pick_bucket(buckets, p)) return {pick->config, "bucket"};
+  return {};
+}
+
 }  // namespace flashtune
