@@ -41,6 +41,9 @@ except ImportError:
     os.environ.setdefault("FLASHTUNE_LIBRARY", os.path.join(ROOT, "build", "runtime", "libflashtune_attention.so"))
 from flashtune.torch import attention, explain  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sdpa_baseline import time_cuda  # noqa: E402  (warm-up, an L2 flush before each repeat, events)
+
 TOKENS, HIDDEN = 16384, 2048
 SEQS, HEAD_DIMS = (1024, 4096, 16384), (64, 128, 256)
 
@@ -52,22 +55,6 @@ def gpu_slug(name):
 def fwd_bwd_flops(B, H, S, d, causal):
     f = 4.0 * B * H * S * S * d
     return 3.5 * (f / 2 if causal else f)
-
-
-def time_cuda(fn, reps, warmup, flush):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        flush.fill_(float(i))  # evict q, k, v, dout from L2
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop))
-    return float(torch.tensor(times).median())
 
 
 def time_steady(fn, reps, iters, flush):
@@ -151,7 +138,7 @@ def main():
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     torch.autograd.grad(o, (q, k, v), dout)
 
-                module_ms = time_cuda(module, a.reps, a.warmup, flush)
+                module_ms = time_cuda(module, a.reps, a.warmup, flush)[0]
                 steady_ms = time_steady(module, max(3, a.reps // 4), 8, flush)
                 issue_ms = host_ms(module, a.reps)
                 e = explain(q, k, v, causal=causal)
@@ -166,7 +153,7 @@ def main():
                 for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                     try:
                         with sdpa_kernel([backend]):
-                            sdpa_tf[name] = tf(time_cuda(sdpa, a.reps, a.warmup, flush))
+                            sdpa_tf[name] = tf(time_cuda(sdpa, a.reps, a.warmup, flush)[0])
                     except RuntimeError as err:  # a backend that refuses a shape is a result (0), not a crash
                         sdpa_tf[name] = 0.0
                         note += f" sdpa {name}: {str(err).splitlines()[0][:120]}"

@@ -34,6 +34,35 @@ expand = baselines.load_problems
 flops = baselines.flops
 
 
+def time_cuda(run, reps, warmup=3, flush=None):
+    """Warm-up calls, then per repeat an L2 flush (`flush` rewritten; default: a buffer of twice the L2) and
+    CUDA events around `run` alone: (median, p20, p80) in ms."""
+    if flush is None:
+        flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda",
+                            dtype=torch.float32)
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        flush.fill_(float(i))
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop))
+    t = torch.tensor(times)
+    return t.median().item(), t.quantile(0.2).item(), t.quantile(0.8).item()
+
+
+def time_copy(nbytes, reps):
+    """A device-to-device copy of nbytes (nbytes read, nbytes written), timed as time_cuda does."""
+    src = torch.ones(nbytes, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    return time_cuda(lambda: dst.copy_(src), reps)
+
+
 def time_sdpa(p, backend, reps, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dt = DTYPES[p["dtype"]]
@@ -45,7 +74,6 @@ def time_sdpa(p, backend, reps, seed):
     v = torch.randn(shape_k, device="cuda", dtype=dt, generator=gen)
     # torch's is_causal is top-left aligned; equal lengths here, where both conventions agree.
     assert not p["causal"] or p["seq_q"] == p["seq_k"], "causal baseline needs Sq == Sk"
-    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda", dtype=torch.float32)
     with sdpa_kernel([BACKENDS[backend]]):
         if p.get("direction", "fwd") == "bwd":
             # The backward alone: one forward builds the graph, each timed call replays its backward.
@@ -56,20 +84,7 @@ def time_sdpa(p, backend, reps, seed):
             run = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         else:
             run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"], **gqa)
-        for _ in range(3):
-            run()
-        torch.cuda.synchronize()
-        times = []
-        for i in range(reps):
-            flush.fill_(float(i))
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            stop.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(stop))
-    t = torch.tensor(times)
-    return t.median().item(), t.quantile(0.2).item(), t.quantile(0.8).item()
+        return time_cuda(run, reps)
 
 
 def main():

@@ -52,6 +52,8 @@ def flashtune_run(ft, family, p, selector):
            "--json", *selector]
     if p["causal"]:
         cmd.append("--causal")
+    if "heads_k" in p:  # grouped-query attention
+        cmd += ["--heads-k", str(p["heads_k"])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     try:
         return json.loads(r.stdout)

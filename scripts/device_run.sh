@@ -14,6 +14,9 @@
 #            worker, multi_gpu_sweep.csv (experiments/multi_gpu_sweep.py)
 #   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
 #            both tuned on Llama-3-like shapes beside torch SDPA (enable_gqa): gqa_vs_peers.csv
+#   decode - decode_splitkv: every compiled variant validated on ragged decoding shapes, tuned (halving) on the
+#            Llama-3 8B decoding grid, re-timed beside torch SDPA (each backend, enable_gqa) and a device copy of
+#            the same bytes in one run: decode_vs_peers.csv
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py)
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
@@ -90,23 +93,26 @@ wgmma_ragged_checks() {
       grep -E "status|error|dq|fa2_" | tr '\n' ' '; echo " <- $1 $shape"
   done
 }
-# Headers from everything stored, the DB without binaries, and all of it back under $OUT.
-finish() {
-  $ft emit --db "$db" --out configs/generated
-  $ft drop-cubins --db "$db"
-  tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
-}
-
-# Per family and status, the rows of a validation store, and the first rows that are not ok.
+# A validation store's rows by family and status, the first rows that are not ok; exit 1 if any compiled
+# variant failed (pruned variants are not run): validation_summary <db>
 validation_summary() {
   python3 - "$1" <<'PY'
 import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
 for fam, st, n in c.execute("select family, status, count(*) from results group by family, status"):
     print(f"validation {fam}: {n} {st}")
-for r in c.execute("select family, config, batch, heads, heads_k, seq_q, seq_k, head_dim, dtype, causal, status, substr(error,1,200) from results where status != 'ok' limit 8"):
+bad = list(c.execute("select family, config, batch, heads, heads_k, seq_q, seq_k, head_dim, dtype, causal, status, "
+                     "substr(error,1,200) from results where status not in ('ok', 'pruned')"))
+for r in bad[:8]:
     print("  not ok:", r)
+sys.exit(1 if bad else 0)
 PY
+}
+# Headers from everything stored, the DB without binaries, and all of it back under $OUT.
+finish() {
+  $ft emit --db "$db" --out configs/generated
+  $ft drop-cubins --db "$db"
+  tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
 }
 
 # Issue 12's reported cases, each with a tuned or default config of its family (Sk = 1 backward, x30, x5 and heavy-tailed inputs).
@@ -330,6 +336,31 @@ fa3)
     python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --family fa3_wgmma \
       --flashtune "$ft" --out "$rep/fwd_hopper_vs_peers.csv" 2>/dev/null
   fi
+  finish
+  ;;
+decode)
+  # decode_splitkv (split-KV decoding, never run on a GPU before this stage): every compiled variant validated
+  # on ragged_decode.json (Sq 1-16, GQA/MQA/MHA, causal, fp16/bf16, d 64/128/256; halving: every candidate's
+  # first round is a validated run), then tuned on decode_bf16.json (Llama-3 8B: Hq 32, Hk 8, d 128, Sq 1,
+  # B 1/8/64 x Sk 4k/32k/128k) by halving, then each point's pick re-timed beside torch SDPA (flash, efficient,
+  # cuDNN, math; enable_gqa) and a device copy of the same bytes, in one run: decode_vs_peers.csv. About 8 of
+  # its 10 minutes on a fresh H100 (build ~2, validation ~2, tuning ~2, comparison ~1.5); each step has a
+  # time limit, and a rerun on a warm machine resumes from the stores.
+  val=$rep/decode_validate.db
+  log "validate decode_splitkv on ragged_decode"
+  timeout "${DECODE_VALIDATE_LIMIT_S:-170}" $ft tune configs/spaces/decode_splitkv.json configs/problems/ragged_decode.json \
+    --db "$val" --quiet --strategy halving --retime 0 2>&1 | tail -1
+  validation_summary "$val" || echo "FAIL: a compiled decode_splitkv variant did not validate"
+  $ft drop-cubins --db "$val"
+  log "tune decode_splitkv on decode_bf16 (halving)"
+  timeout "${DECODE_TUNE_LIMIT_S:-170}" $ft tune configs/spaces/decode_splitkv.json configs/problems/decode_bf16.json \
+    --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -10
+  log "decode_splitkv vs torch SDPA and the copy peak"
+  timeout "${DECODE_COMPARE_LIMIT_S:-150}" python3 experiments/decode_vs_peers.py --db "$db" \
+    --problems configs/problems/decode_bf16.json --out "$rep/decode_vs_peers.csv" 2>"$OUT/decode_vs_peers.log"
+  tail -3 "$OUT/decode_vs_peers.log"
+  cut -d, -f1-10 "$rep/decode_vs_peers.csv"
+  cp "$rep/decode_vs_peers.csv" "$OUT/"
   finish
   ;;
 host-time)

@@ -42,6 +42,8 @@ expect() {  # expect <family> -> sets space and ops; returns 1 for a family with
       ops=(FFMA LDGSTS MUFU.EX2 -- HMMA) ;;
     fa2_mma) space='"params":{"BLOCK_M":[128],"BLOCK_N":[64],"WARPS":[4],"STAGES":[2]},"head_dims":[128],"causal":[true],"dtypes":["bf16","fp16"]'
       ops=(HMMA LDSM LDGSTS MUFU.EX2) ;;
+    decode_splitkv) space='"params":{"SPLITS":[16],"BLOCK_N":[64],"WARPS":[4],"STAGES":[2]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'
+      ops=(HMMA LDSM LDGSTS MUFU.EX2) ;;  # partial (cp.async, ldmatrix, mma.sync) and combine kernels in one cubin
     fa2_mma_bwd) space='"params":{"BLOCK_M":[32],"BLOCK_N":[64],"WARPS":[8],"DSPLIT":[2],"STAGES":[2],"DQ_MODE":[1]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'
       ops=(HMMA LDSM LDGSTS MUFU.EX2) ;;
     fa2_wgmma_bwd) space='"params":{"BLOCK_M":[64],"BLOCK_N":[128],"SPLIT":[0],"STAGES":[2],"DQ_RED":[0]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,60 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
   EXPECT_EQ(name(ts, query("GPU A", "sm_90", "fwd", DType::fp32, 32, false, 512)), "fa2_simt");
 }
 
+// A family with a query-length range (Family::max_seq_q: decode_splitkv) is a candidate only for
+// 0 < Sq <= its range; inside it, a table entry of its own comes before a general family's (whatever
+// TFLOP/s each measured: decoding and prefill numbers do not compare); past it, no table sends a call
+// there however fast it rated the bucket; without an entry, the fixed preference (never a ranged family).
+TEST(RuntimeLookup, QueryLengthRange) {
+  int ranged = 0;
+  for (const Family& rf : families()) {
+    if (rf.test_only || rf.max_seq_q == 0) continue;
+    ++ranged;
+    for (DType t : rf.dtypes)
+      for (int d : rf.head_dims) {
+        SCOPED_TRACE(rf.name + " " + to_string(t) + " d" + std::to_string(d));
+        auto q = [&](int seq_q) {
+          Query x = query("GPU A", "sm_90", rf.direction, t, d, false, 4096);
+          x.seq_q = seq_q;
+          return x;
+        };
+        auto is_candidate = [&](int seq_q) {
+          const auto cands = candidate_families(q(seq_q));
+          return std::find(cands.begin(), cands.end(), &rf) != cands.end();
+        };
+        EXPECT_TRUE(is_candidate(1));
+        EXPECT_TRUE(is_candidate(rf.max_seq_q));
+        EXPECT_FALSE(is_candidate(rf.max_seq_q + 1));
+        EXPECT_FALSE(is_candidate(4096));
+        EXPECT_FALSE(is_candidate(0));  // unknown Sq
+        EXPECT_EQ(seq_q_class(1), rf.max_seq_q);  // the only ranged family today
+        EXPECT_EQ(seq_q_class(rf.max_seq_q + 1), 0);
+
+        const TableSet none{nullptr, 0};
+        EXPECT_NE(choose_family(none, q(1)), &rf);  // untabled: the general preference
+        // The ranged family's entry rated far above the general family's in the same bucket.
+        const char* general = preferred_family(q(4096));
+        const Family& gf = find_family(general);
+        ASSERT_EQ(gf.max_seq_q, 0);
+        const tuned::Entry fast[] = {entry(rf.name.c_str(), rf.direction.c_str(), to_string(t), d, rf.default_config, 1e4f),
+                                     entry(general, gf.direction.c_str(), to_string(t), d, gf.default_config, 1)};
+        const tuned::Table tables[] = {{"GPU A", "sm_90", fast, 2}};
+        const TableSet ts{tables, 1};
+        EXPECT_EQ(choose_family(ts, q(1)), &rf);
+        EXPECT_EQ(choose(ts, q(rf.max_seq_q)).family, &rf);
+        EXPECT_EQ(choose_family(ts, q(rf.max_seq_q + 1)), &gf);  // prefill: never the decoding family
+        EXPECT_EQ(choose_family(ts, q(4096)), &gf);
+        // Rated below the general family's bucket: still the pick inside its range.
+        const tuned::Entry slow[] = {entry(rf.name.c_str(), rf.direction.c_str(), to_string(t), d, rf.default_config, 1),
+                                     entry(general, gf.direction.c_str(), to_string(t), d, gf.default_config, 500)};
+        const tuned::Table slow_tables[] = {{"GPU A", "sm_90", slow, 2}};
+        EXPECT_EQ(choose_family(TableSet{slow_tables, 1}, q(1)), &rf);
+        EXPECT_EQ(choose_family(TableSet{slow_tables, 1}, q(4096)), &gf);
+      }
+  }
+  EXPECT_GT(ranged, 0);
+}
+
 TEST(RuntimeLookup, RejectedTabledConfigFallsBackToDefault) {
   // For every non-test family and head dim where some config is invalid: a table holding it.
   int cases = 0;
@@ -224,21 +279,24 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
         for (int d : {32, 64, 96, 128, 192, 256})
           for (bool causal : {false, true})
             for (const std::string& device : devices)
-              for (int seq : seqs) {
-                const Pick p = choose(ts, query(device, a.arch, dir, t, d, causal, seq));
-                if (!p.family) continue;
-                if (p.family->hopper_only && !a.hopper) {
-                  hopper_skipped = true;
-                  continue;
+              for (int seq : seqs)
+                for (int seq_q : {0, 1, 16, 17}) {
+                  Query q = query(device, a.arch, dir, t, d, causal, seq);
+                  q.seq_q = seq_q;
+                  const Pick p = choose(ts, q);
+                  if (!p.family) continue;
+                  if (p.family->hopper_only && !a.hopper) {
+                    hopper_skipped = true;
+                    continue;
+                  }
+                  for (const Config& c : {p.config, p.family->default_config}) {
+                    const std::string h = compiler.variant_hash(Variant{p.family, c, d, causal, t});
+                    needed.insert(h);
+                    EXPECT_TRUE(planned.count(h)) << entry << " " << p.family->name << " " << p.family->config_string(c)
+                                                  << " d=" << d << " " << to_string(t) << (causal ? " causal" : "")
+                                                  << " seq " << seq << " Sq " << seq_q << " on " << device;
+                  }
                 }
-                for (const Config& c : {p.config, p.family->default_config}) {
-                  const std::string h = compiler.variant_hash(Variant{p.family, c, d, causal, t});
-                  needed.insert(h);
-                  EXPECT_TRUE(planned.count(h)) << entry << " " << p.family->name << " " << p.family->config_string(c)
-                                                << " d=" << d << " " << to_string(t) << (causal ? " causal" : "")
-                                                << " seq " << seq << " on " << device;
-                }
-              }
     EXPECT_EQ(planned, needed) << entry << ": the plan holds variants no query picks";
     EXPECT_EQ(hopper_skipped, !plan.skipped.empty()) << entry;
   }

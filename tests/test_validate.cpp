@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
 
 #include "tuner/compile.hpp"
 #include "tuner/validate.hpp"
 #include "tuner/input_files.hpp"
+#include "tuner/space.hpp"
 
 using namespace flashtune;
 
@@ -444,4 +446,75 @@ TEST(InputFiles, NonFiniteValuesFound) {
   EXPECT_EQ(first_non_finite(reinterpret_cast<const uint8_t*>(h), 4, DType::fp16), 1);
   const uint16_t b[] = {0x3f80, 0x7c00, 0xff80};  // 1, a finite bf16 (2^121), -inf
   EXPECT_EQ(first_non_finite(reinterpret_cast<const uint8_t*>(b), 6, DType::bf16), 2);
+}
+
+// The forward's generated inputs at scale (validate.hpp, forward_distinct_units): every committed
+// forward problem but the decoding grid's largest keeps every head distinct (its inputs as before);
+// those tile, with host inputs (float values and 16-bit bytes of Q, K, V) far below a 128 GiB machine,
+// and still Hk or more distinct kv heads.
+TEST(Validate, ForwardInputsTileDistinctUnitsAtScale) {
+  Problem small;
+  small.batch = 4, small.heads = 16, small.seq_q = small.seq_k = 4096, small.head_dim = 128;
+  EXPECT_EQ(forward_distinct_units(small), 64);
+  for (const auto& e : std::filesystem::directory_iterator(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems")) {
+    if (e.path().extension() != ".json" || e.path().filename() == "decode_bf16.json") continue;
+    for (const Problem& p : load_problems(e.path().string()))
+      if (p.direction == "fwd")
+        EXPECT_EQ(forward_distinct_units(p), p.batch * p.kv_heads()) << e.path().filename() << " " << p.str();
+  }
+  const auto decode = load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/decode_bf16.json");
+  ASSERT_FALSE(decode.empty());
+  int tiled = 0;
+  for (const Problem& p : decode) {
+    SCOPED_TRACE(p.str());
+    const int64_t bhk = (int64_t)p.batch * p.kv_heads(), units = forward_distinct_units(p);
+    const int64_t unit_q = (int64_t)p.group() * p.seq_q * p.head_dim, unit_k = (int64_t)p.seq_k * p.head_dim;
+    EXPECT_LE(units * std::max(unit_q, unit_k), kMaxFwdDistinctElements);
+    EXPECT_GE(units, std::min<int64_t>(bhk, p.kv_heads()));
+    const double host_bytes = 6.0 * units * (unit_q + 2 * unit_k);  // float values + 16-bit bytes
+    EXPECT_LT(host_bytes, 16e9);
+    tiled += units < bhk;
+    if (p.batch * p.seq_k <= 8 * 131072) EXPECT_EQ(units, bhk);  // up to B = 8 at 128k: every head distinct
+  }
+  EXPECT_GT(tiled, 0);  // B = 64 at 32k and 128k
+  Problem huge = decode.back();
+  huge.batch = 64, huge.seq_k = 131072;
+  EXPECT_EQ(forward_distinct_units(huge), 64);
+}
+
+// The tiled reference is the reference of the tiled tensors, row for row, bit for bit: grouped-query
+// and multi-head, causal and not, a tiling that divides the heads and one that leaves a partial run.
+TEST(Validate, TiledForwardReferenceIsTheTiledTensorsReference) {
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd;
+  for (int hk : {2, 0})
+    for (bool causal : {false, true}) {
+      ref::Shape full{3, 4, 5, 37, 16, causal};
+      full.heads_k = hk;
+      const int g = full.group_size(), bhk = full.batch * full.kv_heads();
+      for (int units : {2, 4, bhk}) {
+        SCOPED_TRACE("heads_k " + std::to_string(hk) + (causal ? " causal" : "") + " units " + std::to_string(units));
+        const size_t unit_q = (size_t)g * full.seq_q * full.head_dim, unit_k = (size_t)full.seq_k * full.head_dim;
+        std::vector<float> q(unit_q * units), k(unit_k * units), v(unit_k * units);
+        for (auto* t : {&q, &k, &v})
+          for (auto& x : *t) x = nd(gen);
+        std::vector<float> fq(unit_q * bhk), fk(unit_k * bhk), fv(unit_k * bhk);  // what the device holds
+        for (int i = 0; i < bhk; ++i) {
+          std::copy_n(q.begin() + (i % units) * unit_q, unit_q, fq.begin() + i * unit_q);
+          std::copy_n(k.begin() + (i % units) * unit_k, unit_k, fk.begin() + i * unit_k);
+          std::copy_n(v.begin() + (i % units) * unit_k, unit_k, fv.begin() + i * unit_k);
+        }
+        std::vector<int64_t> rows(full.q_rows());
+        for (size_t r = 0; r < rows.size(); ++r) rows[r] = (int64_t)(rows.size() - 1 - r);  // any order
+        const FwdReference want = forward_reference(full, fq.data(), fk.data(), fv.data(), rows);
+        const FwdReference got = tiled_forward_reference(full, units, q.data(), k.data(), v.data(), rows);
+        EXPECT_EQ(got.rows, want.rows);
+        EXPECT_EQ(got.o, want.o);
+        EXPECT_EQ(got.o_mag, want.o_mag);
+        EXPECT_EQ(got.o_logit, want.o_logit);
+        EXPECT_EQ(got.lse, want.lse);
+        EXPECT_EQ(got.lse_mag, want.lse_mag);
+        EXPECT_EQ(got.max_abs_v, want.max_abs_v);
+      }
+    }
 }

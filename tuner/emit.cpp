@@ -122,6 +122,7 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
       const Family& f = find_family(c->family);
       h << "// " << f.name << " parameters, positional:";
       for (const auto& p : f.params) h << " " << p.name;
+      if (f.max_seq_q) h << " (serves Sq <= " << f.max_seq_q << " only: the runtime picks it for no longer query)";
       h << "\n";
     }
     h << "inline constexpr Entry kEntries[] = {\n"

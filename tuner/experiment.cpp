@@ -366,19 +366,9 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
       std::string source = "default";
       if (!impl.default_config) {
         ResultFilter filter{f.name, dev.name, to_string(p.dtype), f.direction, p.head_dim, (int)p.causal, true};
-        auto stored = store.results(filter);
-        for (const auto& b : best_per_problem(stored))
-          if (b.problem == p) {
-            cfg = f.parse_config(b.config);
-            source = "problem";
-          }
-        if (source == "default") {
-          const std::vector<BucketChoice> buckets = best_per_bucket(stored);
-          const BucketChoice* pick = pick_bucket(buckets, p);
-          if (pick) {
-            cfg = f.parse_config(pick->config);
-            source = "bucket";
-          }
+        if (const StoredChoice c = stored_choice(store.results(filter), p); !c.source.empty()) {
+          cfg = f.parse_config(c.config);
+          source = c.source;
         }
       }
       jobs.push_back({&impl, p, Variant{&f, cfg, p.head_dim, p.causal, p.dtype}, source});

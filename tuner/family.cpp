@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "templates/decode_splitkv_traits.h"
 #include "templates/fa1_simt_traits.h"
 #include "templates/fa2_mma_bwd_traits.h"
 #include "templates/fa2_mma_traits.h"
@@ -310,6 +311,51 @@ std::vector<Family> make_families() {
     };
     fs.push_back(std::move(f));
   }
+  {  // Split-KV forward for decoding (FlashDecoding), fp16 / bf16: per (split, row tile, kv head, batch) a
+     // partial O and LSE, then a combine over the splits (not launched when SPLITS = 1).
+    Family f;
+    f.name = "decode_splitkv";
+    f.direction = "fwd";
+    f.template_file = "decode_splitkv.cuh";
+    f.kernels = {"flashtune::decode_splitkv_partial", "flashtune::decode_splitkv_combine"};
+    f.params = {{"SPLITS", {1, 2, 4, 8, 16, 32, 64, 128}},  // key splits: CTAs per (row tile, kv head, batch)
+                {"BLOCK_N", {32, 64, 128, 256}},            // keys per step, BLOCK_N / WARPS per warp
+                {"WARPS", {2, 4, 8}},
+                {"STAGES", {1, 2}}};                        // K/V buffers: one K and one V, or a ring of two
+    f.head_dims = {64, 128, 256};
+    f.dtypes = {DType::fp16, DType::bf16};
+    // 16 splits: 128 CTAs for one sequence of a Llama-3-like model (8 kv heads), about one per SM.
+    f.default_config = {16, 64, 4, 2};
+    f.gqa = true;
+    // Decoding (Sq 1) and speculative decoding (a few draft tokens): up to 16 query rows per sequence,
+    // the largest Sq of ragged_decode.json. Longer queries are prefill: fa2_mma's (BLOCK_M rows of a
+    // head per CTA), not split K/V's, whose CTAs would each re-read K/V for 16 group rows.
+    f.max_seq_q = 16;
+    f.traits = [](const Config& c, int d, bool causal, DType t) {
+      return "flashtune::DecodeSplitkvTraits<" +
+             join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
+                        std::to_string(c[3]), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
+             ">";
+    };
+    f.check = [](const Config& c, int d) { return decode_splitkv_check(d, c[0], c[1], c[2], c[3]); };
+    f.launches = [](const Config& c, const Problem& p) {
+      const int splits = c[0], bn = c[1], warps = c[2], stages = c[3];
+      std::vector<Launch> ls{make_launch(decode_splitkv_partial_grid(p.batch, p.heads, p.heads_k, p.seq_q, splits),
+                                         decode_splitkv_threads(warps),
+                                         decode_splitkv_smem_bytes(p.head_dim, bn, warps, stages))};
+      if (splits > 1)  // one split writes O and LSE itself
+        ls.push_back(make_launch(decode_splitkv_combine_grid(p.batch, p.heads, p.seq_q),
+                                 decode_splitkv_combine_threads(), 0));
+      return ls;
+    };
+    f.workspace_bytes = [](const Config& c, const Problem& p) {  // O_s and LSE_s per split, fp32
+      const size_t splits = (size_t)c[0];
+      return splits == 1 ? size_t{0}
+                         : splits * (size_t)p.batch * (size_t)p.heads * (size_t)p.seq_q * ((size_t)p.head_dim + 1) * 4;
+    };
+    f.workspace_written = true;  // the partial kernel writes every split's O and LSE, empty splits included
+    fs.push_back(std::move(f));
+  }
   {  // Test only: MODE 0 computes attention correctly, 1 writes out of bounds, 2 never ends,
      // 3 skips a K/V block, 4 perturbs one output row (3 and 4: slightly wrong, must be invalid).
     Family f;
@@ -357,13 +403,25 @@ const std::vector<Family>& families() {
   return fs;
 }
 
-const Family& find_family(const std::string& name) {
+const Family* family_named(const std::string& name) {
   for (const auto& f : families())
-    if (f.name == name) return f;
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+const Family& find_family(const std::string& name) {
+  if (const Family* f = family_named(name)) return *f;
   std::string known;
   for (const auto& f : families())
     if (!f.test_only) known += (known.empty() ? "" : ", ") + f.name;
   throw UsageError("unknown family '" + brief(name) + "' (known: " + known + ")");
+}
+
+std::string Family::shape_reason(const Problem& p) const {
+  if (p.heads_k > 0 && !gqa) return "does not support grouped-query attention (heads_k)";
+  if (max_seq_q > 0 && p.seq_q > max_seq_q)
+    return "serves Sq <= " + std::to_string(max_seq_q) + " (decoding), not Sq " + std::to_string(p.seq_q);
+  return "";
 }
 
 std::string Family::config_string(const Config& c) const {

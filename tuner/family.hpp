@@ -51,6 +51,9 @@ struct Family {
   bool workspace_written = false;  // see workspace_bytes
   bool hopper_only = false;   // wgmma: compiled for sm_90a (on an sm_90 target), pruned on others
   bool gqa = false;           // reads kv head h / (heads / heads_k) (grouped-query attention)
+  // Query rows per sequence it serves (Sq <= max_seq_q), 0: any. A decoding family: tuned, selected and
+  // run by the library only for shapes in its range (shape_reason), whatever it measured elsewhere.
+  int max_seq_q = 0;
 
   // "flashtune::Fa2SimtTraits<64,128,64,8,4,2,false>"
   std::function<std::string(const Config&, int head_dim, bool causal, DType)> traits;
@@ -74,6 +77,11 @@ struct Family {
     for (const auto& k : kernels) out.push_back("&" + k + "<" + traits(c, head_dim, causal, t) + ">");
     return out;
   }
+  // Whether it serves the problem's head layout and query length: "" when it does, else why not
+  // ("does not support grouped-query attention (heads_k)", "serves Sq <= 16"). Direction, dtype and
+  // head dim are checked where they are named; this is the rest, in one place for tune, run, import
+  // and selection.
+  std::string shape_reason(const Problem& p) const;
   std::string config_string(const Config& c) const;  // "BLOCK_M=128,BLOCK_N=64,..."
   Config parse_config(const std::string& kv) const;   // inverse; validated; throws UsageError
 };
@@ -84,5 +92,6 @@ std::string tensor_map_error(const TensorMapSpec&, const Problem&);
 
 const std::vector<Family>& families();
 const Family& find_family(const std::string& name);  // throws UsageError
+const Family* family_named(const std::string& name);  // nullptr when unknown
 
 }  // namespace flashtune

@@ -248,8 +248,12 @@ void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
 
 void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long max_rows,
                             const std::string& inputs_dir) {
-  const size_t nq = (size_t)p.batch * p.heads * p.seq_q * p.head_dim;
-  const size_t nk = (size_t)p.batch * p.kv_heads() * p.seq_k * p.head_dim;
+  // Generated inputs: forward_distinct_units' distinct (kv head, query group) units tiled over the
+  // B*Hk of the problem (all of them but at scale: 103 GB of host inputs at B = 64, Sk = 128k otherwise),
+  // the reference's sampled rows from the units they repeat. File inputs: every head is its own.
+  const int bhk = p.batch * p.kv_heads();
+  const int units = inputs_dir.empty() ? forward_distinct_units(p) : bhk;
+  const size_t unit_q = (size_t)p.group() * p.seq_q * p.head_dim, unit_k = (size_t)p.seq_k * p.head_dim;
   const size_t elem = dtype_bytes(p.dtype);
   // One stream per tensor: fresh inputs for every (problem, seed), never zeros. Rounded to the
   // kernel's dtype, so the reference sees exactly the kernel's inputs. Or the files' numbers as they are.
@@ -258,20 +262,21 @@ void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long
     return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, p.inputs)
                               : loaded_input(inputs_dir, files[i], p.dtype);
   };
-  const HostTensor q = input(0, 0x51, nq), k = input(1, 0x4b, nk), v = input(2, 0x56, nk);
-  ensure(q_, nq * elem);
-  ensure(k_, nk * elem);
-  ensure(v_, nk * elem);
-  ensure(o_, nq * elem);
+  const HostTensor q = input(0, 0x51, unit_q * units), k = input(1, 0x4b, unit_k * units),
+                   v = input(2, 0x56, unit_k * units);
+  ensure(q_, bhk * unit_q * elem);
+  ensure(k_, bhk * unit_k * elem);
+  ensure(v_, bhk * unit_k * elem);
+  ensure(o_, bhk * unit_q * elem);
   ensure(lse_, (size_t)p.batch * p.heads * p.seq_q * 4);
-  CU_CHECK(cuMemcpyHtoD(q_.ptr, q.bytes.data(), nq * elem));
-  CU_CHECK(cuMemcpyHtoD(k_.ptr, k.bytes.data(), nk * elem));
-  CU_CHECK(cuMemcpyHtoD(v_.ptr, v.bytes.data(), nk * elem));
+  upload_tiled(q_.ptr, q.bytes.data(), unit_q * elem, units, bhk);
+  upload_tiled(k_.ptr, k.bytes.data(), unit_k * elem, units, bhk);
+  upload_tiled(v_.ptr, v.bytes.data(), unit_k * elem, units, bhk);
 
   ref::Shape shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal};
   shape.heads_k = p.heads_k;
-  fwd_ref_ = forward_reference(shape, q.values.data(), k.values.data(), v.values.data(),
-                               ref::sample_rows(shape, max_rows, seed));
+  fwd_ref_ = tiled_forward_reference(shape, units, q.values.data(), k.values.data(), v.values.data(),
+                                     ref::sample_rows(shape, max_rows, seed));
 }
 
 void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std::string& inputs_dir) {
@@ -321,18 +326,18 @@ void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std
   ensure(dv_, bhk * hk * elem);
   ensure(delta_, (size_t)bh * p.seq_q * 4);
   ensure(dq_accum_, bh * hq * 4);
-  for (int i = 0; i < bh; ++i) {
-    const int h = i % distinct_heads_;
-    CU_CHECK(cuMemcpyHtoD(q_.ptr + i * hq * elem, q_dev.data() + h * hq * elem, hq * elem));
-    CU_CHECK(cuMemcpyHtoD(o_.ptr + i * hq * elem, o_dev.data() + h * hq * elem, hq * elem));
-    CU_CHECK(cuMemcpyHtoD(dout_.ptr + i * hq * elem, do_dev.data() + h * hq * elem, hq * elem));
-    CU_CHECK(cuMemcpyHtoD(lse_.ptr + (size_t)i * p.seq_q * 4, lse_f.data() + (size_t)h * p.seq_q, p.seq_q * 4));
-  }
-  for (int i = 0; i < bhk; ++i) {
-    const int h = i % groups;
-    CU_CHECK(cuMemcpyHtoD(k_.ptr + i * hk * elem, k_dev.data() + h * hk * elem, hk * elem));
-    CU_CHECK(cuMemcpyHtoD(v_.ptr + i * hk * elem, v_dev.data() + h * hk * elem, hk * elem));
-  }
+  upload_tiled(q_.ptr, q_dev.data(), hq * elem, distinct_heads_, bh);
+  upload_tiled(o_.ptr, o_dev.data(), hq * elem, distinct_heads_, bh);
+  upload_tiled(dout_.ptr, do_dev.data(), hq * elem, distinct_heads_, bh);
+  upload_tiled(lse_.ptr, lse_f.data(), (size_t)p.seq_q * 4, distinct_heads_, bh);
+  upload_tiled(k_.ptr, k_dev.data(), hk * elem, groups, bhk);
+  upload_tiled(v_.ptr, v_dev.data(), hk * elem, groups, bhk);
+}
+
+void GpuRunner::upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count) {
+  // Unit i comes from unit i % distinct: a run of `distinct` units per copy.
+  for (int i = 0; i < count; i += distinct)
+    CU_CHECK(cuMemcpyHtoD(dst + (size_t)i * unit_bytes, src, (size_t)std::min(distinct, count - i) * unit_bytes));
 }
 
 void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) {

@@ -85,6 +85,8 @@ class GpuRunner {
   void destroy_library();
   void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir);
   void prepare_bwd(const Problem&, unsigned long long seed, const std::string& inputs_dir);
+  // count units of unit_bytes to dst, unit i from unit i % distinct of src (inputs tiled over the heads)
+  static void upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count);
   void launch_all(const std::vector<Kernel>&, CUstream);
   // The request's "tensor_maps" (Family::tensor_maps) encoded over this problem's buffers into maps_;
   // none: the kernels take the params struct alone.
@@ -111,7 +113,8 @@ class GpuRunner {
   LibraryState* lib_ = nullptr;
   // The current run's TMA descriptors: the kernels' second parameter (ignored by kernels that take one).
   AttnTensorMaps maps_{};
-  // Forward reference: sampled query rows (flat b*H*Sq + h*Sq + i) of O and LSE, with their magnitudes.
+  // Forward reference: sampled query rows (flat b*H*Sq + h*Sq + i) of O and LSE, with their magnitudes;
+  // generated inputs tile forward_distinct_units(problem) distinct units over the heads (validate.hpp).
   FwdReference fwd_ref_;
   // Backward reference: every head's gradients; heads repeat the data of `distinct_heads_`
   // independent ones (head h holds head h % distinct_heads_), so all of them are checked in full.

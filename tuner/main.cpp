@@ -197,7 +197,8 @@ int cmd_families(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune families [--json]\n"
               "Lists the registry's kernel families: name, direction, dtypes, head dims, tunables with their\n"
-              "domains, default config, hopper_only (built for sm_90a, pruned elsewhere), test_only. Tests and\n"
+              "domains, default config, hopper_only (built for sm_90a, pruned elsewhere), test_only, gqa\n"
+              "(grouped-query heads_k), max_seq_q (the query rows per sequence it serves; 0: any). Tests and\n"
               "scripts read --json instead of keeping lists of families.");
     return 0;
   }
@@ -207,7 +208,8 @@ int cmd_families(int argc, char** argv) {
   for (const auto& f : families()) {
     json j = {{"name", f.name}, {"direction", f.direction}, {"template", f.template_file},
               {"kernels", f.kernels}, {"head_dims", f.head_dims}, {"hopper_only", f.hopper_only},
-              {"test_only", f.test_only}, {"default", f.config_string(f.default_config)}};
+              {"test_only", f.test_only}, {"gqa", f.gqa}, {"max_seq_q", f.max_seq_q},
+              {"default", f.config_string(f.default_config)}};
     j["dtypes"] = json::array();
     for (DType t : f.dtypes) j["dtypes"].push_back(to_string(t));
     j["params"] = json::array();
@@ -230,8 +232,10 @@ int cmd_families(int argc, char** argv) {
     };
     std::string params;
     for (const auto& p : j["params"]) params += (params.empty() ? "" : " ") + p["name"].get<std::string>() + "{" + list(p["domain"]) + "}";
-    std::printf("%-14s %s  dtypes %s  d %s%s%s\n  params  %s\n  default %s\n", j["name"].get<std::string>().c_str(),
+    const int max_sq = j["max_seq_q"].get<int>();
+    std::printf("%-14s %s  dtypes %s  d %s%s%s%s%s\n  params  %s\n  default %s\n", j["name"].get<std::string>().c_str(),
                 j["direction"].get<std::string>().c_str(), list(j["dtypes"]).c_str(), list(j["head_dims"]).c_str(),
+                j["gqa"].get<bool>() ? "  gqa" : "", max_sq ? ("  Sq<=" + std::to_string(max_sq)).c_str() : "",
                 j["hopper_only"].get<bool>() ? "  hopper_only" : "", j["test_only"].get<bool>() ? "  test_only" : "",
                 params.c_str(), j["default"].get<std::string>().c_str());
   }
@@ -355,7 +359,8 @@ int cmd_tune(int argc, char** argv) {
   for (Problem& p : problems) p.inputs = input_dist_option(a, p.inputs);
   if (variants_for(space, problems).empty())  // a sweep that would do nothing is an error, before any work
     throw UsageError("no problem in " + a.positional[1] + " matches a variant of " + a.positional[0] +
-                     " (head_dim, causal, dtype and direction must agree; heads_k needs a grouped-query family)");
+                     " (head_dim, causal, dtype and direction must agree; heads_k needs a grouped-query family, Sq within "
+                     "the family's max_seq_q)");
   SearchOptions so;
   so.strategy = a.get("strategy", "exhaustive");
   make_strategy({so.strategy, 0, 1}, {});  // an unknown name fails here, before any work
@@ -442,7 +447,8 @@ int cmd_run(int argc, char** argv) {
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
               "reference (forward: sampled rows, every row with --check; backward: every element of dQ, dK,\n"
               "dV), then timed. --check-determinism runs it twice and reports whether the outputs' bits\n"
-              "agree. --best takes the stored best config for this device and problem from --db.\n"
+              "agree. --best takes the stored best config for this device and problem from --db (the\n"
+              "problem's own, else its sequence bucket's: grouped-query problems need their own).\n"
               "--inputs DIR reads the inputs instead of generating seeded ones: DIR/q.bin, k.bin, v.bin (and\n"
               "do.bin for a backward), raw little-endian values in the --dtype (fp32, or fp16/bf16 bits), layout\n"
               "[B,H,S,d] contiguous, sizes exactly as --shape says; the float64 reference is computed from them\n"
@@ -478,8 +484,7 @@ int cmd_run(int argc, char** argv) {
     throw UsageError("family " + f.name + " does not support dtype " + to_string(p.dtype));
   if (std::find(f.head_dims.begin(), f.head_dims.end(), p.head_dim) == f.head_dims.end())
     throw UsageError("family " + f.name + " does not support head_dim " + std::to_string(p.head_dim));
-  if (p.heads_k > 0 && !f.gqa)
-    throw UsageError("family " + f.name + " does not support grouped-query attention (--heads-k)");
+  if (const std::string why = f.shape_reason(p); !why.empty()) throw UsageError("family " + f.name + " " + why);
   RunOptions o = run_options(a);
   if (a.has("check")) o.max_rows = (long long)p.batch * p.heads * p.seq_q;  // every row
   o.check_determinism = a.has("check-determinism");
@@ -508,12 +513,11 @@ int cmd_run(int argc, char** argv) {
   }
   if (a.has("best")) {
     ResultFilter filter{f.name, gpu.device().name, to_string(p.dtype), f.direction, p.head_dim, (int)p.causal, true};
-    auto choices = best_per_bucket(store->results(filter));
-    const BucketChoice* pick = pick_bucket(choices, p);
-    if (!pick)
+    const StoredChoice pick = stored_choice(store->results(filter), p);  // the problem's own best, else its bucket's
+    if (pick.source.empty())
       throw UsageError("no stored valid " + f.name + " result for " + gpu.device().name + " " + to_string(p.dtype) +
                        " d" + std::to_string(p.head_dim) + (p.causal ? " causal" : "") + " in " + a.get("db"));
-    cfg = f.parse_config(pick->config);
+    cfg = f.parse_config(pick.config);
     store = std::make_unique<Store>(a.get("db"));
   }
   Variant v{&f, cfg, p.head_dim, p.causal, p.dtype};

@@ -5,6 +5,8 @@
 #include <set>
 #include <tuple>
 
+#include "tuner/family.hpp"
+
 namespace flashtune {
 
 namespace {
@@ -54,6 +56,8 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) 
   for (const auto& r : results) {
     const Problem& p = r.problem;
     if (p.heads_k > 0) continue;  // grouped-query rows: not (yet) a dispatch key of their own
+    // Outside the family's query-length range (an imported or merged row): never a bucket's pick.
+    if (const Family* f = family_named(r.family); f && !f->shape_reason(p).empty()) continue;
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket()};
     problems[b].insert(p.str());
     if (r.status != "ok" || r.tflops <= 0) continue;
@@ -92,6 +96,14 @@ const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const 
     for (const auto& c : choices)
       if (!pick || c.seq_bucket > pick->seq_bucket) pick = &c;
   return pick;
+}
+
+StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Problem& p) {
+  for (const auto& b : best_per_problem(results))
+    if (b.problem == p) return {b.config, "problem"};
+  const std::vector<BucketChoice> buckets = best_per_bucket(results);
+  if (const BucketChoice* pick = pick_bucket(buckets, p)) return {pick->config, "bucket"};
+  return {};
 }
 
 }  // namespace flashtune

@@ -34,4 +34,12 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& resul
 // sequence length, else the largest there is; nullptr when there is none.
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p);
 
+// The stored config a measurement of problem p runs (experiment, run --best), from one family's results on
+// one device: the problem's own best ("problem"), else its sequence bucket's ("bucket"; multi-head rows
+// only); source "" when there is neither.
+struct StoredChoice {
+  std::string config, source;
+};
+StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Problem& p);
+
 }  // namespace flashtune

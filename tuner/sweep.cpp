@@ -226,7 +226,7 @@ std::vector<Variant> variants_for(const Space& s, const std::vector<Problem>& pr
     bool needed = false;
     for (const Problem& p : problems)
       needed |= p.head_dim == v.head_dim && p.causal == v.causal && p.dtype == v.dtype &&
-                p.direction == v.family->direction && (p.heads_k == 0 || v.family->gqa);
+                p.direction == v.family->direction && v.family->shape_reason(p).empty();
     if (needed) out.push_back(v);
   }
   return out;

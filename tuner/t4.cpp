@@ -220,6 +220,7 @@ ResultRecord read_result(const json& t, const Reader& in) {
     in.fail("family " + f.name + " does not support dtype " + to_string(p.dtype));
   if (std::find(f.head_dims.begin(), f.head_dims.end(), p.head_dim) == f.head_dims.end())
     in.fail("family " + f.name + " does not support head_dim " + std::to_string(p.head_dim));
+  if (const std::string why = f.shape_reason(p); !why.empty()) in.fail("family " + f.name + " " + why);
 
   // status, and T4's invalidity and correctness that must say the same
   r.status = in.str(in.need(ft, "status"), "flashtune.status", 32);

@@ -159,6 +159,45 @@ FwdReference forward_reference(const ref::Shape& shape, const float* q, const fl
   return r;
 }
 
+int forward_distinct_units(const Problem& p, int64_t max_elements) {
+  const int64_t bhk = (int64_t)p.batch * p.kv_heads();
+  const int64_t unit = std::max<int64_t>((int64_t)p.group() * p.seq_q, p.seq_k) * p.head_dim;  // a unit's Q or K
+  if (bhk * unit <= max_elements) return (int)bhk;
+  return (int)std::clamp<int64_t>(max_elements / unit, 1, bhk);
+}
+
+FwdReference tiled_forward_reference(const ref::Shape& full, int units, const float* q, const float* k,
+                                     const float* v, std::vector<int64_t> rows, int threads) {
+  if ((int64_t)units >= (int64_t)full.batch * full.kv_heads()) return forward_reference(full, q, k, v, std::move(rows), threads);
+  const int64_t heads = (int64_t)units * full.group_size(), sq = full.seq_q;
+  ref::Shape distinct = full;
+  distinct.batch = 1;
+  distinct.heads = (int)heads;
+  distinct.heads_k = full.heads_k > 0 ? units : 0;
+  // Each row's distinct row, computed once however many rows share it.
+  std::vector<int64_t> mapped(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) mapped[i] = (rows[i] / sq) % heads * sq + rows[i] % sq;
+  std::vector<int64_t> unique = mapped;
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  const FwdReference u = forward_reference(distinct, q, k, v, unique, threads);
+  FwdReference r;
+  r.shape = full;
+  r.rows = std::move(rows);
+  r.max_abs_v = u.max_abs_v;  // the tiled V holds the distinct values only
+  const size_t n = r.rows.size(), d = (size_t)full.head_dim;
+  r.o.resize(n * d), r.o_mag.resize(n * d), r.o_logit.resize(n * d), r.lse.resize(n), r.lse_mag.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t j = std::lower_bound(unique.begin(), unique.end(), mapped[i]) - unique.begin();
+    std::copy_n(u.o.begin() + j * d, d, r.o.begin() + i * d);
+    std::copy_n(u.o_mag.begin() + j * d, d, r.o_mag.begin() + i * d);
+    std::copy_n(u.o_logit.begin() + j * d, d, r.o_logit.begin() + i * d);
+    r.lse[i] = u.lse[j];
+    r.lse_mag[i] = u.lse_mag[j];
+  }
+  return r;
+}
+
 BwdReference backward_reference(const ref::Shape& shape, const float* q, const float* k, const float* v,
                                 const float* dout, int threads) {
   BwdReference r;

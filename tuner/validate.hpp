@@ -120,6 +120,23 @@ struct FwdReference {
 FwdReference forward_reference(const ref::Shape&, const float* q, const float* k, const float* v,
                                std::vector<int64_t> rows, int threads = 0);
 
+// Generated forward inputs at scale (the worker's prepare_fwd): a unit is a kv head with its group of g
+// query heads (one query head when multi-head), and the inputs hold `units` distinct ones, tiled over the
+// problem's B*Hk: kv head i (flat b*Hk + h) holds distinct unit i % units, query head j (flat b*H + h)
+// distinct query head j % (units*g), as the backward tiles its heads. All B*Hk units while a tensor of
+// them stays within max_elements per tensor (2^30: 6 GiB of floats and 16-bit bytes), so every shape up
+// to Llama-3 decoding at B = 8, Sk = 128k keeps distinct heads throughout; past it, as many as fit (B = 64,
+// Sk = 128k: 64 of 512, instead of 103 GB of host inputs), at least one. Up to Sk*d = 2^27 at Hk = 8
+// (Sk = 1M at d = 128) that is Hk or more, so the kv heads of a sequence all differ: a kernel reading the
+// wrong head of its batch, or the wrong query head of a group, fails.
+inline constexpr int64_t kMaxFwdDistinctElements = int64_t{1} << 30;
+int forward_distinct_units(const Problem& p, int64_t max_elements = kMaxFwdDistinctElements);
+// The reference of the full problem (`full`) on its flat rows `rows`, from inputs holding `units`
+// distinct units as above: each row is computed once from its distinct row (the same numbers
+// forward_reference gives on the tiled tensors, which are never built).
+FwdReference tiled_forward_reference(const ref::Shape& full, int units, const float* q, const float* k, const float* v,
+                                     std::vector<int64_t> rows, int threads = 0);
+
 // Backward reference of `heads` distinct heads (shape.batch * shape.heads of them), every element,
 // with the forward's O and LSE (the backward kernel's inputs) and the magnitudes.
 struct BwdReference {

@@ -52,9 +52,12 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
   // covers each interval of sequence lengths on which the choice is constant.
   std::vector<int> seq_points(seqs.begin(), seqs.end());
   seq_points.push_back(seqs.empty() ? 1 : *seqs.rbegin() + 1);
-  std::set<int> dims;
+  std::set<int> dims, seq_q_classes = {0};  // 0: Sq past every family's query-length range
   for (const Family& f : families())
-    if (!f.test_only) dims.insert(f.head_dims.begin(), f.head_dims.end());
+    if (!f.test_only) {
+      dims.insert(f.head_dims.begin(), f.head_dims.end());
+      if (f.max_seq_q > 0) seq_q_classes.insert(f.max_seq_q);
+    }
 
   AotPlan plan;
   std::set<std::string> seen_skips;
@@ -70,17 +73,18 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
         for (int causal : {0, 1}) {
           if (!wanted(filter.dtypes, t) || !wanted(filter.head_dims, d) || !wanted(filter.causal, causal)) continue;
           for (const std::string& device : devices)
-            for (int seq : seq_points) {
-              Query q;
-              q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
-              q.head_dim = d, q.causal = causal != 0, q.seq = seq;
-              const Family* f = choose_family(ts, q);
-              if (!f || !wanted(filter.families, f->name)) continue;
-              const Pick pick = choose_config(ts, *f, q);
-              if (!pick.note.empty() && seen_skips.insert(pick.note).second) plan.skipped.push_back(pick.note);
-              add(*f, pick.config, q);
-              add(*f, f->default_config, q);
-            }
+            for (int seq : seq_points)
+              for (int seq_q : seq_q_classes) {  // the candidates change only at a family's max_seq_q
+                Query q;
+                q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
+                q.head_dim = d, q.causal = causal != 0, q.seq = seq, q.seq_q = seq_q;
+                const Family* f = choose_family(ts, q);
+                if (!f || !wanted(filter.families, f->name)) continue;
+                const Pick pick = choose_config(ts, *f, q);
+                if (!pick.note.empty() && seen_skips.insert(pick.note).second) plan.skipped.push_back(pick.note);
+                add(*f, pick.config, q);
+                add(*f, f->default_config, q);
+              }
         }
   for (const Family& f : families()) {
     const auto n = std::count_if(hopper_skipped.begin(), hopper_skipped.end(), [&](const Variant& v) { return v.family == &f; });

@@ -192,7 +192,8 @@ Plan make_plan(const Query& q0, const Problem& p) {
   const std::string db_path = db ? db : "";
   const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
                                std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") + '|' +
-                               std::to_string(p.seq_bucket()) + '|' + db_path;
+                               std::to_string(p.seq_bucket()) + '|' + std::to_string(seq_q_class(q.seq_q)) + '|' +
+                               db_path;
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -465,6 +466,7 @@ Query query_of(const Problem& p) {
   q.causal = p.causal;
   q.seq = std::max(p.seq_q, p.seq_k);
   q.gqa = p.heads_k > 0;
+  q.seq_q = p.seq_q;
   return q;
 }
 

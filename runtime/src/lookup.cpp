@@ -27,6 +27,8 @@ bool has(const std::vector<DType>& v, DType x) {
 bool runs(const Family& f, const std::string& direction, DType dtype, int head_dim) {
   return !f.test_only && f.direction == direction && has(f.dtypes, dtype) && has(f.head_dims, head_dim);
 }
+// Inside the family's query-length range (every query when it has none).
+bool in_range(const Family& f, int seq_q) { return f.max_seq_q == 0 || (seq_q > 0 && seq_q <= f.max_seq_q); }
 
 // The entry for (family, query) in the tables whose device (by_device) or arch matches; nullptr if none.
 const tuned::Entry* find(const TableSet& ts, const std::string& family, const Query& q, bool by_device) {
@@ -44,9 +46,17 @@ const tuned::Entry* find(const TableSet& ts, const std::string& family, const Qu
 std::vector<const Family*> candidate_families(const Query& q) {
   std::vector<const Family*> out;
   for (const Family& f : families())
-    if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90") && (!q.gqa || f.gqa))
+    if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90") && (!q.gqa || f.gqa) &&
+        in_range(f, q.seq_q))
       out.push_back(&f);
   return out;
+}
+
+int seq_q_class(int seq_q) {
+  int c = 0;
+  for (const Family& f : families())
+    if (f.max_seq_q > 0 && in_range(f, seq_q) && (c == 0 || f.max_seq_q < c)) c = f.max_seq_q;
+  return c;
 }
 
 std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa) {
@@ -78,18 +88,22 @@ const char* preferred_family(const Query& q) {
 const Family* choose_family(const TableSet& ts, const Query& q) {
   const std::vector<const Family*> cands = candidate_families(q);
   if (cands.empty()) return nullptr;
-  for (bool by_device : {true, false}) {
-    const Family* best = nullptr;
-    float best_tflops = 0;
-    for (const Family* f : cands)
-      if (const tuned::Entry* e = find(ts, f->name, q, by_device); e && (!best || e->tflops > best_tflops)) {
-        best = f;
-        best_tflops = e->tflops;
-      }
-    if (best) return best;
-  }
+  for (bool by_device : {true, false})
+    for (bool ranged : {true, false}) {  // families with a query-length range first
+      const Family* best = nullptr;
+      float best_tflops = 0;
+      for (const Family* f : cands)
+        if (const tuned::Entry* e = find(ts, f->name, q, by_device);
+            e && (f->max_seq_q > 0) == ranged && (!best || e->tflops > best_tflops)) {
+          best = f;
+          best_tflops = e->tflops;
+        }
+      if (best) return best;
+    }
   for (const Family* f : cands)
     if (f->name == preferred_family(q)) return f;
+  for (const Family* f : cands)
+    if (f->max_seq_q == 0) return f;
   return cands.front();
 }
 

@@ -27,11 +27,17 @@ struct Query {
   bool causal = false;
   int seq = 0;  // max(Sq, Sk): the tables' sequence buckets
   bool gqa = false;  // grouped-query attention: only families that support it
+  int seq_q = 0;     // Sq: a family with a query-length range (Family::max_seq_q) only inside it; 0: unknown,
+                     // none of those families
 };
 
 // The registry's non-test families that run `q` (direction, dtype, head dim) on q.arch (a Hopper-only
-// family only on sm_90), in registry order.
+// family only on sm_90, a grouped-query query only on gqa families, a family with max_seq_q only for
+// 0 < q.seq_q <= max_seq_q), in registry order.
 std::vector<const Family*> candidate_families(const Query& q);
+// Queries whose seq_q falls in one class have the same candidates: the smallest max_seq_q of the
+// registry that holds seq_q, or 0 when none does (a plan cache keys on it, not on every Sq).
+int seq_q_class(int seq_q);
 // Why no family runs `q`, one line, or "" when one does (the arch is not considered: argument checks).
 std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa = false);
 
@@ -40,7 +46,10 @@ std::string unsupported_reason(const std::string& direction, DType dtype, int he
 const char* preferred_family(const Query& q);
 
 // Among the candidates, the one whose table entry (device table first, then the arch's) measured the
-// most TFLOP/s for this query; else the preferred family; nullptr when no family runs the query.
+// most TFLOP/s for this query, where a family with a query-length range that has an entry comes before
+// every family without one (its entries were measured on shapes of its range, a general family's bucket
+// mostly on others: their TFLOP/s do not compare); else the preferred family (never a ranged one: it
+// is picked from a table or not at all); nullptr when no family runs the query.
 const Family* choose_family(const TableSet&, const Query&);
 
 struct Pick {
