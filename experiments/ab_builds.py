@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--problems", required=True)
     ap.add_argument("--family", required=True)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-seq", type=int, default=0,
+                    help="skip longer points (each run computes its float64 reference: a backward's grows as S^2)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     point = lambda r: tuple(int(r[k]) for k in ("batch", "heads", "seq_q", "seq_k", "head_dim", "causal"))
@@ -36,7 +38,7 @@ def main():
     rows = []
     for p in sdpa_baseline.expand(json.load(open(a.problems))):
         config = configs.get(point(p))
-        if not config:
+        if not config or (a.max_seq and p["seq_q"] > a.max_seq):
             continue
         runs = {"a": [], "b": []}
         for _ in range(a.rounds):

@@ -383,13 +383,14 @@ split-compare)
 JSON
   log "validate the candidate's sample on ragged_mma_bwd"
   rm -f /tmp/ab_val.db
-  /tmp/ab/build/flashtune tune /tmp/ab_space.json configs/problems/ragged_mma_bwd.json --db /tmp/ab_val.db --quiet \
-    --stop-margin 0.5 --retime 0 2>&1 | tail -1
+  timeout "${SPLIT_VALIDATE_LIMIT_S:-200}" /tmp/ab/build/flashtune tune /tmp/ab_space.json configs/problems/ragged_mma_bwd.json \
+    --db /tmp/ab_val.db --quiet --stop-margin 0.5 --retime 0 >"$OUT/ab_validate.log" 2>&1; tail -1 "$OUT/ab_validate.log"
   validation_summary /tmp/ab_val.db || echo "FAIL: a compiled variant of the candidate did not validate"
   log "A/B on the bwd grid"
   $ft best --db reports/nvidia-h200/results.db --family fa2_wgmma_bwd --csv >/tmp/ab_configs.csv  # its tuned grid
   python3 experiments/ab_builds.py --a "$ft" --b /tmp/ab/build/flashtune --configs /tmp/ab_configs.csv --db /tmp/ab.db \
-    --problems configs/problems/anchors_bwd_bf16.json --family fa2_wgmma_bwd --out "$rep/wgmma_split_ab.csv"
+    --problems configs/problems/anchors_bwd_bf16.json --family fa2_wgmma_bwd --max-seq "${SPLIT_MAX_SEQ:-4096}" \
+    --out "$rep/wgmma_split_ab.csv" >"$OUT/ab.log" 2>&1; cat "$OUT/ab.log"
   cp "$rep/wgmma_split_ab.csv" "$OUT/"
   ;;
 host-time)
