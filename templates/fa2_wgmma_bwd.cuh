@@ -268,8 +268,440 @@ __global__ void __launch_bounds__(Traits::kPreThreads) fa2_wgmma_bwd_preprocess(
   }
 }
 
+namespace fa2_wgmma_bwd_detail {
+
+// The dK/dV kernel's shared memory, in bytes from its base (k):
+//   K, V [BN][D] | STAGES x {Q, dO} [BM][D] | dS^T [BN][BM] | P^T (SPLIT 1, 2) | STAGES x {lse, delta} [BM]
+//   | the dQ staging (DQ_RED 1, 2) | one mbarrier per stage (LOAD 1)
+// The pieces below hold it by value (a pointer and an address, both constants after inlining).
+template <class T>
+struct DkdvSmem {
+  static constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN;
+  static constexpr int kV = 2 * BN * D;
+  static constexpr int kQdo = kV + 2 * BN * D;
+  static constexpr int kDs = kQdo + T::kStages * 4 * BM * D;
+  static constexpr int kP = kDs + 2 * BN * BM;  // SPLIT 1: fp32 (float4 slot q of thread t at (q*128+t)*16), SPLIT 2: 16-bit [64][BM]
+  static constexpr int kStats = kP + fa2_wgmma_bwd_p_bytes(BM, T::kSplit);
+  static constexpr int kDqStage = kStats + 8 * T::kStages * BM;  // DQ_RED 1: dQ tile [BM][D + 8] fp32; 2: per warp [16][32]
+  static constexpr int kBars = kDqStage + fa2_wgmma_bwd_dq_stage_bytes(D, BM, BN, T::kSplit, T::kDqRed);
+
+  unsigned char* base;
+  unsigned k;  // shared-space address of the base
+  // The address arithmetic below is written as the single-function kernel wrote it (same operand order
+  // and types), so that the optimiser sees the same expressions.
+  __device__ __forceinline__ unsigned v() const { return k + kV; }
+  __device__ __forceinline__ unsigned q(int s) const { return k + kQdo + static_cast<unsigned>(s * 4 * BM * D); }
+  __device__ __forceinline__ unsigned dout(int s) const {
+    return k + kQdo + static_cast<unsigned>(s * 4 * BM * D + 2 * BM * D);
+  }
+  __device__ __forceinline__ unsigned ds() const { return k + kDs; }
+  __device__ __forceinline__ unsigned pt() const { return k + kP; }
+  __device__ __forceinline__ unsigned stats(int s) const { return k + kStats + 8 * s * BM; }  // lse, then delta
+  __device__ __forceinline__ const float* lse(int s) const {
+    return reinterpret_cast<const float*>(base + kStats) + 2 * s * BM;
+  }
+  __device__ __forceinline__ unsigned bar(int s) const { return k + static_cast<unsigned>(kBars + 8 * s); }
+  __device__ __forceinline__ float* dq_stage() const { return reinterpret_cast<float*>(base + kDqStage); }
+  template <class X>
+  __device__ __forceinline__ X* at(unsigned addr) const { return reinterpret_cast<X*>(base + (addr - k)); }
+};
+
+// ---- LOAD: how a query block's Q, dO, lse and delta reach their stage ---------------------------------
+template <class T, int LOAD = T::kLoad>
+struct BlockLoader;
+
+// LOAD 0: 16-byte cp.async by every thread from the inputs (rows past seq_q zero-filled); complete at
+// the main loop's cp_async_wait.
+template <class T>
+struct BlockLoader<T, 0> {
+  DkdvSmem<T> sm;
+  const unsigned short *q, *dout;
+  const float *lse, *delta;
+  int seq_q, tid;
+  __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const AttnBwdParams& p, long long bh, int tid_)
+      : sm(sm_), q(static_cast<const unsigned short*>(p.q) + bh * p.seq_q * T::kHeadDim),
+        dout(static_cast<const unsigned short*>(p.dout) + bh * p.seq_q * T::kHeadDim), lse(p.lse + bh * p.seq_q),
+        delta(p.delta + bh * p.seq_q), seq_q(p.seq_q), tid(tid_) {}
+  __device__ __forceinline__ void init(const AttnBwdParams&, long long) const {}
+  __device__ __forceinline__ void load(int mb, int s) const {
+    constexpr int BM = T::kBlockM, D = T::kHeadDim, NT = T::kDkdvThreads;
+    load_rows_il<BM, D, NT>(sm.q(s), q, mb * BM, seq_q, tid);
+    load_rows_il<BM, D, NT>(sm.dout(s), dout, mb * BM, seq_q, tid);
+    fa2_mma_bwd_detail::load_stats<BM, NT>(sm.stats(s), sm.stats(s) + 4 * BM, lse, delta, mb * BM, seq_q, tid);
+  }
+  __device__ __forceinline__ void wait(int) {}
+};
+
+// LOAD 1: bulk copies of the block's tile images (the preprocess wrote them, padded: no bounds) by one
+// thread, completing phase t / STAGES of the stage's mbarrier.
+template <class T>
+struct BlockLoader<T, 1> {
+  DkdvSmem<T> sm;
+  Images img;
+  int tid;
+  unsigned parity = 0;  // bit st: the parity of stage st's next phase
+  __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const AttnBwdParams&, long long, int tid_)
+      : sm(sm_), img{}, tid(tid_) {}
+  // The images' addresses are taken here, not in the constructor: where the single-function kernel took them.
+  __device__ __forceinline__ void init(const AttnBwdParams& p, long long bh) {
+    img = images<T>(p, bh);
+    if (tid == 0) {
+      for (int st = 0; st < T::kStages; ++st) mbar_init(sm.bar(st), 1);
+      fence_mbar_init();
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ void load(int mb, int s) const {
+    constexpr int BM = T::kBlockM, D = T::kHeadDim;
+    if (tid == 0) {
+      const long long row0 = static_cast<long long>(mb) * BM;
+      mbar_arrive_expect_tx(sm.bar(s), 4 * BM * D + 8 * BM);
+      bulk_load(sm.q(s), img.q + row0 * D, 2 * BM * D, sm.bar(s));
+      bulk_load(sm.dout(s), img.dout + row0 * D, 2 * BM * D, sm.bar(s));
+      bulk_load(sm.stats(s), img.lse + row0, 4 * BM, sm.bar(s));
+      bulk_load(sm.stats(s) + 4 * BM, img.delta + row0, 4 * BM, sm.bar(s));
+    }
+  }
+  __device__ __forceinline__ void wait(int s) {
+    mbar_wait(sm.bar(s), (parity >> s) & 1u);
+    parity ^= 1u << s;
+  }
+};
+
+// ---- SPLIT: one query block's S^T, dP^T, P^T, dS^T and the dV, dK products ------------------------------
+// In: the block's tiles (opaque addresses), lse and delta; out: dV, dK accumulated (products committed,
+// not waited for) and dS^T (16-bit) in shared memory for the dQ product. scores_done() runs where the
+// block's scores are in registers: DQ_RED 3 frees the other stage there (dq_holds_other_slot) and, in
+// SPLIT 2, it is the barrier after P^T and dS^T reach shared memory. The score registers (Scores) are
+// declared by the caller in its loop body: declared inside run(), the inlined arrays let the optimiser
+// hoist the loop's address arithmetic out of it (issue 14: +12 registers on SPLIT 1, DQ_RED 2).
+struct BlockTiles {
+  const float *lse, *delta;
+  unsigned k, v, q, dout, ds, pt;
+  int key0;  // this thread's keys: key0 + g, key0 + g + 8
+  bool needs_mask;
+};
+
+template <class T, int SPLIT = T::kSplit>
+struct ComputeStep;
+
+// dS^T as 16-bit A fragments to shared memory: rows r, r + 8 of the [BN][BM] tile.
+template <int BM>
+__device__ __forceinline__ void store_ds(unsigned ds, const unsigned (&ds_a)[BM / 16][4], int r, int tig) {
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; ++kk) {
+    st_shared_u32(ds + il_chunk<BM>(r, 2 * kk) + 4 * tig, ds_a[kk][0]);
+    st_shared_u32(ds + il_chunk<BM>(r + 8, 2 * kk) + 4 * tig, ds_a[kk][1]);
+    st_shared_u32(ds + il_chunk<BM>(r, 2 * kk + 1) + 4 * tig, ds_a[kk][2]);
+    st_shared_u32(ds + il_chunk<BM>(r + 8, 2 * kk + 1) + 4 * tig, ds_a[kk][3]);
+  }
+}
+
+// The per-thread values every ComputeStep reads. kv_off: bytes from the K, V tiles to this warpgroup's
+// keys (2 kr0 D), computed by the kernel: computed in run(), it is simplified apart from the kernel's
+// kr0 = 64 wg and cost SPLIT 0 a register (and at d = 128, STAGES 1, LOAD 1 a spill).
+struct StepArgs {
+  float scale_log2;
+  int m0, seq_k, causal_offset, kr0, wrow, wg, wtid, g, tig, kv_off;
+};
+
+// SPLIT 0: each warpgroup owns 64 keys and runs every product; ga = dV, gb = dK.
+template <class T>
+struct ComputeStep<T, 0> {
+  static constexpr int D = T::kHeadDim, BM = T::kBlockM, DT = T::kDtype;
+  static constexpr int GA = D / 2, GB = D / 2;
+  struct Scores {
+    float st[BM / 2], dpt[BM / 2];  // S^T -> P^T, dP^T -> dS^T
+  };
+  template <class ScoresDone>
+  __device__ __forceinline__ static void run(const BlockTiles& b, const StepArgs& a, Scores& sc, float (&ga)[GA],
+                                             float (&gb)[GB], ScoresDone scores_done) {
+    float(&st)[BM / 2] = sc.st;
+    float(&dpt)[BM / 2] = sc.dpt;
+    wgmma_fence_regs(st);
+    wgmma_fence_regs(dpt);
+    wgmma_fence();
+    gemm_abt<BM, D, DT>(st, b.k + a.kv_off, b.q);
+    gemm_abt<BM, D, DT>(dpt, b.v + a.kv_off, b.dout);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(st);
+    wgmma_fence_regs(dpt);
+    scores_done();
+
+    probs<BM>(st, b.lse, a.scale_log2, b.needs_mask, b.key0, a.m0, a.seq_k, a.causal_offset, T::kCausal, a.g, a.tig);
+    dscores<BM>(dpt, [&](int j, int e) { return st[4 * j + e]; }, b.delta, a.tig);
+    unsigned p_a[BM / 16][4], ds_a[BM / 16][4];
+    pack_all<DT, BM>(p_a, st);
+    pack_all<DT, BM>(ds_a, dpt);
+    wgmma_fence_regs(ga);
+    wgmma_fence_regs(gb);
+    wgmma_fence();
+    gemm_frags_by_tile<D, BM, DT>(ga, p_a, b.dout);  // dV += P^T dO
+    gemm_frags_by_tile<D, BM, DT>(gb, ds_a, b.q);    // dK += dS^T Q
+    wgmma_commit();
+    store_ds<BM>(b.ds, ds_a, a.kr0 + a.wrow + a.g, a.tig);
+  }
+};
+
+// SPLIT 1 (d >= 192): two warpgroups share 64 keys; warpgroup 0 runs S^T, P^T (handed over through
+// shared memory, named barrier 1, fp32 at pt_f32) and dV; warpgroup 1 dP^T, dS^T and dK; ga is that
+// gradient.
+template <class T>
+struct ComputeStep<T, 1> {
+  static constexpr int D = T::kHeadDim, BM = T::kBlockM, DT = T::kDtype;
+  static constexpr int GA = D / 2, GB = 2;
+  struct Scores {
+    unsigned ds_a[BM / 16][4];  // warpgroup 1: dS^T as 16-bit A fragments, stored after both branches
+    float x[BM / 2];            // warpgroup 0: S^T -> P^T; warpgroup 1: dP^T -> dS^T
+  };
+  template <class ScoresDone>
+  __device__ __forceinline__ static void run(const BlockTiles& b, const StepArgs& a, Scores& sc, float (&ga)[GA],
+                                             float (&)[GB], ScoresDone scores_done, float4* pt_f32) {
+    unsigned(&ds_a)[BM / 16][4] = sc.ds_a;
+    float(&x)[BM / 2] = sc.x;
+    wgmma_fence_regs(x);
+    wgmma_fence();
+    gemm_abt<BM, D, DT>(x, (a.wg == 0 ? b.k : b.v), (a.wg == 0 ? b.q : b.dout));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(x);
+    scores_done();
+    if (a.wg == 0) {
+      probs<BM>(x, b.lse, a.scale_log2, b.needs_mask, b.key0, a.m0, a.seq_k, a.causal_offset, T::kCausal, a.g, a.tig);
+#pragma unroll
+      for (int qd = 0; qd < BM / 8; ++qd)
+        pt_f32[qd * 128 + a.wtid] = make_float4(x[4 * qd], x[4 * qd + 1], x[4 * qd + 2], x[4 * qd + 3]);
+      named_bar_arrive(1, 256);  // P^T ready for warpgroup 1
+      unsigned p_a[BM / 16][4];
+      pack_all<DT, BM>(p_a, x);
+      wgmma_fence_regs(ga);
+      wgmma_fence();
+      gemm_frags_by_tile<D, BM, DT>(ga, p_a, b.dout);  // dV += P^T dO
+      wgmma_commit();
+    } else {
+      named_bar_sync(1, 256);
+      const float4* pt = pt_f32;
+      dscores<BM>(x, [&](int j, int e) { return reinterpret_cast<const float*>(pt + j * 128 + a.wtid)[e]; }, b.delta,
+                  a.tig);
+      pack_all<DT, BM>(ds_a, x);
+      wgmma_fence_regs(ga);
+      wgmma_fence();
+      gemm_frags_by_tile<D, BM, DT>(ga, ds_a, b.q);  // dK += dS^T Q
+      wgmma_commit();
+    }
+    if (a.wg == 1) store_ds<BM>(b.ds, ds_a, a.kr0 + a.wrow + a.g, a.tig);
+  }
+};
+
+// SPLIT 2 (d >= 128): two warpgroups share 64 keys and halve every product along N: S^T, dP^T over
+// half the queries each, P^T and dS^T (16-bit) exchanged through shared memory, dV += P^T dO and
+// dK += dS^T Q over half the D columns each (gc0..), both operands from shared memory.
+template <class T>
+struct ComputeStep<T, 2> {
+  static constexpr int D = T::kHeadDim, BM = T::kBlockM, DT = T::kDtype;
+  static constexpr int GA = D / 4, GB = D / 4;
+  static constexpr int HM = BM / 2;  // this warpgroup's query columns: qc .. qc+HM-1
+  struct Scores {
+    float st[HM / 2], dpt[HM / 2];  // S^T -> P^T, dP^T -> dS^T over the warpgroup's query columns
+  };
+  template <class ScoresDone>
+  __device__ __forceinline__ static void run(const BlockTiles& b, const StepArgs& a, Scores& sc, float (&ga)[GA],
+                                             float (&gb)[GB], ScoresDone scores_done, int gc0) {
+    const int qc = a.wg * HM;
+    float(&st)[HM / 2] = sc.st;
+    float(&dpt)[HM / 2] = sc.dpt;
+    wgmma_fence_regs(st);
+    wgmma_fence_regs(dpt);
+    wgmma_fence();
+    gemm_abt<HM, D, DT>(st, b.k, b.q + 2 * qc * D);
+    gemm_abt<HM, D, DT>(dpt, b.v, b.dout + 2 * qc * D);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(st);
+    wgmma_fence_regs(dpt);
+    probs<HM>(st, b.lse + qc, a.scale_log2, b.needs_mask, b.key0, a.m0 + qc, a.seq_k, a.causal_offset, T::kCausal, a.g,
+              a.tig);
+    dscores<HM>(dpt, [&](int j, int e) { return st[4 * j + e]; }, b.delta + qc, a.tig);
+    store_frags<DT, HM, BM>(b.pt, st, a.wrow + a.g, qc, a.tig);
+    store_frags<DT, HM, BM>(b.ds, dpt, a.wrow + a.g, qc, a.tig);
+    fence_proxy_async();
+    scores_done();  // its barrier: P^T, dS^T complete (both halves)
+    wgmma_fence_regs(ga);
+    wgmma_fence_regs(gb);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {  // dV[:, gc0..] += P^T dO[:, gc0..]; dK likewise with dS^T, Q
+      wgmma_ss<D / 2, DT, 0, 1>(ga, desc_k_major<BM>(b.pt + 256 * kk), desc_mn_major<D>(b.dout + 32 * D * kk + 16 * gc0), 1);
+      wgmma_ss<D / 2, DT, 0, 1>(gb, desc_k_major<BM>(b.ds + 256 * kk), desc_mn_major<D>(b.q + 32 * D * kk + 16 * gc0), 1);
+    }
+    wgmma_commit();
+  }
+};
+
+// ---- DQ_RED: how a block's dQ piece reaches dq_accum (fp32, rows below seq_q) ---------------------------
+// add(): one wgmma chunk (64 rows at m0 + dq_m + wrow + g (+8), columns dq_c + c0 ..) times scale, after
+// the block's barrier; end_block(): after every chunk; start_block() at block t's start, after its
+// barrier; before_products() after the dV, dK products are waited for; finish() before the kernel
+// ends. dq_holds_other_slot: the block's tile is staged in its own (then dead) Q/dO slot, so the next
+// block's prefetch waits until the copy engine has read it. needs_staging_barrier: the barrier before
+// the dQ product is needed whatever SPLIT and STAGES are.
+struct DqRows {
+  float* accum;  // dq_accum of this (batch, head)
+  int seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid;
+};
+
+template <class T, int RED = T::kDqRed>
+struct DqReducer;
+
+// DQ_RED 0: red.global.add.v2.f32 from the accumulators' layout.
+template <class T>
+struct DqReducer<T, 0> {
+  static constexpr bool dq_holds_other_slot = false, needs_staging_barrier = false;
+  __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>&) { return {}; }
+  template <int N>
+  __device__ __forceinline__ void add(const DqRows& r, int m0, int, const float (&dq)[N], float scale, int c0) const {
+    constexpr int D = T::kHeadDim;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rb = r.dq_m + r.wrow + r.g + 8 * h;  // row in the block
+      if (m0 + rb < r.seq_q) {
+#pragma unroll
+        for (int j = 0; j < N / 4; ++j)
+          red_add_f32x2(r.accum + static_cast<long long>(m0 + rb) * D + r.dq_c + c0 + 8 * j + 2 * r.tig,
+                        scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
+      }
+    }
+  }
+  template <class MBlock>
+  __device__ __forceinline__ void start_block(const DqRows&, int, int, MBlock) const {}
+  __device__ __forceinline__ void before_products(const DqRows&) const {}
+  __device__ __forceinline__ void end_block(const DqRows&, int) const {}
+  template <class MBlock>
+  __device__ __forceinline__ void finish(const DqRows&, int, int, MBlock) const {}
+};
+
+// DQ_RED 1: the block's dQ tile staged in shared memory ([BM][D + 8] fp32: rows padded by 32 bytes, so
+// that the C-layout stores do not conflict), then one bulk reduction per row by warp 0, left running
+// while the next block is computed and waited for before its staging.
+template <class T>
+struct DqReducer<T, 1> {
+  static constexpr bool dq_holds_other_slot = false, needs_staging_barrier = true;
+  static constexpr int kRow = T::kHeadDim + 8;
+  float* stage;
+  __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {sm.dq_stage()}; }
+  template <int N>
+  __device__ __forceinline__ void add(const DqRows& r, int, int, const float (&dq)[N], float scale, int c0) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rb = r.dq_m + r.wrow + r.g + 8 * h;
+#pragma unroll
+      for (int j = 0; j < N / 4; ++j)
+        *reinterpret_cast<float2*>(stage + rb * kRow + r.dq_c + c0 + 8 * j + 2 * r.tig) =
+            make_float2(scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
+    }
+  }
+  template <class MBlock>
+  __device__ __forceinline__ void start_block(const DqRows&, int, int, MBlock) const {}
+  __device__ __forceinline__ void before_products(const DqRows& r) const {
+    if (r.warp == 0) bulk_wait_read<0>();  // the previous block's dQ rows have left the staging tile
+  }
+  __device__ __forceinline__ void end_block(const DqRows& r, int m0) const {
+    constexpr int D = T::kHeadDim, BM = T::kBlockM;
+    fence_proxy_async();
+    __syncthreads();
+    if (r.warp == 0) {
+      for (int row = r.lane; row < imin(BM, r.seq_q - m0); row += 32)
+        bulk_reduce_add_f32(r.accum + static_cast<long long>(m0 + row) * D, smem_u32(stage + row * kRow), D * 4);
+      bulk_commit();
+    }
+  }
+  template <class MBlock>
+  __device__ __forceinline__ void finish(const DqRows& r, int, int, MBlock) const {
+    if (r.warp == 0) bulk_wait<0>();  // the last dQ rows reduced before shared memory goes
+  }
+};
+
+// DQ_RED 2: whole-line red.v4 reductions through this warp's [16][32] staging tile (reduce_staged).
+template <class T>
+struct DqReducer<T, 2> {
+  static constexpr bool dq_holds_other_slot = false, needs_staging_barrier = false;
+  float* stage_warp;
+  __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) {
+    return {sm.dq_stage() + (threadIdx.x >> 5) * 16 * 32};
+  }
+  template <int N>
+  __device__ __forceinline__ void add(const DqRows& r, int m0, int, const float (&dq)[N], float scale, int c0) const {
+    constexpr int D = T::kHeadDim;
+    reduce_staged<2 * N, D>(stage_warp, dq, scale,
+                            r.accum + static_cast<long long>(m0 + r.dq_m + r.wrow) * D + r.dq_c + c0,
+                            r.seq_q - (m0 + r.dq_m + r.wrow), r.lane);
+  }
+  template <class MBlock>
+  __device__ __forceinline__ void start_block(const DqRows&, int, int, MBlock) const {}
+  __device__ __forceinline__ void before_products(const DqRows&) const {}
+  __device__ __forceinline__ void end_block(const DqRows&, int) const {}
+  template <class MBlock>
+  __device__ __forceinline__ void finish(const DqRows&, int, int, MBlock) const {}
+};
+
+// DQ_RED 3: the block's dQ tile ([BM][D] fp32, piece c4 of row r at c4 ^ (r % 8), as in dq_accum)
+// written into its own Q/dO slot, then added to dq_accum by one bulk reduction issued after the next
+// block's first barrier (start_block); that slot is refilled once the copy engine has read it.
+template <class T>
+struct DqReducer<T, 3> {
+  static constexpr bool dq_holds_other_slot = true, needs_staging_barrier = true;
+  DkdvSmem<T> sm;
+  __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {sm}; }
+  template <int N>
+  __device__ __forceinline__ void add(const DqRows& r, int, int s, const float (&dq)[N], float scale, int c0) const {
+    constexpr int D = T::kHeadDim;
+    float* tile = sm.template at<float>(sm.q(s));  // this block's slot, as fp32
+    // This thread's rows are g (mod 8): the pair at column 8j + 2 tig of the chunk (piece 2j + tig/2)
+    // goes to piece 2 (j ^ g/2) + (tig/2 ^ g%2).
+    float* row_g = tile + (r.dq_m + r.wrow + r.g) * D + r.dq_c + c0 + 4 * ((r.tig >> 1) ^ (r.g & 1)) + 2 * (r.tig & 1);
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      float* at = row_g + 8 * (j ^ (r.g >> 1));
+      *reinterpret_cast<float2*>(at) = make_float2(scale * dq[4 * j], scale * dq[4 * j + 1]);
+      *reinterpret_cast<float2*>(at + 8 * D) = make_float2(scale * dq[4 * j + 2], scale * dq[4 * j + 3]);
+    }
+  }
+  __device__ __forceinline__ void reduce(const DqRows& r, int mb_done, int slot) const {
+    constexpr int D = T::kHeadDim, BM = T::kBlockM;
+    const int m0_done = mb_done * BM;
+    bulk_reduce_add_f32(r.accum + static_cast<long long>(m0_done) * D, sm.q(slot),
+                        static_cast<unsigned>(imin(BM, r.seq_q - m0_done) * D * 4));
+    bulk_commit();
+  }
+  // Block t's start: block t-1's tile, in slot s^1.
+  template <class MBlock>
+  __device__ __forceinline__ void start_block(const DqRows& r, int t, int s, MBlock m_block) const {
+    if (r.tid == 0 && t > 0) reduce(r, m_block(t - 1), s ^ 1);
+  }
+  __device__ __forceinline__ void before_products(const DqRows&) const {}
+  __device__ __forceinline__ void end_block(const DqRows&, int) const {}
+  // The last block's tile (if any), then every reduction complete.
+  template <class MBlock>
+  __device__ __forceinline__ void finish(const DqRows& r, int m_count, int s, MBlock m_block) const {
+    if (m_count > 0) {
+      fence_proxy_async();
+      __syncthreads();
+      if (r.tid == 0) reduce(r, m_block(m_count - 1), s ^ 1);
+    }
+    if (r.tid == 0) bulk_wait<0>();
+  }
+};
+
+}  // namespace fa2_wgmma_bwd_detail
+
 // One CTA per K/V block j (x), head (y), batch (z): dK_j, dV_j over every query block i that can see
-// the block (in a rotated order, below); dq_accum[i] += scale * dS_ij K_j.
+// the block (in a rotated order, below); dq_accum[i] += scale * dS_ij K_j. Per block: its Q, dO, lse and
+// delta arrive (BlockLoader, LOAD), the scores and the dV, dK products (ComputeStep, SPLIT), then the
+// dQ piece as wgmma chunks handed to the reducer (DqReducer, DQ_RED).
+// Generated code: as the single-function kernel these pieces replaced (issue 14): the score registers
+// are declared in the loop body (ComputeStep::Scores), the loader is made where that kernel took its
+// input pointers, and each address is computed where and as that kernel computed it.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(const AttnBwdParams p) {
   using T = Traits;
@@ -287,23 +719,9 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   check_dynamic_smem(T::kDkdvSmemBytes);
 
   extern __shared__ __align__(128) unsigned char fa2_wgmma_bwd_smem[];
-  const unsigned k_tile = smem_u32(fa2_wgmma_bwd_smem);  // K [BN][D]
-  const unsigned v_tile = k_tile + 2 * BN * D;           // V [BN][D]
-  const unsigned qdo_base = v_tile + 2 * BN * D;         // STAGES x {Q, dO} [BM][D]
-  const unsigned ds_tile = qdo_base + STAGES * 4 * BM * D;  // dS^T [BN][BM]
-  const unsigned p_tile = ds_tile + 2 * BN * BM;            // P^T: SPLIT 1 fp32 (float4 slot q of thread t at (q*128+t)*16), SPLIT 2 16-bit [64][BM]
-  constexpr int kStatsOff = 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT);
-  constexpr int kDqStageOff = kStatsOff + 8 * STAGES * BM;  // DQ_RED 1: dQ tile [BM][D + 8] fp32; 2: per warp
-  constexpr int kDqStageRow = D + 8;  // DQ_RED 1: rows padded by 32 bytes, so that the C-layout stores do not conflict
-  float* dq_stage = reinterpret_cast<float*>(fa2_wgmma_bwd_smem + kDqStageOff);
-  float* dq_stage_warp = dq_stage + (threadIdx.x >> 5) * 16 * 32;  // DQ_RED 2: this warp's [16][32]
-  const float* stats = reinterpret_cast<const float*>(fa2_wgmma_bwd_smem + kStatsOff);  // STAGES x {lse, delta} [BM]
-  const unsigned stats_s = k_tile + kStatsOff;
-  // LOAD 1: one mbarrier per stage, after everything else; bulk copies of block t complete phase t / STAGES.
-  constexpr int kBarOff = kDqStageOff + fa2_wgmma_bwd_dq_stage_bytes(D, BM, BN, SPLIT, T::kDqRed);
-  auto stage_bar = [&](int st) { return k_tile + static_cast<unsigned>(kBarOff + 8 * st); };
-  auto q_tile = [&](int s) { return qdo_base + static_cast<unsigned>(s * 4 * BM * D); };
-  auto do_tile = [&](int s) { return qdo_base + static_cast<unsigned>(s * 4 * BM * D + 2 * BM * D); };
+  const det::DkdvSmem<T> sm{fa2_wgmma_bwd_smem, smem_u32(fa2_wgmma_bwd_smem)};
+  using Dq = det::DqReducer<T>;
+  const Dq dqr = Dq::make(sm);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -322,13 +740,10 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   const int n0 = blockIdx.x * BN;
   if (n0 >= seq_k) return;  // whole block: safe before any barrier
   const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
-  const unsigned short* q = static_cast<const unsigned short*>(p.q) + bh * seq_q * D;
+  det::BlockLoader<T> loader(sm, p, bh, tid);
   const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh * seq_k * D;
   const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh * seq_k * D;
-  const unsigned short* dout = static_cast<const unsigned short*>(p.dout) + bh * seq_q * D;
-  const float* lse = p.lse + bh * seq_q;
-  const float* delta = p.delta + bh * seq_q;
-  float* dq_accum = p.dq_accum + bh * seq_q * D;
+  const det::DqRows rows{p.dq_accum + bh * seq_q * D, seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid};
   const float scale_log2 = p.scale_log2;
 
   // Query i sees key n iff n <= i + causal_offset: only query blocks reaching row n0 - causal_offset.
@@ -341,212 +756,81 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   const int m_rot = m_count > 0 ? static_cast<int>(blockIdx.x) % m_count : 0;
   auto m_block = [&](int t) { return first_m_block + (t + m_rot) % m_count; };
 
-  const det::Images img = det::images<T>(p, bh);
-  auto load_block = [&](int mb, int s) {
-    if constexpr (T::kLoad == 1) {  // the block's images (padded: no bounds), by one thread
-      if (tid == 0) {
-        const long long row0 = static_cast<long long>(mb) * BM;
-        mbar_arrive_expect_tx(stage_bar(s), 4 * BM * D + 8 * BM);
-        bulk_load(q_tile(s), img.q + row0 * D, 2 * BM * D, stage_bar(s));
-        bulk_load(do_tile(s), img.dout + row0 * D, 2 * BM * D, stage_bar(s));
-        bulk_load(stats_s + 8 * s * BM, img.lse + row0, 4 * BM, stage_bar(s));
-        bulk_load(stats_s + 8 * s * BM + 4 * BM, img.delta + row0, 4 * BM, stage_bar(s));
-      }
-    } else {
-      det::load_rows_il<BM, D, NT>(q_tile(s), q, mb * BM, seq_q, tid);
-      det::load_rows_il<BM, D, NT>(do_tile(s), dout, mb * BM, seq_q, tid);
-      fa2_mma_bwd_detail::load_stats<BM, NT>(stats_s + 8 * s * BM, stats_s + 8 * s * BM + 4 * BM, lse, delta, mb * BM,
-                                             seq_q, tid);
-    }
-  };
-  unsigned bar_parity = 0;  // LOAD 1: bit st = the parity of stage st's next phase
-  if constexpr (T::kLoad == 1) {
-    if (tid == 0) {
-      for (int st = 0; st < STAGES; ++st) mbar_init(stage_bar(st), 1);
-      fence_mbar_init();
-    }
-    __syncthreads();
-  }
-
-  det::load_rows_il<BN, D, NT>(k_tile, k, n0, seq_k, tid);
-  det::load_rows_il<BN, D, NT>(v_tile, v, n0, seq_k, tid);
-  if (m_count > 0) load_block(m_block(0), 0);
+  loader.init(p, bh);
+  det::load_rows_il<BN, D, NT>(sm.k, k, n0, seq_k, tid);
+  det::load_rows_il<BN, D, NT>(sm.v(), v, n0, seq_k, tid);
+  if (m_count > 0) loader.load(m_block(0), 0);
   cp_async_commit();
 
   // Kept gradients: SPLIT 0 both (ga = dV, gb = dK); SPLIT 1 one per warpgroup (ga = dV on
   // warpgroup 0, dK on warpgroup 1); SPLIT 2 columns gc0.. of both (ga = dV, gb = dK).
-  constexpr int GA = SPLIT == 2 ? D / 4 : D / 2;
-  constexpr int GB = SPLIT == 0 ? D / 2 : SPLIT == 2 ? D / 4 : 2;
+  using Step = det::ComputeStep<T>;
   const int gc0 = SPLIT == 2 ? wg * (D / 2) : 0;
-  float ga[GA], gb[GB];
+  float ga[Step::GA], gb[Step::GB];
   det::zero(ga);
   det::zero(gb);
-
-  // DQ_RED 3: block t's dQ tile, staged in its own (then dead) Q/dO slot, is added to dq_accum by one
-  // bulk reduction issued after block t+1's first barrier; block t+2 may refill that slot once the
-  // copy engine has read it, which is waited for after block t+1's scores (prefetch_next).
-  auto reduce_block = [&](int mb_done, int slot) {
-    const int m0_done = mb_done * BM;
-    bulk_reduce_add_f32(dq_accum + static_cast<long long>(m0_done) * D, q_tile(slot),
-                        static_cast<unsigned>(imin(BM, seq_q - m0_done) * D * 4));
-    bulk_commit();
-  };
 
   int s = 0;
   for (int t = 0; t < m_count; ++t) {
     const int mb = m_block(t);
     const int m0 = mb * BM;
     cp_async_wait<0>();   // block mb (K, V too on the first pass)
-    if constexpr (T::kLoad == 1) {
-      mbar_wait(stage_bar(s), (bar_parity >> s) & 1u);
-      bar_parity ^= 1u << s;
-    }
+    loader.wait(s);
     fence_proxy_async();  // ... visible to the tensor cores' reads (DQ_RED 3: block t-1's dQ tile to the copy engine)
     __syncthreads();      // and to every thread; everyone is done with block mb-1 (its slot, dS^T, P^T)
     auto prefetch_next = [&]() {
-      if (t + 1 < m_count) load_block(m_block(t + 1), s ^ 1);
+      if (t + 1 < m_count) loader.load(m_block(t + 1), s ^ 1);
       cp_async_commit();
     };
-    if constexpr (T::kDqRed == 3) {
-      if (tid == 0 && t > 0) reduce_block(m_block(t - 1), s ^ 1);
-    } else if constexpr (STAGES == 2) {
-      prefetch_next();
-    }
-    // DQ_RED 3, after the scores: block t-1's dQ tile read out of slot s^1, block t+1 into it.
-    auto refill_other_slot = [&]() {
-      if (tid == 0) bulk_wait_read<0>();
-      __syncthreads();
-      prefetch_next();
+    dqr.start_block(rows, t, s, m_block);
+    if constexpr (!Dq::dq_holds_other_slot && STAGES == 2) prefetch_next();
+    // Where the scores are in registers: DQ_RED 3 refills the other slot once block t-1's dQ tile is read
+    // out of it (its barrier is SPLIT 2's after P^T and dS^T); SPLIT 2 otherwise needs that barrier alone.
+    auto scores_done = [&]() {
+      if constexpr (Dq::dq_holds_other_slot) {
+        if (tid == 0) bulk_wait_read<0>();
+        __syncthreads();
+        prefetch_next();
+      } else if constexpr (SPLIT == 2) {
+        __syncthreads();
+      }
     };
-    const float* lse_s = stats + 2 * s * BM;
-    const float* dl_s = lse_s + BM;
-    const unsigned kt = det::opaque(k_tile), vt = det::opaque(v_tile), qt = det::opaque(q_tile(s)),
-                   dot = det::opaque(do_tile(s)), dst = det::opaque(ds_tile), ptt = det::opaque(p_tile);
-    const int key0 = n0 + kr0 + wrow;  // this thread's rows: key0 + g, key0 + g + 8
-    const bool needs_mask = (n0 + kr0 + 64 > seq_k) || (CAUSAL && n0 + kr0 + 63 > m0 + causal_offset);
+    const float* lse_s = sm.lse(s);
+    const det::BlockTiles tiles{lse_s,
+                                lse_s + BM,
+                                det::opaque(sm.k),
+                                det::opaque(sm.v()),
+                                det::opaque(sm.q(s)),
+                                det::opaque(sm.dout(s)),
+                                det::opaque(sm.ds()),
+                                det::opaque(sm.pt()),
+                                n0 + kr0 + wrow,
+                                (n0 + kr0 + 64 > seq_k) || (CAUSAL && n0 + kr0 + 63 > m0 + causal_offset)};
+    const det::StepArgs args{scale_log2, m0, seq_k, causal_offset, kr0, wrow, wg, wtid, g, tig, 2 * kr0 * D};
+    typename Step::Scores sc;  // in the loop body, not inside run(): see ComputeStep
+    if constexpr (SPLIT == 0)
+      Step::run(tiles, args, sc, ga, gb, scores_done);
+    else if constexpr (SPLIT == 1)
+      Step::run(tiles, args, sc, ga, gb, scores_done, sm.template at<float4>(sm.pt()));
+    else
+      Step::run(tiles, args, sc, ga, gb, scores_done, gc0);
 
-    unsigned ds_a[BM / 16][4];  // SPLIT 0, 1: dS^T as 16-bit A fragments (all k16 slices), stored below
-    if constexpr (SPLIT == 0) {
-      float st[BM / 2], dpt[BM / 2];
-      wgmma_fence_regs(st);
-      wgmma_fence_regs(dpt);
-      wgmma_fence();
-      det::gemm_abt<BM, D, DT>(st, kt + 2 * kr0 * D, qt);
-      det::gemm_abt<BM, D, DT>(dpt, vt + 2 * kr0 * D, dot);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_regs(st);
-      wgmma_fence_regs(dpt);
-      if constexpr (T::kDqRed == 3) refill_other_slot();
-
-      det::probs<BM>(st, lse_s, scale_log2, needs_mask, key0, m0, seq_k, causal_offset, CAUSAL, g, tig);
-      det::dscores<BM>(dpt, [&](int j, int e) { return st[4 * j + e]; }, dl_s, tig);
-      unsigned p_a[BM / 16][4];
-      det::pack_all<DT, BM>(p_a, st);
-      det::pack_all<DT, BM>(ds_a, dpt);
-      wgmma_fence_regs(ga);
-      wgmma_fence_regs(gb);
-      wgmma_fence();
-      det::gemm_frags_by_tile<D, BM, DT>(ga, p_a, dot);   // dV += P^T dO
-      det::gemm_frags_by_tile<D, BM, DT>(gb, ds_a, qt);   // dK += dS^T Q
-      wgmma_commit();
-    } else if constexpr (SPLIT == 2) {
-      constexpr int HM = BM / 2;  // this warpgroup's query columns: qc .. qc+HM-1
-      const int qc = wg * HM;
-      float st[HM / 2], dpt[HM / 2];
-      wgmma_fence_regs(st);
-      wgmma_fence_regs(dpt);
-      wgmma_fence();
-      det::gemm_abt<HM, D, DT>(st, kt, qt + 2 * qc * D);
-      det::gemm_abt<HM, D, DT>(dpt, vt, dot + 2 * qc * D);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_regs(st);
-      wgmma_fence_regs(dpt);
-      det::probs<HM>(st, lse_s + qc, scale_log2, needs_mask, key0, m0 + qc, seq_k, causal_offset, CAUSAL, g, tig);
-      det::dscores<HM>(dpt, [&](int j, int e) { return st[4 * j + e]; }, dl_s + qc, tig);
-      det::store_frags<DT, HM, BM>(ptt, st, wrow + g, qc, tig);
-      det::store_frags<DT, HM, BM>(dst, dpt, wrow + g, qc, tig);
-      fence_proxy_async();
-      if constexpr (T::kDqRed == 3) {
-        refill_other_slot();  // its barrier: P^T, dS^T complete (both halves)
-      } else {
-        __syncthreads();  // P^T, dS^T complete (both halves)
-      }
-      wgmma_fence_regs(ga);
-      wgmma_fence_regs(gb);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) {  // dV[:, gc0..] += P^T dO[:, gc0..]; dK likewise with dS^T, Q
-        wgmma_ss<D / 2, DT, 0, 1>(ga, desc_k_major<BM>(ptt + 256 * kk), desc_mn_major<D>(dot + 32 * D * kk + 16 * gc0), 1);
-        wgmma_ss<D / 2, DT, 0, 1>(gb, desc_k_major<BM>(dst + 256 * kk), desc_mn_major<D>(qt + 32 * D * kk + 16 * gc0), 1);
-      }
-      wgmma_commit();
-    } else {
-      float x[BM / 2];  // warpgroup 0: S^T -> P^T; warpgroup 1: dP^T -> dS^T
-      wgmma_fence_regs(x);
-      wgmma_fence();
-      det::gemm_abt<BM, D, DT>(x, (wg == 0 ? kt : vt), (wg == 0 ? qt : dot));
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_regs(x);
-      if constexpr (T::kDqRed == 3) refill_other_slot();
-      if (wg == 0) {
-        det::probs<BM>(x, lse_s, scale_log2, needs_mask, key0, m0, seq_k, causal_offset, CAUSAL, g, tig);
-        float4* pt = reinterpret_cast<float4*>(fa2_wgmma_bwd_smem + (p_tile - k_tile));
-#pragma unroll
-        for (int qd = 0; qd < BM / 8; ++qd)
-          pt[qd * 128 + wtid] = make_float4(x[4 * qd], x[4 * qd + 1], x[4 * qd + 2], x[4 * qd + 3]);
-        named_bar_arrive(1, 256);  // P^T ready for warpgroup 1
-        unsigned p_a[BM / 16][4];
-        det::pack_all<DT, BM>(p_a, x);
-        wgmma_fence_regs(ga);
-        wgmma_fence();
-        det::gemm_frags_by_tile<D, BM, DT>(ga, p_a, dot);  // dV += P^T dO
-        wgmma_commit();
-      } else {
-        named_bar_sync(1, 256);
-        const float4* pt = reinterpret_cast<const float4*>(fa2_wgmma_bwd_smem + (p_tile - k_tile));
-        det::dscores<BM>(x, [&](int j, int e) { return reinterpret_cast<const float*>(pt + j * 128 + wtid)[e]; }, dl_s,
-                         tig);
-        det::pack_all<DT, BM>(ds_a, x);
-        wgmma_fence_regs(ga);
-        wgmma_fence();
-        det::gemm_frags_by_tile<D, BM, DT>(ga, ds_a, qt);  // dK += dS^T Q
-        wgmma_commit();
-      }
-    }
-
-    // dS^T (16-bit) to shared memory for the dQ product; rows key0 - n0 + g (+8), query columns.
-    if (SPLIT == 0 || (SPLIT == 1 && wg == 1)) {
-      const int r = kr0 + wrow + g;
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) {
-        st_shared_u32(dst + il_chunk<BM>(r, 2 * kk) + 4 * tig, ds_a[kk][0]);
-        st_shared_u32(dst + il_chunk<BM>(r + 8, 2 * kk) + 4 * tig, ds_a[kk][1]);
-        st_shared_u32(dst + il_chunk<BM>(r, 2 * kk + 1) + 4 * tig, ds_a[kk][2]);
-        st_shared_u32(dst + il_chunk<BM>(r + 8, 2 * kk + 1) + 4 * tig, ds_a[kk][3]);
-      }
-    }
     wgmma_wait<0>();  // dV, dK products done: Q_i, dO_i and the A fragments are free
     wgmma_fence_regs(ga);
     wgmma_fence_regs(gb);
-    if constexpr (T::kDqRed == 1) {
-      if (warp == 0) bulk_wait_read<0>();  // the previous block's dQ rows have left the staging tile
-    }
-    if constexpr (SPLIT != 2 || STAGES == 1 || T::kDqRed == 1 || T::kDqRed == 3) {
+    dqr.before_products(rows);
+    if constexpr (SPLIT != 2 || STAGES == 1 || Dq::needs_staging_barrier) {
       fence_proxy_async();
       __syncthreads();  // dS^T complete for every warpgroup; STAGES 1, DQ_RED 3: Q_i, dO_i free; DQ_RED 1: staging free
     }
     if constexpr (STAGES == 1) {
-      if (t + 1 < m_count) load_block(m_block(t + 1), 0);
+      if (t + 1 < m_count) loader.load(m_block(t + 1), 0);
       cp_async_commit();
     }
 
-    // dQ piece: rows dq_m .. dq_m+63 of the block, columns dq_c .. dq_c+DQC-1 in chunks of T::kDqChunk
+    // dQ piece: rows dq_m .. dq_m+63 of the block, columns dq_c .. dq_c+DQC-1 in chunks of DQ_CHUNK
     // (registers); A = dS (M-major view of dS^T), B = K (MN-major), k over the BN keys.
     const float scale = p.scale;
-    float* dq_tile = reinterpret_cast<float*>(fa2_wgmma_bwd_smem + (q_tile(s) - k_tile));  // DQ_RED 3: [BM][D], swizzled
 #pragma unroll
     for (int c0 = 0; c0 < DQC; c0 += DQ_CHUNK) {
       float dq[DQ_CHUNK / 2];
@@ -554,76 +838,28 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < BN / 16; ++ks)
-        wgmma_ss<DQ_CHUNK, DT, 1, 1>(dq, desc_mn_major<BM>(dst + 32 * BM * ks + 16 * dq_m),
-                                     desc_mn_major<D>(kt + 32 * D * ks + 16 * (dq_c + c0)), ks > 0);
+        wgmma_ss<DQ_CHUNK, DT, 1, 1>(dq, desc_mn_major<BM>(tiles.ds + 32 * BM * ks + 16 * dq_m),
+                                     desc_mn_major<D>(tiles.k + 32 * D * ks + 16 * (dq_c + c0)), ks > 0);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(dq);
-      if constexpr (T::kDqRed == 3) {  // into the block's tile: piece c4 of row r at c4 ^ (r % 8), as in dq_accum
-        // This thread's rows are g (mod 8): the pair at column 8j + 2 tig of the chunk (piece 2j + tig/2)
-        // goes to piece 2 (j ^ g/2) + (tig/2 ^ g%2).
-        float* row_g = dq_tile + (dq_m + wrow + g) * D + dq_c + c0 + 4 * ((tig >> 1) ^ (g & 1)) + 2 * (tig & 1);
-#pragma unroll
-        for (int j = 0; j < DQ_CHUNK / 8; ++j) {
-          float* at = row_g + 8 * (j ^ (g >> 1));
-          *reinterpret_cast<float2*>(at) = make_float2(scale * dq[4 * j], scale * dq[4 * j + 1]);
-          *reinterpret_cast<float2*>(at + 8 * D) = make_float2(scale * dq[4 * j + 2], scale * dq[4 * j + 3]);
-        }
-      } else if constexpr (T::kDqRed == 2) {  // whole-line v4 reductions through this warp's staging tile
-        det::reduce_staged<DQ_CHUNK, D>(dq_stage_warp, dq, scale,
-                                        dq_accum + static_cast<long long>(m0 + dq_m + wrow) * D + dq_c + c0,
-                                        seq_q - (m0 + dq_m + wrow), lane);
-      } else {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int rb = dq_m + wrow + g + 8 * h;  // row in the block
-          if constexpr (T::kDqRed == 0) {
-            if (m0 + rb < seq_q) {
-#pragma unroll
-              for (int j = 0; j < DQ_CHUNK / 8; ++j)
-                red_add_f32x2(dq_accum + static_cast<long long>(m0 + rb) * D + dq_c + c0 + 8 * j + 2 * tig,
-                              scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
-            }
-          } else {
-#pragma unroll
-            for (int j = 0; j < DQ_CHUNK / 8; ++j)
-              *reinterpret_cast<float2*>(dq_stage + rb * kDqStageRow + dq_c + c0 + 8 * j + 2 * tig) =
-                  make_float2(scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
-          }
-        }
-      }
+      dqr.add(rows, m0, s, dq, scale, c0);
     }
-    if constexpr (T::kDqRed == 1) {  // the block's dQ rows (below seq_q), one bulk reduction each, by warp 0
-      fence_proxy_async();
-      __syncthreads();
-      if (warp == 0) {  // left to run while the next block is computed: waited for before the next staging
-        for (int r = lane; r < imin(BM, seq_q - m0); r += 32)
-          bulk_reduce_add_f32(dq_accum + static_cast<long long>(m0 + r) * D, smem_u32(dq_stage + r * kDqStageRow), D * 4);
-        bulk_commit();
-      }
-    }
+    dqr.end_block(rows, m0);
     if constexpr (STAGES == 2) s ^= 1;
   }
   cp_async_wait<0>();  // nothing in flight at exit (no query block: K, V unused)
-  if constexpr (T::kDqRed == 3) {  // the last block's dQ tile
-    if (m_count > 0) {
-      fence_proxy_async();
-      __syncthreads();
-      if (tid == 0) reduce_block(m_block(m_count - 1), s ^ 1);
-    }
-    if (tid == 0) bulk_wait<0>();
-  }
-  if (T::kDqRed == 1 && warp == 0) bulk_wait<0>();  // the last dQ rows reduced before shared memory goes
+  dqr.finish(rows, m_count, s, m_block);
 
   // dK (times scale), dV rows; zeros for a block no query sees.
   unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh * seq_k * D;
   unsigned short* dv_out = static_cast<unsigned short*>(p.dv) + bh * seq_k * D;
   const int row0 = n0 + kr0 + wrow + g;
   if constexpr (SPLIT == 1) {
-    det::store_tile<DT, GA * 2, D>(wg == 0 ? dv_out : dk_out, ga, wg == 0 ? 1.f : p.scale, row0, 0, seq_k, tig);
+    det::store_tile<DT, Step::GA * 2, D>(wg == 0 ? dv_out : dk_out, ga, wg == 0 ? 1.f : p.scale, row0, 0, seq_k, tig);
   } else {
-    det::store_tile<DT, GA * 2, D>(dv_out, ga, 1.f, row0, gc0, seq_k, tig);
-    det::store_tile<DT, GB * 2, D>(dk_out, gb, p.scale, row0, gc0, seq_k, tig);
+    det::store_tile<DT, Step::GA * 2, D>(dv_out, ga, 1.f, row0, gc0, seq_k, tig);
+    det::store_tile<DT, Step::GB * 2, D>(dk_out, gb, p.scale, row0, gc0, seq_k, tig);
   }
 }
 
