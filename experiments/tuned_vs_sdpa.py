@@ -28,7 +28,7 @@ FA2_FIXED = {32: (128, 128, 4), 64: (128, 128, 4), 96: (128, 64, 4), 128: (128, 
 
 # FlashAttention-3's fixed sm90 forward table (hopper/tile_size.h; ../shared/ANCHORS.md) through fa3_wgmma:
 # (d, causal) -> BLOCK_M x BLOCK_N as CONSUMERS = BLOCK_M / 64 and BLOCK_N, P V's operand (SS: P_SMEM 1),
-# softmax/GEMM overlap always on, pingpong for d <= 128, two stages.
+# softmax/GEMM overlap always on, pingpong for d <= 128, two stages, the persistent tile scheduler.
 FA3_FIXED = {(64, 0): (3, 192, 1), (64, 1): (3, 128, 0), (96, 0): (3, 144, 1), (96, 1): (3, 144, 1),
              (128, 0): (2, 176, 0), (128, 1): (2, 128, 0), (192, 0): (2, 112, 0), (192, 1): (2, 112, 0),
              (256, 0): (2, 80, 0), (256, 1): (2, 80, 0)}
@@ -41,7 +41,8 @@ def fixed_params(family, p):
     if family == "fa3_wgmma":
         c, bn, ss = FA3_FIXED[(p["head_dim"], int(p["causal"]))]
         pingpong = 1 if p["head_dim"] <= 128 else 0
-        return f"BLOCK_N={bn},CONSUMERS={c},STAGES=2,OVERLAP=1,PINGPONG={pingpong},P_SMEM={ss}"
+        # FA3's persistent scheduler: PERSISTENT 1 (causal: longest first, fa3_wgmma's causal order too).
+        return f"BLOCK_N={bn},CONSUMERS={c},STAGES=2,OVERLAP=1,PINGPONG={pingpong},P_SMEM={ss},PERSISTENT=1"
     bm, bn, w = FA2_FIXED[p["head_dim"]]
     return f"BLOCK_M={bm},BLOCK_N={bn},WARPS={w},STAGES=2"
 

@@ -1,14 +1,19 @@
 // FlashAttention-3's forward design on Hopper (sm_90a): TMA, an mbarrier pipeline, warp
 // specialization and wgmma, fp16 or bf16 in and out, fp32 accumulation and softmax, fp32 LSE.
-//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, DTYPE, CAUSAL>>
+//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT, DTYPE,
+//                                CAUSAL>>
 //   (const AttnFwdParams, const __grid_constant__ AttnTensorMaps: Q box [BM][W], K and V [BN][W],
 //   O [64][W], W = the swizzle's columns; Family::tensor_maps declares them)
-// Grid: x = ceil(seq_q / BM) query blocks (reversed when causal: the heaviest first), y = heads,
-// z = batch; 128 x (CONSUMERS + 1) threads; kSmemBytes dynamic shared memory.
+// A tile is one query block of BM rows of one head of one batch entry.
+// Grid, PERSISTENT 0: one CTA per tile, x = ceil(seq_q / BM) query blocks (reversed when causal: the
+// heaviest first), y = heads, z = batch. PERSISTENT 1: one CTA per SM (any grid works), each looping
+// over the tiles (TileScheduler). 128 x (CONSUMERS + 1) threads; kSmemBytes dynamic shared memory.
 //
-// Warpgroup 0, the producer, keeps kProducerRegs registers; one of its threads copies Q once and then
-// K(n), V(n) into slot n % STAGES as soon as the consumers released the slot's previous block
-// (kv_empty), each completing on its own mbarrier (k_full, v_full: S can start before V lands).
+// Warpgroup 0, the producer, keeps kProducerRegs registers; one of its threads copies a tile's Q and
+// then K(n), V(n) into the ring's next slot as soon as the consumers released the slot's previous block
+// (kv_empty), each completing on its own mbarrier (k_full, v_full: S can start before V lands). The ring
+// runs on from one tile into the next; Q's slot is refilled once every consumer has finished the
+// previous tile, its O store included (q_empty, PERSISTENT only).
 // Consumer warpgroup c owns query rows [64c, 64c + 64) of the block; per K/V block n:
 //   S = Q K^T            wgmma SS (Q and K K-major, swizzled), 64 x BN, k = D
 //   mask, online softmax  rows' max over the quad, P = exp2(S scale_log2 - m scale_log2), l, alpha
@@ -20,6 +25,8 @@
 // P(n) V(n) runs; PINGPONG 1 has the consumers take turns at issuing (named barriers 1..C).
 // Epilogue: O / l (16-bit) staged swizzled in the warpgroup's rows of Q's slot, one TMA store per
 // column group (rows past seq_q are clipped by the copy engine); lse by the threads that hold the rows.
+// PERSISTENT: the storing thread waits until the copy engine has read the staged O, then releases Q's
+// slot (one q_empty arrival per consumer warpgroup).
 //
 // Masking as fa2_mma: keys past seq_k (zero-filled by TMA) and causal keys j > i + seq_k - seq_q
 // get S = -inf, only on blocks that straddle them; a row with no visible key ends with O = 0, lse = +inf.
@@ -50,39 +57,93 @@ struct Smem {
   __device__ unsigned k_full(int s) const { return bars + 8 + 24 * s; }
   __device__ unsigned v_full(int s) const { return bars + 16 + 24 * s; }
   __device__ unsigned kv_empty(int s) const { return bars + 24 + 24 * s; }
+  __device__ unsigned q_empty() const { return bars + 8 + 24 * T::kStages; }  // PERSISTENT only
 };
 
-// Slot and mbarrier parity of consecutive blocks in a ring of STAGES slots.
+// Slot and mbarrier parity of consecutive blocks in a ring of STAGES slots (across tiles: PERSISTENT).
 template <int STAGES>
 struct Ring {
   int slot = 0;
   unsigned parity = 0;
+  bool reused = false;  // from the second lap on: a slot's block replaces one the consumers must release
   __device__ void next() {
-    if (++slot == STAGES) slot = 0, parity ^= 1u;
+    if (++slot == STAGES) slot = 0, parity ^= 1u, reused = true;
   }
 };
 
-// The producer thread: Q, then every K/V block of the query block into the ring.
+// A tile's first query row, head and batch entry.
+struct Tile {
+  int m0, head, batch;
+};
+
+// The tiles of a CTA, shared by the producer and the consumers. PERSISTENT 0: the one its grid position
+// names (x reversed when causal: the heaviest first). PERSISTENT 1: tiles b, b + B, b + 2B, ... in
+// fa3_wgmma_tile's order (causal: longest first), b the CTA's linear index and B the grid's CTAs, so that
+// any grid is correct (the plain one, where the SM count was unknown, too).
 template <class T>
-__device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps& tm, int m0, int head, int kv_head,
-                                        int batch, int num_kv_blocks) {
+struct TileScheduler {
+  int t;  // the rest is recomputed from the parameters: registers are what a consumer lacks
+  __device__ TileScheduler()
+      : t(T::kPersistent ? static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) : 0) {}
+  __device__ static int qblocks(const AttnFwdParams& p) { return ceil_div(p.seq_q, T::kBlockM); }
+  __device__ bool valid(const AttnFwdParams& p) const { return t < (T::kPersistent ? qblocks(p) * p.heads * p.batch : 1); }
+  __device__ void next() { t += T::kPersistent ? static_cast<int>(gridDim.x * gridDim.y * gridDim.z) : 1; }
+  __device__ Tile tile(const AttnFwdParams& p) const {
+    if constexpr (T::kPersistent) {
+      const Fa3Tile x = fa3_wgmma_tile(t, qblocks(p), p.heads, p.batch, T::kCausal);
+      return {x.qblock * T::kBlockM, x.head, x.batch};
+    } else {
+      const int qb = T::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+      return {qb * T::kBlockM, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+    }
+  }
+};
+
+// K/V blocks the tile at query row m0 reads: every key, or causal, the keys up to its last row's
+// diagonal (key j is visible to query i iff j <= i + seq_k - seq_q: bottom-right aligned).
+template <class T>
+__device__ __forceinline__ int kv_blocks(int m0, int seq_q, int seq_k) {
+  const int kv_end = T::kCausal ? imin(seq_k, imin(m0 + T::kBlockM, seq_q) + seq_k - seq_q) : seq_k;
+  return kv_end > 0 ? ceil_div(kv_end, T::kBlockN) : 0;
+}
+
+// One tile's copies: Q into its slot, then every K/V block into the ring.
+template <class T>
+__device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensorMaps& tm, const Tile& tile,
+                                             int kv_head, int num_kv_blocks, Ring<T::kStages>& ring) {
   constexpr int W = T::kGroupCols, SW = T::kSwizzle, BN = T::kBlockN;
   mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
 #pragma unroll
   for (int g = 0; g < T::kGroups; ++g)
-    tma_load_4d(sm.q + static_cast<unsigned>(g * T::kBlockM * SW), &tm.map[0], g * W, m0, head, batch, sm.q_full());
-  Ring<T::kStages> ring;
+    tma_load_4d(sm.q + static_cast<unsigned>(g * T::kBlockM * SW), &tm.map[0], g * W, tile.m0, tile.head, tile.batch,
+                sm.q_full());
   for (int nb = 0; nb < num_kv_blocks; ++nb, ring.next()) {
-    if (nb >= T::kStages) mbar_wait(sm.kv_empty(ring.slot), ring.parity ^ 1u);  // block nb - STAGES released
+    if (ring.reused) mbar_wait(sm.kv_empty(ring.slot), ring.parity ^ 1u);  // the slot's previous block released
     const unsigned kf = sm.k_full(ring.slot), vf = sm.v_full(ring.slot);
     mbar_arrive_expect_tx(kf, T::kKvBytes);
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g)
-      tma_load_4d(sm.k(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[1], g * W, nb * BN, kv_head, batch, kf);
+      tma_load_4d(sm.k(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[1], g * W, nb * BN, kv_head, tile.batch,
+                  kf);
     mbar_arrive_expect_tx(vf, T::kKvBytes);
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g)
-      tma_load_4d(sm.v(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[2], g * W, nb * BN, kv_head, batch, vf);
+      tma_load_4d(sm.v(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[2], g * W, nb * BN, kv_head, tile.batch,
+                  vf);
+  }
+}
+
+// The producer thread: its CTA's tiles in turn; PERSISTENT: a tile's Q once every consumer warpgroup
+// released Q's slot (q_empty: its S GEMMs done and its O store read), the ring running on.
+template <class T>
+__device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps& tm, const AttnFwdParams& p) {
+  Ring<T::kStages> ring;
+  unsigned q_parity = 0;  // the tile's q_full phase; q_empty's of the previous tile is the other one
+  bool first = true;
+  for (TileScheduler<T> sched; sched.valid(p); sched.next(), q_parity ^= 1u, first = false) {
+    const Tile tile = sched.tile(p);
+    if (T::kPersistent && !first) mbar_wait(sm.q_empty(), q_parity ^ 1u);
+    produce_tile<T>(sm, tm, tile, tile.head / query_group(p), kv_blocks<T>(tile.m0, p.seq_q, p.seq_k), ring);
   }
 }
 
@@ -255,12 +316,12 @@ struct Turns {
   }
 };
 
-// One consumer warpgroup's main loop, serial: S, softmax, P V per block.
+// One consumer warpgroup's main loop over a tile's blocks, serial: S, softmax, P V per block. `ring`
+// is at the tile's first block and ends past its last.
 template <class T>
 __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg, const Rows& r, int num_kv_blocks,
-                                               float scale_log2, bool lane0, POperand<T>& p,
+                                               float scale_log2, bool lane0, Ring<T::kStages>& ring, POperand<T>& p,
                                                float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2]) {
-  Ring<T::kStages> ring;
   for (int nb = 0; nb < num_kv_blocks; ++nb, ring.next()) {
     const int n0 = nb * T::kBlockN;
     float s[T::kBlockN / 2];
@@ -289,20 +350,20 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
 }
 
 // One consumer warpgroup's main loop with intra-warpgroup overlap: S(n+1) and P(n) V(n) issued
-// together, the softmax of S(n+1) computed while P(n) V(n) runs.
+// together, the softmax of S(n+1) computed while P(n) V(n) runs. `ring` as consume_serial's.
 template <class T>
 __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q_wg, const Rows& r, int num_kv_blocks,
                                                    float scale_log2, bool lane0, const Turns<T>& turns,
-                                                   POperand<T>& p, float (&o)[T::kHeadDim / 2], float (&m)[2],
-                                                   float (&l)[2]) {
+                                                   Ring<T::kStages>& ring, POperand<T>& p,
+                                                   float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2]) {
   if (num_kv_blocks == 0) return;
   float s[T::kBlockN / 2];
   float alpha[2];
-  Ring<T::kStages> cur;  // the block whose P is staged in p
-  mbar_wait(sm.k_full(0), 0);
+  Ring<T::kStages> cur = ring;  // the block whose P is staged in p
+  mbar_wait(sm.k_full(cur.slot), cur.parity);
   turns.wait();
   wgmma_fence();
-  issue_qk<T>(s, q_wg, sm.k(0));
+  issue_qk<T>(s, q_wg, sm.k(cur.slot));
   wgmma_commit();
   turns.pass();
   wgmma_wait<0>();
@@ -352,6 +413,8 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   wgmma_fence_regs(o);
   p.fence();
   if (lane0) mbar_arrive(sm.kv_empty(cur.slot));
+  ring = cur;
+  ring.next();
 }
 
 }  // namespace fa3_wgmma_detail
@@ -367,15 +430,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char fa3_wgmma_smem[];
   const det::Smem<T> sm((smem_u32(fa3_wgmma_smem) + 1023u) & ~1023u);
 
-  const int qblock = T::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-  const int m0 = qblock * BM;
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int kv_head = head / query_group(p);
   const int seq_q = p.seq_q, seq_k = p.seq_k;
-  // Key j is visible to query i iff j <= i + causal_offset (bottom-right aligned).
-  const int causal_offset = seq_k - seq_q;
-  const int kv_end = T::kCausal ? imin(seq_k, imin(m0 + BM, seq_q) + causal_offset) : seq_k;
-  const int num_kv_blocks = kv_end > 0 ? ceil_div(kv_end, BN) : 0;
 
   if (threadIdx.x == 0) {
     mbar_init(sm.q_full(), 1);
@@ -384,6 +439,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mbar_init(sm.v_full(s), 1);
       mbar_init(sm.kv_empty(s), 4 * T::kConsumers);  // lane 0 of every consumer warp
     }
+    if constexpr (T::kPersistent) mbar_init(sm.q_empty(), T::kConsumers);  // one thread per consumer warpgroup
     fence_mbar_init();
   }
   __syncthreads();
@@ -393,67 +449,84 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       for (int i = 0; i < 4; ++i) prefetch_tensormap(&tm.map[i]);
-      det::produce<T>(sm, tm, m0, head, kv_head, batch, num_kv_blocks);
+      det::produce<T>(sm, tm, p);
     }
     return;
   }
   setmaxnreg_inc<T::kConsumerRegs>();
 
-  const int c = wg - 1;  // consumer index: query rows [64c, 64c + 64) of the block
+  const int c = wg - 1;  // consumer index: query rows [64c, 64c + 64) of a tile
   const int tid = static_cast<int>(threadIdx.x) - 128 * wg;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int wg_row = 16 * warp + g;  // the thread's first row within the warpgroup's 64
-  const det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, seq_k, causal_offset, m0 + 64 * c};
   const unsigned q_wg = sm.q + static_cast<unsigned>(64 * c * SW);  // column group 0 of its rows
   const float scale_log2 = p.scale_log2;
-
-  float o[T::kHeadDim / 2];
-#pragma unroll
-  for (int i = 0; i < T::kHeadDim / 2; ++i) o[i] = 0.f;
-  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
   const det::Turns<T> turns{c};
-  if constexpr (T::kPingpong) {
-    if (c == T::kConsumers - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
-  }
-
-  mbar_wait(sm.q_full(), 0);
   det::POperand<T> pop;
   if constexpr (T::kPSmem) pop = {sm.p + static_cast<unsigned>(c * T::kPBytes), 1 + 2 * T::kConsumers + c, wg_row, tig};
-  if constexpr (T::kOverlap)
-    det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, pop, o, m, l);
-  else
-    det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, pop, o, m, l);
-  if constexpr (T::kPingpong) {
-    if (c == 0) named_bar_sync(1, 256);  // the turn the last consumer passed after its last GEMMs
-  }
 
-  // Epilogue: full row sums over the quad, O / l as 16 bits into this warpgroup's rows of Q's slot
-  // (its own S GEMMs, the only readers, are done), then TMA stores; lse per row.
-  float* lse_out = p.lse + (static_cast<long long>(batch) * p.heads + head) * seq_q;
+  det::Ring<T::kStages> ring;  // K/V blocks, on from one tile into the next
+  unsigned q_parity = 0;       // the tile's q_full phase
+  for (det::TileScheduler<T> sched; sched.valid(p); sched.next(), q_parity ^= 1u) {
+    const det::Tile tile = sched.tile(p);
+    const int m0 = tile.m0, head = tile.head, batch = tile.batch;
+    const int num_kv_blocks = det::kv_blocks<T>(m0, seq_q, seq_k);
+    const det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, seq_k, seq_k - seq_q, m0 + 64 * c};
+
+    float o[T::kHeadDim / 2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float lt = l[h];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
-    const int r = wg_row + 8 * h;
-#pragma unroll
-    for (int j = 0; j < T::kOTiles; ++j) {
-      const int grp = 8 * j / W, chunk = 8 * j % W / 8;
-      st_shared_u32(q_wg + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk) + 4 * tig,
-                    pack_half2<T::kDtype>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
+    for (int i = 0; i < T::kHeadDim / 2; ++i) o[i] = 0.f;
+    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+
+    mbar_wait(sm.q_full(), q_parity);
+    // PINGPONG, balanced per tile: the last consumer's arrival lets consumer 0 go first, and consumer 0
+    // takes the turn the last consumer passes after its last GEMMs. The arrival follows q_full: by then
+    // consumer 0 has taken the previous tile's last turn (before its O store, which Q's reload waited
+    // for), so two arrivals never meet on barrier 1.
+    if constexpr (T::kPingpong) {
+      if (c == T::kConsumers - 1) named_bar_arrive(1, 256);
     }
-    const int i = rows.row0 + 8 * h;
-    if (tig == 0 && i < seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
-  }
-  fence_proxy_async();  // the generic-proxy writes, before the copy engine reads them
-  named_bar_sync(1 + T::kConsumers + c, 128);
-  if (tid == 0) {
+    if constexpr (T::kOverlap)
+      det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, ring, pop, o, m, l);
+    else
+      det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, ring, pop, o, m, l);
+    if constexpr (T::kPingpong) {
+      if (c == 0) named_bar_sync(1, 256);
+    }
+
+    // Epilogue: full row sums over the quad, O / l as 16 bits into this warpgroup's rows of Q's slot
+    // (its own S GEMMs, the only readers, are done), then TMA stores; lse per row. Its shared-memory
+    // addresses depend on the thread alone: computed from an opaque copy of q_wg, else they are hoisted
+    // out of the tile loop and held through the main loop (PERSISTENT, BN 176, C 3: 14 registers spilled).
+    unsigned q_out = q_wg;
+    asm volatile("" : "+r"(q_out));
+    float* lse_out = p.lse + (static_cast<long long>(batch) * p.heads + head) * seq_q;
 #pragma unroll
-    for (int grp = 0; grp < T::kGroups; ++grp)
-      tma_store_4d(&tm.map[3], q_wg + static_cast<unsigned>(grp * BM * SW), grp * W, m0 + 64 * c, head, batch);
-    bulk_commit();
-    bulk_wait_read<0>();  // shared memory stays valid until the copy engine has read it
+    for (int h = 0; h < 2; ++h) {
+      float lt = l[h];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      const int r = wg_row + 8 * h;
+#pragma unroll
+      for (int j = 0; j < T::kOTiles; ++j) {
+        const int grp = 8 * j / W, chunk = 8 * j % W / 8;
+        st_shared_u32(q_out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk) + 4 * tig,
+                      pack_half2<T::kDtype>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
+      }
+      const int i = rows.row0 + 8 * h;
+      if (tig == 0 && i < seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
+    }
+    fence_proxy_async();  // the generic-proxy writes, before the copy engine reads them
+    named_bar_sync(1 + T::kConsumers + c, 128);
+    if (tid == 0) {
+#pragma unroll
+      for (int grp = 0; grp < T::kGroups; ++grp)
+        tma_store_4d(&tm.map[3], q_out + static_cast<unsigned>(grp * BM * SW), grp * W, m0 + 64 * c, head, batch);
+      bulk_commit();
+      bulk_wait_read<0>();  // shared memory stays valid until the copy engine has read it
+      if constexpr (T::kPersistent) mbar_arrive(sm.q_empty());  // then the next tile's Q may land there
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // Tunables, derived constants and launch geometry of the fa3_wgmma family: FlashAttention-3's forward
 // design on Hopper (sm_90a), fp16 or bf16 in and out, fp32 accumulation and softmax, fp32 LSE.
-//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, DTYPE, CAUSAL>>
+//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT, DTYPE,
+//                                CAUSAL>>
 // One CTA per query block of BLOCK_M = 64 x CONSUMERS rows: a producer warpgroup (one thread issues
 // TMA copies of Q once and of K, V blocks into a ring of STAGES slots, mbarrier-tracked) and CONSUMERS
 // warpgroups of 64 query rows each (wgmma for S = Q K^T from shared memory and O += P V with P from
@@ -11,6 +12,9 @@
 //              softmax runs during the other's GEMMs (needs OVERLAP 1 and 2 or 3 consumers).
 //   P_SMEM 1:   P is staged in shared memory (a 64 x BLOCK_N tile per consumer) and P V is an SS wgmma:
 //              no registers of the softmax are read by a GEMM in flight (FlashAttention-3's SS configs).
+//   PERSISTENT 1: one CTA per SM loops over the (query block, head, batch) tiles, its K/V ring running on
+//              from one tile into the next (FlashAttention-3's persistent tile scheduler); causal: the
+//              tiles with the most visible keys first.
 // Host-usable: plain constexpr C++.
 #pragma once
 #include "traits_common.h"
@@ -36,16 +40,46 @@ FT_HD constexpr int fa3_wgmma_acc_regs(int D, int BN, int OVERLAP, int P_SMEM) {
 // Shared memory: Q [BM][D], STAGES x (K [BN][D], V [BN][D]), all 16-bit and swizzled, 1024-byte
 // aligned (the base is aligned at run time: + 1024 bytes of slack); P_SMEM: CONSUMERS x P [64][BN]
 // (16-bit, interleaved core matrices); then the mbarriers: q_full, STAGES x (k_full, v_full,
-// kv_empty). The epilogue stages O in Q's slot.
+// kv_empty), and with PERSISTENT q_empty (Q's slot free for the next tile). The epilogue stages O in Q's slot.
 FT_HD constexpr int fa3_wgmma_tile_bytes(int D, int rows) { return 2 * rows * D; }
-FT_HD constexpr int fa3_wgmma_barrier_bytes(int STAGES) { return 8 * (1 + 3 * STAGES); }
+FT_HD constexpr int fa3_wgmma_barrier_bytes(int STAGES, int PERSISTENT) { return 8 * (1 + 3 * STAGES + PERSISTENT); }
 FT_HD constexpr int fa3_wgmma_p_bytes(int BN, int CONSUMERS, int P_SMEM) { return P_SMEM ? CONSUMERS * 2 * 64 * BN : 0; }
-FT_HD constexpr int fa3_wgmma_smem_bytes(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM) {
+FT_HD constexpr int fa3_wgmma_smem_bytes(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM, int PERSISTENT) {
   return 1024 + fa3_wgmma_tile_bytes(D, fa3_wgmma_block_m(CONSUMERS)) + 2 * STAGES * fa3_wgmma_tile_bytes(D, BN) +
-         fa3_wgmma_p_bytes(BN, CONSUMERS, P_SMEM) + fa3_wgmma_barrier_bytes(STAGES);
+         fa3_wgmma_p_bytes(BN, CONSUMERS, P_SMEM) + fa3_wgmma_barrier_bytes(STAGES, PERSISTENT);
 }
-FT_HD constexpr GridDims fa3_wgmma_grid(int batch, int heads, int seq_q, int CONSUMERS) {
-  return GridDims{ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)), heads, batch};
+// Tiles: (query block, head, batch), BLOCK_M query rows each.
+FT_HD constexpr int fa3_wgmma_tiles(int batch, int heads, int seq_q, int CONSUMERS) {
+  return ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)) * heads * batch;
+}
+// Registers a CTA holds from launch to exit (setmaxnreg only moves them between its warpgroups, so the
+// launch allocation covers the budgets): 128 x (producer + CONSUMERS x consumer budget) = 33792, 64512,
+// 65536 for 1, 2, 3 consumers, more than half of an SM's 65536 registers: one CTA per SM, and a
+// persistent grid has one CTA per SM.
+FT_HD constexpr int fa3_wgmma_cta_regs(int CONSUMERS) {
+  return 128 * (fa3_wgmma_producer_regs(CONSUMERS) + CONSUMERS * fa3_wgmma_consumer_regs(CONSUMERS));
+}
+// PERSISTENT's tile order: linear tile t of qblocks x heads x batch -> its coordinates. Causal: the query
+// block is the slowest index and reversed, so the tiles with the most visible keys go first across
+// every head and batch entry (longest first: the last wave holds the short tiles). Otherwise the query
+// block is the fastest, as the plain grid is rasterised: the tiles in flight together share K and V.
+struct Fa3Tile {
+  int qblock, head, batch;
+};
+FT_HD constexpr Fa3Tile fa3_wgmma_tile(int t, int qblocks, int heads, int batch, bool causal) {
+  if (causal) {
+    const int bh = t % (heads * batch);
+    return Fa3Tile{qblocks - 1 - t / (heads * batch), bh % heads, bh / heads};
+  }
+  const int bh = t / qblocks;
+  return Fa3Tile{t % qblocks, bh % heads, bh / heads};
+}
+// PERSISTENT 0, or the SM count unknown (sm_count 0): one CTA per tile, x = query blocks, y = heads,
+// z = batch. PERSISTENT 1: min(tiles, sm_count) CTAs along x, CTA x computing tiles x, x + gridDim.x, ...
+FT_HD constexpr GridDims fa3_wgmma_grid(int batch, int heads, int seq_q, int CONSUMERS, int PERSISTENT, int sm_count) {
+  const int tiles = fa3_wgmma_tiles(batch, heads, seq_q, CONSUMERS);
+  return PERSISTENT && sm_count > 0 ? GridDims{tiles < sm_count ? tiles : sm_count, 1, 1}
+                                    : GridDims{ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)), heads, batch};
 }
 
 // ---- validity (shared by fa3_wgmma_check and the traits' static_asserts) ----
@@ -65,7 +99,7 @@ FT_HD constexpr bool fa3_wgmma_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE 
 
 // nullptr if valid, else the reason. The shared-memory limit is the compile stage's to apply.
 FT_HD constexpr const char* fa3_wgmma_check(int D, int BN, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG,
-                                            int P_SMEM) {
+                                            int P_SMEM, int PERSISTENT) {
   return !fa3_wgmma_d_ok(D)                 ? "D must be 32, 64, 96, 128, 192 or 256"
          : !fa3_wgmma_bn_ok(BN)             ? "BLOCK_N must be a multiple of 16 in 64..256 (a wgmma N)"
          : !fa3_wgmma_consumers_ok(CONSUMERS) ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_M = 64 x CONSUMERS)"
@@ -73,6 +107,7 @@ FT_HD constexpr const char* fa3_wgmma_check(int D, int BN, int CONSUMERS, int ST
          : !fa3_wgmma_switch_ok(OVERLAP)    ? "OVERLAP must be 0 or 1"
          : !fa3_wgmma_switch_ok(PINGPONG)   ? "PINGPONG must be 0 or 1"
          : !fa3_wgmma_switch_ok(P_SMEM)     ? "P_SMEM must be 0 or 1"
+         : !fa3_wgmma_switch_ok(PERSISTENT) ? "PERSISTENT must be 0 or 1"
          : !fa3_wgmma_pingpong_ok(CONSUMERS, OVERLAP, PINGPONG)
              ? "PINGPONG needs OVERLAP 1 and 2 or 3 consumer warpgroups"
          : !fa3_wgmma_acc_ok(D, BN, CONSUMERS, OVERLAP, P_SMEM)
@@ -80,11 +115,14 @@ FT_HD constexpr const char* fa3_wgmma_check(int D, int BN, int CONSUMERS, int ST
              : nullptr;
 }
 
-template <int D, int BLOCK_N, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG, int P_SMEM, int DTYPE, bool CAUSAL>
+template <int D, int BLOCK_N, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG, int P_SMEM, int PERSISTENT,
+          int DTYPE, bool CAUSAL>
 struct Fa3WgmmaTraits {
-  static_assert(fa3_wgmma_check(D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM) == nullptr,
+  static_assert(fa3_wgmma_check(D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT) == nullptr,
                 "invalid Fa3WgmmaTraits: see fa3_wgmma_check");
   static_assert(fa3_wgmma_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
+  static_assert(2 * fa3_wgmma_cta_regs(CONSUMERS) > 65536,
+                "one CTA per SM is what the persistent grid assumes (fa3_wgmma_grid)");
 
   static constexpr int kHeadDim = D;
   static constexpr int kBlockN = BLOCK_N;
@@ -94,6 +132,7 @@ struct Fa3WgmmaTraits {
   static constexpr bool kOverlap = OVERLAP == 1;
   static constexpr bool kPingpong = PINGPONG == 1;
   static constexpr bool kPSmem = P_SMEM == 1;
+  static constexpr bool kPersistent = PERSISTENT == 1;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 
@@ -106,7 +145,7 @@ struct Fa3WgmmaTraits {
   static constexpr int kQBytes = fa3_wgmma_tile_bytes(D, kBlockM);
   static constexpr int kKvBytes = fa3_wgmma_tile_bytes(D, BLOCK_N);  // one K or V slot
   static constexpr int kPBytes = fa3_wgmma_p_bytes(BLOCK_N, 1, P_SMEM);  // one consumer's P tile
-  static constexpr int kSmemBytes = fa3_wgmma_smem_bytes(D, BLOCK_N, CONSUMERS, STAGES, P_SMEM);
+  static constexpr int kSmemBytes = fa3_wgmma_smem_bytes(D, BLOCK_N, CONSUMERS, STAGES, P_SMEM, PERSISTENT);
   static constexpr int kSTiles = BLOCK_N / 8;  // n8 tiles of S per thread row pair
   static constexpr int kOTiles = D / 8;
 };

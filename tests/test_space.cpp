@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "templates/fa3_wgmma_traits.h"
 #include "tuner/space.hpp"
 #include "tuner/tensor_maps.hpp"
 #include "tuner/util.hpp"
@@ -292,4 +293,51 @@ TEST(Family, Fa3TensorMapsFollowTheProblem) {
   EXPECT_THAT(tensor_map_error(specs[0], p), HasSubstr("16-bit"));
   // The other families take no maps.
   EXPECT_TRUE(find_family("fa2_mma").tensor_maps(find_family("fa2_mma").default_config, p).empty());
+}
+
+// fa3_wgmma's PERSISTENT: one CTA per SM (at most one per tile) along x when the launch knows the SM
+// count, else the plain grid (which the kernel's tile loop also covers); q_empty's 8 bytes; the tile
+// order visits every tile once, causal ones longest first.
+TEST(Family, Fa3PersistentGrid) {
+  const Family& f = find_family("fa3_wgmma");
+  EXPECT_EQ(f.params.back().name, "PERSISTENT");
+  EXPECT_EQ(f.default_config.back(), 0);
+  Problem p;
+  p.batch = 3, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 128, p.dtype = DType::bf16;
+  const Config plain = f.parse_config("BLOCK_N=128,CONSUMERS=2"), persistent = f.parse_config("BLOCK_N=128,CONSUMERS=2,PERSISTENT=1");
+  EXPECT_THAT(f.traits(persistent, 128, true, DType::bf16), HasSubstr("<128,128,2,2,1,1,0,1,1,true>"));
+  auto grid = [&](const Config& c, int sm_count) {
+    Problem q = p;
+    q.sm_count = sm_count;
+    const Launch l = f.launches(c, q).at(0);
+    return std::vector<unsigned>{l.grid[0], l.grid[1], l.grid[2]};
+  };
+  const std::vector<unsigned> per_tile{3, 8, 3};  // ceil(333 / 128) query blocks, heads, batch: 72 tiles
+  EXPECT_EQ(grid(plain, 0), per_tile);
+  EXPECT_EQ(grid(plain, 132), per_tile);
+  EXPECT_EQ(grid(persistent, 0), per_tile);  // SM count unknown: the plain grid
+  EXPECT_EQ(grid(persistent, 132), (std::vector<unsigned>{72, 1, 1}));  // fewer tiles than SMs
+  EXPECT_EQ(grid(persistent, 66), (std::vector<unsigned>{66, 1, 1}));
+  EXPECT_EQ(grid(persistent, 1), (std::vector<unsigned>{1, 1, 1}));
+  EXPECT_EQ(f.launches(persistent, p).at(0).smem_bytes, f.launches(plain, p).at(0).smem_bytes + 8u);
+  EXPECT_EQ(f.launches(persistent, p).at(0).threads, 384u);
+  EXPECT_NE(f.check({128, 2, 2, 1, 1, 0, 2}, 128), nullptr);
+
+  for (bool causal : {false, true}) {
+    const int qblocks = 5, heads = 3, batch = 2;
+    std::vector<int> seen(qblocks * heads * batch, 0);
+    int prev_qblock = causal ? qblocks : -1;
+    for (int t = 0; t < qblocks * heads * batch; ++t) {
+      const Fa3Tile x = fa3_wgmma_tile(t, qblocks, heads, batch, causal);
+      ASSERT_TRUE(x.qblock >= 0 && x.qblock < qblocks && x.head >= 0 && x.head < heads && x.batch >= 0 && x.batch < batch);
+      ++seen[(x.batch * heads + x.head) * qblocks + x.qblock];
+      if (causal) {
+        EXPECT_LE(x.qblock, prev_qblock) << t;  // the later the query block, the more visible keys
+        prev_qblock = x.qblock;
+      } else {
+        EXPECT_EQ(x.qblock, t % qblocks) << t;  // the query block fastest, as the plain grid
+      }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), qblocks * heads * batch) << causal;
+  }
 }

@@ -35,6 +35,13 @@ struct Problem {
   std::string direction = "fwd";
   InputDist inputs;  // what the generated inputs are drawn from
   int heads_k = 0;   // grouped-query attention: K and V have heads_k heads (a divisor of heads); 0: heads
+  // Not the problem but the device it is launched on: its SM count, for the launch geometry that depends
+  // on it (a persistent grid: Family::launches). Whoever launches sets it on a copy just before calling
+  // `launches` (the sweep's GpuSession, the runtime library), from the device attribute; everywhere else
+  // it stays 0, "unknown", and such a family falls back to its plain grid. So the identity of a problem
+  // (==, str, JSON, the store's columns) never sees it. Chosen over an argument of `launches`: one
+  // family needs it, and every family's launches and every caller stay as they are.
+  int sm_count = 0;
 
   // FlashAttention's convention: forward 4*B*H*Sq*Sk*d, halved when causal; backward 2.5x that.
   double flops() const;

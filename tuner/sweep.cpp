@@ -112,7 +112,9 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
     std::ofstream f(cubin_path, std::ios::binary);
     f.write(k.cubin.data(), (std::streamsize)k.cubin.size());
   }
-  const std::vector<Launch> launches = v.family->launches(v.config, p);
+  Problem on_device = p;  // the persistent grids' SM count (Problem::sm_count)
+  on_device.sm_count = device_.sm_count;
+  const std::vector<Launch> launches = v.family->launches(v.config, on_device);
   const std::vector<std::string> names = split(k.lowered_name, '\n');
   json kernels = json::array();
   for (size_t i = 0; i < launches.size() && i < names.size(); ++i)

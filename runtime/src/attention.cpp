@@ -62,6 +62,7 @@ struct Loaded {
 };
 struct DeviceDesc {
   std::string name, arch;
+  int sm_count = 0;
 };
 struct CachedPick {
   Pick pick;
@@ -151,7 +152,9 @@ DeviceDesc current_device() {
   int major = 0, minor = 0;
   FT_CU(cuDeviceGetAttribute, &major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
   FT_CU(cuDeviceGetAttribute, &minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-  DeviceDesc d{name, "sm_" + std::to_string(major) + std::to_string(minor)};
+  int sms = 0;
+  FT_CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+  DeviceDesc d{name, "sm_" + std::to_string(major) + std::to_string(minor), sms};
   std::lock_guard<std::mutex> lock(s.mu);
   s.devices[(int)dev] = d;
   return d;
@@ -430,7 +433,9 @@ class Scratch {
 // maps: the TMA descriptors of a family that declares tensor maps (the kernels' second parameter).
 void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream stream,
                    const AttnTensorMaps* maps = nullptr) {
-  const std::vector<Launch> ls = plan.pick.family->launches(plan.pick.config, plan.problem);
+  Problem on_device = plan.problem;  // the persistent grids' SM count (Problem::sm_count)
+  on_device.sm_count = plan.device.sm_count;
+  const std::vector<Launch> ls = plan.pick.family->launches(plan.pick.config, on_device);
   void* args[] = {params, const_cast<AttnTensorMaps*>(maps)};
   for (size_t i = 0; i < ls.size() && i < k.fns.size(); ++i) {
     const Launch& l = ls[i];
