@@ -315,7 +315,7 @@ fa3)
   # and bf16, causal and not, Sq != Sk both ways, Sq = 1, grouped- and multi-query); "fa3 time": the
   # grid space tuned (halving) on the bf16 grid, then each point's best re-timed beside FlashAttention-3's
   # fixed table through our template and torch SDPA flash and cuDNN in one process:
-  # fwd_hopper_vs_peers.csv. "fa3 all": both.
+  # fwd_hopper_vs_peers.csv. "fa3 all": both. "fa3 spot [problems]": the grid space on a few points.
   part=${1:-check}
   val=$rep/fa3_validate.db
   if [[ $part == check || $part == all ]]; then
@@ -335,6 +335,13 @@ fa3)
     log "re-timed beside FlashAttention-3's table, torch flash and cuDNN"
     python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --family fa3_wgmma \
       --flashtune "$ft" --out "$rep/fwd_hopper_vs_peers.csv" 2>/dev/null
+  fi
+  if [[ $part == spot ]]; then  # fa3 spot [problems]: the grid space tuned exhaustively on a few points, re-timed
+    probs=${2:-spot_fa3_causal_1k}
+    log "tune fa3_wgmma_grid on $probs (exhaustive)"
+    $ft tune configs/spaces/fa3_wgmma_grid.json configs/problems/$probs.json --db "$db" 2>&1 | grep -vE "^\[" | tail -4
+    python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/$probs.json --family fa3_wgmma \
+      --flashtune "$ft" --out "$rep/fwd_hopper_$probs.csv" 2>/dev/null
   fi
   finish
   ;;
