@@ -155,17 +155,6 @@ __device__ __forceinline__ void store_tile(unsigned short* out, const float (&ac
   }
 }
 
-// This thread's elements of a 64 x N accumulator tile (rows row, row + 8), packed to 16 bits, into
-// columns col0.. of an interleaved tile of C columns.
-template <int DTYPE, int N, int C>
-__device__ __forceinline__ void store_frags(unsigned tile, const float (&x)[N / 2], int row, int col0, int tig) {
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j) {
-    st_shared_u32(tile + il_chunk<C>(row, col0 / 8 + j) + 4 * tig, pack_half2<DTYPE>(x[4 * j], x[4 * j + 1]));
-    st_shared_u32(tile + il_chunk<C>(row + 8, col0 / 8 + j) + 4 * tig, pack_half2<DTYPE>(x[4 * j + 2], x[4 * j + 3]));
-  }
-}
-
 // DQ_RED 2: a warp's 16 x C piece of dQ (accumulators in the C layout, times mul) added into rows
 // 0..15 of out (row stride D; rows >= rows_left skipped), 32 columns at a time through the warp's
 // 16 x 32 fp32 staging tile: stored in 16-byte pieces swizzled by row (piece c4 of row r at

@@ -283,12 +283,7 @@ struct POperand<T, true> {
   int bar;        // its named barrier
   int row, tig;   // the thread's first row (of 64) and thread in quad
   __device__ void stage(const float (&s)[T::kBlockN / 2]) {
-#pragma unroll
-    for (int j = 0; j < T::kSTiles; ++j) {
-      st_shared_u32(tile + il_chunk<T::kBlockN>(row, j) + 4 * tig, pack_half2<T::kDtype>(s[4 * j], s[4 * j + 1]));
-      st_shared_u32(tile + il_chunk<T::kBlockN>(row + 8, j) + 4 * tig,
-                    pack_half2<T::kDtype>(s[4 * j + 2], s[4 * j + 3]));
-    }
+    store_frags<T::kDtype, T::kBlockN, T::kBlockN>(tile, s, row, 0, tig);
     fence_proxy_async();
   }
   __device__ void fence() {}

@@ -17,6 +17,7 @@
 #error "wgmma needs the sm_90a target (arch-specific Hopper features)"
 #endif
 
+#include "device_common.cuh"
 #include "wgmma_ops.cuh"
 
 namespace flashtune {
@@ -44,6 +45,18 @@ __device__ __forceinline__ unsigned long long desc_k_major(unsigned addr) {
 template <int C>
 __device__ __forceinline__ unsigned long long desc_mn_major(unsigned addr) {
   return wgmma_desc(addr, 16 * C, 128);
+}
+
+// This thread's elements of a 64 x N accumulator tile (rows row, row + 8 of its warp's 16), packed to
+// 16 bits, into columns col0.. of an interleaved tile of C columns: a warp's stores of one n8 tile
+// cover one whole core matrix (128 contiguous bytes), conflict free.
+template <int DTYPE, int N, int C>
+__device__ __forceinline__ void store_frags(unsigned tile, const float (&x)[N / 2], int row, int col0, int tig) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    st_shared_u32(tile + il_chunk<C>(row, col0 / 8 + j) + 4 * tig, pack_half2<DTYPE>(x[4 * j], x[4 * j + 1]));
+    st_shared_u32(tile + il_chunk<C>(row + 8, col0 / 8 + j) + 4 * tig, pack_half2<DTYPE>(x[4 * j + 2], x[4 * j + 3]));
+  }
 }
 
 // Swizzled tiles (fa3_wgmma; loaded and stored by TMA with the same swizzle): a tile of R rows x W

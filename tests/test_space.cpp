@@ -10,6 +10,7 @@
 
 #include "templates/fa3_wgmma_traits.h"
 #include "tuner/space.hpp"
+#include "fake_driver/record_tensor_map.hpp"
 #include "tuner/tensor_maps.hpp"
 #include "tuner/util.hpp"
 
@@ -228,19 +229,6 @@ TEST(CommittedConfigs, EveryFamilyHasASpaceFile) {
 }
 
 namespace {
-// Records the arguments of every call in the map's words, as the fake driver does.
-CUresult record_encode(CUtensorMap* m, CUtensorMapDataType type, cuuint32_t rank, void* addr, const cuuint64_t* dims,
-                       const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave,
-                       CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
-  if (rank != 4) return CUDA_ERROR_INVALID_VALUE;
-  cuuint64_t* w = m->opaque;
-  w[0] = reinterpret_cast<cuuint64_t>(addr);
-  for (int i = 0; i < 4; ++i) w[1 + i] = dims[i], w[8 + i] = box[i];
-  for (int i = 0; i < 3; ++i) w[5 + i] = strides[i];
-  w[12] = (cuuint64_t)swizzle;
-  w[13] = (cuuint64_t)type;
-  return CUDA_SUCCESS;
-}
 CUresult refuse_encode(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                        const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                        CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
@@ -257,7 +245,7 @@ TEST(Family, Fa3TensorMapsFollowTheProblem) {
   const Config c = f.parse_config("BLOCK_N=80,CONSUMERS=3");
   const auto specs = f.tensor_maps(c, p);
   ASSERT_EQ(specs.size(), 4u);
-  const AttnTensorMaps m = encode_tensor_maps(&record_encode, specs, p, {0x1000, 0x2000, 0x3000, 0x4000});
+  const AttnTensorMaps m = encode_tensor_maps(&record_tensor_map, specs, p, {0x1000, 0x2000, 0x3000, 0x4000});
   const cuuint64_t row = 2 * 96;
   struct Want { cuuint64_t addr, seq, heads, box_rows; };
   const Want want[4] = {{0x1000, 333, 8, 192}, {0x2000, 517, 2, 80}, {0x3000, 517, 2, 80}, {0x4000, 333, 8, 64}};
@@ -287,7 +275,7 @@ TEST(Family, Fa3TensorMapsFollowTheProblem) {
   EXPECT_THAT(tensor_map_error(bad, p), HasSubstr("rows"));
   bad = {"q", 64, 128, 128};
   EXPECT_THAT(tensor_map_error(bad, p), HasSubstr("columns"));
-  EXPECT_THROW(encode_tensor_maps(&record_encode, {bad}, p, {}), std::invalid_argument);
+  EXPECT_THROW(encode_tensor_maps(&record_tensor_map, {bad}, p, {}), std::invalid_argument);
   EXPECT_THROW(encode_tensor_maps(&refuse_encode, specs, p, {}), std::runtime_error);
   p.dtype = DType::fp32;
   EXPECT_THAT(tensor_map_error(specs[0], p), HasSubstr("16-bit"));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fake_cuda.hpp"
+#include "record_tensor_map.hpp"
 
 namespace {
 FakeState g_state;
@@ -146,20 +147,12 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstr
   return CUDA_SUCCESS;
 }
 
-// Records what it was given in the map's 16 words (address, dims, strides, box, swizzle, dtype), so a
-// launch hook can check the maps a family's kernels receive.
 CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* m, CUtensorMapDataType type, cuuint32_t rank, void* addr,
                                         const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
-                                        const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle swizzle,
-                                        CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
-  if (rank != 4) return CUDA_ERROR_INVALID_VALUE;
-  cuuint64_t* w = m->opaque;
-  w[0] = reinterpret_cast<cuuint64_t>(addr);
-  for (int i = 0; i < 4; ++i) w[1 + i] = dims[i], w[8 + i] = box[i];
-  for (int i = 0; i < 3; ++i) w[5 + i] = strides[i];
-  w[12] = (cuuint64_t)swizzle;
-  w[13] = (cuuint64_t)type;
-  return CUDA_SUCCESS;
+                                        const cuuint32_t* elem_strides, CUtensorMapInterleave interleave,
+                                        CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                        CUtensorMapFloatOOBfill fill) {
+  return record_tensor_map(m, type, rank, addr, dims, strides, box, elem_strides, interleave, swizzle, l2, fill);
 }
 
 }  // extern "C"
