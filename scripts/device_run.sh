@@ -9,7 +9,8 @@
 #            guided, early stop, a crash on one worker), fault isolation, concurrent writers
 #   main-job - scripts/main.sh from this fresh build, cold caches, within MAIN_BUDGET
 #   aot    - a second build with FLASHTUNE_AOT_ARCHS="80;90a": gpu_runtime with every kernel from the library
-#   exhaustive-check - fa2_mma exhaustively on the bf16 grid; the committed main job's picks timed within it
+#   exhaustive-check - the main job's Hopper spaces exhaustively on its problems; its picks (the carried store)
+#            timed within them (halving_vs_exhaustive_<family>.csv; EX_STEPS picks the steps)
 #   multi-gpu [one|two|all] - issue 17 on two GPUs: one sweep on --devices 1, then on --devices 0,1, a crash on one
 #            worker, multi_gpu_sweep.csv (experiments/multi_gpu_sweep.py)
 #   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
@@ -51,9 +52,14 @@ extra=()
 if [[ ! -f /usr/include/sqlite3.h && -f .devdeps/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$PWD/.devdeps/include -DSQLite3_LIBRARY=/usr/lib/x86_64-linux-gnu/libsqlite3.so.0)
 fi
-if ! { cmake --preset release -DFLASHTUNE_BENCHMARKS=OFF "${extra[@]}" && cmake --build build -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
+# The main job needs the CLI and its worker only (what a user's first build of the main job makes).
+targets=()
+[[ $stage == main-job ]] && targets=(--target flashtune flashtune-worker)
+build_t0=$(date +%s)
+if ! { cmake --preset release -DFLASHTUNE_BENCHMARKS=OFF "${extra[@]}" && cmake --build build -j"$(nproc)" "${targets[@]}"; } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi
+log "built in $(($(date +%s) - build_t0)) s"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
 ft=build/flashtune
 $ft devices || exit 1
@@ -208,20 +214,39 @@ main-job)
   MAIN_SKIP_SETUP=1 timeout "${MAIN_TIMEOUT_S:-3600}" bash scripts/main.sh >"$OUT/main.log" 2>&1
   echo "main job: exit $?, $(($(date +%s) - t0)) s"
   grep -E "^main:|evaluated|budget|eta" "$OUT/main.log" | grep -vE "\[ *[0-9]+/[0-9]+\].*eta" | tail -60
-  grep -E "eta" "$OUT/main.log" | head -5
+  # The job's ETA shown at 10% of the tuning time against that time.
+  python3 - "$OUT/main.log" <<'PY'
+import re, sys
+sec = lambda m, s: 60 * int(m) + int(s)
+log = open(sys.argv[1]).read()
+done = re.search(r"main: tuning done in (\d+)m(\d+)s", log)
+etas = [(sec(*m[:2]), sec(*m[2:])) for m in re.findall(r"\| job (\d+)m(\d+)s, eta (\d+)m(\d+)s", log)]
+if not done or not etas:
+    sys.exit("main job: no ETA lines or no end")
+total = sec(*done.groups())
+at, eta = next(((t, e) for t, e in etas if t >= 0.1 * total), etas[-1])
+print(f"main job: tuning took {total}s; at {at}s ({100 * at / total:.0f}%) the ETA shown was {eta}s: {eta / total:.3f}x")
+PY
   cp "$rep/summary.txt" "$OUT/" 2>/dev/null
   finish
   ;;
 exhaustive-check)
-  # fa2_mma exhaustively on the bf16 grid in a store of its own, then the main job's (halving) picks
-  # timed within it, and the strategies replayed on it (the CI bars, on this GPU's data).
-  log "exhaustive fa2_mma on anchors_bf16"
-  ex=$OUT/exhaustive_fa2_mma.db
-  $ft tune configs/spaces/fa2_mma.json configs/problems/anchors_bf16.json --db "$ex" --quiet --stop-margin 0 2>&1 | tail -3
-  python3 experiments/halving_vs_exhaustive.py "$db" "$ex" fa2_mma "$OUT/halving_vs_exhaustive.csv" | tail -20
-  $ft drop-cubins --db "$ex"
-  python3 tests/replay_strategies.py $ft configs/spaces/fa2_mma.json configs/problems/anchors_bf16.json "$ex" \
-    --strategies halving,guided 2>&1 | tail -45
+  # The main job's picks (the carried store, from `main-job`) timed inside exhaustive sweeps of the same
+  # spaces on the same problems, each in a store of its own: halving_vs_exhaustive_<family>.csv.
+  # EX_STEPS: which of the main job's Hopper steps ("space:problems:family", space-separated; two calls
+  # fit them all); EX_LIMIT_S bounds each sweep (a rerun in the same call resumes).
+  steps=${EX_STEPS:-"fa3_wgmma_main:anchors_bf16:fa3_wgmma fa2_mma_bwd:anchors_bwd_bf16_d64:fa2_mma_bwd fa2_wgmma_bwd_grid:anchors_bwd_bf16_d128_256:fa2_wgmma_bwd fa2_simt:anchors_fp32:fa2_simt"}
+  for step in $steps; do
+    IFS=: read -r space probs fam <<<"$step"
+    ex=$rep/exhaustive_$fam.db
+    log "exhaustive $space on $probs"
+    timeout "${EX_LIMIT_S:-400}" $ft tune configs/spaces/$space.json configs/problems/$probs.json --db "$ex" --quiet \
+      --stop-margin 0 >"$OUT/exhaustive_$fam.log" 2>&1
+    echo "exit $?"; tail -3 "$OUT/exhaustive_$fam.log"
+    python3 experiments/halving_vs_exhaustive.py "$db" "$ex" "$fam" "$rep/halving_vs_exhaustive_$fam.csv" | tail -20
+    $ft drop-cubins --db "$ex"
+  done
+  tar czf "$OUT/sweep.tar.gz" "$rep"
   ;;
 multi-gpu)
   # Issue 17: one sweep over two GPUs against one GPU alone, on a machine with two. "two": gpu_search,

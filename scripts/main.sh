@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The main job: tune what matters on GPU 0 into reports/<gpu>/results.db, then the headers, a summary
 # table and the report.
-#   Hopper (sm_90): bf16 forward (fa2_mma), bf16 backward (fa2_mma_bwd at d 64, fa2_wgmma_bwd's grid space
-#   at d 128/256) and fp32 forward (fa2_simt) on the standard grid, each by successive halving within
-#   its share of MAIN_BUDGET (default 14m; a share that runs out ends that step with what it stored).
+#   Hopper (sm_90): bf16 forward (fa3_wgmma's main space), bf16 backward (fa2_mma_bwd at d 64,
+#   fa2_wgmma_bwd's grid space at d 128/256) and fp32 forward (fa2_simt) on the standard grid, each by
+#   successive halving within its share of MAIN_BUDGET (default 14m). A step's share is split over its
+#   problems as they start (tune --time-budget), so every problem gets a pick; what a step leaves goes
+#   to the later ones.
+# Progress: tune's lines (the step's ETA, never past its share) get the job's ETA appended: the time so
+# far, what the step still needs, and the later steps' shares (halving on the full grid needs more than
+# a share of the default budget, so a later step is expected to spend its share).
 #   Other GPUs: fa2_simt and naive on the fp32 grid, exhaustively.
 # Without a GPU: compile and prune the fp32 space for sm_90, print the resource table, say so.
 set -euo pipefail
@@ -22,11 +27,30 @@ mkdir -p "$out"
 db=$out/results.db
 budget_s=$(python3 -c "import sys; s=sys.argv[1]; u={'h':3600,'m':60,'s':1}.get(s[-1]); print(int(float(s[:-1])*u if u else float(s)))" "${MAIN_BUDGET:-14m}")
 start=$(date +%s)
+duration() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+seconds_of() {  # tune's "1h02m", "2m08s" or "45s" -> seconds
+  local t=$1 s=0
+  [[ $t =~ ([0-9]+)h ]] && s=$((s + 3600 * 10#${BASH_REMATCH[1]}))
+  [[ $t =~ ([0-9]+)m ]] && s=$((s + 60 * 10#${BASH_REMATCH[1]}))
+  [[ $t =~ ([0-9]+)s ]] && s=$((s + 10#${BASH_REMATCH[1]}))
+  echo $s
+}
+# tune's stderr, with the job's ETA after each progress line: now + the step's own ETA + the later shares.
+with_job_eta() {
+  local line now
+  while IFS= read -r line; do
+    if [[ $line =~ ^tune\ .*\ eta\ ([0-9hms]+)\  ]]; then
+      now=$(($(date +%s) - start))
+      line="$line  | job $(duration $now), eta $(duration $((now + $(seconds_of "${BASH_REMATCH[1]}") + $1)))"
+    fi
+    printf '%s\n' "$line"
+  done
+}
 
 # step <share of the budget, percent> <space> <problems> [strategy]
 steps=()
 if [[ "$($ft devices | grep -o 'sm_[0-9]*' | head -1)" == sm_90 ]]; then
-  steps=("30 fa2_mma anchors_bf16" "15 fa2_mma_bwd anchors_bwd_bf16_d64" "25 fa2_wgmma_bwd_grid anchors_bwd_bf16_d128_256"
+  steps=("25 fa3_wgmma_main anchors_bf16" "15 fa2_mma_bwd anchors_bwd_bf16_d64" "30 fa2_wgmma_bwd_grid anchors_bwd_bf16_d128_256"
          "30 fa2_simt anchors_fp32")
 else
   steps=("80 fa2_simt anchors_fp32 exhaustive" "20 naive anchors_fp32 exhaustive")
@@ -46,10 +70,14 @@ for step in "${steps[@]}"; do
     echo "main: [$i/$n] $space skipped: the budget is spent" >&2
     continue
   fi
-  echo "main: [$i/$n] $space on $problems (${strategy:-halving}, up to ${give}s; elapsed ${elapsed}s of ${budget_s}s)" >&2
+  later=$((left - give))  # the later steps' shares
+  echo "main: [$i/$n] $space on $problems (${strategy:-halving}, up to ${give}s; elapsed ${elapsed}s of ${budget_s}s," \
+    "job eta $(duration $((elapsed + give + later)))" >&2
   $ft tune "configs/spaces/$space.json" "configs/problems/$problems.json" --db "$db" \
-    --strategy "${strategy:-halving}" --time-budget "${give}s"
+    --strategy "${strategy:-halving}" --time-budget "${give}s" 2> >(with_job_eta "$later" >&2)
 done
+wait  # the last progress filter
+echo "main: tuning done in $(duration $(($(date +%s) - start)))" >&2
 $ft emit --db "$db" --out configs/generated
 $ft best --db "$db" | tee "$out/summary.txt"
 $ft report --db "$db" --out "$out" >/dev/null || echo "main: the report could not be drawn (see above)" >&2

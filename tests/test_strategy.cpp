@@ -229,3 +229,51 @@ TEST(StepProblems, HalvingRoundsCloseWhileOtherProblemsGoOn) {
   for (const auto& c : two.cands) cands += c.size();
   EXPECT_GT(runs, cands);
 }
+
+// A time budget is shared out as the problems start: a budget far too short for one exhaustive problem
+// still gives every problem evaluations and a pick, and no problem starts an evaluation after its part.
+TEST(StepProblems, TimeBudgetIsSharedSoEveryProblemGetsAPick) {
+  const Space space = load_space(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/fa2_mma.json");
+  const Compiler compiler("sm_90");
+  std::vector<Problem> problems;
+  std::vector<std::vector<SearchCandidate>> cands;
+  for (int d : {64, 128, 256, 64}) {
+    Problem p;
+    p.batch = 2, p.heads = 4, p.seq_q = p.seq_k = 512, p.head_dim = d, p.dtype = DType::bf16;
+    p.causal = problems.size() == 3;
+    problems.push_back(p);
+    cands.push_back(search_candidates(space, p, compiler, Shard{}));
+    ASSERT_GT(cands.back().size(), 8u);
+  }
+  SearchOptions o;
+  o.strategy = "exhaustive";
+  double clock = 0;  // one unit per evaluation; problem 1 is twice as cheap, so it leaves part of its share
+  const double budget = 40;
+  std::vector<size_t> evaluations(problems.size(), 0);
+  std::vector<double> last_start(problems.size(), 0);
+  std::vector<ProblemReport> reports(problems.size());
+  step_problems(
+      problems.size(), 1, budget, [&] { return clock; },
+      [&](size_t pi, int) { return std::make_unique<ProblemSearch>(cands[pi], problems[pi], o); },
+      [&](size_t pi, int, const ProblemSearch::Ticket& t) {
+        ++evaluations[pi];
+        last_start[pi] = clock;
+        clock += pi == 1 ? 0.5 : 1.0;
+        SearchEvaluation e;
+        e.o = {true, 1.0 + 0.01 * (double)(t.prop.candidate % 7), t.prop.reps, false};
+        return e;
+      },
+      [&](size_t pi, int, const ProblemSearch& search) { reports[pi] = search.report(nullptr); });
+  // Shares when each starts: 40/4 = 10 units (0 to 10), then 30/3 = 10 units of evaluations at 0.5 (10 to 20),
+  // then 20/2 (20 to 30), then the last 10 (30 to 40).
+  const double ends[] = {10, 20, 30, 40};
+  for (size_t pi = 0; pi < problems.size(); ++pi) {
+    EXPECT_GT(evaluations[pi], 0u) << "problem " << pi;
+    EXPECT_LT(evaluations[pi], cands[pi].size()) << "problem " << pi << ": the budget should have cut it";
+    EXPECT_FALSE(reports[pi].best_config.empty()) << "problem " << pi;
+    EXPECT_LT(last_start[pi], ends[pi]) << "problem " << pi << " started an evaluation after its share";
+  }
+  EXPECT_EQ(evaluations[0], 10u);
+  EXPECT_EQ(evaluations[1], 20u);
+  EXPECT_LE(clock, budget);
+}

@@ -264,7 +264,9 @@ std::vector<ProblemReport> replay_search(const Space& space, const std::vector<P
       simulated += e.timing_ms;
       return e;
     };
-    const double deadline = o.time_budget_s > 0 ? o.time_budget_s * 1e3 : 0;
+    // The budget shared out as the sweep does: this problem's equal part of what is left.
+    const double left = (double)(problems.size() - (size_t)(&p - problems.data()));
+    const double deadline = o.time_budget_s > 0 ? simulated + std::max(0.0, o.time_budget_s * 1e3 - simulated) / left : 0;
     ProblemReport rep = search_problem(cands, p, o, counted, deadline, [&] { return simulated; });
     // Replay reports the pick at its stored speed, not at the noisy figure that picked it.
     for (size_t i = 0; i < cands.size(); ++i)
@@ -290,6 +292,7 @@ void step_problems(size_t problems, int workers, double deadline, const std::fun
   struct Run {
     std::unique_ptr<ProblemSearch> search;
     bool finishing = false;  // a worker took its finish
+    double deadline = 0;     // its share of the budget ends here (0: no budget)
   };
   std::vector<Run> runs(problems);
   std::mutex mu;
@@ -299,14 +302,14 @@ void step_problems(size_t problems, int workers, double deadline, const std::fun
     std::unique_lock<std::mutex> lock(mu);
     size_t mine = problems;  // the problem this worker last stepped
     for (;;) {
-      const bool stopped = deadline > 0 && clock() >= deadline;
+      const double now = clock();
       std::optional<ProblemSearch::Ticket> ticket;
       size_t pi = problems;
       bool finishing = false;
       auto pick = [&](size_t i) {
         Run& r = runs[i];
         if (!r.search || r.finishing) return false;
-        if ((ticket = r.search->take(stopped))) {
+        if ((ticket = r.search->take(r.deadline > 0 && now >= r.deadline))) {
           pi = i;
           return true;
         }
@@ -322,6 +325,13 @@ void step_problems(size_t problems, int workers, double deadline, const std::fun
       bool found = mine < problems && pick(mine);
       while (!found && next_problem < problems) {
         const size_t i = next_problem++;
+        // A budget is shared out as the problems start: each gets an equal part of what is left (with
+        // several workers, of what is left times the workers that can run problems side by side), so
+        // every problem gets a pick and what one leaves unspent goes to the next.
+        if (deadline > 0) {
+          const double left = (double)(problems - i), side_by_side = std::min<double>(workers, left);
+          runs[i].deadline = now + std::max(0.0, deadline - now) * side_by_side / left;
+        }
         runs[i].search = start(i, w);
         found = pick(i);
       }

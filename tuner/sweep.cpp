@@ -40,6 +40,7 @@ void Progress::update(size_t done, const std::string& label) {
   if (done < total_ && now - last_print_ < (tty_ ? 0.2 : 15.0)) return;
   last_print_ = now;
   double eta = done && done < total_ ? elapsed / done * (total_ - done) : 0;
+  if (limit_ > 0) eta = std::min(eta, std::max(0.0, limit_ - elapsed));
   std::fprintf(stderr, "%s%s [%zu/%zu] %3d%%  elapsed %s  eta %s  %s%s", tty_ ? "\r\033[K" : "", what_.c_str(), done,
                total_, (int)(100.0 * std::min(done, total_) / total_), format_duration(elapsed).c_str(), format_duration(eta).c_str(),
                label.substr(0, 100).c_str(), tty_ ? "" : "\n");
@@ -424,6 +425,7 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
     planned += planned_evaluations({so.strategy, so.max_evals.empty() || !n ? 0 : parse_max_evals(so.max_evals, n), so.seed}, n);
   }
   Progress prog("tune " + space.family->name, planned, opt.progress);
+  if (deadline > 0) prog.set_limit(deadline - seconds_now());
   size_t evaluations_done = 0;
   std::mutex prog_mu;
 

@@ -105,12 +105,15 @@ class Progress {
   Progress(std::string what, size_t total, bool enabled);
   void update(size_t done, const std::string& label = "");
   void finish();
+  // A budgeted run ends by then (seconds after the start) at the latest: the ETA shown never passes it.
+  void set_limit(double seconds) { limit_ = seconds; }
 
  private:
   std::string what_;
   size_t total_;
   bool enabled_, tty_;
   double start_;
+  double limit_ = 0;
   double last_print_ = -1;
 };
 
