@@ -208,14 +208,18 @@ main-job)
   # The main job from this fresh build with cold caches (no store, no compile cache), within MAIN_BUDGET.
   # MAIN_RESUME=1: keep the carried store (the job continued after a call's time limit);
   # MAIN_TIMEOUT_S: stop the job there (the store keeps every finished evaluation).
-  [[ "${MAIN_RESUME:-0}" == 1 ]] || rm -f "$db" "$db-wal" "$db-shm"
-  log "main job (MAIN_BUDGET=${MAIN_BUDGET:-14m}, resume ${MAIN_RESUME:-0})"
+  # A job longer than a call: MAIN_STOP_S ends this call's run cleanly, and the next call (MAIN_RESUME=1,
+  # MAIN_SPENT_S from the first's last line, the store and main_job.log carried back) continues it.
+  mlog=$rep/main_job.log
+  [[ "${MAIN_RESUME:-0}" == 1 ]] || rm -f "$db" "$db-wal" "$db-shm" "$mlog"
+  log "main job (MAIN_BUDGET=${MAIN_BUDGET:-14m}, resume ${MAIN_RESUME:-0}, spent ${MAIN_SPENT_S:-0}, stop ${MAIN_STOP_S:-0})"
   t0=$(date +%s)
   MAIN_SKIP_SETUP=1 timeout "${MAIN_TIMEOUT_S:-3600}" bash scripts/main.sh >"$OUT/main.log" 2>&1
   echo "main job: exit $?, $(($(date +%s) - t0)) s"
-  grep -E "^main:|evaluated|budget|eta" "$OUT/main.log" | grep -vE "\[ *[0-9]+/[0-9]+\].*eta" | tail -60
+  cat "$OUT/main.log" >>"$mlog"
+  grep -E "^main:|evaluated|budget" "$OUT/main.log" | tail -60
   # The job's ETA shown at 10% of the tuning time against that time.
-  python3 - "$OUT/main.log" <<'PY'
+  python3 - "$mlog" <<'PY'
 import re, sys
 sec = lambda m, s: 60 * int(m) + int(s)
 log = open(sys.argv[1]).read()

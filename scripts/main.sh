@@ -6,6 +6,9 @@
 #   successive halving within its share of MAIN_BUDGET (default 14m). A step's share is split over its
 #   problems as they start (tune --time-budget), so every problem gets a pick; what a step leaves goes
 #   to the later ones.
+# An interrupted job continues: MAIN_STOP_S ends this run cleanly after that many seconds (each step's
+# --time-budget shortened to fit; everything stored stays), and a rerun with MAIN_SPENT_S = the seconds
+# the interrupted run spent continues it within what is left of MAIN_BUDGET, reusing what is stored.
 # Progress: tune's lines (the step's ETA, never past its share) get the job's ETA appended: the time so
 # far, what the step still needs, and the later steps' shares (halving on the full grid needs more than
 # a share of the default budget, so a later step is expected to spend its share).
@@ -26,7 +29,10 @@ out=reports/$slug
 mkdir -p "$out"
 db=$out/results.db
 budget_s=$(python3 -c "import sys; s=sys.argv[1]; u={'h':3600,'m':60,'s':1}.get(s[-1]); print(int(float(s[:-1])*u if u else float(s)))" "${MAIN_BUDGET:-14m}")
-start=$(date +%s)
+spent=${MAIN_SPENT_S:-0}
+stop=${MAIN_STOP_S:-0}
+[[ $spent =~ ^[0-9]+$ && $stop =~ ^[0-9]+$ ]] || { echo "main: MAIN_SPENT_S and MAIN_STOP_S must be whole seconds" >&2; exit 2; }
+start=$(($(date +%s) - spent))  # the job's start: an interrupted run's seconds count
 duration() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 seconds_of() {  # tune's "1h02m", "2m08s" or "45s" -> seconds
   local t=$1 s=0
@@ -70,14 +76,29 @@ for step in "${steps[@]}"; do
     echo "main: [$i/$n] $space skipped: the budget is spent" >&2
     continue
   fi
-  later=$((left - give))  # the later steps' shares
+  if [[ $stop -gt 0 ]]; then
+    run_left=$((stop - ($(date +%s) - start - spent)))
+    if [[ $run_left -lt 30 ]]; then
+      echo "main: stopped after $((elapsed - spent))s of this run (MAIN_STOP_S); continue with" \
+        "MAIN_SPENT_S=$elapsed and the same MAIN_BUDGET" >&2
+      exit 3
+    fi
+    [[ $give -gt $run_left ]] && give=$run_left
+  fi
+  later=$((left - give))  # the later steps' shares (and what a stop left of this one's)
   echo "main: [$i/$n] $space on $problems (${strategy:-halving}, up to ${give}s; elapsed ${elapsed}s of ${budget_s}s," \
     "job eta $(duration $((elapsed + give + later)))" >&2
   $ft tune "configs/spaces/$space.json" "configs/problems/$problems.json" --db "$db" \
     --strategy "${strategy:-halving}" --time-budget "${give}s" 2> >(with_job_eta "$later" >&2)
 done
 wait  # the last progress filter
-echo "main: tuning done in $(duration $(($(date +%s) - start)))" >&2
+elapsed=$(($(date +%s) - start))
+if [[ $stop -gt 0 && $((elapsed - spent)) -ge $stop ]]; then
+  echo "main: stopped after $((elapsed - spent))s of this run (MAIN_STOP_S); continue with MAIN_SPENT_S=$elapsed" \
+    "and the same MAIN_BUDGET" >&2
+  exit 3
+fi
+echo "main: tuning done in $(duration $elapsed)" >&2
 $ft emit --db "$db" --out configs/generated
 $ft best --db "$db" | tee "$out/summary.txt"
 $ft report --db "$db" --out "$out" >/dev/null || echo "main: the report could not be drawn (see above)" >&2
