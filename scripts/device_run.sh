@@ -11,6 +11,7 @@
 #   aot    - a second build with FLASHTUNE_AOT_ARCHS="80;90a": gpu_runtime with every kernel from the library
 #   exhaustive-check - the main job's Hopper spaces exhaustively on its problems; its picks (the carried store)
 #            timed within them (halving_vs_exhaustive_<family>.csv; EX_STEPS picks the steps)
+#   ab-picks FAMILY... - where a pick and the exhaustive best differ, the two timed alternately (ab_picks_<family>.csv)
 #   multi-gpu [one|two|all] - issue 17 on two GPUs: one sweep on --devices 1, then on --devices 0,1, a crash on one
 #            worker, multi_gpu_sweep.csv (experiments/multi_gpu_sweep.py)
 #   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
@@ -249,6 +250,16 @@ exhaustive-check)
     echo "exit $?"; tail -3 "$OUT/exhaustive_$fam.log"
     python3 experiments/halving_vs_exhaustive.py "$db" "$ex" "$fam" "$rep/halving_vs_exhaustive_$fam.csv" | tail -20
     $ft drop-cubins --db "$ex"
+  done
+  tar czf "$OUT/sweep.tar.gz" "$rep"
+  ;;
+ab-picks)
+  # ab-picks FAMILY...: where the main job's pick and the exhaustive best differ (the carried
+  # halving_vs_exhaustive_<family>.csv), the two timed alternately in this run (ab_picks_<family>.csv).
+  for fam in "$@"; do
+    log "pick against exhaustive best, interleaved: $fam"
+    python3 experiments/ab_picks.py $ft "$rep/halving_vs_exhaustive_$fam.csv" "$fam" "$rep/ab_picks_$fam.csv" \
+      --min-ratio "${AB_MIN_RATIO:-1.0}" 2>&1 | tail -12
   done
   tar czf "$OUT/sweep.tar.gz" "$rep"
   ;;

@@ -10,6 +10,7 @@ namespace sm90_nvidia_h100_80gb_hbm3 {
 
 // fa2_mma parameters, positional: BLOCK_M BLOCK_N WARPS STAGES
 // fa2_mma_bwd parameters, positional: BLOCK_M BLOCK_N WARPS DSPLIT STAGES DQ_MODE
+// fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
 // fa2_wgmma_bwd parameters, positional: BLOCK_M BLOCK_N SPLIT STAGES DQ_RED LOAD
 // fa3_wgmma parameters, positional: BLOCK_N CONSUMERS STAGES OVERLAP PINGPONG P_SMEM PERSISTENT
 inline constexpr Entry kEntries[] = {
@@ -32,31 +33,52 @@ inline constexpr Entry kEntries[] = {
     {"fa2_mma", "fwd", "bf16", 256, true, 1024, {64, 64, 4, 1}, 251.98f},
     {"fa2_mma", "fwd", "bf16", 256, true, 4096, {64, 64, 4, 1}, 295.15f},
     {"fa2_mma", "fwd", "bf16", 256, true, 16384, {64, 64, 4, 1}, 348.36f},
-    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 1024, {32, 128, 4, 1, 2, 0}, 261.16f},
-    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 4096, {32, 128, 4, 1, 2, 0}, 307.57f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 64, 0, 2, 3, 1}, 298.92f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 64, 0, 2, 3, 1}, 402.45f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 16384, {64, 64, 0, 2, 3, 1}, 435.41f},
-    {"fa3_wgmma", "fwd", "bf16", 64, false, 1024, {128, 3, 2, 0, 0, 0, 1}, 379.51f},
-    {"fa3_wgmma", "fwd", "bf16", 64, false, 4096, {128, 3, 2, 0, 0, 0, 0}, 498.15f},
-    {"fa3_wgmma", "fwd", "bf16", 64, false, 16384, {176, 3, 2, 0, 0, 0, 1}, 525.85f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 1024, {32, 128, 4, 1, 2, 0}, 251.06f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 4096, {32, 128, 4, 1, 2, 0}, 268.15f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, false, 16384, {32, 128, 4, 1, 2, 0}, 286.95f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 1024, {32, 128, 4, 1, 2, 0}, 180.44f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 4096, {32, 128, 4, 1, 2, 0}, 248.40f},
+    {"fa2_mma_bwd", "bwd", "bf16", 64, true, 16384, {32, 128, 4, 1, 2, 0}, 270.83f},
+    {"fa2_simt", "fwd", "fp32", 64, false, 1024, {128, 64, 8, 8, 1}, 40.90f},
+    {"fa2_simt", "fwd", "fp32", 64, false, 4096, {128, 64, 8, 8, 1}, 41.68f},
+    {"fa2_simt", "fwd", "fp32", 64, true, 1024, {128, 64, 8, 8, 1}, 34.77f},
+    {"fa2_simt", "fwd", "fp32", 64, true, 4096, {128, 64, 8, 8, 1}, 39.01f},
+    {"fa2_simt", "fwd", "fp32", 128, false, 1024, {128, 64, 8, 4, 1}, 38.92f},
+    {"fa2_simt", "fwd", "fp32", 128, false, 4096, {128, 64, 8, 4, 1}, 39.87f},
+    {"fa2_simt", "fwd", "fp32", 128, true, 1024, {128, 64, 8, 4, 1}, 33.21f},
+    {"fa2_simt", "fwd", "fp32", 128, true, 4096, {128, 64, 8, 4, 1}, 37.36f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 64, 0, 2, 3, 1}, 299.17f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 64, 0, 2, 3, 1}, 392.61f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 16384, {64, 64, 0, 2, 3, 1}, 423.62f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 64, 0, 2, 3, 1}, 210.00f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 64, 0, 2, 3, 1}, 344.74f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 64, 0, 2, 3, 1}, 417.59f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 1024, {64, 64, 2, 2, 3, 1}, 253.68f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 4096, {64, 64, 2, 2, 3, 1}, 339.15f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 16384, {64, 64, 2, 2, 3, 1}, 365.92f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 1024, {64, 64, 2, 2, 3, 1}, 187.64f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 4096, {64, 64, 2, 2, 3, 1}, 303.18f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 16384, {64, 64, 2, 2, 3, 1}, 364.18f},
+    {"fa3_wgmma", "fwd", "bf16", 64, false, 1024, {128, 3, 2, 0, 0, 0, 1}, 381.31f},
+    {"fa3_wgmma", "fwd", "bf16", 64, false, 4096, {128, 3, 2, 0, 0, 0, 0}, 489.39f},
+    {"fa3_wgmma", "fwd", "bf16", 64, false, 16384, {176, 3, 2, 0, 0, 0, 1}, 522.71f},
     {"fa3_wgmma", "fwd", "bf16", 64, true, 1024, {128, 2, 2, 0, 0, 0, 0}, 256.58f},
-    {"fa3_wgmma", "fwd", "bf16", 64, true, 4096, {128, 3, 2, 0, 0, 0, 0}, 416.69f},
-    {"fa3_wgmma", "fwd", "bf16", 64, true, 16384, {176, 3, 2, 0, 0, 0, 0}, 503.79f},
+    {"fa3_wgmma", "fwd", "bf16", 64, true, 4096, {128, 3, 2, 0, 0, 0, 0}, 415.41f},
+    {"fa3_wgmma", "fwd", "bf16", 64, true, 16384, {176, 3, 2, 0, 0, 0, 0}, 498.20f},
     {"fa3_wgmma", "fwd", "bf16", 128, false, 1024, {128, 3, 2, 0, 0, 0, 0}, 535.40f},
     {"fa3_wgmma", "fwd", "bf16", 128, false, 4096, {128, 3, 2, 0, 0, 0, 0}, 693.76f},
-    {"fa3_wgmma", "fwd", "bf16", 128, false, 16384, {128, 3, 2, 0, 0, 0, 0}, 688.06f},
-    {"fa3_wgmma", "fwd", "bf16", 128, true, 1024, {128, 2, 2, 0, 0, 0, 0}, 375.76f},
-    {"fa3_wgmma", "fwd", "bf16", 128, true, 4096, {128, 3, 2, 0, 0, 0, 0}, 564.72f},
+    {"fa3_wgmma", "fwd", "bf16", 128, false, 16384, {128, 3, 2, 0, 0, 0, 0}, 664.77f},
+    {"fa3_wgmma", "fwd", "bf16", 128, true, 1024, {128, 2, 2, 0, 0, 0, 0}, 374.28f},
+    {"fa3_wgmma", "fwd", "bf16", 128, true, 4096, {128, 3, 2, 0, 0, 0, 0}, 561.82f},
     {"fa3_wgmma", "fwd", "bf16", 128, true, 16384, {128, 3, 2, 0, 0, 0, 0}, 681.90f},
     {"fa3_wgmma", "fwd", "bf16", 256, false, 1024, {80, 2, 2, 0, 0, 0, 0}, 570.31f},
     {"fa3_wgmma", "fwd", "bf16", 256, false, 4096, {80, 2, 2, 0, 0, 0, 0}, 671.57f},
     {"fa3_wgmma", "fwd", "bf16", 256, false, 16384, {64, 2, 2, 0, 0, 0, 0}, 660.79f},
-    {"fa3_wgmma", "fwd", "bf16", 256, true, 1024, {64, 2, 2, 0, 0, 0, 0}, 405.11f},
+    {"fa3_wgmma", "fwd", "bf16", 256, true, 1024, {80, 2, 2, 0, 0, 0, 0}, 406.57f},
     {"fa3_wgmma", "fwd", "bf16", 256, true, 4096, {80, 2, 2, 0, 0, 0, 0}, 572.38f},
     {"fa3_wgmma", "fwd", "bf16", 256, true, 16384, {80, 2, 2, 0, 0, 0, 0}, 667.03f},
 };
-inline constexpr Table kTable{"NVIDIA H100 80GB HBM3", "sm_90", kEntries, 41};
+inline constexpr Table kTable{"NVIDIA H100 80GB HBM3", "sm_90", kEntries, 62};
 
 }  // namespace sm90_nvidia_h100_80gb_hbm3
 }  // namespace tuned
