@@ -93,7 +93,8 @@ def main():
             fixed.get("tflops", 0.0) if fixed["status"] == "ok" else 0.0
         ratio = lambda x, y: f"{x / y:.3f}" if x > 0 and y > 0 else ""
         row = dict(device=tuned.get("device", ""), direction=p["direction"], head_dim=p["head_dim"], causal=int(p["causal"]), seq=p["seq_q"],
-                   batch=p["batch"], heads=p["heads"], dtype=p["dtype"], tuned_family=tuned["family"],
+                   batch=p["batch"], heads=p["heads"], heads_k=p.get("heads_k", p["heads"]), dtype=p["dtype"],
+                   tuned_family=tuned["family"],
                    tuned_config=tuned.get("config", ""),
                    tuned_status=tuned["status"], tuned_tflops=f"{t:.1f}", tuned_max_abs=tuned.get("max_abs", ""),
                    tuned_detail=json.dumps(tuned.get("detail", {})),

@@ -14,6 +14,7 @@
 #   ab-picks FAMILY... - where a pick and the exhaustive best differ, the two timed alternately (ab_picks_<family>.csv)
 #   multi-gpu [one|two|all] - issue 17 on two GPUs: one sweep on --devices 1, then on --devices 0,1, a crash on one
 #            worker, multi_gpu_sweep.csv (experiments/multi_gpu_sweep.py)
+#   gqa-peers - fa3_wgmma and fa2_wgmma_bwd tuned on the GQA grid, re-timed beside torch SDPA in one run (gqa_vs_peers.csv)
 #   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
 #            both tuned on Llama-3-like shapes beside torch SDPA (enable_gqa): gqa_vs_peers.csv
 #   decode - decode_splitkv: every compiled variant validated on ragged decoding shapes, tuned (halving) on the
@@ -348,6 +349,35 @@ gqa)
     $ft best --db "$db" --csv | python3 -c "import csv,sys; r=list(csv.DictReader(sys.stdin)); w=csv.DictWriter(sys.stdout, r[0].keys()); w.writeheader(); w.writerows(x for x in r if x['heads_k']!=x['heads'])" >"$rep/best_gqa.csv"
     python3 experiments/compare.py "$rep/best_gqa.csv" "$rep"/sdpa_*_gqa_*.csv --short --out "$rep/gqa_vs_peers.csv"
   fi
+  finish
+  ;;
+gqa-peers)
+  # Issue 16, grouped-query attention in one run: the Hopper families tuned by halving on the Llama-3-like
+  # shapes (fa3_wgmma forward, fa2_wgmma_bwd backward; fa2_mma and fa2_mma_bwd's stored rows beside them),
+  # then each point's best re-timed beside torch SDPA flash and cuDNN (enable_gqa) in one process:
+  # gqa_vs_peers.csv (forward and backward rows).
+  log "tune fa3_wgmma_main on gqa_bf16 (halving)"
+  timeout "${GQA_FWD_LIMIT_S:-100}" $ft tune configs/spaces/fa3_wgmma_main.json configs/problems/gqa_bf16.json --db "$db" \
+    --strategy halving >"$OUT/gqa_fwd_tune.log" 2>&1
+  grep -E "evaluated" "$OUT/gqa_fwd_tune.log" | tail -9
+  log "tune fa2_wgmma_bwd_grid on gqa_bwd_bf16 (halving)"
+  timeout "${GQA_BWD_LIMIT_S:-150}" $ft tune configs/spaces/fa2_wgmma_bwd_grid.json configs/problems/gqa_bwd_bf16.json --db "$db" \
+    --strategy halving >"$OUT/gqa_bwd_tune.log" 2>&1
+  grep -E "evaluated" "$OUT/gqa_bwd_tune.log" | tail -6
+  log "tuned vs torch SDPA, one process per direction"
+  python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/gqa_bf16.json --family fa3_wgmma,fa2_mma \
+    --out "$OUT/gqa_fwd.csv" 2>"$OUT/gqa_fwd_peers.log" | tail -10
+  python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/gqa_bwd_bf16.json \
+    --family fa2_wgmma_bwd,fa2_mma_bwd --out "$OUT/gqa_bwd.csv" 2>"$OUT/gqa_bwd_peers.log" | tail -8
+  python3 - "$OUT/gqa_fwd.csv" "$OUT/gqa_bwd.csv" "$rep/gqa_vs_peers.csv" <<'PY'
+import csv, sys
+rows = [r for f in sys.argv[1:3] for r in csv.DictReader(open(f))]
+keys = list(dict.fromkeys(k for r in rows for k in r))
+with open(sys.argv[3], "w", newline="") as fh:
+    w = csv.DictWriter(fh, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+PY
   finish
   ;;
 fa3)
