@@ -445,11 +445,13 @@ split-compare)
   # the committed one in one call: a second build with it, every compiled variant of a 384-variant sample
   # validated on ragged backward shapes, then each bwd grid point's tuned config timed by both builds,
   # interleaved (experiments/ab_builds.py; the configs tuned on the H200 grid): wgmma_split_ab.csv.
+  # $1 a directory: its files laid over the tree by their paths (e.g. .split/templates/fa2_wgmma_bwd*.h*,
+  # the other side of a change that touched several files). SPLIT_VALIDATE_LIMIT_S=0 skips the validation.
   cand=${1:-.split/fa2_wgmma_bwd.cuh}
   log "second build with $cand"
   rm -rf /tmp/ab && mkdir -p /tmp/ab
   tar cf - --exclude=./build --exclude='./build-*' --exclude=./reports --exclude=./.git . | tar xf - -C /tmp/ab
-  cp "$cand" /tmp/ab/templates/fa2_wgmma_bwd.cuh
+  if [[ -d $cand ]]; then cp -r "$cand"/. /tmp/ab/; else cp "$cand" /tmp/ab/templates/fa2_wgmma_bwd.cuh; fi
   if ! (cd /tmp/ab && cmake --preset release -DFLASHTUNE_BENCHMARKS=OFF "${extra[@]}" &&
         cmake --build build -j"$(nproc)" --target flashtune flashtune-worker) >"$OUT/build_ab.log" 2>&1; then
     tail -30 "$OUT/build_ab.log"; exit 1
@@ -458,17 +460,19 @@ split-compare)
 {"family": "fa2_wgmma_bwd", "params": {"BLOCK_M": [64], "BLOCK_N": [64, 128], "SPLIT": [0, 1, 2], "STAGES": [1, 2],
  "DQ_RED": [0, 1, 2, 3], "LOAD": [0, 1]}, "head_dims": [64, 128, 192, 256], "causal": [false, true], "dtypes": ["bf16"]}
 JSON
+  [[ ${SPLIT_VALIDATE_LIMIT_S:-200} == 0 ]] || {
   log "validate the candidate's sample on ragged_mma_bwd"
   rm -f /tmp/ab_val.db
   timeout "${SPLIT_VALIDATE_LIMIT_S:-200}" /tmp/ab/build/flashtune tune /tmp/ab_space.json configs/problems/ragged_mma_bwd.json \
     --db /tmp/ab_val.db --quiet --stop-margin 0.5 --retime 0 >"$OUT/ab_validate.log" 2>&1; tail -1 "$OUT/ab_validate.log"
   validation_summary /tmp/ab_val.db || echo "FAIL: a compiled variant of the candidate did not validate"
+  }
   log "A/B on the bwd grid"
-  $ft best --db reports/nvidia-h200/results.db --family fa2_wgmma_bwd --csv >/tmp/ab_configs.csv  # its tuned grid
+  $ft best --db "${AB_CONFIGS_DB:-reports/nvidia-h200/results.db}" --family fa2_wgmma_bwd --csv >/tmp/ab_configs.csv  # its tuned grid
   python3 experiments/ab_builds.py --a "$ft" --b /tmp/ab/build/flashtune --configs /tmp/ab_configs.csv --db /tmp/ab.db \
     --problems configs/problems/anchors_bwd_bf16.json --family fa2_wgmma_bwd --max-seq "${SPLIT_MAX_SEQ:-4096}" \
-    --out "$rep/wgmma_split_ab.csv" >"$OUT/ab.log" 2>&1; cat "$OUT/ab.log"
-  cp "$rep/wgmma_split_ab.csv" "$OUT/"
+    --out "$rep/${AB_OUT:-wgmma_split_ab}.csv" >"$OUT/ab.log" 2>&1; cat "$OUT/ab.log"
+  cp "$rep/${AB_OUT:-wgmma_split_ab}.csv" "$OUT/"
   ;;
 host-time)
   log "host time of the torch op, layer by layer"
