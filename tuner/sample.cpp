@@ -21,9 +21,12 @@ std::string reason_kind(const std::string& reason) {
 
 std::vector<Variant> default_variants(const Family& f) {
   std::vector<Variant> vs;
-  for (int d : f.head_dims)
-    for (bool causal : {false, true})
-      for (DType t : f.dtypes) vs.push_back(Variant{&f, f.default_config, d, causal, t});
+  for (bool packed : {false, true}) {
+    if (packed && !f.varlen) break;
+    for (int d : f.head_dims)
+      for (bool causal : {false, true})
+        for (DType t : f.dtypes) vs.push_back(Variant{&f, f.default_config, d, causal, t, packed});
+  }
   return vs;
 }
 
