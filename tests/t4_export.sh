@@ -44,13 +44,15 @@ def columns(p):
 def rows(p, cols):
     c = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
     return sorted(tuple("" if v is None else v for v in r) for r in c.execute(f"select {','.join(cols)} from results"))
-# A store of an older schema lacks newer columns (v6's heads_k): those must hold their default.
+# A store of an older schema lacks newer columns (v6's heads_k, v7's varlen): those must hold their default.
 ca, cb = columns(sys.argv[1]), columns(sys.argv[2])
 common = [c for c in ca if c in cb]
+defaults = {"heads_k": 0, "varlen": ""}
 for p, extra in ((sys.argv[1], set(ca) - set(cb)), (sys.argv[2], set(cb) - set(ca))):
     for col in extra:
-        bad = sqlite3.connect(f"file:{p}?mode=ro", uri=True).execute(f"select count(*) from results where {col} != 0").fetchone()[0]
-        if col != "heads_k" or bad:
+        bad = sqlite3.connect(f"file:{p}?mode=ro", uri=True).execute(
+            f"select count(*) from results where {col} != ?", (defaults.get(col, 0),)).fetchone()[0]
+        if col not in defaults or bad:
             print(f"column {col} only in {p} ({bad} rows not 0)"); sys.exit(1)
 a, b = rows(sys.argv[1], common), rows(sys.argv[2], common)
 if a != b:
