@@ -354,23 +354,26 @@ varlen)
   # (default: all of them, more than one call's 10 minutes):
   #   check - every compiled variant of configs/spaces/fa2_mma.json and fa2_mma_bwd.json, in its varlen form,
   #           validated on ragged_varlen(_bwd).json (1-token, empty and key-less sequences, lengths no tile
-  #           divides, GQA/MQA/MHA, d 64/128, fp16/bf16, causal and not) into varlen_validate.db (~3 min)
+  #           divides, GQA/MQA/MHA, d 64/128, fp16/bf16, causal and not) into varlen_validate.db (~3 min
+  #           with the compile of the 544 packed variants the problems need)
   #   fwd   - fa2_mma tuned by halving on varlen_bf16.json (Hq 32, Hk 8 or 32, d 128, bf16, 16k tokens of
   #           uniform [256, 4096] or [64, 1024] lengths, causal and not) into results.db (~2 min)
-  #   bwd   - fa2_mma_bwd likewise on varlen_bwd_bf16.json (~5 min: every candidate's validation compares
-  #           every element of dQ, dK, dV, 10^8 of them, against a float64 reference of the distinct heads)
+  #   bwd   - fa2_mma_bwd likewise on varlen_bwd_bf16.json (~6-7 min: 104 candidates, each validated once,
+  #           comparing every element of dQ, dK, dV (1-2 x 10^8) with a float64 reference of distinct heads; a
+  #           part stopped by its limit stores what it ran, and the next "bwd" resumes)
   #   peers - each point's pick (fwd and bwd) re-timed beside torch flash varlen and cuDNN in one run:
   #           reports/<gpu>/varlen_vs_peers.csv (experiments/varlen_vs_peers.py, ~4 min)
-  # Calls on an H100 (the build is ~2 min of each on a fresh machine): "varlen check fwd", "varlen bwd",
-  # "varlen peers"; between them results.db travels back in sweep.tar.gz and must be unpacked into the
-  # working tree, so that the next call's tune resumes and its peers find the picks.
+  # Calls on an H100 (the build is ~2 min of each on a fresh machine): "varlen check fwd" (~7 min),
+  # "varlen bwd" (~9), "varlen bwd peers" (~6: the bwd tuning's rest, if any, then the comparison); between
+  # them results.db travels back in sweep.tar.gz and must be unpacked into the working tree, so that the
+  # next call's tune resumes and its peers find the picks.
   parts=("$@")
   [[ ${#parts[@]} -eq 0 ]] && parts=(check fwd bwd peers)
   val=$rep/varlen_validate.db
   for part in "${parts[@]}"; do
     case $part in
     check)
-      for s in "fa2_mma ragged_varlen ${VARLEN_CHECK_FWD_LIMIT_S:-90}" "fa2_mma_bwd ragged_varlen_bwd ${VARLEN_CHECK_BWD_LIMIT_S:-120}"; do
+      for s in "fa2_mma ragged_varlen ${VARLEN_CHECK_FWD_LIMIT_S:-120}" "fa2_mma_bwd ragged_varlen_bwd ${VARLEN_CHECK_BWD_LIMIT_S:-150}"; do
         set -- $s
         log "validate $1 (varlen form) on $2"
         timeout "$3" $ft tune configs/spaces/$1.json configs/problems/$2.json --db "$val" --quiet --stop-margin 0.5 \
@@ -386,7 +389,7 @@ varlen)
       ;;
     bwd)
       log "tune fa2_mma_bwd on varlen_bwd_bf16 (halving)"
-      timeout "${VARLEN_BWD_LIMIT_S:-400}" $ft tune configs/spaces/fa2_mma_bwd.json configs/problems/varlen_bwd_bf16.json \
+      timeout "${VARLEN_BWD_LIMIT_S:-420}" $ft tune configs/spaces/fa2_mma_bwd.json configs/problems/varlen_bwd_bf16.json \
         --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
       ;;
     peers)
