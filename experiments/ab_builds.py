@@ -34,7 +34,8 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     point = lambda r: tuple(int(r[k]) for k in ("batch", "heads", "seq_q", "seq_k", "head_dim", "causal"))
-    configs = {point(r): r["config"] for r in csv.DictReader(open(a.configs)) if r["family"] == a.family}
+    configs = {point(r): r["config"] for r in csv.DictReader(open(a.configs))
+               if r["family"] == a.family and not r.get("varlen")}  # dense points only
     rows = []
     for p in sdpa_baseline.expand(json.load(open(a.problems))):
         config = configs.get(point(p))

@@ -104,6 +104,8 @@ def parse_problem(j):
     """One problem object -> the normalised dict; the same rules as flashtune's problem_from_json."""
     if not isinstance(j, dict):
         raise ValueError(f"a problem must be a JSON object, got {json.dumps(j)}")
+    if "varlen" in j:  # the dense baselines' shapes are (B, H, S, d); packed batches have their own script
+        raise ValueError("a packed variable-length problem ('varlen'): experiments/varlen_vs_peers.py measures those")
     for key in j:
         if key not in PROBLEM_FIELDS:
             raise ValueError(f"unknown problem field '{key}'")

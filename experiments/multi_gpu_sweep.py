@@ -44,6 +44,8 @@ def best(flashtune, db):
     text = subprocess.run([flashtune, "best", "--db", db, "--csv"], check=True, capture_output=True, text=True).stdout
     out = {}
     for r in csv.DictReader(io.StringIO(text)):
+        if r.get("varlen"):  # packed variable-length rows are not this experiment's points
+            continue
         k = (r["family"], r["direction"], int(r["batch"]), int(r["heads"]), int(r["seq_q"]), int(r["seq_k"]),
              int(r["head_dim"]), r["dtype"], int(r["causal"]))
         out[k] = {"config": r["config"], "ms": float(r["ms_median"])}

@@ -38,6 +38,8 @@ def inputs_of(r):
 def problem_label(r):
     s = f"d{r['head_dim']} S{r['seq_q']}" if r["seq_q"] == r["seq_k"] else f"d{r['head_dim']} Sq{r['seq_q']} Sk{r['seq_k']}"
     s += (" causal" if r["causal"] else "") + f" {r['dtype']}"
+    if r.get("varlen"):  # a packed variable-length batch (schema 7): B sequences, the longest S
+        s += f" varlen B{r['batch']} {r['varlen']}"
     return s + ("" if inputs_of(r) == "normal" else f" inputs {inputs_of(r)}")
 
 
@@ -70,7 +72,7 @@ def best_per_problem(rows):
         if r["status"] != "ok":
             continue
         key = (r["device_name"], r["family"], r["batch"], r["heads"], r["seq_q"], r["seq_k"], r["head_dim"],
-               r["dtype"], r["causal"], inputs_of(r))
+               r["dtype"], r["causal"], inputs_of(r), r.get("varlen") or "")
         if key not in best or r["tflops"] > best[key]["tflops"]:
             best[key] = r
     return sorted(best.values(), key=lambda r: (r["family"], r["dtype"], r["head_dim"], r["causal"], r["seq_q"]))
@@ -81,7 +83,7 @@ def landscape(rows, out_dir, report):
     non-causal, at the largest sequence length swept."""
     groups = defaultdict(list)
     for r in rows:
-        if r["status"] == "ok" and not r["causal"] and "BLOCK_M" in r["config"]:
+        if r["status"] == "ok" and not r["causal"] and "BLOCK_M" in r["config"] and not r.get("varlen"):
             groups[(r["family"], r["dtype"], r["head_dim"])].append(r)
     pngs = []
     for (family, dtype, d), rs in sorted(groups.items()):
@@ -125,7 +127,7 @@ def tuned_vs_default(rows, out_dir, report):
     for r in rows:
         if r["status"] == "ok":
             by_problem[(r["family"], r["batch"], r["heads"], r["seq_q"], r["seq_k"], r["head_dim"], r["dtype"],
-                        r["causal"], inputs_of(r))][r["config"]] = r
+                        r["causal"], inputs_of(r), r.get("varlen") or "")][r["config"]] = r
     out = []
     for key, cfgs in sorted(by_problem.items()):
         family = key[0]

@@ -17,6 +17,10 @@
 #   gqa-peers - fa3_wgmma and fa2_wgmma_bwd tuned on the GQA grid, re-timed beside torch SDPA in one run (gqa_vs_peers.csv)
 #   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
 #            both tuned on Llama-3-like shapes beside torch SDPA (enable_gqa): gqa_vs_peers.csv
+#   varlen [check] [fwd] [bwd] [peers] - issue 16's packed variable-length batches: every compiled fa2_mma and
+#            fa2_mma_bwd variant (varlen form) validated on ragged packed batches (check), both tuned by halving on
+#            Llama-style 16k-token batches (fwd, bwd), then the picks re-timed beside torch's flash varlen path and
+#            cuDNN on the same batches in one run (peers): varlen_vs_peers.csv
 #   decode - decode_splitkv: every compiled variant validated on ragged decoding shapes, tuned (halving) on the
 #            Llama-3 8B decoding grid, re-timed beside torch SDPA (each backend, enable_gqa) and a device copy of
 #            the same bytes in one run: decode_vs_peers.csv
@@ -43,7 +47,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-stage=${1:?stage: tests, final, experiments, smoke-baselines, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd, compare-mma-bwd, check-wgmma or sweep-wgmma-bwd}
+stage=${1:?stage: tests, final, experiments, smoke-baselines, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd, compare-mma-bwd, check-wgmma, sweep-wgmma-bwd, varlen, ...}
 shift
 log() { echo "== $(date +%T) $*"; }
 
@@ -413,6 +417,63 @@ fa3)
     python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/$probs.json --family fa3_wgmma \
       --flashtune "$ft" --out "$rep/fwd_hopper_$probs.csv" 2>/dev/null
   fi
+  finish
+  ;;
+varlen)
+  # Issue 16, packed variable-length batches (never run on a GPU before this stage). Parts, in the order given
+  # (default: all of them, more than one call's 10 minutes):
+  #   check - every compiled variant of configs/spaces/fa2_mma.json and fa2_mma_bwd.json, in its varlen form,
+  #           validated on ragged_varlen(_bwd).json (1-token, empty and key-less sequences, lengths no tile
+  #           divides, GQA/MQA/MHA, d 64/128, fp16/bf16, causal and not) into varlen_validate.db (~3 min
+  #           with the compile of the 544 packed variants the problems need)
+  #   fwd   - fa2_mma tuned by halving on varlen_bf16.json (Hq 32, Hk 8 or 32, d 128, bf16, 16k tokens of
+  #           uniform [256, 4096] or [64, 1024] lengths, causal and not) into results.db (~2 min)
+  #   bwd   - fa2_mma_bwd likewise on varlen_bwd_bf16.json (~6-7 min: 104 candidates, each validated once,
+  #           comparing every element of dQ, dK, dV (1-2 x 10^8) with a float64 reference of distinct heads; a
+  #           part stopped by its limit stores what it ran, and the next "bwd" resumes)
+  #   peers - each point's pick (fwd and bwd) re-timed beside torch flash varlen and cuDNN in one run:
+  #           reports/<gpu>/varlen_vs_peers.csv (experiments/varlen_vs_peers.py, ~4 min)
+  # Calls on an H100 (the build is ~2 min of each on a fresh machine): "varlen check fwd" (~7 min),
+  # "varlen bwd" (~9), "varlen bwd peers" (~6: the bwd tuning's rest, if any, then the comparison); between
+  # them results.db travels back in sweep.tar.gz and must be unpacked into the working tree, so that the
+  # next call's tune resumes and its peers find the picks.
+  parts=("$@")
+  [[ ${#parts[@]} -eq 0 ]] && parts=(check fwd bwd peers)
+  val=$rep/varlen_validate.db
+  for part in "${parts[@]}"; do
+    case $part in
+    check)
+      for s in "fa2_mma ragged_varlen ${VARLEN_CHECK_FWD_LIMIT_S:-120}" "fa2_mma_bwd ragged_varlen_bwd ${VARLEN_CHECK_BWD_LIMIT_S:-150}"; do
+        set -- $s
+        log "validate $1 (varlen form) on $2"
+        timeout "$3" $ft tune configs/spaces/$1.json configs/problems/$2.json --db "$val" --quiet --stop-margin 0.5 \
+          --retime 0 2>&1 | tail -2
+      done
+      validation_summary "$val" || echo "FAIL: a compiled varlen variant did not validate"
+      $ft drop-cubins --db "$val"
+      ;;
+    fwd)
+      log "tune fa2_mma on varlen_bf16 (halving)"
+      timeout "${VARLEN_FWD_LIMIT_S:-180}" $ft tune configs/spaces/fa2_mma.json configs/problems/varlen_bf16.json \
+        --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
+      ;;
+    bwd)
+      log "tune fa2_mma_bwd on varlen_bwd_bf16 (halving)"
+      timeout "${VARLEN_BWD_LIMIT_S:-420}" $ft tune configs/spaces/fa2_mma_bwd.json configs/problems/varlen_bwd_bf16.json \
+        --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
+      ;;
+    peers)
+      log "varlen picks vs torch flash varlen and cuDNN (one run)"
+      timeout "${VARLEN_PEERS_LIMIT_S:-330}" python3 experiments/varlen_vs_peers.py --db "$db" \
+        --problems configs/problems/varlen_bf16.json --problems configs/problems/varlen_bwd_bf16.json \
+        --out "$rep/varlen_vs_peers.csv" --time-limit-s "${VARLEN_PEERS_POINTS_S:-290}" 2>"$OUT/varlen_vs_peers.log"
+      tail -3 "$OUT/varlen_vs_peers.log"
+      cut -d, -f1-11 "$rep/varlen_vs_peers.csv"
+      cp "$rep/varlen_vs_peers.csv" "$OUT/"
+      ;;
+    *) echo "varlen: unknown part '$part' (check, fwd, bwd, peers)"; exit 2 ;;
+    esac
+  done
   finish
   ;;
 decode)

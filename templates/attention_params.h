@@ -12,6 +12,7 @@ namespace flashtune {
 // Grouped-query attention: K, V (and dK, dV) have heads_k heads; query head h reads kv head
 // h / (heads / heads_k). heads_k = 0 means heads_k = heads (multi-head), so that a caller that
 // leaves the field zero keeps the old meaning.
+// Packed variable-length batches: VarlenParams below.
 struct AttnFwdParams {
   const void* q;     // (B, H, Sq, d), element type per the kernel's dtype
   const void* k;     // (B, Hk, Sk, d)
@@ -52,6 +53,31 @@ struct AttnBwdParams {
   int heads_k;         // kv heads (0: heads)
 };
 
+// Packed variable-length batches (FlashAttention's varlen layout): the argument of a family's packed
+// form (`kernel<Traits, true>`) is the dense struct followed by the offsets, so that its leading bytes
+// are exactly AttnFwdParams / AttnBwdParams (a caller that fills those and zeroes the rest keeps their
+// meaning) and the dense kernels' argument is unchanged: growing AttnBwdParams itself by these 16 bytes
+// moved ptxas's register allocation in every dense fa2_mma_bwd kernel (sm_90: 4 of the 300 compiled
+// variants of configs/spaces/fa2_mma_bwd.json then spilled), with not one instruction of theirs changed.
+// cu_seqlens_q and cu_seqlens_k hold batch + 1 int32 offsets from 0: sequence b owns query tokens
+// [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b], cu_seqlens_k[b+1]); Q, O, dO, dQ (and
+// dq_accum) are (total_q, H, d), K, V, dK, dV (total_k, Hk, d), lse and delta (H, total_q); batch is the
+// number of sequences and seq_q, seq_k the longest lengths (the grid's).
+template <class Dense>
+struct VarlenParams : Dense {
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+};
+// The argument type of a kernel's dense (false) or packed (true) form.
+template <bool VARLEN, class Dense>
+struct ParamsOf {
+  using type = Dense;
+};
+template <class Dense>
+struct ParamsOf<true, Dense> {
+  using type = VarlenParams<Dense>;
+};
+
 // TMA tensor maps (CUtensorMap: 128 opaque bytes, 128-byte aligned as cuda.h declares it), encoded on the host from what a
 // family declares (Family::tensor_maps) and passed as the kernel's second, __grid_constant__
 // parameter. Each describes one tensor as 4-D (head_dim, seq, heads, batch) with a box of
@@ -69,5 +95,31 @@ template <class Params>
 FT_HD inline int query_group(const Params& p) {
   return p.heads_k > 0 ? p.heads / p.heads_k : 1;
 }
+
+// Where sequence b of a packed variable-length batch lives (the varlen form of a kernel): its lengths,
+// and element offsets and row strides in the token-major tensors. Plain C++: the host tests it.
+struct VarlenSeq {
+  int seq_q, seq_k;        // this sequence's lengths (either may be 0)
+  long long q_tok0, k_tok0;  // its first query and key token
+  long long total_q;       // query tokens of the batch: lse and delta are (H, total_q)
+
+  // Sequence b of a packed kernel's argument; a dense kernel's (VARLEN false) gets an unused zero value.
+  template <bool VARLEN, class Params>
+  FT_HD static VarlenSeq of(const Params& p, int b) {
+    if constexpr (VARLEN) {
+      const long long q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+      return VarlenSeq{static_cast<int>(p.cu_seqlens_q[b + 1] - q0), static_cast<int>(p.cu_seqlens_k[b + 1] - k0), q0,
+                       k0, p.cu_seqlens_q[p.batch]};
+    } else {
+      return VarlenSeq{0, 0, 0, 0, 0};
+    }
+  }
+  // Row 0 of query head h (of `heads`) in Q, O, dO, dQ: rows H*D elements apart.
+  FT_HD long long q_offset(int heads, int h, int D) const { return (q_tok0 * heads + h) * D; }
+  // Row 0 of kv head hk (of `kv_heads`) in K, V, dK, dV: rows kv_heads*D elements apart.
+  FT_HD long long k_offset(int kv_heads, int hk, int D) const { return (k_tok0 * kv_heads + hk) * D; }
+  // Entry 0 of query head h in lse and delta: consecutive.
+  FT_HD long long lse_offset(int h) const { return h * total_q + q_tok0; }
+};
 
 }  // namespace flashtune

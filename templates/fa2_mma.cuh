@@ -3,6 +3,10 @@
 //   fa2_mma_fwd<Fa2MmaTraits<D, BLOCK_M, BLOCK_N, WARPS, STAGES, DTYPE, CAUSAL>>
 // Grid: x = ceil(seq_q / BLOCK_M) query blocks (reversed when causal), y = heads, z = batch;
 // 32*WARPS threads; kSmemBytes dynamic shared memory (checked at entry).
+//   fa2_mma_fwd<Traits, true>: packed variable-length batches (AttnFwdParams::cu_seqlens_q/k): z = the
+// sequence, seq_q/seq_k the longest lengths; a CTA takes its sequence's lengths and offsets
+// (VarlenSeq), token-major rows of H*D (Hk*D) elements, and exits when its query block is past the
+// sequence's end (causal: reversed within the sequence). The loop below is the same code.
 //
 // Warp w owns query rows [w*R, (w+1)*R) of the block, R = BM/WARPS = 16*MT. Per K/V block:
 //   S = Q K^T     MT x BN/8 accumulator tiles; Q fragments from registers (kQInRegs) or by
@@ -59,12 +63,13 @@ struct SmemLayout {
   }
 };
 
-// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix into a smem tile with 16-byte cp.async;
-// rows >= seq are zero-filled (src-size 0, source clamped to row 0), never stale. When NT is a
-// multiple of the chunks per row, each thread copies one fixed chunk column of rows
-// tid/CPR + it*NT/CPR: one pointer and one smem offset per thread, the rest immediates.
+// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix with rows `stride` elements apart (D dense,
+// H*D packed) into a smem tile with 16-byte cp.async; rows >= seq are zero-filled (src-size 0, source
+// clamped to row 0), never stale. When NT is a multiple of the chunks per row, each thread copies one
+// fixed chunk column of rows tid/CPR + it*NT/CPR: one pointer and one smem offset per thread, the rest
+// immediates (dense: stride is the constant D).
 template <int ROWS, int D, int NT>
-__device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned short* src, int row0, int seq,
+__device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned short* src, int stride, int row0, int seq,
                                                 int tid) {
   using L = SmemLayout<D>;
   constexpr int CPR = D / 8;
@@ -75,7 +80,7 @@ __device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned sho
     constexpr bool kSameKey = !L::kSwizzled || kRowStep % 8 == 0;
     const int r0 = tid / CPR;
     const int c = tid % CPR;
-    const unsigned short* g = src + static_cast<long long>(row0 + r0) * D + 8 * c;
+    const unsigned short* g = src + static_cast<long long>(row0 + r0) * stride + 8 * c;
     const unsigned s0 = dst + L::offset(r0, c);
 #pragma unroll
     for (int it = 0; it < ceil_div(ROWS, kRowStep); ++it) {
@@ -83,7 +88,7 @@ __device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned sho
       if (ROWS % kRowStep == 0 || r < ROWS) {
         const bool ok = row0 + r < seq;
         const unsigned sa = kSameKey ? s0 + static_cast<unsigned>(it * kRowStep * L::RB) : dst + L::offset(r, c);
-        cp_async_16_s(sa, ok ? g + static_cast<long long>(it) * kRowStep * D : src, ok ? 16 : 0);
+        cp_async_16_s(sa, ok ? g + static_cast<long long>(it) * kRowStep * stride : src, ok ? 16 : 0);
       }
     }
   } else {
@@ -95,7 +100,7 @@ __device__ __forceinline__ void load_tile_async(unsigned dst, const unsigned sho
         const int c = idx % CPR;
         const int grow = row0 + r;
         const bool ok = grow < seq;
-        const unsigned short* g = src + (ok ? static_cast<long long>(grow) * D + 8 * c : 0);
+        const unsigned short* g = src + (ok ? static_cast<long long>(grow) * stride + 8 * c : 0);
         cp_async_16_s(dst + L::offset(r, c), g, ok ? 16 : 0);
       }
     }
@@ -238,8 +243,8 @@ __device__ __forceinline__ void gemm_pv(float (&o)[T::kMTiles][T::kOTiles][4],
 
 }  // namespace fa2_mma_detail
 
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwdParams p) {
+template <class Traits, bool VARLEN = false>
+__global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const typename ParamsOf<VARLEN, AttnFwdParams>::type p) {
   using T = Traits;
   namespace det = fa2_mma_detail;
   constexpr int D = T::kHeadDim;
@@ -266,18 +271,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
   const int g = lane >> 2;                              // MMA fragment row group
   const int tig = lane & 3;                             // thread in group
 
-  const int seq_q = p.seq_q;
-  const int seq_k = p.seq_k;
-  // Causal: the heaviest query blocks (largest i, most visible keys) launch first.
-  const int qblock = CAUSAL ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  // Packed: this sequence's lengths and offsets (VarlenSeq); dense: the problem's.
+  const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, blockIdx.z);
+  const int seq_q = VARLEN ? vs.seq_q : p.seq_q;
+  const int seq_k = VARLEN ? vs.seq_k : p.seq_k;
+  // Rows of Q and O (K and V) are D elements apart, or a token's H*D (Hk*D) when packed.
+  const int kv_heads = p.heads / query_group(p);
+  const int q_stride = VARLEN ? p.heads * D : D;
+  const int k_stride = VARLEN ? kv_heads * D : D;
+  // Causal: the heaviest query blocks (largest i, most visible keys) launch first (packed: within
+  // the sequence; blocks past its end exit).
+  const int qblock = !CAUSAL ? static_cast<int>(blockIdx.x)
+                     : VARLEN ? ceil_div(seq_q, BM) - 1 - static_cast<int>(blockIdx.x)
+                              : static_cast<int>(gridDim.x - 1 - blockIdx.x);
   const int m0 = qblock * BM;
-  if (m0 >= seq_q) return;  // whole block: safe before any barrier
+  if (m0 >= seq_q || (VARLEN && m0 < 0)) return;  // whole block: safe before any barrier
   const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
   // Grouped-query attention: this query head's kv head.
   const long long bh_kv = static_cast<long long>(blockIdx.z) * (p.heads / query_group(p)) + blockIdx.y / query_group(p);
-  const unsigned short* q = static_cast<const unsigned short*>(p.q) + bh * seq_q * D;
-  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh_kv * seq_k * D;
-  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh_kv * seq_k * D;
+  const long long q_off = VARLEN ? vs.q_offset(p.heads, blockIdx.y, D) : bh * seq_q * D;
+  const long long k_off = VARLEN ? vs.k_offset(kv_heads, blockIdx.y / query_group(p), D) : bh_kv * seq_k * D;
+  const unsigned short* q = static_cast<const unsigned short*>(p.q) + q_off;
+  const unsigned short* k = static_cast<const unsigned short*>(p.k) + k_off;
+  const unsigned short* v = static_cast<const unsigned short*>(p.v) + k_off;
   const float scale_log2 = p.scale_log2;
 
   // Key j is visible to query i iff j <= i + causal_offset (bottom-right aligned).
@@ -326,12 +342,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
     if (needs_mask) det::apply_mask<T>(s, m0 + warp_row0 + g, n0 + 2 * tig, seq_k, causal_offset);
   };
 
-  det::load_tile_async<BM, D, NT>(q_tile, q, m0, seq_q, tid);
+  det::load_tile_async<BM, D, NT>(q_tile, q, q_stride, m0, seq_q, tid);
   cp_async_commit();
   if constexpr (STAGES == 1) {
     // FlashAttention-2's schedule on one K and one V buffer: V(n) lands during S(n),
     // K(n+1) lands during softmax and O += P V(n).
-    if (num_kv_blocks > 0) det::load_tile_async<BN, D, NT>(k_tile(0), k, 0, seq_k, tid);
+    if (num_kv_blocks > 0) det::load_tile_async<BN, D, NT>(k_tile(0), k, k_stride, 0, seq_k, tid);
     cp_async_commit();
     if constexpr (T::kQInRegs) {
       cp_async_wait<1>();  // Q; K(0) may still be in flight
@@ -342,13 +358,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
       const int n0 = nb * BN;
       cp_async_wait<0>();  // K(n) (and Q)
       __syncthreads();     // visible to all; everyone done reading V(n-1)
-      det::load_tile_async<BN, D, NT>(v_tile(0), v, n0, seq_k, tid);
+      det::load_tile_async<BN, D, NT>(v_tile(0), v, k_stride, n0, seq_k, tid);
       cp_async_commit();
       float s[MT][T::kSTiles][4];
       scores(s, k_tile(0), n0);
       cp_async_wait<0>();  // V(n)
       __syncthreads();     // visible to all; everyone done reading K(n)
-      if (nb + 1 < num_kv_blocks) det::load_tile_async<BN, D, NT>(k_tile(0), k, n0 + BN, seq_k, tid);
+      if (nb + 1 < num_kv_blocks) det::load_tile_async<BN, D, NT>(k_tile(0), k, k_stride, n0 + BN, seq_k, tid);
       cp_async_commit();
       det::online_softmax<T>(s, m, l, o, scale_log2);
       det::gemm_pv<T>(o, s, v_tile(0) + a_lane);
@@ -359,8 +375,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
       if (st < num_kv_blocks) {
-        det::load_tile_async<BN, D, NT>(k_tile(st), k, st * BN, seq_k, tid);
-        det::load_tile_async<BN, D, NT>(v_tile(st), v, st * BN, seq_k, tid);
+        det::load_tile_async<BN, D, NT>(k_tile(st), k, k_stride, st * BN, seq_k, tid);
+        det::load_tile_async<BN, D, NT>(v_tile(st), v, k_stride, st * BN, seq_k, tid);
       }
       cp_async_commit();
     }
@@ -377,8 +393,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
       const int ahead = nb + STAGES - 1;
       const int ahead_stage = stage == 0 ? STAGES - 1 : stage - 1;  // the slot of block nb-1
       if (ahead < num_kv_blocks) {
-        det::load_tile_async<BN, D, NT>(k_tile(ahead_stage), k, ahead * BN, seq_k, tid);
-        det::load_tile_async<BN, D, NT>(v_tile(ahead_stage), v, ahead * BN, seq_k, tid);
+        det::load_tile_async<BN, D, NT>(k_tile(ahead_stage), k, k_stride, ahead * BN, seq_k, tid);
+        det::load_tile_async<BN, D, NT>(v_tile(ahead_stage), v, k_stride, ahead * BN, seq_k, tid);
       }
       cp_async_commit();
       float s[MT][T::kSTiles][4];
@@ -395,8 +411,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
   cp_async_wait<0>();
   __syncthreads();  // no cp.async (Q when there was no K/V block) still writing Qs
   // Output pointers formed here, not kept live through the loop.
-  unsigned short* o_out = static_cast<unsigned short*>(p.o) + bh * seq_q * D;
-  float* lse_out = p.lse + bh * seq_q;
+  unsigned short* o_out = static_cast<unsigned short*>(p.o) + (VARLEN ? vs.q_offset(p.heads, blockIdx.y, D) : bh * seq_q * D);
+  float* lse_out = p.lse + (VARLEN ? vs.lse_offset(blockIdx.y) : bh * seq_q);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -424,7 +440,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const AttnFwd
       const int c = idx % CPR;
       if (m0 + r < seq_q) {
         const uint4 val = ld_shared_v4(q_tile + Addr::offset(r, c));
-        *reinterpret_cast<uint4*>(o_out + static_cast<long long>(m0 + r) * D + 8 * c) = val;
+        *reinterpret_cast<uint4*>(o_out + static_cast<long long>(m0 + r) * q_stride + 8 * c) = val;
       }
     }
   }

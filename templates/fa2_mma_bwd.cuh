@@ -22,6 +22,11 @@
 // DQ_MODE 1 dQ kernel: the forward's layout (warps own query rows): S = Q K^T, dP = dO V^T,
 // dS = P (dP - delta), dQ += dS K with dS packed from the accumulators; K/V blocks of KS keys.
 //
+// Packed variable-length batches: kernel<T, true> (AttnBwdParams::cu_seqlens_q/k) take their sequence's
+// lengths and offsets (VarlenSeq, z = the sequence), token-major rows of H*D (Hk*D) elements, delta and
+// lse (H, total_q), dq_accum laid out like dQ; a CTA whose block starts past its sequence's end exits,
+// and keys of a sequence without queries get dK = dV = 0. The loops are the dense ones.
+//
 // Masking: rows past seq_q / seq_k are zero-filled in shared memory (lse and delta too), which
 // makes every contribution of a padded query row zero (dO = 0 gives dV += 0, dP = 0, dS = 0).
 // Keys past seq_k and (causal, bottom-right) keys j > i + (seq_k - seq_q) get P = 0, only in tiles
@@ -41,10 +46,12 @@ __device__ __forceinline__ unsigned chunk_off(int r, int c) {
   return static_cast<unsigned>(r * RB + 16 * c);
 }
 
-// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix into a padded tile (row bytes 2*(D+8)) with
-// 16-byte cp.async; rows >= seq are zero-filled (src-size 0, source clamped to the base).
+// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix with rows `stride` elements apart (D dense, H*D
+// or Hk*D packed) into a padded tile (row bytes 2*(D+8)) with 16-byte cp.async; rows >= seq are
+// zero-filled (src-size 0, source clamped to the base).
 template <int ROWS, int D, int NT>
-__device__ __forceinline__ void load_rows(unsigned dst, const unsigned short* src, int row0, int seq, int tid) {
+__device__ __forceinline__ void load_rows(unsigned dst, const unsigned short* src, int stride, int row0, int seq,
+                                          int tid) {
   constexpr int CPR = D / 8;
   constexpr int RB = fa2_mma_bwd_row_bytes(D);
   constexpr int kChunks = ROWS * CPR;
@@ -56,7 +63,7 @@ __device__ __forceinline__ void load_rows(unsigned dst, const unsigned short* sr
       const int c = idx % CPR;
       const int grow = row0 + r;
       const bool ok = grow < seq;
-      const unsigned short* g = ok ? src + static_cast<long long>(grow) * D + 8 * c : src;
+      const unsigned short* g = ok ? src + static_cast<long long>(grow) * stride + 8 * c : src;
       cp_async_16_s(dst + chunk_off<RB>(r, c), g, ok ? 16 : 0);
     }
   };
@@ -164,9 +171,9 @@ __device__ __forceinline__ void gemm_two_abt(float (&c1)[MT][N / 8][4], float (&
 }
 
 // Rows of m16 tiles (C layout: lane rows g, g+8, columns 2t, 2t+1 of each n8 tile) to a (seq, D)
-// 16-bit matrix, times mul, rows >= seq skipped.
+// 16-bit matrix with rows `stride` elements apart, times mul, rows >= seq skipped.
 template <int DTYPE, int MT, int NCOL, int D>
-__device__ __forceinline__ void store_rows(unsigned short* out, const float (&acc)[MT][NCOL / 8][4], float mul,
+__device__ __forceinline__ void store_rows(unsigned short* out, int stride, const float (&acc)[MT][NCOL / 8][4], float mul,
                                            int row_base, int col_base, int seq) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -176,7 +183,7 @@ __device__ __forceinline__ void store_rows(unsigned short* out, const float (&ac
       if (r < seq) {
 #pragma unroll
         for (int dt = 0; dt < NCOL / 8; ++dt)
-          *reinterpret_cast<unsigned*>(out + static_cast<long long>(r) * D + col_base + 8 * dt) =
+          *reinterpret_cast<unsigned*>(out + static_cast<long long>(r) * stride + col_base + 8 * dt) =
               pack_half2<DTYPE>(acc[mt][dt][2 * h] * mul, acc[mt][dt][2 * h + 1] * mul);
       }
     }
@@ -202,8 +209,8 @@ __device__ __forceinline__ float dot_chunk(uint4 a, uint4 b, float acc) {
 
 // delta[b,h,i] = sum_c dO[i][c] * O[i][c] in fp32; DQ_MODE 0 also zeroes dq_accum. 8 lanes per row,
 // 16-byte loads.
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kPreThreads) fa2_mma_bwd_preprocess(const AttnBwdParams p) {
+template <class Traits, bool VARLEN = false>
+__global__ void __launch_bounds__(Traits::kPreThreads) fa2_mma_bwd_preprocess(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
   using T = Traits;
   constexpr int D = T::kHeadDim;
   constexpr int L = T::kRowLanes;
@@ -212,8 +219,10 @@ __global__ void __launch_bounds__(Traits::kPreThreads) fa2_mma_bwd_preprocess(co
   const int g = tid % L;
   const int row = blockIdx.x * T::kRowsPerCta + tid / L;
   const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
-  const bool ok = row < p.seq_q;
-  const long long off = (bh * p.seq_q + row) * D;
+  const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, blockIdx.z);
+  const bool ok = row < (VARLEN ? vs.seq_q : p.seq_q);
+  const long long off = VARLEN ? vs.q_offset(p.heads, blockIdx.y, D) + static_cast<long long>(row) * p.heads * D
+                               : (bh * p.seq_q + row) * D;
   float acc = 0.f;
   if (ok) {
     const unsigned short* o = static_cast<const unsigned short*>(p.o) + off;
@@ -228,13 +237,13 @@ __global__ void __launch_bounds__(Traits::kPreThreads) fa2_mma_bwd_preprocess(co
     }
   }
   acc = group_sum<L>(acc);  // every lane takes part (no early exit before the shuffles)
-  if (ok && g == 0) p.delta[bh * p.seq_q + row] = acc;
+  if (ok && g == 0) p.delta[VARLEN ? vs.lse_offset(blockIdx.y) + row : bh * p.seq_q + row] = acc;
 }
 
 // One CTA per K/V block j (x), head (y), batch (z): dK_j, dV_j over every query block i that can
 // see the block, in increasing i; DQ_MODE 0 also dq_accum[i] += scale * dS_ij K_j.
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(const AttnBwdParams p) {
+template <class Traits, bool VARLEN = false>
+__global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
   using T = Traits;
   namespace det = fa2_mma_bwd_detail;
   constexpr int D = T::kHeadDim;
@@ -269,17 +278,22 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
   const int kr0 = (warp / T::kDSplit) * 16 * MTN;  // first key row of this warp
   const int dc0 = (warp % T::kDSplit) * DC;        // first dK/dV column of this warp
 
-  const int seq_q = p.seq_q;
-  const int seq_k = p.seq_k;
+  const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, blockIdx.z);
+  const int seq_q = VARLEN ? vs.seq_q : p.seq_q;
+  const int seq_k = VARLEN ? vs.seq_k : p.seq_k;
   const int n0 = blockIdx.x * BN;
   if (n0 >= seq_k) return;  // whole block: safe before any barrier
   // One CTA per kv head (y): grouped-query attention sums dK, dV over the group's query heads, so the
   // loop below runs over (query head of the group, query block) pairs.
   const int group = query_group(p);
+  const int q_stride = VARLEN ? p.heads * D : D;  // packed: a token's row of every head
+  const int k_stride = VARLEN ? (p.heads / group) * D : D;
   const long long bh_kv = static_cast<long long>(blockIdx.z) * (p.heads / group) + blockIdx.y;
   const long long bh_q0 = static_cast<long long>(blockIdx.z) * p.heads + static_cast<long long>(blockIdx.y) * group;
-  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh_kv * seq_k * D;
-  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh_kv * seq_k * D;
+  const unsigned short* k =
+      static_cast<const unsigned short*>(p.k) + (VARLEN ? vs.k_offset(p.heads / group, blockIdx.y, D) : bh_kv * seq_k * D);
+  const unsigned short* v =
+      static_cast<const unsigned short*>(p.v) + (VARLEN ? vs.k_offset(p.heads / group, blockIdx.y, D) : bh_kv * seq_k * D);
   const float scale_log2 = p.scale_log2;
 
   // Query i sees key n iff n <= i + causal_offset: only query blocks reaching row n0 - causal_offset.
@@ -296,23 +310,28 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
   const unsigned a_off = det::chunk_off<RB>(lane & 15, lane >> 4);
   const unsigned b_off = det::chunk_off<RB>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
 
+  // Packed: query head y * group + t / blocks_per_head of this sequence (its rows q_stride apart).
+  auto packed_head = [&](int t) { return static_cast<int>(blockIdx.y) * group + t / blocks_per_head; };
   auto load_block = [&](int t, int s) {
     const long long bh = head_of(t);
     const int mb = block_of(t);
-    const unsigned short* q = static_cast<const unsigned short*>(p.q) + bh * seq_q * D;
-    const unsigned short* dout = static_cast<const unsigned short*>(p.dout) + bh * seq_q * D;
-    det::load_rows<BM, D, NT>(q_tile(s), q, mb * BM, seq_q, tid);
-    det::load_rows<BM, D, NT>(do_tile(s), dout, mb * BM, seq_q, tid);
-    det::load_stats<BM, NT>(stats_s + 8 * s * BM, stats_s + 8 * s * BM + 4 * BM, p.lse + bh * seq_q,
-                            p.delta + bh * seq_q, mb * BM, seq_q, tid);
+    const unsigned short* q =
+        static_cast<const unsigned short*>(p.q) + (VARLEN ? vs.q_offset(p.heads, packed_head(t), D) : bh * seq_q * D);
+    const unsigned short* dout =
+        static_cast<const unsigned short*>(p.dout) + (VARLEN ? vs.q_offset(p.heads, packed_head(t), D) : bh * seq_q * D);
+    det::load_rows<BM, D, NT>(q_tile(s), q, q_stride, mb * BM, seq_q, tid);
+    det::load_rows<BM, D, NT>(do_tile(s), dout, q_stride, mb * BM, seq_q, tid);
+    det::load_stats<BM, NT>(stats_s + 8 * s * BM, stats_s + 8 * s * BM + 4 * BM,
+                            p.lse + (VARLEN ? vs.lse_offset(packed_head(t)) : bh * seq_q),
+                            p.delta + (VARLEN ? vs.lse_offset(packed_head(t)) : bh * seq_q), mb * BM, seq_q, tid);
   };
 
   float dk[MTN][DC / 8][4], dv[MTN][DC / 8][4];
   det::zero_tiles(dk);
   det::zero_tiles(dv);
 
-  det::load_rows<BN, D, NT>(k_tile, k, n0, seq_k, tid);
-  det::load_rows<BN, D, NT>(v_tile, v, n0, seq_k, tid);
+  det::load_rows<BN, D, NT>(k_tile, k, k_stride, n0, seq_k, tid);
+  det::load_rows<BN, D, NT>(v_tile, v, k_stride, n0, seq_k, tid);
   if (num_steps > 0) load_block(0, 0);
   cp_async_commit();
 
@@ -407,7 +426,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
           }
         }
       }
-      float* dq_accum = p.dq_accum + head_of(t) * seq_q * D;
+      float* dq_accum = p.dq_accum + (VARLEN ? vs.q_offset(p.heads, packed_head(t), D) : head_of(t) * seq_q * D);
       const float scale = p.scale;
 #pragma unroll
       for (int mq = 0; mq < MQ; ++mq)
@@ -417,7 +436,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
           if (r < seq_q) {
 #pragma unroll
             for (int dt = 0; dt < CQ / 8; ++dt)
-              red_add_f32x2(dq_accum + static_cast<long long>(r) * D + qc0 + 8 * dt + 2 * tig,
+              red_add_f32x2(dq_accum + static_cast<long long>(r) * q_stride + qc0 + 8 * dt + 2 * tig,
                             scale * dqa[mq][dt][2 * h], scale * dqa[mq][dt][2 * h + 1]);
           }
         }
@@ -427,24 +446,28 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
   cp_async_wait<0>();  // nothing in flight at exit (no query block: K, V unused)
 
   // dK (times scale), dV rows; zeros for a block no query sees.
-  unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh_kv * seq_k * D;
-  unsigned short* dv_out = static_cast<unsigned short*>(p.dv) + bh_kv * seq_k * D;
-  det::store_rows<DT, MTN, DC, D>(dk_out, dk, p.scale, n0 + kr0 + g, dc0 + 2 * tig, seq_k);
-  det::store_rows<DT, MTN, DC, D>(dv_out, dv, 1.f, n0 + kr0 + g, dc0 + 2 * tig, seq_k);
+  unsigned short* dk_out =
+      static_cast<unsigned short*>(p.dk) + (VARLEN ? vs.k_offset(p.heads / group, blockIdx.y, D) : bh_kv * seq_k * D);
+  unsigned short* dv_out =
+      static_cast<unsigned short*>(p.dv) + (VARLEN ? vs.k_offset(p.heads / group, blockIdx.y, D) : bh_kv * seq_k * D);
+  det::store_rows<DT, MTN, DC, D>(dk_out, k_stride, dk, p.scale, n0 + kr0 + g, dc0 + 2 * tig, seq_k);
+  det::store_rows<DT, MTN, DC, D>(dv_out, k_stride, dv, 1.f, n0 + kr0 + g, dc0 + 2 * tig, seq_k);
 }
 
 // DQ_MODE 0: dQ = 16-bit(dq_accum) (row kernel). DQ_MODE 1: one CTA per query block (x, reversed
 // when causal so the heaviest blocks start first), head (y), batch (z): dQ_i = scale * sum_j dS_ij K_j
 // over the visible keys in increasing order, in registers; bitwise deterministic.
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const AttnBwdParams p) {
+template <class Traits, bool VARLEN = false>
+__global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
   using T = Traits;
   namespace det = fa2_mma_bwd_detail;
   constexpr int D = T::kHeadDim;
   constexpr int DT = T::kDtype;
   check_dynamic_smem(T::kDqSmemBytes);
   const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
-  const int seq_q = p.seq_q;
+  const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, blockIdx.z);
+  const int seq_q = VARLEN ? vs.seq_q : p.seq_q;
+  const int q_stride = VARLEN ? p.heads * D : D;  // packed: a token's row of every head
   const int tid = threadIdx.x;
 
   if constexpr (T::kDqMode == 0) {
@@ -452,7 +475,8 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const At
     const int g = tid % L;
     const int row = blockIdx.x * T::kRowsPerCta + tid / L;
     if (row >= seq_q) return;  // no barriers in this kernel
-    const long long off = (bh * seq_q + row) * D;
+    const long long off =
+        VARLEN ? vs.q_offset(p.heads, blockIdx.y, D) + static_cast<long long>(row) * q_stride : (bh * seq_q + row) * D;
     unsigned short* dq = static_cast<unsigned short*>(p.dq) + off;
     const float* acc = p.dq_accum + off;
     const int swz = T::kDqAccumSwizzled ? (row & 7) : 0;  // 16-byte piece c of the row stored at c ^ swz
@@ -486,16 +510,24 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const At
     const int g = lane >> 2;
     const int tig = lane & 3;
     const int qr0 = (tid >> 5) * 16 * MT;  // first block row of this warp
-    const int seq_k = p.seq_k;
-    const int qblock = CAUSAL ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+    const int seq_k = VARLEN ? vs.seq_k : p.seq_k;
+    // Causal: heaviest blocks first (packed: within the sequence; blocks past its end exit).
+    const int qblock = !CAUSAL ? static_cast<int>(blockIdx.x)
+                       : VARLEN ? ceil_div(seq_q, BM) - 1 - static_cast<int>(blockIdx.x)
+                                : static_cast<int>(gridDim.x - 1 - blockIdx.x);
     const int m0 = qblock * BM;
-    if (m0 >= seq_q) return;  // whole block: safe before any barrier
-    const unsigned short* q = static_cast<const unsigned short*>(p.q) + bh * seq_q * D;
+    if (m0 >= seq_q || (VARLEN && m0 < 0)) return;  // whole block: safe before any barrier
+    const unsigned short* q =
+        static_cast<const unsigned short*>(p.q) + (VARLEN ? vs.q_offset(p.heads, blockIdx.y, D) : bh * seq_q * D);
     const long long bh_kv = static_cast<long long>(blockIdx.z) * (p.heads / query_group(p)) + blockIdx.y / query_group(p);
-    const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh_kv * seq_k * D;
-    const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh_kv * seq_k * D;
-    const unsigned short* dout = static_cast<const unsigned short*>(p.dout) + bh * seq_q * D;
+    const unsigned short* k = static_cast<const unsigned short*>(p.k) +
+                              (VARLEN ? vs.k_offset(p.heads / query_group(p), blockIdx.y / query_group(p), D) : bh_kv * seq_k * D);
+    const unsigned short* v = static_cast<const unsigned short*>(p.v) +
+                              (VARLEN ? vs.k_offset(p.heads / query_group(p), blockIdx.y / query_group(p), D) : bh_kv * seq_k * D);
+    const unsigned short* dout =
+        static_cast<const unsigned short*>(p.dout) + (VARLEN ? vs.q_offset(p.heads, blockIdx.y, D) : bh * seq_q * D);
     const float scale_log2 = p.scale_log2;
+    const int k_stride = VARLEN ? (p.heads / query_group(p)) * D : D;
 
     // Keys [0, kv_end) can be visible to some row of this block.
     const int causal_offset = seq_k - seq_q;
@@ -511,21 +543,21 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const At
       for (int h = 0; h < 2; ++h) {
         const int r = m0 + qr0 + 16 * mt + g + 8 * h;
         const bool ok = r < seq_q;
-        nl2[mt][h] = ok ? -p.lse[bh * seq_q + r] * kLog2e : neg_inf();
-        dl[mt][h] = ok ? p.delta[bh * seq_q + r] : 0.f;
+        nl2[mt][h] = ok ? -p.lse[(VARLEN ? vs.lse_offset(blockIdx.y) : bh * seq_q) + r] * kLog2e : neg_inf();
+        dl[mt][h] = ok ? p.delta[(VARLEN ? vs.lse_offset(blockIdx.y) : bh * seq_q) + r] : 0.f;
       }
 
     const unsigned a_off = det::chunk_off<RB>(lane & 15, lane >> 4);
     const unsigned b_off = det::chunk_off<RB>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
     auto load_kv = [&](int nb, int s) {
-      det::load_rows<KS, D, NT>(k_tile(s), k, nb * KS, seq_k, tid);
-      det::load_rows<KS, D, NT>(v_tile(s), v, nb * KS, seq_k, tid);
+      det::load_rows<KS, D, NT>(k_tile(s), k, k_stride, nb * KS, seq_k, tid);
+      det::load_rows<KS, D, NT>(v_tile(s), v, k_stride, nb * KS, seq_k, tid);
     };
 
     float dq[MT][D / 8][4];
     det::zero_tiles(dq);
-    det::load_rows<BM, D, NT>(q_tile, q, m0, seq_q, tid);
-    det::load_rows<BM, D, NT>(do_tile, dout, m0, seq_q, tid);
+    det::load_rows<BM, D, NT>(q_tile, q, q_stride, m0, seq_q, tid);
+    det::load_rows<BM, D, NT>(do_tile, dout, q_stride, m0, seq_q, tid);
     if (num_n_blocks > 0) load_kv(0, 0);
     cp_async_commit();
 
@@ -567,8 +599,9 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const At
       }
     }
     cp_async_wait<0>();
-    unsigned short* dq_out = static_cast<unsigned short*>(p.dq) + bh * seq_q * D;
-    det::store_rows<DT, MT, D, D>(dq_out, dq, p.scale, m0 + qr0 + g, 2 * tig, seq_q);
+    unsigned short* dq_out =
+        static_cast<unsigned short*>(p.dq) + (VARLEN ? vs.q_offset(p.heads, blockIdx.y, D) : bh * seq_q * D);
+    det::store_rows<DT, MT, D, D>(dq_out, q_stride, dq, p.scale, m0 + qr0 + g, 2 * tig, seq_q);
   }
 }
 

@@ -66,6 +66,48 @@ expect_usage_error "unknown input distribution 'cauchy'" tune "$SRC/configs/spac
 expect_usage_error "does not exist" best --db "$tmp/none.db"
 expect_usage_error "emit needs --db and --out" emit --db x
 
+# Packed variable-length batches: the lengths' description checked before any GPU work (flags and files).
+mma="--family fa2_mma --params BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2 --dtype bf16"
+expect_usage_error "--shape must be H,d with --varlen or --seq-lens" run $mma --shape 1,2,8,8,64 --seq-lens 8
+expect_usage_error "--shape must be B,H,Sq,Sk,d" run $mma --shape 2,64
+expect_usage_error "--seq-lens must be comma-separated integers, got 'x'" run $mma --shape 2,64 --seq-lens 8,x
+expect_usage_error "give --varlen or --seq-lens, not both" run $mma --shape 2,64 --seq-lens 8 --varlen '{"seq_lens":[8]}'
+expect_usage_error "--seq-lens-k goes with --seq-lens" run $mma --shape 2,64 --seq-lens-k 8
+expect_usage_error "query lengths sum to 0" run $mma --shape 2,64 --seq-lens 0,0
+expect_usage_error "'seq_lens_k' has 2 lengths, 'seq_lens' 1" run $mma --shape 2,64 --seq-lens 4 --seq-lens-k 4,4
+expect_usage_error "holds -4, not a length" run $mma --shape 2,64 --seq-lens 8,-4
+expect_usage_error "holds 4294967304, not a length" run $mma --shape 2,64 --seq-lens 4294967304
+expect_usage_error "--varlen: varlen 'min' (9) is above 'max' (4)" run $mma --shape 2,64 \
+  --varlen '{"lengths":"uniform","min":9,"max":4,"total_tokens":10}'
+expect_usage_error "unknown varlen field 'length' for lengths \"uniform\"" run $mma --shape 2,64 \
+  --varlen '{"lengths":"uniform","min":1,"max":4,"total_tokens":10,"length":3}'
+expect_usage_error "varlen 'seed' must be an integer" run $mma --shape 2,64 \
+  --varlen '{"lengths":"uniform","min":1,"max":4,"total_tokens":10,"seed":1e300}'
+expect_usage_error "more than 65535 sequences" run $mma --shape 2,64 \
+  --varlen '{"lengths":"fixed","length":1,"total_tokens":70000}'
+expect_usage_error "is over 2^31 - 1" run $mma --shape 4096,128 --varlen '{"lengths":"fixed","length":4096,"total_tokens":16777216}'
+expect_usage_error "not valid JSON" run $mma --shape 2,64 --varlen '{"seq_lens":[8'
+expect_usage_error "cannot read '$tmp/none_varlen.json'" run $mma --shape 2,64 --varlen "$tmp/none_varlen.json"
+expect_usage_error "does not support packed variable-length batches" run --family fa2_simt --params BLOCK_M=64 --shape 2,64 --seq-lens 8
+expect_usage_error "a packed variable-length batch uses generated inputs" run $mma --shape 2,64 --seq-lens 8 --inputs "$tmp/in"
+python3 -c "import json; print(json.dumps({'problems': [{'heads': 2, 'head_dim': 64, 'varlen': {'seq_lens': [1] * 65536}}]}))" >"$tmp/vl_many.json"
+expect_usage_error "must be an array of 1..65535 lengths" tune "$SRC/configs/spaces/fa2_mma.json" "$tmp/vl_many.json" --db "$tmp/x.db"
+echo '{"problems":[{"batch":3,"heads":2,"head_dim":64,"varlen":{"seq_lens":[4,8]}}]}' >"$tmp/vl_batch.json"
+expect_usage_error "problem field 'batch' is 3, but the varlen lengths give 2" tune "$SRC/configs/spaces/fa2_mma.json" "$tmp/vl_batch.json" --db "$tmp/x.db"
+echo '{"problems":[{"heads":2,"head_dim":64,"seq":8,"varlen":{"seq_lens":[4,8]}}]}' >"$tmp/vl_seq.json"
+expect_usage_error "problem field 'seq' goes with dense problems" tune "$SRC/configs/spaces/fa2_mma.json" "$tmp/vl_seq.json" --db "$tmp/x.db"
+echo '{"problems":[{"heads":2,"head_dim":64,"varlen":{"seq_lens":[4,8]}}]}' >"$tmp/vl_ok.json"
+expect_usage_error "no problem in $tmp/vl_ok.json matches a variant" tune "$SRC/configs/spaces/fa2_simt.json" "$tmp/vl_ok.json" --db "$tmp/x.db"
+echo '{"family":"fa2_simt","varlen":[true]}' >"$tmp/vl_space.json"
+expect_usage_error "family fa2_simt does not support packed variable-length batches" compile-check "$tmp/vl_space.json"
+echo '{"name":"x","problems":{"problems":[{"heads":2,"head_dim":64,"varlen":{"seq_lens":[4,8]}}]},"implementations":["fa2_mma"]}' >"$tmp/e_vl.json"
+expect_usage_error "measured by experiments/varlen_vs_peers.py" experiment "$tmp/e_vl.json" --dry-run
+expect_usage_error "problems takes one problems file" problems
+expect_usage_error "cannot read" problems "$tmp/none.json"
+"$FLASHTUNE" problems "$tmp/vl_ok.json" --json | python3 -c "import json,sys; p=json.load(sys.stdin)[0]; assert p['cu_seqlens_q']==[0,4,12] and p['batch']==2 and p['seq_q']==8, p" ||
+  { echo "FAIL: problems --json of a packed batch"; fail=1; }
+[[ ! -e "$tmp/x.db" ]] || { echo "FAIL: a refused tune created its store"; fail=1; }
+
 # A foreign SQLite file is refused and left as it was.
 python3 - "$tmp/foreign.db" <<'PY'
 import sqlite3, sys
@@ -92,7 +134,7 @@ for e in "$SRC"/experiments/*.json; do
 done
 
 # Every verb has --help (exit 0).
-for verb in devices compile-check tune run best emit drop-cubins experiment report; do
+for verb in devices compile-check tune run best emit drop-cubins experiment report problems; do
   "$FLASHTUNE" $verb --help >/dev/null || { echo "FAIL: $verb --help"; fail=1; }
 done
 [[ $fail -eq 0 ]] && echo "cli_errors: all passed"

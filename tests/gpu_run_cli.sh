@@ -41,6 +41,23 @@ d = r["detail"]
 assert r["status"] == "ok" and d["deterministic"] is True, r
 assert all(d[g + "_rel_l2"] <= 2e-2 for g in ("dq", "dk", "dv")), d
 PY
+# Packed variable-length batches: every row of a ragged batch (a 1-token, an empty and a key-less sequence,
+# GQA, causal per sequence), forward and backward, the packed outputs written everywhere (the NaN poison).
+"$FLASHTUNE" run --family fa2_mma --params BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2 --shape 4,64 --heads-k 2 \
+  --seq-lens 1,77,0,300,40 --seq-lens-k 1,77,5,301,0 --dtype bf16 --causal --check --check-determinism --json \
+  >"$tmp/vl.json" || { echo "FAIL: fa2_mma varlen run"; cat "$tmp/vl.json"; fail=1; }
+"$FLASHTUNE" run --family fa2_mma_bwd --params BLOCK_M=64,BLOCK_N=64,WARPS=4,DSPLIT=1,STAGES=2,DQ_MODE=1 --shape 4,64 \
+  --heads-k 2 --seq-lens 1,77,0,300,40 --seq-lens-k 1,77,5,301,0 --dtype bf16 --causal --direction bwd \
+  --check-determinism --json >"$tmp/vlb.json" || { echo "FAIL: fa2_mma_bwd varlen run"; cat "$tmp/vlb.json"; fail=1; }
+python3 - "$tmp/vl.json" "$tmp/vlb.json" <<'PY' || fail=1
+import json, sys
+f, b = (json.load(open(p)) for p in sys.argv[1:])
+print(f)
+print(b)
+assert f["status"] == "ok" and f["detail"]["validated_rows"] == 4 * 418 and f["detail"]["deterministic"] is True, f
+assert f["problem"]["varlen"] == {"seq_lens": [1, 77, 0, 300, 40], "seq_lens_k": [1, 77, 5, 301, 0]}, f["problem"]
+assert b["status"] == "ok" and b["detail"]["deterministic"] is True, b
+PY
 # --inputs / --save-outputs: inputs written by numpy, outputs compared with numpy's float64 attention
 # (bottom-right causal), forward with fa2_simt and backward with fa2_simt_bwd, every head distinct.
 python3 - "$tmp/in" <<'PY' || { echo "FAIL: writing inputs"; fail=1; }

@@ -27,6 +27,8 @@ for f in families:
         ps = problems(path)
         if not ps or any(p.get("direction", "fwd") != f["direction"] for p in ps):
             continue
+        if any("varlen" in p for p in ps):  # packed batches: a family's varlen form, the varlen device stage's
+            continue
         dtypes = {p.get("dtype", "fp32") for p in ps}
         dims = {p["head_dim"] for p in ps}
         if dtypes == set(f["dtypes"]) and set(f["head_dims"]) <= dims:

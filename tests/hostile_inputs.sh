@@ -262,8 +262,8 @@ n3=$("$F" best --db "$tmp/v3.db" --csv | wc -l)
 [[ "$(sha256sum <"$tmp/v3.db")" == "$v3_sum" ]] || { echo "FAIL: report changed a v3 store"; fail=1; }
 cases=$((cases + 1))
 "$F" drop-cubins --db "$tmp/v3.db" || { echo "FAIL: drop-cubins on v3"; fail=1; }
-[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "6,1181504622" ]] ||
-  { echo "FAIL: v3 not migrated to 6 with our application_id"; fail=1; }
+[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "7,1181504622" ]] ||
+  { echo "FAIL: v3 not migrated to 7 with our application_id"; fail=1; }
 [[ "$(sql "$tmp/v3.db" "select count(*), count(distinct inputs) from results")" == "8|1" ]] ||
   { echo "FAIL: migrated results: $(sql "$tmp/v3.db" "select count(*), group_concat(distinct inputs) from results")"; fail=1; }
 [[ $("$F" best --db "$tmp/v3.db" --csv | wc -l) -eq $n3 ]] || { echo "FAIL: best after migration"; fail=1; }

@@ -25,6 +25,24 @@ c.execute("update results set max_rel=9e999, detail='{\"validated_rows\":512}' w
 c.execute("update results set config='BLOCK_M=64,BLOCK_N=32,TM=4,TN=4' where status='pruned'")
 c.commit()
 PY
+# Packed variable-length rows (schema 7): a list and a seeded distribution, their count and longest lengths
+# as flashtune derives them (`flashtune problems`), exported with the description and imported back whole.
+echo '{"problems":[{"heads":4,"heads_k":2,"head_dim":64,"dtype":"bf16","causal":true,"varlen":{"seq_lens":[1,17,0,300],"seq_lens_k":[1,20,5,300]}},
+  {"heads":2,"head_dim":64,"dtype":"bf16","varlen":{"lengths":"uniform","min":8,"max":64,"total_tokens":100,"seed":3}}]}' >"$tmp/vl.json"
+"$F" problems "$tmp/vl.json" --json >"$tmp/vl_points.json" || exit 1
+python3 - "$tmp/fixture.db" "$tmp/vl_points.json" <<'PY'
+import json, sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+base = c.execute("select * from results where status='ok'").fetchone()
+cols = [r[1] for r in c.execute("pragma table_info(results)")]
+for i, p in enumerate(json.load(open(sys.argv[2]))):
+    row = dict(zip(cols, base), id=None, kernel_hash=f"h-varlen-{i}", family="fa2_mma", config="BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2",
+               dtype="bf16", head_dim=64, causal=int(p["causal"]), batch=p["batch"], heads=p["heads"], heads_k=p.get("heads_k", 0),
+               seq_q=p["seq_q"], seq_k=p["seq_k"], varlen=json.dumps(p["varlen"], sort_keys=True, separators=(",", ":")))
+    c.execute(f"insert into results({','.join(cols)}) values({','.join('?' * len(cols))})", [row[k] for k in cols])
+c.commit()
+PY
+"$F" best --db "$tmp/fixture.db" --family fa2_mma --csv | grep -q 'seq_lens' || { echo "FAIL: the fixture's packed rows not read back"; fail=1; }
 
 stores=("$tmp/fixture.db")
 for db in "$SRC"/reports/*/results.db; do
@@ -44,13 +62,15 @@ def columns(p):
 def rows(p, cols):
     c = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
     return sorted(tuple("" if v is None else v for v in r) for r in c.execute(f"select {','.join(cols)} from results"))
-# A store of an older schema lacks newer columns (v6's heads_k): those must hold their default.
+# A store of an older schema lacks newer columns (v6's heads_k, v7's varlen): those must hold their default.
 ca, cb = columns(sys.argv[1]), columns(sys.argv[2])
 common = [c for c in ca if c in cb]
+defaults = {"heads_k": 0, "varlen": ""}
 for p, extra in ((sys.argv[1], set(ca) - set(cb)), (sys.argv[2], set(cb) - set(ca))):
     for col in extra:
-        bad = sqlite3.connect(f"file:{p}?mode=ro", uri=True).execute(f"select count(*) from results where {col} != 0").fetchone()[0]
-        if col != "heads_k" or bad:
+        bad = sqlite3.connect(f"file:{p}?mode=ro", uri=True).execute(
+            f"select count(*) from results where {col} != ?", (defaults.get(col, 0),)).fetchone()[0]
+        if col not in defaults or bad:
             print(f"column {col} only in {p} ({bad} rows not 0)"); sys.exit(1)
 a, b = rows(sys.argv[1], common), rows(sys.argv[2], common)
 if a != b:

@@ -182,7 +182,31 @@ TEST(Sample, CoversEveryCommittedSpace) {
 TEST(Sample, DefaultVariantsSpanHeadDimsMasksDtypes) {
   for (const auto& f : families()) {
     const auto vs = default_variants(f);
-    EXPECT_EQ(vs.size(), f.head_dims.size() * 2 * f.dtypes.size()) << f.name;
+    EXPECT_EQ(vs.size(), f.head_dims.size() * 2 * f.dtypes.size() * (f.varlen ? 2 : 1)) << f.name;
+    EXPECT_EQ(std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.varlen; }),
+              f.varlen ? (long)vs.size() / 2 : 0) << f.name;
     for (const auto& v : vs) EXPECT_EQ(v.config, f.default_config) << f.name;
   }
+}
+
+// The packed variable-length form is another kernel: a space listing it ("varlen": [false, true]) gets
+// every value, head dim, dtype and mask compiled in that form too; a space without it, none.
+TEST(Sample, PackedFormCoveredWhereTheSpaceListsIt) {
+  const Compiler c("sm_90");
+  const Space s = load_space(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/fa2_mma.json");
+  ASSERT_EQ(s.varlen, (std::vector<bool>{false, true}));
+  std::set<std::string> covered;
+  size_t packed = 0;
+  for (const auto& x : covering_sample(s, c)) {
+    packed += x.variant.varlen;
+    for (const auto& f : x.covers) covered.insert(f);
+  }
+  EXPECT_GT(packed, 0u);
+  for (int d : s.head_dims) EXPECT_TRUE(covered.count("varlen:d=" + std::to_string(d))) << d;
+  for (const char* f : {"varlen:dtype=fp16", "varlen:dtype=bf16", "varlen:causal=0", "varlen:causal=1",
+                        "varlen:BLOCK_N=32", "varlen:BLOCK_N=128", "varlen:STAGES=3", "varlen:WARPS=8"})
+    EXPECT_TRUE(covered.count(f)) << f;
+  Space dense = s;
+  dense.varlen = {false};
+  for (const auto& x : covering_sample(dense, c)) EXPECT_FALSE(x.variant.varlen);
 }

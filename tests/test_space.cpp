@@ -10,6 +10,7 @@
 
 #include "templates/fa3_wgmma_traits.h"
 #include "tuner/space.hpp"
+#include "tuner/sweep.hpp"
 #include "fake_driver/record_tensor_map.hpp"
 #include "tuner/tensor_maps.hpp"
 #include "tuner/util.hpp"
@@ -178,6 +179,132 @@ TEST(Problems, GroupedQueryHeads) {
   EXPECT_THROW(one(R"({"problems":[{"batch":1,"heads":32,"heads_k":6,"seq":8,"head_dim":64}]})"), UsageError);
   EXPECT_THROW(one(R"({"problems":[{"batch":1,"heads":32,"heads_k":0,"seq":8,"head_dim":64}]})"), UsageError);
   EXPECT_THROW(one(R"({"problems":[{"batch":1,"heads":8,"heads_k":16,"seq":8,"head_dim":64}]})"), UsageError);
+}
+
+// Packed variable-length batches: lengths from a seeded distribution (the same on every machine: the
+// values below are what splitmix64 gives), fixed ones or a list; batch, seq_q, seq_k derived; the
+// description in JSON, str and identity; FLOPs summed per sequence; bad descriptions refused in one line.
+TEST(Problems, VarlenLengthsAndIdentity) {
+  auto one = [](const std::string& s) { return problems_from_json(json::parse(s)).at(0); };
+  auto with = [&](const std::string& varlen, const std::string& rest = "") {
+    return one(R"({"problems":[{"heads":32,"heads_k":8,"head_dim":128,"dtype":"bf16","varlen":)" + varlen + rest + "}]}");
+  };
+  const Problem u = with(R"({"lengths":"uniform","min":256,"max":4096,"total_tokens":16384,"seed":0})");
+  ASSERT_TRUE(u.varlen.enabled());
+  const auto& lq = u.varlen.seq_lens_q;
+  EXPECT_EQ(u.varlen.total_q(), 16384);  // the last length is cut to fill the batch exactly
+  EXPECT_EQ(u.varlen.seq_lens_k, lq);    // self-attention
+  for (size_t b = 0; b + 1 < lq.size(); ++b) EXPECT_TRUE(lq[b] >= 256 && lq[b] <= 4096) << lq[b];
+  EXPECT_EQ(u.batch, (int)lq.size());
+  EXPECT_EQ(u.seq_q, *std::max_element(lq.begin(), lq.end()));
+  EXPECT_EQ(u.seq_k, u.seq_q);
+  EXPECT_EQ(u, with(R"({"lengths":"uniform","min":256,"max":4096,"total_tokens":16384,"seed":0})"));  // deterministic
+  const Problem u1 = with(R"({"lengths":"uniform","min":256,"max":4096,"total_tokens":16384,"seed":1})");
+  EXPECT_NE(u1.varlen.seq_lens_q, lq);
+  EXPECT_NE(u1, u);
+  EXPECT_EQ(u.varlen.cu_seqlens_q().front(), 0);
+  EXPECT_EQ(u.varlen.cu_seqlens_q().back(), 16384);
+  EXPECT_EQ(u.varlen.cu_seqlens_q().size(), lq.size() + 1);
+  // JSON: the canonical description, batch/seq_q/seq_k beside it (accepted back when they agree).
+  const json j = to_json(u);
+  EXPECT_EQ(j["varlen"], json::parse(R"({"lengths":"uniform","min":256,"max":4096,"total_tokens":16384,"seed":0})"));
+  EXPECT_EQ(problem_from_json(j), u);
+  EXPECT_EQ(u.varlen.key(), R"({"lengths":"uniform","max":4096,"min":256,"seed":0,"total_tokens":16384})");
+  EXPECT_THAT(u.str(), HasSubstr("H32/8"));
+  EXPECT_THAT(u.str(), HasSubstr("varlen uniform 256-4096 x16384 seed 0"));
+  json jb = j;
+  jb["batch"] = u.batch + 1;
+  EXPECT_THROW(problem_from_json(jb), UsageError);
+  // A dense problem of the same count and longest lengths is another problem.
+  Problem dense = u;
+  dense.varlen = Varlen{};
+  EXPECT_NE(dense, u);
+  EXPECT_FALSE(to_json(dense).contains("varlen"));
+  EXPECT_EQ(dense.varlen.key(), "");
+
+  const Problem f = with(R"({"lengths":"fixed","length":1000,"total_tokens":2500})", R"(,"causal":true)");
+  EXPECT_EQ(f.varlen.seq_lens_q, (std::vector<int>{1000, 1000, 500}));
+  // FLOPs per sequence, halved when causal (FlashAttention's convention, sequence by sequence).
+  EXPECT_DOUBLE_EQ(f.flops(), 4.0 * 32 * 128 * (1000.0 * 1000 * 2 + 500.0 * 500) / 2);
+  // Bytes of the packed tensors: Q, O (and LSE) of 2500 tokens x 32 heads, K, V x 8 heads.
+  EXPECT_DOUBLE_EQ(f.bytes(), 32 * 2500.0 * (2 * 128 * 2.0 + 4) + 8 * 2500.0 * 2 * 128 * 2.0);
+  EXPECT_EQ(f.rows_q(), 2500 * 32);
+
+  const Problem l = with(R"({"seq_lens":[0,5,64],"seq_lens_k":[3,5,0]})", R"(,"direction":"bwd")");
+  EXPECT_EQ(l.varlen.lengths, "list");
+  EXPECT_EQ(l.batch, 3);
+  EXPECT_EQ(l.seq_q, 64);
+  EXPECT_EQ(l.seq_k, 5);
+  EXPECT_EQ(l.varlen.cu_seqlens_k(), (std::vector<int>{0, 3, 8, 8}));
+  EXPECT_DOUBLE_EQ(l.flops(), 2.5 * 4.0 * 32 * 128 * 25);
+  EXPECT_THAT(l.str(), HasSubstr("varlen [0,5,64]/[3,5,0]"));
+  EXPECT_EQ(problem_from_json(to_json(l)), l);
+  EXPECT_EQ(with(R"({"seq_lens":[4,4]})").varlen.description(), json::parse(R"({"seq_lens":[4,4]})"));
+
+  // Refused, each with a one-line reason.
+  for (const char* bad : {R"({"lengths":"zipf","min":1,"max":2,"total_tokens":10})",
+                          R"({"lengths":"uniform","min":5,"max":4,"total_tokens":10})",
+                          R"({"lengths":"uniform","min":0,"max":4,"total_tokens":10})",
+                          R"({"lengths":"uniform","min":1,"max":4})",
+                          R"({"lengths":"uniform","min":1,"max":4,"total_tokens":10,"length":3})",
+                          R"({"lengths":"uniform","min":1,"max":4,"total_tokens":10,"seed":-1})",
+                          R"({"lengths":"uniform","min":1,"max":4,"total_tokens":16777217})",
+                          R"({"lengths":"uniform","min":1,"max":1,"total_tokens":65536})",
+                          R"({"lengths":"fixed","length":4,"total_tokens":10,"seed":1})",
+                          R"({"lengths":"uniform","min":1,"max":4294967297,"total_tokens":10})",
+                          R"({"seq_lens":[]})", R"({"seq_lens":[-1,4]})", R"({"seq_lens":[0,0]})",
+                          R"({"seq_lens":[1.5]})", R"({"seq_lens":[4],"seq_lens_k":[4,4]})",
+                          R"({"seq_lens":[4],"seq_lens_k":[0]})", R"({"seq_lens":[1048577]})",
+                          R"({"lengths":"list"})", R"({"lengths":"fixed","seq_lens":[4]})", R"([4,4])", R"({})"}) {
+    try {
+      with(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(one(R"({"problems":[{"heads":2,"head_dim":64,"seq":8,"varlen":{"seq_lens":[8]}}]})"), UsageError);
+  // Packed tensors past 2^31 - 1 elements (int32 offsets): 2^24 tokens x 1024 heads x 128.
+  EXPECT_THROW(one(R"({"problems":[{"heads":1024,"head_dim":128,"varlen":{"lengths":"fixed","length":4096,"total_tokens":16777216}}]})"),
+               UsageError);
+}
+
+// The varlen form of a family's kernels: `kernel<Traits, true>`, picked by the problem; a family without it
+// is refused with the reason, a space names the forms to compile.
+TEST(Family, VarlenFormFollowsTheProblem) {
+  const Family& f = find_family("fa2_mma");
+  const Family& simt = find_family("fa2_simt");
+  EXPECT_TRUE(f.varlen);
+  EXPECT_TRUE(find_family("fa2_mma_bwd").varlen);
+  EXPECT_FALSE(simt.varlen);
+  EXPECT_EQ(f.name_expressions(f.default_config, 64, true, DType::bf16, true),
+            std::vector<std::string>{"&flashtune::fa2_mma_fwd<flashtune::Fa2MmaTraits<64,64,64,4,2,1,true>, true>"});
+  Problem p = problems_from_json(json::parse(
+      R"({"problems":[{"heads":4,"head_dim":64,"dtype":"bf16","varlen":{"seq_lens":[3,300]}}]})")).at(0);
+  EXPECT_EQ(f.shape_reason(p), "");
+  EXPECT_EQ(simt.shape_reason(p), "does not support packed variable-length batches");
+  Problem dense = p;
+  dense.varlen = Varlen{};
+  const Space s = space_from_json(json::parse(R"({"family":"fa2_mma","params":{"BLOCK_N":[32,64]},"head_dims":[64],
+      "causal":[false],"dtypes":["bf16"]})"));
+  EXPECT_EQ(s.variants().size(), 2u);  // default: the dense form only
+  const auto vp = variants_for(s, {p}), vd = variants_for(s, {dense}), both = variants_for(s, {p, dense});
+  ASSERT_EQ(vp.size(), 2u);
+  for (const auto& v : vp) EXPECT_TRUE(v.varlen);
+  for (const auto& v : vd) EXPECT_FALSE(v.varlen);
+  EXPECT_EQ(both.size(), 4u);
+  const Space packed = space_from_json(json::parse(R"({"family":"fa2_mma","params":{"BLOCK_N":[32,64]},"head_dims":[64],
+      "causal":[false],"dtypes":["bf16"],"varlen":[false,true,true]})"));
+  EXPECT_EQ(packed.size(), 4u);
+  EXPECT_EQ(packed.variants().size(), 4u);
+  EXPECT_EQ(variants_for(packed, {p}).size(), 2u);  // tune takes the problem's form either way
+  EXPECT_THROW(space_from_json(json::parse(R"({"family":"fa2_simt","varlen":[true]})")), UsageError);
+  EXPECT_THROW(space_from_json(json::parse(R"({"family":"fa2_mma","varlen":[1]})")), UsageError);
+  EXPECT_TRUE(variants_for(space_from_json(json::parse(R"({"family":"fa2_simt","head_dims":[64]})")),
+                           {[&] { Problem q = p; q.dtype = DType::fp32; return q; }()}).empty());
+  // The compiler refuses the packed form of a family that has none, before NVRTC.
+  Variant v{&simt, simt.default_config, 64, false, DType::fp32, true};
+  EXPECT_EQ(Compiler("sm_90").prune_before_compile(v), "does not support packed variable-length batches");
 }
 
 TEST(Problems, RejectsBadShapes) {

@@ -3,6 +3,8 @@
 
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "fixture.hpp"
 #include "tuner/store.hpp"
 #include "tuner/util.hpp"
@@ -288,6 +290,107 @@ TEST(Store, MigratesVersion5ToGroupedQueryKeys) {
     }
   EXPECT_EQ(found_gqa, 1);
   EXPECT_EQ(found_mha, 1);
+  fs::remove(path);
+}
+
+// Schema 7: varlen (packed variable-length batches) joined the results' unique key; a v6 file's rows come
+// through as dense rows, and two packed batches with the same count and longest lengths are two rows.
+TEST(Store, MigratesVersion6ToVarlenKeys) {
+  std::string path = temp_db("v6");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);
+  }
+  {  // a version-6 results table: no varlen column
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    const char* sql = R"sql(
+      CREATE TABLE r6(id INTEGER PRIMARY KEY,
+        kernel_hash TEXT NOT NULL, family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+        batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
+        head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, causal INTEGER NOT NULL, status TEXT NOT NULL, error TEXT,
+        max_abs REAL, max_rel REAL, mse REAL, ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL,
+        gbps REAL, seed INTEGER, device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL,
+        driver_version INTEGER NOT NULL, nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+        registers INTEGER, smem_static INTEGER, spill_stores INTEGER, created TEXT NOT NULL, detail TEXT,
+        inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER, heads_k INTEGER NOT NULL DEFAULT 0,
+        UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs));
+      INSERT INTO r6 SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,
+        status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,
+        driver_version,nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created,detail,inputs,origin,
+        heads_k FROM results;
+      DROP TABLE results; ALTER TABLE r6 RENAME TO results; UPDATE meta SET value='6';)sql";
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  }
+  std::vector<ResultRecord> before;
+  {
+    Store ro(path, Store::Mode::read_only);
+    EXPECT_EQ(ro.schema_version(), 6);
+    before = ro.results({});
+    ASSERT_EQ(before.size(), 8u);
+    for (const auto& r : before) EXPECT_FALSE(r.problem.varlen.enabled());
+  }
+  Store s(path);
+  EXPECT_EQ(s.schema_version(), kSchemaVersion);
+  const std::vector<ResultRecord> after = s.results({});
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].id, before[i].id);
+    EXPECT_EQ(after[i].problem, before[i].problem);
+  }
+  // Packed batches of 3 sequences, longest 300 (the batch and lengths columns alike), lengths differing:
+  // rows of their own, beside the dense row of the same kernel and (B, Sq, Sk), and read back whole.
+  auto packed = [&](std::vector<int> lens) {
+    ResultRecord r = after[0];
+    nlohmann::json j = to_json(r.problem);
+    for (const char* k : {"batch", "seq_q", "seq_k"}) j.erase(k);
+    j["varlen"] = {{"seq_lens", lens}};
+    r.problem = problem_from_json(j);
+    return r;
+  };
+  ResultRecord a = packed({300, 1, 17}), b = packed({300, 2, 17}), dense = after[0];
+  ASSERT_EQ(a.problem.batch, 3);
+  ASSERT_EQ(a.problem.seq_q, 300);
+  dense.problem.batch = 3, dense.problem.seq_q = dense.problem.seq_k = 300;
+  a.ms_median = 0.25, b.ms_median = 0.5;
+  DeviceInfo d;
+  d.name = a.device_name; d.arch = a.arch; d.sm_count = a.sm_count; d.driver_version = a.driver_version;
+  EXPECT_FALSE(s.has_result(a.kernel_hash, d, a.problem));
+  s.put_result(dense, d);
+  EXPECT_FALSE(s.has_result(a.kernel_hash, d, a.problem));
+  s.put_result(a, d);
+  s.put_result(b, d);
+  EXPECT_TRUE(s.has_result(a.kernel_hash, d, a.problem));
+  EXPECT_TRUE(s.has_result(b.kernel_hash, d, b.problem));
+  int found = 0;
+  for (const auto& r : s.results({}))
+    if (r.kernel_hash == a.kernel_hash && r.problem.batch == 3) {
+      if (r.problem == a.problem) {
+        found += 1;
+        EXPECT_EQ(r.ms_median, 0.25);
+      }
+      if (r.problem == b.problem) {
+        found += 10;
+        EXPECT_EQ(r.ms_median, 0.5);
+      }
+      if (r.problem == dense.problem) found += 100;
+    }
+  EXPECT_EQ(found, 111);
+  // A row whose lengths disagree with its batch column is named, not read as something else.
+  s.put_result(a, d);
+  {
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE results SET batch=4 WHERE ms_median=0.25", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  try {
+    s.results({});
+    ADD_FAILURE() << "a row with inconsistent varlen lengths was read";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("varlen lengths disagree"), std::string::npos) << e.what();
+  }
   fs::remove(path);
 }
 

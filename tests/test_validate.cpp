@@ -9,6 +9,9 @@
 #include "tuner/validate.hpp"
 #include "tuner/input_files.hpp"
 #include "tuner/space.hpp"
+#include "templates/attention_params.h"
+
+#include <cstddef>
 
 using namespace flashtune;
 
@@ -517,4 +520,193 @@ TEST(Validate, TiledForwardReferenceIsTheTiledTensorsReference) {
         EXPECT_EQ(got.max_abs_v, want.max_abs_v);
       }
     }
+}
+
+// ---- Packed variable-length batches: packing, the sampled reference, the validation of packed outputs ----
+
+namespace {
+
+// Token-major (total, heads, d) inputs of a packed problem, rounded to its dtype.
+std::vector<float> packed_input(size_t n, DType t, std::mt19937& gen) {
+  std::normal_distribution<float> nd;
+  std::vector<float> x(n);
+  for (auto& v : x) v = round_to(t, nd(gen));
+  return x;
+}
+
+Problem varlen_problem(const char* varlen, DType t, bool causal, const char* direction = "fwd") {
+  const std::string text = std::string(R"({"problems":[{"heads":4,"heads_k":2,"head_dim":64,"varlen":)") + varlen +
+                           R"(,"dtype":")" + to_string(t) + R"(","causal":)" + (causal ? "true" : "false") +
+                           R"(,"direction":")" + direction + R"("}]})";
+  return problems_from_json(nlohmann::json::parse(text)).at(0);
+}
+
+// A correct kernel on a packed batch: each (sequence, head) as its own dense problem through
+// emulate_forward (the kv head's rows repeated for the query head), O scattered to (total_q, H, d) and LSE
+// to (H, total_q). shift_keys: the bug of reading keys from one token too far (a wrong sequence offset).
+void emulate_varlen_forward(const Problem& p, const std::vector<float>& q, const std::vector<float>& k,
+                            const std::vector<float>& v, std::vector<float>& o, std::vector<float>& lse,
+                            int shift_keys = 0) {
+  const int H = p.heads, Hk = p.kv_heads(), d = p.head_dim, g = p.group();
+  const auto cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
+  const int64_t total_q = cq.back(), total_k = ck.back();
+  o.assign((size_t)total_q * H * d, NAN);
+  lse.assign((size_t)total_q * H, NAN);
+  for (size_t b = 0; b + 1 < cq.size(); ++b) {
+    const int lq = cq[b + 1] - cq[b], lk = ck[b + 1] - ck[b];
+    if (lq == 0) continue;
+    for (int h = 0; h < H; ++h) {
+      Inputs in{ref::Shape{1, 1, lq, std::max(lk, 1), d, p.causal}, p.dtype, {}, {}, {}, {}};
+      for (int t = 0; t < lq; ++t)
+        in.q.insert(in.q.end(), q.begin() + ((cq[b] + t) * (size_t)H + h) * d, q.begin() + ((cq[b] + t) * (size_t)H + h + 1) * d);
+      for (int t = 0; t < lk; ++t) {
+        const int64_t tok = std::min<int64_t>(ck[b] + t + shift_keys, total_k - 1);
+        in.k.insert(in.k.end(), k.begin() + (tok * Hk + h / g) * d, k.begin() + (tok * Hk + h / g + 1) * d);
+        in.v.insert(in.v.end(), v.begin() + (tok * Hk + h / g) * d, v.begin() + (tok * Hk + h / g + 1) * d);
+      }
+      std::vector<float> oo, ll;
+      if (lk == 0) {  // no keys: O = 0, LSE = +inf
+        oo.assign((size_t)lq * d, 0.f), ll.assign(lq, INFINITY);
+      } else {
+        emulate_forward(in, Fault::none, oo, ll);
+      }
+      for (int t = 0; t < lq; ++t) {
+        std::copy_n(oo.begin() + (size_t)t * d, d, o.begin() + ((cq[b] + t) * (size_t)H + h) * d);
+        lse[(size_t)h * total_q + cq[b] + t] = ll[t];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// Where sequence b lives in the packed tensors (the kernels' VarlenSeq, host-compiled).
+TEST(Varlen, SequenceAddressing) {
+  const int cu_q[] = {0, 3, 3, 10}, cu_k[] = {0, 5, 6, 6};
+  VarlenParams<AttnFwdParams> p{};
+  p.batch = 3, p.heads = 8, p.heads_k = 2, p.cu_seqlens_q = cu_q, p.cu_seqlens_k = cu_k;
+  const VarlenSeq s = VarlenSeq::of<true>(p, 2);
+  EXPECT_EQ(s.seq_q, 7);
+  EXPECT_EQ(s.seq_k, 0);
+  EXPECT_EQ(s.total_q, 10);
+  EXPECT_EQ(s.q_offset(8, 5, 64), (3 * 8 + 5) * 64);  // token 3, head 5: rows of H*d elements
+  EXPECT_EQ(s.k_offset(2, 1, 64), (6 * 2 + 1) * 64);
+  EXPECT_EQ(s.lse_offset(5), 5 * 10 + 3);  // lse (H, total_q)
+  const VarlenSeq dense = VarlenSeq::of<false>(AttnFwdParams{}, 0);
+  EXPECT_EQ(dense.seq_q, 0);
+  // The packed argument starts with the dense one: a caller filling those bytes keeps their meaning.
+  static_assert(offsetof(VarlenParams<AttnBwdParams>, heads_k) == offsetof(AttnBwdParams, heads_k));
+  EXPECT_GE(offsetof(VarlenParams<AttnBwdParams>, cu_seqlens_q), sizeof(AttnBwdParams));
+}
+
+// The sampled rows hold every sequence's first, middle and last tokens (heads 0 and H - 1), sorted and
+// unique, deterministic; all rows when they fit.
+TEST(Varlen, SampledRowsCoverSequenceBoundaries) {
+  const Problem p = varlen_problem(R"({"seq_lens":[1,17,0,130,2]})", DType::bf16, true);
+  EXPECT_EQ(varlen_sample_rows(p, 10000, 1).size(), (size_t)p.rows_q());
+  const auto rows = varlen_sample_rows(p, 200, 1);
+  ASSERT_EQ(rows.size(), 200u);
+  EXPECT_TRUE(std::is_sorted(rows.begin(), rows.end()));
+  EXPECT_EQ(std::adjacent_find(rows.begin(), rows.end()), rows.end());
+  EXPECT_EQ(rows, varlen_sample_rows(p, 200, 1));
+  EXPECT_NE(rows, varlen_sample_rows(p, 200, 2));
+  const auto cq = p.varlen.cu_seqlens_q();
+  for (size_t b = 0; b + 1 < cq.size(); ++b)
+    if (cq[b + 1] > cq[b])
+      for (int64_t t : {cq[b], cq[b + 1] - 1})
+        for (int64_t h : {0, p.heads - 1})
+          EXPECT_TRUE(std::binary_search(rows.begin(), rows.end(), t * p.heads + h)) << "token " << t << " head " << h;
+}
+
+// The sampled reference is ref::forward_varlen's rows bit for bit; a correct packed kernel (emulated on
+// the CPU) passes with margin, and a wrong sequence offset, a perturbed row, a swapped LSE or an unwritten
+// row fails, in fp16 and bf16, causal and not, with empty and key-less sequences.
+TEST(Varlen, ForwardValidationOfPackedOutputs) {
+  std::mt19937 gen(3);
+  for (DType t : {DType::fp16, DType::bf16})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(std::string(to_string(t)) + (causal ? " causal" : ""));
+      const Problem p = varlen_problem(R"({"seq_lens":[1,17,0,130,64],"seq_lens_k":[1,40,5,129,0]})", t, causal);
+      const size_t nq = (size_t)p.varlen.total_q() * p.heads * p.head_dim,
+                   nk = (size_t)p.varlen.total_k() * p.kv_heads() * p.head_dim;
+      const auto q = packed_input(nq, t, gen), k = packed_input(nk, t, gen), v = packed_input(nk, t, gen);
+      // Every row: the reference equals forward_varlen's.
+      const FwdReference all = varlen_forward_reference(p, q.data(), k.data(), v.data(), varlen_sample_rows(p, 1 << 20, 0));
+      {
+        ref::VarlenShape vs{p.heads, p.head_dim, p.causal, 0, p.heads_k};
+        const auto cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
+        const std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end());
+        std::vector<double> o(nq), lse((size_t)p.rows_q());
+        ref::forward_varlen(vs, cu_q, cu_k, q.data(), k.data(), v.data(), o.data(), lse.data());
+        ASSERT_EQ(all.rows.size(), (size_t)p.rows_q());
+        for (size_t r = 0; r < all.rows.size(); ++r) {
+          ASSERT_EQ(all.lse[r], lse[all.lse_index[r]]) << r;
+          for (int c = 0; c < p.head_dim; ++c) ASSERT_EQ(all.o[r * p.head_dim + c], o[all.rows[r] * p.head_dim + c]);
+        }
+      }
+      const FwdReference ref = varlen_forward_reference(p, q.data(), k.data(), v.data(), varlen_sample_rows(p, 300, 5));
+      std::vector<float> o, lse;
+      emulate_varlen_forward(p, q, k, v, o, lse);
+      const Verdict ok = validate_forward(p, ref, o, lse);
+      EXPECT_TRUE(ok.ok) << ok.error;
+      EXPECT_LT(ok.worst_ratio, kMargin);
+      EXPECT_TRUE(validate_forward(p, all, o, lse).ok);
+      std::vector<float> bad_o, bad_lse;
+      emulate_varlen_forward(p, q, k, v, bad_o, bad_lse, 1);  // keys one token off
+      EXPECT_FALSE(validate_forward(p, ref, bad_o, bad_lse).ok) << "shifted keys passed";
+      bad_o = o;
+      const size_t row = (size_t)(p.varlen.cu_seqlens_q()[2] - 1) * p.heads;  // last token of sequence 1, head 0
+      for (int c = 0; c < p.head_dim; ++c) bad_o[row * p.head_dim + c] += 0.05f * (1 + std::fabs(bad_o[row * p.head_dim + c]));
+      EXPECT_FALSE(validate_forward(p, ref, bad_o, lse).ok) << "perturbed boundary row passed";
+      bad_lse = lse;
+      std::swap(bad_lse[1], bad_lse[2]);  // head 0: sequence 0's token and sequence 1's first
+      EXPECT_FALSE(validate_forward(p, ref, o, bad_lse).ok) << "swapped LSE passed";
+      bad_o = o;
+      bad_o.back() = NAN;  // an unwritten element, whether sampled or not
+      EXPECT_FALSE(validate_forward(p, ref, bad_o, lse).ok) << "unwritten O passed";
+    }
+}
+
+// The backward's distinct heads repeated inside every token: the packed gradients of the repeated inputs,
+// computed in full, pass against the distinct-heads reference element by element (the index mapping);
+// a gradient of a later head moved, or a sequence's dK rows zeroed, fails.
+TEST(Varlen, BackwardValidationOfRepeatedHeads) {
+  std::mt19937 gen(5);
+  const DType t = DType::bf16;
+  const Problem p = varlen_problem(R"({"seq_lens":[3,0,70,33],"seq_lens_k":[5,4,70,0]})", t, true, "bwd");
+  const int H = p.heads, Hk = p.kv_heads(), d = p.head_dim, units = 1, hd = units * p.group();
+  const int64_t tq = p.varlen.total_q(), tk = p.varlen.total_k();
+  const auto q = packed_input((size_t)tq * hd * d, t, gen), k = packed_input((size_t)tk * units * d, t, gen),
+             v = packed_input((size_t)tk * units * d, t, gen), dout = packed_input((size_t)tq * hd * d, t, gen);
+  const BwdReference ref = varlen_backward_reference(p, hd, units, q.data(), k.data(), v.data(), dout.data());
+  auto expand = [&](const std::vector<float>& x, int64_t tokens, int distinct, int heads) {
+    std::vector<float> out((size_t)tokens * heads * d);
+    for (int64_t tok = 0; tok < tokens; ++tok)
+      for (int h = 0; h < heads; ++h)
+        std::copy_n(x.begin() + ((size_t)tok * distinct + h % distinct) * d, d, out.begin() + ((size_t)tok * heads + h) * d);
+    return out;
+  };
+  const auto fq = expand(q, tq, hd, H), fk = expand(k, tk, units, Hk), fv = expand(v, tk, units, Hk),
+             fdo = expand(dout, tq, hd, H);
+  ref::VarlenShape vs{H, d, p.causal, 0, p.heads_k};
+  const auto cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
+  const std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end());
+  std::vector<double> dq(fq.size()), dk(fk.size()), dv(fv.size());
+  ref::backward_varlen(vs, cu_q, cu_k, fq.data(), fk.data(), fv.data(), fdo.data(), dq.data(), dk.data(), dv.data());
+  auto rounded = [&](const std::vector<double>& x) {
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = round_to(t, (float)x[i]);
+    return out;
+  };
+  const auto gq = rounded(dq), gk = rounded(dk), gv = rounded(dv);
+  const Verdict ok = validate_backward(p, ref, gq, gk, gv);
+  EXPECT_TRUE(ok.ok) << ok.error;
+  auto moved = gk;
+  const size_t tok = (size_t)ck[2] + 10, e = (tok * Hk + (Hk - 1)) * d + 3;  // sequence 2's keys, the last kv head
+  moved[e] += 0.05f * (1 + std::fabs(moved[e])) + (float)(0.05 * ref.dk_mag[(tok * units + (Hk - 1) % units) * d + 3]);
+  EXPECT_FALSE(validate_backward(p, ref, gq, moved, gv).ok) << "moved dK element passed";
+  auto zeroed = gv;
+  for (int64_t tok = ck[2]; tok < ck[3]; ++tok)
+    for (int c = 0; c < Hk * d; ++c) zeroed[(size_t)tok * Hk * d + c] = 0.f;
+  EXPECT_FALSE(validate_backward(p, ref, gq, gk, zeroed).ok) << "zeroed dV rows passed";
 }

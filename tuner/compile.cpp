@@ -73,7 +73,7 @@ std::string Compiler::options_string(const Family& f) const {
 
 std::string Compiler::variant_hash(const Variant& v) const {
   std::string key = source_hash_ + '|' + options_string(*v.family) + '|' + nvrtc_version() + '|' + arch_;
-  for (const auto& e : v.family->name_expressions(v.config, v.head_dim, v.causal, v.dtype)) key += '|' + e;
+  for (const auto& e : v.family->name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen)) key += '|' + e;
   return content_hash(key);
 }
 
@@ -91,6 +91,7 @@ Problem shape_free_probe(const Variant& v) {  // launch geometry that does not d
 std::string Compiler::prune_before_compile(const Variant& v) const {
   const Family& f = *v.family;
   if (f.hopper_only && target(f) != "sm_90a") return "needs Hopper's wgmma (sm_90a); target is " + arch_;
+  if (v.varlen && !f.varlen) return "does not support packed variable-length batches";
   if (const char* why = f.check(v.config, v.head_dim)) return why;
   unsigned max_smem = 0;
   for (const Launch& l : f.launches(v.config, shape_free_probe(v))) max_smem = std::max(max_smem, l.smem_bytes);
@@ -115,7 +116,7 @@ KernelRecord Compiler::compile(const Variant& v) const {
   k.nvrtc_version = nvrtc_version();
   k.options = options_string(f);
   k.source_hash = source_hash_;
-  const std::vector<std::string> exprs = f.name_expressions(v.config, v.head_dim, v.causal, v.dtype);
+  const std::vector<std::string> exprs = f.name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen);
   for (const auto& e : exprs) k.name_expression += (k.name_expression.empty() ? "" : "\n") + e;
 
   // Prune before compiling: the target's instruction set, the family's constraints, the target's limits.

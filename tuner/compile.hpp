@@ -1,4 +1,4 @@
-// NVRTC stage: a variant (family, config, head_dim, causal, dtype) becomes a cubin for one
+// NVRTC stage: a variant (family, config, head_dim, causal, dtype, varlen) becomes a cubin for one
 // arch, with its resource usage, or a pruned/compile_error record with the reason.
 #pragma once
 #include <functional>
@@ -16,9 +16,11 @@ struct Variant {
   int head_dim = 0;
   bool causal = false;
   DType dtype = DType::fp32;
+  // The packed variable-length form of the family's kernels (Family::varlen), for varlen problems.
+  bool varlen = false;
   bool operator==(const Variant& o) const {
     return family == o.family && config == o.config && head_dim == o.head_dim && causal == o.causal &&
-           dtype == o.dtype;
+           dtype == o.dtype && varlen == o.varlen;
   }
 };
 

@@ -228,6 +228,10 @@ ExperimentSpec experiment_from_json(const json& j, const std::string& base_dir) 
   const json& pj = j["problems"];
   s.problems = pj.is_string() ? load_problems(resolve(pj.get<std::string>(), base_dir)) : problems_from_json(pj);
   if (s.problems.empty()) throw UsageError("experiment: no problems");
+  for (const Problem& p : s.problems)  // experiment rows and the Python baselines are dense: B, H, Sq, Sk
+    if (p.varlen.enabled())
+      throw UsageError("experiment: packed variable-length problems are measured by experiments/varlen_vs_peers.py, "
+                       "not by experiment definitions");
   if (j.contains("implementations")) {
     if (!j["implementations"].is_array()) throw UsageError("experiment: 'implementations' must be a list");
     for (const auto& i : j["implementations"]) {

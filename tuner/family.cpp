@@ -174,6 +174,7 @@ std::vector<Family> make_families() {
     f.dtypes = {DType::fp16, DType::bf16};
     f.default_config = {64, 64, 4, 2};  // FlashAttention-2's d=256 tile: fits every head dim
     f.gqa = true;
+    f.varlen = true;  // fa2_mma_fwd<Traits, true>
     f.traits = [](const Config& c, int d, bool causal, DType t) {
       return "flashtune::Fa2MmaTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
@@ -203,6 +204,7 @@ std::vector<Family> make_families() {
     f.dtypes = {DType::fp16, DType::bf16};
     f.default_config = {32, 64, 8, 2, 2, 1};
     f.gqa = true;
+    f.varlen = true;  // each kernel <Traits, true>
     f.traits = [](const Config& c, int d, bool causal, DType t) {
       return "flashtune::Fa2MmaBwdTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
@@ -420,6 +422,7 @@ const Family& find_family(const std::string& name) {
 
 std::string Family::shape_reason(const Problem& p) const {
   if (p.heads_k > 0 && !gqa) return "does not support grouped-query attention (heads_k)";
+  if (p.varlen.enabled() && !varlen) return "does not support packed variable-length batches";
   if (max_seq_q > 0 && p.seq_q > max_seq_q)
     return "serves Sq <= " + std::to_string(max_seq_q) + " (decoding), not Sq " + std::to_string(p.seq_q);
   return "";

@@ -51,6 +51,9 @@ struct Family {
   bool workspace_written = false;  // see workspace_bytes
   bool hopper_only = false;   // wgmma: compiled for sm_90a (on an sm_90 target), pruned on others
   bool gqa = false;           // reads kv head h / (heads / heads_k) (grouped-query attention)
+  // Runs packed variable-length batches (Problem::varlen): every kernel also exists as `kernel<Traits, true>`,
+  // which reads cu_seqlens_q/k from the params (Variant::varlen picks it; the dense kernel is `kernel<Traits>`).
+  bool varlen = false;
   // Query rows per sequence it serves (Sq <= max_seq_q), 0: any. A decoding family: tuned, selected and
   // run by the library only for shapes in its range (shape_reason), whatever it measured elsewhere.
   int max_seq_q = 0;
@@ -72,13 +75,15 @@ struct Family {
   std::function<std::vector<TensorMapSpec>(const Config&, const Problem&)> tensor_maps =
       [](const Config&, const Problem&) { return std::vector<TensorMapSpec>{}; };
 
-  std::vector<std::string> name_expressions(const Config& c, int head_dim, bool causal, DType t) const {
+  std::vector<std::string> name_expressions(const Config& c, int head_dim, bool causal, DType t,
+                                            bool packed = false) const {
     std::vector<std::string> out;
-    for (const auto& k : kernels) out.push_back("&" + k + "<" + traits(c, head_dim, causal, t) + ">");
+    for (const auto& k : kernels) out.push_back("&" + k + "<" + traits(c, head_dim, causal, t) + (packed ? ", true>" : ">"));
     return out;
   }
   // Whether it serves the problem's head layout and query length: "" when it does, else why not
-  // ("does not support grouped-query attention (heads_k)", "serves Sq <= 16"). Direction, dtype and
+  // ("does not support grouped-query attention (heads_k)", "serves Sq <= 16", "does not support packed
+  // variable-length batches"). Direction, dtype and
   // head dim are checked where they are named; this is the rest, in one place for tune, run, import
   // and selection.
   std::string shape_reason(const Problem& p) const;

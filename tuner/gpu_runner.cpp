@@ -177,7 +177,8 @@ GpuRunner::~GpuRunner() {
 }
 
 std::vector<GpuRunner::Buffer*> GpuRunner::problem_buffers() {
-  return {&q_, &k_, &v_, &o_, &lse_, &dout_, &dq_, &dk_, &dv_, &delta_, &dq_accum_, &workspace_, &scores_, &probs_};
+  return {&q_, &k_, &v_, &o_, &lse_, &dout_, &dq_, &dk_, &dv_, &delta_, &dq_accum_, &workspace_, &scores_, &probs_,
+          &cu_q_, &cu_k_};
 }
 
 size_t GpuRunner::problem_bytes() {
@@ -232,7 +233,10 @@ void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
   // Only what this problem ensures counts toward its footprint (peak_bytes).
   for (Buffer* b : problem_buffers()) b->bytes = 0;
   try {
-    if (p.direction == "bwd") prepare_bwd(p, seed, inputs_dir);
+    if (p.varlen.enabled() && !inputs_dir.empty()) throw std::runtime_error("varlen problems take generated inputs");
+    if (p.varlen.enabled() && p.direction == "bwd") prepare_varlen_bwd(p, seed);
+    else if (p.varlen.enabled()) prepare_varlen_fwd(p, seed, max_rows);
+    else if (p.direction == "bwd") prepare_bwd(p, seed, inputs_dir);
     else prepare_fwd(p, seed, max_rows, inputs_dir);
     // The L2 flush buffer: twice the L2, rewritten before every timed repeat.
     ensure(flush_, (size_t)std::max(info_.l2_bytes, 1 << 20) * 2);
@@ -334,6 +338,84 @@ void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std
   upload_tiled(v_.ptr, v_dev.data(), hk * elem, groups, bhk);
 }
 
+// Packed variable-length forward: Q (total_q, H, d), K and V (total_k, Hk, d), O likewise, LSE (H, total_q),
+// every token and head its own seeded numbers (the same streams as a dense problem's); the reference on
+// sampled rows (varlen_sample_rows: every sequence's first, middle and last tokens, then random ones).
+void GpuRunner::prepare_varlen_fwd(const Problem& p, unsigned long long seed, long long max_rows) {
+  const size_t nq = (size_t)p.varlen.total_q() * p.heads * p.head_dim;
+  const size_t nk = (size_t)p.varlen.total_k() * p.kv_heads() * p.head_dim;
+  const size_t elem = dtype_bytes(p.dtype);
+  const HostTensor q = generated_input(nq, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
+                   k = generated_input(nk, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
+                   v = generated_input(nk, splitmix64(seed ^ 0x56), p.dtype, p.inputs);
+  const std::vector<int> cu_q = p.varlen.cu_seqlens_q(), cu_k = p.varlen.cu_seqlens_k();
+  ensure(q_, nq * elem);
+  ensure(k_, nk * elem);
+  ensure(v_, nk * elem);
+  ensure(o_, nq * elem);
+  ensure(lse_, (size_t)p.rows_q() * 4);
+  ensure(cu_q_, cu_q.size() * 4);
+  ensure(cu_k_, cu_k.size() * 4);
+  CU_CHECK(cuMemcpyHtoD(q_.ptr, q.bytes.data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(k_.ptr, k.bytes.data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(v_.ptr, v.bytes.data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(cu_q_.ptr, cu_q.data(), cu_q.size() * 4));
+  CU_CHECK(cuMemcpyHtoD(cu_k_.ptr, cu_k.data(), cu_k.size() * 4));
+  fwd_ref_ = varlen_forward_reference(p, q.values.data(), k.values.data(), v.values.data(),
+                                      varlen_sample_rows(p, max_rows, seed));
+}
+
+// Packed variable-length backward: as the dense backward, distinct heads' worth of data repeated over the
+// heads so that the float64 reference of every element stays affordable, here inside each token: the
+// inputs hold `units` distinct kv heads (2, or 1 when Hk is 1 or the batch costs ~10^11 float64
+// operations) with their query groups, and query head h of every token holds distinct head h % (units*g),
+// kv head hk distinct kv head hk % units. Every element of dQ, dK, dV is checked against its distinct one.
+void GpuRunner::prepare_varlen_bwd(const Problem& p, unsigned long long seed) {
+  const int H = p.heads, Hk = p.kv_heads(), g = p.group(), d = p.head_dim;
+  double cost = 0;  // float64 multiply-adds of one distinct head's backward
+  for (size_t b = 0; b < p.varlen.seq_lens_q.size(); ++b)
+    cost += (double)p.varlen.seq_lens_q[b] * p.varlen.seq_lens_k[b] * d;
+  const int units = std::min(Hk, cost * g >= 0x1p34 ? 1 : 2), hd = units * g;
+  distinct_heads_ = hd;
+  const int64_t tq = p.varlen.total_q(), tk = p.varlen.total_k();
+  const size_t elem = dtype_bytes(p.dtype);
+  const HostTensor q = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
+                   k = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
+                   v = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x56), p.dtype, p.inputs),
+                   dout = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x64), p.dtype, grad_dist(p.inputs));
+  bwd_ref_ = varlen_backward_reference(p, hd, units, q.values.data(), k.values.data(), v.values.data(),
+                                       dout.values.data());
+  std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
+  const auto o_dev = to_device_format(o_f, p.dtype);
+  // Token t's row of `heads` heads from the distinct row of `distinct` heads: head h is distinct head h % distinct.
+  auto expand = [&](const std::vector<uint8_t>& src, int64_t tokens, int distinct, int heads) {
+    const size_t head_bytes = (size_t)d * elem;
+    std::vector<uint8_t> out((size_t)tokens * heads * head_bytes);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int h = 0; h < heads; h += distinct)
+        std::memcpy(out.data() + ((size_t)t * heads + h) * head_bytes, src.data() + (size_t)t * distinct * head_bytes,
+                    (size_t)std::min(distinct, heads - h) * head_bytes);
+    return out;
+  };
+  const size_t nq = (size_t)tq * H * d, nk = (size_t)tk * Hk * d;
+  const std::vector<int> cu_q = p.varlen.cu_seqlens_q(), cu_k = p.varlen.cu_seqlens_k();
+  for (Buffer* b : {&q_, &o_, &dout_, &dq_}) ensure(*b, nq * elem);
+  for (Buffer* b : {&k_, &v_, &dk_, &dv_}) ensure(*b, nk * elem);
+  ensure(lse_, (size_t)tq * H * 4);
+  ensure(delta_, (size_t)tq * H * 4);
+  ensure(dq_accum_, nq * 4);
+  ensure(cu_q_, cu_q.size() * 4);
+  ensure(cu_k_, cu_k.size() * 4);
+  CU_CHECK(cuMemcpyHtoD(q_.ptr, expand(q.bytes, tq, hd, H).data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(o_.ptr, expand(o_dev, tq, hd, H).data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(dout_.ptr, expand(dout.bytes, tq, hd, H).data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(k_.ptr, expand(k.bytes, tk, units, Hk).data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(v_.ptr, expand(v.bytes, tk, units, Hk).data(), nk * elem));
+  upload_tiled(lse_.ptr, lse_f.data(), (size_t)tq * 4, hd, H);  // (H, total_q): head h's row is distinct head h % hd's
+  CU_CHECK(cuMemcpyHtoD(cu_q_.ptr, cu_q.data(), cu_q.size() * 4));
+  CU_CHECK(cuMemcpyHtoD(cu_k_.ptr, cu_k.data(), cu_k.size() * 4));
+}
+
 void GpuRunner::upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count) {
   // Unit i comes from unit i % distinct: a run of `distinct` units per copy.
   for (int i = 0; i < count; i += distinct)
@@ -351,8 +433,13 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
                     (const float*)lse_.ptr, (const void*)dout_.ptr, (void*)dq_.ptr, (void*)dk_.ptr, (void*)dv_.ptr,
                     (float*)delta_.ptr, (float*)dq_accum_.ptr, p.batch, p.heads, p.seq_q, p.seq_k, scale, scale_log2,
                     (void*)workspace, p.heads_k};
-  void* fwd_args[] = {&fwd, &maps_};
-  void* bwd_args[] = {&bwd, &maps_};
+  // A packed variable-length batch: the packed kernels' argument, the dense struct and the offsets.
+  const int *cu_q = (const int*)cu_q_.ptr, *cu_k = (const int*)cu_k_.ptr;
+  VarlenParams<AttnFwdParams> fwd_varlen{fwd, cu_q, cu_k};
+  VarlenParams<AttnBwdParams> bwd_varlen{bwd, cu_q, cu_k};
+  const bool packed = p.varlen.enabled();
+  void* fwd_args[] = {packed ? (void*)&fwd_varlen : (void*)&fwd, &maps_};
+  void* bwd_args[] = {packed ? (void*)&bwd_varlen : (void*)&bwd, &maps_};
   for (const Kernel& k : kernels)
     CU_CHECK(cuLaunchKernel(k.fn, k.grid[0], k.grid[1], k.grid[2], k.threads, 1, 1, k.smem, stream,
                             p.direction == "bwd" ? bwd_args : fwd_args, nullptr));

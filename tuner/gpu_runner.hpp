@@ -85,6 +85,9 @@ class GpuRunner {
   void destroy_library();
   void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir);
   void prepare_bwd(const Problem&, unsigned long long seed, const std::string& inputs_dir);
+  // Packed variable-length batches (Problem::varlen): token-major inputs and the offsets.
+  void prepare_varlen_fwd(const Problem&, unsigned long long seed, long long max_rows);
+  void prepare_varlen_bwd(const Problem&, unsigned long long seed);
   // count units of unit_bytes to dst, unit i from unit i % distinct of src (inputs tiled over the heads)
   static void upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count);
   void launch_all(const std::vector<Kernel>&, CUstream);
@@ -107,6 +110,7 @@ class GpuRunner {
   bool prepared_ = false;
   // Forward: q, k, v in, o, lse out. Backward: q, k, v, o, lse, dout in; dq, dk, dv out.
   Buffer q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_, delta_, dq_accum_, workspace_, flush_;
+  Buffer cu_q_, cu_k_;  // varlen: batch + 1 int32 offsets each (unused by dense problems)
   // The unfused baseline's scores S (fp32) and probabilities P (dtype): allocated per run_library
   // call and freed at its end, so they never crowd out a family's run.
   Buffer scores_, probs_;

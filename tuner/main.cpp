@@ -41,6 +41,7 @@ constexpr const char* kUsage = R"(usage: flashtune <command> [options]
 commands:
   devices                               list CUDA devices (through the worker)
   families [--json]                     the kernel families: direction, dtypes, head dims, tunables, default
+  problems <problems.json> [--json]     a problem set as flashtune reads it (varlen: the lengths), FLOPs
   compile-check <space.json> [--arch sm_90]
                                         compile (or prune, with the reason) every variant of a space
   tune <space.json> <problems.json> [--db PATH] [--device N] [--timeout S] [--seed N] [--arch A]
@@ -48,7 +49,8 @@ commands:
                                         sweep: compile, run, validate, time and store every candidate
   run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32] [--causal]
       [--direction fwd|bwd] [--seed N] [--check] [--check-determinism] [--json] [--db PATH] [--device N]
-      [--inputs DIR] [--save-outputs DIR] [--input-dist normal|heavy] [--input-scale X]
+      [--inputs DIR] [--save-outputs DIR] [--input-dist normal|heavy] [--input-scale X] [--heads-k N]
+      (varlen: --shape H,d with --varlen FILE|JSON or --seq-lens L,.. [--seq-lens-k L,..])
                                         one config on one problem, validated, timed
   best --db PATH [--family F] [--device NAME] [--dtype T] [--d N] [--causal 0|1] [--csv]
                                         the best valid config per problem, with TFLOP/s
@@ -198,7 +200,8 @@ int cmd_families(int argc, char** argv) {
     std::puts("usage: flashtune families [--json]\n"
               "Lists the registry's kernel families: name, direction, dtypes, head dims, tunables with their\n"
               "domains, default config, hopper_only (built for sm_90a, pruned elsewhere), test_only, gqa\n"
-              "(grouped-query heads_k), max_seq_q (the query rows per sequence it serves; 0: any). Tests and\n"
+              "(grouped-query heads_k), varlen (packed variable-length batches), max_seq_q (the query rows per\n"
+              "sequence it serves; 0: any). Tests and\n"
               "scripts read --json instead of keeping lists of families.");
     return 0;
   }
@@ -208,7 +211,7 @@ int cmd_families(int argc, char** argv) {
   for (const auto& f : families()) {
     json j = {{"name", f.name}, {"direction", f.direction}, {"template", f.template_file},
               {"kernels", f.kernels}, {"head_dims", f.head_dims}, {"hopper_only", f.hopper_only},
-              {"test_only", f.test_only}, {"gqa", f.gqa}, {"max_seq_q", f.max_seq_q},
+              {"test_only", f.test_only}, {"gqa", f.gqa}, {"varlen", f.varlen}, {"max_seq_q", f.max_seq_q},
               {"default", f.config_string(f.default_config)}};
     j["dtypes"] = json::array();
     for (DType t : f.dtypes) j["dtypes"].push_back(to_string(t));
@@ -233,12 +236,43 @@ int cmd_families(int argc, char** argv) {
     std::string params;
     for (const auto& p : j["params"]) params += (params.empty() ? "" : " ") + p["name"].get<std::string>() + "{" + list(p["domain"]) + "}";
     const int max_sq = j["max_seq_q"].get<int>();
-    std::printf("%-14s %s  dtypes %s  d %s%s%s%s%s\n  params  %s\n  default %s\n", j["name"].get<std::string>().c_str(),
+    std::printf("%-14s %s  dtypes %s  d %s%s%s%s%s%s\n  params  %s\n  default %s\n", j["name"].get<std::string>().c_str(),
                 j["direction"].get<std::string>().c_str(), list(j["dtypes"]).c_str(), list(j["head_dims"]).c_str(),
-                j["gqa"].get<bool>() ? "  gqa" : "", max_sq ? ("  Sq<=" + std::to_string(max_sq)).c_str() : "",
+                j["gqa"].get<bool>() ? "  gqa" : "", j["varlen"].get<bool>() ? "  varlen" : "", max_sq ? ("  Sq<=" + std::to_string(max_sq)).c_str() : "",
                 j["hopper_only"].get<bool>() ? "  hopper_only" : "", j["test_only"].get<bool>() ? "  test_only" : "",
                 params.c_str(), j["default"].get<std::string>().c_str());
   }
+  return 0;
+}
+
+int cmd_problems(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune problems <problems.json> [--json]\n"
+              "Prints a problem set as flashtune reads it: a line per problem (its name, FLOPs, bytes), or with\n"
+              "--json per problem its JSON (the form `run --json` reports) with \"flops\" and \"bytes\" and, for a\n"
+              "packed variable-length batch, the lengths its description gives (\"seq_lens_q\", \"seq_lens_k\",\n"
+              "\"cu_seqlens_q\", \"cu_seqlens_k\"): what scripts that time other implementations on the same\n"
+              "problems read instead of re-deriving them. Needs no GPU.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {}, {"json"});
+  if (a.positional.size() != 1) throw UsageError("problems takes one problems file");
+  const std::vector<Problem> problems = load_problems(a.positional[0]);
+  json out = json::array();
+  for (const Problem& p : problems) {
+    json j = to_json(p);
+    j["flops"] = p.flops();
+    j["bytes"] = p.bytes();
+    if (p.varlen.enabled()) {
+      j["seq_lens_q"] = p.varlen.seq_lens_q;
+      j["seq_lens_k"] = p.varlen.seq_lens_k;
+      j["cu_seqlens_q"] = p.varlen.cu_seqlens_q();
+      j["cu_seqlens_k"] = p.varlen.cu_seqlens_k();
+    }
+    if (!a.has("json")) std::printf("%-60s %12.4g FLOP %12.4g B\n", p.str().c_str(), p.flops(), p.bytes());
+    out.push_back(std::move(j));
+  }
+  if (a.has("json")) std::printf("%s\n", out.dump(1).c_str());
   return 0;
 }
 
@@ -247,7 +281,8 @@ int cmd_compile_check(int argc, char** argv) {
     std::puts("usage: flashtune compile-check <space.json> [--arch sm_90] [--db PATH] [--save-cubins DIR]\n"
               "Compiles every variant of the space with NVRTC (or prunes it, with the reason) and prints the\n"
               "resource table; --save-cubins writes each compiled variant to DIR/<lowered name>.cubin (for\n"
-              "cuobjdump). Exit 1 if any variant failed to compile.");
+              "cuobjdump). The space's \"varlen\": [false, true] compiles the packed variable-length form of\n"
+              "its variants too (column varlen). Exit 1 if any variant failed to compile.");
     return 0;
   }
   Args a = parse(argc, argv, {"arch", "db", "save-cubins"}, {"allow-large-space"});
@@ -267,13 +302,14 @@ int cmd_compile_check(int argc, char** argv) {
   auto kernels = c.compile_all(variants, store.get(), [&](size_t d, size_t) { prog.update(d); });
   prog.finish();
   std::map<std::string, int> n;
-  std::printf("%-10s %-44s %4s %-6s %-5s %-13s %5s %6s  %s\n", "family", "config", "d", "causal", "dtype", "status",
-              "regs", "spill", "reason");
-  for (const auto& k : kernels) {
+  std::printf("%-10s %-44s %4s %-6s %-5s %-6s %-13s %5s %6s  %s\n", "family", "config", "d", "causal", "dtype", "varlen",
+              "status", "regs", "spill", "reason");
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const KernelRecord& k = kernels[i];
     n[k.status]++;
-    std::printf("%-10s %-44s %4d %-6s %-5s %-13s %5d %6d  %s\n", k.family.c_str(), k.config.c_str(), k.head_dim,
-                k.causal ? "yes" : "no", to_string(k.dtype), k.status.c_str(), k.res.registers, k.res.spill_stores,
-                k.reason.substr(0, 90).c_str());
+    std::printf("%-10s %-44s %4d %-6s %-5s %-6s %-13s %5d %6d  %s\n", k.family.c_str(), k.config.c_str(), k.head_dim,
+                k.causal ? "yes" : "no", to_string(k.dtype), variants[i].varlen ? "yes" : "no", k.status.c_str(),
+                k.res.registers, k.res.spill_stores, k.reason.substr(0, 90).c_str());
   }
   if (a.has("save-cubins")) {
     for (const auto& k : kernels)
@@ -361,8 +397,8 @@ int cmd_tune(int argc, char** argv) {
   for (Problem& p : problems) p.inputs = input_dist_option(a, p.inputs);
   if (variants_for(space, problems).empty())  // a sweep that would do nothing is an error, before any work
     throw UsageError("no problem in " + a.positional[1] + " matches a variant of " + a.positional[0] +
-                     " (head_dim, causal, dtype and direction must agree; heads_k needs a grouped-query family, Sq within "
-                     "the family's max_seq_q)");
+                     " (head_dim, causal, dtype and direction must agree; heads_k needs a grouped-query family, varlen a "
+                     "family that runs packed variable-length batches, Sq within the family's max_seq_q)");
   SearchOptions so;
   so.strategy = a.get("strategy", "exhaustive");
   make_strategy({so.strategy, 0, 1}, {});  // an unknown name fails here, before any work
@@ -421,12 +457,34 @@ int cmd_tune(int argc, char** argv) {
   return 0;
 }
 
+// A comma-separated list of integers as JSON numbers (ranges are the problem parser's to check).
+json int_list_option(const std::string& flag, const std::string& text) {
+  json out = json::array();
+  for (const std::string& part : split(text, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(part.c_str(), &end, 10);
+    if (part.empty() || *end || errno) throw UsageError(flag + " must be comma-separated integers, got '" + brief(part) + "'");
+    if (out.size() >= (size_t)kMaxVarlenSeqs) throw UsageError(flag + " has more than " + std::to_string(kMaxVarlenSeqs) + " lengths");
+    out.push_back(v);
+  }
+  return out;
+}
+
+// --shape B,H,Sq,Sk,d; with --varlen FILE|JSON or --seq-lens L,.. [--seq-lens-k L,..] (a packed
+// variable-length batch: the lengths give B, Sq and Sk) --shape H,d.
 Problem parse_shape(const std::string& shape, const Args& a) {
+  const bool packed = a.has("varlen") || a.has("seq-lens");
+  if (a.has("varlen") && a.has("seq-lens")) throw UsageError("give --varlen or --seq-lens, not both");
+  if (a.has("seq-lens-k") && !a.has("seq-lens")) throw UsageError("--seq-lens-k goes with --seq-lens");
   auto parts = split(shape, ',');
-  if (parts.size() != 5) throw UsageError("--shape must be B,H,Sq,Sk,d, got '" + shape + "'");
+  if (!packed && parts.size() != 5) throw UsageError("--shape must be B,H,Sq,Sk,d, got '" + brief(shape) + "'");
+  if (packed && parts.size() != 2)
+    throw UsageError("--shape must be H,d with --varlen or --seq-lens (the lengths give B, Sq, Sk), got '" + brief(shape) + "'");
   json j;
-  const char* keys[] = {"batch", "heads", "seq_q", "seq_k", "head_dim"};
-  for (int i = 0; i < 5; ++i) {
+  const std::vector<const char*> keys = packed ? std::vector<const char*>{"heads", "head_dim"}
+                                               : std::vector<const char*>{"batch", "heads", "seq_q", "seq_k", "head_dim"};
+  for (size_t i = 0; i < keys.size(); ++i) {
     char* end = nullptr;
     errno = 0;
     long long v = std::strtoll(parts[i].c_str(), &end, 10);
@@ -434,10 +492,21 @@ Problem parse_shape(const std::string& shape, const Args& a) {
       throw UsageError("--shape field " + std::string(keys[i]) + " is not an integer: '" + brief(parts[i]) + "'");
     j[keys[i]] = v;
   }
+  if (a.has("varlen")) {
+    const std::string v = a.get("varlen");
+    j["varlen"] = !v.empty() && v[0] == '{' ? parse_json_bounded(v, "--varlen") : read_json_file(v);
+  } else if (a.has("seq-lens")) {
+    j["varlen"] = {{"seq_lens", int_list_option("--seq-lens", a.get("seq-lens"))}};
+    if (a.has("seq-lens-k")) j["varlen"]["seq_lens_k"] = int_list_option("--seq-lens-k", a.get("seq-lens-k"));
+  }
   j["dtype"] = a.get("dtype", "fp32");
   j["causal"] = a.has("causal");
   if (a.has("heads-k")) j["heads_k"] = a.get_int("heads-k", 1, 1, 1 << 16);
-  return problem_from_json(j);
+  try {
+    return problem_from_json(j);
+  } catch (const UsageError& e) {
+    throw UsageError(std::string(a.has("varlen") ? "--varlen: " : "") + e.what());
+  }
 }
 
 int cmd_run(int argc, char** argv) {
@@ -446,6 +515,7 @@ int cmd_run(int argc, char** argv) {
               "                     [--causal] [--direction fwd|bwd] [--seed N] [--check] [--check-determinism]\n"
               "                     [--json] [--db PATH] [--device N] [--timeout S] [--inputs DIR] [--save-outputs DIR]\n"
               "                     [--input-dist normal|heavy] [--input-scale X] [--heads-k N]\n"
+              "       flashtune run ... --shape H,d (--varlen FILE|JSON | --seq-lens L,L,.. [--seq-lens-k L,L,..])\n"
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
               "reference (forward: sampled rows, every row with --check; backward: every element of dQ, dK,\n"
               "dV), then timed. --check-determinism runs it twice and reports whether the outputs' bits\n"
@@ -463,19 +533,26 @@ int cmd_run(int argc, char** argv) {
               "and lse.bin (fp32, [B,H,Sq]); backward dq.bin, dk.bin, dv.bin (dtype).\n"
               "--heads-k N: grouped-query attention (N divides H): K, V, dK, dV have N heads, query head h\n"
               "reads kv head h / (H / N) (families fa2_mma, fa2_mma_bwd).\n"
+              "--varlen FILE|JSON (a problem file's \"varlen\" object, from a file or inline when it starts with\n"
+              "'{') or --seq-lens L,L,.. (query lengths; keys the same unless --seq-lens-k): a packed\n"
+              "variable-length batch, Q and O (total_q, H, d), K and V (total_k, Hk, d), LSE (H, total_q),\n"
+              "causal per sequence; --shape is then H,d (families fa2_mma, fa2_mma_bwd; --best needs the\n"
+              "problem's own stored row). --save-outputs writes the packed tensors.\n"
               "Exit 1 if the kernel is not valid.");
     return 0;
   }
   Args a = parse(argc, argv,
                  {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
-                  "save-outputs", "input-dist", "input-scale", "heads-k"},
+                  "save-outputs", "input-dist", "input-scale", "heads-k", "varlen", "seq-lens", "seq-lens-k"},
                  {"causal", "check", "json", "best", "check-determinism"});
   if (!a.has("family")) throw UsageError("run needs --family");
-  if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d");
+  if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d (or H,d with --varlen or --seq-lens)");
   if (a.has("params") == a.has("best")) throw UsageError("run needs exactly one of --params and --best");
   if (a.has("best") && !a.has("db")) throw UsageError("--best needs --db");
   const Family& f = find_family(a.get("family"));
   Problem p = parse_shape(a.get("shape"), a);
+  if (a.has("inputs") && p.varlen.enabled())
+    throw UsageError("--inputs reads dense [B,H,S,d] files; a packed variable-length batch uses generated inputs");
   if (a.has("inputs") && (a.has("input-dist") || a.has("input-scale")))
     throw UsageError("--inputs reads the inputs from files; --input-dist and --input-scale are for generated ones");
   p.inputs = input_dist_option(a, p.inputs);
@@ -488,7 +565,7 @@ int cmd_run(int argc, char** argv) {
     throw UsageError("family " + f.name + " does not support head_dim " + std::to_string(p.head_dim));
   if (const std::string why = f.shape_reason(p); !why.empty()) throw UsageError("family " + f.name + " " + why);
   RunOptions o = run_options(a);
-  if (a.has("check")) o.max_rows = (long long)p.batch * p.heads * p.seq_q;  // every row
+  if (a.has("check")) o.max_rows = p.rows_q();  // every row
   o.check_determinism = a.has("check-determinism");
   std::unique_ptr<Store> store;  // --best: opened read-only for the lookup; for storing the run, read-write after it
   if (a.has("db")) store = std::make_unique<Store>(a.get("db"), a.has("best") ? Store::Mode::read_only : Store::Mode::read_write);
@@ -522,7 +599,7 @@ int cmd_run(int argc, char** argv) {
     cfg = f.parse_config(pick.config);
     store = std::make_unique<Store>(a.get("db"));
   }
-  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype};
+  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype, p.varlen.enabled()};
   Compiler compiler(gpu.device().arch);
   KernelRecord k = compiler.compile_all({v}, store.get())[0];
   ResultRecord r = gpu.run(k, v, p);
@@ -574,13 +651,16 @@ int cmd_best(int argc, char** argv) {
   auto best = best_per_problem(store.results(filter));
   if (a.has("csv")) {
     std::puts("device,family,direction,batch,heads,seq_q,seq_k,head_dim,dtype,causal,config,ms_median,ms_p20,ms_p80,"
-              "tflops,gbps,max_abs,max_rel,heads_k");
+              "tflops,gbps,max_abs,max_rel,heads_k,varlen");
     for (const auto& r : best) {
       const Problem& p = r.problem;
-      std::printf("\"%s\",%s,%s,%d,%d,%d,%d,%d,%s,%d,\"%s\",%.6f,%.6f,%.6f,%.3f,%.1f,%.3g,%.3g,%d\n", r.device_name.c_str(),
+      // varlen: the description's JSON, quoted as CSV quotes a field (inner quotes doubled); empty when dense.
+      std::string vl = p.varlen.key(), quoted;
+      for (char ch : vl) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+      std::printf("\"%s\",%s,%s,%d,%d,%d,%d,%d,%s,%d,\"%s\",%.6f,%.6f,%.6f,%.3f,%.1f,%.3g,%.3g,%d,%s\n", r.device_name.c_str(),
                   r.family.c_str(), r.direction.c_str(), p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim,
                   to_string(p.dtype), (int)p.causal, r.config.c_str(), r.ms_median, r.ms_p20, r.ms_p80, r.tflops,
-                  r.gbps, r.max_abs, r.max_rel, p.kv_heads());
+                  r.gbps, r.max_abs, r.max_rel, p.kv_heads(), vl.empty() ? "" : ("\"" + quoted + "\"").c_str());
     }
   } else {
     std::printf("%-24s %-9s %-40s %-46s %9s %8s %9s\n", "device", "family", "problem", "config", "ms", "TFLOP/s",
@@ -846,7 +926,7 @@ int main(int argc, char** argv) {
   const std::string verb = argv[1];
   static const std::map<std::string, int (*)(int, char**)> verbs = {
       {"devices", cmd_devices}, {"compile-check", cmd_compile_check}, {"tune", cmd_tune}, {"run", cmd_run},
-      {"families", cmd_families},
+      {"families", cmd_families}, {"problems", cmd_problems},
       {"best", cmd_best},       {"emit", cmd_emit},                   {"drop-cubins", cmd_drop_cubins},
       {"report", cmd_report},   {"experiment", cmd_experiment},
       {"merge", cmd_merge},     {"export", cmd_export},               {"import", cmd_import}};

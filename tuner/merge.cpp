@@ -78,8 +78,9 @@ std::string rows_hash(const std::vector<ExperimentRow>& rows) {
 
 std::string result_key(const ResultRecord& r) {
   const Problem& p = r.problem;
-  return json::array({r.kernel_hash, r.device_name, r.sm_count, p.batch, p.heads, p.heads_k, p.seq_q, p.seq_k, p.inputs.str()})
-      .dump();
+  json key = json::array({r.kernel_hash, r.device_name, r.sm_count, p.batch, p.heads, p.heads_k, p.seq_q, p.seq_k, p.inputs.str()});
+  if (p.varlen.enabled()) key.push_back(p.varlen.key());  // dense keys (and the content hashes of stores) as before
+  return key.dump();
 }
 
 Loaded load(Store& s) {

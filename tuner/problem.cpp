@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -57,18 +59,198 @@ InputDist parse_input_dist(const std::string& s) {
 int dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
 
 double Problem::flops() const {
-  double f = 4.0 * batch * heads * (double)seq_q * seq_k * head_dim;
+  double pairs = (double)batch * seq_q * seq_k;  // (query, key) pairs per head
+  if (varlen.enabled()) {
+    pairs = 0;
+    for (size_t b = 0; b < varlen.seq_lens_q.size(); ++b) pairs += (double)varlen.seq_lens_q[b] * varlen.seq_lens_k[b];
+  }
+  double f = 4.0 * heads * pairs * head_dim;
   if (causal) f /= 2;
   return direction == "bwd" ? 2.5 * f : f;
 }
 
 double Problem::bytes() const {
   double e = dtype_bytes(dtype);
-  // Per query head: Q, O, dO, dQ and LSE; per kv head: K, V, dK, dV.
-  const double bh = (double)batch * heads, bhk = (double)batch * kv_heads();
+  // Per query head: Q, O, dO, dQ and LSE; per kv head: K, V, dK, dV. Varlen: the packed tokens.
+  const double rows_q = varlen.enabled() ? (double)varlen.total_q() : (double)batch * seq_q;
+  const double rows_k = varlen.enabled() ? (double)varlen.total_k() : (double)batch * seq_k;
+  const double h = heads, hk = kv_heads();
   if (direction == "bwd")  // read Q, K, V, O, dO, LSE; write dQ, dK, dV
-    return bh * (e * head_dim * 5.0 * seq_q + 4.0 * seq_q) + bhk * e * head_dim * 4.0 * seq_k;
-  return bh * (e * head_dim * 2.0 * seq_q + 4.0 * seq_q) + bhk * e * head_dim * 2.0 * seq_k;
+    return h * rows_q * (e * head_dim * 5.0 + 4.0) + hk * rows_k * e * head_dim * 4.0;
+  return h * rows_q * (e * head_dim * 2.0 + 4.0) + hk * rows_k * e * head_dim * 2.0;
+}
+
+long long Problem::rows_q() const {
+  return (long long)heads * (varlen.enabled() ? varlen.total_q() : (long long)batch * seq_q);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed variable-length batches
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+long long sum_of(const std::vector<int>& v) {
+  long long s = 0;
+  for (int x : v) s += x;
+  return s;
+}
+
+std::vector<int> offsets_of(const std::vector<int>& lens) {
+  std::vector<int> cu{0};
+  for (int x : lens) cu.push_back(cu.back() + x);
+  return cu;
+}
+
+// An integer field of the varlen object in [lo, hi], checked in its full range before converting.
+int varlen_int(const nlohmann::json& j, const char* key, long long lo, long long hi) {
+  if (!j.contains(key)) throw UsageError(std::string("varlen needs '") + key + "'");
+  const auto& v = j.at(key);
+  const bool ok = v.is_number_unsigned()  ? v.get<unsigned long long>() <= (unsigned long long)hi && (long long)v.get<unsigned long long>() >= lo
+                  : v.is_number_integer() ? v.get<long long>() >= lo && v.get<long long>() <= hi
+                                          : false;
+  if (!ok)
+    throw UsageError(std::string("varlen '") + key + "' must be an integer in " + std::to_string(lo) + ".." +
+                     std::to_string(hi) + ", got " + brief(v.dump(), 60));
+  return (int)v.get<long long>();
+}
+
+std::vector<int> varlen_list(const nlohmann::json& j, const char* key) {
+  const auto& v = j.at(key);
+  if (!v.is_array() || v.empty() || v.size() > (size_t)kMaxVarlenSeqs)
+    throw UsageError(std::string("varlen '") + key + "' must be an array of 1.." + std::to_string(kMaxVarlenSeqs) +
+                     " lengths");
+  std::vector<int> out;
+  for (const auto& x : v) {
+    const bool ok = (x.is_number_unsigned() && x.get<unsigned long long>() <= (1u << 20)) ||
+                    (x.is_number_integer() && x.get<long long>() >= 0 && x.get<long long>() <= (1 << 20));
+    if (!ok) throw UsageError(std::string("varlen '") + key + "' holds " + brief(x.dump(), 40) + ", not a length in 0..1048576");
+    out.push_back((int)x.get<long long>());
+  }
+  return out;
+}
+
+}  // namespace
+
+long long Varlen::total_q() const { return sum_of(seq_lens_q); }
+long long Varlen::total_k() const { return sum_of(seq_lens_k); }
+std::vector<int> Varlen::cu_seqlens_q() const { return offsets_of(seq_lens_q); }
+std::vector<int> Varlen::cu_seqlens_k() const { return offsets_of(seq_lens_k); }
+
+nlohmann::json Varlen::description() const {
+  nlohmann::json j = nlohmann::json::object();
+  if (lengths == "uniform") {
+    j = {{"lengths", "uniform"}, {"min", min}, {"max", max}, {"total_tokens", total_tokens}, {"seed", seed}};
+  } else if (lengths == "fixed") {
+    j = {{"lengths", "fixed"}, {"length", max}, {"total_tokens", total_tokens}};
+  } else if (lengths == "list") {
+    j["seq_lens"] = seq_lens_q;
+    if (seq_lens_k != seq_lens_q) j["seq_lens_k"] = seq_lens_k;
+  }
+  return j;
+}
+
+std::string Varlen::key() const { return enabled() ? description().dump() : std::string(); }
+
+std::string Varlen::str() const {
+  if (lengths == "uniform")
+    return "uniform " + std::to_string(min) + "-" + std::to_string(max) + " x" + std::to_string(total_tokens) +
+           " seed " + std::to_string(seed);
+  if (lengths == "fixed") return "fixed " + std::to_string(max) + " x" + std::to_string(total_tokens);
+  if (lengths != "list") return "";
+  auto list = [](const std::vector<int>& v) {
+    std::string s;
+    for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return "[" + s + "]";
+  };
+  const bool self = seq_lens_k == seq_lens_q;
+  if (seq_lens_q.size() <= 8) return list(seq_lens_q) + (self ? "" : "/" + list(seq_lens_k));
+  return "[" + std::to_string(seq_lens_q.size()) + " seqs, " + std::to_string(total_q()) + (self ? "" : "/" + std::to_string(total_k())) +
+         " tokens #" + content_hash(key()).substr(0, 8) + "]";
+}
+
+Varlen varlen_from_json(const nlohmann::json& j) {
+  if (!j.is_object())
+    throw UsageError("problem field 'varlen' must be an object like {\"lengths\": \"uniform\", \"min\": 256, \"max\": 4096, "
+                     "\"total_tokens\": 16384, \"seed\": 0} or {\"seq_lens\": [..]}");
+  Varlen v;
+  const bool list = j.contains("seq_lens");
+  if (j.contains("lengths")) {
+    if (!j["lengths"].is_string()) throw UsageError("varlen 'lengths' must be \"uniform\", \"fixed\" or \"list\"");
+    v.lengths = j["lengths"].get<std::string>();
+    if (v.lengths != "uniform" && v.lengths != "fixed" && v.lengths != "list")
+      throw UsageError("varlen 'lengths' must be \"uniform\", \"fixed\" or \"list\", got " + brief(j["lengths"].dump(), 40));
+  } else if (list) {
+    v.lengths = "list";
+  } else {
+    throw UsageError("varlen needs 'lengths' (\"uniform\" or \"fixed\") or 'seq_lens'");
+  }
+  if ((v.lengths == "list") != list) throw UsageError("varlen 'seq_lens' goes with \"lengths\": \"list\" (or no 'lengths')");
+  // Each kind's own fields, nothing else.
+  const std::vector<std::string> allowed =
+      v.lengths == "uniform" ? std::vector<std::string>{"lengths", "min", "max", "total_tokens", "seed"}
+      : v.lengths == "fixed" ? std::vector<std::string>{"lengths", "length", "total_tokens"}
+                             : std::vector<std::string>{"lengths", "seq_lens", "seq_lens_k"};
+  for (auto& [key, _] : j.items())
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      throw UsageError("unknown varlen field '" + brief(key, 40) + "' for lengths \"" + v.lengths + "\"");
+
+  constexpr int kMaxLen = 1 << 20;
+  auto draw = [&](auto next_length) {  // lengths until total_tokens, the last one cut to fit
+    long long sum = 0;
+    while (sum < v.total_tokens) {
+      if ((int)v.seq_lens_q.size() == kMaxVarlenSeqs)
+        throw UsageError("varlen: more than " + std::to_string(kMaxVarlenSeqs) + " sequences to reach total_tokens " +
+                         std::to_string(v.total_tokens));
+      const int len = (int)std::min<long long>(next_length(v.seq_lens_q.size()), v.total_tokens - sum);
+      v.seq_lens_q.push_back(len);
+      sum += len;
+    }
+  };
+  if (v.lengths == "uniform") {
+    v.min = varlen_int(j, "min", 1, kMaxLen);
+    v.max = varlen_int(j, "max", 1, kMaxLen);
+    if (v.min > v.max) throw UsageError("varlen 'min' (" + std::to_string(v.min) + ") is above 'max' (" + std::to_string(v.max) + ")");
+    v.total_tokens = varlen_int(j, "total_tokens", 1, kMaxVarlenTokens);
+    if (j.contains("seed")) {
+      const auto& s = j["seed"];
+      if (!s.is_number_integer() || (!s.is_number_unsigned() && s.get<long long>() < 0) ||
+          (s.is_number_unsigned() && s.get<unsigned long long>() > (1ull << 53)))
+        throw UsageError("varlen 'seed' must be an integer in 0..2^53, got " + brief(s.dump(), 40));
+      v.seed = s.get<unsigned long long>();
+    }
+    const uint64_t span = (uint64_t)(v.max - v.min) + 1;
+    // Length i: min + (the high 32 bits of splitmix64(seed, i)) * span / 2^32, the same on every machine.
+    draw([&](size_t i) {
+      const uint64_t x = splitmix64(splitmix64(v.seed) ^ (uint64_t)i) >> 32;
+      return (long long)v.min + (long long)((x * span) >> 32);
+    });
+  } else if (v.lengths == "fixed") {
+    v.max = v.min = varlen_int(j, "length", 1, kMaxLen);
+    v.total_tokens = varlen_int(j, "total_tokens", 1, kMaxVarlenTokens);
+    draw([&](size_t) { return (long long)v.max; });
+    v.min = 0;  // "length" alone describes it (kept in max)
+  } else {
+    v.seq_lens_q = varlen_list(j, "seq_lens");
+  }
+  v.seq_lens_k = v.seq_lens_q;
+  if (j.contains("seq_lens_k")) {
+    v.seq_lens_k = varlen_list(j, "seq_lens_k");
+    if (v.seq_lens_k.size() != v.seq_lens_q.size())
+      throw UsageError("varlen 'seq_lens_k' has " + std::to_string(v.seq_lens_k.size()) + " lengths, 'seq_lens' " +
+                       std::to_string(v.seq_lens_q.size()));
+  }
+  for (const auto& [total, name] : {std::pair{v.total_q(), "query"}, std::pair{v.total_k(), "key"}})
+    if (total < 1 || total > kMaxVarlenTokens)
+      throw UsageError(std::string("varlen: ") + name + " lengths sum to " + std::to_string(total) + ", not 1.." +
+                       std::to_string(kMaxVarlenTokens));
+  return v;
 }
 
 int Problem::seq_bucket() const {
@@ -83,6 +265,7 @@ std::string Problem::str() const {
                   " Sk" + std::to_string(seq_k) + " d" + std::to_string(head_dim) + " " + to_string(dtype);
   if (causal) s += " causal";
   if (direction != "fwd") s += " " + direction;
+  if (varlen.enabled()) s += " varlen " + varlen.str();
   if (!(inputs == InputDist{})) s += " inputs " + inputs.str();
   return s;
 }
@@ -126,10 +309,25 @@ Problem problem_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw UsageError("a problem must be a JSON object, got " + brief(j.dump(), 60));
   for (auto& [key, _] : j.items())
     if (key != "batch" && key != "heads" && key != "seq_q" && key != "seq_k" && key != "seq" && key != "head_dim" &&
-        key != "dtype" && key != "causal" && key != "direction" && key != "inputs" && key != "heads_k")
+        key != "dtype" && key != "causal" && key != "direction" && key != "inputs" && key != "heads_k" &&
+        key != "varlen")
       throw UsageError("unknown problem field '" + key + "'");
   Problem p;
-  p.batch = positive_int(j, "batch", 1 << 20);
+  if (j.contains("varlen")) {
+    // The sequences' count and longest lengths come from the description; given as well (to_json
+    // writes them), they must agree.
+    p.varlen = varlen_from_json(j["varlen"]);
+    const auto& lq = p.varlen.seq_lens_q;
+    const auto& lk = p.varlen.seq_lens_k;
+    const int derived[] = {(int)lq.size(), *std::max_element(lq.begin(), lq.end()), *std::max_element(lk.begin(), lk.end())};
+    const char* keys[] = {"batch", "seq_q", "seq_k"};
+    for (int i = 0; i < 3; ++i)
+      if (j.contains(keys[i]) && (!j[keys[i]].is_number_integer() || j[keys[i]].get<long long>() != derived[i]))
+        throw UsageError(std::string("problem field '") + keys[i] + "' is " + brief(j[keys[i]].dump(), 20) +
+                         ", but the varlen lengths give " + std::to_string(derived[i]) + " (leave it out)");
+    if (j.contains("seq")) throw UsageError("problem field 'seq' goes with dense problems; a varlen one has its lengths");
+  }
+  p.batch = p.varlen.enabled() ? (int)p.varlen.seq_lens_q.size() : positive_int(j, "batch", 1 << 20);
   p.heads = positive_int(j, "heads", 1 << 16);
   if (j.contains("heads_k")) {
     p.heads_k = positive_int(j, "heads_k", 1 << 16);
@@ -138,7 +336,11 @@ Problem problem_from_json(const nlohmann::json& j) {
                        std::to_string(p.heads) + ")");
     if (p.heads_k == p.heads) p.heads_k = 0;  // multi-head: one spelling, one store key
   }
-  if (j.contains("seq")) {
+  if (p.varlen.enabled()) {
+    // The grid's lengths: the longest sequence's (at least 1, so that a dense formula never divides by 0).
+    p.seq_q = std::max(1, *std::max_element(p.varlen.seq_lens_q.begin(), p.varlen.seq_lens_q.end()));
+    p.seq_k = std::max(1, *std::max_element(p.varlen.seq_lens_k.begin(), p.varlen.seq_lens_k.end()));
+  } else if (j.contains("seq")) {
     p.seq_q = p.seq_k = positive_int(j, "seq", 1 << 20);
   } else {
     p.seq_q = positive_int(j, "seq_q", 1 << 20);
@@ -159,6 +361,11 @@ Problem problem_from_json(const nlohmann::json& j) {
     p.direction = j["direction"].get<std::string>();
   }
   if (j.contains("inputs")) p.inputs = input_dist_from_json(j["inputs"]);
+  if (p.varlen.enabled()) {  // packed tensors within int32 element offsets
+    const long long eq = p.varlen.total_q() * p.heads * p.head_dim, ek = p.varlen.total_k() * p.kv_heads() * p.head_dim;
+    if (eq > kMaxVarlenElements || ek > kMaxVarlenElements)
+      throw UsageError("varlen: a packed tensor of " + std::to_string(std::max(eq, ek)) + " elements (tokens x heads x head_dim) is over 2^31 - 1");
+  }
   return p;
 }
 
@@ -167,6 +374,7 @@ nlohmann::json to_json(const Problem& p) {
                       {"head_dim", p.head_dim}, {"dtype", to_string(p.dtype)}, {"causal", p.causal},
                       {"direction", p.direction}, {"inputs", to_json(p.inputs)}};
   if (p.heads_k > 0) j["heads_k"] = p.heads_k;  // only for GQA: multi-head problems keep their keys and shards
+  if (p.varlen.enabled()) j["varlen"] = p.varlen.description();  // only for varlen, likewise
   return j;
 }
 

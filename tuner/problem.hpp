@@ -1,6 +1,7 @@
 // A problem: one attention shape to tune for (what the kernel is run on, not how).
 #pragma once
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -28,6 +29,43 @@ InputDist parse_input_dist(const std::string&);
 // scale must be finite, in [1e-3, 1e3]. Throws UsageError.
 InputDist make_input_dist(const std::string& kind, double scale);
 
+// A packed variable-length batch (FlashAttention's varlen layout): sequence b owns query tokens
+// [cu_q[b], cu_q[b+1]) and keys [cu_k[b], cu_k[b+1]) of token-major tensors, Q and O (total_q, H, d),
+// K and V (total_k, Hk, d), LSE (H, total_q). A problem file describes the lengths (README, "Packed
+// variable-length batches"):
+//   {"lengths": "uniform", "min": A, "max": B, "total_tokens": T, "seed": S}  lengths drawn uniformly
+//       in [A, B] (seeded, splitmix64: the same lengths on every machine) until they reach T tokens;
+//       the last one is cut so that they sum to exactly T (it may be shorter than A)
+//   {"lengths": "fixed", "length": L, "total_tokens": T}   T / L sequences of L, a shorter last one
+//   {"seq_lens": [..], "seq_lens_k": [..]}                 given lengths (0 allowed); keys default to
+//       the queries' (self-attention)
+// Part of a problem's identity: key() is its canonical text (the store's `varlen` column).
+struct Varlen {
+  std::string lengths;  // "" (a dense problem), "uniform", "fixed" or "list"
+  int min = 0, max = 0;  // uniform: bounds; fixed: max is the length
+  int total_tokens = 0;  // uniform, fixed
+  unsigned long long seed = 0;  // uniform
+  std::vector<int> seq_lens_q, seq_lens_k;  // the lengths, derived (list: as given); k == q for self-attention
+
+  bool enabled() const { return !lengths.empty(); }
+  // The description as written in problem files, canonical (lists: seq_lens_k only when it differs).
+  nlohmann::json description() const;
+  std::string key() const;    // compact description() text; "" when dense
+  std::string str() const;    // "uniform 256-4096 x16384 seed 0", "[1,17,128]", "[64 seqs, 16384 tokens #1a2b3c4d]"
+  long long total_q() const;  // sum of the query lengths
+  long long total_k() const;
+  std::vector<int> cu_seqlens_q() const;  // batch + 1 offsets from 0
+  std::vector<int> cu_seqlens_k() const;
+  bool operator==(const Varlen&) const = default;
+};
+// A Varlen from its description (the "varlen" object of a problem file), lengths derived and checked:
+// at most kMaxVarlenSeqs sequences, lengths in 0..2^20 (uniform and fixed: >= 1), totals in 1..2^24.
+// Throws UsageError naming the field.
+Varlen varlen_from_json(const nlohmann::json&);
+inline constexpr int kMaxVarlenSeqs = 65535;        // the grid's z dimension: one CTA row per sequence
+inline constexpr int kMaxVarlenTokens = 1 << 24;    // per packed tensor
+inline constexpr long long kMaxVarlenElements = (1ll << 31) - 1;  // total * heads * head_dim, per tensor
+
 struct Problem {
   int batch = 1, heads = 1, seq_q = 1, seq_k = 1, head_dim = 64;
   DType dtype = DType::fp32;
@@ -42,17 +80,22 @@ struct Problem {
   // (==, str, JSON, the store's columns) never sees it. Chosen over an argument of `launches`: one
   // family needs it, and every family's launches and every caller stay as they are.
   int sm_count = 0;
+  // A packed variable-length batch when varlen.enabled(): batch is then the number of sequences and
+  // seq_q, seq_k the longest query and key lengths (the launch grid's), derived from it.
+  Varlen varlen;
 
   // FlashAttention's convention: forward 4*B*H*Sq*Sk*d, halved when causal; backward 2.5x that.
+  // Varlen: the same per sequence, summed (4*H*Lq_b*Lk_b*d, halved when causal).
   double flops() const;
   // Lower bound: forward reads Q, K, V and writes O, LSE once; backward reads Q, K, V, O, dO, LSE
-  // and writes dQ, dK, dV once.
+  // and writes dQ, dK, dV once. Varlen: of the packed tensors (total tokens).
   double bytes() const;
+  long long rows_q() const;  // query rows of all heads: B*H*Sq, or total_q*H when varlen
   // Sequence bucket for selection: the smallest power of two >= max(Sq, Sk).
   int seq_bucket() const;
   int kv_heads() const { return heads_k > 0 ? heads_k : heads; }
   int group() const { return heads / kv_heads(); }  // query heads per kv head
-  std::string str() const;  // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8")
+  std::string str() const;  // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>")
   bool operator==(const Problem&) const = default;
 };
 

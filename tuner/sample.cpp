@@ -21,9 +21,12 @@ std::string reason_kind(const std::string& reason) {
 
 std::vector<Variant> default_variants(const Family& f) {
   std::vector<Variant> vs;
-  for (int d : f.head_dims)
-    for (bool causal : {false, true})
-      for (DType t : f.dtypes) vs.push_back(Variant{&f, f.default_config, d, causal, t});
+  for (bool packed : {false, true}) {
+    if (packed && !f.varlen) break;
+    for (int d : f.head_dims)
+      for (bool causal : {false, true})
+        for (DType t : f.dtypes) vs.push_back(Variant{&f, f.default_config, d, causal, t, packed});
+  }
   return vs;
 }
 
@@ -38,6 +41,10 @@ std::vector<std::string> single_features(const Variant& v) {
   out.push_back("d=" + std::to_string(v.head_dim));
   out.push_back(std::string("dtype=") + to_string(v.dtype));
   out.push_back(std::string("causal=") + (v.causal ? "1" : "0"));
+  // The packed variable-length form is another kernel: every value, head dim, dtype and mask once in it
+  // too (its (value, head dim) pairs are the dense form's to cover: a few more compiles, not twice as many).
+  if (v.varlen)
+    for (auto& s : out) s = "varlen:" + s;
   return out;
 }
 

@@ -25,7 +25,8 @@ struct SampledVariant {
 // Greedy set cover over the variants (deterministic: ties go to the earlier variant in the given
 // order). What is covered, for the compiler's target:
 //  - every value of every tunable, every head dim, dtype and mask: by a variant that reaches NVRTC
-//    where one exists, else by a pruned one (a Hopper-only family on sm_80: all pruned);
+//    where one exists, else by a pruned one (a Hopper-only family on sm_80: all pruned); and again
+//    in the packed variable-length form (Variant::varlen) where the space lists it;
 //  - with value_head_dim_pairs, every (tunable value, head dim) pair among variants that reach NVRTC;
 //  - every distinct reason of the cheap pruning: the target's instruction set, each message of the
 //    family's check, shared memory over the target's limit (numbers do not make reasons distinct).
@@ -39,7 +40,8 @@ std::vector<SampledVariant> covering_sample(const Space& space, const Compiler& 
 std::string reason_kind(const std::string& reason);
 
 // The family's default config at every head dim, mask and dtype: the fallback of emitted headers,
-// which has to compile (without spills) wherever the family runs.
+// which has to compile (without spills) wherever the family runs; for a family that runs packed
+// variable-length batches (Family::varlen), its packed form as well (what `run` takes without --params).
 std::vector<Variant> default_variants(const Family& family);
 
 }  // namespace flashtune

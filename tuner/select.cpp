@@ -10,11 +10,12 @@
 namespace flashtune {
 
 namespace {
-using ProblemKey = std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int, int>;
+using ProblemKey =
+    std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int, int, std::string>;
 ProblemKey key_of(const ResultRecord& r) {
   const Problem& p = r.problem;
   return {r.device_name, r.family, r.direction, p.head_dim, p.causal, p.seq_q, p.seq_k, p.batch, to_string(p.dtype),
-          p.heads, p.heads_k};
+          p.heads, p.heads_k, p.varlen.key()};
 }
 // A search stores cheap timings too (halving's 2- and 8-repeat rounds, timings stopped after 3 repeats):
 // they rank candidates within a sweep, but where a problem has fully timed rows only those may be picked.
@@ -56,6 +57,7 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) 
   for (const auto& r : results) {
     const Problem& p = r.problem;
     if (p.heads_k > 0) continue;  // grouped-query rows: not (yet) a dispatch key of their own
+    if (p.varlen.enabled()) continue;  // packed variable-length rows: likewise (the runtime is dense only)
     // Outside the family's query-length range (an imported or merged row): never a bucket's pick.
     if (const Family* f = family_named(r.family); f && !f->shape_reason(p).empty()) continue;
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket()};
@@ -101,6 +103,7 @@ const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const 
 StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Problem& p) {
   for (const auto& b : best_per_problem(results))
     if (b.problem == p) return {b.config, "problem"};
+  if (p.varlen.enabled()) return {};  // a packed batch's rows are its own: no dense bucket stands for it
   const std::vector<BucketChoice> buckets = best_per_bucket(results);
   if (const BucketChoice* pick = pick_bucket(buckets, p)) return {pick->config, "bucket"};
   return {};

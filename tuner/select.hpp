@@ -35,8 +35,8 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& resul
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p);
 
 // The stored config a measurement of problem p runs (experiment, run --best), from one family's results on
-// one device: the problem's own best ("problem"), else its sequence bucket's ("bucket"; multi-head rows
-// only); source "" when there is neither.
+// one device: the problem's own best ("problem"), else its sequence bucket's ("bucket"; multi-head dense
+// rows only; a packed variable-length problem has its own or none); source "" when there is neither.
 struct StoredChoice {
   std::string config, source;
 };

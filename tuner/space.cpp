@@ -104,7 +104,7 @@ Space space_from_json(const json& j, bool allow_large) {
   if (!j.is_object()) throw UsageError("a space must be a JSON object");
   for (auto& [key, _] : j.items())
     if (key != "family" && key != "params" && key != "head_dims" && key != "causal" && key != "dtypes" &&
-        key != "description")
+        key != "description" && key != "varlen")
       throw UsageError("unknown space field '" + key + "'");
   if (!j.contains("family") || !j["family"].is_string()) throw UsageError("space needs a string 'family'");
   Space s;
@@ -157,6 +157,15 @@ Space space_from_json(const json& j, bool allow_large) {
   } else {
     s.dtypes = f.dtypes;
   }
+  if (j.contains("varlen")) {
+    if (!j["varlen"].is_array() || j["varlen"].empty()) throw UsageError("space 'varlen' must be an array of booleans");
+    s.varlen.clear();
+    for (const auto& c : j["varlen"]) {
+      if (!c.is_boolean()) throw UsageError("space 'varlen' must hold booleans, got " + brief_json(c));
+      if (c.get<bool>() && !f.varlen) throw UsageError("family " + f.name + " does not support packed variable-length batches");
+      if (std::find(s.varlen.begin(), s.varlen.end(), c.get<bool>()) == s.varlen.end()) s.varlen.push_back(c.get<bool>());
+    }
+  }
   if (!allow_large && s.size() > kMaxSpaceVariants)
     throw UsageError("the space has " + std::to_string(s.size()) + " variants, more than " +
                      std::to_string(kMaxSpaceVariants) + " (--allow-large-space to sweep it anyway)");
@@ -172,6 +181,7 @@ unsigned long long Space::size() const {
   mul(head_dims.size());
   mul(causal.size());
   mul(dtypes.size());
+  mul(varlen.size());
   return n;
 }
 
@@ -205,7 +215,8 @@ std::vector<Variant> Space::variants() const {
   for (int d : head_dims)
     for (bool c : causal)
       for (DType t : dtypes)
-        for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t});
+        for (bool packed : varlen)
+          for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t, packed});
   return out;
 }
 

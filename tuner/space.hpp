@@ -19,10 +19,14 @@ struct Space {
   std::vector<int> head_dims;
   std::vector<bool> causal;
   std::vector<DType> dtypes;
+  // The kernels' forms to compile: dense (false) and packed variable-length (true, a Family::varlen family
+  // only). Default {false}. Only compile-check, the covering sample and the NVRTC tests read it: tune
+  // takes the form each problem needs (variants_for).
+  std::vector<bool> varlen{false};
 
   unsigned long long size() const;        // variants() would hold this many (saturating), without building them
   std::vector<Config> configs() const;    // the cartesian product of values
-  std::vector<Variant> variants() const;  // configs x head_dims x causal x dtypes
+  std::vector<Variant> variants() const;  // configs x head_dims x causal x dtypes x varlen
 };
 
 // Spaces over this many variants are refused unless allowed (`--allow-large-space`): each variant is an NVRTC

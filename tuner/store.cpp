@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "tuner/sqlite_api.hpp"
 #include "tuner/util.hpp"
 
@@ -80,8 +82,10 @@ class Stmt {
   sqlite3_stmt* s_ = nullptr;
 };
 
-// The results table of schema v6, by name (the v3 -> v4 and v5 -> v6 migrations build it beside the old one).
-// heads_k (v6): grouped-query attention's kv heads, 0 for multi-head.
+// The results table of schema v7, by name (the v3 -> v4, v5 -> v6 and v6 -> v7 migrations build it beside
+// the old one). heads_k (v6): grouped-query attention's kv heads, 0 for multi-head. varlen (v7): a packed
+// variable-length batch's description (Varlen::key(), canonical JSON), '' for a dense problem; batch,
+// seq_q and seq_k then hold the number of sequences and the longest lengths.
 std::string results_ddl(const std::string& name) {
   return "CREATE TABLE IF NOT EXISTS " + name + R"sql((
   id INTEGER PRIMARY KEY,
@@ -95,8 +99,8 @@ std::string results_ddl(const std::string& name) {
   nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
   registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
   created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER,
-  heads_k INTEGER NOT NULL DEFAULT 0,
-  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs)))sql";
+  heads_k INTEGER NOT NULL DEFAULT 0, varlen TEXT NOT NULL DEFAULT '',
+  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen)))sql";
 }
 
 constexpr const char* kSchemaRest = R"sql(
@@ -261,6 +265,7 @@ void Store::open_checked(Mode mode) {
     has_detail_ = f.results_columns.count("detail") > 0;
     has_inputs_ = f.results_columns.count("inputs") > 0;
     has_heads_k_ = f.results_columns.count("heads_k") > 0;
+    has_varlen_ = f.results_columns.count("varlen") > 0;
     has_experiments_ = f.tables.count("experiment_runs") && f.tables.count("experiment_rows");
     has_provenance_ = f.tables.count("provenance") > 0;
     return;
@@ -307,6 +312,10 @@ void Store::open_checked(Mode mode) {
     if (v == 5) {  // v5 -> v6: results.heads_k (grouped-query attention) in the unique key
       if (!columns(db_, "results").count("heads_k")) rebuild_results();
       v = 6;
+    }
+    if (v == 6) {  // v6 -> v7: results.varlen (packed variable-length batches) in the unique key
+      if (!columns(db_, "results").count("varlen")) rebuild_results();
+      v = 7;
     }
     exec(schema_sql());  // tables and index that a migrated file lacks
     exec("UPDATE meta SET value='" + std::to_string(kSchemaVersion) + "' WHERE key='schema_version';");
@@ -416,8 +425,8 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
                  " INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
                  "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
                  "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
-                 "spill_stores,created,detail,inputs,origin,heads_k) "
-                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0),?)");
+                 "spill_stores,created,detail,inputs,origin,heads_k,varlen) "
+                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0),?,?)");
   const Problem& p = r.problem;
   s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
       .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
@@ -427,7 +436,7 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
       .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
       .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
       .bind(33, r.res.spill_stores).bind(34, created).bind(35, r.detail).bind(36, p.inputs.str()).bind(37, origin)
-      .bind(38, p.heads_k);
+      .bind(38, p.heads_k).bind(39, p.varlen.key());
   s.step();
 }
 
@@ -441,9 +450,9 @@ bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, cons
   // The same kernel on the same shape with other inputs is another result.
   Stmt s(db_, std::string("SELECT 1 FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? AND batch=? "
                           "AND heads=? AND seq_q=? AND seq_k=? AND ") + (has_inputs_ ? "inputs=?" : "'normal'=?") +
-                  (has_heads_k_ ? " AND heads_k=?" : " AND 0=?"));
+                  (has_heads_k_ ? " AND heads_k=?" : " AND 0=?") + (has_varlen_ ? " AND varlen=?" : " AND ''=?"));
   s.bind(1, kernel_hash).bind(2, d.name).bind(3, d.sm_count).bind(4, p.batch).bind(5, p.heads).bind(6, p.seq_q)
-      .bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k);
+      .bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key());
   return s.step();
 }
 
@@ -457,7 +466,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
       "max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,driver_version,"
       "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created," +
       std::string(has_detail_ ? "detail" : "NULL") + "," + (has_inputs_ ? "inputs" : "'normal'") +  // v1-v3, read-only
-      "," + (has_heads_k_ ? "heads_k" : "0") + " FROM results WHERE 1=1";
+      "," + (has_heads_k_ ? "heads_k" : "0") + "," + (has_varlen_ ? "varlen" : "''") + " FROM results WHERE 1=1";
   std::vector<std::string> binds;
   auto add = [&](const std::string& col, const std::string& v) {
     if (v.empty()) return;
@@ -472,7 +481,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   if (f.causal >= 0) add("causal", std::to_string(f.causal));
   if (f.ok_only) sql += " AND status='ok'";
   sql += " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
-         std::string(has_heads_k_ ? "heads_k, " : "") + "id";
+         std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + "id";
   Stmt s(db_, sql);
   for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
   std::vector<ResultRecord> out;
@@ -492,6 +501,17 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
       if (hk < 0 || hk > (1 << 16) || (hk > 0 && r.problem.heads % hk))
         throw UsageError("heads_k " + std::to_string(hk) + " does not divide heads " + std::to_string(r.problem.heads));
       r.problem.heads_k = hk == r.problem.heads ? 0 : (int)hk;
+      if (const std::string vl = s.text(38); !vl.empty()) {
+        // The lengths again from their description; the stored count and longest lengths must agree.
+        nlohmann::json pj = to_json(r.problem);
+        pj.erase("batch"), pj.erase("seq_q"), pj.erase("seq_k");
+        pj["varlen"] = nlohmann::json::parse(vl, nullptr, false);
+        if (pj["varlen"].is_discarded()) throw UsageError("varlen '" + brief(vl, 40) + "' is not JSON");
+        const Problem vp = problem_from_json(pj);
+        if (vp.batch != r.problem.batch || vp.seq_q != r.problem.seq_q || vp.seq_k != r.problem.seq_k)
+          throw UsageError("varlen lengths disagree with batch, seq_q, seq_k");
+        r.problem = vp;
+      }
     } catch (const UsageError& e) {
       throw UsageError("'" + path_ + "': results row " + std::to_string(r.id) + ": " + e.what());
     }
@@ -717,9 +737,9 @@ Copied Store::copy_result(const ResultRecord& r, long long origin) {
     if (sqlite().changes(db_) > 0) return;
     const Problem& p = r.problem;
     Stmt s(db_, "SELECT status, ms_median, config FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? "
-                "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=? AND heads_k=?");
+                "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=? AND heads_k=? AND varlen=?");
     s.bind(1, r.kernel_hash).bind(2, r.device_name).bind(3, r.sm_count).bind(4, p.batch).bind(5, p.heads)
-        .bind(6, p.seq_q).bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k);
+        .bind(6, p.seq_q).bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key());
     s.step();
     out = s.text(0) == r.status && s.f64(1) == r.ms_median && s.text(2) == r.config ? Copied::present : Copied::differs;
   });

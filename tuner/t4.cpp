@@ -66,7 +66,8 @@ ordered_json measure_value(double v) {
 auto sort_key(const ResultRecord& r) {
   const Problem& p = r.problem;
   return std::make_tuple(r.family, r.device_name, r.sm_count, r.direction, std::string(to_string(p.dtype)), p.head_dim,
-                         p.causal, p.seq_q, p.seq_k, p.batch, p.heads, p.heads_k, p.inputs.str(), r.config, r.kernel_hash);
+                         p.causal, p.seq_q, p.seq_k, p.batch, p.heads, p.heads_k, p.varlen.key(), p.inputs.str(), r.config,
+                         r.kernel_hash);
 }
 
 ordered_json problem_json(const Problem& p) {
@@ -76,6 +77,8 @@ ordered_json problem_json(const Problem& p) {
   j["seq_q"] = p.seq_q; j["seq_k"] = p.seq_k; j["head_dim"] = p.head_dim;
   j["dtype"] = to_string(p.dtype); j["causal"] = p.causal; j["direction"] = p.direction;
   j["inputs"] = {{"distribution", p.inputs.kind == InputDist::Kind::heavy ? "heavy" : "normal"}, {"scale", p.inputs.scale}};
+  // Varlen only: the lengths' description (batch, seq_q and seq_k above are the count and longest lengths).
+  if (p.varlen.enabled()) j["varlen"] = ordered_json::parse(p.varlen.key());
   return j;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -235,7 +236,8 @@ Verdict validate_forward(const Problem& p, const FwdReference& ref, const std::v
       err_o.add(row * d + c, o[row * d + c], ref.o[i], tol.bound(ref.o_mag[i], ref.o_logit[i]), rel_floor);
     }
     // LSE indices follow O's in messages.
-    err_lse.add(nq + row, lse[row], ref.lse[r], lse_tol.bound(1.0, ref.lse_mag[r]), report_floor(DType::fp32));
+    const size_t li = ref.lse_index.empty() ? row : (size_t)ref.lse_index[r];
+    err_lse.add(nq + li, lse[li], ref.lse[r], lse_tol.bound(1.0, ref.lse_mag[r]), report_floor(DType::fp32));
   }
   Verdict v;
   v.max_abs = std::fmax(err_o.max_abs, err_lse.max_abs);
@@ -289,6 +291,9 @@ Verdict validate_backward(const Problem& p, const BwdReference& ref, const std::
   for (int g = 0; g < 3; ++g) {
     const std::vector<float>& got = *gots[g];
     const std::vector<double>& want = *refs[g];
+    // Which reference element stands for element i (BwdReference: tiled heads, or tiled tokens' heads).
+    const size_t row = g == 0 ? ref.q_row : ref.k_row, row_ref = g == 0 ? ref.q_row_ref : ref.k_row_ref;
+    auto ref_index = [&](size_t i) { return row ? i / row * row_ref + i % row % row_ref : i % want.size(); };
     struct Part {
       ErrorStats err;
       size_t non_finite = 0;
@@ -299,7 +304,7 @@ Verdict validate_backward(const Problem& p, const BwdReference& ref, const std::
     parallel_chunks(got.size(), chunks, [&](size_t begin, size_t end, size_t c) {
       Part& part = parts[c];
       for (size_t i = begin; i < end; ++i) {
-        const size_t j = i % want.size();  // head h holds reference head h % distinct heads
+        const size_t j = ref_index(i);  // head h holds reference head h % distinct heads
         part.non_finite += !std::isfinite(got[i]);
         part.err.add(i, got[i], want[j], tols[g].bound((*mags[g])[j], (*logits[g])[j]), rel_floor);
         if (std::isfinite(got[i])) {
@@ -342,6 +347,124 @@ Verdict validate_backward(const Problem& p, const BwdReference& ref, const std::
     v.error = msg.substr(0, msg.size() - 2);
   }
   return v;
+}
+
+std::vector<int64_t> varlen_sample_rows(const Problem& p, int64_t max_rows, uint64_t seed) {
+  const int64_t H = p.heads, rows = p.rows_q();
+  std::vector<int64_t> out;
+  if (max_rows <= 0) return out;
+  if (rows <= max_rows) {
+    out.resize(rows);
+    for (int64_t r = 0; r < rows; ++r) out[r] = r;
+    return out;
+  }
+  std::vector<int64_t> fixed;
+  const std::vector<int> cu = p.varlen.cu_seqlens_q();
+  for (size_t b = 0; b + 1 < cu.size(); ++b) {
+    const int64_t first = cu[b], len = cu[b + 1] - cu[b];
+    if (len == 0) continue;
+    for (int64_t h : {int64_t{0}, H - 1, (int64_t)(b * 7 + 3) % H})
+      for (int64_t t : {first, first + len / 2, first + len - 1}) fixed.push_back(t * H + h);
+  }
+  std::sort(fixed.begin(), fixed.end());
+  fixed.erase(std::unique(fixed.begin(), fixed.end()), fixed.end());
+  if ((int64_t)fixed.size() > max_rows / 2) fixed.resize(max_rows / 2);  // leave room for random rows
+  out = fixed;
+  uint64_t x = seed ^ 0x7661726c656eull;  // "varlen"
+  auto next = [&] {  // splitmix64
+    x += 0x9e3779b97f4a7c15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  std::sort(out.begin(), out.end());
+  while ((int64_t)out.size() < max_rows) {
+    const int64_t r = (int64_t)(next() % (uint64_t)rows);
+    auto it = std::lower_bound(out.begin(), out.end(), r);
+    if (it == out.end() || *it != r) out.insert(it, r);
+  }
+  return out;
+}
+
+FwdReference varlen_forward_reference(const Problem& p, const float* q, const float* k, const float* v,
+                                      std::vector<int64_t> rows, int threads) {
+  const int H = p.heads, Hk = p.kv_heads(), d = p.head_dim, g = p.group();
+  const std::vector<int> cu_q = p.varlen.cu_seqlens_q(), cu_k = p.varlen.cu_seqlens_k();
+  const int64_t total_q = cu_q.back();
+  FwdReference r;
+  r.shape = ref::Shape{p.batch, H, p.seq_q, p.seq_k, d, p.causal};
+  r.shape.heads_k = p.heads_k;
+  r.rows = std::move(rows);
+  const size_t n = r.rows.size();
+  r.o.assign(n * d, 0.0), r.o_mag.assign(n * d, 0.0), r.o_logit.assign(n * d, 0.0);
+  r.lse.assign(n, INFINITY), r.lse_mag.assign(n, 0.0);  // a row without keys: O = 0, LSE = +inf
+  r.lse_index.resize(n);
+  // Rows grouped by (sequence, head): one gather of that head's sequence and one forward_rows each.
+  std::map<std::pair<int, int>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t t = r.rows[i] / H, h = r.rows[i] % H;
+    const int b = (int)(std::upper_bound(cu_q.begin(), cu_q.end(), (int)t) - cu_q.begin()) - 1;
+    groups[{b, (int)h}].push_back(i);
+    r.lse_index[i] = h * total_q + t;
+  }
+  std::vector<float> qs, ks, vs;
+  for (const auto& [key, idx] : groups) {
+    const auto [b, h] = key;
+    const int64_t q0 = cu_q[b], lq = cu_q[b + 1] - q0, k0 = cu_k[b], lk = cu_k[b + 1] - k0;
+    if (lk == 0) continue;  // no keys: the defaults above
+    qs.resize(lq * d), ks.resize(lk * d), vs.resize(lk * d);
+    const int hk = h / g;
+    for (int64_t t = 0; t < lq; ++t) std::copy_n(q + ((q0 + t) * H + h) * d, d, qs.data() + t * d);
+    for (int64_t t = 0; t < lk; ++t) {
+      std::copy_n(k + ((k0 + t) * Hk + hk) * d, d, ks.data() + t * d);
+      std::copy_n(v + ((k0 + t) * Hk + hk) * d, d, vs.data() + t * d);
+    }
+    ref::Shape one{1, 1, (int)lq, (int)lk, d, p.causal};
+    std::vector<int64_t> local;
+    for (size_t i : idx) local.push_back(r.rows[i] / H - q0);
+    std::vector<double> o(local.size() * d), o_mag(local.size() * d), o_logit(local.size() * d), lse(local.size()),
+        lse_mag(local.size());
+    ref::forward_rows(one, qs.data(), ks.data(), vs.data(), local, o.data(), lse.data(), threads,
+                      {o_mag.data(), o_logit.data(), lse_mag.data()});
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const size_t i = idx[j];
+      std::copy_n(o.begin() + j * d, d, r.o.begin() + i * d);
+      std::copy_n(o_mag.begin() + j * d, d, r.o_mag.begin() + i * d);
+      std::copy_n(o_logit.begin() + j * d, d, r.o_logit.begin() + i * d);
+      r.lse[i] = lse[j];
+      r.lse_mag[i] = lse_mag[j];
+    }
+  }
+  r.max_abs_v = max_abs_of(v, (size_t)p.varlen.total_k() * Hk * d);
+  return r;
+}
+
+BwdReference varlen_backward_reference(const Problem& p, int heads, int kv_heads, const float* q, const float* k,
+                                       const float* v, const float* dout, int threads) {
+  BwdReference r;
+  const int d = p.head_dim;
+  r.shape = ref::Shape{1, heads, p.seq_q, p.seq_k, d, p.causal};
+  r.shape.heads_k = kv_heads == heads ? 0 : kv_heads;
+  r.q_row = (size_t)p.heads * d, r.q_row_ref = (size_t)heads * d;
+  r.k_row = (size_t)p.kv_heads() * d, r.k_row_ref = (size_t)kv_heads * d;
+  ref::VarlenShape vs{heads, d, p.causal, 0, r.shape.heads_k};
+  const std::vector<int> cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
+  const std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end());
+  const size_t nq = (size_t)cu_q.back() * heads * d, nk = (size_t)cu_k.back() * kv_heads * d;
+  r.o.assign(nq, 0.0);
+  r.lse.assign((size_t)cu_q.back() * heads, 0.0);
+  ref::forward_varlen(vs, cu_q, cu_k, q, k, v, r.o.data(), r.lse.data(), threads);
+  for (auto* g : {&r.dq, &r.dq_mag, &r.dq_logit}) g->assign(nq, 0.0);
+  for (auto* g : {&r.dk, &r.dk_mag, &r.dk_logit, &r.dv, &r.dv_mag, &r.dv_logit}) g->assign(nk, 0.0);
+  ref::backward_varlen(vs, cu_q, cu_k, q, k, v, dout, r.dq.data(), r.dk.data(), r.dv.data(), threads,
+                       {r.dq_mag.data(), r.dq_logit.data(), r.dk_mag.data(), r.dk_logit.data(), r.dv_mag.data(),
+                        r.dv_logit.data()});
+  r.max_abs_q = max_abs_of(q, nq);
+  r.max_abs_k = max_abs_of(k, nk);
+  r.max_abs_do = max_abs_of(dout, nq);
+  r.max_abs_v = max_abs_of(v, nk);
+  return r;
 }
 
 void write_verdict(const Verdict& v, nlohmann::json& out) {

@@ -112,7 +112,8 @@ struct ErrorStats {
 // Forward reference on sampled rows, with the magnitudes the bound needs.
 struct FwdReference {
   ref::Shape shape{1, 1, 1, 1, 1};
-  std::vector<int64_t> rows;  // flat (b*H + h)*Sq + i
+  std::vector<int64_t> rows;  // flat (b*H + h)*Sq + i; varlen: t*H + h (token t, query head h)
+  std::vector<int64_t> lse_index;  // varlen: each row's LSE entry h*total_q + t (empty: the row itself)
   std::vector<double> o, o_mag, o_logit;  // rows x d
   std::vector<double> lse, lse_mag;       // rows
   double max_abs_v = 0;                   // the floor's max|x|
@@ -141,12 +142,33 @@ FwdReference tiled_forward_reference(const ref::Shape& full, int units, const fl
 // with the forward's O and LSE (the backward kernel's inputs) and the magnitudes.
 struct BwdReference {
   ref::Shape shape{1, 1, 1, 1, 1};
-  std::vector<double> o, lse;  // (heads, Sq, d), (heads, Sq)
+  // Varlen: elements per token in the kernel's tensors (H*d for dQ, Hk*d for dK, dV) and in the
+  // reference's (its distinct heads' H'*d, Hk'*d): element (t, h, c) is reference element (t, h % H', c).
+  // 0 (dense): element i is reference element i % size.
+  size_t q_row = 0, q_row_ref = 0, k_row = 0, k_row_ref = 0;
+  std::vector<double> o, lse;  // (heads, Sq, d), (heads, Sq); varlen (total_q, H', d), (H', total_q)
   std::vector<double> dq, dk, dv, dq_mag, dq_logit, dk_mag, dk_logit, dv_mag, dv_logit;
   double max_abs_q = 0, max_abs_k = 0, max_abs_do = 0, max_abs_v = 0;  // the floors' max|x|
 };
 BwdReference backward_reference(const ref::Shape&, const float* q, const float* k, const float* v,
                                 const float* dout, int threads = 0);
+
+// Packed variable-length batches (Problem::varlen). The kernel's tensors are token-major: O row r = t*H + h
+// (token t, query head h) holds elements r*d .. r*d + d - 1, its LSE entry is h*total_q + t.
+// varlen_sample_rows: every row when total_q*H <= max_rows; else max_rows of them, sorted and unique,
+// deterministic in seed: per sequence (in order, while the fixed set fits), its first, middle and last
+// token of heads 0, H - 1 and one that moves with the sequence -- the rows next to another sequence's,
+// where a wrong offset shows first -- then seeded random rows.
+std::vector<int64_t> varlen_sample_rows(const Problem&, int64_t max_rows, uint64_t seed);
+// The reference on those rows, from the packed q, k, v: each (sequence, head)'s rows by the dense
+// forward_rows on that sequence alone, which is what ref::forward_varlen computes, bit for bit.
+FwdReference varlen_forward_reference(const Problem&, const float* q, const float* k, const float* v,
+                                      std::vector<int64_t> rows, int threads = 0);
+// Every element of a packed batch's backward for `heads` query heads and `kv_heads` kv heads per token
+// (the distinct heads of the generated inputs; the problem's heads repeat them, query head h holding
+// distinct head h % heads), with the forward's O (total_q, heads, d) and LSE (heads, total_q).
+BwdReference varlen_backward_reference(const Problem&, int heads, int kv_heads, const float* q, const float* k,
+                                       const float* v, const float* dout, int threads = 0);
 
 struct Verdict {
   bool ok = true;
