@@ -6,8 +6,13 @@ flash varlen path (aten::_flash_attention_forward / _flash_attention_backward wi
 max_q, max_k: what torch.nn.attention.varlen.varlen_attn calls) and torch's cuDNN on the same packed batch
 (aten::_cudnn_attention_forward / _backward with the same offsets, else SDPA on jagged nested tensors with
 the cuDNN backend forced), the forward or the backward alone, timed as experiments/sdpa_baseline.py times
-(warm-up, an L2 flush before each repeat, CUDA events around the call alone, median). A backend that
-refuses the shape or runs out of memory gets an empty cell and the reason in torch_notes.
+(warm-up, an L2 flush before each repeat, CUDA events around the call alone, median), and once more with
+the call's host work hidden: a GPU sleep longer than one call's host time is queued before the start event,
+so the events bracket the kernels alone (torch_*_ms; the plain figure is torch_*_call_ms). The first H100
+run showed why: torch 2.11's cuDNN varlen path builds its cuDNN graph on every call (50-97 ms a call against
+~1 ms of kernels), so the call figure measures graph building. TFLOP/s and ratios use the kernel-only
+figure, the stricter comparison for us (our own figure is the worker's events around our launches). A
+backend that refuses the shape or runs out of memory gets an empty cell and the reason in torch_notes.
 
 The lengths come from `flashtune problems FILE --json` (the seeded description expanded by flashtune itself),
 so every implementation runs the same sequences; FLOPs are flashtune's (FlashAttention's convention per
@@ -34,7 +39,8 @@ COLUMNS = ["direction", "heads_q", "heads_k", "causal", "lengths", "tuned_config
            "torch_flash_tflops", "torch_cudnn_tflops", "ratio_vs_flash", "ratio_vs_cudnn",
            # what the figures above come from
            "device", "sequences", "total_tokens", "max_len", "head_dim", "dtype", "tuned_family", "tuned_status",
-           "tuned_ms", "torch_flash_ms", "torch_cudnn_ms", "torch_cudnn_path", "tuned_max_abs", "torch_notes"]
+           "tuned_ms", "torch_flash_ms", "torch_cudnn_ms", "torch_flash_call_ms", "torch_cudnn_call_ms",
+           "torch_cudnn_path", "tuned_max_abs", "torch_notes"]
 
 
 def load_points(flashtune, files):
@@ -83,8 +89,10 @@ def tflops(p, ms):
     return p["flops"] / (ms * 1e-3) / 1e12 if ms and ms > 0 else 0.0
 
 
-def make_row(p, tuned, torch_ms, cudnn_path, notes, device):
-    """One CSV row: our tuned figure, each torch backend's, the ratios (empty where a side has no figure)."""
+def make_row(p, tuned, torch_ms, cudnn_path, notes, device, call_ms=None):
+    """One CSV row: our tuned figure, each torch backend's (torch_ms: kernels only; call_ms: the whole call),
+    the ratios (empty where a side has no figure)."""
+    call_ms = call_ms or {}
     ok = tuned.get("status") == "ok"
     t = tuned.get("tflops", 0.0) if ok else 0.0
     base = {b: tflops(p, torch_ms.get(b, 0.0)) for b in ("flash", "cudnn")}
@@ -101,6 +109,8 @@ def make_row(p, tuned, torch_ms, cudnn_path, notes, device):
                 tuned_ms=f"{tuned.get('ms_median', 0.0):.4f}" if ok else "",
                 torch_flash_ms=f"{torch_ms['flash']:.4f}" if torch_ms.get("flash") else "",
                 torch_cudnn_ms=f"{torch_ms['cudnn']:.4f}" if torch_ms.get("cudnn") else "",
+                torch_flash_call_ms=f"{call_ms['flash']:.4f}" if call_ms.get("flash") else "",
+                torch_cudnn_call_ms=f"{call_ms['cudnn']:.4f}" if call_ms.get("cudnn") else "",
                 torch_cudnn_path=cudnn_path, tuned_max_abs=tuned.get("max_abs", ""), torch_notes="; ".join(notes))
 
 
@@ -187,6 +197,43 @@ def cudnn_call(p, q, k, v, cu_q, cu_k, max_q, max_k):
     raise RuntimeError("; ".join(errors))
 
 
+def sleep_cycles(host_s, clock_hz=2.0e9, margin=1.5, floor=1_000_000):
+    """GPU cycles to sleep so that the GPU is still busy when the host has queued the call's kernels."""
+    return int(host_s * clock_hz * margin) + floor
+
+
+def time_kernels_only(run, reps, warmup=3):
+    """Median ms of `run` with its host work hidden: per repeat an L2 flush, a GPU sleep longer than one
+    call's host time (measured after the warm-up), then CUDA events around the call: the events see the
+    kernels alone. None when torch has no GPU sleep."""
+    import torch
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return None
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda", dtype=torch.float32)
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        run()
+        host.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    cycles = sleep_cycles(max(host))
+    times = []
+    for i in range(reps):
+        flush.fill_(float(i))
+        sleep(cycles)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop))
+    return sorted(times)[len(times) // 2]
+
+
 def first_line(e):
     s = str(e)
     return s.splitlines()[0][:120] if s else ""
@@ -218,7 +265,7 @@ def main():
                       file=sys.stderr)
                 break
             tuned = flashtune_run(run_argv(a.flashtune, p, a.db))  # before torch holds memory
-            torch_ms, notes, cudnn_path = {}, [], ""
+            torch_ms, call_ms, notes, cudnn_path = {}, {}, [], ""
             for backend in ("flash", "cudnn"):
                 try:
                     args = packed_inputs(p, a.seed)
@@ -226,12 +273,16 @@ def main():
                         call = flash_call(p, *args)
                     else:
                         call, cudnn_path = cudnn_call(p, *args)
-                    torch_ms[backend] = sdpa_baseline.time_cuda(call, a.reps)[0]
+                    call_ms[backend] = sdpa_baseline.time_cuda(call, a.reps)[0]
+                    kernels = time_kernels_only(call, a.reps)
+                    if kernels is None:
+                        notes.append(f"{backend}: no torch.cuda._sleep, the call's time stands for its kernels'")
+                    torch_ms[backend] = kernels if kernels is not None else call_ms[backend]
                 except Exception as e:  # refused shape, missing op, out of memory: a result, not a crash
                     notes.append(f"{backend}: {type(e).__name__}: {first_line(e)}")
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
-            row = make_row(p, tuned, torch_ms, cudnn_path, notes, device)
+            row = make_row(p, tuned, torch_ms, cudnn_path, notes, device, call_ms)
             w.writerow(row)
             fh.flush()
             print(" ".join(f"{k}={row[k]}" for k in COLUMNS[:11]), file=sys.stderr, flush=True)

@@ -103,13 +103,17 @@ class Rows(unittest.TestCase):
         p = point()
         ms = p["flops"] / 1e12 / 100.0 * 1e3  # 100 TFLOP/s
         row = vp.make_row(p, {"status": "ok", "tflops": 150.0, "config": "BLOCK_M=128", "ms_median": 0.5},
-                          {"flash": ms, "cudnn": 2 * ms}, "aten._cudnn_attention_forward", [], "GPU")
+                          {"flash": ms, "cudnn": 2 * ms}, "aten._cudnn_attention_forward", [], "GPU",
+                          {"flash": ms * 1.01, "cudnn": 80.0})
         self.assertEqual(set(row), set(vp.COLUMNS))
         self.assertEqual(row["torch_flash_tflops"], "100.0")
         self.assertEqual(row["torch_cudnn_tflops"], "50.0")
         self.assertEqual(row["ratio_vs_flash"], "1.500")
         self.assertEqual(row["ratio_vs_cudnn"], "3.000")
         self.assertEqual((row["sequences"], row["total_tokens"], row["max_len"]), (2, 8, 5))
+        self.assertEqual(row["torch_cudnn_call_ms"], "80.0000")  # the whole call: reported, not rated
+        self.assertEqual(row["torch_flash_call_ms"], f"{ms * 1.01:.4f}")
+
         refused = vp.make_row(p, {"status": "invalid", "error": "x" * 500, "tflops": 9.0}, {"flash": ms}, "",
                               ["cudnn: RuntimeError: no"], "GPU")
         self.assertEqual(refused["tuned_tflops"], "")
@@ -118,6 +122,11 @@ class Rows(unittest.TestCase):
         self.assertEqual(refused["ratio_vs_cudnn"], "")
         self.assertIn("cudnn: RuntimeError", refused["torch_notes"])
         self.assertLess(len(refused["tuned_status"]), 140)
+
+    def test_sleep_covers_the_host_time(self):
+        # The GPU sleeps longer than the host takes to queue the call (at up to 2 GHz), plus a floor.
+        self.assertGreaterEqual(vp.sleep_cycles(0.07), int(0.07 * 2.0e9))
+        self.assertEqual(vp.sleep_cycles(0.0), 1_000_000)
 
     def test_imports_without_torch(self):
         r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; "
