@@ -34,9 +34,10 @@ expand = baselines.load_problems
 flops = baselines.flops
 
 
-def time_cuda(run, reps, warmup=3, flush=None):
-    """Warm-up calls, then per repeat an L2 flush (`flush` rewritten; default: a buffer of twice the L2) and
-    CUDA events around `run` alone: (median, p20, p80) in ms."""
+def time_cuda(run, reps, warmup=3, flush=None, before_each=None):
+    """Warm-up calls, then per repeat an L2 flush (`flush` rewritten; default: a buffer of twice the L2),
+    `before_each()` if given (queued work the events do not see), and CUDA events around `run` alone:
+    (median, p20, p80) in ms."""
     if flush is None:
         flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda",
                             dtype=torch.float32)
@@ -46,6 +47,8 @@ def time_cuda(run, reps, warmup=3, flush=None):
     times = []
     for i in range(reps):
         flush.fill_(float(i))
+        if before_each is not None:
+            before_each()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         run()

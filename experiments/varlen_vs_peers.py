@@ -207,10 +207,10 @@ def time_kernels_only(run, reps, warmup=3):
     call's host time (measured after the warm-up), then CUDA events around the call: the events see the
     kernels alone. None when torch has no GPU sleep."""
     import torch
+    import sdpa_baseline  # main() put this directory on the path
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None:
         return None
-    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda", dtype=torch.float32)
     for _ in range(warmup):
         run()
     torch.cuda.synchronize()
@@ -221,17 +221,7 @@ def time_kernels_only(run, reps, warmup=3):
         host.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
     cycles = sleep_cycles(max(host))
-    times = []
-    for i in range(reps):
-        flush.fill_(float(i))
-        sleep(cycles)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop))
-    return sorted(times)[len(times) // 2]
+    return sdpa_baseline.time_cuda(run, reps, warmup=0, before_each=lambda: sleep(cycles))[0]
 
 
 def first_line(e):
