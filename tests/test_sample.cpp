@@ -182,9 +182,13 @@ TEST(Sample, CoversEveryCommittedSpace) {
 TEST(Sample, DefaultVariantsSpanHeadDimsMasksDtypes) {
   for (const auto& f : families()) {
     const auto vs = default_variants(f);
-    EXPECT_EQ(vs.size(), f.head_dims.size() * 2 * f.dtypes.size() * (f.varlen ? 2 : 1)) << f.name;
-    EXPECT_EQ(std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.varlen; }),
-              f.varlen ? (long)vs.size() / 2 : 0) << f.name;
+    const size_t dense = f.head_dims.size() * 2 * f.dtypes.size();
+    const size_t packed = f.varlen ? f.head_dims.size() * 2 : 0;  // one dtype: see default_variants
+    EXPECT_EQ(vs.size(), dense + packed) << f.name;
+    EXPECT_EQ((size_t)std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.varlen; }), packed)
+        << f.name;
+    for (const auto& v : vs)
+      if (v.varlen) EXPECT_EQ(v.dtype, f.dtypes.back()) << f.name;
     for (const auto& v : vs) EXPECT_EQ(v.config, f.default_config) << f.name;
   }
 }

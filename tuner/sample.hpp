@@ -41,7 +41,8 @@ std::string reason_kind(const std::string& reason);
 
 // The family's default config at every head dim, mask and dtype: the fallback of emitted headers,
 // which has to compile (without spills) wherever the family runs; for a family that runs packed
-// variable-length batches (Family::varlen), its packed form as well (what `run` takes without --params).
+// variable-length batches (Family::varlen), its packed form as well (what `run` takes without --params),
+// once per head dim and mask.
 std::vector<Variant> default_variants(const Family& family);
 
 }  // namespace flashtune
