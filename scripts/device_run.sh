@@ -17,10 +17,11 @@
 #   gqa-peers - fa3_wgmma and fa2_wgmma_bwd tuned on the GQA grid, re-timed beside torch SDPA in one run (gqa_vs_peers.csv)
 #   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
 #            both tuned on Llama-3-like shapes beside torch SDPA (enable_gqa): gqa_vs_peers.csv
-#   varlen [check] [fwd] [bwd] [peers] - issue 16's packed variable-length batches: every compiled fa2_mma and
-#            fa2_mma_bwd variant (varlen form) validated on ragged packed batches (check), both tuned by halving on
-#            Llama-style 16k-token batches (fwd, bwd), then the picks re-timed beside torch's flash varlen path and
-#            cuDNN on the same batches in one run (peers): varlen_vs_peers.csv
+#   varlen [check] [fwd] [bwd] [check-fa3] [fwd-fa3] [peers] - issue 16's packed variable-length batches: every
+#            compiled fa2_mma, fa2_mma_bwd (check) and fa3_wgmma (check-fa3) variant in its varlen form validated on
+#            ragged packed batches, tuned by halving on Llama-style 16k-token batches (fwd, bwd, fwd-fa3), then the
+#            picks re-timed beside torch's flash varlen path and cuDNN on the same batches in one run (peers):
+#            varlen_vs_peers.csv
 #   decode - decode_splitkv: every compiled variant validated on ragged decoding shapes, tuned (halving) on the
 #            Llama-3 8B decoding grid, re-timed beside torch SDPA (each backend, enable_gqa) and a device copy of
 #            the same bytes in one run: decode_vs_peers.csv
@@ -428,17 +429,21 @@ varlen)
   #           with the compile of the 544 packed variants the problems need)
   #   fwd   - fa2_mma tuned by halving on varlen_bf16.json (Hq 32, Hk 8 or 32, d 128, bf16, 16k tokens of
   #           uniform [256, 4096] or [64, 1024] lengths, causal and not) into results.db (~2 min)
+  #   check-fa3 - every compiled fa3_wgmma_sample.json variant (Hopper: wgmma, TMA) in its varlen form
+  #           validated on ragged_varlen.json into varlen_validate.db (~5 min: ~1150 compiles, ~600 runs)
+  #   fwd-fa3 - fa3_wgmma_grid.json tuned by halving on varlen_bf16.json (~3 min)
   #   bwd   - fa2_mma_bwd likewise on varlen_bwd_bf16.json (~6-7 min: 104 candidates, each validated once,
   #           comparing every element of dQ, dK, dV (1-2 x 10^8) with a float64 reference of distinct heads; a
   #           part stopped by its limit stores what it ran, and the next "bwd" resumes)
-  #   peers - each point's pick (fwd and bwd) re-timed beside torch flash varlen and cuDNN in one run:
-  #           reports/<gpu>/varlen_vs_peers.csv (experiments/varlen_vs_peers.py, ~4 min)
+  #   peers - each point's pick (fwd: the faster of fa3_wgmma's and fa2_mma's; bwd) re-timed beside torch
+  #           flash varlen and cuDNN in one run: reports/<gpu>/varlen_vs_peers.csv (varlen_vs_peers.py, ~5 min)
   # Calls on an H100 (the build is ~2 min of each on a fresh machine): "varlen check fwd" (~7 min),
-  # "varlen bwd" (~9), "varlen bwd peers" (~6: the bwd tuning's rest, if any, then the comparison); between
+  # "varlen bwd" (~9), "varlen check-fa3 fwd-fa3" (~9), "varlen bwd peers" (~7: the bwd tuning's rest, if
+  # any, then the comparison); between
   # them results.db travels back in sweep.tar.gz and must be unpacked into the working tree, so that the
   # next call's tune resumes and its peers find the picks.
   parts=("$@")
-  [[ ${#parts[@]} -eq 0 ]] && parts=(check fwd bwd peers)
+  [[ ${#parts[@]} -eq 0 ]] && parts=(check fwd bwd check-fa3 fwd-fa3 peers)
   val=$rep/varlen_validate.db
   for part in "${parts[@]}"; do
     case $part in
@@ -451,6 +456,18 @@ varlen)
       done
       validation_summary "$val" || echo "FAIL: a compiled varlen variant did not validate"
       $ft drop-cubins --db "$val"
+      ;;
+    check-fa3)
+      log "validate fa3_wgmma_sample (varlen form) on ragged_varlen"
+      timeout "${VARLEN_CHECK_FA3_LIMIT_S:-330}" $ft tune configs/spaces/fa3_wgmma_sample.json configs/problems/ragged_varlen.json \
+        --db "$val" --quiet --stop-margin 0.5 --retime 0 2>&1 | tail -2
+      validation_summary "$val" || echo "FAIL: a compiled varlen variant did not validate"
+      $ft drop-cubins --db "$val"
+      ;;
+    fwd-fa3)
+      log "tune fa3_wgmma_grid on varlen_bf16 (halving)"
+      timeout "${VARLEN_FWD_FA3_LIMIT_S:-240}" $ft tune configs/spaces/fa3_wgmma_grid.json configs/problems/varlen_bf16.json \
+        --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
       ;;
     fwd)
       log "tune fa2_mma on varlen_bf16 (halving)"
@@ -471,7 +488,7 @@ varlen)
       cut -d, -f1-11 "$rep/varlen_vs_peers.csv"
       cp "$rep/varlen_vs_peers.csv" "$OUT/"
       ;;
-    *) echo "varlen: unknown part '$part' (check, fwd, bwd, peers)"; exit 2 ;;
+    *) echo "varlen: unknown part '$part' (check, fwd, bwd, check-fa3, fwd-fa3, peers)"; exit 2 ;;
     esac
   done
   finish

@@ -30,6 +30,16 @@
 //
 // Masking as fa2_mma: keys past seq_k (zero-filled by TMA) and causal keys j > i + seq_k - seq_q
 // get S = -inf, only on blocks that straddle them; a row with no visible key ends with O = 0, lse = +inf.
+//
+// Packed variable-length batches, fa3_wgmma_fwd<Traits, true> (VarlenParams: cu_seqlens_q/k): a tile is a
+// query block of one head of one sequence (z, or the tile index's batch, is the sequence; seq_q/seq_k the
+// longest lengths). The tensor maps are (d, heads, total tokens, 1) over the token-major tensors
+// (tuner/tensor_maps.cpp), so a tile's box is rows of its own tokens; rows past the sequence's end are the
+// next sequence's, and are masked as keys (key >= the sequence's seq_k) and never stored as queries. O goes
+// out by TMA where the warpgroup's 64 rows lie inside the sequence, else by guarded 16-byte stores (a box
+// would write the next sequence's rows). Tiles past a sequence's end: no CTA work (PERSISTENT 0: the CTA
+// exits at entry; PERSISTENT 1: the scheduler skips them, producer and consumers alike). Causal blocks are
+// reversed within the sequence (PERSISTENT 0) or taken longest first across sequences (PERSISTENT 1).
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -80,22 +90,63 @@ struct Tile {
 // names (x reversed when causal: the heaviest first). PERSISTENT 1: tiles b, b + B, b + 2B, ... in
 // fa3_wgmma_tile's order (causal: longest first), b the CTA's linear index and B the grid's CTAs, so that
 // any grid is correct (the plain one, where the SM count was unknown, too).
-template <class T>
+// VARLEN: tiles past their sequence's end are skipped (PERSISTENT 1: valid() moves on to the next tile that
+// has rows, in the producer and the consumers alike; PERSISTENT 0: the CTA exits at entry, see empty_cta).
+template <class T, bool VARLEN = false, class P = AttnFwdParams>
 struct TileScheduler {
   int t;  // the rest is recomputed from the parameters: registers are what a consumer lacks
   __device__ TileScheduler()
       : t(T::kPersistent ? static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) : 0) {}
-  __device__ static int qblocks(const AttnFwdParams& p) { return ceil_div(p.seq_q, T::kBlockM); }
-  __device__ bool valid(const AttnFwdParams& p) const { return t < (T::kPersistent ? qblocks(p) * p.heads * p.batch : 1); }
+  __device__ static int qblocks(const P& p) { return ceil_div(p.seq_q, T::kBlockM); }
+  __device__ bool valid(const P& p) {
+    if constexpr (VARLEN && T::kPersistent) {
+      for (; t < qblocks(p) * p.heads * p.batch; next()) {
+        const Tile x = tile(p);
+        if (x.m0 < VarlenSeq::of<VARLEN>(p, x.batch).seq_q) return true;
+      }
+      return false;
+    }
+    return t < (T::kPersistent ? qblocks(p) * p.heads * p.batch : 1);
+  }
   __device__ void next() { t += T::kPersistent ? static_cast<int>(gridDim.x * gridDim.y * gridDim.z) : 1; }
-  __device__ Tile tile(const AttnFwdParams& p) const {
+  __device__ Tile tile(const P& p) const {
     if constexpr (T::kPersistent) {
       const Fa3Tile x = fa3_wgmma_tile(t, qblocks(p), p.heads, p.batch, T::kCausal);
       return {x.qblock * T::kBlockM, x.head, x.batch};
+    } else if constexpr (VARLEN) {  // causal: reversed within the sequence (blocks past its end: m0 < 0)
+      const int qb = T::kCausal ? ceil_div(VarlenSeq::of<VARLEN>(p, blockIdx.z).seq_q, T::kBlockM) - 1 -
+                                      static_cast<int>(blockIdx.x)
+                                : static_cast<int>(blockIdx.x);
+      return {qb * T::kBlockM, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
     } else {
       const int qb = T::kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
       return {qb * T::kBlockM, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
     }
+  }
+  // PERSISTENT 0, VARLEN: the CTA's one tile lies past its sequence's end (the whole CTA exits).
+  __device__ static bool empty_cta(const P& p) {
+    if constexpr (VARLEN && !T::kPersistent) {
+      const int m0 = TileScheduler().tile(p).m0;
+      return m0 < 0 || m0 >= VarlenSeq::of<VARLEN>(p, blockIdx.z).seq_q;
+    }
+    return false;
+  }
+};
+
+// Where a tile's rows are in the tensor maps: dense (d, seq, heads, batch) maps take (column, row, head,
+// batch); packed ones (d, heads, total tokens, 1) take (column, head, first token + row, 0).
+template <bool VARLEN>
+struct MapCoords {
+  long long q_tok0 = 0, k_tok0 = 0;  // VARLEN: the sequence's first query and key tokens
+  __device__ void load_q(unsigned dst, const TmaDescriptor* map, int col, int row, int head, int batch,
+                         unsigned bar) const {
+    if constexpr (VARLEN) tma_load_4d(dst, map, col, head, static_cast<int>(q_tok0) + row, 0, bar);
+    else tma_load_4d(dst, map, col, row, head, batch, bar);
+  }
+  __device__ void load_kv(unsigned dst, const TmaDescriptor* map, int col, int row, int head, int batch,
+                          unsigned bar) const {
+    if constexpr (VARLEN) tma_load_4d(dst, map, col, head, static_cast<int>(k_tok0) + row, 0, bar);
+    else tma_load_4d(dst, map, col, row, head, batch, bar);
   }
 };
 
@@ -108,42 +159,49 @@ __device__ __forceinline__ int kv_blocks(int m0, int seq_q, int seq_k) {
 }
 
 // One tile's copies: Q into its slot, then every K/V block into the ring.
-template <class T>
+template <class T, bool VARLEN = false>
 __device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensorMaps& tm, const Tile& tile,
-                                             int kv_head, int num_kv_blocks, Ring<T::kStages>& ring) {
+                                             int kv_head, int num_kv_blocks, Ring<T::kStages>& ring,
+                                             const MapCoords<VARLEN>& at = {}) {
   constexpr int W = T::kGroupCols, SW = T::kSwizzle, BN = T::kBlockN;
   mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
 #pragma unroll
   for (int g = 0; g < T::kGroups; ++g)
-    tma_load_4d(sm.q + static_cast<unsigned>(g * T::kBlockM * SW), &tm.map[0], g * W, tile.m0, tile.head, tile.batch,
-                sm.q_full());
+    at.load_q(sm.q + static_cast<unsigned>(g * T::kBlockM * SW), &tm.map[0], g * W, tile.m0, tile.head, tile.batch,
+              sm.q_full());
   for (int nb = 0; nb < num_kv_blocks; ++nb, ring.next()) {
     if (ring.reused) mbar_wait(sm.kv_empty(ring.slot), ring.parity ^ 1u);  // the slot's previous block released
     const unsigned kf = sm.k_full(ring.slot), vf = sm.v_full(ring.slot);
     mbar_arrive_expect_tx(kf, T::kKvBytes);
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g)
-      tma_load_4d(sm.k(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[1], g * W, nb * BN, kv_head, tile.batch,
-                  kf);
+      at.load_kv(sm.k(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[1], g * W, nb * BN, kv_head, tile.batch,
+                 kf);
     mbar_arrive_expect_tx(vf, T::kKvBytes);
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g)
-      tma_load_4d(sm.v(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[2], g * W, nb * BN, kv_head, tile.batch,
-                  vf);
+      at.load_kv(sm.v(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[2], g * W, nb * BN, kv_head, tile.batch,
+                 vf);
   }
 }
 
 // The producer thread: its CTA's tiles in turn; PERSISTENT: a tile's Q once every consumer warpgroup
 // released Q's slot (q_empty: its S GEMMs done and its O store read), the ring running on.
-template <class T>
-__device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps& tm, const AttnFwdParams& p) {
+template <class T, bool VARLEN = false, class P = AttnFwdParams>
+__device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps& tm, const P& p) {
   Ring<T::kStages> ring;
   unsigned q_parity = 0;  // the tile's q_full phase; q_empty's of the previous tile is the other one
   bool first = true;
-  for (TileScheduler<T> sched; sched.valid(p); sched.next(), q_parity ^= 1u, first = false) {
+  for (TileScheduler<T, VARLEN, P> sched; sched.valid(p); sched.next(), q_parity ^= 1u, first = false) {
     const Tile tile = sched.tile(p);
     if (T::kPersistent && !first) mbar_wait(sm.q_empty(), q_parity ^ 1u);
-    produce_tile<T>(sm, tm, tile, tile.head / query_group(p), kv_blocks<T>(tile.m0, p.seq_q, p.seq_k), ring);
+    if constexpr (VARLEN) {  // the tile's sequence: its lengths and first tokens
+      const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, tile.batch);
+      produce_tile<T, VARLEN>(sm, tm, tile, tile.head / query_group(p), kv_blocks<T>(tile.m0, vs.seq_q, vs.seq_k), ring,
+                              MapCoords<VARLEN>{vs.q_tok0, vs.k_tok0});
+    } else {
+      produce_tile<T>(sm, tm, tile, tile.head / query_group(p), kv_blocks<T>(tile.m0, p.seq_q, p.seq_k), ring);
+    }
   }
 }
 
@@ -414,13 +472,15 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
 
 }  // namespace fa3_wgmma_detail
 
-template <class Traits>
+template <class Traits, bool VARLEN = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    fa3_wgmma_fwd(const AttnFwdParams p, const __grid_constant__ AttnTensorMaps tm) {
+    fa3_wgmma_fwd(const typename ParamsOf<VARLEN, AttnFwdParams>::type p, const __grid_constant__ AttnTensorMaps tm) {
   using T = Traits;
+  using P = typename ParamsOf<VARLEN, AttnFwdParams>::type;
   namespace det = fa3_wgmma_detail;
   constexpr int BM = T::kBlockM, BN = T::kBlockN, SW = T::kSwizzle, W = T::kGroupCols;
   check_dynamic_smem(T::kSmemBytes);
+  if (det::TileScheduler<T, VARLEN, P>::empty_cta(p)) return;  // VARLEN, PERSISTENT 0: past the sequence's end
 
   extern __shared__ __align__(1024) unsigned char fa3_wgmma_smem[];
   const det::Smem<T> sm((smem_u32(fa3_wgmma_smem) + 1023u) & ~1023u);
@@ -444,7 +504,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       for (int i = 0; i < 4; ++i) prefetch_tensormap(&tm.map[i]);
-      det::produce<T>(sm, tm, p);
+      det::produce<T, VARLEN>(sm, tm, p);
     }
     return;
   }
@@ -462,11 +522,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   det::Ring<T::kStages> ring;  // K/V blocks, on from one tile into the next
   unsigned q_parity = 0;       // the tile's q_full phase
-  for (det::TileScheduler<T> sched; sched.valid(p); sched.next(), q_parity ^= 1u) {
+  for (det::TileScheduler<T, VARLEN, P> sched; sched.valid(p); sched.next(), q_parity ^= 1u) {
     const det::Tile tile = sched.tile(p);
     const int m0 = tile.m0, head = tile.head, batch = tile.batch;
-    const int num_kv_blocks = det::kv_blocks<T>(m0, seq_q, seq_k);
-    const det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, seq_k, seq_k - seq_q, m0 + 64 * c};
+    // VARLEN: the tile's sequence's lengths stand for the problem's below (its token offsets are read again
+    // in the epilogue, not held through the main loop).
+    int tile_seq_q = seq_q, tile_seq_k = seq_k;
+    if constexpr (VARLEN) {
+      const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, batch);
+      tile_seq_q = vs.seq_q, tile_seq_k = vs.seq_k;
+    }
+    const int num_kv_blocks = det::kv_blocks<T>(m0, tile_seq_q, tile_seq_k);
+    const det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, tile_seq_k, tile_seq_k - tile_seq_q, m0 + 64 * c};
 
     float o[T::kHeadDim / 2];
 #pragma unroll
@@ -495,7 +562,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // out of the tile loop and held through the main loop (PERSISTENT, BN 176, C 3: 14 registers spilled).
     unsigned q_out = q_wg;
     asm volatile("" : "+r"(q_out));
-    float* lse_out = p.lse + (static_cast<long long>(batch) * p.heads + head) * seq_q;
+    int batch_out = batch;  // VARLEN: the sequence's offsets, read here (opaque: not hoisted into the loop)
+    if constexpr (VARLEN) asm volatile("" : "+r"(batch_out));
+    const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, batch_out);
+    float* lse_out = p.lse + (VARLEN ? vs.lse_offset(head) : (static_cast<long long>(batch) * p.heads + head) * seq_q);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float lt = l[h];
@@ -510,11 +580,40 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                       pack_half2<T::kDtype>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
       }
       const int i = rows.row0 + 8 * h;
-      if (tig == 0 && i < seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
+      if (tig == 0 && i < tile_seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
     }
     fence_proxy_async();  // the generic-proxy writes, before the copy engine reads them
     named_bar_sync(1 + T::kConsumers + c, 128);
-    if (tid == 0) {
+    if constexpr (VARLEN) {
+      const int row0 = m0 + 64 * c;  // the warpgroup's first row in the sequence
+      if (row0 + 64 <= tile_seq_q) {  // inside the sequence: one box per column group, as dense
+        if (tid == 0) {
+#pragma unroll
+          for (int grp = 0; grp < T::kGroups; ++grp)
+            tma_store_4d(&tm.map[3], q_out + static_cast<unsigned>(grp * BM * SW), grp * W, head,
+                         static_cast<int>(vs.q_tok0) + row0, 0);
+          bulk_commit();
+          bulk_wait_read<0>();
+          if constexpr (T::kPersistent) mbar_arrive(sm.q_empty());
+        }
+      } else {  // straddling the end: 16-byte stores of the rows inside, never the next sequence's
+        constexpr int CPR = T::kHeadDim / 8;  // 16-byte chunks per row
+        unsigned short* o_seq = static_cast<unsigned short*>(p.o) + vs.q_offset(p.heads, head, T::kHeadDim);
+        const long long o_stride = static_cast<long long>(p.heads) * T::kHeadDim;
+        for (int idx = tid; idx < 64 * CPR; idx += 128) {
+          const int r = idx / CPR, ck = idx % CPR;
+          if (row0 + r < tile_seq_q) {
+            const int grp = 8 * ck / W, chunk = 8 * ck % W / 8;
+            const uint4 val = ld_shared_v4(q_out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk));
+            *reinterpret_cast<uint4*>(o_seq + (row0 + r) * o_stride + 8 * ck) = val;
+          }
+        }
+        if constexpr (T::kPersistent) {
+          named_bar_sync(1 + T::kConsumers + c, 128);  // every thread's reads of the staging done
+          if (tid == 0) mbar_arrive(sm.q_empty());
+        }
+      }
+    } else if (tid == 0) {
 #pragma unroll
       for (int grp = 0; grp < T::kGroups; ++grp)
         tma_store_4d(&tm.map[3], q_out + static_cast<unsigned>(grp * BM * SW), grp * W, m0 + 64 * c, head, batch);

@@ -15,7 +15,7 @@ namespace {
 
 std::string key(const Variant& v) {
   return v.family->name + "|" + v.family->config_string(v.config) + "|" + std::to_string(v.head_dim) + "|" +
-         (v.causal ? "c" : "n") + "|" + to_string(v.dtype);
+         (v.causal ? "c" : "n") + "|" + to_string(v.dtype) + (v.varlen ? "|varlen" : "");
 }
 
 // Each value of each tunable, head dim, dtype and mask ("BLOCK_M=64", "d=96", ...).

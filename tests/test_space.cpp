@@ -410,6 +410,36 @@ TEST(Family, Fa3TensorMapsFollowTheProblem) {
   EXPECT_TRUE(find_family("fa2_mma").tensor_maps(find_family("fa2_mma").default_config, p).empty());
 }
 
+// A packed variable-length batch's maps: (d, heads, total tokens, 1) over the token-major tensors, strides
+// of a head's d and a token's heads x d, boxes of 1 head x the rows (the same shared-memory image as the
+// dense box of rows x 1 head): the kernel addresses a sequence's rows from its first token.
+TEST(Family, Fa3TensorMapsOfPackedBatches) {
+  const Family& f = find_family("fa3_wgmma");
+  EXPECT_TRUE(f.varlen);
+  const Problem p = problems_from_json(json::parse(R"({"problems":[{"heads":8,"heads_k":2,"head_dim":64,"dtype":"fp16",
+      "varlen":{"seq_lens":[1,300,0,32],"seq_lens_k":[5,517,7,0]}}]})")).at(0);
+  const Config c = f.parse_config("BLOCK_N=80,CONSUMERS=3");
+  const AttnTensorMaps m = encode_tensor_maps(&record_tensor_map, f.tensor_maps(c, p), p, {0x1000, 0x2000, 0x3000, 0x4000});
+  const cuuint64_t row = 2 * 64;
+  struct Want { cuuint64_t heads, tokens, box_rows; };
+  const Want want[4] = {{8, 333, 192}, {2, 529, 80}, {2, 529, 80}, {8, 333, 64}};
+  for (int i = 0; i < 4; ++i) {
+    const auto* w = reinterpret_cast<const cuuint64_t*>(m.map[i].bits);
+    EXPECT_EQ(w[1], 64u) << i;
+    EXPECT_EQ(w[2], want[i].heads) << i;
+    EXPECT_EQ(w[3], want[i].tokens) << i;
+    EXPECT_EQ(w[4], 1u) << i;
+    EXPECT_EQ(w[5], row) << i;                                   // the next head: d elements on
+    EXPECT_EQ(w[6], row * want[i].heads) << i;                   // the next token: H x d
+    EXPECT_EQ(w[7], row * want[i].heads * want[i].tokens) << i;  // (one of it)
+    EXPECT_EQ(w[8], 64u) << i;
+    EXPECT_EQ(w[9], 1u) << i;
+    EXPECT_EQ(w[10], want[i].box_rows) << i;
+    EXPECT_EQ(w[11], 1u) << i;
+    EXPECT_EQ(w[13], (cuuint64_t)CU_TENSOR_MAP_DATA_TYPE_FLOAT16) << i;
+  }
+}
+
 // fa3_wgmma's PERSISTENT: one CTA per SM (at most one per tile) along x when the launch knows the SM
 // count, else the plain grid (which the kernel's tile loop also covers); q_empty's 8 bytes; the tile
 // order visits every tile once, causal ones longest first.

@@ -68,6 +68,7 @@ class Commands(unittest.TestCase):
     def test_run_argv(self):
         argv = vp.run_argv("ft", point(), "r.db")
         self.assertEqual(argv[:8], ["ft", "run", "--family", "fa2_mma", "--best", "--db", "r.db", "--shape"])
+        self.assertEqual(vp.run_argv("ft", point(), "r.db", "fa3_wgmma")[3], "fa3_wgmma")
         self.assertEqual(argv[8], "32,128")
         self.assertEqual(json.loads(argv[argv.index("--varlen") + 1]), {"seq_lens": [3, 5]})
         self.assertIn("--causal", argv)
@@ -90,6 +91,15 @@ class Commands(unittest.TestCase):
         self.assertNotIn("--varlen", r.stderr, shlex.join(argv))  # not a usage error about the flag itself
         self.assertIn("x.db", r.stderr + r.stdout)  # stopped at the missing store, after parsing the problem
 
+    def test_best_of_our_families(self):
+        runs = [{"family": "fa3_wgmma", "status": "error", "error": "no stored result"},
+                {"family": "fa2_mma", "status": "ok", "tflops": 300.0}]
+        self.assertEqual(vp.best_run(runs)["family"], "fa2_mma")
+        runs[0] = {"family": "fa3_wgmma", "status": "ok", "tflops": 500.0}
+        self.assertEqual(vp.best_run(runs)["family"], "fa3_wgmma")
+        self.assertEqual(vp.best_run([{"family": "x", "status": "invalid"}])["family"], "x")
+        self.assertEqual(vp.FAMILIES["bwd"], ("fa2_mma_bwd",))
+
     def test_labels(self):
         self.assertEqual(vp.lengths_label({"lengths": "uniform", "min": 64, "max": 1024, "total_tokens": 16384, "seed": 0}),
                          "uniform 64-1024 x16384 seed 0")
@@ -102,7 +112,7 @@ class Rows(unittest.TestCase):
     def test_ratios_and_empty_cells(self):
         p = point()
         ms = p["flops"] / 1e12 / 100.0 * 1e3  # 100 TFLOP/s
-        row = vp.make_row(p, {"status": "ok", "tflops": 150.0, "config": "BLOCK_M=128", "ms_median": 0.5},
+        row = vp.make_row(p, {"status": "ok", "tflops": 150.0, "config": "BLOCK_M=128", "ms_median": 0.5, "family": "fa2_mma"},
                           {"flash": ms, "cudnn": 2 * ms}, "aten._cudnn_attention_forward", [], "GPU",
                           {"flash": ms * 1.01, "cudnn": 80.0})
         self.assertEqual(set(row), set(vp.COLUMNS))

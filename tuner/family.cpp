@@ -293,6 +293,7 @@ std::vector<Family> make_families() {
     f.default_config = {64, 2, 2, 1, 1, 0, 0};  // fits every head dim (d = 256: 128 + 32 + 16 accumulators)
     f.hopper_only = true;
     f.gqa = true;
+    f.varlen = true;  // fa3_wgmma_fwd<Traits, true>: packed tensor maps, guarded O stores at a sequence's end
     f.traits = [](const Config& c, int d, bool causal, DType t) {
       return "flashtune::Fa3WgmmaTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),

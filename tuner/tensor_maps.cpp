@@ -20,9 +20,17 @@ AttnTensorMaps encode_tensor_maps(EncodeTiledFn encode, const std::vector<Tensor
     const cuuint64_t seq = (cuuint64_t)(queries ? p.seq_q : p.seq_k);
     const cuuint64_t heads = (cuuint64_t)(queries ? p.heads : p.kv_heads());
     const cuuint64_t row = 2ull * (cuuint64_t)p.head_dim;  // bytes (16-bit elements)
-    const cuuint64_t dims[4] = {(cuuint64_t)p.head_dim, seq, heads, (cuuint64_t)p.batch};
-    const cuuint64_t strides[3] = {row, row * seq, row * seq * heads};  // of dims 1..3, in bytes
-    const cuuint32_t box[4] = {(cuuint32_t)m.box_cols, (cuuint32_t)m.box_rows, 1, 1};
+    // Dense (B, H, S, d): (d, seq, heads, batch), a box of rows of one head. Packed variable-length
+    // (total, H, d), token-major: (d, heads, total tokens, 1), a box of 1 head x rows of tokens (the same
+    // shared-memory image); the kernel addresses a sequence's rows from its first token.
+    const cuuint64_t tokens = (cuuint64_t)(queries ? p.varlen.total_q() : p.varlen.total_k());
+    const bool packed = p.varlen.enabled();
+    const cuuint64_t dims[4] = {(cuuint64_t)p.head_dim, packed ? heads : seq, packed ? tokens : heads,
+                                packed ? 1 : (cuuint64_t)p.batch};
+    const cuuint64_t strides[3] = {row, packed ? row * heads : row * seq,
+                                   packed ? row * heads * tokens : row * seq * heads};  // of dims 1..3, in bytes
+    const cuuint32_t box[4] = {(cuuint32_t)m.box_cols, packed ? 1u : (cuuint32_t)m.box_rows,
+                               packed ? (cuuint32_t)m.box_rows : 1u, 1};
     const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
     const CUtensorMapSwizzle swizzle = m.swizzle_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
                                        : m.swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
