@@ -62,6 +62,18 @@ def flashtune_run(ft, family, p, selector):
         return {"status": "error", "error": (r.stderr or r.stdout).strip()[:200], "tflops": 0.0, "config": ""}
 
 
+def write_csv(path, rows, family):
+    """The rows so far, the fixed table's columns named after it (fixed_* -> fa3_table_*, tuned_vs_fixed ->
+    tuned_vs_fa3_table)."""
+    name = {"fa3_wgmma": "fa3_table"}.get(family, "fixed")
+    renamed = [{k.replace("fixed", name): v for k, v in r.items()} for r in rows]
+    with open(path + ".tmp", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(renamed[0].keys()))
+        w.writeheader()
+        w.writerows(renamed)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", required=True)
@@ -104,16 +116,12 @@ def main():
                    tuned_vs_fixed=ratio(t, f))
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items() if k not in ("device",)), file=sys.stderr, flush=True)
-    # The fixed table's columns named after it (fixed_* -> fa3_table_*, tuned_vs_fixed -> tuned_vs_fa3_table).
-    name = {"fa3_wgmma": "fa3_table"}.get(families[0], "fixed")
-    renamed = [{k.replace("fixed", name): v for k, v in r.items()} for r in rows]
-    with open(a.out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(renamed[0].keys()))
-        w.writeheader()
-        w.writerows(renamed)
-    print(f"{'d':>4} {'causal':>6} {'S':>6} {'tuned':>7} {'fixed':>7} {'flash':>7} {'cudnn':>7} {'/flash':>7} {'/cudnn':>7} {'/fixed':>7}")
+        write_csv(a.out, rows, families[0])  # after every point: a run stopped by a time limit keeps its rows
+    print(f"{'d':>4} {'causal':>6} {'S':>6} {'H/Hk':>7} {'tuned':>7} {'fixed':>7} {'flash':>7} {'cudnn':>7} {'/flash':>7} "
+          f"{'/cudnn':>7} {'/fixed':>7}")
     for r in rows:
-        print(f"{r['head_dim']:>4} {r['causal']:>6} {r['seq']:>6} {r['tuned_tflops']:>7} {r['fixed_tflops']:>7} "
+        print(f"{r['head_dim']:>4} {r['causal']:>6} {r['seq']:>6} {str(r['heads']) + '/' + str(r['heads_k']):>7} "
+              f"{r['tuned_tflops']:>7} {r['fixed_tflops']:>7} "
               f"{r['torch_flash_tflops']:>7} {r['torch_cudnn_tflops']:>7} {r['ratio_vs_flash']:>7} "
               f"{r['ratio_vs_cudnn']:>7} {r['tuned_vs_fixed']:>7}")
 

@@ -16,7 +16,8 @@
 #            worker, multi_gpu_sweep.csv (experiments/multi_gpu_sweep.py)
 #   gqa-peers - fa3_wgmma and fa2_wgmma_bwd tuned on the GQA grid, re-timed beside torch SDPA in one run (gqa_vs_peers.csv)
 #   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
-#            both tuned on Llama-3-like shapes beside torch SDPA (enable_gqa): gqa_vs_peers.csv
+#            both tuned on Llama-3-like shapes beside torch SDPA (enable_gqa): gqa_vs_peers.csv;
+#            gqa wgmma-check | wgmma-time: fa2_wgmma_bwd's GQA (validated; tuned and timed: gqa_bwd_vs_peers.csv)
 #   varlen [check] [fwd] [bwd] [check-fa3] [fwd-fa3] [peers] - issue 16's packed variable-length batches: every
 #            compiled fa2_mma, fa2_mma_bwd (check) and fa3_wgmma (check-fa3) variant in its varlen form validated on
 #            ragged packed batches, tuned by halving on Llama-style 16k-token batches (fwd, bwd, fwd-fa3), then the
@@ -328,7 +329,22 @@ gqa)
   # timed beside torch SDPA (enable_gqa=True) flash and cuDNN: gqa_vs_peers.csv.
   # "gqa fwd": the validation, the forward sweep and its baselines; "gqa bwd": the backward's, then the
   # comparison (two calls; the store and the baselines travel back in sweep.tar.gz between them).
+  # fa2_wgmma_bwd (Hopper), a call each (logs under $OUT); wgmma-check about 7 minutes on a fresh H100 (the
+  # build ~2.5 of them), wgmma-time about 7 on the machine wgmma-check left warm (its build then incremental;
+  # each step has a time limit: GQA_WGMMA_{VALIDATE,MHA,TUNE,COMPARE}_LIMIT_S, 240, 180, 180, 240 s):
+  # "gqa wgmma-check": every compiled variant of its space validated on ragged_gqa_bwd (groups of 2, 3, 4,
+  # 6 and 8 with MQA, Sq != Sk both ways, causal and not, d 64/128/256, fp16 and bf16) into gqa_validate.db,
+  # then on ragged_mma_bwd (multi-head, every head dim: the group of one through the same loop, and the
+  # variants that fit only since the grouped-query change) into $OUT/wgmma_mha_validate.db;
+  # "gqa wgmma-time": its grid space tuned (halving) on gqa_bwd_bf16 into the store beside fa2_mma_bwd's
+  # rows, then each point's best of the two families re-timed beside torch SDPA flash and cuDNN
+  # (enable_gqa) in one process: gqa_bwd_vs_peers.csv (written after every point). A step stopped by its
+  # time limit keeps what it stored; the same call again resumes.
   part=${1:-all}
+  case $part in
+    fwd | bwd | all | wgmma-check | wgmma-time) ;;
+    *) echo "gqa: the part is fwd, bwd, all, wgmma-check or wgmma-time, not '$part'" >&2; exit 2 ;;
+  esac
   val=$rep/gqa_validate.db
   baselines() {  # baselines <problems>: torch SDPA flash and cuDNN (enable_gqa) in this run
     for b in flash cudnn; do
@@ -353,6 +369,37 @@ gqa)
     baselines gqa_bwd_bf16
     $ft best --db "$db" --csv | python3 -c "import csv,sys; r=list(csv.DictReader(sys.stdin)); w=csv.DictWriter(sys.stdout, r[0].keys()); w.writeheader(); w.writerows(x for x in r if x['heads_k']!=x['heads'])" >"$rep/best_gqa.csv"
     python3 experiments/compare.py "$rep/best_gqa.csv" "$rep"/sdpa_*_gqa_*.csv --short --out "$rep/gqa_vs_peers.csv"
+  fi
+  if [[ $part == wgmma-check ]]; then
+    log "validate fa2_wgmma_bwd on ragged_gqa_bwd"
+    timeout "${GQA_WGMMA_VALIDATE_LIMIT_S:-240}" $ft tune configs/spaces/fa2_wgmma_bwd.json configs/problems/ragged_gqa_bwd.json \
+      --db "$val" --stop-margin 0.5 --retime 0 >"$OUT/gqa_wgmma_validate.log" 2>&1
+    echo "tune exit $? (124: stopped by its time limit; run again to resume)"
+    grep -vE "^\[" "$OUT/gqa_wgmma_validate.log" | tail -4
+    validation_summary "$val" || echo "FAIL: a compiled variant did not validate"
+    $ft drop-cubins --db "$val"
+    log "validate fa2_wgmma_bwd on ragged_mma_bwd (multi-head)"
+    mha=$OUT/wgmma_mha_validate.db
+    timeout "${GQA_WGMMA_MHA_LIMIT_S:-180}" $ft tune configs/spaces/fa2_wgmma_bwd.json configs/problems/ragged_mma_bwd.json \
+      --db "$mha" --stop-margin 0.5 --retime 0 >"$OUT/wgmma_mha_validate.log" 2>&1
+    echo "tune exit $? (124: stopped by its time limit)"
+    grep -vE "^\[" "$OUT/wgmma_mha_validate.log" | tail -4
+    validation_summary "$mha" || echo "FAIL: a compiled variant did not validate"
+    $ft drop-cubins --db "$mha"
+  fi
+  if [[ $part == wgmma-time ]]; then
+    log "tune fa2_wgmma_bwd_grid on gqa_bwd_bf16 (halving)"
+    timeout "${GQA_WGMMA_TUNE_LIMIT_S:-180}" $ft tune configs/spaces/fa2_wgmma_bwd_grid.json configs/problems/gqa_bwd_bf16.json \
+      --db "$db" --strategy halving >"$OUT/gqa_wgmma_tune.log" 2>&1
+    echo "tune exit $? (124: stopped by its time limit; run again to resume)"
+    grep -vE "^\[" "$OUT/gqa_wgmma_tune.log" | tail -10
+    log "best of fa2_wgmma_bwd and fa2_mma_bwd per point vs torch SDPA flash and cuDNN (enable_gqa), one process"
+    timeout "${GQA_WGMMA_COMPARE_LIMIT_S:-240}" python3 experiments/tuned_vs_sdpa.py --family fa2_wgmma_bwd,fa2_mma_bwd \
+      --db "$db" --problems configs/problems/gqa_bwd_bf16.json --flashtune "$ft" --out "$rep/gqa_bwd_vs_peers.csv" \
+      >"$OUT/gqa_bwd_vs_peers.log" 2>&1
+    echo "comparison exit $?"
+    tail -10 "$OUT/gqa_bwd_vs_peers.log"
+    cp "$rep/gqa_bwd_vs_peers.csv" "$OUT/" 2>/dev/null
   fi
   finish
   ;;

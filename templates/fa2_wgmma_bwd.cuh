@@ -3,8 +3,12 @@
 // STAGES, DQ_RED, LOAD, DTYPE, CAUSAL>):
 //   fa2_wgmma_bwd_preprocess<T>  delta = rowsum(dO * O), dq_accum = 0; LOAD 1: the tile images of Q, dO,
 //                                lse, delta that the dK/dV kernel bulk-copies
-//   fa2_wgmma_bwd_dkdv<T>        one CTA per K/V block j: dK_j, dV_j; dq_accum += scale dS K_j
+//   fa2_wgmma_bwd_dkdv<T>        one CTA per K/V block j of a kv head: dK_j, dV_j; dq_accum += scale dS K_j
 //   fa2_mma_bwd_dq<T>            dQ = 16-bit(dq_accum)                        (shared with fa2_mma_bwd)
+// The preprocess and the dQ conversion run per query head; the dK/dV kernel per kv head (grouped-query
+// attention, AttnBwdParams::heads_k: its loop visits the query blocks of every query head of the group
+// as one sequence of steps, so dK, dV are summed over the group in registers and stored once: no
+// atomics on them, deterministic; dQ goes to each step's query head).
 //
 // dK/dV kernel, per query block i (Q_i, dO_i, lse_i, delta_i by cp.async or, LOAD 1, bulk copies;
 // STAGES = 2: block i+1 lands during block i). Scores are held transposed (keys x queries) so that a warpgroup's score
@@ -187,8 +191,10 @@ __device__ __forceinline__ void reduce_staged(float* stage, const float (&acc)[N
   }
 }
 
-// LOAD 1's images in p.workspace (traits: fa2_wgmma_bwd_workspace_bytes), for (batch, head) bh with
-// R = seq_q rounded up to BM rows: Q and dO as [R/BM] interleaved [BM][D] tiles, lse and delta [R].
+// LOAD 1's images in p.workspace (traits: fa2_wgmma_bwd_workspace_bytes), for (batch, query head) bh with
+// R = seq_q rounded up to BM rows: Q and dO as [R/BM] interleaved [BM][D] tiles, lse and delta [R]. The
+// heads of a group are consecutive, so block mb of the group's query head hq is block hq R/BM + mb from
+// its first head's images.
 struct Images {
   unsigned short* q;
   unsigned short* dout;
@@ -295,12 +301,17 @@ struct DkdvSmem {
   __device__ __forceinline__ X* at(unsigned addr) const { return reinterpret_cast<X*>(base + (addr - k)); }
 };
 
+// One step of the dK/dV loop (query block mb of query head hq of the kv head's group) and their sequence
+// (traits header: host-usable, unit-tested).
+using QueryStep = Fa2WgmmaBwdQueryStep;
+using QuerySteps = Fa2WgmmaBwdQuerySteps;
+
 // ---- LOAD: how a query block's Q, dO, lse and delta reach their stage ---------------------------------
 template <class T, int LOAD = T::kLoad>
 struct BlockLoader;
 
 // LOAD 0: 16-byte cp.async by every thread from the inputs (rows past seq_q zero-filled); complete at
-// the main loop's cp_async_wait.
+// the main loop's cp_async_wait. bh: the group's first query head.
 template <class T>
 struct BlockLoader<T, 0> {
   DkdvSmem<T> sm;
@@ -312,25 +323,27 @@ struct BlockLoader<T, 0> {
         dout(static_cast<const unsigned short*>(p.dout) + bh * p.seq_q * T::kHeadDim), lse(p.lse + bh * p.seq_q),
         delta(p.delta + bh * p.seq_q), seq_q(p.seq_q), tid(tid_) {}
   __device__ __forceinline__ void init(const AttnBwdParams&, long long) const {}
-  __device__ __forceinline__ void load(int mb, int s) const {
+  __device__ __forceinline__ void load(const QueryStep& st, int s) const {
     constexpr int BM = T::kBlockM, D = T::kHeadDim, NT = T::kDkdvThreads;
-    load_rows_il<BM, D, NT>(sm.q(s), q, mb * BM, seq_q, tid);
-    load_rows_il<BM, D, NT>(sm.dout(s), dout, mb * BM, seq_q, tid);
-    fa2_mma_bwd_detail::load_stats<BM, NT>(sm.stats(s), sm.stats(s) + 4 * BM, lse, delta, mb * BM, seq_q, tid);
+    const long long h = static_cast<long long>(st.hq) * seq_q;  // the rows of the group's heads before it
+    load_rows_il<BM, D, NT>(sm.q(s), q + h * D, st.mb * BM, seq_q, tid);
+    load_rows_il<BM, D, NT>(sm.dout(s), dout + h * D, st.mb * BM, seq_q, tid);
+    fa2_mma_bwd_detail::load_stats<BM, NT>(sm.stats(s), sm.stats(s) + 4 * BM, lse + h, delta + h, st.mb * BM, seq_q,
+                                           tid);
   }
   __device__ __forceinline__ void wait(int) {}
 };
 
 // LOAD 1: bulk copies of the block's tile images (the preprocess wrote them, padded: no bounds) by one
-// thread, completing phase t / STAGES of the stage's mbarrier.
+// thread, completing phase t / STAGES of the stage's mbarrier. bh: the group's first query head.
 template <class T>
 struct BlockLoader<T, 1> {
   DkdvSmem<T> sm;
   Images img;
-  int tid;
+  int seq_q, tid;
   unsigned parity = 0;  // bit st: the parity of stage st's next phase
-  __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const AttnBwdParams&, long long, int tid_)
-      : sm(sm_), img{}, tid(tid_) {}
+  __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const AttnBwdParams& p, long long, int tid_)
+      : sm(sm_), img{}, seq_q(p.seq_q), tid(tid_) {}
   // The images' addresses are taken here, not in the constructor: where the single-function kernel took them.
   __device__ __forceinline__ void init(const AttnBwdParams& p, long long bh) {
     img = images<T>(p, bh);
@@ -340,10 +353,10 @@ struct BlockLoader<T, 1> {
     }
     __syncthreads();
   }
-  __device__ __forceinline__ void load(int mb, int s) const {
+  __device__ __forceinline__ void load(const QueryStep& st, int s) const {
     constexpr int BM = T::kBlockM, D = T::kHeadDim;
     if (tid == 0) {
-      const long long row0 = static_cast<long long>(mb) * BM;
+      const long long row0 = (static_cast<long long>(st.hq) * ceil_div(seq_q, BM) + st.mb) * BM;  // in the images
       mbar_arrive_expect_tx(sm.bar(s), 4 * BM * D + 8 * BM);
       bulk_load(sm.q(s), img.q + row0 * D, 2 * BM * D, sm.bar(s));
       bulk_load(sm.dout(s), img.dout + row0 * D, 2 * BM * D, sm.bar(s));
@@ -530,15 +543,24 @@ struct ComputeStep<T, 2> {
 
 // ---- DQ_RED: how a block's dQ piece reaches dq_accum (fp32, rows below seq_q) ---------------------------
 // add(): one wgmma chunk (64 rows at m0 + dq_m + wrow + g (+8), columns dq_c + c0 ..) times scale, after
-// the block's barrier; end_block(): after every chunk; start_block() at block t's start, after its
+// the block's barrier; end_block(): after every chunk; start_block() at step t's start, after its
 // barrier; before_products() after the dV, dK products are waited for; finish() before the kernel
 // ends. dq_holds_other_slot: the block's tile is staged in its own (then dead) Q/dO slot, so the next
 // block's prefetch waits until the copy engine has read it. needs_staging_barrier: the barrier before
 // the dQ product is needed whatever SPLIT and STAGES are.
 struct DqRows {
-  float* accum;  // dq_accum of this (batch, head)
+  float* accum;  // dq_accum of the group's first query head (multi-head: of the CTA's head)
   int seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid;
 };
+// One step's rows: its query head's dq_accum and the block's first row.
+struct DqBlock {
+  float* accum;
+  int m0;
+};
+template <class T>
+__device__ __forceinline__ DqBlock dq_block(const DqRows& r, const QueryStep& st) {
+  return {r.accum + static_cast<long long>(st.hq) * r.seq_q * T::kHeadDim, st.mb * T::kBlockM};
+}
 
 template <class T, int RED = T::kDqRed>
 struct DqReducer;
@@ -549,25 +571,24 @@ struct DqReducer<T, 0> {
   static constexpr bool dq_holds_other_slot = false, needs_staging_barrier = false;
   __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>&) { return {}; }
   template <int N>
-  __device__ __forceinline__ void add(const DqRows& r, int m0, int, const float (&dq)[N], float scale, int c0) const {
+  __device__ __forceinline__ void add(const DqRows& r, const DqBlock& b, int, const float (&dq)[N], float scale,
+                                      int c0) const {
     constexpr int D = T::kHeadDim;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rb = r.dq_m + r.wrow + r.g + 8 * h;  // row in the block
-      if (m0 + rb < r.seq_q) {
+      if (b.m0 + rb < r.seq_q) {
 #pragma unroll
         for (int j = 0; j < N / 4; ++j)
-          red_add_f32x2(r.accum + static_cast<long long>(m0 + rb) * D + r.dq_c + c0 + 8 * j + 2 * r.tig,
+          red_add_f32x2(b.accum + static_cast<long long>(b.m0 + rb) * D + r.dq_c + c0 + 8 * j + 2 * r.tig,
                         scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
       }
     }
   }
-  template <class MBlock>
-  __device__ __forceinline__ void start_block(const DqRows&, int, int, MBlock) const {}
+  __device__ __forceinline__ void start_block(const DqRows&, int, int, const QueryStep&) const {}
   __device__ __forceinline__ void before_products(const DqRows&) const {}
-  __device__ __forceinline__ void end_block(const DqRows&, int) const {}
-  template <class MBlock>
-  __device__ __forceinline__ void finish(const DqRows&, int, int, MBlock) const {}
+  __device__ __forceinline__ void end_block(const DqRows&, const DqBlock&) const {}
+  __device__ __forceinline__ void finish(const DqRows&, int, int, const QueryStep&) const {}
 };
 
 // DQ_RED 1: the block's dQ tile staged in shared memory ([BM][D + 8] fp32: rows padded by 32 bytes, so
@@ -580,7 +601,8 @@ struct DqReducer<T, 1> {
   float* stage;
   __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {sm.dq_stage()}; }
   template <int N>
-  __device__ __forceinline__ void add(const DqRows& r, int, int, const float (&dq)[N], float scale, int c0) const {
+  __device__ __forceinline__ void add(const DqRows& r, const DqBlock&, int, const float (&dq)[N], float scale,
+                                      int c0) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rb = r.dq_m + r.wrow + r.g + 8 * h;
@@ -590,23 +612,21 @@ struct DqReducer<T, 1> {
             make_float2(scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
     }
   }
-  template <class MBlock>
-  __device__ __forceinline__ void start_block(const DqRows&, int, int, MBlock) const {}
+  __device__ __forceinline__ void start_block(const DqRows&, int, int, const QueryStep&) const {}
   __device__ __forceinline__ void before_products(const DqRows& r) const {
     if (r.warp == 0) bulk_wait_read<0>();  // the previous block's dQ rows have left the staging tile
   }
-  __device__ __forceinline__ void end_block(const DqRows& r, int m0) const {
+  __device__ __forceinline__ void end_block(const DqRows& r, const DqBlock& b) const {
     constexpr int D = T::kHeadDim, BM = T::kBlockM;
     fence_proxy_async();
     __syncthreads();
     if (r.warp == 0) {
-      for (int row = r.lane; row < imin(BM, r.seq_q - m0); row += 32)
-        bulk_reduce_add_f32(r.accum + static_cast<long long>(m0 + row) * D, smem_u32(stage + row * kRow), D * 4);
+      for (int row = r.lane; row < imin(BM, r.seq_q - b.m0); row += 32)
+        bulk_reduce_add_f32(b.accum + static_cast<long long>(b.m0 + row) * D, smem_u32(stage + row * kRow), D * 4);
       bulk_commit();
     }
   }
-  template <class MBlock>
-  __device__ __forceinline__ void finish(const DqRows& r, int, int, MBlock) const {
+  __device__ __forceinline__ void finish(const DqRows& r, int, int, const QueryStep&) const {
     if (r.warp == 0) bulk_wait<0>();  // the last dQ rows reduced before shared memory goes
   }
 };
@@ -620,18 +640,17 @@ struct DqReducer<T, 2> {
     return {sm.dq_stage() + (threadIdx.x >> 5) * 16 * 32};
   }
   template <int N>
-  __device__ __forceinline__ void add(const DqRows& r, int m0, int, const float (&dq)[N], float scale, int c0) const {
+  __device__ __forceinline__ void add(const DqRows& r, const DqBlock& b, int, const float (&dq)[N], float scale,
+                                      int c0) const {
     constexpr int D = T::kHeadDim;
     reduce_staged<2 * N, D>(stage_warp, dq, scale,
-                            r.accum + static_cast<long long>(m0 + r.dq_m + r.wrow) * D + r.dq_c + c0,
-                            r.seq_q - (m0 + r.dq_m + r.wrow), r.lane);
+                            b.accum + static_cast<long long>(b.m0 + r.dq_m + r.wrow) * D + r.dq_c + c0,
+                            r.seq_q - (b.m0 + r.dq_m + r.wrow), r.lane);
   }
-  template <class MBlock>
-  __device__ __forceinline__ void start_block(const DqRows&, int, int, MBlock) const {}
+  __device__ __forceinline__ void start_block(const DqRows&, int, int, const QueryStep&) const {}
   __device__ __forceinline__ void before_products(const DqRows&) const {}
-  __device__ __forceinline__ void end_block(const DqRows&, int) const {}
-  template <class MBlock>
-  __device__ __forceinline__ void finish(const DqRows&, int, int, MBlock) const {}
+  __device__ __forceinline__ void end_block(const DqRows&, const DqBlock&) const {}
+  __device__ __forceinline__ void finish(const DqRows&, int, int, const QueryStep&) const {}
 };
 
 // DQ_RED 3: the block's dQ tile ([BM][D] fp32, piece c4 of row r at c4 ^ (r % 8), as in dq_accum)
@@ -643,7 +662,8 @@ struct DqReducer<T, 3> {
   DkdvSmem<T> sm;
   __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {sm}; }
   template <int N>
-  __device__ __forceinline__ void add(const DqRows& r, int, int s, const float (&dq)[N], float scale, int c0) const {
+  __device__ __forceinline__ void add(const DqRows& r, const DqBlock&, int s, const float (&dq)[N], float scale,
+                                      int c0) const {
     constexpr int D = T::kHeadDim;
     float* tile = sm.template at<float>(sm.q(s));  // this block's slot, as fp32
     // This thread's rows are g (mod 8): the pair at column 8j + 2 tig of the chunk (piece 2j + tig/2)
@@ -656,27 +676,26 @@ struct DqReducer<T, 3> {
       *reinterpret_cast<float2*>(at + 8 * D) = make_float2(scale * dq[4 * j + 2], scale * dq[4 * j + 3]);
     }
   }
-  __device__ __forceinline__ void reduce(const DqRows& r, int mb_done, int slot) const {
+  // The tile of a finished step (its query head's rows), from slot.
+  __device__ __forceinline__ void reduce(const DqRows& r, const QueryStep& done, int slot) const {
     constexpr int D = T::kHeadDim, BM = T::kBlockM;
-    const int m0_done = mb_done * BM;
-    bulk_reduce_add_f32(r.accum + static_cast<long long>(m0_done) * D, sm.q(slot),
-                        static_cast<unsigned>(imin(BM, r.seq_q - m0_done) * D * 4));
+    const DqBlock b = dq_block<T>(r, done);
+    bulk_reduce_add_f32(b.accum + static_cast<long long>(b.m0) * D, sm.q(slot),
+                        static_cast<unsigned>(imin(BM, r.seq_q - b.m0) * D * 4));
     bulk_commit();
   }
-  // Block t's start: block t-1's tile, in slot s^1.
-  template <class MBlock>
-  __device__ __forceinline__ void start_block(const DqRows& r, int t, int s, MBlock m_block) const {
-    if (r.tid == 0 && t > 0) reduce(r, m_block(t - 1), s ^ 1);
+  // Step t's start: step t-1's (prev) tile, in slot s^1.
+  __device__ __forceinline__ void start_block(const DqRows& r, int t, int s, const QueryStep& prev) const {
+    if (r.tid == 0 && t > 0) reduce(r, prev, s ^ 1);
   }
   __device__ __forceinline__ void before_products(const DqRows&) const {}
-  __device__ __forceinline__ void end_block(const DqRows&, int) const {}
-  // The last block's tile (if any), then every reduction complete.
-  template <class MBlock>
-  __device__ __forceinline__ void finish(const DqRows& r, int m_count, int s, MBlock m_block) const {
-    if (m_count > 0) {
+  __device__ __forceinline__ void end_block(const DqRows&, const DqBlock&) const {}
+  // The last step's (last) tile, if any, then every reduction complete.
+  __device__ __forceinline__ void finish(const DqRows& r, int steps, int s, const QueryStep& last) const {
+    if (steps > 0) {
       fence_proxy_async();
       __syncthreads();
-      if (r.tid == 0) reduce(r, m_block(m_count - 1), s ^ 1);
+      if (r.tid == 0) reduce(r, last, s ^ 1);
     }
     if (r.tid == 0) bulk_wait<0>();
   }
@@ -684,10 +703,13 @@ struct DqReducer<T, 3> {
 
 }  // namespace fa2_wgmma_bwd_detail
 
-// One CTA per K/V block j (x), head (y), batch (z): dK_j, dV_j over every query block i that can see
-// the block (in a rotated order, below); dq_accum[i] += scale * dS_ij K_j. Per block: its Q, dO, lse and
-// delta arrive (BlockLoader, LOAD), the scores and the dV, dK products (ComputeStep, SPLIT), then the
-// dQ piece as wgmma chunks handed to the reducer (DqReducer, DQ_RED).
+// One CTA per K/V block j (x), kv head (y), batch (z): dK_j, dV_j over every query block i that can see
+// the block, of every query head of the kv head's group (grouped-query attention; one head when
+// multi-head), as one sequence of steps in a rotated order (below); dq_accum[head][i] += scale * dS_ij K_j.
+// Per step: its Q, dO, lse and delta arrive (BlockLoader, LOAD), the scores and the dV, dK products
+// (ComputeStep, SPLIT), then the dQ piece as wgmma chunks handed to the reducer (DqReducer, DQ_RED).
+// dK, dV stay in registers over all the steps and are stored once: summed over the group without
+// atomics, in a fixed order (deterministic).
 // Generated code: as the single-function kernel these pieces replaced (issue 14): the score registers
 // are declared in the loop body (ComputeStep::Scores), the loader is made where that kernel took its
 // input pointers, and each address is computed where and as that kernel computed it.
@@ -728,27 +750,34 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   const int seq_k = p.seq_k;
   const int n0 = blockIdx.x * BN;
   if (n0 >= seq_k) return;  // whole block: safe before any barrier
-  const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
-  det::BlockLoader<T> loader(sm, p, bh, tid);
-  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh * seq_k * D;
-  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh * seq_k * D;
-  const det::DqRows rows{p.dq_accum + bh * seq_q * D, seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid};
+  // K, V, dK, dV of kv head y; Q, dO, lse, delta, dq_accum (and LOAD 1's images) of the group's query
+  // heads y*group .. y*group+group-1, consecutive from bh_q0.
+  const int group = query_group(p);
+  const long long bh_kv = static_cast<long long>(blockIdx.z) * (p.heads_k > 0 ? p.heads_k : p.heads) + blockIdx.y;
+  const long long bh_q0 = static_cast<long long>(blockIdx.z) * p.heads + static_cast<long long>(blockIdx.y) * group;
+  det::BlockLoader<T> loader(sm, p, bh_q0, tid);
+  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh_kv * seq_k * D;
+  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh_kv * seq_k * D;
+  const det::DqRows rows{p.dq_accum + bh_q0 * seq_q * D, seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid};
   const float scale_log2 = p.scale_log2;
 
   // Query i sees key n iff n <= i + causal_offset: only query blocks reaching row n0 - causal_offset.
   const int causal_offset = seq_k - seq_q;
   const int num_m_blocks = ceil_div(seq_q, BM);
   const int first_m_block = CAUSAL ? imax(0, n0 - causal_offset) / BM : 0;
-  // The visible query blocks, visited from a per-CTA rotation: CTAs of one head that run together
-  // then add into different rows of dq_accum instead of contending for the same L2 lines.
-  const int m_count = num_m_blocks - first_m_block;
-  const int m_rot = m_count > 0 ? static_cast<int>(blockIdx.x) % m_count : 0;
-  auto m_block = [&](int t) { return first_m_block + (t + m_rot) % m_count; };
+  // Steps: the visible query blocks of each query head of the group, visited from a per-CTA rotation
+  // (step m_rot of the sequence first): CTAs of one kv head that run together then add into different
+  // rows of dq_accum instead of contending for the same L2 lines.
+  const det::QuerySteps sched{first_m_block, num_m_blocks, group};
+  const int steps = sched.count();
+  const int m_rot = steps > 0 ? static_cast<int>(blockIdx.x) % steps : 0;
+  det::QueryStep cur = sched.at(m_rot);
+  det::QueryStep prev = cur;  // the step before cur (DQ_RED 3 reduces its dQ tile at cur's start)
 
-  loader.init(p, bh);
+  loader.init(p, bh_q0);
   det::load_rows_il<BN, D, NT>(sm.k, k, n0, seq_k, tid);
   det::load_rows_il<BN, D, NT>(sm.v(), v, n0, seq_k, tid);
-  if (m_count > 0) loader.load(m_block(0), 0);
+  if (steps > 0) loader.load(cur, 0);
   cp_async_commit();
 
   // Kept gradients: SPLIT 0 both (ga = dV, gb = dK); SPLIT 1 one per warpgroup (ga = dV on
@@ -760,18 +789,22 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   det::zero(gb);
 
   int s = 0;
-  for (int t = 0; t < m_count; ++t) {
-    const int mb = m_block(t);
-    const int m0 = mb * BM;
-    cp_async_wait<0>();   // block mb (K, V too on the first pass)
+  // Counted down (left: the steps from this one on): counted up, ptxas kept one more register and the
+  // 255-register d = 128, BM 128, SPLIT 1, LOAD 0 variant spilled 4 bytes (NVRTC 13.0).
+  for (int left = steps; left > 0; --left) {
+    const int t = steps - left;  // DQ_RED 3's start_block only
+    const det::QueryStep nxt = sched.next(cur);
+    const det::DqBlock qb = det::dq_block<T>(rows, cur);
+    const int m0 = qb.m0;
+    cp_async_wait<0>();   // step t's block (K, V too on the first pass)
     loader.wait(s);
-    fence_proxy_async();  // ... visible to the tensor cores' reads (DQ_RED 3: block t-1's dQ tile to the copy engine)
-    __syncthreads();      // and to every thread; everyone is done with block mb-1 (its slot, dS^T, P^T)
+    fence_proxy_async();  // ... visible to the tensor cores' reads (DQ_RED 3: step t-1's dQ tile to the copy engine)
+    __syncthreads();      // and to every thread; everyone is done with step t-1 (its slot, dS^T, P^T)
     auto prefetch_next = [&]() {
-      if (t + 1 < m_count) loader.load(m_block(t + 1), s ^ 1);
+      if (left > 1) loader.load(nxt, s ^ 1);
       cp_async_commit();
     };
-    dqr.start_block(rows, t, s, m_block);
+    dqr.start_block(rows, t, s, prev);
     if constexpr (!Dq::dq_holds_other_slot && STAGES == 2) prefetch_next();
     // Where the scores are in registers: DQ_RED 3 refills the other slot once block t-1's dQ tile is read
     // out of it (its barrier is SPLIT 2's after P^T and dS^T); SPLIT 2 otherwise needs that barrier alone.
@@ -813,7 +846,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       __syncthreads();  // dS^T complete for every warpgroup; STAGES 1, DQ_RED 3: Q_i, dO_i free; DQ_RED 1: staging free
     }
     if constexpr (STAGES == 1) {
-      if (t + 1 < m_count) loader.load(m_block(t + 1), 0);
+      if (left > 1) loader.load(nxt, 0);
       cp_async_commit();
     }
 
@@ -832,17 +865,19 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(dq);
-      dqr.add(rows, m0, s, dq, scale, c0);
+      dqr.add(rows, qb, s, dq, scale, c0);
     }
-    dqr.end_block(rows, m0);
+    dqr.end_block(rows, qb);
     if constexpr (STAGES == 2) s ^= 1;
+    prev = cur;
+    cur = nxt;
   }
   cp_async_wait<0>();  // nothing in flight at exit (no query block: K, V unused)
-  dqr.finish(rows, m_count, s, m_block);
+  dqr.finish(rows, steps, s, prev);
 
-  // dK (times scale), dV rows; zeros for a block no query sees.
-  unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh * seq_k * D;
-  unsigned short* dv_out = static_cast<unsigned short*>(p.dv) + bh * seq_k * D;
+  // dK (times scale), dV rows of the kv head, summed over its group; zeros for a block no query sees.
+  unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh_kv * seq_k * D;
+  unsigned short* dv_out = static_cast<unsigned short*>(p.dv) + bh_kv * seq_k * D;
   const int row0 = n0 + kr0 + wrow + g;
   if constexpr (SPLIT == 1) {
     det::store_tile<DT, Step::GA * 2, D>(wg == 0 ? dv_out : dk_out, ga, wg == 0 ? 1.f : p.scale, row0, 0, seq_k, tig);

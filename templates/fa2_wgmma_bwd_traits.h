@@ -2,9 +2,12 @@
 // backward on Hopper's warpgroup MMA (wgmma, sm_90a), fp16 or bf16 in and out, fp32 accumulation.
 // Three kernels, launched in this order; the last is fa2_mma_bwd's (DQ_MODE 0):
 //   fa2_wgmma_bwd_preprocess  delta = rowsum(dO * O) (fp32), dq_accum = 0; LOAD 1: tile images (below)
-//   fa2_wgmma_bwd_dkdv      one CTA per K/V block of BLOCK_N keys: dK, dV, and dq_accum += scale dS K
-//                           (fp32 reductions)
+//   fa2_wgmma_bwd_dkdv      one CTA per K/V block of BLOCK_N keys of a kv head: dK, dV, and
+//                           dq_accum += scale dS K (fp32 reductions)
 //   fa2_mma_bwd_dq          dQ = 16-bit(dq_accum)
+// Grouped-query attention (AttnBwdParams::heads_k): the preprocess and the dQ conversion run per query
+// head (grid y = heads), the dK/dV kernel per kv head (grid y = heads_k), looping over the query blocks
+// of every query head of its group, so that dK, dV are summed over the group in registers.
 // Host-usable: plain constexpr C++. Host functions take the tunables they depend on (BM, BN, SPLIT,
 // STAGES; DQ_RED and LOAD only change the dK/dV kernel's shared memory, LOAD the workspace); DTYPE and
 // CAUSAL change no geometry.
@@ -114,14 +117,38 @@ FT_HD constexpr int fa2_wgmma_bwd_dkdv_smem_bytes(int D, int BM, int BN, int SPL
   return 2 * (2 * BN * D + STAGES * 2 * BM * D + BN * BM) + fa2_wgmma_bwd_p_bytes(BM, SPLIT) + 8 * STAGES * BM +
          fa2_wgmma_bwd_dq_stage_bytes(D, BM, BN, SPLIT, DQ_RED) + (LOAD == 1 ? 8 * STAGES : 0);
 }
-// LOAD 1's images in p.workspace: Q, dO (16-bit) and lse, delta (fp32) for seq_q rounded up to BM rows.
+// LOAD 1's images in p.workspace: Q, dO (16-bit) and lse, delta (fp32) for seq_q rounded up to BM rows,
+// per query head (heads: the query heads, also under grouped-query attention).
 FT_HD constexpr long long fa2_wgmma_bwd_padded_rows(int seq_q, int BM) { return static_cast<long long>(ceil_div(seq_q, BM)) * BM; }
 FT_HD constexpr long long fa2_wgmma_bwd_workspace_bytes(int batch, int heads, int seq_q, int D, int BM, int LOAD) {
   return LOAD == 1 ? static_cast<long long>(batch) * heads * fa2_wgmma_bwd_padded_rows(seq_q, BM) * (4LL * D + 8) : 0;
 }
+// heads: the kv heads (heads_k, or heads when multi-head).
 FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int seq_k, int, int BN, int, int) {
   return GridDims{ceil_div(seq_k, BN), heads, batch};
 }
+
+// The dK/dV CTA's steps (grouped-query attention walks every query head of the kv head's group; one head
+// when multi-head): a step is query block mb of query head hq of the group. The sequence is the query
+// blocks first .. blocks-1 that can see the CTA's keys, for head 0, 1, .. group-1; a CTA starts at a rotated
+// step and takes count() of them, wrapping from the last head's last block to head 0's first.
+struct Fa2WgmmaBwdQueryStep {
+  int hq, mb;
+};
+struct Fa2WgmmaBwdQuerySteps {
+  int first, blocks, group;
+  FT_HD constexpr int count() const { return group * (blocks - first); }
+  // Step u of the sequence, 0 <= u < count() (where a CTA starts: one division, outside the loop); the
+  // first block of head 0 when there is no step.
+  FT_HD constexpr Fa2WgmmaBwdQueryStep at(int u) const {
+    return Fa2WgmmaBwdQueryStep{blocks > first ? u / (blocks - first) : 0, first + (blocks > first ? u % (blocks - first) : 0)};
+  }
+  // The step after st, without a division (the loop's).
+  FT_HD constexpr Fa2WgmmaBwdQueryStep next(const Fa2WgmmaBwdQueryStep& st) const {
+    return st.mb + 1 < blocks ? Fa2WgmmaBwdQueryStep{st.hq, st.mb + 1}
+                              : Fa2WgmmaBwdQueryStep{st.hq + 1 < group ? st.hq + 1 : 0, first};
+  }
+};
 
 FT_HD constexpr int fa2_wgmma_bwd_dq_threads(int, int, int, int) { return kFa2WgmmaBwdRowThreads; }
 FT_HD constexpr int fa2_wgmma_bwd_dq_smem_bytes(int, int, int, int, int) { return 0; }

@@ -61,6 +61,25 @@ expect_usage_error "unknown input distribution 'cauchy'" run $simt --input-dist 
 expect_usage_error "input scale must be a number in" run $simt --input-scale 1e9
 expect_usage_error "--input-scale must be a number" run $simt --input-scale x
 expect_usage_error "are for generated ones" run $simt --input-scale 3 --inputs "$tmp/in"
+# Grouped-query attention: heads_k must divide heads (and be in range), the family must support it, and
+# --inputs' k and v have heads_k heads; all before any GPU work. fa2_wgmma_bwd is a grouped-query family.
+wgmma="--family fa2_wgmma_bwd --params BLOCK_M=64,BLOCK_N=64,SPLIT=2,STAGES=2,DQ_RED=3,LOAD=1 --dtype bf16 --direction bwd"
+expect_usage_error "problem field 'heads_k' (3) must divide 'heads' (8)" run $wgmma --shape 1,8,130,200,128 --heads-k 3
+expect_usage_error "problem field 'heads_k' (16) must divide 'heads' (8)" run $wgmma --shape 1,8,130,200,128 --heads-k 16
+expect_usage_error "--heads-k must be an integer in 1..65536, got '0'" run $wgmma --shape 1,8,130,200,128 --heads-k 0
+expect_usage_error "family fa2_simt_bwd does not support grouped-query attention (heads_k)" run --family fa2_simt_bwd \
+  --params BLOCK_M=64,BLOCK_N=64,TM=4,TN=2,DQ_MODE=1 --shape 1,8,130,200,64 --direction bwd --heads-k 2
+mkdir -p "$tmp/gqa_in"
+head -c $((8 * 130 * 128 * 2)) /dev/zero >"$tmp/gqa_in/q.bin"
+head -c $((8 * 200 * 128 * 2)) /dev/zero >"$tmp/gqa_in/k.bin"  # 8 heads of k: the kv heads are 2
+expect_usage_error "k.bin' has 409600 bytes, expected 102400" run $wgmma --shape 1,8,130,200,128 --heads-k 2 --inputs "$tmp/gqa_in"
+echo '{"problems": [{"batch": 1, "heads": 8, "heads_k": 3, "seq": 64, "head_dim": 128, "dtype": "bf16", "direction": "bwd"}]}' \
+  >"$tmp/p_gqa.json"
+expect_usage_error "must divide 'heads' (8)" tune "$SRC/configs/spaces/fa2_wgmma_bwd.json" "$tmp/p_gqa.json" --db "$tmp/gqa.db"
+[[ ! -e "$tmp/gqa.db" ]] || { echo "FAIL: a refused tune created its store"; fail=1; }
+expect_usage_error "heads_k needs a grouped-query family" tune "$SRC/configs/spaces/fa2_simt_bwd.json" \
+  "$SRC/configs/problems/ragged_gqa_bwd.json" --db "$tmp/gqa.db"
+[[ ! -e "$tmp/gqa.db" ]] || { echo "FAIL: a refused tune created its store"; fail=1; }
 echo '{"problems": [{"batch": 1, "heads": 1, "seq": 64, "head_dim": 32}]}' >"$tmp/p_dist.json"
 expect_usage_error "unknown input distribution 'cauchy'" tune "$SRC/configs/spaces/fault.json" "$tmp/p_dist.json" --input-dist cauchy
 expect_usage_error "does not exist" best --db "$tmp/none.db"

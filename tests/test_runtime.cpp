@@ -122,6 +122,29 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
   for (const Family* f : candidate_families(query("X", "sm_90", "fwd", DType::fp32, 64, false, 1)))
     EXPECT_FALSE(f->test_only) << f->name;
 
+  // Grouped-query attention: only families that support it are candidates; untabled, the same preference
+  // as multi-head (both 16-bit backward families sum dK, dV over the group), none for fp32; a table that
+  // rates one of them faster for the bucket sends a grouped-query call there.
+  auto gqa = [](Query q) {
+    q.gqa = true;
+    return q;
+  };
+  const Query gqa_bwd90 = gqa(query("X", "sm_90", "bwd", DType::bf16, 128, true, 512));
+  for (const Family* f : candidate_families(gqa_bwd90)) EXPECT_TRUE(f->gqa) << f->name;
+  EXPECT_EQ(candidate_families(gqa_bwd90).size(), 2u);
+  EXPECT_EQ(name(none, gqa_bwd90), "fa2_wgmma_bwd");
+  EXPECT_EQ(name(none, gqa(query("X", "sm_80", "bwd", DType::fp16, 64, false, 512))), "fa2_mma_bwd");
+  EXPECT_EQ(name(none, gqa(query("X", "sm_90", "fwd", DType::bf16, 128, false, 512))), "fa2_mma");
+  EXPECT_EQ(name(none, gqa(query("X", "sm_90", "bwd", DType::fp32, 64, false, 512))), "none");
+  for (float mma_tflops : {290.f, 310.f}) {
+    const tuned::Entry bwd[] = {entry("fa2_wgmma_bwd", "bwd", "bf16", 128, find_family("fa2_wgmma_bwd").default_config, 300),
+                                entry("fa2_mma_bwd", "bwd", "bf16", 128, find_family("fa2_mma_bwd").default_config, mma_tflops)};
+    const tuned::Table t[] = {{"GPU A", "sm_90", bwd, 2}};
+    Query q = gqa_bwd90;
+    q.causal = false;
+    EXPECT_EQ(name(TableSet{t, 1}, q), mma_tflops > 300 ? "fa2_mma_bwd" : "fa2_wgmma_bwd");
+  }
+
   // A table that rates fa1_simt faster than fa2_simt for this query: fa1_simt; another device of the
   // arch gets the same through the arch fallback.
   const tuned::Entry entries[] = {entry("fa2_simt", "fwd", "fp32", 64, find_family("fa2_simt").default_config, 5),

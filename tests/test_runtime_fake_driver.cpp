@@ -84,9 +84,10 @@ int entries(const std::string& dir) {
   return n;
 }
 
-int spawn_child(const char* mode) {
+// Runs test FakeDriver.<test> (a disabled one) in a child process with FT_FAKE_CHILD = mode; its exit status.
+int spawn_child(const char* mode, const std::string& test = "DISABLED_Child") {
   std::string self = fs::read_symlink("/proc/self/exe").string();
-  std::string filter = "--gtest_filter=FakeDriver.DISABLED_Child", disabled = "--gtest_also_run_disabled_tests";
+  std::string filter = "--gtest_filter=FakeDriver." + test, disabled = "--gtest_also_run_disabled_tests";
   char* argv[] = {self.data(), filter.data(), disabled.data(), nullptr};
   setenv("FT_FAKE_CHILD", mode, 1);
   pid_t pid;
@@ -260,8 +261,6 @@ TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
   fs::remove_all(cache);
 }
 
-// Run by the test above in a child process (FT_FAKE_CHILD = disk | truncated); disabled, so that it is
-// not a test of its own.
 // Grouped-query attention through the C ABI (bf16, 8 query heads over 2 kv heads): fa2_mma and
 // fa2_mma_bwd chosen (the families that read kv head h / group), heads_k reaches the kernels'
 // parameters, the dK/dV kernel runs one CTA row per kv head, a transposed k is packed with its own
@@ -343,6 +342,8 @@ TEST(FakeDriver, GroupedQueryHeads) {
   fs::remove_all(cache);
 }
 
+// Run by ForwardBackwardCachesAndPacking in a child process (FT_FAKE_CHILD = disk | truncated); disabled,
+// so that it is not a test of its own.
 TEST(FakeDriver, DISABLED_Child) {
   const char* mode = std::getenv("FT_FAKE_CHILD");
   ASSERT_NE(mode, nullptr) << "run by FakeDriver.ForwardBackwardCachesAndPacking";
@@ -354,4 +355,116 @@ TEST(FakeDriver, DISABLED_Child) {
   ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
   EXPECT_EQ(std::memcmp(buf.o.ptr(), buf.q.ptr(), sizeof(float) * B * H * Sq * D), 0);
   EXPECT_NE(explain_fwd(a).find("kernel: memory"), std::string::npos);
+}
+
+// Grouped-query backward on Hopper: the fake device says compute capability 9.0, in a child process (the
+// runtime keeps the first device description it reads). fp16, 8 query heads over 2 kv heads, d 128:
+// no committed table rates an fp16 backward, so the fixed preference picks fa2_wgmma_bwd (a grouped-query
+// family since it sums dK, dV over the group in its dK/dV CTA); its three kernels launch with the
+// descriptor's grids (preprocess and dQ conversion per query head, dK/dV per kv head) and heads_k in the
+// parameters. Then a stored LOAD 1 config ($FLASHTUNE_DB): the runtime's workspace holds the tile images
+// of every query head (the dK/dV kernel's p.workspace and its bytes lie inside a caller's workspace of
+// ft_backward_workspace_bytes).
+TEST(FakeDriver, GroupedQueryHeadsHopperBackward) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  EXPECT_EQ(spawn_child("gqa-hopper", "DISABLED_HopperGqaChild"), 0);
+}
+
+namespace {
+const AttnBwdParams* g_dkdv_seen = nullptr;
+AttnBwdParams g_dkdv_params;
+void record_wgmma_dkdv(const char* name, void** params) {
+  if (std::string(name).find("fa2_wgmma_bwd_dkdv") == std::string::npos) return;
+  g_dkdv_params = **reinterpret_cast<AttnBwdParams**>(params);
+  g_dkdv_seen = &g_dkdv_params;
+}
+}  // namespace
+
+TEST(FakeDriver, DISABLED_HopperGqaChild) {
+  ASSERT_STREQ(std::getenv("FT_FAKE_CHILD"), "gqa-hopper") << "run by FakeDriver.GroupedQueryHeadsHopperBackward";
+  FakeState& st = fake();
+  st.cc_major = 9, st.cc_minor = 0;
+  st.hook = record_wgmma_dkdv;
+  const std::string cache = make_private_tmpdir("ft-fake-gqa90");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  constexpr int Hq = 8, Hk = 2, S_q = 70, S_k = 100, d = 128;
+  std::vector<uint16_t> q(Hq * S_q * d + 8), kv(Hk * S_k * d + 8), o(Hq * S_q * d + 8), dout(Hq * S_q * d + 8),
+      dq(Hq * S_q * d + 8), dk(Hk * S_k * d + 8), dv(Hk * S_k * d + 8);
+  std::vector<float> lse(Hq * S_q + 4);
+  auto al = [](auto& v) { return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(v.data()) + 15) / 16 * 16); };
+  auto t = [](void* p, int h, int s) { return ft_tensor{p, {(int64_t)h * s * d, (int64_t)s * d, d, 1}}; };
+  ft_backward_args b{};
+  b.batch = 1, b.heads = Hq, b.heads_k = Hk, b.seq_q = S_q, b.seq_k = S_k, b.head_dim = d, b.dtype = FT_FP16;
+  b.q = t(al(q), Hq, S_q), b.k = t(al(kv), Hk, S_k), b.v = t(al(kv), Hk, S_k), b.o = t(al(o), Hq, S_q);
+  b.dout = t(al(dout), Hq, S_q), b.lse = static_cast<float*>(al(lse));
+  b.dq = t(al(dq), Hq, S_q), b.dk = t(al(dk), Hk, S_k), b.dv = t(al(dv), Hk, S_k);
+  Problem p;
+  p.batch = 1, p.heads = Hq, p.heads_k = Hk, p.seq_q = S_q, p.seq_k = S_k, p.head_dim = d, p.dtype = DType::fp16;
+  p.direction = "bwd";
+  const Family& f = find_family("fa2_wgmma_bwd");
+
+  // Launches of the picked config against the descriptor; heads_k reaches the dK/dV kernel.
+  auto run_and_check = [&](const Config& c, void* workspace, size_t workspace_bytes) {
+    st.launches.clear();
+    g_dkdv_seen = nullptr;
+    b.workspace = workspace, b.workspace_bytes = workspace_bytes;
+    ASSERT_EQ(ft_attention_backward(&b, nullptr), FT_OK) << ft_last_error();
+    const std::vector<Launch> want = f.launches(c, p);
+    ASSERT_EQ(st.launches.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const std::string k = f.kernels[i].substr(f.kernels[i].rfind(':') + 1);
+      EXPECT_NE(st.launches[i].name.find(k), std::string::npos) << st.launches[i].name << " vs " << k;
+      EXPECT_EQ(std::vector<unsigned>(st.launches[i].grid, st.launches[i].grid + 3),
+                std::vector<unsigned>(want[i].grid, want[i].grid + 3)) << st.launches[i].name;
+      EXPECT_EQ(st.launches[i].smem, want[i].smem_bytes) << st.launches[i].name;
+    }
+    EXPECT_EQ(want[0].grid[1], (unsigned)Hq);  // preprocess: per query head
+    EXPECT_EQ(want[1].grid[1], (unsigned)Hk);  // dK/dV: per kv head
+    EXPECT_EQ(want[2].grid[1], (unsigned)Hq);  // dQ conversion: per query head
+    ASSERT_NE(g_dkdv_seen, nullptr);
+    EXPECT_EQ(g_dkdv_seen->heads, Hq);
+    EXPECT_EQ(g_dkdv_seen->heads_k, Hk);
+  };
+
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_backward(&b, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "fa2_wgmma_bwd");
+  EXPECT_STREQ(e.arch, "sm_90");
+  run_and_check(f.parse_config(e.config), nullptr, 0);
+
+  // A stored LOAD 1 config for this device: the images of all 8 query heads in the workspace.
+  const Config load1 = f.parse_config("BLOCK_M=64,BLOCK_N=64,SPLIT=2,STAGES=2,DQ_RED=3,LOAD=1");
+  ASSERT_EQ(f.check(load1, d), nullptr);
+  const std::string db = cache + "/results.db";
+  {
+    Store s(db);
+    ResultRecord r = fixture::fixture_result(f.config_string(load1), Problem{1, Hq, S_q, S_k, d, DType::fp16, false},
+                                             "ok", 1.0);
+    r.family = f.name;
+    r.direction = "bwd";
+    r.problem.direction = "bwd";
+    s.put_result(r, fixture::fixture_device("Fake GPU", "sm_90"));
+  }
+  setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ASSERT_EQ(ft_explain_backward(&b, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.source, "db");
+  ASSERT_EQ(std::string(e.config), f.config_string(load1));
+  const size_t images = f.workspace_bytes(load1, p);
+  EXPECT_EQ(images, (size_t)Hq * 128 * (4 * d + 8));  // 70 query rows padded to 128, per query head
+  size_t ws = 0;
+  ASSERT_EQ(ft_backward_workspace_bytes(&b, &ws), FT_OK) << ft_last_error();
+  EXPECT_GE(ws, images + (size_t)Hq * S_q * (d + 1) * 4);  // + delta and dq_accum per query head
+  std::vector<char> mem(ws + 256);
+  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(mem.data()) + 255) / 256 * 256);
+  run_and_check(load1, base, ws);
+  ASSERT_NE(g_dkdv_seen, nullptr);
+  const char* w = static_cast<const char*>(g_dkdv_seen->workspace);
+  ASSERT_NE(w, nullptr);
+  EXPECT_GE(w, base);
+  EXPECT_LE(w + images, base + ws);
+  EXPECT_EQ(st.live_allocations, 0);
+  unsetenv("FLASHTUNE_DB");
+  st.hook = nullptr;
+  fs::remove_all(cache);
 }

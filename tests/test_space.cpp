@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "templates/fa2_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_traits.h"
 #include "tuner/space.hpp"
 #include "tuner/sweep.hpp"
@@ -138,6 +140,90 @@ TEST(Family, WgmmaBwdLoadImages) {
   const auto with = f.launches({64, 64, 2, 2, 3, 1}, p), without = f.launches({64, 64, 2, 2, 3, 0}, p);
   EXPECT_EQ(with.at(1).smem_bytes - without.at(1).smem_bytes, 2u * 8u);
   EXPECT_EQ(with.at(0).grid[0] * 32u, 384u);
+}
+
+// Grouped-query attention (Hq 8 over Hk 2): the preprocess and the dQ conversion run per query head,
+// the dK/dV kernel per kv head (it loops over its group's query heads, so dK, dV are summed in its
+// registers); LOAD 1's images are per query head (each has its own Q and dO): the same bytes as
+// multi-head with Hq heads. heads_k == 0 (multi-head) launches one dK/dV row per head.
+TEST(Family, WgmmaBwdGroupedQueryHeads) {
+  const Family& f = find_family("fa2_wgmma_bwd");
+  EXPECT_TRUE(f.gqa);
+  Problem p;
+  p.batch = 2, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 128;
+  p.dtype = DType::bf16, p.direction = "bwd";
+  EXPECT_EQ(f.shape_reason(p), "");
+  Problem mha = p;
+  mha.heads_k = 0;
+  for (const Config& c : {Config{64, 64, 2, 2, 3, 1}, Config{64, 128, 0, 2, 0, 0}, Config{128, 64, 1, 1, 1, 1}}) {
+    SCOPED_TRACE(f.config_string(c));
+    const auto g = f.launches(c, p), m = f.launches(c, mha);
+    ASSERT_EQ(g.size(), 3u);
+    auto grid = [](const Launch& l) { return std::vector<unsigned>{l.grid[0], l.grid[1], l.grid[2]}; };
+    EXPECT_EQ(grid(g[0]), grid(m[0]));  // preprocess: per query head
+    EXPECT_EQ(g[0].grid[1], 8u);
+    EXPECT_EQ(grid(g[1]), (std::vector<unsigned>{(517u + c[1] - 1) / c[1], 2u, 2u}));  // dK/dV: per kv head
+    EXPECT_EQ(m[1].grid[1], 8u);
+    EXPECT_EQ(grid(g[2]), grid(m[2]));  // dQ conversion: per query head
+    EXPECT_EQ(g[2].grid[1], 8u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(g[i].smem_bytes, m[i].smem_bytes) << i;
+    const size_t rows = (333 + c[0] - 1) / c[0] * c[0];
+    EXPECT_EQ(f.workspace_bytes(c, p), c[5] == 1 ? 2u * 8u * rows * (2u * 2u * 128u + 2u * 4u) : 0u);
+    EXPECT_EQ(f.workspace_bytes(c, p), f.workspace_bytes(c, mha));
+  }
+  Problem mqa = p;  // multi-query: one kv head, one row of dK/dV CTAs per batch
+  mqa.heads_k = 1;
+  EXPECT_EQ(f.launches({64, 64, 2, 2, 3, 1}, mqa).at(1).grid[1], 1u);
+
+  // The device stage's inputs: every GQA validation shape has variants of both backward families' spaces,
+  // every Llama-3-like point variants of fa2_wgmma_bwd's grid space (a tune with none would be refused).
+  const std::string dir = std::string(FLASHTUNE_SOURCE_DIR) + "/configs/";
+  const std::vector<Problem> ragged = load_problems(dir + "problems/ragged_gqa_bwd.json");
+  std::set<int> groups, dims;
+  for (const Problem& q : ragged) {
+    SCOPED_TRACE(q.str());
+    EXPECT_GT(q.heads_k, 0);
+    groups.insert(q.group());
+    dims.insert(q.head_dim);
+    for (const char* space : {"fa2_wgmma_bwd", "fa2_mma_bwd"})
+      EXPECT_FALSE(variants_for(load_space(dir + "spaces/" + space + ".json"), {q}).empty()) << space;
+  }
+  EXPECT_EQ(groups, (std::set<int>{2, 3, 4, 6, 8}));  // 6 and 8 with one kv head (MQA)
+  EXPECT_EQ(dims, (std::set<int>{64, 128, 256}));
+  for (const Problem& q : load_problems(dir + "problems/gqa_bwd_bf16.json"))
+    EXPECT_FALSE(variants_for(load_space(dir + "spaces/fa2_wgmma_bwd_grid.json"), {q}).empty()) << q.str();
+}
+
+// The dK/dV CTA's steps (the kernel walks them with at() once and next() after): from any rotation, count()
+// steps visit every (query head of the group, visible block) exactly once, in the flat order u = rot, rot + 1,
+// .. mod count (head u / blocks, block first + u % blocks); a group of one is the multi-head order
+// first + (t + rot) % blocks the kernel had before grouped-query attention.
+TEST(Family, WgmmaBwdQuerySteps) {
+  for (int group : {1, 2, 3, 8})
+    for (int first : {0, 2})
+      for (int blocks = first + 1; blocks <= first + 5; ++blocks) {
+        const Fa2WgmmaBwdQuerySteps sched{first, blocks, group};
+        const int m = blocks - first;
+        ASSERT_EQ(sched.count(), group * m);
+        for (int rot = 0; rot < sched.count(); ++rot) {
+          SCOPED_TRACE("group " + std::to_string(group) + " blocks " + std::to_string(first) + ".." +
+                       std::to_string(blocks) + " rot " + std::to_string(rot));
+          std::set<std::pair<int, int>> seen;
+          Fa2WgmmaBwdQueryStep st = sched.at(rot);
+          for (int t = 0; t < sched.count(); ++t) {
+            const int u = (rot + t) % sched.count();
+            EXPECT_EQ(st.hq, u / m);
+            EXPECT_EQ(st.mb, first + u % m);
+            if (group == 1) EXPECT_EQ(st.mb, first + (t + rot) % m);
+            EXPECT_TRUE(st.hq >= 0 && st.hq < group && st.mb >= first && st.mb < blocks);
+            seen.insert({st.hq, st.mb});
+            st = sched.next(st);
+          }
+          EXPECT_EQ((int)seen.size(), sched.count());
+          EXPECT_EQ(st.hq, sched.at(rot).hq);  // back where it started
+          EXPECT_EQ(st.mb, sched.at(rot).mb);
+        }
+      }
 }
 
 TEST(Problems, ExplicitListAndStandardGrid) {

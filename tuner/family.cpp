@@ -245,8 +245,9 @@ std::vector<Family> make_families() {
                 {"LOAD", {0, 1}}};
     f.head_dims = {32, 64, 96, 128, 192, 256};
     f.dtypes = {DType::fp16, DType::bf16};
-    f.default_config = {64, 64, 2, 1, 0, 0};  // compiles spill-free for every head dim (SPLIT 1 spills at d = 256)
+    f.default_config = {64, 64, 2, 1, 0, 0};  // compiles spill-free for every head dim (SPLIT 1 is at 255 registers at d = 256)
     f.hopper_only = true;
+    f.gqa = true;
     f.traits = [](const Config& c, int d, bool causal, DType t) {
       return "flashtune::Fa2WgmmaBwdTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
@@ -255,19 +256,20 @@ std::vector<Family> make_families() {
              ">";
     };
     f.check = [](const Config& c, int d) { return fa2_wgmma_bwd_check(d, c[0], c[1], c[2], c[3], c[4], c[5]); };
-    f.workspace_bytes = [](const Config& c, const Problem& p) {
+    f.workspace_bytes = [](const Config& c, const Problem& p) {  // LOAD 1's images: per query head
       return (size_t)fa2_wgmma_bwd_workspace_bytes(p.batch, p.heads, p.seq_q, p.head_dim, c[0], c[5]);
     };
     f.workspace_written = true;  // LOAD 1's images: the preprocess writes every padded row (zeros past seq_q)
     f.launches = [](const Config& c, const Problem& p) {
       const int bm = c[0], bn = c[1], sp = c[2], st = c[3], red = c[4], load = c[5], d = p.head_dim;
-      auto grid = [&](auto fn) { return fn(p.batch, p.heads, p.seq_q, p.seq_k, bm, bn, sp, st); };
+      // Per query head, but dK/dV per kv head (grouped-query attention sums over the group in the CTA).
+      auto grid = [&](auto fn, int heads) { return fn(p.batch, heads, p.seq_q, p.seq_k, bm, bn, sp, st); };
       return std::vector{
-          make_launch(grid(fa2_wgmma_bwd_preprocess_grid), fa2_wgmma_bwd_preprocess_threads(bm, bn, sp, st),
+          make_launch(grid(fa2_wgmma_bwd_preprocess_grid, p.heads), fa2_wgmma_bwd_preprocess_threads(bm, bn, sp, st),
                       fa2_wgmma_bwd_preprocess_smem_bytes(d, bm, bn, sp, st)),
-          make_launch(grid(fa2_wgmma_bwd_dkdv_grid), fa2_wgmma_bwd_dkdv_threads(bm, bn, sp, st),
+          make_launch(grid(fa2_wgmma_bwd_dkdv_grid, p.kv_heads()), fa2_wgmma_bwd_dkdv_threads(bm, bn, sp, st),
                       fa2_wgmma_bwd_dkdv_smem_bytes(d, bm, bn, sp, st, red, load)),
-          make_launch(grid(fa2_wgmma_bwd_dq_grid), fa2_wgmma_bwd_dq_threads(bm, bn, sp, st),
+          make_launch(grid(fa2_wgmma_bwd_dq_grid, p.heads), fa2_wgmma_bwd_dq_threads(bm, bn, sp, st),
                       fa2_wgmma_bwd_dq_smem_bytes(d, bm, bn, sp, st))};
     };
     fs.push_back(std::move(f));

@@ -79,7 +79,6 @@ std::string unsupported_reason(const std::string& direction, DType dtype, int he
 
 const char* preferred_family(const Query& q) {
   const bool fp32 = q.dtype == DType::fp32;
-  if (q.gqa) return q.direction == "fwd" ? "fa2_mma" : "fa2_mma_bwd";
   if (q.direction == "fwd") return fp32 ? "fa2_simt" : "fa2_mma";
   if (fp32) return "fa2_simt_bwd";
   return q.arch == "sm_90" ? "fa2_wgmma_bwd" : "fa2_mma_bwd";

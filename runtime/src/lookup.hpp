@@ -42,7 +42,8 @@ int seq_q_class(int seq_q);
 std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa = false);
 
 // The fixed preference where no table rates a candidate: fp32 fwd fa2_simt, fp16/bf16 fwd fa2_mma,
-// fp32 bwd fa2_simt_bwd, fp16/bf16 bwd fa2_wgmma_bwd on sm_90 else fa2_mma_bwd.
+// fp32 bwd fa2_simt_bwd, fp16/bf16 bwd fa2_wgmma_bwd on sm_90 else fa2_mma_bwd. Grouped-query queries
+// alike: each of the 16-bit ones supports it (fp32 has no grouped-query family, so no candidate).
 const char* preferred_family(const Query& q);
 
 // Among the candidates, the one whose table entry (device table first, then the arch's) measured the

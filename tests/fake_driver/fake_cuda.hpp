@@ -13,6 +13,9 @@ struct FakeState {
   std::vector<FakeLaunch> launches;
   std::vector<size_t> allocated;  // cuMemAllocAsync sizes
   int live_allocations = 0, module_loads = 0, primary_retains = 0, pushes = 0, pops = 0;
+  // The device's compute capability (8.0: sm_80). The runtime keeps the first description it reads, so a
+  // test that wants another sets it before its first call (in a child process).
+  int cc_major = 8, cc_minor = 0;
   void (*hook)(const char* name, void** params) = nullptr;  // plays a launch on the host
 };
 
