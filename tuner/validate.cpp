@@ -199,23 +199,42 @@ FwdReference tiled_forward_reference(const ref::Shape& full, int units, const fl
   return r;
 }
 
+namespace {
+
+// The reference's outputs sized (nq, nk: elements of Q-shaped and K-shaped tensors; lse_rows) and zeroed,
+// for ref::forward and ref::backward (dense or packed) to fill.
+void size_backward_reference(BwdReference& r, size_t nq, size_t nk, size_t lse_rows) {
+  r.o.assign(nq, 0.0);
+  r.lse.assign(lse_rows, 0.0);
+  for (auto* g : {&r.dq, &r.dq_mag, &r.dq_logit}) g->assign(nq, 0.0);
+  for (auto* g : {&r.dk, &r.dk_mag, &r.dk_logit, &r.dv, &r.dv_mag, &r.dv_logit}) g->assign(nk, 0.0);
+}
+
+ref::BwdMagnitudes magnitudes_of(BwdReference& r) {
+  return {r.dq_mag.data(), r.dq_logit.data(), r.dk_mag.data(), r.dk_logit.data(), r.dv_mag.data(),
+          r.dv_logit.data()};
+}
+
+// The inputs' max|x|, which the bounds' floors scale with.
+void record_input_scales(BwdReference& r, const float* q, const float* k, const float* v, const float* dout,
+                         size_t nq, size_t nk) {
+  r.max_abs_q = max_abs_of(q, nq);
+  r.max_abs_k = max_abs_of(k, nk);
+  r.max_abs_do = max_abs_of(dout, nq);
+  r.max_abs_v = max_abs_of(v, nk);
+}
+
+}  // namespace
+
 BwdReference backward_reference(const ref::Shape& shape, const float* q, const float* k, const float* v,
                                 const float* dout, int threads) {
   BwdReference r;
   r.shape = shape;
   const size_t nq = (size_t)shape.q_elements(), nk = (size_t)shape.kv_elements();
-  r.o.assign(nq, 0.0);
-  r.lse.assign((size_t)shape.q_rows(), 0.0);
+  size_backward_reference(r, nq, nk, (size_t)shape.q_rows());
   ref::forward(shape, q, k, v, r.o.data(), r.lse.data(), threads);
-  for (auto* g : {&r.dq, &r.dq_mag, &r.dq_logit}) g->assign(nq, 0.0);
-  for (auto* g : {&r.dk, &r.dk_mag, &r.dk_logit, &r.dv, &r.dv_mag, &r.dv_logit}) g->assign(nk, 0.0);
-  ref::backward(shape, q, k, v, dout, r.dq.data(), r.dk.data(), r.dv.data(), threads,
-                {r.dq_mag.data(), r.dq_logit.data(), r.dk_mag.data(), r.dk_logit.data(), r.dv_mag.data(),
-                 r.dv_logit.data()});
-  r.max_abs_q = max_abs_of(q, nq);
-  r.max_abs_k = max_abs_of(k, nk);
-  r.max_abs_do = max_abs_of(dout, nq);
-  r.max_abs_v = max_abs_of(v, nk);
+  ref::backward(shape, q, k, v, dout, r.dq.data(), r.dk.data(), r.dv.data(), threads, magnitudes_of(r));
+  record_input_scales(r, q, k, v, dout, nq, nk);
   return r;
 }
 
@@ -452,18 +471,11 @@ BwdReference varlen_backward_reference(const Problem& p, int heads, int kv_heads
   const std::vector<int> cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
   const std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end());
   const size_t nq = (size_t)cu_q.back() * heads * d, nk = (size_t)cu_k.back() * kv_heads * d;
-  r.o.assign(nq, 0.0);
-  r.lse.assign((size_t)cu_q.back() * heads, 0.0);
+  size_backward_reference(r, nq, nk, (size_t)cu_q.back() * heads);
   ref::forward_varlen(vs, cu_q, cu_k, q, k, v, r.o.data(), r.lse.data(), threads);
-  for (auto* g : {&r.dq, &r.dq_mag, &r.dq_logit}) g->assign(nq, 0.0);
-  for (auto* g : {&r.dk, &r.dk_mag, &r.dk_logit, &r.dv, &r.dv_mag, &r.dv_logit}) g->assign(nk, 0.0);
   ref::backward_varlen(vs, cu_q, cu_k, q, k, v, dout, r.dq.data(), r.dk.data(), r.dv.data(), threads,
-                       {r.dq_mag.data(), r.dq_logit.data(), r.dk_mag.data(), r.dk_logit.data(), r.dv_mag.data(),
-                        r.dv_logit.data()});
-  r.max_abs_q = max_abs_of(q, nq);
-  r.max_abs_k = max_abs_of(k, nk);
-  r.max_abs_do = max_abs_of(dout, nq);
-  r.max_abs_v = max_abs_of(v, nk);
+                       magnitudes_of(r));
+  record_input_scales(r, q, k, v, dout, nq, nk);
   return r;
 }
 
