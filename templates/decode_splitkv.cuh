@@ -13,9 +13,9 @@
 //         rows of every query head that reads this kv head at once and K/V are read once for all of
 //         them: GQA costs no extra K/V traffic. A group of more than 16 rows takes several row tiles,
 //         adjacent in x, so their CTAs run together and share K/V through L2.
-//   keys: split s's range [s*chunk, min(Sk, (s+1)*chunk)), chunk = ceil(Sk/SPLITS) rounded up to
-//         BLOCK_N; cut to what the tile's rows can see when causal (bottom-right: query i sees key j
-//         iff j <= i + Sk - Sq). A split past Sk, or one no row of the tile sees, runs no block and
+//   keys: split s's range of whole BLOCK_N blocks (decode_splitkv_key_begin: the blocks shared out
+//         evenly), cut to Sk; cut to what the tile's rows can see when causal (bottom-right: query i sees
+//         key j iff j <= i + Sk - Sq). A split that owns no block, or one no row of the tile sees, runs no block and
 //         writes empty results (O = 0, LSE = -inf).
 // K/V arrive by 16-byte cp.async into shared memory, in fa2_mma's tile layout and schedules (STAGES 1: one
 // K and one V buffer, V(n) lands during S(n) and K(n+1) during softmax and PV(n); STAGES 2: a ring, block
@@ -261,9 +261,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) decode_splitkv_partial(co
   const float scale_log2 = p.scale_log2;
 
   // Keys: this split's range, cut (causal) to what some row of the tile can see.
-  const int chunk = decode_splitkv_chunk(seq_k, SPLITS, BN);
-  const int k_begin = split * chunk;               // >= seq_k for a split past the end
-  const int k_end = imin(seq_k, k_begin + chunk);
+  const int k_begin = decode_splitkv_key_begin(seq_k, SPLITS, BN, split);
+  const int k_end = imin(seq_k, decode_splitkv_key_begin(seq_k, SPLITS, BN, split + 1));  // = k_begin: none
   const int causal_offset = seq_k - seq_q;         // key j is visible to query i iff j <= i + causal_offset
   int kv_end = k_end;    // keys [k_begin, kv_end) are visible to some row of the tile
   int full_end = k_end;  // keys [k_begin, full_end) are visible to every row of the tile: no mask there

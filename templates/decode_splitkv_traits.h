@@ -25,10 +25,12 @@ FT_HD constexpr int decode_splitkv_threads(int WARPS) { return 32 * WARPS; }
 // merged once at the end): the rows are too few to split among warps.
 FT_HD constexpr int decode_splitkv_keys_per_warp(int BN, int WARPS) { return BN / WARPS; }
 
-// Keys per split: ceil(Sk / SPLITS) rounded up to a whole number of blocks, so that only a split's last
-// block can be ragged. Split s owns keys [s*chunk, min(Sk, (s+1)*chunk)); splits past Sk own none.
-FT_HD constexpr int decode_splitkv_chunk(int seq_k, int SPLITS, int BN) {
-  return ceil_div(ceil_div(seq_k, SPLITS), BN) * BN;
+// Split s owns keys [decode_splitkv_key_begin(s), min(Sk, decode_splitkv_key_begin(s + 1))): blocks
+// [s*nb/SPLITS, (s+1)*nb/SPLITS) of the nb = ceil(Sk/BN) blocks, so splits differ by one block at most and
+// only the last block of the last split can be ragged (SPLITS > nb: some splits own none). Even splits are
+// what lets a SPLITS that does not divide nb fill the SMs' last wave (docs/kernels.md, decode_splitkv).
+FT_HD constexpr int decode_splitkv_key_begin(int seq_k, int SPLITS, int BN, int split) {
+  return static_cast<int>(static_cast<long long>(split) * ceil_div(seq_k, BN) / SPLITS) * BN;
 }
 
 // Shared memory (dynamic), fa2_mma's 16-bit tile layout (padded rows for D <= 128, swizzled for D >= 192):

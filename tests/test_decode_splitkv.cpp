@@ -76,8 +76,8 @@ Outputs emulate(const Family& f, const Config& cfg, const Problem& p, const floa
         const int kv_head = (int)y, batch = (int)z;
         const long long group_first = ((long long)batch * H + (long long)kv_head * group) * Sq;
         const long long bh_kv = (long long)batch * Hk + kv_head;
-        const int chunk = decode_splitkv_chunk(Sk, splits, bn);
-        const int k_begin = split * chunk, k_end = std::min(Sk, k_begin + chunk);
+        const int k_begin = decode_splitkv_key_begin(Sk, splits, bn, split);
+        const int k_end = std::min(Sk, decode_splitkv_key_begin(Sk, splits, bn, split + 1));
         const int causal_offset = Sk - Sq;
         int kv_end = k_end, full_end = k_end;
         if (p.causal) {
@@ -179,9 +179,10 @@ TEST(DecodeSplitkv, EmulatedPartitionMatchesReferenceOnRaggedShapes) {
   const std::vector<Problem> problems =
       load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/ragged_decode.json");
   ASSERT_FALSE(problems.empty());
-  // SPLITS 1 (no combine), a few splits, more splits than blocks (empty splits); 2 to 8 warps' key slices of
-  // 16 to 128 keys; the smallest and largest blocks.
-  const std::vector<Config> configs = {{1, 64, 4, 2}, {2, 32, 2, 1}, {16, 64, 4, 2}, {128, 256, 8, 2}, {8, 256, 2, 1}};
+  // SPLITS 1 (no combine), a few splits, more splits than blocks (empty splits), splits that do not divide the
+  // blocks (uneven by one block); 2 to 8 warps' key slices of 16 to 128 keys; the smallest and largest blocks.
+  const std::vector<Config> configs = {{1, 64, 4, 2},    {2, 32, 2, 1}, {16, 64, 4, 2}, {128, 256, 8, 2},
+                                       {8, 256, 2, 1},   {9, 32, 2, 1}, {33, 64, 4, 2}};
   int cases = 0;
   for (const Problem& p : problems) {
     const size_t nq = (size_t)p.batch * p.heads * p.seq_q * p.head_dim;
@@ -220,10 +221,23 @@ TEST(DecodeSplitkv, GeometryAndConstraints) {
   // d = 256 with 128 keys per warp: 192 accumulators, the most allowed (its shared memory is over every limit).
   EXPECT_EQ(f.check({16, 256, 2, 1}, 256), nullptr);
   EXPECT_EQ(f.check({16, 128, 2, 1}, 256), nullptr);
-  // The chunk per split: ceil(Sk / SPLITS) rounded up to BLOCK_N; splits past the end own no keys.
-  EXPECT_EQ(decode_splitkv_chunk(4133, 128, 32), 64);  // 65 splits hold keys, 63 are empty
-  EXPECT_EQ(decode_splitkv_chunk(4096, 16, 64), 256);
-  EXPECT_EQ(decode_splitkv_chunk(1, 128, 256), 256);
+  // Splits share the blocks out evenly: whole blocks, one block apart at most, in order, covering every key.
+  EXPECT_EQ(decode_splitkv_key_begin(4096, 16, 64, 1), 256);  // 64 blocks, 4 a split
+  EXPECT_EQ(decode_splitkv_key_begin(32768, 9, 256, 1), 14 * 256);  // 128 blocks: 14 or 15 a split
+  EXPECT_EQ(decode_splitkv_key_begin(32768, 9, 256, 9), 32768);
+  for (int sk : {1, 255, 256, 4133, 32768, 131072})
+    for (int splits : {1, 2, 9, 17, 33, 66, 128})
+      for (int bn : {32, 256}) {
+        const int nb = ceil_div(sk, bn);
+        EXPECT_EQ(decode_splitkv_key_begin(sk, splits, bn, 0), 0);
+        EXPECT_GE(decode_splitkv_key_begin(sk, splits, bn, splits), sk);
+        for (int s = 0; s < splits; ++s) {
+          const int b0 = decode_splitkv_key_begin(sk, splits, bn, s), b1 = decode_splitkv_key_begin(sk, splits, bn, s + 1);
+          EXPECT_EQ(b0 % bn, 0);
+          EXPECT_GE(b1 - b0, nb / splits * bn) << sk << " " << splits << " " << bn << " " << s;
+          EXPECT_LE(b1 - b0, (nb / splits + 1) * bn) << sk << " " << splits << " " << bn << " " << s;
+        }
+      }
   // Llama-3 8B decoding at B = 1: 8 kv heads alone are 8 CTAs; SPLITS multiplies them.
   Problem p;
   p.batch = 1;

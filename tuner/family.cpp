@@ -324,7 +324,8 @@ std::vector<Family> make_families() {
     f.direction = "fwd";
     f.template_file = "decode_splitkv.cuh";
     f.kernels = {"flashtune::decode_splitkv_partial", "flashtune::decode_splitkv_combine"};
-    f.params = {{"SPLITS", {1, 2, 4, 8, 16, 32, 64, 128}},  // key splits: CTAs per (row tile, kv head, batch)
+    // SPLITS: key splits, CTAs per (row tile, kv head, batch); 9, 17, 33, 66 fill 132 SMs' last wave.
+    f.params = {{"SPLITS", {1, 2, 4, 8, 9, 16, 17, 32, 33, 64, 66, 128}},
                 {"BLOCK_N", {32, 64, 128, 256}},            // keys per step, BLOCK_N / WARPS per warp
                 {"WARPS", {2, 4, 8}},
                 {"STAGES", {1, 2}}};                        // K/V buffers: one K and one V, or a ring of two
