@@ -482,16 +482,17 @@ fa3-short)
   val=$rep/fa3_validate.db
   sdb=$rep/fa3_short.db
   rm -f "$sdb"
+  run_limit=${FA3_SHORT_RUN_TIMEOUT_S:-15}  # per candidate run (each takes well under 1 s): a hang costs 15 s, not 30
   for probs in ragged_mma ragged_gqa; do
     log "validate fa3_wgmma_2cta on $probs"
     timeout "${FA3_SHORT_VALIDATE_LIMIT_S:-90}" $ft tune configs/spaces/fa3_wgmma_2cta.json configs/problems/$probs.json \
-      --db "$val" --quiet --stop-margin 0.5 --retime 0 2>&1 | tail -2
+      --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout "$run_limit" 2>&1 | tail -2
   done
   validation_summary "$val"
   $ft drop-cubins --db "$val"
   log "tune fa3_wgmma_short on anchors_fa3_missed (halving)"
   timeout "${FA3_SHORT_TUNE_LIMIT_S:-170}" $ft tune configs/spaces/fa3_wgmma_short.json \
-    configs/problems/anchors_fa3_missed.json --db "$sdb" --strategy halving 2>&1 | grep -vE "^\[" | tail -6
+    configs/problems/anchors_fa3_missed.json --db "$sdb" --strategy halving --timeout "$run_limit" 2>&1 | grep -vE "^\[" | tail -6
   python3 - "$sdb" <<'PY'
 import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
