@@ -14,6 +14,10 @@
 #   ab-picks FAMILY... - where a pick and the exhaustive best differ, the two timed alternately (ab_picks_<family>.csv)
 #   multi-gpu [one|two|all] - issue 17 on two GPUs: one sweep on --devices 1, then on --devices 0,1, a crash on one
 #            worker, multi_gpu_sweep.csv (experiments/multi_gpu_sweep.py)
+#   fa3-short - fa3_wgmma's TWO_CTAS (two CTAs per SM): every compiled fa3_wgmma_2cta.json variant validated on
+#            ragged shapes (fa3_validate.db), fa3_wgmma_short.json tuned by halving on the four points still below
+#            cuDNN (anchors_fa3_missed.json), each point's best re-timed beside torch flash and cuDNN in one run
+#            (fwd_short_vs_peers.csv); ~4 min, at most ~8.5 (FA3_SHORT_*_LIMIT_S)
 #   gqa-peers - fa3_wgmma and fa2_wgmma_bwd tuned on the GQA grid, re-timed beside torch SDPA in one run (gqa_vs_peers.csv)
 #   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
 #            both tuned on Llama-3-like shapes beside torch SDPA (enable_gqa): gqa_vs_peers.csv;
@@ -451,8 +455,9 @@ fa3)
     $ft drop-cubins --db "$val"
   fi
   if [[ $part == time || $part == all ]]; then
+    # 450 s: the grid space with CONSUMERS 1 and TWO_CTAS holds ~1.7x the candidates it held at 300 s.
     log "tune fa3_wgmma_grid on anchors_bf16 (halving)"
-    timeout "${FA3_TIME_LIMIT_S:-300}" $ft tune configs/spaces/fa3_wgmma_grid.json configs/problems/anchors_bf16.json \
+    timeout "${FA3_TIME_LIMIT_S:-450}" $ft tune configs/spaces/fa3_wgmma_grid.json configs/problems/anchors_bf16.json \
       --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
     log "re-timed beside FlashAttention-3's table, torch flash and cuDNN"
     python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --family fa3_wgmma \
@@ -465,6 +470,42 @@ fa3)
     python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/$probs.json --family fa3_wgmma \
       --flashtune "$ft" --out "$rep/fwd_hopper_$probs.csv" 2>/dev/null
   fi
+  finish
+  ;;
+fa3-short)
+  # fa3_wgmma's two CTAs per SM (TWO_CTAS 1) at the points still below cuDNN. (i) every compiled variant of
+  # fa3_wgmma_2cta.json validated on ragged shapes into fa3_validate.db (its earlier rows kept); (ii) the
+  # short space (the picks' neighbourhood, TWO_CTAS 0 and 1) tuned by halving on anchors_fa3_missed.json
+  # into a store of this run alone (fa3_short.db: the picks and the bests with and without TWO_CTAS are timed in one
+  # run); (iii) each point's best re-timed beside FlashAttention-3's table, torch flash and cuDNN in one
+  # process: fwd_short_vs_peers.csv. Each step under its own limit.
+  val=$rep/fa3_validate.db
+  sdb=$rep/fa3_short.db
+  rm -f "$sdb"
+  run_limit=${FA3_SHORT_RUN_TIMEOUT_S:-15}  # per candidate run (each takes well under 1 s): a hang costs 15 s, not 30
+  for probs in ragged_mma ragged_gqa; do
+    log "validate fa3_wgmma_2cta on $probs"
+    timeout "${FA3_SHORT_VALIDATE_LIMIT_S:-90}" $ft tune configs/spaces/fa3_wgmma_2cta.json configs/problems/$probs.json \
+      --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout "$run_limit" 2>&1 | tail -2
+  done
+  validation_summary "$val"
+  $ft drop-cubins --db "$val"
+  log "tune fa3_wgmma_short on anchors_fa3_missed (halving)"
+  timeout "${FA3_SHORT_TUNE_LIMIT_S:-170}" $ft tune configs/spaces/fa3_wgmma_short.json \
+    configs/problems/anchors_fa3_missed.json --db "$sdb" --strategy halving --timeout "$run_limit" 2>&1 | grep -vE "^\[" | tail -6
+  python3 - "$sdb" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+q = ("select head_dim, causal, seq_q, instr(config, 'TWO_CTAS=1') > 0, max(tflops), config from results "
+     "where status = 'ok' group by head_dim, causal, seq_q, instr(config, 'TWO_CTAS=1') > 0 order by 1, 2, 3, 4")
+for d, causal, s, two, tf, cfg in c.execute(q):
+    print(f"best d {d} causal {causal} S {s} TWO_CTAS {1 if two else 0}: {tf:.1f} TFLOP/s {cfg}")
+PY
+  log "re-timed beside FlashAttention-3's table, torch flash and cuDNN"
+  timeout "${FA3_SHORT_PEERS_LIMIT_S:-110}" python3 experiments/tuned_vs_sdpa.py --db "$sdb" \
+    --problems configs/problems/anchors_fa3_missed.json --family fa3_wgmma --flashtune "$ft" \
+    --out "$rep/fwd_short_vs_peers.csv" 2>"$OUT/fa3_short_peers.log"
+  $ft drop-cubins --db "$sdb"
   finish
   ;;
 varlen)

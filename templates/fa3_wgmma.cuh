@@ -1,13 +1,15 @@
 // FlashAttention-3's forward design on Hopper (sm_90a): TMA, an mbarrier pipeline, warp
 // specialization and wgmma, fp16 or bf16 in and out, fp32 accumulation and softmax, fp32 LSE.
-//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT, DTYPE,
-//                                CAUSAL>>
+//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT,
+//                                TWO_CTAS, DTYPE, CAUSAL>>
 //   (const AttnFwdParams, const __grid_constant__ AttnTensorMaps: Q box [BM][W], K and V [BN][W],
 //   O [64][W], W = the swizzle's columns; Family::tensor_maps declares them)
 // A tile is one query block of BM rows of one head of one batch entry.
 // Grid, PERSISTENT 0: one CTA per tile, x = ceil(seq_q / BM) query blocks (reversed when causal: the
-// heaviest first), y = heads, z = batch. PERSISTENT 1: one CTA per SM (any grid works), each looping
-// over the tiles (TileScheduler). 128 x (CONSUMERS + 1) threads; kSmemBytes dynamic shared memory.
+// heaviest first), y = heads, z = batch. PERSISTENT 1: 1 + TWO_CTAS CTAs per SM (any grid works), each
+// looping over the tiles (TileScheduler). 128 x (CONSUMERS + 1) threads; kSmemBytes dynamic shared memory.
+// TWO_CTAS 1: the launch bounds ask for two CTAs per SM (the register budgets are the traits' halves), so
+// one CTA's prologue and epilogue overlap the other's main loop; the code is otherwise the same.
 //
 // Warpgroup 0, the producer, keeps kProducerRegs registers; one of its threads copies a tile's Q and
 // then K(n), V(n) into the ring's next slot as soon as the consumers released the slot's previous block
@@ -473,7 +475,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
 }  // namespace fa3_wgmma_detail
 
 template <class Traits, bool VARLEN = false>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     fa3_wgmma_fwd(const typename ParamsOf<VARLEN, AttnFwdParams>::type p, const __grid_constant__ AttnTensorMaps tm) {
   using T = Traits;
   using P = typename ParamsOf<VARLEN, AttnFwdParams>::type;

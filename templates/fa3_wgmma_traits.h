@@ -1,7 +1,7 @@
 // Tunables, derived constants and launch geometry of the fa3_wgmma family: FlashAttention-3's forward
 // design on Hopper (sm_90a), fp16 or bf16 in and out, fp32 accumulation and softmax, fp32 LSE.
-//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT, DTYPE,
-//                                CAUSAL>>
+//   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT,
+//                                TWO_CTAS, DTYPE, CAUSAL>>
 // One CTA per query block of BLOCK_M = 64 x CONSUMERS rows: a producer warpgroup (one thread issues
 // TMA copies of Q once and of K, V blocks into a ring of STAGES slots, mbarrier-tracked) and CONSUMERS
 // warpgroups of 64 query rows each (wgmma for S = Q K^T from shared memory and O += P V with P from
@@ -15,6 +15,10 @@
 //   PERSISTENT 1: one CTA per SM loops over the (query block, head, batch) tiles, its K/V ring running on
 //              from one tile into the next (FlashAttention-3's persistent tile scheduler); causal: the
 //              tiles with the most visible keys first.
+//   TWO_CTAS 1: two CTAs share an SM (half the register file each: budgets 24 / 232 at one consumer),
+//              so one CTA's prologue (Q load, first S), diagonal tile and epilogue (O store) run while the
+//              other computes: what short (causal, S 1k) tiles lose at one CTA per SM. (A switch, 0 the
+//              default, so that tables emitted before it, zero-filled, keep meaning one CTA per SM.)
 // Host-usable: plain constexpr C++.
 #pragma once
 #include "traits_common.h"
@@ -27,10 +31,24 @@ FT_HD constexpr int fa3_wgmma_swizzle_bytes(int D) { return D % 64 == 0 ? 128 : 
 FT_HD constexpr int fa3_wgmma_group_cols(int D) { return fa3_wgmma_swizzle_bytes(D) / 2; }
 FT_HD constexpr int fa3_wgmma_block_m(int CONSUMERS) { return 64 * CONSUMERS; }
 FT_HD constexpr int fa3_wgmma_threads(int CONSUMERS) { return 128 * (CONSUMERS + 1); }
-// setmaxnreg budgets: 512 registers per lane of a warpgroup slot (65536 / 128) shared by the producer
-// and the consumers, multiples of 8 (FlashAttention-3's 24/240 and 32/160).
-FT_HD constexpr int fa3_wgmma_producer_regs(int CONSUMERS) { return CONSUMERS == 3 ? 32 : 24; }
-FT_HD constexpr int fa3_wgmma_consumer_regs(int CONSUMERS) { return CONSUMERS == 3 ? 160 : 240; }
+// Below, `ctas` is the CTAs an SM holds: 1 + TWO_CTAS.
+// Registers per thread at launch with `ctas` CTAs on an SM (__launch_bounds__(threads, ctas)):
+// the register file (65536) split among the CTAs' threads, a multiple of 8, at most 248 (ptxas' limit 255).
+FT_HD constexpr int fa3_wgmma_launch_regs(int CONSUMERS, int ctas) {
+  const int r = 65536 / (ctas * fa3_wgmma_threads(CONSUMERS)) / 8 * 8;
+  return r < 248 ? r : 248;
+}
+// setmaxnreg budgets, multiples of 8. One CTA per SM: 512 registers per lane of a warpgroup slot
+// (65536 / 128) shared by the producer and the consumers (FlashAttention-3's 24/240 and 32/160). Two: the
+// CTA's launch allocation, producer 24, the rest split among the consumers (232 at one, 104 at two).
+FT_HD constexpr int fa3_wgmma_producer_regs(int CONSUMERS, int ctas = 1) {
+  return ctas == 1 && CONSUMERS == 3 ? 32 : 24;
+}
+FT_HD constexpr int fa3_wgmma_consumer_regs(int CONSUMERS, int ctas = 1) {
+  return ctas == 1 ? (CONSUMERS == 3 ? 160 : 240)
+                   : (fa3_wgmma_launch_regs(CONSUMERS, ctas) * (CONSUMERS + 1) - fa3_wgmma_producer_regs(CONSUMERS, ctas)) /
+                         CONSUMERS / 8 * 8;
+}
 // fp32 accumulators a consumer thread holds at once: O (D/2), S (BN/2), and with OVERLAP the packed P
 // of the previous block (BN/4, in registers unless P_SMEM) while the next S is computed.
 FT_HD constexpr int fa3_wgmma_acc_regs(int D, int BN, int OVERLAP, int P_SMEM) {
@@ -48,16 +66,25 @@ FT_HD constexpr int fa3_wgmma_smem_bytes(int D, int BN, int CONSUMERS, int STAGE
   return 1024 + fa3_wgmma_tile_bytes(D, fa3_wgmma_block_m(CONSUMERS)) + 2 * STAGES * fa3_wgmma_tile_bytes(D, BN) +
          fa3_wgmma_p_bytes(BN, CONSUMERS, P_SMEM) + fa3_wgmma_barrier_bytes(STAGES, PERSISTENT);
 }
+// Dynamic shared memory one of `ctas` co-resident CTAs may take: the SM's 233472 bytes (228 KB, H100
+// and H200) less 1024 reserved per CTA, split evenly; one CTA: the device's per-block limit applies (the
+// compile stage's).
+FT_HD constexpr int fa3_wgmma_smem_per_cta(int ctas) { return 233472 / ctas - 1024; }
 // Tiles: (query block, head, batch), BLOCK_M query rows each.
 FT_HD constexpr int fa3_wgmma_tiles(int batch, int heads, int seq_q, int CONSUMERS) {
   return ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)) * heads * batch;
 }
-// Registers a CTA holds from launch to exit (setmaxnreg only moves them between its warpgroups, so the
-// launch allocation covers the budgets): 128 x (producer + CONSUMERS x consumer budget) = 33792, 64512,
-// 65536 for 1, 2, 3 consumers, more than half of an SM's 65536 registers: one CTA per SM, and a
-// persistent grid has one CTA per SM.
-FT_HD constexpr int fa3_wgmma_cta_regs(int CONSUMERS) {
-  return 128 * (fa3_wgmma_producer_regs(CONSUMERS) + CONSUMERS * fa3_wgmma_consumer_regs(CONSUMERS));
+// Registers a CTA's budgets add up to (setmaxnreg only moves registers between its warpgroups, and
+// setmaxnreg.inc waits for free ones: the launch allocation must cover them): 128 x (producer + CONSUMERS x
+// consumer budget) = 33792, 64512, 65536 for 1, 2, 3 consumers at one CTA per SM (more than half of an
+// SM's registers: one CTA per SM); 32768, 29696 at two (half or less).
+FT_HD constexpr int fa3_wgmma_cta_regs(int CONSUMERS, int ctas = 1) {
+  return 128 * (fa3_wgmma_producer_regs(CONSUMERS, ctas) +
+                CONSUMERS * fa3_wgmma_consumer_regs(CONSUMERS, ctas));
+}
+// CTAs an SM holds at once by registers: what the persistent grid is sized by (fa3_wgmma_grid).
+FT_HD constexpr int fa3_wgmma_ctas_by_regs(int CONSUMERS, int ctas) {
+  return 65536 / fa3_wgmma_cta_regs(CONSUMERS, ctas);
 }
 // PERSISTENT's tile order: linear tile t of qblocks x heads x batch -> its coordinates. Causal: the query
 // block is the slowest index and reversed, so the tiles with the most visible keys go first across
@@ -75,10 +102,12 @@ FT_HD constexpr Fa3Tile fa3_wgmma_tile(int t, int qblocks, int heads, int batch,
   return Fa3Tile{t % qblocks, bh % heads, bh / heads};
 }
 // PERSISTENT 0, or the SM count unknown (sm_count 0): one CTA per tile, x = query blocks, y = heads,
-// z = batch. PERSISTENT 1: min(tiles, sm_count) CTAs along x, CTA x computing tiles x, x + gridDim.x, ...
-FT_HD constexpr GridDims fa3_wgmma_grid(int batch, int heads, int seq_q, int CONSUMERS, int PERSISTENT, int sm_count) {
-  const int tiles = fa3_wgmma_tiles(batch, heads, seq_q, CONSUMERS);
-  return PERSISTENT && sm_count > 0 ? GridDims{tiles < sm_count ? tiles : sm_count, 1, 1}
+// z = batch. PERSISTENT 1: min(tiles, (1 + TWO_CTAS) x sm_count) CTAs along x, CTA x computing tiles x,
+// x + gridDim.x, ...
+FT_HD constexpr GridDims fa3_wgmma_grid(int batch, int heads, int seq_q, int CONSUMERS, int PERSISTENT, int sm_count,
+                                        int TWO_CTAS = 0) {
+  const int tiles = fa3_wgmma_tiles(batch, heads, seq_q, CONSUMERS), ctas = (1 + TWO_CTAS) * sm_count;
+  return PERSISTENT && sm_count > 0 ? GridDims{tiles < ctas ? tiles : ctas, 1, 1}
                                     : GridDims{ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)), heads, batch};
 }
 
@@ -88,18 +117,29 @@ FT_HD constexpr bool fa3_wgmma_bn_ok(int BN) { return BN >= 64 && BN <= 256 && B
 FT_HD constexpr bool fa3_wgmma_consumers_ok(int CONSUMERS) { return CONSUMERS >= 1 && CONSUMERS <= 3; }
 FT_HD constexpr bool fa3_wgmma_stages_ok(int STAGES) { return STAGES == 2 || STAGES == 3; }
 FT_HD constexpr bool fa3_wgmma_switch_ok(int x) { return x == 0 || x == 1; }
+// The budgets within the launch allocation, and `ctas` CTAs on an SM by registers.
+FT_HD constexpr bool fa3_wgmma_regs_ok(int CONSUMERS, int ctas) {
+  return fa3_wgmma_cta_regs(CONSUMERS, ctas) <=
+             (ctas == 1 ? 65536 : fa3_wgmma_launch_regs(CONSUMERS, ctas) * fa3_wgmma_threads(CONSUMERS)) &&
+         fa3_wgmma_ctas_by_regs(CONSUMERS, ctas) == ctas;
+}
+FT_HD constexpr bool fa3_wgmma_smem_ok(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM, int PERSISTENT, int ctas) {
+  return ctas == 1 ||
+         fa3_wgmma_smem_bytes(D, BN, CONSUMERS, STAGES, P_SMEM, PERSISTENT) <= fa3_wgmma_smem_per_cta(ctas);
+}
 FT_HD constexpr bool fa3_wgmma_pingpong_ok(int CONSUMERS, int OVERLAP, int PINGPONG) {
   return PINGPONG == 0 || (OVERLAP == 1 && CONSUMERS >= 2);
 }
 // 32 registers of a consumer's budget kept for addresses, loop state, row statistics.
-FT_HD constexpr bool fa3_wgmma_acc_ok(int D, int BN, int CONSUMERS, int OVERLAP, int P_SMEM) {
-  return fa3_wgmma_acc_regs(D, BN, OVERLAP, P_SMEM) <= fa3_wgmma_consumer_regs(CONSUMERS) - 32;
+FT_HD constexpr bool fa3_wgmma_acc_ok(int D, int BN, int CONSUMERS, int OVERLAP, int P_SMEM, int ctas = 1) {
+  return fa3_wgmma_acc_regs(D, BN, OVERLAP, P_SMEM) <= fa3_wgmma_consumer_regs(CONSUMERS, ctas) - 32;
 }
 FT_HD constexpr bool fa3_wgmma_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 
-// nullptr if valid, else the reason. The shared-memory limit is the compile stage's to apply.
+// nullptr if valid, else the reason. The per-block shared-memory limit is the compile stage's to apply;
+// two CTAs per SM need each to fit half of the SM's.
 FT_HD constexpr const char* fa3_wgmma_check(int D, int BN, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG,
-                                            int P_SMEM, int PERSISTENT) {
+                                            int P_SMEM, int PERSISTENT, int TWO_CTAS = 0) {
   return !fa3_wgmma_d_ok(D)                 ? "D must be 32, 64, 96, 128, 192 or 256"
          : !fa3_wgmma_bn_ok(BN)             ? "BLOCK_N must be a multiple of 16 in 64..256 (a wgmma N)"
          : !fa3_wgmma_consumers_ok(CONSUMERS) ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_M = 64 x CONSUMERS)"
@@ -108,21 +148,27 @@ FT_HD constexpr const char* fa3_wgmma_check(int D, int BN, int CONSUMERS, int ST
          : !fa3_wgmma_switch_ok(PINGPONG)   ? "PINGPONG must be 0 or 1"
          : !fa3_wgmma_switch_ok(P_SMEM)     ? "P_SMEM must be 0 or 1"
          : !fa3_wgmma_switch_ok(PERSISTENT) ? "PERSISTENT must be 0 or 1"
+         : !fa3_wgmma_switch_ok(TWO_CTAS)   ? "TWO_CTAS must be 0 or 1"
+         : !fa3_wgmma_regs_ok(CONSUMERS, 1 + TWO_CTAS)
+             ? "the register budgets do not fit 1 + TWO_CTAS CTAs on an SM"
          : !fa3_wgmma_pingpong_ok(CONSUMERS, OVERLAP, PINGPONG)
              ? "PINGPONG needs OVERLAP 1 and 2 or 3 consumer warpgroups"
-         : !fa3_wgmma_acc_ok(D, BN, CONSUMERS, OVERLAP, P_SMEM)
+         : !fa3_wgmma_acc_ok(D, BN, CONSUMERS, OVERLAP, P_SMEM, 1 + TWO_CTAS)
              ? "accumulators (O D/2 + S BN/2 + P BN/4 with OVERLAP in registers) exceed the consumer register budget - 32"
+         : !fa3_wgmma_smem_ok(D, BN, CONSUMERS, STAGES, P_SMEM, PERSISTENT, 1 + TWO_CTAS)
+             ? "shared memory exceeds half the SM's 233472 bytes less 1024 per CTA (TWO_CTAS)"
              : nullptr;
 }
 
 template <int D, int BLOCK_N, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG, int P_SMEM, int PERSISTENT,
-          int DTYPE, bool CAUSAL>
+          int TWO_CTAS, int DTYPE, bool CAUSAL>
 struct Fa3WgmmaTraits {
-  static_assert(fa3_wgmma_check(D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT) == nullptr,
+  static_assert(fa3_wgmma_check(D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT, TWO_CTAS) ==
+                    nullptr,
                 "invalid Fa3WgmmaTraits: see fa3_wgmma_check");
   static_assert(fa3_wgmma_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
-  static_assert(2 * fa3_wgmma_cta_regs(CONSUMERS) > 65536,
-                "one CTA per SM is what the persistent grid assumes (fa3_wgmma_grid)");
+  static_assert(fa3_wgmma_ctas_by_regs(CONSUMERS, 1 + TWO_CTAS) == 1 + TWO_CTAS,
+                "the persistent grid is sized (1 + TWO_CTAS) x SMs (fa3_wgmma_grid): the registers must hold that many");
 
   static constexpr int kHeadDim = D;
   static constexpr int kBlockN = BLOCK_N;
@@ -133,12 +179,13 @@ struct Fa3WgmmaTraits {
   static constexpr bool kPingpong = PINGPONG == 1;
   static constexpr bool kPSmem = P_SMEM == 1;
   static constexpr bool kPersistent = PERSISTENT == 1;
+  static constexpr int kCtasPerSm = 1 + TWO_CTAS;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 
   static constexpr int kThreads = fa3_wgmma_threads(CONSUMERS);
-  static constexpr int kProducerRegs = fa3_wgmma_producer_regs(CONSUMERS);
-  static constexpr int kConsumerRegs = fa3_wgmma_consumer_regs(CONSUMERS);
+  static constexpr int kProducerRegs = fa3_wgmma_producer_regs(CONSUMERS, kCtasPerSm);
+  static constexpr int kConsumerRegs = fa3_wgmma_consumer_regs(CONSUMERS, kCtasPerSm);
   static constexpr int kSwizzle = fa3_wgmma_swizzle_bytes(D);  // bytes per tile row
   static constexpr int kGroupCols = fa3_wgmma_group_cols(D);   // columns per swizzled column group
   static constexpr int kGroups = D / kGroupCols;

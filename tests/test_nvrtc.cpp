@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "templates/fa3_wgmma_traits.h"
 #include "tests/nvrtc_common.hpp"
 #include "tuner/sample.hpp"
 
@@ -103,6 +104,29 @@ TEST(Nvrtc, SpillsArePrunedWithTheReason) {
     EXPECT_EQ(k.reason.rfind("spills: ", 0), 0u) << k.reason;
     EXPECT_GT(k.res.spill_stores + k.res.stack_bytes, 0);
     EXPECT_TRUE(k.cubin.empty());
+  }
+}
+
+TEST(Nvrtc, Fa3TwoCtasPerSmKeepsTheLaunchAllocation) {
+  // TWO_CTAS 1: the setmaxnreg budgets add up to the launch allocation of __launch_bounds__(threads, 2),
+  // so ptxas must give the kernel exactly fa3_wgmma_launch_regs (fewer: setmaxnreg.inc would wait for
+  // registers that never free), and the consumers' code must fit its budget without spills.
+  const Family& f = find_family("fa3_wgmma");
+  struct Case {
+    const char* params;
+    int head_dim;
+    bool causal;
+  };
+  Compiler c("sm_90");
+  for (const Case& x : {Case{"BLOCK_N=128,CONSUMERS=1,STAGES=2,OVERLAP=0,PINGPONG=0,P_SMEM=0,PERSISTENT=0,TWO_CTAS=1", 64, true},
+                        Case{"BLOCK_N=80,CONSUMERS=1,STAGES=2,OVERLAP=1,PINGPONG=0,P_SMEM=0,PERSISTENT=1,TWO_CTAS=1", 128, true},
+                        Case{"BLOCK_N=64,CONSUMERS=2,STAGES=2,OVERLAP=0,PINGPONG=0,P_SMEM=0,PERSISTENT=1,TWO_CTAS=1", 64, false}}) {
+    const Config cfg = f.parse_config(x.params);
+    KernelRecord k = c.compile(Variant{&f, cfg, x.head_dim, x.causal, DType::bf16});
+    SCOPED_TRACE(k.name_expression);
+    ASSERT_EQ(k.status, "compiled") << k.reason;
+    EXPECT_EQ(k.res.spill_stores + k.res.spill_loads + k.res.stack_bytes, 0);
+    EXPECT_EQ(k.res.registers, fa3_wgmma_launch_regs(cfg[1], 2));
   }
 }
 

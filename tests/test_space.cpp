@@ -531,12 +531,12 @@ TEST(Family, Fa3TensorMapsOfPackedBatches) {
 // order visits every tile once, causal ones longest first.
 TEST(Family, Fa3PersistentGrid) {
   const Family& f = find_family("fa3_wgmma");
-  EXPECT_EQ(f.params.back().name, "PERSISTENT");
-  EXPECT_EQ(f.default_config.back(), 0);
+  EXPECT_EQ(f.params[6].name, "PERSISTENT");
+  EXPECT_EQ(f.default_config[6], 0);
   Problem p;
   p.batch = 3, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 128, p.dtype = DType::bf16;
   const Config plain = f.parse_config("BLOCK_N=128,CONSUMERS=2"), persistent = f.parse_config("BLOCK_N=128,CONSUMERS=2,PERSISTENT=1");
-  EXPECT_THAT(f.traits(persistent, 128, true, DType::bf16), HasSubstr("<128,128,2,2,1,1,0,1,1,true>"));
+  EXPECT_THAT(f.traits(persistent, 128, true, DType::bf16), HasSubstr("<128,128,2,2,1,1,0,1,0,1,true>"));
   auto grid = [&](const Config& c, int sm_count) {
     Problem q = p;
     q.sm_count = sm_count;
@@ -552,7 +552,7 @@ TEST(Family, Fa3PersistentGrid) {
   EXPECT_EQ(grid(persistent, 1), (std::vector<unsigned>{1, 1, 1}));
   EXPECT_EQ(f.launches(persistent, p).at(0).smem_bytes, f.launches(plain, p).at(0).smem_bytes + 8u);
   EXPECT_EQ(f.launches(persistent, p).at(0).threads, 384u);
-  EXPECT_NE(f.check({128, 2, 2, 1, 1, 0, 2}, 128), nullptr);
+  EXPECT_NE(f.check({128, 2, 2, 1, 1, 0, 2, 0}, 128), nullptr);
 
   for (bool causal : {false, true}) {
     const int qblocks = 5, heads = 3, batch = 2;
@@ -571,4 +571,55 @@ TEST(Family, Fa3PersistentGrid) {
     }
     EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), qblocks * heads * batch) << causal;
   }
+}
+
+// fa3_wgmma's TWO_CTAS (last tunable, default 0: tables emitted before it, zero-filled, keep their meaning):
+// two CTAs per SM split the registers (budgets within the launch allocation of __launch_bounds__(threads, 2))
+// and the shared memory (233472 / 2 - 1024 each), and the persistent grid has two CTAs per SM. One CTA per
+// SM keeps FlashAttention-3's budgets.
+TEST(Family, Fa3TwoCtasPerSm) {
+  const Family& f = find_family("fa3_wgmma");
+  EXPECT_EQ(f.params.back().name, "TWO_CTAS");
+  EXPECT_EQ(f.default_config.back(), 0);
+  for (int c = 1; c <= 3; ++c) {
+    EXPECT_EQ(fa3_wgmma_ctas_by_regs(c, 1), 1) << c;  // one CTA per SM, as before
+    EXPECT_EQ(fa3_wgmma_cta_regs(c, 1), fa3_wgmma_cta_regs(c)) << c;
+  }
+  EXPECT_EQ(fa3_wgmma_consumer_regs(1, 1), 240);
+  EXPECT_EQ(fa3_wgmma_consumer_regs(3, 1), 160);
+  EXPECT_EQ(fa3_wgmma_producer_regs(3, 1), 32);
+  EXPECT_EQ(fa3_wgmma_launch_regs(1, 2), 128);
+  EXPECT_EQ(fa3_wgmma_producer_regs(1, 2), 24);
+  EXPECT_EQ(fa3_wgmma_consumer_regs(1, 2), 232);
+  EXPECT_EQ(fa3_wgmma_cta_regs(1, 2), 32768);  // exactly the launch allocation: 128 x 256 threads
+  EXPECT_EQ(fa3_wgmma_consumer_regs(2, 2), 104);  // 80 x 384 threads = 30720 >= 128 x (24 + 2 x 104)
+  EXPECT_EQ(fa3_wgmma_ctas_by_regs(1, 2), 2);
+  EXPECT_EQ(fa3_wgmma_ctas_by_regs(2, 2), 2);
+
+  // Pruning: shared memory per CTA, the consumer budget, the value itself.
+  EXPECT_EQ(fa3_wgmma_check(64, 192, 1, 2, 0, 0, 0, 1, 1), nullptr);
+  EXPECT_EQ(fa3_wgmma_check(128, 80, 1, 2, 1, 0, 0, 1, 1), nullptr);
+  EXPECT_EQ(fa3_wgmma_check(64, 80, 2, 2, 0, 0, 0, 0, 1), nullptr);  // 32 + 40 accumulators of 104 - 32
+  EXPECT_THAT(fa3_wgmma_check(128, 96, 1, 2, 0, 0, 0, 0, 1), HasSubstr("shared memory"));  // 115768 > 115712
+  EXPECT_EQ(fa3_wgmma_check(128, 96, 1, 2, 0, 0, 0, 0, 0), nullptr);  // one CTA per SM: the device's limit
+  EXPECT_THAT(fa3_wgmma_check(256, 64, 1, 2, 0, 0, 0, 0, 1), HasSubstr("shared memory"));
+  EXPECT_THAT(fa3_wgmma_check(64, 96, 2, 2, 0, 0, 0, 0, 1), HasSubstr("accumulators"));
+  EXPECT_THAT(fa3_wgmma_check(128, 64, 2, 2, 0, 0, 0, 0, 1), HasSubstr("accumulators"));
+  EXPECT_THAT(fa3_wgmma_check(32, 64, 3, 2, 0, 0, 0, 0, 1), HasSubstr("accumulators"));
+  EXPECT_THAT(fa3_wgmma_check(64, 64, 1, 2, 0, 0, 0, 0, 2), HasSubstr("TWO_CTAS"));
+
+  Problem p;
+  p.batch = 16, p.heads = 16, p.seq_q = 1024, p.seq_k = 1024, p.head_dim = 128, p.dtype = DType::bf16;
+  p.sm_count = 132;
+  const Config two = f.parse_config("BLOCK_N=80,CONSUMERS=1,PINGPONG=0,PERSISTENT=1,TWO_CTAS=1"),
+               one = f.parse_config("BLOCK_N=80,CONSUMERS=1,PINGPONG=0,PERSISTENT=1");
+  EXPECT_THAT(f.traits(two, 128, true, DType::bf16), HasSubstr("<128,80,1,2,1,0,0,1,1,1,true>"));
+  EXPECT_EQ(f.launches(two, p).at(0).grid[0], 264u);  // 4096 tiles of 64 rows, two CTAs on each of 132 SMs
+  EXPECT_EQ(f.launches(one, p).at(0).grid[0], 132u);
+  EXPECT_EQ(f.launches(two, p).at(0).threads, 256u);
+  EXPECT_EQ(f.launches(two, p).at(0).smem_bytes, f.launches(one, p).at(0).smem_bytes);
+  p.batch = 1, p.heads = 2, p.seq_q = 333;  // 12 tiles: one CTA each
+  EXPECT_EQ(f.launches(two, p).at(0).grid[0], 12u);
+  p.sm_count = 0;  // unknown: the plain grid
+  EXPECT_EQ(f.launches(two, p).at(0).grid[0], 6u);
 }

@@ -289,10 +289,11 @@ std::vector<Family> make_families() {
                 {"OVERLAP", {0, 1}},       // softmax of block n+1 during P(n) V(n)
                 {"PINGPONG", {0, 1}},      // consumers take turns issuing GEMMs
                 {"P_SMEM", {0, 1}},        // P V with P from shared memory (SS) instead of registers (RS)
-                {"PERSISTENT", {0, 1}}};   // one CTA per SM looping over the tiles (Problem::sm_count)
+                {"PERSISTENT", {0, 1}},    // one CTA per SM looping over the tiles (Problem::sm_count)
+                {"TWO_CTAS", {0, 1}}};     // two CTAs per SM (half the registers and shared memory each)
     f.head_dims = {32, 64, 96, 128, 192, 256};
     f.dtypes = {DType::fp16, DType::bf16};
-    f.default_config = {64, 2, 2, 1, 1, 0, 0};  // fits every head dim (d = 256: 128 + 32 + 16 accumulators)
+    f.default_config = {64, 2, 2, 1, 1, 0, 0, 0};  // fits every head dim (d = 256: 128 + 32 + 16 accumulators)
     f.hopper_only = true;
     f.gqa = true;
     f.varlen = true;  // fa3_wgmma_fwd<Traits, true>: packed tensor maps, guarded O stores at a sequence's end
@@ -300,12 +301,12 @@ std::vector<Family> make_families() {
       return "flashtune::Fa3WgmmaTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
                         std::to_string(c[3]), std::to_string(c[4]), std::to_string(c[5]), std::to_string(c[6]),
-                        t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
+                        std::to_string(c[7]), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
              ">";
     };
-    f.check = [](const Config& c, int d) { return fa3_wgmma_check(d, c[0], c[1], c[2], c[3], c[4], c[5], c[6]); };
+    f.check = [](const Config& c, int d) { return fa3_wgmma_check(d, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]); };
     f.launches = [](const Config& c, const Problem& p) {
-      return std::vector{make_launch(fa3_wgmma_grid(p.batch, p.heads, p.seq_q, c[1], c[6], p.sm_count),
+      return std::vector{make_launch(fa3_wgmma_grid(p.batch, p.heads, p.seq_q, c[1], c[6], p.sm_count, c[7]),
                                      fa3_wgmma_threads(c[1]), fa3_wgmma_smem_bytes(p.head_dim, c[0], c[1], c[2], c[5], c[6]))};
     };
     f.tensor_maps = [](const Config& c, const Problem& p) {
