@@ -29,6 +29,13 @@
 // D columns each with both operands from shared memory (SS), then a piece of dQ.
 // Shared-memory tiles use the interleaved core-matrix layout of wgmma_common.cuh (no swizzle).
 //
+// Packed variable-length batches: kernel<T, true> (VarlenParams: cu_seqlens_q/k) take their sequence's
+// lengths and offsets (VarlenSeq, z = the sequence) with fa2_mma_bwd's layouts: token-major rows of H*D
+// (Hk*D) elements, lse and delta (H, total_q), dq_accum laid out like dQ. A CTA whose block starts past its
+// sequence's end exits; keys of a sequence without queries get dK = dV = 0 (no step). LOAD 1's images
+// hold each sequence's padded blocks from a 16-row aligned start (fa2_wgmma_bwd_varlen_seq_row). DQ_RED 3
+// is dense only: its one bulk reduction per query block needs the block's dq_accum rows contiguous.
+//
 // Masking as fa2_mma_bwd: padded rows are zero-filled (lse, delta too), so a padded query
 // contributes exactly zero; keys past seq_k and causal keys k > q + seq_k - seq_q get P = 0 on
 // tiles that straddle them; a fully masked row has lse = +inf: P = 0.
@@ -41,11 +48,13 @@ namespace flashtune {
 
 namespace fa2_wgmma_bwd_detail {
 
-// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix into an interleaved tile by 16-byte cp.async.
+// Rows [row0, row0+ROWS) of a (seq, D) 16-bit matrix with rows `stride` elements apart (packed: H*D or
+// Hk*D) into an interleaved tile by 16-byte cp.async.
 // Thread order: row within the 8-row group fastest, then chunk, then row group, so 8 consecutive
 // threads fill one 128-byte core matrix. Rows >= seq are zero-filled.
 template <int ROWS, int D, int NT>
-__device__ __forceinline__ void load_rows_il(unsigned dst, const unsigned short* src, int row0, int seq, int tid) {
+__device__ __forceinline__ void load_rows_il(unsigned dst, const unsigned short* src, int row0, int seq, int tid,
+                                             int stride = D) {
   constexpr int CPR = D / 8;
   constexpr int kChunks = ROWS * CPR;
 #pragma unroll
@@ -56,7 +65,7 @@ __device__ __forceinline__ void load_rows_il(unsigned dst, const unsigned short*
       const int c = (idx >> 3) % CPR;
       const int grow = row0 + r;
       const bool ok = grow < seq;
-      cp_async_16_s(dst + il_chunk<D>(r, c), ok ? src + static_cast<long long>(grow) * D + 8 * c : src, ok ? 16 : 0);
+      cp_async_16_s(dst + il_chunk<D>(r, c), ok ? src + static_cast<long long>(grow) * stride + 8 * c : src, ok ? 16 : 0);
     }
   }
 }
@@ -143,30 +152,30 @@ __device__ __forceinline__ void dscores(float (&dpt)[BM / 2], PT pt, const float
 }
 
 // Rows of a 64 x NCOL accumulator tile (this thread's elements) to columns col0.. of a (seq, D)
-// 16-bit matrix, times mul.
+// 16-bit matrix with rows `stride` elements apart, times mul.
 template <int DTYPE, int NCOL, int D>
 __device__ __forceinline__ void store_tile(unsigned short* out, const float (&acc)[NCOL / 2], float mul, int row0,
-                                           int col0, int seq, int tig) {
+                                           int col0, int seq, int tig, int stride = D) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
     if (r < seq) {
 #pragma unroll
       for (int j = 0; j < NCOL / 8; ++j)
-        *reinterpret_cast<unsigned*>(out + static_cast<long long>(r) * D + col0 + 8 * j + 2 * tig) =
+        *reinterpret_cast<unsigned*>(out + static_cast<long long>(r) * stride + col0 + 8 * j + 2 * tig) =
             pack_half2<DTYPE>(acc[4 * j + 2 * h] * mul, acc[4 * j + 2 * h + 1] * mul);
     }
   }
 }
 
 // DQ_RED 2: a warp's 16 x C piece of dQ (accumulators in the C layout, times mul) added into rows
-// 0..15 of out (row stride D; rows >= rows_left skipped), 32 columns at a time through the warp's
+// 0..15 of out (row stride `stride`: D, packed H*D; rows >= rows_left skipped), 32 columns at a time through the warp's
 // 16 x 32 fp32 staging tile: stored in 16-byte pieces swizzled by row (piece c4 of row r at
 // c4 ^ (r % 8): conflict free), read back 8 lanes per row, so that every red.v4 instruction of the
 // warp covers four whole 128-byte rows (instead of 8 rows x 32 bytes from the C layout).
 template <int C, int D, int N>
 __device__ __forceinline__ void reduce_staged(float* stage, const float (&acc)[N], float mul, float* out, int rows_left,
-                                              int lane) {
+                                              int lane, int stride = D) {
   static_assert(C % 32 == 0 && N == C / 2, "dQ chunks of a multiple of 32 columns");
   const int g = lane >> 2, tig = lane & 3;
   const int rr = lane >> 3, c4 = lane & 7;  // read-back: row rr (+4, +8, +12), 16-byte piece c4
@@ -185,7 +194,7 @@ __device__ __forceinline__ void reduce_staged(float* stage, const float (&acc)[N
 #pragma unroll 1  // one row in flight: keeps the registers of d = 256 (dK, dV, dQ chunk) spill-free
     for (int r = rr; r < 16; r += 4) {
       const float4 v = *reinterpret_cast<const float4*>(stage + 32 * r + 4 * (c4 ^ (r & 7)));
-      if (r < rows_left) red_add_f32x4(out + static_cast<long long>(r) * D + 32 * c32 + 4 * c4, v);
+      if (r < rows_left) red_add_f32x4(out + static_cast<long long>(r) * stride + 32 * c32 + 4 * c4, v);
     }
     __syncwarp();  // read before the next piece overwrites it
   }
@@ -214,13 +223,29 @@ __device__ __forceinline__ Images images(const AttnBwdParams& p, long long bh) {
                   stats + (bhs + bh) * rows};
   }
 }
+// Packed: the images of query head h from sequence b's first padded row (vs: sequence b), every head
+// fa2_wgmma_bwd_varlen_head_rows rows (the heads of a group are consecutive here too).
+template <class T>
+__device__ __forceinline__ Images images_packed(const AttnBwdParams& p, const VarlenSeq& vs, int h, int b) {
+  if constexpr (T::kLoad != 1) {
+    return Images{};
+  } else {
+    const long long rows = fa2_wgmma_bwd_varlen_head_rows(vs.total_q, p.batch, T::kBlockM);
+    const long long at = h * rows + fa2_wgmma_bwd_varlen_seq_row(vs.q_tok0, b, T::kBlockM);
+    const long long hs = p.heads;
+    unsigned short* base = static_cast<unsigned short*>(p.workspace);
+    float* stats = reinterpret_cast<float*>(base + 2 * hs * rows * T::kHeadDim);
+    return Images{base + at * T::kHeadDim, base + (hs * rows + at) * T::kHeadDim, stats + at, stats + hs * rows + at};
+  }
+}
 
 }  // namespace fa2_wgmma_bwd_detail
 
 // delta = rowsum(dO * O) and dq_accum = 0 for rows < seq_q, as fa2_mma_bwd_preprocess; LOAD 1 also
-// writes the images, zeros for the rows from seq_q up to the next multiple of BM.
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kPreThreads) fa2_wgmma_bwd_preprocess(const AttnBwdParams p) {
+// writes the images, zeros for the rows from seq_q up to the next multiple of BM (packed: per sequence).
+template <class Traits, bool VARLEN = false>
+__global__ void __launch_bounds__(Traits::kPreThreads)
+    fa2_wgmma_bwd_preprocess(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
   using T = Traits;
   constexpr int D = T::kHeadDim;
   constexpr int BM = T::kBlockM;
@@ -230,9 +255,14 @@ __global__ void __launch_bounds__(Traits::kPreThreads) fa2_wgmma_bwd_preprocess(
   const int g = tid % L;
   const int row = blockIdx.x * T::kRowsPerCta + tid / L;
   const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
-  const bool ok = row < p.seq_q;
-  const long long off = (bh * p.seq_q + row) * D;
-  const auto img = fa2_wgmma_bwd_detail::images<T>(p, bh);
+  const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, blockIdx.z);
+  const int seq_q = VARLEN ? vs.seq_q : p.seq_q;
+  const bool ok = row < seq_q;
+  const long long off = VARLEN ? vs.q_offset(p.heads, blockIdx.y, D) + static_cast<long long>(row) * p.heads * D
+                               : (bh * p.seq_q + row) * D;
+  const long long stat = VARLEN ? vs.lse_offset(blockIdx.y) + row : bh * p.seq_q + row;  // lse, delta
+  const auto img = VARLEN ? fa2_wgmma_bwd_detail::images_packed<T>(p, vs, blockIdx.y, blockIdx.z)
+                          : fa2_wgmma_bwd_detail::images<T>(p, bh);
   const int blk = row / BM, rb = row % BM;  // LOAD 1: this row's tile and row within it
   float acc = 0.f;
 #pragma unroll
@@ -255,10 +285,10 @@ __global__ void __launch_bounds__(Traits::kPreThreads) fa2_wgmma_bwd_preprocess(
   }
   acc = group_sum<L>(acc);  // every lane takes part (no early exit before the shuffles)
   if (g == 0) {
-    if (ok) p.delta[bh * p.seq_q + row] = acc;
-    if (T::kLoad == 1 && row < fa2_wgmma_bwd_padded_rows(p.seq_q, BM)) {
+    if (ok) p.delta[stat] = acc;
+    if (T::kLoad == 1 && row < fa2_wgmma_bwd_padded_rows(seq_q, BM)) {
       img.delta[row] = ok ? acc : 0.f;
-      img.lse[row] = ok ? p.lse[bh * p.seq_q + row] : 0.f;
+      img.lse[row] = ok ? p.lse[stat] : 0.f;
     }
   }
 }
@@ -307,13 +337,16 @@ using QueryStep = Fa2WgmmaBwdQueryStep;
 using QuerySteps = Fa2WgmmaBwdQuerySteps;
 
 // ---- LOAD: how a query block's Q, dO, lse and delta reach their stage ---------------------------------
-template <class T, int LOAD = T::kLoad>
+// bh: the group's first query head (dense). Packed: the group's first query head of the CTA's sequence,
+// taken from the params and the CTA's indices by the loader itself (the dense one's constructor unchanged
+// keeps its SASS: with the sequence passed in, ptxas allocated the LOAD 0 kernels differently).
+template <class T, bool VARLEN, int LOAD = T::kLoad>
 struct BlockLoader;
 
 // LOAD 0: 16-byte cp.async by every thread from the inputs (rows past seq_q zero-filled); complete at
-// the main loop's cp_async_wait. bh: the group's first query head.
+// the main loop's cp_async_wait.
 template <class T>
-struct BlockLoader<T, 0> {
+struct BlockLoader<T, false, 0> {
   DkdvSmem<T> sm;
   const unsigned short *q, *dout;
   const float *lse, *delta;
@@ -334,19 +367,57 @@ struct BlockLoader<T, 0> {
   __device__ __forceinline__ void wait(int) {}
 };
 
-// LOAD 1: bulk copies of the block's tile images (the preprocess wrote them, padded: no bounds) by one
-// thread, completing phase t / STAGES of the stage's mbarrier. bh: the group's first query head.
+// LOAD 0, packed: the same from the sequence's rows of the group's first query head; the group's heads are
+// D elements apart in a token's row (H*D), total_q apart in lse and delta.
 template <class T>
-struct BlockLoader<T, 1> {
+struct BlockLoader<T, true, 0> {
+  DkdvSmem<T> sm;
+  const unsigned short *q, *dout;
+  const float *lse, *delta;
+  int seq_q, tid, q_stride;
+  long long total_q;
+  __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const VarlenParams<AttnBwdParams>& p, long long,
+                                         int tid_)
+      : BlockLoader(sm_, p, VarlenSeq::of<true>(p, blockIdx.z), blockIdx.y * query_group(p), tid_) {}
+  __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const AttnBwdParams& p, const VarlenSeq& vs, int h0,
+                                         int tid_)
+      : sm(sm_), q(static_cast<const unsigned short*>(p.q) + vs.q_offset(p.heads, h0, T::kHeadDim)),
+        dout(static_cast<const unsigned short*>(p.dout) + vs.q_offset(p.heads, h0, T::kHeadDim)),
+        lse(p.lse + vs.lse_offset(h0)), delta(p.delta + vs.lse_offset(h0)), seq_q(vs.seq_q), tid(tid_),
+        q_stride(p.heads * T::kHeadDim), total_q(vs.total_q) {}
+  __device__ __forceinline__ void init(const AttnBwdParams&, long long) const {}
+  __device__ __forceinline__ void load(const QueryStep& st, int s) const {
+    constexpr int BM = T::kBlockM, D = T::kHeadDim, NT = T::kDkdvThreads;
+    const long long h = static_cast<long long>(st.hq) * total_q;
+    load_rows_il<BM, D, NT>(sm.q(s), q + st.hq * D, st.mb * BM, seq_q, tid, q_stride);
+    load_rows_il<BM, D, NT>(sm.dout(s), dout + st.hq * D, st.mb * BM, seq_q, tid, q_stride);
+    fa2_mma_bwd_detail::load_stats<BM, NT>(sm.stats(s), sm.stats(s) + 4 * BM, lse + h, delta + h, st.mb * BM, seq_q,
+                                           tid);
+  }
+  __device__ __forceinline__ void wait(int) {}
+};
+
+// LOAD 1: bulk copies of the block's tile images (the preprocess wrote them, padded: no bounds) by one
+// thread, completing phase t / STAGES of the stage's mbarrier.
+template <class T, bool VARLEN>
+struct BlockLoader<T, VARLEN, 1> {
   DkdvSmem<T> sm;
   Images img;
   int seq_q, tid;
   unsigned parity = 0;  // bit st: the parity of stage st's next phase
+  long long head_rows = 0;  // packed: rows of a head's images
   __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const AttnBwdParams& p, long long, int tid_)
-      : sm(sm_), img{}, seq_q(p.seq_q), tid(tid_) {}
+      : sm(sm_), img{}, seq_q(p.seq_q), tid(tid_) {}  // packed: seq_q unused
   // The images' addresses are taken here, not in the constructor: where the single-function kernel took them.
-  __device__ __forceinline__ void init(const AttnBwdParams& p, long long bh) {
-    img = images<T>(p, bh);
+  template <class Params>
+  __device__ __forceinline__ void init(const Params& p, long long bh) {
+    if constexpr (VARLEN) {  // the CTA's sequence z, its group's first query head
+      const VarlenSeq vs = VarlenSeq::of<true>(p, blockIdx.z);
+      img = images_packed<T>(p, vs, blockIdx.y * query_group(p), blockIdx.z);
+      head_rows = fa2_wgmma_bwd_varlen_head_rows(vs.total_q, p.batch, T::kBlockM);
+    } else {
+      img = images<T>(p, bh);
+    }
     if (tid == 0) {
       for (int st = 0; st < T::kStages; ++st) mbar_init(sm.bar(st), 1);
       fence_mbar_init();
@@ -356,7 +427,9 @@ struct BlockLoader<T, 1> {
   __device__ __forceinline__ void load(const QueryStep& st, int s) const {
     constexpr int BM = T::kBlockM, D = T::kHeadDim;
     if (tid == 0) {
-      const long long row0 = (static_cast<long long>(st.hq) * ceil_div(seq_q, BM) + st.mb) * BM;  // in the images
+      // In the images; packed: the group's heads head_rows apart.
+      const long long row0 = VARLEN ? static_cast<long long>(st.hq) * head_rows + st.mb * BM
+                                    : (static_cast<long long>(st.hq) * ceil_div(seq_q, BM) + st.mb) * BM;
       mbar_arrive_expect_tx(sm.bar(s), 4 * BM * D + 8 * BM);
       bulk_load(sm.q(s), img.q + row0 * D, 2 * BM * D, sm.bar(s));
       bulk_load(sm.dout(s), img.dout + row0 * D, 2 * BM * D, sm.bar(s));
@@ -551,15 +624,20 @@ struct ComputeStep<T, 2> {
 struct DqRows {
   float* accum;  // dq_accum of the group's first query head (multi-head: of the CTA's head)
   int seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid;
+  int stride;  // between a head's rows: D, packed H*D
 };
 // One step's rows: its query head's dq_accum and the block's first row.
 struct DqBlock {
   float* accum;
   int m0;
 };
-template <class T>
+// Packed: the group's heads are D elements apart in a token's row.
+template <class T, bool VARLEN = false>
 __device__ __forceinline__ DqBlock dq_block(const DqRows& r, const QueryStep& st) {
-  return {r.accum + static_cast<long long>(st.hq) * r.seq_q * T::kHeadDim, st.mb * T::kBlockM};
+  if constexpr (VARLEN)
+    return {r.accum + st.hq * T::kHeadDim, st.mb * T::kBlockM};
+  else
+    return {r.accum + static_cast<long long>(st.hq) * r.seq_q * T::kHeadDim, st.mb * T::kBlockM};
 }
 
 template <class T, int RED = T::kDqRed>
@@ -580,7 +658,7 @@ struct DqReducer<T, 0> {
       if (b.m0 + rb < r.seq_q) {
 #pragma unroll
         for (int j = 0; j < N / 4; ++j)
-          red_add_f32x2(b.accum + static_cast<long long>(b.m0 + rb) * D + r.dq_c + c0 + 8 * j + 2 * r.tig,
+          red_add_f32x2(b.accum + static_cast<long long>(b.m0 + rb) * r.stride + r.dq_c + c0 + 8 * j + 2 * r.tig,
                         scale * dq[4 * j + 2 * h], scale * dq[4 * j + 2 * h + 1]);
       }
     }
@@ -622,7 +700,7 @@ struct DqReducer<T, 1> {
     __syncthreads();
     if (r.warp == 0) {
       for (int row = r.lane; row < imin(BM, r.seq_q - b.m0); row += 32)
-        bulk_reduce_add_f32(b.accum + static_cast<long long>(b.m0 + row) * D, smem_u32(stage + row * kRow), D * 4);
+        bulk_reduce_add_f32(b.accum + static_cast<long long>(b.m0 + row) * r.stride, smem_u32(stage + row * kRow), D * 4);
       bulk_commit();
     }
   }
@@ -644,8 +722,8 @@ struct DqReducer<T, 2> {
                                       int c0) const {
     constexpr int D = T::kHeadDim;
     reduce_staged<2 * N, D>(stage_warp, dq, scale,
-                            b.accum + static_cast<long long>(b.m0 + r.dq_m + r.wrow) * D + r.dq_c + c0,
-                            r.seq_q - (b.m0 + r.dq_m + r.wrow), r.lane);
+                            b.accum + static_cast<long long>(b.m0 + r.dq_m + r.wrow) * r.stride + r.dq_c + c0,
+                            r.seq_q - (b.m0 + r.dq_m + r.wrow), r.lane, r.stride);
   }
   __device__ __forceinline__ void start_block(const DqRows&, int, int, const QueryStep&) const {}
   __device__ __forceinline__ void before_products(const DqRows&) const {}
@@ -713,10 +791,13 @@ struct DqReducer<T, 3> {
 // Generated code: as the single-function kernel these pieces replaced (issue 14): the score registers
 // are declared in the loop body (ComputeStep::Scores), the loader is made where that kernel took its
 // input pointers, and each address is computed where and as that kernel computed it.
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(const AttnBwdParams p) {
+template <class Traits, bool VARLEN = false>
+__global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
+    fa2_wgmma_bwd_dkdv(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
   using T = Traits;
   namespace det = fa2_wgmma_bwd_detail;
+  static_assert(!VARLEN || fa2_wgmma_bwd_varlen_check(T::kDqRed) == nullptr,
+                "invalid packed Fa2WgmmaBwdTraits: see fa2_wgmma_bwd_varlen_check");
   constexpr int D = T::kHeadDim;
   constexpr int BM = T::kBlockM;
   constexpr int BN = T::kBlockN;
@@ -746,19 +827,28 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   const int dq_m = (wg / T::kDqColPieces) * 64;  // this warpgroup's dQ piece: query rows, columns
   const int dq_c = (wg % T::kDqColPieces) * DQC;
 
-  const int seq_q = p.seq_q;
-  const int seq_k = p.seq_k;
+  const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, blockIdx.z);
+  const int seq_q = VARLEN ? vs.seq_q : p.seq_q;
+  const int seq_k = VARLEN ? vs.seq_k : p.seq_k;
   const int n0 = blockIdx.x * BN;
-  if (n0 >= seq_k) return;  // whole block: safe before any barrier
+  if (n0 >= seq_k) return;  // whole block (packed: past its sequence's keys): safe before any barrier
   // K, V, dK, dV of kv head y; Q, dO, lse, delta, dq_accum (and LOAD 1's images) of the group's query
   // heads y*group .. y*group+group-1, consecutive from bh_q0.
   const int group = query_group(p);
   const long long bh_kv = static_cast<long long>(blockIdx.z) * (p.heads_k > 0 ? p.heads_k : p.heads) + blockIdx.y;
   const long long bh_q0 = static_cast<long long>(blockIdx.z) * p.heads + static_cast<long long>(blockIdx.y) * group;
-  det::BlockLoader<T> loader(sm, p, bh_q0, tid);
-  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh_kv * seq_k * D;
-  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh_kv * seq_k * D;
-  const det::DqRows rows{p.dq_accum + bh_q0 * seq_q * D, seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid};
+  // Packed: token-major rows of every head, H*D (Q side) and Hk*D (K side) elements apart.
+  const int h0 = blockIdx.y * group;
+  const int kv_heads = p.heads_k > 0 ? p.heads_k : p.heads;
+  const int q_stride = VARLEN ? p.heads * D : D;
+  const int k_stride = VARLEN ? kv_heads * D : D;
+  det::BlockLoader<T, VARLEN> loader(sm, p, bh_q0, tid);
+  const unsigned short* k =
+      static_cast<const unsigned short*>(p.k) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
+  const unsigned short* v =
+      static_cast<const unsigned short*>(p.v) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
+  const det::DqRows rows{p.dq_accum + (VARLEN ? vs.q_offset(p.heads, h0, D) : bh_q0 * seq_q * D),
+                         seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid, q_stride};
   const float scale_log2 = p.scale_log2;
 
   // Query i sees key n iff n <= i + causal_offset: only query blocks reaching row n0 - causal_offset.
@@ -775,8 +865,8 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   det::QueryStep prev = cur;  // the step before cur (DQ_RED 3 reduces its dQ tile at cur's start)
 
   loader.init(p, bh_q0);
-  det::load_rows_il<BN, D, NT>(sm.k, k, n0, seq_k, tid);
-  det::load_rows_il<BN, D, NT>(sm.v(), v, n0, seq_k, tid);
+  det::load_rows_il<BN, D, NT>(sm.k, k, n0, seq_k, tid, k_stride);
+  det::load_rows_il<BN, D, NT>(sm.v(), v, n0, seq_k, tid, k_stride);
   if (steps > 0) loader.load(cur, 0);
   cp_async_commit();
 
@@ -794,7 +884,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   for (int left = steps; left > 0; --left) {
     const int t = steps - left;  // DQ_RED 3's start_block only
     const det::QueryStep nxt = sched.next(cur);
-    const det::DqBlock qb = det::dq_block<T>(rows, cur);
+    const det::DqBlock qb = det::dq_block<T, VARLEN>(rows, cur);
     const int m0 = qb.m0;
     cp_async_wait<0>();   // step t's block (K, V too on the first pass)
     loader.wait(s);
@@ -876,14 +966,17 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_wgmma_bwd_dkdv(co
   dqr.finish(rows, steps, s, prev);
 
   // dK (times scale), dV rows of the kv head, summed over its group; zeros for a block no query sees.
-  unsigned short* dk_out = static_cast<unsigned short*>(p.dk) + bh_kv * seq_k * D;
-  unsigned short* dv_out = static_cast<unsigned short*>(p.dv) + bh_kv * seq_k * D;
+  unsigned short* dk_out =
+      static_cast<unsigned short*>(p.dk) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
+  unsigned short* dv_out =
+      static_cast<unsigned short*>(p.dv) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
   const int row0 = n0 + kr0 + wrow + g;
   if constexpr (SPLIT == 1) {
-    det::store_tile<DT, Step::GA * 2, D>(wg == 0 ? dv_out : dk_out, ga, wg == 0 ? 1.f : p.scale, row0, 0, seq_k, tig);
+    det::store_tile<DT, Step::GA * 2, D>(wg == 0 ? dv_out : dk_out, ga, wg == 0 ? 1.f : p.scale, row0, 0, seq_k, tig,
+                                         k_stride);
   } else {
-    det::store_tile<DT, Step::GA * 2, D>(dv_out, ga, 1.f, row0, gc0, seq_k, tig);
-    det::store_tile<DT, Step::GB * 2, D>(dk_out, gb, p.scale, row0, gc0, seq_k, tig);
+    det::store_tile<DT, Step::GA * 2, D>(dv_out, ga, 1.f, row0, gc0, seq_k, tig, k_stride);
+    det::store_tile<DT, Step::GB * 2, D>(dk_out, gb, p.scale, row0, gc0, seq_k, tig, k_stride);
   }
 }
 

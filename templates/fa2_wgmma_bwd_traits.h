@@ -123,6 +123,21 @@ FT_HD constexpr long long fa2_wgmma_bwd_padded_rows(int seq_q, int BM) { return 
 FT_HD constexpr long long fa2_wgmma_bwd_workspace_bytes(int batch, int heads, int seq_q, int D, int BM, int LOAD) {
   return LOAD == 1 ? static_cast<long long>(batch) * heads * fa2_wgmma_bwd_padded_rows(seq_q, BM) * (4LL * D + 8) : 0;
 }
+// Packed (varlen) images: per query head, sequence b's padded blocks from row
+// round_up(cu_q[b], 16) + b (BM + 16): 16-row aligned for the bulk copies of lse and delta, and the 16 rows
+// per sequence cover the rounding, so that no two sequences' blocks overlap (padded length <= len + BM - 1);
+// a head's images are round_up(total_q, 16) + batch (BM + 16) rows (a multiple of 16).
+FT_HD constexpr long long fa2_wgmma_bwd_round16(long long x) { return (x + 15) / 16 * 16; }
+FT_HD constexpr long long fa2_wgmma_bwd_varlen_seq_row(long long q_tok0, int b, int BM) {
+  return fa2_wgmma_bwd_round16(q_tok0) + static_cast<long long>(b) * (BM + 16);
+}
+FT_HD constexpr long long fa2_wgmma_bwd_varlen_head_rows(long long total_q, int batch, int BM) {
+  return fa2_wgmma_bwd_round16(total_q) + static_cast<long long>(batch) * (BM + 16);
+}
+FT_HD constexpr long long fa2_wgmma_bwd_varlen_workspace_bytes(int batch, int heads, long long total_q, int D, int BM,
+                                                              int LOAD) {
+  return LOAD == 1 ? static_cast<long long>(heads) * fa2_wgmma_bwd_varlen_head_rows(total_q, batch, BM) * (4LL * D + 8) : 0;
+}
 // heads: the kv heads (heads_k, or heads when multi-head).
 FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int seq_k, int, int BN, int, int) {
   return GridDims{ceil_div(seq_k, BN), heads, batch};
@@ -203,6 +218,13 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
              ? "DQ_RED 3 stages dQ in the Q/dO slot of the block just used: needs STAGES 2"
          : !fa2_wgmma_bwd_load_ok(LOAD) ? "LOAD must be 0 (cp.async from the inputs) or 1 (bulk copies of tile images)"
                                         : nullptr;
+}
+
+// The packed form's (kernel<T, true>) extra constraint: nullptr if the config has one, else why not.
+FT_HD constexpr const char* fa2_wgmma_bwd_varlen_check(int DQ_RED) {
+  return DQ_RED == 3 ? "DQ_RED 3 is dense only: its bulk reduction per query block needs the block's dq_accum rows "
+                       "contiguous (packed rows are H*D apart)"
+                     : nullptr;
 }
 
 template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int LOAD, int DTYPE, bool CAUSAL>

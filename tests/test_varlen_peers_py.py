@@ -98,7 +98,12 @@ class Commands(unittest.TestCase):
         runs[0] = {"family": "fa3_wgmma", "status": "ok", "tflops": 500.0}
         self.assertEqual(vp.best_run(runs)["family"], "fa3_wgmma")
         self.assertEqual(vp.best_run([{"family": "x", "status": "invalid"}])["family"], "x")
-        self.assertEqual(vp.FAMILIES["bwd"], ("fa2_mma_bwd",))
+        self.assertEqual(vp.FAMILIES["bwd"], ("fa2_wgmma_bwd", "fa2_mma_bwd"))
+        bwd = [{"family": "fa2_wgmma_bwd", "status": "error", "error": "no stored result"},
+               {"family": "fa2_mma_bwd", "status": "ok", "tflops": 200.0}]
+        self.assertEqual(vp.best_run(bwd)["family"], "fa2_mma_bwd")
+        bwd[0] = {"family": "fa2_wgmma_bwd", "status": "ok", "tflops": 260.0}
+        self.assertEqual(vp.best_run(bwd)["family"], "fa2_wgmma_bwd")
 
     def test_labels(self):
         self.assertEqual(vp.lengths_label({"lengths": "uniform", "min": 64, "max": 1024, "total_tokens": 16384, "seed": 0}),
