@@ -393,6 +393,63 @@ TEST(Family, VarlenFormFollowsTheProblem) {
   EXPECT_EQ(Compiler("sm_90").prune_before_compile(v), "does not support packed variable-length batches");
 }
 
+// fa2_wgmma_bwd's packed form: DQ_RED 3 (one bulk reduction per query block) is dense only and pruned with
+// the reason before NVRTC; LOAD 1's images hold each sequence's padded blocks from a 16-row aligned start
+// (heads round_up(total_q, 16) + batch (BM + 16) rows apart), so no two sequences' blocks overlap.
+TEST(Family, WgmmaBwdPackedForm) {
+  const Family& f = find_family("fa2_wgmma_bwd");
+  EXPECT_TRUE(f.varlen);
+  EXPECT_EQ(f.varlen_check({64, 64, 2, 2, 0, 1}), nullptr);
+  ASSERT_NE(f.varlen_check({64, 64, 2, 2, 3, 1}), nullptr);
+  EXPECT_THAT(std::string(f.varlen_check({64, 64, 2, 2, 3, 1})), HasSubstr("DQ_RED 3 is dense only"));
+  const Compiler sm90("sm_90");
+  Variant v{&f, {64, 64, 2, 2, 3, 1}, 128, true, DType::bf16, true};
+  EXPECT_THAT(sm90.prune_before_compile(v), HasSubstr("DQ_RED 3 is dense only"));
+  v.varlen = false;
+  EXPECT_EQ(sm90.prune_before_compile(v), "");
+  v.config = {64, 64, 2, 2, 0, 1};
+  v.varlen = true;
+  EXPECT_EQ(sm90.prune_before_compile(v), "");
+  EXPECT_EQ(f.name_expressions(v.config, 128, true, DType::bf16, true).at(1),
+            "&flashtune::fa2_wgmma_bwd_dkdv<flashtune::Fa2WgmmaBwdTraits<128,64,64,2,2,0,1,1,true>, true>");
+
+  Problem p = problems_from_json(json::parse(
+      R"({"problems":[{"heads":8,"heads_k":2,"head_dim":128,"dtype":"bf16","direction":"bwd",
+          "varlen":{"seq_lens":[1,0,129,64,300]}}]})")).at(0);
+  EXPECT_EQ(f.shape_reason(p), "");
+  const long long total = 494;
+  for (int bm : {64, 128}) {
+    SCOPED_TRACE(bm);
+    const long long head_rows = (total + 15) / 16 * 16 + 5LL * (bm + 16);
+    EXPECT_EQ(fa2_wgmma_bwd_varlen_head_rows(total, 5, bm), head_rows);
+    EXPECT_EQ(f.workspace_bytes({bm, 64, 2, 2, 0, 1}, p), (size_t)(8 * head_rows * (4 * 128 + 8)));
+    EXPECT_EQ(f.workspace_bytes({bm, 64, 2, 2, 0, 0}, p), 0u);
+    const std::vector<int> cu = p.varlen.cu_seqlens_q();
+    for (size_t b = 0; b + 1 < cu.size(); ++b) {
+      const long long at = fa2_wgmma_bwd_varlen_seq_row(cu[b], (int)b, bm);
+      const long long end = at + fa2_wgmma_bwd_padded_rows(cu[b + 1] - cu[b], bm);
+      EXPECT_EQ(at % 16, 0) << b;  // lse, delta bulk copies: 16-byte aligned
+      EXPECT_LE(end, b + 2 < cu.size() ? fa2_wgmma_bwd_varlen_seq_row(cu[b + 1], (int)b + 1, bm) : head_rows) << b;
+    }
+  }
+  // The device stage's inputs: every ragged packed backward shape has packed variants of the validation space,
+  // every Llama-style point packed variants of the grid space (DQ_RED 0's: DQ_RED 3's are pruned).
+  const std::string dir = std::string(FLASHTUNE_SOURCE_DIR) + "/configs/";
+  const Space check = load_space(dir + "spaces/fa2_wgmma_bwd_varlen.json");
+  EXPECT_EQ(check.varlen, std::vector<bool>{true});
+  for (const Problem& q : load_problems(dir + "problems/ragged_varlen_bwd.json")) {
+    const auto vs = variants_for(check, {q});
+    EXPECT_FALSE(vs.empty()) << q.str();
+    for (const auto& x : vs) EXPECT_TRUE(x.varlen);
+  }
+  const Space grid = load_space(dir + "spaces/fa2_wgmma_bwd_grid.json");
+  for (const Problem& q : load_problems(dir + "problems/varlen_bwd_bf16.json")) {
+    size_t packed_ok = 0;
+    for (const auto& x : variants_for(grid, {q})) packed_ok += x.varlen && sm90.prune_before_compile(x).empty();
+    EXPECT_GT(packed_ok, 0u) << q.str();
+  }
+}
+
 TEST(Problems, RejectsBadShapes) {
   auto bad = [](const char* text) { return problems_from_json(json::parse(text)); };
   EXPECT_THROW(bad(R"({"problems":[{"batch":0,"heads":1,"seq":8,"head_dim":64}]})"), UsageError);
