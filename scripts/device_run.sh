@@ -525,7 +525,7 @@ varlen)
   #           comparing every element of dQ, dK, dV (1-2 x 10^8) with a float64 reference of distinct heads; a
   #           part stopped by its limit stores what it ran, and the next "bwd" resumes)
   #   check-wgmma-bwd - every compiled fa2_wgmma_bwd_varlen.json variant (Hopper: wgmma; the packed form's
-  #           LOAD 0/1, DQ_RED 0-2, SPLIT 0-2, STAGES 1/2, BLOCK_M 64/128, d 64/128, fp16/bf16) validated on
+  #           LOAD 0/1, DQ_RED 0-2, SPLIT 0-2, BLOCK_M 64/128, d 64/128, fp16/bf16; 276 compiled) validated on
   #           ragged_varlen_bwd.json into varlen_validate.db (limit VARLEN_CHECK_WGMMA_BWD_LIMIT_S, 420 s; a part
   #           stopped by its limit stores what it ran, and the next one resumes)
   #   bwd-wgmma - fa2_wgmma_bwd_grid.json (its packed variants: LOAD 1, DQ_RED 0) tuned by halving on
@@ -537,7 +537,8 @@ varlen)
   #           flash varlen and cuDNN in one run: reports/<gpu>/varlen_vs_peers.csv (varlen_vs_peers.py, ~5 min)
   # Calls on an H100 (the build is ~2 min of each on a fresh machine): "varlen check fwd" (~7 min),
   # "varlen bwd" (~9), "varlen check-fa3 fwd-fa3" (~9), "varlen bwd peers" (~7: the bwd tuning's rest, if
-  # any, then the comparison); between
+  # any, then the comparison); fa2_wgmma_bwd's packed form: "varlen check-wgmma-bwd" (~7), "varlen bwd-wgmma
+  # bwd-wgmma-wide" (~9), then "varlen peers" (~7); between
   # them results.db travels back in sweep.tar.gz and must be unpacked into the working tree, so that the
   # next call's tune resumes and its peers find the picks.
   parts=("$@")
