@@ -525,10 +525,10 @@ varlen)
   #           comparing every element of dQ, dK, dV (1-2 x 10^8) with a float64 reference of distinct heads; a
   #           part stopped by its limit stores what it ran, and the next "bwd" resumes)
   #   check-wgmma-bwd - every compiled fa2_wgmma_bwd_varlen.json variant (Hopper: wgmma; the packed form's
-  #           LOAD 0/1, DQ_RED 0-2, SPLIT 0-2, BLOCK_M 64/128, d 64/128, fp16/bf16; 276 compiled) validated on
+  #           LOAD 0/1, DQ_RED 0-3, SPLIT 0-2, BLOCK_M 64/128, d 64/128, fp16/bf16; ~370 compiled) validated on
   #           ragged_varlen_bwd.json into varlen_validate.db (limit VARLEN_CHECK_WGMMA_BWD_LIMIT_S, 420 s; a part
   #           stopped by its limit stores what it ran, and the next one resumes)
-  #   bwd-wgmma - fa2_wgmma_bwd_grid.json (its packed variants: LOAD 1, DQ_RED 0) tuned by halving on
+  #   bwd-wgmma - fa2_wgmma_bwd_grid.json (its packed variants) tuned by halving on
   #           varlen_bwd_bf16.json into results.db (limit VARLEN_BWD_WGMMA_LIMIT_S, 240 s)
   #   bwd-wgmma-wide - fa2_wgmma_bwd_varlen.json's d = 128 bf16 variants likewise (LOAD 0 and DQ_RED 1, 2 too;
   #           limit VARLEN_BWD_WGMMA_WIDE_LIMIT_S, 300 s)

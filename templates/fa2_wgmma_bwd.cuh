@@ -33,8 +33,8 @@
 // lengths and offsets (VarlenSeq, z = the sequence) with fa2_mma_bwd's layouts: token-major rows of H*D
 // (Hk*D) elements, lse and delta (H, total_q), dq_accum laid out like dQ. A CTA whose block starts past its
 // sequence's end exits; keys of a sequence without queries get dK = dV = 0 (no step). LOAD 1's images
-// hold each sequence's padded blocks from a 16-row aligned start (fa2_wgmma_bwd_varlen_seq_row). DQ_RED 3
-// is dense only: its one bulk reduction per query block needs the block's dq_accum rows contiguous.
+// hold each sequence's padded blocks from a 16-row aligned start (fa2_wgmma_bwd_varlen_seq_row); DQ_RED 3
+// reduces its block's tile one row per lane of warp 0 (the rows are H*D apart in dq_accum).
 //
 // Masking as fa2_mma_bwd: padded rows are zero-filled (lse, delta too), so a padded query
 // contributes exactly zero; keys past seq_k and causal keys k > q + seq_k - seq_q get P = 0 on
@@ -640,12 +640,13 @@ __device__ __forceinline__ DqBlock dq_block(const DqRows& r, const QueryStep& st
     return {r.accum + static_cast<long long>(st.hq) * r.seq_q * T::kHeadDim, st.mb * T::kBlockM};
 }
 
-template <class T, int RED = T::kDqRed>
+// PACKED: the packed form's (only DQ_RED 3 differs: rows H*D apart in dq_accum).
+template <class T, int RED = T::kDqRed, bool PACKED = false>
 struct DqReducer;
 
 // DQ_RED 0: red.global.add.v2.f32 from the accumulators' layout.
-template <class T>
-struct DqReducer<T, 0> {
+template <class T, bool PACKED>
+struct DqReducer<T, 0, PACKED> {
   static constexpr bool dq_holds_other_slot = false, needs_staging_barrier = false;
   __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>&) { return {}; }
   template <int N>
@@ -672,8 +673,8 @@ struct DqReducer<T, 0> {
 // DQ_RED 1: the block's dQ tile staged in shared memory ([BM][D + 8] fp32: rows padded by 32 bytes, so
 // that the C-layout stores do not conflict), then one bulk reduction per row by warp 0, left running
 // while the next block is computed and waited for before its staging.
-template <class T>
-struct DqReducer<T, 1> {
+template <class T, bool PACKED>
+struct DqReducer<T, 1, PACKED> {
   static constexpr bool dq_holds_other_slot = false, needs_staging_barrier = true;
   static constexpr int kRow = T::kHeadDim + 8;
   float* stage;
@@ -710,8 +711,8 @@ struct DqReducer<T, 1> {
 };
 
 // DQ_RED 2: whole-line red.v4 reductions through this warp's [16][32] staging tile (reduce_staged).
-template <class T>
-struct DqReducer<T, 2> {
+template <class T, bool PACKED>
+struct DqReducer<T, 2, PACKED> {
   static constexpr bool dq_holds_other_slot = false, needs_staging_barrier = false;
   float* stage_warp;
   __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) {
@@ -735,7 +736,7 @@ struct DqReducer<T, 2> {
 // written into its own Q/dO slot, then added to dq_accum by one bulk reduction issued after the next
 // block's first barrier (start_block); that slot is refilled once the copy engine has read it.
 template <class T>
-struct DqReducer<T, 3> {
+struct DqReducer<T, 3, false> {
   static constexpr bool dq_holds_other_slot = true, needs_staging_barrier = true;
   DkdvSmem<T> sm;
   __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {sm}; }
@@ -779,6 +780,32 @@ struct DqReducer<T, 3> {
   }
 };
 
+// DQ_RED 3, packed: the same tile in the same slot, but the block's rows are H*D apart in dq_accum: warp 0
+// reduces it one row per lane (each lane's own bulk group, so warp 0 waits where thread 0 does above).
+template <class T>
+struct DqReducer<T, 3, true> : DqReducer<T, 3, false> {
+  __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {{sm}}; }
+  __device__ __forceinline__ void reduce(const DqRows& r, const QueryStep& done, int slot) const {
+    constexpr int D = T::kHeadDim, BM = T::kBlockM;
+    const DqBlock b = dq_block<T, true>(r, done);
+    for (int row = r.lane; row < imin(BM, r.seq_q - b.m0); row += 32)
+      bulk_reduce_add_f32(b.accum + static_cast<long long>(b.m0 + row) * r.stride,
+                          this->sm.q(slot) + static_cast<unsigned>(row * D * 4), D * 4);
+    bulk_commit();
+  }
+  __device__ __forceinline__ void start_block(const DqRows& r, int t, int s, const QueryStep& prev) const {
+    if (r.warp == 0 && t > 0) reduce(r, prev, s ^ 1);
+  }
+  __device__ __forceinline__ void finish(const DqRows& r, int steps, int s, const QueryStep& last) const {
+    if (steps > 0) {
+      fence_proxy_async();
+      __syncthreads();
+      if (r.warp == 0) reduce(r, last, s ^ 1);
+    }
+    if (r.warp == 0) bulk_wait<0>();
+  }
+};
+
 }  // namespace fa2_wgmma_bwd_detail
 
 // One CTA per K/V block j (x), kv head (y), batch (z): dK_j, dV_j over every query block i that can see
@@ -796,8 +823,6 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
     fa2_wgmma_bwd_dkdv(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
   using T = Traits;
   namespace det = fa2_wgmma_bwd_detail;
-  static_assert(!VARLEN || fa2_wgmma_bwd_varlen_check(T::kDqRed) == nullptr,
-                "invalid packed Fa2WgmmaBwdTraits: see fa2_wgmma_bwd_varlen_check");
   constexpr int D = T::kHeadDim;
   constexpr int BM = T::kBlockM;
   constexpr int BN = T::kBlockN;
@@ -812,7 +837,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
 
   extern __shared__ __align__(128) unsigned char fa2_wgmma_bwd_smem[];
   const det::DkdvSmem<T> sm{fa2_wgmma_bwd_smem, smem_u32(fa2_wgmma_bwd_smem)};
-  using Dq = det::DqReducer<T>;
+  using Dq = det::DqReducer<T, T::kDqRed, VARLEN>;
   const Dq dqr = Dq::make(sm);
 
   const int tid = threadIdx.x;
@@ -900,7 +925,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
     // out of it (its barrier is SPLIT 2's after P^T and dS^T); SPLIT 2 otherwise needs that barrier alone.
     auto scores_done = [&]() {
       if constexpr (Dq::dq_holds_other_slot) {
-        if (tid == 0) bulk_wait_read<0>();
+        if (VARLEN ? warp == 0 : tid == 0) bulk_wait_read<0>();  // the issuers of the tile's reductions
         __syncthreads();
         prefetch_next();
       } else if constexpr (SPLIT == 2) {

@@ -220,13 +220,6 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
                                         : nullptr;
 }
 
-// The packed form's (kernel<T, true>) extra constraint: nullptr if the config has one, else why not.
-FT_HD constexpr const char* fa2_wgmma_bwd_varlen_check(int DQ_RED) {
-  return DQ_RED == 3 ? "DQ_RED 3 is dense only: its bulk reduction per query block needs the block's dq_accum rows "
-                       "contiguous (packed rows are H*D apart)"
-                     : nullptr;
-}
-
 template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int LOAD, int DTYPE, bool CAUSAL>
 struct Fa2WgmmaBwdTraits {
   static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED, LOAD) == nullptr,

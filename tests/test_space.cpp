@@ -393,25 +393,19 @@ TEST(Family, VarlenFormFollowsTheProblem) {
   EXPECT_EQ(Compiler("sm_90").prune_before_compile(v), "does not support packed variable-length batches");
 }
 
-// fa2_wgmma_bwd's packed form: DQ_RED 3 (one bulk reduction per query block) is dense only and pruned with
-// the reason before NVRTC; LOAD 1's images hold each sequence's padded blocks from a 16-row aligned start
-// (heads round_up(total_q, 16) + batch (BM + 16) rows apart), so no two sequences' blocks overlap.
+// fa2_wgmma_bwd's packed form: every config the dense form has (DQ_RED 3 included); LOAD 1's images hold each
+// sequence's padded blocks from a 16-row aligned start (heads round_up(total_q, 16) + batch (BM + 16) rows
+// apart), so no two sequences' blocks overlap.
 TEST(Family, WgmmaBwdPackedForm) {
   const Family& f = find_family("fa2_wgmma_bwd");
   EXPECT_TRUE(f.varlen);
-  EXPECT_EQ(f.varlen_check({64, 64, 2, 2, 0, 1}), nullptr);
-  ASSERT_NE(f.varlen_check({64, 64, 2, 2, 3, 1}), nullptr);
-  EXPECT_THAT(std::string(f.varlen_check({64, 64, 2, 2, 3, 1})), HasSubstr("DQ_RED 3 is dense only"));
   const Compiler sm90("sm_90");
-  Variant v{&f, {64, 64, 2, 2, 3, 1}, 128, true, DType::bf16, true};
-  EXPECT_THAT(sm90.prune_before_compile(v), HasSubstr("DQ_RED 3 is dense only"));
-  v.varlen = false;
-  EXPECT_EQ(sm90.prune_before_compile(v), "");
-  v.config = {64, 64, 2, 2, 0, 1};
-  v.varlen = true;
-  EXPECT_EQ(sm90.prune_before_compile(v), "");
-  EXPECT_EQ(f.name_expressions(v.config, 128, true, DType::bf16, true).at(1),
-            "&flashtune::fa2_wgmma_bwd_dkdv<flashtune::Fa2WgmmaBwdTraits<128,64,64,2,2,0,1,1,true>, true>");
+  for (int red : {0, 1, 2, 3}) {
+    const Variant v{&f, {64, 64, 2, 2, red, 1}, 128, true, DType::bf16, true};
+    EXPECT_EQ(sm90.prune_before_compile(v), "") << red;
+  }
+  EXPECT_EQ(f.name_expressions({64, 64, 2, 2, 3, 1}, 128, true, DType::bf16, true).at(1),
+            "&flashtune::fa2_wgmma_bwd_dkdv<flashtune::Fa2WgmmaBwdTraits<128,64,64,2,2,3,1,1,true>, true>");
 
   Problem p = problems_from_json(json::parse(
       R"({"problems":[{"heads":8,"heads_k":2,"head_dim":128,"dtype":"bf16","direction":"bwd",
@@ -433,7 +427,7 @@ TEST(Family, WgmmaBwdPackedForm) {
     }
   }
   // The device stage's inputs: every ragged packed backward shape has packed variants of the validation space,
-  // every Llama-style point packed variants of the grid space (DQ_RED 0's: DQ_RED 3's are pruned).
+  // every Llama-style point packed variants of the grid space.
   const std::string dir = std::string(FLASHTUNE_SOURCE_DIR) + "/configs/";
   const Space check = load_space(dir + "spaces/fa2_wgmma_bwd_varlen.json");
   EXPECT_EQ(check.varlen, std::vector<bool>{true});
