@@ -529,16 +529,16 @@ varlen)
   #           ragged_varlen_bwd.json into varlen_validate.db (limit VARLEN_CHECK_WGMMA_BWD_LIMIT_S, 420 s; a part
   #           stopped by its limit stores what it ran, and the next one resumes)
   #   bwd-wgmma - fa2_wgmma_bwd_grid.json (its packed variants) tuned by halving on
-  #           varlen_bwd_bf16.json into results.db (limit VARLEN_BWD_WGMMA_LIMIT_S, 240 s)
+  #           varlen_bwd_bf16.json into results.db (limit VARLEN_BWD_WGMMA_LIMIT_S, 300 s; resumable)
   #   bwd-wgmma-wide - fa2_wgmma_bwd_varlen.json's d = 128 bf16 variants likewise (LOAD 0 and DQ_RED 1, 2 too;
-  #           limit VARLEN_BWD_WGMMA_WIDE_LIMIT_S, 300 s)
+  #           limit VARLEN_BWD_WGMMA_WIDE_LIMIT_S, 300 s; resumable)
   #   peers - each point's pick (fwd: the faster of fa3_wgmma's and fa2_mma's; bwd: of fa2_wgmma_bwd's and
   #           fa2_mma_bwd's) re-timed beside torch
   #           flash varlen and cuDNN in one run: reports/<gpu>/varlen_vs_peers.csv (varlen_vs_peers.py, ~5 min)
   # Calls on an H100 (the build is ~2 min of each on a fresh machine): "varlen check fwd" (~7 min),
   # "varlen bwd" (~9), "varlen check-fa3 fwd-fa3" (~9), "varlen bwd peers" (~7: the bwd tuning's rest, if
-  # any, then the comparison); fa2_wgmma_bwd's packed form: "varlen check-wgmma-bwd" (~7), "varlen bwd-wgmma
-  # bwd-wgmma-wide" (~9), then "varlen peers" (~7); between
+  # any, then the comparison); fa2_wgmma_bwd's packed form: "varlen check-wgmma-bwd" (~7), "varlen bwd-wgmma"
+  # (~7), optionally "varlen bwd-wgmma-wide" (~7), then "varlen peers" (~7); between
   # them results.db travels back in sweep.tar.gz and must be unpacked into the working tree, so that the
   # next call's tune resumes and its peers find the picks.
   parts=("$@")
@@ -572,7 +572,7 @@ varlen)
       ;;
     bwd-wgmma)
       log "tune fa2_wgmma_bwd_grid on varlen_bwd_bf16 (halving)"
-      timeout "${VARLEN_BWD_WGMMA_LIMIT_S:-240}" $ft tune configs/spaces/fa2_wgmma_bwd_grid.json \
+      timeout "${VARLEN_BWD_WGMMA_LIMIT_S:-300}" $ft tune configs/spaces/fa2_wgmma_bwd_grid.json \
         configs/problems/varlen_bwd_bf16.json --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
       ;;
     bwd-wgmma-wide)
