@@ -542,7 +542,7 @@ varlen)
   # them results.db travels back in sweep.tar.gz and must be unpacked into the working tree, so that the
   # next call's tune resumes and its peers find the picks.
   parts=("$@")
-  [[ ${#parts[@]} -eq 0 ]] && parts=(check fwd bwd check-fa3 fwd-fa3 peers)
+  [[ ${#parts[@]} -eq 0 ]] && parts=(check fwd bwd check-fa3 fwd-fa3 check-wgmma-bwd bwd-wgmma peers)
   val=$rep/varlen_validate.db
   for part in "${parts[@]}"; do
     case $part in
