@@ -22,10 +22,10 @@
 #   gqa    - issue 16's grouped-query attention: every fa2_mma(_bwd) variant validated on ragged GQA/MQA shapes,
 #            both tuned on Llama-3-like shapes beside torch SDPA (enable_gqa): gqa_vs_peers.csv;
 #            gqa wgmma-check | wgmma-time: fa2_wgmma_bwd's GQA (validated; tuned and timed: gqa_bwd_vs_peers.csv)
-#   varlen [check] [fwd] [bwd] [check-fa3] [fwd-fa3] [check-wgmma-bwd] [bwd-wgmma] [bwd-wgmma-wide] [peers] - issue 16's
+#   varlen [check] [fwd] [bwd] [check-fa3] [fwd-fa3] [check-wgmma-bwd] [bwd-wgmma] [peers] - issue 16's
 #            packed variable-length batches: every compiled fa2_mma, fa2_mma_bwd (check), fa3_wgmma (check-fa3) and
 #            fa2_wgmma_bwd (check-wgmma-bwd) variant in its varlen form validated on ragged packed batches, tuned by
-#            halving on Llama-style 16k-token batches (fwd, bwd, fwd-fa3, bwd-wgmma, bwd-wgmma-wide), then the
+#            halving on Llama-style 16k-token batches (fwd, bwd, fwd-fa3, bwd-wgmma), then the
 #            picks re-timed beside torch's flash varlen path and cuDNN on the same batches in one run (peers):
 #            varlen_vs_peers.csv
 #   decode - decode_splitkv: every compiled variant validated on ragged decoding shapes, tuned (halving) on the
@@ -525,20 +525,18 @@ varlen)
   #           comparing every element of dQ, dK, dV (1-2 x 10^8) with a float64 reference of distinct heads; a
   #           part stopped by its limit stores what it ran, and the next "bwd" resumes)
   #   check-wgmma-bwd - every compiled fa2_wgmma_bwd_varlen.json variant (Hopper: wgmma; the packed form's
-  #           LOAD 0/1, DQ_RED 0-3, SPLIT 0-2, BLOCK_M 64/128, d 64/128, fp16/bf16; ~370 compiled) validated on
-  #           ragged_varlen_bwd.json into varlen_validate.db (limit VARLEN_CHECK_WGMMA_BWD_LIMIT_S, 420 s; a part
-  #           stopped by its limit stores what it ran, and the next one resumes)
-  #   bwd-wgmma - fa2_wgmma_bwd_grid.json (its packed variants) tuned by halving on
+  #           LOAD 0 (LOAD 1 is pruned in the packed form: it failed this check on the H100), DQ_RED 0-3,
+  #           SPLIT 0-2, BLOCK_M 64/128, d 64/128, fp16/bf16) validated on ragged_varlen_bwd.json into
+  #           varlen_validate.db (~1 min; limit VARLEN_CHECK_WGMMA_BWD_LIMIT_S, 420 s; resumable)
+  #   bwd-wgmma - fa2_wgmma_bwd_varlen.json's d = 128 bf16 variants tuned by halving on
   #           varlen_bwd_bf16.json into results.db (limit VARLEN_BWD_WGMMA_LIMIT_S, 300 s; resumable)
-  #   bwd-wgmma-wide - fa2_wgmma_bwd_varlen.json's d = 128 bf16 variants likewise (LOAD 0 and DQ_RED 1, 2 too;
-  #           limit VARLEN_BWD_WGMMA_WIDE_LIMIT_S, 300 s; resumable)
   #   peers - each point's pick (fwd: the faster of fa3_wgmma's and fa2_mma's; bwd: of fa2_wgmma_bwd's and
   #           fa2_mma_bwd's) re-timed beside torch
   #           flash varlen and cuDNN in one run: reports/<gpu>/varlen_vs_peers.csv (varlen_vs_peers.py, ~5 min)
   # Calls on an H100 (the build is ~2 min of each on a fresh machine): "varlen check fwd" (~7 min),
   # "varlen bwd" (~9), "varlen check-fa3 fwd-fa3" (~9), "varlen bwd peers" (~7: the bwd tuning's rest, if
-  # any, then the comparison); fa2_wgmma_bwd's packed form: "varlen check-wgmma-bwd" (~7), "varlen bwd-wgmma"
-  # (~7), optionally "varlen bwd-wgmma-wide" (~7), then "varlen peers" (~7); between
+  # any, then the comparison); fa2_wgmma_bwd's packed form: "varlen check-wgmma-bwd bwd-wgmma" (~8),
+  # then "varlen peers" (~7); between
   # them results.db travels back in sweep.tar.gz and must be unpacked into the working tree, so that the
   # next call's tune resumes and its peers find the picks.
   parts=("$@")
@@ -571,13 +569,8 @@ varlen)
       $ft drop-cubins --db "$val"
       ;;
     bwd-wgmma)
-      log "tune fa2_wgmma_bwd_grid on varlen_bwd_bf16 (halving)"
-      timeout "${VARLEN_BWD_WGMMA_LIMIT_S:-300}" $ft tune configs/spaces/fa2_wgmma_bwd_grid.json \
-        configs/problems/varlen_bwd_bf16.json --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
-      ;;
-    bwd-wgmma-wide)
-      log "tune fa2_wgmma_bwd_varlen on varlen_bwd_bf16 (halving)"
-      timeout "${VARLEN_BWD_WGMMA_WIDE_LIMIT_S:-300}" $ft tune configs/spaces/fa2_wgmma_bwd_varlen.json \
+      log "tune fa2_wgmma_bwd_varlen (LOAD 0) on varlen_bwd_bf16 (halving)"
+      timeout "${VARLEN_BWD_WGMMA_LIMIT_S:-300}" $ft tune configs/spaces/fa2_wgmma_bwd_varlen.json \
         configs/problems/varlen_bwd_bf16.json --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
       ;;
     fwd-fa3)
@@ -604,7 +597,7 @@ varlen)
       cut -d, -f1-11 "$rep/varlen_vs_peers.csv"
       cp "$rep/varlen_vs_peers.csv" "$OUT/"
       ;;
-    *) echo "varlen: unknown part '$part' (check, fwd, bwd, check-fa3, fwd-fa3, check-wgmma-bwd, bwd-wgmma, bwd-wgmma-wide, peers)"; exit 2 ;;
+    *) echo "varlen: unknown part '$part' (check, fwd, bwd, check-fa3, fwd-fa3, check-wgmma-bwd, bwd-wgmma, peers)"; exit 2 ;;
     esac
   done
   finish

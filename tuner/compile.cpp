@@ -93,6 +93,8 @@ std::string Compiler::prune_before_compile(const Variant& v) const {
   if (f.hopper_only && target(f) != "sm_90a") return "needs Hopper's wgmma (sm_90a); target is " + arch_;
   if (v.varlen && !f.varlen) return "does not support packed variable-length batches";
   if (const char* why = f.check(v.config, v.head_dim)) return why;
+  if (v.varlen)
+    if (const char* why = f.varlen_check(v.config)) return why;
   unsigned max_smem = 0;
   for (const Launch& l : f.launches(v.config, shape_free_probe(v))) max_smem = std::max(max_smem, l.smem_bytes);
   const ArchLimits lim = arch_limits(arch_);

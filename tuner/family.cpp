@@ -248,7 +248,7 @@ std::vector<Family> make_families() {
     f.default_config = {64, 64, 2, 1, 0, 0};  // compiles spill-free for every head dim (SPLIT 1 is at 255 registers at d = 256)
     f.hopper_only = true;
     f.gqa = true;
-    f.varlen = true;  // each kernel <Traits, true>; LOAD 1's images per sequence
+    f.varlen = true;  // each kernel <Traits, true>
     f.traits = [](const Config& c, int d, bool causal, DType t) {
       return "flashtune::Fa2WgmmaBwdTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
@@ -257,6 +257,12 @@ std::vector<Family> make_families() {
              ">";
     };
     f.check = [](const Config& c, int d) { return fa2_wgmma_bwd_check(d, c[0], c[1], c[2], c[3], c[4], c[5]); };
+    // The H100 found the packed LOAD 1 (per-sequence tile images) wrong: 201 of 222 ragged runs invalid, dQ and
+    // dV off by 1.5-40x their bounds, while every packed LOAD 0 run was valid (varlen_validate.db).
+    f.varlen_check = [](const Config& c) -> const char* {
+      return c[5] == 1 ? "LOAD 1 in the packed form failed validation on the GPU (per-sequence images): LOAD 0 only"
+                       : nullptr;
+    };
     f.workspace_bytes = [](const Config& c, const Problem& p) {  // LOAD 1's images: per query head (packed: per sequence)
       if (p.varlen.enabled())
         return (size_t)fa2_wgmma_bwd_varlen_workspace_bytes(p.batch, p.heads, p.varlen.total_q(), p.head_dim, c[0], c[5]);

@@ -63,6 +63,9 @@ struct Family {
   // nullptr when the combination is valid, else why not (the same conditions as the
   // traits' static_asserts, so NVRTC never sees an impossible variant).
   std::function<const char*(const Config&, int head_dim)> check;
+  // The packed form's (varlen) further conditions: nullptr when it has that form of the config, else why not
+  // (fa2_wgmma_bwd: LOAD 1's packed images failed validation on the GPU).
+  std::function<const char*(const Config&)> varlen_check = [](const Config&) -> const char* { return nullptr; };
   std::function<std::vector<Launch>(const Config&, const Problem&)> launches;  // one per kernel
   // Bytes of p.workspace: zero-filled by the worker before each validated run and by the runtime before
   // each call, unless workspace_written (the family's kernels write every byte before reading it; the
