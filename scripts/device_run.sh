@@ -128,9 +128,17 @@ sys.exit(1 if bad else 0)
 PY
 }
 # Headers from everything stored, the DB without binaries, and all of it back under $OUT.
+# A validation store (reports/<gpu>/NAME_validate.db): committed gzipped (.gitignore), unpacked here when a
+# stage adds to it; finish packs every one back, so sweep.tar.gz brings the .gz to commit.
+validation_store() {
+  local v=$rep/$1_validate.db
+  [[ -f $v || ! -f $v.gz ]] || gunzip -k "$v.gz"
+  echo "$v"
+}
 finish() {
   $ft emit --db "$db" --out configs/generated
   $ft drop-cubins --db "$db"
+  for v in "$rep"/*_validate.db; do [[ -f $v ]] && gzip -9 -n -f -k "$v"; done
   tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
 }
 
@@ -340,7 +348,7 @@ gqa)
   # "gqa wgmma-check": every compiled variant of its space validated on ragged_gqa_bwd (groups of 2, 3, 4,
   # 6 and 8 with MQA, Sq != Sk both ways, causal and not, d 64/128/256, fp16 and bf16) into gqa_validate.db,
   # then on ragged_mma_bwd (multi-head, every head dim: the group of one through the same loop, and the
-  # variants that fit only since the grouped-query change) into $OUT/wgmma_mha_validate.db;
+  # variants that fit only since the grouped-query change) into wgmma_mha_validate.db;
   # "gqa wgmma-time": its grid space tuned (halving) on gqa_bwd_bf16 into the store beside fa2_mma_bwd's
   # rows, then each point's best of the two families re-timed beside torch SDPA flash and cuDNN
   # (enable_gqa) in one process: gqa_bwd_vs_peers.csv (written after every point). A step stopped by its
@@ -350,7 +358,7 @@ gqa)
     fwd | bwd | all | wgmma-check | wgmma-time) ;;
     *) echo "gqa: the part is fwd, bwd, all, wgmma-check or wgmma-time, not '$part'" >&2; exit 2 ;;
   esac
-  val=$rep/gqa_validate.db
+  val=$(validation_store gqa)
   baselines() {  # baselines <problems>: torch SDPA flash and cuDNN (enable_gqa) in this run
     for b in flash cudnn; do
       python3 experiments/sdpa_baseline.py configs/problems/$1.json --backend $b --out "$rep/sdpa_${b}_$1.csv" 2>&1 | tail -1
@@ -384,7 +392,7 @@ gqa)
     validation_summary "$val" || echo "FAIL: a compiled variant did not validate"
     $ft drop-cubins --db "$val"
     log "validate fa2_wgmma_bwd on ragged_mma_bwd (multi-head)"
-    mha=$OUT/wgmma_mha_validate.db
+    mha=$(validation_store wgmma_mha)
     timeout "${GQA_WGMMA_MHA_LIMIT_S:-180}" $ft tune configs/spaces/fa2_wgmma_bwd.json configs/problems/ragged_mma_bwd.json \
       --db "$mha" --stop-margin 0.5 --retime 0 >"$OUT/wgmma_mha_validate.log" 2>&1
     echo "tune exit $? (124: stopped by its time limit)"
@@ -444,7 +452,7 @@ fa3)
   # fixed table through our template and torch SDPA flash and cuDNN in one process:
   # fwd_hopper_vs_peers.csv. "fa3 all": both. "fa3 spot [problems]": the grid space on a few points.
   part=${1:-check}
-  val=$rep/fa3_validate.db
+  val=$(validation_store fa3)
   if [[ $part == check || $part == all ]]; then
     rm -f "$val"
     for probs in ragged_mma ragged_gqa; do
@@ -480,7 +488,7 @@ fa3-short)
   # into a store of this run alone (fa3_short.db: the picks and the bests with and without TWO_CTAS are timed in one
   # run); (iii) each point's best re-timed beside FlashAttention-3's table, torch flash and cuDNN in one
   # process: fwd_short_vs_peers.csv. Each step under its own limit.
-  val=$rep/fa3_validate.db
+  val=$(validation_store fa3)
   sdb=$rep/fa3_short.db
   rm -f "$sdb"
   run_limit=${FA3_SHORT_RUN_TIMEOUT_S:-15}  # per candidate run (each takes well under 1 s): a hang costs 15 s, not 30
@@ -541,7 +549,7 @@ varlen)
   # next call's tune resumes and its peers find the picks.
   parts=("$@")
   [[ ${#parts[@]} -eq 0 ]] && parts=(check fwd bwd check-fa3 fwd-fa3 check-wgmma-bwd bwd-wgmma peers)
-  val=$rep/varlen_validate.db
+  val=$(validation_store varlen)
   for part in "${parts[@]}"; do
     case $part in
     check)
@@ -610,7 +618,7 @@ decode)
   # cuDNN, math; enable_gqa) and a device copy of the same bytes, in one run: decode_vs_peers.csv. About 8 of
   # its 10 minutes on a fresh H100 (build ~2, validation ~2, tuning ~2, comparison ~1.5); each step has a
   # time limit, and a rerun on a warm machine resumes from the stores.
-  val=$rep/decode_validate.db
+  val=$(validation_store decode)
   log "validate decode_splitkv on ragged_decode"
   timeout "${DECODE_VALIDATE_LIMIT_S:-170}" $ft tune configs/spaces/decode_splitkv.json configs/problems/ragged_decode.json \
     --db "$val" --quiet --strategy halving --retime 0 2>&1 | tail -1
