@@ -264,6 +264,10 @@ __global__ void __launch_bounds__(Traits::kPreThreads)
   const auto img = VARLEN ? fa2_wgmma_bwd_detail::images_packed<T>(p, vs, blockIdx.y, blockIdx.z)
                           : fa2_wgmma_bwd_detail::images<T>(p, bh);
   const int blk = row / BM, rb = row % BM;  // LOAD 1: this row's tile and row within it
+  // LOAD 1, packed: only this sequence's padded blocks (the grid covers the longest sequence's): unguarded,
+  // a shorter sequence's zero rows past its padding landed on the next sequence's (or head's) images, racing
+  // with that sequence's own writes (the H100's invalid packed LOAD 1 runs). Dense: every row of the grid.
+  const bool img_row = !VARLEN || fa2_wgmma_bwd_image_row(row, seq_q, BM);
   float acc = 0.f;
 #pragma unroll
   for (int c = g; c < D / 8; c += L) {
@@ -272,10 +276,12 @@ __global__ void __launch_bounds__(Traits::kPreThreads)
     const uint4 dv = ok ? *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p.dout) + off + 8 * c) : zero;
     acc = dot_chunk<T::kDtype>(dv, ov, acc);
     if constexpr (T::kLoad == 1) {
-      const uint4 qv = ok ? *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p.q) + off + 8 * c) : zero;
-      const long long at = static_cast<long long>(blk) * BM * D + il_chunk<D>(rb, c) / 2;  // in 16-bit elements
-      *reinterpret_cast<uint4*>(img.q + at) = qv;
-      *reinterpret_cast<uint4*>(img.dout + at) = dv;
+      if (img_row) {
+        const uint4 qv = ok ? *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p.q) + off + 8 * c) : zero;
+        const long long at = static_cast<long long>(blk) * BM * D + il_chunk<D>(rb, c) / 2;  // in 16-bit elements
+        *reinterpret_cast<uint4*>(img.q + at) = qv;
+        *reinterpret_cast<uint4*>(img.dout + at) = dv;
+      }
     }
   }
   if (ok) {
@@ -286,7 +292,7 @@ __global__ void __launch_bounds__(Traits::kPreThreads)
   acc = group_sum<L>(acc);  // every lane takes part (no early exit before the shuffles)
   if (g == 0) {
     if (ok) p.delta[stat] = acc;
-    if (T::kLoad == 1 && row < fa2_wgmma_bwd_padded_rows(seq_q, BM)) {
+    if (T::kLoad == 1 && fa2_wgmma_bwd_image_row(row, seq_q, BM)) {
       img.delta[row] = ok ? acc : 0.f;
       img.lse[row] = ok ? p.lse[stat] : 0.f;
     }

@@ -120,6 +120,10 @@ FT_HD constexpr int fa2_wgmma_bwd_dkdv_smem_bytes(int D, int BM, int BN, int SPL
 // LOAD 1's images in p.workspace: Q, dO (16-bit) and lse, delta (fp32) for seq_q rounded up to BM rows,
 // per query head (heads: the query heads, also under grouped-query attention).
 FT_HD constexpr long long fa2_wgmma_bwd_padded_rows(int seq_q, int BM) { return static_cast<long long>(ceil_div(seq_q, BM)) * BM; }
+// The rows of a (sequence's) images the preprocess writes: its padded blocks, no more. Dense, the grid is
+// exactly those rows; packed, it covers the longest sequence's blocks, and a shorter sequence's rows past its
+// own padding are the next sequence's images (or the next head's, or past the workspace).
+FT_HD constexpr bool fa2_wgmma_bwd_image_row(int row, int seq_q, int BM) { return row < fa2_wgmma_bwd_padded_rows(seq_q, BM); }
 FT_HD constexpr long long fa2_wgmma_bwd_workspace_bytes(int batch, int heads, int seq_q, int D, int BM, int LOAD) {
   return LOAD == 1 ? static_cast<long long>(batch) * heads * fa2_wgmma_bwd_padded_rows(seq_q, BM) * (4LL * D + 8) : 0;
 }

@@ -430,6 +430,49 @@ TEST(Family, WgmmaBwdPackedForm) {
       EXPECT_EQ(at % 16, 0) << b;  // lse, delta bulk copies: 16-byte aligned
       EXPECT_LE(end, b + 2 < cu.size() ? fa2_wgmma_bwd_varlen_seq_row(cu[b + 1], (int)b + 1, bm) : head_rows) << b;
     }
+    // The preprocess's writes (fa2_wgmma_bwd_preprocess<T, true>: its grid's rows of sequence z, head y, the
+    // rows fa2_wgmma_bwd_image_row keeps), emulated over the Q and dO images of every head, then lse and delta:
+    // each padded row of each sequence written once, by that sequence, nothing else. The grid covers the
+    // longest sequence's blocks (p.seq_q: the maximum), so a shorter sequence's grid rows reach past its
+    // padding: unguarded, its zeros landed on the next sequence's (or head's) images, racing with that
+    // sequence's own rows (the H100's invalid packed LOAD 1 runs, 201 of 222).
+    const Launch pre = f.launches({bm, 64, 2, 2, 0, 1}, p).at(0);
+    ASSERT_EQ(pre.grid[1], 8u);
+    ASSERT_EQ(pre.grid[2], 5u);
+    const long long grid_rows = (long long)pre.grid[0] * kFa2WgmmaBwdRowsPerCta;
+    const long long heads = 8, image_rows = 4 * heads * head_rows;  // Q, dO, lse, delta: rows of each
+    std::vector<int> writer(image_rows, -1), writes(image_rows, 0);
+    bool reaches_past = false;
+    for (int z = 0; z < 5; ++z) {
+      const int len = cu[z + 1] - cu[z];
+      for (long long y = 0; y < heads; ++y)
+        for (long long row = 0; row < grid_rows; ++row) {
+          reaches_past |= row >= fa2_wgmma_bwd_padded_rows(len, bm);
+          if (!fa2_wgmma_bwd_image_row((int)row, len, bm)) continue;
+          for (int image = 0; image < 4; ++image) {
+            const long long at = (image * heads + y) * head_rows + fa2_wgmma_bwd_varlen_seq_row(cu[z], z, bm) + row;
+            ASSERT_LT(at, image_rows);
+            ++writes[at];
+            writer[at] = z;
+          }
+        }
+    }
+    EXPECT_TRUE(reaches_past);  // the guard is needed: [1, 0, 129, 64, 300]'s grid covers 300 rows of each
+    for (int image = 0; image < 4; ++image)
+      for (long long y = 0; y < heads; ++y)
+        for (int z = 0; z < 5; ++z) {
+          const long long at = (image * heads + y) * head_rows + fa2_wgmma_bwd_varlen_seq_row(cu[z], z, bm);
+          const long long padded = fa2_wgmma_bwd_padded_rows(cu[z + 1] - cu[z], bm);
+          for (long long r = 0; r < padded; ++r) {  // what the dK/dV kernel's bulk copies read
+            ASSERT_EQ(writes[at + r], 1) << image << " " << y << " " << z << " " << r;
+            ASSERT_EQ(writer[at + r], z) << image << " " << y << " " << z << " " << r;
+          }
+        }
+    long long written = 0;
+    for (int w : writes) written += w;
+    long long padded_total = 0;
+    for (int z = 0; z < 5; ++z) padded_total += fa2_wgmma_bwd_padded_rows(cu[z + 1] - cu[z], bm);
+    EXPECT_EQ(written, 4 * heads * padded_total);  // no row outside a sequence's padded blocks
   }
   // The device stage's inputs: every ragged packed backward shape and every Llama-style point has packed variants
   // of the packed space that compile (LOAD 0).

@@ -258,7 +258,9 @@ std::vector<Family> make_families() {
     };
     f.check = [](const Config& c, int d) { return fa2_wgmma_bwd_check(d, c[0], c[1], c[2], c[3], c[4], c[5]); };
     // The H100 found the packed LOAD 1 (per-sequence tile images) wrong: 201 of 222 ragged runs invalid, dQ and
-    // dV off by 1.5-40x their bounds, while every packed LOAD 0 run was valid (varlen_validate.db).
+    // dV off by 1.5-40x their bounds, while every packed LOAD 0 run was valid (varlen_validate.db). The cause,
+    // found on the host: the preprocess's unguarded Q/dO image stores past a short sequence's padding
+    // (fa2_wgmma_bwd_image_row now guards them); the prune stays until the GPU re-validates (docs/kernels.md).
     f.varlen_check = [](const Config& c) -> const char* {
       return c[5] == 1 ? "LOAD 1 in the packed form failed validation on the GPU (per-sequence images): LOAD 0 only"
                        : nullptr;
