@@ -384,21 +384,17 @@ gqa)
     python3 experiments/compare.py "$rep/best_gqa.csv" "$rep"/sdpa_*_gqa_*.csv --short --out "$rep/gqa_vs_peers.csv"
   fi
   if [[ $part == wgmma-check ]]; then
-    log "validate fa2_wgmma_bwd on ragged_gqa_bwd"
-    timeout "${GQA_WGMMA_VALIDATE_LIMIT_S:-240}" $ft tune configs/spaces/fa2_wgmma_bwd.json configs/problems/ragged_gqa_bwd.json \
-      --db "$val" --stop-margin 0.5 --retime 0 >"$OUT/gqa_wgmma_validate.log" 2>&1
-    echo "tune exit $? (124: stopped by its time limit; run again to resume)"
-    grep -vE "^\[" "$OUT/gqa_wgmma_validate.log" | tail -4
-    validation_summary "$val" || echo "FAIL: a compiled variant did not validate"
-    $ft drop-cubins --db "$val"
-    log "validate fa2_wgmma_bwd on ragged_mma_bwd (multi-head)"
-    mha=$(validation_store wgmma_mha)
-    timeout "${GQA_WGMMA_MHA_LIMIT_S:-180}" $ft tune configs/spaces/fa2_wgmma_bwd.json configs/problems/ragged_mma_bwd.json \
-      --db "$mha" --stop-margin 0.5 --retime 0 >"$OUT/wgmma_mha_validate.log" 2>&1
-    echo "tune exit $? (124: stopped by its time limit)"
-    grep -vE "^\[" "$OUT/wgmma_mha_validate.log" | tail -4
-    validation_summary "$mha" || echo "FAIL: a compiled variant did not validate"
-    $ft drop-cubins --db "$mha"
+    validate_wgmma() {  # validate_wgmma <problems> <store> <limit s> <log name>
+      log "validate fa2_wgmma_bwd on $1"
+      timeout "$3" $ft tune configs/spaces/fa2_wgmma_bwd.json configs/problems/$1.json \
+        --db "$2" --stop-margin 0.5 --retime 0 >"$OUT/$4.log" 2>&1
+      echo "tune exit $? (124: stopped by its time limit; run again to resume)"
+      grep -vE "^\[" "$OUT/$4.log" | tail -4
+      validation_summary "$2" || echo "FAIL: a compiled variant did not validate"
+      $ft drop-cubins --db "$2"
+    }
+    validate_wgmma ragged_gqa_bwd "$val" "${GQA_WGMMA_VALIDATE_LIMIT_S:-240}" gqa_wgmma_validate
+    validate_wgmma ragged_mma_bwd "$(validation_store wgmma_mha)" "${GQA_WGMMA_MHA_LIMIT_S:-180}" wgmma_mha_validate
   fi
   if [[ $part == wgmma-time ]]; then
     log "tune fa2_wgmma_bwd_grid on gqa_bwd_bf16 (halving)"
