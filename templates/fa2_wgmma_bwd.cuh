@@ -741,8 +741,10 @@ struct DqReducer<T, 2, PACKED> {
 // DQ_RED 3: the block's dQ tile ([BM][D] fp32, piece c4 of row r at c4 ^ (r % 8), as in dq_accum)
 // written into its own Q/dO slot, then added to dq_accum by one bulk reduction issued after the next
 // block's first barrier (start_block); that slot is refilled once the copy engine has read it.
-template <class T>
-struct DqReducer<T, 3, false> {
+// Packed, the block's rows are H*D apart in dq_accum: warp 0 reduces it one row per lane (each lane's own bulk
+// group, so warp 0 waits where thread 0 does dense).
+template <class T, bool PACKED>
+struct DqReducer<T, 3, PACKED> {
   static constexpr bool dq_holds_other_slot = true, needs_staging_barrier = true;
   DkdvSmem<T> sm;
   __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {sm}; }
@@ -761,17 +763,25 @@ struct DqReducer<T, 3, false> {
       *reinterpret_cast<float2*>(at + 8 * D) = make_float2(scale * dq[4 * j + 2], scale * dq[4 * j + 3]);
     }
   }
+  // Who issues the bulk reductions: thread 0 (one copy of the tile), packed warp 0 (a copy per row).
+  __device__ __forceinline__ static bool issues(const DqRows& r) { return PACKED ? r.warp == 0 : r.tid == 0; }
   // The tile of a finished step (its query head's rows), from slot.
   __device__ __forceinline__ void reduce(const DqRows& r, const QueryStep& done, int slot) const {
     constexpr int D = T::kHeadDim, BM = T::kBlockM;
-    const DqBlock b = dq_block<T>(r, done);
-    bulk_reduce_add_f32(b.accum + static_cast<long long>(b.m0) * D, sm.q(slot),
-                        static_cast<unsigned>(imin(BM, r.seq_q - b.m0) * D * 4));
+    const DqBlock b = dq_block<T, PACKED>(r, done);
+    if constexpr (PACKED) {
+      for (int row = r.lane; row < imin(BM, r.seq_q - b.m0); row += 32)
+        bulk_reduce_add_f32(b.accum + static_cast<long long>(b.m0 + row) * r.stride,
+                            sm.q(slot) + static_cast<unsigned>(row * D * 4), D * 4);
+    } else {
+      bulk_reduce_add_f32(b.accum + static_cast<long long>(b.m0) * D, sm.q(slot),
+                          static_cast<unsigned>(imin(BM, r.seq_q - b.m0) * D * 4));
+    }
     bulk_commit();
   }
   // Step t's start: step t-1's (prev) tile, in slot s^1.
   __device__ __forceinline__ void start_block(const DqRows& r, int t, int s, const QueryStep& prev) const {
-    if (r.tid == 0 && t > 0) reduce(r, prev, s ^ 1);
+    if (issues(r) && t > 0) reduce(r, prev, s ^ 1);
   }
   __device__ __forceinline__ void before_products(const DqRows&) const {}
   __device__ __forceinline__ void end_block(const DqRows&, const DqBlock&) const {}
@@ -780,35 +790,9 @@ struct DqReducer<T, 3, false> {
     if (steps > 0) {
       fence_proxy_async();
       __syncthreads();
-      if (r.tid == 0) reduce(r, last, s ^ 1);
+      if (issues(r)) reduce(r, last, s ^ 1);
     }
-    if (r.tid == 0) bulk_wait<0>();
-  }
-};
-
-// DQ_RED 3, packed: the same tile in the same slot, but the block's rows are H*D apart in dq_accum: warp 0
-// reduces it one row per lane (each lane's own bulk group, so warp 0 waits where thread 0 does above).
-template <class T>
-struct DqReducer<T, 3, true> : DqReducer<T, 3, false> {
-  __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {{sm}}; }
-  __device__ __forceinline__ void reduce(const DqRows& r, const QueryStep& done, int slot) const {
-    constexpr int D = T::kHeadDim, BM = T::kBlockM;
-    const DqBlock b = dq_block<T, true>(r, done);
-    for (int row = r.lane; row < imin(BM, r.seq_q - b.m0); row += 32)
-      bulk_reduce_add_f32(b.accum + static_cast<long long>(b.m0 + row) * r.stride,
-                          this->sm.q(slot) + static_cast<unsigned>(row * D * 4), D * 4);
-    bulk_commit();
-  }
-  __device__ __forceinline__ void start_block(const DqRows& r, int t, int s, const QueryStep& prev) const {
-    if (r.warp == 0 && t > 0) reduce(r, prev, s ^ 1);
-  }
-  __device__ __forceinline__ void finish(const DqRows& r, int steps, int s, const QueryStep& last) const {
-    if (steps > 0) {
-      fence_proxy_async();
-      __syncthreads();
-      if (r.warp == 0) reduce(r, last, s ^ 1);
-    }
-    if (r.warp == 0) bulk_wait<0>();
+    if (issues(r)) bulk_wait<0>();
   }
 };
 
