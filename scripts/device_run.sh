@@ -566,14 +566,17 @@ varlen)
       $ft drop-cubins --db "$val"
       ;;
     check-wgmma-bwd)
+      # Its own store: varlen_validate.db keeps the packed LOAD 1 runs that failed before the preprocess's
+      # image stores were guarded (fa2_wgmma_bwd_image_row); this one holds the re-validation.
+      wval=$(validation_store varlen_bwd_wgmma)
       log "validate fa2_wgmma_bwd_varlen (varlen form) on ragged_varlen_bwd"
       timeout "${VARLEN_CHECK_WGMMA_BWD_LIMIT_S:-420}" $ft tune configs/spaces/fa2_wgmma_bwd_varlen.json \
-        configs/problems/ragged_varlen_bwd.json --db "$val" --quiet --stop-margin 0.5 --retime 0 2>&1 | tail -2
-      validation_summary "$val" || echo "FAIL: a compiled varlen variant did not validate"
-      $ft drop-cubins --db "$val"
+        configs/problems/ragged_varlen_bwd.json --db "$wval" --quiet --stop-margin 0.5 --retime 0 2>&1 | tail -2
+      validation_summary "$wval" || echo "FAIL: a compiled varlen variant did not validate"
+      $ft drop-cubins --db "$wval"
       ;;
     bwd-wgmma)
-      log "tune fa2_wgmma_bwd_varlen (LOAD 0) on varlen_bwd_bf16 (halving)"
+      log "tune fa2_wgmma_bwd_varlen (LOAD 0 and 1) on varlen_bwd_bf16 (halving)"
       timeout "${VARLEN_BWD_WGMMA_LIMIT_S:-300}" $ft tune configs/spaces/fa2_wgmma_bwd_varlen.json \
         configs/problems/varlen_bwd_bf16.json --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
       ;;

@@ -257,14 +257,9 @@ std::vector<Family> make_families() {
              ">";
     };
     f.check = [](const Config& c, int d) { return fa2_wgmma_bwd_check(d, c[0], c[1], c[2], c[3], c[4], c[5]); };
-    // The H100 found the packed LOAD 1 (per-sequence tile images) wrong: 201 of 222 ragged runs invalid, dQ and
-    // dV off by 1.5-40x their bounds, while every packed LOAD 0 run was valid (varlen_validate.db). The cause,
-    // found on the host: the preprocess's unguarded Q/dO image stores past a short sequence's padding
-    // (fa2_wgmma_bwd_image_row now guards them); the prune stays until the GPU re-validates (docs/kernels.md).
-    f.varlen_check = [](const Config& c) -> const char* {
-      return c[5] == 1 ? "LOAD 1 in the packed form failed validation on the GPU (per-sequence images): LOAD 0 only"
-                       : nullptr;
-    };
+    // The packed LOAD 1 (per-sequence tile images) once failed on the H100 (201 of 222 ragged runs): the
+    // preprocess's Q/dO image stores ran past a short sequence's padding; fa2_wgmma_bwd_image_row guards them
+    // (docs/kernels.md), and the GPU re-validated it (varlen_bwd_wgmma_validate.db).
     f.workspace_bytes = [](const Config& c, const Problem& p) {  // LOAD 1's images: per query head (packed: per sequence)
       if (p.varlen.enabled())
         return (size_t)fa2_wgmma_bwd_varlen_workspace_bytes(p.batch, p.heads, p.varlen.total_q(), p.head_dim, c[0], c[5]);
