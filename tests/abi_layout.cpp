@@ -31,6 +31,19 @@ int main() {
          FIELD(ft_backward_args, dout); FIELD(ft_backward_args, lse); FIELD(ft_backward_args, dq);
          FIELD(ft_backward_args, dk); FIELD(ft_backward_args, dv); FIELD(ft_backward_args, workspace);
          FIELD(ft_backward_args, workspace_bytes); FIELD(ft_backward_args, heads_k));
+  STRUCT(ft_packed_tensor, FIELD(ft_packed_tensor, data); FIELD(ft_packed_tensor, stride));
+#define VARLEN_HEAD(T)                                                                                     \
+  FIELD(T, batch); FIELD(T, heads); FIELD(T, heads_k); FIELD(T, head_dim); FIELD(T, total_q); FIELD(T, total_k); \
+  FIELD(T, max_seqlen_q); FIELD(T, max_seqlen_k); FIELD(T, cu_seqlens_q); FIELD(T, cu_seqlens_k); FIELD(T, dtype); \
+  FIELD(T, causal); FIELD(T, scale)
+  STRUCT(ft_varlen_forward_args, VARLEN_HEAD(ft_varlen_forward_args); FIELD(ft_varlen_forward_args, q);
+         FIELD(ft_varlen_forward_args, k); FIELD(ft_varlen_forward_args, v); FIELD(ft_varlen_forward_args, o);
+         FIELD(ft_varlen_forward_args, lse));
+  STRUCT(ft_varlen_backward_args, VARLEN_HEAD(ft_varlen_backward_args); FIELD(ft_varlen_backward_args, q);
+         FIELD(ft_varlen_backward_args, k); FIELD(ft_varlen_backward_args, v); FIELD(ft_varlen_backward_args, o);
+         FIELD(ft_varlen_backward_args, dout); FIELD(ft_varlen_backward_args, lse); FIELD(ft_varlen_backward_args, dq);
+         FIELD(ft_varlen_backward_args, dk); FIELD(ft_varlen_backward_args, dv);
+         FIELD(ft_varlen_backward_args, workspace); FIELD(ft_varlen_backward_args, workspace_bytes));
   STRUCT(ft_explanation, FIELD(ft_explanation, family); FIELD(ft_explanation, config); FIELD(ft_explanation, source);
          FIELD(ft_explanation, cache); FIELD(ft_explanation, device); FIELD(ft_explanation, arch));
   // The enums' values and size: ctypes passes them as int.

@@ -10,8 +10,17 @@ FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (tests/CMakeLists.txt se
 - torch.autocast("cuda", bf16) on fp32 inputs runs in bf16, as SDPA does (eager and compiled).
 - A side stream, the FlashAttention module, explain(), and the one-line errors (CPU tensors, mixed
   dtypes, wrong ranks, Hq != Hk, an unsupported head dim).
+- Decoding through the dense op (Sq 1 and 16 against K/V caches, GQA): the same accuracy bar; where the
+  committed tables (configs/generated) hold a decode_splitkv entry for this GPU, explain() must name it.
+- attention_varlen (packed batches: ragged and empty sequences, cross-attention lengths, GQA and MQA, a q
+  sliced out of a packed qkv projection, a loose max_seqlen): O, dQ, dK, dV against the float64 reference
+  of each sequence alone, relative L2 no worse than 1.2x torch flash's run on each sequence, max-abs 2x;
+  under torch.compile(fullgraph=True) the same as eager; explain_varlen(); its one-line errors.
 """
+import glob
 import math
+import os
+import re
 import sys
 import traceback
 
@@ -20,7 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtune
-from flashtune.torch import FlashAttention, attention, explain
+from flashtune.torch import FlashAttention, attention, attention_varlen, explain, explain_varlen
 
 FAILURES = []
 SEED = 20261123
@@ -122,6 +131,9 @@ GQA_CASES = [  # B, H, Hk, Sq, Sk, d, causal, dtype, layout: grouped- and multi-
     (2, 8, 2, 113, 301, 128, True, torch.bfloat16, "bhsd"),
     (1, 6, 1, 200, 77, 64, True, torch.float16, "bshd"),
     (2, 4, 2, 255, 255, 64, False, torch.bfloat16, "bshd"),
+    # decoding: one token (causal: it sees every key) and 16 draft tokens against a K/V cache
+    (2, 32, 8, 1, 4096, 128, True, torch.bfloat16, "bhsd"),
+    (3, 16, 2, 16, 700, 128, False, torch.bfloat16, "bshd"),
 ]
 
 
@@ -158,7 +170,128 @@ def accuracy():
                   f"{name}: {key} rel L2 {rl2:.3e} vs torch flash {trl2:.3e} (<= 1.2x), max-abs {ma:.3e} vs {tma:.3e} (<= 2x)")
 
 
-# --- torch.compile, autocast, streams, module, explain ------------------------------------------------
+# --- decoding ----------------------------------------------------------------------------------------
+def tabled_decode_devices():
+    """Device names whose committed table (configs/generated/*.hpp) holds a bf16 d 128 non-causal
+    decode_splitkv entry: there the op must run it for Sq <= 16."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "generated")
+    out = set()
+    for path in glob.glob(os.path.join(root, "sm*.hpp")):
+        text = open(path).read()
+        m = re.search(r'kTable\{"((?:[^"\\]|\\.)*)"', text)
+        if m and re.search(r'\{"decode_splitkv", "fwd", "bf16", 128, false,', text):
+            out.add(m.group(1))
+    return out
+
+
+def decode_dispatch():
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 2)
+    q = torch.randn(2, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    tabled = torch.cuda.get_device_name() in tabled_decode_devices()
+    for causal in (False, True):
+        e = explain(q, k, v, causal=causal)
+        if tabled:
+            check(e["family"] == "decode_splitkv", f"decoding (Sq 1, causal={causal}) on a GPU whose table has "
+                                                   f"decode_splitkv runs it: {e['family']} {e['config']} ({e['source']})")
+        else:
+            print(f"note  no decode_splitkv entry for {torch.cuda.get_device_name()} in configs/generated: "
+                  f"decoding runs {e['family']} ({e['source']})")
+    q17 = torch.randn(2, 32, 17, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    check(explain(q17, k, v)["family"] != "decode_splitkv", "Sq 17 does not run decode_splitkv")
+
+
+# --- packed variable-length batches ---------------------------------------------------------------------
+VARLEN_CASES = [  # lengths q, lengths k (None: q's), H, Hk, d, causal, dtype, q from a packed qkv, loose max
+    ([1, 130, 0, 257, 64], None, 8, 2, 128, True, torch.bfloat16, False, 0),
+    ([100, 17, 300], [50, 200, 300], 4, 4, 64, False, torch.float16, True, 0),
+    ([33, 190], [120, 7], 4, 1, 256, True, torch.bfloat16, False, 100),
+]
+
+
+def offsets(lengths):
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+def per_sequence(fn, q, k, v, dout, cu_q, cu_k, causal, scale):
+    """fn (reference or torch_flash) on each sequence alone as [1, H, L, d]; its O, dQ, dK, dV packed back
+    token-major. A sequence without queries contributes no O and zero dK, dV."""
+    o, dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device), torch.zeros(q.shape, dtype=torch.float64,
+                                                                                    device=q.device)
+    dk, dv = (torch.zeros(k.shape, dtype=torch.float64, device=q.device) for _ in range(2))
+    as_seq = lambda t, a, b: t[a:b].transpose(0, 1).unsqueeze(0)  # noqa: E731  [L, H, d] -> [1, H, L, d]
+    for b in range(len(cu_q) - 1):
+        (q0, q1), (k0, k1) = (cu_q[b], cu_q[b + 1]), (cu_k[b], cu_k[b + 1])
+        if q1 == q0:
+            continue
+        r = fn(as_seq(q, q0, q1), as_seq(k, k0, k1), as_seq(v, k0, k1), as_seq(dout, q0, q1), causal, scale)
+        back = [t[0].transpose(0, 1).double() for t in r]
+        o[q0:q1], dq[q0:q1], dk[k0:k1], dv[k0:k1] = back
+    return o, dq, dk, dv
+
+
+def varlen_accuracy():
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 3)
+    for lq, lk, H, Hk, d, causal, dtype, from_qkv, loose in VARLEN_CASES:
+        lk = lk or lq
+        cu_q, cu_k = offsets(lq), offsets(lk)
+        name = (f"varlen {str(dtype).split('.')[-1]} H{H}/{Hk} d{d} q{lq} k{lk}{' causal' if causal else ''}"
+                f"{' qkv' if from_qkv else ''}{' loose-max' if loose else ''}")
+        if from_qkv:  # q a view of a packed projection: tokens (H + 2 Hk) d apart
+            qkv = torch.randn(cu_q[-1], H + 2 * Hk, d, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
+            q, leaf = qkv[:, :H], qkv
+        else:
+            q = torch.randn(cu_q[-1], H, d, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
+            leaf = q
+        k = torch.randn(cu_k[-1], Hk, d, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
+        v = torch.randn(cu_k[-1], Hk, d, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
+        dout = torch.randn(cu_q[-1], H, d, device="cuda", dtype=dtype, generator=gen)
+        t_cu_q = torch.tensor(cu_q, dtype=torch.int32, device="cuda")
+        t_cu_k = torch.tensor(cu_k, dtype=torch.int32, device="cuda")
+        scale = 1.0 / math.sqrt(d)
+        o = attention_varlen(q, k, v, t_cu_q, t_cu_k, max(lq) + loose, max(lk) + loose, causal=causal)
+        check(o.shape == (cu_q[-1], H, d) and o.dtype == dtype and o.is_contiguous(), f"{name}: O shape, dtype, contiguous")
+        grads = torch.autograd.grad(o, (leaf, k, v), dout)
+        dq = grads[0][:, :H] if from_qkv else grads[0]
+        if from_qkv:
+            check(torch.count_nonzero(grads[0][:, H:]).item() == 0, f"{name}: no gradient into qkv's k and v part")
+        qd = q.detach()
+        ref = per_sequence(reference, qd, k.detach(), v.detach(), dout, cu_q, cu_k, causal, scale)
+        theirs = per_sequence(torch_flash, qd, k.detach(), v.detach(), dout, cu_q, cu_k, causal, scale)
+        for key, ours, r, t in zip(("O", "dQ", "dK", "dV"), (o, dq, grads[1], grads[2]), ref, theirs):
+            ma, rl2 = errors(ours, r)
+            tma, trl2 = errors(t, r)
+            check(rl2 <= 1.2 * trl2 and ma <= 2.0 * tma,
+                  f"{name}: {key} rel L2 {rl2:.3e} vs torch flash per sequence {trl2:.3e} (<= 1.2x), max-abs "
+                  f"{ma:.3e} vs {tma:.3e} (<= 2x)")
+        e = explain_varlen(qd, k, v, t_cu_q, t_cu_k, max(lq) + loose, max(lk) + loose, causal=causal)
+        check(e["family"] in ("fa2_mma", "fa3_wgmma") and e.get("backward", {}).get("family") in
+              ("fa2_mma_bwd", "fa2_wgmma_bwd"), f"{name}: explain_varlen(): {e['family']} {e['config']}, backward "
+                                                f"{e.get('backward')}")
+
+    # torch.compile(fullgraph=True): the custom ops give eager's output and gradients.
+    lq = [40, 0, 97]
+    cu = torch.tensor(offsets(lq), dtype=torch.int32, device="cuda")
+    x = torch.randn(sum(lq), 4, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def f(q, k, v):
+        return attention_varlen(q, k, v, cu, cu, max(lq), max(lq), causal=True)
+
+    outs = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        q, k, v = (x.clone().requires_grad_(True) for _ in range(3))
+        o = fn(q, k, v)
+        o.float().square().sum().backward()
+        outs.append([o.detach(), q.grad, k.grad, v.grad])
+    check(torch.equal(outs[0][0], outs[1][0]), "attention_varlen under torch.compile(fullgraph=True): the same O as eager")
+    # The backward's dQ sums by fp32 atomics in an order that varies run to run: bf16 results may differ by an
+    # ulp (0.4%) in some elements, so the gradients are compared in relative L2, not bit for bit.
+    worst = max((a.float() - b.float()).norm().item() / b.float().norm().clamp_min(1e-30).item()
+                for a, b in zip(outs[0][1:], outs[1][1:]))
+    check(worst <= 5e-3, f"attention_varlen under torch.compile(fullgraph=True): gradients match eager (rel L2 {worst:.2e})")
 class TinyAttentionBlock(torch.nn.Module):
     def __init__(self, dim=256, heads=4, causal=True):
         super().__init__()
@@ -266,6 +399,27 @@ def error_messages():
     raises(lambda: attention(big, big, big), flashtune.UnsupportedError, "512", "head dim 512 (the runtime's FT_UNSUPPORTED)")
     check(issubclass(flashtune.UnsupportedError, ValueError), "UnsupportedError is a ValueError")
 
+    # attention_varlen: q [30, 4, 64], k and v [30, 2, 64], three sequences of 10.
+    p = torch.randn(30, 4, 64, device="cuda", dtype=torch.bfloat16)
+    kv = p[:, :2].contiguous()
+    cu = torch.tensor([0, 10, 20, 30], dtype=torch.int32, device="cuda")
+
+    def av(q=p, k=kv, v=kv, cu_q=cu, cu_k=cu, mq=10, mk=10):
+        return attention_varlen(q, k, v, cu_q, cu_k, mq, mk)
+
+    raises(lambda: av(q=p[None]), ValueError, "3-D", "varlen: a 4-D q")
+    raises(lambda: av(cu_q=cu.long()), ValueError, "torch.int32", "varlen: int64 offsets")
+    raises(lambda: av(cu_k=cu.cpu()), ValueError, "kernels read it on the GPU", "varlen: offsets on the CPU")
+    raises(lambda: av(cu_k=cu[:3]), ValueError, "both hold batch + 1", "varlen: offset counts differ")
+    raises(lambda: av(cu_q=cu[:1], cu_k=cu[:1]), ValueError, "batch + 1 for a batch of 1", "varlen: one offset")
+    raises(lambda: av(mq=torch.tensor(10)), TypeError, "max_seqlen_q must be an int", "varlen: max_seqlen a tensor")
+    raises(lambda: av(mk=0), ValueError, "max_seqlen_k = 0 is out of range", "varlen: max_seqlen 0")
+    raises(lambda: av(mq=9), ValueError, "more than batch 3 x max_seqlen_q 9", "varlen: tokens past batch x max")
+    raises(lambda: av(q=p.float(), k=kv.float(), v=kv.float()), TypeError, "float16 or torch.bfloat16", "varlen: fp32")
+    raises(lambda: av(k=p[:, :3].contiguous(), v=p[:, :3].contiguous()), ValueError, "dividing q's", "varlen: Hk 3 of 4")
+    raises(lambda: av(v=kv[:20]), ValueError, "different token counts", "varlen: k and v tokens differ")
+    raises(lambda: av(q=p.cpu()), ValueError, "CUDA", "varlen: q on the CPU")
+
 
 def main():
     ok, why = flashtune.device_available()
@@ -273,7 +427,7 @@ def main():
         print(f"FAIL  no GPU: flashtune says {why!r}, torch.cuda.is_available() = {torch.cuda.is_available()}")
         return 1
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
-    for part in (error_messages, accuracy, streams_module_explain, compiled_and_autocast):
+    for part in (error_messages, accuracy, decode_dispatch, varlen_accuracy, streams_module_explain, compiled_and_autocast):
         try:
             part()
         except Exception:  # noqa: BLE001 - one part's crash is reported and the rest still run

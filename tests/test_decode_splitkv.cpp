@@ -298,9 +298,25 @@ TEST(DecodeSplitkv, ServesDecodingShapesOnly) {
     r.device_name = "GPU A", r.arch = "sm_90";
     return r;
   };
-  decode.heads_k = prefill.heads_k = 0;  // multi-head rows: the ones buckets are made of
+  decode.heads_k = prefill.heads_k = 0;
   EXPECT_TRUE(best_per_bucket({row(prefill, 500)}).empty());
   const auto choices = best_per_bucket({row(decode, 1), row(prefill, 500)});
   ASSERT_EQ(choices.size(), 1u);
   EXPECT_EQ(choices[0].tflops, 1);
+
+  // Grouped-query rows make a bucket for the decoding family (the shapes it is tuned on: decode_bf16.json
+  // is all GQA), and only for it: a general family's GQA row stays out of the tables.
+  Problem gqa = decode;
+  gqa.heads_k = 2;
+  const auto gqa_choices = best_per_bucket({row(gqa, 3)});
+  ASSERT_EQ(gqa_choices.size(), 1u);
+  EXPECT_EQ(gqa_choices[0].family, f.name);
+  EXPECT_DOUBLE_EQ(gqa_choices[0].tflops, 3);
+  ResultRecord general = row(gqa, 3);
+  const Family& g = find_family("fa2_mma");
+  ASSERT_EQ(g.max_seq_q, 0);
+  general.family = g.name, general.config = g.config_string(g.default_config);
+  EXPECT_TRUE(best_per_bucket({general}).empty());
+  general.problem.heads_k = 0;
+  EXPECT_EQ(best_per_bucket({general}).size(), 1u);
 }

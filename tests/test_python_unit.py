@@ -46,6 +46,15 @@ class StructLayout(unittest.TestCase):
     def test_explanation(self):
         self.check("ft_explanation", _lib.FtExplanation)
 
+    def test_packed_tensor(self):
+        self.check("ft_packed_tensor", _lib.FtPackedTensor)
+
+    def test_varlen_forward_args(self):
+        self.check("ft_varlen_forward_args", _lib.FtVarlenForwardArgs)
+
+    def test_varlen_backward_args(self):
+        self.check("ft_varlen_backward_args", _lib.FtVarlenBackwardArgs)
+
     def test_enums(self):
         e = self.c["enums"]
         self.assertEqual(e["sizeof_ft_status"], ctypes.sizeof(ctypes.c_int))
@@ -157,6 +166,74 @@ class ArgumentChecks(unittest.TestCase):
         self.assertTrue(issubclass(flashtune.UnsupportedError, flashtune.FlashtuneError))
 
 
+class VarlenArgumentChecks(unittest.TestCase):
+    """Packed variable-length batches: checked in Python before the library is called."""
+    T = (0x1000, (8 * 128, 128, 1))
+    K = (0x5000, (2 * 128, 128, 1))
+    SIZES = dict(batch=3, heads=8, head_dim=128, total_q=300, total_k=500, max_seqlen_q=200, max_seqlen_k=300)
+
+    def fwd(self, sizes=None, **kw):
+        a = dict(sizes=dict(self.SIZES, **(sizes or {})), cu_seqlens_q=0x7000, cu_seqlens_k=0x7100, dtype="bf16",
+                 causal=True, scale=None, q=self.T, k=self.K, v=self.K, o=self.T, lse=0x2000, heads_k=2)
+        a.update(kw)
+        return _lib.varlen_forward_args(**a)
+
+    def test_good_args_packed(self):
+        a = self.fwd()
+        self.assertEqual((a.batch, a.heads, a.heads_k, a.head_dim), (3, 8, 2, 128))
+        self.assertEqual((a.total_q, a.total_k, a.max_seqlen_q, a.max_seqlen_k), (300, 500, 200, 300))
+        self.assertEqual((a.cu_seqlens_q, a.cu_seqlens_k), (0x7000, 0x7100))
+        self.assertEqual((a.dtype, a.causal, a.scale), (_lib.DTYPES["bf16"], 1, 0.0))
+        self.assertEqual(list(a.k.stride), [256, 128, 1])
+        self.assertEqual(a.lse, 0x2000)
+
+    def test_bad_sizes(self):
+        cases = [({"batch": 0}, "batch = 0 is out of range"),
+                 ({"batch": 65536}, "batch = 65536 is out of range \\[1, 65535\\]"),
+                 ({"total_q": 2**24 + 1}, "total_q = 16777217 is out of range"),
+                 ({"max_seqlen_k": 0}, "max_seqlen_k = 0 is out of range"),
+                 ({"total_q": 601}, "total_q 601 is more than batch 3 x max_seqlen_q 200"),
+                 ({"max_seqlen_k": 166}, "total_k 500 is more than batch 3 x max_seqlen_k 166")]
+        for sizes, pattern in cases:
+            with self.assertRaisesRegex(ValueError, pattern):
+                self.fwd(sizes=sizes)
+        with self.assertRaisesRegex(ValueError, "sizes must be a dict of batch"):
+            _lib.varlen_forward_args({"batch": 3}, 0x7000, 0x7100, "bf16", True, None, self.T, self.K, self.K, self.T, 0)
+        with self.assertRaisesRegex(TypeError, "head_dim must be an int"):
+            self.fwd(sizes={"head_dim": 128.0})
+
+    def test_bad_offsets_and_tensors(self):
+        with self.assertRaisesRegex(ValueError, "cu_seqlens_q is null"):
+            self.fwd(cu_seqlens_q=0)
+        with self.assertRaisesRegex(ValueError, "q needs 3 strides \\(\\[total, heads, d\\]\\)"):
+            self.fwd(q=(0x1000, (1024, 128, 128, 1)))
+        with self.assertRaisesRegex(TypeError, "o must be a \\(pointer, strides\\) pair"):
+            self.fwd(o=0x1000)
+        with self.assertRaisesRegex(ValueError, "heads_k 3 must divide heads 8"):
+            self.fwd(heads_k=3)
+        with self.assertRaisesRegex(ValueError, "dtype must be one of"):
+            self.fwd(dtype="fp8")
+
+    def test_fast_packing_matches_the_checked_one(self):
+        flat = lambda x: (x[0], *x[1])  # noqa: E731
+        sz = self.SIZES
+        sizes = (sz["batch"], sz["heads"], 2, sz["head_dim"], sz["total_q"], sz["total_k"], sz["max_seqlen_q"],
+                 sz["max_seqlen_k"])
+        slow = self.fwd(scale=0.125)
+        fast = _lib.pack_varlen_forward(sizes, 0x7000, 0x7100, _lib.DTYPES["bf16"], 1, 0.125, flat(self.T),
+                                        flat(self.K), flat(self.K), flat(self.T), 0x2000)
+        self.assertEqual(bytes(slow), bytes(fast))
+        t, k = self.T, self.K
+        slow = _lib.varlen_backward_args(dict(sz), 0x7000, 0x7100, "fp16", False, None, t, k, k, t, t, 0x3000, t,
+                                         (0x6000, (512, 128, 1)), k, heads_k=2)
+        fast = _lib.pack_varlen_backward(sizes, 0x7000, 0x7100, _lib.DTYPES["fp16"], 0, 0.0, flat(t), flat(k), flat(k),
+                                         flat(t), flat(t), 0x3000, flat(t), (0x6000, 512, 128, 1), flat(k))
+        self.assertEqual(bytes(slow), bytes(fast))
+        self.assertEqual((slow.workspace, slow.workspace_bytes), (None, 0))
+        with self.assertRaisesRegex(ValueError, "does not fit"):
+            _lib.pack_varlen_forward((2**31, *sizes[1:]), 0x7000, 0x7100, 2, 0, 0.0, *[flat(t)] * 4, 0)
+
+
 class WithLibrary(unittest.TestCase):
     """The built library through ctypes: version, device_available's one line, errors as exceptions."""
 
@@ -196,6 +273,28 @@ class WithLibrary(unittest.TestCase):
         self.assertNotIn("\n", msg)
         self.assertGreater(len(msg.split(": ", 1)[-1]), 0)
         print(f"null pointers -> {type(e).__name__}: {msg}", file=sys.stderr)
+
+    def test_varlen_calls_raise_with_last_error(self):
+        # A null q through the packed entry points: the runtime's own check (the Python packer accepts a 0
+        # pointer), or FT_NO_GPU first; its line in the exception.
+        t, k = (0, (8 * 128, 128, 1)), (0x5000, (2 * 128, 128, 1))
+        sizes = dict(batch=3, heads=8, head_dim=128, total_q=300, total_k=500, max_seqlen_q=200, max_seqlen_k=300)
+        a = _lib.varlen_forward_args(sizes, 0x7000, 0x7100, "bf16", True, None, t, k, k, (0x1000, t[1]), 0,
+                                     heads_k=2)
+        with self.assertRaises(flashtune.FlashtuneError) as cm:
+            _lib.varlen_forward(a, 0)
+        self.assertIn(cm.exception.status, (_lib.FT_INVALID_ARGUMENT, _lib.FT_NO_GPU))
+        if cm.exception.status == _lib.FT_INVALID_ARGUMENT:
+            self.assertIn("q.data is null", str(cm.exception))
+        # fp32 has no packed family: FT_UNSUPPORTED before any driver call.
+        a = _lib.varlen_forward_args(sizes, 0x7000, 0x7100, "fp32", True, None, (0x1000, t[1]), k, k, (0x1000, t[1]),
+                                     0, heads_k=2)
+        with self.assertRaisesRegex(flashtune.UnsupportedError, "no family runs fp32 packed variable-length forward"):
+            _lib.varlen_forward(a, 0)
+        q = (0x1000, t[1])
+        b = _lib.varlen_backward_args(sizes, 0x7000, 0x7100, "bf16", True, None, q, k, k, q, q, 0, q, k, k, heads_k=2)
+        with self.assertRaisesRegex(flashtune.InvalidArgumentError, "lse is null"):
+            _lib.varlen_backward(b, 0)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -15,9 +17,11 @@
 #include "aot.hpp"
 #include "args.hpp"
 #include "disk_cache.hpp"
+#include "fake_driver/record_tensor_map.hpp"
 #include "fixture.hpp"
 #include "flashtune/attention.hpp"
 #include "lookup.hpp"
+#include "tuner/tensor_maps.hpp"
 #include "tuner/util.hpp"
 
 namespace fs = std::filesystem;
@@ -211,6 +215,131 @@ TEST(RuntimeLookup, QueryLengthRange) {
   EXPECT_GT(ranged, 0);
 }
 
+// Decoding through the committed tables: every entry of a family with a query-length range (the H100's
+// decode_splitkv rows) is picked, with its config, for a call inside the range with that entry's key,
+// grouped-query or multi-head, and never past the range; a call the tables hold no such entry for gets the
+// family a longer query would (the dense choice).
+TEST(RuntimeLookup, DecodeFromTheCommittedTables) {
+  const TableSet ts = generated_tables();
+  int seen = 0;
+  for (int i = 0; i < ts.count; ++i)
+    for (int j = 0; j < ts.tables[i].count; ++j) {
+      const tuned::Table& t = ts.tables[i];
+      const tuned::Entry& e = t.entries[j];
+      const Family& f = find_family(e.family);
+      if (f.max_seq_q == 0) continue;
+      ++seen;
+      SCOPED_TRACE(std::string(t.device) + " " + e.family + " d" + std::to_string(e.head_dim) + " seq " +
+                   std::to_string(e.seq_max));
+      for (bool gqa : {true, false})
+        for (int seq_q : {1, f.max_seq_q}) {
+          Query q = query(t.device, t.arch, e.direction, parse_dtype(e.dtype), e.head_dim, e.causal, e.seq_max);
+          q.gqa = gqa, q.seq_q = seq_q;
+          const Pick p = choose(ts, q);
+          ASSERT_EQ(p.family, &f);
+          EXPECT_EQ(p.source, "device");
+          EXPECT_EQ(p.config, Config(e.params, e.params + f.params.size()));
+          q.seq_q = f.max_seq_q + 1;
+          EXPECT_NE(choose(ts, q).family, &f);
+        }
+    }
+  EXPECT_GT(seen, 0) << "no decoding entry in the committed tables (configs/generated)";
+  // fp16 decoding was not tuned anywhere: the dense choice, as for Sq past the range.
+  Query q = query(ts.tables[0].device, ts.tables[0].arch, "fwd", DType::fp16, 128, false, 4096);
+  q.gqa = true, q.seq_q = 1;
+  const Family* dense = choose_family(ts, [&] { Query x = q; x.seq_q = 17; return x; }());
+  ASSERT_NE(dense, nullptr);
+  EXPECT_EQ(dense->max_seq_q, 0);
+  EXPECT_EQ(choose(ts, q).family, dense);
+}
+
+// A results store that holds rows of the decoding family for this device makes it the pick inside its range
+// (as a device table entry would), with the stored config; past the range, or without the store, it is not.
+TEST(RuntimeLookup, DecodeFromAResultsStore) {
+  const Family& f = find_family("decode_splitkv");
+  const std::string dir = temp_dir("db-decode");
+  const std::string db = dir + "/results.db";
+  const Config tuned = f.parse_config("SPLITS=4,BLOCK_N=128,WARPS=4,STAGES=1");
+  ASSERT_NE(tuned, f.default_config);
+  {
+    Store s(db);
+    Problem p{8, 32, 1, 4096, 128, DType::bf16, false};
+    p.heads_k = 8;
+    ResultRecord r = fixture::fixture_result(f.config_string(tuned), p, "ok", 0.05);
+    r.family = f.name;
+    s.put_result(r, fixture::fixture_device("GPU S", "sm_90"));
+  }
+  const TableSet none{nullptr, 0};
+  Query q = query("GPU S", "sm_90", "fwd", DType::bf16, 128, false, 4096);
+  q.gqa = true, q.seq_q = 1;
+  Pick p = choose(none, q, db);
+  ASSERT_EQ(p.family, &f);
+  EXPECT_EQ(p.source, "db");
+  EXPECT_EQ(p.config, tuned);
+  EXPECT_NE(choose(none, q).family, &f);  // untabled, no store: never the ranged family
+  q.gqa = false;                          // a multi-head call takes the GQA-tuned bucket too
+  EXPECT_EQ(choose(none, q, db).family, &f);
+  q.seq_q = f.max_seq_q + 1;
+  EXPECT_NE(choose(none, q, db).family, &f);
+  q.seq_q = 1, q.device = "GPU T";  // another device: nothing stored for it
+  EXPECT_NE(choose(none, q, db).family, &f);
+  fs::remove_all(dir);
+}
+
+// Packed variable-length calls: only families with a packed form, the same preference as dense, never the
+// decoding family; the dense bucket's config, unless the packed form refuses it (fa2_wgmma_bwd's LOAD 1):
+// then the default, which every packed family's form takes.
+TEST(RuntimeLookup, PackedBatches) {
+  const TableSet none{nullptr, 0};
+  auto packed = [](Query q) {
+    q.varlen = true;
+    return q;
+  };
+  auto name = [&](const TableSet& ts, const Query& q) {
+    const Family* f = choose_family(ts, q);
+    return f ? f->name : std::string("none");
+  };
+  for (const char* arch : {"sm_80", "sm_90"})
+    for (const char* dir : {"fwd", "bwd"}) {
+      Query q = packed(query("X", arch, dir, DType::bf16, 128, true, 4096));
+      q.seq_q = 1;  // in the decoding range: still not a candidate (no packed form)
+      const auto cands = candidate_families(q);
+      EXPECT_FALSE(cands.empty()) << arch << " " << dir;
+      for (const Family* f : cands) EXPECT_TRUE(f->varlen) << f->name;
+    }
+  EXPECT_EQ(name(none, packed(query("X", "sm_80", "fwd", DType::bf16, 128, true, 4096))), "fa2_mma");
+  EXPECT_EQ(name(none, packed(query("X", "sm_90", "fwd", DType::fp16, 64, false, 512))), "fa2_mma");
+  EXPECT_EQ(name(none, packed(query("X", "sm_80", "bwd", DType::bf16, 128, true, 4096))), "fa2_mma_bwd");
+  EXPECT_EQ(name(none, packed(query("X", "sm_90", "bwd", DType::bf16, 128, true, 4096))), "fa2_wgmma_bwd");
+  EXPECT_EQ(name(none, packed(query("X", "sm_90", "fwd", DType::fp32, 64, false, 512))), "none");
+  EXPECT_NE(unsupported_reason("fwd", DType::fp32, 64, false, true).find("no family runs fp32 packed variable-length forward"),
+            std::string::npos);
+  EXPECT_EQ(unsupported_reason("fwd", DType::bf16, 128, true, true), "");
+  // A table rating fa3_wgmma first sends a packed call there too.
+  const tuned::Entry fwd[] = {entry("fa3_wgmma", "fwd", "bf16", 128, find_family("fa3_wgmma").default_config, 500),
+                              entry("fa2_mma", "fwd", "bf16", 128, find_family("fa2_mma").default_config, 300)};
+  const tuned::Table ft[] = {{"GPU A", "sm_90", fwd, 2}};
+  EXPECT_EQ(name(TableSet{ft, 1}, packed(query("GPU A", "sm_90", "fwd", DType::bf16, 128, false, 4096))), "fa3_wgmma");
+
+  const Family& w = find_family("fa2_wgmma_bwd");
+  const Config load1 = w.parse_config("BLOCK_M=64,BLOCK_N=64,SPLIT=2,STAGES=2,DQ_RED=3,LOAD=1");
+  ASSERT_EQ(w.check(load1, 128), nullptr);
+  ASSERT_NE(w.varlen_check(load1), nullptr);
+  const tuned::Entry bwd[] = {entry("fa2_wgmma_bwd", "bwd", "bf16", 128, load1, 300)};
+  const tuned::Table bt[] = {{"GPU A", "sm_90", bwd, 1}};
+  const Query dense = query("GPU A", "sm_90", "bwd", DType::bf16, 128, false, 4096);
+  Pick p = choose(TableSet{bt, 1}, dense);
+  EXPECT_EQ(p.config, load1);
+  EXPECT_EQ(p.source, "device");
+  p = choose(TableSet{bt, 1}, packed(dense));
+  EXPECT_EQ(p.family, &w);
+  EXPECT_EQ(p.config, w.default_config);
+  EXPECT_EQ(p.source, "default");
+  EXPECT_NE(p.note.find("rejected for the packed form"), std::string::npos) << p.note;
+  for (const Family& f : families())
+    if (f.varlen) EXPECT_EQ(f.varlen_check(f.default_config), nullptr) << f.name;
+}
+
 TEST(RuntimeLookup, RejectedTabledConfigFallsBackToDefault) {
   // For every non-test family and head dim where some config is invalid: a table holding it.
   int cases = 0;
@@ -274,8 +403,8 @@ TEST(RuntimeAot, FindIsExactAndAbsentFallsThrough) {
   EXPECT_EQ(aot_find(AotTable{}, "0a"), nullptr);  // a build without AOT kernels
 }
 
-// Every config choose() can return on the arch (no $FLASHTUNE_DB), and its family's default, is in the
-// plan; the plan has nothing else; Hopper-only families only where 90a is listed.
+// Every config choose() can return on the arch (no $FLASHTUNE_DB), dense or packed, and its family's
+// default, is in the plan; the plan has nothing else; Hopper-only families only where 90a is listed.
 TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
   const TableSet ts = generated_tables();
   std::vector<int> seqs = {1, 100, 1000, 5000, 1 << 20};
@@ -290,12 +419,16 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
     const Compiler compiler(a.arch);
     const AotPlan plan = aot_variants(ts, a);
     std::set<std::string> planned, needed;
+    int packed = 0;
     for (const Variant& v : plan.variants) {
       planned.insert(compiler.variant_hash(v));
+      packed += v.varlen;
+      EXPECT_TRUE(!v.varlen || v.family->varlen) << v.family->name;
       EXPECT_TRUE(!v.family->hopper_only || a.hopper) << entry << " " << v.family->name;
       if (a.arch == "sm_80") EXPECT_EQ(v.config, v.family->default_config) << "sm_80 has no table";
     }
     EXPECT_EQ(planned.size(), plan.variants.size()) << "duplicates";
+    EXPECT_GT(packed, 0) << entry << ": packed calls' kernels";
     bool hopper_skipped = false;
     for (const char* dir : {"fwd", "bwd"})
       for (DType t : {DType::fp32, DType::fp16, DType::bf16})
@@ -303,25 +436,35 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
           for (bool causal : {false, true})
             for (const std::string& device : devices)
               for (int seq : seqs)
-                for (int seq_q : {0, 1, 16, 17}) {
-                  Query q = query(device, a.arch, dir, t, d, causal, seq);
-                  q.seq_q = seq_q;
-                  const Pick p = choose(ts, q);
-                  if (!p.family) continue;
-                  if (p.family->hopper_only && !a.hopper) {
-                    hopper_skipped = true;
-                    continue;
+                for (int seq_q : {0, 1, 16, 17})
+                  for (bool varlen : {false, true}) {
+                    Query q = query(device, a.arch, dir, t, d, causal, seq);
+                    q.seq_q = seq_q, q.varlen = varlen;
+                    const Pick p = choose(ts, q);
+                    if (!p.family) continue;
+                    if (p.family->hopper_only && !a.hopper) {
+                      hopper_skipped = true;
+                      continue;
+                    }
+                    for (const Config& c : {p.config, p.family->default_config}) {
+                      const std::string h = compiler.variant_hash(Variant{p.family, c, d, causal, t, varlen});
+                      needed.insert(h);
+                      EXPECT_TRUE(planned.count(h)) << entry << " " << p.family->name << " " << p.family->config_string(c)
+                                                    << " d=" << d << " " << to_string(t) << (causal ? " causal" : "")
+                                                    << (varlen ? " packed" : "") << " seq " << seq << " Sq " << seq_q
+                                                    << " on " << device;
+                    }
                   }
-                  for (const Config& c : {p.config, p.family->default_config}) {
-                    const std::string h = compiler.variant_hash(Variant{p.family, c, d, causal, t});
-                    needed.insert(h);
-                    EXPECT_TRUE(planned.count(h)) << entry << " " << p.family->name << " " << p.family->config_string(c)
-                                                  << " d=" << d << " " << to_string(t) << (causal ? " causal" : "")
-                                                  << " seq " << seq << " Sq " << seq_q << " on " << device;
-                  }
-                }
     EXPECT_EQ(planned, needed) << entry << ": the plan holds variants no query picks";
-    EXPECT_EQ(hopper_skipped, !plan.skipped.empty()) << entry;
+    // What the build prints it leaves out: Hopper-only variants off 90a, and tabled configs a query's family
+    // rejects (here: LOAD 1 for fa2_wgmma_bwd's packed form, whose default is built instead).
+    bool hopper_line = false;
+    for (const std::string& line : plan.skipped) {
+      hopper_line = hopper_line || line.find("Hopper-only") != std::string::npos;
+      EXPECT_TRUE(line.find("Hopper-only") != std::string::npos || line.find("default used") != std::string::npos)
+          << line;
+    }
+    EXPECT_EQ(hopper_skipped, hopper_line) << entry;
   }
   // A filter narrows the queries (what the generator's test table uses).
   AotFilter filter;
@@ -493,8 +636,9 @@ TEST(RuntimeArgs, ForwardChecks) {
   a.k.stride[1] = 0;
   a.o.stride[1] = 64, a.o.stride[2] = 3 * 64;
   EXPECT_EQ(check_forward(&a).status, FT_OK);
-  EXPECT_FALSE(is_contiguous(a.o, 2, 3, 130, 64));
-  EXPECT_TRUE(is_contiguous(good_forward().o, 2, 3, 130, 64));
+  EXPECT_FALSE(is_contiguous(tensor_args(&a)[3]));
+  const ft_forward_args g = good_forward();
+  EXPECT_TRUE(is_contiguous(tensor_args(&g)[3]));
 }
 
 TEST(RuntimeArgs, BackwardChecks) {
@@ -514,6 +658,185 @@ TEST(RuntimeArgs, BackwardChecks) {
   size_t bytes = 0;
   EXPECT_EQ(ft_backward_workspace_bytes(&a, &bytes), FT_UNSUPPORTED);
   EXPECT_EQ(ft_backward_workspace_bytes(&a, nullptr), FT_INVALID_ARGUMENT);
+}
+
+// ---- packed variable-length batches: argument checks and the host's stand-in lengths -------------
+
+namespace {
+alignas(16) int32_t g_cu[8];
+ft_packed_tensor packed_contiguous(int64_t h, int64_t d) { return ft_packed_tensor{g_fake, {h * d, d, 1}}; }
+ft_varlen_forward_args good_varlen_forward() {
+  ft_varlen_forward_args a{};
+  a.batch = 3, a.heads = 8, a.heads_k = 2, a.head_dim = 128;
+  a.total_q = 300, a.total_k = 500, a.max_seqlen_q = 200, a.max_seqlen_k = 300;
+  a.cu_seqlens_q = a.cu_seqlens_k = g_cu;
+  a.dtype = FT_BF16, a.causal = 1;
+  a.q = a.o = packed_contiguous(8, 128);
+  a.k = a.v = packed_contiguous(2, 128);
+  return a;
+}
+ft_varlen_backward_args good_varlen_backward() {
+  const ft_varlen_forward_args f = good_varlen_forward();
+  ft_varlen_backward_args a{};
+  a.batch = f.batch, a.heads = f.heads, a.heads_k = f.heads_k, a.head_dim = f.head_dim;
+  a.total_q = f.total_q, a.total_k = f.total_k, a.max_seqlen_q = f.max_seqlen_q, a.max_seqlen_k = f.max_seqlen_k;
+  a.cu_seqlens_q = a.cu_seqlens_k = g_cu;
+  a.dtype = FT_FP16;
+  a.q = a.o = a.dout = a.dq = packed_contiguous(8, 128);
+  a.k = a.v = a.dk = a.dv = packed_contiguous(2, 128);
+  a.lse = reinterpret_cast<const float*>(g_fake);
+  return a;
+}
+}  // namespace
+
+TEST(RuntimeArgs, VarlenForwardChecks) {
+  EXPECT_EQ(check_varlen_forward(nullptr).status, FT_INVALID_ARGUMENT);
+  const ft_varlen_forward_args good = good_varlen_forward();
+  EXPECT_EQ(check_varlen_forward(&good).status, FT_OK) << check_varlen_forward(&good).message;
+  struct Case {
+    void (*edit)(ft_varlen_forward_args&);
+    ft_status want;
+    const char* says;
+  } cases[] = {
+      {[](ft_varlen_forward_args& a) { a.cu_seqlens_q = nullptr; }, FT_INVALID_ARGUMENT, "cu_seqlens_q is null"},
+      {[](ft_varlen_forward_args& a) { a.cu_seqlens_k = reinterpret_cast<const int32_t*>(g_fake + 2); },
+       FT_INVALID_ARGUMENT, "cu_seqlens_k is not 4-byte aligned"},
+      {[](ft_varlen_forward_args& a) { a.batch = 0; }, FT_INVALID_ARGUMENT, "batch must be positive, got 0"},
+      {[](ft_varlen_forward_args& a) { a.batch = 65536; }, FT_INVALID_ARGUMENT, "batch 65536 is over 65535 sequences"},
+      {[](ft_varlen_forward_args& a) { a.total_q = 601; }, FT_INVALID_ARGUMENT,
+       "total_q 601 is more than batch 3 x max_seqlen_q 200"},
+      {[](ft_varlen_forward_args& a) { a.max_seqlen_k = 166; }, FT_INVALID_ARGUMENT,
+       "total_k 500 is more than batch 3 x max_seqlen_k 166"},
+      {[](ft_varlen_forward_args& a) { a.max_seqlen_k = 0; }, FT_INVALID_ARGUMENT, "max_seqlen_k must be positive"},
+      {[](ft_varlen_forward_args& a) { a.total_k = (1 << 24) + 1; }, FT_INVALID_ARGUMENT, "total_k 16777217 is over 2^24"},
+      {[](ft_varlen_forward_args& a) { a.max_seqlen_q = 1 << 20, a.total_q = 1 << 21; }, FT_INVALID_ARGUMENT,
+       "q has over 2^31 elements"},
+      {[](ft_varlen_forward_args& a) { a.dtype = FT_FP32; }, FT_UNSUPPORTED,
+       "no family runs fp32 packed variable-length forward"},
+      {[](ft_varlen_forward_args& a) { a.head_dim = 80; }, FT_UNSUPPORTED,
+       "head_dim 80 is not supported for bf16 packed variable-length forward with grouped-query heads"},
+      {[](ft_varlen_forward_args& a) { a.heads_k = 3; }, FT_INVALID_ARGUMENT, "heads_k 3 must be 0 or divide heads 8"},
+      {[](ft_varlen_forward_args& a) { a.scale = std::nanf(""); }, FT_INVALID_ARGUMENT, "scale is not finite"},
+      {[](ft_varlen_forward_args& a) { a.k.data = nullptr; }, FT_INVALID_ARGUMENT, "k.data is null"},
+      {[](ft_varlen_forward_args& a) { a.q.stride[1] = -128; }, FT_INVALID_ARGUMENT, "q.stride[1] is negative"},
+      {[](ft_varlen_forward_args& a) { a.v.stride[2] = 1ll << 32; }, FT_INVALID_ARGUMENT, "v.stride[2] is over 2^31"},
+      {[](ft_varlen_forward_args& a) { a.o.stride[0] = 128; }, FT_INVALID_ARGUMENT, "o has overlapping strides"},
+      {[](ft_varlen_forward_args& a) { a.lse = reinterpret_cast<float*>(g_fake + 1); }, FT_INVALID_ARGUMENT,
+       "lse is not 4-byte aligned"},
+  };
+  for (const Case& c : cases) {
+    ft_varlen_forward_args a = good_varlen_forward();
+    c.edit(a);
+    const Check k = check_varlen_forward(&a);
+    EXPECT_EQ(k.status, c.want) << c.says;
+    EXPECT_NE(k.message.find(c.says), std::string::npos) << k.message;
+    expect_one_line(k.message);
+    // The same through the C ABI, before any driver call.
+    EXPECT_EQ(ft_attention_varlen_forward(&a, nullptr), c.want);
+    EXPECT_EQ(std::string(ft_last_error()), k.message);
+    ft_explanation e;
+    EXPECT_EQ(ft_explain_varlen_forward(&a, &e), c.want);
+    char buf[64];
+    EXPECT_EQ(ft_explain_varlen_forward_text(&a, buf, sizeof buf), c.want);
+  }
+  // Multi-head (heads_k 0), a longest length past the total (a loose bound: the grid is larger), inputs
+  // with other strides (q of a packed qkv projection: tokens 3*H*d apart), a broadcast k head: accepted;
+  // such a tensor is packed to contiguous scratch, a contiguous 16-byte aligned one goes straight in.
+  ft_varlen_forward_args a = good_varlen_forward();
+  a.heads_k = 0, a.k = a.v = packed_contiguous(8, 128);
+  a.max_seqlen_q = 1000;
+  a.q.stride[0] = 3 * 8 * 128;
+  a.k.stride[1] = 0;
+  EXPECT_EQ(check_varlen_forward(&a).status, FT_OK) << check_varlen_forward(&a).message;
+  EXPECT_FALSE(direct(tensor_args(&a)[0]));
+  EXPECT_TRUE(direct(tensor_args(&a)[3]));
+  const TensorArg q = tensor_args(&a)[0];  // [total, H, d] seen as [total, H, 1, d]: token-major when packed
+  EXPECT_EQ(std::vector<int64_t>(q.ext, q.ext + 4), (std::vector<int64_t>{300, 8, 1, 128}));
+  EXPECT_EQ(std::vector<int64_t>(q.stride, q.stride + 4), (std::vector<int64_t>{3 * 8 * 128, 128, 0, 1}));
+}
+
+TEST(RuntimeArgs, VarlenBackwardChecks) {
+  ft_varlen_backward_args a = good_varlen_backward();
+  EXPECT_EQ(check_varlen_backward(&a).status, FT_OK) << check_varlen_backward(&a).message;
+  a.lse = nullptr;
+  EXPECT_EQ(ft_attention_varlen_backward(&a, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ft_last_error()).find("lse is null"), std::string::npos);
+  a = good_varlen_backward();
+  a.dk.stride[1] = 0;  // an output whose heads share memory
+  EXPECT_EQ(ft_attention_varlen_backward(&a, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ft_last_error()).find("dk has overlapping strides"), std::string::npos) << ft_last_error();
+  a = good_varlen_backward();
+  a.dout.data = nullptr;
+  EXPECT_NE(check_varlen_backward(&a).message.find("dout.data is null"), std::string::npos);
+  a = good_varlen_backward();
+  a.head_dim = 48;
+  EXPECT_EQ(check_varlen_backward(&a).status, FT_UNSUPPORTED);
+  EXPECT_NE(check_varlen_backward(&a).message.find("fp16 packed variable-length backward"), std::string::npos);
+  size_t bytes = 0;
+  EXPECT_EQ(ft_varlen_backward_workspace_bytes(&a, &bytes), FT_UNSUPPORTED);
+  a = good_varlen_backward();
+  EXPECT_EQ(ft_varlen_backward_workspace_bytes(&a, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_STREQ(ft_last_error(), "bytes is null");
+  EXPECT_EQ(check_varlen_backward(nullptr).status, FT_INVALID_ARGUMENT);
+}
+
+// The runtime never sees a packed batch's lengths (they are in device memory): its Problem carries
+// stand-in lengths with the call's count, totals and longest lengths (host_lengths). Every family with a
+// packed form must then launch, size its workspace and describe its tensor maps exactly as for the real
+// lengths, for any lengths with those totals: a family that reads the per-sequence lengths on the host fails.
+TEST(RuntimeArgs, HostLengthsStandInForTheDeviceOnes) {
+  EXPECT_EQ(host_lengths(4, 10, 3), (std::vector<int>{3, 3, 3, 1}));
+  EXPECT_EQ(host_lengths(3, 9, 3), (std::vector<int>{3, 3, 3}));
+  EXPECT_EQ(host_lengths(2, 1, 5), (std::vector<int>{1, 0}));
+  const std::vector<std::pair<std::vector<int>, std::vector<int>>> batches = {
+      {{17, 0, 300, 5, 129}, {40, 7, 300, 0, 512}},  // ragged, empty sequences, cross-attention lengths
+      {{1000}, {1000}},
+      {{64, 64, 64, 64, 64, 64, 64, 64}, {1, 2, 3, 4, 5, 6, 7, 2000}}};
+  int checked = 0;
+  for (const Family& f : families()) {
+    if (!f.varlen || f.test_only) continue;
+    for (const auto& [lq, lk] : batches)
+      for (int heads_k : {0, 2}) {
+        Problem real;
+        real.batch = (int)lq.size(), real.heads = 8, real.heads_k = heads_k, real.head_dim = 128;
+        real.dtype = DType::bf16, real.causal = true, real.direction = f.direction, real.sm_count = 132;
+        real.seq_q = *std::max_element(lq.begin(), lq.end());
+        real.seq_k = *std::max_element(lk.begin(), lk.end());
+        real.varlen.lengths = "list", real.varlen.seq_lens_q = lq, real.varlen.seq_lens_k = lk;
+        Problem host = real;
+        host.varlen.seq_lens_q = host_lengths(real.batch, (int)real.varlen.total_q(), real.seq_q);
+        host.varlen.seq_lens_k = host_lengths(real.batch, (int)real.varlen.total_k(), real.seq_k);
+        ASSERT_EQ(host.varlen.total_q(), real.varlen.total_q());
+        ASSERT_EQ(host.varlen.total_k(), real.varlen.total_k());
+        std::vector<Config> configs = {f.default_config};
+        for (size_t i = 0; i < f.params.size(); ++i)
+          for (int v : f.params[i].domain) {  // each value of each tunable once, where valid
+            Config c = f.default_config;
+            c[i] = v;
+            if (!f.check(c, 128) && !f.varlen_check(c)) configs.push_back(c);
+          }
+        for (const Config& c : configs) {
+          SCOPED_TRACE(f.name + " " + f.config_string(c) + " " + real.str());
+          const auto lr = f.launches(c, real), lh = f.launches(c, host);
+          ASSERT_EQ(lr.size(), lh.size());
+          for (size_t i = 0; i < lr.size(); ++i) {
+            EXPECT_EQ(std::vector<unsigned>(lr[i].grid, lr[i].grid + 3), std::vector<unsigned>(lh[i].grid, lh[i].grid + 3));
+            EXPECT_EQ(lr[i].threads, lh[i].threads);
+            EXPECT_EQ(lr[i].smem_bytes, lh[i].smem_bytes);
+          }
+          EXPECT_EQ(f.workspace_bytes(c, real), f.workspace_bytes(c, host));
+          const auto sr = f.tensor_maps(c, real), sh = f.tensor_maps(c, host);
+          ASSERT_EQ(sr.size(), sh.size());
+          if (!sr.empty()) {
+            const AttnTensorMaps mr = encode_tensor_maps(&record_tensor_map, sr, real, {0x1000, 0x2000, 0x3000, 0x4000});
+            const AttnTensorMaps mh = encode_tensor_maps(&record_tensor_map, sh, host, {0x1000, 0x2000, 0x3000, 0x4000});
+            EXPECT_EQ(std::memcmp(&mr, &mh, sizeof mr), 0);
+          }
+          ++checked;
+        }
+      }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 TEST(RuntimeArgs, LayoutAligns) {
@@ -550,5 +873,16 @@ TEST(RuntimeCApi, NoGpuIsOneLine) {
   EXPECT_EQ(st.message, "q.data is null");
   EXPECT_EQ(runtime::device_available().code, FT_NO_GPU);
   EXPECT_EQ(runtime::explain(cf), "error: q.data is null");
-  EXPECT_EQ(runtime::version(), "0.2.0");
+  // Packed variable-length calls alike.
+  ft_varlen_forward_args vf = good_varlen_forward();
+  EXPECT_EQ(ft_attention_varlen_forward(&vf, nullptr), FT_NO_GPU);
+  EXPECT_EQ(std::string(ft_last_error()), why);
+  ft_varlen_backward_args vb = good_varlen_backward();
+  EXPECT_EQ(ft_attention_varlen_backward(&vb, nullptr), FT_NO_GPU);
+  size_t bytes = 0;
+  EXPECT_EQ(ft_varlen_backward_workspace_bytes(&vb, &bytes), FT_NO_GPU);
+  runtime::VarlenForwardArgs cv;
+  EXPECT_EQ(runtime::varlen_forward(cv).message, "batch must be positive, got 0");
+  EXPECT_EQ(runtime::explain(cv), "error: batch must be positive, got 0");
+  EXPECT_EQ(runtime::version(), "0.3.0");
 }

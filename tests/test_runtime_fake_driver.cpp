@@ -5,7 +5,10 @@
 // retained once and push/pop balanced (none when a context is current), stream scratch freed, packing
 // and unpacking of transposed strides (the hook's kernel is o = q, so o must come back in o's layout),
 // the backward's three kernels and its workspace (size, caller-given, too small), kernels from memory,
-// then from disk in a child process, and a truncated entry recompiled there.
+// then from disk in a child process, and a truncated entry recompiled there. Grouped-query heads on sm_80
+// and a fake sm_90; packed variable-length batches (the packed kernel forms, their parameters and
+// scratch, strided packed tensors packed and unpacked, fa3_wgmma's token-major tensor maps); decoding on a
+// fake H100 through the committed table's decode_splitkv entry.
 #include <cuda.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -465,6 +468,314 @@ TEST(FakeDriver, DISABLED_HopperGqaChild) {
   EXPECT_LE(w + images, base + ws);
   EXPECT_EQ(st.live_allocations, 0);
   unsetenv("FLASHTUNE_DB");
+  st.hook = nullptr;
+  fs::remove_all(cache);
+}
+
+// ---- packed variable-length batches and decoding -------------------------------------------------
+namespace {
+// Host buffers of 16-bit elements (the fake's device memory), 16-byte aligned.
+struct U16 {
+  std::vector<uint16_t> v;
+  explicit U16(size_t n) : v(n + 8) {}
+  uint16_t* ptr() { return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(v.data()) + 15) / 16 * 16); }
+};
+// The packed form: the kernel template's last argument, VARLEN, is true. Itanium mangling ends it there
+// ("Lb1E", "E" closing the template arguments, "E" the nested name) before the return type "v"
+// (_ZN9flashtune11fa2_mma_fwdINS_12Fa2MmaTraitsI...ELb1EEELb1EEEvNS_8ParamsOf...); a causal traits
+// argument's "Lb1EEE" is followed by the kernel's VARLEN argument instead.
+bool packed_form(const std::string& lowered) { return lowered.find("Lb1EEEv") != std::string::npos; }
+
+VarlenParams<AttnFwdParams> g_vfwd;
+VarlenParams<AttnBwdParams> g_vbwd;
+AttnFwdParams g_dfwd;
+AttnTensorMaps g_maps;
+int g_packed_launches = 0;
+// Plays a packed forward as o = q over every token (o's rows from q's, both token-major), and records the
+// parameters the kernels received; the strided copies as ForwardBackwardCachesAndPacking's hook does.
+void play_packed(const char* name, void** params) {
+  const std::string n = name;
+  if (n.rfind("ft_strided_copy_", 0) == 0) return play(name, params);
+  if (n.find("fa2_mma_fwd") != std::string::npos || n.find("fa3_wgmma_fwd") != std::string::npos) {
+    g_vfwd = **reinterpret_cast<VarlenParams<AttnFwdParams>**>(params);
+    if (n.find("fa3_wgmma_fwd") != std::string::npos) g_maps = *static_cast<AttnTensorMaps*>(params[1]);
+    const long long total_q = g_vfwd.cu_seqlens_q[g_vfwd.batch];  // read where the kernel reads it
+    std::memcpy(g_vfwd.o, g_vfwd.q, sizeof(uint16_t) * total_q * g_vfwd.heads * g_head_dim);
+  } else if (n.find("_bwd_dkdv") != std::string::npos) {
+    g_vbwd = **reinterpret_cast<VarlenParams<AttnBwdParams>**>(params);
+  } else if (n.find("decode_splitkv_partial") != std::string::npos) {
+    g_dfwd = **reinterpret_cast<AttnFwdParams**>(params);
+  }
+  g_packed_launches += packed_form(n);
+}
+
+// A packed batch of three sequences (one with no queries), H query heads over Hk kv heads, head dim d.
+struct PackedBatch {
+  static constexpr int B = 3;
+  const int H, Hk, d;
+  std::vector<int32_t> cu_q = {0, 5, 5, 16}, cu_k = {0, 7, 10, 21};  // lengths q 5, 0, 11; k 7, 3, 11
+  int total_q = 16, total_k = 21, max_q = 11, max_k = 11;
+  U16 q, k, v, o, dout, dq, dk, dv;
+  std::vector<float> lse;
+  PackedBatch(int h, int hk, int dim)
+      : H(h), Hk(hk), d(dim), q(16 * h * dim), k(21 * hk * dim), v(21 * hk * dim), o(16 * h * dim),
+        dout(16 * h * dim), dq(16 * h * dim), dk(21 * hk * dim), dv(21 * hk * dim), lse(h * 16 + 4) {
+    for (int i = 0; i < total_q * H * d; ++i) q.ptr()[i] = (uint16_t)(i * 7 + 3);
+  }
+  ft_packed_tensor t(U16& x, int heads) { return ft_packed_tensor{x.ptr(), {(int64_t)heads * d, d, 1}}; }
+  template <class Args>
+  void head(Args& a) {
+    a.batch = B, a.heads = H, a.heads_k = Hk, a.head_dim = d, a.dtype = FT_BF16, a.causal = 1;
+    a.total_q = total_q, a.total_k = total_k, a.max_seqlen_q = max_q, a.max_seqlen_k = max_k;
+    a.cu_seqlens_q = cu_q.data(), a.cu_seqlens_k = cu_k.data();
+  }
+  ft_varlen_forward_args fwd() {
+    ft_varlen_forward_args a{};
+    head(a);
+    a.q = t(q, H), a.k = t(k, Hk), a.v = t(v, Hk), a.o = t(o, H);
+    a.lse = lse.data();
+    return a;
+  }
+  ft_varlen_backward_args bwd() {
+    ft_varlen_backward_args a{};
+    head(a);
+    a.q = t(q, H), a.k = t(k, Hk), a.v = t(v, Hk), a.o = t(o, H), a.dout = t(dout, H), a.lse = lse.data();
+    a.dq = t(dq, H), a.dk = t(dk, Hk), a.dv = t(dv, Hk);
+    return a;
+  }
+  // The runtime's problem for the launch geometry: the longest lengths, the totals.
+  Problem problem(const char* direction) const {
+    Problem p;
+    p.batch = B, p.heads = H, p.heads_k = Hk, p.seq_q = max_q, p.seq_k = max_k, p.head_dim = d;
+    p.dtype = DType::bf16, p.causal = true, p.direction = direction;
+    p.varlen.lengths = "list", p.varlen.seq_lens_q = {5, 0, 11}, p.varlen.seq_lens_k = {7, 3, 11};
+    return p;
+  }
+};
+
+void expect_launches(const FakeState& st, const Family& f, const Config& c, Problem p) {
+  p.sm_count = 1;  // the fake's multiprocessor count (every attribute but the compute capability is 1)
+  const std::vector<Launch> want = f.launches(c, p);
+  ASSERT_EQ(st.launches.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::string k = f.kernels[i].substr(f.kernels[i].rfind(':') + 1);
+    EXPECT_NE(st.launches[i].name.find(k), std::string::npos) << st.launches[i].name << " vs " << k;
+    EXPECT_EQ(std::vector<unsigned>(st.launches[i].grid, st.launches[i].grid + 3),
+              std::vector<unsigned>(want[i].grid, want[i].grid + 3)) << st.launches[i].name;
+    EXPECT_EQ(st.launches[i].threads, want[i].threads) << st.launches[i].name;
+    EXPECT_EQ(st.launches[i].smem, want[i].smem_bytes) << st.launches[i].name;
+  }
+}
+}  // namespace
+
+// A packed batch through ft_attention_varlen_forward/_backward on the untabled sm_80 fake (bf16, 4 query
+// heads over 2 kv heads, d 64; sequences of 5, 0 and 11 queries): fa2_mma's and fa2_mma_bwd's packed forms
+// (the kernels' VARLEN argument true), the descriptor's grids from the longest lengths, the offsets and
+// sizes in the parameters; q taken from a packed qkv projection (tokens (H + 2 Hk) d apart) is packed to
+// token-major scratch and o written head-major is unpacked (the hook's o = q must come back in o's layout);
+// the backward's scratch (delta and dq_accum per token) sized by ft_varlen_backward_workspace_bytes.
+TEST(FakeDriver, PackedBatches) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  for (const std::string& e : split(FT_AOT_ARCHS, ','))
+    if (e == "80" || e == "sm_80") GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  const std::string cache = make_private_tmpdir("ft-fake-varlen");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  FakeState& st = fake();
+  st.hook = play_packed;
+  g_head_dim = 64;
+  PackedBatch pb(4, 2, 64);
+  const int H = pb.H, Hk = pb.Hk, d = pb.d, Tq = pb.total_q;
+  ft_varlen_forward_args a = pb.fwd();
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_varlen_forward(&a, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "fa2_mma");
+  EXPECT_STREQ(e.source, "default");
+  const Family& f = find_family("fa2_mma");
+  st.launches.clear(), st.allocated.clear();
+  g_packed_launches = 0;
+  ASSERT_EQ(ft_attention_varlen_forward(&a, nullptr), FT_OK) << ft_last_error();
+  expect_launches(st, f, f.parse_config(e.config), pb.problem("fwd"));
+  EXPECT_EQ(g_packed_launches, 1) << st.launches[0].name;
+  EXPECT_EQ(g_vfwd.cu_seqlens_q, pb.cu_q.data());
+  EXPECT_EQ(g_vfwd.cu_seqlens_k, pb.cu_k.data());
+  EXPECT_EQ(g_vfwd.batch, 3);
+  EXPECT_EQ(g_vfwd.seq_q, pb.max_q);
+  EXPECT_EQ(g_vfwd.seq_k, pb.max_k);
+  EXPECT_EQ(g_vfwd.heads_k, Hk);
+  EXPECT_EQ(g_vfwd.lse, pb.lse.data());
+  EXPECT_EQ(g_vfwd.q, pb.q.ptr());  // contiguous and aligned: straight in
+  EXPECT_TRUE(st.allocated.empty());
+  EXPECT_EQ(std::memcmp(pb.o.ptr(), pb.q.ptr(), 2ull * Tq * H * d), 0);
+
+  // No lse: scratch of (H, total_q) fp32. q out of a packed qkv projection, o head-major: packed, unpacked.
+  U16 qkv((size_t)Tq * (H + 2 * Hk) * d), o_hm((size_t)Tq * H * d);
+  for (int t = 0; t < Tq; ++t)
+    for (int i = 0; i < H * d; ++i) qkv.ptr()[(size_t)t * (H + 2 * Hk) * d + i] = (uint16_t)(t * 1000 + i);
+  a.lse = nullptr;
+  a.q = ft_packed_tensor{qkv.ptr(), {(int64_t)(H + 2 * Hk) * d, d, 1}};
+  a.o = ft_packed_tensor{o_hm.ptr(), {d, (int64_t)Tq * d, 1}};  // [H, total_q, d] memory
+  st.launches.clear(), st.allocated.clear();
+  ASSERT_EQ(ft_attention_varlen_forward(&a, nullptr), FT_OK) << ft_last_error();
+  ASSERT_EQ(st.launches.size(), 3u);
+  EXPECT_EQ(st.launches[0].name, "ft_strided_copy_2");
+  EXPECT_EQ(st.launches[2].name, "ft_strided_copy_2");
+  ASSERT_EQ(st.allocated.size(), 1u);
+  EXPECT_GE(st.allocated[0], 2ull * Tq * H * d * 2 + 4ull * H * Tq);  // q and o packed, the LSE
+  for (int t = 0; t < Tq; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int c = 0; c < d; ++c)
+        ASSERT_EQ(o_hm.ptr()[((size_t)h * Tq + t) * d + c], qkv.ptr()[(size_t)t * (H + 2 * Hk) * d + h * d + c])
+            << "token " << t << " head " << h << " column " << c;
+  EXPECT_EQ(st.live_allocations, 0);
+
+  // Backward: fa2_mma_bwd's packed form, per-token scratch.
+  ft_varlen_backward_args b = pb.bwd();
+  ASSERT_EQ(ft_explain_varlen_backward(&b, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "fa2_mma_bwd");
+  size_t ws = 0;
+  ASSERT_EQ(ft_varlen_backward_workspace_bytes(&b, &ws), FT_OK) << ft_last_error();
+  EXPECT_GE(ws, 4ull * H * Tq + 4ull * Tq * H * d);  // delta (H, total_q) and dq_accum (total_q, H, d)
+  st.launches.clear(), st.allocated.clear();
+  g_packed_launches = 0;
+  ASSERT_EQ(ft_attention_varlen_backward(&b, nullptr), FT_OK) << ft_last_error();
+  const Family& fb = find_family("fa2_mma_bwd");
+  expect_launches(st, fb, fb.parse_config(e.config), pb.problem("bwd"));
+  EXPECT_EQ(g_packed_launches, 3);
+  ASSERT_EQ(st.allocated.size(), 1u);
+  EXPECT_EQ(st.allocated[0], ws);
+  EXPECT_EQ(g_vbwd.cu_seqlens_q, pb.cu_q.data());
+  EXPECT_EQ(g_vbwd.cu_seqlens_k, pb.cu_k.data());
+  EXPECT_EQ(g_vbwd.heads_k, Hk);
+  EXPECT_EQ(g_vbwd.seq_q, pb.max_q);
+  EXPECT_EQ(g_vbwd.lse, pb.lse.data());
+  // A caller's workspace one byte short: refused, naming the function that sizes it.
+  std::vector<char> mem(ws + 256);
+  b.workspace = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(mem.data()) + 255) / 256 * 256);
+  b.workspace_bytes = ws - 1;
+  EXPECT_EQ(ft_attention_varlen_backward(&b, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ft_last_error()).find("ft_varlen_backward_workspace_bytes"), std::string::npos)
+      << ft_last_error();
+  b.workspace_bytes = ws;
+  st.allocated.clear();
+  EXPECT_EQ(ft_attention_varlen_backward(&b, nullptr), FT_OK) << ft_last_error();
+  EXPECT_TRUE(st.allocated.empty());
+  EXPECT_GE((const char*)g_vbwd.dq_accum, (const char*)b.workspace);
+  EXPECT_LE((const char*)(g_vbwd.dq_accum + (size_t)Tq * H * d), (const char*)b.workspace + ws);
+  EXPECT_EQ(st.live_allocations, 0);
+  EXPECT_EQ(st.pushes, st.pops);
+  st.hook = nullptr;
+  g_head_dim = D;
+  fs::remove_all(cache);
+}
+
+// On a fake H100 (compute capability 9.0, the committed H100 table's device name), in a child process:
+// decoding (Sq 1, causal or not: one row sees every key) runs the table's decode_splitkv entry, its partial
+// and combine kernels with the descriptor's grids and its split workspace, while Sq 17 does not; a packed
+// forward runs fa3_wgmma's packed form (the table rates it first for bf16 d 128) with token-major tensor
+// maps over the totals; a packed backward runs fa2_wgmma_bwd's packed form with its default, since the
+// table's LOAD 1 config is refused for the packed form (said in the explain line).
+TEST(FakeDriver, HopperDecodeAndPacked) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  EXPECT_EQ(spawn_child("hopper-decode-varlen", "DISABLED_HopperDecodeAndPackedChild"), 0);
+}
+
+TEST(FakeDriver, DISABLED_HopperDecodeAndPackedChild) {
+  ASSERT_STREQ(std::getenv("FT_FAKE_CHILD"), "hopper-decode-varlen") << "run by FakeDriver.HopperDecodeAndPacked";
+  FakeState& st = fake();
+  st.cc_major = 9, st.cc_minor = 0;
+  st.device_name = "NVIDIA H100 80GB HBM3";
+  st.hook = play_packed;
+  const std::string cache = make_private_tmpdir("ft-fake-h100");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  constexpr int d = 128;
+  g_head_dim = d;
+
+  // ---- decoding: Llama-3-like heads, two sequences of one query against 300 keys.
+  constexpr int Hq = 32, Hk = 8, Sk = 300, Bd = 2;
+  U16 q(Bd * Hq * d), kv(Bd * Hk * Sk * d), o(Bd * Hq * d);
+  auto t = [](void* p, int h, int s) { return ft_tensor{p, {(int64_t)h * s * d, (int64_t)s * d, d, 1}}; };
+  ft_forward_args a{};
+  a.batch = Bd, a.heads = Hq, a.heads_k = Hk, a.seq_q = 1, a.seq_k = Sk, a.head_dim = d, a.dtype = FT_BF16, a.causal = 1;
+  a.q = t(q.ptr(), Hq, 1), a.k = a.v = t(kv.ptr(), Hk, Sk), a.o = t(o.ptr(), Hq, 1);
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "decode_splitkv");
+  EXPECT_STREQ(e.source, "device");
+  EXPECT_STREQ(e.device, "NVIDIA H100 80GB HBM3");
+  a.causal = 0;
+  ft_explanation e2;
+  ASSERT_EQ(ft_explain_forward(&a, &e2), FT_OK) << ft_last_error();
+  EXPECT_EQ(std::string(e2.config), e.config);
+  const Family& dec = find_family("decode_splitkv");
+  const Config c = dec.parse_config(e.config);
+  Problem p;
+  p.batch = Bd, p.heads = Hq, p.heads_k = Hk, p.seq_q = 1, p.seq_k = Sk, p.head_dim = d, p.dtype = DType::bf16;
+  st.launches.clear(), st.allocated.clear();
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  expect_launches(st, dec, c, p);
+  const size_t split_bytes = dec.workspace_bytes(c, p);
+  ASSERT_GT(split_bytes, 0u) << "the table's config splits the keys";
+  ASSERT_EQ(st.allocated.size(), 1u);
+  EXPECT_GE(st.allocated[0], split_bytes);  // the splits' O and LSE (and the LSE nobody asked for)
+  EXPECT_NE(g_dfwd.workspace, nullptr);
+  EXPECT_EQ(g_dfwd.heads_k, Hk);
+  EXPECT_EQ(st.live_allocations, 0);
+  U16 q17(Bd * Hq * 17 * d), o17(Bd * Hq * 17 * d);
+  a.seq_q = 17, a.q = t(q17.ptr(), Hq, 17), a.o = t(o17.ptr(), Hq, 17);
+  ASSERT_EQ(ft_explain_forward(&a, &e2), FT_OK) << ft_last_error();
+  EXPECT_STRNE(e2.family, "decode_splitkv");
+
+  // ---- a packed forward: fa3_wgmma's packed form, tensor maps over the totals.
+  PackedBatch pb(4, 2, d);
+  ft_varlen_forward_args v = pb.fwd();
+  ASSERT_EQ(ft_explain_varlen_forward(&v, &e), FT_OK) << ft_last_error();
+  ASSERT_STREQ(e.family, "fa3_wgmma") << "the H100 table rates fa3_wgmma first for bf16 d 128 forward";
+  const Family& fa3 = find_family("fa3_wgmma");
+  const Config c3 = fa3.parse_config(e.config);
+  st.launches.clear(), st.allocated.clear();
+  g_packed_launches = 0;
+  ASSERT_EQ(ft_attention_varlen_forward(&v, nullptr), FT_OK) << ft_last_error();
+  expect_launches(st, fa3, c3, pb.problem("fwd"));
+  EXPECT_EQ(g_packed_launches, 1);
+  EXPECT_EQ(g_vfwd.cu_seqlens_q, pb.cu_q.data());
+  EXPECT_EQ(std::memcmp(pb.o.ptr(), pb.q.ptr(), 2ull * pb.total_q * pb.H * d), 0);
+  const std::vector<TensorMapSpec> specs = fa3.tensor_maps(c3, pb.problem("fwd"));
+  ASSERT_EQ(specs.size(), 4u);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const unsigned long long* w = g_maps.map[i].bits;  // record_tensor_map's words: address, dims, strides, box
+    const bool queries = specs[i].tensor == "q" || specs[i].tensor == "o";
+    const void* base = specs[i].tensor == "q" ? (void*)pb.q.ptr() : specs[i].tensor == "k" ? (void*)pb.k.ptr()
+                       : specs[i].tensor == "v" ? (void*)pb.v.ptr() : (void*)pb.o.ptr();
+    SCOPED_TRACE(specs[i].tensor);
+    EXPECT_EQ(w[0], reinterpret_cast<uintptr_t>(base));
+    EXPECT_EQ(w[1], (unsigned long long)d);
+    EXPECT_EQ(w[2], (unsigned long long)(queries ? pb.H : pb.Hk));               // heads
+    EXPECT_EQ(w[3], (unsigned long long)(queries ? pb.total_q : pb.total_k));  // tokens
+    EXPECT_EQ(w[4], 1u);
+    EXPECT_EQ(w[6], 2ull * d * (queries ? pb.H : pb.Hk));                   // a token's row, bytes
+    EXPECT_EQ(w[9], 1u);                                                      // one head per box
+    EXPECT_EQ(w[10], (unsigned long long)specs[i].box_rows);                     // rows of tokens
+  }
+
+  // ---- a packed backward: fa2_wgmma_bwd, the table's LOAD 1 refused for the packed form.
+  ft_varlen_backward_args b = pb.bwd();
+  char line[512];
+  ASSERT_EQ(ft_explain_varlen_backward_text(&b, line, sizeof line), FT_OK) << ft_last_error();
+  EXPECT_NE(std::string(line).find("fa2_wgmma_bwd"), std::string::npos) << line;
+  EXPECT_NE(std::string(line).find("rejected for the packed form"), std::string::npos) << line;
+  ASSERT_EQ(ft_explain_varlen_backward(&b, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.source, "default");
+  const Family& w = find_family("fa2_wgmma_bwd");
+  st.launches.clear();
+  g_packed_launches = 0;
+  ASSERT_EQ(ft_attention_varlen_backward(&b, nullptr), FT_OK) << ft_last_error();
+  expect_launches(st, w, w.default_config, pb.problem("bwd"));
+  EXPECT_EQ(g_packed_launches, 3);
+  EXPECT_EQ(g_vbwd.cu_seqlens_k, pb.cu_k.data());
+  EXPECT_EQ(g_vbwd.heads_k, pb.Hk);
+  EXPECT_EQ(st.live_allocations, 0);
   st.hook = nullptr;
   fs::remove_all(cache);
 }

@@ -75,6 +75,33 @@ TEST(Select, CheapTimingsArePickedOnlyWithoutFullOnes) {
   EXPECT_EQ(best_per_problem(only)[0].config, cheap.config);
 }
 
+TEST(Select, BucketOfSeparatelyTunedProblemsStillHasAPick) {
+  // Two problems of one bucket, each tuned to its own finalists (halving): A fully timed on p1 only, B on
+  // p2 only, both timed cheaply on the other. No config is fully timed on both, so the bucket is ranked on
+  // every ok row: B (geomean of 8 and 6) over A (10 and 3).
+  auto row = [](int seq_q, const char* cfg, double tflops, int reps) {
+    ResultRecord r;
+    r.family = "fa2_simt", r.direction = "fwd", r.config = cfg, r.status = "ok";
+    r.problem = Problem{1, 4, seq_q, seq_q, 64, DType::fp32, false};
+    r.tflops = tflops, r.reps = reps, r.device_name = "GPU A", r.arch = "sm_90";
+    return r;
+  };
+  const char* A = "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2";
+  const char* B = "BLOCK_M=128,BLOCK_N=64,TM=8,TN=4,KV_STAGES=2";
+  std::vector<ResultRecord> rows = {row(3000, A, 10, kFullTimingReps), row(3000, B, 8, 2),
+                                    row(4000, B, 6, kFullTimingReps), row(4000, A, 3, 2)};
+  auto choices = best_per_bucket(rows);
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_EQ(choices[0].config, B);
+  EXPECT_EQ(choices[0].problems, 2);
+  // Once one config is fully timed on both, only full timings rank: A (10, 5) wins over B's cheap 8.
+  rows.push_back(row(4000, A, 5, kFullTimingReps));
+  rows.erase(rows.begin() + 3);
+  choices = best_per_bucket(rows);
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_EQ(choices[0].config, A);
+}
+
 TEST(Emit, HeadersCarryBannerEntriesAndFallbacks) {
   auto dir = fs::temp_directory_path() / ("flashtune_emit_" + std::to_string(getpid()));
   fs::remove_all(dir);

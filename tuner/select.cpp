@@ -45,9 +45,12 @@ std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& all)
   return out;
 }
 
-std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) {
-  const std::vector<ResultRecord> results = fully_timed_where_any(all);
-  using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int>;
+namespace {
+using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int>;
+
+// Each bucket's config valid on every problem of the bucket with the highest geometric-mean TFLOP/s,
+// from `results`.
+std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& results) {
   struct Stats {
     double log_sum = 0;
     int ok = 0;
@@ -56,10 +59,17 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) 
   std::map<Bucket, std::map<std::string, Stats>> per_config;    // bucket -> config -> stats
   for (const auto& r : results) {
     const Problem& p = r.problem;
-    if (p.heads_k > 0) continue;  // grouped-query rows: not (yet) a dispatch key of their own
-    if (p.varlen.enabled()) continue;  // packed variable-length rows: likewise (the runtime is dense only)
+    const Family* f = family_named(r.family);
+    // Grouped-query rows are not (yet) a dispatch key of their own, except a decoding family's
+    // (Family::max_seq_q): decoding is tuned on the models that decode, which are GQA (Llama-3's 32/8
+    // heads), its entries are consulted only inside its query range, where no multi-head row of a general
+    // family measured anything, and its configs do not depend on the head layout.
+    if (p.heads_k > 0 && !(f && f->max_seq_q > 0)) continue;
+    // Packed variable-length rows: a length distribution of their own (the runtime's packed calls take the
+    // dense bucket's config).
+    if (p.varlen.enabled()) continue;
     // Outside the family's query-length range (an imported or merged row): never a bucket's pick.
-    if (const Family* f = family_named(r.family); f && !f->shape_reason(p).empty()) continue;
+    if (f && !f->shape_reason(p).empty()) continue;
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket()};
     problems[b].insert(p.str());
     if (r.status != "ok" || r.tflops <= 0) continue;
@@ -67,7 +77,7 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) 
     s.log_sum += std::log(r.tflops);
     s.ok += 1;
   }
-  std::vector<BucketChoice> out;
+  std::map<Bucket, BucketChoice> out;
   for (auto& [b, configs] : per_config) {
     const int n = (int)problems[b].size();
     const std::string* best = nullptr;
@@ -85,8 +95,22 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) 
     c.config = *best;
     c.tflops = best_score;
     c.problems = n;
-    out.push_back(c);
+    out.emplace(b, c);
   }
+  return out;
+}
+}  // namespace
+
+std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) {
+  std::map<Bucket, BucketChoice> picks = bucket_picks(fully_timed_where_any(all));
+  // A bucket of several problems that a search tuned one by one (halving: each problem's finalists are
+  // its own, decode_bf16.json's batches of 1, 8 and 64 in one sequence bucket) may have no config fully
+  // timed on all of them. Such a bucket is ranked on every ok row, the cheaper timings included (each
+  // candidate was timed on each problem in the first round), rather than left without a pick; a bucket
+  // that has one keeps it.
+  for (auto& [b, c] : bucket_picks(all)) picks.emplace(b, c);
+  std::vector<BucketChoice> out;
+  for (auto& [_, c] : picks) out.push_back(std::move(c));
   return out;
 }
 

@@ -8,6 +8,7 @@ namespace flashtune {
 namespace tuned {
 namespace sm90_nvidia_h100_80gb_hbm3 {
 
+// decode_splitkv parameters, positional: SPLITS BLOCK_N WARPS STAGES (serves Sq <= 16 only: the runtime picks it for no longer query)
 // fa2_mma parameters, positional: BLOCK_M BLOCK_N WARPS STAGES
 // fa2_mma_bwd parameters, positional: BLOCK_M BLOCK_N WARPS DSPLIT STAGES DQ_MODE
 // fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
@@ -15,6 +16,9 @@ namespace sm90_nvidia_h100_80gb_hbm3 {
 // fa3_wgmma parameters, positional: BLOCK_N CONSUMERS STAGES OVERLAP PINGPONG P_SMEM PERSISTENT TWO_CTAS
 inline constexpr Entry kEntries[] = {
     // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {16, 128, 4, 1}, 6.76f},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 2, 1}, 10.26f},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 4, 1}, 11.40f},
     {"fa2_mma", "fwd", "bf16", 64, false, 1024, {128, 128, 4, 2}, 303.31f},
     {"fa2_mma", "fwd", "bf16", 64, false, 4096, {128, 128, 4, 2}, 339.48f},
     {"fa2_mma", "fwd", "bf16", 64, false, 16384, {128, 128, 4, 2}, 348.07f},
@@ -78,7 +82,7 @@ inline constexpr Entry kEntries[] = {
     {"fa3_wgmma", "fwd", "bf16", 256, true, 4096, {80, 2, 2, 0, 0, 0, 0, 0}, 572.38f},
     {"fa3_wgmma", "fwd", "bf16", 256, true, 16384, {80, 2, 2, 0, 0, 0, 0, 0}, 667.03f},
 };
-inline constexpr Table kTable{"NVIDIA H100 80GB HBM3", "sm_90", kEntries, 62};
+inline constexpr Table kTable{"NVIDIA H100 80GB HBM3", "sm_90", kEntries, 65};
 
 }  // namespace sm90_nvidia_h100_80gb_hbm3
 }  // namespace tuned

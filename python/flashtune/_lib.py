@@ -5,7 +5,8 @@ offsets with a C++ program compiled against the header). The library is found th
 $FLASHTUNE_LIBRARY (a path to libflashtune_attention.so, as the tests in the build tree use), else beside
 this package (where `pip install .` puts it). It is loaded at first use, so `import flashtune` works
 where it is missing, and a non-FT_OK status becomes a Python exception carrying ft_last_error()'s line.
-Nothing here needs torch: tensors are passed as (device pointer, 4 element strides).
+Nothing here needs torch: tensors are passed as (device pointer, 4 element strides), packed
+variable-length tensors ([total, heads, d]) as (device pointer, 3 element strides).
 """
 import ctypes
 import math
@@ -94,6 +95,28 @@ class FtBackwardArgs(ctypes.Structure):
                         ("heads_k", ctypes.c_int)]
 
 
+class FtPackedTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("stride", ctypes.c_int64 * 3)]
+
+
+_VARLEN_HEAD = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("heads_k", ctypes.c_int), ("head_dim", ctypes.c_int),
+                ("total_q", ctypes.c_int), ("total_k", ctypes.c_int), ("max_seqlen_q", ctypes.c_int),
+                ("max_seqlen_k", ctypes.c_int), ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+                ("dtype", ctypes.c_int), ("causal", ctypes.c_int), ("scale", ctypes.c_float)]
+
+
+class FtVarlenForwardArgs(ctypes.Structure):
+    _fields_ = _VARLEN_HEAD + [("q", FtPackedTensor), ("k", FtPackedTensor), ("v", FtPackedTensor),
+                               ("o", FtPackedTensor), ("lse", ctypes.c_void_p)]
+
+
+class FtVarlenBackwardArgs(ctypes.Structure):
+    _fields_ = _VARLEN_HEAD + [("q", FtPackedTensor), ("k", FtPackedTensor), ("v", FtPackedTensor),
+                               ("o", FtPackedTensor), ("dout", FtPackedTensor), ("lse", ctypes.c_void_p),
+                               ("dq", FtPackedTensor), ("dk", FtPackedTensor), ("dv", FtPackedTensor),
+                               ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
+
+
 class FtExplanation(ctypes.Structure):
     _fields_ = [("family", ctypes.c_char * 32), ("config", ctypes.c_char * 160), ("source", ctypes.c_char * 16),
                 ("cache", ctypes.c_char * 16), ("device", ctypes.c_char * 96), ("arch", ctypes.c_char * 16)]
@@ -124,6 +147,11 @@ def _bind(lib):
         "ft_backward_workspace_bytes": (ctypes.c_int, [P(FtBackwardArgs), P(ctypes.c_size_t)]),
         "ft_explain_forward": (ctypes.c_int, [P(FtForwardArgs), P(FtExplanation)]),
         "ft_explain_backward": (ctypes.c_int, [P(FtBackwardArgs), P(FtExplanation)]),
+        "ft_attention_varlen_forward": (ctypes.c_int, [P(FtVarlenForwardArgs), ctypes.c_void_p]),
+        "ft_attention_varlen_backward": (ctypes.c_int, [P(FtVarlenBackwardArgs), ctypes.c_void_p]),
+        "ft_varlen_backward_workspace_bytes": (ctypes.c_int, [P(FtVarlenBackwardArgs), P(ctypes.c_size_t)]),
+        "ft_explain_varlen_forward": (ctypes.c_int, [P(FtVarlenForwardArgs), P(FtExplanation)]),
+        "ft_explain_varlen_backward": (ctypes.c_int, [P(FtVarlenBackwardArgs), P(FtExplanation)]),
         "ft_device_available": (ctypes.c_int, []),
         "ft_last_error": (ctypes.c_char_p, []),
         "ft_version": (ctypes.c_char_p, []),
@@ -207,11 +235,7 @@ def make_tensor(name, t):
     return FtTensor(ptr or None, (ctypes.c_int64 * 4)(*strides))
 
 
-def _head(args, shape, dtype, causal, scale):
-    if len(shape) != 5:
-        raise ValueError(f"shape must be (batch, heads, seq_q, seq_k, head_dim), got {len(shape)} values")
-    for name, x in zip(("batch", "heads", "seq_q", "seq_k", "head_dim"), shape):
-        setattr(args, name, _int_in(name, x, 1, _INT_MAX))
+def _dtype_causal_scale(args, dtype, causal, scale):
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     args.dtype = DTYPES[dtype]
@@ -222,6 +246,14 @@ def _head(args, shape, dtype, causal, scale):
     if not math.isfinite(scale) or scale < 0:
         raise ValueError(f"scale must be a positive finite number (or None for 1/sqrt(head_dim)), got {scale}")
     args.scale = scale
+
+
+def _head(args, shape, dtype, causal, scale):
+    if len(shape) != 5:
+        raise ValueError(f"shape must be (batch, heads, seq_q, seq_k, head_dim), got {len(shape)} values")
+    for name, x in zip(("batch", "heads", "seq_q", "seq_k", "head_dim"), shape):
+        setattr(args, name, _int_in(name, x, 1, _INT_MAX))
+    _dtype_causal_scale(args, dtype, causal, scale)
 
 
 def _heads_k(args, heads_k):
@@ -241,6 +273,70 @@ def forward_args(shape, dtype, causal, scale, q, k, v, o, lse, heads_k=0):
     for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
         setattr(a, name, make_tensor(name, t))
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
+    return a
+
+
+# Packed variable-length batches: the sizes checked here are those the runtime checks on the host too
+# (attention.h); the offsets in device memory are the caller's to get right.
+MAX_VARLEN_SEQS = 65535
+MAX_VARLEN_TOKENS = 2**24
+VARLEN_SIZES = ("batch", "heads", "head_dim", "total_q", "total_k", "max_seqlen_q", "max_seqlen_k")
+
+
+def make_packed_tensor(name, t):
+    """(device pointer, 3 strides in elements: token, head, head dim) -> FtPackedTensor, checked in range."""
+    try:
+        ptr, strides = t
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a (pointer, strides) pair") from None
+    _int_in(f"{name} pointer", ptr, 0, 2**64 - 1)
+    strides = tuple(strides)
+    if len(strides) != 3:
+        raise ValueError(f"{name} needs 3 strides ([total, heads, d]), got {len(strides)}")
+    for i, s in enumerate(strides):
+        _int_in(f"{name} stride[{i}]", s, -_INT64_MAX, _INT64_MAX)
+    return FtPackedTensor(ptr or None, (ctypes.c_int64 * 3)(*strides))
+
+
+def _varlen_head(args, sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, heads_k):
+    """sizes: dict of VARLEN_SIZES; cu_seqlens_q/k device pointers."""
+    if not isinstance(sizes, dict) or set(sizes) != set(VARLEN_SIZES):
+        raise ValueError(f"sizes must be a dict of {', '.join(VARLEN_SIZES)}")
+    limits = {"batch": MAX_VARLEN_SEQS, "heads": _INT_MAX, "head_dim": _INT_MAX}
+    for name in VARLEN_SIZES:
+        setattr(args, name, _int_in(name, sizes[name], 1, limits.get(name, MAX_VARLEN_TOKENS)))
+    for name, total, longest in (("q", args.total_q, args.max_seqlen_q), ("k", args.total_k, args.max_seqlen_k)):
+        if total > args.batch * longest:
+            raise ValueError(f"total_{name} {total} is more than batch {args.batch} x max_seqlen_{name} {longest}: "
+                             f"some sequence would be longer than max_seqlen_{name}")
+    for name, p in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not _int_in(f"{name} pointer", p, 0, 2**64 - 1):
+            raise ValueError(f"{name} is null (batch + 1 int32 offsets in device memory)")
+        setattr(args, name, p)
+    _dtype_causal_scale(args, dtype, causal, scale)
+    _heads_k(args, heads_k)
+
+
+def varlen_forward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, q, k, v, o, lse, heads_k=0):
+    """FtVarlenForwardArgs: sizes a dict of VARLEN_SIZES; cu_seqlens_q/k device pointers; q, k, v, o as
+    (pointer, 3 strides); lse a pointer (0: not wanted); heads_k the kv heads (0: heads)."""
+    a = FtVarlenForwardArgs()
+    _varlen_head(a, sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, heads_k)
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        setattr(a, name, make_packed_tensor(name, t))
+    a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
+    return a
+
+
+def varlen_backward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv,
+                         workspace=0, workspace_bytes=0, heads_k=0):
+    a = FtVarlenBackwardArgs()
+    _varlen_head(a, sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, heads_k)
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        setattr(a, name, make_packed_tensor(name, t))
+    a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
+    a.workspace = _int_in("workspace pointer", workspace, 0, 2**64 - 1) or None
+    a.workspace_bytes = _int_in("workspace_bytes", workspace_bytes, 0, 2**64 - 1)
     return a
 
 
@@ -268,6 +364,14 @@ _TENSOR_FMT = "Q4q"
 FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q" + "i4x")  # ..., lse, heads_k, padding
 BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ" + "i4x")
 assert FORWARD_FMT.size == ctypes.sizeof(FtForwardArgs) and BACKWARD_FMT.size == ctypes.sizeof(FtBackwardArgs)
+# Packed variable-length: 8 sizes, the two offset pointers, dtype, causal, scale (and padding), then
+# 3-stride tensors.
+_VARLEN_HEAD_FMT = "=8iQQiif4x"
+_PACKED_FMT = "Q3q"
+VARLEN_FORWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 4 + "Q")
+VARLEN_BACKWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 5 + "Q" + _PACKED_FMT * 3 + "QQ")
+assert VARLEN_FORWARD_FMT.size == ctypes.sizeof(FtVarlenForwardArgs)
+assert VARLEN_BACKWARD_FMT.size == ctypes.sizeof(FtVarlenBackwardArgs)
 
 
 def pack_forward(shape, dtype_code, causal, scale, q, k, v, o, lse, heads_k=0):
@@ -289,6 +393,31 @@ def pack_backward(shape, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, d
     try:
         BACKWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, *dout, lse, *dq, *dk, *dv,
                                0, 0, heads_k)
+    except struct.error as e:
+        raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
+    return a
+
+
+def pack_varlen_forward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, q, k, v, o, lse):
+    """FtVarlenForwardArgs from sizes (batch, heads, heads_k, head_dim, total_q, total_k, max_seqlen_q,
+    max_seqlen_k: heads_k 0 means heads), the offset pointers, an ft_dtype code, causal (0/1), scale, q, k, v,
+    o each a 4-tuple (pointer, 3 strides) and the lse pointer. ValueError (one line) when a value does not fit."""
+    a = FtVarlenForwardArgs()
+    try:
+        VARLEN_FORWARD_FMT.pack_into(a, 0, *sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, *q, *k, *v, *o,
+                                     lse)
+    except struct.error as e:
+        raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
+    return a
+
+
+def pack_varlen_backward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk,
+                         dv):
+    """FtVarlenBackwardArgs as pack_varlen_forward, with dout, the lse pointer and dq, dk, dv; no workspace."""
+    a = FtVarlenBackwardArgs()
+    try:
+        VARLEN_BACKWARD_FMT.pack_into(a, 0, *sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, *q, *k, *v,
+                                      *o, *dout, lse, *dq, *dk, *dv, 0, 0)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a
@@ -322,4 +451,31 @@ def explain_forward(args):
 def explain_backward(args):
     out = FtExplanation()
     check(load().ft_explain_backward(ctypes.byref(args), ctypes.byref(out)), "flashtune explain")
+    return out.as_dict()
+
+
+def varlen_forward(args, stream=0):
+    check((_lib or load()).ft_attention_varlen_forward(ctypes.byref(args), _stream(stream)), "flashtune varlen forward")
+
+
+def varlen_backward(args, stream=0):
+    check((_lib or load()).ft_attention_varlen_backward(ctypes.byref(args), _stream(stream)),
+          "flashtune varlen backward")
+
+
+def varlen_backward_workspace_bytes(args):
+    n = ctypes.c_size_t(0)
+    check(load().ft_varlen_backward_workspace_bytes(ctypes.byref(args), ctypes.byref(n)), "flashtune workspace")
+    return n.value
+
+
+def explain_varlen_forward(args):
+    out = FtExplanation()
+    check(load().ft_explain_varlen_forward(ctypes.byref(args), ctypes.byref(out)), "flashtune explain")
+    return out.as_dict()
+
+
+def explain_varlen_backward(args):
+    out = FtExplanation()
+    check(load().ft_explain_varlen_backward(ctypes.byref(args), ctypes.byref(out)), "flashtune explain")
     return out.as_dict()

@@ -1,8 +1,11 @@
 """flashtune for PyTorch: a custom op with autograd, a FlashAttention module, and explain().
 
-    from flashtune.torch import attention, FlashAttention, explain
+    from flashtune.torch import attention, attention_varlen, FlashAttention, explain
     o = attention(q, k, v, causal=True)          # q [B, H, Sq, d], k and v [B, H or Hk, Sk, d], as torch SDPA
     attn = FlashAttention(head_dim=64); o = attn(q, k, v); o.sum().backward()
+    # packed variable-length batches, as flash_attn_varlen_func: q [total_q, H, d], k and v [total_k, Hk, d],
+    # cu_seqlens int32 [batch + 1] on the GPU
+    o = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
 
 The op is torch.ops.flashtune.attention_fwd (q, k, v, causal, scale) -> (o, lse) with the backward op
 torch.ops.flashtune.attention_bwd (dout, q, k, v, o, lse, causal, scale) -> (dq, dk, dv); both have
@@ -11,16 +14,23 @@ torch.autocast("cuda"): floating inputs are cast to the autocast dtype first, as
 on torch.cuda.current_stream(); inputs keep their strides (the runtime packs a non-contiguous layout),
 outputs are contiguous. causal is bottom-right aligned (query i sees keys j <= i + Sk - Sq), as
 FlashAttention; a query row that sees no key gives O = 0 and LSE = +inf. scale 0.0 in the ops means
-1/sqrt(head_dim).
+1/sqrt(head_dim). Decoding (Sq <= 16 against a K/V cache) goes through the same op: the runtime runs its
+split-KV family there where it has a config for it (explain() names the family).
+
+Packed variable-length batches: torch.ops.flashtune.attention_varlen_fwd (q, k, v, cu_seqlens_q,
+cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale) -> (o, lse [H, total_q]) and
+attention_varlen_bwd (dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+causal, scale) -> (dq, dk, dv), likewise with fake implementations and autograd.
 """
 import contextlib
 import math
+import operator
 
 import torch
 
 from . import _lib
 
-__all__ = ["attention", "FlashAttention", "explain"]
+__all__ = ["attention", "attention_varlen", "FlashAttention", "explain", "explain_varlen"]
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _NAMES = ("q", "k", "v")
@@ -60,6 +70,77 @@ def _check(q, k, v, fn, autocast=False):
     return q, k, v
 
 
+_VARLEN_NAMES = ("cu_seqlens_q", "cu_seqlens_k")
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, fn, autocast=False):
+    """The packed layout's checks, one line each: q [total_q, H, d], k and v [total_k, Hk, d] on one CUDA
+    device, fp16/bf16; cu_seqlens int32 [batch + 1] on q's device (their values are device memory: not
+    read, as FlashAttention does not read them; attention.h says what that trusts); max_seqlen ints >= 1.
+    Returns (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+    for n, t in zip(_NAMES + _VARLEN_NAMES, (q, k, v, cu_seqlens_q, cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {n} must be a torch.Tensor, got {type(t).__name__}")
+    for n, t in zip(_NAMES, (q, k, v)):
+        if t.dim() != 3:
+            raise ValueError(f"{fn}: {n} must be 3-D [total_tokens, heads, head_dim] (flash_attn_varlen_func's "
+                             f"layout), got shape {tuple(t.shape)}")
+    for n, t in zip(_NAMES, (q, k, v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{fn}: {n} is on {t.device}; flashtune runs on CUDA tensors (move them with .cuda())")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"{fn}: q, k, v are on different devices ({q.device}, {k.device}, {v.device})")
+    for n, t in zip(_VARLEN_NAMES, (cu_seqlens_q, cu_seqlens_k)):
+        if t.dim() != 1 or t.dtype != torch.int32:
+            raise ValueError(f"{fn}: {n} must be a 1-D torch.int32 tensor of batch + 1 offsets, got "
+                             f"{t.dtype} of shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{fn}: {n} is on {t.device}, q on {q.device}; the kernels read it on the GPU")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"{fn}: cu_seqlens_q has {cu_seqlens_q.numel()} offsets, cu_seqlens_k "
+                         f"{cu_seqlens_k.numel()}; both hold batch + 1")
+    batch = cu_seqlens_q.numel() - 1
+    if not 1 <= batch <= _lib.MAX_VARLEN_SEQS:
+        raise ValueError(f"{fn}: cu_seqlens_q has {batch + 1} offsets: batch + 1 for a batch of 1 to "
+                         f"{_lib.MAX_VARLEN_SEQS} sequences")
+    lengths = []
+    for n, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(x, (bool, torch.Tensor)):  # a tensor would be read from the GPU: pass an int
+            raise TypeError(f"{fn}: {n} must be an int, got {type(x).__name__}")
+        try:
+            x = operator.index(x)
+        except TypeError:
+            raise TypeError(f"{fn}: {n} must be an int, got {type(x).__name__}") from None
+        if not 1 <= x <= _lib.MAX_VARLEN_TOKENS:
+            raise ValueError(f"{fn}: {n} = {x} is out of range [1, {_lib.MAX_VARLEN_TOKENS}]")
+        lengths.append(x)
+    if autocast and torch.is_autocast_enabled("cuda"):  # as the dense op: floating inputs in the autocast dtype
+        dt = torch.get_autocast_dtype("cuda")
+        q, k, v = [t.to(dt) if t.is_floating_point() else t for t in (q, k, v)]
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{fn}: mixed dtypes (q {q.dtype}, k {k.dtype}, v {v.dtype}); give all three one dtype")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"{fn}: dtype {q.dtype} is not supported for packed batches; use torch.float16 or "
+                        f"torch.bfloat16")
+    Tq, H, d = q.shape
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"{fn}: k and v have different token counts ({k.shape[0]}, {v.shape[0]})")
+    if v.shape[1] != k.shape[1] or k.shape[1] == 0 or H % k.shape[1]:
+        raise ValueError(f"{fn}: q has {H} heads, k {k.shape[1]} and v {v.shape[1]}; k and v need the same number "
+                         f"of heads, dividing q's (grouped-query attention)")
+    if k.shape[2] != d or v.shape[2] != d:
+        raise ValueError(f"{fn}: head dims differ (q {d}, k {k.shape[2]}, v {v.shape[2]})")
+    for n, total, longest in (("q", Tq, lengths[0]), ("k", k.shape[0], lengths[1])):
+        if total > batch * longest:
+            raise ValueError(f"{fn}: {n} has {total} tokens, more than batch {batch} x max_seqlen_{n} {longest}: "
+                             f"some sequence would be longer than max_seqlen_{n}")
+    if cu_seqlens_q.stride(0) != 1:
+        cu_seqlens_q = cu_seqlens_q.contiguous()
+    if cu_seqlens_k.stride(0) != 1:
+        cu_seqlens_k = cu_seqlens_k.contiguous()
+    return q, k, v, cu_seqlens_q, cu_seqlens_k, lengths[0], lengths[1]
+
+
 def _scale(scale):
     if scale is None:
         return 0.0  # the runtime's 1/sqrt(head_dim)
@@ -79,12 +160,12 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # internal: 
 
 def _runtime_layout(t):
     """t when its layout can go to the runtime as it is (unit-stride head dim, positive strides, no two
-    elements at one address), else a contiguous copy."""
+    elements at one address), else a contiguous copy. Any rank: [B, H, S, d] or packed [total, H, d]."""
     if t.is_contiguous():
         return t
     st, sh = t.stride(), t.shape
-    dims = sorted((st[i], sh[i]) for i in range(4) if sh[i] != 1)
-    ok = sh[3] == 1 or st[3] == 1
+    dims = sorted((st[i], sh[i]) for i in range(t.dim()) if sh[i] != 1)
+    ok = sh[-1] == 1 or st[-1] == 1
     span = 1
     for stride, size in dims:
         if stride < span:
@@ -99,6 +180,12 @@ def _ref(t):
     st, sh = t.stride(), t.shape
     return (t.data_ptr(), st[0] if sh[0] != 1 else 0, st[1] if sh[1] != 1 else 0, st[2] if sh[2] != 1 else 0,
             st[3] if sh[3] != 1 else 0)
+
+
+def _ref3(t):
+    """(pointer, 3 strides) of a packed [total, H, d] tensor; size-1 dims get stride 0."""
+    st, sh = t.stride(), t.shape
+    return (t.data_ptr(), st[0] if sh[0] != 1 else 0, st[1] if sh[1] != 1 else 0, st[2] if sh[2] != 1 else 0)
 
 
 def _stream(device):
@@ -125,6 +212,23 @@ def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale):
     return _lib.pack_backward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
                               _ref(q), _ref(k), _ref(v), _ref(o), _ref(dout), lse.data_ptr(),
                               _ref(dq), _ref(dk), _ref(dv), k.shape[1])
+
+
+def _varlen_sizes(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
+    return (cu_seqlens_q.numel() - 1, q.shape[1], k.shape[1], q.shape[2], q.shape[0], k.shape[0], max_seqlen_q,
+            max_seqlen_k)
+
+
+def _varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale):
+    return _lib.pack_varlen_forward(_varlen_sizes(q, k, cu_q, max_q, max_k), cu_q.data_ptr(), cu_k.data_ptr(),
+                                    _DTYPE_CODES[q.dtype], 1 if causal else 0, scale, _ref3(q), _ref3(k), _ref3(v),
+                                    _ref3(o), lse.data_ptr())
+
+
+def _varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal, scale):
+    return _lib.pack_varlen_backward(_varlen_sizes(q, k, cu_q, max_q, max_k), cu_q.data_ptr(), cu_k.data_ptr(),
+                                     _DTYPE_CODES[q.dtype], 1 if causal else 0, scale, _ref3(q), _ref3(k), _ref3(v),
+                                     _ref3(o), _ref3(dout), lse.data_ptr(), _ref3(dq), _ref3(dk), _ref3(dv))
 
 
 # --- the ops ---------------------------------------------------------------------------------------
@@ -225,6 +329,110 @@ class _EagerAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+# --- packed variable-length batches -----------------------------------------------------------------
+def _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    Tq, H, d = q.shape
+    o = torch.empty((Tq, H, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((H, Tq), dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse
+    if k.shape[0] == 0:  # no keys in any sequence: every row fully masked
+        return o.zero_(), lse.fill_(math.inf)
+    q, k, v = _runtime_layout(q), _runtime_layout(k), _runtime_layout(v)
+    with _on(q.device):
+        _lib.varlen_forward(_varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale),
+                            _stream(q.device))
+    return o, lse
+
+
+def _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale):
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if dq.numel() == 0 or dk.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if dout.dtype != q.dtype or dout.device != q.device:
+        dout = dout.to(device=q.device, dtype=q.dtype)
+    if o.dtype != q.dtype:
+        o = o.to(dtype=q.dtype)
+    dout, o = _runtime_layout(dout), _runtime_layout(o)
+    q, k, v = _runtime_layout(q), _runtime_layout(k), _runtime_layout(v)
+    if lse.dtype != torch.float32 or lse.device != q.device or not lse.is_contiguous():
+        lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
+    with _on(q.device):
+        _lib.varlen_backward(_varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal,
+                                              scale), _stream(q.device))
+    return dq, dk, dv
+
+
+@torch.library.custom_op("flashtune::attention_varlen_fwd", mutates_args=())
+def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    args = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         "flashtune::attention_varlen_fwd")
+    return _varlen_forward_impl(*args, causal, scale)
+
+
+@attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+    Tq, H, d = q.shape
+    return q.new_empty((Tq, H, d)), q.new_empty((H, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashtune::attention_varlen_bwd", mutates_args=())
+def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                         lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                         max_seqlen_k: int, causal: bool,
+                         scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                      "flashtune::attention_varlen_bwd")
+    return _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale)
+
+
+@attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                               scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, scale
+
+
+def _varlen_backward(ctx, dout, dlse):
+    # lse is an auxiliary output (attention_varlen() returns o alone); its gradient is not propagated.
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(o)
+    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+class _EagerVarlenAttention(torch.autograd.Function):
+    """Eager mode without the custom op's dispatch cost, as _EagerAttention."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+        o, lse = _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+        ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
+                                           ctx.scale)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
 # --- the public face -------------------------------------------------------------------------------
 def attention(q, k, v, causal=False, scale=None):
     """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
@@ -272,6 +480,45 @@ def explain(q, k, v, causal=False):
         dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
         try:
             out["backward"] = _lib.explain_backward(_bwd_args(o, q, k, v, o, lse, dq, dk, dv, bool(causal), 0.0))
+        except _lib.FlashtuneError as e:
+            out["backward"] = {"error": str(e)}
+    return out
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None):
+    """Attention over a packed batch of sequences of different lengths, as flash_attn_varlen_func: q
+    [total_q, H, d], k and v [total_k, Hk, d] (Hk dividing H: grouped-query attention), sequence b owning
+    query tokens cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys cu_seqlens_k[b]:cu_seqlens_k[b+1] (int32
+    tensors of batch + 1 offsets on q's device, from 0, non-decreasing, ending at total_q and total_k);
+    max_seqlen_q/k (ints) at least the longest lengths. causal is per sequence, bottom-right aligned.
+    Returns o [total_q, H, d]; differentiable in q, k, v. fp16 and bf16 (under torch.autocast("cuda"): the
+    autocast dtype).
+
+    Raises TypeError/ValueError on bad arguments (shapes, dtypes, devices, offsets' dtype and count, totals
+    above batch x max_seqlen); the offsets' values live on the GPU and are trusted, as flash-attn trusts them:
+    wrong ones read or write outside the tensors."""
+    q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                      "flashtune.torch.attention_varlen", autocast=True)
+    if torch.compiler.is_compiling():
+        return attention_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale))[0]
+    return _EagerVarlenAttention.apply(q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale))
+
+
+def explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False):
+    """explain() for attention_varlen(): the forward's family, config, source, cache, device and arch (the
+    families' packed forms), and the backward's under "backward"."""
+    q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                      "flashtune.torch.explain_varlen", autocast=True)
+    Tq, H, d = q.shape
+    q, k, v = (_runtime_layout(t) for t in (q, k, v))
+    o = torch.empty((Tq, H, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((H, Tq), dtype=torch.float32, device=q.device)
+    with _on(q.device):
+        out = _lib.explain_varlen_forward(_varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, bool(causal), 0.0))
+        dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
+        try:
+            out["backward"] = _lib.explain_varlen_backward(
+                _varlen_bwd_args(o, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, bool(causal), 0.0))
         except _lib.FlashtuneError as e:
             out["backward"] = {"error": str(e)}
     return out

@@ -63,7 +63,7 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
   std::set<std::string> seen_skips;
   std::vector<Variant> hopper_skipped;  // summed up in one line per family
   auto add = [&](const Family& f, const Config& c, const Query& q) {
-    const Variant v{&f, c, q.head_dim, q.causal, q.dtype};
+    const Variant v{&f, c, q.head_dim, q.causal, q.dtype, q.varlen};
     std::vector<Variant>& to = f.hopper_only && !a.hopper ? hopper_skipped : plan.variants;
     if (std::find(to.begin(), to.end(), v) == to.end()) to.push_back(v);
   };
@@ -74,17 +74,18 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
           if (!wanted(filter.dtypes, t) || !wanted(filter.head_dims, d) || !wanted(filter.causal, causal)) continue;
           for (const std::string& device : devices)
             for (int seq : seq_points)
-              for (int seq_q : seq_q_classes) {  // the candidates change only at a family's max_seq_q
-                Query q;
-                q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
-                q.head_dim = d, q.causal = causal != 0, q.seq = seq, q.seq_q = seq_q;
-                const Family* f = choose_family(ts, q);
-                if (!f || !wanted(filter.families, f->name)) continue;
-                const Pick pick = choose_config(ts, *f, q);
-                if (!pick.note.empty() && seen_skips.insert(pick.note).second) plan.skipped.push_back(pick.note);
-                add(*f, pick.config, q);
-                add(*f, f->default_config, q);
-              }
+              for (int seq_q : seq_q_classes)      // the candidates change only at a family's max_seq_q
+                for (bool varlen : {false, true}) {  // packed calls: the families' packed forms
+                  Query q;
+                  q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
+                  q.head_dim = d, q.causal = causal != 0, q.seq = seq, q.seq_q = seq_q, q.varlen = varlen;
+                  const Family* f = choose_family(ts, q);
+                  if (!f || !wanted(filter.families, f->name)) continue;
+                  const Pick pick = choose_config(ts, *f, q);
+                  if (!pick.note.empty() && seen_skips.insert(pick.note).second) plan.skipped.push_back(pick.note);
+                  add(*f, pick.config, q);
+                  add(*f, f->default_config, q);
+                }
         }
   for (const Family& f : families()) {
     const auto n = std::count_if(hopper_skipped.begin(), hopper_skipped.end(), [&](const Variant& v) { return v.family == &f; });

@@ -57,9 +57,9 @@ struct AotPlan {
 };
 
 // Every variant lookup.cpp's choose() can pick on `a` from the tables (no $FLASHTUNE_DB): for each
-// direction, dtype, head dim and mask, each device table of the arch and an untabled device, and each
-// sequence bucket of the tables, the chosen family's config and that family's default (the fallback
-// when a config is rejected or does not compile).
+// direction, dtype, head dim and mask, dense or packed (the families' packed forms), each device table of
+// the arch and an untabled device, and each sequence bucket of the tables, the chosen family's config and
+// that family's default (the fallback when a config is rejected or does not compile).
 AotPlan aot_variants(const TableSet&, const AotArch&, const AotFilter& = {});
 
 }  // namespace flashtune::rt

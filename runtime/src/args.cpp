@@ -13,50 +13,110 @@ constexpr int64_t kMaxElements = std::numeric_limits<int32_t>::max();  // per te
 
 Check bad(ft_status s, std::string m) { return {s, std::move(m)}; }
 
-// A tensor [b, h, s, d]: pointer, non-negative strides, elements it spans within 32-bit indexing,
-// and (outputs) no two elements at one address.
-std::string check_tensor(const char* name, const ft_tensor& t, int64_t b, int64_t h, int64_t s, int64_t d, bool output) {
-  if (!t.data) return std::string(name) + ".data is null";
-  const int64_t ext[4] = {b, h, s, d};
+// A tensor: pointer, non-negative strides, elements it spans within 32-bit indexing, and (outputs) no two
+// elements at one address. Messages name the caller's strides (3 for a packed tensor).
+std::string check_tensor(const TensorArg& t) {
+  const std::string name = t.name;
+  if (!t.data) return name + ".data is null";
+  static const int dense_dims[] = {0, 1, 2, 3}, packed_dims[] = {0, 1, 3};  // view dim of the caller's stride[i]
+  const int* dims = t.packed ? packed_dims : dense_dims;
+  const int rank = t.packed ? 3 : 4;
   int64_t span = 0;  // the largest element offset
-  for (int i = 0; i < 4; ++i) {
-    if (t.stride[i] < 0) return std::string(name) + ".stride[" + std::to_string(i) + "] is negative";
-    if (t.stride[i] > kMaxElements) return std::string(name) + ".stride[" + std::to_string(i) + "] is over 2^31";
-    span += t.stride[i] * (ext[i] - 1);
+  for (int i = 0; i < rank; ++i) {
+    const int64_t s = t.stride[dims[i]];
+    if (s < 0) return name + ".stride[" + std::to_string(i) + "] is negative";
+    if (s > kMaxElements) return name + ".stride[" + std::to_string(i) + "] is over 2^31";
+    span += s * (t.ext[dims[i]] - 1);
   }
-  if (b * h * s * d > kMaxElements || span > kMaxElements)
-    return std::string(name) + " has over 2^31 elements (unsupported)";
-  if (output) {
+  if (t.ext[0] * t.ext[1] * t.ext[2] * t.ext[3] > kMaxElements || span > kMaxElements)
+    return name + " has over 2^31 elements (unsupported)";
+  if (t.output) {
     // Sorted by stride, each dimension must step past everything the smaller ones reach.
     int idx[4] = {0, 1, 2, 3};
     std::sort(idx, idx + 4, [&](int x, int y) { return t.stride[x] < t.stride[y]; });
     int64_t reach = 0;  // largest offset reachable by the smaller dimensions
     for (int i : idx) {
-      if (ext[i] == 1) continue;
-      if (t.stride[i] <= reach) return std::string(name) + " has overlapping strides (an output must not alias itself)";
-      reach += t.stride[i] * (ext[i] - 1);
+      if (t.ext[i] == 1) continue;
+      if (t.stride[i] <= reach) return name + " has overlapping strides (an output must not alias itself)";
+      reach += t.stride[i] * (t.ext[i] - 1);
     }
   }
   return "";
 }
 
-Check check_common(int batch, int heads, int heads_k, int seq_q, int seq_k, int head_dim, ft_dtype dtype, float scale,
-                   const char* direction) {
-  const struct {
-    const char* name;
-    int v;
-  } sizes[] = {{"batch", batch}, {"heads", heads}, {"seq_q", seq_q}, {"seq_k", seq_k}, {"head_dim", head_dim}};
-  for (const auto& s : sizes)
+struct Size {
+  const char* name;
+  int v;
+};
+Check check_sizes(std::initializer_list<Size> sizes) {
+  for (const Size& s : sizes)
     if (s.v <= 0) return bad(FT_INVALID_ARGUMENT, std::string(s.name) + " must be positive, got " + std::to_string(s.v));
+  return {};
+}
+
+Check check_common(int heads, int heads_k, int head_dim, ft_dtype dtype, float scale, const char* direction, bool varlen) {
   if (dtype != FT_FP32 && dtype != FT_FP16 && dtype != FT_BF16)
     return bad(FT_INVALID_ARGUMENT, "dtype " + std::to_string((int)dtype) + " is not FT_FP32, FT_FP16 or FT_BF16");
   if (!std::isfinite(scale)) return bad(FT_INVALID_ARGUMENT, "scale is not finite");
   if (heads_k < 0 || (heads_k > 0 && heads % heads_k))
     return bad(FT_INVALID_ARGUMENT, "heads_k " + std::to_string(heads_k) + " must be 0 or divide heads " + std::to_string(heads));
   const bool gqa = heads_k > 0 && heads_k != heads;
-  if (std::string why = unsupported_reason(direction, to_dtype(dtype), head_dim, gqa); !why.empty())
+  if (std::string why = unsupported_reason(direction, to_dtype(dtype), head_dim, gqa, varlen); !why.empty())
     return bad(FT_UNSUPPORTED, why);
   return {};
+}
+
+Check check_tensors(const std::vector<TensorArg>& ts) {
+  for (const TensorArg& t : ts)
+    if (std::string why = check_tensor(t); !why.empty()) return bad(FT_INVALID_ARGUMENT, why);
+  return {};
+}
+
+// A packed batch's sizes and offsets: what the host can check without reading device memory.
+template <class Args>
+Check check_varlen_common(const Args* a, const char* direction) {
+  if (Check c = check_sizes({{"batch", a->batch}, {"heads", a->heads}, {"head_dim", a->head_dim},
+                             {"total_q", a->total_q}, {"total_k", a->total_k}, {"max_seqlen_q", a->max_seqlen_q},
+                             {"max_seqlen_k", a->max_seqlen_k}});
+      c.status != FT_OK)
+    return c;
+  if (a->batch > kMaxVarlenSeqs)
+    return bad(FT_INVALID_ARGUMENT, "batch " + std::to_string(a->batch) + " is over " + std::to_string(kMaxVarlenSeqs) +
+                                        " sequences (one grid row each)");
+  const Size lengths[] = {{"total_q", a->total_q}, {"total_k", a->total_k}, {"max_seqlen_q", a->max_seqlen_q},
+                          {"max_seqlen_k", a->max_seqlen_k}};
+  for (const Size& s : lengths)
+    if (s.v > kMaxVarlenTokens)
+      return bad(FT_INVALID_ARGUMENT, std::string(s.name) + " " + std::to_string(s.v) + " is over 2^24 tokens (unsupported)");
+  // Every sequence is at most max_seqlen long, so the batch holds at most batch * max_seqlen tokens; more
+  // means a longer sequence, whose rows past the grid would never be computed.
+  for (auto [total, max, tn, mn] : {std::tuple{a->total_q, a->max_seqlen_q, "total_q", "max_seqlen_q"},
+                                    std::tuple{a->total_k, a->max_seqlen_k, "total_k", "max_seqlen_k"}})
+    if ((int64_t)total > (int64_t)a->batch * max)
+      return bad(FT_INVALID_ARGUMENT, std::string(tn) + " " + std::to_string(total) + " is more than batch " +
+                                          std::to_string(a->batch) + " x " + mn + " " + std::to_string(max) +
+                                          ": some sequence would be longer than " + mn);
+  for (auto [p, n] : {std::pair{a->cu_seqlens_q, "cu_seqlens_q"}, std::pair{a->cu_seqlens_k, "cu_seqlens_k"}}) {
+    if (!p) return bad(FT_INVALID_ARGUMENT, std::string(n) + " is null (batch + 1 int32 offsets in device memory)");
+    if (reinterpret_cast<uintptr_t>(p) % 4) return bad(FT_INVALID_ARGUMENT, std::string(n) + " is not 4-byte aligned (int32)");
+  }
+  if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, direction, true); c.status != FT_OK)
+    return c;
+  return check_tensors(tensor_args(a));
+}
+
+Check check_lse(const float* lse, bool required) {
+  if (!lse) return required ? bad(FT_INVALID_ARGUMENT, "lse is null (the backward needs the forward's LSE)") : Check{};
+  if (reinterpret_cast<uintptr_t>(lse) % 4) return bad(FT_INVALID_ARGUMENT, "lse is not 4-byte aligned");
+  return {};
+}
+
+// [B, H, S, d] with its 4 strides, or a packed [total, H, d] as [total, H, 1, d].
+TensorArg dense(const char* name, const ft_tensor& t, int64_t b, int64_t h, int64_t s, int64_t d, bool output) {
+  return {name, t.data, {b, h, s, d}, {t.stride[0], t.stride[1], t.stride[2], t.stride[3]}, output};
+}
+TensorArg packed(const char* name, const ft_packed_tensor& t, int64_t total, int64_t h, int64_t d, bool output) {
+  return {name, t.data, {total, h, 1, d}, {t.stride[0], t.stride[1], 0, t.stride[2]}, output, true};
 }
 }  // namespace
 
@@ -64,15 +124,19 @@ DType to_dtype(ft_dtype t) { return t == FT_FP16 ? DType::fp16 : t == FT_BF16 ? 
 
 float softmax_scale(float scale, int head_dim) { return scale > 0 ? scale : (float)(1.0 / std::sqrt((double)head_dim)); }
 
-bool is_contiguous(const ft_tensor& t, int64_t b, int64_t h, int64_t s, int64_t d) {
-  const int64_t ext[4] = {b, h, s, d}, want[4] = {h * s * d, s * d, d, 1};
+bool is_contiguous(const TensorArg& t) {
+  const int64_t want[4] = {t.ext[1] * t.ext[2] * t.ext[3], t.ext[2] * t.ext[3], t.ext[3], 1};
   for (int i = 0; i < 4; ++i)
-    if (ext[i] > 1 && t.stride[i] != want[i]) return false;
+    if (t.ext[i] > 1 && t.stride[i] != want[i]) return false;
   return true;
 }
 
-bool direct(const ft_tensor& t, int64_t b, int64_t h, int64_t s, int64_t d) {
-  return is_contiguous(t, b, h, s, d) && (reinterpret_cast<uintptr_t>(t.data) % 16) == 0;
+bool direct(const TensorArg& t) { return is_contiguous(t) && (reinterpret_cast<uintptr_t>(t.data) % 16) == 0; }
+
+std::vector<int> host_lengths(int batch, int total, int max_len) {
+  std::vector<int> out(batch, 0);
+  for (int b = 0; b < batch && total > 0; ++b) total -= out[b] = std::min(total, max_len);
+  return out;
 }
 
 size_t Layout::add(size_t bytes) {
@@ -82,41 +146,66 @@ size_t Layout::add(size_t bytes) {
 }
 
 std::vector<TensorArg> tensor_args(const ft_forward_args* a) {
-  return {{"q", &a->q, a->seq_q, false},      {"k", &a->k, a->seq_k, false, true}, {"v", &a->v, a->seq_k, false, true},
-          {"o", &a->o, a->seq_q, true}};
+  const int64_t B = a->batch, H = a->heads, Hk = kv_heads(a), d = a->head_dim;
+  return {dense("q", a->q, B, H, a->seq_q, d, false), dense("k", a->k, B, Hk, a->seq_k, d, false),
+          dense("v", a->v, B, Hk, a->seq_k, d, false), dense("o", a->o, B, H, a->seq_q, d, true)};
 }
 std::vector<TensorArg> tensor_args(const ft_backward_args* a) {
-  return {{"q", &a->q, a->seq_q, false},        {"k", &a->k, a->seq_k, false, true},
-          {"v", &a->v, a->seq_k, false, true},  {"o", &a->o, a->seq_q, false},
-          {"dout", &a->dout, a->seq_q, false},  {"dq", &a->dq, a->seq_q, true},
-          {"dk", &a->dk, a->seq_k, true, true}, {"dv", &a->dv, a->seq_k, true, true}};
+  const int64_t B = a->batch, H = a->heads, Hk = kv_heads(a), d = a->head_dim, Sq = a->seq_q, Sk = a->seq_k;
+  return {dense("q", a->q, B, H, Sq, d, false),       dense("k", a->k, B, Hk, Sk, d, false),
+          dense("v", a->v, B, Hk, Sk, d, false),      dense("o", a->o, B, H, Sq, d, false),
+          dense("dout", a->dout, B, H, Sq, d, false), dense("dq", a->dq, B, H, Sq, d, true),
+          dense("dk", a->dk, B, Hk, Sk, d, true),     dense("dv", a->dv, B, Hk, Sk, d, true)};
+}
+std::vector<TensorArg> tensor_args(const ft_varlen_forward_args* a) {
+  const int64_t Tq = a->total_q, Tk = a->total_k, H = a->heads, Hk = kv_heads(a), d = a->head_dim;
+  return {packed("q", a->q, Tq, H, d, false), packed("k", a->k, Tk, Hk, d, false), packed("v", a->v, Tk, Hk, d, false),
+          packed("o", a->o, Tq, H, d, true)};
+}
+std::vector<TensorArg> tensor_args(const ft_varlen_backward_args* a) {
+  const int64_t Tq = a->total_q, Tk = a->total_k, H = a->heads, Hk = kv_heads(a), d = a->head_dim;
+  return {packed("q", a->q, Tq, H, d, false),       packed("k", a->k, Tk, Hk, d, false),
+          packed("v", a->v, Tk, Hk, d, false),      packed("o", a->o, Tq, H, d, false),
+          packed("dout", a->dout, Tq, H, d, false), packed("dq", a->dq, Tq, H, d, true),
+          packed("dk", a->dk, Tk, Hk, d, true),     packed("dv", a->dv, Tk, Hk, d, true)};
 }
 
 Check check_forward(const ft_forward_args* a) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
-  if (Check c = check_common(a->batch, a->heads, a->heads_k, a->seq_q, a->seq_k, a->head_dim, a->dtype, a->scale, "fwd");
+  if (Check c = check_sizes({{"batch", a->batch}, {"heads", a->heads}, {"seq_q", a->seq_q}, {"seq_k", a->seq_k},
+                             {"head_dim", a->head_dim}});
       c.status != FT_OK)
     return c;
-  const int64_t B = a->batch, d = a->head_dim;
-  for (const TensorArg& t : tensor_args(a))
-    if (std::string why = check_tensor(t.name, *t.t, B, t.kv ? kv_heads(a) : a->heads, t.seq, d, t.output); !why.empty())
-      return bad(FT_INVALID_ARGUMENT, why);
-  return {};
+  if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, "fwd", false); c.status != FT_OK)
+    return c;
+  return check_tensors(tensor_args(a));
 }
 
 Check check_backward(const ft_backward_args* a) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
-  if (Check c = check_common(a->batch, a->heads, a->heads_k, a->seq_q, a->seq_k, a->head_dim, a->dtype, a->scale, "bwd");
+  if (Check c = check_sizes({{"batch", a->batch}, {"heads", a->heads}, {"seq_q", a->seq_q}, {"seq_k", a->seq_k},
+                             {"head_dim", a->head_dim}});
       c.status != FT_OK)
     return c;
-  const int64_t B = a->batch, H = a->heads, Sq = a->seq_q, d = a->head_dim;
-  for (const TensorArg& t : tensor_args(a))
-    if (std::string why = check_tensor(t.name, *t.t, B, t.kv ? kv_heads(a) : a->heads, t.seq, d, t.output); !why.empty())
-      return bad(FT_INVALID_ARGUMENT, why);
-  if (!a->lse) return bad(FT_INVALID_ARGUMENT, "lse is null (the backward needs the forward's LSE)");
-  if (reinterpret_cast<uintptr_t>(a->lse) % 4) return bad(FT_INVALID_ARGUMENT, "lse is not 4-byte aligned");
-  if (B * H * Sq * d > kMaxElements) return bad(FT_INVALID_ARGUMENT, "dq_accum would have over 2^31 elements (unsupported)");
+  if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, "bwd", false); c.status != FT_OK)
+    return c;
+  if (Check c = check_tensors(tensor_args(a)); c.status != FT_OK) return c;
+  if (Check c = check_lse(a->lse, true); c.status != FT_OK) return c;
+  if ((int64_t)a->batch * a->heads * a->seq_q * a->head_dim > kMaxElements)
+    return bad(FT_INVALID_ARGUMENT, "dq_accum would have over 2^31 elements (unsupported)");
   return {};
+}
+
+Check check_varlen_forward(const ft_varlen_forward_args* a) {
+  if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
+  if (Check c = check_varlen_common(a, "fwd"); c.status != FT_OK) return c;
+  return check_lse(a->lse, false);
+}
+
+Check check_varlen_backward(const ft_varlen_backward_args* a) {
+  if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
+  if (Check c = check_varlen_common(a, "bwd"); c.status != FT_OK) return c;
+  return check_lse(a->lse, true);  // dq_accum is dq's size in fp32: covered by dq's element count
 }
 
 }  // namespace flashtune::rt

@@ -20,32 +20,48 @@ struct Check {
 // (FT_INVALID_ARGUMENT); a head dim or dtype no family runs in that direction (FT_UNSUPPORTED).
 Check check_forward(const ft_forward_args* a);
 Check check_backward(const ft_backward_args* a);
+// Packed variable-length batches: the same, and the batch's sizes (sequences, tokens, longest lengths),
+// the cu_seqlens pointers; what lives in device memory (the offsets themselves) is not read (attention.h).
+Check check_varlen_forward(const ft_varlen_forward_args* a);
+Check check_varlen_backward(const ft_varlen_backward_args* a);
 
-// The stride of contiguous [B, H, S, d] in dimension i (dims of extent 1 match any stride).
-bool is_contiguous(const ft_tensor& t, int64_t b, int64_t h, int64_t s, int64_t d);
-// Goes straight to the kernel: contiguous and 16-byte aligned (the kernels' vector loads); otherwise
-// it is packed to (or, for an output, unpacked from) contiguous scratch.
-bool direct(const ft_tensor& t, int64_t b, int64_t h, int64_t s, int64_t d);
-
-// The tensors of a call, in one table for the argument checks and the packing: name, its sequence
-// length, whether the call writes it.
+// One tensor of a call, as the checks and the packing see it: a 4-D [B, H, S, d] view. A packed
+// [total, H, d] tensor is [total, H, 1, d], so that its contiguous form is token-major and the
+// strided-copy kernel packs it as any other.
 struct TensorArg {
   const char* name;
-  const ft_tensor* t;
-  int64_t seq;
+  void* data;
+  int64_t ext[4];
+  int64_t stride[4];
   bool output;
-  bool kv = false;  // k, v, dk, dv: heads_k heads under grouped-query attention
+  bool packed = false;  // a [total, H, d] tensor: messages name its 3 strides
 };
 // The kv heads a call's k and v have (heads_k, or heads when 0).
 template <class Args>
 int kv_heads(const Args* a) {
   return a->heads_k > 0 ? a->heads_k : a->heads;
 }
+// The tensors of a call in the kernels' parameter order (q, k, v, o; backward q, k, v, o, dout, dq, dk, dv).
 std::vector<TensorArg> tensor_args(const ft_forward_args* a);
 std::vector<TensorArg> tensor_args(const ft_backward_args* a);
+std::vector<TensorArg> tensor_args(const ft_varlen_forward_args* a);
+std::vector<TensorArg> tensor_args(const ft_varlen_backward_args* a);
+
+// Contiguous in its view (dims of extent 1 match any stride).
+bool is_contiguous(const TensorArg& t);
+// Goes straight to the kernel: contiguous and 16-byte aligned (the kernels' vector loads, TMA); otherwise
+// it is packed to (or, for an output, unpacked from) contiguous scratch.
+bool direct(const TensorArg& t);
 
 DType to_dtype(ft_dtype);
 float softmax_scale(float scale, int head_dim);  // scale <= 0: 1/sqrt(head_dim)
+
+// The lengths a packed call's Problem carries on the host (Problem::varlen): batch lengths summing to
+// total, none longer than max_len (the longest first). The real lengths are in device memory; the
+// families read only the totals and the count from Problem::varlen (workspace, tensor maps) and the
+// longest lengths from Problem::seq_q/seq_k (grids), which test_runtime checks for every packed family.
+// Needs total <= batch * max_len (check_varlen_*).
+std::vector<int> host_lengths(int batch, int total, int max_len);
 
 // One allocation, carved into 256-byte aligned pieces.
 struct Layout {

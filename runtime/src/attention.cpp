@@ -1,7 +1,10 @@
 // The C ABI (flashtune/attention.h): argument checks, config lookup, kernels from the in-process map,
-// the disk cache or NVRTC, and the launches on the caller's stream. The launch sequence is the
-// worker's (tuner/gpu_runner.cpp: module load, lowered names, >48 KiB shared memory opt-in, zero-filled
-// family workspace, kernels in the family's order), on caller-owned tensors instead of test buffers.
+// the disk cache or NVRTC, and the launches on the caller's stream. The launch sequence is the worker's
+// (tuner/gpu_runner.cpp: module load, lowered names, >48 KiB shared memory opt-in, zero-filled family
+// workspace, kernels in the family's order), on caller-owned tensors instead of test buffers. Dense and
+// packed variable-length calls share every step; a packed one runs the families' packed forms
+// (kernel<Traits, true>, whose argument is VarlenParams: the dense struct and the device offsets) on
+// token-major tensors.
 #pragma GCC visibility push(default)
 #include "flashtune/attention.h"
 #pragma GCC visibility pop
@@ -15,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <type_traits>
 
 #include "aot.hpp"
 #include "args.hpp"
@@ -185,6 +189,11 @@ struct Plan {
   std::string plan_key;  // the plan cache's key
 };
 
+// The kernels a pick runs on p: the packed form for a packed variable-length batch.
+Variant variant_of(const Pick& pick, const Problem& p) {
+  return Variant{pick.family, pick.config, p.head_dim, p.causal, p.dtype, p.varlen.enabled()};
+}
+
 Plan make_plan(const Query& q0, const Problem& p) {
   Plan plan;
   plan.device = current_device();
@@ -194,7 +203,8 @@ Plan make_plan(const Query& q0, const Problem& p) {
   const char* db = std::getenv("FLASHTUNE_DB");
   const std::string db_path = db ? db : "";
   const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
-                               std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") + '|' +
+                               std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") +
+                               (q.varlen ? "v" : "") + '|' +
                                std::to_string(p.seq_bucket()) + '|' + std::to_string(seq_q_class(q.seq_q)) + '|' +
                                db_path;
   State& s = state();
@@ -216,9 +226,9 @@ Plan make_plan(const Query& q0, const Problem& p) {
   }
   if (!plan.pick.family)
     fail(FT_UNSUPPORTED, "no family runs " + std::string(to_string(q.dtype)) + " " +
-                             (q.direction == "fwd" ? "forward" : "backward") + " d=" + std::to_string(q.head_dim) +
-                             " on " + q.arch);
-  plan.key = compiler.variant_hash(Variant{plan.pick.family, plan.pick.config, p.head_dim, p.causal, p.dtype});
+                             (q.varlen ? "packed variable-length " : "") + (q.direction == "fwd" ? "forward" : "backward") +
+                             " d=" + std::to_string(q.head_dim) + " on " + q.arch);
+  plan.key = compiler.variant_hash(variant_of(plan.pick, p));
   std::lock_guard<std::mutex> lock(s.mu);
   s.plans[plan_key] = {plan.pick, plan.key};
   return plan;
@@ -296,7 +306,7 @@ const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
   const Problem& p = plan.problem;
   std::string first_error;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const Variant v{plan.pick.family, plan.pick.config, p.head_dim, p.causal, p.dtype};
+    const Variant v = variant_of(plan.pick, p);
     auto c = cubin_for(plan.key, [&]() -> std::shared_ptr<const Compiled> {
       KernelRecord k = compiler.compile(v);
       if (k.status != "compiled") {
@@ -313,7 +323,7 @@ const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
     plan.pick.note = first_error + ": default used";
     plan.pick.source = "default";
     plan.pick.config = plan.pick.family->default_config;
-    plan.key = compiler.variant_hash(Variant{plan.pick.family, plan.pick.config, p.head_dim, p.causal, p.dtype});
+    plan.key = compiler.variant_hash(variant_of(plan.pick, p));
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
     s.plans[plan.plan_key] = {plan.pick, plan.key};  // later calls (and explain) go straight to the default
@@ -337,11 +347,8 @@ const Loaded& copy_kernels(CUcontext ctx, const std::string& arch) {
 
 // ---- one call's tensors and scratch ------------------------------------------------------------
 struct Operand {
-  const ft_tensor* t;
-  int64_t seq;
-  bool output;
-  int heads;           // the query heads, or the kv heads (k, v, dk, dv)
-  size_t offset = 0;   // in scratch, when packed
+  TensorArg t;          // the caller's tensor as a [B, H, S, d] view (args.hpp)
+  size_t offset = 0;    // in scratch, when packed
   bool packed = false;
   CUdeviceptr ptr = 0;  // what the kernel sees
 };
@@ -351,24 +358,25 @@ struct CallLayout {
   size_t lse = 0, delta = 0, dq_accum = 0, workspace = 0, workspace_bytes = 0;
 };
 
-void launch_copy(const Loaded& copy, CUstream stream, const Operand& o, const Problem& p, int elem, CUdeviceptr src,
-                 CUdeviceptr dst, int unpack) {
-  long long H = o.heads, n = (long long)p.batch * H * o.seq * p.head_dim, S = o.seq, D = p.head_dim;
-  long long s[4] = {o.t->stride[0], o.t->stride[1], o.t->stride[2], o.t->stride[3]};
+void launch_copy(const Loaded& copy, CUstream stream, const Operand& o, int elem, CUdeviceptr src, CUdeviceptr dst,
+                 int unpack) {
+  long long H = o.t.ext[1], S = o.t.ext[2], D = o.t.ext[3], n = o.t.ext[0] * H * S * D;
+  long long s[4] = {o.t.stride[0], o.t.stride[1], o.t.stride[2], o.t.stride[3]};
   void* args[] = {&src, &dst, &n, &H, &S, &D, &s[0], &s[1], &s[2], &s[3], &unpack};
   const unsigned blocks = (unsigned)std::min<long long>((n + 255) / 256, 1 << 16);
   FT_CU(cuLaunchKernel, copy.fns[elem == 2 ? 0 : 1], blocks, 1, 1, 256, 1, 1, 0, stream, args, nullptr);
 }
 
-// Scratch pieces: packed operands, then the per-direction buffers.
+// Scratch pieces: packed operands, then the per-direction buffers (lse and delta hold a value per query
+// row of every head, dq_accum a row of d: Problem::rows_q counts a packed batch's tokens, not B * Sq).
 CallLayout layout_for(std::vector<Operand>& ops, const Problem& p, size_t workspace_bytes, bool need_lse, bool bwd) {
   CallLayout c;
   const size_t elem = dtype_bytes(p.dtype);
   for (Operand& o : ops) {
-    o.packed = !direct(*o.t, p.batch, o.heads, o.seq, p.head_dim);
-    if (o.packed) o.offset = c.layout.add((size_t)p.batch * o.heads * o.seq * p.head_dim * elem);
+    o.packed = !direct(o.t);
+    if (o.packed) o.offset = c.layout.add((size_t)(o.t.ext[0] * o.t.ext[1] * o.t.ext[2] * o.t.ext[3]) * elem);
   }
-  const size_t rows = (size_t)p.batch * p.heads * p.seq_q;
+  const size_t rows = (size_t)p.rows_q();
   if (need_lse) c.lse = c.layout.add(rows * 4);
   if (bwd) {
     c.delta = c.layout.add(rows * 4);
@@ -405,12 +413,13 @@ CUmemoryPool scratch_pool() {
 // Stream-ordered scratch: allocated at the start of a call, freed on its stream at the end.
 class Scratch {
  public:
-  Scratch(size_t bytes, void* given, size_t given_bytes, CUstream s) : stream_(s) {
+  // sizer: the function that tells a caller the bytes (named in the error).
+  Scratch(size_t bytes, void* given, size_t given_bytes, CUstream s, const char* sizer = "") : stream_(s) {
     if (!bytes) return;
     if (given) {
       if (given_bytes < bytes)
         fail(FT_INVALID_ARGUMENT, "workspace_bytes " + std::to_string(given_bytes) + " is less than the " +
-                                      std::to_string(bytes) + " this call needs (ft_backward_workspace_bytes)");
+                                      std::to_string(bytes) + " this call needs (" + sizer + ")");
       if (reinterpret_cast<uintptr_t>(given) % 256)
         fail(FT_INVALID_ARGUMENT, "workspace is not 256-byte aligned (cudaMalloc's alignment)");
       base_ = (CUdeviceptr)given;
@@ -450,19 +459,41 @@ void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream str
 }
 
 template <class Args>
-Problem problem_of(const Args* a, const char* direction) {
+Problem common_problem(const Args* a, const char* direction) {
   Problem p;
   p.batch = a->batch;
   p.heads = a->heads;
   p.heads_k = a->heads_k == a->heads ? 0 : a->heads_k;
-  p.seq_q = a->seq_q;
-  p.seq_k = a->seq_k;
   p.head_dim = a->head_dim;
   p.dtype = to_dtype(a->dtype);
   p.causal = a->causal != 0;
   p.direction = direction;
   return p;
 }
+template <class Args>
+Problem problem_of(const Args* a, const char* direction) {
+  Problem p = common_problem(a, direction);
+  p.seq_q = a->seq_q;
+  p.seq_k = a->seq_k;
+  // One query row under the bottom-right mask sees every key (j <= 0 + Sk - 1): the call is the non-causal
+  // one, so it takes that kernel and those table entries (decoding is tuned non-causal).
+  if (p.seq_q == 1) p.causal = false;
+  return p;
+}
+// A packed batch: the grid's longest lengths, and host-side lengths with the call's totals (args.hpp).
+template <class Args>
+Problem varlen_problem_of(const Args* a, const char* direction) {
+  Problem p = common_problem(a, direction);
+  p.seq_q = a->max_seqlen_q;
+  p.seq_k = a->max_seqlen_k;
+  p.varlen.lengths = "list";
+  p.varlen.seq_lens_q = host_lengths(a->batch, a->total_q, a->max_seqlen_q);
+  p.varlen.seq_lens_k = host_lengths(a->batch, a->total_k, a->max_seqlen_k);
+  return p;
+}
+Problem problem_of(const ft_varlen_forward_args* a, const char* direction) { return varlen_problem_of(a, direction); }
+Problem problem_of(const ft_varlen_backward_args* a, const char* direction) { return varlen_problem_of(a, direction); }
+
 Query query_of(const Problem& p) {
   Query q;
   q.direction = p.direction;
@@ -472,13 +503,14 @@ Query query_of(const Problem& p) {
   q.seq = std::max(p.seq_q, p.seq_k);
   q.gqa = p.heads_k > 0;
   q.seq_q = p.seq_q;
+  q.varlen = p.varlen.enabled();
   return q;
 }
 
 template <class Args>
 std::vector<Operand> operands(const Args* a) {
   std::vector<Operand> ops;
-  for (const TensorArg& t : tensor_args(a)) ops.push_back({t.t, t.seq, t.output, t.kv ? kv_heads(a) : a->heads});
+  for (const TensorArg& t : tensor_args(a)) ops.push_back({t});
   return ops;
 }
 
@@ -490,16 +522,32 @@ void with_operands(CUcontext ctx, const Plan& plan, std::vector<Operand>& ops, c
   const int elem = dtype_bytes(p.dtype);
   const Loaded* copy = nullptr;
   for (Operand& o : ops) {
-    o.ptr = o.packed ? scratch.at(o.offset) : (CUdeviceptr)o.t->data;
+    o.ptr = o.packed ? scratch.at(o.offset) : (CUdeviceptr)o.t.data;
     if (o.packed && !copy) copy = &copy_kernels(ctx, plan.device.arch);
-    if (o.packed && !o.output) launch_copy(*copy, stream, o, p, elem, (CUdeviceptr)o.t->data, o.ptr, 0);
+    if (o.packed && !o.t.output) launch_copy(*copy, stream, o, elem, (CUdeviceptr)o.t.data, o.ptr, 0);
   }
   launch();
   for (Operand& o : ops)
-    if (o.packed && o.output) launch_copy(*copy, stream, o, p, elem, o.ptr, (CUdeviceptr)o.t->data, 1);
+    if (o.packed && o.t.output) launch_copy(*copy, stream, o, elem, o.ptr, (CUdeviceptr)o.t.data, 1);
 }
 
-void run_forward(const ft_forward_args* a, CUstream stream) {
+// A packed variable-length call's args (the kernels' packed form, VarlenParams).
+template <class Args>
+constexpr bool kPacked = std::is_same_v<Args, ft_varlen_forward_args> || std::is_same_v<Args, ft_varlen_backward_args>;
+
+// The kernels' argument: the dense struct, or for a packed batch the dense struct followed by the offsets.
+template <class Args, class Dense, class F>
+void with_params(const Args* a, const Dense& dense, F launch) {
+  if constexpr (kPacked<Args>) {
+    const VarlenParams<Dense> packed{dense, a->cu_seqlens_q, a->cu_seqlens_k};
+    launch((void*)&packed);
+  } else {
+    launch((void*)&dense);
+  }
+}
+
+template <class Args>
+void run_forward(const Args* a, CUstream stream) {
   ContextScope ctx(a->q.data);
   const Problem p = problem_of(a, "fwd");
   Plan plan = make_plan(query_of(p), p);
@@ -524,7 +572,7 @@ void run_forward(const ft_forward_args* a, CUstream stream) {
         fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick.family->name + ": " + e.what());
       }
     }
-    launch_family(k, plan, &fp, stream, &maps);
+    with_params(a, fp, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
   });
 }
 
@@ -532,14 +580,16 @@ CallLayout backward_layout(const Plan& plan, std::vector<Operand>& ops) {
   return layout_for(ops, plan.problem, plan.pick.family->workspace_bytes(plan.pick.config, plan.problem), false, true);
 }
 
-void run_backward(const ft_backward_args* a, CUstream stream) {
+template <class Args>
+void run_backward(const Args* a, CUstream stream) {
   ContextScope ctx(a->q.data);
   const Problem p = problem_of(a, "bwd");
   Plan plan = make_plan(query_of(p), p);
   const Loaded& k = family_kernels(ctx.get(), plan);
   std::vector<Operand> ops = operands(a);
   const CallLayout c = backward_layout(plan, ops);
-  Scratch scratch(c.layout.total, a->workspace, a->workspace_bytes, stream);
+  Scratch scratch(c.layout.total, a->workspace, a->workspace_bytes, stream,
+                  kPacked<Args> ? "ft_varlen_backward_workspace_bytes" : "ft_backward_workspace_bytes");
   if (c.workspace_bytes && !plan.pick.family->workspace_written)
     FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
   with_operands(ctx.get(), plan, ops, scratch, stream, [&] {
@@ -549,7 +599,7 @@ void run_backward(const ft_backward_args* a, CUstream stream) {
                      (void*)ops[7].ptr, (float*)scratch.at(c.delta), (float*)scratch.at(c.dq_accum),
                      p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E),
                      c.workspace_bytes ? (void*)scratch.at(c.workspace) : nullptr, p.heads_k};
-    launch_family(k, plan, &bp, stream);
+    with_params(a, bp, [&](void* params) { launch_family(k, plan, params, stream); });
   });
 }
 
@@ -602,6 +652,59 @@ void require(const Check& c) {
   if (c.status != FT_OK) fail(c.status, c.message);
 }
 
+Check check_args(const ft_forward_args* a) { return check_forward(a); }
+Check check_args(const ft_backward_args* a) { return check_backward(a); }
+Check check_args(const ft_varlen_forward_args* a) { return check_varlen_forward(a); }
+Check check_args(const ft_varlen_backward_args* a) { return check_varlen_backward(a); }
+template <class Args>
+constexpr bool kForward = std::is_same_v<Args, ft_forward_args> || std::is_same_v<Args, ft_varlen_forward_args>;
+template <class Args>
+const char* direction_of() {
+  return kForward<Args> ? "fwd" : "bwd";
+}
+
+// The bodies of the entry points, one per kind of call (dense or packed, each direction).
+template <class Args>
+ft_status attention_call(const Args* args, void* stream) {
+  return guarded([&] {
+    require(check_args(args));
+    drv();
+    if constexpr (kForward<Args>) run_forward(args, (CUstream)stream);
+    else run_backward(args, (CUstream)stream);
+  });
+}
+template <class Args>
+ft_status workspace_call(const Args* args, size_t* bytes) {
+  return guarded([&] {
+    if (!bytes) fail(FT_INVALID_ARGUMENT, "bytes is null");
+    require(check_args(args));
+    drv();
+    ContextScope ctx(args->q.data);
+    const Problem p = problem_of(args, "bwd");
+    const Plan plan = make_plan(query_of(p), p);
+    std::vector<Operand> ops = operands(args);
+    *bytes = backward_layout(plan, ops).layout.total;
+  });
+}
+template <class Args>
+ft_status explain_call(const Args* args, ft_explanation* out) {
+  return guarded([&] {
+    require(check_args(args));
+    if (!out) fail(FT_INVALID_ARGUMENT, "out is null");
+    drv();
+    explain(args, direction_of<Args>(), out);
+  });
+}
+template <class Args>
+ft_status explain_text_call(const Args* args, char* buf, size_t size) {
+  return guarded([&] {
+    require(check_args(args));
+    if (!buf || !size) fail(FT_INVALID_ARGUMENT, "buf is null or size is 0");
+    drv();
+    copy_str(buf, size, explain(args, direction_of<Args>(), nullptr));
+  });
+}
+
 }  // namespace
 }  // namespace flashtune::rt
 
@@ -609,69 +712,38 @@ using namespace flashtune::rt;
 
 extern "C" {
 
-ft_status ft_attention_forward(const ft_forward_args* args, void* stream) {
-  return guarded([&] {
-    require(check_forward(args));
-    drv();
-    run_forward(args, (CUstream)stream);
-  });
-}
-
-ft_status ft_attention_backward(const ft_backward_args* args, void* stream) {
-  return guarded([&] {
-    require(check_backward(args));
-    drv();
-    run_backward(args, (CUstream)stream);
-  });
-}
-
-ft_status ft_backward_workspace_bytes(const ft_backward_args* args, size_t* bytes) {
-  return guarded([&] {
-    if (!bytes) fail(FT_INVALID_ARGUMENT, "bytes is null");
-    require(check_backward(args));
-    drv();
-    ContextScope ctx(args->q.data);
-    const flashtune::Problem p = problem_of(args, "bwd");
-    const Plan plan = make_plan(query_of(p), p);
-    std::vector<Operand> ops = operands(args);
-    *bytes = backward_layout(plan, ops).layout.total;
-  });
-}
-
-ft_status ft_explain_forward(const ft_forward_args* args, ft_explanation* out) {
-  return guarded([&] {
-    require(check_forward(args));
-    if (!out) fail(FT_INVALID_ARGUMENT, "out is null");
-    drv();
-    explain(args, "fwd", out);
-  });
-}
-
-ft_status ft_explain_backward(const ft_backward_args* args, ft_explanation* out) {
-  return guarded([&] {
-    require(check_backward(args));
-    if (!out) fail(FT_INVALID_ARGUMENT, "out is null");
-    drv();
-    explain(args, "bwd", out);
-  });
-}
-
+ft_status ft_attention_forward(const ft_forward_args* args, void* stream) { return attention_call(args, stream); }
+ft_status ft_attention_backward(const ft_backward_args* args, void* stream) { return attention_call(args, stream); }
+ft_status ft_backward_workspace_bytes(const ft_backward_args* args, size_t* bytes) { return workspace_call(args, bytes); }
+ft_status ft_explain_forward(const ft_forward_args* args, ft_explanation* out) { return explain_call(args, out); }
+ft_status ft_explain_backward(const ft_backward_args* args, ft_explanation* out) { return explain_call(args, out); }
 ft_status ft_explain_forward_text(const ft_forward_args* args, char* buf, size_t size) {
-  return guarded([&] {
-    require(check_forward(args));
-    if (!buf || !size) fail(FT_INVALID_ARGUMENT, "buf is null or size is 0");
-    drv();
-    copy_str(buf, size, explain(args, "fwd", nullptr));
-  });
+  return explain_text_call(args, buf, size);
+}
+ft_status ft_explain_backward_text(const ft_backward_args* args, char* buf, size_t size) {
+  return explain_text_call(args, buf, size);
 }
 
-ft_status ft_explain_backward_text(const ft_backward_args* args, char* buf, size_t size) {
-  return guarded([&] {
-    require(check_backward(args));
-    if (!buf || !size) fail(FT_INVALID_ARGUMENT, "buf is null or size is 0");
-    drv();
-    copy_str(buf, size, explain(args, "bwd", nullptr));
-  });
+ft_status ft_attention_varlen_forward(const ft_varlen_forward_args* args, void* stream) {
+  return attention_call(args, stream);
+}
+ft_status ft_attention_varlen_backward(const ft_varlen_backward_args* args, void* stream) {
+  return attention_call(args, stream);
+}
+ft_status ft_varlen_backward_workspace_bytes(const ft_varlen_backward_args* args, size_t* bytes) {
+  return workspace_call(args, bytes);
+}
+ft_status ft_explain_varlen_forward(const ft_varlen_forward_args* args, ft_explanation* out) {
+  return explain_call(args, out);
+}
+ft_status ft_explain_varlen_backward(const ft_varlen_backward_args* args, ft_explanation* out) {
+  return explain_call(args, out);
+}
+ft_status ft_explain_varlen_forward_text(const ft_varlen_forward_args* args, char* buf, size_t size) {
+  return explain_text_call(args, buf, size);
+}
+ft_status ft_explain_varlen_backward_text(const ft_varlen_backward_args* args, char* buf, size_t size) {
+  return explain_text_call(args, buf, size);
 }
 
 ft_status ft_device_available(void) {

@@ -47,7 +47,7 @@ std::vector<const Family*> candidate_families(const Query& q) {
   std::vector<const Family*> out;
   for (const Family& f : families())
     if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90") && (!q.gqa || f.gqa) &&
-        in_range(f, q.seq_q))
+        (!q.varlen || f.varlen) && in_range(f, q.seq_q))
       out.push_back(&f);
   return out;
 }
@@ -59,17 +59,19 @@ int seq_q_class(int seq_q) {
   return c;
 }
 
-std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa) {
+std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa, bool varlen) {
   std::vector<int> dims;
   bool dtype_known = false;
   for (const Family& f : families()) {
-    if (f.test_only || f.direction != direction || !has(f.dtypes, dtype) || (gqa && !f.gqa)) continue;
+    if (f.test_only || f.direction != direction || !has(f.dtypes, dtype) || (gqa && !f.gqa) || (varlen && !f.varlen))
+      continue;
     dtype_known = true;
     if (has(f.head_dims, head_dim)) return "";
     for (int d : f.head_dims)
       if (!has(dims, d)) dims.push_back(d);
   }
-  const std::string what = std::string(to_string(dtype)) + (direction == "fwd" ? " forward" : " backward") +
+  const std::string what = std::string(to_string(dtype)) + (varlen ? " packed variable-length" : "") +
+                           (direction == "fwd" ? " forward" : " backward") +
                            (gqa ? " with grouped-query heads (heads_k)" : "");
   if (!dtype_known) return "no family runs " + what;
   std::string list;
@@ -106,34 +108,44 @@ const Family* choose_family(const TableSet& ts, const Query& q) {
   return cands.front();
 }
 
+namespace {
+// The store's pick for f's bucket of q on this device (best_per_bucket + pick_bucket), "" when none.
+std::string stored_config(const Family& f, const Query& q, const std::string& db_path) {
+  Store store(db_path, Store::Mode::read_only);
+  ResultFilter filter{f.name, q.device, to_string(q.dtype), q.direction, q.head_dim, (int)q.causal, true};
+  const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter));
+  Problem prob;
+  prob.seq_q = prob.seq_k = q.seq;
+  const BucketChoice* b = pick_bucket(choices, prob);
+  return b ? b->config : "";
+}
+}  // namespace
+
 Pick choose_config(const TableSet& ts, const Family& f, const Query& q, const std::string& db_path) {
   Pick p{&f, f.default_config, "default", ""};
   auto accept = [&](Config c, const char* source, const std::string& what) {
-    if (const char* why = f.check(c, q.head_dim)) {
-      p.note = what + " " + f.config_string(c) + " rejected for d=" + std::to_string(q.head_dim) + " (" + why +
-               "): default used";
+    const char* why = f.check(c, q.head_dim);
+    const bool packed_only = !why && q.varlen && (why = f.varlen_check(c));
+    if (why) {
+      p.note = what + " " + f.config_string(c) + " rejected " +
+               (packed_only ? std::string("for the packed form") : "for d=" + std::to_string(q.head_dim)) + " (" +
+               why + "): default used";
       return false;
     }
     p.config = std::move(c);
     p.source = source;
     return true;
   };
-  if (!db_path.empty()) {
-    Store store(db_path, Store::Mode::read_only);
-    ResultFilter filter{f.name, q.device, to_string(q.dtype), q.direction, q.head_dim, (int)q.causal, true};
-    const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter));
-    Problem prob;
-    prob.seq_q = prob.seq_k = q.seq;
-    if (const BucketChoice* b = pick_bucket(choices, prob)) {
+  if (!db_path.empty())
+    if (const std::string stored = stored_config(f, q, db_path); !stored.empty()) {
       Config c;
       try {
-        c = f.parse_config(b->config);
+        c = f.parse_config(stored);
       } catch (const std::exception& e) {
         p.note = std::string("stored config unreadable (") + e.what() + "): ";
       }
       if (!c.empty() && accept(c, "db", "stored config")) return p;
     }
-  }
   for (bool by_device : {true, false})
     if (const tuned::Entry* e = find(ts, f.name, q, by_device)) {
       Config c(e->params, e->params + f.params.size());
@@ -144,7 +156,14 @@ Pick choose_config(const TableSet& ts, const Family& f, const Query& q, const st
 }
 
 Pick choose(const TableSet& ts, const Query& q, const std::string& db_path) {
-  const Family* f = choose_family(ts, q);
+  const Family* f = nullptr;
+  if (!db_path.empty())
+    for (const Family* c : candidate_families(q))
+      if (c->max_seq_q > 0 && !stored_config(*c, q, db_path).empty()) {
+        f = c;
+        break;
+      }
+  if (!f) f = choose_family(ts, q);
   if (!f) return {};
   return choose_config(ts, *f, q, db_path);
 }

@@ -29,17 +29,20 @@ struct Query {
   bool gqa = false;  // grouped-query attention: only families that support it
   int seq_q = 0;     // Sq: a family with a query-length range (Family::max_seq_q) only inside it; 0: unknown,
                      // none of those families
+  bool varlen = false;  // a packed variable-length batch: only families with a packed form (Family::varlen),
+                        // configs their packed form takes (Family::varlen_check); seq, seq_q the longest lengths
 };
 
 // The registry's non-test families that run `q` (direction, dtype, head dim) on q.arch (a Hopper-only
-// family only on sm_90, a grouped-query query only on gqa families, a family with max_seq_q only for
-// 0 < q.seq_q <= max_seq_q), in registry order.
+// family only on sm_90, a grouped-query query only on gqa families, a packed one only on varlen families,
+// a family with max_seq_q only for 0 < q.seq_q <= max_seq_q), in registry order.
 std::vector<const Family*> candidate_families(const Query& q);
 // Queries whose seq_q falls in one class have the same candidates: the smallest max_seq_q of the
 // registry that holds seq_q, or 0 when none does (a plan cache keys on it, not on every Sq).
 int seq_q_class(int seq_q);
 // Why no family runs `q`, one line, or "" when one does (the arch is not considered: argument checks).
-std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa = false);
+std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa = false,
+                               bool varlen = false);
 
 // The fixed preference where no table rates a candidate: fp32 fwd fa2_simt, fp16/bf16 fwd fa2_mma,
 // fp32 bwd fa2_simt_bwd, fp16/bf16 bwd fa2_wgmma_bwd on sm_90 else fa2_mma_bwd. Grouped-query queries
@@ -62,11 +65,15 @@ struct Pick {
 
 // The config for `f`: the results store at db_path first (when not empty; read-only open, best valid
 // row of the query's sequence bucket for this device), then the tables (device -> arch), then the
-// family's default. A stored or tabled config that the family's check rejects for this head dim falls
-// back to the default, with the reason in `note`. Throws UsageError for a store that cannot be read.
+// family's default. A stored or tabled config that the family's check rejects for this head dim (or, for a
+// packed query, its packed form's varlen_check) falls back to the default, with the reason in `note`.
+// Packed queries take the dense bucket's config: neither the tables nor selection hold packed rows (a
+// length distribution of their own). Throws UsageError for a store that cannot be read.
 Pick choose_config(const TableSet&, const Family& f, const Query&, const std::string& db_path = "");
 
-// choose_family then choose_config; family nullptr when unsupported.
+// choose_family then choose_config; family nullptr when unsupported. With a results store, a family with a
+// query-length range that the store holds a bucket of for this query comes first, as a table entry of its
+// own does in choose_family (a store tuned on this GPU rates it as the device's table would).
 Pick choose(const TableSet&, const Query&, const std::string& db_path = "");
 
 }  // namespace flashtune::rt

@@ -52,7 +52,7 @@ CUresult CUDAAPI cuDeviceGet(CUdevice* d, int ordinal) {
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuDeviceGetName(char* name, int len, CUdevice) {
-  std::snprintf(name, len, "%s", "Fake GPU");
+  std::snprintf(name, len, "%s", g_state.device_name.c_str());
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice) {

@@ -16,6 +16,7 @@ struct FakeState {
   // The device's compute capability (8.0: sm_80). The runtime keeps the first description it reads, so a
   // test that wants another sets it before its first call (in a child process).
   int cc_major = 8, cc_minor = 0;
+  std::string device_name = "Fake GPU";  // likewise: a tabled device's name reaches its table entries
   void (*hook)(const char* name, void** params) = nullptr;  // plays a launch on the host
 };
 

@@ -6,6 +6,11 @@
  * Grouped-query attention (GQA, MQA): heads_k > 0 gives k, v (dk, dv) heads_k heads, a divisor of
  * heads; query head h reads kv head h / (heads / heads_k), and dk, dv sum over each kv head's group.
  * heads_k = 0 (a zero-initialised struct) means heads_k = heads. fp16 and bf16 only.
+ * Decoding (Sq <= 16, a K/V cache) needs nothing of its own: the forward runs the split-KV family
+ * decode_splitkv there when the tables (or $FLASHTUNE_DB) hold a config of it for the call's bucket, else
+ * the family it would run for a longer query; ft_explain_forward says which.
+ * Packed variable-length batches (FlashAttention's flash_attn_varlen_func layout): the ft_*varlen*
+ * functions below.
  * Every call runs on the caller's stream (a CUstream / cudaStream_t; NULL: the legacy default stream)
  * in the CUDA context current on the calling thread, else the primary context of q's device.
  * Kernels are compiled with NVRTC for exactly this GPU at first use and cached on disk
@@ -64,6 +69,56 @@ typedef struct {
   int heads_k;                /* kv heads (grouped-query attention); 0: heads */
 } ft_backward_args;
 
+/* Packed variable-length batches (varlen): `batch` sequences packed token after token, as
+ * flash_attn_varlen_func takes them. Sequence b owns query tokens [cu_seqlens_q[b], cu_seqlens_q[b+1])
+ * and key tokens [cu_seqlens_k[b], cu_seqlens_k[b+1]); q, o, dout and dq are [total_q, heads, d], k, v,
+ * dk and dv [total_k, heads_k, d]; lse is [heads, total_q] fp32 (FlashAttention's softmax_lse layout).
+ * causal is per sequence, bottom-right aligned. fp16 and bf16; grouped-query heads as above.
+ * Checked on the host (FT_INVALID_ARGUMENT, one line): pointers, sizes and their ranges (batch <= 65535,
+ * total tokens <= 2^24, total * heads * head_dim < 2^31), total_q <= batch * max_seqlen_q (likewise k),
+ * strides, overlapping outputs, alignment of cu_seqlens and lse. Trusted, as FlashAttention trusts them
+ * (they live in device memory, and reading them would synchronise the stream): the offsets start at 0,
+ * never decrease, end at total_q (total_k), and no sequence is longer than max_seqlen_q (max_seqlen_k).
+ * A call that breaks these reads or writes outside the tensors or leaves rows unwritten. */
+
+/* One packed [total, heads, d] tensor: device pointer and element strides (token, head, head dim). */
+typedef struct {
+  void* data;
+  int64_t stride[3];
+} ft_packed_tensor;
+
+typedef struct {
+  int batch;                  /* sequences: cu_seqlens_q and cu_seqlens_k hold batch + 1 offsets */
+  int heads, heads_k, head_dim; /* heads_k: kv heads (grouped-query attention); 0: heads */
+  int total_q, total_k;       /* tokens: cu_seqlens_q[batch], cu_seqlens_k[batch] */
+  int max_seqlen_q, max_seqlen_k; /* at least the longest sequence's lengths (the launch grid's) */
+  const int32_t* cu_seqlens_q; /* device memory, int32, batch + 1 non-decreasing offsets from 0 */
+  const int32_t* cu_seqlens_k;
+  ft_dtype dtype;             /* FT_FP16 or FT_BF16 */
+  int causal;                 /* per sequence, bottom-right aligned */
+  float scale;                /* <= 0: 1/sqrt(head_dim) */
+  ft_packed_tensor q, k, v;   /* q [total_q, heads, d], k and v [total_k, heads_k, d] */
+  ft_packed_tensor o;         /* output [total_q, heads, d] */
+  float* lse;                 /* output [heads, total_q] contiguous fp32, natural log; may be NULL */
+} ft_varlen_forward_args;
+
+typedef struct {
+  int batch;
+  int heads, heads_k, head_dim;
+  int total_q, total_k;
+  int max_seqlen_q, max_seqlen_k;
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  ft_dtype dtype;
+  int causal;
+  float scale;
+  ft_packed_tensor q, k, v, o, dout; /* the forward's inputs and output, and dL/dO */
+  const float* lse;                  /* the forward's [heads, total_q] contiguous fp32 LSE */
+  ft_packed_tensor dq, dk, dv;       /* outputs (dk, dv [total_k, heads_k, d]) */
+  void* workspace;                   /* NULL: the library allocates on the stream and frees after */
+  size_t workspace_bytes;            /* at least ft_varlen_backward_workspace_bytes() when given */
+} ft_varlen_backward_args;
+
 /* Which kernel a call runs, and where the choice came from. */
 typedef struct {
   char family[32];   /* "fa2_mma" */
@@ -85,11 +140,21 @@ ft_status ft_explain_backward(const ft_backward_args* args, ft_explanation* out)
  * Truncated to size - 1 characters. */
 ft_status ft_explain_forward_text(const ft_forward_args* args, char* buf, size_t size);
 ft_status ft_explain_backward_text(const ft_backward_args* args, char* buf, size_t size);
+/* Packed variable-length batches: the same as the dense functions, through each family's packed form
+ * (forward fa2_mma or, on Hopper, fa3_wgmma; backward fa2_mma_bwd or, on Hopper, fa2_wgmma_bwd), with the
+ * config of the dense bucket of max(max_seqlen_q, max_seqlen_k). */
+ft_status ft_attention_varlen_forward(const ft_varlen_forward_args* args, void* stream);
+ft_status ft_attention_varlen_backward(const ft_varlen_backward_args* args, void* stream);
+ft_status ft_varlen_backward_workspace_bytes(const ft_varlen_backward_args* args, size_t* bytes);
+ft_status ft_explain_varlen_forward(const ft_varlen_forward_args* args, ft_explanation* out);
+ft_status ft_explain_varlen_backward(const ft_varlen_backward_args* args, ft_explanation* out);
+ft_status ft_explain_varlen_forward_text(const ft_varlen_forward_args* args, char* buf, size_t size);
+ft_status ft_explain_varlen_backward_text(const ft_varlen_backward_args* args, char* buf, size_t size);
 /* FT_OK when a CUDA device is usable, else FT_NO_GPU with the reason in ft_last_error(). */
 ft_status ft_device_available(void);
 /* The last error of this thread, one line; "" after a success. */
 const char* ft_last_error(void);
-/* "0.1.0" */
+/* "0.3.0" */
 const char* ft_version(void);
 
 #ifdef __cplusplus

@@ -6,6 +6,15 @@
 //   ...
 //   if (auto st = flashtune::runtime::forward(f, stream); !st) std::cerr << st.message << "\n";
 //   std::cout << flashtune::runtime::explain(f) << "\n";
+//
+// Packed variable-length batches (flash_attn_varlen_func's layout; cu_seqlens in device memory):
+//   flashtune::runtime::VarlenForwardArgs v;
+//   v.batch = 3; v.heads = 32; v.heads_k = 8; v.head_dim = 128; v.dtype = FT_BF16; v.causal = true;
+//   v.total_q = v.total_k = 4100; v.max_seqlen_q = v.max_seqlen_k = 2048;
+//   v.cu_seqlens_q = v.cu_seqlens_k = d_cu;  // int32 {0, 2048, 3000, 4100} on the GPU
+//   v.q = flashtune::runtime::PackedTensor::thd(q_ptr, 4100, 32, 128);  // [total, heads, d]
+//   ...
+//   if (auto st = flashtune::runtime::varlen_forward(v, stream); !st) std::cerr << st.message << "\n";
 #pragma once
 #include <array>
 #include <cstdint>
@@ -40,6 +49,17 @@ struct Tensor {
   ft_tensor c() const { return ft_tensor{data, {stride[0], stride[1], stride[2], stride[3]}}; }
 };
 
+// A packed [total, H, d] tensor of a variable-length batch: device pointer and element strides.
+struct PackedTensor {
+  void* data = nullptr;
+  std::array<int64_t, 3> stride{};
+  // Contiguous [total, H, d] (flash_attn_varlen_func's layout).
+  static PackedTensor thd(const void* p, int64_t /*total*/, int64_t h, int64_t d) {
+    return PackedTensor{const_cast<void*>(p), {h * d, d, 1}};
+  }
+  ft_packed_tensor c() const { return ft_packed_tensor{data, {stride[0], stride[1], stride[2]}}; }
+};
+
 struct ForwardArgs {
   int batch = 0, heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
   ft_dtype dtype = FT_FP32;
@@ -47,9 +67,10 @@ struct ForwardArgs {
   float scale = 0;      // <= 0: 1/sqrt(head_dim)
   Tensor q, k, v, o;
   float* lse = nullptr;  // [B, H, Sq] fp32, optional
+  int heads_k = 0;       // kv heads of k and v (grouped-query attention); 0: heads
   ft_forward_args c() const {
     return ft_forward_args{batch, heads, seq_q, seq_k, head_dim, dtype, causal ? 1 : 0, scale,
-                           q.c(), k.c(), v.c(), o.c(), lse};
+                           q.c(), k.c(), v.c(), o.c(), lse, heads_k};
   }
 };
 
@@ -63,9 +84,48 @@ struct BackwardArgs {
   Tensor dq, dk, dv;
   void* workspace = nullptr;   // nullptr: allocated on the stream
   size_t workspace_bytes = 0;
+  int heads_k = 0;             // kv heads of k, v, dk, dv; 0: heads
   ft_backward_args c() const {
     return ft_backward_args{batch, heads, seq_q, seq_k, head_dim, dtype, causal ? 1 : 0, scale, q.c(), k.c(), v.c(),
-                            o.c(), dout.c(), lse, dq.c(), dk.c(), dv.c(), workspace, workspace_bytes};
+                            o.c(), dout.c(), lse, dq.c(), dk.c(), dv.c(), workspace, workspace_bytes, heads_k};
+  }
+};
+
+// A packed variable-length batch (see attention.h: what is checked and what is trusted).
+struct VarlenForwardArgs {
+  int batch = 0, heads = 0, heads_k = 0, head_dim = 0;
+  int total_q = 0, total_k = 0, max_seqlen_q = 0, max_seqlen_k = 0;
+  const int32_t* cu_seqlens_q = nullptr;  // device, batch + 1 offsets
+  const int32_t* cu_seqlens_k = nullptr;
+  ft_dtype dtype = FT_BF16;
+  bool causal = false;  // per sequence, bottom-right aligned
+  float scale = 0;
+  PackedTensor q, k, v, o;
+  float* lse = nullptr;  // [H, total_q] fp32, optional
+  ft_varlen_forward_args c() const {
+    return ft_varlen_forward_args{batch,        heads,        heads_k,      head_dim, total_q,    total_k,
+                                  max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k, dtype, causal ? 1 : 0,
+                                  scale,        q.c(),        k.c(),        v.c(),    o.c(),      lse};
+  }
+};
+
+struct VarlenBackwardArgs {
+  int batch = 0, heads = 0, heads_k = 0, head_dim = 0;
+  int total_q = 0, total_k = 0, max_seqlen_q = 0, max_seqlen_k = 0;
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  ft_dtype dtype = FT_BF16;
+  bool causal = false;
+  float scale = 0;
+  PackedTensor q, k, v, o, dout;
+  const float* lse = nullptr;  // the forward's [H, total_q] fp32 LSE, contiguous
+  PackedTensor dq, dk, dv;
+  void* workspace = nullptr;   // nullptr: allocated on the stream
+  size_t workspace_bytes = 0;
+  ft_varlen_backward_args c() const {
+    return ft_varlen_backward_args{batch,   heads,   heads_k, head_dim, total_q, total_k, max_seqlen_q, max_seqlen_k,
+                                   cu_seqlens_q, cu_seqlens_k, dtype, causal ? 1 : 0, scale, q.c(), k.c(), v.c(),
+                                   o.c(),   dout.c(), lse,    dq.c(),   dk.c(),  dv.c(),  workspace,    workspace_bytes};
   }
 };
 
@@ -100,6 +160,38 @@ inline std::string explain(const BackwardArgs& a) {
   const ft_backward_args c = a.c();
   char buf[512];
   return ft_explain_backward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf) : "error: " + std::string(ft_last_error());
+}
+inline Status varlen_forward(const VarlenForwardArgs& a, void* stream = nullptr) {
+  const ft_varlen_forward_args c = a.c();
+  return status_of(ft_attention_varlen_forward(&c, stream));
+}
+inline Status varlen_backward(const VarlenBackwardArgs& a, void* stream = nullptr) {
+  const ft_varlen_backward_args c = a.c();
+  return status_of(ft_attention_varlen_backward(&c, stream));
+}
+inline Status varlen_backward_workspace_bytes(const VarlenBackwardArgs& a, size_t* bytes) {
+  const ft_varlen_backward_args c = a.c();
+  return status_of(ft_varlen_backward_workspace_bytes(&c, bytes));
+}
+inline Status explain(const VarlenForwardArgs& a, ft_explanation* out) {
+  const ft_varlen_forward_args c = a.c();
+  return status_of(ft_explain_varlen_forward(&c, out));
+}
+inline Status explain(const VarlenBackwardArgs& a, ft_explanation* out) {
+  const ft_varlen_backward_args c = a.c();
+  return status_of(ft_explain_varlen_backward(&c, out));
+}
+inline std::string explain(const VarlenForwardArgs& a) {
+  const ft_varlen_forward_args c = a.c();
+  char buf[512];
+  return ft_explain_varlen_forward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf)
+                                                                      : "error: " + std::string(ft_last_error());
+}
+inline std::string explain(const VarlenBackwardArgs& a) {
+  const ft_varlen_backward_args c = a.c();
+  char buf[512];
+  return ft_explain_varlen_backward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf)
+                                                                       : "error: " + std::string(ft_last_error());
 }
 inline Status device_available() { return status_of(ft_device_available()); }
 inline std::string version() { return ft_version(); }
