@@ -11,6 +11,7 @@
 
 #include "templates/fa2_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_traits.h"
+#include "tuner/search.hpp"
 #include "tuner/space.hpp"
 #include "tuner/sweep.hpp"
 #include "fake_driver/record_tensor_map.hpp"
@@ -480,6 +481,57 @@ TEST(Problems, PagedBlockTableIsASeededPermutation) {
   EXPECT_EQ(tu.cache_seqlens, (std::vector<int>{1000, 1000, 1000}));
   EXPECT_EQ(std::count(tu.table.begin(), tu.table.end(), -1), 0);
   EXPECT_TRUE(page_table(Paged{}, 3, 1000).table.empty());  // contiguous K/V: no table
+}
+
+// The paged form of decode_splitkv: `kernel<Traits, true>` for both kernels, picked by a paged problem; the
+// family's page condition (BLOCK_N divides the page size) keeps the search's candidates and `run` to the configs
+// that can read the problem's pages; families without the form are refused with the reason.
+TEST(Family, PagedFormFollowsTheProblem) {
+  const Family& f = find_family("decode_splitkv");
+  const Family& mma = find_family("fa2_mma");
+  EXPECT_TRUE(f.paged);
+  for (const auto& g : families()) EXPECT_FALSE(g.paged && g.varlen) << g.name << ": one second form at most";
+  EXPECT_EQ(f.name_expressions(f.default_config, 128, false, DType::bf16, false, true),
+            (std::vector<std::string>{"&flashtune::decode_splitkv_partial<flashtune::DecodeSplitkvTraits<128,16,64,4,2,1,false>, true>",
+                                      "&flashtune::decode_splitkv_combine<flashtune::DecodeSplitkvTraits<128,16,64,4,2,1,false>, true>"}));
+  Problem p = problems_from_json(json::parse(R"({"problems":[{"heads":8,"heads_k":2,"seq_q":1,"head_dim":128,
+      "dtype":"bf16","paged":{"page_size":64,"seq_lens_k":[1,300]}}]})")).at(0);
+  EXPECT_EQ(f.shape_reason(p), "");
+  EXPECT_EQ(mma.shape_reason(p), "does not read paged K/V caches");
+  EXPECT_EQ(f.paged_check({16, 64, 4, 2}, 64), nullptr);
+  EXPECT_EQ(f.paged_check({16, 32, 2, 2}, 64), nullptr);
+  ASSERT_NE(f.paged_check({16, 128, 4, 2}, 64), nullptr);
+  EXPECT_THAT(f.paged_check({16, 128, 4, 2}, 64), HasSubstr("BLOCK_N must divide the page size"));
+  EXPECT_EQ(f.paged_check({16, 256, 4, 1}, 768), nullptr);  // 768 = 3 x 256: not a power of two
+
+  Problem dense = p;
+  dense.paged = Paged{};
+  const Space s = space_from_json(json::parse(R"({"family":"decode_splitkv","params":{"SPLITS":[4],"BLOCK_N":[64,128],
+      "WARPS":[4],"STAGES":[1]},"head_dims":[128],"causal":[false],"dtypes":["bf16"]})"));
+  EXPECT_EQ(s.variants().size(), 2u);  // default: the dense form only
+  const auto vp = variants_for(s, {p}), vd = variants_for(s, {dense});
+  ASSERT_EQ(vp.size(), 2u);
+  for (const auto& v : vp) EXPECT_TRUE(v.paged && !v.varlen);
+  for (const auto& v : vd) EXPECT_FALSE(v.paged);
+  EXPECT_EQ(variants_for(s, {p, dense}).size(), 4u);
+  // The search takes the configs that can read 64-key pages only.
+  const Compiler sm90("sm_90");
+  const auto cands = search_candidates(s, p, sm90, Shard{});
+  ASSERT_EQ(cands.size(), 1u);
+  EXPECT_EQ(cands[0].v.config[1], 64);
+  EXPECT_EQ(search_candidates(s, dense, sm90, Shard{}).size(), 2u);
+  EXPECT_NE(sm90.variant_hash(vp[0]), sm90.variant_hash(vd[0]));  // another kernel, another cache entry
+
+  const Space both = space_from_json(json::parse(R"({"family":"decode_splitkv","params":{"SPLITS":[4],"BLOCK_N":[64,128],
+      "WARPS":[4],"STAGES":[1]},"head_dims":[128],"causal":[false],"dtypes":["bf16"],"paged":[false,true]})"));
+  EXPECT_EQ(both.size(), 4u);
+  EXPECT_EQ(both.variants().size(), 4u);
+  EXPECT_EQ(variants_for(both, {p}).size(), 2u);  // tune takes the problem's form either way
+  EXPECT_THROW(space_from_json(json::parse(R"({"family":"fa2_mma","paged":[true]})")), UsageError);
+  EXPECT_THROW(space_from_json(json::parse(R"({"family":"decode_splitkv","paged":[0]})")), UsageError);
+  // The compiler refuses the paged form of a family that has none, before NVRTC.
+  Variant v{&mma, mma.default_config, 64, false, DType::bf16, false, true};
+  EXPECT_EQ(sm90.prune_before_compile(v), "does not read paged K/V caches");
 }
 
 // The varlen form of a family's kernels: `kernel<Traits, true>`, picked by the problem; a family without it
