@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool CAUSAL = T::kCausal;
   check_dynamic_smem(T::kSmemBytes);
   if constexpr (PAGED)
-    if (p.page_size % BN != 0) __trap();  // a block would straddle two pages
+    if (p.page_size <= 0 || p.page_size % BN != 0) __trap();  // a block would straddle two pages
 
   // Its own name: a translation unit may include several families' kernels.
   extern __shared__ __align__(128) unsigned char decode_splitkv_smem[];

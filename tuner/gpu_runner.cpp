@@ -451,7 +451,7 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
       owner[t.table[(size_t)b * t.max_pages + j]] = {b, j};
   const size_t chunk_pages = std::max<size_t>(1, (64u << 20) / page_bytes);
   std::vector<uint8_t> staging(std::min<size_t>(chunk_pages, std::max(t.num_pages, 1)) * page_bytes);
-  const uint16_t nan16 = (uint16_t)nan_bits(p.dtype);
+  const uint32_t nan = nan_bits(p.dtype);  // its low `elem` bytes (little-endian) are the dtype's NaN
   for (const auto& [logical, pool] : {std::pair{&k, &k_}, std::pair{&v, &v_}})
     for (size_t first = 0; first < (size_t)t.num_pages; first += chunk_pages) {
       const size_t n = std::min(chunk_pages, (size_t)t.num_pages - first);
@@ -462,7 +462,7 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
           uint8_t* dst = staging.data() + i * page_bytes + (size_t)paged_key_offset(0, Hk, P, h, 0, d) * elem;
           const size_t unit = (size_t)(b * Hk + h) % units;  // the logical kv head's distinct unit
           std::memcpy(dst, logical->bytes.data() + (unit * unit_k + (size_t)j * P * d) * elem, (size_t)rows * d * elem);
-          for (size_t e = (size_t)rows * d; e < (size_t)P * d; ++e) std::memcpy(dst + e * elem, &nan16, elem);
+          for (size_t e = (size_t)rows * d; e < (size_t)P * d; ++e) std::memcpy(dst + e * elem, &nan, elem);
         }
       }
       CU_CHECK(cuMemcpyHtoD(pool->ptr + first * page_bytes, staging.data(), n * page_bytes));
