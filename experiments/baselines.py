@@ -106,6 +106,8 @@ def parse_problem(j):
         raise ValueError(f"a problem must be a JSON object, got {json.dumps(j)}")
     if "varlen" in j:  # the dense baselines' shapes are (B, H, S, d); packed batches have their own script
         raise ValueError("a packed variable-length problem ('varlen'): experiments/varlen_vs_peers.py measures those")
+    if "paged" in j:  # likewise a paged K/V cache (torch SDPA reads contiguous K/V)
+        raise ValueError("a paged K/V cache problem ('paged'): experiments/decode_vs_peers.py --paged measures those")
     for key in j:
         if key not in PROBLEM_FIELDS:
             raise ValueError(f"unknown problem field '{key}'")

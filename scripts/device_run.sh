@@ -31,6 +31,10 @@
 #   decode - decode_splitkv: every compiled variant validated on ragged decoding shapes, tuned (halving) on the
 #            Llama-3 8B decoding grid, re-timed beside torch SDPA (each backend, enable_gqa) and a device copy of
 #            the same bytes in one run: decode_vs_peers.csv
+#   decode-paged [check] [tune] [peers] - issue 16's paged K/V cache: every compiled decode_splitkv variant in its
+#            paged form validated on ragged paged caches (decode_paged_validate.db), tuned (halving) on the decoding
+#            grid from 256-key pages, each point's paged pick timed beside the dense pick in one run:
+#            decode_paged_vs_dense.csv
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py)
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
@@ -632,6 +636,52 @@ decode)
   tail -3 "$OUT/decode_vs_peers.log"
   cut -d, -f1-10 "$rep/decode_vs_peers.csv"
   cp "$rep/decode_vs_peers.csv" "$OUT/"
+  finish
+  ;;
+decode-paged)
+  # decode_splitkv's paged K/V cache form (never run on a GPU before this stage), in parts (default: all three,
+  # ~8-9.5 of the call's 10 minutes on a fresh H100 with the ~2 min build; the parts' limits, 160 + 160 + 120 s,
+  # keep the call under 10 minutes; a part cut by its limit keeps what it stored, and "decode-paged tune peers"
+  # (or "peers") in the next call resumes):
+  #   check - every compiled decode_splitkv.json variant in its paged form validated on ragged_decode_paged.json
+  #           (cache lengths 0 to 157 pages, pages of 32 to 768 keys in seeded orders, Sq 1/3/16, GQA/MQA/MHA,
+  #           causal, fp16/bf16, d 64/128/256; a config runs where its BLOCK_N divides the page; halving: every
+  #           candidate's first round is a validated run) into decode_paged_validate.db (~2.5 min with the compile)
+  #   tune  - decode_paged_bf16.json (decode_bf16.json's Llama-3 8B grid from 256-key pages) by halving into
+  #           results.db (~2.5 min)
+  #   peers - each point's paged pick, the dense pick of the same shape (the decode stage's rows in results.db)
+  #           and that config on the paged cache, in one run: decode_paged_vs_dense.csv (decode_vs_peers.py
+  #           --paged, ~1.5 min)
+  parts=("$@")
+  [[ ${#parts[@]} -eq 0 ]] && parts=(check tune peers)
+  for part in "${parts[@]}"; do
+    case $part in
+    check)
+      val=$(validation_store decode_paged)
+      log "validate decode_splitkv (paged form) on ragged_decode_paged"
+      timeout "${DECODE_PAGED_VALIDATE_LIMIT_S:-160}" $ft tune configs/spaces/decode_splitkv.json \
+        configs/problems/ragged_decode_paged.json --db "$val" --quiet --strategy halving --retime 0 2>&1 | tail -1
+      validation_summary "$val" || echo "FAIL: a compiled decode_splitkv variant did not validate on a paged cache"
+      $ft drop-cubins --db "$val"
+      ;;
+    tune)
+      log "tune decode_splitkv (paged form) on decode_paged_bf16 (halving)"
+      timeout "${DECODE_PAGED_TUNE_LIMIT_S:-160}" $ft tune configs/spaces/decode_splitkv.json \
+        configs/problems/decode_paged_bf16.json --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -10
+      finish  # packed now too: the comparison below may be cut by the call's limit
+      ;;
+    peers)
+      log "decode_splitkv paged picks vs dense picks"
+      timeout "${DECODE_PAGED_COMPARE_LIMIT_S:-120}" python3 experiments/decode_vs_peers.py --paged --db "$db" \
+        --problems configs/problems/decode_paged_bf16.json --out "$rep/decode_paged_vs_dense.csv" \
+        2>"$OUT/decode_paged_vs_dense.log"
+      tail -3 "$OUT/decode_paged_vs_dense.log"
+      cut -d, -f1-13 "$rep/decode_paged_vs_dense.csv"
+      cp "$rep/decode_paged_vs_dense.csv" "$OUT/"
+      ;;
+    *) echo "decode-paged: unknown part '$part' (check, tune, peers)"; exit 2 ;;
+    esac
+  done
   finish
   ;;
 split-compare)

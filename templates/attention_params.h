@@ -78,6 +78,38 @@ struct ParamsOf<true, Dense> {
   using type = VarlenParams<Dense>;
 };
 
+// Paged K/V caches (vLLM's PagedAttention; FlashAttention's flash_attn_with_kvcache(block_table=...)), for a
+// decoding family's paged form (`kernel<Traits, true>`): the dense struct followed by the block table, for the
+// same reason as VarlenParams (the dense argument, and so the dense kernels' code, unchanged). k and v point at
+// pools of pages (num_pages, heads_k, page_size, d): one page holds page_size consecutive keys of every kv head,
+// each head's a contiguous (page_size, d) matrix, so a block of keys inside a page is read exactly as a dense
+// head's rows are (FlashAttention's k_cache is (num_blocks, page_size, heads_k, d), keys heads_k*d apart:
+// the head-major page keeps a tile's rows d apart, so the loader's per-chunk offsets stay immediates).
+// Sequence b's logical page j (keys [j*page_size, (j+1)*page_size)) is physical page
+// block_table[b*max_pages + j]; it holds cache_seqlens[b] <= seq_k keys (seq_k: the longest, the grid's).
+// Q, O and LSE are dense (B, H, Sq, ...); causal is bottom-right aligned to each sequence's own length.
+template <class Dense>
+struct PagedParams : Dense {
+  const int* block_table;    // (batch, max_pages) int32; entries past a sequence's pages are never read
+  const int* cache_seqlens;  // (batch) int32
+  int page_size;             // keys per page (the family says which it takes: decode_splitkv, multiples of BLOCK_N)
+  int max_pages;             // the block table's row stride
+};
+// The argument type of a kernel's dense (false) or paged (true) form.
+template <bool PAGED, class Dense>
+struct PagedParamsOf {
+  using type = Dense;
+};
+template <class Dense>
+struct PagedParamsOf<true, Dense> {
+  using type = PagedParams<Dense>;
+};
+// Element offset of key `key_in_page` of kv head hk in physical page `page` of a (num_pages, heads_k, page_size,
+// d) pool. Plain C++: the worker fills the pools and the tests emulate the kernel with it.
+FT_HD inline long long paged_key_offset(int page, int heads_k, int page_size, int hk, int key_in_page, int d) {
+  return ((static_cast<long long>(page) * heads_k + hk) * page_size + key_in_page) * d;
+}
+
 // TMA tensor maps (CUtensorMap: 128 opaque bytes, 128-byte aligned as cuda.h declares it), encoded on the host from what a
 // family declares (Family::tensor_maps) and passed as the kernel's second, __grid_constant__
 // parameter. Each describes one tensor as 4-D (head_dim, seq, heads, batch) with a box of

@@ -1,7 +1,8 @@
 // Split-KV forward for decoding (FlashDecoding): Sq of 1 to 16 query rows per head against a long K/V
 // cache, fp16 or bf16 in and out, fp32 accumulation, fp32 natural-log LSE; grouped-query attention native.
-//   decode_splitkv_partial<DecodeSplitkvTraits<D, SPLITS, BLOCK_N, WARPS, STAGES, DTYPE, CAUSAL>>
-//   decode_splitkv_combine<same traits>          (launched only when SPLITS > 1)
+//   decode_splitkv_partial<DecodeSplitkvTraits<D, SPLITS, BLOCK_N, WARPS, STAGES, DTYPE, CAUSAL>[, PAGED]>
+//   decode_splitkv_combine<same traits[, PAGED]>   (launched only when SPLITS > 1)
+// PAGED true: the paged K/V cache form (PagedParams), below.
 //
 // Decoding is memory bound: each K/V element is used by only g*Sq query rows (g = query heads per kv head),
 // so the kernels exist to stream K and V once, at HBM bandwidth, from enough CTAs to fill the GPU.
@@ -40,6 +41,14 @@
 // O as [SPLITS][B*H*Sq][d], LSE as [B*H*Sq][SPLITS], every element written (empty rows: O = 0,
 // LSE = -inf). SPLITS = 1: O (16-bit) and LSE straight into p.o and p.lse, with the harness's rule for a
 // row that sees no key (O = 0, LSE = +inf); no workspace and no second launch.
+//
+// Paged form (decode_splitkv_partial<Traits, true>, on PagedParams: K and V in pools of pages through a block
+// table, attention_params.h). Sequence b holds cache_seqlens[b] keys: the CTA's splits share out that
+// sequence's own blocks, its causal mask is aligned to its own length, and a block's rows are found through
+// the table: BLOCK_N divides the page size (checked at entry, and by the family before a launch), so a block
+// lies inside one page, where its rows are d elements apart as a dense head's, and the loader above takes it
+// unchanged from the page's base (one table entry a block, looked up a block ahead so that its load waits
+// behind the barriers and the block's math, not in front of the copies). The dense form's code is unchanged.
 //
 // Combine kernel. Grid x = ceil(H*Sq / 4), z = batch; 4 warps, a warp per (batch, query head, query
 // row): LSE = log(sum_s exp(LSE_s)), O = sum_s exp(LSE_s - LSE) O_s over the splits with LSE_s > -inf
@@ -203,12 +212,25 @@ __device__ __forceinline__ void load_rows(unsigned dst, const unsigned short* sr
   load_chunks<M, 0, 0>(dst + M::L::offset(r0, c0), g, r0, n0 + ROWS <= end, end - n0 - r0);
 }
 
+// Paged form: where a block of keys lives, its physical page and its first key's row in that page.
+struct PageRef {
+  int page = 0, row = 0;
+};
+
+// The cache length of sequence `batch`: the paged form's own, the dense form's Sk.
+template <bool PAGED, class Params>
+__device__ __forceinline__ int cache_len(const Params& p, int batch) {
+  if constexpr (PAGED) return p.cache_seqlens[batch];
+  else return p.seq_k;
+}
+
 }  // namespace decode_splitkv_detail
 
 // __launch_bounds__(threads, 1), as fa2_mma: with the thread count alone, ptxas aims at an occupancy of its own
 // and capped some d = 64 variants at 96 registers with 8-16 bytes of spills (NVRTC 13.0, sm_90).
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1) decode_splitkv_partial(const AttnFwdParams p) {
+template <class Traits, bool PAGED = false>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    decode_splitkv_partial(const typename PagedParamsOf<PAGED, AttnFwdParams>::type p) {
   using T = Traits;
   namespace fa2 = fa2_mma_detail;
   namespace det = decode_splitkv_detail;
@@ -222,6 +244,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) decode_splitkv_partial(co
   constexpr int SPLITS = T::kSplits;
   constexpr bool CAUSAL = T::kCausal;
   check_dynamic_smem(T::kSmemBytes);
+  if constexpr (PAGED)
+    if (p.page_size <= 0 || p.page_size % BN != 0) __trap();  // a block would straddle two pages
 
   // Its own name: a translation unit may include several families' kernels.
   extern __shared__ __align__(128) unsigned char decode_splitkv_smem[];
@@ -243,7 +267,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) decode_splitkv_partial(co
   // Rows: tile (blockIdx.x % row_tiles) of the kv head's group rows; group row r is query head
   // kv_head*group + r / seq_q, query row r % seq_q.
   const int seq_q = p.seq_q;
-  const int seq_k = p.seq_k;
+  const int seq_k = det::cache_len<PAGED>(p, blockIdx.z);  // paged: this sequence's keys
   const int group = query_group(p);
   const int group_rows = group * seq_q;
   const int row_tiles = decode_splitkv_row_tiles(group_rows);
@@ -256,8 +280,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) decode_splitkv_partial(co
   const long long group_first = (static_cast<long long>(batch) * p.heads + static_cast<long long>(kv_head) * group) * seq_q;
   const long long bh_kv = static_cast<long long>(batch) * (p.heads / group) + kv_head;
   const unsigned short* q = static_cast<const unsigned short*>(p.q) + group_first * D;  // (group_rows, D)
-  const unsigned short* k = static_cast<const unsigned short*>(p.k) + bh_kv * seq_k * D;
-  const unsigned short* v = static_cast<const unsigned short*>(p.v) + bh_kv * seq_k * D;
+  // Dense: this (batch, kv head)'s (Sk, D) matrices; paged: the pools, a block's page found by block_at.
+  const unsigned short* k = static_cast<const unsigned short*>(p.k);
+  const unsigned short* v = static_cast<const unsigned short*>(p.v);
+  if constexpr (!PAGED) {
+    k += bh_kv * seq_k * D;
+    v += bh_kv * seq_k * D;
+  }
   const float scale_log2 = p.scale_log2;
 
   // Keys: this split's range, cut (causal) to what some row of the tile can see.
@@ -308,8 +337,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) decode_splitkv_partial(co
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[0][dt][e] = 0.f;
   const unsigned qf[1][1][4] = {};  // unused: Q's fragments are read from Qs each block (kQInRegs false)
-  // Keys [n0, n0 + BN) into a tile; keys at or past kv_end are zero-filled, never read.
-  auto load_kv = [&](unsigned dst, const unsigned short* src, int n0) { det::load_rows<BN, D, NT>(dst, src, n0, kv_end, tid); };
+  // Paged: block n0's page (BLOCK_N divides the page size, so the block is inside it) from the block table.
+  auto block_at = [&](int n0) {
+    det::PageRef r;
+    if constexpr (PAGED) {
+      const int j = n0 / p.page_size;
+      r.page = __ldg(p.block_table + static_cast<long long>(batch) * p.max_pages + j);
+      r.row = n0 - j * p.page_size;
+    }
+    return r;
+  };
+  // Keys [n0, n0 + BN) into a tile; keys at or past kv_end are zero-filled, never read. Paged: from the rows of
+  // its page (`at`, block_at(n0)), its kv head's (page_size, D) matrix there.
+  auto load_kv = [&](unsigned dst, const unsigned short* src, int n0, det::PageRef at) {
+    if constexpr (PAGED)
+      det::load_rows<BN, D, NT>(dst, src + paged_key_offset(at.page, p.heads / group, p.page_size, kv_head, at.row, D), 0,
+                                kv_end - n0, tid);
+    else
+      det::load_rows<BN, D, NT>(dst, src, n0, kv_end, tid);
+  };
   // This warp's scores for the block at key n0, masked where the block holds keys some row may not see.
   auto scores = [&](float (&s)[1][T::kSTiles][4], unsigned kt, int n0) {
     fa2::gemm_qk<T>(s, qf, q_base, kt + warp_keys + k_lane);
@@ -320,35 +366,47 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) decode_splitkv_partial(co
   cp_async_commit();
   if constexpr (STAGES == 1) {
     // One K and one V buffer (fa2_mma's STAGES 1 schedule): V(n) lands during S(n), K(n+1) during
-    // softmax and O += P V(n).
-    if (num_kv_blocks > 0) load_kv(k_tile(0), k, k_begin);
+    // softmax and O += P V(n). Paged: block n's page in `at`, block n+1's looked up before the waits.
+    det::PageRef at, next;
+    if (num_kv_blocks > 0) {
+      if constexpr (PAGED) at = block_at(k_begin);
+      load_kv(k_tile(0), k, k_begin, at);
+    }
     cp_async_commit();
     for (int nb = 0; nb < num_kv_blocks; ++nb) {
       const int n0 = k_begin + nb * BN;
+      if constexpr (PAGED)
+        if (nb + 1 < num_kv_blocks) next = block_at(n0 + BN);
       cp_async_wait<0>();  // K(n) (and Q)
       __syncthreads();     // visible to all; everyone done reading V(n-1)
-      load_kv(v_tile(0), v, n0);
+      load_kv(v_tile(0), v, n0, at);
       cp_async_commit();
       float s[1][T::kSTiles][4];
       scores(s, k_tile(0), n0);
       cp_async_wait<0>();  // V(n)
       __syncthreads();     // visible to all; everyone done reading K(n)
-      if (nb + 1 < num_kv_blocks) load_kv(k_tile(0), k, n0 + BN);
+      if (nb + 1 < num_kv_blocks) load_kv(k_tile(0), k, n0 + BN, next);
       cp_async_commit();
       fa2::online_softmax<T>(s, m, l, o, scale_log2);
       fa2::gemm_pv<T>(o, s, v_tile(0) + warp_keys + a_lane);
+      if constexpr (PAGED) at = next;
     }
   } else {
     // Ring of STAGES K/V slots, STAGES-1 blocks in flight ahead of the one computed; one commit group
-    // per block (empty past the end), so wait_group<STAGES-2> means "block nb landed".
+    // per block (empty past the end), so wait_group<STAGES-2> means "block nb landed". Paged: the page of
+    // the block issued next (`ahead_at`), looked up an iteration before it is issued.
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
       if (st < num_kv_blocks) {
-        load_kv(k_tile(st), k, k_begin + st * BN);
-        load_kv(v_tile(st), v, k_begin + st * BN);
+        const det::PageRef at = block_at(k_begin + st * BN);
+        load_kv(k_tile(st), k, k_begin + st * BN, at);
+        load_kv(v_tile(st), v, k_begin + st * BN, at);
       }
       cp_async_commit();
     }
+    det::PageRef ahead_at;
+    if constexpr (PAGED)
+      if (STAGES - 1 < num_kv_blocks) ahead_at = block_at(k_begin + (STAGES - 1) * BN);
     int stage = 0;
     for (int nb = 0; nb < num_kv_blocks; ++nb) {
       const int n0 = k_begin + nb * BN;
@@ -357,10 +415,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) decode_splitkv_partial(co
       const int ahead = nb + STAGES - 1;
       const int ahead_stage = stage == 0 ? STAGES - 1 : stage - 1;  // the slot of block nb-1
       if (ahead < num_kv_blocks) {
-        load_kv(k_tile(ahead_stage), k, k_begin + ahead * BN);
-        load_kv(v_tile(ahead_stage), v, k_begin + ahead * BN);
+        load_kv(k_tile(ahead_stage), k, k_begin + ahead * BN, ahead_at);
+        load_kv(v_tile(ahead_stage), v, k_begin + ahead * BN, ahead_at);
       }
       cp_async_commit();
+      if constexpr (PAGED)
+        if (ahead + 1 < num_kv_blocks) ahead_at = block_at(k_begin + (ahead + 1) * BN);
       float s[1][T::kSTiles][4];
       scores(s, k_tile(stage), n0);
       fa2::online_softmax<T>(s, m, l, o, scale_log2);
@@ -455,8 +515,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) decode_splitkv_partial(co
 
 // (threads, 1) here too: with the thread count alone ptxas capped the d = 256, SPLITS 128 combine at 48
 // registers with a 4-byte spill on sm_80.
-template <class Traits>
-__global__ void __launch_bounds__(32 * kDecodeCombineWarps, 1) decode_splitkv_combine(const AttnFwdParams p) {
+// The paged form's combine is the dense one (it reads the workspace only) on the paged argument.
+template <class Traits, bool PAGED = false>
+__global__ void __launch_bounds__(32 * kDecodeCombineWarps, 1)
+    decode_splitkv_combine(const typename PagedParamsOf<PAGED, AttnFwdParams>::type p) {
   using T = Traits;
   namespace det = decode_splitkv_detail;
   constexpr int D = T::kHeadDim;

@@ -100,6 +100,17 @@ FT_HD constexpr const char* decode_splitkv_check(int D, int SPLITS, int BN, int 
                                                  : nullptr;
 }
 
+// The paged form (decode_splitkv_partial<Traits, true>): a block of BLOCK_N keys is read from one page, so
+// BLOCK_N must divide the page size (the kernel traps otherwise). Why not any page size: inside one page a
+// block's rows are d elements apart, which is what lets the loader's per-chunk offsets be immediates of its
+// cp.async instructions (one base register a tile: the property that kept the dense loop from spilling);
+// a block across pages would need a base per page-run of rows. Pages are multiples of 16 keys
+// (Problem's check), so BLOCK_N 32 serves any page of 32 or more; a 16-key page (vLLM's default) has no
+// BLOCK_N here. nullptr when the config can read this page size, else the reason.
+FT_HD constexpr const char* decode_splitkv_paged_check(int BN, int page_size) {
+  return page_size % BN == 0 ? nullptr : "BLOCK_N must divide the page size (a block of keys is read from one page)";
+}
+
 // DTYPE: 0 = fp16, 1 = bf16 (q, k, v, o); lse and the workspace fp32; fp32 accumulation.
 // The member names the per-warp tile helpers of fa2_mma.cuh read (kMTiles, kSTiles, ...) are those of a
 // fa2_mma warp with 16 rows (one m-tile) and KW keys per block.

@@ -127,6 +127,37 @@ expect_usage_error "cannot read" problems "$tmp/none.json"
   { echo "FAIL: problems --json of a packed batch"; fail=1; }
 [[ ! -e "$tmp/x.db" ]] || { echo "FAIL: a refused tune created its store"; fail=1; }
 
+# Paged K/V caches: the description checked before any GPU work (flags, files, the family's page condition).
+dec="--family decode_splitkv --params SPLITS=16,BLOCK_N=64,WARPS=4,STAGES=2 --dtype bf16 --heads-k 2"
+expect_usage_error "--paged: paged 'page_size' must be a multiple of 16 in 16..1048576, got 100" run $dec --shape 2,8,1,512,128 \
+  --paged '{"page_size":100}'
+expect_usage_error "--paged: unknown paged field 'pages'" run $dec --shape 2,8,1,512,128 --paged '{"page_size":64,"pages":3}'
+expect_usage_error "--paged: paged needs 'page_size'" run $dec --shape 2,8,1,512,128 --paged '{}'
+expect_usage_error "--paged: problem field 'batch' is 2, but the paged seq_lens_k give 3" run $dec --shape 2,8,1,512,128 \
+  --paged '{"page_size":64,"seq_lens_k":[512,1,0]}'
+expect_usage_error "--paged: problem field 'seq_k' is 512, but the paged seq_lens_k give 300" run $dec --shape 2,8,1,512,128 \
+  --paged '{"page_size":64,"seq_lens_k":[300,1]}'
+expect_usage_error "--paged: paged 'seq_lens_k' holds -1, not a length" run $dec --shape 2,8,1,512,128 --paged '{"page_size":64,"seq_lens_k":[-1,3]}'
+expect_usage_error "--paged: paged 'seed' must be an integer in 0..2^53" run $dec --shape 2,8,1,512,128 --paged '{"page_size":64,"seed":-3}'
+expect_usage_error "--paged: problem fields 'paged' and 'varlen' do not combine" run $dec --shape 8,128 --seq-lens 8,8 --paged '{"page_size":64}'
+expect_usage_error "not valid JSON" run $dec --shape 2,8,1,512,128 --paged '{"page_size":64'
+expect_usage_error "cannot read '$tmp/none_paged.json'" run $dec --shape 2,8,1,512,128 --paged "$tmp/none_paged.json"
+expect_usage_error "BLOCK_N must divide the page size (a block of keys is read from one page) (32)" run $dec --shape 2,8,1,512,128 \
+  --paged '{"page_size":32}'
+expect_usage_error "family fa2_mma does not read paged K/V caches" run $mma --shape 2,8,1,512,64 --paged '{"page_size":64}'
+expect_usage_error "a paged K/V cache uses generated inputs" run $dec --shape 2,8,1,512,128 --paged '{"page_size":64}' --inputs "$tmp/in"
+echo '{"problems":[{"heads":8,"heads_k":2,"seq_q":1,"head_dim":128,"dtype":"bf16","direction":"bwd","paged":{"page_size":64,"seq_lens_k":[5]}}]}' >"$tmp/pg_bwd.json"
+expect_usage_error "problem field 'paged' goes with forward problems" tune "$SRC/configs/spaces/decode_splitkv.json" "$tmp/pg_bwd.json" --db "$tmp/x.db"
+echo '{"problems":[{"heads":8,"heads_k":2,"seq_q":1,"head_dim":128,"dtype":"bf16","paged":{"page_size":64,"seq_lens_k":[5,300]}}]}' >"$tmp/pg_ok.json"
+expect_usage_error "no problem in $tmp/pg_ok.json matches a variant" tune "$SRC/configs/spaces/fa2_mma.json" "$tmp/pg_ok.json" --db "$tmp/x.db"
+echo '{"family":"fa2_mma","paged":[true]}' >"$tmp/pg_space.json"
+expect_usage_error "family fa2_mma does not read paged K/V caches" compile-check "$tmp/pg_space.json"
+echo '{"name":"x","problems":{"problems":[{"batch":1,"heads":8,"heads_k":2,"seq_q":1,"seq_k":64,"head_dim":128,"dtype":"bf16","paged":{"page_size":64}}]},"implementations":["decode_splitkv"]}' >"$tmp/e_pg.json"
+expect_usage_error "measured by experiments/decode_vs_peers.py --paged" experiment "$tmp/e_pg.json" --dry-run
+"$FLASHTUNE" problems "$tmp/pg_ok.json" --json | python3 -c "import json,sys; p=json.load(sys.stdin)[0]; assert p['cache_seqlens']==[5,300] and p['batch']==2 and p['seq_k']==300 and p['num_pages']==6, p" ||
+  { echo "FAIL: problems --json of a paged cache"; fail=1; }
+[[ ! -e "$tmp/x.db" ]] || { echo "FAIL: a refused tune created its store"; fail=1; }
+
 # A foreign SQLite file is refused and left as it was.
 python3 - "$tmp/foreign.db" <<'PY'
 import sqlite3, sys

@@ -58,6 +58,20 @@ assert f["status"] == "ok" and f["detail"]["validated_rows"] == 4 * 418 and f["d
 assert f["problem"]["varlen"] == {"seq_lens": [1, 77, 0, 300, 40], "seq_lens_k": [1, 77, 5, 301, 0]}, f["problem"]
 assert b["status"] == "ok" and b["detail"]["deterministic"] is True, b
 PY
+# Paged K/V caches: every row of a ragged cache (a sequence without keys, one of a single key, one a key past a
+# page, causal Sq 3), split (a combine) and not, through the block table's seeded page order.
+for params in SPLITS=16,BLOCK_N=64,WARPS=4,STAGES=2 SPLITS=1,BLOCK_N=32,WARPS=2,STAGES=1; do
+  "$FLASHTUNE" run --family decode_splitkv --params "$params" --shape 4,8,3,300,128 --heads-k 2 --dtype bf16 --causal \
+    --paged '{"page_size":64,"seed":5,"seq_lens_k":[300,0,1,65]}' --check --check-determinism --json >"$tmp/pg.json" \
+    || { echo "FAIL: decode_splitkv paged run $params"; cat "$tmp/pg.json"; fail=1; }
+  python3 - "$tmp/pg.json" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(r)
+assert r["status"] == "ok" and r["detail"]["validated_rows"] == 4 * 8 * 3 and r["detail"]["deterministic"] is True, r
+assert r["problem"]["paged"] == {"page_size": 64, "seed": 5, "seq_lens_k": [300, 0, 1, 65]}, r["problem"]
+PY
+done
 # --inputs / --save-outputs: inputs written by numpy, outputs compared with numpy's float64 attention
 # (bottom-right causal), forward with fa2_simt and backward with fa2_simt_bwd, every head distinct.
 python3 - "$tmp/in" <<'PY' || { echo "FAIL: writing inputs"; fail=1; }

@@ -29,6 +29,8 @@ for f in families:
             continue
         if any("varlen" in p for p in ps):  # packed batches: a family's varlen form, the varlen device stage's
             continue
+        if any("paged" in p for p in ps):  # paged caches: a family's paged form, the decode-paged device stage's
+            continue
         dtypes = {p.get("dtype", "fp32") for p in ps}
         dims = {p["head_dim"] for p in ps}
         if dtypes == set(f["dtypes"]) and set(f["head_dims"]) <= dims:

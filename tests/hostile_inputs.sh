@@ -134,6 +134,31 @@ fi
 [[ $("$F" compile-check "$tmp/space.json" --arch sm_80 --allow-large-space 2>/dev/null | tail -1) == *"2 variants: 2 compiled"* ]] ||
   { echo "FAIL: --allow-large-space on a small space"; fail=1; }
 
+# Paged caches: numbers past every range, narrowing, wrong types, a million lengths, a block table past 2^24.
+DEC=$SRC/configs/spaces/decode_splitkv.json
+pg() { echo "{\"problems\": [{\"batch\": 1, \"heads\": 8, \"heads_k\": 2, \"seq_q\": 1, \"seq_k\": 64, \"head_dim\": 128, \"dtype\": \"bf16\", \"paged\": $1}]}" >"$tmp/pg.json"; }
+pg '{"page_size": 4294967552}'
+expect_usage_error "paged 'page_size' must be a multiple of 16 in 16..1048576, got 4294967552" tune "$DEC" "$tmp/pg.json" --db "$tmp/n.db"
+pg '{"page_size": 18446744073709551872}'
+expect_usage_error "paged 'page_size' must be a multiple of 16" tune "$DEC" "$tmp/pg.json" --db "$tmp/n.db"
+pg '{"page_size": 256.0}'
+expect_usage_error "paged 'page_size' must be a multiple of 16" tune "$DEC" "$tmp/pg.json" --db "$tmp/n.db"
+pg '{"page_size": 256, "seed": 9007199254740993}'
+expect_usage_error "paged 'seed' must be an integer in 0..2^53" tune "$DEC" "$tmp/pg.json" --db "$tmp/n.db"
+pg '{"page_size": 256, "seq_lens_k": [4294967360]}'
+expect_usage_error "paged 'seq_lens_k' holds 4294967360, not a length in 0..1048576" tune "$DEC" "$tmp/pg.json" --db "$tmp/n.db"
+pg '{"page_size": 256, "seq_lens_k": {"0": 64}}'
+expect_usage_error "paged 'seq_lens_k' must be an array of 1..65535 lengths" tune "$DEC" "$tmp/pg.json" --db "$tmp/n.db"
+pg '[{"page_size": 256}]'
+expect_usage_error "problem field 'paged' must be an object" tune "$DEC" "$tmp/pg.json" --db "$tmp/n.db"
+python3 -c "import json; print(json.dumps({'problems': [{'heads': 8, 'heads_k': 2, 'seq_q': 1, 'head_dim': 128, 'dtype': 'bf16', 'paged': {'page_size': 16, 'seq_lens_k': [64] * 1000000}}]}))" >"$tmp/pg_many.json"
+expect_usage_error "paged 'seq_lens_k' must be an array of 1..65535 lengths" tune "$DEC" "$tmp/pg_many.json" --db "$tmp/n.db"
+echo '{"problems": [{"batch": 65536, "heads": 8, "heads_k": 2, "seq_q": 1, "seq_k": 1048576, "head_dim": 128, "dtype": "bf16", "paged": {"page_size": 16}}]}' >"$tmp/pg_table.json"
+expect_usage_error "paged: a block table of 4294967296 entries (batch x pages per sequence) is over 2^24" tune "$DEC" "$tmp/pg_table.json" --db "$tmp/n.db"
+expect_usage_error "paged 'page_size' must be a multiple of 16" run --family decode_splitkv --params SPLITS=1 --shape 1,8,1,64,128 \
+  --dtype bf16 --heads-k 2 --paged '{"page_size": -18446744073709551616}'
+ok "no store made by refused paged problems" test ! -e "$tmp/n.db"
+
 # --- command-line numbers: the full range before converting --------------------------------
 RUN="run --family naive --shape 1,1,8,8,64"
 expect_usage_error "THREADS = 4294967424 is outside its domain" run --family naive --params THREADS=4294967424 --shape 1,1,8,8,64
@@ -262,8 +287,8 @@ n3=$("$F" best --db "$tmp/v3.db" --csv | wc -l)
 [[ "$(sha256sum <"$tmp/v3.db")" == "$v3_sum" ]] || { echo "FAIL: report changed a v3 store"; fail=1; }
 cases=$((cases + 1))
 "$F" drop-cubins --db "$tmp/v3.db" || { echo "FAIL: drop-cubins on v3"; fail=1; }
-[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "7,1181504622" ]] ||
-  { echo "FAIL: v3 not migrated to 7 with our application_id"; fail=1; }
+[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "8,1181504622" ]] ||
+  { echo "FAIL: v3 not migrated to 8 with our application_id"; fail=1; }
 [[ "$(sql "$tmp/v3.db" "select count(*), count(distinct inputs) from results")" == "8|1" ]] ||
   { echo "FAIL: migrated results: $(sql "$tmp/v3.db" "select count(*), group_concat(distinct inputs) from results")"; fail=1; }
 [[ $("$F" best --db "$tmp/v3.db" --csv | wc -l) -eq $n3 ]] || { echo "FAIL: best after migration"; fail=1; }

@@ -43,6 +43,25 @@ for i, p in enumerate(json.load(open(sys.argv[2]))):
 c.commit()
 PY
 "$F" best --db "$tmp/fixture.db" --family fa2_mma --csv | grep -q 'seq_lens' || { echo "FAIL: the fixture's packed rows not read back"; fail=1; }
+# Paged K/V cache rows (schema 8): cache lengths given (batch and seq_k derived) and not, exported with the
+# description and imported back whole.
+echo '{"problems":[{"heads":8,"heads_k":2,"seq_q":1,"head_dim":128,"dtype":"bf16","paged":{"page_size":64,"seed":3,"seq_lens_k":[300,0,65]}},
+  {"batch":2,"heads":4,"seq_q":3,"seq_k":512,"head_dim":64,"dtype":"fp16","causal":true,"paged":{"page_size":256}}]}' >"$tmp/pg.json"
+"$F" problems "$tmp/pg.json" --json >"$tmp/pg_points.json" || exit 1
+python3 - "$tmp/fixture.db" "$tmp/pg_points.json" <<'PY'
+import json, sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+base = c.execute("select * from results where status='ok'").fetchone()
+cols = [r[1] for r in c.execute("pragma table_info(results)")]
+for i, p in enumerate(json.load(open(sys.argv[2]))):
+    row = dict(zip(cols, base), id=None, kernel_hash=f"h-paged-{i}", family="decode_splitkv",
+               config="SPLITS=16,BLOCK_N=64,WARPS=4,STAGES=2", dtype=p["dtype"], head_dim=p["head_dim"],
+               causal=int(p["causal"]), batch=p["batch"], heads=p["heads"], heads_k=p.get("heads_k", 0),
+               seq_q=p["seq_q"], seq_k=p["seq_k"], paged=json.dumps(p["paged"], sort_keys=True, separators=(",", ":")))
+    c.execute(f"insert into results({','.join(cols)}) values({','.join('?' * len(cols))})", [row[k] for k in cols])
+c.commit()
+PY
+"$F" best --db "$tmp/fixture.db" --family decode_splitkv --csv | grep -q 'page_size' || { echo "FAIL: the fixture's paged rows not read back"; fail=1; }
 
 stores=("$tmp/fixture.db")
 for db in "$SRC"/reports/*/results.db; do
@@ -62,10 +81,10 @@ def columns(p):
 def rows(p, cols):
     c = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
     return sorted(tuple("" if v is None else v for v in r) for r in c.execute(f"select {','.join(cols)} from results"))
-# A store of an older schema lacks newer columns (v6's heads_k, v7's varlen): those must hold their default.
+# A store of an older schema lacks newer columns (v6's heads_k, v7's varlen, v8's paged): those must hold their default.
 ca, cb = columns(sys.argv[1]), columns(sys.argv[2])
 common = [c for c in ca if c in cb]
-defaults = {"heads_k": 0, "varlen": ""}
+defaults = {"heads_k": 0, "varlen": "", "paged": ""}
 for p, extra in ((sys.argv[1], set(ca) - set(cb)), (sys.argv[2], set(cb) - set(ca))):
     for col in extra:
         bad = sqlite3.connect(f"file:{p}?mode=ro", uri=True).execute(

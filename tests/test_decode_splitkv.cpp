@@ -12,14 +12,17 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <vector>
 
 #include "reference/attention_ref.hpp"
+#include "templates/attention_params.h"
 #include "templates/decode_splitkv_traits.h"
 #include "tuner/family.hpp"
 #include "tuner/select.hpp"
 #include "tuner/space.hpp"
 #include "tuner/sweep.hpp"
+#include "tuner/validate.hpp"
 
 using namespace flashtune;
 
@@ -49,7 +52,37 @@ struct Running {
   std::vector<double> o;
 };
 
-Outputs emulate(const Family& f, const Config& cfg, const Problem& p, const float* q, const float* k, const float* v) {
+// A paged cache as the worker builds it (tuner/gpu_runner.cpp): the logical K/V ((B, Hk, Sk, d), every kv head
+// its own) scattered into pools of (num_pages, Hk, page_size, d) pages in the block table's order, the rows of a
+// page past its sequence's length NaN (read, they would show).
+struct Pools {
+  PageTable t;
+  std::vector<float> k, v;
+};
+Pools make_pools(const Problem& p, const std::vector<float>& k, const std::vector<float>& v) {
+  Pools pl{page_table(p.paged, p.batch, p.seq_k), {}, {}};
+  const int P = p.paged.page_size, Hk = p.kv_heads(), d = p.head_dim;
+  const size_t page_elems = (size_t)Hk * P * d;
+  pl.k.assign(pl.t.num_pages * page_elems, NAN);
+  pl.v.assign(pl.t.num_pages * page_elems, NAN);
+  for (int b = 0; b < p.batch; ++b)
+    for (int j = 0; j * P < pl.t.cache_seqlens[b]; ++j) {
+      const int page = pl.t.table[(size_t)b * pl.t.max_pages + j], rows = std::min(P, pl.t.cache_seqlens[b] - j * P);
+      for (int h = 0; h < Hk; ++h) {
+        const size_t src = (((size_t)b * Hk + h) * p.seq_k + (size_t)j * P) * d;
+        const size_t dst = (size_t)paged_key_offset(page, Hk, P, h, 0, d);
+        std::copy_n(k.begin() + src, (size_t)rows * d, pl.k.begin() + dst);
+        std::copy_n(v.begin() + src, (size_t)rows * d, pl.v.begin() + dst);
+      }
+    }
+  return pl;
+}
+
+// pools: a paged problem's cache (k and v are then unused): each CTA's keys are its sequence's own (the cache
+// length from the table), a block's rows found through the block table as decode_splitkv.cuh's block_at and
+// load_kv find them.
+Outputs emulate(const Family& f, const Config& cfg, const Problem& p, const float* q, const float* k, const float* v,
+                const Pools* pools = nullptr) {
   const int splits = cfg[0], bn = cfg[1], warps = cfg[2];
   const int B = p.batch, H = p.heads, Hk = p.kv_heads(), Sq = p.seq_q, Sk = p.seq_k, d = p.head_dim;
   const int group = p.group(), group_rows = group * Sq, row_tiles = decode_splitkv_row_tiles(group_rows);
@@ -76,9 +109,10 @@ Outputs emulate(const Family& f, const Config& cfg, const Problem& p, const floa
         const int kv_head = (int)y, batch = (int)z;
         const long long group_first = ((long long)batch * H + (long long)kv_head * group) * Sq;
         const long long bh_kv = (long long)batch * Hk + kv_head;
-        const int k_begin = decode_splitkv_key_begin(Sk, splits, bn, split);
-        const int k_end = std::min(Sk, decode_splitkv_key_begin(Sk, splits, bn, split + 1));
-        const int causal_offset = Sk - Sq;
+        const int seq_k = pools ? pools->t.cache_seqlens[batch] : Sk;  // the sequence's keys
+        const int k_begin = decode_splitkv_key_begin(seq_k, splits, bn, split);
+        const int k_end = std::min(seq_k, decode_splitkv_key_begin(seq_k, splits, bn, split + 1));
+        const int causal_offset = seq_k - Sq;
         int kv_end = k_end, full_end = k_end;
         if (p.causal) {
           int i_lo = Sq, i_hi = -1;
@@ -101,15 +135,27 @@ Outputs emulate(const Family& f, const Config& cfg, const Problem& p, const floa
           for (int nb = 0; nb < num_kv_blocks; ++nb) {
             const int n0 = k_begin + nb * bn;
             const bool masked = n0 + bn > full_end;
+            // Paged: the block's page (block_at): an entry of the sequence's own, the block inside the page.
+            int page = -1, row_in_page = 0;
+            if (pools) {
+              const int P = p.paged.page_size, j = n0 / P;
+              EXPECT_LT(j, ceil_div(seq_k, P)) << "a block-table entry past the sequence's pages";
+              EXPECT_LE(n0 - j * P + bn, P) << "a block across pages";
+              page = pools->t.table[(size_t)batch * pools->t.max_pages + j];
+              row_in_page = n0 - j * P;
+              EXPECT_GE(page, 0);
+            }
             for (int j = n0; j < n0 + bn; ++j) {
               const bool visible = j < lim;
               if (!masked) {  // the kernel applies no mask here: every key must be real and visible
-                EXPECT_TRUE(visible && j < Sk) << "unmasked key " << j << " row " << row;
+                EXPECT_TRUE(visible && j < seq_k) << "unmasked key " << j << " row " << row;
               }
               if (!visible) continue;
               EXPECT_LT(j, kv_end);  // loaded, not zero-filled
-              const float* kj = k + (bh_kv * Sk + j) * d;
-              const float* vj = v + (bh_kv * Sk + j) * d;
+              const long long at = pools ? paged_key_offset(page, Hk, p.paged.page_size, kv_head, row_in_page + (j - n0), d)
+                                         : (bh_kv * Sk + j) * d;
+              const float* kj = (pools ? pools->k.data() : k) + at;
+              const float* vj = (pools ? pools->v.data() : v) + at;
               double s = 0;
               for (int c = 0; c < d; ++c) s += (double)qr[c] * kj[c];
               s *= scale;
@@ -209,6 +255,51 @@ TEST(DecodeSplitkv, EmulatedPartitionMatchesReferenceOnRaggedShapes) {
   EXPECT_EQ(cases, (int)(problems.size() * configs.size()));
 }
 
+// The paged form, emulated on every committed ragged paged problem with the configs whose BLOCK_N divides its
+// page size: per-sequence key ranges and causal limits, blocks found through the seeded block table (never an
+// entry past a sequence's pages, never a block across pages, never a key past the cache length: those rows
+// are NaN), against the reference on the logical cache (paged_forward_reference, what the worker validates).
+TEST(DecodeSplitkv, EmulatedPagedFormMatchesReference) {
+  const Family& f = find_family("decode_splitkv");
+  const std::vector<Problem> problems =
+      load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/ragged_decode_paged.json");
+  ASSERT_FALSE(problems.empty());
+  const std::vector<Config> configs = {{1, 32, 2, 2}, {2, 32, 2, 1}, {16, 64, 4, 2},   {9, 64, 2, 1},
+                                       {33, 128, 8, 1}, {8, 256, 2, 1}, {128, 256, 8, 2}};
+  int cases = 0;
+  std::set<int> page_sizes;
+  bool empty_sequence = false;
+  for (const Problem& p : problems) {
+    ASSERT_TRUE(p.paged.enabled()) << p.str();
+    page_sizes.insert(p.paged.page_size);
+    const int bhk = p.batch * p.kv_heads();
+    const size_t nq = (size_t)p.rows_q() * p.head_dim, nk = (size_t)bhk * p.seq_k * p.head_dim;
+    const auto q = inputs(nq, 1), k = inputs(nk, 2), v = inputs(nk, 3);
+    const Pools pools = make_pools(p, k, v);
+    for (int len : pools.t.cache_seqlens) empty_sequence |= len == 0;
+    ref::Shape shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal};
+    std::vector<int64_t> rows(shape.q_rows());
+    for (size_t r = 0; r < rows.size(); ++r) rows[r] = (int64_t)r;
+    const FwdReference ref = paged_forward_reference(p, bhk, q.data(), k.data(), v.data(), rows);
+    for (const Config& c : configs) {
+      if (f.paged_check(c, p.paged.page_size)) continue;
+      SCOPED_TRACE(p.str() + (p.causal ? "" : " non-causal") + " " + f.config_string(c));
+      const Outputs got = emulate(f, c, p, q.data(), nullptr, nullptr, &pools);
+      double worst = 0;
+      for (size_t e = 0; e < nq; ++e) worst = std::max(worst, std::isnan(got.o[e]) ? kInf : std::abs(got.o[e] - ref.o[e]));
+      EXPECT_LT(worst, 1e-9) << "O";
+      for (size_t r = 0; r < ref.lse.size(); ++r) {
+        if (std::isinf(ref.lse[r])) EXPECT_EQ(got.lse[r], ref.lse[r]) << "row " << r;  // +inf: no visible key
+        else EXPECT_NEAR(got.lse[r], ref.lse[r], 1e-9) << "row " << r;
+      }
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, (int)problems.size() * 2);
+  EXPECT_TRUE(empty_sequence);  // the set holds a sequence without keys
+  EXPECT_GE(page_sizes.size(), 4u);
+}
+
 TEST(DecodeSplitkv, GeometryAndConstraints) {
   const Family& f = find_family("decode_splitkv");
   EXPECT_TRUE(f.gqa);
@@ -270,7 +361,7 @@ TEST(DecodeSplitkv, GeometryAndConstraints) {
 TEST(DecodeSplitkv, ServesDecodingShapesOnly) {
   const Family& f = find_family("decode_splitkv");
   ASSERT_GT(f.max_seq_q, 0);
-  for (const char* file : {"ragged_decode.json", "decode_bf16.json"})
+  for (const char* file : {"ragged_decode.json", "decode_bf16.json", "ragged_decode_paged.json", "decode_paged_bf16.json"})
     for (const Problem& p : load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/" + file))
       EXPECT_EQ(f.shape_reason(p), "") << file << " " << p.str();
   Problem p;

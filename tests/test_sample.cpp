@@ -15,7 +15,7 @@ namespace {
 
 std::string key(const Variant& v) {
   return v.family->name + "|" + v.family->config_string(v.config) + "|" + std::to_string(v.head_dim) + "|" +
-         (v.causal ? "c" : "n") + "|" + to_string(v.dtype) + (v.varlen ? "|varlen" : "");
+         (v.causal ? "c" : "n") + "|" + to_string(v.dtype) + (v.varlen ? "|varlen" : "") + (v.paged ? "|paged" : "");
 }
 
 // Each value of each tunable, head dim, dtype and mask ("BLOCK_M=64", "d=96", ...).
@@ -184,11 +184,13 @@ TEST(Sample, DefaultVariantsSpanHeadDimsMasksDtypes) {
     const auto vs = default_variants(f);
     const size_t dense = f.head_dims.size() * 2 * f.dtypes.size();
     const size_t packed = f.varlen ? f.head_dims.size() * 2 : 0;  // one dtype: see default_variants
-    EXPECT_EQ(vs.size(), dense + packed) << f.name;
+    const size_t paged = f.paged ? f.head_dims.size() * 2 : 0;
+    EXPECT_EQ(vs.size(), dense + packed + paged) << f.name;
     EXPECT_EQ((size_t)std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.varlen; }), packed)
         << f.name;
+    EXPECT_EQ((size_t)std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.paged; }), paged) << f.name;
     for (const auto& v : vs)
-      if (v.varlen) EXPECT_EQ(v.dtype, f.dtypes.back()) << f.name;
+      if (v.varlen || v.paged) EXPECT_EQ(v.dtype, f.dtypes.back()) << f.name;
     for (const auto& v : vs) EXPECT_EQ(v.config, f.default_config) << f.name;
   }
 }
@@ -213,4 +215,26 @@ TEST(Sample, PackedFormCoveredWhereTheSpaceListsIt) {
   Space dense = s;
   dense.varlen = {false};
   for (const auto& x : covering_sample(dense, c)) EXPECT_FALSE(x.variant.varlen);
+}
+
+// Likewise the paged K/V cache form of decode_splitkv ("paged": [false, true]).
+TEST(Sample, PagedFormCoveredWhereTheSpaceListsIt) {
+  const Compiler c("sm_90");
+  const Space s = load_space(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/decode_splitkv.json");
+  ASSERT_EQ(s.paged, (std::vector<bool>{false, true}));
+  std::set<std::string> covered;
+  size_t paged = 0;
+  for (const auto& x : covering_sample(s, c)) {
+    paged += x.variant.paged;
+    EXPECT_FALSE(x.variant.varlen);
+    for (const auto& f : x.covers) covered.insert(f);
+  }
+  EXPECT_GT(paged, 0u);
+  for (int d : s.head_dims) EXPECT_TRUE(covered.count("paged:d=" + std::to_string(d))) << d;
+  for (const char* f : {"paged:dtype=fp16", "paged:dtype=bf16", "paged:causal=0", "paged:causal=1", "paged:BLOCK_N=32",
+                        "paged:BLOCK_N=256", "paged:STAGES=1", "paged:STAGES=2", "paged:WARPS=8", "paged:SPLITS=1"})
+    EXPECT_TRUE(covered.count(f)) << f;
+  Space dense = s;
+  dense.paged = {false};
+  for (const auto& x : covering_sample(dense, c)) EXPECT_FALSE(x.variant.paged);
 }

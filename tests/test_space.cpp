@@ -11,6 +11,7 @@
 
 #include "templates/fa2_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_traits.h"
+#include "tuner/search.hpp"
 #include "tuner/space.hpp"
 #include "tuner/sweep.hpp"
 #include "fake_driver/record_tensor_map.hpp"
@@ -353,6 +354,184 @@ TEST(Problems, VarlenLengthsAndIdentity) {
   // Packed tensors past 2^31 - 1 elements (int32 offsets): 2^24 tokens x 1024 heads x 128.
   EXPECT_THROW(one(R"({"problems":[{"heads":1024,"head_dim":128,"varlen":{"lengths":"fixed","length":4096,"total_tokens":16777216}}]})"),
                UsageError);
+}
+
+// Paged K/V caches: the description (page size, seed, optional cache lengths), batch and seq_k derived from the
+// lengths, identity (==, str, JSON, key), FLOPs and bytes of the keys held, the seeded block table, and bad
+// descriptions refused in one line.
+TEST(Problems, PagedCacheDescriptionAndIdentity) {
+  auto one = [](const std::string& s) { return problems_from_json(json::parse(s)).at(0); };
+  auto with = [&](const std::string& paged, const std::string& shape = R"("batch":2,"seq_q":1,"seq_k":1000,)") {
+    return one(R"({"problems":[{"heads":32,"heads_k":8,)" + shape + R"("head_dim":128,"dtype":"bf16","paged":)" + paged + "}]}");
+  };
+  const Problem full = with(R"({"page_size":256})");
+  ASSERT_TRUE(full.paged.enabled());
+  EXPECT_EQ(full.batch, 2);
+  EXPECT_EQ(full.seq_k, 1000);
+  EXPECT_EQ(full.paged.seed, 0u);
+  EXPECT_EQ(full.paged.seq_len(1, full.seq_k), 1000);
+  EXPECT_EQ(full.paged.key(), R"({"page_size":256,"seed":0})");
+  EXPECT_THAT(full.str(), HasSubstr("Sk1000 d128 bf16 paged page 256 seed 0"));
+  // Contiguous K/V of the same shape is another problem; its JSON and store key are as before.
+  Problem dense = full;
+  dense.paged = Paged{};
+  EXPECT_NE(dense, full);
+  EXPECT_FALSE(to_json(dense).contains("paged"));
+  EXPECT_EQ(dense.paged.key(), "");
+  // Every sequence full: the bytes and FLOPs of the dense problem (the pool's padding is not counted).
+  EXPECT_DOUBLE_EQ(full.bytes(), dense.bytes());
+  EXPECT_DOUBLE_EQ(full.flops(), dense.flops());
+  EXPECT_NE(with(R"({"page_size":256,"seed":1})"), full);  // another page order
+  EXPECT_NE(with(R"({"page_size":128})"), full);
+
+  // Per-sequence lengths: batch and seq_k (the longest) derived, and accepted back when they agree.
+  const Problem lens = with(R"({"page_size":64,"seed":7,"seq_lens_k":[300,0,1,64]})", R"("seq_q":3,)");
+  EXPECT_EQ(lens.batch, 4);
+  EXPECT_EQ(lens.seq_k, 300);
+  EXPECT_EQ(lens.seq_q, 3);
+  EXPECT_EQ(lens.paged.seq_len(1, lens.seq_k), 0);
+  EXPECT_THAT(lens.str(), HasSubstr("B4 H32/8 Sq3 Sk300 d128 bf16 paged page 64 seed 7 lens [300,0,1,64]"));
+  const json j = to_json(lens);
+  EXPECT_EQ(j["paged"], json::parse(R"({"page_size":64,"seed":7,"seq_lens_k":[300,0,1,64]})"));
+  EXPECT_EQ(problem_from_json(j), lens);
+  EXPECT_DOUBLE_EQ(lens.flops(), 4.0 * 32 * 3 * 365 * 128);  // Sq x the keys held, per query head
+  EXPECT_DOUBLE_EQ(lens.bytes(), 32 * 4 * 3.0 * (2 * 128 * 2 + 4) + 8 * 365.0 * 2 * 128 * 2);
+  for (const char* key : {"batch", "seq_k"}) {
+    json bad = j;
+    bad[key] = bad[key].get<int>() + 1;
+    EXPECT_THROW(problem_from_json(bad), UsageError) << key;
+  }
+  EXPECT_EQ(with(R"({"page_size":16,"seq_lens_k":[0,0]})", R"("seq_q":1,)").seq_k, 1);  // no keys at all: Sk 1 for the grid
+
+  // Refused, each with a one-line reason.
+  for (const char* bad : {R"({})", R"({"page_size":0})", R"({"page_size":8})", R"({"page_size":100})",
+                          R"({"page_size":1048592})", R"({"page_size":4294967552})", R"({"page_size":-256})",
+                          R"({"page_size":256.0})", R"({"page_size":"256"})", R"({"page_size":256,"seed":-1})",
+                          R"({"page_size":256,"seed":1e300})", R"({"page_size":256,"pages":4})",
+                          R"({"page_size":256,"seq_lens_k":[]})", R"({"page_size":256,"seq_lens_k":[-1]})",
+                          R"({"page_size":256,"seq_lens_k":[1048577]})", R"({"page_size":256,"seq_lens_k":"300"})",
+                          R"([256])", R"(256)"}) {
+    try {
+      with(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(one(R"({"problems":[{"heads":2,"head_dim":64,"seq":8,"paged":{"page_size":16,"seq_lens_k":[8]}}]})"), UsageError);
+  EXPECT_THROW(one(R"({"problems":[{"batch":1,"heads":2,"seq":8,"head_dim":64,"direction":"bwd","paged":{"page_size":16}}]})"),
+               UsageError);
+  EXPECT_THROW(one(R"({"problems":[{"heads":2,"head_dim":64,"varlen":{"seq_lens":[8]},"paged":{"page_size":16}}]})"),
+               UsageError);
+  // A block table past 2^24 entries: 2^20 sequences of 1024 keys in 16-key pages.
+  EXPECT_THROW(one(R"({"problems":[{"batch":1048576,"heads":1,"seq_q":1,"seq_k":1024,"head_dim":64,"paged":{"page_size":16}}]})"),
+               UsageError);
+}
+
+// The block table: every page a sequence uses once, in a seeded order that is not the logical one, -1 past a
+// sequence's pages; the same on every machine (the values below are what splitmix64 gives).
+TEST(Problems, PagedBlockTableIsASeededPermutation) {
+  Paged pg;
+  pg.page_size = 64;
+  pg.seed = 7;
+  pg.seq_lens_k = {300, 0, 1, 64, 65};
+  const PageTable t = page_table(pg, 5, 300);
+  EXPECT_EQ(t.max_pages, 5);
+  EXPECT_EQ(t.num_pages, 5 + 0 + 1 + 1 + 2);
+  EXPECT_EQ(t.cache_seqlens, pg.seq_lens_k);
+  ASSERT_EQ(t.table.size(), 25u);
+  std::vector<int> seen(t.num_pages, 0);
+  bool moved = false;
+  int logical = 0;  // the page's number had the batch's pages been laid out in order
+  for (int b = 0; b < 5; ++b) {
+    const int pages = (pg.seq_lens_k[b] + 63) / 64;
+    for (int j = 0; j < t.max_pages; ++j) {
+      const int e = t.table[(size_t)b * t.max_pages + j];
+      if (j >= pages) {
+        EXPECT_EQ(e, -1) << b << " " << j;
+        continue;
+      }
+      ASSERT_GE(e, 0);
+      ASSERT_LT(e, t.num_pages);
+      seen[e]++;
+      moved |= e != logical++;
+    }
+  }
+  for (int n : seen) EXPECT_EQ(n, 1);
+  EXPECT_TRUE(moved);
+  EXPECT_EQ(t.table, page_table(pg, 5, 300).table);  // deterministic
+  // splitmix64's order: a change here changes the pages of every stored paged problem.
+  EXPECT_EQ(t.table, (std::vector<int>{2, 3, 5, 0, 7, -1, -1, -1, -1, -1, 6, -1, -1, -1, -1, 1, -1, -1, -1, -1, 4, 8, -1, -1, -1}));
+  Paged other = pg;
+  other.seed = 8;
+  EXPECT_NE(page_table(other, 5, 300).table, t.table);
+  // Two pages are never left in order (a shuffle may give the identity; then the first two swap).
+  for (unsigned long long seed = 0; seed < 64; ++seed) {
+    Paged two;
+    two.page_size = 16, two.seed = seed;
+    const PageTable t2 = page_table(two, 1, 32);
+    EXPECT_EQ(t2.table, (std::vector<int>{1, 0})) << seed;
+  }
+  // Without lengths: every sequence seq_k long.
+  Paged uniform;
+  uniform.page_size = 256;
+  const PageTable tu = page_table(uniform, 3, 1000);
+  EXPECT_EQ(tu.max_pages, 4);
+  EXPECT_EQ(tu.num_pages, 12);
+  EXPECT_EQ(tu.cache_seqlens, (std::vector<int>{1000, 1000, 1000}));
+  EXPECT_EQ(std::count(tu.table.begin(), tu.table.end(), -1), 0);
+  EXPECT_TRUE(page_table(Paged{}, 3, 1000).table.empty());  // contiguous K/V: no table
+}
+
+// The paged form of decode_splitkv: `kernel<Traits, true>` for both kernels, picked by a paged problem; the
+// family's page condition (BLOCK_N divides the page size) keeps the search's candidates and `run` to the configs
+// that can read the problem's pages; families without the form are refused with the reason.
+TEST(Family, PagedFormFollowsTheProblem) {
+  const Family& f = find_family("decode_splitkv");
+  const Family& mma = find_family("fa2_mma");
+  EXPECT_TRUE(f.paged);
+  for (const auto& g : families()) EXPECT_FALSE(g.paged && g.varlen) << g.name << ": one second form at most";
+  EXPECT_EQ(f.name_expressions(f.default_config, 128, false, DType::bf16, false, true),
+            (std::vector<std::string>{"&flashtune::decode_splitkv_partial<flashtune::DecodeSplitkvTraits<128,16,64,4,2,1,false>, true>",
+                                      "&flashtune::decode_splitkv_combine<flashtune::DecodeSplitkvTraits<128,16,64,4,2,1,false>, true>"}));
+  Problem p = problems_from_json(json::parse(R"({"problems":[{"heads":8,"heads_k":2,"seq_q":1,"head_dim":128,
+      "dtype":"bf16","paged":{"page_size":64,"seq_lens_k":[1,300]}}]})")).at(0);
+  EXPECT_EQ(f.shape_reason(p), "");
+  EXPECT_EQ(mma.shape_reason(p), "does not read paged K/V caches");
+  EXPECT_EQ(f.paged_check({16, 64, 4, 2}, 64), nullptr);
+  EXPECT_EQ(f.paged_check({16, 32, 2, 2}, 64), nullptr);
+  ASSERT_NE(f.paged_check({16, 128, 4, 2}, 64), nullptr);
+  EXPECT_THAT(f.paged_check({16, 128, 4, 2}, 64), HasSubstr("BLOCK_N must divide the page size"));
+  EXPECT_EQ(f.paged_check({16, 256, 4, 1}, 768), nullptr);  // 768 = 3 x 256: not a power of two
+
+  Problem dense = p;
+  dense.paged = Paged{};
+  const Space s = space_from_json(json::parse(R"({"family":"decode_splitkv","params":{"SPLITS":[4],"BLOCK_N":[64,128],
+      "WARPS":[4],"STAGES":[1]},"head_dims":[128],"causal":[false],"dtypes":["bf16"]})"));
+  EXPECT_EQ(s.variants().size(), 2u);  // default: the dense form only
+  const auto vp = variants_for(s, {p}), vd = variants_for(s, {dense});
+  ASSERT_EQ(vp.size(), 2u);
+  for (const auto& v : vp) EXPECT_TRUE(v.paged && !v.varlen);
+  for (const auto& v : vd) EXPECT_FALSE(v.paged);
+  EXPECT_EQ(variants_for(s, {p, dense}).size(), 4u);
+  // The search takes the configs that can read 64-key pages only.
+  const Compiler sm90("sm_90");
+  const auto cands = search_candidates(s, p, sm90, Shard{});
+  ASSERT_EQ(cands.size(), 1u);
+  EXPECT_EQ(cands[0].v.config[1], 64);
+  EXPECT_EQ(search_candidates(s, dense, sm90, Shard{}).size(), 2u);
+  EXPECT_NE(sm90.variant_hash(vp[0]), sm90.variant_hash(vd[0]));  // another kernel, another cache entry
+
+  const Space both = space_from_json(json::parse(R"({"family":"decode_splitkv","params":{"SPLITS":[4],"BLOCK_N":[64,128],
+      "WARPS":[4],"STAGES":[1]},"head_dims":[128],"causal":[false],"dtypes":["bf16"],"paged":[false,true]})"));
+  EXPECT_EQ(both.size(), 4u);
+  EXPECT_EQ(both.variants().size(), 4u);
+  EXPECT_EQ(variants_for(both, {p}).size(), 2u);  // tune takes the problem's form either way
+  EXPECT_THROW(space_from_json(json::parse(R"({"family":"fa2_mma","paged":[true]})")), UsageError);
+  EXPECT_THROW(space_from_json(json::parse(R"({"family":"decode_splitkv","paged":[0]})")), UsageError);
+  // The compiler refuses the paged form of a family that has none, before NVRTC.
+  Variant v{&mma, mma.default_config, 64, false, DType::bf16, false, true};
+  EXPECT_EQ(sm90.prune_before_compile(v), "does not read paged K/V caches");
 }
 
 // The varlen form of a family's kernels: `kernel<Traits, true>`, picked by the problem; a family without it

@@ -2,6 +2,7 @@
 #include <sqlite3.h>
 
 #include <filesystem>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -390,6 +391,101 @@ TEST(Store, MigratesVersion6ToVarlenKeys) {
     ADD_FAILURE() << "a row with inconsistent varlen lengths was read";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("varlen lengths disagree"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
+// Schema 8: paged (paged K/V caches) joined the results' unique key; a v7 file's rows come through as
+// contiguous-cache rows, and a paged problem is a row of its own beside the dense one of the same shape.
+TEST(Store, MigratesVersion7ToPagedKeys) {
+  std::string path = temp_db("v7");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);
+  }
+  {  // a version-7 results table: no paged column
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    const char* sql = R"sql(
+      CREATE TABLE r7(id INTEGER PRIMARY KEY,
+        kernel_hash TEXT NOT NULL, family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+        batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
+        head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, causal INTEGER NOT NULL, status TEXT NOT NULL, error TEXT,
+        max_abs REAL, max_rel REAL, mse REAL, ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL,
+        gbps REAL, seed INTEGER, device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL,
+        driver_version INTEGER NOT NULL, nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+        registers INTEGER, smem_static INTEGER, spill_stores INTEGER, created TEXT NOT NULL, detail TEXT,
+        inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER, heads_k INTEGER NOT NULL DEFAULT 0,
+        varlen TEXT NOT NULL DEFAULT '',
+        UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen));
+      INSERT INTO r7 SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,
+        status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,
+        driver_version,nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created,detail,inputs,origin,
+        heads_k,varlen FROM results;
+      DROP TABLE results; ALTER TABLE r7 RENAME TO results; UPDATE meta SET value='7';)sql";
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  }
+  std::vector<ResultRecord> before;
+  {
+    Store ro(path, Store::Mode::read_only);
+    EXPECT_EQ(ro.schema_version(), 7);
+    before = ro.results({});
+    ASSERT_EQ(before.size(), 8u);
+    for (const auto& r : before) EXPECT_FALSE(r.problem.paged.enabled());
+  }
+  Store s(path);
+  EXPECT_EQ(s.schema_version(), kSchemaVersion);
+  const std::vector<ResultRecord> after = s.results({});
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].id, before[i].id);
+    EXPECT_EQ(after[i].problem, before[i].problem);
+  }
+  // Paged caches of 3 sequences, longest 300 (the batch and seq_k columns alike), lengths or seeds differing:
+  // rows of their own beside the dense row of the same kernel and shape, read back whole.
+  auto paged = [&](const nlohmann::json& desc) {
+    ResultRecord r = after[0];
+    nlohmann::json j = to_json(r.problem);
+    j["batch"] = 3, j["seq_k"] = 300, j["paged"] = desc;
+    r.problem = problem_from_json(j);
+    return r;
+  };
+  ResultRecord a = paged({{"page_size", 64}, {"seq_lens_k", {300, 1, 17}}}),
+               b = paged({{"page_size", 64}, {"seq_lens_k", {300, 2, 17}}}),
+               c = paged({{"page_size", 64}, {"seed", 5}}), dense = after[0];
+  dense.problem.batch = 3, dense.problem.seq_k = 300;
+  ASSERT_EQ(a.problem.seq_k, dense.problem.seq_k);
+  a.ms_median = 0.25, b.ms_median = 0.5, c.ms_median = 0.75;
+  DeviceInfo d;
+  d.name = a.device_name; d.arch = a.arch; d.sm_count = a.sm_count; d.driver_version = a.driver_version;
+  s.put_result(dense, d);
+  EXPECT_FALSE(s.has_result(a.kernel_hash, d, a.problem));
+  for (const ResultRecord* r : {&a, &b, &c}) s.put_result(*r, d);
+  for (const ResultRecord* r : {&a, &b, &c, &dense}) EXPECT_TRUE(s.has_result(r->kernel_hash, d, r->problem));
+  int found = 0;
+  for (const auto& r : s.results({}))
+    if (r.kernel_hash == a.kernel_hash && r.problem.batch == 3) {
+      for (const auto& [want, ms, tag] : {std::tuple{&a, 0.25, 1}, std::tuple{&b, 0.5, 10}, std::tuple{&c, 0.75, 100}})
+        if (r.problem == want->problem) {
+          found += tag;
+          EXPECT_EQ(r.ms_median, ms);
+        }
+      if (r.problem == dense.problem) found += 1000;
+    }
+  EXPECT_EQ(found, 1111);
+  // A row whose lengths disagree with its batch column is named, not read as something else.
+  {
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE results SET batch=4 WHERE ms_median=0.25", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  try {
+    s.results({});
+    ADD_FAILURE() << "a row with inconsistent paged lengths was read";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("but the paged seq_lens_k give 3"), std::string::npos) << e.what();
   }
   fs::remove(path);
 }

@@ -460,12 +460,16 @@ TEST(Validate, ForwardInputsTileDistinctUnitsAtScale) {
   small.batch = 4, small.heads = 16, small.seq_q = small.seq_k = 4096, small.head_dim = 128;
   EXPECT_EQ(forward_distinct_units(small), 64);
   for (const auto& e : std::filesystem::directory_iterator(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems")) {
-    if (e.path().extension() != ".json" || e.path().filename() == "decode_bf16.json") continue;
+    if (e.path().extension() != ".json" || e.path().filename() == "decode_bf16.json" ||
+        e.path().filename() == "decode_paged_bf16.json")  // the same shapes from a paged cache
+      continue;
     for (const Problem& p : load_problems(e.path().string()))
       if (p.direction == "fwd")
         EXPECT_EQ(forward_distinct_units(p), p.batch * p.kv_heads()) << e.path().filename() << " " << p.str();
   }
-  const auto decode = load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/decode_bf16.json");
+  auto decode = load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/decode_bf16.json");
+  for (const Problem& p : load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/decode_paged_bf16.json"))
+    decode.push_back(p);
   ASSERT_FALSE(decode.empty());
   int tiled = 0;
   for (const Problem& p : decode) {
@@ -709,4 +713,133 @@ TEST(Varlen, BackwardValidationOfRepeatedHeads) {
   for (int64_t tok = ck[2]; tok < ck[3]; ++tok)
     for (int c = 0; c < Hk * d; ++c) zeroed[(size_t)tok * Hk * d + c] = 0.f;
   EXPECT_FALSE(validate_backward(p, ref, gq, gk, zeroed).ok) << "zeroed dV rows passed";
+}
+
+// ---- Paged K/V caches: the reference reads the logical cache, sequence by sequence ----
+
+namespace {
+
+Problem paged_problem(const char* paged, DType t, bool causal, int seq_q = 3) {
+  const std::string text = R"({"problems":[{"heads":4,"heads_k":2,"seq_q":)" + std::to_string(seq_q) +
+                           R"(,"head_dim":16,"dtype":")" + to_string(t) + R"(","causal":)" + (causal ? "true" : "false") +
+                           (std::string(paged).find("seq_lens_k") == std::string::npos ? R"(,"batch":3,"seq_k":40)" : "") +
+                           R"(,"paged":)" + paged + "}]}";
+  return problems_from_json(nlohmann::json::parse(text)).at(0);
+}
+
+// A correct kernel on a paged cache: each (sequence, query head) as its own dense problem of Sk = its length
+// through emulate_forward, from the logical K/V (every (batch, kv head) its own unit). ignore_lengths: the bug
+// of reading every sequence's keys up to the longest (Sk); cache_of (when given): sequence b reads sequence
+// cache_of[b]'s keys (a wrong block-table row).
+void emulate_paged_forward(const Problem& p, const std::vector<float>& q, const std::vector<float>& k,
+                           const std::vector<float>& v, std::vector<float>& o, std::vector<float>& lse,
+                           bool ignore_lengths = false, const std::vector<int>& cache_of = {}) {
+  const int H = p.heads, Hk = p.kv_heads(), d = p.head_dim, g = p.group(), Sq = p.seq_q;
+  o.assign((size_t)p.rows_q() * d, NAN);
+  lse.assign((size_t)p.rows_q(), NAN);
+  for (int b = 0; b < p.batch; ++b) {
+    const int len = ignore_lengths ? p.seq_k : p.paged.seq_len(b, p.seq_k);
+    for (int h = 0; h < H; ++h) {
+      const size_t row0 = ((size_t)b * H + h) * Sq, unit = (size_t)(cache_of.empty() ? b : cache_of[b]) * Hk + h / g;
+      std::vector<float> oo, ll;
+      if (len == 0) {
+        oo.assign((size_t)Sq * d, 0.f), ll.assign(Sq, INFINITY);
+      } else {
+        Inputs in{ref::Shape{1, 1, Sq, len, d, p.causal}, p.dtype, {}, {}, {}, {}};
+        in.q.assign(q.begin() + row0 * d, q.begin() + (row0 + Sq) * d);
+        in.k.assign(k.begin() + unit * p.seq_k * d, k.begin() + (unit * p.seq_k + len) * d);
+        in.v.assign(v.begin() + unit * p.seq_k * d, v.begin() + (unit * p.seq_k + len) * d);
+        emulate_forward(in, Fault::none, oo, ll);
+      }
+      std::copy(oo.begin(), oo.end(), o.begin() + row0 * d);
+      std::copy(ll.begin(), ll.end(), lse.begin() + row0);
+    }
+  }
+}
+
+}  // namespace
+
+// Every sequence full: the paged reference is the dense one, bit for bit, tiled or not. With cache lengths:
+// each row is its sequence's dense reference with Sk = its length (causal aligned to it), bit for bit; a
+// sequence without keys gives O = 0, LSE = +inf.
+TEST(Paged, ReferenceReadsEachSequencesLogicalKeys) {
+  std::mt19937 gen(11);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    const Problem full = paged_problem(R"({"page_size":16,"seed":3})", DType::bf16, causal);
+    ref::Shape shape{full.batch, full.heads, full.seq_q, full.seq_k, full.head_dim, causal};
+    shape.heads_k = full.heads_k;
+    const int bhk = full.batch * full.kv_heads();
+    const size_t unit_q = (size_t)full.group() * full.seq_q * full.head_dim, unit_k = (size_t)full.seq_k * full.head_dim;
+    std::vector<int64_t> rows(shape.q_rows());
+    for (size_t r = 0; r < rows.size(); ++r) rows[r] = (int64_t)r;
+    for (int units : {2, bhk}) {
+      const auto q = packed_input(unit_q * units, full.dtype, gen), k = packed_input(unit_k * units, full.dtype, gen),
+                 v = packed_input(unit_k * units, full.dtype, gen);
+      const FwdReference want = tiled_forward_reference(shape, units, q.data(), k.data(), v.data(), rows);
+      const FwdReference got = paged_forward_reference(full, units, q.data(), k.data(), v.data(), rows);
+      EXPECT_EQ(got.o, want.o) << units;
+      EXPECT_EQ(got.o_mag, want.o_mag) << units;
+      EXPECT_EQ(got.lse, want.lse) << units;
+      EXPECT_EQ(got.lse_mag, want.lse_mag) << units;
+    }
+
+    const Problem p = paged_problem(R"({"page_size":16,"seed":3,"seq_lens_k":[37,0,1]})", DType::bf16, causal);
+    ASSERT_EQ(p.seq_k, 37);
+    const size_t uk = (size_t)p.seq_k * p.head_dim;
+    const auto q = packed_input(unit_q * bhk, p.dtype, gen), k = packed_input(uk * bhk, p.dtype, gen),
+               v = packed_input(uk * bhk, p.dtype, gen);
+    const FwdReference got = paged_forward_reference(p, bhk, q.data(), k.data(), v.data(), rows);
+    const int H = p.heads, Hk = p.kv_heads(), Sq = p.seq_q, d = p.head_dim;
+    for (int b = 0; b < p.batch; ++b) {
+      const int len = p.paged.seq_len(b, p.seq_k);
+      std::vector<double> o((size_t)H * Sq * d, 0.0), lse((size_t)H * Sq, INFINITY);
+      if (len > 0) {  // sequence b alone: (1, H, Sq, len, d) with its kv heads' first len keys
+        ref::Shape one{1, H, Sq, len, d, causal};
+        one.heads_k = Hk;
+        std::vector<float> ks, vs;
+        for (int hk = 0; hk < Hk; ++hk) {
+          const size_t unit = (size_t)b * Hk + hk;
+          ks.insert(ks.end(), k.begin() + unit * uk, k.begin() + unit * uk + (size_t)len * d);
+          vs.insert(vs.end(), v.begin() + unit * uk, v.begin() + unit * uk + (size_t)len * d);
+        }
+        ref::forward(one, q.data() + (size_t)b * H * Sq * d, ks.data(), vs.data(), o.data(), lse.data());
+      }
+      for (int r = 0; r < H * Sq; ++r) {
+        const size_t i = (size_t)b * H * Sq + r;
+        ASSERT_EQ(got.lse[i], lse[r]) << "sequence " << b << " row " << r;
+        for (int c = 0; c < d; ++c) ASSERT_EQ(got.o[i * d + c], o[(size_t)r * d + c]) << "sequence " << b << " row " << r;
+        if (len == 0) EXPECT_EQ(got.lse_mag[i], 0.0);
+      }
+    }
+  }
+}
+
+// A correct kernel on a paged cache (emulated) passes with margin in fp16 and bf16, causal and not; one that
+// reads every sequence's keys up to the longest, or gives a sequence another's rows, fails.
+TEST(Paged, ValidationTellsTheCacheLengthsApart) {
+  std::mt19937 gen(13);
+  for (DType t : {DType::fp16, DType::bf16})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(std::string(to_string(t)) + (causal ? " causal" : ""));
+      const Problem p = paged_problem(R"({"page_size":16,"seed":3,"seq_lens_k":[40,9,0]})", t, causal, 2);
+      const int bhk = p.batch * p.kv_heads();
+      const size_t unit_q = (size_t)p.group() * p.seq_q * p.head_dim, unit_k = (size_t)p.seq_k * p.head_dim;
+      const auto q = packed_input(unit_q * bhk, t, gen), k = packed_input(unit_k * bhk, t, gen),
+                 v = packed_input(unit_k * bhk, t, gen);
+      ref::Shape shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, causal};
+      shape.heads_k = p.heads_k;
+      const FwdReference ref =
+          paged_forward_reference(p, bhk, q.data(), k.data(), v.data(), ref::sample_rows(shape, 1 << 20, 0));
+      std::vector<float> o, lse;
+      emulate_paged_forward(p, q, k, v, o, lse);
+      const Verdict ok = validate_forward(p, ref, o, lse);
+      EXPECT_TRUE(ok.ok) << ok.error;
+      EXPECT_LT(ok.worst_ratio, kMargin);
+      std::vector<float> bad_o, bad_lse;
+      emulate_paged_forward(p, q, k, v, bad_o, bad_lse, true);
+      EXPECT_FALSE(validate_forward(p, ref, bad_o, bad_lse).ok) << "keys past the cache length passed";
+      emulate_paged_forward(p, q, k, v, bad_o, bad_lse, false, {0, 0, 2});  // sequence 1 reads sequence 0's pages
+      EXPECT_FALSE(validate_forward(p, ref, bad_o, bad_lse).ok) << "another sequence's keys passed";
+    }
 }

@@ -73,7 +73,7 @@ std::string Compiler::options_string(const Family& f) const {
 
 std::string Compiler::variant_hash(const Variant& v) const {
   std::string key = source_hash_ + '|' + options_string(*v.family) + '|' + nvrtc_version() + '|' + arch_;
-  for (const auto& e : v.family->name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen)) key += '|' + e;
+  for (const auto& e : v.family->name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen, v.paged)) key += '|' + e;
   return content_hash(key);
 }
 
@@ -92,6 +92,8 @@ std::string Compiler::prune_before_compile(const Variant& v) const {
   const Family& f = *v.family;
   if (f.hopper_only && target(f) != "sm_90a") return "needs Hopper's wgmma (sm_90a); target is " + arch_;
   if (v.varlen && !f.varlen) return "does not support packed variable-length batches";
+  if (v.paged && !f.paged) return "does not read paged K/V caches";
+  if (v.varlen && v.paged) return "the packed and the paged form do not combine";
   if (const char* why = f.check(v.config, v.head_dim)) return why;
   if (v.varlen)
     if (const char* why = f.varlen_check(v.config)) return why;
@@ -118,7 +120,7 @@ KernelRecord Compiler::compile(const Variant& v) const {
   k.nvrtc_version = nvrtc_version();
   k.options = options_string(f);
   k.source_hash = source_hash_;
-  const std::vector<std::string> exprs = f.name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen);
+  const std::vector<std::string> exprs = f.name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen, v.paged);
   for (const auto& e : exprs) k.name_expression += (k.name_expression.empty() ? "" : "\n") + e;
 
   // Prune before compiling: the target's instruction set, the family's constraints, the target's limits.

@@ -1,4 +1,4 @@
-// NVRTC stage: a variant (family, config, head_dim, causal, dtype, varlen) becomes a cubin for one
+// NVRTC stage: a variant (family, config, head_dim, causal, dtype, varlen, paged) becomes a cubin for one
 // arch, with its resource usage, or a pruned/compile_error record with the reason.
 #pragma once
 #include <functional>
@@ -18,9 +18,11 @@ struct Variant {
   DType dtype = DType::fp32;
   // The packed variable-length form of the family's kernels (Family::varlen), for varlen problems.
   bool varlen = false;
+  // The paged K/V cache form (Family::paged), for paged problems.
+  bool paged = false;
   bool operator==(const Variant& o) const {
     return family == o.family && config == o.config && head_dim == o.head_dim && causal == o.causal &&
-           dtype == o.dtype && varlen == o.varlen;
+           dtype == o.dtype && varlen == o.varlen && paged == o.paged;
   }
 };
 

@@ -232,6 +232,9 @@ ExperimentSpec experiment_from_json(const json& j, const std::string& base_dir) 
     if (p.varlen.enabled())
       throw UsageError("experiment: packed variable-length problems are measured by experiments/varlen_vs_peers.py, "
                        "not by experiment definitions");
+    else if (p.paged.enabled())
+      throw UsageError("experiment: paged K/V cache problems are measured by experiments/decode_vs_peers.py --paged, "
+                       "not by experiment definitions");
   if (j.contains("implementations")) {
     if (!j["implementations"].is_array()) throw UsageError("experiment: 'implementations' must be a list");
     for (const auto& i : j["implementations"]) {

@@ -341,6 +341,8 @@ std::vector<Family> make_families() {
     // 16 splits: 128 CTAs for one sequence of a Llama-3-like model (8 kv heads), about one per SM.
     f.default_config = {16, 64, 4, 2};
     f.gqa = true;
+    f.paged = true;  // decode_splitkv_partial / _combine<Traits, true> on PagedParams
+    f.paged_check = [](const Config& c, int page_size) { return decode_splitkv_paged_check(c[1], page_size); };
     // Decoding (Sq 1) and speculative decoding (a few draft tokens): up to 16 query rows per sequence,
     // the largest Sq of ragged_decode.json. Longer queries are prefill: fa2_mma's (BLOCK_M rows of a
     // head per CTA), not split K/V's, whose CTAs would each re-read K/V for 16 group rows.
@@ -434,6 +436,7 @@ const Family& find_family(const std::string& name) {
 std::string Family::shape_reason(const Problem& p) const {
   if (p.heads_k > 0 && !gqa) return "does not support grouped-query attention (heads_k)";
   if (p.varlen.enabled() && !varlen) return "does not support packed variable-length batches";
+  if (p.paged.enabled() && !paged) return "does not read paged K/V caches";
   if (max_seq_q > 0 && p.seq_q > max_seq_q)
     return "serves Sq <= " + std::to_string(max_seq_q) + " (decoding), not Sq " + std::to_string(p.seq_q);
   return "";

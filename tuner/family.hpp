@@ -54,6 +54,10 @@ struct Family {
   // Runs packed variable-length batches (Problem::varlen): every kernel also exists as `kernel<Traits, true>`,
   // which reads cu_seqlens_q/k from the params (Variant::varlen picks it; the dense kernel is `kernel<Traits>`).
   bool varlen = false;
+  // Reads a paged K/V cache (Problem::paged): every kernel also exists as `kernel<Traits, true>` on PagedParams
+  // (Variant::paged picks it). A family has at most one second form: varlen or paged, never both (the
+  // template's second argument names one).
+  bool paged = false;
   // Query rows per sequence it serves (Sq <= max_seq_q), 0: any. A decoding family: tuned, selected and
   // run by the library only for shapes in its range (shape_reason), whatever it measured elsewhere.
   int max_seq_q = 0;
@@ -66,6 +70,12 @@ struct Family {
   // The packed form's (varlen) further conditions: nullptr when it has that form of the config, else why not
   // (fa2_wgmma_bwd: LOAD 1's packed images failed validation on the GPU).
   std::function<const char*(const Config&)> varlen_check = [](const Config&) -> const char* { return nullptr; };
+  // The paged form's condition on the problem's page size: nullptr when the config can read pages of that
+  // size, else why not (decode_splitkv: BLOCK_N must divide it). Applied per problem (the search's candidates,
+  // `run`), not at compile time: one compiled paged variant serves every page size it divides.
+  std::function<const char*(const Config&, int page_size)> paged_check = [](const Config&, int) -> const char* {
+    return nullptr;
+  };
   std::function<std::vector<Launch>(const Config&, const Problem&)> launches;  // one per kernel
   // Bytes of p.workspace: zero-filled by the worker before each validated run and by the runtime before
   // each call, unless workspace_written (the family's kernels write every byte before reading it; the
@@ -78,15 +88,17 @@ struct Family {
   std::function<std::vector<TensorMapSpec>(const Config&, const Problem&)> tensor_maps =
       [](const Config&, const Problem&) { return std::vector<TensorMapSpec>{}; };
 
+  // packed: the varlen form, paged: the paged form (a family has one of them at most): `kernel<Traits, true>`.
   std::vector<std::string> name_expressions(const Config& c, int head_dim, bool causal, DType t,
-                                            bool packed = false) const {
+                                            bool packed = false, bool paged = false) const {
     std::vector<std::string> out;
-    for (const auto& k : kernels) out.push_back("&" + k + "<" + traits(c, head_dim, causal, t) + (packed ? ", true>" : ">"));
+    for (const auto& k : kernels)
+      out.push_back("&" + k + "<" + traits(c, head_dim, causal, t) + (packed || paged ? ", true>" : ">"));
     return out;
   }
   // Whether it serves the problem's head layout and query length: "" when it does, else why not
   // ("does not support grouped-query attention (heads_k)", "serves Sq <= 16", "does not support packed
-  // variable-length batches"). Direction, dtype and
+  // variable-length batches", "does not read paged K/V caches"). Direction, dtype and
   // head dim are checked where they are named; this is the rest, in one place for tune, run, import
   // and selection.
   std::string shape_reason(const Problem& p) const;

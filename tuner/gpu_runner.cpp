@@ -178,7 +178,7 @@ GpuRunner::~GpuRunner() {
 
 std::vector<GpuRunner::Buffer*> GpuRunner::problem_buffers() {
   return {&q_, &k_, &v_, &o_, &lse_, &dout_, &dq_, &dk_, &dv_, &delta_, &dq_accum_, &workspace_, &scores_, &probs_,
-          &cu_q_, &cu_k_};
+          &cu_q_, &cu_k_, &block_table_, &cache_seqlens_};
 }
 
 size_t GpuRunner::problem_bytes() {
@@ -234,8 +234,11 @@ void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
   for (Buffer* b : problem_buffers()) b->bytes = 0;
   try {
     if (p.varlen.enabled() && !inputs_dir.empty()) throw std::runtime_error("varlen problems take generated inputs");
+    if (p.paged.enabled() && !inputs_dir.empty()) throw std::runtime_error("paged problems take generated inputs");
+    if (p.paged.enabled() && p.direction != "fwd") throw std::runtime_error("paged problems are forward problems");
     if (p.varlen.enabled() && p.direction == "bwd") prepare_varlen_bwd(p, seed);
     else if (p.varlen.enabled()) prepare_varlen_fwd(p, seed, max_rows);
+    else if (p.paged.enabled()) prepare_paged_fwd(p, seed, max_rows);
     else if (p.direction == "bwd") prepare_bwd(p, seed, inputs_dir);
     else prepare_fwd(p, seed, max_rows, inputs_dir);
     // The L2 flush buffer: twice the L2, rewritten before every timed repeat.
@@ -416,6 +419,61 @@ void GpuRunner::prepare_varlen_bwd(const Problem& p, unsigned long long seed) {
   CU_CHECK(cuMemcpyHtoD(cu_k_.ptr, cu_k.data(), cu_k.size() * 4));
 }
 
+// Paged forward: the dense forward's generated inputs (the same streams, units tiled over the B*Hk kv heads
+// past 2^30 elements a tensor) are the logical K and V; each page of the pools (num_pages, Hk, P, d) gets its
+// sequence's rows of every kv head, in the block table's seeded order. A page's rows past its sequence's
+// length hold NaN: a kernel that read a key past the cache length would show it. Pages go up in staging
+// chunks of whole pages (the B = 64, Sk = 128k point's pools are 17 GB each).
+void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, long long max_rows) {
+  const int B = p.batch, Hk = p.kv_heads(), bhk = B * Hk, d = p.head_dim, P = p.paged.page_size;
+  const int units = forward_distinct_units(p);
+  const size_t unit_q = (size_t)p.group() * p.seq_q * d, unit_k = (size_t)p.seq_k * d;
+  const size_t elem = dtype_bytes(p.dtype);
+  const HostTensor q = generated_input(unit_q * units, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
+                   k = generated_input(unit_k * units, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
+                   v = generated_input(unit_k * units, splitmix64(seed ^ 0x56), p.dtype, p.inputs);
+  const PageTable t = page_table(p.paged, B, p.seq_k);
+  max_pages_ = t.max_pages;
+  const size_t head_bytes = (size_t)P * d * elem, page_bytes = head_bytes * Hk;  // a kv head's rows in a page; a page
+  ensure(q_, bhk * unit_q * elem);
+  ensure(o_, bhk * unit_q * elem);
+  ensure(lse_, (size_t)B * p.heads * p.seq_q * 4);
+  ensure(k_, (size_t)t.num_pages * page_bytes);
+  ensure(v_, (size_t)t.num_pages * page_bytes);
+  ensure(block_table_, t.table.size() * 4);
+  ensure(cache_seqlens_, t.cache_seqlens.size() * 4);
+  upload_tiled(q_.ptr, q.bytes.data(), unit_q * elem, units, bhk);
+  CU_CHECK(cuMemcpyHtoD(block_table_.ptr, t.table.data(), t.table.size() * 4));
+  CU_CHECK(cuMemcpyHtoD(cache_seqlens_.ptr, t.cache_seqlens.data(), t.cache_seqlens.size() * 4));
+  std::vector<std::pair<int, int>> owner(t.num_pages);  // physical page -> (sequence, logical page)
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < t.max_pages && t.table[(size_t)b * t.max_pages + j] >= 0; ++j)
+      owner[t.table[(size_t)b * t.max_pages + j]] = {b, j};
+  const size_t chunk_pages = std::max<size_t>(1, (64u << 20) / page_bytes);
+  std::vector<uint8_t> staging(std::min<size_t>(chunk_pages, std::max(t.num_pages, 1)) * page_bytes);
+  const uint32_t nan = nan_bits(p.dtype);  // its low `elem` bytes (little-endian) are the dtype's NaN
+  for (const auto& [logical, pool] : {std::pair{&k, &k_}, std::pair{&v, &v_}})
+    for (size_t first = 0; first < (size_t)t.num_pages; first += chunk_pages) {
+      const size_t n = std::min(chunk_pages, (size_t)t.num_pages - first);
+      for (size_t i = 0; i < n; ++i) {
+        const auto [b, j] = owner[first + i];
+        const int rows = std::min(P, t.cache_seqlens[b] - j * P);  // the page's keys; the rest NaN
+        for (int h = 0; h < Hk; ++h) {
+          uint8_t* dst = staging.data() + i * page_bytes + (size_t)paged_key_offset(0, Hk, P, h, 0, d) * elem;
+          const size_t unit = (size_t)(b * Hk + h) % units;  // the logical kv head's distinct unit
+          std::memcpy(dst, logical->bytes.data() + (unit * unit_k + (size_t)j * P * d) * elem, (size_t)rows * d * elem);
+          for (size_t e = (size_t)rows * d; e < (size_t)P * d; ++e) std::memcpy(dst + e * elem, &nan, elem);
+        }
+      }
+      CU_CHECK(cuMemcpyHtoD(pool->ptr + first * page_bytes, staging.data(), n * page_bytes));
+    }
+
+  ref::Shape shape{B, p.heads, p.seq_q, p.seq_k, d, p.causal};
+  shape.heads_k = p.heads_k;
+  fwd_ref_ = paged_forward_reference(p, units, q.values.data(), k.values.data(), v.values.data(),
+                                     ref::sample_rows(shape, max_rows, seed));
+}
+
 void GpuRunner::upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count) {
   // Unit i comes from unit i % distinct: a run of `distinct` units per copy.
   for (int i = 0; i < count; i += distinct)
@@ -438,7 +496,10 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
   VarlenParams<AttnFwdParams> fwd_varlen{fwd, cu_q, cu_k};
   VarlenParams<AttnBwdParams> bwd_varlen{bwd, cu_q, cu_k};
   const bool packed = p.varlen.enabled();
-  void* fwd_args[] = {packed ? (void*)&fwd_varlen : (void*)&fwd, &maps_};
+  // A paged K/V cache: the paged kernels' argument, the dense struct (k and v: the pools) and the block table.
+  PagedParams<AttnFwdParams> fwd_paged{fwd, (const int*)block_table_.ptr, (const int*)cache_seqlens_.ptr,
+                                       p.paged.page_size, max_pages_};
+  void* fwd_args[] = {packed ? (void*)&fwd_varlen : p.paged.enabled() ? (void*)&fwd_paged : (void*)&fwd, &maps_};
   void* bwd_args[] = {packed ? (void*)&bwd_varlen : (void*)&bwd, &maps_};
   for (const Kernel& k : kernels)
     CU_CHECK(cuLaunchKernel(k.fn, k.grid[0], k.grid[1], k.grid[2], k.threads, 1, 1, k.smem, stream,

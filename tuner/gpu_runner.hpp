@@ -88,6 +88,9 @@ class GpuRunner {
   // Packed variable-length batches (Problem::varlen): token-major inputs and the offsets.
   void prepare_varlen_fwd(const Problem&, unsigned long long seed, long long max_rows);
   void prepare_varlen_bwd(const Problem&, unsigned long long seed);
+  // Paged K/V caches (Problem::paged): prepare_fwd's seeded inputs, K and V scattered into pools of pages in the
+  // block table's order, the block table and the cache lengths; the reference reads the logical K/V.
+  void prepare_paged_fwd(const Problem&, unsigned long long seed, long long max_rows);
   // count units of unit_bytes to dst, unit i from unit i % distinct of src (inputs tiled over the heads)
   static void upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count);
   void launch_all(const std::vector<Kernel>&, CUstream);
@@ -111,6 +114,8 @@ class GpuRunner {
   // Forward: q, k, v in, o, lse out. Backward: q, k, v, o, lse, dout in; dq, dk, dv out.
   Buffer q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_, delta_, dq_accum_, workspace_, flush_;
   Buffer cu_q_, cu_k_;  // varlen: batch + 1 int32 offsets each (unused by dense problems)
+  Buffer block_table_, cache_seqlens_;  // paged: (B, max_pages) and (B) int32 (k_ and v_ then hold the pools)
+  int max_pages_ = 0;                   // paged: the block table's row stride
   // The unfused baseline's scores S (fp32) and probabilities P (dtype): allocated per run_library
   // call and freed at its end, so they never crowd out a family's run.
   Buffer scores_, probs_;

@@ -200,8 +200,8 @@ int cmd_families(int argc, char** argv) {
     std::puts("usage: flashtune families [--json]\n"
               "Lists the registry's kernel families: name, direction, dtypes, head dims, tunables with their\n"
               "domains, default config, hopper_only (built for sm_90a, pruned elsewhere), test_only, gqa\n"
-              "(grouped-query heads_k), varlen (packed variable-length batches), max_seq_q (the query rows per\n"
-              "sequence it serves; 0: any). Tests and\n"
+              "(grouped-query heads_k), varlen (packed variable-length batches), paged (paged K/V caches),\n"
+              "max_seq_q (the query rows per sequence it serves; 0: any). Tests and\n"
               "scripts read --json instead of keeping lists of families.");
     return 0;
   }
@@ -211,7 +211,7 @@ int cmd_families(int argc, char** argv) {
   for (const auto& f : families()) {
     json j = {{"name", f.name}, {"direction", f.direction}, {"template", f.template_file},
               {"kernels", f.kernels}, {"head_dims", f.head_dims}, {"hopper_only", f.hopper_only},
-              {"test_only", f.test_only}, {"gqa", f.gqa}, {"varlen", f.varlen}, {"max_seq_q", f.max_seq_q},
+              {"test_only", f.test_only}, {"gqa", f.gqa}, {"varlen", f.varlen}, {"paged", f.paged}, {"max_seq_q", f.max_seq_q},
               {"default", f.config_string(f.default_config)}};
     j["dtypes"] = json::array();
     for (DType t : f.dtypes) j["dtypes"].push_back(to_string(t));
@@ -236,9 +236,10 @@ int cmd_families(int argc, char** argv) {
     std::string params;
     for (const auto& p : j["params"]) params += (params.empty() ? "" : " ") + p["name"].get<std::string>() + "{" + list(p["domain"]) + "}";
     const int max_sq = j["max_seq_q"].get<int>();
-    std::printf("%-14s %s  dtypes %s  d %s%s%s%s%s%s\n  params  %s\n  default %s\n", j["name"].get<std::string>().c_str(),
+    std::printf("%-14s %s  dtypes %s  d %s%s%s%s%s%s%s\n  params  %s\n  default %s\n", j["name"].get<std::string>().c_str(),
                 j["direction"].get<std::string>().c_str(), list(j["dtypes"]).c_str(), list(j["head_dims"]).c_str(),
-                j["gqa"].get<bool>() ? "  gqa" : "", j["varlen"].get<bool>() ? "  varlen" : "", max_sq ? ("  Sq<=" + std::to_string(max_sq)).c_str() : "",
+                j["gqa"].get<bool>() ? "  gqa" : "", j["varlen"].get<bool>() ? "  varlen" : "",
+                j["paged"].get<bool>() ? "  paged" : "", max_sq ? ("  Sq<=" + std::to_string(max_sq)).c_str() : "",
                 j["hopper_only"].get<bool>() ? "  hopper_only" : "", j["test_only"].get<bool>() ? "  test_only" : "",
                 params.c_str(), j["default"].get<std::string>().c_str());
   }
@@ -251,7 +252,8 @@ int cmd_problems(int argc, char** argv) {
               "Prints a problem set as flashtune reads it: a line per problem (its name, FLOPs, bytes), or with\n"
               "--json per problem its JSON (the form `run --json` reports) with \"flops\" and \"bytes\" and, for a\n"
               "packed variable-length batch, the lengths its description gives (\"seq_lens_q\", \"seq_lens_k\",\n"
-              "\"cu_seqlens_q\", \"cu_seqlens_k\"): what scripts that time other implementations on the same\n"
+              "\"cu_seqlens_q\", \"cu_seqlens_k\"), for a paged K/V cache each sequence's \"cache_seqlens\" and the\n"
+              "pool's \"num_pages\": what scripts that time other implementations on the same\n"
               "problems read instead of re-deriving them. Needs no GPU.");
     return 0;
   }
@@ -269,6 +271,11 @@ int cmd_problems(int argc, char** argv) {
       j["cu_seqlens_q"] = p.varlen.cu_seqlens_q();
       j["cu_seqlens_k"] = p.varlen.cu_seqlens_k();
     }
+    if (p.paged.enabled()) {
+      const PageTable t = page_table(p.paged, p.batch, p.seq_k);
+      j["cache_seqlens"] = t.cache_seqlens;
+      j["num_pages"] = t.num_pages;
+    }
     if (!a.has("json")) std::printf("%-60s %12.4g FLOP %12.4g B\n", p.str().c_str(), p.flops(), p.bytes());
     out.push_back(std::move(j));
   }
@@ -282,7 +289,8 @@ int cmd_compile_check(int argc, char** argv) {
               "Compiles every variant of the space with NVRTC (or prunes it, with the reason) and prints the\n"
               "resource table; --save-cubins writes each compiled variant to DIR/<lowered name>.cubin (for\n"
               "cuobjdump). The space's \"varlen\": [false, true] compiles the packed variable-length form of\n"
-              "its variants too (column varlen). Exit 1 if any variant failed to compile.");
+              "its variants too, \"paged\": [false, true] the paged K/V cache form (column form). Exit 1 if any\n"
+              "variant failed to compile.");
     return 0;
   }
   Args a = parse(argc, argv, {"arch", "db", "save-cubins"}, {"allow-large-space"});
@@ -302,13 +310,14 @@ int cmd_compile_check(int argc, char** argv) {
   auto kernels = c.compile_all(variants, store.get(), [&](size_t d, size_t) { prog.update(d); });
   prog.finish();
   std::map<std::string, int> n;
-  std::printf("%-10s %-44s %4s %-6s %-5s %-6s %-13s %5s %6s  %s\n", "family", "config", "d", "causal", "dtype", "varlen",
+  std::printf("%-10s %-44s %4s %-6s %-5s %-6s %-13s %5s %6s  %s\n", "family", "config", "d", "causal", "dtype", "form",
               "status", "regs", "spill", "reason");
   for (size_t i = 0; i < kernels.size(); ++i) {
     const KernelRecord& k = kernels[i];
     n[k.status]++;
     std::printf("%-10s %-44s %4d %-6s %-5s %-6s %-13s %5d %6d  %s\n", k.family.c_str(), k.config.c_str(), k.head_dim,
-                k.causal ? "yes" : "no", to_string(k.dtype), variants[i].varlen ? "yes" : "no", k.status.c_str(),
+                k.causal ? "yes" : "no", to_string(k.dtype),
+                variants[i].varlen ? "varlen" : variants[i].paged ? "paged" : "dense", k.status.c_str(),
                 k.res.registers, k.res.spill_stores, k.reason.substr(0, 90).c_str());
   }
   if (a.has("save-cubins")) {
@@ -492,6 +501,10 @@ Problem parse_shape(const std::string& shape, const Args& a) {
       throw UsageError("--shape field " + std::string(keys[i]) + " is not an integer: '" + brief(parts[i]) + "'");
     j[keys[i]] = v;
   }
+  if (a.has("paged")) {  // a paged K/V cache: the problem file's "paged" object, the shape as for a dense one
+    const std::string v = a.get("paged");
+    j["paged"] = !v.empty() && v[0] == '{' ? parse_json_bounded(v, "--paged") : read_json_file(v);
+  }
   if (a.has("varlen")) {
     const std::string v = a.get("varlen");
     j["varlen"] = !v.empty() && v[0] == '{' ? parse_json_bounded(v, "--varlen") : read_json_file(v);
@@ -505,7 +518,7 @@ Problem parse_shape(const std::string& shape, const Args& a) {
   try {
     return problem_from_json(j);
   } catch (const UsageError& e) {
-    throw UsageError(std::string(a.has("varlen") ? "--varlen: " : "") + e.what());
+    throw UsageError(std::string(a.has("varlen") ? "--varlen: " : a.has("paged") ? "--paged: " : "") + e.what());
   }
 }
 
@@ -516,6 +529,7 @@ int cmd_run(int argc, char** argv) {
               "                     [--json] [--db PATH] [--device N] [--timeout S] [--inputs DIR] [--save-outputs DIR]\n"
               "                     [--input-dist normal|heavy] [--input-scale X] [--heads-k N]\n"
               "       flashtune run ... --shape H,d (--varlen FILE|JSON | --seq-lens L,L,.. [--seq-lens-k L,L,..])\n"
+              "       flashtune run ... --shape B,H,Sq,Sk,d --paged FILE|JSON\n"
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
               "reference (forward: sampled rows, every row with --check; backward: every element of dQ, dK,\n"
               "dV), then timed. --check-determinism runs it twice and reports whether the outputs' bits\n"
@@ -538,12 +552,16 @@ int cmd_run(int argc, char** argv) {
               "variable-length batch, Q and O (total_q, H, d), K and V (total_k, Hk, d), LSE (H, total_q),\n"
               "causal per sequence; --shape is then H,d (families fa2_mma, fa2_mma_bwd; --best needs the\n"
               "problem's own stored row). --save-outputs writes the packed tensors.\n"
+              "--paged FILE|JSON (a problem file's \"paged\" object: {\"page_size\": P, \"seed\": S, \"seq_lens_k\": [..]}):\n"
+              "K and V in a paged cache, pools of (num_pages, Hk, P, d) pages in a seeded order through a block\n"
+              "table, each sequence its own cache length (B and Sk of --shape: the lengths' count and longest);\n"
+              "family decode_splitkv, whose BLOCK_N must divide P; --best needs the problem's own stored row.\n"
               "Exit 1 if the kernel is not valid.");
     return 0;
   }
   Args a = parse(argc, argv,
                  {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
-                  "save-outputs", "input-dist", "input-scale", "heads-k", "varlen", "seq-lens", "seq-lens-k"},
+                  "save-outputs", "input-dist", "input-scale", "heads-k", "varlen", "seq-lens", "seq-lens-k", "paged"},
                  {"causal", "check", "json", "best", "check-determinism"});
   if (!a.has("family")) throw UsageError("run needs --family");
   if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d (or H,d with --varlen or --seq-lens)");
@@ -553,6 +571,8 @@ int cmd_run(int argc, char** argv) {
   Problem p = parse_shape(a.get("shape"), a);
   if (a.has("inputs") && p.varlen.enabled())
     throw UsageError("--inputs reads dense [B,H,S,d] files; a packed variable-length batch uses generated inputs");
+  if (a.has("inputs") && p.paged.enabled())
+    throw UsageError("--inputs reads dense [B,H,S,d] files; a paged K/V cache uses generated inputs");
   if (a.has("inputs") && (a.has("input-dist") || a.has("input-scale")))
     throw UsageError("--inputs reads the inputs from files; --input-dist and --input-scale are for generated ones");
   p.inputs = input_dist_option(a, p.inputs);
@@ -570,6 +590,13 @@ int cmd_run(int argc, char** argv) {
   std::unique_ptr<Store> store;  // --best: opened read-only for the lookup; for storing the run, read-write after it
   if (a.has("db")) store = std::make_unique<Store>(a.get("db"), a.has("best") ? Store::Mode::read_only : Store::Mode::read_write);
   Config cfg = a.has("params") ? f.parse_config(a.get("params")) : Config{};  // bad params fail before any GPU work
+  auto check_pages = [&](const Config& c) {  // a paged problem: the config must read its pages
+    if (p.paged.enabled())
+      if (const char* why = f.paged_check(c, p.paged.page_size))
+        throw UsageError("family " + f.name + " " + f.config_string(c) + ": " + why + " (" +
+                         std::to_string(p.paged.page_size) + ")");
+  };
+  if (a.has("params")) check_pages(cfg);
   if (a.has("inputs")) {  // checked here, before any GPU work: every file there, every size exact
     const double work = (double)p.batch * p.heads * p.seq_q * p.seq_k * p.head_dim;
     if (p.direction == "bwd" && work > kMaxFileBwdReferenceWork)
@@ -599,7 +626,8 @@ int cmd_run(int argc, char** argv) {
     cfg = f.parse_config(pick.config);
     store = std::make_unique<Store>(a.get("db"));
   }
-  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype, p.varlen.enabled()};
+  check_pages(cfg);  // --best: its pick is the problem's own row, which read these pages
+  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled()};
   Compiler compiler(gpu.device().arch);
   KernelRecord k = compiler.compile_all({v}, store.get())[0];
   ResultRecord r = gpu.run(k, v, p);
@@ -651,16 +679,19 @@ int cmd_best(int argc, char** argv) {
   auto best = best_per_problem(store.results(filter));
   if (a.has("csv")) {
     std::puts("device,family,direction,batch,heads,seq_q,seq_k,head_dim,dtype,causal,config,ms_median,ms_p20,ms_p80,"
-              "tflops,gbps,max_abs,max_rel,heads_k,varlen");
+              "tflops,gbps,max_abs,max_rel,heads_k,varlen,paged");
+    // varlen, paged: the description's JSON, quoted as CSV quotes a field (inner quotes doubled); empty when dense.
+    auto csv_json = [](const std::string& text) {
+      std::string quoted;
+      for (char ch : text) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+      return text.empty() ? text : "\"" + quoted + "\"";
+    };
     for (const auto& r : best) {
       const Problem& p = r.problem;
-      // varlen: the description's JSON, quoted as CSV quotes a field (inner quotes doubled); empty when dense.
-      std::string vl = p.varlen.key(), quoted;
-      for (char ch : vl) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-      std::printf("\"%s\",%s,%s,%d,%d,%d,%d,%d,%s,%d,\"%s\",%.6f,%.6f,%.6f,%.3f,%.1f,%.3g,%.3g,%d,%s\n", r.device_name.c_str(),
+      std::printf("\"%s\",%s,%s,%d,%d,%d,%d,%d,%s,%d,\"%s\",%.6f,%.6f,%.6f,%.3f,%.1f,%.3g,%.3g,%d,%s,%s\n", r.device_name.c_str(),
                   r.family.c_str(), r.direction.c_str(), p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim,
                   to_string(p.dtype), (int)p.causal, r.config.c_str(), r.ms_median, r.ms_p20, r.ms_p80, r.tflops,
-                  r.gbps, r.max_abs, r.max_rel, p.kv_heads(), vl.empty() ? "" : ("\"" + quoted + "\"").c_str());
+                  r.gbps, r.max_abs, r.max_rel, p.kv_heads(), csv_json(p.varlen.key()).c_str(), csv_json(p.paged.key()).c_str());
     }
   } else {
     std::printf("%-24s %-9s %-40s %-46s %9s %8s %9s\n", "device", "family", "problem", "config", "ms", "TFLOP/s",

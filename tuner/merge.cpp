@@ -80,6 +80,7 @@ std::string result_key(const ResultRecord& r) {
   const Problem& p = r.problem;
   json key = json::array({r.kernel_hash, r.device_name, r.sm_count, p.batch, p.heads, p.heads_k, p.seq_q, p.seq_k, p.inputs.str()});
   if (p.varlen.enabled()) key.push_back(p.varlen.key());  // dense keys (and the content hashes of stores) as before
+  if (p.paged.enabled()) key.push_back("paged " + p.paged.key());  // likewise; never equal to a varlen key
   return key.dump();
 }
 

@@ -58,8 +58,17 @@ InputDist parse_input_dist(const std::string& s) {
 
 int dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
 
+// Keys of all sequences: B*Sk, or the cache lengths' sum (paged), or the packed keys (varlen).
+static double key_rows(const Problem& p) {
+  if (p.varlen.enabled()) return (double)p.varlen.total_k();
+  if (!p.paged.enabled() || p.paged.seq_lens_k.empty()) return (double)p.batch * p.seq_k;
+  double sum = 0;
+  for (int len : p.paged.seq_lens_k) sum += len;
+  return sum;
+}
+
 double Problem::flops() const {
-  double pairs = (double)batch * seq_q * seq_k;  // (query, key) pairs per head
+  double pairs = (double)seq_q * key_rows(*this);  // (query, key) pairs per head
   if (varlen.enabled()) {
     pairs = 0;
     for (size_t b = 0; b < varlen.seq_lens_q.size(); ++b) pairs += (double)varlen.seq_lens_q[b] * varlen.seq_lens_k[b];
@@ -71,9 +80,10 @@ double Problem::flops() const {
 
 double Problem::bytes() const {
   double e = dtype_bytes(dtype);
-  // Per query head: Q, O, dO, dQ and LSE; per kv head: K, V, dK, dV. Varlen: the packed tokens.
+  // Per query head: Q, O, dO, dQ and LSE; per kv head: K, V, dK, dV. Varlen: the packed tokens; paged: the
+  // keys the sequences hold.
   const double rows_q = varlen.enabled() ? (double)varlen.total_q() : (double)batch * seq_q;
-  const double rows_k = varlen.enabled() ? (double)varlen.total_k() : (double)batch * seq_k;
+  const double rows_k = key_rows(*this);
   const double h = heads, hk = kv_heads();
   if (direction == "bwd")  // read Q, K, V, O, dO, LSE; write dQ, dK, dV
     return h * rows_q * (e * head_dim * 5.0 + 4.0) + hk * rows_k * e * head_dim * 4.0;
@@ -121,19 +131,36 @@ int varlen_int(const nlohmann::json& j, const char* key, long long lo, long long
   return (int)v.get<long long>();
 }
 
-std::vector<int> varlen_list(const nlohmann::json& j, const char* key) {
+// A list of lengths in 0..2^20, 1..kMaxVarlenSeqs of them; `what` names the object in messages ("varlen").
+std::vector<int> varlen_list(const nlohmann::json& j, const char* key, const char* what = "varlen") {
   const auto& v = j.at(key);
   if (!v.is_array() || v.empty() || v.size() > (size_t)kMaxVarlenSeqs)
-    throw UsageError(std::string("varlen '") + key + "' must be an array of 1.." + std::to_string(kMaxVarlenSeqs) +
+    throw UsageError(std::string(what) + " '" + key + "' must be an array of 1.." + std::to_string(kMaxVarlenSeqs) +
                      " lengths");
   std::vector<int> out;
   for (const auto& x : v) {
     const bool ok = (x.is_number_unsigned() && x.get<unsigned long long>() <= (1u << 20)) ||
                     (x.is_number_integer() && x.get<long long>() >= 0 && x.get<long long>() <= (1 << 20));
-    if (!ok) throw UsageError(std::string("varlen '") + key + "' holds " + brief(x.dump(), 40) + ", not a length in 0..1048576");
+    if (!ok) throw UsageError(std::string(what) + " '" + key + "' holds " + brief(x.dump(), 40) + ", not a length in 0..1048576");
     out.push_back((int)x.get<long long>());
   }
   return out;
+}
+
+// A seed field: an integer in 0..2^53 (exact in a double, so every JSON reader keeps it).
+unsigned long long seed_field(const nlohmann::json& s, const char* what) {
+  if (!s.is_number_integer() || (!s.is_number_unsigned() && s.get<long long>() < 0) ||
+      (s.is_number_unsigned() && s.get<unsigned long long>() > (1ull << 53)))
+    throw UsageError(std::string(what) + " 'seed' must be an integer in 0..2^53, got " + brief(s.dump(), 40));
+  return s.get<unsigned long long>();
+}
+
+// "[1,17,128]", or "[64 seqs #1a2b3c4d]" past 8 entries (the hash of the canonical text).
+std::string short_list(const std::vector<int>& v, const std::string& key) {
+  if (v.size() > 8) return "[" + std::to_string(v.size()) + " seqs #" + content_hash(key).substr(0, 8) + "]";
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return "[" + s + "]";
 }
 
 }  // namespace
@@ -218,13 +245,7 @@ Varlen varlen_from_json(const nlohmann::json& j) {
     v.max = varlen_int(j, "max", 1, kMaxLen);
     if (v.min > v.max) throw UsageError("varlen 'min' (" + std::to_string(v.min) + ") is above 'max' (" + std::to_string(v.max) + ")");
     v.total_tokens = varlen_int(j, "total_tokens", 1, kMaxVarlenTokens);
-    if (j.contains("seed")) {
-      const auto& s = j["seed"];
-      if (!s.is_number_integer() || (!s.is_number_unsigned() && s.get<long long>() < 0) ||
-          (s.is_number_unsigned() && s.get<unsigned long long>() > (1ull << 53)))
-        throw UsageError("varlen 'seed' must be an integer in 0..2^53, got " + brief(s.dump(), 40));
-      v.seed = s.get<unsigned long long>();
-    }
+    if (j.contains("seed")) v.seed = seed_field(j["seed"], "varlen");
     const uint64_t span = (uint64_t)(v.max - v.min) + 1;
     // Length i: min + (the high 32 bits of splitmix64(seed, i)) * span / 2^32, the same on every machine.
     draw([&](size_t i) {
@@ -253,6 +274,72 @@ Varlen varlen_from_json(const nlohmann::json& j) {
   return v;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Paged K/V caches
+
+nlohmann::json Paged::description() const {
+  if (!enabled()) return nlohmann::json::object();
+  nlohmann::json j = {{"page_size", page_size}, {"seed", seed}};
+  if (!seq_lens_k.empty()) j["seq_lens_k"] = seq_lens_k;
+  return j;
+}
+
+std::string Paged::key() const { return enabled() ? description().dump() : std::string(); }
+
+std::string Paged::str() const {
+  if (!enabled()) return "";
+  std::string s = "page " + std::to_string(page_size) + " seed " + std::to_string(seed);
+  if (!seq_lens_k.empty()) s += " lens " + short_list(seq_lens_k, key());
+  return s;
+}
+
+Paged paged_from_json(const nlohmann::json& j) {
+  if (!j.is_object())
+    throw UsageError("problem field 'paged' must be an object like {\"page_size\": 256, \"seed\": 0, \"seq_lens_k\": [..]}");
+  for (auto& [key, _] : j.items())
+    if (key != "page_size" && key != "seed" && key != "seq_lens_k") throw UsageError("unknown paged field '" + brief(key, 40) + "'");
+  Paged pg;
+  if (!j.contains("page_size")) throw UsageError("paged needs 'page_size'");
+  const auto& ps = j["page_size"];
+  // The full range checked before converting (an unsigned 2^32 + 256 is not 256).
+  const long long v = ps.is_number_unsigned()  ? (ps.get<unsigned long long>() <= (1u << 20) ? (long long)ps.get<unsigned long long>() : -1)
+                      : ps.is_number_integer() ? ps.get<long long>()
+                                               : -1;
+  // Keys come in 16-row MMA tiles: a page of another size would cut one.
+  if (v < 16 || v > (1 << 20) || v % 16)
+    throw UsageError("paged 'page_size' must be a multiple of 16 in 16..1048576, got " + brief(ps.dump(), 40));
+  pg.page_size = (int)v;
+  if (j.contains("seed")) pg.seed = seed_field(j["seed"], "paged");
+  if (j.contains("seq_lens_k")) pg.seq_lens_k = varlen_list(j, "seq_lens_k", "paged");
+  return pg;
+}
+
+PageTable page_table(const Paged& pg, int batch, int seq_k) {
+  PageTable t;
+  if (!pg.enabled()) return t;
+  const int P = pg.page_size;
+  t.max_pages = (seq_k + P - 1) / P;
+  t.cache_seqlens.resize((size_t)batch);
+  std::vector<int> first(batch + 1, 0);  // sequence b's logical pages are pool pages [first[b], first[b+1]) before the shuffle
+  for (int b = 0; b < batch; ++b) {
+    t.cache_seqlens[b] = pg.seq_len(b, seq_k);
+    first[b + 1] = first[b] + (t.cache_seqlens[b] + P - 1) / P;
+  }
+  t.num_pages = first[batch];
+  std::vector<int> perm(t.num_pages);
+  for (int i = 0; i < t.num_pages; ++i) perm[i] = i;
+  const uint64_t stream = splitmix64(pg.seed ^ 0x7061676564ull);  // "paged"
+  for (int i = t.num_pages - 1; i > 0; --i)
+    std::swap(perm[i], perm[splitmix64(stream + (uint64_t)i) % (uint64_t)(i + 1)]);
+  bool identity = true;
+  for (int i = 0; i < t.num_pages && identity; ++i) identity = perm[i] == i;
+  if (identity && t.num_pages > 1) std::swap(perm[0], perm[1]);  // a physical order that is not the logical one
+  t.table.assign((size_t)batch * t.max_pages, -1);
+  for (int b = 0; b < batch; ++b)
+    for (int j = 0; j < first[b + 1] - first[b]; ++j) t.table[(size_t)b * t.max_pages + j] = perm[first[b] + j];
+  return t;
+}
+
 int Problem::seq_bucket() const {
   int s = seq_q > seq_k ? seq_q : seq_k, b = 1;
   while (b < s) b *= 2;
@@ -266,6 +353,7 @@ std::string Problem::str() const {
   if (causal) s += " causal";
   if (direction != "fwd") s += " " + direction;
   if (varlen.enabled()) s += " varlen " + varlen.str();
+  if (paged.enabled()) s += " paged " + paged.str();
   if (!(inputs == InputDist{})) s += " inputs " + inputs.str();
   return s;
 }
@@ -310,9 +398,26 @@ Problem problem_from_json(const nlohmann::json& j) {
   for (auto& [key, _] : j.items())
     if (key != "batch" && key != "heads" && key != "seq_q" && key != "seq_k" && key != "seq" && key != "head_dim" &&
         key != "dtype" && key != "causal" && key != "direction" && key != "inputs" && key != "heads_k" &&
-        key != "varlen")
+        key != "varlen" && key != "paged")
       throw UsageError("unknown problem field '" + key + "'");
   Problem p;
+  if (j.contains("paged")) {
+    p.paged = paged_from_json(j["paged"]);
+    if (j.contains("varlen")) throw UsageError("problem fields 'paged' and 'varlen' do not combine");
+    if (const auto& lens = p.paged.seq_lens_k; !lens.empty()) {
+      // The batch and the longest cache length come from the lengths; given as well (to_json writes them),
+      // they must agree.
+      const int derived[] = {(int)lens.size(), std::max(1, *std::max_element(lens.begin(), lens.end()))};
+      const char* keys[] = {"batch", "seq_k"};
+      for (int i = 0; i < 2; ++i)
+        if (j.contains(keys[i]) && (!j[keys[i]].is_number_integer() || j[keys[i]].get<long long>() != derived[i]))
+          throw UsageError(std::string("problem field '") + keys[i] + "' is " + brief(j[keys[i]].dump(), 20) +
+                           ", but the paged seq_lens_k give " + std::to_string(derived[i]) + " (leave it out)");
+      if (j.contains("seq")) throw UsageError("problem field 'seq' goes with dense problems; a paged one with lengths takes 'seq_q'");
+      p.batch = derived[0];
+      p.seq_k = derived[1];
+    }
+  }
   if (j.contains("varlen")) {
     // The sequences' count and longest lengths come from the description; given as well (to_json
     // writes them), they must agree.
@@ -327,7 +432,8 @@ Problem problem_from_json(const nlohmann::json& j) {
                          ", but the varlen lengths give " + std::to_string(derived[i]) + " (leave it out)");
     if (j.contains("seq")) throw UsageError("problem field 'seq' goes with dense problems; a varlen one has its lengths");
   }
-  p.batch = p.varlen.enabled() ? (int)p.varlen.seq_lens_q.size() : positive_int(j, "batch", 1 << 20);
+  const bool paged_lengths = !p.paged.seq_lens_k.empty();  // batch and seq_k set above
+  if (!paged_lengths) p.batch = p.varlen.enabled() ? (int)p.varlen.seq_lens_q.size() : positive_int(j, "batch", 1 << 20);
   p.heads = positive_int(j, "heads", 1 << 16);
   if (j.contains("heads_k")) {
     p.heads_k = positive_int(j, "heads_k", 1 << 16);
@@ -340,6 +446,8 @@ Problem problem_from_json(const nlohmann::json& j) {
     // The grid's lengths: the longest sequence's (at least 1, so that a dense formula never divides by 0).
     p.seq_q = std::max(1, *std::max_element(p.varlen.seq_lens_q.begin(), p.varlen.seq_lens_q.end()));
     p.seq_k = std::max(1, *std::max_element(p.varlen.seq_lens_k.begin(), p.varlen.seq_lens_k.end()));
+  } else if (paged_lengths) {
+    p.seq_q = positive_int(j, "seq_q", 1 << 20);
   } else if (j.contains("seq")) {
     p.seq_q = p.seq_k = positive_int(j, "seq", 1 << 20);
   } else {
@@ -366,6 +474,12 @@ Problem problem_from_json(const nlohmann::json& j) {
     if (eq > kMaxVarlenElements || ek > kMaxVarlenElements)
       throw UsageError("varlen: a packed tensor of " + std::to_string(std::max(eq, ek)) + " elements (tokens x heads x head_dim) is over 2^31 - 1");
   }
+  if (p.paged.enabled()) {  // the block table (and the pool's page count) within int32 and host memory
+    if (p.direction != "fwd") throw UsageError("problem field 'paged' goes with forward problems (decoding reads the cache)");
+    const long long entries = (long long)p.batch * ((p.seq_k + p.paged.page_size - 1) / p.paged.page_size);
+    if (entries > kMaxPageTableEntries)
+      throw UsageError("paged: a block table of " + std::to_string(entries) + " entries (batch x pages per sequence) is over 2^24");
+  }
   return p;
 }
 
@@ -375,6 +489,7 @@ nlohmann::json to_json(const Problem& p) {
                       {"direction", p.direction}, {"inputs", to_json(p.inputs)}};
   if (p.heads_k > 0) j["heads_k"] = p.heads_k;  // only for GQA: multi-head problems keep their keys and shards
   if (p.varlen.enabled()) j["varlen"] = p.varlen.description();  // only for varlen, likewise
+  if (p.paged.enabled()) j["paged"] = p.paged.description();  // only for paged, likewise
   return j;
 }
 

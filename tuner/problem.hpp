@@ -66,6 +66,43 @@ inline constexpr int kMaxVarlenSeqs = 65535;        // the grid's z dimension: o
 inline constexpr int kMaxVarlenTokens = 1 << 24;    // per packed tensor
 inline constexpr long long kMaxVarlenElements = (1ll << 31) - 1;  // total * heads * head_dim, per tensor
 
+// A paged K/V cache (vLLM's PagedAttention, FlashAttention's flash_attn_with_kvcache(block_table=...)), for
+// decoding: K and V are pools of pages, (num_pages, Hk, page_size, d), and sequence b's logical page j (its keys
+// [j*page_size, (j+1)*page_size)) is physical page block_table[b][j]; sequence b holds seq_lens_k[b] keys
+// (cache_seqlens), so the sequences of a batch differ in length. Q, O and LSE stay dense (B, H, Sq, ...).
+// A problem file's "paged" object: {"page_size": P, "seed": S, "seq_lens_k": [..]} (seed and lengths optional;
+// without lengths every sequence has seq_k keys). The pages a batch uses, sum_b ceil(len_b / P), are
+// numbered in a seeded random order (block_table()), so the physical order is never the logical one.
+// Part of a problem's identity: key() is its canonical text (the store's `paged` column).
+struct Paged {
+  int page_size = 0;            // 0: dense (contiguous K/V); else a multiple of 16 in 16..2^20
+  unsigned long long seed = 0;  // the page permutation's
+  std::vector<int> seq_lens_k;  // per sequence, as given (the cache lengths); empty: every sequence seq_k long
+
+  bool enabled() const { return page_size > 0; }
+  nlohmann::json description() const;  // as written in problem files, canonical
+  std::string key() const;             // compact description() text; "" when dense
+  std::string str() const;             // "page 256 seed 0", "page 64 seed 3 lens [300,1,4133]"
+  // Sequence b's keys (the problem's seq_k when no lengths are given).
+  int seq_len(int b, int seq_k) const { return seq_lens_k.empty() ? seq_k : seq_lens_k[(size_t)b]; }
+  bool operator==(const Paged&) const = default;
+};
+// A Paged from its description (the "paged" object of a problem file), checked: page_size a multiple of 16
+// in 16..2^20, seed 0..2^53, lengths 0..2^20, at most kMaxVarlenSeqs of them. Throws UsageError naming the field.
+Paged paged_from_json(const nlohmann::json&);
+// The block table and the pool it indexes, for a batch of `batch` sequences of at most `seq_k` keys.
+struct PageTable {
+  int max_pages = 0;              // ceil(seq_k / page_size): the table's row stride
+  int num_pages = 0;              // pages used by the batch: the pool's first dimension
+  std::vector<int> table;         // (batch, max_pages): the physical page of each logical page, -1 past a sequence's
+  std::vector<int> cache_seqlens; // (batch): each sequence's keys
+};
+// Deterministic in (seed, lengths, page size): a Fisher-Yates shuffle of the pages (splitmix64 of the seed), the
+// same on every machine, and never the identity when the batch uses two pages or more.
+PageTable page_table(const Paged&, int batch, int seq_k);
+// Block table entries a problem may have at most (batch x max_pages; 64 MiB of int32).
+inline constexpr long long kMaxPageTableEntries = 1ll << 24;
+
 struct Problem {
   int batch = 1, heads = 1, seq_q = 1, seq_k = 1, head_dim = 64;
   DType dtype = DType::fp32;
@@ -83,19 +120,24 @@ struct Problem {
   // A packed variable-length batch when varlen.enabled(): batch is then the number of sequences and
   // seq_q, seq_k the longest query and key lengths (the launch grid's), derived from it.
   Varlen varlen;
+  // A paged K/V cache when paged.enabled() (forward only, never with varlen): seq_k is then the longest cache
+  // length (derived when the lengths are given), batch the number of sequences.
+  Paged paged;
 
   // FlashAttention's convention: forward 4*B*H*Sq*Sk*d, halved when causal; backward 2.5x that.
-  // Varlen: the same per sequence, summed (4*H*Lq_b*Lk_b*d, halved when causal).
+  // Varlen and paged: the same per sequence, summed (4*H*Lq_b*Lk_b*d, halved when causal).
   double flops() const;
   // Lower bound: forward reads Q, K, V and writes O, LSE once; backward reads Q, K, V, O, dO, LSE
-  // and writes dQ, dK, dV once. Varlen: of the packed tensors (total tokens).
+  // and writes dQ, dK, dV once. Varlen: of the packed tensors (total tokens). Paged: the keys the sequences hold
+  // (sum of their lengths), not the pool's padding past each sequence's last key.
   double bytes() const;
   long long rows_q() const;  // query rows of all heads: B*H*Sq, or total_q*H when varlen
   // Sequence bucket for selection: the smallest power of two >= max(Sq, Sk).
   int seq_bucket() const;
   int kv_heads() const { return heads_k > 0 ? heads_k : heads; }
   int group() const { return heads / kv_heads(); }  // query heads per kv head
-  std::string str() const;  // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>")
+  // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>"; paged: "... paged <Paged::str>")
+  std::string str() const;
   bool operator==(const Problem&) const = default;
 };
 

@@ -31,6 +31,10 @@ std::vector<Variant> default_variants(const Family& f) {
     for (int d : f.head_dims)
       for (bool causal : {false, true})
         vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), true});
+  if (f.paged)  // likewise the paged form
+    for (int d : f.head_dims)
+      for (bool causal : {false, true})
+        vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, true});
   return vs;
 }
 
@@ -49,6 +53,8 @@ std::vector<std::string> single_features(const Variant& v) {
   // too (its (value, head dim) pairs are the dense form's to cover: a few more compiles, not twice as many).
   if (v.varlen)
     for (auto& s : out) s = "varlen:" + s;
+  if (v.paged)  // the paged form likewise
+    for (auto& s : out) s = "paged:" + s;
   return out;
 }
 

@@ -26,7 +26,8 @@ struct SampledVariant {
 // order). What is covered, for the compiler's target:
 //  - every value of every tunable, every head dim, dtype and mask: by a variant that reaches NVRTC
 //    where one exists, else by a pruned one (a Hopper-only family on sm_80: all pruned); and again
-//    in the packed variable-length form (Variant::varlen) where the space lists it;
+//    in the packed variable-length form (Variant::varlen) or the paged form (Variant::paged) where the space
+//    lists it;
 //  - with value_head_dim_pairs, every (tunable value, head dim) pair among variants that reach NVRTC;
 //  - every distinct reason of the cheap pruning: the target's instruction set, each message of the
 //    family's check, shared memory over the target's limit (numbers do not make reasons distinct).
@@ -42,7 +43,7 @@ std::string reason_kind(const std::string& reason);
 // The family's default config at every head dim, mask and dtype: the fallback of emitted headers,
 // which has to compile (without spills) wherever the family runs; for a family that runs packed
 // variable-length batches (Family::varlen), its packed form as well (what `run` takes without --params),
-// once per head dim and mask.
+// once per head dim and mask; likewise the paged form of a family that reads paged caches (Family::paged).
 std::vector<Variant> default_variants(const Family& family);
 
 }  // namespace flashtune

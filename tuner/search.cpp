@@ -31,6 +31,7 @@ std::vector<SearchCandidate> search_candidates(const Space& space, const Problem
   std::vector<SearchCandidate> out;
   for (const Variant& v : variants_for(space, {p})) {
     if (!compiler.prune_before_compile(v).empty()) continue;
+    if (p.paged.enabled() && v.family->paged_check(v.config, p.paged.page_size)) continue;  // cannot read these pages
     std::string hash = compiler.variant_hash(v);
     if (!in_shard(shard, hash + '|' + problem_key(p))) continue;
     out.push_back({v, std::move(hash)});

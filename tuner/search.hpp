@@ -67,7 +67,8 @@ struct SearchCandidate {
   Variant v;
   std::string hash;  // the compiler's variant hash
 };
-// The space's variants that fit `p`, less those pruned without compiling and other shards' share.
+// The space's variants that fit `p`, less those pruned without compiling, those that cannot read its pages
+// (Family::paged_check) and other shards' share.
 std::vector<SearchCandidate> search_candidates(const Space&, const Problem&, const Compiler&, const Shard&);
 
 struct SearchEvaluation {

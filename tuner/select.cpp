@@ -11,11 +11,11 @@ namespace flashtune {
 
 namespace {
 using ProblemKey =
-    std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int, int, std::string>;
+    std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int, int, std::string, std::string>;
 ProblemKey key_of(const ResultRecord& r) {
   const Problem& p = r.problem;
   return {r.device_name, r.family, r.direction, p.head_dim, p.causal, p.seq_q, p.seq_k, p.batch, to_string(p.dtype),
-          p.heads, p.heads_k, p.varlen.key()};
+          p.heads, p.heads_k, p.varlen.key(), p.paged.key()};
 }
 // A search stores cheap timings too (halving's 2- and 8-repeat rounds, timings stopped after 3 repeats):
 // they rank candidates within a sweep, but where a problem has fully timed rows only those may be picked.
@@ -68,6 +68,7 @@ std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& res
     // Packed variable-length rows: a length distribution of their own (the runtime's packed calls take the
     // dense bucket's config).
     if (p.varlen.enabled()) continue;
+    if (p.paged.enabled()) continue;  // paged K/V cache rows: likewise (the runtime's caches are dense)
     // Outside the family's query-length range (an imported or merged row): never a bucket's pick.
     if (f && !f->shape_reason(p).empty()) continue;
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket()};
@@ -128,6 +129,7 @@ StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Probl
   for (const auto& b : best_per_problem(results))
     if (b.problem == p) return {b.config, "problem"};
   if (p.varlen.enabled()) return {};  // a packed batch's rows are its own: no dense bucket stands for it
+  if (p.paged.enabled()) return {};   // a paged cache's likewise (its pages and lengths are part of it)
   const std::vector<BucketChoice> buckets = best_per_bucket(results);
   if (const BucketChoice* pick = pick_bucket(buckets, p)) return {pick->config, "bucket"};
   return {};

@@ -104,7 +104,7 @@ Space space_from_json(const json& j, bool allow_large) {
   if (!j.is_object()) throw UsageError("a space must be a JSON object");
   for (auto& [key, _] : j.items())
     if (key != "family" && key != "params" && key != "head_dims" && key != "causal" && key != "dtypes" &&
-        key != "description" && key != "varlen")
+        key != "description" && key != "varlen" && key != "paged")
       throw UsageError("unknown space field '" + key + "'");
   if (!j.contains("family") || !j["family"].is_string()) throw UsageError("space needs a string 'family'");
   Space s;
@@ -166,6 +166,15 @@ Space space_from_json(const json& j, bool allow_large) {
       if (std::find(s.varlen.begin(), s.varlen.end(), c.get<bool>()) == s.varlen.end()) s.varlen.push_back(c.get<bool>());
     }
   }
+  if (j.contains("paged")) {
+    if (!j["paged"].is_array() || j["paged"].empty()) throw UsageError("space 'paged' must be an array of booleans");
+    s.paged.clear();
+    for (const auto& c : j["paged"]) {
+      if (!c.is_boolean()) throw UsageError("space 'paged' must hold booleans, got " + brief_json(c));
+      if (c.get<bool>() && !f.paged) throw UsageError("family " + f.name + " does not read paged K/V caches");
+      if (std::find(s.paged.begin(), s.paged.end(), c.get<bool>()) == s.paged.end()) s.paged.push_back(c.get<bool>());
+    }
+  }
   if (!allow_large && s.size() > kMaxSpaceVariants)
     throw UsageError("the space has " + std::to_string(s.size()) + " variants, more than " +
                      std::to_string(kMaxSpaceVariants) + " (--allow-large-space to sweep it anyway)");
@@ -181,7 +190,7 @@ unsigned long long Space::size() const {
   mul(head_dims.size());
   mul(causal.size());
   mul(dtypes.size());
-  mul(varlen.size());
+  mul(forms().size());
   return n;
 }
 
@@ -210,13 +219,21 @@ std::vector<Config> Space::configs() const {
   return out;
 }
 
+std::vector<std::pair<bool, bool>> Space::forms() const {
+  std::vector<std::pair<bool, bool>> out;
+  for (bool packed : varlen)
+    for (bool pg : paged)
+      if (!(packed && pg)) out.push_back({packed, pg});  // a kernel has one second form at most
+  return out;
+}
+
 std::vector<Variant> Space::variants() const {
   std::vector<Variant> out;
   for (int d : head_dims)
     for (bool c : causal)
       for (DType t : dtypes)
-        for (bool packed : varlen)
-          for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t, packed});
+        for (const auto& [packed, pg] : forms())
+          for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t, packed, pg});
   return out;
 }
 

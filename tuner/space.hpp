@@ -23,10 +23,14 @@ struct Space {
   // only). Default {false}. Only compile-check, the covering sample and the NVRTC tests read it: tune
   // takes the form each problem needs (variants_for).
   std::vector<bool> varlen{false};
+  // Likewise the paged K/V cache form (true, a Family::paged family only). Default {false}.
+  std::vector<bool> paged{false};
 
+  // The kernel forms listed, as (varlen, paged) pairs: dense, packed, paged (never both).
+  std::vector<std::pair<bool, bool>> forms() const;
   unsigned long long size() const;        // variants() would hold this many (saturating), without building them
   std::vector<Config> configs() const;    // the cartesian product of values
-  std::vector<Variant> variants() const;  // configs x head_dims x causal x dtypes x varlen
+  std::vector<Variant> variants() const;  // configs x head_dims x causal x dtypes x (varlen or paged forms)
 };
 
 // Spaces over this many variants are refused unless allowed (`--allow-large-space`): each variant is an NVRTC

@@ -82,10 +82,11 @@ class Stmt {
   sqlite3_stmt* s_ = nullptr;
 };
 
-// The results table of schema v7, by name (the v3 -> v4, v5 -> v6 and v6 -> v7 migrations build it beside
-// the old one). heads_k (v6): grouped-query attention's kv heads, 0 for multi-head. varlen (v7): a packed
+// The results table of schema v8, by name (the v3 -> v4, v5 -> v6, v6 -> v7 and v7 -> v8 migrations build it
+// beside the old one). heads_k (v6): grouped-query attention's kv heads, 0 for multi-head. varlen (v7): a packed
 // variable-length batch's description (Varlen::key(), canonical JSON), '' for a dense problem; batch,
-// seq_q and seq_k then hold the number of sequences and the longest lengths.
+// seq_q and seq_k then hold the number of sequences and the longest lengths. paged (v8): a paged K/V cache's
+// description (Paged::key()), '' for contiguous K/V; seq_k then holds the longest cache length.
 std::string results_ddl(const std::string& name) {
   return "CREATE TABLE IF NOT EXISTS " + name + R"sql((
   id INTEGER PRIMARY KEY,
@@ -99,8 +100,8 @@ std::string results_ddl(const std::string& name) {
   nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
   registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
   created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER,
-  heads_k INTEGER NOT NULL DEFAULT 0, varlen TEXT NOT NULL DEFAULT '',
-  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen)))sql";
+  heads_k INTEGER NOT NULL DEFAULT 0, varlen TEXT NOT NULL DEFAULT '', paged TEXT NOT NULL DEFAULT '',
+  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen, paged)))sql";
 }
 
 constexpr const char* kSchemaRest = R"sql(
@@ -266,6 +267,7 @@ void Store::open_checked(Mode mode) {
     has_inputs_ = f.results_columns.count("inputs") > 0;
     has_heads_k_ = f.results_columns.count("heads_k") > 0;
     has_varlen_ = f.results_columns.count("varlen") > 0;
+    has_paged_ = f.results_columns.count("paged") > 0;
     has_experiments_ = f.tables.count("experiment_runs") && f.tables.count("experiment_rows");
     has_provenance_ = f.tables.count("provenance") > 0;
     return;
@@ -316,6 +318,10 @@ void Store::open_checked(Mode mode) {
     if (v == 6) {  // v6 -> v7: results.varlen (packed variable-length batches) in the unique key
       if (!columns(db_, "results").count("varlen")) rebuild_results();
       v = 7;
+    }
+    if (v == 7) {  // v7 -> v8: results.paged (paged K/V caches) in the unique key
+      if (!columns(db_, "results").count("paged")) rebuild_results();
+      v = 8;
     }
     exec(schema_sql());  // tables and index that a migrated file lacks
     exec("UPDATE meta SET value='" + std::to_string(kSchemaVersion) + "' WHERE key='schema_version';");
@@ -425,8 +431,8 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
                  " INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
                  "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
                  "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
-                 "spill_stores,created,detail,inputs,origin,heads_k,varlen) "
-                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0),?,?)");
+                 "spill_stores,created,detail,inputs,origin,heads_k,varlen,paged) "
+                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0),?,?,?)");
   const Problem& p = r.problem;
   s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
       .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
@@ -436,7 +442,7 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
       .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
       .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
       .bind(33, r.res.spill_stores).bind(34, created).bind(35, r.detail).bind(36, p.inputs.str()).bind(37, origin)
-      .bind(38, p.heads_k).bind(39, p.varlen.key());
+      .bind(38, p.heads_k).bind(39, p.varlen.key()).bind(40, p.paged.key());
   s.step();
 }
 
@@ -450,9 +456,10 @@ bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, cons
   // The same kernel on the same shape with other inputs is another result.
   Stmt s(db_, std::string("SELECT 1 FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? AND batch=? "
                           "AND heads=? AND seq_q=? AND seq_k=? AND ") + (has_inputs_ ? "inputs=?" : "'normal'=?") +
-                  (has_heads_k_ ? " AND heads_k=?" : " AND 0=?") + (has_varlen_ ? " AND varlen=?" : " AND ''=?"));
+                  (has_heads_k_ ? " AND heads_k=?" : " AND 0=?") + (has_varlen_ ? " AND varlen=?" : " AND ''=?") +
+                  (has_paged_ ? " AND paged=?" : " AND ''=?"));
   s.bind(1, kernel_hash).bind(2, d.name).bind(3, d.sm_count).bind(4, p.batch).bind(5, p.heads).bind(6, p.seq_q)
-      .bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key());
+      .bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key()).bind(11, p.paged.key());
   return s.step();
 }
 
@@ -466,7 +473,8 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
       "max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,driver_version,"
       "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created," +
       std::string(has_detail_ ? "detail" : "NULL") + "," + (has_inputs_ ? "inputs" : "'normal'") +  // v1-v3, read-only
-      "," + (has_heads_k_ ? "heads_k" : "0") + "," + (has_varlen_ ? "varlen" : "''") + " FROM results WHERE 1=1";
+      "," + (has_heads_k_ ? "heads_k" : "0") + "," + (has_varlen_ ? "varlen" : "''") + "," + (has_paged_ ? "paged" : "''") +
+      " FROM results WHERE 1=1";
   std::vector<std::string> binds;
   auto add = [&](const std::string& col, const std::string& v) {
     if (v.empty()) return;
@@ -481,7 +489,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   if (f.causal >= 0) add("causal", std::to_string(f.causal));
   if (f.ok_only) sql += " AND status='ok'";
   sql += " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
-         std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + "id";
+         std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + (has_paged_ ? "paged, " : "") + "id";
   Stmt s(db_, sql);
   for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
   std::vector<ResultRecord> out;
@@ -511,6 +519,13 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
         if (vp.batch != r.problem.batch || vp.seq_q != r.problem.seq_q || vp.seq_k != r.problem.seq_k)
           throw UsageError("varlen lengths disagree with batch, seq_q, seq_k");
         r.problem = vp;
+      }
+      if (const std::string pg = s.text(39); !pg.empty()) {
+        // The cache again from its description; with lengths, the stored count and longest must agree.
+        nlohmann::json pj = to_json(r.problem);
+        pj["paged"] = nlohmann::json::parse(pg, nullptr, false);
+        if (pj["paged"].is_discarded()) throw UsageError("paged '" + brief(pg, 40) + "' is not JSON");
+        r.problem = problem_from_json(pj);
       }
     } catch (const UsageError& e) {
       throw UsageError("'" + path_ + "': results row " + std::to_string(r.id) + ": " + e.what());
@@ -737,9 +752,10 @@ Copied Store::copy_result(const ResultRecord& r, long long origin) {
     if (sqlite().changes(db_) > 0) return;
     const Problem& p = r.problem;
     Stmt s(db_, "SELECT status, ms_median, config FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? "
-                "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=? AND heads_k=? AND varlen=?");
+                "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=? AND heads_k=? AND varlen=? AND paged=?");
     s.bind(1, r.kernel_hash).bind(2, r.device_name).bind(3, r.sm_count).bind(4, p.batch).bind(5, p.heads)
-        .bind(6, p.seq_q).bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key());
+        .bind(6, p.seq_q).bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key())
+        .bind(11, p.paged.key());
     s.step();
     out = s.text(0) == r.status && s.f64(1) == r.ms_median && s.text(2) == r.config ? Copied::present : Copied::differs;
   });

@@ -19,8 +19,9 @@ namespace flashtune {
 // 2: results.detail; 3: experiment_runs, experiment_rows; 4: results.inputs (part of the unique key);
 // 5: provenance (merged and imported sources) and `origin` on kernels, results and experiment_runs;
 // 6: results.heads_k (grouped-query attention) in the unique key; 7: results.varlen (packed
-// variable-length batches: Varlen::key(), '' for dense) in the unique key
-inline constexpr int kSchemaVersion = 7;
+// variable-length batches: Varlen::key(), '' for dense) in the unique key; 8: results.paged (paged K/V
+// caches: Paged::key(), '' for contiguous K/V) in the unique key
+inline constexpr int kSchemaVersion = 8;
 inline constexpr int kApplicationId = 0x466c546e;  // "FlTn" in the SQLite header, set at creation
 
 struct DeviceInfo {
@@ -199,7 +200,7 @@ class Store {
   bool read_only_ = false;
   int version_ = kSchemaVersion;
   int txn_depth_ = 0;  // write_txn nesting: inner calls join the outer transaction
-  bool has_detail_ = true, has_inputs_ = true, has_heads_k_ = true, has_varlen_ = true, has_experiments_ = true, has_provenance_ = true;  // older stores read read-only
+  bool has_detail_ = true, has_inputs_ = true, has_heads_k_ = true, has_varlen_ = true, has_paged_ = true, has_experiments_ = true, has_provenance_ = true;  // older stores read read-only
 };
 
 }  // namespace flashtune

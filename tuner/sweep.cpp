@@ -224,20 +224,24 @@ json GpuSession::probe() {
 }
 
 std::vector<Variant> variants_for(const Space& s, const std::vector<Problem>& problems) {
-  // A varlen problem takes the packed form of the space's variants, a dense one the dense form, whatever
-  // the space's own "varlen" list (which is for compile-check and the NVRTC tests).
+  // A varlen problem takes the packed form of the space's variants, a paged one the paged form, a dense one
+  // the dense form, whatever the space's own "varlen" and "paged" lists (which are for compile-check and the
+  // NVRTC tests).
   Space dense = s;
   dense.varlen = {false};
+  dense.paged = {false};
   std::vector<Variant> out;
   for (const Variant& v : dense.variants())
-    for (bool packed : {false, true}) {
+    for (const auto& [packed, pg] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
       bool needed = false;
       for (const Problem& p : problems)
         needed |= p.head_dim == v.head_dim && p.causal == v.causal && p.dtype == v.dtype &&
-                  p.direction == v.family->direction && p.varlen.enabled() == packed && v.family->shape_reason(p).empty();
+                  p.direction == v.family->direction && p.varlen.enabled() == packed && p.paged.enabled() == pg &&
+                  v.family->shape_reason(p).empty();
       if (!needed) continue;
       out.push_back(v);
       out.back().varlen = packed;
+      out.back().paged = pg;
     }
   return out;
 }
@@ -252,7 +256,8 @@ static void print_resource_table(const std::vector<Variant>& vs, const std::vect
              vs[i].config, Problem{1, 1, 1, 1, vs[i].head_dim, vs[i].dtype, vs[i].causal, vs[i].family->direction}))
       smem = std::max(smem, l.smem_bytes);
     std::printf("%-10s %-44s %4d %-6s %-5s %-13s %5d %7u %6d  %s\n", k.family.c_str(), k.config.c_str(), k.head_dim,
-                vs[i].varlen ? (k.causal ? "yes vl" : "no vl") : (k.causal ? "yes" : "no"), to_string(k.dtype), k.status.c_str(), k.res.registers,
+                vs[i].varlen ? (k.causal ? "yes vl" : "no vl") : vs[i].paged ? (k.causal ? "yes pg" : "no pg") : (k.causal ? "yes" : "no"),
+                to_string(k.dtype), k.status.c_str(), k.res.registers,
                 smem + k.res.smem_static, k.res.spill_stores, k.reason.substr(0, 70).c_str());
   }
 }

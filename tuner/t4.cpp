@@ -66,7 +66,7 @@ ordered_json measure_value(double v) {
 auto sort_key(const ResultRecord& r) {
   const Problem& p = r.problem;
   return std::make_tuple(r.family, r.device_name, r.sm_count, r.direction, std::string(to_string(p.dtype)), p.head_dim,
-                         p.causal, p.seq_q, p.seq_k, p.batch, p.heads, p.heads_k, p.varlen.key(), p.inputs.str(), r.config,
+                         p.causal, p.seq_q, p.seq_k, p.batch, p.heads, p.heads_k, p.varlen.key(), p.paged.key(), p.inputs.str(), r.config,
                          r.kernel_hash);
 }
 
@@ -79,6 +79,8 @@ ordered_json problem_json(const Problem& p) {
   j["inputs"] = {{"distribution", p.inputs.kind == InputDist::Kind::heavy ? "heavy" : "normal"}, {"scale", p.inputs.scale}};
   // Varlen only: the lengths' description (batch, seq_q and seq_k above are the count and longest lengths).
   if (p.varlen.enabled()) j["varlen"] = ordered_json::parse(p.varlen.key());
+  // Paged only: the cache's description (seq_k above is its longest length).
+  if (p.paged.enabled()) j["paged"] = ordered_json::parse(p.paged.key());
   return j;
 }
 

@@ -199,6 +199,53 @@ FwdReference tiled_forward_reference(const ref::Shape& full, int units, const fl
   return r;
 }
 
+FwdReference paged_forward_reference(const Problem& p, int units, const float* q, const float* k, const float* v,
+                                     std::vector<int64_t> rows, int threads) {
+  ref::Shape full{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal};
+  full.heads_k = p.heads_k;
+  const int64_t rows_per_seq = (int64_t)p.heads * p.seq_q;
+  // The rows of each cache length (a sequence's rows are rows_per_seq consecutive flat rows).
+  std::map<int, std::vector<size_t>> by_len;
+  for (size_t i = 0; i < rows.size(); ++i) by_len[p.paged.seq_len((int)(rows[i] / rows_per_seq), p.seq_k)].push_back(i);
+  if (by_len.size() == 1 && by_len.begin()->first == p.seq_k)  // every sequence full: the dense reference itself
+    return tiled_forward_reference(full, units, q, k, v, std::move(rows), threads);
+  FwdReference r;
+  r.shape = full;
+  r.rows = std::move(rows);
+  const size_t n = r.rows.size(), d = (size_t)p.head_dim, unit_k = (size_t)p.seq_k * d;
+  r.o.assign(n * d, 0.0), r.o_mag.assign(n * d, 0.0), r.o_logit.assign(n * d, 0.0);
+  r.lse.assign(n, INFINITY), r.lse_mag.assign(n, 0.0);  // a sequence without keys: O = 0, LSE = +inf
+  std::vector<float> ks, vs;
+  for (const auto& [len, idx] : by_len) {
+    if (len == 0) continue;
+    // The units' first len keys, as a dense problem of Sk = len holds them.
+    ref::Shape shape = full;
+    shape.seq_k = len;
+    const float *kl = k, *vl = v;
+    if (len != p.seq_k) {
+      ks.resize((size_t)units * len * d), vs.resize((size_t)units * len * d);
+      for (int u = 0; u < units; ++u) {
+        std::copy_n(k + u * unit_k, (size_t)len * d, ks.begin() + (size_t)u * len * d);
+        std::copy_n(v + u * unit_k, (size_t)len * d, vs.begin() + (size_t)u * len * d);
+      }
+      kl = ks.data(), vl = vs.data();
+    }
+    std::vector<int64_t> sub;
+    for (size_t i : idx) sub.push_back(r.rows[i]);
+    const FwdReference s = tiled_forward_reference(shape, units, q, kl, vl, sub, threads);
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const size_t i = idx[j];
+      std::copy_n(s.o.begin() + j * d, d, r.o.begin() + i * d);
+      std::copy_n(s.o_mag.begin() + j * d, d, r.o_mag.begin() + i * d);
+      std::copy_n(s.o_logit.begin() + j * d, d, r.o_logit.begin() + i * d);
+      r.lse[i] = s.lse[j];
+      r.lse_mag[i] = s.lse_mag[j];
+    }
+  }
+  r.max_abs_v = max_abs_of(v, (size_t)units * unit_k);  // the floor's: every logical value
+  return r;
+}
+
 namespace {
 
 // The reference's outputs sized (nq, nk: elements of Q-shaped and K-shaped tensors; lse_rows) and zeroed,

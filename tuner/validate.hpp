@@ -138,6 +138,14 @@ int forward_distinct_units(const Problem& p, int64_t max_elements = kMaxFwdDisti
 FwdReference tiled_forward_reference(const ref::Shape& full, int units, const float* q, const float* k, const float* v,
                                      std::vector<int64_t> rows, int threads = 0);
 
+// A paged K/V cache (Problem::paged): the reference reads the logical K/V, laid out as a dense problem's
+// generated inputs (units distinct units tiled over the B*Hk kv heads, as above, each (Sk, d) with Sk the
+// longest cache length), and sequence b attends its first len_b keys only (causal: bottom-right aligned to
+// len_b). Each row is the dense reference of its sequence alone with Sk = len_b, bit for bit; when every
+// sequence is Sk long, tiled_forward_reference's, bit for bit. A sequence without keys: O = 0, LSE = +inf.
+FwdReference paged_forward_reference(const Problem&, int units, const float* q, const float* k, const float* v,
+                                     std::vector<int64_t> rows, int threads = 0);
+
 // Backward reference of `heads` distinct heads (shape.batch * shape.heads of them), every element,
 // with the forward's O and LSE (the backward kernel's inputs) and the magnitudes.
 struct BwdReference {
