@@ -75,6 +75,43 @@ TEST(Select, CheapTimingsArePickedOnlyWithoutFullOnes) {
   EXPECT_EQ(best_per_problem(only)[0].config, cheap.config);
 }
 
+TEST(Select, ANewerPruneOrFailureSupersedesAnOlderSuccess) {
+  // The templates changed: a kernel that validated before now spills (pruned) on the same problem. Its old
+  // row, spelled without a tunable added since (the default), must not be the problem's pick any more.
+  auto row = [](const char* cfg, const char* status, double tflops, const char* created) {
+    ResultRecord r;
+    r.family = "fa2_simt", r.direction = "fwd", r.config = cfg, r.status = status;
+    r.problem = Problem{1, 4, 1024, 1024, 64, DType::fp32, false};
+    r.tflops = tflops, r.reps = kFullTimingReps, r.device_name = "GPU A", r.arch = "sm_90", r.created = created;
+    return r;
+  };
+  const char* A = "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2";
+  const char* B = "BLOCK_M=128,BLOCK_N=64,TM=8,TN=4,KV_STAGES=2";
+  std::vector<ResultRecord> rows = {row(A, "ok", 10, "2026-01-01T00:00:00"), row(B, "ok", 8, "2026-01-01T00:00:01")};
+  ASSERT_EQ(best_per_problem(rows).size(), 1u);
+  EXPECT_EQ(best_per_problem(rows)[0].config, A);
+  for (const char* status : {"pruned", "invalid", "compile_error"}) {
+    auto later = rows;
+    later.push_back(row(A, status, 0, "2026-01-02T00:00:00"));
+    ASSERT_EQ(best_per_problem(later).size(), 1u) << status;
+    EXPECT_EQ(best_per_problem(later)[0].config, B) << status;
+  }
+  // A timeout or crash later is not a verdict on the kernel: the success stands.
+  auto timed_out = rows;
+  timed_out.push_back(row(A, "timeout", 0, "2026-01-02T00:00:00"));
+  EXPECT_EQ(best_per_problem(timed_out)[0].config, A);
+  // An older failure followed by a success (the fix landed): the success counts.
+  auto fixed = rows;
+  fixed.insert(fixed.begin(), row(A, "invalid", 0, "2025-12-31T00:00:00"));
+  EXPECT_EQ(best_per_problem(fixed)[0].config, A);
+  // The same kernel spelled with its defaults filled in is the same kernel (fa2_simt has no optional
+  // tunable, so an unparsable spelling stands for itself and is not superseded by A's prune).
+  auto other = rows;
+  other.push_back(row(A, "pruned", 0, "2026-01-02T00:00:00"));
+  other.push_back(row("NOT=1", "ok", 20, "2026-01-01T00:00:00"));
+  EXPECT_EQ(best_per_problem(other)[0].config, "NOT=1");
+}
+
 TEST(Select, BucketOfSeparatelyTunedProblemsStillHasAPick) {
   // Two problems of one bucket, each tuned to its own finalists (halving): A fully timed on p1 only, B on
   // p2 only, both timed cheaply on the other. No config is fully timed on both, so the bucket is ranked on

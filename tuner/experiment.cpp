@@ -372,7 +372,7 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
       Config cfg = f.default_config;
       std::string source = "default";
       if (!impl.default_config) {
-        ResultFilter filter{f.name, dev.name, to_string(p.dtype), f.direction, p.head_dim, (int)p.causal, true};
+        ResultFilter filter{f.name, dev.name, to_string(p.dtype), f.direction, p.head_dim, (int)p.causal, false};  // every status: see select.cpp's superseded
         if (const StoredChoice c = stored_choice(store.results(filter), p); !c.source.empty()) {
           cfg = f.parse_config(c.config);
           source = c.source;

@@ -618,7 +618,7 @@ int cmd_run(int argc, char** argv) {
     return 1;
   }
   if (a.has("best")) {
-    ResultFilter filter{f.name, gpu.device().name, to_string(p.dtype), f.direction, p.head_dim, (int)p.causal, true};
+    ResultFilter filter{f.name, gpu.device().name, to_string(p.dtype), f.direction, p.head_dim, (int)p.causal, false};  // every status: see select.cpp's superseded
     const StoredChoice pick = stored_choice(store->results(filter), p);  // the problem's own best, else its bucket's
     if (pick.source.empty())
       throw UsageError("no stored valid " + f.name + " result for " + gpu.device().name + " " + to_string(p.dtype) +
@@ -674,8 +674,8 @@ int cmd_best(int argc, char** argv) {
   Args a = parse(argc, argv, {"db", "family", "device", "dtype", "d", "causal"}, {"csv"});
   if (!a.has("db")) throw UsageError("best needs --db");
   Store store(a.get("db"), Store::Mode::read_only);
-  ResultFilter filter = filter_from(a);
-  filter.ok_only = true;
+  // Every status: a newer prune or failure of a config supersedes its older success (select.cpp).
+  const ResultFilter filter = filter_from(a);
   auto best = best_per_problem(store.results(filter));
   if (a.has("csv")) {
     std::puts("device,family,direction,batch,heads,seq_q,seq_k,head_dim,dtype,causal,config,ms_median,ms_p20,ms_p80,"
@@ -714,8 +714,7 @@ int cmd_emit(int argc, char** argv) {
   Args a = parse(argc, argv, {"db", "out", "family"}, {});
   if (!a.has("db") || !a.has("out")) throw UsageError("emit needs --db and --out");
   Store store(a.get("db"), Store::Mode::read_only);
-  ResultFilter filter = filter_from(a);
-  filter.ok_only = true;
+  const ResultFilter filter = filter_from(a);  // every status, as best's
   auto choices = best_per_bucket(store.results(filter));
   auto res = emit_headers(choices, a.get("out"), command_line(argc, argv));
   for (const auto& w : res.written) std::printf("wrote %s\n", w.c_str());

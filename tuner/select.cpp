@@ -1,6 +1,7 @@
 #include "tuner/select.hpp"
 
 #include <cmath>
+#include <exception>
 #include <map>
 #include <set>
 #include <tuple>
@@ -28,14 +29,42 @@ std::vector<ResultRecord> fully_timed_where_any(const std::vector<ResultRecord>&
     if (r.status != "ok" || r.reps >= kFullTimingReps || !full.count(key_of(r))) out.push_back(r);
   return out;
 }
+
+// The family's canonical spelling of a stored config (defaults filled in: a row stored before a tunable
+// existed names the same kernel as one that spells the tunable's default), or the stored text as is.
+std::string canonical_config(const ResultRecord& r) {
+  if (const Family* f = family_named(r.family)) {
+    try {
+      return f->config_string(f->parse_config(r.config));
+    } catch (const std::exception&) {
+    }
+  }
+  return r.config;
+}
+
+// (problem, canonical config) pairs whose newest row says the kernel no longer compiles cleanly or no longer
+// validates (pruned, compile_error, invalid): an older success of the same kernel is stale then (the
+// templates or the compiler changed since), and must not be picked.
+std::set<std::pair<ProblemKey, std::string>> superseded(const std::vector<ResultRecord>& rows) {
+  std::map<std::pair<ProblemKey, std::string>, const ResultRecord*> newest;
+  for (const auto& r : rows) {
+    const ResultRecord*& n = newest[{key_of(r), canonical_config(r)}];
+    if (!n || std::tie(r.created, r.id) > std::tie(n->created, n->id)) n = &r;
+  }
+  std::set<std::pair<ProblemKey, std::string>> out;
+  for (const auto& [k, r] : newest)
+    if (r->status == "pruned" || r->status == "compile_error" || r->status == "invalid") out.insert(k);
+  return out;
+}
 }  // namespace
 
 std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& all) {
   const std::vector<ResultRecord> results = fully_timed_where_any(all);
+  const auto stale = superseded(all);
   using Key = ProblemKey;
   std::map<Key, ResultRecord> best;
   for (const auto& r : results) {
-    if (r.status != "ok") continue;
+    if (r.status != "ok" || stale.count({key_of(r), canonical_config(r)})) continue;
     const Key key = key_of(r);
     auto it = best.find(key);
     if (it == best.end() || r.tflops > it->second.tflops) best[key] = r;
@@ -51,6 +80,7 @@ using Bucket = std::tuple<std::string, std::string, std::string, std::string, st
 // Each bucket's config valid on every problem of the bucket with the highest geometric-mean TFLOP/s,
 // from `results`.
 std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& results) {
+  const auto stale = superseded(results);
   struct Stats {
     double log_sum = 0;
     int ok = 0;
@@ -73,7 +103,7 @@ std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& res
     if (f && !f->shape_reason(p).empty()) continue;
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket()};
     problems[b].insert(p.str());
-    if (r.status != "ok" || r.tflops <= 0) continue;
+    if (r.status != "ok" || r.tflops <= 0 || stale.count({key_of(r), canonical_config(r)})) continue;
     auto& s = per_config[b][r.config];
     s.log_sum += std::log(r.tflops);
     s.ok += 1;

@@ -112,7 +112,8 @@ namespace {
 // The store's pick for f's bucket of q on this device (best_per_bucket + pick_bucket), "" when none.
 std::string stored_config(const Family& f, const Query& q, const std::string& db_path) {
   Store store(db_path, Store::Mode::read_only);
-  ResultFilter filter{f.name, q.device, to_string(q.dtype), q.direction, q.head_dim, (int)q.causal, true};
+  // Every status: a newer prune or failure of a config supersedes its older success (select.cpp).
+  ResultFilter filter{f.name, q.device, to_string(q.dtype), q.direction, q.head_dim, (int)q.causal, false};
   const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter));
   Problem prob;
   prob.seq_q = prob.seq_k = q.seq;
