@@ -163,7 +163,7 @@ __device__ __forceinline__ void store_cols(unsigned short* dst, const float (&x)
 //     32-byte sectors.
 template <int ROWS, int D, int NT>
 struct RowsMapping {
-  using L = fa2_mma_detail::SmemLayout<D>;
+  using L = fa2_mma_detail::SmemLayout<D, decode_splitkv_swizzled(D)>;
   static constexpr int kRows = ROWS;
   static constexpr int kHeadDim = D;
   static constexpr int kCpr = D / 8;
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // chunk 2*slice + lane/16; non-trans B (K) row lane%8 + 8*(lane/16), chunk 2*slice + (lane/8)%2.
   // Warp w's keys are rows [w*KW, (w+1)*KW) of every K/V tile (KW a multiple of 16, so the swizzle key
   // of a row is unchanged and tile offsets stay 128-byte multiples).
-  using Addr = fa2::SmemLayout<D>;
+  using Addr = fa2::SmemLayout<D, T::kSwizzled>;
   const unsigned a_lane = Addr::lane_base(lane & 15, lane >> 4);
   const unsigned k_lane = Addr::lane_base((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
   const unsigned q_base = q_tile + a_lane;

@@ -33,11 +33,19 @@ FT_HD constexpr int decode_splitkv_key_begin(int seq_k, int SPLITS, int BN, int 
   return static_cast<int>(static_cast<long long>(split) * ceil_div(seq_k, BN) / SPLITS) * BN;
 }
 
-// Shared memory (dynamic), fa2_mma's 16-bit tile layout (padded rows for D <= 128, swizzled for D >= 192):
-//   Qs[16] rows | STAGES x { Ks[BN], Vs[BN] } rows, reused after the loop as the warps' fp32 O tiles
-//   Obuf[WARPS][16][D+8] (the 8-float pad makes the fragment stores conflict-free) | m, l [WARPS][16] fp32.
-FT_HD constexpr int decode_splitkv_q_bytes(int D) { return fa2_mma_row_bytes(D) * kDecodeRows; }
-FT_HD constexpr int decode_splitkv_kv_bytes(int D, int BN, int STAGES) { return fa2_mma_row_bytes(D) * 2 * STAGES * BN; }
+// Shared memory (dynamic), fa2_mma's 16-bit tile layout in its XOR-swizzled form at every D (rows of 2*D bytes):
+//   Qs[16] rows | STAGES x { Ks[BN], Vs[BN] } rows, reused after the loop as the warps'
+//   fp32 O tiles Obuf[WARPS][16][D+8] (the 8-float pad makes the fragment stores conflict-free) | m, l [WARPS][16].
+// Swizzled, not padded as fa2_mma keeps D <= 128: a padded row (2*D + 16 bytes) starts 16 bytes off a 32-byte
+// boundary every other row, and a 16-byte cp.async whose shared-memory side does not keep the global side's
+// 32-byte alignment is split by the L1 so that the sector it straddles is fetched from L2 twice. Measured on the
+// H100 (Nsight Compute, B 64, Hk 8, Sk 32k, d 128, SPLITS 4, BLOCK_N 256): 1.5x the L2 read sectors of the
+// bytes read (182M hits besides the 269M that went to DRAM), 2.6x the requests, and 2.97 TB/s where the same
+// copies into unpadded tiles streamed 3.13 (experiments/probes/stream_read.cu).
+FT_HD constexpr bool decode_splitkv_swizzled(int) { return true; }
+FT_HD constexpr int decode_splitkv_row_bytes(int D) { return 2 * D; }
+FT_HD constexpr int decode_splitkv_q_bytes(int D) { return decode_splitkv_row_bytes(D) * kDecodeRows; }
+FT_HD constexpr int decode_splitkv_kv_bytes(int D, int BN, int STAGES) { return decode_splitkv_row_bytes(D) * 2 * STAGES * BN; }
 FT_HD constexpr int decode_splitkv_merge_stride(int D) { return D + 8; }  // floats per Obuf row
 FT_HD constexpr int decode_splitkv_merge_bytes(int D, int WARPS) {
   return 4 * WARPS * kDecodeRows * decode_splitkv_merge_stride(D);
@@ -144,8 +152,8 @@ struct DecodeSplitkvTraits {
   static constexpr int kQkSlices = D / 16;            // k16 steps of S = Q K^T
   static constexpr int kPvSlices = kKeysPerWarp / 16; // k16 steps of O += P V
   static constexpr bool kQInRegs = false;  // Q's fragments by ldmatrix from Qs every block
-  static constexpr bool kSwizzled = fa2_mma_swizzled(D);
-  static constexpr int kRowBytes = fa2_mma_row_bytes(D);  // smem row stride of the 16-bit tiles
+  static constexpr bool kSwizzled = decode_splitkv_swizzled(D);
+  static constexpr int kRowBytes = decode_splitkv_row_bytes(D);  // smem row stride of the 16-bit tiles
   static constexpr int kQBytes = decode_splitkv_q_bytes(D);
   static constexpr int kTileBytes = kRowBytes * BLOCK_N;  // one K or V tile
   static constexpr int kKvBytes = decode_splitkv_kv_bytes(D, BLOCK_N, STAGES);

@@ -42,11 +42,14 @@ namespace fa2_mma_detail {
 //   swizzled: (base ^ 32*(ks & M)) + 32*(ks & ~M) + row0*RB,   M = 3 (CPR % 8 == 0) or 1,
 // since the key only permutes chunk bits inside an aligned group; the XOR form needs tile
 // bases aligned to 128 bytes (checked at kernel entry for the shared-memory base).
-template <int D>
+// SWIZZLED: fa2_mma's choice by default; a family that streams its tiles at HBM bandwidth takes the swizzled
+// form at every D (decode_splitkv): a padded row starts 16 bytes off a 32-byte boundary every other row, and
+// the copy engine then fetches the sectors it straddles twice (decode_splitkv_traits.h).
+template <int D, bool SWIZZLED = fa2_mma_swizzled(D)>
 struct SmemLayout {
   static constexpr int CPR = D / 8;
-  static constexpr int RB = fa2_mma_row_bytes(D);
-  static constexpr bool kSwizzled = fa2_mma_swizzled(D);
+  static constexpr bool kSwizzled = SWIZZLED;
+  static constexpr int RB = kSwizzled ? 2 * D : 2 * (D + 8);
   static constexpr int kMask = (CPR % 8 == 0) ? 3 : 1;
   __device__ __forceinline__ static int key(int r) { return (CPR % 8 == 0) ? (r & 7) : ((r >> 1) & 3); }
   // Byte offset of chunk c of row r.
@@ -112,7 +115,7 @@ template <class T>
 __device__ __forceinline__ void gemm_qk(float (&s)[T::kMTiles][T::kSTiles][4],
                                         const unsigned (&qf)[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kQkSlices : 1][4],
                                         unsigned q_base, unsigned k_base) {
-  using A = SmemLayout<T::kHeadDim>;
+  using A = SmemLayout<T::kHeadDim, T::kSwizzled>;
 #pragma unroll
   for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
@@ -217,7 +220,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[T::kMTiles][T::kSTiles
 template <class T>
 __device__ __forceinline__ void gemm_pv(float (&o)[T::kMTiles][T::kOTiles][4],
                                         const float (&s)[T::kMTiles][T::kSTiles][4], unsigned v_base) {
-  using A = SmemLayout<T::kHeadDim>;
+  using A = SmemLayout<T::kHeadDim, T::kSwizzled>;
 #pragma unroll
   for (int kk = 0; kk < T::kPvSlices; ++kk) {
     unsigned pa[T::kMTiles][4];
