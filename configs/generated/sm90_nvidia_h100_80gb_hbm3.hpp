@@ -16,9 +16,9 @@ namespace sm90_nvidia_h100_80gb_hbm3 {
 // fa3_wgmma parameters, positional: BLOCK_N CONSUMERS STAGES OVERLAP PINGPONG P_SMEM PERSISTENT TWO_CTAS
 inline constexpr Entry kEntries[] = {
     // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)
-    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {8, 256, 8, 1}, 6.74f},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 11.51f},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 4, 1}, 11.40f},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {2, 256, 4, 1}, 8.35f},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.88f},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {2, 256, 8, 1}, 12.32f},
     {"fa2_mma", "fwd", "bf16", 64, false, 1024, {128, 128, 4, 2}, 303.31f},
     {"fa2_mma", "fwd", "bf16", 64, false, 4096, {128, 128, 4, 2}, 339.48f},
     {"fa2_mma", "fwd", "bf16", 64, false, 16384, {128, 128, 4, 2}, 348.07f},
