@@ -84,10 +84,13 @@ std::string unsupported_reason(const std::string& direction, DType dtype, int he
 }
 
 int paged_max_seq_q() {
-  int m = -1;
+  int m = 0;
   for (const Family& f : families())
-    if (!f.test_only && f.paged) m = (m < 0 || f.max_seq_q == 0) ? f.max_seq_q : std::max(m, f.max_seq_q);
-  return std::max(m, 0);
+    if (!f.test_only && f.paged) {
+      if (f.max_seq_q == 0) return 0;  // one serves any Sq
+      m = std::max(m, f.max_seq_q);
+    }
+  return m;
 }
 
 Config nearest_paged_config(const Family& f, const Config& from, int head_dim, int page_size) {
