@@ -20,6 +20,10 @@ struct Entry {
   int seq_max;  // the entry covers sequence lengths up to this bucket
   int params[kMaxParams];
   float tflops;  // what it measured (mean over the bucket's problems)
+  // Measured on a paged K/V cache (the family's paged form): only a paged lookup takes it, and only where
+  // the family's paged check accepts the call's page size. Last, so that every dense entry's initializer
+  // leaves it out.
+  bool paged = false;
 };
 
 struct Table {
@@ -42,15 +46,16 @@ constexpr bool str_eq(const char* a, const char* b) {
 }
 
 // The entry for (family, direction, dtype, d, causal) whose bucket is the smallest that
-// holds seq; past the largest bucket, the largest. nullptr when none matches.
+// holds seq; past the largest bucket, the largest. nullptr when none matches. Dense entries unless
+// `paged` (then the paged K/V cache entries only).
 constexpr const Entry* find_in(const Table& t, const char* family, const char* direction, const char* dtype,
-                               int head_dim, bool causal, int seq) {
+                               int head_dim, bool causal, int seq, bool paged = false) {
   const Entry* best = nullptr;
   const Entry* largest = nullptr;
   for (int i = 0; i < t.count; ++i) {
     const Entry& e = t.entries[i];
     if (!str_eq(e.family, family) || !str_eq(e.direction, direction) || !str_eq(e.dtype, dtype) ||
-        e.head_dim != head_dim || e.causal != causal)
+        e.head_dim != head_dim || e.causal != causal || e.paged != paged)
       continue;
     if (!largest || e.seq_max > largest->seq_max) largest = &e;
     if (e.seq_max >= seq && (!best || e.seq_max < best->seq_max)) best = &e;

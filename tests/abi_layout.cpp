@@ -44,6 +44,14 @@ int main() {
          FIELD(ft_varlen_backward_args, dout); FIELD(ft_varlen_backward_args, lse); FIELD(ft_varlen_backward_args, dq);
          FIELD(ft_varlen_backward_args, dk); FIELD(ft_varlen_backward_args, dv);
          FIELD(ft_varlen_backward_args, workspace); FIELD(ft_varlen_backward_args, workspace_bytes));
+  STRUCT(ft_paged_forward_args, FIELD(ft_paged_forward_args, batch); FIELD(ft_paged_forward_args, heads);
+         FIELD(ft_paged_forward_args, heads_k); FIELD(ft_paged_forward_args, seq_q); FIELD(ft_paged_forward_args, head_dim);
+         FIELD(ft_paged_forward_args, num_pages); FIELD(ft_paged_forward_args, page_size);
+         FIELD(ft_paged_forward_args, max_pages); FIELD(ft_paged_forward_args, max_seqlen_k);
+         FIELD(ft_paged_forward_args, dtype); FIELD(ft_paged_forward_args, causal); FIELD(ft_paged_forward_args, scale);
+         FIELD(ft_paged_forward_args, block_table); FIELD(ft_paged_forward_args, cache_seqlens);
+         FIELD(ft_paged_forward_args, q); FIELD(ft_paged_forward_args, k_pages); FIELD(ft_paged_forward_args, v_pages);
+         FIELD(ft_paged_forward_args, o); FIELD(ft_paged_forward_args, lse));
   STRUCT(ft_explanation, FIELD(ft_explanation, family); FIELD(ft_explanation, config); FIELD(ft_explanation, source);
          FIELD(ft_explanation, cache); FIELD(ft_explanation, device); FIELD(ft_explanation, arch));
   // The enums' values and size: ctypes passes them as int.

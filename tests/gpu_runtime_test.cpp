@@ -14,6 +14,15 @@
 // own with $FLASHTUNE_DB naming a store that holds a decode_splitkv row for this GPU, where explain()
 // must say decode_splitkv for the calls in its bucket (and not for the one past Sq 16), each checked
 // against the float64 reference as the dense path is.
+// Paged K/V caches through ft_attention_paged_forward (pools scattered through the tuner's seeded block
+// table, never the identity order; rows past each cache length and spare pages NaN; ragged lengths with an
+// empty sequence, a single key and exact pages; GQA, MQA, MHA; Sq 1/3/4/16, causal and not; pages of 32 to 256
+// keys; a transposed q, a custom scale, a loose block-table stride, no lse): each sequence's O and LSE against
+// the float64 reference of that sequence alone on its logical K/V with the same bounds, the config's BLOCK_N
+// dividing the page, in every pass; then a pass with $FLASHTUNE_DB holding a paged and a dense decode_splitkv
+// row for this GPU, where explain must name the paged row for 256-key pages, the dense row for 128-key pages
+// (whose output must equal ft_attention_forward's on the same K/V, run with that row, bit for bit) and the
+// default for 64-key pages.
 // In a build with FLASHTUNE_AOT_ARCHS that covers this GPU's arch (90a for sm_90), pass 0 runs every
 // case first: each kernel must come from the library ("kernel: aot") and the fresh cache folder must
 // stay empty (nothing compiled by NVRTC).
@@ -37,6 +46,7 @@
 #include <vector>
 
 #include "attention_check.hpp"
+#include "templates/attention_params.h"
 #include "tests/fixture.hpp"
 #include "tuner/family.hpp"
 #include "tuner/store.hpp"
@@ -256,8 +266,243 @@ attention_check::Result run_varlen_case(const VarlenCase& c, unsigned seed) {
   return r;
 }
 
+// ---- paged K/V caches ------------------------------------------------------------------------------------
+struct PagedCase {
+  std::vector<int> lens;  // cache length of each sequence (0: no key)
+  int heads = 8, heads_k = 2, seq_q = 1, head_dim = 128, page_size = 64;
+  ft_dtype dtype = FT_BF16;
+  bool causal = false;
+  float scale = 0;             // <= 0: 1/sqrt(d)
+  bool bshd_q = false;         // q in [B, Sq, H, d] memory: packed by the library
+  int extra_columns = 0;       // block table columns past the longest sequence's pages (a larger row stride)
+  int spare_pages = 3;         // NaN pages no sequence uses
+  bool want_lse = true;        // false: lse NULL (the library's scratch; only O is checked)
+  int max_seqlen_k = 0;        // the lookup hint (0: the capacity)
+  bool dense_twin = false;     // also ft_attention_forward on the logical K/V (every sequence full): bit for bit
+  std::string str() const {
+    std::string l;
+    for (int x : lens) l += (l.empty() ? "" : ",") + std::to_string(x);
+    return std::string("paged ") + (dtype == FT_FP16 ? "fp16" : "bf16") + " H" + std::to_string(heads) + "/" +
+           std::to_string(heads_k) + " Sq" + std::to_string(seq_q) + " d" + std::to_string(head_dim) + " page " +
+           std::to_string(page_size) + " lens [" + l + "]" + (causal ? " causal" : "") + (bshd_q ? " bshd-q" : "") +
+           (scale > 0 ? " scale" : "") + (extra_columns ? " wide-table" : "") + (want_lse ? "" : " no-lse") +
+           (max_seqlen_k ? " max_seqlen_k " + std::to_string(max_seqlen_k) : "") + (dense_twin ? " vs-dense" : "");
+  }
+};
+
+std::vector<PagedCase> paged_cases() {
+  std::vector<PagedCase> out;
+  PagedCase c;
+  c.lens = {300, 1, 0, 1000, 256}, c.heads = 32, c.heads_k = 8, c.page_size = 256;  // an empty sequence, one key, a page
+  out.push_back(c);
+  c = PagedCase{};
+  c.lens = {64, 65, 200}, c.dtype = FT_FP16, c.heads = 8, c.heads_k = 1, c.seq_q = 4, c.head_dim = 64, c.causal = true;
+  c.bshd_q = true;  // MQA, 4 draft tokens
+  out.push_back(c);
+  c = PagedCase{};
+  c.lens = {5, 100, 33}, c.heads = c.heads_k = 4, c.seq_q = 16, c.head_dim = 256, c.page_size = 32, c.causal = true;
+  c.scale = 0.3f, c.extra_columns = 2;  // MHA; rows of sequence 0 that see no key; BLOCK_N 32 for 32-key pages
+  out.push_back(c);
+  c = PagedCase{};
+  c.lens = {700, 129, 2048, 1}, c.heads = 16, c.heads_k = 2, c.page_size = 128, c.causal = true, c.want_lse = false;
+  c.max_seqlen_k = 2048;
+  out.push_back(c);
+  c = PagedCase{};
+  c.lens = {96, 191}, c.dtype = FT_FP16, c.heads = 8, c.heads_k = 4, c.seq_q = 3, c.page_size = 96;
+  out.push_back(c);
+  c = PagedCase{};
+  c.lens = {4096, 4096}, c.heads = 32, c.heads_k = 8, c.page_size = 256;  // the H100 table's paged bucket
+  out.push_back(c);
+  return out;
+}
+
+// One paged call against each sequence's float64 reference (tuner/validate's bounds), and with dense_twin the
+// dense forward on the same logical K/V. r.bwd_explain holds the dense call's explain line (dense_twin only).
+attention_check::Result run_paged_case(const PagedCase& c, unsigned seed) {
+  using attention_check::detail::Tensor;
+  using attention_check::detail::cuda_error;
+  attention_check::Result r;
+  const flashtune::DType t = c.dtype == FT_FP16 ? flashtune::DType::fp16 : flashtune::DType::bf16;
+  const size_t elem = 2;
+  const int B = (int)c.lens.size(), H = c.heads, Hk = c.heads_k, Sq = c.seq_q, d = c.head_dim, P = c.page_size;
+  const int Smax = *std::max_element(c.lens.begin(), c.lens.end());
+  // The tuner's block table: the pages the batch uses in a seeded order that is never the logical one.
+  flashtune::Paged pg;
+  pg.page_size = P, pg.seed = seed, pg.seq_lens_k = c.lens;
+  const flashtune::PageTable pt = flashtune::page_table(pg, B, Smax);
+  const int max_pages = pt.max_pages + c.extra_columns, num_pages = pt.num_pages + c.spare_pages;
+  std::vector<int32_t> table((size_t)B * max_pages, -1);
+  for (int b = 0; b < B; ++b)
+    std::copy_n(pt.table.begin() + (size_t)b * pt.max_pages, pt.max_pages, table.begin() + (size_t)b * max_pages);
+
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = normal(rng);
+    flashtune::to_device_format(v, t);  // rounded: the reference sees what the kernel sees
+    return v;
+  };
+  // q [B, H, Sq, d]; the logical K, V [B, Hk, Smax, d] (sequence b's first lens[b] rows are its cache).
+  const size_t nq = (size_t)B * H * Sq * d, nkv = (size_t)B * Hk * Smax * d;
+  const std::vector<float> q = random(nq), k = random(nkv), v = random(nkv);
+  // The pools [num_pages, Hk, P, d]: NaN except the rows the sequences hold, scattered page by page.
+  const size_t npool = (size_t)num_pages * Hk * P * d;
+  std::vector<float> kpool(npool, NAN), vpool(npool, NAN);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hk; ++h)
+      for (int j = 0; j < c.lens[b]; ++j) {
+        const int page = table[(size_t)b * max_pages + j / P];
+        const long long off = flashtune::paged_key_offset(page, Hk, P, h, j % P, d);
+        const size_t src = (((size_t)b * Hk + h) * Smax + j) * d;
+        std::copy_n(k.begin() + src, d, kpool.begin() + off);
+        std::copy_n(v.begin() + src, d, vpool.begin() + off);
+      }
+
+  cudaStream_t stream;
+  if (cudaError_t e = cudaStreamCreate(&stream)) return r.error = cuda_error(e, "cudaStreamCreate"), r;
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } guard{stream};
+  auto upload_bytes = [&](Tensor& dst, const void* src, size_t bytes) -> std::string {
+    dst.bytes = bytes;
+    if (cudaError_t e = cudaMalloc(&dst.ptr, bytes)) return cuda_error(e, "cudaMalloc");
+    if (cudaError_t e = cudaMemcpy(dst.ptr, src, bytes, cudaMemcpyHostToDevice)) return cuda_error(e, "cudaMemcpy");
+    return "";
+  };
+  auto upload = [&](Tensor& dst, std::vector<float> src) {
+    const std::vector<uint8_t> bytes = flashtune::to_device_format(src, t);
+    return upload_bytes(dst, bytes.data(), bytes.size());
+  };
+  // q in [B, Sq, H, d] memory when bshd_q.
+  std::vector<float> q_mem(q);
+  if (c.bshd_q)
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < Sq; ++i)
+          std::copy_n(q.begin() + (((size_t)b * H + h) * Sq + i) * d, d, q_mem.begin() + (((size_t)b * Sq + i) * H + h) * d);
+  Tensor dQ, dK, dV, dO, dLse, dTable, dLens;
+  const std::vector<float> lse_poison((size_t)B * H * Sq, NAN);
+  std::string err;
+  if (!(err = upload(dQ, q_mem)).empty() || !(err = upload(dK, kpool)).empty() || !(err = upload(dV, vpool)).empty() ||
+      !(err = upload(dO, std::vector<float>(nq, NAN))).empty() ||
+      !(err = upload_bytes(dLse, lse_poison.data(), lse_poison.size() * 4)).empty() ||
+      !(err = upload_bytes(dTable, table.data(), table.size() * 4)).empty() ||
+      !(err = upload_bytes(dLens, c.lens.data(), c.lens.size() * 4)).empty())
+    return r.error = err, r;
+
+  rt::PagedForwardArgs f;
+  f.batch = B, f.heads = H, f.heads_k = Hk, f.seq_q = Sq, f.head_dim = d, f.dtype = c.dtype, f.causal = c.causal;
+  f.scale = c.scale, f.num_pages = num_pages, f.page_size = P, f.max_pages = max_pages, f.max_seqlen_k = c.max_seqlen_k;
+  f.block_table = (const int32_t*)dTable.ptr, f.cache_seqlens = (const int32_t*)dLens.ptr;
+  f.q = c.bshd_q ? rt::Tensor::bshd(dQ.ptr, B, H, Sq, d) : rt::Tensor::bhsd(dQ.ptr, B, H, Sq, d);
+  f.k_pages = rt::Tensor::bhsd(dK.ptr, num_pages, Hk, P, d);
+  f.v_pages = rt::Tensor::bhsd(dV.ptr, num_pages, Hk, P, d);
+  f.o = rt::Tensor::bhsd(dO.ptr, B, H, Sq, d);
+  f.lse = c.want_lse ? (float*)dLse.ptr : nullptr;
+  r.fwd_explain = rt::explain(f);
+  // The config must read these pages: its BLOCK_N divides the page size.
+  const size_t at = r.fwd_explain.find("BLOCK_N=");
+  if (!contains(r.fwd_explain, "decode_splitkv ") || at == std::string::npos)
+    return r.error = "explain does not name decode_splitkv's BLOCK_N", r;
+  if (const int bn = std::atoi(r.fwd_explain.c_str() + at + 8); bn <= 0 || P % bn)
+    return r.error = "BLOCK_N " + std::to_string(bn) + " does not divide the page size " + std::to_string(P), r;
+  if (rt::Status st = rt::paged_forward(f, stream); !st) return r.error = "paged forward: " + st.message, r;
+  if (cudaError_t e = cudaStreamSynchronize(stream)) return r.error = cuda_error(e, "paged forward"), r;
+  std::vector<uint8_t> o_bytes(nq * elem);
+  std::vector<float> lse((size_t)B * H * Sq);
+  if (cudaError_t e = cudaMemcpy(o_bytes.data(), dO.ptr, o_bytes.size(), cudaMemcpyDeviceToHost))
+    return r.error = cuda_error(e, "cudaMemcpy"), r;
+  if (cudaError_t e = cudaMemcpy(lse.data(), dLse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost))
+    return r.error = cuda_error(e, "cudaMemcpy"), r;
+  const std::vector<float> o = flashtune::from_device_format(o_bytes, t);
+
+  // Each sequence alone: the dense float64 reference on its first lens[b] keys, the dense bounds.
+  const size_t rows_b = (size_t)H * Sq;
+  for (int b = 0; b < B; ++b) {
+    const std::string seq = "sequence " + std::to_string(b) + " (" + std::to_string(c.lens[b]) + " keys): ";
+    const std::vector<float> ob(o.begin() + b * rows_b * d, o.begin() + (b + 1) * rows_b * d);
+    std::vector<float> lb(lse.begin() + b * rows_b, lse.begin() + (b + 1) * rows_b);
+    if (c.lens[b] == 0) {  // no key: O = 0, LSE = +inf
+      for (size_t i = 0; i < ob.size(); ++i)
+        if (ob[i] != 0.f) return r.error = seq + "O[" + std::to_string(i) + "] = " + std::to_string(ob[i]) + ", want 0", r;
+      for (size_t i = 0; c.want_lse && i < lb.size(); ++i)
+        if (!(std::isinf(lb[i]) && lb[i] > 0)) return r.error = seq + "LSE[" + std::to_string(i) + "] is not +inf", r;
+      continue;
+    }
+    const int L = c.lens[b];
+    std::vector<float> kb((size_t)Hk * L * d), vb((size_t)Hk * L * d);
+    for (int h = 0; h < Hk; ++h) {
+      const size_t src = (((size_t)b * Hk + h) * Smax) * d;
+      std::copy_n(k.begin() + src, (size_t)L * d, kb.begin() + (size_t)h * L * d);
+      std::copy_n(v.begin() + src, (size_t)L * d, vb.begin() + (size_t)h * L * d);
+    }
+    flashtune::Problem pb;
+    pb.batch = 1, pb.heads = H, pb.heads_k = Hk == H ? 0 : Hk, pb.seq_q = Sq, pb.seq_k = L, pb.head_dim = d;
+    pb.dtype = t, pb.causal = c.causal;
+    const flashtune::ref::Shape shape{1, H, Sq, L, d, c.causal, (double)c.scale, pb.heads_k};
+    std::vector<int64_t> rows(rows_b);
+    for (size_t i = 0; i < rows_b; ++i) rows[i] = (int64_t)i;
+    const flashtune::FwdReference ref =
+        flashtune::forward_reference(shape, q.data() + b * rows_b * d, kb.data(), vb.data(), rows);
+    if (!c.want_lse)  // the LSE went to the library's scratch: O alone is checked
+      for (size_t i = 0; i < rows_b; ++i) lb[i] = (float)ref.lse[i];
+    const flashtune::Verdict fv = flashtune::validate_forward(pb, ref, ob, lb);
+    if (!fv.ok) return r.error = seq + fv.error, r;
+  }
+
+  if (c.dense_twin) {  // the dense forward on the logical K/V: every sequence is Smax long
+    for (int x : c.lens)
+      if (x != Smax) return r.error = "dense_twin needs every sequence full", r;
+    Tensor dKd, dVd, dOd, dLd;
+    if (!(err = upload(dKd, k)).empty() || !(err = upload(dVd, v)).empty() ||
+        !(err = upload(dOd, std::vector<float>(nq, NAN))).empty() ||
+        !(err = upload_bytes(dLd, lse_poison.data(), lse_poison.size() * 4)).empty())
+      return r.error = err, r;
+    rt::ForwardArgs g;
+    g.batch = B, g.heads = H, g.heads_k = Hk, g.seq_q = Sq, g.seq_k = Smax, g.head_dim = d, g.dtype = c.dtype;
+    g.causal = c.causal, g.scale = c.scale, g.q = f.q;
+    g.k = rt::Tensor::bhsd(dKd.ptr, B, Hk, Smax, d), g.v = rt::Tensor::bhsd(dVd.ptr, B, Hk, Smax, d);
+    g.o = rt::Tensor::bhsd(dOd.ptr, B, H, Sq, d), g.lse = (float*)dLd.ptr;
+    r.bwd_explain = "dense twin: " + rt::explain(g);
+    if (rt::Status st = rt::forward(g, stream); !st) return r.error = "dense forward: " + st.message, r;
+    if (cudaError_t e = cudaStreamSynchronize(stream)) return r.error = cuda_error(e, "dense forward"), r;
+    std::vector<uint8_t> od(nq * elem);
+    std::vector<float> ld(lse.size());
+    cudaMemcpy(od.data(), dOd.ptr, od.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(ld.data(), dLd.ptr, ld.size() * 4, cudaMemcpyDeviceToHost);
+    // Compared only where both ran one config (the caller's pass arranges it): then the kernels' arithmetic is the same.
+    auto config_of = [](const std::string& line) {
+      const size_t a = line.find("decode_splitkv "), z = line.find(" (config:");
+      return a == std::string::npos || z == std::string::npos ? std::string() : line.substr(a + 15, z - a - 15);
+    };
+    if (config_of(r.fwd_explain).empty() || config_of(r.fwd_explain) != config_of(r.bwd_explain))
+      return r.error = "the dense twin does not run the paged call's decode_splitkv config", r;
+    if (od != o_bytes) {
+      const std::vector<float> dense = flashtune::from_device_format(od, t);
+      size_t n = 0, first = 0;
+      double worst = 0;
+      for (size_t i = 0; i < dense.size(); ++i)
+        if (std::memcmp(&od[i * elem], &o_bytes[i * elem], elem)) {
+          if (!n++) first = i;
+          worst = std::max(worst, (double)std::fabs(dense[i] - o[i]));
+        }
+      return r.error = "paged and dense forms of one config differ in O on the same K/V: " + std::to_string(n) +
+                       " elements, the first [" + std::to_string(first) + "] " + std::to_string(o[first]) + " vs " +
+                       std::to_string(dense[first]) + ", max |diff| " + std::to_string(worst),
+             r;
+    }
+    if (c.want_lse && std::memcmp(ld.data(), lse.data(), ld.size() * 4))
+      return r.error = "paged and dense forms of one config differ in LSE on the same K/V", r;
+  }
+  r.ok = true;
+  return r;
+}
+
 attention_check::Result run_one(const Case& c, unsigned seed) { return attention_check::run_case(c, seed); }
 attention_check::Result run_one(const VarlenCase& c, unsigned seed) { return run_varlen_case(c, seed); }
+attention_check::Result run_one(const PagedCase& c, unsigned seed) { return run_paged_case(c, seed); }
 
 #ifndef FLASHTUNE_AOT_ARCHS
 #define FLASHTUNE_AOT_ARCHS ""
@@ -295,6 +540,7 @@ int run_pass(const char* name, const std::vector<C>& cs, unsigned threads, const
       bool ok = r.ok;
       std::string why = r.error;
       for (const std::string* line : {&r.fwd_explain, &r.bwd_explain}) {
+        if (line->empty() && line == &r.bwd_explain) continue;  // a forward-only case (paged)
         bool seen = allowed.empty();
         for (const char* a : allowed) seen = seen || contains(*line, a);
         if (!seen) ok = false, why = "unexpected kernel source: " + *line;
@@ -390,6 +636,61 @@ int decode_pass(const std::vector<Case>& all) {
   return failed;
 }
 
+// Paged calls through $FLASHTUNE_DB: a store holding, for this GPU (bf16, d 128, non-causal, 32 query heads over 8,
+// Sk 4096), a paged decode_splitkv row (256-key pages) and a dense one whose configs differ in BLOCK_N (256, 128).
+// 256-key pages run the paged row; 128-key pages, which BLOCK_N 256 cannot read, the dense row (noted), whose
+// output must be ft_attention_forward's with that row on the same K/V bit for bit (one config: the same blocks,
+// splits and sums, only the addresses differ); 64-key pages, which neither reads, the default. Each checked
+// against the float64 reference.
+int paged_db_pass() {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, dev);
+  const std::string arch = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+  const std::string dir = flashtune::make_private_tmpdir("ft-runtime-paged-db");
+  const std::string db = dir + "/paged.db";
+  const flashtune::Family& f = flashtune::find_family("decode_splitkv");
+  const std::string paged_cfg = "SPLITS=8,BLOCK_N=256,WARPS=8,STAGES=1", dense_cfg = "SPLITS=4,BLOCK_N=128,WARPS=4,STAGES=1";
+  {
+    flashtune::Store store(db);
+    flashtune::Problem p{8, 32, 1, 4096, 128, flashtune::DType::bf16, false};
+    p.heads_k = 8;
+    flashtune::ResultRecord r = flashtune::fixture::fixture_result(dense_cfg, p, "ok", 0.05);
+    r.family = f.name;
+    store.put_result(r, flashtune::fixture::fixture_device(prop.name, arch));
+    p.paged.page_size = 256;
+    r = flashtune::fixture::fixture_result(paged_cfg, p, "ok", 0.05);
+    r.family = f.name;
+    store.put_result(r, flashtune::fixture::fixture_device(prop.name, arch));
+  }
+  PagedCase c;
+  c.lens = {4096, 4096}, c.heads = 32, c.heads_k = 8, c.page_size = 256;
+  struct Want {
+    int page;
+    std::string config, source, note;
+    bool twin;
+  } wants[] = {{256, paged_cfg, "config: db", "", false},
+               {128, dense_cfg, "config: db", "the dense decoding pick used", true},
+               {64, f.config_string(f.default_config), "config: default", "rejected for pages of 64 keys", false}};
+  setenv("FLASHTUNE_DB", db.c_str(), 1);
+  int failed = 0;
+  for (const Want& w : wants) {
+    c.page_size = w.page, c.dense_twin = w.twin;
+    const attention_check::Result r = run_paged_case(c, 200 + (unsigned)w.page);
+    const bool ran = contains(r.fwd_explain, ("decode_splitkv " + w.config + " (" + w.source).c_str()) &&
+                     (w.note.empty() ? !contains(r.fwd_explain, "; ") : contains(r.fwd_explain, w.note.c_str()));
+    const bool ok = r.ok && ran;
+    std::printf("paged-db %s %s (wants %s, %s%s%s)%s%s\n  fwd: %s\n  %s\n", ok ? "PASS" : "FAIL", c.str().c_str(),
+                w.config.c_str(), w.source.c_str(), w.note.empty() ? "" : "; ", w.note.c_str(), r.ok ? "" : ": ",
+                r.error.c_str(), r.fwd_explain.c_str(), r.bwd_explain.c_str());
+    failed += !ok;
+  }
+  unsetenv("FLASHTUNE_DB");
+  std::filesystem::remove_all(dir);
+  return failed;
+}
+
 int unsupported() {
   int failed = 0;
   for (auto [t, d] : {std::pair{FT_FP32, 256}, std::pair{FT_BF16, 80}}) {
@@ -417,19 +718,23 @@ int main(int argc, char** argv) {
   // With AOT kernels in the library, explain() says "aot" for them wherever they are loaded from.
   const bool aot = !std::string(FLASHTUNE_AOT_ARCHS).empty();
   const std::vector<VarlenCase> vs = varlen_cases();
+  const std::vector<PagedCase> ps = paged_cases();
   if (disk_pass) {
     const std::vector<const char*> from_disk = {"kernel: disk", "kernel: memory", aot ? "kernel: aot" : "kernel: disk"};
-    return run_pass("disk", cs, 1, from_disk) + run_pass("disk", vs, 1, from_disk) ? 1 : 0;
+    return run_pass("disk", cs, 1, from_disk) + run_pass("disk", vs, 1, from_disk) + run_pass("disk", ps, 1, from_disk)
+               ? 1
+               : 0;
   }
 
   std::string dir = flashtune::make_private_tmpdir("ft-runtime-cache");
   setenv("FLASHTUNE_CACHE_DIR", dir.c_str(), 1);
-  std::printf("FLASHTUNE_CACHE_DIR=%s, %zu cases, %zu packed\n", dir.c_str(), cs.size(), vs.size());
+  std::printf("FLASHTUNE_CACHE_DIR=%s, %zu cases, %zu packed, %zu paged\n", dir.c_str(), cs.size(), vs.size(), ps.size());
   const unsigned threads = std::max(1u, std::min(12u, std::thread::hardware_concurrency()));
   int failed = 0;
   if (const std::string arch = aot_arch(); !arch.empty()) {
     failed += run_pass("aot", cs, threads, {"kernel: aot"});
     failed += run_pass("aot", vs, threads, {"kernel: aot"});
+    failed += run_pass("aot", ps, threads, {"kernel: aot"});
     const int n = cache_entries(dir);
     std::printf("%s aot: %d kernel(s) compiled by NVRTC on %s (want 0)\n", n ? "FAIL" : "PASS", n, arch.c_str());
     failed += n != 0;
@@ -438,9 +743,12 @@ int main(int argc, char** argv) {
   }
   failed += run_pass("jit", cs, threads, {});
   failed += run_pass("jit", vs, threads, {});
+  failed += run_pass("jit", ps, threads, {});
   failed += run_pass("memory", cs, 1, {"kernel: memory", aot ? "kernel: aot" : "kernel: memory"});
   failed += run_pass("memory", vs, 1, {"kernel: memory", aot ? "kernel: aot" : "kernel: memory"});
+  failed += run_pass("memory", ps, 1, {"kernel: memory", aot ? "kernel: aot" : "kernel: memory"});
   failed += decode_pass(cs);
+  failed += paged_db_pass();
   failed += contextless_thread();
   failed += unsupported();
 

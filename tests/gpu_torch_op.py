@@ -16,6 +16,14 @@ FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (tests/CMakeLists.txt se
   sliced out of a packed qkv projection, a loose max_seqlen): O, dQ, dK, dV against the float64 reference
   of each sequence alone, relative L2 no worse than 1.2x torch flash's run on each sequence, max-abs 2x;
   under torch.compile(fullgraph=True) the same as eager; explain_varlen(); its one-line errors.
+- attention_paged (a paged K/V cache: pools [num_pages, Hk, page_size, d], a shuffled block table, ragged cache
+  lengths with an empty sequence, pages past every length and unused pages poisoned with NaN; causal and not,
+  GQA, MQA and MHA, Sq 1/4/16, d 64/128/256, pages of 32 to 256 keys, a transposed q): O against the float64
+  reference of each sequence on its K/V gathered through the block table, relative L2 no worse than 1.2x torch
+  SDPA's (enable_gqa=True, bottom-right mask) on the same gathered K/V, max-abs 2x, every element finite;
+  explain_paged() (the committed paged entry where the tables hold one for this GPU, the noted fallbacks);
+  torch.compile(fullgraph=True) and inference_mode give the same bits; its one-line errors, a tensor requiring
+  grad refused.
 """
 import glob
 import math
@@ -29,7 +37,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtune
-from flashtune.torch import FlashAttention, attention, attention_varlen, explain, explain_varlen
+from flashtune.torch import (FlashAttention, attention, attention_paged, attention_varlen, explain, explain_paged,
+                             explain_varlen)
 
 FAILURES = []
 SEED = 20261123
@@ -292,6 +301,166 @@ def varlen_accuracy():
     worst = max((a.float() - b.float()).norm().item() / b.float().norm().clamp_min(1e-30).item()
                 for a, b in zip(outs[0][1:], outs[1][1:]))
     check(worst <= 5e-3, f"attention_varlen under torch.compile(fullgraph=True): gradients match eager (rel L2 {worst:.2e})")
+# --- paged K/V caches --------------------------------------------------------------------------------------
+PAGED_CASES = [  # cache lengths, H, Hk, Sq, d, page size, causal, dtype, q transposed ([B, Sq, H, d] memory)
+    ([300, 1, 0, 1000, 256], 32, 8, 1, 128, 256, False, torch.bfloat16, False),
+    ([64, 65, 200], 8, 1, 4, 64, 64, True, torch.float16, True),
+    ([5, 100, 33], 4, 4, 16, 256, 32, True, torch.bfloat16, False),
+    ([700, 129, 2048, 1], 16, 2, 1, 128, 128, True, torch.bfloat16, True),
+    ([96, 191], 8, 4, 3, 128, 96, False, torch.float16, False),
+]
+
+
+def make_paged(lengths, Hk, d, page, dtype, gen, spare=3):
+    """A shuffled page pool for these cache lengths: (k_pages, v_pages, block_table, cache_seqlens, k_dense, v_dense)
+    with the dense per-sequence K/V ([Hk, len, d] each) that the pages hold. Every row the sequences do not hold (a
+    page's rows past its sequence's length, `spare` pages no sequence uses, the table's unused entries' pages) is
+    NaN: a kernel reading one fails."""
+    pages = [-(-n // page) for n in lengths]
+    num_pages = sum(pages) + spare
+    max_pages = max(max(pages), 1)
+    perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(sum(lengths) + page))
+    k_pages = torch.full((num_pages, Hk, page, d), float("nan"), dtype=dtype, device="cuda")
+    v_pages = torch.full_like(k_pages, float("nan"))
+    table = torch.full((len(lengths), max_pages), -1, dtype=torch.int32)
+    dense_k, dense_v, used = [], [], 0
+    for b, n in enumerate(lengths):
+        k = torch.randn(Hk, n, d, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(Hk, n, d, device="cuda", dtype=dtype, generator=gen)
+        dense_k.append(k)
+        dense_v.append(v)
+        for j in range(pages[b]):
+            phys = int(perm[used])
+            used += 1
+            table[b, j] = phys
+            rows = slice(j * page, min((j + 1) * page, n))
+            k_pages[phys, :, :rows.stop - rows.start] = k[:, rows]
+            v_pages[phys, :, :rows.stop - rows.start] = v[:, rows]
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    return k_pages, v_pages, table.cuda(), lens, dense_k, dense_v
+
+
+def sdpa_gqa(q, k, v, causal, scale):
+    """torch SDPA (its default backend) with enable_gqa=True and the bottom-right mask; rows that see no key O = 0."""
+    sq, sk = q.shape[2], k.shape[2]
+    if sk == 0:
+        return torch.zeros_like(q)
+    mask = causal_mask(sq, sk, q.device) if causal and sq > 1 else None
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    if mask is not None:  # a fully masked row's softmax is 0/0 in SDPA
+        o = torch.where(mask.any(-1)[:, None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+    return o
+
+
+# How far two correct 16-bit outputs of one attention may be apart in relative L2: 4 unit roundoffs of the dtype
+# (bf16 2^-8, fp16 2^-11), their output roundings and softmax orders differing. A block read from the wrong page
+# or past a cache length moves a sequence's O by tens of percent.
+AGREE_REL_L2 = {torch.bfloat16: 4 * 2.0**-8, torch.float16: 4 * 2.0**-11}
+
+
+def paged_accuracy():
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 4)
+    tabled = torch.cuda.get_device_name() in tabled_decode_devices()
+    for lengths, H, Hk, sq, d, page, causal, dtype, transposed in PAGED_CASES:
+        B = len(lengths)
+        name = (f"paged {str(dtype).split('.')[-1]} H{H}/{Hk} Sq{sq} d{d} page {page} lens {lengths}"
+                f"{' causal' if causal else ''}{' q transposed' if transposed else ''}")
+        k_pages, v_pages, table, lens, dk, dv = make_paged(lengths, Hk, d, page, dtype, gen)
+        if transposed:
+            q = torch.randn(B, sq, H, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+        else:
+            q = torch.randn(B, H, sq, d, device="cuda", dtype=dtype, generator=gen)
+        scale = 1.0 / math.sqrt(d)
+        with torch.no_grad():
+            o = attention_paged(q, k_pages, v_pages, table, lens, causal=causal)
+        check(o.shape == (B, H, sq, d) and o.dtype == dtype and o.is_contiguous(), f"{name}: O shape, dtype, contiguous")
+        check(bool(torch.isfinite(o).all()), f"{name}: every O element finite (no NaN row of the pools was read)")
+        # Each sequence alone on its K/V gathered through the block table: the float64 reference, torch flash (the
+        # bar the dense op meets: the same precision class, GQA by repeated heads) and SDPA with enable_gqa=True.
+        ref = torch.zeros(o.shape, dtype=torch.float64, device="cuda")
+        flash, sdpa = torch.zeros_like(o), torch.zeros_like(o)
+        dout = torch.zeros(1, H, sq, d, dtype=dtype, device="cuda")  # the helpers also differentiate: unused here
+        for b, n in enumerate(lengths):
+            if n == 0:  # no key: O = 0 for every row
+                continue
+            qb, kb, vb = q[b:b + 1], dk[b][None], dv[b][None]
+            ref[b] = reference(qb, kb, vb, dout, causal, scale)[0][0]
+            flash[b] = torch_flash(qb, kb, vb, dout, causal, scale)[0][0]
+            sdpa[b] = sdpa_gqa(qb, kb, vb, causal, scale)[0]
+        ma, rl2 = errors(o, ref)
+        tma, trl2 = errors(flash, ref)
+        check(rl2 <= 1.2 * trl2 and ma <= 2.0 * tma,
+              f"{name}: O rel L2 {rl2:.3e} vs torch flash on the gathered K/V {trl2:.3e} (<= 1.2x), max-abs {ma:.3e} vs "
+              f"{tma:.3e} (<= 2x)")
+        agree = (o.double() - sdpa.double()).norm().item() / sdpa.double().norm().clamp_min(1e-300).item()
+        check(agree <= AGREE_REL_L2[dtype], f"{name}: O against torch SDPA (enable_gqa=True) on the gathered K/V: rel "
+                                            f"L2 {agree:.3e} <= {AGREE_REL_L2[dtype]:.1e}")
+        for b, n in enumerate(lengths):
+            if n == 0:
+                check(bool((o[b] == 0).all()), f"{name}: sequence {b} holds no key: O = 0")
+        e = explain_paged(q, k_pages, v_pages, table, lens, causal=causal)
+        check(e["family"] == "decode_splitkv" and e["source"] in ("db", "device", "arch", "default"),
+              f"{name}: explain_paged(): {e['family']} {e['config']} ({e['source']}) {e['note']}")
+        block_n = int(re.search(r"BLOCK_N=(\d+)", e["config"]).group(1))
+        check(page % block_n == 0, f"{name}: the config's BLOCK_N {block_n} divides the page ({page})")
+        if tabled and dtype == torch.bfloat16 and d == 128 and (not causal or sq == 1) and page == 256:
+            check(e["source"] == "device" and e["note"] == "", f"{name}: the committed paged entry runs: {e}")
+        if page % 64:  # the default's BLOCK_N 64 does not divide it: its nearest config, said so
+            check("nearest config that reads pages of" in e["note"], f"{name}: the nearest config is noted: {e['note']}")
+
+    # torch.compile(fullgraph=True) and inference_mode: the same bits as eager under no_grad.
+    lengths = [333, 0, 64]
+    k_pages, v_pages, table, lens, _, _ = make_paged(lengths, 2, 128, 64, torch.bfloat16, gen)
+    q = torch.randn(3, 8, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def f(q):
+        return attention_paged(q, k_pages, v_pages, table, lens, max_seqlen_k=333)
+
+    with torch.no_grad():
+        eager = f(q)
+        compiled = torch.compile(f, fullgraph=True)(q)
+    with torch.inference_mode():
+        inf = f(q)
+    check(torch.equal(eager, compiled), "attention_paged under torch.compile(fullgraph=True): the same O as eager")
+    check(torch.equal(eager, inf), "attention_paged under torch.inference_mode(): the same O as under no_grad")
+
+
+def paged_errors():
+    q = torch.randn(2, 8, 1, 64, device="cuda", dtype=torch.bfloat16)
+    pool = torch.randn(6, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([150, 192], dtype=torch.int32, device="cuda")
+
+    def ap(q=q, k=pool, v=pool, t=table, n=lens, **kw):
+        with torch.no_grad():
+            return attention_paged(q, k, v, t, n, **kw)
+
+    raises(lambda: attention_paged(q.clone().requires_grad_(True), pool, pool, table, lens), RuntimeError,
+           "forward only", "paged: q requiring grad")
+    raises(lambda: ap(q=q.cpu()), ValueError, "CUDA", "paged: q on the CPU")
+    raises(lambda: ap(n=lens.cpu()), ValueError, "cache_seqlens is on cpu", "paged: cache lengths on the CPU")
+    raises(lambda: ap(t=table.long()), ValueError, "torch.int32", "paged: an int64 block table")
+    raises(lambda: ap(n=lens[:1]), ValueError, "batch sizes differ", "paged: one cache length for two sequences")
+    raises(lambda: ap(q=q.float()), TypeError, "the cache is never cast", "paged: an fp32 q with a bf16 cache")
+    raises(lambda: ap(k=pool.float(), v=pool.float()), TypeError, "float16 or torch.bfloat16", "paged: an fp32 cache")
+    raises(lambda: ap(k=pool.transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "must be contiguous",
+           "paged: FlashAttention's [num_blocks, page_size, heads_k, d] pool seen as ours")
+    raises(lambda: ap(k=pool[:, :1], v=pool[:, :1].contiguous()), ValueError, "must be contiguous", "paged: a sliced pool")
+    raises(lambda: ap(k=pool[:, :, :, :32].contiguous(), v=pool[:, :, :, :32].contiguous()), ValueError,
+           "head dims differ", "paged: pools of another head dim")
+    p3 = torch.randn(6, 3, 64, 64, device="cuda", dtype=torch.bfloat16)
+    raises(lambda: ap(k=p3, v=p3), ValueError, "must divide", "paged: 3 kv heads for 8 query heads")
+    raises(lambda: ap(max_seqlen_k=193), ValueError, "max_seqlen_k = 193 is out of range", "paged: max_seqlen_k past "
+           "the capacity")
+    q17 = torch.randn(2, 8, 17, 64, device="cuda", dtype=torch.bfloat16)
+    raises(lambda: ap(q=q17), flashtune.UnsupportedError, "Sq <= 16", "paged: Sq 17 (the runtime's FT_UNSUPPORTED)")
+    p16 = torch.randn(24, 2, 16, 64, device="cuda", dtype=torch.bfloat16)
+    raises(lambda: ap(k=p16, v=p16), flashtune.UnsupportedError, "page_size 16", "paged: 16-key pages (no BLOCK_N)")
+    p96 = torch.randn(6, 2, 64, 96, device="cuda", dtype=torch.bfloat16)
+    raises(lambda: ap(q=torch.randn(2, 8, 1, 96, device="cuda", dtype=torch.bfloat16), k=p96, v=p96),
+           flashtune.UnsupportedError, "head_dim 96", "paged: head dim 96")
+
+
 class TinyAttentionBlock(torch.nn.Module):
     def __init__(self, dim=256, heads=4, causal=True):
         super().__init__()
@@ -427,7 +596,8 @@ def main():
         print(f"FAIL  no GPU: flashtune says {why!r}, torch.cuda.is_available() = {torch.cuda.is_available()}")
         return 1
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
-    for part in (error_messages, accuracy, decode_dispatch, varlen_accuracy, streams_module_explain, compiled_and_autocast):
+    for part in (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
+                 streams_module_explain, compiled_and_autocast):
         try:
             part()
         except Exception:  # noqa: BLE001 - one part's crash is reported and the rest still run

@@ -55,6 +55,9 @@ class StructLayout(unittest.TestCase):
     def test_varlen_backward_args(self):
         self.check("ft_varlen_backward_args", _lib.FtVarlenBackwardArgs)
 
+    def test_paged_forward_args(self):
+        self.check("ft_paged_forward_args", _lib.FtPagedForwardArgs)
+
     def test_enums(self):
         e = self.c["enums"]
         self.assertEqual(e["sizeof_ft_status"], ctypes.sizeof(ctypes.c_int))
@@ -234,6 +237,68 @@ class VarlenArgumentChecks(unittest.TestCase):
             _lib.pack_varlen_forward((2**31, *sizes[1:]), 0x7000, 0x7100, 2, 0, 0.0, *[flat(t)] * 4, 0)
 
 
+class PagedArgumentChecks(unittest.TestCase):
+    """Paged K/V caches: checked in Python before the library is called."""
+    Q = (0x1000, (8 * 128, 128, 128, 1))
+    POOL = (0x5000, (2 * 64 * 128, 64 * 128, 128, 1))
+    SIZES = dict(batch=3, heads=8, seq_q=1, head_dim=128, num_pages=40, page_size=64, max_pages=16, max_seqlen_k=900)
+
+    def fwd(self, sizes=None, **kw):
+        a = dict(sizes=dict(self.SIZES, **(sizes or {})), block_table=0x7000, cache_seqlens=0x7100, dtype="bf16",
+                 causal=True, scale=None, q=self.Q, k_pages=self.POOL, v_pages=self.POOL, o=self.Q, lse=0x2000,
+                 heads_k=2)
+        a.update(kw)
+        return _lib.paged_forward_args(**a)
+
+    def test_good_args_packed(self):
+        a = self.fwd()
+        self.assertEqual((a.batch, a.heads, a.heads_k, a.seq_q, a.head_dim), (3, 8, 2, 1, 128))
+        self.assertEqual((a.num_pages, a.page_size, a.max_pages, a.max_seqlen_k), (40, 64, 16, 900))
+        self.assertEqual((a.block_table, a.cache_seqlens), (0x7000, 0x7100))
+        self.assertEqual((a.dtype, a.causal, a.scale), (_lib.DTYPES["bf16"], 1, 0.0))
+        self.assertEqual(list(a.k_pages.stride), [2 * 64 * 128, 64 * 128, 128, 1])
+        self.assertEqual(self.fwd(sizes={"max_seqlen_k": 0}).max_seqlen_k, 0)  # the capacity
+
+    def test_bad_sizes(self):
+        cases = [({"batch": 0}, "batch = 0 is out of range"),
+                 ({"batch": 65536}, "batch = 65536 is out of range \\[1, 65535\\]"),
+                 ({"page_size": 0}, "page_size = 0 is out of range"),
+                 ({"max_pages": 2**20, "page_size": 2048}, "max_pages x page_size = 2147483648 keys a sequence is over "
+                                                            "2\\^30"),
+                 ({"max_seqlen_k": 1025}, "max_seqlen_k = 1025 is out of range \\[0, 1024\\]"),
+                 ({"max_seqlen_k": -1}, "max_seqlen_k = -1 is out of range")]
+        for sizes, pattern in cases:
+            with self.assertRaisesRegex(ValueError, pattern):
+                self.fwd(sizes=sizes)
+        with self.assertRaisesRegex(ValueError, "sizes must be a dict of batch"):
+            _lib.paged_forward_args({"batch": 3}, 0x7000, 0x7100, "bf16", True, None, self.Q, self.POOL, self.POOL,
+                                    self.Q, 0)
+        with self.assertRaisesRegex(TypeError, "num_pages must be an int"):
+            self.fwd(sizes={"num_pages": 40.0})
+
+    def test_bad_pointers_and_tensors(self):
+        with self.assertRaisesRegex(ValueError, "block_table is null"):
+            self.fwd(block_table=0)
+        with self.assertRaisesRegex(ValueError, "cache_seqlens is null"):
+            self.fwd(cache_seqlens=0)
+        with self.assertRaisesRegex(ValueError, "k_pages needs 4 strides"):
+            self.fwd(k_pages=(0x5000, (64 * 128, 128, 1)))
+        with self.assertRaisesRegex(ValueError, "heads_k 3 must divide heads 8"):
+            self.fwd(heads_k=3)
+
+    def test_fast_packing_matches_the_checked_one(self):
+        flat = lambda x: (x[0], *x[1])  # noqa: E731
+        sz = self.SIZES
+        sizes = (sz["batch"], sz["heads"], 2, sz["seq_q"], sz["head_dim"], sz["num_pages"], sz["page_size"],
+                 sz["max_pages"], sz["max_seqlen_k"])
+        slow = self.fwd(scale=0.125, v_pages=(0x6000, (1, 2, 3, 1)))
+        fast = _lib.pack_paged_forward(sizes, 0x7000, 0x7100, _lib.DTYPES["bf16"], 1, 0.125, flat(self.Q),
+                                       flat(self.POOL), (0x6000, 1, 2, 3, 1), flat(self.Q), 0x2000)
+        self.assertEqual(bytes(slow), bytes(fast))
+        with self.assertRaisesRegex(ValueError, "does not fit"):
+            _lib.pack_paged_forward((2**31, *sizes[1:]), 0x7000, 0x7100, 2, 0, 0.0, *[flat(self.Q)] * 4, 0)
+
+
 class WithLibrary(unittest.TestCase):
     """The built library through ctypes: version, device_available's one line, errors as exceptions."""
 
@@ -295,6 +360,35 @@ class WithLibrary(unittest.TestCase):
         b = _lib.varlen_backward_args(sizes, 0x7000, 0x7100, "bf16", True, None, q, k, k, q, q, 0, q, k, k, heads_k=2)
         with self.assertRaisesRegex(flashtune.InvalidArgumentError, "lse is null"):
             _lib.varlen_backward(b, 0)
+
+    def test_paged_calls_raise_with_last_error(self):
+        # The runtime's own checks, before any driver call: a pool in FlashAttention's [num_blocks, page_size,
+        # heads_k, d] layout, pages no config reads, Sq past the decoding range; each its class and one line.
+        q = (0x1000, (8 * 128, 128, 128, 1))
+        pool = (0x5000, (2 * 64 * 128, 64 * 128, 128, 1))
+        sizes = dict(batch=3, heads=8, seq_q=1, head_dim=128, num_pages=40, page_size=64, max_pages=16, max_seqlen_k=0)
+
+        def call(fn, **kw):
+            a = dict(sizes=dict(sizes), block_table=0x7000, cache_seqlens=0x7100, dtype="bf16", causal=False,
+                     scale=None, q=q, k_pages=pool, v_pages=pool, o=q, lse=0, heads_k=2)
+            a.update(kw)
+            fn(_lib.paged_forward_args(**a))
+
+        with self.assertRaisesRegex(flashtune.InvalidArgumentError, "k_pages is not a contiguous \\[num_pages, "
+                                                                    "heads_k, page_size, head_dim\\] pool"):
+            call(lambda a: _lib.paged_forward(a, 0), k_pages=(0x5000, (2 * 64 * 128, 128, 2 * 128, 1)))
+        with self.assertRaisesRegex(flashtune.UnsupportedError, "page_size 16 is not one decode_splitkv reads"):
+            call(lambda a: _lib.paged_forward(a, 0), sizes=dict(sizes, page_size=16),
+                 k_pages=(0x5000, (2 * 16 * 128, 16 * 128, 128, 1)), v_pages=(0x5000, (2 * 16 * 128, 16 * 128, 128, 1)))
+        with self.assertRaisesRegex(flashtune.UnsupportedError, "seq_q 17: paged K/V caches are read for Sq <= 16"):
+            call(_lib.explain_paged_forward, sizes=dict(sizes, seq_q=17), q=(0x1000, (8 * 17 * 128, 17 * 128, 128, 1)),
+                 o=(0x1000, (8 * 17 * 128, 17 * 128, 128, 1)))
+        with self.assertRaisesRegex(flashtune.UnsupportedError, "no family runs fp32 paged K/V cache forward"):
+            call(lambda a: _lib.paged_forward(a, 0), dtype="fp32")
+        with self.assertRaisesRegex(flashtune.UnsupportedError, "head_dim 96 is not supported for bf16 paged"):
+            call(_lib.explain_paged_forward_text, sizes=dict(sizes, head_dim=96), q=(0x1000, (8 * 96, 96, 96, 1)),
+                 o=(0x1000, (8 * 96, 96, 96, 1)), k_pages=(0x5000, (2 * 64 * 96, 64 * 96, 96, 1)),
+                 v_pages=(0x5000, (2 * 64 * 96, 64 * 96, 96, 1)))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 
@@ -227,7 +228,7 @@ TEST(RuntimeLookup, DecodeFromTheCommittedTables) {
       const tuned::Table& t = ts.tables[i];
       const tuned::Entry& e = t.entries[j];
       const Family& f = find_family(e.family);
-      if (f.max_seq_q == 0) continue;
+      if (f.max_seq_q == 0 || e.paged) continue;  // paged entries: PagedFromTheCommittedTables
       ++seen;
       SCOPED_TRACE(std::string(t.device) + " " + e.family + " d" + std::to_string(e.head_dim) + " seq " +
                    std::to_string(e.seq_max));
@@ -283,6 +284,204 @@ TEST(RuntimeLookup, DecodeFromAResultsStore) {
   EXPECT_NE(choose(none, q, db).family, &f);
   q.seq_q = 1, q.device = "GPU T";  // another device: nothing stored for it
   EXPECT_NE(choose(none, q, db).family, &f);
+  fs::remove_all(dir);
+}
+
+// ---- paged K/V caches --------------------------------------------------------------------------------
+
+namespace {
+Query paged_query(const std::string& device, int page_size, int seq = 4096) {
+  Query q = query(device, "sm_90", "fwd", DType::bf16, 128, false, seq);
+  q.gqa = true, q.seq_q = 1, q.page_size = page_size;
+  return q;
+}
+bool has_text(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+}  // namespace
+
+// Which families read paged caches, the longest query they take, the page sizes they read, and the config
+// nearest the default for a page the default's BLOCK_N does not divide.
+TEST(RuntimeLookup, PagedCandidatesPagesAndNearestConfig) {
+  const Family& f = find_family("decode_splitkv");
+  ASSERT_TRUE(f.paged);
+  for (const char* arch : {"sm_80", "sm_90"}) {
+    Query q = paged_query("X", 256);
+    q.arch = arch;
+    const auto cands = candidate_families(q);
+    ASSERT_FALSE(cands.empty()) << arch;
+    for (const Family* c : cands) EXPECT_TRUE(c->paged) << c->name;
+    q.seq_q = f.max_seq_q + 1;
+    EXPECT_TRUE(candidate_families(q).empty()) << "prefill never reads a paged cache";
+    q.seq_q = 1, q.dtype = DType::fp32;
+    EXPECT_TRUE(candidate_families(q).empty());
+  }
+  EXPECT_EQ(paged_max_seq_q(), f.max_seq_q);
+  EXPECT_EQ(unsupported_reason("fwd", DType::fp32, 128, false, false, true), "no family runs fp32 paged K/V cache forward");
+  EXPECT_EQ(unsupported_reason("fwd", DType::bf16, 96, true, false, true),
+            "head_dim 96 is not supported for bf16 paged K/V cache forward with grouped-query heads (heads_k) "
+            "(supported: 64, 128, 256)");
+  EXPECT_EQ(unsupported_reason("fwd", DType::fp16, 64, true, false, true), "");
+
+  // The default (BLOCK_N 64) reads pages of 64 and its multiples; 32-key pages need BLOCK_N 32, which takes
+  // WARPS 2 (16 keys per warp); pages of 16 or 48 keys no config reads.
+  EXPECT_EQ(nearest_paged_config(f, f.default_config, 128, 64), f.default_config);
+  EXPECT_EQ(nearest_paged_config(f, f.default_config, 128, 4096), f.default_config);
+  const Config c32 = nearest_paged_config(f, f.default_config, 128, 32);
+  EXPECT_EQ(f.config_string(c32), "SPLITS=16,BLOCK_N=32,WARPS=2,STAGES=2");
+  EXPECT_EQ(nearest_paged_config(f, f.default_config, 256, 96), c32);
+  EXPECT_TRUE(nearest_paged_config(f, f.default_config, 128, 16).empty());
+  EXPECT_TRUE(nearest_paged_config(f, f.default_config, 128, 48).empty());
+  for (int page : {32, 64, 96, 128, 160, 256, 768, 4096}) EXPECT_EQ(paged_page_reason(DType::fp16, 64, page), "") << page;
+  for (int page : {1, 16, 48, 100, 4097}) {
+    const std::string why = paged_page_reason(DType::bf16, 128, page);
+    EXPECT_TRUE(has_text(why, "page_size " + std::to_string(page) + " is not one decode_splitkv reads (BLOCK_N must "
+                                                                    "divide the page size"))
+        << why;
+    EXPECT_TRUE(has_text(why, "the smallest page it reads holds 32 keys")) << why;
+  }
+  // What runs when a config does not compile: the default, or for a paged call one that reads its pages.
+  EXPECT_EQ(fallback_config(f, paged_query("X", 32)), c32);
+  EXPECT_EQ(fallback_config(f, paged_query("X", 512)), f.default_config);
+  EXPECT_EQ(fallback_config(f, paged_query("X", 0)), f.default_config);
+}
+
+// The config chain of a paged call, on synthetic tables: the paged entry; the dense entry when the paged one's
+// BLOCK_N does not divide the page (noted); the default; the default's nearest config (noted). A paged entry
+// never reaches a dense call, and never makes the decoding family a dense call's pick.
+TEST(RuntimeLookup, PagedConfigChain) {
+  const Family& f = find_family("decode_splitkv");
+  const Config paged_cfg = f.parse_config("SPLITS=16,BLOCK_N=256,WARPS=4,STAGES=1");
+  const Config dense_cfg = f.parse_config("SPLITS=8,BLOCK_N=128,WARPS=4,STAGES=1");
+  tuned::Entry paged_entry = entry("decode_splitkv", "fwd", "bf16", 128, paged_cfg, 10);
+  paged_entry.paged = true;
+  const tuned::Entry both[] = {entry("decode_splitkv", "fwd", "bf16", 128, dense_cfg, 11), paged_entry};
+  const tuned::Table tables[] = {{"GPU A", "sm_90", both, 2}};
+  const TableSet ts{tables, 1};
+
+  Pick p = choose(ts, paged_query("GPU A", 256));
+  ASSERT_EQ(p.family, &f);
+  EXPECT_EQ(p.config, paged_cfg);
+  EXPECT_EQ(p.source, "device");
+  EXPECT_EQ(p.note, "");
+  p = choose(ts, paged_query("GPU B", 512));  // another device of the arch: the arch's table
+  EXPECT_EQ(p.config, paged_cfg);
+  EXPECT_EQ(p.source, "arch");
+
+  p = choose(ts, paged_query("GPU A", 128));  // BLOCK_N 256 does not divide 128: the dense pick (128) does
+  EXPECT_EQ(p.config, dense_cfg);
+  EXPECT_EQ(p.source, "device");
+  EXPECT_EQ(p.note, "tabled paged config SPLITS=16,BLOCK_N=256,WARPS=4,STAGES=1 rejected for pages of 128 keys "
+                    "(BLOCK_N must divide the page size (a block of keys is read from one page)): the dense decoding "
+                    "pick used");
+  p = choose(ts, paged_query("GPU A", 64));  // neither divides 64: the default (BLOCK_N 64)
+  EXPECT_EQ(p.config, f.default_config);
+  EXPECT_EQ(p.source, "default");
+  EXPECT_TRUE(has_text(p.note, "rejected for pages of 64 keys")) << p.note;
+  EXPECT_TRUE(has_text(p.note, ": the default used")) << p.note;
+  p = choose(ts, paged_query("GPU A", 32));  // nor the default: its nearest config that reads 32-key pages
+  EXPECT_EQ(f.config_string(p.config), "SPLITS=16,BLOCK_N=32,WARPS=2,STAGES=2");
+  EXPECT_EQ(p.source, "default");
+  EXPECT_TRUE(has_text(p.note, ": the default's nearest config that reads pages of 32 keys used")) << p.note;
+
+  // Without a paged entry: the dense pick, said so; untabled: the default, no note.
+  const tuned::Table dense_only[] = {{"GPU A", "sm_90", both, 1}};
+  p = choose(TableSet{dense_only, 1}, paged_query("GPU A", 256));
+  EXPECT_EQ(p.config, dense_cfg);
+  EXPECT_EQ(p.note, "no paged entry for this bucket: the dense decoding pick used");
+  p = choose(TableSet{nullptr, 0}, paged_query("GPU A", 256));
+  ASSERT_EQ(p.family, &f) << "the only family that reads paged caches, tabled or not";
+  EXPECT_EQ(p.config, f.default_config);
+  EXPECT_EQ(p.source, "default");
+  EXPECT_EQ(p.note, "");
+
+  // Dense calls: the dense entry; a table holding only the paged entry leaves decoding to the dense families.
+  Query dense = paged_query("GPU A", 0);
+  p = choose(ts, dense);
+  EXPECT_EQ(p.family, &f);
+  EXPECT_EQ(p.config, dense_cfg);
+  const tuned::Table paged_only[] = {{"GPU A", "sm_90", both + 1, 1}};
+  EXPECT_NE(choose(TableSet{paged_only, 1}, dense).family, &f);
+  EXPECT_EQ(choose(TableSet{paged_only, 1}, paged_query("GPU A", 512)).config, paged_cfg);
+}
+
+// The committed tables' paged entries (the H100's decode_splitkv rows from decode_paged_bf16.json) are a
+// paged call's pick for their bucket where their BLOCK_N divides the page, with the family's dense entry or
+// default after them; a dense call of the same bucket keeps the dense entry.
+TEST(RuntimeLookup, PagedFromTheCommittedTables) {
+  const TableSet ts = generated_tables();
+  int seen = 0;
+  for (int i = 0; i < ts.count; ++i)
+    for (int j = 0; j < ts.tables[i].count; ++j) {
+      const tuned::Table& t = ts.tables[i];
+      const tuned::Entry& e = t.entries[j];
+      if (!e.paged) continue;
+      ++seen;
+      const Family& f = find_family(e.family);
+      ASSERT_TRUE(f.paged) << e.family;
+      const Config c(e.params, e.params + f.params.size());
+      SCOPED_TRACE(std::string(t.device) + " " + f.config_string(c) + " seq " + std::to_string(e.seq_max));
+      Query q = query(t.device, t.arch, e.direction, parse_dtype(e.dtype), e.head_dim, e.causal, e.seq_max);
+      q.gqa = true, q.seq_q = 1;
+      for (int page : {16, 32, 64, 128, 256, 512, 4096}) {
+        q.page_size = page;
+        const Pick p = choose(ts, q);
+        if (!paged_page_reason(q.dtype, q.head_dim, page).empty()) continue;
+        ASSERT_EQ(p.family, &f) << page;
+        EXPECT_EQ(f.check(p.config, q.head_dim), nullptr) << page;
+        EXPECT_EQ(f.paged_check(p.config, page), nullptr) << page;
+        if (!f.paged_check(c, page)) {
+          EXPECT_EQ(p.config, c) << page;
+          EXPECT_EQ(p.source, "device") << page;
+          EXPECT_EQ(p.note, "") << page;
+        } else {
+          EXPECT_TRUE(has_text(p.note, "tabled paged config " + f.config_string(c) + " rejected for pages of " +
+                                           std::to_string(page) + " keys"))
+              << p.note;
+        }
+      }
+      q.page_size = 0;  // the dense call of the bucket: never the paged entry's row
+      const tuned::Entry* dense = tuned::find_in(t, e.family, e.direction, e.dtype, e.head_dim, e.causal, e.seq_max);
+      if (dense) EXPECT_EQ(choose(ts, q).config, Config(dense->params, dense->params + f.params.size()));
+    }
+  EXPECT_GT(seen, 0) << "no paged entry in the committed tables (configs/generated)";
+}
+
+// A results store's paged rows are a paged call's first choice on that device, its dense rows the next (noted),
+// and a dense call never takes a paged row.
+TEST(RuntimeLookup, PagedFromAResultsStore) {
+  const Family& f = find_family("decode_splitkv");
+  const std::string dir = temp_dir("db-paged");
+  const std::string db = dir + "/results.db";
+  const Config paged_cfg = f.parse_config("SPLITS=4,BLOCK_N=256,WARPS=8,STAGES=1");
+  const Config dense_cfg = f.parse_config("SPLITS=2,BLOCK_N=128,WARPS=4,STAGES=2");
+  {
+    Store s(db);
+    Problem p{8, 32, 1, 4096, 128, DType::bf16, false};
+    p.heads_k = 8;
+    ResultRecord r = fixture::fixture_result(f.config_string(dense_cfg), p, "ok", 0.05);
+    r.family = f.name;
+    s.put_result(r, fixture::fixture_device("GPU S", "sm_90"));
+    p.paged.page_size = 256;
+    r = fixture::fixture_result(f.config_string(paged_cfg), p, "ok", 0.05);
+    r.family = f.name;
+    s.put_result(r, fixture::fixture_device("GPU S", "sm_90"));
+  }
+  const TableSet none{nullptr, 0};
+  Pick p = choose(none, paged_query("GPU S", 256), db);
+  ASSERT_EQ(p.family, &f);
+  EXPECT_EQ(p.config, paged_cfg);
+  EXPECT_EQ(p.source, "db");
+  p = choose(none, paged_query("GPU S", 128), db);  // BLOCK_N 256 does not divide 128: the stored dense row
+  EXPECT_EQ(p.config, dense_cfg);
+  EXPECT_EQ(p.source, "db");
+  EXPECT_TRUE(has_text(p.note, "stored paged config " + f.config_string(paged_cfg) + " rejected for pages of 128 keys"))
+      << p.note;
+  EXPECT_TRUE(has_text(p.note, ": the dense decoding pick used")) << p.note;
+  p = choose(none, paged_query("GPU S", 0), db);  // dense: the dense row
+  EXPECT_EQ(p.family, &f);
+  EXPECT_EQ(p.config, dense_cfg);
+  p = choose(none, paged_query("GPU T", 256), db);  // another device: nothing stored for it
+  EXPECT_EQ(p.config, f.default_config);
+  EXPECT_EQ(p.source, "default");
   fs::remove_all(dir);
 }
 
@@ -411,6 +610,8 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
   for (int i = 0; i < ts.count; ++i)
     for (int j = 0; j < ts.tables[i].count; ++j)
       for (int d : {-1, 0, 1}) seqs.push_back(ts.tables[i].entries[j].seq_max + d);
+  // Contiguous K/V (0), and paged caches of page sizes the plan does not list (it lists powers of two).
+  const int page_sizes[] = {0, 16, 32, 48, 96, 160, 192, 256, 384, 768, 1000, 1280, 65536};
   for (const char* entry : {"80", "90", "90a"}) {
     const AotArch a = parse_aot_arch(entry);
     std::vector<std::string> devices = {"Some Other GPU"};  // and the tabled devices of this arch
@@ -419,17 +620,26 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
     const Compiler compiler(a.arch);
     const AotPlan plan = aot_variants(ts, a);
     std::set<std::string> planned, needed;
-    int packed = 0;
+    int packed = 0, paged = 0;
     for (const Variant& v : plan.variants) {
       planned.insert(compiler.variant_hash(v));
       packed += v.varlen;
+      paged += v.paged;
       EXPECT_TRUE(!v.varlen || v.family->varlen) << v.family->name;
+      EXPECT_TRUE(!v.paged || v.family->paged) << v.family->name;
       EXPECT_TRUE(!v.family->hopper_only || a.hopper) << entry << " " << v.family->name;
-      if (a.arch == "sm_80") EXPECT_EQ(v.config, v.family->default_config) << "sm_80 has no table";
+      if (a.arch == "sm_80" && !v.paged) EXPECT_EQ(v.config, v.family->default_config) << "sm_80 has no table";
+      if (a.arch == "sm_80" && v.paged)  // the default, or its nearest config for pages it cannot read
+        EXPECT_TRUE(v.config == v.family->default_config ||
+                    v.config == nearest_paged_config(*v.family, v.family->default_config, v.head_dim, 32))
+            << v.family->config_string(v.config);
     }
     EXPECT_EQ(planned.size(), plan.variants.size()) << "duplicates";
     EXPECT_GT(packed, 0) << entry << ": packed calls' kernels";
+    EXPECT_GT(paged, 0) << entry << ": paged calls' kernels";
     bool hopper_skipped = false;
+    // Every (variant, first query that picks it): hashed once each after the sweep (a hash costs more than a pick).
+    std::map<std::string, std::pair<Variant, std::string>> picked;
     for (const char* dir : {"fwd", "bwd"})
       for (DType t : {DType::fp32, DType::fp16, DType::bf16})
         for (int d : {32, 64, 96, 128, 192, 256})
@@ -437,24 +647,33 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
             for (const std::string& device : devices)
               for (int seq : seqs)
                 for (int seq_q : {0, 1, 16, 17})
-                  for (bool varlen : {false, true}) {
-                    Query q = query(device, a.arch, dir, t, d, causal, seq);
-                    q.seq_q = seq_q, q.varlen = varlen;
-                    const Pick p = choose(ts, q);
-                    if (!p.family) continue;
-                    if (p.family->hopper_only && !a.hopper) {
-                      hopper_skipped = true;
-                      continue;
+                  for (bool varlen : {false, true})
+                    for (int page : page_sizes) {  // other page sizes than the plan's own
+                      if (varlen && page) continue;
+                      Query q = query(device, a.arch, dir, t, d, causal, seq);
+                      q.seq_q = seq_q, q.varlen = varlen, q.page_size = page;
+                      const Pick p = choose(ts, q);
+                      if (!p.family) continue;
+                      if (p.family->hopper_only && !a.hopper) {
+                        hopper_skipped = true;
+                        continue;
+                      }
+                      for (const Config& c : {p.config, fallback_config(*p.family, q)}) {
+                        const Variant v{p.family, c, d, causal, t, varlen, page > 0};
+                        const std::string key = p.family->name + " " + p.family->config_string(c) + " d=" +
+                                                std::to_string(d) + " " + to_string(t) + (causal ? " causal" : "") +
+                                                (varlen ? " packed" : "") + (page ? " paged" : "");
+                        if (!picked.count(key))
+                          picked.emplace(key, std::pair{v, "seq " + std::to_string(seq) + " Sq " + std::to_string(seq_q) +
+                                                               (page ? " page " + std::to_string(page) : "") + " on " +
+                                                               device});
+                      }
                     }
-                    for (const Config& c : {p.config, p.family->default_config}) {
-                      const std::string h = compiler.variant_hash(Variant{p.family, c, d, causal, t, varlen});
-                      needed.insert(h);
-                      EXPECT_TRUE(planned.count(h)) << entry << " " << p.family->name << " " << p.family->config_string(c)
-                                                    << " d=" << d << " " << to_string(t) << (causal ? " causal" : "")
-                                                    << (varlen ? " packed" : "") << " seq " << seq << " Sq " << seq_q
-                                                    << " on " << device;
-                    }
-                  }
+    for (const auto& [key, vq] : picked) {
+      const std::string h = compiler.variant_hash(vq.first);
+      needed.insert(h);
+      EXPECT_TRUE(planned.count(h)) << entry << " " << key << " (" << vq.second << ")";
+    }
     EXPECT_EQ(planned, needed) << entry << ": the plan holds variants no query picks";
     // What the build prints it leaves out: Hopper-only variants off 90a, and tabled configs a query's family
     // rejects (here: LOAD 1 for fa2_wgmma_bwd's packed form, whose default is built instead).
@@ -839,6 +1058,113 @@ TEST(RuntimeArgs, HostLengthsStandInForTheDeviceOnes) {
   EXPECT_GT(checked, 0);
 }
 
+// ---- paged K/V caches: argument checks ----------------------------------------------------------------
+
+namespace {
+alignas(16) int32_t g_table[16];
+ft_paged_forward_args good_paged_forward() {
+  ft_paged_forward_args a{};
+  a.batch = 3, a.heads = 8, a.heads_k = 2, a.seq_q = 1, a.head_dim = 128;
+  a.num_pages = 40, a.page_size = 64, a.max_pages = 16, a.max_seqlen_k = 900;
+  a.dtype = FT_BF16, a.causal = 1;
+  a.block_table = g_table, a.cache_seqlens = g_table + 8;
+  a.q = a.o = contiguous(8, 1, 128);
+  a.k_pages = a.v_pages = contiguous(2, 64, 128);
+  return a;
+}
+}  // namespace
+
+TEST(RuntimeArgs, PagedForwardChecks) {
+  EXPECT_EQ(check_paged_forward(nullptr).status, FT_INVALID_ARGUMENT);
+  const ft_paged_forward_args good = good_paged_forward();
+  EXPECT_EQ(check_paged_forward(&good).status, FT_OK) << check_paged_forward(&good).message;
+  struct Case {
+    void (*edit)(ft_paged_forward_args&);
+    ft_status want;
+    const char* says;
+  } cases[] = {
+      {[](ft_paged_forward_args& a) { a.batch = 0; }, FT_INVALID_ARGUMENT, "batch must be positive, got 0"},
+      {[](ft_paged_forward_args& a) { a.seq_q = 0; }, FT_INVALID_ARGUMENT, "seq_q must be positive, got 0"},
+      {[](ft_paged_forward_args& a) { a.num_pages = 0; }, FT_INVALID_ARGUMENT, "num_pages must be positive, got 0"},
+      {[](ft_paged_forward_args& a) { a.page_size = -64; }, FT_INVALID_ARGUMENT, "page_size must be positive, got -64"},
+      {[](ft_paged_forward_args& a) { a.max_pages = 0; }, FT_INVALID_ARGUMENT, "max_pages must be positive, got 0"},
+      {[](ft_paged_forward_args& a) { a.batch = 65536; }, FT_INVALID_ARGUMENT, "batch 65536 is over 65535 sequences"},
+      {[](ft_paged_forward_args& a) { a.max_pages = 1 << 20, a.page_size = 2048; }, FT_INVALID_ARGUMENT,
+       "max_pages x page_size = 2147483648 keys a sequence is over 2^30"},
+      {[](ft_paged_forward_args& a) { a.max_seqlen_k = 1025; }, FT_INVALID_ARGUMENT,
+       "max_seqlen_k 1025 is outside 0..max_pages x page_size = 1024"},
+      {[](ft_paged_forward_args& a) { a.max_seqlen_k = -1; }, FT_INVALID_ARGUMENT, "max_seqlen_k -1 is outside"},
+      {[](ft_paged_forward_args& a) { a.block_table = nullptr; }, FT_INVALID_ARGUMENT,
+       "block_table is null (int32 [batch, max_pages] in device memory)"},
+      {[](ft_paged_forward_args& a) { a.cache_seqlens = reinterpret_cast<const int32_t*>(g_fake + 2); },
+       FT_INVALID_ARGUMENT, "cache_seqlens is not 4-byte aligned"},
+      {[](ft_paged_forward_args& a) { a.dtype = FT_FP32; }, FT_UNSUPPORTED, "no family runs fp32 paged K/V cache forward"},
+      {[](ft_paged_forward_args& a) { a.dtype = (ft_dtype)5; }, FT_INVALID_ARGUMENT, "dtype 5"},
+      {[](ft_paged_forward_args& a) { a.head_dim = 96; }, FT_UNSUPPORTED,
+       "head_dim 96 is not supported for bf16 paged K/V cache forward with grouped-query heads (heads_k) (supported: 64, "
+       "128, 256)"},
+      {[](ft_paged_forward_args& a) { a.heads_k = 3; }, FT_INVALID_ARGUMENT, "heads_k 3 must be 0 or divide heads 8"},
+      {[](ft_paged_forward_args& a) { a.scale = std::nanf(""); }, FT_INVALID_ARGUMENT, "scale is not finite"},
+      {[](ft_paged_forward_args& a) { a.seq_q = 17, a.q = a.o = contiguous(8, 17, 128); }, FT_UNSUPPORTED,
+       "seq_q 17: paged K/V caches are read for Sq <= 16 only"},
+      {[](ft_paged_forward_args& a) { a.page_size = 16, a.max_seqlen_k = 0; }, FT_UNSUPPORTED,
+       "page_size 16 is not one decode_splitkv reads (BLOCK_N must divide the page size"},
+      {[](ft_paged_forward_args& a) { a.page_size = 48, a.max_seqlen_k = 0; }, FT_UNSUPPORTED,
+       "the smallest page it reads holds 32 keys"},
+      {[](ft_paged_forward_args& a) { a.q.data = nullptr; }, FT_INVALID_ARGUMENT, "q.data is null"},
+      {[](ft_paged_forward_args& a) { a.k_pages.data = nullptr; }, FT_INVALID_ARGUMENT, "k_pages.data is null"},
+      {[](ft_paged_forward_args& a) { a.v_pages.data = g_fake + 8; }, FT_INVALID_ARGUMENT,
+       "v_pages is not 16-byte aligned"},
+      // FlashAttention's [num_blocks, page_size, heads_k, d] pool seen as [num_pages, heads_k, page_size, d].
+      {[](ft_paged_forward_args& a) { a.k_pages.stride[1] = 128, a.k_pages.stride[2] = 2 * 128; }, FT_INVALID_ARGUMENT,
+       "k_pages is not a contiguous [num_pages, heads_k, page_size, head_dim] pool (strides 16384, 128, 256, 1, want "
+       "16384, 8192, 128, 1)"},
+      {[](ft_paged_forward_args& a) { a.v_pages.stride[3] = 2; }, FT_INVALID_ARGUMENT, "v_pages is not a contiguous"},
+      {[](ft_paged_forward_args& a) { a.num_pages = 1 << 30, a.heads_k = a.heads = 64; }, FT_INVALID_ARGUMENT,
+       "k_pages has over 2^47 elements"},  // 2^49: not a pool any GPU holds
+      {[](ft_paged_forward_args& a) { a.o.stride[1] = 0; }, FT_INVALID_ARGUMENT, "o has overlapping strides"},
+      {[](ft_paged_forward_args& a) { a.q.stride[0] = -1; }, FT_INVALID_ARGUMENT, "q.stride[0] is negative"},
+      {[](ft_paged_forward_args& a) { a.lse = reinterpret_cast<float*>(g_fake + 1); }, FT_INVALID_ARGUMENT,
+       "lse is not 4-byte aligned"},
+  };
+  for (const Case& c : cases) {
+    ft_paged_forward_args a = good_paged_forward();
+    c.edit(a);
+    const Check k = check_paged_forward(&a);
+    EXPECT_EQ(k.status, c.want) << c.says;
+    EXPECT_NE(k.message.find(c.says), std::string::npos) << k.message;
+    expect_one_line(k.message);
+    // The same through the C ABI, before any driver call.
+    EXPECT_EQ(ft_attention_paged_forward(&a, nullptr), c.want);
+    EXPECT_EQ(std::string(ft_last_error()), k.message);
+    ft_explanation e;
+    EXPECT_EQ(ft_explain_paged_forward(&a, &e), c.want);
+    char buf[64];
+    EXPECT_EQ(ft_explain_paged_forward_text(&a, buf, sizeof buf), c.want);
+  }
+  // Accepted: multi-head (heads_k 0), Sq 16 causal, max_seqlen_k 0 (the capacity), pages of 32 (BLOCK_N 32) and
+  // of 96 keys, a strided q (a query row of a packed qkv projection) and a transposed o: packed and unpacked by
+  // the library; a single-page pool whose page stride is arbitrary; the pools always go straight in.
+  ft_paged_forward_args a = good_paged_forward();
+  a.heads_k = 0, a.k_pages = a.v_pages = contiguous(8, 64, 128);
+  a.seq_q = 16, a.max_seqlen_k = 0;
+  a.q = ft_tensor{g_fake, {16 * 3 * 8 * 128, 128, 3 * 8 * 128, 1}};
+  a.o = ft_tensor{g_fake, {16 * 8 * 128, 128, 8 * 128, 1}};
+  EXPECT_EQ(check_paged_forward(&a).status, FT_OK) << check_paged_forward(&a).message;
+  EXPECT_FALSE(direct(tensor_args(&a)[0]));
+  EXPECT_FALSE(direct(tensor_args(&a)[3]));
+  EXPECT_TRUE(direct(tensor_args(&a)[1]));
+  EXPECT_TRUE(tensor_args(&a)[1].pool && tensor_args(&a)[2].pool && !tensor_args(&a)[0].pool);
+  for (int page : {32, 96, 1 << 20}) {
+    a.page_size = page, a.max_pages = 1, a.k_pages = a.v_pages = contiguous(8, page, 128);
+    EXPECT_EQ(check_paged_forward(&a).status, FT_OK) << page << ": " << check_paged_forward(&a).message;
+  }
+  a.num_pages = 1, a.k_pages.stride[0] = 12345;
+  EXPECT_EQ(check_paged_forward(&a).status, FT_OK) << check_paged_forward(&a).message;
+  const TensorArg pool = tensor_args(&a)[1];  // [num_pages, Hk, page_size, d]
+  EXPECT_EQ(std::vector<int64_t>(pool.ext, pool.ext + 4), (std::vector<int64_t>{1, 8, 1 << 20, 128}));
+}
+
 TEST(RuntimeArgs, LayoutAligns) {
   Layout l;
   EXPECT_EQ(l.add(10), 0u);
@@ -884,5 +1210,32 @@ TEST(RuntimeCApi, NoGpuIsOneLine) {
   runtime::VarlenForwardArgs cv;
   EXPECT_EQ(runtime::varlen_forward(cv).message, "batch must be positive, got 0");
   EXPECT_EQ(runtime::explain(cv), "error: batch must be positive, got 0");
-  EXPECT_EQ(runtime::version(), "0.3.0");
+  // Paged K/V caches alike.
+  ft_paged_forward_args pf = good_paged_forward();
+  EXPECT_EQ(ft_attention_paged_forward(&pf, nullptr), FT_NO_GPU);
+  EXPECT_EQ(std::string(ft_last_error()), why);
+  ft_explanation e;
+  EXPECT_EQ(ft_explain_paged_forward(&pf, &e), FT_NO_GPU);
+  runtime::PagedForwardArgs cp;
+  EXPECT_EQ(runtime::paged_forward(cp).message, "batch must be positive, got 0");
+  EXPECT_EQ(runtime::explain(cp), "error: batch must be positive, got 0");
+  const ft_paged_forward_args round = [] {
+    runtime::PagedForwardArgs x;
+    x.batch = 1, x.heads = 2, x.heads_k = 3, x.seq_q = 4, x.head_dim = 5, x.num_pages = 6, x.page_size = 7;
+    x.max_pages = 8, x.max_seqlen_k = 9, x.dtype = FT_FP16, x.causal = true, x.scale = 0.5f;
+    x.block_table = g_table, x.cache_seqlens = g_table + 1, x.lse = reinterpret_cast<float*>(g_fake);
+    x.q = runtime::Tensor{g_fake, {1, 2, 3, 4}}, x.k_pages = runtime::Tensor{g_fake, {5, 6, 7, 8}};
+    x.v_pages = runtime::Tensor{g_fake, {9, 10, 11, 12}}, x.o = runtime::Tensor{g_fake, {13, 14, 15, 16}};
+    return x.c();
+  }();  // the C++ struct's fields land in the C struct's (c() is positional)
+  EXPECT_EQ(std::vector<int>({round.batch, round.heads, round.heads_k, round.seq_q, round.head_dim, round.num_pages,
+                              round.page_size, round.max_pages, round.max_seqlen_k, (int)round.dtype, round.causal}),
+            std::vector<int>({1, 2, 3, 4, 5, 6, 7, 8, 9, (int)FT_FP16, 1}));
+  EXPECT_EQ(round.scale, 0.5f);
+  EXPECT_EQ(round.block_table, g_table);
+  EXPECT_EQ(round.cache_seqlens, g_table + 1);
+  EXPECT_EQ(round.k_pages.stride[0], 5);
+  EXPECT_EQ(round.v_pages.stride[3], 12);
+  EXPECT_EQ(round.o.stride[0], 13);
+  EXPECT_EQ(runtime::version(), "0.4.0");
 }

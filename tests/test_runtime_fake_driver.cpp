@@ -7,8 +7,9 @@
 // the backward's three kernels and its workspace (size, caller-given, too small), kernels from memory,
 // then from disk in a child process, and a truncated entry recompiled there. Grouped-query heads on sm_80
 // and a fake sm_90; packed variable-length batches (the packed kernel forms, their parameters and
-// scratch, strided packed tensors packed and unpacked, fa3_wgmma's token-major tensor maps); decoding on a
-// fake H100 through the committed table's decode_splitkv entry.
+// scratch, strided packed tensors packed and unpacked, fa3_wgmma's token-major tensor maps); paged K/V caches
+// (decode_splitkv's paged form, its parameters, the pools in place, the nearest config for small pages);
+// decoding on a fake H100 through the committed table's decode_splitkv entry.
 #include <cuda.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@
 #include "fixture.hpp"
 #include "fake_driver/load.hpp"
 #include "flashtune/attention.h"
+#include "lookup.hpp"
 #include "templates/attention_params.h"
 #include "tuner/family.hpp"
 #include "tuner/util.hpp"
@@ -669,9 +671,148 @@ TEST(FakeDriver, PackedBatches) {
   fs::remove_all(cache);
 }
 
+// ---- paged K/V caches ----------------------------------------------------------------------------------
+namespace {
+PagedParams<AttnFwdParams> g_pfwd;
+int g_paged_partials = 0, g_paged_combines = 0;
+// Records the paged partial kernel's parameters and plays it as o = q (so that a packed q and an unpacked o
+// show); counts the launches of each kernel in its paged form; the strided copies as the other hooks do.
+void play_paged(const char* name, void** params) {
+  const std::string n = name;
+  if (n.rfind("ft_strided_copy_", 0) == 0) return play(name, params);
+  if (n.find("decode_splitkv_partial") != std::string::npos) {
+    g_pfwd = **reinterpret_cast<PagedParams<AttnFwdParams>**>(params);
+    g_paged_partials += packed_form(n);
+    std::memcpy(g_pfwd.o, g_pfwd.q, sizeof(uint16_t) * g_pfwd.batch * g_pfwd.heads * g_pfwd.seq_q * g_head_dim);
+  } else if (n.find("decode_splitkv_combine") != std::string::npos) {
+    g_paged_combines += packed_form(n);
+  }
+}
+}  // namespace
+
+// A paged K/V cache through ft_attention_paged_forward on the untabled sm_80 fake (bf16, 8 query heads over 2
+// kv heads, d 64; three sequences, pools of 64-key pages): decode_splitkv's paged form (partial and combine,
+// the kernels' PAGED argument true) with its default, the descriptor's grids, PagedParams carrying the
+// block table, cache lengths, page size and row stride, the pools straight in, Sq from the capacity when
+// max_seqlen_k is 0, the split workspace in the stream scratch; a q out of a packed qkv projection packed and a
+// transposed o unpacked; pages of 32 keys run the default's nearest config (BLOCK_N 32), said in explain;
+// one query row with the mask runs the non-causal kernel.
+TEST(FakeDriver, PagedCache) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  for (const std::string& e : split(FT_AOT_ARCHS, ','))
+    if (e == "80" || e == "sm_80") GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  const std::string cache = make_private_tmpdir("ft-fake-paged");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  FakeState& st = fake();
+  st.hook = play_paged;
+  constexpr int Bp = 3, Hq = 8, Hk = 2, d = 64, page = 64, num_pages = 11, max_pages = 5;
+  g_head_dim = d;
+  U16 q(Bp * Hq * d), o(Bp * Hq * d), kp((size_t)num_pages * Hk * page * d), vp((size_t)num_pages * Hk * page * d);
+  for (int i = 0; i < Bp * Hq * d; ++i) q.ptr()[i] = (uint16_t)(i * 5 + 1);
+  alignas(16) int32_t table[Bp * max_pages] = {7, 2, 9, -1, -1, 0, 10, 4, 1, 3, 5, -1, -1, -1, -1};
+  alignas(16) int32_t lens[Bp] = {150, 300, 70};
+  std::vector<float> lse(Bp * Hq);
+  auto t = [](void* p, int h, int s) { return ft_tensor{p, {(int64_t)h * s * d, (int64_t)s * d, d, 1}}; };
+  ft_paged_forward_args a{};
+  a.batch = Bp, a.heads = Hq, a.heads_k = Hk, a.seq_q = 1, a.head_dim = d, a.dtype = FT_BF16, a.causal = 1;
+  a.num_pages = num_pages, a.page_size = page, a.max_pages = max_pages;
+  a.block_table = table, a.cache_seqlens = lens;
+  a.q = t(q.ptr(), Hq, 1), a.o = t(o.ptr(), Hq, 1), a.lse = lse.data();
+  a.k_pages = t(kp.ptr(), Hk, page), a.v_pages = t(vp.ptr(), Hk, page);
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_paged_forward(&a, &e), FT_OK) << ft_last_error();
+  const Family& dec = find_family("decode_splitkv");
+  EXPECT_STREQ(e.family, "decode_splitkv");
+  EXPECT_STREQ(e.source, "default");
+  EXPECT_EQ(std::string(e.config), dec.config_string(dec.default_config));
+  EXPECT_STREQ(e.cache, "jit");
+  st.launches.clear(), st.allocated.clear();
+  g_paged_partials = g_paged_combines = 0;
+  ASSERT_EQ(ft_attention_paged_forward(&a, nullptr), FT_OK) << ft_last_error();
+  Problem p;
+  p.batch = Bp, p.heads = Hq, p.heads_k = Hk, p.seq_q = 1, p.seq_k = max_pages * page, p.head_dim = d;
+  p.dtype = DType::bf16, p.paged.page_size = page;
+  expect_launches(st, dec, dec.default_config, p);
+  EXPECT_EQ(g_paged_partials, 1) << st.launches[0].name;  // the paged form, not the dense kernel
+  EXPECT_EQ(g_paged_combines, 1) << "SPLITS 16: the combine, in its paged form";
+  EXPECT_EQ(g_pfwd.block_table, table);
+  EXPECT_EQ(g_pfwd.cache_seqlens, lens);
+  EXPECT_EQ(g_pfwd.page_size, page);
+  EXPECT_EQ(g_pfwd.max_pages, max_pages);
+  EXPECT_EQ(g_pfwd.k, kp.ptr());  // the pools are read in place
+  EXPECT_EQ(g_pfwd.v, vp.ptr());
+  EXPECT_EQ(g_pfwd.q, q.ptr());
+  EXPECT_EQ(g_pfwd.lse, lse.data());
+  EXPECT_EQ(g_pfwd.batch, Bp);
+  EXPECT_EQ(g_pfwd.heads_k, Hk);
+  EXPECT_EQ(g_pfwd.seq_q, 1);
+  EXPECT_EQ(g_pfwd.seq_k, max_pages * page) << "max_seqlen_k 0: the capacity";
+  EXPECT_FLOAT_EQ(g_pfwd.scale, 0.125f);
+  const size_t split_bytes = dec.workspace_bytes(dec.default_config, p);
+  ASSERT_GT(split_bytes, 0u);
+  ASSERT_EQ(st.allocated.size(), 1u);  // the splits' O and LSE only: lse was given, q and o go straight in
+  EXPECT_GE(st.allocated[0], split_bytes);
+  ASSERT_NE(g_pfwd.workspace, nullptr);
+  EXPECT_EQ(std::memcmp(o.ptr(), q.ptr(), 2ull * Bp * Hq * d), 0);
+  EXPECT_EQ(st.live_allocations, 0);
+  EXPECT_EQ(st.pushes, st.pops);
+  // Non-causal at Sq 1: the same kernel (from memory), max_seqlen_k passed through.
+  a.causal = 0, a.max_seqlen_k = 300;
+  char line[512];
+  ASSERT_EQ(ft_explain_paged_forward_text(&a, line, sizeof line), FT_OK) << ft_last_error();
+  EXPECT_NE(std::string(line).find("(config: default, kernel: memory)"), std::string::npos) << line;
+  st.launches.clear();
+  ASSERT_EQ(ft_attention_paged_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_EQ(g_pfwd.seq_k, 300);
+
+  // q a row of a packed qkv projection ([B, 1, (Hq + 2 Hk) d] memory), o transposed ([B, 1, Hq, d] as [B, Hq, 1, d]
+  // is contiguous, so o with heads 2d apart): packed and unpacked around the launches.
+  U16 qkv((size_t)Bp * (Hq + 2 * Hk) * d), o_wide((size_t)Bp * Hq * 2 * d);
+  for (int b = 0; b < Bp; ++b)
+    for (int i = 0; i < Hq * d; ++i) qkv.ptr()[(size_t)b * (Hq + 2 * Hk) * d + i] = (uint16_t)(b * 3000 + i);
+  a.q = ft_tensor{qkv.ptr(), {(int64_t)(Hq + 2 * Hk) * d, d, 0, 1}};
+  a.o = ft_tensor{o_wide.ptr(), {(int64_t)Hq * 2 * d, 2 * d, 0, 1}};
+  st.launches.clear(), st.allocated.clear();
+  ASSERT_EQ(ft_attention_paged_forward(&a, nullptr), FT_OK) << ft_last_error();
+  ASSERT_EQ(st.launches.size(), 4u);  // copy in, partial, combine, copy out
+  EXPECT_EQ(st.launches[0].name, "ft_strided_copy_2");
+  EXPECT_EQ(st.launches[3].name, "ft_strided_copy_2");
+  for (int b = 0; b < Bp; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int c = 0; c < d; ++c)
+        ASSERT_EQ(o_wide.ptr()[((size_t)b * Hq + h) * 2 * d + c], qkv.ptr()[(size_t)b * (Hq + 2 * Hk) * d + h * d + c])
+            << "sequence " << b << " head " << h << " column " << c;
+  EXPECT_EQ(st.live_allocations, 0);
+
+  // Pages of 32 keys: the default's BLOCK_N 64 cannot read them; its nearest config (BLOCK_N 32, WARPS 2) runs.
+  U16 kp32((size_t)num_pages * Hk * 32 * d);
+  a.q = t(q.ptr(), Hq, 1), a.o = t(o.ptr(), Hq, 1);
+  a.page_size = 32, a.max_seqlen_k = 0, a.k_pages = a.v_pages = t(kp32.ptr(), Hk, 32);
+  ASSERT_EQ(ft_explain_paged_forward_text(&a, line, sizeof line), FT_OK) << ft_last_error();
+  const Config c32 = rt::nearest_paged_config(dec, dec.default_config, d, 32);
+  EXPECT_NE(std::string(line).find("decode_splitkv " + dec.config_string(c32) + " (config: default"), std::string::npos)
+      << line;
+  EXPECT_NE(std::string(line).find("the default's nearest config that reads pages of 32 keys used"), std::string::npos)
+      << line;
+  st.launches.clear();
+  g_paged_partials = 0;
+  ASSERT_EQ(ft_attention_paged_forward(&a, nullptr), FT_OK) << ft_last_error();
+  p.seq_k = max_pages * 32, p.paged.page_size = 32;
+  expect_launches(st, dec, c32, p);
+  EXPECT_EQ(g_paged_partials, 1);
+  EXPECT_EQ(g_pfwd.page_size, 32);
+  EXPECT_EQ(st.live_allocations, 0);
+  EXPECT_EQ(st.pushes, st.pops);
+  st.hook = nullptr;
+  g_head_dim = D;
+  fs::remove_all(cache);
+}
+
 // On a fake H100 (compute capability 9.0, the committed H100 table's device name), in a child process:
 // decoding (Sq 1, causal or not: one row sees every key) runs the table's decode_splitkv entry, its partial
-// and combine kernels with the descriptor's grids and its split workspace, while Sq 17 does not; a packed
+// and combine kernels with the descriptor's grids and its split workspace, while Sq 17 does not; from a paged
+// cache of 256-key pages the table's paged entry in the paged form, of 64-key pages the default; a packed
 // forward runs fa3_wgmma's packed form (the table rates it first for bf16 d 128) with token-major tensor
 // maps over the totals; a packed backward runs fa2_wgmma_bwd's packed form with its default, since the
 // table's LOAD 1 config is refused for the packed form (said in the explain line).
@@ -726,6 +867,39 @@ TEST(FakeDriver, DISABLED_HopperDecodeAndPackedChild) {
   a.seq_q = 17, a.q = t(q17.ptr(), Hq, 17), a.o = t(o17.ptr(), Hq, 17);
   ASSERT_EQ(ft_explain_forward(&a, &e2), FT_OK) << ft_last_error();
   EXPECT_STRNE(e2.family, "decode_splitkv");
+
+  // ---- the same decoding from a paged cache (256-key pages): the table's paged entry, in the paged form; pages
+  // of 64 keys, which its BLOCK_N does not divide, the default (noted).
+  constexpr int page = 256, pages_per_seq = 2;
+  U16 pool((size_t)Bd * pages_per_seq * Hk * page * d);
+  alignas(16) int32_t table[Bd * pages_per_seq] = {3, 0, 1, 2};
+  alignas(16) int32_t lens[Bd] = {300, 257};
+  ft_paged_forward_args pa{};
+  pa.batch = Bd, pa.heads = Hq, pa.heads_k = Hk, pa.seq_q = 1, pa.head_dim = d, pa.dtype = FT_BF16;
+  pa.num_pages = Bd * pages_per_seq, pa.page_size = page, pa.max_pages = pages_per_seq, pa.max_seqlen_k = 300;
+  pa.block_table = table, pa.cache_seqlens = lens;
+  pa.q = t(q.ptr(), Hq, 1), pa.o = t(o.ptr(), Hq, 1), pa.k_pages = pa.v_pages = t(pool.ptr(), Hk, page);
+  ASSERT_EQ(ft_explain_paged_forward(&pa, &e2), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e2.family, "decode_splitkv");
+  EXPECT_STREQ(e2.source, "device");
+  const Config cp = dec.parse_config(e2.config);
+  EXPECT_EQ(dec.paged_check(cp, page), nullptr);
+  st.launches.clear(), st.allocated.clear();
+  g_dfwd = AttnFwdParams{};
+  const int packed_before = g_packed_launches;
+  ASSERT_EQ(ft_attention_paged_forward(&pa, nullptr), FT_OK) << ft_last_error();
+  Problem pp = p;
+  pp.paged.page_size = page;
+  expect_launches(st, dec, cp, pp);
+  EXPECT_EQ(g_packed_launches - packed_before, (int)st.launches.size()) << "every kernel in its paged form";
+  EXPECT_EQ(g_dfwd.k, pool.ptr());
+  EXPECT_EQ(st.live_allocations, 0);
+  pa.page_size = 64, pa.max_pages = 5, pa.num_pages *= 4, pa.k_pages = pa.v_pages = t(pool.ptr(), Hk, 64);
+  char pline[512];
+  ASSERT_EQ(ft_explain_paged_forward_text(&pa, pline, sizeof pline), FT_OK) << ft_last_error();
+  EXPECT_NE(std::string(pline).find("decode_splitkv " + dec.config_string(dec.default_config) + " (config: default"),
+            std::string::npos) << pline;
+  EXPECT_NE(std::string(pline).find("rejected for pages of 64 keys"), std::string::npos) << pline;
 
   // ---- a packed forward: fa3_wgmma's packed form, tensor maps over the totals.
   PackedBatch pb(4, 2, d);

@@ -5,8 +5,11 @@
 #include <sstream>
 
 #include "fixture.hpp"
+#include "templates/tuned_config.h"
 #include "tuner/emit.hpp"
+#include "tuner/family.hpp"
 #include "tuner/select.hpp"
+#include "tuner/util.hpp"
 
 using namespace flashtune;
 namespace fs = std::filesystem;
@@ -153,5 +156,75 @@ TEST(Emit, HeadersCarryBannerEntriesAndFallbacks) {
   EXPECT_NE(dispatch.find("#include \"sm90_nvidia_h200.hpp\""), std::string::npos);
   EXPECT_NE(dispatch.find("{\"fa2_simt\", \"fwd\", \"*\""), std::string::npos) << "defaults present";
   EXPECT_EQ(dispatch.find("\"fault\""), std::string::npos) << "test-only families stay out";
+  fs::remove_all(dir);
+}
+
+// Paged K/V cache rows make buckets of their own (the runtime's paged entry point reads them): a dense problem's
+// bucket never takes a paged row's config, nor the reverse; a config invalid on one paged problem of the bucket
+// (its BLOCK_N does not divide that problem's page) is never the paged pick; emit marks the paged entries, and
+// the header's find_in returns them only to a paged lookup.
+TEST(Select, PagedRowsBucketApart) {
+  const Family& f = find_family("decode_splitkv");
+  auto row = [&](const char* cfg, double tflops, int page_size) {
+    ResultRecord r;
+    r.family = f.name, r.direction = f.direction, r.config = cfg, r.status = "ok";
+    r.problem = Problem{8, 32, 1, 4096, 128, DType::bf16, false};
+    r.problem.heads_k = 8;
+    r.problem.paged.page_size = page_size;
+    r.tflops = tflops, r.reps = kFullTimingReps, r.device_name = "GPU A", r.arch = "sm_90";
+    return r;
+  };
+  const char* big = "SPLITS=16,BLOCK_N=256,WARPS=4,STAGES=1";
+  const char* small = "SPLITS=8,BLOCK_N=64,WARPS=4,STAGES=2";
+  const char* dense_cfg = "SPLITS=4,BLOCK_N=128,WARPS=4,STAGES=1";
+  std::vector<ResultRecord> rows = {row(dense_cfg, 20, 0), row(big, 10, 256), row(small, 9, 256), row(small, 9, 64)};
+  const std::vector<BucketChoice> choices = best_per_bucket(rows);
+  ASSERT_EQ(choices.size(), 2u);
+  const BucketChoice& dense = choices[0].paged ? choices[1] : choices[0];
+  const BucketChoice& paged = choices[0].paged ? choices[0] : choices[1];
+  ASSERT_FALSE(dense.paged);
+  ASSERT_TRUE(paged.paged);
+  EXPECT_EQ(dense.config, dense_cfg);
+  EXPECT_EQ(dense.problems, 1);
+  EXPECT_EQ(paged.config, small) << "BLOCK_N 256 has no row on the 64-key pages: not valid on the whole bucket";
+  EXPECT_EQ(paged.problems, 2);
+  Problem want = rows[0].problem;
+  ASSERT_NE(pick_bucket(choices, want), nullptr);
+  EXPECT_EQ(pick_bucket(choices, want)->config, dense_cfg);
+  want.paged.page_size = 128;  // any page size: the bucket's config is then the caller's to check
+  ASSERT_NE(pick_bucket(choices, want), nullptr);
+  EXPECT_EQ(pick_bucket(choices, want)->config, small);
+  EXPECT_EQ(pick_bucket({dense}, want), nullptr);
+  want.paged = Paged{};
+  EXPECT_EQ(pick_bucket({paged}, want), nullptr);
+  // stored_choice (run --best, experiments) keeps a paged problem to its own rows.
+  EXPECT_EQ(stored_choice(rows, rows[3].problem).source, "problem");
+  Problem other = rows[3].problem;
+  other.paged.page_size = 128;
+  EXPECT_EQ(stored_choice(rows, other).source, "");
+
+  auto dir = fs::temp_directory_path() / ("flashtune_emit_paged_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const EmitResult res = emit_headers(choices, dir.string(), "flashtune emit --db x --out y");
+  EXPECT_EQ(res.entries, 2);
+  const std::string gpu = slurp(dir / "sm90_gpu_a.hpp");
+  EXPECT_NE(gpu.find("{\"decode_splitkv\", \"fwd\", \"bf16\", 128, false, 4096, {4, 128, 4, 1}, 20.00f},"),
+            std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("{\"decode_splitkv\", \"fwd\", \"bf16\", 128, false, 4096, {8, 64, 4, 2}, 9.00f, true},"),
+            std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("Entries ending in `true` were measured on paged K/V caches"), std::string::npos) << gpu;
+  fs::remove_all(dir);
+  // The tables' lookup: a dense query never sees the paged entry, a paged one sees only it.
+  const tuned::Entry entries[] = {{"decode_splitkv", "fwd", "bf16", 128, false, 4096, {4, 128, 4, 1}, 20.0f},
+                                  {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {8, 64, 4, 2}, 9.0f, true}};
+  const tuned::Table t{"GPU A", "sm_90", entries, 2};
+  EXPECT_EQ(tuned::find_in(t, "decode_splitkv", "fwd", "bf16", 128, false, 4096), &entries[0]);
+  EXPECT_EQ(tuned::find_in(t, "decode_splitkv", "fwd", "bf16", 128, false, 4096, true), &entries[1]);
+  const tuned::Table dense_only{"GPU A", "sm_90", entries, 1};
+  EXPECT_EQ(tuned::find_in(dense_only, "decode_splitkv", "fwd", "bf16", 128, false, 4096, true), nullptr);
+  // A paged bucket of a family without a paged form is refused (a hand-edited or foreign store).
+  BucketChoice wrong = paged;
+  wrong.family = "fa2_mma", wrong.config = "BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2";
+  EXPECT_THROW(emit_headers({wrong}, dir.string(), "x"), UsageError);
   fs::remove_all(dir);
 }

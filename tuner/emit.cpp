@@ -83,6 +83,7 @@ static void check_choice(const BucketChoice& c) {
     refuse(e.what());
   }
   if (c.direction != f->direction) refuse("direction '" + brief(c.direction, 10) + "' is not the family's");
+  if (c.paged && !f->paged) refuse("a paged K/V cache bucket of a family without a paged form");
   if (std::find(f->dtypes.begin(), f->dtypes.end(), c.dtype) == f->dtypes.end()) refuse("dtype not of the family");
   if (std::find(f->head_dims.begin(), f->head_dims.end(), c.head_dim) == f->head_dims.end())
     refuse("head_dim " + std::to_string(c.head_dim) + " not of the family");
@@ -125,15 +126,20 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
       if (f.max_seq_q) h << " (serves Sq <= " << f.max_seq_q << " only: the runtime picks it for no longer query)";
       h << "\n";
     }
+    const bool any_paged = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->paged; });
+    if (any_paged)
+      h << "// Entries ending in `true` were measured on paged K/V caches: only the runtime's paged entry point reads\n"
+        << "// them, where the family's paged form takes the call's page size (decode_splitkv: BLOCK_N divides it).\n";
     h << "inline constexpr Entry kEntries[] = {\n"
-      << "    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)\n";
+      << "    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)"
+      << (any_paged ? "[, paged]" : "") << "\n";
     for (const auto* c : list) {
       const Family& f = find_family(c->family);
       char tf[32];
       std::snprintf(tf, sizeof tf, "%.2ff", c->tflops);
       h << "    {\"" << f.name << "\", \"" << f.direction << "\", \"" << to_string(c->dtype) << "\", " << c->head_dim
         << ", " << (c->causal ? "true" : "false") << ", " << c->seq_bucket << ", " << params_initializer(f, c->config)
-        << ", " << tf << "},\n";
+        << ", " << tf << (c->paged ? ", true" : "") << "},\n";
       ++res.entries;
     }
     h << "};\ninline constexpr Table kTable{" << c_string_literal(device) << ", \"" << arch << "\", kEntries, "

@@ -75,7 +75,7 @@ std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& all)
 }
 
 namespace {
-using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int>;
+using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int, bool>;
 
 // Each bucket's config valid on every problem of the bucket with the highest geometric-mean TFLOP/s,
 // from `results`.
@@ -98,10 +98,12 @@ std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& res
     // Packed variable-length rows: a length distribution of their own (the runtime's packed calls take the
     // dense bucket's config).
     if (p.varlen.enabled()) continue;
-    if (p.paged.enabled()) continue;  // paged K/V cache rows: likewise (the runtime's caches are dense)
     // Outside the family's query-length range (an imported or merged row): never a bucket's pick.
     if (f && !f->shape_reason(p).empty()) continue;
-    Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket()};
+    // Paged K/V cache rows bucket apart (the runtime's paged entry point reads them): the paged form's
+    // timings are its own (pages through a block table), and its configs depend on the page size.
+    Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket(),
+             p.paged.enabled()};
     problems[b].insert(p.str());
     if (r.status != "ok" || r.tflops <= 0 || stale.count({key_of(r), canonical_config(r)})) continue;
     auto& s = per_config[b][r.config];
@@ -120,7 +122,7 @@ std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& res
     }
     if (!best) continue;
     BucketChoice c;
-    std::tie(c.device, c.arch, c.family, c.direction, std::ignore, c.head_dim, std::ignore, c.seq_bucket) = b;
+    std::tie(c.device, c.arch, c.family, c.direction, std::ignore, c.head_dim, std::ignore, c.seq_bucket, c.paged) = b;
     c.dtype = parse_dtype(std::get<4>(b));
     c.causal = std::get<6>(b) != 0;
     c.config = *best;
@@ -147,11 +149,12 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) 
 
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p) {
   const BucketChoice* pick = nullptr;
+  const bool paged = p.paged.enabled();
   for (const auto& c : choices)
-    if (c.seq_bucket >= p.seq_bucket() && (!pick || c.seq_bucket < pick->seq_bucket)) pick = &c;
+    if (c.paged == paged && c.seq_bucket >= p.seq_bucket() && (!pick || c.seq_bucket < pick->seq_bucket)) pick = &c;
   if (!pick)
     for (const auto& c : choices)
-      if (!pick || c.seq_bucket > pick->seq_bucket) pick = &c;
+      if (c.paged == paged && (!pick || c.seq_bucket > pick->seq_bucket)) pick = &c;
   return pick;
 }
 

@@ -24,14 +24,19 @@ struct BucketChoice {
   int seq_bucket = 0;
   double tflops = 0;  // geometric mean over the bucket's problems
   int problems = 0;
+  // Of paged K/V cache rows (Problem::paged): buckets of their own, whatever their page sizes (a config
+  // must be valid on every problem of the bucket, so one whose BLOCK_N does not divide some problem's page
+  // is never the pick); only a paged call takes one, and only where its page size suits the config.
+  bool paged = false;
 };
 
 // A config must be valid on every problem of its bucket; among those the highest geometric-mean
-// TFLOP/s wins (so one huge shape does not dominate).
+// TFLOP/s wins (so one huge shape does not dominate). Paged rows make buckets apart from dense ones.
 std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results);
 
 // The choice a problem gets (as the emitted headers do): the smallest bucket that holds its
-// sequence length, else the largest there is; nullptr when there is none.
+// sequence length, else the largest there is, among the paged buckets for a paged problem and the dense
+// ones otherwise; nullptr when there is none.
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p);
 
 // The stored config a measurement of problem p runs (experiment, run --best), from one family's results on

@@ -14,11 +14,16 @@ namespace sm90_nvidia_h100_80gb_hbm3 {
 // fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
 // fa2_wgmma_bwd parameters, positional: BLOCK_M BLOCK_N SPLIT STAGES DQ_RED LOAD
 // fa3_wgmma parameters, positional: BLOCK_N CONSUMERS STAGES OVERLAP PINGPONG P_SMEM PERSISTENT TWO_CTAS
+// Entries ending in `true` were measured on paged K/V caches: only the runtime's paged entry point reads
+// them, where the family's paged form takes the call's page size (decode_splitkv: BLOCK_N divides it).
 inline constexpr Entry kEntries[] = {
-    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)
+    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)[, paged]
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {2, 256, 4, 1}, 8.35f},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {8, 256, 4, 1}, 6.65f, true},
     {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.88f},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.18f, true},
     {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {2, 256, 8, 1}, 12.32f},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 4, 1}, 11.39f, true},
     {"fa2_mma", "fwd", "bf16", 64, false, 1024, {128, 128, 4, 2}, 303.31f},
     {"fa2_mma", "fwd", "bf16", 64, false, 4096, {128, 128, 4, 2}, 339.48f},
     {"fa2_mma", "fwd", "bf16", 64, false, 16384, {128, 128, 4, 2}, 348.07f},
@@ -82,7 +87,7 @@ inline constexpr Entry kEntries[] = {
     {"fa3_wgmma", "fwd", "bf16", 256, true, 4096, {80, 2, 2, 0, 0, 0, 0, 0}, 572.38f},
     {"fa3_wgmma", "fwd", "bf16", 256, true, 16384, {80, 2, 2, 0, 0, 0, 0, 0}, 667.03f},
 };
-inline constexpr Table kTable{"NVIDIA H100 80GB HBM3", "sm_90", kEntries, 65};
+inline constexpr Table kTable{"NVIDIA H100 80GB HBM3", "sm_90", kEntries, 68};
 
 }  // namespace sm90_nvidia_h100_80gb_hbm3
 }  // namespace tuned

@@ -17,7 +17,7 @@ from ._lib import (  # noqa: F401
 from ._lib import device_available as _device_available
 from ._lib import version as _version
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 def device_available():
@@ -26,5 +26,5 @@ def device_available():
 
 
 def runtime_version():
-    """The loaded runtime library's ft_version() ("0.3.0"); raises LibraryNotFoundError without it."""
+    """The loaded runtime library's ft_version() ("0.4.0"); raises LibraryNotFoundError without it."""
     return _version()

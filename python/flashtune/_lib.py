@@ -6,7 +6,8 @@ $FLASHTUNE_LIBRARY (a path to libflashtune_attention.so, as the tests in the bui
 this package (where `pip install .` puts it). It is loaded at first use, so `import flashtune` works
 where it is missing, and a non-FT_OK status becomes a Python exception carrying ft_last_error()'s line.
 Nothing here needs torch: tensors are passed as (device pointer, 4 element strides), packed
-variable-length tensors ([total, heads, d]) as (device pointer, 3 element strides).
+variable-length tensors ([total, heads, d]) as (device pointer, 3 element strides), a paged K/V cache's pools
+([num_pages, heads_k, page_size, d]) as (device pointer, 4 element strides) too.
 """
 import ctypes
 import math
@@ -117,6 +118,15 @@ class FtVarlenBackwardArgs(ctypes.Structure):
                                ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
 
 
+class FtPagedForwardArgs(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("heads_k", ctypes.c_int), ("seq_q", ctypes.c_int),
+                ("head_dim", ctypes.c_int), ("num_pages", ctypes.c_int), ("page_size", ctypes.c_int),
+                ("max_pages", ctypes.c_int), ("max_seqlen_k", ctypes.c_int), ("dtype", ctypes.c_int),
+                ("causal", ctypes.c_int), ("scale", ctypes.c_float), ("block_table", ctypes.c_void_p),
+                ("cache_seqlens", ctypes.c_void_p), ("q", FtTensor), ("k_pages", FtTensor), ("v_pages", FtTensor),
+                ("o", FtTensor), ("lse", ctypes.c_void_p)]
+
+
 class FtExplanation(ctypes.Structure):
     _fields_ = [("family", ctypes.c_char * 32), ("config", ctypes.c_char * 160), ("source", ctypes.c_char * 16),
                 ("cache", ctypes.c_char * 16), ("device", ctypes.c_char * 96), ("arch", ctypes.c_char * 16)]
@@ -152,6 +162,9 @@ def _bind(lib):
         "ft_varlen_backward_workspace_bytes": (ctypes.c_int, [P(FtVarlenBackwardArgs), P(ctypes.c_size_t)]),
         "ft_explain_varlen_forward": (ctypes.c_int, [P(FtVarlenForwardArgs), P(FtExplanation)]),
         "ft_explain_varlen_backward": (ctypes.c_int, [P(FtVarlenBackwardArgs), P(FtExplanation)]),
+        "ft_attention_paged_forward": (ctypes.c_int, [P(FtPagedForwardArgs), ctypes.c_void_p]),
+        "ft_explain_paged_forward": (ctypes.c_int, [P(FtPagedForwardArgs), P(FtExplanation)]),
+        "ft_explain_paged_forward_text": (ctypes.c_int, [P(FtPagedForwardArgs), ctypes.c_char_p, ctypes.c_size_t]),
         "ft_device_available": (ctypes.c_int, []),
         "ft_last_error": (ctypes.c_char_p, []),
         "ft_version": (ctypes.c_char_p, []),
@@ -340,6 +353,40 @@ def varlen_backward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale
     return a
 
 
+# Paged K/V caches: the sizes checked here are those the runtime checks on the host too (attention.h); the block
+# table and the cache lengths in device memory are the caller's to get right.
+MAX_PAGED_KEYS = 2**30  # max_pages x page_size: the kernels index a sequence's keys in 32 bits
+PAGED_SIZES = ("batch", "heads", "seq_q", "head_dim", "num_pages", "page_size", "max_pages", "max_seqlen_k")
+
+
+def paged_forward_args(sizes, block_table, cache_seqlens, dtype, causal, scale, q, k_pages, v_pages, o, lse, heads_k=0):
+    """FtPagedForwardArgs: sizes a dict of PAGED_SIZES (max_seqlen_k 0: the capacity max_pages x page_size);
+    block_table and cache_seqlens device pointers (int32 [batch, max_pages] and [batch]); q, o [B, H, Sq, d] and the
+    pools [num_pages, heads_k, page_size, d] as (pointer, 4 strides); lse a pointer (0: not wanted); heads_k the
+    pools' kv heads (0: heads)."""
+    if not isinstance(sizes, dict) or set(sizes) != set(PAGED_SIZES):
+        raise ValueError(f"sizes must be a dict of {', '.join(PAGED_SIZES)}")
+    a = FtPagedForwardArgs()
+    limits = {"batch": MAX_VARLEN_SEQS}
+    for name in PAGED_SIZES[:-1]:
+        setattr(a, name, _int_in(name, sizes[name], 1, limits.get(name, _INT_MAX)))
+    capacity = a.max_pages * a.page_size
+    if capacity > MAX_PAGED_KEYS:
+        raise ValueError(f"max_pages x page_size = {capacity} keys a sequence is over 2^30 (the kernels index keys in "
+                         f"32 bits)")
+    a.max_seqlen_k = _int_in("max_seqlen_k", sizes["max_seqlen_k"], 0, capacity)
+    for name, p in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
+        if not _int_in(f"{name} pointer", p, 0, 2**64 - 1):
+            raise ValueError(f"{name} is null (int32 in device memory)")
+        setattr(a, name, p)
+    _dtype_causal_scale(a, dtype, causal, scale)
+    _heads_k(a, heads_k)
+    for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages), ("o", o)):
+        setattr(a, name, make_tensor(name, t))
+    a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
+    return a
+
+
 def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, workspace=0, workspace_bytes=0,
                   heads_k=0):
     a = FtBackwardArgs()
@@ -372,6 +419,9 @@ VARLEN_FORWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 4 + "Q")
 VARLEN_BACKWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 5 + "Q" + _PACKED_FMT * 3 + "QQ")
 assert VARLEN_FORWARD_FMT.size == ctypes.sizeof(FtVarlenForwardArgs)
 assert VARLEN_BACKWARD_FMT.size == ctypes.sizeof(FtVarlenBackwardArgs)
+# Paged: 11 ints (9 sizes, dtype, causal) and scale, the block table and cache lengths, 4 tensors, lse.
+PAGED_FORWARD_FMT = struct.Struct("=11ifQQ" + _TENSOR_FMT * 4 + "Q")
+assert PAGED_FORWARD_FMT.size == ctypes.sizeof(FtPagedForwardArgs)
 
 
 def pack_forward(shape, dtype_code, causal, scale, q, k, v, o, lse, heads_k=0):
@@ -418,6 +468,20 @@ def pack_varlen_backward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, 
     try:
         VARLEN_BACKWARD_FMT.pack_into(a, 0, *sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, *q, *k, *v,
                                       *o, *dout, lse, *dq, *dk, *dv, 0, 0)
+    except struct.error as e:
+        raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
+    return a
+
+
+def pack_paged_forward(sizes, block_table, cache_seqlens, dtype_code, causal, scale, q, k_pages, v_pages, o, lse):
+    """FtPagedForwardArgs from sizes (batch, heads, heads_k, seq_q, head_dim, num_pages, page_size, max_pages,
+    max_seqlen_k: heads_k 0 means heads, max_seqlen_k 0 the capacity), the block table and cache lengths' pointers,
+    an ft_dtype code, causal (0/1), scale, q, k_pages, v_pages, o each a 5-tuple (pointer, 4 strides) and the lse
+    pointer. ValueError (one line) when a value does not fit."""
+    a = FtPagedForwardArgs()
+    try:
+        PAGED_FORWARD_FMT.pack_into(a, 0, *sizes, dtype_code, causal, scale, block_table, cache_seqlens, *q, *k_pages,
+                                    *v_pages, *o, lse)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a
@@ -473,6 +537,24 @@ def explain_varlen_forward(args):
     out = FtExplanation()
     check(load().ft_explain_varlen_forward(ctypes.byref(args), ctypes.byref(out)), "flashtune explain")
     return out.as_dict()
+
+
+def paged_forward(args, stream=0):
+    check((_lib or load()).ft_attention_paged_forward(ctypes.byref(args), _stream(stream)), "flashtune paged forward")
+
+
+def explain_paged_forward(args):
+    out = FtExplanation()
+    check(load().ft_explain_paged_forward(ctypes.byref(args), ctypes.byref(out)), "flashtune explain")
+    return out.as_dict()
+
+
+def explain_paged_forward_text(args):
+    """The runtime's one explain line for a paged call (with its note: where the config came from when not the
+    tables' paged entry)."""
+    buf = ctypes.create_string_buffer(512)
+    check(load().ft_explain_paged_forward_text(ctypes.byref(args), buf, len(buf)), "flashtune explain")
+    return buf.value.decode("utf-8", "replace")
 
 
 def explain_varlen_backward(args):

@@ -6,6 +6,9 @@
     # packed variable-length batches, as flash_attn_varlen_func: q [total_q, H, d], k and v [total_k, Hk, d],
     # cu_seqlens int32 [batch + 1] on the GPU
     o = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
+    # decoding from a paged K/V cache (forward only): q [B, H, Sq <= 16, d], pools [num_pages, Hk, page_size, d],
+    # block_table int32 [B, max_pages] and cache_seqlens int32 [B] on the GPU
+    o = attention_paged(q, k_pages, v_pages, block_table, cache_seqlens)
 
 The op is torch.ops.flashtune.attention_fwd (q, k, v, causal, scale) -> (o, lse) with the backward op
 torch.ops.flashtune.attention_bwd (dout, q, k, v, o, lse, causal, scale) -> (dq, dk, dv); both have
@@ -21,6 +24,10 @@ Packed variable-length batches: torch.ops.flashtune.attention_varlen_fwd (q, k, 
 cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale) -> (o, lse [H, total_q]) and
 attention_varlen_bwd (dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 causal, scale) -> (dq, dk, dv), likewise with fake implementations and autograd.
+
+Paged K/V caches: torch.ops.flashtune.attention_paged_fwd (q, k_pages, v_pages, block_table, cache_seqlens,
+causal, scale, max_seqlen_k) -> (o, lse), with a fake implementation and no autograd: decoding is inference
+(attention_paged() refuses inputs that would need a backward).
 """
 import contextlib
 import math
@@ -30,7 +37,8 @@ import torch
 
 from . import _lib
 
-__all__ = ["attention", "attention_varlen", "FlashAttention", "explain", "explain_varlen"]
+__all__ = ["attention", "attention_varlen", "attention_paged", "FlashAttention", "explain", "explain_varlen",
+           "explain_paged"]
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _NAMES = ("q", "k", "v")
@@ -141,6 +149,84 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     return q, k, v, cu_seqlens_q, cu_seqlens_k, lengths[0], lengths[1]
 
 
+_PAGED_NAMES = ("q", "k_pages", "v_pages", "block_table", "cache_seqlens")
+
+
+def _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k, fn, autocast=False):
+    """The paged layout's checks, one line each: q [B, H, Sq, d] (torch SDPA's layout, any strides), the pools
+    [num_pages, Hk, page_size, d] contiguous (read in place: never copied), block_table int32 [B, max_pages] and
+    cache_seqlens int32 [B], all on one CUDA device; fp16/bf16, q in the pools' dtype (under autocast q is cast
+    to the autocast dtype first, the cache never: a copy of it would cost more than the call). The tables'
+    values are device memory: not read (attention.h says what that trusts). The runtime checks Sq, the head
+    dim and the page size (flashtune.UnsupportedError). Returns (q, block_table, cache_seqlens, max_seqlen_k)."""
+    for n, t in zip(_PAGED_NAMES, (q, k_pages, v_pages, block_table, cache_seqlens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {n} must be a torch.Tensor, got {type(t).__name__}")
+    for n, t, want in (("q", q, "[batch, heads, seq_q, head_dim] (torch SDPA's layout)"),
+                       ("k_pages", k_pages, "[num_pages, heads_k, page_size, head_dim]"),
+                       ("v_pages", v_pages, "[num_pages, heads_k, page_size, head_dim]")):
+        if t.dim() != 4:
+            raise ValueError(f"{fn}: {n} must be 4-D {want}, got shape {tuple(t.shape)}")
+    if block_table.dim() != 2 or block_table.dtype != torch.int32:
+        raise ValueError(f"{fn}: block_table must be a 2-D torch.int32 tensor [batch, max_pages], got "
+                         f"{block_table.dtype} of shape {tuple(block_table.shape)}")
+    if cache_seqlens.dim() != 1 or cache_seqlens.dtype != torch.int32:
+        raise ValueError(f"{fn}: cache_seqlens must be a 1-D torch.int32 tensor [batch], got {cache_seqlens.dtype} of "
+                         f"shape {tuple(cache_seqlens.shape)}")
+    if q.device.type != "cuda":
+        raise ValueError(f"{fn}: q is on {q.device}; flashtune runs on CUDA tensors (move them with .cuda())")
+    for n, t in zip(_PAGED_NAMES[1:], (k_pages, v_pages, block_table, cache_seqlens)):
+        if t.device != q.device:
+            raise ValueError(f"{fn}: {n} is on {t.device}, q on {q.device}; the kernels read every tensor on q's GPU")
+    if autocast and torch.is_autocast_enabled("cuda") and q.is_floating_point():
+        q = q.to(torch.get_autocast_dtype("cuda"))
+    if k_pages.dtype != v_pages.dtype:
+        raise TypeError(f"{fn}: k_pages is {k_pages.dtype}, v_pages {v_pages.dtype}; give both pools one dtype")
+    if k_pages.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"{fn}: dtype {k_pages.dtype} is not supported for paged caches; use torch.float16 or "
+                        f"torch.bfloat16")
+    if q.dtype != k_pages.dtype:
+        raise TypeError(f"{fn}: q is {q.dtype}, the cache {k_pages.dtype}; give q the cache's dtype (the cache is "
+                        f"never cast)")
+    B, H, Sq, d = q.shape
+    if k_pages.shape != v_pages.shape:
+        raise ValueError(f"{fn}: k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} differ in shape")
+    num_pages, Hk, page_size, dk = k_pages.shape
+    if Hk == 0 or H % Hk:
+        raise ValueError(f"{fn}: q has {H} heads, the pools {Hk}; the pools' heads must divide q's (grouped-query "
+                         f"attention)")
+    if dk != d:
+        raise ValueError(f"{fn}: head dims differ (q {d}, pools {dk})")
+    for n, t in (("k_pages", k_pages), ("v_pages", v_pages)):
+        if not t.is_contiguous():
+            raise ValueError(f"{fn}: {n} must be contiguous [num_pages, heads_k, page_size, head_dim] (it is read in "
+                             f"place, never copied), got strides {t.stride()}; FlashAttention's [num_blocks, page_size, "
+                             f"heads_k, d] cache converts with .transpose(1, 2).contiguous()")
+    if block_table.shape[0] != B or cache_seqlens.shape[0] != B:
+        raise ValueError(f"{fn}: batch sizes differ (q {B}, block_table {block_table.shape[0]}, cache_seqlens "
+                         f"{cache_seqlens.shape[0]})")
+    if block_table.shape[1] == 0:
+        raise ValueError(f"{fn}: block_table has no columns (max_pages must be at least 1)")
+    if max_seqlen_k is None:
+        max_seqlen_k = 0  # the runtime's max_pages x page_size
+    else:
+        if isinstance(max_seqlen_k, (bool, torch.Tensor)):  # a tensor would be read from the GPU: pass an int
+            raise TypeError(f"{fn}: max_seqlen_k must be an int or None, got {type(max_seqlen_k).__name__}")
+        try:
+            max_seqlen_k = operator.index(max_seqlen_k)
+        except TypeError:
+            raise TypeError(f"{fn}: max_seqlen_k must be an int or None, got {type(max_seqlen_k).__name__}") from None
+        capacity = block_table.shape[1] * page_size
+        if not 0 <= max_seqlen_k <= capacity:
+            raise ValueError(f"{fn}: max_seqlen_k = {max_seqlen_k} is out of range [0, max_pages x page_size = "
+                             f"{capacity}]")
+    if block_table.stride(1) != 1 or block_table.stride(0) != block_table.shape[1]:
+        block_table = block_table.contiguous()  # the kernels step rows by max_pages
+    if cache_seqlens.stride(0) != 1:
+        cache_seqlens = cache_seqlens.contiguous()
+    return q, block_table, cache_seqlens, max_seqlen_k
+
+
 def _scale(scale):
     if scale is None:
         return 0.0  # the runtime's 1/sqrt(head_dim)
@@ -212,6 +298,15 @@ def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale):
     return _lib.pack_backward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
                               _ref(q), _ref(k), _ref(v), _ref(o), _ref(dout), lse.data_ptr(),
                               _ref(dq), _ref(dk), _ref(dv), k.shape[1])
+
+
+def _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_seqlen_k, causal, scale):
+    B, H, Sq, d = q.shape
+    num_pages, Hk, page_size = k_pages.shape[:3]
+    sizes = (B, H, Hk, Sq, d, num_pages, page_size, block_table.shape[1], max_seqlen_k)
+    return _lib.pack_paged_forward(sizes, block_table.data_ptr(), cache_seqlens.data_ptr(), _DTYPE_CODES[q.dtype],
+                                   1 if causal else 0, scale, _ref(q), _ref(k_pages), _ref(v_pages), _ref(o),
+                                   lse.data_ptr())
 
 
 def _varlen_sizes(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
@@ -433,6 +528,37 @@ class _EagerVarlenAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None
 
 
+# --- paged K/V caches (forward only) ----------------------------------------------------------------------
+def _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k):
+    B, H, Sq, d = q.shape
+    o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse
+    if k_pages.shape[0] == 0 or k_pages.shape[2] == 0:  # no pages: no sequence holds a key
+        return o.zero_(), lse.fill_(math.inf)
+    q = _runtime_layout(q)
+    with _on(q.device):
+        _lib.paged_forward(_paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_seqlen_k,
+                                           causal, scale), _stream(q.device))
+    return o, lse
+
+
+@torch.library.custom_op("flashtune::attention_paged_fwd", mutates_args=())
+def attention_paged_fwd(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                        cache_seqlens: torch.Tensor, causal: bool, scale: float,
+                        max_seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    q, block_table, cache_seqlens, max_seqlen_k = _check_paged(q, k_pages, v_pages, block_table, cache_seqlens,
+                                                               max_seqlen_k, "flashtune::attention_paged_fwd")
+    return _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k)
+
+
+@attention_paged_fwd.register_fake
+def _attention_paged_fwd_fake(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k):
+    B, H, Sq, d = q.shape
+    return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
 # --- the public face -------------------------------------------------------------------------------
 def attention(q, k, v, causal=False, scale=None):
     """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
@@ -502,6 +628,52 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if torch.compiler.is_compiling():
         return attention_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale))[0]
     return _EagerVarlenAttention.apply(q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale))
+
+
+def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, scale=None, max_seqlen_k=None):
+    """Decoding attention against a paged K/V cache (vLLM's PagedAttention; FlashAttention's
+    flash_attn_with_kvcache(block_table=...)): q [B, H, Sq, d] (torch SDPA's layout, any strides; Sq 1 to 16),
+    k_pages and v_pages [num_pages, Hk, page_size, d], contiguous (each page holds page_size consecutive keys of
+    every kv head, head-major; Hk dividing H: grouped-query attention), block_table int32 [B, max_pages]
+    (sequence b's logical page j is physical page block_table[b, j]) and cache_seqlens int32 [B] (sequence b
+    holds cache_seqlens[b] keys), all on q's GPU. causal is bottom-right aligned to each sequence's own length;
+    a sequence without keys gives O = 0. max_seqlen_k (an int, optional) bounds the cache lengths for the
+    config lookup only. Returns o [B, H, Sq, d], contiguous. fp16 and bf16 (under torch.autocast("cuda"), q in
+    the autocast dtype; the cache is never cast).
+
+    Forward only: decoding is inference. Inputs that require grad while grad mode is on raise RuntimeError
+    (call it under torch.no_grad() or torch.inference_mode()). Raises TypeError/ValueError on bad arguments,
+    flashtune.UnsupportedError (a ValueError) for Sq > 16, a head dim or a page size no kernel reads (pages must
+    be a multiple of some BLOCK_N: 32 keys at least). The tables' values live on the GPU and are trusted: a
+    block table entry outside the pools or a cache length past max_pages x page_size reads outside them."""
+    fn = "flashtune.torch.attention_paged"
+    q, block_table, cache_seqlens, max_k = _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k,
+                                                        fn, autocast=True)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_pages, v_pages)):
+        raise RuntimeError(f"{fn} is forward only (decoding has no backward here): call it under torch.no_grad() or "
+                           f"torch.inference_mode(), or pass tensors that do not require grad")
+    if torch.compiler.is_compiling():
+        return attention_paged_fwd(q, k_pages, v_pages, block_table, cache_seqlens, bool(causal), _scale(scale),
+                                   max_k)[0]
+    return _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, bool(causal), _scale(scale), max_k)[0]
+
+
+def explain_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, max_seqlen_k=None):
+    """explain() for attention_paged(): family, config, source, cache, device and arch of the forward, and the
+    runtime's note ("note": why a tuned config did not suit the page size, or that the dense decoding pick or the
+    default's nearest config ran; "" when the tables' paged entry runs) from its explain line."""
+    q, block_table, cache_seqlens, max_k = _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k,
+                                                        "flashtune.torch.explain_paged", autocast=True)
+    B, H, Sq, d = q.shape
+    q = _runtime_layout(q)
+    o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    with _on(q.device):
+        args = _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_k, bool(causal), 0.0)
+        out = _lib.explain_paged_forward(args)
+        line = _lib.explain_paged_forward_text(args)
+    out["note"] = line.split("; ", 1)[1] if "; " in line else ""
+    return out
 
 
 def explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False):

@@ -62,8 +62,13 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
   AotPlan plan;
   std::set<std::string> seen_skips;
   std::vector<Variant> hopper_skipped;  // summed up in one line per family
+  // Paged calls: the config depends on the page size only through which configs' paged form reads it
+  // (decode_splitkv: which BLOCK_N, powers of two up to 256, divide it), so the powers of two from 16 stand for
+  // every page size; test_runtime checks the plan against other page sizes too.
+  std::vector<int> page_points = {0};  // 0: contiguous K/V
+  for (int page = 16; page <= 4096; page *= 2) page_points.push_back(page);
   auto add = [&](const Family& f, const Config& c, const Query& q) {
-    const Variant v{&f, c, q.head_dim, q.causal, q.dtype, q.varlen};
+    const Variant v{&f, c, q.head_dim, q.causal, q.dtype, q.varlen, q.page_size > 0};
     std::vector<Variant>& to = f.hopper_only && !a.hopper ? hopper_skipped : plan.variants;
     if (std::find(to.begin(), to.end(), v) == to.end()) to.push_back(v);
   };
@@ -74,18 +79,24 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
           if (!wanted(filter.dtypes, t) || !wanted(filter.head_dims, d) || !wanted(filter.causal, causal)) continue;
           for (const std::string& device : devices)
             for (int seq : seq_points)
-              for (int seq_q : seq_q_classes)      // the candidates change only at a family's max_seq_q
-                for (bool varlen : {false, true}) {  // packed calls: the families' packed forms
-                  Query q;
-                  q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
-                  q.head_dim = d, q.causal = causal != 0, q.seq = seq, q.seq_q = seq_q, q.varlen = varlen;
-                  const Family* f = choose_family(ts, q);
-                  if (!f || !wanted(filter.families, f->name)) continue;
-                  const Pick pick = choose_config(ts, *f, q);
-                  if (!pick.note.empty() && seen_skips.insert(pick.note).second) plan.skipped.push_back(pick.note);
-                  add(*f, pick.config, q);
-                  add(*f, f->default_config, q);
-                }
+              for (int seq_q : seq_q_classes)        // the candidates change only at a family's max_seq_q
+                for (bool varlen : {false, true})      // packed calls: the families' packed forms
+                  for (int page : page_points) {       // paged calls: the families' paged forms
+                    if (varlen && page) continue;
+                    Query q;
+                    q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
+                    q.head_dim = d, q.causal = causal != 0, q.seq = seq, q.seq_q = seq_q, q.varlen = varlen;
+                    q.page_size = page;
+                    const Family* f = choose_family(ts, q);
+                    if (!f || !wanted(filter.families, f->name)) continue;
+                    const Pick pick = choose_config(ts, *f, q);
+                    if (!pick.family) continue;  // no config reads such pages
+                    // A paged pick's note says where its config came from (a dense pick, the default's nearest
+                    // config): what the build leaves out is only a config the family refused.
+                    if (!pick.note.empty() && !page && seen_skips.insert(pick.note).second) plan.skipped.push_back(pick.note);
+                    add(*f, pick.config, q);
+                    add(*f, fallback_config(*f, q), q);
+                  }
         }
   for (const Family& f : families()) {
     const auto n = std::count_if(hopper_skipped.begin(), hopper_skipped.end(), [&](const Variant& v) { return v.family == &f; });

@@ -57,9 +57,11 @@ struct AotPlan {
 };
 
 // Every variant lookup.cpp's choose() can pick on `a` from the tables (no $FLASHTUNE_DB): for each
-// direction, dtype, head dim and mask, dense or packed (the families' packed forms), each device table of
-// the arch and an untabled device, and each sequence bucket of the tables, the chosen family's config and
-// that family's default (the fallback when a config is rejected or does not compile).
+// direction, dtype, head dim and mask, dense, packed or paged (the families' packed and paged forms, the
+// latter at page sizes standing for every page size), each device table of the arch and an untabled device,
+// and each sequence bucket of the tables, the chosen family's config and that family's fallback (the default,
+// or for a paged call the default's nearest config reading its pages: what runs when a config is rejected or
+// does not compile).
 AotPlan aot_variants(const TableSet&, const AotArch&, const AotFilter& = {});
 
 }  // namespace flashtune::rt

@@ -54,14 +54,15 @@ Check check_sizes(std::initializer_list<Size> sizes) {
   return {};
 }
 
-Check check_common(int heads, int heads_k, int head_dim, ft_dtype dtype, float scale, const char* direction, bool varlen) {
+Check check_common(int heads, int heads_k, int head_dim, ft_dtype dtype, float scale, const char* direction, bool varlen,
+                   bool paged = false) {
   if (dtype != FT_FP32 && dtype != FT_FP16 && dtype != FT_BF16)
     return bad(FT_INVALID_ARGUMENT, "dtype " + std::to_string((int)dtype) + " is not FT_FP32, FT_FP16 or FT_BF16");
   if (!std::isfinite(scale)) return bad(FT_INVALID_ARGUMENT, "scale is not finite");
   if (heads_k < 0 || (heads_k > 0 && heads % heads_k))
     return bad(FT_INVALID_ARGUMENT, "heads_k " + std::to_string(heads_k) + " must be 0 or divide heads " + std::to_string(heads));
   const bool gqa = heads_k > 0 && heads_k != heads;
-  if (std::string why = unsupported_reason(direction, to_dtype(dtype), head_dim, gqa, varlen); !why.empty())
+  if (std::string why = unsupported_reason(direction, to_dtype(dtype), head_dim, gqa, varlen, paged); !why.empty())
     return bad(FT_UNSUPPORTED, why);
   return {};
 }
@@ -69,6 +70,13 @@ Check check_common(int heads, int heads_k, int head_dim, ft_dtype dtype, float s
 Check check_tensors(const std::vector<TensorArg>& ts) {
   for (const TensorArg& t : ts)
     if (std::string why = check_tensor(t); !why.empty()) return bad(FT_INVALID_ARGUMENT, why);
+  return {};
+}
+
+// A device pointer to int32s the kernels read (cu_seqlens, a block table, cache lengths): not null, aligned.
+Check check_int32s(const int32_t* p, const char* name, const char* what) {
+  if (!p) return bad(FT_INVALID_ARGUMENT, std::string(name) + " is null (" + what + " in device memory)");
+  if (reinterpret_cast<uintptr_t>(p) % 4) return bad(FT_INVALID_ARGUMENT, std::string(name) + " is not 4-byte aligned (int32)");
   return {};
 }
 
@@ -96,13 +104,35 @@ Check check_varlen_common(const Args* a, const char* direction) {
       return bad(FT_INVALID_ARGUMENT, std::string(tn) + " " + std::to_string(total) + " is more than batch " +
                                           std::to_string(a->batch) + " x " + mn + " " + std::to_string(max) +
                                           ": some sequence would be longer than " + mn);
-  for (auto [p, n] : {std::pair{a->cu_seqlens_q, "cu_seqlens_q"}, std::pair{a->cu_seqlens_k, "cu_seqlens_k"}}) {
-    if (!p) return bad(FT_INVALID_ARGUMENT, std::string(n) + " is null (batch + 1 int32 offsets in device memory)");
-    if (reinterpret_cast<uintptr_t>(p) % 4) return bad(FT_INVALID_ARGUMENT, std::string(n) + " is not 4-byte aligned (int32)");
-  }
+  for (auto [p, n] : {std::pair{a->cu_seqlens_q, "cu_seqlens_q"}, std::pair{a->cu_seqlens_k, "cu_seqlens_k"}})
+    if (Check c = check_int32s(p, n, "batch + 1 int32 offsets"); c.status != FT_OK) return c;
   if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, direction, true); c.status != FT_OK)
     return c;
   return check_tensors(tensor_args(a));
+}
+
+// A pool of pages is read in place (never packed to scratch: it may be most of the GPU's memory), so it must
+// be the contiguous [num_pages, heads_k, page_size, d] the kernel addresses (paged_key_offset) and 16-byte
+// aligned (its 16-byte copies). No 2^31-element limit: page offsets are 64-bit in the kernel.
+std::string check_pool(const TensorArg& t) {
+  const std::string name = t.name;
+  if (!t.data) return name + ".data is null";
+  if ((long double)t.ext[0] * t.ext[1] * t.ext[2] * t.ext[3] > (long double)(int64_t{1} << 47))
+    return name + " has over 2^47 elements (num_pages x heads_k x page_size x head_dim): not a device allocation";
+  if (!is_contiguous(t)) {
+    auto list = [](auto f) {
+      std::string s;
+      for (int i = 0; i < 4; ++i) s += (i ? ", " : "") + std::to_string(f(i));
+      return s;
+    };
+    const int64_t want[4] = {t.ext[1] * t.ext[2] * t.ext[3], t.ext[2] * t.ext[3], t.ext[3], 1};
+    return name + " is not a contiguous [num_pages, heads_k, page_size, head_dim] pool (strides " +
+           list([&](int i) { return t.stride[i]; }) + ", want " + list([&](int i) { return want[i]; }) +
+           "): pages are read in place, each kv head's keys of a page adjacent (not FlashAttention's [num_blocks, "
+           "page_size, heads_k, d])";
+  }
+  if (reinterpret_cast<uintptr_t>(t.data) % 16) return name + " is not 16-byte aligned (pages are read in 16-byte copies)";
+  return "";
 }
 
 Check check_lse(const float* lse, bool required) {
@@ -162,6 +192,13 @@ std::vector<TensorArg> tensor_args(const ft_varlen_forward_args* a) {
   return {packed("q", a->q, Tq, H, d, false), packed("k", a->k, Tk, Hk, d, false), packed("v", a->v, Tk, Hk, d, false),
           packed("o", a->o, Tq, H, d, true)};
 }
+std::vector<TensorArg> tensor_args(const ft_paged_forward_args* a) {
+  const int64_t B = a->batch, H = a->heads, Hk = kv_heads(a), d = a->head_dim, P = a->num_pages, S = a->page_size;
+  std::vector<TensorArg> ts = {dense("q", a->q, B, H, a->seq_q, d, false), dense("k_pages", a->k_pages, P, Hk, S, d, false),
+                                dense("v_pages", a->v_pages, P, Hk, S, d, false), dense("o", a->o, B, H, a->seq_q, d, true)};
+  ts[1].pool = ts[2].pool = true;
+  return ts;
+}
 std::vector<TensorArg> tensor_args(const ft_varlen_backward_args* a) {
   const int64_t Tq = a->total_q, Tk = a->total_k, H = a->heads, Hk = kv_heads(a), d = a->head_dim;
   return {packed("q", a->q, Tq, H, d, false),       packed("k", a->k, Tk, Hk, d, false),
@@ -206,6 +243,38 @@ Check check_varlen_backward(const ft_varlen_backward_args* a) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
   if (Check c = check_varlen_common(a, "bwd"); c.status != FT_OK) return c;
   return check_lse(a->lse, true);  // dq_accum is dq's size in fp32: covered by dq's element count
+}
+
+Check check_paged_forward(const ft_paged_forward_args* a) {
+  if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
+  if (Check c = check_sizes({{"batch", a->batch}, {"heads", a->heads}, {"seq_q", a->seq_q}, {"head_dim", a->head_dim},
+                             {"num_pages", a->num_pages}, {"page_size", a->page_size}, {"max_pages", a->max_pages}});
+      c.status != FT_OK)
+    return c;
+  if (a->batch > kMaxVarlenSeqs)
+    return bad(FT_INVALID_ARGUMENT, "batch " + std::to_string(a->batch) + " is over " + std::to_string(kMaxVarlenSeqs) +
+                                        " sequences (one grid row each)");
+  const int64_t capacity = (int64_t)a->max_pages * a->page_size;
+  if (capacity > kMaxPagedKeys)
+    return bad(FT_INVALID_ARGUMENT, "max_pages x page_size = " + std::to_string(capacity) +
+                                        " keys a sequence is over 2^30 (the kernels index keys in 32 bits)");
+  if (a->max_seqlen_k < 0 || a->max_seqlen_k > capacity)
+    return bad(FT_INVALID_ARGUMENT, "max_seqlen_k " + std::to_string(a->max_seqlen_k) +
+                                        " is outside 0..max_pages x page_size = " + std::to_string(capacity) +
+                                        " (0: that capacity)");
+  if (Check c = check_int32s(a->block_table, "block_table", "int32 [batch, max_pages]"); c.status != FT_OK) return c;
+  if (Check c = check_int32s(a->cache_seqlens, "cache_seqlens", "int32 [batch]"); c.status != FT_OK) return c;
+  if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, "fwd", false, true); c.status != FT_OK)
+    return c;
+  if (const int m = paged_max_seq_q(); m > 0 && a->seq_q > m)
+    return bad(FT_UNSUPPORTED, "seq_q " + std::to_string(a->seq_q) + ": paged K/V caches are read for Sq <= " +
+                                   std::to_string(m) + " only (decoding; a longer query is prefill: ft_attention_forward "
+                                   "on a contiguous cache)");
+  if (std::string why = paged_page_reason(to_dtype(a->dtype), a->head_dim, a->page_size); !why.empty())
+    return bad(FT_UNSUPPORTED, why);
+  for (const TensorArg& t : tensor_args(a))
+    if (std::string why = t.pool ? check_pool(t) : check_tensor(t); !why.empty()) return bad(FT_INVALID_ARGUMENT, why);
+  return check_lse(a->lse, false);
 }
 
 }  // namespace flashtune::rt

@@ -24,6 +24,12 @@ Check check_backward(const ft_backward_args* a);
 // the cu_seqlens pointers; what lives in device memory (the offsets themselves) is not read (attention.h).
 Check check_varlen_forward(const ft_varlen_forward_args* a);
 Check check_varlen_backward(const ft_varlen_backward_args* a);
+// Paged K/V caches: sizes and their ranges, the block table and cache lengths' pointers (their values are
+// device memory: not read), the pools contiguous and 16-byte aligned (read in place), q and o as the dense
+// forward's; Sq past the paged families' range, a head dim, dtype or page size they do not read: FT_UNSUPPORTED.
+Check check_paged_forward(const ft_paged_forward_args* a);
+// The most keys a paged call's sequence may address (max_pages * page_size): the kernels index keys in 32 bits.
+inline constexpr int64_t kMaxPagedKeys = int64_t{1} << 30;
 
 // One tensor of a call, as the checks and the packing see it: a 4-D [B, H, S, d] view. A packed
 // [total, H, d] tensor is [total, H, 1, d], so that its contiguous form is token-major and the
@@ -35,6 +41,7 @@ struct TensorArg {
   int64_t stride[4];
   bool output;
   bool packed = false;  // a [total, H, d] tensor: messages name its 3 strides
+  bool pool = false;    // a paged cache's pool [num_pages, Hk, page_size, d]: read in place, never packed
 };
 // The kv heads a call's k and v have (heads_k, or heads when 0).
 template <class Args>
@@ -46,6 +53,7 @@ std::vector<TensorArg> tensor_args(const ft_forward_args* a);
 std::vector<TensorArg> tensor_args(const ft_backward_args* a);
 std::vector<TensorArg> tensor_args(const ft_varlen_forward_args* a);
 std::vector<TensorArg> tensor_args(const ft_varlen_backward_args* a);
+std::vector<TensorArg> tensor_args(const ft_paged_forward_args* a);  // q, k_pages, v_pages, o
 
 // Contiguous in its view (dims of extent 1 match any stride).
 bool is_contiguous(const TensorArg& t);

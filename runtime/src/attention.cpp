@@ -1,10 +1,11 @@
 // The C ABI (flashtune/attention.h): argument checks, config lookup, kernels from the in-process map,
 // the disk cache or NVRTC, and the launches on the caller's stream. The launch sequence is the worker's
 // (tuner/gpu_runner.cpp: module load, lowered names, >48 KiB shared memory opt-in, zero-filled family
-// workspace, kernels in the family's order), on caller-owned tensors instead of test buffers. Dense and
-// packed variable-length calls share every step; a packed one runs the families' packed forms
-// (kernel<Traits, true>, whose argument is VarlenParams: the dense struct and the device offsets) on
-// token-major tensors.
+// workspace, kernels in the family's order), on caller-owned tensors instead of test buffers. Dense,
+// packed variable-length and paged-cache calls share every step; a packed one runs the families' packed
+// forms (kernel<Traits, true>, whose argument is VarlenParams: the dense struct and the device offsets) on
+// token-major tensors, a paged one their paged forms (PagedParams: the dense struct, the block table, the
+// cache lengths) on the caller's pools in place.
 #pragma GCC visibility push(default)
 #include "flashtune/attention.h"
 #pragma GCC visibility pop
@@ -183,15 +184,17 @@ const Compiler& compiler_for(const std::string& arch) {
 // ---- which kernel ---------------------------------------------------------------------------
 struct Plan {
   DeviceDesc device;
+  Query query;  // with the device's name and arch
   Pick pick;
   Problem problem;
   std::string key;       // variant hash
   std::string plan_key;  // the plan cache's key
 };
 
-// The kernels a pick runs on p: the packed form for a packed variable-length batch.
+// The kernels a pick runs on p: the packed form for a packed variable-length batch, the paged form for a
+// paged K/V cache.
 Variant variant_of(const Pick& pick, const Problem& p) {
-  return Variant{pick.family, pick.config, p.head_dim, p.causal, p.dtype, p.varlen.enabled()};
+  return Variant{pick.family, pick.config, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled()};
 }
 
 Plan make_plan(const Query& q0, const Problem& p) {
@@ -204,7 +207,7 @@ Plan make_plan(const Query& q0, const Problem& p) {
   const std::string db_path = db ? db : "";
   const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
                                std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") +
-                               (q.varlen ? "v" : "") + '|' +
+                               (q.varlen ? "v" : "") + (q.page_size ? "p" + std::to_string(q.page_size) : "") + '|' +
                                std::to_string(p.seq_bucket()) + '|' + std::to_string(seq_q_class(q.seq_q)) + '|' +
                                db_path;
   State& s = state();
@@ -215,6 +218,7 @@ Plan make_plan(const Query& q0, const Problem& p) {
       plan.key = it->second.variant;
     }
   }
+  plan.query = q;
   plan.problem = p;
   plan.plan_key = plan_key;
   if (plan.pick.family) return plan;
@@ -226,7 +230,8 @@ Plan make_plan(const Query& q0, const Problem& p) {
   }
   if (!plan.pick.family)
     fail(FT_UNSUPPORTED, "no family runs " + std::string(to_string(q.dtype)) + " " +
-                             (q.varlen ? "packed variable-length " : "") + (q.direction == "fwd" ? "forward" : "backward") +
+                             (q.varlen ? "packed variable-length " : "") + (q.page_size ? "paged K/V cache " : "") +
+                             (q.direction == "fwd" ? "forward" : "backward") +
                              " d=" + std::to_string(q.head_dim) + " on " + q.arch);
   plan.key = compiler.variant_hash(variant_of(plan.pick, p));
   std::lock_guard<std::mutex> lock(s.mu);
@@ -322,7 +327,7 @@ const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
     if (plan.pick.source == "default") break;
     plan.pick.note = first_error + ": default used";
     plan.pick.source = "default";
-    plan.pick.config = plan.pick.family->default_config;
+    plan.pick.config = fallback_config(*plan.pick.family, plan.query);  // a paged call's: one that reads its pages
     plan.key = compiler.variant_hash(variant_of(plan.pick, p));
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
@@ -493,6 +498,16 @@ Problem varlen_problem_of(const Args* a, const char* direction) {
 }
 Problem problem_of(const ft_varlen_forward_args* a, const char* direction) { return varlen_problem_of(a, direction); }
 Problem problem_of(const ft_varlen_backward_args* a, const char* direction) { return varlen_problem_of(a, direction); }
+// A paged cache: the longest cache length (the caller's bound, else the capacity) as Sk, for the bucket; the
+// kernels read each sequence's own length from cache_seqlens. Sq = 1 with the mask is non-causal, as dense.
+Problem problem_of(const ft_paged_forward_args* a, const char* direction) {
+  Problem p = common_problem(a, direction);
+  p.seq_q = a->seq_q;
+  p.seq_k = a->max_seqlen_k > 0 ? a->max_seqlen_k : a->max_pages * a->page_size;
+  p.paged.page_size = a->page_size;
+  if (p.seq_q == 1) p.causal = false;
+  return p;
+}
 
 Query query_of(const Problem& p) {
   Query q;
@@ -504,6 +519,7 @@ Query query_of(const Problem& p) {
   q.gqa = p.heads_k > 0;
   q.seq_q = p.seq_q;
   q.varlen = p.varlen.enabled();
+  q.page_size = p.paged.page_size;
   return q;
 }
 
@@ -534,13 +550,20 @@ void with_operands(CUcontext ctx, const Plan& plan, std::vector<Operand>& ops, c
 // A packed variable-length call's args (the kernels' packed form, VarlenParams).
 template <class Args>
 constexpr bool kPacked = std::is_same_v<Args, ft_varlen_forward_args> || std::is_same_v<Args, ft_varlen_backward_args>;
+// A paged K/V cache call's (the kernels' paged form, PagedParams).
+template <class Args>
+constexpr bool kPaged = std::is_same_v<Args, ft_paged_forward_args>;
 
-// The kernels' argument: the dense struct, or for a packed batch the dense struct followed by the offsets.
+// The kernels' argument: the dense struct, or for a packed batch the dense struct followed by the offsets,
+// for a paged cache by the block table, the cache lengths and the table's geometry.
 template <class Args, class Dense, class F>
 void with_params(const Args* a, const Dense& dense, F launch) {
   if constexpr (kPacked<Args>) {
     const VarlenParams<Dense> packed{dense, a->cu_seqlens_q, a->cu_seqlens_k};
     launch((void*)&packed);
+  } else if constexpr (kPaged<Args>) {
+    const PagedParams<Dense> paged{dense, a->block_table, a->cache_seqlens, a->page_size, a->max_pages};
+    launch((void*)&paged);
   } else {
     launch((void*)&dense);
   }
@@ -565,6 +588,8 @@ void run_forward(const Args* a, CUstream stream) {
                      p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E), p.heads_k};
     const std::vector<TensorMapSpec> specs = plan.pick.family->tensor_maps(plan.pick.config, p);
     AttnTensorMaps maps{};
+    if (!specs.empty() && p.paged.enabled())  // maps describe dense K/V; no paged family declares any
+      fail(FT_UNSUPPORTED, plan.pick.family->name + " declares tensor maps, which a paged cache cannot have");
     if (!specs.empty()) {
       try {
         maps = encode_tensor_maps(drv().cuTensorMapEncodeTiled, specs, p, {ops[0].ptr, ops[1].ptr, ops[2].ptr, ops[3].ptr});
@@ -656,14 +681,16 @@ Check check_args(const ft_forward_args* a) { return check_forward(a); }
 Check check_args(const ft_backward_args* a) { return check_backward(a); }
 Check check_args(const ft_varlen_forward_args* a) { return check_varlen_forward(a); }
 Check check_args(const ft_varlen_backward_args* a) { return check_varlen_backward(a); }
+Check check_args(const ft_paged_forward_args* a) { return check_paged_forward(a); }
 template <class Args>
-constexpr bool kForward = std::is_same_v<Args, ft_forward_args> || std::is_same_v<Args, ft_varlen_forward_args>;
+constexpr bool kForward = std::is_same_v<Args, ft_forward_args> || std::is_same_v<Args, ft_varlen_forward_args> ||
+                          kPaged<Args>;
 template <class Args>
 const char* direction_of() {
   return kForward<Args> ? "fwd" : "bwd";
 }
 
-// The bodies of the entry points, one per kind of call (dense or packed, each direction).
+// The bodies of the entry points, one per kind of call (dense or packed, each direction; paged forward).
 template <class Args>
 ft_status attention_call(const Args* args, void* stream) {
   return guarded([&] {
@@ -743,6 +770,16 @@ ft_status ft_explain_varlen_forward_text(const ft_varlen_forward_args* args, cha
   return explain_text_call(args, buf, size);
 }
 ft_status ft_explain_varlen_backward_text(const ft_varlen_backward_args* args, char* buf, size_t size) {
+  return explain_text_call(args, buf, size);
+}
+
+ft_status ft_attention_paged_forward(const ft_paged_forward_args* args, void* stream) {
+  return attention_call(args, stream);
+}
+ft_status ft_explain_paged_forward(const ft_paged_forward_args* args, ft_explanation* out) {
+  return explain_call(args, out);
+}
+ft_status ft_explain_paged_forward_text(const ft_paged_forward_args* args, char* buf, size_t size) {
   return explain_text_call(args, buf, size);
 }
 

@@ -31,12 +31,14 @@ bool runs(const Family& f, const std::string& direction, DType dtype, int head_d
 bool in_range(const Family& f, int seq_q) { return f.max_seq_q == 0 || (seq_q > 0 && seq_q <= f.max_seq_q); }
 
 // The entry for (family, query) in the tables whose device (by_device) or arch matches; nullptr if none.
-const tuned::Entry* find(const TableSet& ts, const std::string& family, const Query& q, bool by_device) {
+// paged: the tables' paged K/V cache entries, else the dense ones.
+const tuned::Entry* find(const TableSet& ts, const std::string& family, const Query& q, bool by_device,
+                         bool paged = false) {
   for (int i = 0; i < ts.count; ++i) {
     const tuned::Table& t = ts.tables[i];
     if (!t.count || (by_device ? q.device != t.device : q.arch != t.arch)) continue;
-    if (const tuned::Entry* e =
-            tuned::find_in(t, family.c_str(), q.direction.c_str(), to_string(q.dtype), q.head_dim, q.causal, q.seq))
+    if (const tuned::Entry* e = tuned::find_in(t, family.c_str(), q.direction.c_str(), to_string(q.dtype), q.head_dim,
+                                               q.causal, q.seq, paged))
       return e;
   }
   return nullptr;
@@ -47,7 +49,7 @@ std::vector<const Family*> candidate_families(const Query& q) {
   std::vector<const Family*> out;
   for (const Family& f : families())
     if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90") && (!q.gqa || f.gqa) &&
-        (!q.varlen || f.varlen) && in_range(f, q.seq_q))
+        (!q.varlen || f.varlen) && (!q.page_size || f.paged) && in_range(f, q.seq_q))
       out.push_back(&f);
   return out;
 }
@@ -59,11 +61,13 @@ int seq_q_class(int seq_q) {
   return c;
 }
 
-std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa, bool varlen) {
+std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa, bool varlen,
+                               bool paged) {
   std::vector<int> dims;
   bool dtype_known = false;
   for (const Family& f : families()) {
-    if (f.test_only || f.direction != direction || !has(f.dtypes, dtype) || (gqa && !f.gqa) || (varlen && !f.varlen))
+    if (f.test_only || f.direction != direction || !has(f.dtypes, dtype) || (gqa && !f.gqa) || (varlen && !f.varlen) ||
+        (paged && !f.paged))
       continue;
     dtype_known = true;
     if (has(f.head_dims, head_dim)) return "";
@@ -71,12 +75,66 @@ std::string unsupported_reason(const std::string& direction, DType dtype, int he
       if (!has(dims, d)) dims.push_back(d);
   }
   const std::string what = std::string(to_string(dtype)) + (varlen ? " packed variable-length" : "") +
-                           (direction == "fwd" ? " forward" : " backward") +
+                           (paged ? " paged K/V cache" : "") + (direction == "fwd" ? " forward" : " backward") +
                            (gqa ? " with grouped-query heads (heads_k)" : "");
   if (!dtype_known) return "no family runs " + what;
   std::string list;
   for (int d : dims) list += (list.empty() ? "" : ", ") + std::to_string(d);
   return "head_dim " + std::to_string(head_dim) + " is not supported for " + what + " (supported: " + list + ")";
+}
+
+int paged_max_seq_q() {
+  int m = 0;
+  for (const Family& f : families())
+    if (!f.test_only && f.paged) {
+      if (f.max_seq_q == 0) return 0;  // one serves any Sq
+      m = std::max(m, f.max_seq_q);
+    }
+  return m;
+}
+
+Config nearest_paged_config(const Family& f, const Config& from, int head_dim, int page_size) {
+  Config best, c(f.params.size());
+  int best_changed = 0;
+  std::vector<size_t> idx(f.params.size(), 0);  // every config of the domains (decode_splitkv: 288)
+  for (;;) {
+    int changed = 0;
+    for (size_t i = 0; i < c.size(); ++i) changed += (c[i] = f.params[i].domain[idx[i]]) != from[i];
+    if (!f.check(c, head_dim) && !f.paged_check(c, page_size) &&
+        (best.empty() || changed < best_changed || (changed == best_changed && c > best))) {
+      best = c;
+      best_changed = changed;
+    }
+    size_t i = 0;
+    while (i < idx.size() && ++idx[i] == f.params[i].domain.size()) idx[i++] = 0;
+    if (i == idx.size()) return best;
+  }
+}
+
+std::string paged_page_reason(DType dtype, int head_dim, int page_size) {
+  const Family* first = nullptr;
+  for (const Family& f : families()) {
+    if (f.test_only || !f.paged || f.direction != "fwd" || !has(f.dtypes, dtype) || !has(f.head_dims, head_dim))
+      continue;
+    const Config& d = f.default_config;  // the usual case, without a search
+    if ((!f.check(d, head_dim) && !f.paged_check(d, page_size)) ||
+        !nearest_paged_config(f, d, head_dim, page_size).empty())
+      return "";
+    if (!first) first = &f;
+  }
+  if (!first) return unsupported_reason("fwd", dtype, head_dim, false, false, true);
+  int smallest = 0;  // the smallest page it reads, for the message
+  for (int p = 1; p <= 4096 && !smallest; ++p)
+    if (!nearest_paged_config(*first, first->default_config, head_dim, p).empty()) smallest = p;
+  const char* why = first->paged_check(first->default_config, page_size);
+  return "page_size " + std::to_string(page_size) + " is not one " + first->name + " reads (" +
+         (why ? why : "no config passes its checks") + ")" +
+         (smallest ? "; the smallest page it reads holds " + std::to_string(smallest) + " keys" : "");
+}
+
+Config fallback_config(const Family& f, const Query& q) {
+  if (!q.page_size) return f.default_config;
+  return nearest_paged_config(f, f.default_config, q.head_dim, q.page_size);
 }
 
 const char* preferred_family(const Query& q) {
@@ -94,13 +152,14 @@ const Family* choose_family(const TableSet& ts, const Query& q) {
       const Family* best = nullptr;
       float best_tflops = 0;
       for (const Family* f : cands)
-        if (const tuned::Entry* e = find(ts, f->name, q, by_device);
+        if (const tuned::Entry* e = find(ts, f->name, q, by_device, q.page_size > 0);
             e && (f->max_seq_q > 0) == ranged && (!best || e->tflops > best_tflops)) {
           best = f;
           best_tflops = e->tflops;
         }
       if (best) return best;
     }
+  if (q.page_size) return cands.front();  // only families with a paged form are candidates: any of them
   for (const Family* f : cands)
     if (f->name == preferred_family(q)) return f;
   for (const Family* f : cands)
@@ -110,19 +169,78 @@ const Family* choose_family(const TableSet& ts, const Query& q) {
 
 namespace {
 // The store's pick for f's bucket of q on this device (best_per_bucket + pick_bucket), "" when none.
-std::string stored_config(const Family& f, const Query& q, const std::string& db_path) {
+// paged: its paged buckets (rows measured on paged caches), else its dense ones.
+std::string stored_config(const Family& f, const Query& q, const std::string& db_path, bool paged = false) {
   Store store(db_path, Store::Mode::read_only);
   // Every status: a newer prune or failure of a config supersedes its older success (select.cpp).
   ResultFilter filter{f.name, q.device, to_string(q.dtype), q.direction, q.head_dim, (int)q.causal, false};
   const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter));
   Problem prob;
   prob.seq_q = prob.seq_k = q.seq;
+  if (paged) prob.paged.page_size = q.page_size;
   const BucketChoice* b = pick_bucket(choices, prob);
   return b ? b->config : "";
+}
+
+// A paged query's config: the first of the store's paged bucket, the tables' paged entry (device, arch),
+// the dense pick (store, tables), the default and the default's nearest config that the family accepts at
+// this head dim and its paged form at this page size. A tuned config whose BLOCK_N does not divide the page
+// is no error: decode_splitkv's H100 entries have BLOCK_N 256, and a serving engine's pages are often 16-128.
+// The note names the first source passed over and why, then what ran; a dense pick is always noted.
+Pick choose_paged_config(const TableSet& ts, const Family& f, const Query& q, const std::string& db_path) {
+  Pick p{&f, {}, "", ""};
+  const std::string pages = "pages of " + std::to_string(q.page_size) + " keys";
+  auto refuse = [&](const std::string& what, const Config& c, const std::string& why) {
+    if (p.note.empty()) p.note = what + (c.empty() ? "" : " " + f.config_string(c)) + " rejected " + why;
+    return false;
+  };
+  auto accept = [&](const Config& c, const std::string& source, const std::string& what) {
+    if (const char* why = f.check(c, q.head_dim))
+      return refuse(what, c, "for d=" + std::to_string(q.head_dim) + " (" + why + ")");
+    if (const char* why = f.paged_check(c, q.page_size)) return refuse(what, c, "for " + pages + " (" + why + ")");
+    p.config = c;
+    p.source = source;
+    return true;
+  };
+  auto stored = [&](bool paged, const std::string& what) {
+    if (db_path.empty()) return false;
+    const std::string text = stored_config(f, q, db_path, paged);
+    if (text.empty()) return false;
+    Config c;
+    try {
+      c = f.parse_config(text);
+    } catch (const std::exception& e) {
+      return refuse(what, {}, std::string("(unreadable: ") + e.what() + ")");  // as a config the checks refuse
+    }
+    return accept(c, "db", what);
+  };
+  auto tabled = [&](bool paged, const std::string& what) {
+    for (bool by_device : {true, false})
+      if (const tuned::Entry* e = find(ts, f.name, q, by_device, paged))
+        return accept(Config(e->params, e->params + f.params.size()), by_device ? "device" : "arch", what);
+    return false;
+  };
+  auto ran = [&](const std::string& what) {
+    if (!p.note.empty()) p.note += ": " + what + " used";
+    return p;
+  };
+  if (stored(true, "stored paged config")) return ran("the stored paged config");
+  if (tabled(true, "tabled paged config")) return ran("the tabled paged config");
+  if (stored(false, "stored dense config") || tabled(false, "tabled dense config")) {
+    if (!p.note.empty()) return ran("the dense decoding pick");
+    p.note = "no paged entry for this bucket: the dense decoding pick used";
+    return p;
+  }
+  if (accept(f.default_config, "default", "default")) return ran("the default");
+  p.config = nearest_paged_config(f, f.default_config, q.head_dim, q.page_size);
+  if (p.config.empty()) return Pick{};  // no config reads such pages (the argument checks refuse the call first)
+  p.source = "default";
+  return ran("the default's nearest config that reads " + pages);
 }
 }  // namespace
 
 Pick choose_config(const TableSet& ts, const Family& f, const Query& q, const std::string& db_path) {
+  if (q.page_size) return choose_paged_config(ts, f, q, db_path);
   Pick p{&f, f.default_config, "default", ""};
   auto accept = [&](Config c, const char* source, const std::string& what) {
     const char* why = f.check(c, q.head_dim);
@@ -160,7 +278,7 @@ Pick choose(const TableSet& ts, const Query& q, const std::string& db_path) {
   const Family* f = nullptr;
   if (!db_path.empty())
     for (const Family* c : candidate_families(q))
-      if (c->max_seq_q > 0 && !stored_config(*c, q, db_path).empty()) {
+      if (c->max_seq_q > 0 && !stored_config(*c, q, db_path, q.page_size > 0).empty()) {
         f = c;
         break;
       }

@@ -31,18 +31,37 @@ struct Query {
                      // none of those families
   bool varlen = false;  // a packed variable-length batch: only families with a packed form (Family::varlen),
                         // configs their packed form takes (Family::varlen_check); seq, seq_q the longest lengths
+  int page_size = 0;    // a paged K/V cache's keys per page (0: contiguous K/V): only families with a paged form
+                        // (Family::paged), configs whose paged form reads such pages (Family::paged_check), the
+                        // tables' and the store's paged entries first; seq the longest cache length
 };
 
 // The registry's non-test families that run `q` (direction, dtype, head dim) on q.arch (a Hopper-only
 // family only on sm_90, a grouped-query query only on gqa families, a packed one only on varlen families,
-// a family with max_seq_q only for 0 < q.seq_q <= max_seq_q), in registry order.
+// a paged one only on paged families, a family with max_seq_q only for 0 < q.seq_q <= max_seq_q), in
+// registry order.
 std::vector<const Family*> candidate_families(const Query& q);
 // Queries whose seq_q falls in one class have the same candidates: the smallest max_seq_q of the
 // registry that holds seq_q, or 0 when none does (a plan cache keys on it, not on every Sq).
 int seq_q_class(int seq_q);
 // Why no family runs `q`, one line, or "" when one does (the arch is not considered: argument checks).
 std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa = false,
-                               bool varlen = false);
+                               bool varlen = false, bool paged = false);
+
+// Paged K/V caches (the families' paged forms, Family::paged):
+// the longest query a paged call may have: the largest max_seq_q of the families that read paged caches
+// (0: any; decode_splitkv: 16).
+int paged_max_seq_q();
+// Why no family reads pages of page_size keys for this forward (dtype, head dim), one line, or "" when one
+// does (some config of a paged family passes its check and its paged check).
+std::string paged_page_reason(DType dtype, int head_dim, int page_size);
+// The config of f nearest `from` that its check at head_dim and its paged form at page_size accept: the
+// fewest tunables changed, among those the larger values first, in parameter order (decode_splitkv's
+// default with pages BLOCK_N=64 does not divide: BLOCK_N=32 and the WARPS it needs). Empty when none does.
+Config nearest_paged_config(const Family& f, const Config& from, int head_dim, int page_size);
+// What a call runs when its config is rejected or does not compile: the family's default, or for a paged
+// query the default's nearest config that reads its pages (nearest_paged_config).
+Config fallback_config(const Family& f, const Query& q);
 
 // The fixed preference where no table rates a candidate: fp32 fwd fa2_simt, fp16/bf16 fwd fa2_mma,
 // fp32 bwd fa2_simt_bwd, fp16/bf16 bwd fa2_wgmma_bwd on sm_90 else fa2_mma_bwd. Grouped-query queries
@@ -68,7 +87,11 @@ struct Pick {
 // family's default. A stored or tabled config that the family's check rejects for this head dim (or, for a
 // packed query, its packed form's varlen_check) falls back to the default, with the reason in `note`.
 // Packed queries take the dense bucket's config: neither the tables nor selection hold packed rows (a
-// length distribution of their own). Throws UsageError for a store that cannot be read.
+// length distribution of their own). Paged queries take the first config the family's paged form accepts
+// for the page size among: the store's paged bucket, the tables' paged entry (device, arch), the dense pick
+// of the same query (store, then tables: a note says so), the family's default, and the default's nearest
+// config that reads such pages (noted); `note` names the first one refused and why. Throws UsageError for a
+// store that cannot be read.
 Pick choose_config(const TableSet&, const Family& f, const Query&, const std::string& db_path = "");
 
 // choose_family then choose_config; family nullptr when unsupported. With a results store, a family with a

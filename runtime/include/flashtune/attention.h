@@ -10,7 +10,7 @@
  * decode_splitkv there when the tables (or $FLASHTUNE_DB) hold a config of it for the call's bucket, else
  * the family it would run for a longer query; ft_explain_forward says which.
  * Packed variable-length batches (FlashAttention's flash_attn_varlen_func layout): the ft_*varlen*
- * functions below.
+ * functions below. Decoding from a paged K/V cache (vLLM's PagedAttention): the ft_*paged* functions.
  * Every call runs on the caller's stream (a CUstream / cudaStream_t; NULL: the legacy default stream)
  * in the CUDA context current on the calling thread, else the primary context of q's device.
  * Kernels are compiled with NVRTC for exactly this GPU at first use and cached on disk
@@ -119,6 +119,41 @@ typedef struct {
   size_t workspace_bytes;            /* at least ft_varlen_backward_workspace_bytes() when given */
 } ft_varlen_backward_args;
 
+/* Paged K/V caches (decoding from a serving engine's cache, as vLLM's PagedAttention and FlashAttention's
+ * flash_attn_with_kvcache(block_table=...)): K and V are pools of pages, [num_pages, heads_k, page_size, d],
+ * contiguous (each page holds page_size consecutive keys of every kv head, head-major inside the page:
+ * FlashAttention's [num_blocks, page_size, heads_k, d] is not this layout) and 16-byte aligned; they are read
+ * in place, never copied. Sequence b's logical page j (its keys [j*page_size, (j+1)*page_size)) is physical
+ * page block_table[b*max_pages + j]; it holds cache_seqlens[b] keys. q, o [B, H, Sq, d] and lse [B, H, Sq]
+ * are dense as in ft_forward_args (any strides for q and o). causal is bottom-right aligned to each
+ * sequence's own length (query i sees keys j <= i + cache_seqlens[b] - Sq); a sequence without keys gets
+ * O = 0, LSE = +inf. Sq 1..16 (decoding, speculative decoding), fp16 and bf16, grouped-query heads as above;
+ * the split-KV family decode_splitkv runs it, with a config whose BLOCK_N divides page_size.
+ * Checked on the host (one line each): pointers, sizes and their ranges (batch <= 65535, max_pages *
+ * page_size <= 2^30 keys, max_seqlen_k <= that), the pools' layout and alignment, q and o as in the dense
+ * forward, the alignment of block_table, cache_seqlens and lse (FT_INVALID_ARGUMENT); fp32, a head dim,
+ * Sq > 16 or a page size no kernel reads (FT_UNSUPPORTED, naming the smallest page it reads). Trusted (device
+ * memory; reading it would synchronise the stream): each cache_seqlens[b] in 0..max_pages * page_size and the
+ * block table's first ceil(cache_seqlens[b] / page_size) entries of row b in 0..num_pages - 1; entries past
+ * them are never read. */
+typedef struct {
+  int batch, heads, heads_k, seq_q, head_dim; /* heads_k: kv heads of the pools (grouped-query); 0: heads */
+  int num_pages;    /* the pools' first dimension */
+  int page_size;    /* keys per page */
+  int max_pages;    /* the block table's columns (its row stride) */
+  int max_seqlen_k; /* the longest cache_seqlens, for the config's sequence bucket only (any value gives the
+                       same result); 0: max_pages * page_size, the capacity, as flash_attn_with_kvcache uses */
+  ft_dtype dtype;   /* FT_FP16 or FT_BF16 */
+  int causal;       /* per sequence, bottom-right aligned */
+  float scale;      /* <= 0: 1/sqrt(head_dim) */
+  const int32_t* block_table;   /* device memory, int32 [batch, max_pages] */
+  const int32_t* cache_seqlens; /* device memory, int32 [batch] */
+  ft_tensor q;                  /* [B, H, Sq, d] */
+  ft_tensor k_pages, v_pages;   /* [num_pages, heads_k, page_size, d], contiguous */
+  ft_tensor o;                  /* output [B, H, Sq, d] */
+  float* lse;                   /* output [B, H, Sq] contiguous fp32, natural log; may be NULL */
+} ft_paged_forward_args;
+
 /* Which kernel a call runs, and where the choice came from. */
 typedef struct {
   char family[32];   /* "fa2_mma" */
@@ -150,11 +185,18 @@ ft_status ft_explain_varlen_forward(const ft_varlen_forward_args* args, ft_expla
 ft_status ft_explain_varlen_backward(const ft_varlen_backward_args* args, ft_explanation* out);
 ft_status ft_explain_varlen_forward_text(const ft_varlen_forward_args* args, char* buf, size_t size);
 ft_status ft_explain_varlen_backward_text(const ft_varlen_backward_args* args, char* buf, size_t size);
+/* Paged K/V caches: decode_splitkv's paged form, its config from the tables' (or $FLASHTUNE_DB's) paged entries
+ * for the bucket, else the dense decoding pick, else the default, the first whose BLOCK_N divides page_size
+ * (else the default's nearest config that reads such pages); the explanation's line says which. Any split
+ * workspace comes from the call's stream-ordered scratch, as the dense forward's. */
+ft_status ft_attention_paged_forward(const ft_paged_forward_args* args, void* stream);
+ft_status ft_explain_paged_forward(const ft_paged_forward_args* args, ft_explanation* out);
+ft_status ft_explain_paged_forward_text(const ft_paged_forward_args* args, char* buf, size_t size);
 /* FT_OK when a CUDA device is usable, else FT_NO_GPU with the reason in ft_last_error(). */
 ft_status ft_device_available(void);
 /* The last error of this thread, one line; "" after a success. */
 const char* ft_last_error(void);
-/* "0.3.0" */
+/* "0.4.0" */
 const char* ft_version(void);
 
 #ifdef __cplusplus

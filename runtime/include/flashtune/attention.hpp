@@ -15,6 +15,16 @@
 //   v.q = flashtune::runtime::PackedTensor::thd(q_ptr, 4100, 32, 128);  // [total, heads, d]
 //   ...
 //   if (auto st = flashtune::runtime::varlen_forward(v, stream); !st) std::cerr << st.message << "\n";
+//
+// Decoding from a paged K/V cache (block table and cache lengths in device memory):
+//   flashtune::runtime::PagedForwardArgs pf;
+//   pf.batch = 8; pf.heads = 32; pf.heads_k = 8; pf.seq_q = 1; pf.head_dim = 128; pf.dtype = FT_BF16;
+//   pf.num_pages = 4096; pf.page_size = 256; pf.max_pages = 128;  // pools [4096, 8, 256, 128]
+//   pf.block_table = d_table; pf.cache_seqlens = d_lens;          // int32 [8, 128] and [8]
+//   pf.q = flashtune::runtime::Tensor::bhsd(q_ptr, 8, 32, 1, 128);
+//   pf.k_pages = flashtune::runtime::Tensor::bhsd(k_pool, 4096, 8, 256, 128);  // contiguous pages
+//   ...
+//   if (auto st = flashtune::runtime::paged_forward(pf, stream); !st) std::cerr << st.message << "\n";
 #pragma once
 #include <array>
 #include <cstdint>
@@ -129,6 +139,25 @@ struct VarlenBackwardArgs {
   }
 };
 
+// Decoding from a paged K/V cache (see attention.h: the layout, what is checked and what is trusted).
+struct PagedForwardArgs {
+  int batch = 0, heads = 0, heads_k = 0, seq_q = 0, head_dim = 0;
+  int num_pages = 0, page_size = 0, max_pages = 0;
+  int max_seqlen_k = 0;                    // the longest cache length (config lookup only); 0: the capacity
+  ft_dtype dtype = FT_BF16;
+  bool causal = false;                     // per sequence, bottom-right aligned
+  float scale = 0;
+  const int32_t* block_table = nullptr;    // device, [batch, max_pages]
+  const int32_t* cache_seqlens = nullptr;  // device, [batch]
+  Tensor q, k_pages, v_pages, o;           // pools: Tensor::bhsd(pool, num_pages, heads_k, page_size, d)
+  float* lse = nullptr;                    // [B, H, Sq] fp32, optional
+  ft_paged_forward_args c() const {
+    return ft_paged_forward_args{batch,     heads,     heads_k,      seq_q, head_dim,       num_pages,
+                                 page_size, max_pages, max_seqlen_k, dtype, causal ? 1 : 0, scale,
+                                 block_table, cache_seqlens, q.c(), k_pages.c(), v_pages.c(), o.c(), lse};
+  }
+};
+
 inline Status forward(const ForwardArgs& a, void* stream = nullptr) {
   const ft_forward_args c = a.c();
   return status_of(ft_attention_forward(&c, stream));
@@ -192,6 +221,20 @@ inline std::string explain(const VarlenBackwardArgs& a) {
   char buf[512];
   return ft_explain_varlen_backward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf)
                                                                        : "error: " + std::string(ft_last_error());
+}
+inline Status paged_forward(const PagedForwardArgs& a, void* stream = nullptr) {
+  const ft_paged_forward_args c = a.c();
+  return status_of(ft_attention_paged_forward(&c, stream));
+}
+inline Status explain(const PagedForwardArgs& a, ft_explanation* out) {
+  const ft_paged_forward_args c = a.c();
+  return status_of(ft_explain_paged_forward(&c, out));
+}
+inline std::string explain(const PagedForwardArgs& a) {
+  const ft_paged_forward_args c = a.c();
+  char buf[512];
+  return ft_explain_paged_forward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf)
+                                                                     : "error: " + std::string(ft_last_error());
 }
 inline Status device_available() { return status_of(ft_device_available()); }
 inline std::string version() { return ft_version(); }
