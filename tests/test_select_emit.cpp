@@ -78,7 +78,7 @@ TEST(Select, CheapTimingsArePickedOnlyWithoutFullOnes) {
   EXPECT_EQ(best_per_problem(only)[0].config, cheap.config);
 }
 
-TEST(Select, ANewerPruneOrFailureSupersedesAnOlderSuccess) {
+TEST(Select, ANewerSourcePruneOrFailureSupersedesAnOlderSuccess) {
   // The templates changed: a kernel that validated before now spills (pruned) on the same problem. Its old
   // row, spelled without a tunable added since (the default), must not be the problem's pick any more.
   auto row = [](const char* cfg, const char* status, double tflops, const char* created) {
@@ -107,6 +107,13 @@ TEST(Select, ANewerPruneOrFailureSupersedesAnOlderSuccess) {
   auto fixed = rows;
   fixed.insert(fixed.begin(), row(A, "invalid", 0, "2025-12-31T00:00:00"));
   EXPECT_EQ(best_per_problem(fixed)[0].config, A);
+  // A newer source of the same kernel (the templates changed): its timing stands for the config, the older
+  // source's faster one is a kernel that no longer exists.
+  auto resourced = rows;
+  resourced[0].source_hash = "old";
+  resourced.push_back(row(A, "ok", 7, "2026-01-02T00:00:00"));
+  resourced.back().source_hash = "new";
+  EXPECT_EQ(best_per_problem(resourced)[0].config, B);  // A now 7 < B's 8
   // The same kernel spelled with its defaults filled in is the same kernel (fa2_simt has no optional
   // tunable, so an unparsable spelling stands for itself and is not superseded by A's prune).
   auto other = rows;

@@ -42,29 +42,40 @@ std::string canonical_config(const ResultRecord& r) {
   return r.config;
 }
 
-// (problem, canonical config) pairs whose newest row says the kernel no longer compiles cleanly or no longer
-// validates (pruned, compile_error, invalid): an older success of the same kernel is stale then (the
-// templates or the compiler changed since), and must not be picked.
-std::set<std::pair<ProblemKey, std::string>> superseded(const std::vector<ResultRecord>& rows) {
-  std::map<std::pair<ProblemKey, std::string>, const ResultRecord*> newest;
-  for (const auto& r : rows) {
-    const ResultRecord*& n = newest[{key_of(r), canonical_config(r)}];
-    if (!n || std::tie(r.created, r.id) > std::tie(n->created, n->id)) n = &r;
+// Which stored rows still describe the kernel a config names today. Per (problem, canonical config), the newest
+// row decides: a row from another source than the newest's (the templates or the compiler changed since) is a
+// timing of a kernel that no longer exists, and when the newest row says the kernel no longer compiles cleanly or
+// no longer validates (pruned, compile_error, invalid), every older success of it is stale too. A timeout or a
+// crash is no verdict on the kernel and decides nothing.
+class Staleness {
+ public:
+  explicit Staleness(const std::vector<ResultRecord>& rows) {
+    for (const auto& r : rows) {
+      if (r.status == "timeout" || r.status == "crashed") continue;
+      const ResultRecord*& n = newest_[{key_of(r), canonical_config(r)}];
+      if (!n || std::tie(r.created, r.id) > std::tie(n->created, n->id)) n = &r;
+    }
   }
-  std::set<std::pair<ProblemKey, std::string>> out;
-  for (const auto& [k, r] : newest)
-    if (r->status == "pruned" || r->status == "compile_error" || r->status == "invalid") out.insert(k);
-  return out;
-}
+  bool stale(const ResultRecord& r) const {
+    auto it = newest_.find({key_of(r), canonical_config(r)});
+    if (it == newest_.end()) return false;
+    const ResultRecord& n = *it->second;
+    if (n.status == "pruned" || n.status == "compile_error" || n.status == "invalid") return true;
+    return !r.source_hash.empty() && !n.source_hash.empty() && r.source_hash != n.source_hash;
+  }
+
+ private:
+  std::map<std::pair<ProblemKey, std::string>, const ResultRecord*> newest_;
+};
 }  // namespace
 
 std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& all) {
   const std::vector<ResultRecord> results = fully_timed_where_any(all);
-  const auto stale = superseded(all);
+  const Staleness staleness(all);
   using Key = ProblemKey;
   std::map<Key, ResultRecord> best;
   for (const auto& r : results) {
-    if (r.status != "ok" || stale.count({key_of(r), canonical_config(r)})) continue;
+    if (r.status != "ok" || staleness.stale(r)) continue;
     const Key key = key_of(r);
     auto it = best.find(key);
     if (it == best.end() || r.tflops > it->second.tflops) best[key] = r;
@@ -80,7 +91,7 @@ using Bucket = std::tuple<std::string, std::string, std::string, std::string, st
 // Each bucket's config valid on every problem of the bucket with the highest geometric-mean TFLOP/s,
 // from `results`.
 std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& results) {
-  const auto stale = superseded(results);
+  const Staleness staleness(results);
   struct Stats {
     double log_sum = 0;
     int ok = 0;
@@ -105,7 +116,7 @@ std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& res
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket(),
              p.paged.enabled()};
     problems[b].insert(p.str());
-    if (r.status != "ok" || r.tflops <= 0 || stale.count({key_of(r), canonical_config(r)})) continue;
+    if (r.status != "ok" || r.tflops <= 0 || staleness.stale(r)) continue;
     auto& s = per_config[b][r.config];
     s.log_sum += std::log(r.tflops);
     s.ok += 1;
