@@ -815,16 +815,41 @@ void expect_one_line(const std::string& s) {
   EXPECT_FALSE(s.empty());
   EXPECT_EQ(s.find('\n'), std::string::npos) << s;
 }
+
+// An edit of a valid argument struct and how the library must refuse it.
+template <class A>
+struct Refusal {
+  void (*edit)(A&);
+  ft_status want;
+  const char* says;  // a part of the one-line message
+};
+// Each edit of `good` is refused with its status and a one-line message naming the problem, by the argument
+// check and through the C ABI alike (the call, explain and explain_text), before any driver call.
+template <class A, size_t N>
+void expect_refusals(const A& good, const Refusal<A> (&cases)[N], Check (*check)(const A*),
+                     ft_status (*call)(const A*, void*), ft_status (*explain)(const A*, ft_explanation*),
+                     ft_status (*explain_text)(const A*, char*, size_t)) {
+  for (const Refusal<A>& c : cases) {
+    A a = good;
+    c.edit(a);
+    const Check k = check(&a);
+    EXPECT_EQ(k.status, c.want) << c.says;
+    EXPECT_NE(k.message.find(c.says), std::string::npos) << k.message;
+    expect_one_line(k.message);
+    EXPECT_EQ(call(&a, nullptr), c.want);
+    EXPECT_EQ(std::string(ft_last_error()), k.message);
+    ft_explanation e;
+    EXPECT_EQ(explain(&a, &e), c.want);
+    char buf[64];
+    EXPECT_EQ(explain_text(&a, buf, sizeof buf), c.want);
+  }
+}
 }  // namespace
 
 TEST(RuntimeArgs, ForwardChecks) {
   EXPECT_EQ(check_forward(nullptr).status, FT_INVALID_ARGUMENT);
   EXPECT_EQ(check_forward(&(const ft_forward_args&)good_forward()).status, FT_OK);
-  struct Case {
-    void (*edit)(ft_forward_args&);
-    ft_status want;
-    const char* says;
-  } cases[] = {
+  const Refusal<ft_forward_args> cases[] = {
       {[](ft_forward_args& a) { a.q.data = nullptr; }, FT_INVALID_ARGUMENT, "q.data is null"},
       {[](ft_forward_args& a) { a.o.data = nullptr; }, FT_INVALID_ARGUMENT, "o.data is null"},
       {[](ft_forward_args& a) { a.batch = 0; }, FT_INVALID_ARGUMENT, "batch must be positive"},
@@ -837,19 +862,7 @@ TEST(RuntimeArgs, ForwardChecks) {
       {[](ft_forward_args& a) { a.o.stride[2] = 0; }, FT_INVALID_ARGUMENT, "o has overlapping strides"},
       {[](ft_forward_args& a) { a.o.stride[1] = 64; }, FT_INVALID_ARGUMENT, "o has overlapping strides"},
   };
-  for (const Case& c : cases) {
-    ft_forward_args a = good_forward();
-    c.edit(a);
-    const Check k = check_forward(&a);
-    EXPECT_EQ(k.status, c.want) << c.says;
-    EXPECT_NE(k.message.find(c.says), std::string::npos) << k.message;
-    expect_one_line(k.message);
-    // The same through the C ABI, before any driver call.
-    EXPECT_EQ(ft_attention_forward(&a, nullptr), c.want);
-    EXPECT_EQ(std::string(ft_last_error()), k.message);
-    ft_explanation e;
-    EXPECT_EQ(ft_explain_forward(&a, &e), c.want);
-  }
+  expect_refusals(good_forward(), cases, check_forward, ft_attention_forward, ft_explain_forward, ft_explain_forward_text);
   // Inputs may broadcast (stride 0); transposed outputs are fine.
   ft_forward_args a = good_forward();
   a.k.stride[1] = 0;
@@ -912,11 +925,7 @@ TEST(RuntimeArgs, VarlenForwardChecks) {
   EXPECT_EQ(check_varlen_forward(nullptr).status, FT_INVALID_ARGUMENT);
   const ft_varlen_forward_args good = good_varlen_forward();
   EXPECT_EQ(check_varlen_forward(&good).status, FT_OK) << check_varlen_forward(&good).message;
-  struct Case {
-    void (*edit)(ft_varlen_forward_args&);
-    ft_status want;
-    const char* says;
-  } cases[] = {
+  const Refusal<ft_varlen_forward_args> cases[] = {
       {[](ft_varlen_forward_args& a) { a.cu_seqlens_q = nullptr; }, FT_INVALID_ARGUMENT, "cu_seqlens_q is null"},
       {[](ft_varlen_forward_args& a) { a.cu_seqlens_k = reinterpret_cast<const int32_t*>(g_fake + 2); },
        FT_INVALID_ARGUMENT, "cu_seqlens_k is not 4-byte aligned"},
@@ -943,21 +952,7 @@ TEST(RuntimeArgs, VarlenForwardChecks) {
       {[](ft_varlen_forward_args& a) { a.lse = reinterpret_cast<float*>(g_fake + 1); }, FT_INVALID_ARGUMENT,
        "lse is not 4-byte aligned"},
   };
-  for (const Case& c : cases) {
-    ft_varlen_forward_args a = good_varlen_forward();
-    c.edit(a);
-    const Check k = check_varlen_forward(&a);
-    EXPECT_EQ(k.status, c.want) << c.says;
-    EXPECT_NE(k.message.find(c.says), std::string::npos) << k.message;
-    expect_one_line(k.message);
-    // The same through the C ABI, before any driver call.
-    EXPECT_EQ(ft_attention_varlen_forward(&a, nullptr), c.want);
-    EXPECT_EQ(std::string(ft_last_error()), k.message);
-    ft_explanation e;
-    EXPECT_EQ(ft_explain_varlen_forward(&a, &e), c.want);
-    char buf[64];
-    EXPECT_EQ(ft_explain_varlen_forward_text(&a, buf, sizeof buf), c.want);
-  }
+  expect_refusals(good_varlen_forward(), cases, check_varlen_forward, ft_attention_varlen_forward, ft_explain_varlen_forward, ft_explain_varlen_forward_text);
   // Multi-head (heads_k 0), a longest length past the total (a loose bound: the grid is larger), inputs
   // with other strides (q of a packed qkv projection: tokens 3*H*d apart), a broadcast k head: accepted;
   // such a tensor is packed to contiguous scratch, a contiguous 16-byte aligned one goes straight in.
@@ -1078,11 +1073,7 @@ TEST(RuntimeArgs, PagedForwardChecks) {
   EXPECT_EQ(check_paged_forward(nullptr).status, FT_INVALID_ARGUMENT);
   const ft_paged_forward_args good = good_paged_forward();
   EXPECT_EQ(check_paged_forward(&good).status, FT_OK) << check_paged_forward(&good).message;
-  struct Case {
-    void (*edit)(ft_paged_forward_args&);
-    ft_status want;
-    const char* says;
-  } cases[] = {
+  const Refusal<ft_paged_forward_args> cases[] = {
       {[](ft_paged_forward_args& a) { a.batch = 0; }, FT_INVALID_ARGUMENT, "batch must be positive, got 0"},
       {[](ft_paged_forward_args& a) { a.seq_q = 0; }, FT_INVALID_ARGUMENT, "seq_q must be positive, got 0"},
       {[](ft_paged_forward_args& a) { a.num_pages = 0; }, FT_INVALID_ARGUMENT, "num_pages must be positive, got 0"},
@@ -1127,21 +1118,7 @@ TEST(RuntimeArgs, PagedForwardChecks) {
       {[](ft_paged_forward_args& a) { a.lse = reinterpret_cast<float*>(g_fake + 1); }, FT_INVALID_ARGUMENT,
        "lse is not 4-byte aligned"},
   };
-  for (const Case& c : cases) {
-    ft_paged_forward_args a = good_paged_forward();
-    c.edit(a);
-    const Check k = check_paged_forward(&a);
-    EXPECT_EQ(k.status, c.want) << c.says;
-    EXPECT_NE(k.message.find(c.says), std::string::npos) << k.message;
-    expect_one_line(k.message);
-    // The same through the C ABI, before any driver call.
-    EXPECT_EQ(ft_attention_paged_forward(&a, nullptr), c.want);
-    EXPECT_EQ(std::string(ft_last_error()), k.message);
-    ft_explanation e;
-    EXPECT_EQ(ft_explain_paged_forward(&a, &e), c.want);
-    char buf[64];
-    EXPECT_EQ(ft_explain_paged_forward_text(&a, buf, sizeof buf), c.want);
-  }
+  expect_refusals(good_paged_forward(), cases, check_paged_forward, ft_attention_paged_forward, ft_explain_paged_forward, ft_explain_paged_forward_text);
   // Accepted: multi-head (heads_k 0), Sq 16 causal, max_seqlen_k 0 (the capacity), pages of 32 (BLOCK_N 32) and
   // of 96 keys, a strided q (a query row of a packed qkv projection) and a transposed o: packed and unpacked by
   // the library; a single-page pool whose page stride is arbitrary; the pools always go straight in.
