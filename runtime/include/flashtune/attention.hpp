@@ -158,6 +158,15 @@ struct PagedForwardArgs {
   }
 };
 
+namespace detail {
+// A ft_explain_*_text call on the C struct: its line, or "error: <why>" when the call could not be planned.
+template <class C>
+std::string explain_text(ft_status (*text)(const C*, char*, size_t), const C& c) {
+  char buf[512];
+  return text(&c, buf, sizeof buf) == FT_OK ? std::string(buf) : "error: " + std::string(ft_last_error());
+}
+}  // namespace detail
+
 inline Status forward(const ForwardArgs& a, void* stream = nullptr) {
   const ft_forward_args c = a.c();
   return status_of(ft_attention_forward(&c, stream));
@@ -180,16 +189,8 @@ inline Status explain(const BackwardArgs& a, ft_explanation* out) {
 }
 // One line: which family and config a call runs, where the config and the kernel come from, and why
 // a tabled config was not used; "error: <why>" when the call could not be planned.
-inline std::string explain(const ForwardArgs& a) {
-  const ft_forward_args c = a.c();
-  char buf[512];
-  return ft_explain_forward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf) : "error: " + std::string(ft_last_error());
-}
-inline std::string explain(const BackwardArgs& a) {
-  const ft_backward_args c = a.c();
-  char buf[512];
-  return ft_explain_backward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf) : "error: " + std::string(ft_last_error());
-}
+inline std::string explain(const ForwardArgs& a) { return detail::explain_text(ft_explain_forward_text, a.c()); }
+inline std::string explain(const BackwardArgs& a) { return detail::explain_text(ft_explain_backward_text, a.c()); }
 inline Status varlen_forward(const VarlenForwardArgs& a, void* stream = nullptr) {
   const ft_varlen_forward_args c = a.c();
   return status_of(ft_attention_varlen_forward(&c, stream));
@@ -211,16 +212,10 @@ inline Status explain(const VarlenBackwardArgs& a, ft_explanation* out) {
   return status_of(ft_explain_varlen_backward(&c, out));
 }
 inline std::string explain(const VarlenForwardArgs& a) {
-  const ft_varlen_forward_args c = a.c();
-  char buf[512];
-  return ft_explain_varlen_forward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf)
-                                                                      : "error: " + std::string(ft_last_error());
+  return detail::explain_text(ft_explain_varlen_forward_text, a.c());
 }
 inline std::string explain(const VarlenBackwardArgs& a) {
-  const ft_varlen_backward_args c = a.c();
-  char buf[512];
-  return ft_explain_varlen_backward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf)
-                                                                       : "error: " + std::string(ft_last_error());
+  return detail::explain_text(ft_explain_varlen_backward_text, a.c());
 }
 inline Status paged_forward(const PagedForwardArgs& a, void* stream = nullptr) {
   const ft_paged_forward_args c = a.c();
@@ -231,10 +226,7 @@ inline Status explain(const PagedForwardArgs& a, ft_explanation* out) {
   return status_of(ft_explain_paged_forward(&c, out));
 }
 inline std::string explain(const PagedForwardArgs& a) {
-  const ft_paged_forward_args c = a.c();
-  char buf[512];
-  return ft_explain_paged_forward_text(&c, buf, sizeof buf) == FT_OK ? std::string(buf)
-                                                                     : "error: " + std::string(ft_last_error());
+  return detail::explain_text(ft_explain_paged_forward_text, a.c());
 }
 inline Status device_available() { return status_of(ft_device_available()); }
 inline std::string version() { return ft_version(); }
