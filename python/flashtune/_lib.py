@@ -233,19 +233,25 @@ def _int_in(name, x, lo, hi):
     return x
 
 
-def make_tensor(name, t):
-    """(device pointer, 4 strides in elements) -> FtTensor, every value checked in range."""
+def _pointer_strides(name, t, dims):
+    """(device pointer, strides in elements) checked in range: the pointer (None for 0) and a ctypes int64
+    array; dims names the axes, one stride each."""
     try:
         ptr, strides = t
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a (pointer, strides) pair") from None
     _int_in(f"{name} pointer", ptr, 0, 2**64 - 1)
     strides = tuple(strides)
-    if len(strides) != 4:
-        raise ValueError(f"{name} needs 4 strides ([B, H, S, d]), got {len(strides)}")
+    if len(strides) != len(dims):
+        raise ValueError(f"{name} needs {len(dims)} strides ([{', '.join(dims)}]), got {len(strides)}")
     for i, s in enumerate(strides):
         _int_in(f"{name} stride[{i}]", s, -_INT64_MAX, _INT64_MAX)
-    return FtTensor(ptr or None, (ctypes.c_int64 * 4)(*strides))
+    return ptr or None, (ctypes.c_int64 * len(dims))(*strides)
+
+
+def make_tensor(name, t):
+    """(device pointer, 4 strides in elements) -> FtTensor, every value checked in range."""
+    return FtTensor(*_pointer_strides(name, t, ("B", "H", "S", "d")))
 
 
 def _dtype_causal_scale(args, dtype, causal, scale):
@@ -298,17 +304,7 @@ VARLEN_SIZES = ("batch", "heads", "head_dim", "total_q", "total_k", "max_seqlen_
 
 def make_packed_tensor(name, t):
     """(device pointer, 3 strides in elements: token, head, head dim) -> FtPackedTensor, checked in range."""
-    try:
-        ptr, strides = t
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a (pointer, strides) pair") from None
-    _int_in(f"{name} pointer", ptr, 0, 2**64 - 1)
-    strides = tuple(strides)
-    if len(strides) != 3:
-        raise ValueError(f"{name} needs 3 strides ([total, heads, d]), got {len(strides)}")
-    for i, s in enumerate(strides):
-        _int_in(f"{name} stride[{i}]", s, -_INT64_MAX, _INT64_MAX)
-    return FtPackedTensor(ptr or None, (ctypes.c_int64 * 3)(*strides))
+    return FtPackedTensor(*_pointer_strides(name, t, ("total", "heads", "d")))
 
 
 def _varlen_head(args, sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, heads_k):

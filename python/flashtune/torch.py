@@ -45,19 +45,28 @@ _NAMES = ("q", "k", "v")
 
 
 # --- validation (one line each; runs under torch.compile too: nothing here reads data) ------------
-def _check(q, k, v, fn, autocast=False):
-    for n, t in zip(_NAMES, (q, k, v)):
+def _check_tensors(fn, names, tensors):
+    for n, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {n} must be a torch.Tensor, got {type(t).__name__}")
-    for n, t in zip(_NAMES, (q, k, v)):
-        if t.dim() != 4:
-            raise ValueError(f"{fn}: {n} must be 4-D [batch, heads, seq, head_dim] (torch SDPA's layout), "
-                             f"got shape {tuple(t.shape)}")
+
+
+def _check_qkv_devices(fn, q, k, v):
+    """q, k, v on one CUDA device."""
     for n, t in zip(_NAMES, (q, k, v)):
         if t.device.type != "cuda":
             raise ValueError(f"{fn}: {n} is on {t.device}; flashtune runs on CUDA tensors (move them with .cuda())")
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"{fn}: q, k, v are on different devices ({q.device}, {k.device}, {v.device})")
+
+
+def _check(q, k, v, fn, autocast=False):
+    _check_tensors(fn, _NAMES, (q, k, v))
+    for n, t in zip(_NAMES, (q, k, v)):
+        if t.dim() != 4:
+            raise ValueError(f"{fn}: {n} must be 4-D [batch, heads, seq, head_dim] (torch SDPA's layout), "
+                             f"got shape {tuple(t.shape)}")
+    _check_qkv_devices(fn, q, k, v)
     if autocast and torch.is_autocast_enabled("cuda"):  # as SDPA: floating inputs in the autocast dtype
         dt = torch.get_autocast_dtype("cuda")
         q, k, v = [t.to(dt) if t.is_floating_point() else t for t in (q, k, v)]
@@ -86,18 +95,12 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     device, fp16/bf16; cu_seqlens int32 [batch + 1] on q's device (their values are device memory: not
     read, as FlashAttention does not read them; attention.h says what that trusts); max_seqlen ints >= 1.
     Returns (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
-    for n, t in zip(_NAMES + _VARLEN_NAMES, (q, k, v, cu_seqlens_q, cu_seqlens_k)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: {n} must be a torch.Tensor, got {type(t).__name__}")
+    _check_tensors(fn, _NAMES + _VARLEN_NAMES, (q, k, v, cu_seqlens_q, cu_seqlens_k))
     for n, t in zip(_NAMES, (q, k, v)):
         if t.dim() != 3:
             raise ValueError(f"{fn}: {n} must be 3-D [total_tokens, heads, head_dim] (flash_attn_varlen_func's "
                              f"layout), got shape {tuple(t.shape)}")
-    for n, t in zip(_NAMES, (q, k, v)):
-        if t.device.type != "cuda":
-            raise ValueError(f"{fn}: {n} is on {t.device}; flashtune runs on CUDA tensors (move them with .cuda())")
-    if k.device != q.device or v.device != q.device:
-        raise ValueError(f"{fn}: q, k, v are on different devices ({q.device}, {k.device}, {v.device})")
+    _check_qkv_devices(fn, q, k, v)
     for n, t in zip(_VARLEN_NAMES, (cu_seqlens_q, cu_seqlens_k)):
         if t.dim() != 1 or t.dtype != torch.int32:
             raise ValueError(f"{fn}: {n} must be a 1-D torch.int32 tensor of batch + 1 offsets, got "
@@ -159,9 +162,7 @@ def _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k, 
     to the autocast dtype first, the cache never: a copy of it would cost more than the call). The tables'
     values are device memory: not read (attention.h says what that trusts). The runtime checks Sq, the head
     dim and the page size (flashtune.UnsupportedError). Returns (q, block_table, cache_seqlens, max_seqlen_k)."""
-    for n, t in zip(_PAGED_NAMES, (q, k_pages, v_pages, block_table, cache_seqlens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: {n} must be a torch.Tensor, got {type(t).__name__}")
+    _check_tensors(fn, _PAGED_NAMES, (q, k_pages, v_pages, block_table, cache_seqlens))
     for n, t, want in (("q", q, "[batch, heads, seq_q, head_dim] (torch SDPA's layout)"),
                        ("k_pages", k_pages, "[num_pages, heads_k, page_size, head_dim]"),
                        ("v_pages", v_pages, "[num_pages, heads_k, page_size, head_dim]")):
