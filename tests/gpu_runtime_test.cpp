@@ -592,27 +592,33 @@ int contextless_thread() {
   return !ok;
 }
 
-// Decoding through $FLASHTUNE_DB: a store holding one decode_splitkv row for this GPU (bf16, d 128,
-// non-causal, 32 query heads over 8, its default config) makes it the pick for every bf16 d 128 call of
-// Sq <= 16 that is non-causal or has one row (which sees every key), whatever the tables say; Sq 17 and
-// causal Sq 5 keep the dense path. Each call is checked against the float64 reference as in the passes.
-int decode_pass(const std::vector<Case>& all) {
+// A results store at `db` holding one ok decode_splitkv row per (config, problem), recorded for this GPU (its
+// name and arch, as a tune on it would store them).
+void put_decode_rows(const std::string& db, const std::vector<std::pair<std::string, flashtune::Problem>>& rows) {
   int dev = 0;
   cudaGetDevice(&dev);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, dev);
   const std::string arch = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+  flashtune::Store store(db);
+  for (const auto& [config, p] : rows) {
+    flashtune::ResultRecord r = flashtune::fixture::fixture_result(config, p, "ok", 0.05);
+    r.family = "decode_splitkv";
+    store.put_result(r, flashtune::fixture::fixture_device(prop.name, arch));
+  }
+}
+
+// Decoding through $FLASHTUNE_DB: a store holding one decode_splitkv row for this GPU (bf16, d 128,
+// non-causal, 32 query heads over 8, its default config) makes it the pick for every bf16 d 128 call of
+// Sq <= 16 that is non-causal or has one row (which sees every key), whatever the tables say; Sq 17 and
+// causal Sq 5 keep the dense path. Each call is checked against the float64 reference as in the passes.
+int decode_pass(const std::vector<Case>& all) {
   const std::string dir = flashtune::make_private_tmpdir("ft-runtime-decode-db");
   const std::string db = dir + "/decode.db";
   const flashtune::Family& f = flashtune::find_family("decode_splitkv");
-  {
-    flashtune::Store store(db);
-    flashtune::Problem p{8, 32, 1, 4096, 128, flashtune::DType::bf16, false};
-    p.heads_k = 8;
-    flashtune::ResultRecord r = flashtune::fixture::fixture_result(f.config_string(f.default_config), p, "ok", 0.05);
-    r.family = f.name;
-    store.put_result(r, flashtune::fixture::fixture_device(prop.name, arch));
-  }
+  flashtune::Problem p{8, 32, 1, 4096, 128, flashtune::DType::bf16, false};
+  p.heads_k = 8;
+  put_decode_rows(db, {{f.config_string(f.default_config), p}});
   std::vector<Case> cs;
   for (const Case& c : all)
     if (c.heads_k > 0 && c.seq_q <= 16) cs.push_back(c);
@@ -643,27 +649,15 @@ int decode_pass(const std::vector<Case>& all) {
 // splits and sums, only the addresses differ); 64-key pages, which neither reads, the default. Each checked
 // against the float64 reference.
 int paged_db_pass() {
-  int dev = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, dev);
-  const std::string arch = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
   const std::string dir = flashtune::make_private_tmpdir("ft-runtime-paged-db");
   const std::string db = dir + "/paged.db";
   const flashtune::Family& f = flashtune::find_family("decode_splitkv");
   const std::string paged_cfg = "SPLITS=8,BLOCK_N=256,WARPS=8,STAGES=1", dense_cfg = "SPLITS=4,BLOCK_N=128,WARPS=4,STAGES=1";
-  {
-    flashtune::Store store(db);
-    flashtune::Problem p{8, 32, 1, 4096, 128, flashtune::DType::bf16, false};
-    p.heads_k = 8;
-    flashtune::ResultRecord r = flashtune::fixture::fixture_result(dense_cfg, p, "ok", 0.05);
-    r.family = f.name;
-    store.put_result(r, flashtune::fixture::fixture_device(prop.name, arch));
-    p.paged.page_size = 256;
-    r = flashtune::fixture::fixture_result(paged_cfg, p, "ok", 0.05);
-    r.family = f.name;
-    store.put_result(r, flashtune::fixture::fixture_device(prop.name, arch));
-  }
+  flashtune::Problem dense{8, 32, 1, 4096, 128, flashtune::DType::bf16, false};
+  dense.heads_k = 8;
+  flashtune::Problem paged = dense;
+  paged.paged.page_size = 256;
+  put_decode_rows(db, {{dense_cfg, dense}, {paged_cfg, paged}});
   PagedCase c;
   c.lens = {4096, 4096}, c.heads = 32, c.heads_k = 8, c.page_size = 256;
   struct Want {
