@@ -113,13 +113,17 @@ struct Buffers {
     return a;
   }
 };
+// The sm_80 tests follow the JIT path; a library with sm_80 kernels embedded takes those (test_runtime_aot).
+bool embeds_sm80() {
+  for (const std::string& e : split(FT_AOT_ARCHS, ','))
+    if (e == "80" || e == "sm_80") return true;
+  return false;
+}
 }  // namespace
 
 TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
   if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
-  // This test follows the JIT path; a library with sm_80 kernels embedded takes them (test_runtime_aot).
-  for (const std::string& e : split(FT_AOT_ARCHS, ','))
-    if (e == "80" || e == "sm_80") GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  if (embeds_sm80()) GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
   const std::string cache = make_private_tmpdir("ft-fake-cache");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
@@ -280,8 +284,7 @@ void record_heads_k(const char* name, void** params) {
 
 TEST(FakeDriver, GroupedQueryHeads) {
   if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
-  for (const std::string& e : split(FT_AOT_ARCHS, ','))
-    if (e == "80" || e == "sm_80") GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  if (embeds_sm80()) GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
   const std::string cache = make_private_tmpdir("ft-fake-gqa");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
@@ -578,8 +581,7 @@ void expect_launches(const FakeState& st, const Family& f, const Config& c, Prob
 // the backward's scratch (delta and dq_accum per token) sized by ft_varlen_backward_workspace_bytes.
 TEST(FakeDriver, PackedBatches) {
   if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
-  for (const std::string& e : split(FT_AOT_ARCHS, ','))
-    if (e == "80" || e == "sm_80") GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  if (embeds_sm80()) GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
   const std::string cache = make_private_tmpdir("ft-fake-varlen");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
@@ -699,8 +701,7 @@ void play_paged(const char* name, void** params) {
 // one query row with the mask runs the non-causal kernel.
 TEST(FakeDriver, PagedCache) {
   if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
-  for (const std::string& e : split(FT_AOT_ARCHS, ','))
-    if (e == "80" || e == "sm_80") GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  if (embeds_sm80()) GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
   const std::string cache = make_private_tmpdir("ft-fake-paged");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
