@@ -29,17 +29,10 @@
 #include "decode_splitkv.cuh"
 #include "device_common.cuh"
 #include "wgmma_common.cuh"
+#include "probe_common.cuh"
 
 using namespace flashtune;
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 constexpr int kD = 128, kBlockN = 256, kThreads = 128;
 constexpr int kTileBytes = kBlockN * kD * 2;  // 64 KB
@@ -140,27 +133,6 @@ static CUtensorMap make_map(const void* ptr) {
   return m;
 }
 
-template <class F>
-static float median_ms(F launch, int reps) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  launch();  // warm-up
-  CK(cudaDeviceSynchronize());
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    launch();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float x;
-    CK(cudaEventElapsedTime(&x, a, b));
-    ms.push_back(x);
-  }
-  CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 __global__ void fill_random(unsigned short* p, long long n, unsigned seed) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;

@@ -16,17 +16,10 @@
 
 #include "device_common.cuh"
 #include "wgmma_common.cuh"
+#include "probe_common.cuh"
 
 using namespace flashtune;
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 enum Mode { kSsIl = 0, kSsSw = 1, kRsIl = 2, kRsSw = 3, kSsIlMn = 4 };
 const char* mode_name[] = {"SS interleaved K-major", "SS swizzle-128B K-major", "RS interleaved K-major",
@@ -151,28 +144,6 @@ __global__ void __launch_bounds__(128) bulk_pattern(float* acc, int rows_per_hea
   bulk_wait<0>();
 }
 
-// Median milliseconds of 3 timed launches (after one warm-up), CUDA events around each.
-template <class Launch>
-double median_ms(Launch launch) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int it = 0; it < 4; ++it) {
-    CK(cudaEventRecord(e0));
-    launch();
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    if (it > 0) ms.push_back(t);
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 template <int D, int PIECE>
 void run_bulk(float* d_acc, int heads, int rows) {
