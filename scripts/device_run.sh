@@ -472,12 +472,15 @@ fa3)
     python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --family fa3_wgmma \
       --flashtune "$ft" --out "$rep/fwd_hopper_vs_peers.csv" 2>/dev/null
   fi
-  if [[ $part == spot ]]; then  # fa3 spot [problems]: the grid space tuned exhaustively on a few points, re-timed
-    probs=${2:-spot_fa3_causal_1k}
-    log "tune fa3_wgmma_grid on $probs (exhaustive)"
-    $ft tune configs/spaces/fa3_wgmma_grid.json configs/problems/$probs.json --db "$db" 2>&1 | grep -vE "^\[" | tail -4
-    python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/$probs.json --family fa3_wgmma \
+  if [[ $part == spot ]]; then  # fa3 spot [problems]: a space (FA3_SPOT_SPACE, the grid's) tuned exhaustively
+    # on a few points into FA3_SPOT_DB (results.db), each point's best re-timed beside the peers
+    probs=${2:-spot_fa3_causal_1k} space=${FA3_SPOT_SPACE:-fa3_wgmma_grid} sdb=${FA3_SPOT_DB:-$db}
+    log "tune $space on $probs (exhaustive) into $sdb"
+    timeout "${FA3_SPOT_LIMIT_S:-400}" $ft tune configs/spaces/$space.json configs/problems/$probs.json --db "$sdb" 2>&1 |
+      grep -vE "^\[" | tail -4
+    python3 experiments/tuned_vs_sdpa.py --db "$sdb" --problems configs/problems/$probs.json --family fa3_wgmma \
       --flashtune "$ft" --out "$rep/fwd_hopper_$probs.csv" 2>/dev/null
+    [[ $sdb == "$db" ]] || $ft drop-cubins --db "$sdb"
   fi
   finish
   ;;

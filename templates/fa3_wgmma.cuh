@@ -66,10 +66,11 @@ struct Smem {
   __device__ unsigned k(int s) const { return kv + static_cast<unsigned>(2 * s * T::kKvBytes); }
   __device__ unsigned v(int s) const { return kv + static_cast<unsigned>((2 * s + 1) * T::kKvBytes); }
   __device__ unsigned q_full() const { return bars; }
-  __device__ unsigned k_full(int s) const { return bars + 8 + 24 * s; }
-  __device__ unsigned v_full(int s) const { return bars + 16 + 24 * s; }
-  __device__ unsigned kv_empty(int s) const { return bars + 24 + 24 * s; }
-  __device__ unsigned q_empty() const { return bars + 8 + 24 * T::kStages; }  // PERSISTENT only
+  __device__ unsigned k_full(int s) const { return bars + 8 + 32 * s; }
+  __device__ unsigned v_full(int s) const { return bars + 16 + 32 * s; }
+  __device__ unsigned k_empty(int s) const { return bars + 24 + 32 * s; }
+  __device__ unsigned v_empty(int s) const { return bars + 32 + 32 * s; }
+  __device__ unsigned q_empty() const { return bars + 8 + 32 * T::kStages; }  // PERSISTENT only
 };
 
 // Slot and mbarrier parity of consecutive blocks in a ring of STAGES slots (across tiles: PERSISTENT).
@@ -172,13 +173,17 @@ __device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensor
     at.load_q(sm.q + static_cast<unsigned>(g * T::kBlockM * SW), &tm.map[0], g * W, tile.m0, tile.head, tile.batch,
               sm.q_full());
   for (int nb = 0; nb < num_kv_blocks; ++nb, ring.next()) {
-    if (ring.reused) mbar_wait(sm.kv_empty(ring.slot), ring.parity ^ 1u);  // the slot's previous block released
+    // Each of K and V once the slot's previous one was read: K by its S GEMM, V by its P V GEMM, which
+    // with OVERLAP ends an iteration later (one release for both would hold K(n + STAGES) back until
+    // P(n) V(n) is done, and its load would then stall the next S GEMM).
+    if (ring.reused) mbar_wait(sm.k_empty(ring.slot), ring.parity ^ 1u);
     const unsigned kf = sm.k_full(ring.slot), vf = sm.v_full(ring.slot);
     mbar_arrive_expect_tx(kf, T::kKvBytes);
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g)
       at.load_kv(sm.k(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[1], g * W, nb * BN, kv_head, tile.batch,
                  kf);
+    if (ring.reused) mbar_wait(sm.v_empty(ring.slot), ring.parity ^ 1u);
     mbar_arrive_expect_tx(vf, T::kKvBytes);
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g)
@@ -386,6 +391,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(s);
+    if (lane0) mbar_arrive(sm.k_empty(ring.slot));
     mask<T>(s, r, n0);
     float alpha[2];
     softmax<T>(s, m, l, alpha, scale_log2);
@@ -400,7 +406,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     wgmma_wait<0>();
     wgmma_fence_regs(o);
     p.fence();
-    if (lane0) mbar_arrive(sm.kv_empty(ring.slot));
+    if (lane0) mbar_arrive(sm.v_empty(ring.slot));
   }
 }
 
@@ -423,6 +429,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   turns.pass();
   wgmma_wait<0>();
   wgmma_fence_regs(s);
+  if (lane0) mbar_arrive(sm.k_empty(cur.slot));
   mask<T>(s, r, 0);
   softmax<T>(s, m, l, alpha, scale_log2);  // alpha = 0 scales the zero O: nothing to do
   p.stage(s);
@@ -442,6 +449,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     turns.pass();
     wgmma_wait<1>();  // S(nb)
     wgmma_fence_regs(s);
+    if (lane0) mbar_arrive(sm.k_empty(nxt.slot));  // K(nb) read: its slot may take K(nb + STAGES) now
     mask<T>(s, r, nb * T::kBlockN);
     softmax<T>(s, m, l, alpha, scale_log2);
     // The softmax is plain register arithmetic the compiler may move below the wait (NVVM): these pin
@@ -452,7 +460,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     wgmma_fence_regs(alpha);
     wait_then_rescale<T>(o, alpha);  // P(nb-1) V(nb-1)
     p.fence();
-    if (lane0) mbar_arrive(sm.kv_empty(cur.slot));
+    if (lane0) mbar_arrive(sm.v_empty(cur.slot));
     p.stage(s);
     cur = nxt;
   }
@@ -467,7 +475,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   wgmma_wait<0>();
   wgmma_fence_regs(o);
   p.fence();
-  if (lane0) mbar_arrive(sm.kv_empty(cur.slot));
+  if (lane0) mbar_arrive(sm.v_empty(cur.slot));
   ring = cur;
   ring.next();
 }
@@ -494,7 +502,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(sm.k_full(s), 1);
       mbar_init(sm.v_full(s), 1);
-      mbar_init(sm.kv_empty(s), 4 * T::kConsumers);  // lane 0 of every consumer warp
+      mbar_init(sm.k_empty(s), 4 * T::kConsumers);  // lane 0 of every consumer warp
+      mbar_init(sm.v_empty(s), 4 * T::kConsumers);
     }
     if constexpr (T::kPersistent) mbar_init(sm.q_empty(), T::kConsumers);  // one thread per consumer warpgroup
     fence_mbar_init();

@@ -58,9 +58,9 @@ FT_HD constexpr int fa3_wgmma_acc_regs(int D, int BN, int OVERLAP, int P_SMEM) {
 // Shared memory: Q [BM][D], STAGES x (K [BN][D], V [BN][D]), all 16-bit and swizzled, 1024-byte
 // aligned (the base is aligned at run time: + 1024 bytes of slack); P_SMEM: CONSUMERS x P [64][BN]
 // (16-bit, interleaved core matrices); then the mbarriers: q_full, STAGES x (k_full, v_full,
-// kv_empty), and with PERSISTENT q_empty (Q's slot free for the next tile). The epilogue stages O in Q's slot.
+// k_empty, v_empty), and with PERSISTENT q_empty (Q's slot free for the next tile). The epilogue stages O in Q's slot.
 FT_HD constexpr int fa3_wgmma_tile_bytes(int D, int rows) { return 2 * rows * D; }
-FT_HD constexpr int fa3_wgmma_barrier_bytes(int STAGES, int PERSISTENT) { return 8 * (1 + 3 * STAGES + PERSISTENT); }
+FT_HD constexpr int fa3_wgmma_barrier_bytes(int STAGES, int PERSISTENT) { return 8 * (1 + 4 * STAGES + PERSISTENT); }
 FT_HD constexpr int fa3_wgmma_p_bytes(int BN, int CONSUMERS, int P_SMEM) { return P_SMEM ? CONSUMERS * 2 * 64 * BN : 0; }
 FT_HD constexpr int fa3_wgmma_smem_bytes(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM, int PERSISTENT) {
   return 1024 + fa3_wgmma_tile_bytes(D, fa3_wgmma_block_m(CONSUMERS)) + 2 * STAGES * fa3_wgmma_tile_bytes(D, BN) +
