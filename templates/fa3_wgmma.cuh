@@ -56,13 +56,13 @@ namespace fa3_wgmma_detail {
 // rows starts g * R * kSwizzle bytes after the tile.
 template <class T>
 struct Smem {
-  unsigned q, kv, bars;
-  unsigned p;  // P_SMEM: consumer c's P tile at p + c * kPBytes
+  unsigned q, kv, p, o, bars;  // p: P_SMEM, consumer c's P tile at p + c * kPBytes; o: O's staging tile
   __device__ explicit Smem(unsigned base)
       : q(base),
         kv(base + T::kQBytes),
-        bars(base + T::kQBytes + 2 * T::kStages * T::kKvBytes + T::kConsumers * T::kPBytes),
-        p(base + T::kQBytes + 2 * T::kStages * T::kKvBytes) {}
+        p(base + T::kQBytes + 2 * T::kStages * T::kKvBytes),
+        o(T::kSeparateO ? base + T::kQBytes + 2 * T::kStages * T::kKvBytes + T::kConsumers * T::kPBytes : base),
+        bars(base + T::kQBytes + 2 * T::kStages * T::kKvBytes + T::kConsumers * T::kPBytes + T::kOBytes) {}
   __device__ unsigned k(int s) const { return kv + static_cast<unsigned>(2 * s * T::kKvBytes); }
   __device__ unsigned v(int s) const { return kv + static_cast<unsigned>((2 * s + 1) * T::kKvBytes); }
   __device__ unsigned q_full() const { return bars; }
@@ -505,7 +505,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       mbar_init(sm.k_empty(s), 4 * T::kConsumers);  // lane 0 of every consumer warp
       mbar_init(sm.v_empty(s), 4 * T::kConsumers);
     }
-    if constexpr (T::kPersistent) mbar_init(sm.q_empty(), T::kConsumers);  // one thread per consumer warpgroup
+    if constexpr (T::kPersistent)  // one thread per consumer warpgroup, or with O staged apart, lane 0 of each warp
+      mbar_init(sm.q_empty(), T::kSeparateO ? 4 * T::kConsumers : T::kConsumers);
     fence_mbar_init();
   }
   __syncthreads();
@@ -566,13 +567,23 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     if constexpr (T::kPingpong) {
       if (c == 0) named_bar_sync(1, 256);
     }
+    // O staged apart: Q's slot is free once the warp's GEMMs are done (after the pingpong's last turn, so that
+    // the next tile's first arrival on barrier 1 follows it), and the next tile's Q loads during this epilogue.
+    if constexpr (T::kSeparateO) {
+      if (lane == 0) mbar_arrive(sm.q_empty());
+    }
 
     // Epilogue: full row sums over the quad, O / l as 16 bits into this warpgroup's rows of Q's slot
-    // (its own S GEMMs, the only readers, are done), then TMA stores; lse per row. Its shared-memory
-    // addresses depend on the thread alone: computed from an opaque copy of q_wg, else they are hoisted
-    // out of the tile loop and held through the main loop (PERSISTENT, BN 176, C 3: 14 registers spilled).
-    unsigned q_out = q_wg;
+    // (its own S GEMMs, the only readers, are done) or of the O tile, then TMA stores; lse per row. Its
+    // shared-memory addresses depend on the thread alone: computed from an opaque copy of the base, else
+    // they are hoisted out of the tile loop and held through the main loop (PERSISTENT, BN 176, C 3: 14
+    // registers spilled).
+    unsigned q_out = T::kSeparateO ? sm.o + static_cast<unsigned>(64 * c * SW) : q_wg;
     asm volatile("" : "+r"(q_out));
+    if constexpr (T::kSeparateO) {  // the previous tile's O store has read the tile (its issuing thread knows)
+      if (tid == 0) bulk_wait_read<0>();
+      named_bar_sync(1 + T::kConsumers + c, 128);
+    }
     int batch_out = batch;  // VARLEN: the sequence's offsets, read here (opaque: not hoisted into the loop)
     if constexpr (VARLEN) asm volatile("" : "+r"(batch_out));
     const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, batch_out);
@@ -604,8 +615,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
             tma_store_4d(&tm.map[3], q_out + static_cast<unsigned>(grp * BM * SW), grp * W, head,
                          static_cast<int>(vs.q_tok0) + row0, 0);
           bulk_commit();
-          bulk_wait_read<0>();
-          if constexpr (T::kPersistent) mbar_arrive(sm.q_empty());
+          if constexpr (T::kPersistent && !T::kSeparateO) {
+            bulk_wait_read<0>();
+            mbar_arrive(sm.q_empty());
+          }
         }
       } else {  // straddling the end: 16-byte stores of the rows inside, never the next sequence's
         constexpr int CPR = T::kHeadDim / 8;  // 16-byte chunks per row
@@ -619,7 +632,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
             *reinterpret_cast<uint4*>(o_seq + (row0 + r) * o_stride + 8 * ck) = val;
           }
         }
-        if constexpr (T::kPersistent) {
+        if constexpr (T::kPersistent && !T::kSeparateO) {
           named_bar_sync(1 + T::kConsumers + c, 128);  // every thread's reads of the staging done
           if (tid == 0) mbar_arrive(sm.q_empty());
         }
@@ -629,9 +642,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       for (int grp = 0; grp < T::kGroups; ++grp)
         tma_store_4d(&tm.map[3], q_out + static_cast<unsigned>(grp * BM * SW), grp * W, m0 + 64 * c, head, batch);
       bulk_commit();
-      bulk_wait_read<0>();  // shared memory stays valid until the copy engine has read it
-      if constexpr (T::kPersistent) mbar_arrive(sm.q_empty());  // then the next tile's Q may land there
+      if constexpr (!T::kSeparateO) {
+        bulk_wait_read<0>();  // shared memory stays valid until the copy engine has read it
+        if constexpr (T::kPersistent) mbar_arrive(sm.q_empty());  // then the next tile's Q may land there
+      }
     }
+  }
+  if constexpr (T::kSeparateO) {  // the last O store has read the tile before the CTA's shared memory goes
+    if (tid == 0) bulk_wait_read<0>();
   }
 }
 

@@ -58,18 +58,34 @@ FT_HD constexpr int fa3_wgmma_acc_regs(int D, int BN, int OVERLAP, int P_SMEM) {
 // Shared memory: Q [BM][D], STAGES x (K [BN][D], V [BN][D]), all 16-bit and swizzled, 1024-byte
 // aligned (the base is aligned at run time: + 1024 bytes of slack); P_SMEM: CONSUMERS x P [64][BN]
 // (16-bit, interleaved core matrices); then the mbarriers: q_full, STAGES x (k_full, v_full,
-// k_empty, v_empty), and with PERSISTENT q_empty (Q's slot free for the next tile). The epilogue stages O in Q's slot.
+// k_empty, v_empty), and with PERSISTENT q_empty (Q's slot free for the next tile). The epilogue stages O
+// in Q's slot, or (fa3_wgmma_separate_o) in an O tile [BM][D] between P and the mbarriers.
 FT_HD constexpr int fa3_wgmma_tile_bytes(int D, int rows) { return 2 * rows * D; }
 FT_HD constexpr int fa3_wgmma_barrier_bytes(int STAGES, int PERSISTENT) { return 8 * (1 + 4 * STAGES + PERSISTENT); }
 FT_HD constexpr int fa3_wgmma_p_bytes(int BN, int CONSUMERS, int P_SMEM) { return P_SMEM ? CONSUMERS * 2 * 64 * BN : 0; }
-FT_HD constexpr int fa3_wgmma_smem_bytes(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM, int PERSISTENT) {
+// Dynamic shared memory one of `ctas` co-resident CTAs may take: the SM's 233472 bytes (228 KB, H100
+// and H200) less 1024 reserved per CTA, split evenly; one CTA: 232448, sm_90's per-block limit.
+FT_HD constexpr int fa3_wgmma_smem_per_cta(int ctas) { return 233472 / ctas - 1024; }
+FT_HD constexpr int fa3_wgmma_smem_shared_o(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM, int PERSISTENT) {
   return 1024 + fa3_wgmma_tile_bytes(D, fa3_wgmma_block_m(CONSUMERS)) + 2 * STAGES * fa3_wgmma_tile_bytes(D, BN) +
          fa3_wgmma_p_bytes(BN, CONSUMERS, P_SMEM) + fa3_wgmma_barrier_bytes(STAGES, PERSISTENT);
 }
-// Dynamic shared memory one of `ctas` co-resident CTAs may take: the SM's 233472 bytes (228 KB, H100
-// and H200) less 1024 reserved per CTA, split evenly; one CTA: the device's per-block limit applies (the
-// compile stage's).
-FT_HD constexpr int fa3_wgmma_smem_per_cta(int ctas) { return 233472 / ctas - 1024; }
+// PERSISTENT: O is staged in a tile of its own where that fits (`ctas` CTAs per SM), so that the next
+// tile's Q loads while this tile's last P V GEMM, its epilogue and its O store run; else, and always with
+// the plain grid (one tile per CTA), in Q's slot.
+FT_HD constexpr bool fa3_wgmma_separate_o(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM, int PERSISTENT,
+                                          int ctas = 1) {
+  return PERSISTENT && fa3_wgmma_smem_shared_o(D, BN, CONSUMERS, STAGES, P_SMEM, PERSISTENT) +
+                               fa3_wgmma_tile_bytes(D, fa3_wgmma_block_m(CONSUMERS)) <=
+                           fa3_wgmma_smem_per_cta(ctas);
+}
+FT_HD constexpr int fa3_wgmma_smem_bytes(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM, int PERSISTENT,
+                                         int ctas = 1) {
+  return fa3_wgmma_smem_shared_o(D, BN, CONSUMERS, STAGES, P_SMEM, PERSISTENT) +
+         (fa3_wgmma_separate_o(D, BN, CONSUMERS, STAGES, P_SMEM, PERSISTENT, ctas)
+              ? fa3_wgmma_tile_bytes(D, fa3_wgmma_block_m(CONSUMERS))
+              : 0);
+}
 // Tiles: (query block, head, batch), BLOCK_M query rows each.
 FT_HD constexpr int fa3_wgmma_tiles(int batch, int heads, int seq_q, int CONSUMERS) {
   return ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)) * heads * batch;
@@ -125,7 +141,7 @@ FT_HD constexpr bool fa3_wgmma_regs_ok(int CONSUMERS, int ctas) {
 }
 FT_HD constexpr bool fa3_wgmma_smem_ok(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM, int PERSISTENT, int ctas) {
   return ctas == 1 ||
-         fa3_wgmma_smem_bytes(D, BN, CONSUMERS, STAGES, P_SMEM, PERSISTENT) <= fa3_wgmma_smem_per_cta(ctas);
+         fa3_wgmma_smem_bytes(D, BN, CONSUMERS, STAGES, P_SMEM, PERSISTENT, ctas) <= fa3_wgmma_smem_per_cta(ctas);
 }
 FT_HD constexpr bool fa3_wgmma_pingpong_ok(int CONSUMERS, int OVERLAP, int PINGPONG) {
   return PINGPONG == 0 || (OVERLAP == 1 && CONSUMERS >= 2);
@@ -192,7 +208,9 @@ struct Fa3WgmmaTraits {
   static constexpr int kQBytes = fa3_wgmma_tile_bytes(D, kBlockM);
   static constexpr int kKvBytes = fa3_wgmma_tile_bytes(D, BLOCK_N);  // one K or V slot
   static constexpr int kPBytes = fa3_wgmma_p_bytes(BLOCK_N, 1, P_SMEM);  // one consumer's P tile
-  static constexpr int kSmemBytes = fa3_wgmma_smem_bytes(D, BLOCK_N, CONSUMERS, STAGES, P_SMEM, PERSISTENT);
+  static constexpr bool kSeparateO = fa3_wgmma_separate_o(D, BLOCK_N, CONSUMERS, STAGES, P_SMEM, PERSISTENT, kCtasPerSm);
+  static constexpr int kOBytes = kSeparateO ? kQBytes : 0;
+  static constexpr int kSmemBytes = fa3_wgmma_smem_bytes(D, BLOCK_N, CONSUMERS, STAGES, P_SMEM, PERSISTENT, kCtasPerSm);
   static constexpr int kSTiles = BLOCK_N / 8;  // n8 tiles of S per thread row pair
   static constexpr int kOTiles = D / 8;
 };

@@ -826,7 +826,13 @@ TEST(Family, Fa3PersistentGrid) {
   EXPECT_EQ(grid(persistent, 132), (std::vector<unsigned>{72, 1, 1}));  // fewer tiles than SMs
   EXPECT_EQ(grid(persistent, 66), (std::vector<unsigned>{66, 1, 1}));
   EXPECT_EQ(grid(persistent, 1), (std::vector<unsigned>{1, 1, 1}));
-  EXPECT_EQ(f.launches(persistent, p).at(0).smem_bytes, f.launches(plain, p).at(0).smem_bytes + 8u);
+  // Persistent: q_empty's 8 bytes, and O staged in a tile of its own (128 x 128 x 2 bytes) where it fits,
+  // so that the next tile's Q loads during the epilogue; at d 256, BLOCK_N 80 it does not (Q's slot).
+  EXPECT_TRUE(fa3_wgmma_separate_o(128, 128, 2, 2, 0, 1));
+  EXPECT_EQ(f.launches(persistent, p).at(0).smem_bytes, f.launches(plain, p).at(0).smem_bytes + 8u + 32768u);
+  EXPECT_FALSE(fa3_wgmma_separate_o(128, 128, 2, 2, 0, 0));  // the plain grid: one tile per CTA
+  EXPECT_FALSE(fa3_wgmma_separate_o(256, 80, 2, 2, 0, 1));
+  EXPECT_EQ(fa3_wgmma_smem_bytes(256, 80, 2, 2, 0, 1), fa3_wgmma_smem_bytes(256, 80, 2, 2, 0, 0) + 8);
   EXPECT_EQ(f.launches(persistent, p).at(0).threads, 384u);
   EXPECT_NE(f.check({128, 2, 2, 1, 1, 0, 2, 0}, 128), nullptr);
 
@@ -876,7 +882,7 @@ TEST(Family, Fa3TwoCtasPerSm) {
   EXPECT_EQ(fa3_wgmma_check(64, 192, 1, 2, 0, 0, 0, 1, 1), nullptr);
   EXPECT_EQ(fa3_wgmma_check(128, 80, 1, 2, 1, 0, 0, 1, 1), nullptr);
   EXPECT_EQ(fa3_wgmma_check(64, 80, 2, 2, 0, 0, 0, 0, 1), nullptr);  // 32 + 40 accumulators of 104 - 32
-  EXPECT_THAT(fa3_wgmma_check(128, 96, 1, 2, 0, 0, 0, 0, 1), HasSubstr("shared memory"));  // 115768 > 115712
+  EXPECT_THAT(fa3_wgmma_check(128, 96, 1, 2, 0, 0, 0, 0, 1), HasSubstr("shared memory"));  // 115784 > 115712
   EXPECT_EQ(fa3_wgmma_check(128, 96, 1, 2, 0, 0, 0, 0, 0), nullptr);  // one CTA per SM: the device's limit
   EXPECT_THAT(fa3_wgmma_check(256, 64, 1, 2, 0, 0, 0, 0, 1), HasSubstr("shared memory"));
   EXPECT_THAT(fa3_wgmma_check(64, 96, 2, 2, 0, 0, 0, 0, 1), HasSubstr("accumulators"));
@@ -893,7 +899,9 @@ TEST(Family, Fa3TwoCtasPerSm) {
   EXPECT_EQ(f.launches(two, p).at(0).grid[0], 264u);  // 4096 tiles of 64 rows, two CTAs on each of 132 SMs
   EXPECT_EQ(f.launches(one, p).at(0).grid[0], 132u);
   EXPECT_EQ(f.launches(two, p).at(0).threads, 256u);
-  EXPECT_EQ(f.launches(two, p).at(0).smem_bytes, f.launches(one, p).at(0).smem_bytes);
+  // One CTA per SM stages O apart (16384 bytes more); two do not fit that in half the SM's shared memory.
+  EXPECT_EQ(f.launches(two, p).at(0).smem_bytes + 16384u, f.launches(one, p).at(0).smem_bytes);
+  EXPECT_FALSE(fa3_wgmma_separate_o(128, 80, 1, 2, 0, 1, 2));
   p.batch = 1, p.heads = 2, p.seq_q = 333;  // 12 tiles: one CTA each
   EXPECT_EQ(f.launches(two, p).at(0).grid[0], 12u);
   p.sm_count = 0;  // unknown: the plain grid

@@ -313,7 +313,8 @@ std::vector<Family> make_families() {
     f.check = [](const Config& c, int d) { return fa3_wgmma_check(d, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]); };
     f.launches = [](const Config& c, const Problem& p) {
       return std::vector{make_launch(fa3_wgmma_grid(p.batch, p.heads, p.seq_q, c[1], c[6], p.sm_count, c[7]),
-                                     fa3_wgmma_threads(c[1]), fa3_wgmma_smem_bytes(p.head_dim, c[0], c[1], c[2], c[5], c[6]))};
+                                     fa3_wgmma_threads(c[1]),
+                                     fa3_wgmma_smem_bytes(p.head_dim, c[0], c[1], c[2], c[5], c[6], 1 + c[7]))};
     };
     f.tensor_maps = [](const Config& c, const Problem& p) {
       const int w = fa3_wgmma_group_cols(p.head_dim), sw = fa3_wgmma_swizzle_bytes(p.head_dim);
