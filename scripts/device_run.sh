@@ -463,11 +463,17 @@ fa3)
     validation_summary "$val"
     $ft drop-cubins --db "$val"
   fi
-  if [[ $part == time || $part == all ]]; then
-    # 450 s: the grid space with CONSUMERS 1 and TWO_CTAS holds ~1.7x the candidates it held at 300 s.
+  if [[ $part == time || $part == all || $part == tune ]]; then
+    # The grid space's first halving round is ~1600 validated runs (~9 min on an H100): "fa3 tune" stops at
+    # FA3_TIME_LIMIT_S and a later "fa3 time" resumes it from the store, within FA3_TIME_BUDGET (each problem
+    # an equal share of what is left, so every problem gets a pick), then times the picks.
     log "tune fa3_wgmma_grid on anchors_bf16 (halving)"
+    budget=()
+    [[ -n ${FA3_TIME_BUDGET:-} ]] && budget=(--time-budget "$FA3_TIME_BUDGET")
     timeout "${FA3_TIME_LIMIT_S:-450}" $ft tune configs/spaces/fa3_wgmma_grid.json configs/problems/anchors_bf16.json \
-      --db "$db" --strategy halving 2>&1 | grep -vE "^\[" | tail -4
+      --db "$db" --strategy halving "${budget[@]}" 2>&1 | grep -vE "^\[" | tail -4
+  fi
+  if [[ $part == time || $part == all ]]; then
     log "re-timed beside FlashAttention-3's table, torch flash and cuDNN"
     python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --family fa3_wgmma \
       --flashtune "$ft" --out "$rep/fwd_hopper_vs_peers.csv" 2>/dev/null
