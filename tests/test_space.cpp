@@ -836,23 +836,34 @@ TEST(Family, Fa3PersistentGrid) {
   EXPECT_EQ(f.launches(persistent, p).at(0).threads, 384u);
   EXPECT_NE(f.check({128, 2, 2, 1, 1, 0, 2, 0}, 128), nullptr);
 
-  for (bool causal : {false, true}) {
-    const int qblocks = 5, heads = 3, batch = 2;
+  // Causal in sections of `group` (head, batch) pairs (0: one section), the last one narrower when the
+  // group does not divide the 6 pairs: each section's query blocks longest first, its own pairs only.
+  for (int group : {-1, 0, 1, 2, 4, 6, 9}) {
+    const bool causal = group >= 0;
+    const int qblocks = 5, heads = 3, batch = 2, pairs = heads * batch, g = group > 0 && group < pairs ? group : pairs;
     std::vector<int> seen(qblocks * heads * batch, 0);
-    int prev_qblock = causal ? qblocks : -1;
+    int prev_qblock = qblocks, prev_first = 0;
     for (int t = 0; t < qblocks * heads * batch; ++t) {
-      const Fa3Tile x = fa3_wgmma_tile(t, qblocks, heads, batch, causal);
+      const Fa3Tile x = fa3_wgmma_tile(t, qblocks, heads, batch, causal, group);
       ASSERT_TRUE(x.qblock >= 0 && x.qblock < qblocks && x.head >= 0 && x.head < heads && x.batch >= 0 && x.batch < batch);
       ++seen[(x.batch * heads + x.head) * qblocks + x.qblock];
       if (causal) {
-        EXPECT_LE(x.qblock, prev_qblock) << t;  // the later the query block, the more visible keys
+        const int first = t / (g * qblocks) * g, bh = x.batch * heads + x.head;
+        EXPECT_TRUE(bh >= first && bh < first + g) << group << " " << t;  // a pair of its section
+        if (first != prev_first) prev_qblock = qblocks, prev_first = first;
+        EXPECT_LE(x.qblock, prev_qblock) << group << " " << t;  // the later the query block, the more visible keys
         prev_qblock = x.qblock;
       } else {
         EXPECT_EQ(x.qblock, t % qblocks) << t;  // the query block fastest, as the plain grid
       }
     }
-    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), qblocks * heads * batch) << causal;
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), qblocks * heads * batch) << group;
   }
+  // Sections keep K and V within 16 MiB: S 1k, d 64 (256 KiB a pair): 64 pairs; S 16k, d 128: 2; never 0.
+  EXPECT_EQ(fa3_wgmma_causal_group(1024, 64, 512), 64);
+  EXPECT_EQ(fa3_wgmma_causal_group(1024, 64, 10), 10);
+  EXPECT_EQ(fa3_wgmma_causal_group(16384, 128, 16), 2);
+  EXPECT_EQ(fa3_wgmma_causal_group(1 << 20, 256, 8), 1);
 }
 
 // fa3_wgmma's TWO_CTAS (last tunable, default 0: tables emitted before it, zero-filled, keep their meaning):
