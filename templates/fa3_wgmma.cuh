@@ -115,7 +115,8 @@ struct TileScheduler {
   __device__ Tile tile(const P& p) const {
     if constexpr (T::kPersistent) {
       const Fa3Tile x = fa3_wgmma_tile(t, qblocks(p), p.heads, p.batch, T::kCausal,
-                                       fa3_wgmma_causal_group(p.seq_k, T::kHeadDim, p.heads * p.batch));
+                                       fa3_wgmma_causal_group(p.seq_k, T::kHeadDim, p.heads * p.batch,
+                                                              static_cast<int>(gridDim.x * gridDim.y * gridDim.z)));
       return {x.qblock * T::kBlockM, x.head, x.batch};
     } else if constexpr (VARLEN) {  // causal: reversed within the sequence (blocks past its end: m0 < 0)
       const int qb = T::kCausal ? ceil_div(VarlenSeq::of<VARLEN>(p, blockIdx.z).seq_q, T::kBlockM) - 1 -

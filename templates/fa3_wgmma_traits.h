@@ -126,10 +126,12 @@ FT_HD constexpr Fa3Tile fa3_wgmma_tile(int t, int qblocks, int heads, int batch,
   return Fa3Tile{t % qblocks, bh % heads, bh / heads};
 }
 // (head, batch) pairs per causal section: as many as have their K and V (16-bit, seq_k x D each) within
-// 16 MiB, a third of the H100's and H200's 50 MB L2 (the rest holds Q and O in flight), 1 to `pairs`.
-FT_HD constexpr int fa3_wgmma_causal_group(int seq_k, int D, int pairs) {
+// 16 MiB, a third of the H100's and H200's 50 MB L2 (the rest holds Q and O in flight), but no fewer than
+// the grid's `ctas` (narrower sections left the CTAs of a wave on a few pairs' tiles of every length: d 256
+// S 16k, one pair per section, ran at 0.72x one section), at most `pairs`.
+FT_HD constexpr int fa3_wgmma_causal_group(int seq_k, int D, int pairs, int ctas) {
   const long long per_pair = 4LL * (seq_k > 0 ? seq_k : 1) * D;
-  const long long g = (16LL << 20) / per_pair;
+  const long long fit = (16LL << 20) / per_pair, g = fit > ctas ? fit : ctas;
   return g < 1 ? 1 : g > pairs ? pairs : static_cast<int>(g);
 }
 // PERSISTENT 0, or the SM count unknown (sm_count 0): one CTA per tile, x = query blocks, y = heads,

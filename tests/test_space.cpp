@@ -859,11 +859,13 @@ TEST(Family, Fa3PersistentGrid) {
     }
     EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), qblocks * heads * batch) << group;
   }
-  // Sections keep K and V within 16 MiB: S 1k, d 64 (256 KiB a pair): 64 pairs; S 16k, d 128: 2; never 0.
-  EXPECT_EQ(fa3_wgmma_causal_group(1024, 64, 512), 64);
-  EXPECT_EQ(fa3_wgmma_causal_group(1024, 64, 10), 10);
-  EXPECT_EQ(fa3_wgmma_causal_group(16384, 128, 16), 2);
-  EXPECT_EQ(fa3_wgmma_causal_group(1 << 20, 256, 8), 1);
+  // Sections keep K and V within 16 MiB (S 1k, d 64: 256 KiB a pair, 64 pairs), but span the grid's CTAs.
+  EXPECT_EQ(fa3_wgmma_causal_group(1024, 64, 512, 32), 64);
+  EXPECT_EQ(fa3_wgmma_causal_group(1024, 64, 512, 132), 132);
+  EXPECT_EQ(fa3_wgmma_causal_group(1024, 64, 10, 132), 10);
+  EXPECT_EQ(fa3_wgmma_causal_group(16384, 128, 16, 132), 16);  // one section: every pair
+  EXPECT_EQ(fa3_wgmma_causal_group(16384, 128, 16, 1), 2);
+  EXPECT_EQ(fa3_wgmma_causal_group(1 << 20, 256, 8, 0), 1);
 }
 
 // fa3_wgmma's TWO_CTAS (last tunable, default 0: tables emitted before it, zero-filled, keep their meaning):
