@@ -451,6 +451,7 @@ fa3)
   # grid space tuned (halving) on the bf16 grid, then each point's best re-timed beside FlashAttention-3's
   # fixed table through our template and torch SDPA flash and cuDNN in one process:
   # fwd_hopper_vs_peers.csv. "fa3 all": both. "fa3 spot [problems]": the grid space on a few points.
+  # "fa3 validate SPACE": one space's variants validated (a new switch, before the whole sample).
   part=${1:-check}
   val=$(validation_store fa3)
   if [[ $part == check || $part == all ]]; then
@@ -477,6 +478,15 @@ fa3)
     log "re-timed beside FlashAttention-3's table, torch flash and cuDNN"
     python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --family fa3_wgmma \
       --flashtune "$ft" --out "$rep/fwd_hopper_vs_peers.csv" 2>/dev/null
+  fi
+  if [[ $part == validate ]]; then  # fa3 validate SPACE: its compiled variants validated on ragged_mma and
+    # ragged_gqa into the validation store (earlier rows kept), 5 s per run at most (a hang costs 5 s, not 30)
+    for probs in ragged_mma ragged_gqa; do
+      log "validate $2 on $probs"
+      timeout "${FA3_VALIDATE_LIMIT_S:-200}" $ft tune configs/spaces/$2.json configs/problems/$probs.json --db "$val" \
+        --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -2
+    done
+    validation_summary "$val"
   fi
   if [[ $part == spot ]]; then  # fa3 spot [problems]: a space (FA3_SPOT_SPACE, the grid's) tuned exhaustively
     # on a few points into FA3_SPOT_DB (results.db), each point's best re-timed beside the peers

@@ -1,8 +1,8 @@
 // FlashAttention-3's forward design on Hopper (sm_90a): TMA, an mbarrier pipeline, warp
 // specialization and wgmma, fp16 or bf16 in and out, fp32 accumulation and softmax, fp32 LSE.
 //   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT,
-//                                TWO_CTAS, DTYPE, CAUSAL>>
-//   (const AttnFwdParams, const __grid_constant__ AttnTensorMaps: Q box [BM][W], K and V [BN][W],
+//                                TWO_CTAS, MULTICAST, DTYPE, CAUSAL>>
+//   (const AttnFwdParams, const __grid_constant__ AttnTensorMaps: Q box [BM][W], K and V [BN / cluster][W],
 //   O [64][W], W = the swizzle's columns; Family::tensor_maps declares them)
 // A tile is one query block of BM rows of one head of one batch entry.
 // Grid, PERSISTENT 0: one CTA per tile, x = ceil(seq_q / BM) query blocks (reversed when causal: the
@@ -10,10 +10,17 @@
 // looping over the tiles (TileScheduler). 128 x (CONSUMERS + 1) threads; kSmemBytes dynamic shared memory.
 // TWO_CTAS 1: the launch bounds ask for two CTAs per SM (the register budgets are the traits' halves), so
 // one CTA's prologue and epilogue overlap the other's main loop; the code is otherwise the same.
+// MULTICAST 1: launched in clusters of two CTAs along x (the host's launch attribute); the producer of
+// rank r copies rows [r BN/2, (r + 1) BN/2) of each K and V block into both CTAs' slot (one multicast box
+// per column group), each CTA's k_full / v_full expecting the whole block; a slot's release (k_empty,
+// v_empty) counts both CTAs' consumer warps, each arriving on both CTAs' barriers. Cluster barriers after
+// the mbarrier inits (no copy lands on an uninitialised barrier) and before exit (no arrival reaches a CTA
+// that is gone).
 //
 // Warpgroup 0, the producer, keeps kProducerRegs registers; one of its threads copies a tile's Q and
 // then K(n), V(n) into the ring's next slot as soon as the consumers released the slot's previous block
-// (kv_empty), each completing on its own mbarrier (k_full, v_full: S can start before V lands). The ring
+// (k_empty after its S GEMM, v_empty after its P V GEMM), each completing on its own mbarrier (k_full,
+// v_full: S can start before V lands). The ring
 // runs on from one tile into the next; Q's slot is refilled once every consumer has finished the
 // previous tile, its O store included (q_empty, PERSISTENT only).
 // Consumer warpgroup c owns query rows [64c, 64c + 64) of the block; per K/V block n:
@@ -22,7 +29,7 @@
 //   O = alpha O + P V     wgmma RS: P packed to 16 bits from the S accumulators (the mma.sync A layout
 //                         is wgmma's register A layout), V MN-major, 64 x D, k = BN; P_SMEM: SS, P
 //                         staged in the consumer's shared-memory tile (interleaved core matrices)
-//   release the slot      one arrival per warp on kv_empty
+//   release the slot      one arrival per warp: k_empty after the S GEMM, v_empty after P V
 // OVERLAP 1 issues S(n+1) and P(n) V(n) back to back and computes the softmax of S(n+1) while
 // P(n) V(n) runs; PINGPONG 1 has the consumers take turns at issuing (named barriers 1..C).
 // Epilogue: O / l (16-bit) staged swizzled in the warpgroup's rows of Q's slot, one TMA store per
@@ -56,13 +63,12 @@ namespace fa3_wgmma_detail {
 // rows starts g * R * kSwizzle bytes after the tile.
 template <class T>
 struct Smem {
+  // Byte offsets from the base: Q, the K/V ring, the P tiles, the O tile (if apart), the mbarriers.
+  static constexpr unsigned kKv = T::kQBytes, kP = kKv + 2 * T::kStages * T::kKvBytes,
+                            kO = kP + T::kConsumers * T::kPBytes, kBars = kO + T::kOBytes;
   unsigned q, kv, p, o, bars;  // p: P_SMEM, consumer c's P tile at p + c * kPBytes; o: O's staging tile
   __device__ explicit Smem(unsigned base)
-      : q(base),
-        kv(base + T::kQBytes),
-        p(base + T::kQBytes + 2 * T::kStages * T::kKvBytes),
-        o(T::kSeparateO ? base + T::kQBytes + 2 * T::kStages * T::kKvBytes + T::kConsumers * T::kPBytes : base),
-        bars(base + T::kQBytes + 2 * T::kStages * T::kKvBytes + T::kConsumers * T::kPBytes + T::kOBytes) {}
+      : q(base), kv(base + kKv), p(base + kP), o(T::kSeparateO ? base + kO : base), bars(base + kBars) {}
   __device__ unsigned k(int s) const { return kv + static_cast<unsigned>(2 * s * T::kKvBytes); }
   __device__ unsigned v(int s) const { return kv + static_cast<unsigned>((2 * s + 1) * T::kKvBytes); }
   __device__ unsigned q_full() const { return bars; }
@@ -169,6 +175,18 @@ __device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensor
                                              int kv_head, int num_kv_blocks, Ring<T::kStages>& ring,
                                              const MapCoords<VARLEN>& at = {}) {
   constexpr int W = T::kGroupCols, SW = T::kSwizzle, BN = T::kBlockN;
+  // A K or V block: one box per column group; MULTICAST, this CTA's share of the rows, into both CTAs.
+  const int r0 = T::kMulticast ? static_cast<int>(cluster_ctarank()) * T::kKvBoxRows : 0;
+  auto load_block = [&](unsigned slot, const TmaDescriptor* map, int nb, unsigned bar) {
+#pragma unroll
+    for (int g = 0; g < T::kGroups; ++g) {
+      const unsigned dst = slot + static_cast<unsigned>((g * BN + r0) * SW);
+      if constexpr (T::kMulticast)
+        tma_load_4d_multicast(dst, map, g * W, nb * BN + r0, kv_head, tile.batch, bar, (1u << T::kCluster) - 1u);
+      else
+        at.load_kv(dst, map, g * W, nb * BN, kv_head, tile.batch, bar);
+    }
+  };
   mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
 #pragma unroll
   for (int g = 0; g < T::kGroups; ++g)
@@ -178,19 +196,14 @@ __device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensor
     // Each of K and V once the slot's previous one was read: K by its S GEMM, V by its P V GEMM, which
     // with OVERLAP ends an iteration later (one release for both would hold K(n + STAGES) back until
     // P(n) V(n) is done, and its load would then stall the next S GEMM).
+    // MULTICAST: the slot is free in both CTAs (k_empty counts both's consumers), and this CTA's full
+    // barrier expects the whole block, its own share and the other CTA's.
     if (ring.reused) mbar_wait(sm.k_empty(ring.slot), ring.parity ^ 1u);
-    const unsigned kf = sm.k_full(ring.slot), vf = sm.v_full(ring.slot);
-    mbar_arrive_expect_tx(kf, T::kKvBytes);
-#pragma unroll
-    for (int g = 0; g < T::kGroups; ++g)
-      at.load_kv(sm.k(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[1], g * W, nb * BN, kv_head, tile.batch,
-                 kf);
+    mbar_arrive_expect_tx(sm.k_full(ring.slot), T::kKvBytes);
+    load_block(sm.k(ring.slot), &tm.map[1], nb, sm.k_full(ring.slot));
     if (ring.reused) mbar_wait(sm.v_empty(ring.slot), ring.parity ^ 1u);
-    mbar_arrive_expect_tx(vf, T::kKvBytes);
-#pragma unroll
-    for (int g = 0; g < T::kGroups; ++g)
-      at.load_kv(sm.v(ring.slot) + static_cast<unsigned>(g * BN * SW), &tm.map[2], g * W, nb * BN, kv_head, tile.batch,
-                 vf);
+    mbar_arrive_expect_tx(sm.v_full(ring.slot), T::kKvBytes);
+    load_block(sm.v(ring.slot), &tm.map[2], nb, sm.v_full(ring.slot));
   }
 }
 
@@ -212,6 +225,14 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
       produce_tile<T>(sm, tm, tile, tile.head / query_group(p), kv_blocks<T>(tile.m0, p.seq_q, p.seq_k), ring);
     }
   }
+}
+
+// A consumer warp's release of a K or V slot (by its lane 0); MULTICAST, on the other CTA's barrier too:
+// each CTA's producer refills its share of the slot in both.
+template <class T>
+__device__ __forceinline__ void release(unsigned bar) {
+  mbar_arrive(bar);
+  if constexpr (T::kMulticast) mbar_arrive_cluster(bar, cluster_ctarank() ^ 1u);
 }
 
 // S (64 x BN, raw scores) = Q_wg K^T: both operands K-major; k16 slice kk is 32 bytes into its group.
@@ -360,7 +381,7 @@ struct POperand<T, true> {
 #pragma unroll
     for (int kk = 0; kk < T::kBlockN / 16; ++kk)
       wgmma_ss<T::kHeadDim, T::kDtype, 0, 1>(
-          o, desc_k_major<T::kBlockN>(tile + static_cast<unsigned>(256 * kk)),
+          o, desc_k_major<T::kBlockN>(desc_offset(tile + static_cast<unsigned>(256 * kk))),
           desc_mn_major_sw<SW>(v_slot + static_cast<unsigned>(16 * SW * kk), T::kBlockN * SW), 1);
   }
 };
@@ -393,7 +414,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(s);
-    if (lane0) mbar_arrive(sm.k_empty(ring.slot));
+    if (lane0) release<T>(sm.k_empty(ring.slot));
     mask<T>(s, r, n0);
     float alpha[2];
     softmax<T>(s, m, l, alpha, scale_log2);
@@ -408,7 +429,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     wgmma_wait<0>();
     wgmma_fence_regs(o);
     p.fence();
-    if (lane0) mbar_arrive(sm.v_empty(ring.slot));
+    if (lane0) release<T>(sm.v_empty(ring.slot));
   }
 }
 
@@ -431,7 +452,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   turns.pass();
   wgmma_wait<0>();
   wgmma_fence_regs(s);
-  if (lane0) mbar_arrive(sm.k_empty(cur.slot));
+  if (lane0) release<T>(sm.k_empty(cur.slot));
   mask<T>(s, r, 0);
   softmax<T>(s, m, l, alpha, scale_log2);  // alpha = 0 scales the zero O: nothing to do
   p.stage(s);
@@ -451,7 +472,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     turns.pass();
     wgmma_wait<1>();  // S(nb)
     wgmma_fence_regs(s);
-    if (lane0) mbar_arrive(sm.k_empty(nxt.slot));  // K(nb) read: its slot may take K(nb + STAGES) now
+    if (lane0) release<T>(sm.k_empty(nxt.slot));  // K(nb) read: its slot may take K(nb + STAGES) now
     mask<T>(s, r, nb * T::kBlockN);
     softmax<T>(s, m, l, alpha, scale_log2);
     // The softmax is plain register arithmetic the compiler may move below the wait (NVVM): these pin
@@ -462,7 +483,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     wgmma_fence_regs(alpha);
     wait_then_rescale<T>(o, alpha);  // P(nb-1) V(nb-1)
     p.fence();
-    if (lane0) mbar_arrive(sm.v_empty(cur.slot));
+    if (lane0) release<T>(sm.v_empty(cur.slot));
     p.stage(s);
     cur = nxt;
   }
@@ -477,7 +498,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   wgmma_wait<0>();
   wgmma_fence_regs(o);
   p.fence();
-  if (lane0) mbar_arrive(sm.v_empty(cur.slot));
+  if (lane0) release<T>(sm.v_empty(cur.slot));
   ring = cur;
   ring.next();
 }
@@ -491,6 +512,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   using P = typename ParamsOf<VARLEN, AttnFwdParams>::type;
   namespace det = fa3_wgmma_detail;
   constexpr int BM = T::kBlockM, BN = T::kBlockN, SW = T::kSwizzle, W = T::kGroupCols;
+  static_assert(!(VARLEN && T::kMulticast), "MULTICAST is dense only: a packed batch's spare CTAs exit at entry");
   check_dynamic_smem(T::kSmemBytes);
   if (det::TileScheduler<T, VARLEN, P>::empty_cta(p)) return;  // VARLEN, PERSISTENT 0: past the sequence's end
 
@@ -504,14 +526,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(sm.k_full(s), 1);
       mbar_init(sm.v_full(s), 1);
-      mbar_init(sm.k_empty(s), 4 * T::kConsumers);  // lane 0 of every consumer warp
-      mbar_init(sm.v_empty(s), 4 * T::kConsumers);
+      mbar_init(sm.k_empty(s), 4 * T::kConsumers * T::kCluster);  // lane 0 of every consumer warp (of the cluster)
+      mbar_init(sm.v_empty(s), 4 * T::kConsumers * T::kCluster);
     }
     if constexpr (T::kPersistent)  // one thread per consumer warpgroup, or with O staged apart, lane 0 of each warp
       mbar_init(sm.q_empty(), T::kSeparateO ? 4 * T::kConsumers : T::kConsumers);
     fence_mbar_init();
   }
-  __syncthreads();
+  if constexpr (T::kMulticast) cluster_sync();  // the other CTA's barriers too, before its first copy lands here
+  else __syncthreads();
 
   const int wg = static_cast<int>(threadIdx.x) / 128;
   if (wg == 0) {
@@ -520,6 +543,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       for (int i = 0; i < 4; ++i) prefetch_tensormap(&tm.map[i]);
       det::produce<T, VARLEN>(sm, tm, p);
     }
+    if constexpr (T::kMulticast) cluster_sync();  // the exit barrier, reached early (see the kernel's end)
     return;
   }
   setmaxnreg_inc<T::kConsumerRegs>();
@@ -653,6 +677,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   if constexpr (T::kSeparateO) {  // the last O store has read the tile before the CTA's shared memory goes
     if (tid == 0) bulk_wait_read<0>();
   }
+  // MULTICAST: the other CTA's consumers release their last slots on this CTA's barriers too; this CTA stays
+  // until they have (the producers arrived on leaving; every copy into this CTA was waited for here).
+  if constexpr (T::kMulticast) cluster_sync();
 }
 
 }  // namespace flashtune

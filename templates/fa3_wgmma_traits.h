@@ -1,7 +1,7 @@
 // Tunables, derived constants and launch geometry of the fa3_wgmma family: FlashAttention-3's forward
 // design on Hopper (sm_90a), fp16 or bf16 in and out, fp32 accumulation and softmax, fp32 LSE.
 //   fa3_wgmma_fwd<Fa3WgmmaTraits<D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT,
-//                                TWO_CTAS, DTYPE, CAUSAL>>
+//                                TWO_CTAS, MULTICAST, DTYPE, CAUSAL>>
 // One CTA per query block of BLOCK_M = 64 x CONSUMERS rows: a producer warpgroup (one thread issues
 // TMA copies of Q once and of K, V blocks into a ring of STAGES slots, mbarrier-tracked) and CONSUMERS
 // warpgroups of 64 query rows each (wgmma for S = Q K^T from shared memory and O += P V with P from
@@ -19,6 +19,11 @@
 //              so one CTA's prologue (Q load, first S), diagonal tile and epilogue (O store) run while the
 //              other computes: what short (causal, S 1k) tiles lose at one CTA per SM. (A switch, 0 the
 //              default, so that tables emitted before it, zero-filled, keep meaning one CTA per SM.)
+//   MULTICAST 1: clusters of two CTAs on neighbouring query blocks of one (head, batch) share each K and V
+//              block: each CTA's producer copies half of the block's rows into both CTAs' shared memory
+//              (TMA multicast), halving the L2 reads of K and V; a slot is refilled once both CTAs' consumers
+//              released it. Non-causal (the two blocks read the same keys), plain grid (PERSISTENT 0),
+//              dense batches; the grid's query blocks rounded up to even (the spare one stores nothing).
 // Host-usable: plain constexpr C++.
 #pragma once
 #include "traits_common.h"
@@ -31,6 +36,9 @@ FT_HD constexpr int fa3_wgmma_swizzle_bytes(int D) { return D % 64 == 0 ? 128 : 
 FT_HD constexpr int fa3_wgmma_group_cols(int D) { return fa3_wgmma_swizzle_bytes(D) / 2; }
 FT_HD constexpr int fa3_wgmma_block_m(int CONSUMERS) { return 64 * CONSUMERS; }
 FT_HD constexpr int fa3_wgmma_threads(int CONSUMERS) { return 128 * (CONSUMERS + 1); }
+// CTAs per cluster, and the rows of a K or V block each CTA copies (the TMA box of the K and V maps).
+FT_HD constexpr int fa3_wgmma_cluster(int MULTICAST) { return 1 + MULTICAST; }
+FT_HD constexpr int fa3_wgmma_kv_box_rows(int BN, int MULTICAST) { return BN / fa3_wgmma_cluster(MULTICAST); }
 // Below, `ctas` is the CTAs an SM holds: 1 + TWO_CTAS.
 // Registers per thread at launch with `ctas` CTAs on an SM (__launch_bounds__(threads, ctas)):
 // the register file (65536) split among the CTAs' threads, a multiple of 8, at most 248 (ptxas' limit 255).
@@ -38,16 +46,20 @@ FT_HD constexpr int fa3_wgmma_launch_regs(int CONSUMERS, int ctas) {
   const int r = 65536 / (ctas * fa3_wgmma_threads(CONSUMERS)) / 8 * 8;
   return r < 248 ? r : 248;
 }
-// setmaxnreg budgets, multiples of 8. One CTA per SM: 512 registers per lane of a warpgroup slot
-// (65536 / 128) shared by the producer and the consumers (FlashAttention-3's 24/240 and 32/160). Two: the
-// CTA's launch allocation, producer 24, the rest split among the consumers (232 at one, 104 at two).
-FT_HD constexpr int fa3_wgmma_producer_regs(int CONSUMERS, int ctas = 1) {
-  return ctas == 1 && CONSUMERS == 3 ? 32 : 24;
+// setmaxnreg budgets, multiples of 8. setmaxnreg only moves registers between a CTA's warpgroups, and
+// setmaxnreg.inc waits for free ones, so the budgets must add up to at most the launch allocation (more: the
+// consumers wait forever). Producer 24, or 32 beside three consumers and with MULTICAST (its multicast copies
+// spilled at 24); each consumer what is left, at most 240: FlashAttention-3's 24/240 at one and two
+// consumers, 32/160 at three; MULTICAST at two consumers 32/232. Two CTAs per SM: 232 at one consumer, 104 at
+// two.
+FT_HD constexpr int fa3_wgmma_producer_regs(int CONSUMERS, int ctas = 1, int MULTICAST = 0) {
+  return ctas == 1 && (CONSUMERS == 3 || MULTICAST) ? 32 : 24;
 }
-FT_HD constexpr int fa3_wgmma_consumer_regs(int CONSUMERS, int ctas = 1) {
-  return ctas == 1 ? (CONSUMERS == 3 ? 160 : 240)
-                   : (fa3_wgmma_launch_regs(CONSUMERS, ctas) * (CONSUMERS + 1) - fa3_wgmma_producer_regs(CONSUMERS, ctas)) /
-                         CONSUMERS / 8 * 8;
+FT_HD constexpr int fa3_wgmma_consumer_regs(int CONSUMERS, int ctas = 1, int MULTICAST = 0) {
+  const int left = (fa3_wgmma_launch_regs(CONSUMERS, ctas) * (CONSUMERS + 1) -
+                    fa3_wgmma_producer_regs(CONSUMERS, ctas, MULTICAST)) /
+                   CONSUMERS / 8 * 8;
+  return left < 240 ? left : 240;
 }
 // fp32 accumulators a consumer thread holds at once: O (D/2), S (BN/2), and with OVERLAP the packed P
 // of the previous block (BN/4, in registers unless P_SMEM) while the next S is computed.
@@ -90,17 +102,16 @@ FT_HD constexpr int fa3_wgmma_smem_bytes(int D, int BN, int CONSUMERS, int STAGE
 FT_HD constexpr int fa3_wgmma_tiles(int batch, int heads, int seq_q, int CONSUMERS) {
   return ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)) * heads * batch;
 }
-// Registers a CTA's budgets add up to (setmaxnreg only moves registers between its warpgroups, and
-// setmaxnreg.inc waits for free ones: the launch allocation must cover them): 128 x (producer + CONSUMERS x
-// consumer budget) = 33792, 64512, 65536 for 1, 2, 3 consumers at one CTA per SM (more than half of an
-// SM's registers: one CTA per SM); 32768, 29696 at two (half or less).
-FT_HD constexpr int fa3_wgmma_cta_regs(int CONSUMERS, int ctas = 1) {
-  return 128 * (fa3_wgmma_producer_regs(CONSUMERS, ctas) +
-                CONSUMERS * fa3_wgmma_consumer_regs(CONSUMERS, ctas));
+// Registers a CTA's budgets add up to (the launch allocation must cover them: fa3_wgmma_regs_ok): 128 x
+// (producer + CONSUMERS x consumer budget) = 33792, 64512, 65536 for 1, 2, 3 consumers at one CTA per SM
+// (more than half of an SM's registers: one CTA per SM); 32768, 29696 at two (half or less).
+FT_HD constexpr int fa3_wgmma_cta_regs(int CONSUMERS, int ctas = 1, int MULTICAST = 0) {
+  return 128 * (fa3_wgmma_producer_regs(CONSUMERS, ctas, MULTICAST) +
+                CONSUMERS * fa3_wgmma_consumer_regs(CONSUMERS, ctas, MULTICAST));
 }
 // CTAs an SM holds at once by registers: what the persistent grid is sized by (fa3_wgmma_grid).
-FT_HD constexpr int fa3_wgmma_ctas_by_regs(int CONSUMERS, int ctas) {
-  return 65536 / fa3_wgmma_cta_regs(CONSUMERS, ctas);
+FT_HD constexpr int fa3_wgmma_ctas_by_regs(int CONSUMERS, int ctas, int MULTICAST = 0) {
+  return 65536 / fa3_wgmma_cta_regs(CONSUMERS, ctas, MULTICAST);
 }
 // PERSISTENT's tile order: linear tile t of qblocks x heads x batch -> its coordinates. Causal: the (head,
 // batch) pairs in sections of `group` (0: all of them), the last section possibly narrower; within a section
@@ -134,14 +145,16 @@ FT_HD constexpr int fa3_wgmma_causal_group(int seq_k, int D, int pairs, int ctas
   const long long fit = (16LL << 20) / per_pair, g = fit > ctas ? fit : ctas;
   return g < 1 ? 1 : g > pairs ? pairs : static_cast<int>(g);
 }
-// PERSISTENT 0, or the SM count unknown (sm_count 0): one CTA per tile, x = query blocks, y = heads,
-// z = batch. PERSISTENT 1: min(tiles, (1 + TWO_CTAS) x sm_count) CTAs along x, CTA x computing tiles x,
-// x + gridDim.x, ...
+// PERSISTENT 0, or the SM count unknown (sm_count 0): one CTA per tile, x = query blocks (MULTICAST: rounded
+// up to whole clusters), y = heads, z = batch. PERSISTENT 1: min(tiles, (1 + TWO_CTAS) x sm_count) CTAs along
+// x, CTA x computing tiles x, x + gridDim.x, ...
 FT_HD constexpr GridDims fa3_wgmma_grid(int batch, int heads, int seq_q, int CONSUMERS, int PERSISTENT, int sm_count,
-                                        int TWO_CTAS = 0) {
+                                        int TWO_CTAS = 0, int MULTICAST = 0) {
   const int tiles = fa3_wgmma_tiles(batch, heads, seq_q, CONSUMERS), ctas = (1 + TWO_CTAS) * sm_count;
-  return PERSISTENT && sm_count > 0 ? GridDims{tiles < ctas ? tiles : ctas, 1, 1}
-                                    : GridDims{ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)), heads, batch};
+  const int cluster = fa3_wgmma_cluster(MULTICAST);
+  return PERSISTENT && sm_count > 0
+             ? GridDims{tiles < ctas ? tiles : ctas, 1, 1}
+             : GridDims{ceil_div(ceil_div(seq_q, fa3_wgmma_block_m(CONSUMERS)), cluster) * cluster, heads, batch};
 }
 
 // ---- validity (shared by fa3_wgmma_check and the traits' static_asserts) ----
@@ -151,10 +164,10 @@ FT_HD constexpr bool fa3_wgmma_consumers_ok(int CONSUMERS) { return CONSUMERS >=
 FT_HD constexpr bool fa3_wgmma_stages_ok(int STAGES) { return STAGES == 2 || STAGES == 3; }
 FT_HD constexpr bool fa3_wgmma_switch_ok(int x) { return x == 0 || x == 1; }
 // The budgets within the launch allocation, and `ctas` CTAs on an SM by registers.
-FT_HD constexpr bool fa3_wgmma_regs_ok(int CONSUMERS, int ctas) {
-  return fa3_wgmma_cta_regs(CONSUMERS, ctas) <=
-             (ctas == 1 ? 65536 : fa3_wgmma_launch_regs(CONSUMERS, ctas) * fa3_wgmma_threads(CONSUMERS)) &&
-         fa3_wgmma_ctas_by_regs(CONSUMERS, ctas) == ctas;
+FT_HD constexpr bool fa3_wgmma_regs_ok(int CONSUMERS, int ctas, int MULTICAST = 0) {
+  return fa3_wgmma_cta_regs(CONSUMERS, ctas, MULTICAST) <=
+             fa3_wgmma_launch_regs(CONSUMERS, ctas) * fa3_wgmma_threads(CONSUMERS) &&
+         fa3_wgmma_ctas_by_regs(CONSUMERS, ctas, MULTICAST) == ctas;
 }
 FT_HD constexpr bool fa3_wgmma_smem_ok(int D, int BN, int CONSUMERS, int STAGES, int P_SMEM, int PERSISTENT, int ctas) {
   return ctas == 1 ||
@@ -164,15 +177,20 @@ FT_HD constexpr bool fa3_wgmma_pingpong_ok(int CONSUMERS, int OVERLAP, int PINGP
   return PINGPONG == 0 || (OVERLAP == 1 && CONSUMERS >= 2);
 }
 // 32 registers of a consumer's budget kept for addresses, loop state, row statistics.
-FT_HD constexpr bool fa3_wgmma_acc_ok(int D, int BN, int CONSUMERS, int OVERLAP, int P_SMEM, int ctas = 1) {
-  return fa3_wgmma_acc_regs(D, BN, OVERLAP, P_SMEM) <= fa3_wgmma_consumer_regs(CONSUMERS, ctas) - 32;
+FT_HD constexpr bool fa3_wgmma_acc_ok(int D, int BN, int CONSUMERS, int OVERLAP, int P_SMEM, int ctas = 1,
+                                      int MULTICAST = 0) {
+  return fa3_wgmma_acc_regs(D, BN, OVERLAP, P_SMEM) <= fa3_wgmma_consumer_regs(CONSUMERS, ctas, MULTICAST) - 32;
 }
 FT_HD constexpr bool fa3_wgmma_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 
+// MULTICAST's clusters tile the plain grid (a persistent CTA's tiles are not its neighbour's).
+FT_HD constexpr bool fa3_wgmma_multicast_ok(int MULTICAST, int PERSISTENT) { return MULTICAST == 0 || PERSISTENT == 0; }
+
 // nullptr if valid, else the reason. The per-block shared-memory limit is the compile stage's to apply;
-// two CTAs per SM need each to fit half of the SM's.
+// two CTAs per SM need each to fit half of the SM's. MULTICAST's further condition on the mask is
+// fa3_wgmma_causal_check's.
 FT_HD constexpr const char* fa3_wgmma_check(int D, int BN, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG,
-                                            int P_SMEM, int PERSISTENT, int TWO_CTAS = 0) {
+                                            int P_SMEM, int PERSISTENT, int TWO_CTAS = 0, int MULTICAST = 0) {
   return !fa3_wgmma_d_ok(D)                 ? "D must be 32, 64, 96, 128, 192 or 256"
          : !fa3_wgmma_bn_ok(BN)             ? "BLOCK_N must be a multiple of 16 in 64..256 (a wgmma N)"
          : !fa3_wgmma_consumers_ok(CONSUMERS) ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_M = 64 x CONSUMERS)"
@@ -182,25 +200,34 @@ FT_HD constexpr const char* fa3_wgmma_check(int D, int BN, int CONSUMERS, int ST
          : !fa3_wgmma_switch_ok(P_SMEM)     ? "P_SMEM must be 0 or 1"
          : !fa3_wgmma_switch_ok(PERSISTENT) ? "PERSISTENT must be 0 or 1"
          : !fa3_wgmma_switch_ok(TWO_CTAS)   ? "TWO_CTAS must be 0 or 1"
-         : !fa3_wgmma_regs_ok(CONSUMERS, 1 + TWO_CTAS)
+         : !fa3_wgmma_switch_ok(MULTICAST)  ? "MULTICAST must be 0 or 1"
+         : !fa3_wgmma_multicast_ok(MULTICAST, PERSISTENT)
+             ? "MULTICAST needs the plain grid (PERSISTENT 0): a cluster's two CTAs take neighbouring query blocks"
+         : !fa3_wgmma_regs_ok(CONSUMERS, 1 + TWO_CTAS, MULTICAST)
              ? "the register budgets do not fit 1 + TWO_CTAS CTAs on an SM"
          : !fa3_wgmma_pingpong_ok(CONSUMERS, OVERLAP, PINGPONG)
              ? "PINGPONG needs OVERLAP 1 and 2 or 3 consumer warpgroups"
-         : !fa3_wgmma_acc_ok(D, BN, CONSUMERS, OVERLAP, P_SMEM, 1 + TWO_CTAS)
+         : !fa3_wgmma_acc_ok(D, BN, CONSUMERS, OVERLAP, P_SMEM, 1 + TWO_CTAS, MULTICAST)
              ? "accumulators (O D/2 + S BN/2 + P BN/4 with OVERLAP in registers) exceed the consumer register budget - 32"
          : !fa3_wgmma_smem_ok(D, BN, CONSUMERS, STAGES, P_SMEM, PERSISTENT, 1 + TWO_CTAS)
              ? "shared memory exceeds half the SM's 233472 bytes less 1024 per CTA (TWO_CTAS)"
              : nullptr;
 }
+// Causal query blocks read different numbers of keys, so the two CTAs of a cluster would not share every block.
+FT_HD constexpr const char* fa3_wgmma_causal_check(int MULTICAST, bool causal) {
+  return MULTICAST && causal ? "MULTICAST is non-causal only (a cluster's two query blocks read different keys)"
+                             : nullptr;
+}
 
 template <int D, int BLOCK_N, int CONSUMERS, int STAGES, int OVERLAP, int PINGPONG, int P_SMEM, int PERSISTENT,
-          int TWO_CTAS, int DTYPE, bool CAUSAL>
+          int TWO_CTAS, int MULTICAST, int DTYPE, bool CAUSAL>
 struct Fa3WgmmaTraits {
-  static_assert(fa3_wgmma_check(D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT, TWO_CTAS) ==
-                    nullptr,
+  static_assert(fa3_wgmma_check(D, BLOCK_N, CONSUMERS, STAGES, OVERLAP, PINGPONG, P_SMEM, PERSISTENT, TWO_CTAS,
+                                MULTICAST) == nullptr,
                 "invalid Fa3WgmmaTraits: see fa3_wgmma_check");
+  static_assert(fa3_wgmma_causal_check(MULTICAST, CAUSAL) == nullptr, "MULTICAST is non-causal only");
   static_assert(fa3_wgmma_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
-  static_assert(fa3_wgmma_ctas_by_regs(CONSUMERS, 1 + TWO_CTAS) == 1 + TWO_CTAS,
+  static_assert(fa3_wgmma_ctas_by_regs(CONSUMERS, 1 + TWO_CTAS, MULTICAST) == 1 + TWO_CTAS,
                 "the persistent grid is sized (1 + TWO_CTAS) x SMs (fa3_wgmma_grid): the registers must hold that many");
 
   static constexpr int kHeadDim = D;
@@ -213,12 +240,15 @@ struct Fa3WgmmaTraits {
   static constexpr bool kPSmem = P_SMEM == 1;
   static constexpr bool kPersistent = PERSISTENT == 1;
   static constexpr int kCtasPerSm = 1 + TWO_CTAS;
+  static constexpr bool kMulticast = MULTICAST == 1;
+  static constexpr int kCluster = fa3_wgmma_cluster(MULTICAST);        // CTAs sharing each K/V block
+  static constexpr int kKvBoxRows = fa3_wgmma_kv_box_rows(BLOCK_N, MULTICAST);  // rows of a block one CTA copies
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 
   static constexpr int kThreads = fa3_wgmma_threads(CONSUMERS);
-  static constexpr int kProducerRegs = fa3_wgmma_producer_regs(CONSUMERS, kCtasPerSm);
-  static constexpr int kConsumerRegs = fa3_wgmma_consumer_regs(CONSUMERS, kCtasPerSm);
+  static constexpr int kProducerRegs = fa3_wgmma_producer_regs(CONSUMERS, kCtasPerSm, MULTICAST);
+  static constexpr int kConsumerRegs = fa3_wgmma_consumer_regs(CONSUMERS, kCtasPerSm, MULTICAST);
   static constexpr int kSwizzle = fa3_wgmma_swizzle_bytes(D);  // bytes per tile row
   static constexpr int kGroupCols = fa3_wgmma_group_cols(D);   // columns per swizzled column group
   static constexpr int kGroups = D / kGroupCols;

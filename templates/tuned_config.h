@@ -8,7 +8,7 @@
 namespace flashtune {
 namespace tuned {
 
-inline constexpr int kMaxParams = 8;
+inline constexpr int kMaxParams = 9;  // fa3_wgmma's
 
 // One tuned choice: parameters positional, in the order the family's kParams lists them.
 struct Entry {

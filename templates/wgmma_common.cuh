@@ -30,12 +30,18 @@ __device__ __forceinline__ unsigned il_chunk(int r, int c8) {
 
 // Matrix descriptor: start address, LBO, SBO (all in 16-byte units), no swizzle (bits 62-63 = 0).
 // Built from two 32-bit halves so that a descriptor at base + constant offset costs one integer add
-// on the low half (the start address field cannot carry into LBO: shared memory < 256 KB).
+// on the low half (the start address field cannot carry into LBO: shared memory < 256 KB; but see
+// desc_offset for kernels launched in clusters).
 __device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, unsigned lbo, unsigned sbo) {
   const unsigned lo = (smem_addr >> 4) | ((lbo >> 4) << 16);
   const unsigned hi = sbo >> 4;
   return (static_cast<unsigned long long>(hi) << 32) | lo;
 }
+// The address a descriptor's 14-bit start field takes: its low 18 bits. In a cluster launch a CTA's
+// shared-memory addresses carry its rank from bit 24 up; given whole to wgmma_desc, rank 1's landed in the
+// LBO field and moved fa3_wgmma's second V column group 256 bytes (two rows) on (MULTICAST, on the H100).
+// Kernels that may run in clusters build descriptors from it (the swizzled ones below always do).
+__device__ __forceinline__ unsigned desc_offset(unsigned smem_addr) { return smem_addr & 0x3FFFFu; }
 // Descriptor of an operand whose tile rows are M/N and columns K (C columns): trans flag 0.
 template <int C>
 __device__ __forceinline__ unsigned long long desc_k_major(unsigned addr) {
@@ -79,13 +85,13 @@ __device__ __forceinline__ unsigned sw_chunk(int r, int c) {
 // k16 slices inside a group are reached by adding 32 bytes per slice to the start address (LBO unused).
 template <int SW>
 __device__ __forceinline__ unsigned long long desc_k_major_sw(unsigned addr) {
-  return wgmma_desc(addr, 16, 8 * SW) | (static_cast<unsigned long long>(swizzle_layout_type<SW>()) << 62);
+  return wgmma_desc(desc_offset(addr), 16, 8 * SW) | (static_cast<unsigned long long>(swizzle_layout_type<SW>()) << 62);
 }
 // MN-major operand (rows K, columns M/N) in SW-swizzled groups of SW/2 columns that lie group_bytes
 // apart (LBO); 8-row K groups SBO = 8*SW apart (CuTe's canonical MN-major layouts).
 template <int SW>
 __device__ __forceinline__ unsigned long long desc_mn_major_sw(unsigned addr, unsigned group_bytes) {
-  return wgmma_desc(addr, group_bytes, 8 * SW) | (static_cast<unsigned long long>(swizzle_layout_type<SW>()) << 62);
+  return wgmma_desc(desc_offset(addr), group_bytes, 8 * SW) | (static_cast<unsigned long long>(swizzle_layout_type<SW>()) << 62);
 }
 
 // Registers written by ordinary instructions (accumulators, A fragments) before a wgmma reads them.
@@ -189,6 +195,43 @@ __device__ __forceinline__ void prefetch_tensormap(const void* map) {
 // Arrival without transaction bytes (a consumer releasing a buffer).
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// ---- thread-block clusters: TMA multicast ----
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_ctarank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of the cluster arrives, then waits for the others: shared-memory writes and mbarrier inits
+// before it are visible to the other CTAs after it, and no CTA exits while another may still signal it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// An arrival on the mbarrier at the same shared-memory offset as `bar` in the cluster's CTA `rank`
+// (a consumer releasing a buffer that CTA's producer refills: default semantics, as CUTLASS's
+// ClusterBarrier; .release.cluster made every release a cluster-wide fence).
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+// tma_load_4d into the same shared-memory offset of every CTA of the cluster in `cta_mask` (bit i: rank i),
+// each copy completing the box's bytes on that CTA's mbarrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_4d_multicast(unsigned dst, const void* map, int c0, int c1, int c2, int c3,
+                                                      unsigned bar, unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(cta_mask)
+      : "memory");
 }
 // Warpgroup register reallocation: every thread of the warpgroup runs it with the same count.
 template <int N>

@@ -22,7 +22,8 @@
 // dividing the page, in every pass; then a pass with $FLASHTUNE_DB holding a paged and a dense decode_splitkv
 // row for this GPU, where explain must name the paged row for 256-key pages, the dense row for 128-key pages
 // (whose output must equal ft_attention_forward's on the same K/V, run with that row, bit for bit) and the
-// default for 64-key pages.
+// default for 64-key pages. Then (Hopper) a pass with $FLASHTUNE_DB holding fa3_wgmma MULTICAST rows: the
+// library launches them in clusters of two CTAs, checked against the reference like the rest.
 // In a build with FLASHTUNE_AOT_ARCHS that covers this GPU's arch (90a for sm_90), pass 0 runs every
 // case first: each kernel must come from the library ("kernel: aot") and the fresh cache folder must
 // stay empty (nothing compiled by NVRTC).
@@ -592,9 +593,10 @@ int contextless_thread() {
   return !ok;
 }
 
-// A results store at `db` holding one ok decode_splitkv row per (config, problem), recorded for this GPU (its
+// A results store at `db` holding one ok row of `family` per (config, problem), recorded for this GPU (its
 // name and arch, as a tune on it would store them).
-void put_decode_rows(const std::string& db, const std::vector<std::pair<std::string, flashtune::Problem>>& rows) {
+void put_rows(const std::string& db, const std::vector<std::pair<std::string, flashtune::Problem>>& rows,
+              const char* family = "decode_splitkv") {
   int dev = 0;
   cudaGetDevice(&dev);
   cudaDeviceProp prop{};
@@ -603,7 +605,7 @@ void put_decode_rows(const std::string& db, const std::vector<std::pair<std::str
   flashtune::Store store(db);
   for (const auto& [config, p] : rows) {
     flashtune::ResultRecord r = flashtune::fixture::fixture_result(config, p, "ok", 0.05);
-    r.family = "decode_splitkv";
+    r.family = family;
     store.put_result(r, flashtune::fixture::fixture_device(prop.name, arch));
   }
 }
@@ -618,7 +620,7 @@ int decode_pass(const std::vector<Case>& all) {
   const flashtune::Family& f = flashtune::find_family("decode_splitkv");
   flashtune::Problem p{8, 32, 1, 4096, 128, flashtune::DType::bf16, false};
   p.heads_k = 8;
-  put_decode_rows(db, {{f.config_string(f.default_config), p}});
+  put_rows(db, {{f.config_string(f.default_config), p}});
   std::vector<Case> cs;
   for (const Case& c : all)
     if (c.heads_k > 0 && c.seq_q <= 16) cs.push_back(c);
@@ -657,7 +659,7 @@ int paged_db_pass() {
   dense.heads_k = 8;
   flashtune::Problem paged = dense;
   paged.paged.page_size = 256;
-  put_decode_rows(db, {{dense_cfg, dense}, {paged_cfg, paged}});
+  put_rows(db, {{dense_cfg, dense}, {paged_cfg, paged}});
   PagedCase c;
   c.lens = {4096, 4096}, c.heads = 32, c.heads_k = 8, c.page_size = 256;
   struct Want {
@@ -678,6 +680,45 @@ int paged_db_pass() {
     std::printf("paged-db %s %s (wants %s, %s%s%s)%s%s\n  fwd: %s\n  %s\n", ok ? "PASS" : "FAIL", c.str().c_str(),
                 w.config.c_str(), w.source.c_str(), w.note.empty() ? "" : "; ", w.note.c_str(), r.ok ? "" : ": ",
                 r.error.c_str(), r.fwd_explain.c_str(), r.bwd_explain.c_str());
+    failed += !ok;
+  }
+  unsetenv("FLASHTUNE_DB");
+  std::filesystem::remove_all(dir);
+  return failed;
+}
+
+// fa3_wgmma's MULTICAST through $FLASHTUNE_DB (Hopper): a store holding MULTICAST 1 rows for this GPU (bf16
+// non-causal, d 128 and d 256) makes them the picks for those shapes, so that the library launches the
+// kernel in clusters of two CTAs (cuLaunchKernelEx); each call checked against the float64 reference. The
+// shapes' query blocks are odd in number (a spare CTA) and each cluster's second CTA owns real rows.
+int multicast_pass() {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (major != 9) {
+    std::printf("note: fa3_wgmma's MULTICAST runs on Hopper only; no multicast pass\n");
+    return 0;
+  }
+  const std::string dir = flashtune::make_private_tmpdir("ft-runtime-multicast-db");
+  const std::string db = dir + "/multicast.db";
+  struct Want {
+    int head_dim;
+    std::string config;
+  } wants[] = {{128, "BLOCK_N=128,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=1,P_SMEM=1,PERSISTENT=0,TWO_CTAS=0,MULTICAST=1"},
+               {256, "BLOCK_N=80,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=0,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=1"}};
+  std::vector<std::pair<std::string, flashtune::Problem>> rows;
+  for (const Want& w : wants) rows.push_back({w.config, flashtune::Problem{2, 4, 333, 517, w.head_dim, flashtune::DType::bf16, false}});
+  put_rows(db, rows, "fa3_wgmma");
+  setenv("FLASHTUNE_DB", db.c_str(), 1);
+  int failed = 0;
+  for (const Want& w : wants) {
+    Case c;
+    c.batch = 2, c.heads = 4, c.seq_q = 333, c.seq_k = 517, c.head_dim = w.head_dim, c.causal = false;
+    const attention_check::Result r = attention_check::run_case(c, 300 + (unsigned)w.head_dim);
+    const bool ran = contains(r.fwd_explain, ("fa3_wgmma " + w.config + " (config: db").c_str());
+    const bool ok = r.ok && ran;
+    std::printf("multicast %s %s (wants %s from the store)%s%s\n  fwd: %s\n", ok ? "PASS" : "FAIL", c.str().c_str(),
+                w.config.c_str(), r.ok ? "" : ": ", r.error.c_str(), r.fwd_explain.c_str());
     failed += !ok;
   }
   unsetenv("FLASHTUNE_DB");
@@ -743,6 +784,7 @@ int main(int argc, char** argv) {
   failed += run_pass("memory", ps, 1, {"kernel: memory", aot ? "kernel: aot" : "kernel: memory"});
   failed += decode_pass(cs);
   failed += paged_db_pass();
+  failed += multicast_pass();
   failed += contextless_thread();
   failed += unsupported();
 

@@ -70,5 +70,9 @@ while read -r family hopper_only; do
     check "$family" "{\"family\":\"$family\",$space}" "$arch" "${ops[@]}"
   done
 done <"$tmp/list.txt"
+# fa3_wgmma's MULTICAST: K and V by multicast copies, the cluster barrier at entry and exit, slot releases
+# on the other CTA's mbarriers (remote arrivals), and no spill (the producer's 32 registers hold the copies).
+check fa3_wgmma_multicast '{"family":"fa3_wgmma","params":{"BLOCK_N":[128],"CONSUMERS":[2],"STAGES":[2],"OVERLAP":[1],"PINGPONG":[1],"P_SMEM":[0],"MULTICAST":[1]},"head_dims":[128],"causal":[false],"dtypes":["bf16"]}' \
+  sm_90 HGMMA UTMALDG.4D.MULTICAST UCGABAR_ARV UCGABAR_WAIT SYNCS.ARRIVE.TRANS64.RED UTMASTG -- STL LDL
 [[ $fail -eq 0 ]] && echo "sass_check: all passed"
 exit $fail

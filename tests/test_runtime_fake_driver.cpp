@@ -569,6 +569,7 @@ void expect_launches(const FakeState& st, const Family& f, const Config& c, Prob
               std::vector<unsigned>(want[i].grid, want[i].grid + 3)) << st.launches[i].name;
     EXPECT_EQ(st.launches[i].threads, want[i].threads) << st.launches[i].name;
     EXPECT_EQ(st.launches[i].smem, want[i].smem_bytes) << st.launches[i].name;
+    EXPECT_EQ(st.launches[i].cluster, want[i].cluster_x) << st.launches[i].name;
   }
 }
 }  // namespace
@@ -952,5 +953,70 @@ TEST(FakeDriver, DISABLED_HopperDecodeAndPackedChild) {
   EXPECT_EQ(g_vbwd.heads_k, pb.Hk);
   EXPECT_EQ(st.live_allocations, 0);
   st.hook = nullptr;
+  fs::remove_all(cache);
+}
+
+// fa3_wgmma's MULTICAST from the store ($FLASHTUNE_DB) on the sm_90 fake: launched through cuLaunchKernelEx
+// with clusters of two CTAs along x and the query blocks rounded up to whole clusters; a stored causal row
+// with MULTICAST (no such variant exists) is rejected with the reason and the default runs.
+TEST(FakeDriver, Fa3MulticastLaunchesClusters) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  EXPECT_EQ(spawn_child("multicast", "DISABLED_Fa3MulticastChild"), 0);
+}
+
+TEST(FakeDriver, DISABLED_Fa3MulticastChild) {
+  ASSERT_STREQ(std::getenv("FT_FAKE_CHILD"), "multicast") << "run by FakeDriver.Fa3MulticastLaunchesClusters";
+  FakeState& st = fake();
+  st.cc_major = 9, st.cc_minor = 0;
+  const std::string cache = make_private_tmpdir("ft-fake-multicast");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  constexpr int Hq = 2, S_q = 333, S_k = 517, d = 128;
+  std::vector<uint16_t> q(Hq * S_q * d + 8), kv(Hq * S_k * d + 8), o(Hq * S_q * d + 8);
+  std::vector<float> lse(Hq * S_q + 4);
+  auto al = [](auto& v) { return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(v.data()) + 15) / 16 * 16); };
+  auto t = [](void* p, int h, int s) { return ft_tensor{p, {(int64_t)h * s * d, (int64_t)s * d, d, 1}}; };
+  ft_forward_args a{};
+  a.batch = 1, a.heads = Hq, a.seq_q = S_q, a.seq_k = S_k, a.head_dim = d, a.dtype = FT_BF16;
+  a.q = t(al(q), Hq, S_q), a.k = t(al(kv), Hq, S_k), a.v = t(al(kv), Hq, S_k), a.o = t(al(o), Hq, S_q);
+  a.lse = static_cast<float*>(al(lse));
+  const Family& f = find_family("fa3_wgmma");
+  const Config mc = f.parse_config("BLOCK_N=176,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=1,MULTICAST=1");
+  const std::string db = cache + "/results.db";
+  {
+    Store s(db);
+    for (bool causal : {false, true}) {
+      ResultRecord r = fixture::fixture_result(f.config_string(mc), Problem{1, Hq, S_q, S_k, d, DType::bf16, causal},
+                                               "ok", 1.0);
+      r.family = f.name;
+      s.put_result(r, fixture::fixture_device("Fake GPU", "sm_90"));
+    }
+  }
+  setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+  ASSERT_STREQ(e.family, "fa3_wgmma");
+  EXPECT_STREQ(e.source, "db");
+  EXPECT_EQ(std::string(e.config), f.config_string(mc));
+  st.launches.clear();
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  ASSERT_EQ(st.launches.size(), 1u);
+  EXPECT_EQ(st.launches[0].cluster, 2u);
+  EXPECT_EQ(std::vector<unsigned>(st.launches[0].grid, st.launches[0].grid + 3), (std::vector<unsigned>{4, Hq, 1}));
+  EXPECT_NE(st.launches[0].name.find("Li1ELi1ELb0E"), std::string::npos) << st.launches[0].name;  // MULTICAST, bf16
+
+  a.causal = 1;
+  char line[512];
+  ASSERT_EQ(ft_explain_forward_text(&a, line, sizeof line), FT_OK) << ft_last_error();
+  EXPECT_NE(std::string(line).find("rejected causal (MULTICAST is non-causal only"), std::string::npos) << line;
+  ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+  EXPECT_STRNE(e.source, "db");  // the committed tables' causal pick (arch), else the default
+  const Config causal_pick = f.parse_config(e.config);
+  EXPECT_EQ(causal_pick.back(), 0);
+  st.launches.clear();
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  Problem p{1, Hq, S_q, S_k, d, DType::bf16, true};
+  expect_launches(st, f, causal_pick, p);
+  EXPECT_EQ(st.launches.at(0).cluster, 1u);
+  unsetenv("FLASHTUNE_DB");
   fs::remove_all(cache);
 }

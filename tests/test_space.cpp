@@ -11,6 +11,7 @@
 
 #include "templates/fa2_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_traits.h"
+#include "tuner/compile.hpp"
 #include "tuner/search.hpp"
 #include "tuner/space.hpp"
 #include "tuner/sweep.hpp"
@@ -812,7 +813,7 @@ TEST(Family, Fa3PersistentGrid) {
   Problem p;
   p.batch = 3, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 128, p.dtype = DType::bf16;
   const Config plain = f.parse_config("BLOCK_N=128,CONSUMERS=2"), persistent = f.parse_config("BLOCK_N=128,CONSUMERS=2,PERSISTENT=1");
-  EXPECT_THAT(f.traits(persistent, 128, true, DType::bf16), HasSubstr("<128,128,2,2,1,1,0,1,0,1,true>"));
+  EXPECT_THAT(f.traits(persistent, 128, true, DType::bf16), HasSubstr("<128,128,2,2,1,1,0,1,0,0,1,true>"));
   auto grid = [&](const Config& c, int sm_count) {
     Problem q = p;
     q.sm_count = sm_count;
@@ -868,14 +869,14 @@ TEST(Family, Fa3PersistentGrid) {
   EXPECT_EQ(fa3_wgmma_causal_group(1 << 20, 256, 8, 0), 1);
 }
 
-// fa3_wgmma's TWO_CTAS (last tunable, default 0: tables emitted before it, zero-filled, keep their meaning):
+// fa3_wgmma's TWO_CTAS (default 0: tables emitted before it, zero-filled, keep their meaning):
 // two CTAs per SM split the registers (budgets within the launch allocation of __launch_bounds__(threads, 2))
 // and the shared memory (233472 / 2 - 1024 each), and the persistent grid has two CTAs per SM. One CTA per
 // SM keeps FlashAttention-3's budgets.
 TEST(Family, Fa3TwoCtasPerSm) {
   const Family& f = find_family("fa3_wgmma");
-  EXPECT_EQ(f.params.back().name, "TWO_CTAS");
-  EXPECT_EQ(f.default_config.back(), 0);
+  EXPECT_EQ(f.params[7].name, "TWO_CTAS");
+  EXPECT_EQ(f.default_config[7], 0);
   for (int c = 1; c <= 3; ++c) {
     EXPECT_EQ(fa3_wgmma_ctas_by_regs(c, 1), 1) << c;  // one CTA per SM, as before
     EXPECT_EQ(fa3_wgmma_cta_regs(c, 1), fa3_wgmma_cta_regs(c)) << c;
@@ -883,6 +884,17 @@ TEST(Family, Fa3TwoCtasPerSm) {
   EXPECT_EQ(fa3_wgmma_consumer_regs(1, 1), 240);
   EXPECT_EQ(fa3_wgmma_consumer_regs(3, 1), 160);
   EXPECT_EQ(fa3_wgmma_producer_regs(3, 1), 32);
+  EXPECT_EQ(fa3_wgmma_producer_regs(2, 1), 24);
+  // Within the launch allocation (168 x 384 at two consumers): 32 + 2 x 240 would leave the consumers'
+  // setmaxnreg.inc waiting for 1024 registers that never free (every such kernel hung on the H100).
+  EXPECT_EQ(fa3_wgmma_cta_regs(2, 1), 64512);
+  EXPECT_EQ(fa3_wgmma_cta_regs(3, 1), 65536);
+  for (int c = 1; c <= 3; ++c)
+    for (int ctas = 1; ctas <= 2; ++ctas)
+      for (int mc = 0; mc <= 1; ++mc) {
+        EXPECT_LE(fa3_wgmma_cta_regs(c, ctas, mc), fa3_wgmma_launch_regs(c, ctas) * fa3_wgmma_threads(c)) << c << ctas << mc;
+        EXPECT_TRUE(fa3_wgmma_regs_ok(c, ctas, mc)) << c << ctas << mc;
+      }
   EXPECT_EQ(fa3_wgmma_launch_regs(1, 2), 128);
   EXPECT_EQ(fa3_wgmma_producer_regs(1, 2), 24);
   EXPECT_EQ(fa3_wgmma_consumer_regs(1, 2), 232);
@@ -908,7 +920,7 @@ TEST(Family, Fa3TwoCtasPerSm) {
   p.sm_count = 132;
   const Config two = f.parse_config("BLOCK_N=80,CONSUMERS=1,PINGPONG=0,PERSISTENT=1,TWO_CTAS=1"),
                one = f.parse_config("BLOCK_N=80,CONSUMERS=1,PINGPONG=0,PERSISTENT=1");
-  EXPECT_THAT(f.traits(two, 128, true, DType::bf16), HasSubstr("<128,80,1,2,1,0,0,1,1,1,true>"));
+  EXPECT_THAT(f.traits(two, 128, true, DType::bf16), HasSubstr("<128,80,1,2,1,0,0,1,1,0,1,true>"));
   EXPECT_EQ(f.launches(two, p).at(0).grid[0], 264u);  // 4096 tiles of 64 rows, two CTAs on each of 132 SMs
   EXPECT_EQ(f.launches(one, p).at(0).grid[0], 132u);
   EXPECT_EQ(f.launches(two, p).at(0).threads, 256u);
@@ -919,4 +931,61 @@ TEST(Family, Fa3TwoCtasPerSm) {
   EXPECT_EQ(f.launches(two, p).at(0).grid[0], 12u);
   p.sm_count = 0;  // unknown: the plain grid
   EXPECT_EQ(f.launches(two, p).at(0).grid[0], 6u);
+}
+
+// fa3_wgmma's MULTICAST (last tunable, default 0: tables emitted before it, zero-filled, keep their meaning):
+// clusters of two CTAs along x on the plain grid, its query blocks rounded up to whole clusters; each CTA
+// copies half of a K or V block (the maps' box rows); non-causal, dense, PERSISTENT 0 only, each refused with
+// its reason (the compile stage prunes causal and packed variants before NVRTC sees them).
+TEST(Family, Fa3MulticastClusters) {
+  const Family& f = find_family("fa3_wgmma");
+  EXPECT_EQ(f.params.back().name, "MULTICAST");
+  EXPECT_EQ(f.default_config.back(), 0);
+  Problem p;
+  p.batch = 3, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 128, p.dtype = DType::bf16;
+  p.sm_count = 132;
+  const Config mc = f.parse_config("BLOCK_N=176,CONSUMERS=2,MULTICAST=1"), plain = f.parse_config("BLOCK_N=176,CONSUMERS=2");
+  EXPECT_THAT(f.traits(mc, 128, false, DType::bf16), HasSubstr("<128,176,2,2,1,1,0,0,0,1,1,false>"));
+  const Launch l = f.launches(mc, p).at(0), l0 = f.launches(plain, p).at(0);
+  EXPECT_EQ(l.cluster_x, 2u);
+  EXPECT_EQ(l0.cluster_x, 1u);
+  EXPECT_EQ(l.grid[0], 4u);  // ceil(333 / 128) = 3 query blocks, rounded up to two clusters
+  EXPECT_EQ(l0.grid[0], 3u);
+  EXPECT_EQ(l.grid[1], 8u);
+  EXPECT_EQ(l.grid[2], 3u);
+  EXPECT_EQ(l.smem_bytes, l0.smem_bytes);  // the same slots: each CTA's copies fill half of both CTAs'
+  p.seq_q = 256;  // two query blocks: one cluster, no spare
+  EXPECT_EQ(f.launches(mc, p).at(0).grid[0], 2u);
+  p.seq_q = 1;
+  EXPECT_EQ(f.launches(mc, p).at(0).grid[0], 2u);
+  // K and V boxes of half a block's rows; Q and O as before.
+  const auto maps = f.tensor_maps(mc, p), maps0 = f.tensor_maps(plain, p);
+  EXPECT_EQ(maps[0].box_rows, 128);
+  EXPECT_EQ(maps[1].box_rows, 88);
+  EXPECT_EQ(maps[2].box_rows, 88);
+  EXPECT_EQ(maps0[1].box_rows, 176);
+  EXPECT_EQ(maps[3].box_rows, 64);
+  EXPECT_EQ(fa3_wgmma_kv_box_rows(64, 1), 32);
+  // The producer's multicast copies take 32 registers (24 spilled): two consumers give up 8 each.
+  EXPECT_EQ(fa3_wgmma_producer_regs(2, 1, 1), 32);
+  EXPECT_EQ(fa3_wgmma_consumer_regs(2, 1, 1), 232);
+  EXPECT_EQ(fa3_wgmma_consumer_regs(3, 1, 1), 160);
+  EXPECT_EQ(fa3_wgmma_consumer_regs(1, 1, 1), 240);
+  // Where it is refused, and why.
+  EXPECT_EQ(f.check(mc, 128), nullptr);
+  EXPECT_THAT(f.check(f.parse_config("BLOCK_N=176,CONSUMERS=2,PERSISTENT=1,MULTICAST=1"), 128), HasSubstr("PERSISTENT 0"));
+  EXPECT_THAT(fa3_wgmma_check(128, 128, 2, 2, 1, 1, 0, 0, 0, 2), HasSubstr("MULTICAST must be 0 or 1"));
+  EXPECT_EQ(f.causal_check(mc, false), nullptr);
+  EXPECT_THAT(f.causal_check(mc, true), HasSubstr("non-causal only"));
+  EXPECT_EQ(f.causal_check(plain, true), nullptr);
+  EXPECT_THAT(f.varlen_check(mc), HasSubstr("dense only"));
+  EXPECT_EQ(f.varlen_check(plain), nullptr);
+  EXPECT_EQ(f.check(f.parse_config("BLOCK_N=80,CONSUMERS=1,PINGPONG=0,TWO_CTAS=1,MULTICAST=1"), 64), nullptr);
+  // The compile stage prunes with those reasons, before NVRTC.
+  Compiler c("sm_90");
+  EXPECT_THAT(c.prune_before_compile(Variant{&f, mc, 128, true, DType::bf16}), HasSubstr("non-causal only"));
+  Variant packed{&f, mc, 128, false, DType::bf16};
+  packed.varlen = true;
+  EXPECT_THAT(c.prune_before_compile(packed), HasSubstr("dense only"));
+  EXPECT_EQ(c.prune_before_compile(Variant{&f, mc, 128, false, DType::bf16}), "");
 }

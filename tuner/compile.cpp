@@ -95,6 +95,7 @@ std::string Compiler::prune_before_compile(const Variant& v) const {
   if (v.paged && !f.paged) return "does not read paged K/V caches";
   if (v.varlen && v.paged) return "the packed and the paged form do not combine";
   if (const char* why = f.check(v.config, v.head_dim)) return why;
+  if (const char* why = f.causal_check(v.config, v.causal)) return why;
   if (v.varlen)
     if (const char* why = f.varlen_check(v.config)) return why;
   unsigned max_smem = 0;

@@ -27,13 +27,14 @@ std::string join_args(std::initializer_list<std::string> args) {
   return s;
 }
 
-Launch make_launch(GridDims g, int threads, int smem) {
+Launch make_launch(GridDims g, int threads, int smem, int cluster_x = 1) {
   Launch l;
   l.grid[0] = (unsigned)g.x;
   l.grid[1] = (unsigned)g.y;
   l.grid[2] = (unsigned)g.z;
   l.threads = (unsigned)threads;
   l.smem_bytes = (unsigned)smem;
+  l.cluster_x = (unsigned)cluster_x;
   return l;
 }
 
@@ -296,10 +297,11 @@ std::vector<Family> make_families() {
                 {"PINGPONG", {0, 1}},      // consumers take turns issuing GEMMs
                 {"P_SMEM", {0, 1}},        // P V with P from shared memory (SS) instead of registers (RS)
                 {"PERSISTENT", {0, 1}},    // one CTA per SM looping over the tiles (Problem::sm_count)
-                {"TWO_CTAS", {0, 1}}};     // two CTAs per SM (half the registers and shared memory each)
+                {"TWO_CTAS", {0, 1}},      // two CTAs per SM (half the registers and shared memory each)
+                {"MULTICAST", {0, 1}}};    // clusters of two CTAs sharing K/V copies (TMA multicast)
     f.head_dims = {32, 64, 96, 128, 192, 256};
     f.dtypes = {DType::fp16, DType::bf16};
-    f.default_config = {64, 2, 2, 1, 1, 0, 0, 0};  // fits every head dim (d = 256: 128 + 32 + 16 accumulators)
+    f.default_config = {64, 2, 2, 1, 1, 0, 0, 0, 0};  // fits every head dim (d = 256: 128 + 32 + 16 accumulators)
     f.hopper_only = true;
     f.gqa = true;
     f.varlen = true;  // fa3_wgmma_fwd<Traits, true>: packed tensor maps, guarded O stores at a sequence's end
@@ -307,20 +309,28 @@ std::vector<Family> make_families() {
       return "flashtune::Fa3WgmmaTraits<" +
              join_args({std::to_string(d), std::to_string(c[0]), std::to_string(c[1]), std::to_string(c[2]),
                         std::to_string(c[3]), std::to_string(c[4]), std::to_string(c[5]), std::to_string(c[6]),
-                        std::to_string(c[7]), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
+                        std::to_string(c[7]), std::to_string(c[8]), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
              ">";
     };
-    f.check = [](const Config& c, int d) { return fa3_wgmma_check(d, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]); };
+    f.check = [](const Config& c, int d) {
+      return fa3_wgmma_check(d, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]);
+    };
+    f.causal_check = [](const Config& c, bool causal) { return fa3_wgmma_causal_check(c[8], causal); };
+    f.varlen_check = [](const Config& c) -> const char* {
+      return c[8] ? "MULTICAST is dense only (a packed batch's query blocks past a sequence's end leave their cluster)"
+                  : nullptr;
+    };
     f.launches = [](const Config& c, const Problem& p) {
-      return std::vector{make_launch(fa3_wgmma_grid(p.batch, p.heads, p.seq_q, c[1], c[6], p.sm_count, c[7]),
+      return std::vector{make_launch(fa3_wgmma_grid(p.batch, p.heads, p.seq_q, c[1], c[6], p.sm_count, c[7], c[8]),
                                      fa3_wgmma_threads(c[1]),
-                                     fa3_wgmma_smem_bytes(p.head_dim, c[0], c[1], c[2], c[5], c[6], 1 + c[7]))};
+                                     fa3_wgmma_smem_bytes(p.head_dim, c[0], c[1], c[2], c[5], c[6], 1 + c[7]),
+                                     fa3_wgmma_cluster(c[8]))};
     };
     f.tensor_maps = [](const Config& c, const Problem& p) {
       const int w = fa3_wgmma_group_cols(p.head_dim), sw = fa3_wgmma_swizzle_bytes(p.head_dim);
       return std::vector<TensorMapSpec>{{"q", fa3_wgmma_block_m(c[1]), w, sw},
-                                        {"k", c[0], w, sw},
-                                        {"v", c[0], w, sw},
+                                        {"k", fa3_wgmma_kv_box_rows(c[0], c[8]), w, sw},
+                                        {"v", fa3_wgmma_kv_box_rows(c[0], c[8]), w, sw},
                                         {"o", 64, w, sw}};
     };
     fs.push_back(std::move(f));

@@ -26,6 +26,7 @@ struct Launch {
   unsigned grid[3] = {1, 1, 1};
   unsigned threads = 0;
   unsigned smem_bytes = 0;  // dynamic shared memory
+  unsigned cluster_x = 1;   // CTAs per thread-block cluster along x (grid[0] a multiple of it); 1: no cluster
 };
 
 // A TMA tensor map the worker encodes for a family's kernels (their second, __grid_constant__
@@ -70,6 +71,11 @@ struct Family {
   // The packed form's (varlen) further conditions: nullptr when it has that form of the config, else why not
   // (fa2_wgmma_bwd: LOAD 1's packed images failed validation on the GPU).
   std::function<const char*(const Config&)> varlen_check = [](const Config&) -> const char* { return nullptr; };
+  // Further conditions on the mask: nullptr when the config has a variant for it, else why not (fa3_wgmma:
+  // MULTICAST's clusters are non-causal only).
+  std::function<const char*(const Config&, bool causal)> causal_check = [](const Config&, bool) -> const char* {
+    return nullptr;
+  };
   // The paged form's condition on the problem's page size: nullptr when the config can read pages of that
   // size, else why not (decode_splitkv: BLOCK_N must divide it). Applied per problem (the search's candidates,
   // `run`), not at compile time: one compiled paged variant serves every page size it divides.

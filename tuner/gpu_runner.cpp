@@ -12,6 +12,7 @@
 #include "templates/attention_params.h"
 #include "tuner/cuda_check.hpp"
 #include "tuner/family.hpp"
+#include "tuner/cluster_launch.hpp"
 #include "tuner/tensor_maps.hpp"
 #include "tuner/dtype_convert.hpp"
 #include "tuner/input_files.hpp"
@@ -501,9 +502,16 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
                                        p.paged.page_size, max_pages_};
   void* fwd_args[] = {packed ? (void*)&fwd_varlen : p.paged.enabled() ? (void*)&fwd_paged : (void*)&fwd, &maps_};
   void* bwd_args[] = {packed ? (void*)&bwd_varlen : (void*)&bwd, &maps_};
-  for (const Kernel& k : kernels)
-    CU_CHECK(cuLaunchKernel(k.fn, k.grid[0], k.grid[1], k.grid[2], k.threads, 1, 1, k.smem, stream,
-                            p.direction == "bwd" ? bwd_args : fwd_args, nullptr));
+  for (const Kernel& k : kernels) {
+    void** args = p.direction == "bwd" ? bwd_args : fwd_args;
+    if (k.cluster == 1) {
+      CU_CHECK(cuLaunchKernel(k.fn, k.grid[0], k.grid[1], k.grid[2], k.threads, 1, 1, k.smem, stream, args, nullptr));
+      continue;
+    }
+    CUlaunchAttribute attr;
+    const CUlaunchConfig cfg = cluster_launch_config(k.grid, k.threads, k.smem, k.cluster, stream, attr);
+    CU_CHECK(cuLaunchKernelEx(&cfg, k.fn, args, nullptr));
+  }
 }
 
 void GpuRunner::encode_tensor_maps(const json& specs) {
@@ -585,6 +593,9 @@ json GpuRunner::run(const json& req) {
     for (int i = 0; i < 3; ++i) kd.grid[i] = k.at("grid")[i].get<unsigned>();
     kd.threads = k.at("threads").get<unsigned>();
     kd.smem = k.at("smem").get<unsigned>();
+    kd.cluster = k.value("cluster", 1u);
+    if (kd.cluster < 1 || kd.cluster > 8 || kd.grid[0] % kd.cluster)
+      throw std::runtime_error("cluster must be 1..8 and divide grid x");
     if (kd.smem > 48 * 1024)
       CU_CHECK(cuFuncSetAttribute(kd.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)kd.smem));
     kernels.push_back(kd);

@@ -72,6 +72,7 @@ class GpuRunner {
   struct Kernel {
     CUfunction fn;
     unsigned grid[3], threads, smem;
+    unsigned cluster = 1;  // CTAs per cluster along x (Launch::cluster_x)
   };
   // Sizes the buffer for the current problem, reallocating when it is too small. On out of memory
   // it frees the buffers the current problem does not use and tries once more, then throws

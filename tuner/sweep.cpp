@@ -122,7 +122,8 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
     kernels.push_back({{"name", names[i]},
                        {"grid", {launches[i].grid[0], launches[i].grid[1], launches[i].grid[2]}},
                        {"threads", launches[i].threads},
-                       {"smem", launches[i].smem_bytes}});
+                       {"smem", launches[i].smem_bytes},
+                       {"cluster", launches[i].cluster_x}});
   json req = {{"op", "run"},
               {"cubin_path", cubin_path},
               {"kernels", kernels},

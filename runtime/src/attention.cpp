@@ -29,6 +29,7 @@
 #include "strided_copy.hpp"
 #include "templates/attention_params.h"
 #include "tuner/compile.hpp"
+#include "tuner/cluster_launch.hpp"
 #include "tuner/tensor_maps.hpp"
 #include "tuner/util.hpp"
 
@@ -458,8 +459,14 @@ void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream str
       FT_CU(cuFuncSetAttribute, k.fns[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)l.smem_bytes);
       optin.store(l.smem_bytes);  // a race only sets the attribute twice
     }
-    FT_CU(cuLaunchKernel, k.fns[i], l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem_bytes, stream, args,
-          nullptr);
+    if (l.cluster_x == 1) {
+      FT_CU(cuLaunchKernel, k.fns[i], l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem_bytes, stream, args,
+            nullptr);
+      continue;
+    }
+    CUlaunchAttribute attr;
+    const CUlaunchConfig cfg = cluster_launch_config(l.grid, l.threads, l.smem_bytes, l.cluster_x, stream, attr);
+    FT_CU(cuLaunchKernelEx, &cfg, k.fns[i], args, nullptr);
   }
 }
 

@@ -12,7 +12,7 @@ namespace flashtune::rt {
   X(cuInit) X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) \
   X(cuDeviceGetAttribute) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent) X(cuCtxPopCurrent)   \
   X(cuDevicePrimaryCtxRetain) X(cuPointerGetAttribute) X(cuModuleLoadData) X(cuModuleGetFunction)       \
-  X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuMemFreeAsync) X(cuMemsetD8Async)                        \
+  X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuMemFreeAsync) X(cuMemsetD8Async)    \
   X(cuMemPoolCreate) X(cuMemPoolSetAttribute) X(cuMemAllocFromPoolAsync) X(cuTensorMapEncodeTiled)
 
 #define FT_DRIVER_MEMBER(fn) decltype(&::fn) fn = nullptr;

@@ -245,10 +245,13 @@ Pick choose_config(const TableSet& ts, const Family& f, const Query& q, const st
   auto accept = [&](Config c, const char* source, const std::string& what) {
     const char* why = f.check(c, q.head_dim);
     const bool packed_only = !why && q.varlen && (why = f.varlen_check(c));
+    const bool masked = !why && (why = f.causal_check(c, q.causal));
     if (why) {
       p.note = what + " " + f.config_string(c) + " rejected " +
-               (packed_only ? std::string("for the packed form") : "for d=" + std::to_string(q.head_dim)) + " (" +
-               why + "): default used";
+               (packed_only ? std::string("for the packed form")
+                : masked    ? std::string(q.causal ? "causal" : "non-causal")
+                            : "for d=" + std::to_string(q.head_dim)) +
+               " (" + why + "): default used";
       return false;
     }
     p.config = std::move(c);

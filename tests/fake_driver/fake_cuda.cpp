@@ -119,6 +119,19 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned
   if (g_state.hook) g_state.hook(l.name.c_str(), params);
   return CUDA_SUCCESS;
 }
+CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* c, CUfunction f, void** params, void**) {
+  FakeLaunch l{reinterpret_cast<Fn*>(f)->name, {c->gridDimX, c->gridDimY, c->gridDimZ},
+               c->blockDimX * c->blockDimY * c->blockDimZ, c->sharedMemBytes};
+  for (unsigned i = 0; i < c->numAttrs; ++i)
+    if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) l.cluster = c->attrs[i].value.clusterDim.x;
+  if (l.grid[0] % l.cluster) return CUDA_ERROR_INVALID_CLUSTER_SIZE;  // as the driver: whole clusters only
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_state.launches.push_back(l);
+  }
+  if (g_state.hook) g_state.hook(l.name.c_str(), params);
+  return CUDA_SUCCESS;
+}
 CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) {
   void* m = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;

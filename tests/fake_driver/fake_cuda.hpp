@@ -7,6 +7,7 @@ struct FakeLaunch {
   std::string name;  // the function's name as looked up (lowered name)
   unsigned grid[3];
   unsigned threads, smem;
+  unsigned cluster = 1;  // CTAs per cluster along x (cuLaunchKernelEx's attribute)
 };
 
 struct FakeState {
