@@ -13,7 +13,7 @@ namespace sm90_nvidia_h100_80gb_hbm3 {
 // fa2_mma_bwd parameters, positional: BLOCK_M BLOCK_N WARPS DSPLIT STAGES DQ_MODE
 // fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
 // fa2_wgmma_bwd parameters, positional: BLOCK_M BLOCK_N SPLIT STAGES DQ_RED LOAD
-// fa3_wgmma parameters, positional: BLOCK_N CONSUMERS STAGES OVERLAP PINGPONG P_SMEM PERSISTENT TWO_CTAS
+// fa3_wgmma parameters, positional: BLOCK_N CONSUMERS STAGES OVERLAP PINGPONG P_SMEM PERSISTENT TWO_CTAS MULTICAST
 // Entries ending in `true` were measured on paged K/V caches: only the runtime's paged entry point reads
 // them, where the family's paged form takes the call's page size (decode_splitkv: BLOCK_N divides it).
 inline constexpr Entry kEntries[] = {
@@ -68,24 +68,24 @@ inline constexpr Entry kEntries[] = {
     {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 1024, {64, 64, 2, 2, 3, 1}, 187.64f},
     {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 4096, {64, 64, 2, 2, 3, 1}, 303.18f},
     {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 16384, {64, 64, 2, 2, 3, 1}, 364.18f},
-    {"fa3_wgmma", "fwd", "bf16", 64, false, 1024, {80, 2, 2, 0, 0, 0, 0, 1}, 441.60f},
-    {"fa3_wgmma", "fwd", "bf16", 64, false, 4096, {112, 3, 2, 1, 1, 0, 1, 0}, 501.87f},
-    {"fa3_wgmma", "fwd", "bf16", 64, false, 16384, {128, 3, 2, 1, 0, 0, 1, 0}, 533.56f},
-    {"fa3_wgmma", "fwd", "bf16", 64, true, 1024, {64, 2, 3, 0, 0, 0, 0, 1}, 322.61f},
-    {"fa3_wgmma", "fwd", "bf16", 64, true, 4096, {80, 2, 2, 0, 0, 0, 0, 1}, 441.72f},
-    {"fa3_wgmma", "fwd", "bf16", 64, true, 16384, {80, 2, 2, 0, 0, 0, 0, 1}, 486.02f},
-    {"fa3_wgmma", "fwd", "bf16", 128, false, 1024, {128, 2, 2, 1, 1, 0, 1, 0}, 588.03f},
-    {"fa3_wgmma", "fwd", "bf16", 128, false, 4096, {112, 3, 2, 0, 0, 0, 1, 0}, 675.65f},
-    {"fa3_wgmma", "fwd", "bf16", 128, false, 16384, {192, 2, 2, 1, 0, 0, 1, 0}, 659.33f},
-    {"fa3_wgmma", "fwd", "bf16", 128, true, 1024, {128, 2, 2, 1, 1, 0, 0, 0}, 391.88f},
-    {"fa3_wgmma", "fwd", "bf16", 128, true, 4096, {192, 2, 2, 1, 0, 0, 0, 0}, 568.57f},
-    {"fa3_wgmma", "fwd", "bf16", 128, true, 16384, {112, 2, 2, 1, 0, 0, 0, 0}, 650.35f},
-    {"fa3_wgmma", "fwd", "bf16", 256, false, 1024, {80, 2, 2, 1, 1, 0, 1, 0}, 619.50f},
-    {"fa3_wgmma", "fwd", "bf16", 256, false, 4096, {80, 2, 2, 1, 1, 0, 1, 0}, 761.33f},
-    {"fa3_wgmma", "fwd", "bf16", 256, false, 16384, {80, 2, 2, 1, 1, 0, 1, 0}, 760.51f},
-    {"fa3_wgmma", "fwd", "bf16", 256, true, 1024, {80, 2, 2, 1, 1, 0, 0, 0}, 426.38f},
-    {"fa3_wgmma", "fwd", "bf16", 256, true, 4096, {80, 2, 2, 1, 0, 0, 0, 0}, 623.14f},
-    {"fa3_wgmma", "fwd", "bf16", 256, true, 16384, {80, 2, 2, 1, 0, 0, 0, 0}, 760.68f},
+    {"fa3_wgmma", "fwd", "bf16", 64, false, 1024, {64, 2, 2, 0, 0, 0, 1, 1, 0}, 417.51f},
+    {"fa3_wgmma", "fwd", "bf16", 64, false, 4096, {128, 3, 2, 1, 0, 0, 1, 0, 0}, 501.57f},
+    {"fa3_wgmma", "fwd", "bf16", 64, false, 16384, {176, 3, 2, 0, 0, 0, 1, 0, 0}, 546.54f},
+    {"fa3_wgmma", "fwd", "bf16", 64, true, 1024, {80, 2, 3, 0, 0, 0, 0, 1, 0}, 321.36f},
+    {"fa3_wgmma", "fwd", "bf16", 64, true, 4096, {80, 2, 2, 0, 0, 0, 0, 1, 0}, 436.67f},
+    {"fa3_wgmma", "fwd", "bf16", 64, true, 16384, {128, 3, 2, 1, 0, 0, 1, 0, 0}, 502.43f},
+    {"fa3_wgmma", "fwd", "bf16", 128, false, 1024, {128, 2, 2, 1, 1, 0, 1, 0, 0}, 587.95f},
+    {"fa3_wgmma", "fwd", "bf16", 128, false, 4096, {192, 2, 2, 1, 1, 0, 0, 0, 0}, 670.58f},
+    {"fa3_wgmma", "fwd", "bf16", 128, false, 16384, {192, 2, 2, 1, 1, 0, 0, 0, 0}, 689.68f},
+    {"fa3_wgmma", "fwd", "bf16", 128, true, 1024, {128, 2, 2, 1, 0, 0, 0, 0, 0}, 393.38f},
+    {"fa3_wgmma", "fwd", "bf16", 128, true, 4096, {128, 2, 2, 1, 0, 0, 0, 0, 0}, 584.27f},
+    {"fa3_wgmma", "fwd", "bf16", 128, true, 16384, {176, 2, 2, 1, 1, 0, 0, 0, 0}, 652.04f},
+    {"fa3_wgmma", "fwd", "bf16", 256, false, 1024, {80, 2, 2, 1, 1, 0, 1, 0, 0}, 623.00f},
+    {"fa3_wgmma", "fwd", "bf16", 256, false, 4096, {80, 2, 2, 1, 1, 0, 0, 0, 0}, 753.45f},
+    {"fa3_wgmma", "fwd", "bf16", 256, false, 16384, {80, 2, 2, 1, 1, 0, 1, 0, 0}, 762.69f},
+    {"fa3_wgmma", "fwd", "bf16", 256, true, 1024, {80, 2, 2, 1, 1, 0, 0, 0, 0}, 427.15f},
+    {"fa3_wgmma", "fwd", "bf16", 256, true, 4096, {80, 2, 2, 1, 1, 0, 0, 0, 0}, 628.10f},
+    {"fa3_wgmma", "fwd", "bf16", 256, true, 16384, {80, 2, 2, 1, 0, 0, 0, 0, 0}, 768.37f},
 };
 inline constexpr Table kTable{"NVIDIA H100 80GB HBM3", "sm_90", kEntries, 68};
 
