@@ -199,10 +199,10 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 
 // ---- thread-block clusters: TMA multicast ----
 
-// This CTA's rank in its cluster.
+// This CTA's rank in its cluster (fixed for the CTA's life: not volatile, so read once where used in a loop).
 __device__ __forceinline__ unsigned cluster_ctarank() {
   unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
   return r;
 }
 // Every thread of the cluster arrives, then waits for the others: shared-memory writes and mbarrier inits
