@@ -500,6 +500,61 @@ fa3)
   fi
   finish
   ;;
+fa3-bwd)
+  # Issue 29, fa3_wgmma_bwd (FlashAttention-3's backward design). Parts, in the order given (default: check spot):
+  #   check - every compiled variant of configs/spaces/fa3_wgmma_bwd.json validated on ragged_mma_bwd and
+  #           ragged_gqa_bwd (Sq != Sk both ways, causal and not, GQA/MQA, fp16/bf16) into fa3_bwd_validate.db
+  #   spot  - a few configs timed at S 4k beside fa2_wgmma_bwd's stored picks (the harness's timer)
+  #   tune  - fa3_wgmma_bwd_grid tuned exhaustively on the bf16 grid's d 64/128 points and the GQA points
+  #   peers - each point's best backward (fa3_wgmma_bwd, fa2_wgmma_bwd, fa2_mma_bwd) through flashtune.torch beside
+  #           torch SDPA flash, cuDNN and the FA3-class kernel (FA4's sm90, if installed), one process, profiler
+  #           kernel time: bwd_hopper_vs_peers.csv
+  parts=("$@")
+  ((${#parts[@]})) || parts=(check spot)
+  val=$(validation_store fa3_bwd)
+  for part in "${parts[@]}"; do
+    case $part in
+      check)
+        for probs in ragged_mma_bwd ragged_gqa_bwd; do
+          log "validate fa3_wgmma_bwd on $probs"
+          timeout "${FA3_BWD_VALIDATE_LIMIT_S:-200}" $ft tune configs/spaces/fa3_wgmma_bwd.json configs/problems/$probs.json \
+            --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -2
+        done
+        validation_summary "$val"
+        $ft drop-cubins --db "$val"
+        ;;
+      spot)
+        for spec in "BLOCK_M=128,CONSUMERS=2,STAGES=2,SCHED=0 4,32,4096,4096,64" "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0 4,16,4096,4096,128" \
+                    "BLOCK_M=64,CONSUMERS=1,STAGES=2,SCHED=0 4,16,4096,4096,128" "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=1 4,16,4096,4096,128"; do
+          set -- $spec
+          for c in "" "--causal"; do
+            $ft run --family fa3_wgmma_bwd --params "$1" --shape "$2" --dtype bf16 $c --direction bwd --check 2>&1 |
+              grep -E "TFLOP|status|error" | tr '\n' ' '; echo " <- $1 $2 $c"
+            $ft run --family fa2_wgmma_bwd --best --db "$db" --shape "$2" --dtype bf16 $c --direction bwd 2>&1 |
+              grep -E "TFLOP" | tr '\n' ' '; echo " <- fa2_wgmma_bwd best $2 $c"
+          done
+        done | tee "$OUT/fa3_bwd_spot.txt"
+        ;;
+      tune)
+        for probs in anchors_bwd_bf16 gqa_bwd_bf16; do
+          log "tune fa3_wgmma_bwd_grid on $probs"
+          timeout "${FA3_BWD_TUNE_LIMIT_S:-240}" $ft tune configs/spaces/fa3_wgmma_bwd_grid.json configs/problems/$probs.json \
+            --db "$db" --timeout 10 2>&1 | grep -vE "^\[" | tail -3
+        done
+        $ft best --db "$db" --family fa3_wgmma_bwd --csv >"$rep/best_fa3_wgmma_bwd.csv"
+        ;;
+      peers)
+        log "backward peers, one process, profiler kernel time"
+        timeout "${FA3_BWD_PEERS_LIMIT_S:-300}" python3 experiments/bwd_peers.py --db "$db" \
+          --problems configs/problems/anchors_bwd_bf16.json configs/problems/gqa_bwd_bf16.json \
+          --out "$rep/bwd_hopper_vs_peers.csv" 2>"$OUT/bwd_peers.log"
+        echo "peers exit $?"; tail -5 "$OUT/bwd_peers.log"; cp "$rep/bwd_hopper_vs_peers.csv" "$OUT/" 2>/dev/null
+        ;;
+      *) echo "fa3-bwd: unknown part $part" >&2; exit 2 ;;
+    esac
+  done
+  finish
+  ;;
 fa3-short)
   # fa3_wgmma's two CTAs per SM (TWO_CTAS 1) at the points still below cuDNN. (i) every compiled variant of
   # fa3_wgmma_2cta.json validated on ragged shapes into fa3_validate.db (its earlier rows kept); (ii) the

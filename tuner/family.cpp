@@ -10,6 +10,7 @@
 #include "templates/fa2_simt_bwd_traits.h"
 #include "templates/fa2_simt_traits.h"
 #include "templates/fa2_wgmma_bwd_traits.h"
+#include "templates/fa3_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_traits.h"
 #include "templates/naive_traits.h"
 #include "templates/test_faults_traits.h"
@@ -335,6 +336,58 @@ std::vector<Family> make_families() {
     };
     fs.push_back(std::move(f));
   }
+  {  // FlashAttention-3's backward design on Hopper (sm_90a), fp16 / bf16: a producer warp (TMA), a dQ writer
+     // warp (TMA reduce-add) and 1-3 consumer warpgroups of 64 keys each (wgmma for all five products).
+    Family f;
+    f.name = "fa3_wgmma_bwd";
+    f.direction = "bwd";
+    f.template_file = "fa3_wgmma_bwd.cuh";
+    f.kernels = {"flashtune::fa3_wgmma_bwd_preprocess", "flashtune::fa3_wgmma_bwd_dkdv", "flashtune::fa3_wgmma_bwd_convert"};
+    f.params = {{"BLOCK_M", {64, 128}},      // query rows per step (the scores' wgmma N)
+                {"CONSUMERS", {1, 2, 3}},    // consumer warpgroups: BLOCK_N = 64 x CONSUMERS keys
+                {"STAGES", {1, 2}},          // Q, dO, lse, delta slots in the TMA ring
+                {"SCHED", {0, 1}}};          // 0: key blocks of a head together; 1: heaviest key blocks first (LPT)
+    f.head_dims = {64, 96, 128};
+    f.dtypes = {DType::fp16, DType::bf16};
+    f.default_config = {64, 1, 2, 0};  // fits every head dim (d 96 compiles with one consumer only)
+    f.hopper_only = true;
+    f.gqa = true;
+    struct Named {  // the config by name (the order of f.params)
+      int block_m, consumers, stages, sched;
+      explicit Named(const Config& c) : block_m(c.at(0)), consumers(c.at(1)), stages(c.at(2)), sched(c.at(3)) {}
+    };
+    f.traits = [](const Config& c, int d, bool causal, DType t) {
+      const Named n(c);
+      return "flashtune::Fa3WgmmaBwdTraits<" +
+             join_args({std::to_string(d), std::to_string(n.block_m), std::to_string(n.consumers),
+                        std::to_string(n.stages), std::to_string(n.sched), t == DType::bf16 ? "1" : "0",
+                        bool_arg(causal)}) +
+             ">";
+    };
+    f.check = [](const Config& c, int d) {
+      const Named n(c);
+      return fa3_bwd_check(d, n.block_m, n.consumers, n.stages, n.sched);
+    };
+    f.workspace_bytes = [](const Config& c, const Problem& p) {
+      return (size_t)fa3_bwd_workspace_bytes(p.batch, p.heads, p.seq_q, p.head_dim, Named(c).block_m);
+    };
+    f.workspace_written = true;  // the preprocess writes every padded row's lse2, delta and dq_accum
+    f.launches = [](const Config& c, const Problem& p) {
+      const Named n(c);
+      return std::vector{
+          make_launch(fa3_bwd_preprocess_grid(p.batch, p.heads, p.seq_q, n.block_m), kFa3BwdRowThreads, 0),
+          make_launch(fa3_bwd_dkdv_grid(p.batch, p.kv_heads(), p.seq_k, n.consumers, n.sched),
+                      fa3_bwd_threads(n.consumers), fa3_bwd_smem_bytes(p.head_dim, n.block_m, n.consumers, n.stages)),
+          make_launch(fa3_bwd_convert_grid(p.batch, p.heads, p.seq_q), kFa3BwdRowThreads, 0)};
+    };
+    f.tensor_maps = [](const Config& c, const Problem& p) {
+      const Named n(c);
+      const int w = fa3_bwd_group_cols(p.head_dim), sw = fa3_bwd_swizzle_bytes(p.head_dim);
+      const int bn = fa3_bwd_block_n(n.consumers);
+      return std::vector<TensorMapSpec>{{"q", n.block_m, w, sw}, {"k", bn, w, sw}, {"v", bn, w, sw}, {"do", n.block_m, w, sw}};
+    };
+    fs.push_back(std::move(f));
+  }
   {  // Split-KV forward for decoding (FlashDecoding), fp16 / bf16: per (split, row tile, kv head, batch) a
      // partial O and LSE, then a combine over the splits (not launched when SPLITS = 1).
     Family f;
@@ -412,8 +465,8 @@ std::vector<Family> make_families() {
 }  // namespace
 
 std::string tensor_map_error(const TensorMapSpec& m, const Problem& p) {
-  if (m.tensor != "q" && m.tensor != "k" && m.tensor != "v" && m.tensor != "o")
-    return "tensor map of unknown tensor '" + brief(m.tensor) + "' (q, k, v or o)";
+  if (m.tensor != "q" && m.tensor != "k" && m.tensor != "v" && m.tensor != "o" && m.tensor != "do")
+    return "tensor map of unknown tensor '" + brief(m.tensor) + "' (q, k, v, o or do)";
   if (dtype_bytes(p.dtype) != 2) return "tensor maps need a 16-bit dtype";
   if (m.swizzle_bytes != 32 && m.swizzle_bytes != 64 && m.swizzle_bytes != 128)
     return "tensor map swizzle must be 32, 64 or 128 bytes";

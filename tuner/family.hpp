@@ -33,7 +33,7 @@ struct Launch {
 // parameter, AttnTensorMaps, in the order listed): one of the problem's tensors as 4-D (head_dim,
 // seq, heads, batch), a box of box_cols x box_rows (x 1 x 1), its rows swizzled.
 struct TensorMapSpec {
-  std::string tensor;     // "q", "k", "v" or "o"
+  std::string tensor;     // "q", "k", "v", "o" or "do" (the backward's dO)
   int box_rows = 0;       // 1..256
   int box_cols = 0;       // 16-bit elements: box_cols * 2 a multiple of 16, at most swizzle_bytes
   int swizzle_bytes = 0;  // 32, 64 or 128

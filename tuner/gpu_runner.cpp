@@ -522,7 +522,7 @@ void GpuRunner::encode_tensor_maps(const json& specs) {
   for (const json& j : specs)
     ms.push_back({j.at("tensor").get<std::string>(), j.at("box_rows").get<int>(), j.at("box_cols").get<int>(),
                   j.at("swizzle").get<int>()});
-  maps_ = flashtune::encode_tensor_maps(&cuTensorMapEncodeTiled, ms, problem_, {q_.ptr, k_.ptr, v_.ptr, o_.ptr});
+  maps_ = flashtune::encode_tensor_maps(&cuTensorMapEncodeTiled, ms, problem_, {q_.ptr, k_.ptr, v_.ptr, o_.ptr, dout_.ptr});
 }
 
 void GpuRunner::poison_outputs() {

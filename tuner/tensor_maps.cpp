@@ -15,8 +15,12 @@ AttnTensorMaps encode_tensor_maps(EncodeTiledFn encode, const std::vector<Tensor
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorMapSpec& m = specs[i];
     if (const std::string why = tensor_map_error(m, p); !why.empty()) throw std::invalid_argument(why);
-    const bool queries = m.tensor == "q" || m.tensor == "o";
-    const CUdeviceptr base = m.tensor == "q" ? t.q : m.tensor == "k" ? t.k : m.tensor == "v" ? t.v : t.o;
+    const bool queries = m.tensor == "q" || m.tensor == "o" || m.tensor == "do";
+    const CUdeviceptr base = m.tensor == "q"   ? t.q
+                             : m.tensor == "k" ? t.k
+                             : m.tensor == "v" ? t.v
+                             : m.tensor == "o" ? t.o
+                                               : t.dout;
     const cuuint64_t seq = (cuuint64_t)(queries ? p.seq_q : p.seq_k);
     const cuuint64_t heads = (cuuint64_t)(queries ? p.heads : p.kv_heads());
     const cuuint64_t row = 2ull * (cuuint64_t)p.head_dim;  // bytes (16-bit elements)

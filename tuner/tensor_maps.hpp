@@ -15,9 +15,10 @@ using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-// Device addresses of the forward's tensors, contiguous (batch, heads, seq, head_dim).
+// Device addresses of the tensors a map may describe, contiguous (batch, heads, seq, head_dim): the forward's
+// and the backward's incoming gradient dO (a backward passes O's address as o).
 struct FwdTensors {
-  CUdeviceptr q = 0, k = 0, v = 0, o = 0;
+  CUdeviceptr q = 0, k = 0, v = 0, o = 0, dout = 0;
 };
 
 // maps[i] for specs[i]. Throws std::invalid_argument with tensor_map_error's reason for a spec the

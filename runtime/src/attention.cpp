@@ -631,7 +631,17 @@ void run_backward(const Args* a, CUstream stream) {
                      (void*)ops[7].ptr, (float*)scratch.at(c.delta), (float*)scratch.at(c.dq_accum),
                      p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E),
                      c.workspace_bytes ? (void*)scratch.at(c.workspace) : nullptr, p.heads_k};
-    with_params(a, bp, [&](void* params) { launch_family(k, plan, params, stream); });
+    const std::vector<TensorMapSpec> specs = plan.pick.family->tensor_maps(plan.pick.config, p);
+    AttnTensorMaps maps{};
+    if (!specs.empty()) {
+      try {
+        maps = encode_tensor_maps(drv().cuTensorMapEncodeTiled, specs, p,
+                                  {ops[0].ptr, ops[1].ptr, ops[2].ptr, ops[3].ptr, ops[4].ptr});
+      } catch (const std::exception& e) {
+        fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick.family->name + ": " + e.what());
+      }
+    }
+    with_params(a, bp, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
   });
 }
 

@@ -1,0 +1,546 @@
+// FlashAttention-3's backward design on Hopper (sm_90a): TMA, an mbarrier ring, warp specialization,
+// wgmma, and dQ by TMA reduce-add from a warp of its own. fp16 or bf16 in and out, fp32 accumulation.
+// Kernels, launched in order (T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DTYPE, CAUSAL>):
+//   fa3_wgmma_bwd_preprocess<T>  per query row (padded to whole blocks): lse2 = lse log2(e), delta =
+//                                rowsum(dO * O) (zeros past seq_q), dq_accum = 0
+//   fa3_wgmma_bwd_dkdv<T>        per (key block, kv head, batch): dK, dV; dq_accum += dS K
+//   fa3_wgmma_bwd_convert<T>     dQ = 16-bit(scale dq_accum)
+// Workspace (p.workspace, fa3_bwd_workspace_bytes): lse2 [B H][R], delta [B H][R], dq_accum [B H][R][D]
+// fp32, R = seq_q rounded up to BLOCK_M; dq_accum's rows hold their 16-byte pieces swizzled by row (piece c of
+// row r at c ^ (r % 8)), as the consumers stage them, and the convert undoes it.
+//
+// The dK/dV CTA (tensor maps: Q box [BM][W], K and V [BN][W], dO [BM][W]; W = the swizzle's columns):
+//   warp 0 (producer)   one thread: K and V of the block once (kv_full), then per step Q, dO (TMA) and lse2,
+//                       delta (bulk copies) into ring slot t % STAGES (q_full), once the consumers released
+//                       the slot's previous step (q_empty)
+//   warp 1 (dQ writer)  per step: waits for the consumers' dQ tile (named barrier kDqFull), adds it into
+//                       dq_accum with one cp.reduce.async.bulk, frees the tile once read (kDqEmpty)
+//   consumers           warpgroup c owns keys [64c, 64c + 64) of the block; per step (a query block of one
+//                       query head of the group):
+//     S^T  = K_c Q^T        SS, K-major both, m64 x BM, k = D
+//     dP^T = V_c dO^T       SS, m64 x BM, k = D (issued with S^T; P^T computed while it runs)
+//     P^T  = exp2(S^T scale log2(e) - lse2), dS^T = P^T (dP^T - delta)    registers
+//     dV  += P^T dO         RS, dO MN-major, m64 x D, k = BM
+//     dK  += dS^T Q         RS, Q MN-major
+//     dS^T -> shared memory (its own tile of two, by step parity); named barrier kDsReady
+//     dQ_piece = dS K       SS, dS M-major (interleaved tile), K MN-major; staged in fp32 for the writer
+// dK and dV stay in registers over every step and are stored once (times scale for dK): summed over a
+// query group's heads in a fixed order, no atomics.
+//
+// Masking: rows past seq_q arrive zero-filled (Q, dO) with lse2 = delta = 0: P^T = 1 but dO = 0 and
+// dS^T = 0, so they add nothing; their dQ lands in dq_accum's padding. Keys past seq_k (zero-filled K, V)
+// and causal keys n > m + seq_k - seq_q get P^T = 0 on the tiles that straddle them. A fully masked row has
+// lse = +inf: P^T = 0.
+#pragma once
+#include "attention_params.h"
+#include "device_common.cuh"
+#include "fa3_wgmma_bwd_traits.h"
+#include "wgmma_common.cuh"
+
+namespace flashtune {
+
+namespace fa3_bwd_detail {
+
+// Named barriers (0 is __syncthreads).
+enum NamedBarrier : int {
+  kDsReady = 1,  // every consumer's dS^T rows are in shared memory (consumers)
+  kDqEmpty = 2,  // the dQ staging tile was read by the copy engine (writer arrives, consumers wait)
+  kDqFull = 3,   // the consumers' dQ pieces are staged (consumers arrive, writer waits)
+};
+
+// Shared memory regions, byte offsets from the 1024-byte aligned base.
+template <class T>
+struct Smem {
+  enum Region : unsigned {
+    kK = 0,
+    kV = kK + T::kKvBytes,
+    kQ = kV + T::kKvBytes,
+    kDo = kQ + T::kStages * T::kQBytes,
+    kDs = kDo + T::kStages * T::kQBytes,
+    kDq = kDs + 2 * T::kDsBytes,
+    kLse = kDq + T::kDqBytes,
+    kDelta = kLse + T::kStages * T::kStatBytes,
+    kBars = kDelta + T::kStages * T::kStatBytes,
+    kEnd = kBars + 8 * fa3_bwd_barriers(T::kStages),
+  };
+  static_assert(kEnd + 1024 == T::kSmemBytes, "the regions add up to the traits' shared memory");
+  static_assert(T::kKvBytes % 1024 == 0 && T::kQBytes % 1024 == 0, "swizzled tiles stay 1024-byte aligned");
+  unsigned base;        // shared-space address
+  unsigned char* ptr;   // generic address of the same byte
+  __device__ unsigned k() const { return base + kK; }
+  __device__ unsigned v() const { return base + kV; }
+  __device__ unsigned q(int s) const { return base + kQ + static_cast<unsigned>(s * T::kQBytes); }
+  __device__ unsigned dout(int s) const { return base + kDo + static_cast<unsigned>(s * T::kQBytes); }
+  __device__ unsigned ds(int i) const { return base + kDs + static_cast<unsigned>(i * T::kDsBytes); }
+  __device__ unsigned dq() const { return base + kDq; }
+  __device__ float* dq_ptr() const { return reinterpret_cast<float*>(ptr + kDq); }
+  __device__ unsigned lse(int s) const { return base + kLse + static_cast<unsigned>(s * T::kStatBytes); }
+  __device__ unsigned delta(int s) const { return base + kDelta + static_cast<unsigned>(s * T::kStatBytes); }
+  __device__ const float* lse_ptr(int s) const { return reinterpret_cast<const float*>(ptr + kLse + s * T::kStatBytes); }
+  __device__ const float* delta_ptr(int s) const {
+    return reinterpret_cast<const float*>(ptr + kDelta + s * T::kStatBytes);
+  }
+  __device__ unsigned kv_full() const { return base + kBars; }
+  __device__ unsigned q_full(int s) const { return base + kBars + 8u + 16u * static_cast<unsigned>(s); }
+  __device__ unsigned q_empty(int s) const { return base + kBars + 16u + 16u * static_cast<unsigned>(s); }
+};
+
+// The workspace's three arrays (fa3_bwd_workspace_bytes).
+struct Workspace {
+  float *lse2, *delta, *dq_accum;
+  int rows;  // R: padded rows per (batch, head)
+  template <class T>
+  __device__ static Workspace of(const AttnBwdParams& p) {
+    const int r = fa3_bwd_padded_rows(p.seq_q, T::kBlockM);
+    const long long n = static_cast<long long>(p.batch) * p.heads * r;
+    float* base = static_cast<float*>(p.workspace);
+    return Workspace{base, base + n, base + 2 * n, r};
+  }
+};
+
+// The CTA's key block and heads. SCHED 0: x = key block, y = kv head, z = batch; SCHED 1 (LPT): x = the
+// (kv head, batch) pair, y = key block, so the grid's first wave holds every pair's first (causal: heaviest)
+// key blocks.
+struct Work {
+  int n0, kv_head, batch;
+  template <class T>
+  __device__ static Work of(const AttnBwdParams& p) {
+    const int hk = p.heads_k > 0 ? p.heads_k : p.heads;
+    if constexpr (T::kLpt)
+      return Work{static_cast<int>(blockIdx.y) * T::kBlockN, static_cast<int>(blockIdx.x) % hk,
+                  static_cast<int>(blockIdx.x) / hk};
+    else
+      return Work{static_cast<int>(blockIdx.x) * T::kBlockN, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  }
+};
+
+// The steps of a CTA: each query head of the kv head's group, and within it the query blocks that see the
+// key block (causal: key n is visible to query m iff n <= m + seq_k - seq_q), in order.
+struct Steps {
+  int first, blocks, count, hq0;  // first visible query block, blocks per head, steps, the group's first head
+  __device__ static Steps of(const AttnBwdParams& p, const Work& w, int BM, bool causal) {
+    const int group = query_group(p);
+    const int num_m = ceil_div(p.seq_q, BM);
+    const int first = causal ? imax(0, w.n0 - (p.seq_k - p.seq_q)) / BM : 0;
+    const int blocks = imax(0, num_m - first);
+    return Steps{first, blocks, group * blocks, w.kv_head * group};
+  }
+  __device__ void at(int t, int& hq, int& mb) const {
+    const int i = t / blocks;
+    hq = hq0 + i;
+    mb = first + t - i * blocks;
+  }
+};
+
+// Ring slot and mbarrier phase of step t.
+template <int STAGES>
+__device__ __forceinline__ int slot_of(int t) {
+  return STAGES == 1 ? 0 : t % STAGES;
+}
+template <int STAGES>
+__device__ __forceinline__ unsigned phase_of(int t) {
+  return static_cast<unsigned>(t / STAGES) & 1u;
+}
+
+// The producer thread: K and V once, then every step's Q, dO, lse2 and delta.
+template <class T>
+__device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps& tm, const AttnBwdParams& p,
+                                        const Work& w, const Steps& st, const Workspace& ws) {
+  constexpr int W = T::kGroupCols, SW = T::kSwizzle, BN = T::kBlockN, BM = T::kBlockM;
+  if (st.count == 0) return;  // no step: K and V unused (and no copy may outlive the CTA)
+  mbar_arrive_expect_tx(sm.kv_full(), 2 * T::kKvBytes);
+#pragma unroll
+  for (int g = 0; g < T::kGroups; ++g) {
+    const unsigned off = static_cast<unsigned>(g * BN * SW);
+    tma_load_4d(sm.k() + off, &tm.map[1], g * W, w.n0, w.kv_head, w.batch, sm.kv_full());
+    tma_load_4d(sm.v() + off, &tm.map[2], g * W, w.n0, w.kv_head, w.batch, sm.kv_full());
+  }
+  for (int t = 0; t < st.count; ++t) {
+    const int s = slot_of<T::kStages>(t);
+    if (t >= T::kStages) mbar_wait(sm.q_empty(s), phase_of<T::kStages>(t) ^ 1u);
+    int hq, mb;
+    st.at(t, hq, mb);
+    const unsigned bar = sm.q_full(s);
+    mbar_arrive_expect_tx(bar, 2 * T::kQBytes + 2 * T::kStatBytes);
+#pragma unroll
+    for (int g = 0; g < T::kGroups; ++g) {
+      const unsigned off = static_cast<unsigned>(g * BM * SW);
+      tma_load_4d(sm.q(s) + off, &tm.map[0], g * W, mb * BM, hq, w.batch, bar);
+      tma_load_4d(sm.dout(s) + off, &tm.map[3], g * W, mb * BM, hq, w.batch, bar);
+    }
+    const long long row = (static_cast<long long>(w.batch) * p.heads + hq) * ws.rows + mb * BM;
+    bulk_load(sm.lse(s), ws.lse2 + row, T::kStatBytes, bar);
+    bulk_load(sm.delta(s), ws.delta + row, T::kStatBytes, bar);
+  }
+}
+
+// The dQ writer warp: each step's staged tile added into dq_accum by one bulk reduce-add.
+template <class T>
+__device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams& p, const Work& w, const Steps& st,
+                                         const Workspace& ws, int lane) {
+  constexpr int BM = T::kBlockM, D = T::kHeadDim, N = T::kConsumerThreads + 32;
+  for (int t = 0; t < st.count; ++t) {
+    named_bar_sync(kDqFull, N);
+    if (lane == 0) {
+      int hq, mb;
+      st.at(t, hq, mb);
+      const long long row = (static_cast<long long>(w.batch) * p.heads + hq) * ws.rows + mb * BM;
+      bulk_reduce_add_f32(ws.dq_accum + row * D, sm.dq(), T::kDqBytes);
+      bulk_commit();
+      bulk_wait_read<0>();
+    }
+    __syncwarp();
+    if (t + 1 < st.count) named_bar_arrive(kDqEmpty, N);
+  }
+  if (lane == 0) bulk_wait<0>();
+}
+
+// S^T (or dP^T) = X_c Y^T: X the warpgroup's 64 rows of K (V), Y the BM rows of Q (dO); K-major, swizzled.
+template <class T>
+__device__ __forceinline__ void gemm_scores(float (&acc)[T::kBlockM / 2], unsigned x_rows, unsigned y) {
+  constexpr int SW = T::kSwizzle, SLICES = T::kGroupCols / 16;
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    const unsigned col = static_cast<unsigned>(32 * (kk % SLICES));
+    const unsigned long long da = desc_k_major_sw<SW>(x_rows + static_cast<unsigned>(kk / SLICES * T::kBlockN * SW) + col);
+    const unsigned long long db = desc_k_major_sw<SW>(y + static_cast<unsigned>(kk / SLICES * T::kBlockM * SW) + col);
+    wgmma_ss<T::kBlockM, T::kDtype, 0, 0>(acc, da, db, kk > 0);
+  }
+}
+
+// acc (64 x D) += A Y: A (64 x BM) as 16-bit fragments, Y the BM x D tile of Q (dO), MN-major, swizzled.
+template <class T>
+__device__ __forceinline__ void gemm_grad(float (&acc)[T::kHeadDim / 2], const unsigned (&a)[T::kBlockM / 16][4],
+                                          unsigned y) {
+  constexpr int SW = T::kSwizzle;
+#pragma unroll
+  for (int kk = 0; kk < T::kBlockM / 16; ++kk)
+    wgmma_rs<T::kHeadDim, T::kDtype, 1>(acc, a[kk], desc_mn_major_sw<SW>(y + static_cast<unsigned>(16 * SW * kk),
+                                                                          T::kBlockM * SW),
+                                         1);
+}
+
+// The A fragments (mma.sync m16n8k16 layout) of every k16 slice of a 64 x K accumulator tile.
+template <int DTYPE, int K>
+__device__ __forceinline__ void pack_frags(unsigned (&a)[K / 16][4], const float (&x)[K / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[kk][e] = pack_half2<DTYPE>(x[8 * kk + 2 * e], x[8 * kk + 2 * e + 1]);
+}
+
+// x, hidden from the optimiser: the tile addresses are made opaque once per step, so that ptxas rebuilds each
+// descriptor (one add) instead of hoisting dozens of loop-invariant 64-bit descriptors into registers.
+__device__ __forceinline__ unsigned opaque(unsigned x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
+template <int N>
+__device__ __forceinline__ void fence_frags(unsigned (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+// What a consumer thread's score elements need: its keys (key0 + 8 (e >> 1)) and the mask.
+struct ScoreRows {
+  int key0, seq_k, causal_offset, tig;
+};
+
+// P^T in place of S^T for the query block at m0: exp2(S scale_log2 - lse2), 0 where masked.
+template <class T>
+__device__ __forceinline__ void probs(float (&st)[T::kBlockM / 2], const float* lse2, float scale_log2, bool masked,
+                                      const ScoreRows& r, int m0) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * r.tig);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float pv = fast_exp2(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+      if (masked) {
+        const int n = r.key0 + 8 * (e >> 1);
+        const int m = m0 + 8 * j + 2 * r.tig + (e & 1);
+        if (n >= r.seq_k || (T::kCausal && n > m + r.causal_offset)) pv = 0.f;
+      }
+      st[4 * j + e] = pv;
+    }
+  }
+}
+
+// dS^T = P^T (dP^T - delta) in place of dP^T.
+template <class T>
+__device__ __forceinline__ void dscores(float (&dpt)[T::kBlockM / 2], const float (&pt)[T::kBlockM / 2],
+                                        const float* delta, int tig) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    const float2 d2 = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * tig);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dpt[4 * j + e] = pt[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+  }
+}
+
+// dS^T's 16-bit fragments into rows r, r + 8 of the interleaved [BN][BM] tile.
+template <int BM>
+__device__ __forceinline__ void store_ds(unsigned ds, const unsigned (&a)[BM / 16][4], int r, int tig) {
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; ++kk) {
+    st_shared_u32(ds + il_chunk<BM>(r, 2 * kk) + 4 * tig, a[kk][0]);
+    st_shared_u32(ds + il_chunk<BM>(r + 8, 2 * kk) + 4 * tig, a[kk][1]);
+    st_shared_u32(ds + il_chunk<BM>(r, 2 * kk + 1) + 4 * tig, a[kk][2]);
+    st_shared_u32(ds + il_chunk<BM>(r + 8, 2 * kk + 1) + 4 * tig, a[kk][3]);
+  }
+}
+
+// A consumer's piece of the step's dQ: row tiles and columns (T::kDqCols wide) it computes.
+struct DqPiece {
+  int row_tile0, row_tiles, col0;
+};
+template <class T>
+__device__ __forceinline__ DqPiece dq_piece(int c) {
+  if constexpr (T::kConsumers >= T::kDqRowTiles)
+    return DqPiece{c / T::kDqColPieces, 1, (c % T::kDqColPieces) * T::kDqCols};
+  else
+    return DqPiece{c * (T::kDqRowTiles / T::kConsumers), T::kDqRowTiles / T::kConsumers, 0};
+}
+
+// dQ (rows 64 rt.., columns c0.. of DQ_CHUNK) = dS K over the block's keys; A = dS, the M-major view of the
+// interleaved dS^T tile; B = K, MN-major, swizzled groups BN * SW bytes apart.
+template <class T>
+__device__ __forceinline__ void gemm_dq(float (&acc)[T::kDqChunk / 2], unsigned ds, unsigned k, int rt, int c0) {
+  constexpr int SW = T::kSwizzle, W = T::kGroupCols, BM = T::kBlockM, BN = T::kBlockN;
+  const unsigned kcol = k + static_cast<unsigned>(c0 / W * BN * SW);
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ++ks)
+    wgmma_ss<T::kDqChunk, T::kDtype, 1, 1>(acc, desc_mn_major<BM>(ds + static_cast<unsigned>(32 * BM * ks + 16 * 64 * rt)),
+                                           desc_mn_major_sw<SW>(kcol + static_cast<unsigned>(16 * SW * ks), BN * SW),
+                                           ks > 0);
+}
+
+// A dQ chunk's accumulators into the fp32 staging tile [BM][D]: the 16-byte piece c of row r at c ^ (r % 8)
+// (the C layout's 8-byte stores then hit distinct banks in each half-warp).
+template <class T>
+__device__ __forceinline__ void stage_dq(float* tile, const float (&acc)[T::kDqChunk / 2], int row, int col0, int g,
+                                         int tig) {
+  constexpr int D = T::kHeadDim;
+#pragma unroll
+  for (int j = 0; j < T::kDqChunk / 8; ++j) {
+    const int col = col0 + 8 * j + 2 * tig;
+    const int at = 4 * ((col >> 2) ^ g) + (col & 3);
+    *reinterpret_cast<float2*>(tile + row * D + at) = make_float2(acc[4 * j], acc[4 * j + 1]);
+    *reinterpret_cast<float2*>(tile + (row + 8) * D + at) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+  }
+}
+
+// Rows of a 64 x D accumulator tile (this thread's rows row0, row0 + 8) times mul into a (seq, D) matrix.
+template <int DTYPE, int D>
+__device__ __forceinline__ void store_rows(unsigned short* out, const float (&acc)[D / 2], float mul, int row0, int seq,
+                                           int tig) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + 8 * h;
+    if (r < seq) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<unsigned*>(out + static_cast<long long>(r) * D + 8 * j + 2 * tig) =
+            pack_half2<DTYPE>(acc[4 * j + 2 * h] * mul, acc[4 * j + 2 * h + 1] * mul);
+    }
+  }
+}
+
+// One consumer warpgroup: every step's five products; dK, dV kept in registers, stored at the end.
+template <class T>
+__device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& p, const Work& w, const Steps& st,
+                                        int c, int tid) {
+  constexpr int D = T::kHeadDim, BM = T::kBlockM, SW = T::kSwizzle, DT = T::kDtype;
+  constexpr int NQ = T::kConsumerThreads;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const int wrow = 16 * warp;  // the warp's rows within the warpgroup's 64 keys
+  const int krow = 64 * c + wrow + g;  // the thread's first key row within the block
+  const ScoreRows rows{w.n0 + krow, p.seq_k, p.seq_k - p.seq_q, tig};
+  const int wg_key_last = w.n0 + 64 * c + 63;
+  const unsigned k_rows = sm.k() + static_cast<unsigned>(64 * c * SW), v_rows = sm.v() + static_cast<unsigned>(64 * c * SW);
+  const DqPiece piece = dq_piece<T>(c);
+  const float scale_log2 = p.scale_log2;
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  if (st.count > 0) mbar_wait(sm.kv_full(), 0);
+  for (int t = 0; t < st.count; ++t) {
+    const int s = slot_of<T::kStages>(t);
+    int hq, mb;
+    st.at(t, hq, mb);
+    const int m0 = mb * BM;
+    mbar_wait(sm.q_full(s), phase_of<T::kStages>(t));
+    const unsigned q = opaque(sm.q(s)), dout = opaque(sm.dout(s)), k = opaque(sm.k());
+
+    float sc[BM / 2], dp[BM / 2];
+    wgmma_fence();
+    gemm_scores<T>(sc, opaque(k_rows), q);
+    wgmma_commit();
+    gemm_scores<T>(dp, opaque(v_rows), dout);
+    wgmma_commit();
+    wgmma_wait<1>();  // S^T; dP^T still running
+    wgmma_fence_regs(sc);
+    const bool masked = wg_key_last >= p.seq_k || (T::kCausal && wg_key_last > m0 + rows.causal_offset);
+    probs<T>(sc, sm.lse_ptr(s), scale_log2, masked, rows, m0);
+    wgmma_wait<0>();
+    wgmma_fence_regs(dp);
+    dscores<T>(dp, sc, sm.delta_ptr(s), tig);
+
+    unsigned pa[BM / 16][4], dsa[BM / 16][4];
+    pack_frags<DT, BM>(pa, sc);
+    pack_frags<DT, BM>(dsa, dp);
+    wgmma_fence_regs(dv);
+    wgmma_fence_regs(dk);
+    wgmma_fence();
+    gemm_grad<T>(dv, pa, dout);  // dV += P^T dO
+    gemm_grad<T>(dk, dsa, q);    // dK += dS^T Q
+    wgmma_commit();
+    const unsigned ds = opaque(sm.ds(t & 1));
+    store_ds<BM>(ds, dsa, krow, tig);
+    fence_proxy_async();
+    named_bar_sync(kDsReady, NQ);                     // every warpgroup's dS^T rows
+    if (t > 0) named_bar_sync(kDqEmpty, NQ + 32);  // the writer has read the previous step's tile
+    wgmma_wait<0>();  // dV, dK done (they ran during the dS^T stores and barriers): the fragments are free
+    fence_frags(pa);
+    fence_frags(dsa);
+    wgmma_fence_regs(dv);
+    wgmma_fence_regs(dk);
+
+    float* tile = sm.dq_ptr();
+#pragma unroll
+    for (int i = 0; i < piece.row_tiles; ++i) {
+      const int rt = piece.row_tile0 + i;
+#pragma unroll
+      for (int c0 = 0; c0 < T::kDqCols; c0 += T::kDqChunk) {
+        float dq[T::kDqChunk / 2];
+        wgmma_fence();
+        gemm_dq<T>(dq, ds, k, rt, piece.col0 + c0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(dq);
+        stage_dq<T>(tile, dq, 64 * rt + wrow + g, piece.col0 + c0, g, tig);
+      }
+    }
+    if (lane == 0) mbar_arrive(sm.q_empty(s));  // Q, dO, lse2, delta of this slot read
+    fence_proxy_async();                        // the staged dQ, before the copy engine reads it
+    named_bar_arrive(kDqFull, NQ + 32);
+  }
+
+  const long long bh_kv = static_cast<long long>(w.batch) * (p.heads_k > 0 ? p.heads_k : p.heads) + w.kv_head;
+  const long long off = bh_kv * p.seq_k * D;
+  store_rows<DT, D>(static_cast<unsigned short*>(p.dv) + off, dv, 1.f, w.n0 + krow, p.seq_k, tig);
+  store_rows<DT, D>(static_cast<unsigned short*>(p.dk) + off, dk, p.scale, w.n0 + krow, p.seq_k, tig);
+}
+
+}  // namespace fa3_bwd_detail
+
+// lse2 = lse log2(e) and delta = rowsum(dO * O) per padded row (zeros past seq_q), dq_accum = 0.
+// 8 lanes per row, 32 rows per CTA; y = query head, z = batch.
+template <class Traits>
+__global__ void __launch_bounds__(kFa3BwdRowThreads) fa3_wgmma_bwd_preprocess(const AttnBwdParams p) {
+  using T = Traits;
+  constexpr int D = T::kHeadDim;
+  const fa3_bwd_detail::Workspace ws = fa3_bwd_detail::Workspace::of<T>(p);
+  const int lane = threadIdx.x % 8;
+  const int row = blockIdx.x * kFa3BwdRowsPerCta + threadIdx.x / 8;
+  const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
+  const bool live = row < p.seq_q;
+  float acc = 0.f;
+  if (live) {
+    const long long off = (bh * p.seq_q + row) * D;
+    for (int c = lane; c < D / 8; c += 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p.o) + off + 8 * c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p.dout) + off + 8 * c);
+      const unsigned ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float o0, o1, d0, d1;
+        unpack_half2<T::kDtype>(ow[e], o0, o1);
+        unpack_half2<T::kDtype>(dw[e], d0, d1);
+        acc = fmaf(o0, d0, fmaf(o1, d1, acc));
+      }
+    }
+  }
+  acc = group_sum<8>(acc);
+  if (row < ws.rows) {
+    const long long r = bh * ws.rows + row;
+    if (lane == 0) {
+      ws.lse2[r] = live ? p.lse[bh * p.seq_q + row] * kLog2e : 0.f;
+      ws.delta[r] = acc;
+    }
+    for (int c = lane; c < D / 4; c += 8)
+      *reinterpret_cast<float4*>(ws.dq_accum + r * D + 4 * c) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// One CTA per (key block, kv head, batch) (fa3_bwd_dkdv_grid): see the file's head.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fa3_wgmma_bwd_dkdv(const AttnBwdParams p, const __grid_constant__ AttnTensorMaps tm) {
+  using T = Traits;
+  namespace det = fa3_bwd_detail;
+  check_dynamic_smem(T::kSmemBytes);
+  extern __shared__ __align__(1024) unsigned char fa3_bwd_smem[];
+  const unsigned raw = smem_u32(fa3_bwd_smem), base = (raw + 1023u) & ~1023u;
+  const det::Smem<T> sm{base, fa3_bwd_smem + (base - raw)};
+  const det::Work w = det::Work::of<T>(p);
+  const det::Steps st = det::Steps::of(p, w, T::kBlockM, T::kCausal);
+
+  if (threadIdx.x == 0) {
+    mbar_init(sm.kv_full(), 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(sm.q_full(s), 1);
+      mbar_init(sm.q_empty(s), 4 * T::kConsumers);  // lane 0 of every consumer warp
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+  if (wg == 0) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    const det::Workspace ws = det::Workspace::of<T>(p);
+    if (warp == 0 && lane == 0) {
+      for (int i = 0; i < 4; ++i) prefetch_tensormap(&tm.map[i]);
+      det::produce<T>(sm, tm, p, w, st, ws);
+    } else if (warp == 1) {
+      det::write_dq<T>(sm, p, w, st, ws, lane);
+    }
+    return;
+  }
+  setmaxnreg_inc<T::kConsumerRegs>();
+  det::consume<T>(sm, p, w, st, wg - 1, static_cast<int>(threadIdx.x) - 128 * wg);
+}
+
+// dQ = 16-bit(scale dq_accum) for rows < seq_q (the pieces unswizzled): 8 lanes per row, 32 rows per CTA.
+template <class Traits>
+__global__ void __launch_bounds__(kFa3BwdRowThreads) fa3_wgmma_bwd_convert(const AttnBwdParams p) {
+  using T = Traits;
+  constexpr int D = T::kHeadDim;
+  const fa3_bwd_detail::Workspace ws = fa3_bwd_detail::Workspace::of<T>(p);
+  const int lane = threadIdx.x % 8;
+  const int row = blockIdx.x * kFa3BwdRowsPerCta + threadIdx.x / 8;
+  if (row >= p.seq_q) return;
+  const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
+  const float* src = ws.dq_accum + (bh * ws.rows + row) * D;
+  unsigned short* dst = static_cast<unsigned short*>(p.dq) + (bh * p.seq_q + row) * D;
+  const float scale = p.scale;
+  for (int c = lane; c < D / 8; c += 8) {  // 8 columns: logical pieces 2c, 2c + 1
+    const float4 a = *reinterpret_cast<const float4*>(src + 4 * ((2 * c) ^ (row & 7)));
+    const float4 b = *reinterpret_cast<const float4*>(src + 4 * ((2 * c + 1) ^ (row & 7)));
+    uint4 out;
+    out.x = pack_half2<T::kDtype>(a.x * scale, a.y * scale);
+    out.y = pack_half2<T::kDtype>(a.z * scale, a.w * scale);
+    out.z = pack_half2<T::kDtype>(b.x * scale, b.y * scale);
+    out.w = pack_half2<T::kDtype>(b.z * scale, b.w * scale);
+    *reinterpret_cast<uint4*>(dst + 8 * c) = out;
+  }
+}
+
+}  // namespace flashtune

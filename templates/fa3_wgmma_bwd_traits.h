@@ -1,0 +1,163 @@
+// Tunables, derived constants and launch geometry of the fa3_wgmma_bwd family: FlashAttention-3's
+// backward design on Hopper (sm_90a), fp16 or bf16 in and out, fp32 accumulation.
+//   fa3_wgmma_bwd_preprocess<T>  delta = rowsum(dO * O) and lse in log2 units into padded rows, dq_accum = 0
+//   fa3_wgmma_bwd_dkdv<T>        one CTA per (key block, kv head, batch): dK, dV; dq_accum += dS K by TMA
+//   fa3_wgmma_bwd_convert<T>     dQ = 16-bit(scale dq_accum)
+//   T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DTYPE, CAUSAL>
+// The dK/dV CTA: warpgroup 0 is the producer (warp 0: TMA copies of K and V once, then Q, dO, lse and
+// delta of every query block into a ring of STAGES slots) and the dQ writer (warp 1: each query block's
+// dQ tile added into dq_accum by one bulk reduce-add); CONSUMERS warpgroups of 64 keys each
+// (BLOCK_N = 64 x CONSUMERS) compute the five products with wgmma.
+//   SCHED 0: key blocks of one (kv head, batch) side by side in the grid (they share Q and dO in L2);
+//   SCHED 1: the grid's first wave takes every head's heaviest key block (causal: longest first, LPT).
+// Host-usable: plain constexpr C++.
+#pragma once
+#include "traits_common.h"
+
+namespace flashtune {
+
+// Swizzle of the shared-memory tiles of Q, dO, K, V (and their TMA boxes): as fa3_wgmma's.
+FT_HD constexpr int fa3_bwd_swizzle_bytes(int D) { return D % 64 == 0 ? 128 : 64; }
+FT_HD constexpr int fa3_bwd_group_cols(int D) { return fa3_bwd_swizzle_bytes(D) / 2; }
+FT_HD constexpr int fa3_bwd_block_n(int CONSUMERS) { return 64 * CONSUMERS; }
+FT_HD constexpr int fa3_bwd_threads(int CONSUMERS) { return 128 * (CONSUMERS + 1); }
+// Query rows padded to whole blocks: the preprocess's lse / delta rows and dq_accum's.
+FT_HD constexpr int fa3_bwd_padded_rows(int seq_q, int BM) { return ceil_div(seq_q > 0 ? seq_q : 1, BM) * BM; }
+
+// Registers: launched at one CTA per SM (the register file over the threads, a multiple of 8, at most 248);
+// setmaxnreg moves them to the consumers: producer 24 (32 beside three consumers), each consumer the rest, at
+// most 240 (the budgets must add up to at most the launch allocation, else setmaxnreg.inc waits forever).
+FT_HD constexpr int fa3_bwd_launch_regs(int CONSUMERS) {
+  const int r = 65536 / fa3_bwd_threads(CONSUMERS) / 8 * 8;
+  return r < 248 ? r : 248;
+}
+FT_HD constexpr int fa3_bwd_producer_regs(int CONSUMERS) { return CONSUMERS == 3 ? 32 : 24; }
+FT_HD constexpr int fa3_bwd_consumer_regs(int CONSUMERS) {
+  const int left = (fa3_bwd_launch_regs(CONSUMERS) * (CONSUMERS + 1) - fa3_bwd_producer_regs(CONSUMERS)) /
+                   CONSUMERS / 8 * 8;
+  return left < 240 ? left : 240;
+}
+// fp32 accumulators a consumer thread holds at once: dK and dV of its 64 keys (D/2 each) and the scores
+// S^T, dP^T of one query block (BM/2 each). The dQ piece is live only once S^T and dP^T are packed.
+FT_HD constexpr int fa3_bwd_acc_regs(int D, int BM) { return D + BM; }
+
+// dQ of a query block (BM x D) over the consumers: m64 row tiles x column pieces, one piece per warpgroup
+// (a warpgroup takes several row tiles when there are fewer warpgroups than row tiles).
+FT_HD constexpr int fa3_bwd_dq_row_tiles(int BM) { return BM / 64; }
+FT_HD constexpr int fa3_bwd_dq_col_pieces(int BM, int CONSUMERS) {
+  return CONSUMERS > fa3_bwd_dq_row_tiles(BM) ? CONSUMERS / fa3_bwd_dq_row_tiles(BM) : 1;
+}
+FT_HD constexpr int fa3_bwd_dq_cols(int D, int BM, int CONSUMERS) { return D / fa3_bwd_dq_col_pieces(BM, CONSUMERS); }
+// Columns per dQ wgmma chain (registers: DQ_CHUNK / 2): 64 where they divide the piece, else 32 (d 96); the
+// piece is whole swizzle groups (fa3_bwd_dq_ok), so either is too.
+FT_HD constexpr int fa3_bwd_dq_chunk(int D, int BM, int CONSUMERS) {
+  return fa3_bwd_dq_cols(D, BM, CONSUMERS) % 64 == 0 ? 64 : 32;
+}
+
+// Shared memory, from a 1024-byte aligned base (+ 1024 bytes of slack):
+//   K, V [BN][D] | STAGES x (Q, dO [BM][D]) (16-bit, swizzled) | 2 x dS^T [BN][BM] (16-bit, interleaved core
+//   matrices) | dQ [BM][D] fp32 (16-byte pieces swizzled by row) | STAGES x (lse, delta [BM] fp32) | mbarriers
+FT_HD constexpr int fa3_bwd_tile_bytes(int D, int rows) { return 2 * rows * D; }
+FT_HD constexpr int fa3_bwd_barriers(int STAGES) { return 1 + 2 * STAGES; }  // kv_full, STAGES x (q_full, q_empty)
+FT_HD constexpr int fa3_bwd_smem_bytes(int D, int BM, int CONSUMERS, int STAGES) {
+  return 1024 + 2 * fa3_bwd_tile_bytes(D, fa3_bwd_block_n(CONSUMERS)) + 2 * STAGES * fa3_bwd_tile_bytes(D, BM) +
+         2 * 2 * fa3_bwd_block_n(CONSUMERS) * BM + 4 * BM * D + 8 * STAGES * BM + 8 * fa3_bwd_barriers(STAGES);
+}
+// Workspace (p.workspace): lse (log2 units) and delta per padded row, then dq_accum [B][H][R][D] fp32.
+FT_HD constexpr long long fa3_bwd_workspace_bytes(int batch, int heads, int seq_q, int D, int BM) {
+  return static_cast<long long>(batch) * heads * fa3_bwd_padded_rows(seq_q, BM) * (8LL + 4LL * D);
+}
+
+// ---- grids ----
+// Preprocess and convert: 32 rows per CTA of 256 threads (8 lanes per row), y = heads, z = batch; the
+// preprocess covers the padded rows.
+constexpr int kFa3BwdRowThreads = 256;
+constexpr int kFa3BwdRowsPerCta = 32;
+FT_HD constexpr GridDims fa3_bwd_preprocess_grid(int batch, int heads, int seq_q, int BM) {
+  return GridDims{fa3_bwd_padded_rows(seq_q, BM) / kFa3BwdRowsPerCta + (fa3_bwd_padded_rows(seq_q, BM) % kFa3BwdRowsPerCta != 0),
+                  heads, batch};
+}
+FT_HD constexpr GridDims fa3_bwd_convert_grid(int batch, int heads, int seq_q) {
+  return GridDims{ceil_div(seq_q > 0 ? seq_q : 1, kFa3BwdRowsPerCta), heads, batch};
+}
+// dK/dV: one CTA per (key block, kv head, batch). SCHED 0: x = key blocks, y = kv heads, z = batch.
+// SCHED 1: x = kv heads x batch, y = key blocks, so that the grid's first CTAs are every pair's first key
+// block (causal: the longest), then every pair's second, ...
+FT_HD constexpr GridDims fa3_bwd_dkdv_grid(int batch, int heads_k, int seq_k, int CONSUMERS, int SCHED) {
+  const int nb = ceil_div(seq_k > 0 ? seq_k : 1, fa3_bwd_block_n(CONSUMERS));
+  return SCHED ? GridDims{heads_k * batch, nb, 1} : GridDims{nb, heads_k, batch};
+}
+
+// ---- validity (fa3_bwd_check and the traits' static_asserts) ----
+FT_HD constexpr bool fa3_bwd_d_ok(int D) { return D == 64 || D == 96 || D == 128; }
+FT_HD constexpr bool fa3_bwd_bm_ok(int BM) { return BM == 64 || BM == 128; }
+FT_HD constexpr bool fa3_bwd_consumers_ok(int C) { return C >= 1 && C <= 3; }
+FT_HD constexpr bool fa3_bwd_stages_ok(int S) { return S == 1 || S == 2; }
+FT_HD constexpr bool fa3_bwd_switch_ok(int x) { return x == 0 || x == 1; }
+FT_HD constexpr bool fa3_bwd_regs_ok(int C) {
+  return 128 * (fa3_bwd_producer_regs(C) + C * fa3_bwd_consumer_regs(C)) <= fa3_bwd_launch_regs(C) * fa3_bwd_threads(C);
+}
+// 48 registers of a consumer's budget kept for addresses, loop state and the packed A fragments' overlap.
+FT_HD constexpr bool fa3_bwd_acc_ok(int D, int BM, int C) { return fa3_bwd_acc_regs(D, BM) <= fa3_bwd_consumer_regs(C) - 48; }
+// The dQ pieces: the warpgroups split the row tiles or each row tile's columns evenly, and a piece's columns
+// are whole swizzle groups of K (an MN-major B operand starts at a group).
+FT_HD constexpr bool fa3_bwd_dq_ok(int D, int BM, int C) {
+  const int rt = fa3_bwd_dq_row_tiles(BM), cp = fa3_bwd_dq_col_pieces(BM, C);
+  return (C % rt == 0 || rt % C == 0) && D % cp == 0 && fa3_bwd_dq_cols(D, BM, C) % fa3_bwd_group_cols(D) == 0;
+}
+FT_HD constexpr bool fa3_bwd_smem_ok(int D, int BM, int C, int STAGES) {
+  return fa3_bwd_smem_bytes(D, BM, C, STAGES) <= kMaxSmemBytesSm90;
+}
+FT_HD constexpr bool fa3_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
+
+// nullptr if valid, else the reason.
+FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED) {
+  return !fa3_bwd_d_ok(D) ? "D must be 64, 96 or 128 (dK and dV of 64 keys at d > 128 exceed a consumer's registers)"
+         : !fa3_bwd_bm_ok(BM)                  ? "BLOCK_M must be 64 or 128 (a wgmma N of the score products)"
+         : !fa3_bwd_consumers_ok(CONSUMERS)    ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_N = 64 x CONSUMERS)"
+         : !fa3_bwd_stages_ok(STAGES)          ? "STAGES must be 1 or 2 (Q/dO slots)"
+         : !fa3_bwd_switch_ok(SCHED)           ? "SCHED must be 0 or 1"
+         : !fa3_bwd_regs_ok(CONSUMERS)         ? "the register budgets exceed the launch allocation"
+         : !fa3_bwd_acc_ok(D, BM, CONSUMERS)
+             ? "accumulators (dK, dV D + S^T, dP^T BLOCK_M) exceed the consumer register budget - 48"
+         : !fa3_bwd_dq_ok(D, BM, CONSUMERS)
+             ? "the dQ pieces (BLOCK_M/64 row tiles x column pieces over the consumers) must be whole swizzle groups"
+         : !fa3_bwd_smem_ok(D, BM, CONSUMERS, STAGES) ? "shared memory exceeds sm_90's 232448 bytes per block"
+                                                      : nullptr;
+}
+
+template <int D, int BLOCK_M, int CONSUMERS, int STAGES, int SCHED, int DTYPE, bool CAUSAL>
+struct Fa3WgmmaBwdTraits {
+  static_assert(fa3_bwd_check(D, BLOCK_M, CONSUMERS, STAGES, SCHED) == nullptr,
+                "invalid Fa3WgmmaBwdTraits: see fa3_bwd_check");
+  static_assert(fa3_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
+
+  static constexpr int kHeadDim = D;
+  static constexpr int kBlockM = BLOCK_M;
+  static constexpr int kConsumers = CONSUMERS;
+  static constexpr int kBlockN = fa3_bwd_block_n(CONSUMERS);
+  static constexpr int kStages = STAGES;
+  static constexpr bool kLpt = SCHED == 1;
+  static constexpr int kDtype = DTYPE;
+  static constexpr bool kCausal = CAUSAL;
+
+  static constexpr int kThreads = fa3_bwd_threads(CONSUMERS);
+  static constexpr int kConsumerThreads = 128 * CONSUMERS;
+  static constexpr int kProducerRegs = fa3_bwd_producer_regs(CONSUMERS);
+  static constexpr int kConsumerRegs = fa3_bwd_consumer_regs(CONSUMERS);
+  static constexpr int kSwizzle = fa3_bwd_swizzle_bytes(D);
+  static constexpr int kGroupCols = fa3_bwd_group_cols(D);
+  static constexpr int kGroups = D / kGroupCols;
+  static constexpr int kQBytes = fa3_bwd_tile_bytes(D, BLOCK_M);       // one Q or dO slot
+  static constexpr int kKvBytes = fa3_bwd_tile_bytes(D, kBlockN);      // K or V
+  static constexpr int kDsBytes = 2 * kBlockN * BLOCK_M;               // one dS^T tile
+  static constexpr int kDqBytes = 4 * BLOCK_M * D;                     // the dQ staging tile
+  static constexpr int kStatBytes = 4 * BLOCK_M;                       // lse or delta of one block
+  static constexpr int kDqRowTiles = fa3_bwd_dq_row_tiles(BLOCK_M);
+  static constexpr int kDqColPieces = fa3_bwd_dq_col_pieces(BLOCK_M, CONSUMERS);
+  static constexpr int kDqCols = fa3_bwd_dq_cols(D, BLOCK_M, CONSUMERS);
+  static constexpr int kDqChunk = fa3_bwd_dq_chunk(D, BLOCK_M, CONSUMERS);
+  static constexpr int kSmemBytes = fa3_bwd_smem_bytes(D, BLOCK_M, CONSUMERS, STAGES);
+};
+
+}  // namespace flashtune
