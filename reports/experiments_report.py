@@ -13,6 +13,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import sqlite3
 from collections import defaultdict
 
@@ -38,8 +39,46 @@ def color(impl):
 
 
 def connect_ro(db):
-    """The store opened read-only: a report never writes to it (no WAL switch, no schema change)."""
-    return sqlite3.connect(pathlib.Path(db).absolute().as_uri() + "?mode=ro", uri=True)
+    """The store opened read-only: a report never writes to it (no WAL switch, no schema change). A store
+    whose -wal is missing or empty holds everything in its file: opened immutable (as `flashtune` does), so
+    a read-only folder works and no -wal/-shm is left beside it."""
+    with open(db, "rb") as f:
+        wal_mode = f.read(20)[18:20] == b"\x02\x02"
+    wal = db + "-wal"
+    quiet = not os.path.lexists(wal) and wal_mode or os.path.lexists(wal) and os.path.getsize(wal) == 0
+    return sqlite3.connect(pathlib.Path(db).absolute().as_uri() + ("?immutable=1" if quiet else "?mode=ro"), uri=True)
+
+
+def md_text(value):
+    """A stored string as Markdown text: one line, no HTML, no table cell break, no heading or link syntax."""
+    s = "".join(c if c.isprintable() else " " for c in str(value))
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for c in "\\`[]|":  # code spans, links and images, table cells
+        s = s.replace(c, "\\" + c)
+    return "\\" + s if s.startswith(("#", "-", "+", ">", "=")) else s  # never a heading or a list
+
+
+NUMBERS = ("ms_median", "ms_p20", "ms_p80", "tflops", "gbps", "max_abs", "max_rel", "mse", "mean_abs", "peak_bytes")
+
+
+def clean_numbers(r):
+    """NULL, text or non-finite figures read as 0 (a row of another tool's making must not end the report)."""
+    for k in NUMBERS:
+        if k in r:
+            try:
+                v = float(r[k])
+            except (TypeError, ValueError):
+                v = 0.0
+            r[k] = v if math.isfinite(v) else 0.0
+    return r
+
+
+def json_object(text):
+    try:
+        v = json.loads(text or "{}")
+    except (ValueError, TypeError):
+        return {}
+    return v if isinstance(v, dict) else {}
 
 
 def load(db):
@@ -50,12 +89,15 @@ def load(db):
         return []
     latest = {}
     for r in con.execute("select * from experiment_runs order by id"):
-        latest[r["experiment"]] = dict(r)
+        if isinstance(r["experiment"], str) and re.fullmatch(r"[a-z0-9_]{1,64}", r["experiment"]):  # file names
+            latest[r["experiment"]] = dict(r)
     out = []
     for run in sorted(latest.values(), key=lambda r: r["id"]):
-        rows = [dict(x) for x in con.execute("select * from experiment_rows where run_id=? order by id", (run["id"],))]
-        run["probes"] = json.loads(run["probes"] or "{}")
-        run["spec"] = json.loads(run["spec"] or "{}")
+        rows = [clean_numbers(dict(x)) for x in con.execute("select * from experiment_rows where run_id=? order by id",
+                                                            (run["id"],))]
+        run["probes"] = {k: v for k, v in json_object(run["probes"]).items()
+                         if isinstance(v, (int, float)) and math.isfinite(v)}
+        run["spec"] = json_object(run["spec"])
         out.append((run, rows))
     con.close()
     return out
@@ -99,8 +141,9 @@ def pivot_table(rows, value, label="TFLOP/s"):
             cells[k] = {}
             order.append(k)
         cells[k][r["impl"]] = value(r) if r["status"] == "ok" else r["status"]
-    out = [f"| dtype | problem | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls),
-           *[f"| {k[0]} | {k[1]} | " + " | ".join(str(cells[k].get(i, "")) for i in impls) + " |" for k in order]]
+    out = [f"| dtype | problem | " + " | ".join(map(md_text, impls)) + " |", "|---|---|" + "---|" * len(impls),
+           *[f"| {md_text(k[0])} | {k[1]} | " + " | ".join(md_text(cells[k].get(i, "")) for i in impls) + " |"
+             for k in order]]
     return f"{label}; a cell that is not a number is the row's status.\n\n" + "\n".join(out)
 
 
@@ -181,11 +224,11 @@ def section(run, rows, out_dir, report, landscape_pngs):
     status = defaultdict(int)
     for r in rows:
         status[r["status"]] += 1
-    report.append(f"## Experiment: {run['title']}\n")
+    report.append(f"## Experiment: {md_text(run['title'])}\n")
     if spec.get("description"):
-        report.append(spec["description"] + "\n")
-    report.append(f"`flashtune experiment experiments/{name}.json`, run {run['id']} on {run['device_name']}, "
-                  f"{run['created']}: {len(rows)} rows (" + ", ".join(f"{n} {s}" for s, n in sorted(status.items())) +
+        report.append(md_text(spec["description"]) + "\n")
+    report.append(f"`flashtune experiment experiments/{name}.json`, run {run['id']} on {md_text(run['device_name'])}, "
+                  f"{md_text(run['created'])}: {len(rows)} rows (" + ", ".join(f"{n} {s}" for s, n in sorted(status.items())) +
                   f"). Every row: [`{csv_name}`]({csv_name}).")
     peaks = [(k, v) for k, v in sorted(probes.items()) if k.endswith(("_tflops", "_gbps"))]
     if peaks:

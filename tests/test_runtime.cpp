@@ -2,10 +2,12 @@
 // family choice, a tabled config the family rejects), the JIT disk cache (atomic fill by concurrent
 // processes, truncated and corrupted entries), the C ABI's argument checks and its no-GPU answer.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -787,6 +789,75 @@ TEST(RuntimeDiskCache, FolderFromEnvironment) {
   unsetenv("XDG_CACHE_HOME");
   EXPECT_EQ(DiskCache::default_dir(), "/c/.cache/flashtune");
   for (int i = 0; i < 3; ++i) had[i] ? (void)setenv(keep[i], saved[i].c_str(), 1) : (void)unsetenv(keep[i]);
+}
+
+// A shared folder (mode 1777, or another user's) is never a cache: anyone could plant kernels that the
+// caller's process would load. default_dir passes it over for the next candidate, with a note.
+TEST(RuntimeDiskCache, SharedOrForeignFolderIsNotUsed) {
+  const std::string dir = temp_dir("cache-shared");
+  const std::string shared = dir + "/shared", mine = dir + "/home";
+  fs::create_directories(shared);
+  fs::create_directories(mine);
+  chmod(shared.c_str(), 01777);
+  EXPECT_EQ(DiskCache::unsafe_reason(shared), "is writable by others");
+  EXPECT_EQ(DiskCache::unsafe_reason(mine), "");
+  EXPECT_EQ(DiskCache::unsafe_reason(dir + "/absent"), "");  // created mode 0700 on first store
+  const std::string key = content_hash("planted");
+  const DiskCache planted(shared);
+  EXPECT_FALSE(planted.store(key, "payload"));
+  {  // an entry another user left in the shared folder: never loaded
+    std::ofstream(planted.path(key), std::ios::binary) << DiskCache::encode("someone else's cubin");
+  }
+  EXPECT_FALSE(planted.load(key));
+  chmod(shared.c_str(), 0755);
+  if (geteuid() == 0) {  // root can hand the folder to another uid, as a second user would own it
+    ASSERT_EQ(chown(shared.c_str(), 65534, 65534), 0);
+    EXPECT_EQ(DiskCache::unsafe_reason(shared), "belongs to another user");
+    EXPECT_FALSE(planted.load(key));
+    ASSERT_EQ(chown(shared.c_str(), 0, 0), 0);
+    ASSERT_EQ(chown(planted.path(key).c_str(), 65534, 65534), 0);  // our folder, someone else's entry
+    EXPECT_FALSE(planted.load(key));
+    EXPECT_TRUE(fs::exists(planted.path(key)));
+  }
+  chmod(shared.c_str(), 01777);
+  const char* saved = std::getenv("FLASHTUNE_CACHE_DIR");
+  const std::string keep = saved ? saved : "";
+  setenv("FLASHTUNE_CACHE_DIR", shared.c_str(), 1);
+  setenv("XDG_CACHE_HOME", mine.c_str(), 1);
+  EXPECT_EQ(DiskCache::default_dir(), mine + "/flashtune");
+  unsetenv("XDG_CACHE_HOME");
+  saved ? (void)setenv("FLASHTUNE_CACHE_DIR", keep.c_str(), 1) : (void)unsetenv("FLASHTUNE_CACHE_DIR");
+  fs::remove_all(dir);
+}
+
+// An entry is read only when it is a regular file of ours of an entry's size: a FIFO does not block,
+// a link is not followed (nor its target removed), an oversized file is not read.
+TEST(RuntimeDiskCache, EntriesThatAreNotRegularFiles) {
+  const std::string dir = temp_dir("cache-entries");
+  const DiskCache cache(dir);
+  ASSERT_TRUE(cache.store(content_hash("first"), "x"));  // the folder exists, mode 0700
+  const std::string fifo = content_hash("fifo"), link = content_hash("link"), big = content_hash("big");
+  ASSERT_EQ(mkfifo(cache.path(fifo).c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(cache.load(fifo));
+  EXPECT_FALSE(cache.contains(fifo));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  const std::string target = dir + "/target";
+  std::ofstream(target, std::ios::binary) << DiskCache::encode("linked cubin");
+  fs::create_symlink(target, cache.path(link));
+  EXPECT_FALSE(cache.load(link));
+  EXPECT_TRUE(fs::exists(target));
+  fs::create_symlink("/dev/zero", cache.path(content_hash("zero")));
+  EXPECT_FALSE(cache.load(content_hash("zero")));
+  { std::ofstream(cache.path(big), std::ios::binary) << "x"; }
+  fs::resize_file(cache.path(big), (uintmax_t{1} << 30) + 4096);  // sparse: never read
+  EXPECT_FALSE(cache.load(big));
+  EXPECT_TRUE(fs::exists(cache.path(big)));
+  // store() replaces whatever was there with a whole entry.
+  ASSERT_TRUE(cache.store(link, "mine"));
+  EXPECT_EQ(cache.load(link).value_or(""), "mine");
+  EXPECT_TRUE(fs::exists(target));
+  fs::remove_all(dir);
 }
 
 // ---- argument checks and the C ABI without a GPU -----------------------------------------------

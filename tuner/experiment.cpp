@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tuner/merge.hpp"
 #include "tuner/select.hpp"
 #include "tuner/space.hpp"
 #include "tuner/util.hpp"
@@ -218,11 +219,16 @@ ExperimentSpec experiment_from_json(const json& j, const std::string& base_dir) 
   ExperimentSpec s;
   if (!j.contains("name") || !j["name"].is_string()) throw UsageError("experiment: missing 'name'");
   s.name = j["name"];
-  if (!std::regex_match(s.name, std::regex("[a-z0-9_]+")))
-    throw UsageError("experiment name '" + s.name + "' must be lower-case letters, digits and '_'");
-  s.title = j.value("title", s.name);
-  s.description = j.value("description", "");
-  s.plot = j.value("plot", "compare");
+  if (!is_experiment_name(s.name))
+    throw UsageError("experiment name '" + brief(s.name) + "' must be 1..64 lower-case letters, digits and '_'");
+  auto text = [&](const char* k, const std::string& def) {  // a wrong type names its field
+    if (!j.contains(k)) return def;
+    if (!j[k].is_string()) throw UsageError(std::string("experiment: '") + k + "' must be a string");
+    return j[k].get<std::string>();
+  };
+  s.title = text("title", s.name);
+  s.description = text("description", "");
+  s.plot = text("plot", "compare");
   if (!kPlots.count(s.plot)) throw UsageError("experiment: unknown plot '" + s.plot + "'");
   if (!j.contains("problems")) throw UsageError("experiment: missing 'problems'");
   const json& pj = j["problems"];

@@ -4,6 +4,7 @@
 #pragma once
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -14,6 +15,8 @@
 #include "tuner/problem.hpp"
 
 namespace flashtune {
+
+constexpr long long kMaxInputFileBytes = 1ll << 40;  // 1 TiB: a file --inputs may name
 
 struct InputFile {
   std::string name;  // "q", "k", "v", "do"
@@ -55,6 +58,10 @@ inline std::vector<uint8_t> read_input_file(const std::string& dir, const InputF
 // "" when every file exists with exactly the expected size and holds only finite values, else a
 // one-line reason.
 inline std::string check_input_files(const std::string& dir, const Problem& p) {
+  // The sizes in size_t only when they fit far below it: B*H*S*d*bytes in double first (exact to 2^53).
+  const double e = (double)dtype_bytes(p.dtype), s = (double)std::max(p.seq_q, p.seq_k);
+  if ((double)p.batch * std::max(p.heads, p.kv_heads()) * s * p.head_dim * e > kMaxInputFileBytes)
+    return "the problem's input files would be over " + std::to_string(kMaxInputFileBytes >> 30) + " GiB each";
   for (const InputFile& f : input_files(p)) {
     const std::string path = input_path(dir, f.name);
     struct stat st {};

@@ -67,6 +67,15 @@ commands:
 every command takes --help.
 )";
 
+// A decimal integer written plainly: an optional '-' and digits (no spaces, no '+', no hex), in range.
+bool plain_integer(const std::string& text, long long& v) {
+  const size_t digits = text.rfind('-', 0) == 0 ? 1 : 0;
+  if (text.size() == digits || text.find_first_not_of("0123456789", digits) != std::string::npos) return false;
+  errno = 0;
+  v = std::strtoll(text.c_str(), nullptr, 10);
+  return errno == 0;
+}
+
 // --key value / --key=value / --flag, with the set of keys each command accepts.
 struct Args {
   std::vector<std::string> positional;
@@ -79,10 +88,8 @@ struct Args {
   long long get_int(const std::string& k, long long def, long long lo, long long hi) const {
     if (!has(k)) return def;
     const std::string& s = opts.at(k);
-    char* end = nullptr;
-    errno = 0;
-    long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end || errno || v < lo || v > hi)
+    long long v = 0;
+    if (!plain_integer(s, v) || v < lo || v > hi)
       throw UsageError("--" + k + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
                        ", got '" + brief(s) + "'");
     return v;
@@ -119,7 +126,8 @@ Args parse(int argc, char** argv, const std::set<std::string>& valued, const std
       a.opts[key] = "1";
     } else if (valued.count(key)) {
       if (!has_value) {
-        if (i + 1 >= argc) throw UsageError("--" + key + " needs a value");
+        if (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0)  // "-o -o": not a file named --output
+          throw UsageError("--" + key + " needs a value");
         value = argv[++i];
       }
       a.opts[key] = value;
@@ -321,8 +329,16 @@ int cmd_compile_check(int argc, char** argv) {
                 k.res.registers, k.res.spill_stores, k.reason.substr(0, 90).c_str());
   }
   if (a.has("save-cubins")) {
+    // A kernel may come from --db's store: its lowered name is stored text, checked before any file is written.
+    for (const auto& k : kernels)
+      if (k.status == "compiled" && !is_safe_file_name(split(k.lowered_name, '\n')[0]))
+        throw UsageError("--save-cubins: kernel " + brief(k.hash, 40) + "'s lowered name '" +
+                         brief(split(k.lowered_name, '\n')[0]) + "' is not a plain file name");
     for (const auto& k : kernels)
       if (k.status == "compiled") {
+        const auto file = std::filesystem::path(a.get("save-cubins")) / (split(k.lowered_name, '\n')[0] + ".cubin");
+        if (a.has("db") && same_file(file.string(), a.get("db")))
+          throw UsageError("--save-cubins: '" + file.string() + "' is the --db store: save the cubins elsewhere");
         std::ofstream f(std::filesystem::path(a.get("save-cubins")) / (split(k.lowered_name, '\n')[0] + ".cubin"),
                         std::ios::binary);
         f.write(k.cubin.data(), (std::streamsize)k.cubin.size());
@@ -470,10 +486,8 @@ int cmd_tune(int argc, char** argv) {
 json int_list_option(const std::string& flag, const std::string& text) {
   json out = json::array();
   for (const std::string& part : split(text, ',')) {
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(part.c_str(), &end, 10);
-    if (part.empty() || *end || errno) throw UsageError(flag + " must be comma-separated integers, got '" + brief(part) + "'");
+    long long v = 0;
+    if (!plain_integer(part, v)) throw UsageError(flag + " must be comma-separated integers, got '" + brief(part) + "'");
     if (out.size() >= (size_t)kMaxVarlenSeqs) throw UsageError(flag + " has more than " + std::to_string(kMaxVarlenSeqs) + " lengths");
     out.push_back(v);
   }
@@ -494,10 +508,8 @@ Problem parse_shape(const std::string& shape, const Args& a) {
   const std::vector<const char*> keys = packed ? std::vector<const char*>{"heads", "head_dim"}
                                                : std::vector<const char*>{"batch", "heads", "seq_q", "seq_k", "head_dim"};
   for (size_t i = 0; i < keys.size(); ++i) {
-    char* end = nullptr;
-    errno = 0;
-    long long v = std::strtoll(parts[i].c_str(), &end, 10);
-    if (parts[i].empty() || *end || errno)
+    long long v = 0;
+    if (!plain_integer(parts[i], v))
       throw UsageError("--shape field " + std::string(keys[i]) + " is not an integer: '" + brief(parts[i]) + "'");
     j[keys[i]] = v;
   }
@@ -611,6 +623,14 @@ int cmd_run(int argc, char** argv) {
     if (ec || !std::filesystem::is_directory(a.get("save-outputs")))
       throw UsageError("--save-outputs: cannot create folder '" + a.get("save-outputs") + "'");
     o.save_outputs_dir = std::filesystem::absolute(a.get("save-outputs")).string();
+    std::vector<std::string> inputs;  // no output file may be one of the run's inputs
+    if (a.has("db")) inputs.push_back(a.get("db"));
+    for (const char* n : {"q.bin", "k.bin", "v.bin", "do.bin"})
+      if (a.has("inputs")) inputs.push_back(a.get("inputs") + "/" + n);
+    for (const char* n : {"o.bin", "lse.bin", "dq.bin", "dk.bin", "dv.bin"})
+      for (const std::string& in : inputs)
+        if (same_file(o.save_outputs_dir + "/" + n, in))
+          throw UsageError("--save-outputs: '" + o.save_outputs_dir + "/" + n + "' is the input '" + in + "'");
   }
   GpuSession gpu(o);
   if (!gpu.has_gpu()) {
@@ -680,25 +700,31 @@ int cmd_best(int argc, char** argv) {
   if (a.has("csv")) {
     std::puts("device,family,direction,batch,heads,seq_q,seq_k,head_dim,dtype,causal,config,ms_median,ms_p20,ms_p80,"
               "tflops,gbps,max_abs,max_rel,heads_k,varlen,paged");
-    // varlen, paged: the description's JSON, quoted as CSV quotes a field (inner quotes doubled); empty when dense.
-    auto csv_json = [](const std::string& text) {
+    // Stored text quoted as CSV quotes a field (inner quotes doubled), control characters as '?'
+    // (never an escape sequence on a terminal); varlen and paged empty when dense.
+    // (device and config always quoted, others when they hold ',' or '"').
+    auto csv = [](const std::string& text, bool always) {
+      const std::string safe = brief(text, text.size());
+      if (!always && safe.find_first_of(",\"") == std::string::npos) return safe;
       std::string quoted;
-      for (char ch : text) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-      return text.empty() ? text : "\"" + quoted + "\"";
+      for (char ch : safe) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+      return "\"" + quoted + "\"";
     };
     for (const auto& r : best) {
       const Problem& p = r.problem;
-      std::printf("\"%s\",%s,%s,%d,%d,%d,%d,%d,%s,%d,\"%s\",%.6f,%.6f,%.6f,%.3f,%.1f,%.3g,%.3g,%d,%s,%s\n", r.device_name.c_str(),
-                  r.family.c_str(), r.direction.c_str(), p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim,
-                  to_string(p.dtype), (int)p.causal, r.config.c_str(), r.ms_median, r.ms_p20, r.ms_p80, r.tflops,
-                  r.gbps, r.max_abs, r.max_rel, p.kv_heads(), csv_json(p.varlen.key()).c_str(), csv_json(p.paged.key()).c_str());
+      std::printf("%s,%s,%s,%d,%d,%d,%d,%d,%s,%d,%s,%.6f,%.6f,%.6f,%.3f,%.1f,%.3g,%.3g,%d,%s,%s\n", csv(r.device_name, true).c_str(),
+                  csv(r.family, false).c_str(), csv(r.direction, false).c_str(), p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim,
+                  to_string(p.dtype), (int)p.causal, csv(r.config, true).c_str(), r.ms_median, r.ms_p20, r.ms_p80, r.tflops,
+                  r.gbps, r.max_abs, r.max_rel, p.kv_heads(), p.varlen.key().empty() ? "" : csv(p.varlen.key(), true).c_str(),
+                  p.paged.key().empty() ? "" : csv(p.paged.key(), true).c_str());
     }
   } else {
     std::printf("%-24s %-9s %-40s %-46s %9s %8s %9s\n", "device", "family", "problem", "config", "ms", "TFLOP/s",
                 "max_abs");
     for (const auto& r : best)
-      std::printf("%-24s %-9s %-40s %-46s %9.4f %8.2f %9.2g\n", r.device_name.substr(0, 24).c_str(), r.family.c_str(),
-                  r.problem.str().c_str(), r.config.c_str(), r.ms_median, r.tflops, r.max_abs);
+      std::printf("%-24s %-9s %-40s %-46s %9.4f %8.2f %9.2g\n", brief(r.device_name.substr(0, 24)).c_str(),
+                  brief(r.family).c_str(), brief(r.problem.str(), 200).c_str(), brief(r.config, 200).c_str(), r.ms_median,
+                  r.tflops, r.max_abs);
     if (best.empty()) std::puts("(no valid results match)");
   }
   return 0;
@@ -716,7 +742,7 @@ int cmd_emit(int argc, char** argv) {
   Store store(a.get("db"), Store::Mode::read_only);
   const ResultFilter filter = filter_from(a);  // every status, as best's
   auto choices = best_per_bucket(store.results(filter));
-  auto res = emit_headers(choices, a.get("out"), command_line(argc, argv));
+  auto res = emit_headers(choices, a.get("out"), command_line(argc, argv), {a.get("db")});
   for (const auto& w : res.written) std::printf("wrote %s\n", w.c_str());
   std::printf("%d entries\n", res.entries);
   return 0;
@@ -760,6 +786,14 @@ int cmd_report(int argc, char** argv) {
   std::filesystem::create_directories(out.empty() ? "." : out, ec);
   if (ec || !std::filesystem::is_directory(out.empty() ? "." : out))
     throw UsageError("--out '" + out + "' is not a folder that can be created");
+  {  // REPORT.md, *.csv and *.png are written into --out: never over the store
+    const std::filesystem::path name = std::filesystem::path(db).filename();
+    const std::string ext = name.extension().string();
+    if (same_file(std::filesystem::path(db).parent_path().empty() ? "." : std::filesystem::path(db).parent_path().string(),
+                  out.empty() ? "." : out) &&
+        (name == "REPORT.md" || ext == ".csv" || ext == ".png"))
+      throw UsageError("report writes REPORT.md, *.csv and *.png into --out: it would overwrite the store '" + db + "'");
+  }
   // An argv, never a shell string: the paths and slugs stay data.
   std::vector<std::string> args = {"python3", std::string(FLASHTUNE_SOURCE_DIR) + "/reports/make_report.py", "--db", db,
                                     "--out", out.empty() ? "." : out};
@@ -898,6 +932,7 @@ int cmd_export(int argc, char** argv) {
     const std::string out = a.get("output");
     if (out.empty()) throw UsageError("-o needs a file name");
     if (std::filesystem::is_directory(out)) throw UsageError("-o '" + out + "' is a folder, not a file");
+    if (same_file(out, a.get("db"))) throw UsageError("-o '" + out + "' is the --db store: export to another file");
     out_dir = std::filesystem::path(out).parent_path().string();
     if (!std::filesystem::is_directory(out_dir.empty() ? "." : out_dir))
       throw UsageError("-o '" + out + "': folder '" + out_dir + "' does not exist");
@@ -936,6 +971,7 @@ int cmd_import(int argc, char** argv) {
   Args a = parse(argc, argv, {"db"}, {});
   if (!a.has("db")) throw UsageError("import needs --db");
   if (a.positional.size() != 1) throw UsageError("import takes one T4 file");
+  if (same_file(a.positional[0], a.get("db"))) throw UsageError("'" + a.positional[0] + "' is the --db store itself");
   ImportSummary s = t4_import(a.positional[0], a.get("db"));
   if (s.already)
     std::printf("%s: already imported (provenance %lld), nothing copied\n", a.positional[0].c_str(), s.provenance_id);

@@ -35,6 +35,9 @@ void check_kernel_row(const KernelRecord& k) {
     check_family_config(k.family, k.direction, k.config);
     if (!kKernelStatuses.count(k.status)) throw UsageError("unknown status '" + brief(k.status) + "'");
     if (!is_arch_name(k.arch)) throw UsageError("arch '" + brief(k.arch) + "' is not sm_NN[a]");
+    for (const std::string& name : split(k.lowered_name, '\n'))  // `compile-check --save-cubins` names files so
+      if (!name.empty() && !is_safe_file_name(name))
+        throw UsageError("lowered name '" + brief(name) + "' is not a plain file name");
   } catch (const UsageError& e) {
     throw UsageError("kernel " + brief(k.hash, 40) + ": " + e.what());
   }
@@ -126,6 +129,9 @@ Loaded load(Store& s) {
       l.devices.insert({r.device_name, r.arch, r.sm_count, r.driver_version});
     }
     for (const auto& run : s.experiment_runs()) {
+      if (!is_experiment_name(run.experiment))  // `report` names files after it
+        throw UsageError("'" + s.path() + "': experiment run " + std::to_string(run.id) + ": name '" +
+                         brief(run.experiment) + "' is not 1..64 of lower-case letters, digits and '_'");
       Loaded::Run r{run, s.experiment_rows(run.id), ""};
       r.rows_hash = rows_hash(r.rows);
       rows += content_hash(json::array({run.experiment, run.title, run.device_name, run.probes, run.spec, run.created,
@@ -155,6 +161,11 @@ bool is_arch_name(const std::string& a) {
   for (size_t i = 3; i < n; ++i)
     if (a[i] < '0' || a[i] > '9') return false;
   return true;
+}
+
+bool is_experiment_name(const std::string& name) {
+  return !name.empty() && name.size() <= 64 &&
+         std::all_of(name.begin(), name.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; });
 }
 
 bool is_result_status(const std::string& s) { return kResultStatuses.count(s) > 0; }

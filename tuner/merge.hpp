@@ -43,5 +43,6 @@ std::string device_mismatch(const std::vector<std::set<DeviceSignature>>& sets, 
 void check_result_row(const ResultRecord&);  // throws UsageError naming the problem
 bool is_arch_name(const std::string&);        // sm_NN, sm_NNN, with an optional trailing 'a'
 bool is_result_status(const std::string&);    // ok, invalid, crashed, timeout, launch_error, error, pruned, compile_error
+bool is_experiment_name(const std::string&);  // 1..64 of [a-z0-9_]: `report` names files after it
 
 }  // namespace flashtune

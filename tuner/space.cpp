@@ -44,11 +44,25 @@ void check_nesting(std::string_view text, const std::string& what) {
 json parse_json_bounded(std::string_view text, const std::string& what, size_t max_bytes) {
   if (text.size() > max_bytes) throw UsageError(what + " is larger than " + std::to_string(max_bytes >> 20) + " MiB");
   check_nesting(text, what);
+  // A key given twice in one object is refused (the parser would keep the last one silently).
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  std::string duplicate;
+  auto callback = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    else if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    else if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+             duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  json j;
   try {
-    return json::parse(text);
+    j = json::parse(text, callback);
   } catch (const json::exception& e) {
     throw UsageError(what + " is not valid JSON: " + brief(e.what(), 160));
   }
+  if (!duplicate.empty()) throw UsageError(what + " gives the key '" + brief(duplicate) + "' twice in one object");
+  return j;
 }
 
 std::string read_bounded_file(const std::string& path, size_t max_bytes) {
@@ -237,6 +251,8 @@ std::vector<Variant> Space::variants() const {
   return out;
 }
 
+constexpr size_t kMaxProblems = 100000;  // a problem set's size (the committed ones hold at most hundreds)
+
 std::vector<Problem> problems_from_json(const json& j) {
   if (!j.is_object()) throw UsageError("a problem set must be a JSON object");
   for (auto& [key, _] : j.items())
@@ -245,6 +261,8 @@ std::vector<Problem> problems_from_json(const json& j) {
   std::vector<Problem> out;
   if (j.contains("problems")) {
     if (!j["problems"].is_array()) throw UsageError("'problems' must be an array");
+    if (j["problems"].size() > kMaxProblems)
+      throw UsageError("'problems' lists more than " + std::to_string(kMaxProblems) + " problems");
     for (const auto& p : j["problems"]) out.push_back(problem_from_json(p));
   }
   if (j.contains("grid")) {
@@ -264,6 +282,11 @@ std::vector<Problem> problems_from_json(const json& j) {
     json causal = g.value("causal", json::array({false}));
     json dtypes = g.value("dtype", json::array({"fp32"}));
     if (!causal.is_array() || !dtypes.is_array()) throw UsageError("grid 'causal' and 'dtype' must be arrays");
+    // Counted before any problem is made: a small file must not ask for billions of them.
+    const double count = (double)dtypes.size() * dims.size() * causal.size() * seqs.size();
+    if (count + out.size() > kMaxProblems)
+      throw UsageError("the grid makes " + std::to_string((long long)count) + " problems, more than " +
+                       std::to_string(kMaxProblems));
     for (const auto& t : dtypes)
       for (int d : dims)
         for (const auto& c : causal)

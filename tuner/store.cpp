@@ -1,5 +1,6 @@
 #include "tuner/store.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +31,11 @@ constexpr double kBusyRetrySeconds = 300;   // and our own retries on top of it
 [[noreturn]] void throw_sqlite(sqlite3* db, int rc, const std::string& what) {
   const std::string msg = std::string("sqlite: ") + (db ? sqlite().errmsg(db) : sqlite().errstr(rc)) + what;
   if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) throw BusyError(msg);
+  // A damaged file, or one whose tables lack a column we read: bad input (one line, exit 2).
+  if ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB || (rc & 0xff) == SQLITE_FORMAT)
+    throw UsageError("the database is damaged: " + brief(msg, 200));
+  if ((rc & 0xff) == SQLITE_ERROR && what.rfind(" in: ", 0) == 0)
+    throw UsageError("the database does not have the tables and columns of its schema version: " + brief(msg, 200));
   throw std::runtime_error(msg);
 }
 
@@ -201,6 +207,48 @@ void check_db_path(const std::string& path) {
   if (path.rfind("file:", 0) == 0) throw UsageError("--db '" + brief(path) + "': SQLite URIs are not accepted; give a file path");
 }
 
+namespace {
+
+// "file:" + the path with '%', '?' and '#' escaped (and a "//" start kept from being an authority).
+std::string sqlite_uri(const std::string& path) {
+  std::string out = path.rfind("//", 0) == 0 ? "file:/" : "file:";
+  for (unsigned char c : path) {
+    if (c == '%' || c == '?' || c == '#') {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    } else {
+      out += (char)c;
+    }
+  }
+  return out;
+}
+
+// A read-only open of a store. A file in rollback mode with no -wal beside it opens as usual. A -wal
+// file makes SQLite read it as part of the store, whatever the header says; so a -wal beside a store
+// whose header is not in WAL mode, or one that is not a regular file of the store's owner, is refused
+// (a planted file is never read as the store). A store in WAL mode whose -wal is missing or empty
+// (a writer closed it uncleanly, or it was copied) holds everything in the main file: it is opened
+// immutable, so a read-only folder works and no -wal/-shm is left behind. Only a non-empty -wal of
+// the store's owner (a writer is running, or was killed) is read through SQLite's WAL index.
+bool read_only_open_immutable(const std::string& path, const struct stat& st) {
+  unsigned char header[20] = {};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  const bool whole = fd >= 0 && ::read(fd, header, sizeof header) == (ssize_t)sizeof header;
+  if (fd >= 0) ::close(fd);
+  const bool wal_mode = whole && header[18] == 2 && header[19] == 2;
+  struct stat wst {};
+  const std::string wal = path + "-wal";
+  if (lstat(wal.c_str(), &wst) != 0) return wal_mode;
+  if (!S_ISREG(wst.st_mode) || wst.st_uid != st.st_uid || (wst.st_size > 0 && !wal_mode))
+    throw UsageError("'" + path + "' has a -wal file beside it that is not its own (" +
+                     (!S_ISREG(wst.st_mode) ? "not a regular file" : wst.st_uid != st.st_uid ? "another owner" : "the store is not in WAL mode") +
+                     "): not read; remove '" + wal + "'");
+  return wst.st_size == 0;
+}
+
+}  // namespace
+
 Store::Store(const std::string& path, Mode mode) : path_(path), read_only_(mode == Mode::read_only) {
   check_db_path(path);
   struct stat st {};
@@ -209,8 +257,13 @@ Store::Store(const std::string& path, Mode mode) : path_(path), read_only_(mode 
   if (exists && S_ISDIR(st.st_mode)) throw UsageError("database '" + path + "' is a folder, not a file");
   if (exists && !S_ISREG(st.st_mode)) throw UsageError("database '" + path + "' is not a regular file");
   if (exists && read_only_ && st.st_size == 0) throw UsageError("'" + path + "' is empty, not a flashtune database");
-  const int flags = read_only_ ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
-  if (int rc = sqlite().open_v2(path.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr); rc != SQLITE_OK) {
+  int flags = read_only_ ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  std::string name = path;
+  if (read_only_ && read_only_open_immutable(path, st)) {  // nothing beside it to read: no locks, no files made
+    name = sqlite_uri(path) + "?immutable=1";
+    flags |= SQLITE_OPEN_URI;
+  }
+  if (int rc = sqlite().open_v2(name.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr); rc != SQLITE_OK) {
     std::string msg = db_ ? sqlite().errmsg(db_) : sqlite().errstr(rc);
     sqlite().close(db_);
     db_ = nullptr;

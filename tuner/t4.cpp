@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -47,8 +48,8 @@ const Measure kMeasures[] = {
     {"time_p20", "ms", 1e9, false, [](const ResultRecord& r) { return r.ms_p20; }, [](ResultRecord& r, double v) { r.ms_p20 = v; }},
     {"time_p80", "ms", 1e9, false, [](const ResultRecord& r) { return r.ms_p80; }, [](ResultRecord& r, double v) { r.ms_p80 = v; }},
     {"reps", "", 1e9, true, [](const ResultRecord& r) { return (double)r.reps; }, [](ResultRecord& r, double v) { r.reps = (int)v; }},
-    {"tflops", "TFLOP/s", 1e9, false, [](const ResultRecord& r) { return r.tflops; }, [](ResultRecord& r, double v) { r.tflops = v; }},
-    {"gbps", "GB/s", 1e12, false, [](const ResultRecord& r) { return r.gbps; }, [](ResultRecord& r, double v) { r.gbps = v; }},
+    {"tflops", "TFLOP/s", 1e4, false, [](const ResultRecord& r) { return r.tflops; }, [](ResultRecord& r, double v) { r.tflops = v; }},
+    {"gbps", "GB/s", 1e7, false, [](const ResultRecord& r) { return r.gbps; }, [](ResultRecord& r, double v) { r.gbps = v; }},
     {"max_abs", "", 1e300, false, [](const ResultRecord& r) { return r.max_abs; }, [](ResultRecord& r, double v) { r.max_abs = v; }},
     {"max_rel", "", 1e300, false, [](const ResultRecord& r) { return r.max_rel; }, [](ResultRecord& r, double v) { r.max_rel = v; }},
     {"mse", "", 1e300, false, [](const ResultRecord& r) { return r.mse; }, [](ResultRecord& r, double v) { r.mse = v; }},
@@ -254,7 +255,7 @@ ResultRecord read_result(const json& t, const Reader& in) {
     if (unit != it->unit) in.fail("measurement " + name + " must be in '" + it->unit + "', got '" + brief(unit) + "'");
     const json& v = in.need(m, "value");
     double x = 0;
-    if (v.is_string() && !it->integer && (v == "inf" || v == "-inf" || v == "nan")) {
+    if (v.is_string() && !it->integer && it->max >= 1e300 && (v == "inf" || v == "-inf" || v == "nan")) {  // errors only
       x = v == "nan" ? std::nan("") : v == "inf" ? INFINITY : -INFINITY;
     } else if (it->integer) {
       x = (double)in.integer(v, "measurement " + name, 0, (long long)it->max);
@@ -265,6 +266,9 @@ ResultRecord read_result(const json& t, const Reader& in) {
     }
     it->set(r, x);
   }
+
+  // A valid row's figures decide `best` and `run --best`: a time above zero, TFLOP/s below 10^4.
+  if (r.status == "ok" && !(r.ms_median > 0)) in.fail("measurement time must be above 0 for status ok");
 
   // objectives and times: T4's shapes; runtimes hold the median or nothing
   if (t.contains("objectives")) {
@@ -302,6 +306,9 @@ ResultRecord read_result(const json& t, const Reader& in) {
     if (r.detail.size() > (1 << 16)) in.fail("flashtune.detail is longer than 65536 bytes");
   }
   r.created = t.contains("timestamp") ? in.str(t["timestamp"], "'timestamp'", 64) : now_iso8601();
+  static const std::regex iso8601("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,9})?Z");
+  if (!std::regex_match(r.created, iso8601))
+    in.fail("'timestamp' must be a UTC time as YYYY-MM-DDTHH:MM:SSZ, got '" + brief(r.created) + "'");
   try {
     check_result_row(r);  // device name and arch
   } catch (const UsageError& e) {

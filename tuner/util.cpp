@@ -7,6 +7,7 @@
 #include <ctime>
 #include <stdexcept>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace flashtune {
@@ -75,6 +76,18 @@ std::string brief(std::string_view s, size_t max) {
   for (size_t i = 0; i < s.size() && i < max; ++i) out += (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
   if (s.size() > max) out += "...";
   return out;
+}
+
+bool is_safe_file_name(std::string_view s) {
+  if (s.empty() || s.size() > 200 || s[0] == '.') return false;
+  for (char c : s)
+    if (!std::isalnum((unsigned char)c) && c != '_' && c != '-' && c != '.') return false;
+  return true;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 std::string make_private_tmpdir(const std::string& prefix) {

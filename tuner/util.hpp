@@ -26,6 +26,13 @@ std::string format_duration(double seconds);  // "1m05s"
 // An untrusted string quoted for a one-line message: at most `max` bytes, control characters as '?'.
 std::string brief(std::string_view s, size_t max = 80);
 
+// A stored or imported string that becomes one file name: 1..200 bytes of letters, digits, '_', '-'
+// and '.', not starting with '.' (so never "", ".", "..", a hidden file, or a path with '/').
+bool is_safe_file_name(std::string_view s);
+
+// True when both paths exist and name the same file (device and inode: links and spellings alike).
+bool same_file(const std::string& a, const std::string& b);
+
 // A private folder (mode 0700, mkdtemp) under $TMPDIR, or /tmp: "<base>/<prefix>-XXXXXX".
 std::string make_private_tmpdir(const std::string& prefix);
 

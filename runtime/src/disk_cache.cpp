@@ -9,6 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <vector>
 
 #include "tuner/util.hpp"
 
@@ -40,28 +43,60 @@ bool make_dirs(const std::string& dir) {
   return stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-bool read_file(const std::string& path, std::string& out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return false;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
-    out.append(buf, n);
-    if (out.size() > kMaxEntry + kHeader) break;
+// An entry: opened without following a link and without blocking on a FIFO, read only when it is a
+// regular file of this user whose size fits an entry. False (nothing read) otherwise.
+bool read_entry(const std::string& path, std::string& out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+            (uint64_t)st.st_size <= kMaxEntry + kHeader;
+  if (ok) {
+    out.resize((size_t)st.st_size);
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t r = ::read(fd, out.data() + done, out.size() - done);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      done += (size_t)r;
+    }
+    out.resize(done);  // shorter: a truncated entry, which decode() refuses
   }
-  std::fclose(f);
-  return true;
+  ::close(fd);
+  return ok;
 }
 }  // namespace
+
+std::string DiskCache::unsafe_reason(const std::string& dir) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) return errno == ENOENT ? "" : "cannot be read";  // missing: created mode 0700
+  if (!S_ISDIR(st.st_mode)) return "is not a folder";
+  if (st.st_uid != geteuid()) return "belongs to another user";
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) return "is writable by others";
+  return "";
+}
 
 std::string DiskCache::default_dir() {
   auto env = [](const char* name) -> std::string {
     const char* v = std::getenv(name);
     return v && *v ? v : "";
   };
-  if (std::string d = env("FLASHTUNE_CACHE_DIR"); !d.empty()) return d;
-  if (std::string d = env("XDG_CACHE_HOME"); !d.empty()) return d + "/flashtune";
-  if (std::string d = env("HOME"); !d.empty()) return d + "/.cache/flashtune";
+  // The first folder set that is this user's alone; one that is not (a shared 1777 folder, another
+  // user's) is passed over with a one-line note (once per process): its entries would run as our code.
+  static std::set<std::string> noted;
+  static std::mutex mu;
+  std::vector<std::string> candidates;
+  if (std::string d = env("FLASHTUNE_CACHE_DIR"); !d.empty()) candidates.push_back(d);
+  if (std::string d = env("XDG_CACHE_HOME"); !d.empty()) candidates.push_back(d + "/flashtune");
+  if (std::string d = env("HOME"); !d.empty()) candidates.push_back(d + "/.cache/flashtune");
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const std::string why = unsafe_reason(candidates[i]);
+    if (why.empty()) return candidates[i];
+    std::lock_guard<std::mutex> lock(mu);
+    if (noted.insert(candidates[i]).second)
+      std::fprintf(stderr, "flashtune: kernel cache folder '%s' %s: not used (%s)\n", brief(candidates[i], 200).c_str(),
+                   why.c_str(), i + 1 < candidates.size() ? ("trying '" + brief(candidates[i + 1], 200) + "'").c_str() : "no disk cache");
+  }
   return "";
 }
 
@@ -87,9 +122,9 @@ std::optional<std::string> DiskCache::decode(const std::string& bytes) {
 }
 
 std::optional<std::string> DiskCache::load(const std::string& key) const {
-  if (dir_.empty() || !valid_key(key)) return std::nullopt;
+  if (dir_.empty() || !valid_key(key) || !unsafe_reason(dir_).empty()) return std::nullopt;
   std::string bytes;
-  if (!read_file(path(key), bytes)) return std::nullopt;
+  if (!read_entry(path(key), bytes)) return std::nullopt;  // missing, or not a regular file of ours: a miss
   std::optional<std::string> payload = decode(bytes);
   // Truncated or corrupted: remove it so that the rebuilt entry replaces it. A concurrent writer's
   // rename() may land between our read and this unlink; then its entry is lost and rebuilt once more.
@@ -98,7 +133,7 @@ std::optional<std::string> DiskCache::load(const std::string& key) const {
 }
 
 bool DiskCache::store(const std::string& key, const std::string& payload) const {
-  if (dir_.empty() || !valid_key(key) || !make_dirs(dir_)) return false;
+  if (dir_.empty() || !valid_key(key) || !make_dirs(dir_) || !unsafe_reason(dir_).empty()) return false;
   std::string tmp = dir_ + "/.tmp-" + key + "-XXXXXX";
   const int fd = mkstemp(tmp.data());
   if (fd < 0) return false;
