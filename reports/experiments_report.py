@@ -213,6 +213,9 @@ def num(s):
 
 def section(run, rows, out_dir, report, landscape_pngs):
     name = run["experiment"]
+    if not rows:
+        report.append(f"## Experiment: {md_text(run['title'])}\n\nRun {run['id']} stored no rows.\n")
+        return
     spec = run["spec"]
     derive(run, rows)
     csv_name = f"exp_{name}.csv"

@@ -8,7 +8,10 @@ cases=0
 tmp=$(mktemp -d)
 planted=()
 cleanup() {
-  for l in "${planted[@]}"; do [[ -L "$l" ]] && rm -f "$l"; done
+  for l in "${planted[@]}"; do
+    [[ -L "$l" ]] && rm -f "$l"
+    [[ -d "$l" ]] && chmod -R u+w "$l" && rm -rf "$l"
+  done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -408,6 +411,271 @@ expect_usage_error "is not a flashtune database" import --db "$tmp/foreign.db" "
 ok "the foreign store is unchanged by import" test "$(sha256sum <"$tmp/foreign.db")" == "$foreign_sum"
 expect_usage_error "unknown family 'nope'" import --db "$tmp/imp.db" "$tmp/nofamily.json"
 ok "a refused import created no store" test ! -e "$tmp/imp.db"
+
+# --- issue 34: stored strings as paths, outputs over inputs, headers, WAL stores, numbers, output text ---
+# Stored names that become paths: a kernel's lowered name (compile-check --save-cubins), an experiment's name.
+"$F" compile-check "$tmp/space.json" --arch sm_80 --db "$tmp/cc.db" >/dev/null 2>&1
+for evil in '../../pwned' '/tmp/pwned' '..' '.hidden' 'a/b' ''; do
+  cp "$tmp/cc.db" "$tmp/lowered.db"
+  sql "$tmp/lowered.db" "update kernels set lowered_name='$evil'" >/dev/null
+  mkdir -p "$tmp/cubins"
+  expect_usage_error "is not a plain file name" compile-check "$tmp/space.json" --arch sm_80 --db "$tmp/lowered.db" --save-cubins "$tmp/cubins"
+  [[ -n "$evil" ]] && expect_usage_error "is not a plain file name" merge "$tmp/lowered.db" -o "$tmp/fixture.db"
+  ok "no cubin written for lowered name '$evil'" test -z "$(ls -A "$tmp/cubins")" -a ! -e "$tmp/pwned.cubin" -a ! -e /tmp/pwned.cubin
+done
+for evil in '../../x' 'a/b' 'UPPER' ''; do
+  cp "$tmp/fixture.db" "$tmp/expname.db"
+  sql "$tmp/expname.db" "insert into experiment_runs(experiment,title,device_name,probes,spec,created) values('$evil','t','d','{}','{}','now')" >/dev/null
+  expect_usage_error "is not 1..64 of lower-case letters" merge "$tmp/expname.db" -o "$tmp/fixture.db"
+done
+mkdir -p "$tmp/repout"
+cases=$((cases + 1))
+"$F" report --db "$tmp/expname.db" --out "$tmp/repout/in" >/dev/null 2>&1 || { echo "FAIL: report of a store with a bad experiment name"; fail=1; }
+[[ "$(ls -A "$tmp/repout")" == in && -z "$(ls "$tmp/repout/in" | grep -v '^[A-Za-z0-9_.]*$')" ]] || { echo "FAIL: report wrote outside --out"; fail=1; }
+
+# No verb writes over one of its inputs, however the path is spelled.
+cp "$tmp/fixture.db" "$tmp/self.db"
+ln -f "$tmp/self.db" "$tmp/self_hard.db"
+ln -sf "$tmp/self.db" "$tmp/self_link.db"
+self_sum=$(sha256sum <"$tmp/self.db")
+for out in "$tmp/self.db" "$tmp/./self.db" "$tmp/../$(basename "$tmp")/self.db" "$tmp/self_hard.db" "$tmp/self_link.db"; do
+  expect_usage_error "is the --db store" export --db "$tmp/self.db" -o "$out"
+  expect_usage_error "is the --db store" export --db "$tmp/self.db" --output="$out"
+done
+expect_usage_error "is the --db store itself" import --db "$tmp/self.db" "$tmp/self_hard.db"
+expect_usage_error "is the output too" merge "$tmp/self_link.db" -o "$tmp/self.db"
+mkdir -p "$tmp/selfemit"
+cp "$tmp/fixture.db" "$tmp/selfemit/dispatch.hpp"
+expect_usage_error "refusing to emit" emit --db "$tmp/selfemit/dispatch.hpp" --out "$tmp/selfemit"
+cp "$tmp/fixture.db" "$tmp/selfemit/sm90_nvidia_h200.hpp"
+expect_usage_error "refusing to emit" emit --db "$tmp/selfemit/sm90_nvidia_h200.hpp" --out "$tmp/selfemit"
+for name in best.csv REPORT.md x.png; do
+  mkdir -p "$tmp/selfrep"
+  cp "$tmp/fixture.db" "$tmp/selfrep/$name"
+  expect_usage_error "it would overwrite the store" report --db "$tmp/selfrep/$name"
+  expect_usage_error "it would overwrite the store" report --db "$tmp/selfrep/$name" --out "$tmp/selfrep/."
+done
+expect_usage_error "--output needs a value" export --db "$tmp/self.db" -o -o
+expect_usage_error "--output needs a value" merge "$tmp/self.db" -o --quiet
+ok "no file named --output" test ! -e ./--output -a ! -e "$tmp/--output"
+ok "the store written over by no verb" test "$(sha256sum <"$tmp/self.db")" == "$self_sum"
+
+# Generated headers: another device's header of the same name, stray or linked *.hpp, a folder in the way,
+# device names past 255 bytes.
+cp -r "$tmp/headers" "$tmp/h4"
+h4_sum=$(cd "$tmp/h4" && sha256sum *)
+for other in 'nvidia-h200' 'NVIDIA  H200' 'nvidia_H200!'; do
+  cp "$tmp/fixture.db" "$tmp/slug.db"
+  sql "$tmp/slug.db" "update results set device_name='$other' where device_name='NVIDIA H200'" >/dev/null
+  expect_usage_error "holds another device's table" emit --db "$tmp/slug.db" --out "$tmp/h4"
+done
+echo '#error planted' >"$tmp/h4/sm90_planted.hpp"
+echo '#error planted' >"$tmp/h4/evil.hpp"
+ln -s "$tmp/h4/sm90_planted.hpp" "$tmp/h4/sm90_linked.hpp"
+cases=$((cases + 1))
+"$F" emit --db "$tmp/fixture.db" --out "$tmp/h4" >/dev/null 2>"$tmp/err" || { echo "FAIL: emit beside stray headers: $(head -2 "$tmp/err")"; fail=1; }
+grep -q "planted\|evil\|linked" "$tmp/h4/dispatch.hpp" && { echo "FAIL: dispatch.hpp includes a header emit did not write"; fail=1; }
+rm -f "$tmp/h4/sm90_planted.hpp" "$tmp/h4/evil.hpp" "$tmp/h4/sm90_linked.hpp"
+h4_sum=$(cd "$tmp/h4" && sha256sum *)
+mkdir -p "$tmp/h5" && cp "$tmp/h4"/* "$tmp/h5/"
+rm "$tmp/h5/sm90_nvidia_h200.hpp" && mkdir "$tmp/h5/sm90_nvidia_h200.hpp"
+h5_before=$(cd "$tmp/h5" && sha256sum *.hpp 2>/dev/null)
+expect_usage_error "is not a regular file of emit's" emit --db "$tmp/fixture.db" --out "$tmp/h5"
+ok "a failing emit replaced no header" test "$(cd "$tmp/h5" && sha256sum *.hpp 2>/dev/null)" == "$h5_before"
+rm -rf "$tmp/h5/sm90_nvidia_h200.hpp" && ln -s /etc/passwd "$tmp/h5/sm90_nvidia_h200.hpp"
+expect_usage_error "is not a regular file of emit's" emit --db "$tmp/fixture.db" --out "$tmp/h5"
+cp "$tmp/fixture.db" "$tmp/long.db"
+sql "$tmp/long.db" "update results set device_name='$(printf 'GPU %.0s' $(seq 64))' where device_name='NVIDIA H200'" >/dev/null
+cases=$((cases + 1))
+if "$F" emit --db "$tmp/long.db" --out "$tmp/h6" >/dev/null 2>"$tmp/err"; then
+  [[ $(ls "$tmp/h6" | awk '{ if (length($0) > m) m = length($0) } END { print m }') -le 255 ]] || { echo "FAIL: a header name past 255 bytes"; fail=1; }
+else
+  echo "FAIL: emit of a 256-byte device name: $(head -1 "$tmp/err")"; fail=1
+fi
+
+# WAL stores: read from a read-only folder, no -wal/-shm left by readers, a planted -wal never read.
+python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('pragma journal_mode=wal'); c.close()" "$tmp/wal.db" 2>/dev/null
+cp "$tmp/fixture.db" "$tmp/wal.db"
+python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('pragma journal_mode=wal'); c.close()" "$tmp/wal.db"
+ro=$(mktemp -d)
+planted+=("$ro")
+chmod 755 "$ro"
+cp "$tmp/wal.db" "$ro/wal.db"
+chmod 444 "$ro/wal.db"
+chmod 555 "$ro"
+as_other=()
+if [[ $(id -u) -eq 0 ]] && command -v setpriv >/dev/null; then as_other=(setpriv --reuid 65534 --regid 65534 --clear-groups); fi
+for verb in "best --db $ro/wal.db" "best --db $ro/wal.db --csv" "export --db $ro/wal.db" "emit --db $ro/wal.db --out /proc/none/x"; do
+  cases=$((cases + 1))
+  "${as_other[@]}" "$F" $verb >/dev/null 2>"$tmp/err"
+  rc=$?
+  if [[ $verb == emit* ]]; then [[ $rc -eq 2 ]] && grep -q "not a folder that can be created" "$tmp/err" || { echo "FAIL: $verb on a read-only WAL store: rc=$rc $(head -1 "$tmp/err")"; fail=1; }
+  else [[ $rc -eq 0 ]] || { echo "FAIL: $verb on a read-only WAL store: rc=$rc $(head -1 "$tmp/err")"; fail=1; }; fi
+done
+for verb in best export; do
+  cases=$((cases + 1))
+  "$F" $verb --db "$tmp/wal.db" >/dev/null 2>&1 || { echo "FAIL: $verb of a WAL store"; fail=1; }
+  [[ ! -e "$tmp/wal.db-wal" && ! -e "$tmp/wal.db-shm" ]] || { echo "FAIL: $verb left -wal/-shm beside the store"; fail=1; }
+done
+"$F" report --db "$tmp/wal.db" --out "$tmp/walrep" >/dev/null 2>&1
+ok "report left no -wal/-shm beside a WAL store" test ! -e "$tmp/wal.db-wal" -a ! -e "$tmp/wal.db-shm"
+# A -wal made by another store, planted beside a store in rollback mode: refused, never read.
+python3 - "$tmp" <<'PY'
+import os, shutil, sqlite3, sys
+t = sys.argv[1]
+shutil.copy(os.path.join(t, "fixture.db"), os.path.join(t, "donor.db"))
+c = sqlite3.connect(os.path.join(t, "donor.db"))
+c.execute("pragma journal_mode=wal")
+c.execute("pragma wal_autocheckpoint=0")
+c.execute("delete from results")
+c.commit()
+shutil.copy(os.path.join(t, "donor.db-wal"), os.path.join(t, "planted.wal"))
+c.close()
+PY
+cp "$tmp/fixture.db" "$tmp/victim.db"
+sql "$tmp/victim.db" "pragma journal_mode=delete" >/dev/null
+victim_sum=$(sha256sum <"$tmp/victim.db")
+cp "$tmp/planted.wal" "$tmp/victim.db-wal"
+expect_usage_error "has a -wal file beside it that is not its own" best --db "$tmp/victim.db"
+expect_usage_error "has a -wal file beside it that is not its own" export --db "$tmp/victim.db"
+expect_usage_error "has a -wal file beside it that is not its own" merge "$tmp/victim.db" -o "$tmp/m.db"
+rm -f "$tmp/victim.db-wal" && mkfifo "$tmp/victim.db-wal"
+expect_usage_error "not a regular file" best --db "$tmp/victim.db"
+rm -f "$tmp/victim.db-wal" && ln -s "$tmp/donor.db-wal" "$tmp/victim.db-wal"
+expect_usage_error "not a regular file" best --db "$tmp/victim.db"
+rm -f "$tmp/victim.db-wal"
+ok "the victim store unchanged" test "$(sha256sum <"$tmp/victim.db")" == "$victim_sum"
+if [[ $(id -u) -eq 0 ]]; then  # a second user's -wal beside a store in WAL mode: never read
+  cp "$tmp/wal.db" "$tmp/victim2.db"
+  cp "$tmp/planted.wal" "$tmp/victim2.db-wal"
+  chown 65534:65534 "$tmp/victim2.db-wal"
+  expect_usage_error "has a -wal file beside it that is not its own (another owner)" best --db "$tmp/victim2.db"
+  expect_usage_error "has a -wal file beside it that is not its own (another owner)" report --db "$tmp/victim2.db" --out "$tmp/v2rep"
+  rm -f "$tmp/victim2.db-wal"
+fi
+
+# A damaged store: a corrupt page, a missing column: one line, exit 2.
+cp "$tmp/fixture.db" "$tmp/corrupt.db"
+python3 -c "
+import sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+for i in range(4096 + 8, len(b), 97): b[i] ^= 0x5a
+open(sys.argv[1], 'wb').write(b)" "$tmp/corrupt.db"
+expect_usage_error "flashtune:" best --db "$tmp/corrupt.db"
+cp "$tmp/fixture.db" "$tmp/nocol.db"
+sql "$tmp/nocol.db" "alter table results drop column gbps" >/dev/null
+expect_usage_error "does not have the tables and columns" best --db "$tmp/nocol.db"
+expect_usage_error "does not have the tables and columns" export --db "$tmp/nocol.db"
+
+# Numbers from outside: T4 figures that would decide best, timestamps, sizes that overflow.
+python3 - "$tmp" <<'PY'
+import copy, json, os, sys
+t = sys.argv[1]
+original = json.load(open(os.path.join(t, "t4.json")))
+cases = {
+    "tf_inf": lambda r, m: m["tflops"].update(value="inf"),
+    "tf_nan": lambda r, m: m["tflops"].update(value="nan"),
+    "tf_huge": lambda r, m: m["tflops"].update(value=1e300),
+    "tf_big": lambda r, m: m["tflops"].update(value=20000.0),
+    "time_inf": lambda r, m: m["time"].update(value="inf"),
+    "time_zero": lambda r, m: m["time"].update(value=0),
+    "gbps_inf": lambda r, m: r["measurements"].append({"name": "gbps", "value": "inf", "unit": "GB/s"}) if "gbps" not in m else m["gbps"].update(value="inf"),
+    "ts_text": lambda r, m: r.update(timestamp="yesterday"),
+    "ts_sql": lambda r, m: r.update(timestamp="2026-01-01'; drop table results; --"),
+    "ts_future": lambda r, m: r.update(timestamp="99999-01-01T00:00:00Z"),
+}
+for name, change in cases.items():
+    d = copy.deepcopy(original)
+    r = next(x for x in d["results"] if x["flashtune"]["status"] == "ok")
+    change(r, {x["name"]: x for x in r["measurements"]})
+    open(os.path.join(t, name + ".json"), "w").write(json.dumps(d))
+text = json.dumps(original)
+open(os.path.join(t, "dupkey.json"), "w").write(text.replace('"schema_version"', '"results": [], "schema_version"', 1))
+PY
+for c in tf_inf tf_nan tf_huge tf_big; do expect_usage_error "measurement tflops must be a number in 0..10000" import --db "$tmp/fixture.db" "$tmp/$c.json"; done
+expect_usage_error "measurement time must be a number" import --db "$tmp/fixture.db" "$tmp/time_inf.json"
+expect_usage_error "measurement time must be above 0 for status ok" import --db "$tmp/fixture.db" "$tmp/time_zero.json"
+expect_usage_error "measurement gbps must be a number" import --db "$tmp/fixture.db" "$tmp/gbps_inf.json"
+for c in ts_text ts_sql ts_future; do expect_usage_error "'timestamp' must be a UTC time" import --db "$tmp/fixture.db" "$tmp/$c.json"; done
+expect_usage_error "gives the key 'results' twice" import --db "$tmp/fixture.db" "$tmp/dupkey.json"
+mkdir -p "$tmp/inputs"
+expect_usage_error "input files would be over" run --family naive --params THREADS=128 --shape 1048576,65536,1048576,1048576,64 --inputs "$tmp/inputs"
+expect_usage_error "input files would be over" run --family naive --params THREADS=128 --shape 1048576,4096,1048576,1048576,64 --inputs "$tmp/inputs"
+
+# Small inputs, large costs: a grid of billions of problems from a few KB, refused before expansion.
+python3 -c "
+import json
+n = 735134400  # 1344 divisors: every one a sequence length and a head dim
+d = [k for k in range(1, 40000) if n % k == 0] + [n // k for k in range(1, 40000) if n % k == 0 and n // k >= 40000]
+print(json.dumps({'grid': {'tokens': n, 'hidden': n, 'seq': d, 'head_dim': d, 'causal': [False, True],
+                           'dtype': ['fp32', 'fp16', 'bf16']}}))" >"$tmp/grid_big.json"
+cases=$((cases + 1))
+(ulimit -v 2000000; timeout 20 "$F" problems "$tmp/grid_big.json" >/dev/null 2>"$tmp/err"); rc=$?
+[[ $rc -eq 2 ]] && grep -q "more than 100000" "$tmp/err" || { echo "FAIL: a huge grid: rc=$rc $(head -c 200 "$tmp/err")"; fail=1; }
+python3 -c "import json; print(json.dumps({'problems': [{'batch': 1, 'heads': 1, 'seq': 8, 'head_dim': 64}] * 100001}))" >"$tmp/many.json"
+expect_usage_error "lists more than 100000 problems" problems "$tmp/many.json"
+
+# Output injection: CSV quoting, no escape sequences on a terminal, no HTML or headings in REPORT.md.
+cp "$tmp/fixture.db" "$tmp/inject.db"
+python3 - "$tmp/inject.db" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("update results set device_name=? where device_name='NVIDIA H200'", ('Evil "GPU", <script>alert(1)</script> \x1b]0;owned\x07 $\\alpha$ | x',))
+c.commit()
+PY
+cases=$((cases + 1))
+"$F" best --db "$tmp/inject.db" --csv >"$tmp/inject.csv" 2>&1
+python3 - "$tmp/inject.csv" <<'PY' || { echo "FAIL: best --csv of a hostile device name"; fail=1; }
+import csv, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+assert "\x1b" not in text and "\x07" not in text, "an escape sequence"
+rows = list(csv.reader(text.splitlines()))
+assert all(len(r) == len(rows[0]) for r in rows), "a row with the wrong field count"
+assert any(r[0].startswith('Evil "GPU", <script>') for r in rows), "the device name is not one field"
+PY
+cases=$((cases + 1))
+"$F" best --db "$tmp/inject.db" 2>&1 | grep -q $'\x1b' && { echo "FAIL: an escape sequence reached the terminal"; fail=1; }
+cases=$((cases + 1))
+if "$F" report --db "$tmp/inject.db" --out "$tmp/injrep" >/dev/null 2>"$tmp/err"; then
+  grep -q "<script>\|"$'\x1b' "$tmp/injrep/REPORT.md" && { echo "FAIL: REPORT.md embeds HTML or escapes from a stored name"; fail=1; }
+else
+  echo "FAIL: report of hostile names: $(tail -1 "$tmp/err")"; fail=1
+fi
+cp "$tmp/fixture.db" "$tmp/nulls.db"
+python3 - "$tmp/nulls.db" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+ids = [r[0] for r in c.execute("select id from results where status='ok' order by id")]
+c.execute("update results set tflops=NULL where id=?", (ids[0],))
+c.execute("update results set tflops=0, ms_median=0 where id=?", (ids[1],))
+c.execute("update results set config='BLOCK_M=x' where id=?", (ids[2],))
+c.execute("insert into experiment_runs(experiment,title,device_name,probes,spec,created) values('listy','# Title <b>', 'd', 'not json', '[1, 2]', 'now')")
+c.execute("insert into experiment_runs(experiment,title,device_name,probes,spec,created) values('mathy','$\\\\frac{1}{0}$', 'd', '[]', '{\"plot\": \"compare\", \"description\": \"# heading\"}', 'now')")
+c.commit()
+PY
+cases=$((cases + 1))
+"$F" report --db "$tmp/nulls.db" --out "$tmp/nullrep" >/dev/null 2>"$tmp/err" || { echo "FAIL: report with NULL/zero TFLOP/s, a list spec, non-JSON probes: $(tail -1 "$tmp/err")"; fail=1; }
+grep -q "^# heading\|<b>" "$tmp/nullrep/REPORT.md" 2>/dev/null && { echo "FAIL: REPORT.md has a heading or HTML from stored text"; fail=1; }
+
+# Lax parsing: --shape and integer options written plainly, duplicate keys, experiment fields named.
+for s in " 4,16,8,8,64" "+4,16,8,8,64" "4,+16,8,8,64" "4,16,8,8,0x40" "4,16,8,8,64 " "4,16,,8,64"; do
+  expect_usage_error "--shape field" run --family naive --params THREADS=128 --shape "$s"
+done
+expect_usage_error "--seq-lens must be comma-separated integers" run --family fa2_mma --params BLOCK_M=128 --shape 32,128 --seq-lens " 12,+5" --dtype bf16
+expect_usage_error "--d must be an integer" best --db "$tmp/fixture.db" --d " 64"
+expect_usage_error "--d must be an integer" best --db "$tmp/fixture.db" --d "+64"
+echo '{"family": "naive", "family": "fa2_simt", "head_dims": [64]}' >"$tmp/dupspace.json"
+expect_usage_error "gives the key 'family' twice" compile-check "$tmp/dupspace.json"
+echo '{"problems": [{"batch": 1, "heads": 1, "seq": 8, "head_dim": 64, "batch": 2}]}' >"$tmp/dupprob.json"
+expect_usage_error "gives the key 'batch' twice" problems "$tmp/dupprob.json"
+echo '{"name": "x", "name": "y", "problems": [], "implementations": ["naive"]}' >"$tmp/dupexp.json"
+expect_usage_error "gives the key 'name' twice" experiment "$tmp/dupexp.json" --dry-run
+for field in description plot; do
+  echo "{\"name\": \"x\", \"$field\": [1], \"problems\": {\"problems\": [{\"batch\": 1, \"heads\": 1, \"seq\": 8, \"head_dim\": 64}]}, \"implementations\": [\"naive\"]}" >"$tmp/exptype.json"
+  expect_usage_error "experiment: '$field' must be a string" experiment "$tmp/exptype.json" --dry-run
+done
+echo '{"name": "../x", "problems": {"problems": [{"batch": 1, "heads": 1, "seq": 8, "head_dim": 64}]}, "implementations": ["naive"]}' >"$tmp/expname.json"
+expect_usage_error "must be 1..64 lower-case letters" experiment "$tmp/expname.json" --dry-run
 
 # --- the worker log: never a predictable path, never through a planted link -------------------
 mkdir -p "$tmp/tmpdir"
