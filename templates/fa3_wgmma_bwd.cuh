@@ -1,6 +1,7 @@
 // FlashAttention-3's backward design on Hopper (sm_90a): TMA, an mbarrier ring, warp specialization,
 // wgmma, and dQ by TMA reduce-add from a warp of its own. fp16 or bf16 in and out, fp32 accumulation.
-// Kernels, launched in order (T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DTYPE, CAUSAL>):
+// Kernels, launched in order (T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DTYPE,
+//                                                  CAUSAL>):
 //   fa3_wgmma_bwd_preprocess<T>  per query row (padded to whole blocks): lse2 = lse log2(e), delta =
 //                                rowsum(dO * O) (zeros past seq_q), dq_accum = 0
 //   fa3_wgmma_bwd_dkdv<T>        per (key block, kv head, batch): dK, dV; dq_accum += dS K
@@ -24,6 +25,8 @@
 //     dK  += dS^T Q         RS, Q MN-major
 //     dS^T -> shared memory (its own tile of two, by step parity); named barrier kDsReady
 //     dQ_piece = dS K       SS, dS M-major (interleaved tile), K MN-major; staged in fp32 for the writer
+//   DQ_OVERLAP 0 issues dV and dK together and the dQ chains once both are done; 1 issues dV, then (after
+//   the barrier) the one dQ chain and dK together, and stages dQ while dK runs.
 // dK and dV stay in registers over every step and are stored once (times scale for dK): summed over a
 // query group's heads in a fixed order, no atomics.
 //
@@ -387,43 +390,61 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     wgmma_fence_regs(sc);
     const bool masked = wg_key_last >= p.seq_k || (T::kCausal && wg_key_last > m0 + rows.causal_offset);
     probs<T>(sc, sm.lse_ptr(s), scale_log2, masked, rows, m0);
-    wgmma_wait<0>();
+    wgmma_wait<0>();  // dP^T
     wgmma_fence_regs(dp);
     dscores<T>(dp, sc, sm.delta_ptr(s), tig);
-
     unsigned pa[BM / 16][4], dsa[BM / 16][4];
     pack_frags<DT, BM>(pa, sc);
     pack_frags<DT, BM>(dsa, dp);
     wgmma_fence_regs(dv);
     wgmma_fence_regs(dk);
     wgmma_fence();
-    gemm_grad<T>(dv, pa, dout);  // dV += P^T dO
-    gemm_grad<T>(dk, dsa, q);    // dK += dS^T Q
+    gemm_grad<T>(dv, pa, dout);                      // dV += P^T dO, running while dS^T is stored and shared
+    if constexpr (!T::kDqOverlap) gemm_grad<T>(dk, dsa, q);  // dK += dS^T Q with it (DQ_OVERLAP 0)
     wgmma_commit();
     const unsigned ds = opaque(sm.ds(t & 1));
     store_ds<BM>(ds, dsa, krow, tig);
     fence_proxy_async();
-    named_bar_sync(kDsReady, NQ);                     // every warpgroup's dS^T rows
-    if (t > 0) named_bar_sync(kDqEmpty, NQ + 32);  // the writer has read the previous step's tile
-    wgmma_wait<0>();  // dV, dK done (they ran during the dS^T stores and barriers): the fragments are free
-    fence_frags(pa);
-    fence_frags(dsa);
-    wgmma_fence_regs(dv);
-    wgmma_fence_regs(dk);
+    named_bar_sync(kDsReady, NQ);  // every warpgroup's dS^T rows
 
     float* tile = sm.dq_ptr();
+    if constexpr (T::kDqOverlap) {
+      // DQ_OVERLAP 1, one dQ chain: issued before dK += dS^T Q, so that it is staged while dK runs.
+      float dq[T::kDqChunk / 2];
+      wgmma_fence();
+      gemm_dq<T>(dq, ds, k, piece.row_tile0, piece.col0);
+      wgmma_commit();
+      gemm_grad<T>(dk, dsa, q);
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dQ
+      wgmma_fence_regs(dq);
+      wgmma_fence_regs(dv);
+      fence_frags(pa);
+      if (t > 0) named_bar_sync(kDqEmpty, NQ + 32);  // the writer has read the previous step's tile
+      stage_dq<T>(tile, dq, 64 * piece.row_tile0 + wrow + g, piece.col0, g, tig);
+      wgmma_wait<0>();  // dK
+      wgmma_fence_regs(dk);
+      fence_frags(dsa);
+    } else {  // DQ_OVERLAP 0: dV and dK done first, then the dQ chains one by one
+      if (t > 0) named_bar_sync(kDqEmpty, NQ + 32);
+      wgmma_wait<0>();  // dV, dK: the fragments are free
+      fence_frags(pa);
+      fence_frags(dsa);
+      wgmma_fence_regs(dv);
+      wgmma_fence_regs(dk);
 #pragma unroll
-    for (int i = 0; i < piece.row_tiles; ++i) {
-      const int rt = piece.row_tile0 + i;
+      for (int i = 0; i < piece.row_tiles; ++i) {
+        const int rt = piece.row_tile0 + i;
 #pragma unroll
-      for (int c0 = 0; c0 < T::kDqCols; c0 += T::kDqChunk) {
-        float dq[T::kDqChunk / 2];
-        wgmma_fence();
-        gemm_dq<T>(dq, ds, k, rt, piece.col0 + c0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_regs(dq);
-        stage_dq<T>(tile, dq, 64 * rt + wrow + g, piece.col0 + c0, g, tig);
+        for (int c0 = 0; c0 < T::kDqCols; c0 += T::kDqChunk) {
+          float dq[T::kDqChunk / 2];
+          wgmma_fence();
+          gemm_dq<T>(dq, ds, k, rt, piece.col0 + c0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          wgmma_fence_regs(dq);
+          stage_dq<T>(tile, dq, 64 * rt + wrow + g, piece.col0 + c0, g, tig);
+        }
       }
     }
     if (lane == 0) mbar_arrive(sm.q_empty(s));  // Q, dO, lse2, delta of this slot read

@@ -3,13 +3,15 @@
 //   fa3_wgmma_bwd_preprocess<T>  delta = rowsum(dO * O) and lse in log2 units into padded rows, dq_accum = 0
 //   fa3_wgmma_bwd_dkdv<T>        one CTA per (key block, kv head, batch): dK, dV; dq_accum += dS K by TMA
 //   fa3_wgmma_bwd_convert<T>     dQ = 16-bit(scale dq_accum)
-//   T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DTYPE, CAUSAL>
+//   T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DTYPE, CAUSAL>
 // The dK/dV CTA: warpgroup 0 is the producer (warp 0: TMA copies of K and V once, then Q, dO, lse and
 // delta of every query block into a ring of STAGES slots) and the dQ writer (warp 1: each query block's
 // dQ tile added into dq_accum by one bulk reduce-add); CONSUMERS warpgroups of 64 keys each
 // (BLOCK_N = 64 x CONSUMERS) compute the five products with wgmma.
 //   SCHED 0: key blocks of one (kv head, batch) side by side in the grid (they share Q and dO in L2);
 //   SCHED 1: the grid's first wave takes every head's heaviest key block (causal: longest first, LPT).
+//   DQ_OVERLAP 0: dV and dK issued together, then the dQ chains; 1: the one dQ chain issued with dK and
+//   staged while dK runs (needs a consumer's dQ piece to be one chain).
 // Host-usable: plain constexpr C++.
 #pragma once
 #include "traits_common.h"
@@ -105,30 +107,40 @@ FT_HD constexpr bool fa3_bwd_dq_ok(int D, int BM, int C) {
   const int rt = fa3_bwd_dq_row_tiles(BM), cp = fa3_bwd_dq_col_pieces(BM, C);
   return (C % rt == 0 || rt % C == 0) && D % cp == 0 && fa3_bwd_dq_cols(D, BM, C) % fa3_bwd_group_cols(D) == 0;
 }
+// DQ_OVERLAP 1 holds one dQ chain's accumulators beside dK's in flight: a consumer's piece is one chain.
+FT_HD constexpr int fa3_bwd_dq_steps(int D, int BM, int C) {
+  return (C >= fa3_bwd_dq_row_tiles(BM) ? 1 : fa3_bwd_dq_row_tiles(BM) / C) * (fa3_bwd_dq_cols(D, BM, C) / fa3_bwd_dq_chunk(D, BM, C));
+}
+FT_HD constexpr bool fa3_bwd_overlap_ok(int D, int BM, int C, int DQ_OVERLAP) {
+  return DQ_OVERLAP == 0 || fa3_bwd_dq_steps(D, BM, C) == 1;
+}
 FT_HD constexpr bool fa3_bwd_smem_ok(int D, int BM, int C, int STAGES) {
   return fa3_bwd_smem_bytes(D, BM, C, STAGES) <= kMaxSmemBytesSm90;
 }
 FT_HD constexpr bool fa3_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 
 // nullptr if valid, else the reason.
-FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED) {
+FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP) {
   return !fa3_bwd_d_ok(D) ? "D must be 64, 96 or 128 (dK and dV of 64 keys at d > 128 exceed a consumer's registers)"
          : !fa3_bwd_bm_ok(BM)                  ? "BLOCK_M must be 64 or 128 (a wgmma N of the score products)"
          : !fa3_bwd_consumers_ok(CONSUMERS)    ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_N = 64 x CONSUMERS)"
          : !fa3_bwd_stages_ok(STAGES)          ? "STAGES must be 1 or 2 (Q/dO slots)"
          : !fa3_bwd_switch_ok(SCHED)           ? "SCHED must be 0 or 1"
+         : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
          : !fa3_bwd_regs_ok(CONSUMERS)         ? "the register budgets exceed the launch allocation"
          : !fa3_bwd_acc_ok(D, BM, CONSUMERS)
              ? "accumulators (dK, dV D + S^T, dP^T BLOCK_M) exceed the consumer register budget - 48"
          : !fa3_bwd_dq_ok(D, BM, CONSUMERS)
              ? "the dQ pieces (BLOCK_M/64 row tiles x column pieces over the consumers) must be whole swizzle groups"
+         : !fa3_bwd_overlap_ok(D, BM, CONSUMERS, DQ_OVERLAP)
+             ? "DQ_OVERLAP 1 needs a consumer's dQ piece to be one wgmma chain (64 or 32 columns of one row tile)"
          : !fa3_bwd_smem_ok(D, BM, CONSUMERS, STAGES) ? "shared memory exceeds sm_90's 232448 bytes per block"
                                                       : nullptr;
 }
 
-template <int D, int BLOCK_M, int CONSUMERS, int STAGES, int SCHED, int DTYPE, bool CAUSAL>
+template <int D, int BLOCK_M, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP, int DTYPE, bool CAUSAL>
 struct Fa3WgmmaBwdTraits {
-  static_assert(fa3_bwd_check(D, BLOCK_M, CONSUMERS, STAGES, SCHED) == nullptr,
+  static_assert(fa3_bwd_check(D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP) == nullptr,
                 "invalid Fa3WgmmaBwdTraits: see fa3_bwd_check");
   static_assert(fa3_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
 
@@ -138,6 +150,7 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kBlockN = fa3_bwd_block_n(CONSUMERS);
   static constexpr int kStages = STAGES;
   static constexpr bool kLpt = SCHED == 1;
+  static constexpr bool kDqOverlap = DQ_OVERLAP == 1;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 

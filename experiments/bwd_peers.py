@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""The backward beside its peers in one process, GPU kernel time: per point of the problem sets, the
+backward (dQ, dK, dV) of flashtune's PyTorch op (what the runtime picks from --db: fa3_wgmma_bwd,
+fa2_wgmma_bwd, fa2_mma_bwd), torch SDPA's flash and cuDNN backends and the FA3-class kernel
+(FlashAttention-4's sm90 path, flash_attn.cute; skipped with a note where it is not installed).
+
+Timer, the same for every implementation: the sum of the durations of the kernels one backward call
+launches (preprocess and convert included), read from torch.profiler; L2 flushed (a 256 MiB write) and
+synchronised before each call, outside the profiled window; warm-up calls first (FA4 JIT-compiles per
+shape); the median of --reps calls. Inputs seeded N(0, 1), bf16, [B, H, S, d] (FA4: [B, S, H, d], the
+transposes made outside the timed call). Backward FLOPs = 2.5 x the forward's 4 B H S^2 d (halved causal).
+
+usage: bwd_peers.py --db reports/<gpu>/results.db --problems A.json [B.json ...] --out bwd_hopper_vs_peers.csv
+       (FLASHTUNE_LIBRARY and PYTHONPATH=python if the package is not installed)
+"""
+import argparse
+import csv
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import baselines  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+
+def kernel_ms(call, flush, reps, warmup=3):
+    """Median over reps of the summed CUDA kernel (and memset/memcpy) durations of one call."""
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    act = [torch.profiler.ProfilerActivity.CUDA]
+    times = []
+    for _ in range(reps):
+        flush()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=act) as prof:
+            call()
+            torch.cuda.synchronize()
+        us = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        if us <= 0:
+            raise RuntimeError("the profiler saw no kernel")
+        times.append(us / 1000.0)
+    return statistics.median(times), times
+
+
+def backward_call(out, inputs, dout):
+    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True, help="the store the runtime reads ($FLASHTUNE_DB)")
+    ap.add_argument("--problems", nargs="+", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=20261127)
+    a = ap.parse_args()
+    if not os.path.isfile(a.db):
+        sys.exit(f"bwd_peers: no store at {a.db}")
+    os.environ["FLASHTUNE_DB"] = a.db
+    import flashtune.torch as ftt
+
+    try:
+        from flash_attn.cute import flash_attn_func as fa4_func
+    except Exception as e:  # noqa: BLE001 - any import failure means: no FA3-class peer here
+        fa4_func = None
+        print(f"note: FA3-class peer (flash_attn.cute) not installed: {type(e).__name__}: {e}", file=sys.stderr)
+
+    flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = flush_buf.zero_
+    problems = [p for f in a.problems for p in baselines.load_problems(__import__("json").load(open(f)))]
+    problems = [p for p in problems if p["direction"] == "bwd"]
+    device = torch.cuda.get_device_name(0)
+    rows = []
+    for p in problems:
+        B, H, S, d = p["batch"], p["heads"], p["seq_q"], p["head_dim"]
+        Hk = p.get("heads_k", H)
+        causal = bool(p["causal"])
+        dt = torch.bfloat16 if p["dtype"] == "bf16" else torch.float16
+        g = torch.Generator(device="cuda").manual_seed(a.seed)
+        q = torch.randn(B, H, S, d, device="cuda", dtype=dt, generator=g).requires_grad_()
+        k = torch.randn(B, Hk, p["seq_k"], d, device="cuda", dtype=dt, generator=g).requires_grad_()
+        v = torch.randn(B, Hk, p["seq_k"], d, device="cuda", dtype=dt, generator=g).requires_grad_()
+        dout = torch.randn(B, H, S, d, device="cuda", dtype=dt, generator=g)
+        fl = baselines.flops(p)
+        row = {"device": device, "head_dim": d, "causal": int(causal), "seq": S, "batch": B, "heads": H, "heads_k": Hk}
+
+        def tf(ms):
+            return fl / (ms * 1e-3) / 1e12
+
+        # ours: the op as a user calls it; the family and config the runtime picked from the store
+        o = ftt.attention(q, k, v, causal=causal)
+        ms, _ = kernel_ms(backward_call(o, (q, k, v), dout), flush, a.reps)
+        info = ftt.explain(q, k, v, causal=causal).get("backward", {})
+        row["tuned_tflops"] = f"{tf(ms):.1f}"
+        row["tuned_ms"] = f"{ms:.4f}"
+        row["tuned_family"], row["tuned_config"] = info.get("family", ""), info.get("config", info.get("error", ""))
+        del o
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                with sdpa_kernel(backend):
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hk != H)
+                ms, _ = kernel_ms(backward_call(o, (q, k, v), dout), flush, a.reps)
+                row[f"{name}_tflops"] = f"{tf(ms):.1f}"
+                del o
+            except Exception as e:  # noqa: BLE001 - a backend refusing a shape is a result
+                row[f"{name}_tflops"] = ""
+                print(f"{name} {p}: {type(e).__name__}: {e}", file=sys.stderr)
+        row["fa4_tflops"] = ""
+        if fa4_func is not None:
+            try:
+                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+                dt_ = dout.transpose(1, 2).contiguous()
+                o = fa4_func(qt, kt, vt, causal=causal)
+                o = o[0] if isinstance(o, tuple) else o
+                ms, _ = kernel_ms(backward_call(o, (qt, kt, vt), dt_), flush, a.reps)
+                row["fa4_tflops"] = f"{tf(ms):.1f}"
+                del o
+            except Exception as e:  # noqa: BLE001
+                print(f"fa4 {p}: {type(e).__name__}: {e}", file=sys.stderr)
+        ours = float(row["tuned_tflops"])
+        row["ratio_vs_fa4"] = f"{ours / float(row['fa4_tflops']):.3f}" if row["fa4_tflops"] else ""
+        row["ratio_vs_cudnn"] = f"{ours / float(row['cudnn_tflops']):.3f}" if row["cudnn_tflops"] else ""
+        row["ratio_vs_flash"] = f"{ours / float(row['flash_tflops']):.3f}" if row["flash_tflops"] else ""
+        row["deterministic"] = "no"  # the picks accumulate dQ with TMA reduce-adds in no fixed order
+        rows.append(row)
+        print(f"d {d} causal {int(causal)} S {S} H {H}/{Hk}: ours {row['tuned_tflops']} ({row['tuned_config']}) "
+              f"fa4 {row['fa4_tflops']} cudnn {row['cudnn_tflops']} flash {row['flash_tflops']}", file=sys.stderr)
+        del q, k, v, dout
+        torch.cuda.empty_cache()
+    keys = ["device", "head_dim", "causal", "seq", "batch", "heads", "heads_k", "tuned_family", "tuned_config",
+            "tuned_ms", "tuned_tflops", "fa4_tflops", "cudnn_tflops", "flash_tflops", "ratio_vs_fa4", "ratio_vs_cudnn",
+            "ratio_vs_flash", "deterministic"]
+    with open(a.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
