@@ -506,6 +506,7 @@ fa3-bwd)
   #           ragged_gqa_bwd (Sq != Sk both ways, causal and not, GQA/MQA, fp16/bf16) into fa3_bwd_validate.db
   #   spot  - a few configs timed at S 4k beside fa2_wgmma_bwd's stored picks (the harness's timer)
   #   tune  - fa3_wgmma_bwd_grid tuned exhaustively on the bf16 grid's d 64/128 points and the GQA points
+  #   profile - Nsight Compute sections and per-instruction stall samples of one dK/dV kernel
   #   peers - each point's best backward (fa3_wgmma_bwd, fa2_wgmma_bwd, fa2_mma_bwd) through flashtune.torch beside
   #           torch SDPA flash, cuDNN and the FA3-class kernel (FA4's sm90, if installed), one process, profiler
   #           kernel time: bwd_hopper_vs_peers.csv
@@ -523,15 +524,14 @@ fa3-bwd)
         validation_summary "$val"
         $ft drop-cubins --db "$val"
         ;;
-      spot)
-        for spec in "BLOCK_M=128,CONSUMERS=2,STAGES=2,SCHED=0 4,32,4096,4096,64" "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0 4,16,4096,4096,128" \
-                    "BLOCK_M=64,CONSUMERS=1,STAGES=2,SCHED=0 4,16,4096,4096,128" "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=1 4,16,4096,4096,128"; do
+      spot)  # FA3_BWD_SPOT: "params shape" pairs (default: the d 64 and d 128 picks at S 4k and 16k, SCHED 0 and 2)
+        spot=${FA3_BWD_SPOT:-"BLOCK_M=128,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1 4,32,4096,4096,64;BLOCK_M=128,CONSUMERS=2,STAGES=2,SCHED=2,DQ_OVERLAP=1 4,32,4096,4096,64;BLOCK_M=128,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=0 1,32,16384,16384,64;BLOCK_M=128,CONSUMERS=2,STAGES=2,SCHED=2,DQ_OVERLAP=0 1,32,16384,16384,64;BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1 4,16,4096,4096,128;BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=2,DQ_OVERLAP=1 4,16,4096,4096,128;BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1 1,16,16384,16384,128;BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=2,DQ_OVERLAP=1 1,16,16384,16384,128"}
+        IFS=';' read -ra specs <<<"$spot"
+        for spec in "${specs[@]}"; do
           set -- $spec
           for c in "" "--causal"; do
-            $ft run --family fa3_wgmma_bwd --params "$1" --shape "$2" --dtype bf16 $c --direction bwd --check 2>&1 |
-              grep -E "TFLOP|status|error" | tr '\n' ' '; echo " <- $1 $2 $c"
-            $ft run --family fa2_wgmma_bwd --best --db "$db" --shape "$2" --dtype bf16 $c --direction bwd 2>&1 |
-              grep -E "TFLOP" | tr '\n' ' '; echo " <- fa2_wgmma_bwd best $2 $c"
+            $ft run --family fa3_wgmma_bwd --params "$1" --shape "$2" --dtype bf16 $c --direction bwd 2>&1 |
+              grep -E "TFLOP|error" | tr '\n' ' '; echo " <- $1 $2 $c"
           done
         done | tee "$OUT/fa3_bwd_spot.txt"
         ;;
@@ -552,6 +552,19 @@ fa3-bwd)
           --problems configs/problems/anchors_bwd_bf16.json configs/problems/gqa_bwd_bf16.json \
           --out "$rep/bwd_hopper_vs_peers.csv" 2>"$OUT/bwd_peers.log"
         echo "peers exit $?"; tail -5 "$OUT/bwd_peers.log"; cp "$rep/bwd_hopper_vs_peers.csv" "$OUT/" 2>/dev/null
+        ;;
+      profile)  # Nsight Compute on the dK/dV kernel: FA3_BWD_PROFILE_PARAMS on FA3_BWD_PROFILE_SHAPE (bf16)
+        prof_params=${FA3_BWD_PROFILE_PARAMS:-BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1}
+        prof_shape=${FA3_BWD_PROFILE_SHAPE:-4,16,4096,4096,128}
+        ncu --clock-control none -k regex:fa3_wgmma_bwd_dkdv -c 1 --section SpeedOfLight --section WarpStateStats \
+          --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+          --section SourceCounters --import-source no -o "$OUT/fa3_bwd_profile" \
+          $ft run --family fa3_wgmma_bwd --params "$prof_params" --shape "$prof_shape" --dtype bf16 --direction bwd \
+          >"$OUT/fa3_bwd_profile.log" 2>&1
+        ncu --import "$OUT/fa3_bwd_profile.ncu-rep" --page details >"$OUT/fa3_bwd_profile.txt" 2>&1
+        ncu --import "$OUT/fa3_bwd_profile.ncu-rep" --page source --csv --print-source sass >"$OUT/fa3_bwd_sass.csv" 2>&1
+        gzip -f "$OUT/fa3_bwd_sass.csv"
+        grep -E "Duration|Throughput|Stall|Issued|Eligible|Pipe|L2 Hit|Bank" "$OUT/fa3_bwd_profile.txt" | head -40
         ;;
       *) echo "fa3-bwd: unknown part $part" >&2; exit 2 ;;
     esac

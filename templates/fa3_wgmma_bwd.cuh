@@ -8,7 +8,7 @@
 //   fa3_wgmma_bwd_convert<T>     dQ = 16-bit(scale dq_accum)
 // Workspace (p.workspace, fa3_bwd_workspace_bytes): lse2 [B H][R], delta [B H][R], dq_accum [B H][R][D]
 // fp32, R = seq_q rounded up to BLOCK_M; dq_accum's rows hold their 16-byte pieces swizzled by row (piece c of
-// row r at c ^ (r % 8)), as the consumers stage them, and the convert undoes it.
+// row r at c ^ 2 (r % 4), dq_swizzle), as the consumers stage them, and the convert undoes it.
 //
 // The dK/dV CTA (tensor maps: Q box [BM][W], K and V [BN][W], dO [BM][W]; W = the swizzle's columns):
 //   warp 0 (producer)   one thread: K and V of the block once (kv_full), then per step Q, dO (TMA) and lse2,
@@ -119,16 +119,24 @@ struct Work {
 
 // The steps of a CTA: each query head of the kv head's group, and within it the query blocks that see the
 // key block (causal: key n is visible to query m iff n <= m + seq_k - seq_q), in order.
+// SCHED 2: each CTA starts at step (its key block mod count) and wraps around, so that the CTAs of one head
+// add into different rows of dq_accum at a time instead of all into the same ones.
 struct Steps {
-  int first, blocks, count, hq0;  // first visible query block, blocks per head, steps, the group's first head
-  __device__ static Steps of(const AttnBwdParams& p, const Work& w, int BM, bool causal) {
+  int first, blocks, count, hq0, rot;  // first visible query block, blocks per head, steps, the group's first
+                                       // head, the first step (SCHED 2)
+  template <class T>
+  __device__ static Steps of(const AttnBwdParams& p, const Work& w) {
     const int group = query_group(p);
-    const int num_m = ceil_div(p.seq_q, BM);
-    const int first = causal ? imax(0, w.n0 - (p.seq_k - p.seq_q)) / BM : 0;
+    const int num_m = ceil_div(p.seq_q, T::kBlockM);
+    const int first = T::kCausal ? imax(0, w.n0 - (p.seq_k - p.seq_q)) / T::kBlockM : 0;
     const int blocks = imax(0, num_m - first);
-    return Steps{first, blocks, group * blocks, w.kv_head * group};
+    const int count = group * blocks;
+    const int rot = T::kRotate && count > 0 ? (w.n0 / T::kBlockN) % count : 0;
+    return Steps{first, blocks, count, w.kv_head * group, rot};
   }
   __device__ void at(int t, int& hq, int& mb) const {
+    t += rot;
+    if (t >= count) t -= count;
     const int i = t / blocks;
     hq = hq0 + i;
     mb = first + t - i * blocks;
@@ -321,8 +329,12 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kDqChunk / 2], unsigned 
                                            ks > 0);
 }
 
-// A dQ chunk's accumulators into the fp32 staging tile [BM][D]: the 16-byte piece c of row r at c ^ (r % 8)
-// (the C layout's 8-byte stores then hit distinct banks in each half-warp).
+// The fp32 staging tile [BM][D] (and so dq_accum) holds the 16-byte piece c of row r at c ^ dq_swizzle(r): a
+// half-warp's 8-byte stores from the C layout (rows g = 0..3, two pieces each) then cover all 32 banks once.
+// (c ^ (r % 8) left them on 16 banks: two wavefronts per store, the dQ stores' share of the stall samples 9%.)
+__device__ __forceinline__ int dq_swizzle(int r) { return 2 * (r & 3); }
+
+// A dQ chunk's accumulators into the fp32 staging tile [BM][D] (rows row, row + 8: the same swizzle).
 template <class T>
 __device__ __forceinline__ void stage_dq(float* tile, const float (&acc)[T::kDqChunk / 2], int row, int col0, int g,
                                          int tig) {
@@ -330,7 +342,7 @@ __device__ __forceinline__ void stage_dq(float* tile, const float (&acc)[T::kDqC
 #pragma unroll
   for (int j = 0; j < T::kDqChunk / 8; ++j) {
     const int col = col0 + 8 * j + 2 * tig;
-    const int at = 4 * ((col >> 2) ^ g) + (col & 3);
+    const int at = 4 * ((col >> 2) ^ dq_swizzle(g)) + (col & 3);
     *reinterpret_cast<float2*>(tile + row * D + at) = make_float2(acc[4 * j], acc[4 * j + 1]);
     *reinterpret_cast<float2*>(tile + (row + 8) * D + at) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
   }
@@ -510,7 +522,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const unsigned raw = smem_u32(fa3_bwd_smem), base = (raw + 1023u) & ~1023u;
   const det::Smem<T> sm{base, fa3_bwd_smem + (base - raw)};
   const det::Work w = det::Work::of<T>(p);
-  const det::Steps st = det::Steps::of(p, w, T::kBlockM, T::kCausal);
+  const det::Steps st = det::Steps::of<T>(p, w);
 
   if (threadIdx.x == 0) {
     mbar_init(sm.kv_full(), 1);
@@ -552,9 +564,10 @@ __global__ void __launch_bounds__(kFa3BwdRowThreads) fa3_wgmma_bwd_convert(const
   const float* src = ws.dq_accum + (bh * ws.rows + row) * D;
   unsigned short* dst = static_cast<unsigned short*>(p.dq) + (bh * p.seq_q + row) * D;
   const float scale = p.scale;
+  const int sw = fa3_bwd_detail::dq_swizzle(row);  // even: pieces 2c, 2c + 1 stay adjacent
   for (int c = lane; c < D / 8; c += 8) {  // 8 columns: logical pieces 2c, 2c + 1
-    const float4 a = *reinterpret_cast<const float4*>(src + 4 * ((2 * c) ^ (row & 7)));
-    const float4 b = *reinterpret_cast<const float4*>(src + 4 * ((2 * c + 1) ^ (row & 7)));
+    const float4 a = *reinterpret_cast<const float4*>(src + 4 * ((2 * c) ^ sw));
+    const float4 b = *reinterpret_cast<const float4*>(src + 4 * ((2 * c + 1) ^ sw));
     uint4 out;
     out.x = pack_half2<T::kDtype>(a.x * scale, a.y * scale);
     out.y = pack_half2<T::kDtype>(a.z * scale, a.w * scale);

@@ -10,6 +10,7 @@
 // (BLOCK_N = 64 x CONSUMERS) compute the five products with wgmma.
 //   SCHED 0: key blocks of one (kv head, batch) side by side in the grid (they share Q and dO in L2);
 //   SCHED 1: the grid's first wave takes every head's heaviest key block (causal: longest first, LPT).
+//   SCHED 2: as 0, each CTA walking its query blocks from a rotated start (dq_accum's rows spread over the CTAs).
 //   DQ_OVERLAP 0: dV and dK issued together, then the dQ chains; 1: the one dQ chain issued with dK and
 //   staged while dK runs (needs a consumer's dQ piece to be one chain).
 // Host-usable: plain constexpr C++.
@@ -87,7 +88,7 @@ FT_HD constexpr GridDims fa3_bwd_convert_grid(int batch, int heads, int seq_q) {
 // block (causal: the longest), then every pair's second, ...
 FT_HD constexpr GridDims fa3_bwd_dkdv_grid(int batch, int heads_k, int seq_k, int CONSUMERS, int SCHED) {
   const int nb = ceil_div(seq_k > 0 ? seq_k : 1, fa3_bwd_block_n(CONSUMERS));
-  return SCHED ? GridDims{heads_k * batch, nb, 1} : GridDims{nb, heads_k, batch};
+  return SCHED == 1 ? GridDims{heads_k * batch, nb, 1} : GridDims{nb, heads_k, batch};
 }
 
 // ---- validity (fa3_bwd_check and the traits' static_asserts) ----
@@ -96,6 +97,7 @@ FT_HD constexpr bool fa3_bwd_bm_ok(int BM) { return BM == 64 || BM == 128; }
 FT_HD constexpr bool fa3_bwd_consumers_ok(int C) { return C >= 1 && C <= 3; }
 FT_HD constexpr bool fa3_bwd_stages_ok(int S) { return S == 1 || S == 2; }
 FT_HD constexpr bool fa3_bwd_switch_ok(int x) { return x == 0 || x == 1; }
+FT_HD constexpr bool fa3_bwd_sched_ok(int x) { return x >= 0 && x <= 2; }
 FT_HD constexpr bool fa3_bwd_regs_ok(int C) {
   return 128 * (fa3_bwd_producer_regs(C) + C * fa3_bwd_consumer_regs(C)) <= fa3_bwd_launch_regs(C) * fa3_bwd_threads(C);
 }
@@ -125,7 +127,7 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
          : !fa3_bwd_bm_ok(BM)                  ? "BLOCK_M must be 64 or 128 (a wgmma N of the score products)"
          : !fa3_bwd_consumers_ok(CONSUMERS)    ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_N = 64 x CONSUMERS)"
          : !fa3_bwd_stages_ok(STAGES)          ? "STAGES must be 1 or 2 (Q/dO slots)"
-         : !fa3_bwd_switch_ok(SCHED)           ? "SCHED must be 0 or 1"
+         : !fa3_bwd_sched_ok(SCHED)            ? "SCHED must be 0, 1 or 2"
          : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
          : !fa3_bwd_regs_ok(CONSUMERS)         ? "the register budgets exceed the launch allocation"
          : !fa3_bwd_acc_ok(D, BM, CONSUMERS)
@@ -150,6 +152,7 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kBlockN = fa3_bwd_block_n(CONSUMERS);
   static constexpr int kStages = STAGES;
   static constexpr bool kLpt = SCHED == 1;
+  static constexpr bool kRotate = SCHED == 2;
   static constexpr bool kDqOverlap = DQ_OVERLAP == 1;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;

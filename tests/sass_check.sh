@@ -50,6 +50,8 @@ expect() {  # expect <family> -> sets space and ops; returns 1 for a family with
       ops=(HGMMA LDGSTS MUFU.EX2 -- HMMA) ;;
     fa3_wgmma) space='"params":{"BLOCK_N":[128],"CONSUMERS":[2],"STAGES":[2],"OVERLAP":[1],"PINGPONG":[1],"P_SMEM":[0]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'
       ops=(HGMMA UTMALDG UTMASTG USETMAXREG MUFU.EX2 -- HMMA LDGSTS) ;;  # TMA in and out, no cp.async
+    fa3_wgmma_bwd) space='"params":{"BLOCK_M":[64],"CONSUMERS":[2],"STAGES":[2],"SCHED":[0],"DQ_OVERLAP":[1]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]'
+      ops=(HGMMA UTMALDG UBLKCP UBLKRED USETMAXREG MUFU.EX2 -- HMMA LDGSTS) ;;  # TMA in, lse/delta bulk copies, dQ bulk reduce-add
     *) return 1 ;;
   esac
 }

@@ -138,7 +138,7 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
   };
   const Query gqa_bwd90 = gqa(query("X", "sm_90", "bwd", DType::bf16, 128, true, 512));
   for (const Family* f : candidate_families(gqa_bwd90)) EXPECT_TRUE(f->gqa) << f->name;
-  EXPECT_EQ(candidate_families(gqa_bwd90).size(), 2u);
+  EXPECT_EQ(candidate_families(gqa_bwd90).size(), 3u);  // fa2_mma_bwd, fa2_wgmma_bwd, fa3_wgmma_bwd
   EXPECT_EQ(name(none, gqa_bwd90), "fa2_wgmma_bwd");
   EXPECT_EQ(name(none, gqa(query("X", "sm_80", "bwd", DType::fp16, 64, false, 512))), "fa2_mma_bwd");
   EXPECT_EQ(name(none, gqa(query("X", "sm_90", "fwd", DType::bf16, 128, false, 512))), "fa2_mma");

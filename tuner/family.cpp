@@ -346,7 +346,7 @@ std::vector<Family> make_families() {
     f.params = {{"BLOCK_M", {64, 128}},      // query rows per step (the scores' wgmma N)
                 {"CONSUMERS", {1, 2, 3}},    // consumer warpgroups: BLOCK_N = 64 x CONSUMERS keys
                 {"STAGES", {1, 2}},          // Q, dO, lse, delta slots in the TMA ring
-                {"SCHED", {0, 1}},           // 0: key blocks of a head together; 1: heaviest key blocks first (LPT)
+                {"SCHED", {0, 1, 2}},        // 0: key blocks of a head together; 1: heaviest first (LPT); 2: 0, rotated
                 {"DQ_OVERLAP", {0, 1}}};     // 1: dQ issued with dK and staged while dK runs
     f.head_dims = {64, 96, 128};
     f.dtypes = {DType::fp16, DType::bf16};
