@@ -40,7 +40,7 @@ def kernel_ms(call, flush, reps, warmup=3):
         with torch.profiler.profile(activities=act) as prof:
             call()
             torch.cuda.synchronize()
-        us = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
         if us <= 0:
             raise RuntimeError("the profiler saw no kernel")
         times.append(us / 1000.0)
@@ -75,7 +75,12 @@ def main():
     problems = [p for f in a.problems for p in baselines.load_problems(__import__("json").load(open(f)))]
     problems = [p for p in problems if p["direction"] == "bwd"]
     device = torch.cuda.get_device_name(0)
-    rows = []
+    keys = ["device", "head_dim", "causal", "seq", "batch", "heads", "heads_k", "tuned_family", "tuned_config",
+            "tuned_ms", "tuned_tflops", "fa4_tflops", "cudnn_tflops", "flash_tflops", "ratio_vs_fa4", "ratio_vs_cudnn",
+            "ratio_vs_flash", "deterministic"]
+    out = open(a.out, "w", newline="")  # a row per point as it is measured: a run cut by its time limit keeps them
+    w = csv.DictWriter(out, fieldnames=keys)
+    w.writeheader()
     for p in problems:
         B, H, S, d = p["batch"], p["heads"], p["seq_q"], p["head_dim"]
         Hk = p.get("heads_k", H)
@@ -127,18 +132,13 @@ def main():
         row["ratio_vs_cudnn"] = f"{ours / float(row['cudnn_tflops']):.3f}" if row["cudnn_tflops"] else ""
         row["ratio_vs_flash"] = f"{ours / float(row['flash_tflops']):.3f}" if row["flash_tflops"] else ""
         row["deterministic"] = "no"  # the picks accumulate dQ with TMA reduce-adds in no fixed order
-        rows.append(row)
+        w.writerow(row)
+        out.flush()
         print(f"d {d} causal {int(causal)} S {S} H {H}/{Hk}: ours {row['tuned_tflops']} ({row['tuned_config']}) "
               f"fa4 {row['fa4_tflops']} cudnn {row['cudnn_tflops']} flash {row['flash_tflops']}", file=sys.stderr)
         del q, k, v, dout
         torch.cuda.empty_cache()
-    keys = ["device", "head_dim", "causal", "seq", "batch", "heads", "heads_k", "tuned_family", "tuned_config",
-            "tuned_ms", "tuned_tflops", "fa4_tflops", "cudnn_tflops", "flash_tflops", "ratio_vs_fa4", "ratio_vs_cudnn",
-            "ratio_vs_flash", "deterministic"]
-    with open(a.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    out.close()
 
 
 if __name__ == "__main__":
