@@ -164,6 +164,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model in both runs")
     ap.add_argument("--out-dir", help="default: reports/<gpu-slug>")
+    ap.add_argument("--tag", default="", help="suffix of the output files: train_tiny_gpt_<tag>.csv/.png")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("train_tiny_gpt: needs a CUDA GPU")
@@ -177,7 +178,10 @@ def main():
     ft_loss, ft_rate = train("flashtune", data, a)
     sd_loss, sd_rate = train("sdpa", data, a)
 
-    csv_path = os.path.join(out_dir, "train_tiny_gpt.csv")
+    stem = "train_tiny_gpt" + (f"_{a.tag}" if a.tag else "")
+    if not all(ch.isalnum() or ch in "_-" for ch in stem):
+        sys.exit("train_tiny_gpt: --tag takes letters, digits, '_' and '-' only")
+    csv_path = os.path.join(out_dir, stem + ".csv")
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step", "loss_flashtune", "loss_sdpa", "tokens_per_s_flashtune", "tokens_per_s_sdpa"])
@@ -196,7 +200,7 @@ def main():
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    png_path = os.path.join(out_dir, "train_tiny_gpt.png")
+    png_path = os.path.join(out_dir, stem + ".png")
     fig.savefig(png_path, dpi=120)
 
     tail = min(20, a.steps)

@@ -548,7 +548,7 @@ fa3-bwd)
         lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
         fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)  # the FA3-class peer, if .fa4a/.fa4b installed it
         PYTHONPATH="python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
-        timeout "${FA3_BWD_PEERS_LIMIT_S:-300}" python3 experiments/bwd_peers.py --db "$db" \
+        timeout "${FA3_BWD_PEERS_LIMIT_S:-300}" python3 experiments/bwd_peers.py --db "${FA3_BWD_PEERS_DB:-$db}" \
           --problems configs/problems/anchors_bwd_bf16.json configs/problems/gqa_bwd_bf16_2k8k.json \
           --out "$rep/bwd_hopper_vs_peers.csv" 2>"$OUT/bwd_peers.log"
         echo "peers exit $?"; tail -5 "$OUT/bwd_peers.log"; cp "$rep/bwd_hopper_vs_peers.csv" "$OUT/" 2>/dev/null
