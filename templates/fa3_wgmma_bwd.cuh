@@ -1,7 +1,7 @@
 // FlashAttention-3's backward design on Hopper (sm_90a): TMA, an mbarrier ring, warp specialization,
 // wgmma, and dQ by TMA reduce-add from a warp of its own. fp16 or bf16 in and out, fp32 accumulation.
-// Kernels, launched in order (T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DTYPE,
-//                                                  CAUSAL>):
+// Kernels, launched in order (T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS,
+//                                                  DTYPE, CAUSAL>):
 //   fa3_wgmma_bwd_preprocess<T>  per query row (padded to whole blocks): lse2 = lse log2(e), delta =
 //                                rowsum(dO * O) (zeros past seq_q), dq_accum = 0
 //   fa3_wgmma_bwd_dkdv<T>        per (key block, kv head, batch): dK, dV; dq_accum += dS K
@@ -27,6 +27,8 @@
 //     dQ_piece = dS K       SS, dS M-major (interleaved tile), K MN-major; staged in fp32 for the writer
 //   DQ_OVERLAP 0 issues dV and dK together and the dQ chains once both are done; 1 issues dV, then (after
 //   the barrier) the one dQ chain and dK together, and stages dQ while dK runs.
+//   DQ_TURNS 1 (two consumers): step t's whole dQ is consumer t % 2's, which alone waits for the other's dS^T;
+//   the other goes on to step t + 1, so that one consumer's softmax runs during the other's dQ GEMMs.
 // dK and dV stay in registers over every step and are stored once (times scale for dK): summed over a
 // query group's heads in a fixed order, no atomics.
 //
@@ -189,7 +191,7 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
 template <class T>
 __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams& p, const Work& w, const Steps& st,
                                          const Workspace& ws, int lane) {
-  constexpr int BM = T::kBlockM, D = T::kHeadDim, N = T::kConsumerThreads + 32;
+  constexpr int BM = T::kBlockM, D = T::kHeadDim, N = T::kDqThreads + 32;
   for (int t = 0; t < st.count; ++t) {
     named_bar_sync(kDqFull, N);
     if (lane == 0) {
@@ -310,7 +312,9 @@ struct DqPiece {
 };
 template <class T>
 __device__ __forceinline__ DqPiece dq_piece(int c) {
-  if constexpr (T::kConsumers >= T::kDqRowTiles)
+  if constexpr (T::kDqTurns)  // the whole tile, by the consumer whose turn it is
+    return DqPiece{0, T::kDqRowTiles, 0};
+  else if constexpr (T::kConsumers >= T::kDqRowTiles)
     return DqPiece{c / T::kDqColPieces, 1, (c % T::kDqColPieces) * T::kDqCols};
   else
     return DqPiece{c * (T::kDqRowTiles / T::kConsumers), T::kDqRowTiles / T::kConsumers, 0};
@@ -417,51 +421,66 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     const unsigned ds = opaque(sm.ds(t & 1));
     store_ds<BM>(ds, dsa, krow, tig);
     fence_proxy_async();
-    named_bar_sync(kDsReady, NQ);  // every warpgroup's dS^T rows
+    // Step t's dQ: a piece from every consumer, or (DQ_TURNS) all of it from consumer t % 2, which alone waits for
+    // the other's dS^T rows; the other goes on to step t + 1.
+    const bool mine = !T::kDqTurns || t % T::kConsumers == c;
+    constexpr int NW = T::kDqThreads + 32;  // the dQ barriers: its consumers and the writer warp
+    if (mine) named_bar_sync(kDsReady, NQ);  // every warpgroup's dS^T rows
+    else named_bar_arrive(kDsReady, NQ);
 
     float* tile = sm.dq_ptr();
     if constexpr (T::kDqOverlap) {
       // DQ_OVERLAP 1, one dQ chain: issued before dK += dS^T Q, so that it is staged while dK runs.
       float dq[T::kDqChunk / 2];
       wgmma_fence();
-      gemm_dq<T>(dq, ds, k, piece.row_tile0, piece.col0);
-      wgmma_commit();
+      if (mine) {
+        gemm_dq<T>(dq, ds, k, piece.row_tile0, piece.col0);
+        wgmma_commit();
+      }
       gemm_grad<T>(dk, dsa, q);
       wgmma_commit();
-      wgmma_wait<1>();  // dV and dQ
-      wgmma_fence_regs(dq);
-      wgmma_fence_regs(dv);
-      fence_frags(pa);
-      if (t > 0) named_bar_sync(kDqEmpty, NQ + 32);  // the writer has read the previous step's tile
-      stage_dq<T>(tile, dq, 64 * piece.row_tile0 + wrow + g, piece.col0, g, tig);
+      if (mine) {
+        wgmma_wait<1>();  // dV and dQ
+        wgmma_fence_regs(dq);
+        wgmma_fence_regs(dv);
+        fence_frags(pa);
+        if (t > 0) named_bar_sync(kDqEmpty, NW);  // the writer has read the previous step's tile
+        stage_dq<T>(tile, dq, 64 * piece.row_tile0 + wrow + g, piece.col0, g, tig);
+      }
       wgmma_wait<0>();  // dK
       wgmma_fence_regs(dk);
+      wgmma_fence_regs(dv);
+      fence_frags(pa);
       fence_frags(dsa);
     } else {  // DQ_OVERLAP 0: dV and dK done first, then the dQ chains one by one
-      if (t > 0) named_bar_sync(kDqEmpty, NQ + 32);
+      if (mine && t > 0) named_bar_sync(kDqEmpty, NW);
       wgmma_wait<0>();  // dV, dK: the fragments are free
       fence_frags(pa);
       fence_frags(dsa);
       wgmma_fence_regs(dv);
       wgmma_fence_regs(dk);
+      if (mine) {
 #pragma unroll
-      for (int i = 0; i < piece.row_tiles; ++i) {
-        const int rt = piece.row_tile0 + i;
+        for (int i = 0; i < piece.row_tiles; ++i) {
+          const int rt = piece.row_tile0 + i;
 #pragma unroll
-        for (int c0 = 0; c0 < T::kDqCols; c0 += T::kDqChunk) {
-          float dq[T::kDqChunk / 2];
-          wgmma_fence();
-          gemm_dq<T>(dq, ds, k, rt, piece.col0 + c0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          wgmma_fence_regs(dq);
-          stage_dq<T>(tile, dq, 64 * rt + wrow + g, piece.col0 + c0, g, tig);
+          for (int c0 = 0; c0 < T::kDqCols; c0 += T::kDqChunk) {
+            float dq[T::kDqChunk / 2];
+            wgmma_fence();
+            gemm_dq<T>(dq, ds, k, rt, piece.col0 + c0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_regs(dq);
+            stage_dq<T>(tile, dq, 64 * rt + wrow + g, piece.col0 + c0, g, tig);
+          }
         }
       }
     }
     if (lane == 0) mbar_arrive(sm.q_empty(s));  // Q, dO, lse2, delta of this slot read
-    fence_proxy_async();                        // the staged dQ, before the copy engine reads it
-    named_bar_arrive(kDqFull, NQ + 32);
+    if (mine) {
+      fence_proxy_async();  // the staged dQ, before the copy engine reads it
+      named_bar_arrive(kDqFull, NW);
+    }
   }
 
   const long long bh_kv = static_cast<long long>(w.batch) * (p.heads_k > 0 ? p.heads_k : p.heads) + w.kv_head;

@@ -3,7 +3,7 @@
 //   fa3_wgmma_bwd_preprocess<T>  delta = rowsum(dO * O) and lse in log2 units into padded rows, dq_accum = 0
 //   fa3_wgmma_bwd_dkdv<T>        one CTA per (key block, kv head, batch): dK, dV; dq_accum += dS K by TMA
 //   fa3_wgmma_bwd_convert<T>     dQ = 16-bit(scale dq_accum)
-//   T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DTYPE, CAUSAL>
+//   T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS, DTYPE, CAUSAL>
 // The dK/dV CTA: warpgroup 0 is the producer (warp 0: TMA copies of K and V once, then Q, dO, lse and
 // delta of every query block into a ring of STAGES slots) and the dQ writer (warp 1: each query block's
 // dQ tile added into dq_accum by one bulk reduce-add); CONSUMERS warpgroups of 64 keys each
@@ -13,6 +13,8 @@
 //   SCHED 2: as 0, each CTA walking its query blocks from a rotated start (dq_accum's rows spread over the CTAs).
 //   DQ_OVERLAP 0: dV and dK issued together, then the dQ chains; 1: the one dQ chain issued with dK and
 //   staged while dK runs (needs a consumer's dQ piece to be one chain).
+//   DQ_TURNS 1: two consumers take turns at a step's whole dQ instead of a piece each (they drift half a
+//   step apart, one's softmax under the other's GEMMs).
 // Host-usable: plain constexpr C++.
 #pragma once
 #include "traits_common.h"
@@ -46,15 +48,18 @@ FT_HD constexpr int fa3_bwd_acc_regs(int D, int BM) { return D + BM; }
 
 // dQ of a query block (BM x D) over the consumers: m64 row tiles x column pieces, one piece per warpgroup
 // (a warpgroup takes several row tiles when there are fewer warpgroups than row tiles).
+// DQ_TURNS 1: one consumer takes the whole tile, as if there were one.
 FT_HD constexpr int fa3_bwd_dq_row_tiles(int BM) { return BM / 64; }
-FT_HD constexpr int fa3_bwd_dq_col_pieces(int BM, int CONSUMERS) {
-  return CONSUMERS > fa3_bwd_dq_row_tiles(BM) ? CONSUMERS / fa3_bwd_dq_row_tiles(BM) : 1;
+FT_HD constexpr int fa3_bwd_dq_col_pieces(int BM, int CONSUMERS, int TURNS = 0) {
+  return !TURNS && CONSUMERS > fa3_bwd_dq_row_tiles(BM) ? CONSUMERS / fa3_bwd_dq_row_tiles(BM) : 1;
 }
-FT_HD constexpr int fa3_bwd_dq_cols(int D, int BM, int CONSUMERS) { return D / fa3_bwd_dq_col_pieces(BM, CONSUMERS); }
+FT_HD constexpr int fa3_bwd_dq_cols(int D, int BM, int CONSUMERS, int TURNS = 0) {
+  return D / fa3_bwd_dq_col_pieces(BM, CONSUMERS, TURNS);
+}
 // Columns per dQ wgmma chain (registers: DQ_CHUNK / 2): 64 where they divide the piece, else 32 (d 96); the
 // piece is whole swizzle groups (fa3_bwd_dq_ok), so either is too.
-FT_HD constexpr int fa3_bwd_dq_chunk(int D, int BM, int CONSUMERS) {
-  return fa3_bwd_dq_cols(D, BM, CONSUMERS) % 64 == 0 ? 64 : 32;
+FT_HD constexpr int fa3_bwd_dq_chunk(int D, int BM, int CONSUMERS, int TURNS = 0) {
+  return fa3_bwd_dq_cols(D, BM, CONSUMERS, TURNS) % 64 == 0 ? 64 : 32;
 }
 
 // Shared memory, from a 1024-byte aligned base (+ 1024 bytes of slack):
@@ -105,16 +110,21 @@ FT_HD constexpr bool fa3_bwd_regs_ok(int C) {
 FT_HD constexpr bool fa3_bwd_acc_ok(int D, int BM, int C) { return fa3_bwd_acc_regs(D, BM) <= fa3_bwd_consumer_regs(C) - 48; }
 // The dQ pieces: the warpgroups split the row tiles or each row tile's columns evenly, and a piece's columns
 // are whole swizzle groups of K (an MN-major B operand starts at a group).
-FT_HD constexpr bool fa3_bwd_dq_ok(int D, int BM, int C) {
-  const int rt = fa3_bwd_dq_row_tiles(BM), cp = fa3_bwd_dq_col_pieces(BM, C);
-  return (C % rt == 0 || rt % C == 0) && D % cp == 0 && fa3_bwd_dq_cols(D, BM, C) % fa3_bwd_group_cols(D) == 0;
+FT_HD constexpr bool fa3_bwd_dq_ok(int D, int BM, int C, int TURNS = 0) {
+  const int rt = fa3_bwd_dq_row_tiles(BM), cp = fa3_bwd_dq_col_pieces(BM, C, TURNS);
+  return (TURNS || C % rt == 0 || rt % C == 0) && D % cp == 0 &&
+         fa3_bwd_dq_cols(D, BM, C, TURNS) % fa3_bwd_group_cols(D) == 0;
 }
+// Turns between two consumers: with three, one that is not the dQ consumer twice running would refill a dS^T
+// tile the step before's dQ consumer may still read.
+FT_HD constexpr bool fa3_bwd_turns_ok(int C, int TURNS) { return TURNS == 0 || C == 2; }
 // DQ_OVERLAP 1 holds one dQ chain's accumulators beside dK's in flight: a consumer's piece is one chain.
-FT_HD constexpr int fa3_bwd_dq_steps(int D, int BM, int C) {
-  return (C >= fa3_bwd_dq_row_tiles(BM) ? 1 : fa3_bwd_dq_row_tiles(BM) / C) * (fa3_bwd_dq_cols(D, BM, C) / fa3_bwd_dq_chunk(D, BM, C));
+FT_HD constexpr int fa3_bwd_dq_steps(int D, int BM, int C, int TURNS = 0) {
+  return (!TURNS && C >= fa3_bwd_dq_row_tiles(BM) ? 1 : TURNS ? fa3_bwd_dq_row_tiles(BM) : fa3_bwd_dq_row_tiles(BM) / C) *
+         (fa3_bwd_dq_cols(D, BM, C, TURNS) / fa3_bwd_dq_chunk(D, BM, C, TURNS));
 }
-FT_HD constexpr bool fa3_bwd_overlap_ok(int D, int BM, int C, int DQ_OVERLAP) {
-  return DQ_OVERLAP == 0 || fa3_bwd_dq_steps(D, BM, C) == 1;
+FT_HD constexpr bool fa3_bwd_overlap_ok(int D, int BM, int C, int DQ_OVERLAP, int TURNS = 0) {
+  return DQ_OVERLAP == 0 || fa3_bwd_dq_steps(D, BM, C, TURNS) == 1;
 }
 FT_HD constexpr bool fa3_bwd_smem_ok(int D, int BM, int C, int STAGES) {
   return fa3_bwd_smem_bytes(D, BM, C, STAGES) <= kMaxSmemBytesSm90;
@@ -122,27 +132,30 @@ FT_HD constexpr bool fa3_bwd_smem_ok(int D, int BM, int C, int STAGES) {
 FT_HD constexpr bool fa3_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 
 // nullptr if valid, else the reason.
-FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP) {
+FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP,
+                                          int DQ_TURNS = 0) {
   return !fa3_bwd_d_ok(D) ? "D must be 64, 96 or 128 (dK and dV of 64 keys at d > 128 exceed a consumer's registers)"
          : !fa3_bwd_bm_ok(BM)                  ? "BLOCK_M must be 64 or 128 (a wgmma N of the score products)"
          : !fa3_bwd_consumers_ok(CONSUMERS)    ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_N = 64 x CONSUMERS)"
          : !fa3_bwd_stages_ok(STAGES)          ? "STAGES must be 1 or 2 (Q/dO slots)"
          : !fa3_bwd_sched_ok(SCHED)            ? "SCHED must be 0, 1 or 2"
          : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
+         : !fa3_bwd_switch_ok(DQ_TURNS)        ? "DQ_TURNS must be 0 or 1"
+         : !fa3_bwd_turns_ok(CONSUMERS, DQ_TURNS) ? "DQ_TURNS needs two consumer warpgroups"
          : !fa3_bwd_regs_ok(CONSUMERS)         ? "the register budgets exceed the launch allocation"
          : !fa3_bwd_acc_ok(D, BM, CONSUMERS)
              ? "accumulators (dK, dV D + S^T, dP^T BLOCK_M) exceed the consumer register budget - 48"
-         : !fa3_bwd_dq_ok(D, BM, CONSUMERS)
+         : !fa3_bwd_dq_ok(D, BM, CONSUMERS, DQ_TURNS)
              ? "the dQ pieces (BLOCK_M/64 row tiles x column pieces over the consumers) must be whole swizzle groups"
-         : !fa3_bwd_overlap_ok(D, BM, CONSUMERS, DQ_OVERLAP)
+         : !fa3_bwd_overlap_ok(D, BM, CONSUMERS, DQ_OVERLAP, DQ_TURNS)
              ? "DQ_OVERLAP 1 needs a consumer's dQ piece to be one wgmma chain (64 or 32 columns of one row tile)"
          : !fa3_bwd_smem_ok(D, BM, CONSUMERS, STAGES) ? "shared memory exceeds sm_90's 232448 bytes per block"
                                                       : nullptr;
 }
 
-template <int D, int BLOCK_M, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP, int DTYPE, bool CAUSAL>
+template <int D, int BLOCK_M, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP, int DQ_TURNS, int DTYPE, bool CAUSAL>
 struct Fa3WgmmaBwdTraits {
-  static_assert(fa3_bwd_check(D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP) == nullptr,
+  static_assert(fa3_bwd_check(D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS) == nullptr,
                 "invalid Fa3WgmmaBwdTraits: see fa3_bwd_check");
   static_assert(fa3_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
 
@@ -154,6 +167,7 @@ struct Fa3WgmmaBwdTraits {
   static constexpr bool kLpt = SCHED == 1;
   static constexpr bool kRotate = SCHED == 2;
   static constexpr bool kDqOverlap = DQ_OVERLAP == 1;
+  static constexpr bool kDqTurns = DQ_TURNS == 1;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 
@@ -170,9 +184,10 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kDqBytes = 4 * BLOCK_M * D;                     // the dQ staging tile
   static constexpr int kStatBytes = 4 * BLOCK_M;                       // lse or delta of one block
   static constexpr int kDqRowTiles = fa3_bwd_dq_row_tiles(BLOCK_M);
-  static constexpr int kDqColPieces = fa3_bwd_dq_col_pieces(BLOCK_M, CONSUMERS);
-  static constexpr int kDqCols = fa3_bwd_dq_cols(D, BLOCK_M, CONSUMERS);
-  static constexpr int kDqChunk = fa3_bwd_dq_chunk(D, BLOCK_M, CONSUMERS);
+  static constexpr int kDqColPieces = fa3_bwd_dq_col_pieces(BLOCK_M, CONSUMERS, DQ_TURNS);
+  static constexpr int kDqCols = fa3_bwd_dq_cols(D, BLOCK_M, CONSUMERS, DQ_TURNS);
+  static constexpr int kDqChunk = fa3_bwd_dq_chunk(D, BLOCK_M, CONSUMERS, DQ_TURNS);
+  static constexpr int kDqThreads = DQ_TURNS ? 128 : 128 * CONSUMERS;  // threads that stage each step's dQ
   static constexpr int kSmemBytes = fa3_bwd_smem_bytes(D, BLOCK_M, CONSUMERS, STAGES);
 };
 
