@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "templates/fa2_wgmma_bwd_traits.h"
+#include "templates/fa3_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_traits.h"
 #include "tuner/compile.hpp"
 #include "tuner/search.hpp"
@@ -988,4 +989,98 @@ TEST(Family, Fa3MulticastClusters) {
   packed.varlen = true;
   EXPECT_THAT(c.prune_before_compile(packed), HasSubstr("dense only"));
   EXPECT_EQ(c.prune_before_compile(Variant{&f, mc, 128, false, DType::bf16}), "");
+}
+
+// fa3_wgmma_bwd's budgets, prunes, shared memory, workspace and grids (templates/fa3_wgmma_bwd_traits.h): the
+// same functions the kernel's static_asserts and the family's check call.
+TEST(Family, Fa3BwdBudgetsAndPrunes) {
+  // setmaxnreg: one CTA per SM, 128 (C + 1) threads; the budgets add up to at most the launch allocation.
+  EXPECT_EQ(fa3_bwd_launch_regs(2), 168);
+  EXPECT_EQ(fa3_bwd_producer_regs(2), 24);
+  EXPECT_EQ(fa3_bwd_consumer_regs(2), 240);
+  EXPECT_EQ(fa3_bwd_consumer_regs(1), 240);
+  EXPECT_EQ(fa3_bwd_producer_regs(3), 32);
+  EXPECT_EQ(fa3_bwd_consumer_regs(3), 160);
+  for (int c = 1; c <= 3; ++c) EXPECT_TRUE(fa3_bwd_regs_ok(c)) << c;
+  // FlashAttention-3's tiles: d 128 64 x 128 and d 64 128 x 128, two consumers.
+  EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0), nullptr);
+  EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1), nullptr);
+  EXPECT_EQ(fa3_bwd_check(96, 64, 1, 2, 0, 0, 0), nullptr);
+  // Prunes, each with its reason.
+  EXPECT_THAT(fa3_bwd_check(256, 64, 1, 2, 0, 0, 0), HasSubstr("D must be"));
+  EXPECT_THAT(fa3_bwd_check(64, 96, 1, 2, 0, 0, 0), HasSubstr("BLOCK_M"));
+  EXPECT_THAT(fa3_bwd_check(64, 64, 4, 2, 0, 0, 0), HasSubstr("CONSUMERS"));
+  EXPECT_THAT(fa3_bwd_check(64, 64, 1, 3, 0, 0, 0), HasSubstr("STAGES"));
+  EXPECT_THAT(fa3_bwd_check(64, 64, 1, 2, 3, 0, 0), HasSubstr("SCHED"));
+  EXPECT_THAT(fa3_bwd_check(128, 128, 2, 2, 0, 0, 0), HasSubstr("accumulators"));  // 128 + 128 > 240 - 48
+  EXPECT_THAT(fa3_bwd_check(64, 64, 3, 2, 0, 0, 0), HasSubstr("accumulators"));   // 128 > 160 - 48
+  EXPECT_THAT(fa3_bwd_check(96, 64, 2, 2, 0, 0, 0), HasSubstr("dQ pieces"));      // 48 columns of 32-column groups
+  EXPECT_THAT(fa3_bwd_check(64, 64, 3, 2, 0, 0, 1), HasSubstr("two consumer"));
+  EXPECT_THAT(fa3_bwd_check(128, 64, 2, 2, 0, 1, 1), HasSubstr("DQ_OVERLAP 1"));  // a whole d 128 dQ: two chains
+  // dQ chains per consumer and step.
+  EXPECT_EQ(fa3_bwd_dq_steps(128, 64, 2), 1);
+  EXPECT_EQ(fa3_bwd_dq_steps(128, 64, 2, 1), 2);
+  EXPECT_EQ(fa3_bwd_dq_steps(64, 128, 2, 1), 2);
+  EXPECT_EQ(fa3_bwd_dq_steps(64, 128, 1), 2);
+  // Shared memory: K, V, two Q/dO slots, two dS^T tiles, the dQ tile, lse/delta slots, 5 mbarriers, the slack.
+  EXPECT_EQ(fa3_bwd_smem_bytes(128, 64, 2, 2), 1024 + 65536 + 65536 + 32768 + 32768 + 1024 + 40);
+  EXPECT_LE(fa3_bwd_smem_bytes(64, 128, 2, 2), kMaxSmemBytesSm90);
+  // Workspace: lse2, delta and dq_accum over rows padded to whole query blocks.
+  EXPECT_EQ(fa3_bwd_padded_rows(100, 64), 128);
+  EXPECT_EQ(fa3_bwd_workspace_bytes(2, 3, 100, 64, 64), 2LL * 3 * 128 * (8 + 4 * 64));
+  // Grids: the preprocess over padded rows, the convert over rows, dK/dV by key block (SCHED 1: pairs first).
+  const GridDims pre = fa3_bwd_preprocess_grid(2, 3, 100, 64), cv = fa3_bwd_convert_grid(2, 3, 100);
+  EXPECT_EQ(pre.x, 4); EXPECT_EQ(pre.y, 3); EXPECT_EQ(pre.z, 2);
+  EXPECT_EQ(cv.x, 4); EXPECT_EQ(cv.y, 3); EXPECT_EQ(cv.z, 2);
+  const GridDims g0 = fa3_bwd_dkdv_grid(2, 4, 1000, 2, 0), g1 = fa3_bwd_dkdv_grid(2, 4, 1000, 2, 1),
+                 g2 = fa3_bwd_dkdv_grid(2, 4, 1000, 2, 2);
+  EXPECT_EQ(g0.x, 8); EXPECT_EQ(g0.y, 4); EXPECT_EQ(g0.z, 2);
+  EXPECT_EQ(g1.x, 8); EXPECT_EQ(g1.y, 8); EXPECT_EQ(g1.z, 1);
+  EXPECT_EQ(g2.x, g0.x); EXPECT_EQ(g2.y, g0.y); EXPECT_EQ(g2.z, g0.z);
+}
+
+// The family: Hopper only, GQA, dense only; its maps Q, K, V and dO (query-side geometry, the backward's dO
+// address), its three launches and its workspace.
+TEST(Family, Fa3BwdFamilyMapsAndLaunches) {
+  const Family& f = find_family("fa3_wgmma_bwd");
+  EXPECT_EQ(f.direction, "bwd");
+  EXPECT_TRUE(f.hopper_only);
+  EXPECT_TRUE(f.gqa);
+  EXPECT_FALSE(f.varlen);
+  EXPECT_TRUE(f.workspace_written);
+  for (int d : f.head_dims) EXPECT_EQ(f.check(f.default_config, d), nullptr) << d;
+  Problem p;
+  p.direction = "bwd", p.batch = 2, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 128;
+  p.dtype = DType::bf16;
+  const Config c = f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0");
+  const auto specs = f.tensor_maps(c, p);
+  ASSERT_EQ(specs.size(), 4u);
+  EXPECT_EQ(specs[3].tensor, "do");
+  for (const auto& m : specs) EXPECT_EQ(tensor_map_error(m, p), "") << m.tensor;
+  const AttnTensorMaps m = encode_tensor_maps(&record_tensor_map, specs, p, {0x1000, 0x2000, 0x3000, 0x4000, 0x5000});
+  struct Want { cuuint64_t addr, seq, heads, box_rows; };
+  const Want want[4] = {{0x1000, 333, 8, 64}, {0x2000, 517, 2, 128}, {0x3000, 517, 2, 128}, {0x5000, 333, 8, 64}};
+  for (int i = 0; i < 4; ++i) {
+    const auto* w = reinterpret_cast<const cuuint64_t*>(m.map[i].bits);
+    EXPECT_EQ(w[0], want[i].addr) << i;
+    EXPECT_EQ(w[2], want[i].seq) << i;
+    EXPECT_EQ(w[3], want[i].heads) << i;
+    EXPECT_EQ(w[8], 64u) << i;  // d 128: 128-byte swizzle, 64 columns per box
+    EXPECT_EQ(w[9], want[i].box_rows) << i;
+  }
+  const auto ls = f.launches(c, p);
+  ASSERT_EQ(ls.size(), 3u);
+  EXPECT_EQ(ls[0].threads, (unsigned)kFa3BwdRowThreads);
+  EXPECT_EQ(ls[1].threads, 384u);
+  EXPECT_EQ(ls[1].smem_bytes, (unsigned)fa3_bwd_smem_bytes(128, 64, 2, 2));
+  EXPECT_EQ(ls[1].grid[0], 5u);  // ceil(517 / 128) key blocks
+  EXPECT_EQ(ls[1].grid[1], 2u);  // kv heads
+  EXPECT_EQ(ls[2].grid[0], 11u);  // ceil(333 / 32) rows
+  EXPECT_EQ(f.workspace_bytes(c, p), (size_t)fa3_bwd_workspace_bytes(2, 8, 333, 128, 64));
+  // d 96: 64-byte swizzle, 32 columns; two consumers would split dQ into 48-column pieces.
+  p.head_dim = 96;
+  EXPECT_EQ(f.tensor_maps(c, p)[0].box_cols, 32);
+  EXPECT_EQ(f.tensor_maps(c, p)[0].swizzle_bytes, 64);
+  EXPECT_THAT(f.check(c, 96), HasSubstr("dQ pieces"));
+  EXPECT_EQ(f.shape_reason(p), "");  // dense grouped-query attention is served (there is no packed form yet)
 }
