@@ -152,6 +152,33 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
     EXPECT_EQ(name(TableSet{t, 1}, q), mma_tflops > 300 ? "fa2_mma_bwd" : "fa2_wgmma_bwd");
   }
 
+  // A device table emitted before a family landed (no entry of it for the query's direction, dtype and head
+  // dim) is stale for it: another device of the arch that measured the family wins, and the pick says why.
+  // A device that measured the family keeps its own order, even where the new family rated lower there.
+  {
+    const Family& f3 = find_family("fa3_wgmma_bwd");
+    const Family& f2 = find_family("fa2_wgmma_bwd");
+    const tuned::Entry old_gpu[] = {entry("fa2_wgmma_bwd", "bwd", "bf16", 128, f2.default_config, 300)};
+    const tuned::Entry new_gpu[] = {entry("fa2_wgmma_bwd", "bwd", "bf16", 128, f2.default_config, 400),
+                                    entry("fa3_wgmma_bwd", "bwd", "bf16", 128, f3.default_config, 500)};
+    const tuned::Entry both[] = {entry("fa2_wgmma_bwd", "bwd", "bf16", 128, f2.default_config, 320),
+                                 entry("fa3_wgmma_bwd", "bwd", "bf16", 64, f3.default_config, 310),
+                                 entry("fa3_wgmma_bwd", "bwd", "bf16", 128, f3.default_config, 310)};
+    const tuned::Table t[] = {{"GPU Old", "sm_90", old_gpu, 1}, {"GPU New", "sm_90", new_gpu, 2},
+                              {"GPU Both", "sm_90", both, 3}};
+    const TableSet ts3{t, 3};
+    const Query stale = query("GPU Old", "sm_90", "bwd", DType::bf16, 128, false, 4096);
+    EXPECT_EQ(name(ts3, stale), "fa3_wgmma_bwd");
+    const Pick p = choose(ts3, stale);
+    EXPECT_EQ(p.source, "arch");
+    EXPECT_NE(p.note.find("GPU Old table predates fa3_wgmma_bwd"), std::string::npos) << p.note;
+    EXPECT_EQ(name(ts3, query("GPU Both", "sm_90", "bwd", DType::bf16, 128, false, 4096)), "fa2_wgmma_bwd");
+    EXPECT_EQ(choose(ts3, query("GPU Both", "sm_90", "bwd", DType::bf16, 128, false, 4096)).note, "");
+    // A head dim the stale device never measured at all: the arch's pick, no staleness to report.
+    EXPECT_EQ(name(ts3, query("GPU Old", "sm_90", "bwd", DType::bf16, 64, false, 4096)), "fa3_wgmma_bwd");
+    EXPECT_EQ(choose(ts3, query("GPU Old", "sm_90", "bwd", DType::bf16, 64, false, 4096)).note, "");
+  }
+
   // A table that rates fa1_simt faster than fa2_simt for this query: fa1_simt; another device of the
   // arch gets the same through the arch fallback.
   const tuned::Entry entries[] = {entry("fa2_simt", "fwd", "fp32", 64, find_family("fa2_simt").default_config, 5),

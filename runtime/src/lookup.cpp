@@ -43,6 +43,22 @@ const tuned::Entry* find(const TableSet& ts, const std::string& family, const Qu
   }
   return nullptr;
 }
+// Whether this device's tables hold any entry of `family` for the query's direction, dtype and head dim (any
+// mask, any bucket, dense or paged). A device table with entries for the query but none of a family another
+// device of its arch measured was emitted before that family landed: it is stale for it.
+bool device_measured(const TableSet& ts, const std::string& family, const Query& q) {
+  for (int i = 0; i < ts.count; ++i) {
+    const tuned::Table& t = ts.tables[i];
+    if (q.device != t.device) continue;
+    for (int k = 0; k < t.count; ++k) {
+      const tuned::Entry& e = t.entries[k];
+      if (tuned::str_eq(e.family, family.c_str()) && tuned::str_eq(e.direction, q.direction.c_str()) &&
+          tuned::str_eq(e.dtype, to_string(q.dtype)) && e.head_dim == q.head_dim)
+        return true;
+    }
+  }
+  return false;
+}
 }  // namespace
 
 std::vector<const Family*> candidate_families(const Query& q) {
@@ -147,8 +163,10 @@ const char* preferred_family(const Query& q) {
 const Family* choose_family(const TableSet& ts, const Query& q) {
   const std::vector<const Family*> cands = candidate_families(q);
   if (cands.empty()) return nullptr;
-  for (bool by_device : {true, false})
-    for (bool ranged : {true, false}) {  // families with a query-length range first
+  // The tables' fastest candidate on this device (by_device) or on any device of its arch; families with a
+  // query-length range first.
+  auto best_at = [&](bool by_device) -> const Family* {
+    for (bool ranged : {true, false}) {
       const Family* best = nullptr;
       float best_tflops = 0;
       for (const Family* f : cands)
@@ -159,6 +177,15 @@ const Family* choose_family(const TableSet& ts, const Query& q) {
         }
       if (best) return best;
     }
+    return nullptr;
+  };
+  const Family* device = best_at(true);
+  const Family* arch = best_at(false);
+  // The device's table is stale for the arch's pick (it never measured that family here): the arch's pick,
+  // measured on another device of the arch, rather than a family the device's table had before it landed.
+  if (device && arch && arch != device && !device_measured(ts, arch->name, q)) return arch;
+  if (device) return device;
+  if (arch) return arch;
   if (q.page_size) return cands.front();  // only families with a paged form are candidates: any of them
   for (const Family* f : cands)
     if (f->name == preferred_family(q)) return f;
@@ -287,7 +314,17 @@ Pick choose(const TableSet& ts, const Query& q, const std::string& db_path) {
       }
   if (!f) f = choose_family(ts, q);
   if (!f) return {};
-  return choose_config(ts, *f, q, db_path);
+  Pick p = choose_config(ts, *f, q, db_path);
+  // A stale device table passed over (choose_family): say so, and what to do about it.
+  if (p.source == "arch" && p.note.empty())
+    for (const Family* c : candidate_families(q))
+      if (c != f && device_measured(ts, c->name, q)) {
+        p.note = "the " + q.device + " table predates " + f->name + " (no entry of it for " + q.direction + " " +
+                 to_string(q.dtype) + " d=" + std::to_string(q.head_dim) + "): its " + q.arch +
+                 " measurement used; re-tune and emit for this GPU";
+        break;
+      }
+  return p;
 }
 
 }  // namespace flashtune::rt
