@@ -15,6 +15,8 @@ import os
 import pathlib
 import re
 import sqlite3
+import sys
+import textwrap
 from collections import defaultdict
 
 import matplotlib
@@ -56,6 +58,11 @@ def md_text(value):
     for c in "\\`[]|":  # code spans, links and images, table cells
         s = s.replace(c, "\\" + c)
     return "\\" + s if s.startswith(("#", "-", "+", ">", "=")) else s  # never a heading or a list
+
+
+def plain(value, limit=80):
+    """A stored string as plot text: printable characters only, at most `limit` of them."""
+    return "".join(c if c.isprintable() else " " for c in str(value))[:limit]
 
 
 NUMBERS = ("ms_median", "ms_p20", "ms_p80", "tflops", "gbps", "max_abs", "max_rel", "mse", "mean_abs", "peak_bytes")
@@ -147,15 +154,61 @@ def pivot_table(rows, value, label="TFLOP/s"):
     return f"{label}; a cell that is not a number is the row's status.\n\n" + "\n".join(out)
 
 
+def spread_ok(r):
+    """One median everywhere: the harness's, percentile 0.5 of the timed repeats, which always lies within the
+    same repeats' p20-p80. A row whose stored median is outside its own p20-p80 (another definition) has its
+    spread left out (0) rather than printed beside a median it does not belong to."""
+    med, lo, hi = r.get("ms_median", 0), r.get("ms_p20", 0), r.get("ms_p80", 0)
+    if not (med > 0 and 0 < lo <= med <= hi):
+        r["ms_p20"] = r["ms_p80"] = 0.0
+        return False
+    return True
+
+
+def throughput_err(value, r):
+    """(below, above) of a throughput `value` measured with row r's median time, from r's p20-p80 time spread."""
+    if not spread_ok(dict(r)) or not value:
+        return 0.0, 0.0
+    return value - value * r["ms_median"] / r["ms_p80"], value * r["ms_median"] / r["ms_p20"] - value
+
+
+def fit_title(ax, text, fontsize=9):
+    """A title wrapped to its axes' width, so that none is cut off (savefig checks it, after tight_layout)."""
+    ax.fit_title_text = str(text)
+    width_in = ax.figure.get_figwidth() * ax.get_position().width
+    chars = max(24, int(width_in * 72 / (0.6 * fontsize)))
+    ax.set_title("\n".join(textwrap.wrap(str(text), chars)), fontsize=fontsize)
+
+
+def plain_log_ticks(axis):
+    """Log-axis tick labels as plain numbers (math text is off: stored names are not TeX)."""
+    from matplotlib.ticker import FuncFormatter
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
 def savefig(fig, out_dir, name):
+    """Saves a laid-out figure; its titles ride in the PNG's Title text, and a title, label or legend that
+    falls outside the image is reported on stderr ("cut off"), which the report test treats as a failure."""
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, name), dpi=110)
+    for ax in fig.axes:  # wrapped again to the axes' width after layout, and laid out again
+        if getattr(ax, "fit_title_text", None):
+            fit_title(ax, ax.fit_title_text, ax.title.get_fontsize())
+    fig.tight_layout()
+    fig.canvas.draw()
+    renderer, box = fig.canvas.get_renderer(), fig.bbox
+    for ax in fig.axes:
+        e = ax.get_tightbbox(renderer)
+        if e is not None and (e.x0 < box.x0 - 2 or e.x1 > box.x1 + 2 or e.y0 < box.y0 - 2 or e.y1 > box.y1 + 2):
+            print(f"make_report: {name}: a title, label or legend is cut off", file=sys.stderr)
+    titles = [ax.get_title().replace("\n", " ") for ax in fig.axes if ax.get_title()]
+    fig.savefig(os.path.join(out_dir, name), dpi=110, metadata={"Title": " | ".join(titles)})
     plt.close(fig)
     return name
 
 
-def bars(rows, out_dir, name, title, ylabel, value, log=True):
-    """Grouped bars: x = shape, one bar per implementation, one panel per dtype."""
+def bars(rows, out_dir, name, title, ylabel, value, log=True, gpu=""):
+    """Grouped bars: x = shape, one bar per implementation, one panel per dtype; whiskers: p20-p80."""
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     fig, axes = plt.subplots(len(dtypes), 1, figsize=(13, 4.2 * len(dtypes)), squeeze=False)
     for ax, dt in zip(axes[:, 0], dtypes):
@@ -164,21 +217,26 @@ def bars(rows, out_dir, name, title, ylabel, value, log=True):
         impls = list(dict.fromkeys(r["impl"] for r in rs if r["status"] == "ok"))  # no empty legend entries
         w = 0.85 / max(1, len(impls))
         for i, impl in enumerate(impls):
-            got = {shape_label(r): value(r) for r in rs if r["impl"] == impl and r["status"] == "ok"}
+            got = {shape_label(r): (value(r), r) for r in rs if r["impl"] == impl and r["status"] == "ok"}
             xs = [x + i * w for x, s in enumerate(shapes) if s in got]
-            ax.bar(xs, [got[s] for s in shapes if s in got], w, label=impl, color=color(impl))
+            ys = [got[s][0] for s in shapes if s in got]
+            errs = [throughput_err(got[s][0], got[s][1]) for s in shapes if s in got]
+            ax.bar(xs, ys, w, label=impl, color=color(impl), yerr=[[e[0] for e in errs], [e[1] for e in errs]],
+                   error_kw=dict(lw=0.6, capsize=1))
         ax.set_xticks([x + 0.425 - w / 2 for x in range(len(shapes))], shapes, rotation=30, ha="right", fontsize=8)
         if log:
             ax.set_yscale("log")
+            plain_log_ticks(ax.yaxis)
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{title} ({dt})", fontsize=10)
+        fit_title(ax, f"{gpu}: {title} ({dt}); whiskers p20-p80", fontsize=10)
         ax.grid(axis="y", alpha=0.3, which="both")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return savefig(fig, out_dir, name)
 
 
-def lines(rows, out_dir, name, title, xkey, xlabel, panels, logx=True, hline=None):
-    """Lines over xkey, one per implementation; panels = [(ylabel, value fn, log y)], a row per dtype.
+def lines(rows, out_dir, name, title, xkey, xlabel, panels, logx=True, hline=None, gpu="", band=None):
+    """Lines over xkey, one per implementation; panels = [(ylabel, value fn, log y)], a row per dtype;
+    band(r) -> (low, high) shades the first panel's p20-p80 where rows have it.
     Points whose row is oom/skipped are marked at the bottom of the first panel with their status."""
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     fig, axes = plt.subplots(len(dtypes), len(panels), figsize=(6.2 * len(panels), 4.3 * len(dtypes)), squeeze=False)
@@ -189,7 +247,13 @@ def lines(rows, out_dir, name, title, xkey, xlabel, panels, logx=True, hline=Non
             for impl in impls:
                 pts = sorted((r[xkey], value(r)) for r in rs if r["impl"] == impl and r["status"] == "ok" and value(r))
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl, color=color(impl))
+                    line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=impl,
+                                    color=color(impl))
+                    bs = sorted((r[xkey],) + band(r) for r in rs if band and ax is row_axes[0] and r["impl"] == impl
+                                and r["status"] == "ok" and value(r) and spread_ok(dict(r)))
+                    if bs:
+                        ax.fill_between([b[0] for b in bs], [b[1] for b in bs], [b[2] for b in bs], alpha=0.2,
+                                        color=line.get_color(), lw=0)
                 fails = sorted(r[xkey] for r in rs if r["impl"] == impl and r["status"] in ("oom", "skipped"))
                 if fails and ax is row_axes[0] and pts:
                     ax.plot(fails, [pts[-1][1]] * len(fails), marker="x", ls="none", color=color(impl))
@@ -197,11 +261,14 @@ def lines(rows, out_dir, name, title, xkey, xlabel, panels, logx=True, hline=Non
                 ax.axhline(hline[0], color="red", lw=0.8, ls="--", label=hline[1])
             if logx:
                 ax.set_xscale("log", base=2)
+                plain_log_ticks(ax.xaxis)
             if logy:
                 ax.set_yscale("log")
+                plain_log_ticks(ax.yaxis)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
-            ax.set_title(f"{title} ({dt})", fontsize=10)
+            fit_title(ax, f"{gpu}: {title} ({dt})" + ("; band p20-p80" if band and ax is row_axes[0] else ""),
+                      fontsize=10)
             ax.grid(alpha=0.3, which="both")
         row_axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return savefig(fig, out_dir, name)
@@ -217,6 +284,9 @@ def section(run, rows, out_dir, report, landscape_pngs):
         report.append(f"## Experiment: {md_text(run['title'])}\n\nRun {run['id']} stored no rows.\n")
         return
     spec = run["spec"]
+    gpu = plain(run["device_name"])
+    for r in rows:
+        spread_ok(r)
     derive(run, rows)
     csv_name = f"exp_{name}.csv"
     with open(os.path.join(out_dir, csv_name), "w", newline="") as f:
@@ -246,9 +316,10 @@ def section(run, rows, out_dir, report, landscape_pngs):
     tflops = lambda r: r["tflops"]  # noqa: E731
     if run["spec"].get("plot") in ("compare", "backward"):
         what = "backward" if spec.get("plot") == "backward" else "forward"
-        pngs.append(bars(rows, out_dir, f"exp_{name}.png", f"{what} TFLOP/s by implementation", "TFLOP/s (log)", tflops))
+        pngs.append(bars(rows, out_dir, f"exp_{name}.png", f"{what} TFLOP/s by implementation", "TFLOP/s (log)", tflops,
+                         gpu=gpu))
         pngs.append(bars(rows, out_dir, f"exp_{name}_pct_peak.png", "% of the measured GEMM peak",
-                         "% of cuBLAS GEMM TFLOP/s (log)", lambda r: num(r["pct_matmul_peak"])))
+                         "% of cuBLAS GEMM TFLOP/s (log)", lambda r: num(r["pct_matmul_peak"]), gpu=gpu))
         report.append(pivot_table(rows, lambda r: f"{r['tflops']:.2f}"))
         report.append("\n" + pivot_table(rows, lambda r: f"{r['max_abs']:.1e}", "max abs error vs float64"))
         report.append("\n" + pivot_table(rows, lambda r: r["speedup_vs_cpu"], "speedup vs PyTorch CPU (fp32)"))
@@ -256,17 +327,20 @@ def section(run, rows, out_dir, report, landscape_pngs):
         pngs.append(lines(rows, out_dir, f"exp_{name}.png", "sequence scaling", "seq_q", "sequence length S (log2)",
                           [("median ms (log)", lambda r: r["ms_median"], True),
                            ("peak device memory, MiB (log)", lambda r: num(r["peak_mib"]), True)],
-                          hline=(probes["memory_bytes"] / 2**20, "GPU memory") if probes.get("memory_bytes") else None))
+                          hline=(probes["memory_bytes"] / 2**20, "GPU memory") if probes.get("memory_bytes") else None,
+                          gpu=gpu, band=lambda r: (r["ms_p20"], r["ms_p80"])))
         report.append("x: out of memory or skipped (drawn at that implementation's last measured time).\n")
         report.append(pivot_table(rows, lambda r: f"{r['ms_median']:.3f}", "median ms"))
         report.append("\n" + pivot_table(rows, lambda r: r["peak_mib"], "peak device memory, MiB"))
     elif spec.get("plot") == "head_dim":
         pngs.append(lines(rows, out_dir, f"exp_{name}.png", "head-dim sweep", "head_dim", "head dim d",
                           [("TFLOP/s", tflops, False),
-                           ("% of the measured GEMM peak", lambda r: num(r["pct_matmul_peak"]), False)], logx=False))
+                           ("% of the measured GEMM peak", lambda r: num(r["pct_matmul_peak"]), False)], logx=False,
+                          gpu=gpu, band=lambda r: (r["tflops"] * r["ms_median"] / r["ms_p80"],
+                                                   r["tflops"] * r["ms_median"] / r["ms_p20"])))
         report.append(pivot_table(rows, lambda r: f"{r['tflops']:.1f}"))
     elif spec.get("plot") == "tuned_vs_default":
-        pngs.append(tuned_vs_default_plot(rows, out_dir, f"exp_{name}.png"))
+        pngs.append(tuned_vs_default_plot(rows, out_dir, f"exp_{name}.png", gpu))
         report.append(pivot_table(rows, lambda r: f"{r['tflops']:.1f}"))
     elif spec.get("plot") == "landscape":
         report.append("The sweep's heat maps are in the tuning-landscape section: " +
@@ -275,20 +349,23 @@ def section(run, rows, out_dir, report, landscape_pngs):
     report.append("")
 
 
-def tuned_vs_default_plot(rows, out_dir, name):
-    """tuned / default TFLOP/s per problem, one bar group per family."""
+def tuned_vs_default_plot(rows, out_dir, name, gpu=""):
+    """tuned / default TFLOP/s per problem, one bar group per family; whiskers from both rows' p20-p80."""
     by = defaultdict(dict)
     for r in rows:
-        if r["status"] == "ok":
-            by[(r["impl"].split(":")[0], r["dtype"], shape_label(r))][r["impl"].endswith(":default")] = r["tflops"]
-    pts = [(k, v[False] / v[True]) for k, v in by.items() if False in v and True in v and v[True] > 0]
-    fig, ax = plt.subplots(figsize=(8, 1 + 0.28 * max(1, len(pts))))
-    ax.barh(range(len(pts)), [p[1] for p in pts], color=[color(p[0][0]) for p in pts])
+        if r["status"] == "ok" and r["ms_median"] > 0:
+            by[(r["impl"].split(":")[0], r["dtype"], shape_label(r))][r["impl"].endswith(":default")] = r
+    pts = [(k, v[True]["ms_median"] / v[False]["ms_median"], v) for k, v in by.items() if False in v and True in v]
+    err = [[0, 0] if not (v[True]["ms_p20"] and v[False]["ms_p20"]) else
+           [x - v[True]["ms_p20"] / v[False]["ms_p80"], v[True]["ms_p80"] / v[False]["ms_p20"] - x] for _, x, v in pts]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.28 * max(1, len(pts))))
+    ax.barh(range(len(pts)), [p[1] for p in pts], color=[color(p[0][0]) for p in pts],
+            xerr=[[max(0, e[0]) for e in err], [max(0, e[1]) for e in err]], error_kw=dict(lw=0.6, capsize=1))
     ax.axvline(1.0, color="black", lw=0.8)
-    ax.set_yticks(range(len(pts)), [f"{k[0]} {k[1]} {k[2]}" for k, _ in pts], fontsize=7)
+    ax.set_yticks(range(len(pts)), [f"{k[0]} {k[1]} {k[2]}" for k, _, _ in pts], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("tuned / default TFLOP/s (same run; 1 = no gain)")
-    ax.set_title("Tuned config vs the family default")
+    fit_title(ax, f"{gpu}: tuned config vs the family default; whiskers p20-p80")
     return savefig(fig, out_dir, name)
 
 

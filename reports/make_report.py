@@ -8,6 +8,7 @@ usage: make_report.py --db PATH [--out DIR] [--default FAMILY:K=V,... ...]
 REPORT.md names files relative to the output folder only, so regenerating it elsewhere changes nothing.
 """
 import csv
+import glob
 import math
 import os
 import re
@@ -23,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import experiments_report  # noqa: E402
+from experiments_report import fit_title, savefig  # noqa: E402
 
 # Family defaults, the fixed configurations a tuner has to beat: passed in by `flashtune report`
 # from the family descriptors (tuner/family.cpp), so they are written down once.
@@ -65,7 +67,81 @@ def load(db):
     if len(safe) != len(rows):
         print(f"make_report: left out {len(rows) - len(safe)} rows whose family, dtype or config is not plain text",
               file=sys.stderr)
+    for r in safe:
+        one_median(r)
     return safe
+
+
+def one_median(r):
+    """One median everywhere: the harness's (tuner/gpu_runner.cpp), percentile 0.5 of the timed repeats, whose
+    p20 and p80 the row stores beside it. A row the sweep re-timed in interleaved rounds (detail.retime) stores
+    the median of the round medians instead, with the p20/p80 of the last round's repeats: the report takes
+    that round's median of repeats (the round median within the row's p20-p80, the nearest to the stored one)
+    and scales TFLOP/s and GB/s to it. A median that still lies outside its p20-p80 has its spread left out."""
+    d = experiments_report.json_object(r.get("detail"))
+    retime = d.get("retime") if isinstance(d.get("retime"), dict) else {}
+    rounds = [x for x in retime.get("rounds") or [] if isinstance(x, (int, float)) and math.isfinite(x)]
+    fits = [x for x in rounds if 0 < r["ms_p20"] <= x <= r["ms_p80"]]
+    if r["ms_median"] > 0 and fits:
+        m = min(fits, key=lambda x: abs(x - r["ms_median"]))
+        r["tflops"] *= r["ms_median"] / m
+        r["gbps"] *= r["ms_median"] / m
+        r["ms_median"] = m
+    experiments_report.spread_ok(r)
+    return r
+
+
+def bandwidth_bound(r):
+    """Decode (a few query rows per head) reads K and V once and does little math: its figure is GB/s."""
+    return "decode" in r["family"] or r["seq_q"] <= 16
+
+
+def copy_peaks(db, src_dir):
+    """device name -> device-to-device copy GB/s, measured on that device: the experiments' probes (the latest
+    run) and any CSV beside the store with device and copy_gbps columns (their median)."""
+    peaks, seen = {}, defaultdict(list)
+    for run, _ in experiments_report.load(db):
+        if run["probes"].get("copy_gbps"):
+            peaks[str(run["device_name"])] = run["probes"]["copy_gbps"]
+    for path in sorted(glob.glob(os.path.join(glob.escape(src_dir), "*.csv"))):
+        for r in read_csv(path):
+            try:
+                v = float(r.get("copy_gbps") or 0)
+            except ValueError:
+                continue
+            if v > 0 and r.get("device"):
+                seen[r["device"]].append(v)
+                COPY[(r["device"],) + csv_key(r)] = v  # a copy of this problem's bytes, measured beside it
+    for dev, vs in seen.items():
+        peaks.setdefault(dev, sorted(vs)[len(vs) // 2])
+    return peaks
+
+
+COPY = {}  # device name -> copy GB/s (copy_peaks)
+
+
+def throughput(r, tflops=None, gbps=None):
+    """TFLOP/s, or for a bandwidth-bound row GB/s and the % of the same device's copy."""
+    tflops = r["tflops"] if tflops is None else tflops
+    gbps = r["gbps"] if gbps is None else gbps
+    if not bandwidth_bound(r) or not gbps:
+        return f"{tflops:.1f} TFLOP/s"
+    copy = COPY.get((str(r["device_name"]), r.get("direction") or "fwd", r["batch"], r["heads"], r["seq_q"],
+                     r["seq_k"], r["head_dim"], r["dtype"], int(r["causal"]), r.get("heads_k") or r["heads"]),
+                    COPY.get(str(r["device_name"])))
+    return f"{gbps:.0f} GB/s" + (f" ({100 * gbps / copy:.0f}% of copy)" if copy else "")
+
+
+def read_csv(path):
+    try:
+        with open(path, newline="") as f:  # a short row's missing cells read "", a long row's extra ones dropped
+            return [{k: v or "" for k, v in r.items() if k is not None} for r in csv.DictReader(f)]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+
+
+def gpu_of(rows):
+    return ", ".join(sorted({experiments_report.plain(r["device_name"]) for r in rows})) or "unknown GPU"
 
 
 def write_csv(path, rows, fields):
@@ -125,12 +201,9 @@ def landscape(rows, out_dir, report):
                     ax.text(j, i, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", va="center",
                             color="white" if v < 0.6 * max(x for x in sum(data, []) if not math.isnan(x)) else "black")
         fig.colorbar(im, ax=ax, label="TFLOP/s (best over other tunables)")
-        ax.set_title(f"{family} {dtype} d={d}, S={smax}, non-causal")
-        fig.tight_layout()
-        name = f"landscape_{family}_{dtype}_d{d}.png"
-        fig.savefig(os.path.join(out_dir, name), dpi=110)
-        plt.close(fig)
-        pngs.append(name)
+        fit_title(ax, f"{gpu_of([r for r in rs if r['seq_q'] == smax])}: {family} {dtype} d={d}, S={smax}, "
+                  "non-causal")
+        pngs.append(savefig(fig, out_dir, f"landscape_{family}_{dtype}_d{d}.png"))
     if pngs:
         report.append("## Tuning landscape\n\nTFLOP/s over (BLOCK_M, BLOCK_N), best over the other tunables, "
                       "non-causal, largest sequence swept. Empty cells: pruned or not in the space.\n")
@@ -140,11 +213,14 @@ def landscape(rows, out_dir, report):
 
 
 def tuned_vs_default(rows, out_dir, report):
+    """Per problem, the best config against the family default on the same device; a bandwidth-bound family
+    (decode) in GB/s and % of the device's copy; whiskers from both rows' p20-p80."""
     by_problem = defaultdict(dict)
     for r in rows:
         if ok(r):
-            by_problem[(r["family"], r["batch"], r["heads"], r["seq_q"], r["seq_k"], r["head_dim"], r["dtype"],
-                        r["causal"], inputs_of(r), r.get("varlen") or "")][r["config"]] = r
+            by_problem[(r["family"], str(r["device_name"]), r["batch"], r["heads"], r["seq_q"], r["seq_k"],
+                        r["head_dim"], r["dtype"], r["causal"], inputs_of(r), r.get("varlen") or "",
+                        r.get("heads_k") or r["heads"])][r["config"]] = r
     out = []
     for key, cfgs in sorted(by_problem.items()):
         family = key[0]
@@ -152,57 +228,232 @@ def tuned_vs_default(rows, out_dir, report):
         best = max(cfgs.values(), key=lambda r: r["tflops"])
         if default is None:
             continue
-        out.append(dict(family=family, problem=problem_label(best), batch=best["batch"], heads=best["heads"],
+        hk = best.get("heads_k") or best["heads"]
+        lo = hi = ""
+        if best["ms_p20"] and default["ms_p20"]:
+            lo, hi = f"{default['ms_p20'] / best['ms_p80']:.3f}", f"{default['ms_p80'] / best['ms_p20']:.3f}"
+        out.append(dict(family=family, device=best["device_name"],
+                        problem=re.sub(r" varlen B\d+ .*", f" varlen max{best['seq_q']}", problem_label(best)) +
+                        f" B{best['batch']} H{best['heads']}" + (f"/{hk}" if hk != best["heads"] else ""), batch=best["batch"], heads=best["heads"],
                         tuned_config=best["config"], tuned_tflops=f"{best['tflops']:.1f}",
                         default_config=default["config"], default_tflops=f"{default['tflops']:.1f}",
-                        speedup=f"{best['tflops'] / default['tflops']:.2f}"))
+                        speedup=f"{best['tflops'] / default['tflops']:.2f}", speedup_p20=lo, speedup_p80=hi,
+                        tuned_gbps=f"{best['gbps']:.1f}", default_gbps=f"{default['gbps']:.1f}",
+                        tuned=throughput(best), default=throughput(default), bandwidth_bound=bandwidth_bound(best)))
     if not out:
         return
-    write_csv(os.path.join(out_dir, "tuned_vs_default.csv"), out, list(out[0].keys()))
+    write_csv(os.path.join(out_dir, "tuned_vs_default.csv"), out,
+              [k for k in out[0] if k not in ("tuned", "default", "bandwidth_bound")])
     report.append("## Tuned config vs the family default\n")
-    report.append(md_table(out, ["family", "problem", "tuned_config", "tuned_tflops", "default_config",
-                                 "default_tflops", "speedup"],
-                           ["family", "problem", "tuned", "TFLOP/s", "default", "TFLOP/s", "speedup"]))
+    report.append("Speedup = default / tuned median time on the same device (the same ratio in TFLOP/s or GB/s); "
+                  "its p20-p80: default p20 / tuned p80 to default p80 / tuned p20. Bandwidth-bound rows (decode) "
+                  "are in GB/s and % of the device's copy.\n")
+    report.append(md_table(out, ["family", "device", "problem", "tuned_config", "tuned", "default_config", "default",
+                                 "speedup", "speedup_p20", "speedup_p80"],
+                           ["family", "GPU", "problem", "tuned", "throughput", "default", "throughput", "speedup",
+                            "p20", "p80"]))
     for family in sorted({r["family"] for r in out}):
         rows = [r for r in out if r["family"] == family]
-        fig, ax = plt.subplots(figsize=(7, 0.9 + 0.32 * len(rows)))
-        ax.barh(range(len(rows)), [float(r["speedup"]) for r in rows], color="tab:green")
+        gbps = all(r["bandwidth_bound"] for r in rows)
+        gpus = sorted({experiments_report.plain(r["device"]) for r in rows})
+        fig, ax = plt.subplots(figsize=(9, 1.4 + 0.3 * len(rows)))
+        x = [float(r["speedup"]) for r in rows]
+        err = [[max(0.0, v - float(r["speedup_p20"] or v)) for v, r in zip(x, rows)],
+               [max(0.0, float(r["speedup_p80"] or v) - v) for v, r in zip(x, rows)]]
+        ax.barh(range(len(rows)), x, color="tab:green", xerr=err, error_kw=dict(lw=0.7, capsize=2))
         ax.axvline(1.0, color="black", lw=0.8)
-        ax.set_yticks(range(len(rows)), [r["problem"] for r in rows], fontsize=8)
+        labels = [(f"{experiments_report.plain(r['device'], 24)}: " if len(gpus) > 1 else "") + r["problem"]
+                  for r in rows]
+        ax.set_yticks(range(len(rows)), labels, fontsize=8)
+        if gbps:  # each bar names its GB/s and % of copy
+            for i, r in enumerate(rows):
+                ax.text(0.02, i, f"{r['tuned']}", va="center", fontsize=7, color="white",
+                        transform=ax.get_yaxis_transform())
         ax.invert_yaxis()
-        ax.set_xlabel("tuned / default TFLOP/s (1 = no gain)")
-        ax.set_title(f"{family}: tuned vs default {DEFAULTS[family]}", fontsize=9)
-        fig.tight_layout()
-        name = f"tuned_vs_default_{family}.png"
-        fig.savefig(os.path.join(out_dir, name), dpi=110)
-        plt.close(fig)
+        ax.set_xlabel(f"tuned / default {'GB/s' if gbps else 'TFLOP/s'} (1 = no gain)")
+        fit_title(ax, f"{', '.join(gpus)}: {family}, tuned vs default {DEFAULTS[family]} (whiskers p20-p80)")
+        name = savefig(fig, out_dir, f"tuned_vs_default_{family}.png")
         report.append(f"\n![{name}]({name})")
     report.append("")
 
 
-def comparison_plot(csv_path, out_dir, report, title, ours, baselines):
-    rows = list(csv.DictReader(open(csv_path)))
+# Peer columns of the comparison CSVs -> the impl name their own timing CSVs (sdpa_*.csv) carry.
+PEERS = {"torch_flash": "torch_sdpa_flash", "flash": "torch_sdpa_flash", "torch_cudnn": "torch_sdpa_cudnn",
+         "cudnn": "torch_sdpa_cudnn", "torch_sdpa_efficient": "torch_sdpa_efficient",
+         "torch_efficient": "torch_sdpa_efficient", "torch_math": "torch_sdpa_math", "fa4": "fa4"}
+SPREADS = {}  # (impl or config, shape...) -> the row whose p20-p80 gives a CSV figure its spread
+
+
+def csv_key(r, direction="fwd"):
+    """A comparison CSV row's problem, as the store and the peers' timing CSVs key it."""
+    def i(k, *alt):
+        for c in (k,) + alt:
+            try:
+                return int(float(r[c]))
+            except (KeyError, TypeError, ValueError):
+                pass
+        return None
+    seq = i("seq", "seq_q")
+    heads = i("heads", "heads_q")
+    return (r.get("direction") or direction, i("batch"), heads, seq, i("seq_k") or seq, i("head_dim"),
+            r.get("dtype") or "", int(r.get("causal") in ("1", "True", "true")), i("heads_k") or heads)
+
+
+def load_spreads(rows, src_dir):
+    for r in rows:  # ours, from the store (the latest row of a config on a problem)
+        if ok(r) and not r.get("varlen") and r["ms_p20"]:
+            SPREADS[(r["config"], r.get("direction") or "fwd", r["batch"], r["heads"], r["seq_q"], r["seq_k"],
+                     r["head_dim"], r["dtype"], r["causal"], r.get("heads_k") or r["heads"])] = r
+    for path in sorted(glob.glob(os.path.join(glob.escape(src_dir), "*.csv"))):
+        for r in read_csv(path):  # the peers' own timing CSVs: impl, ms_median, ms_p20, ms_p80
+            if r.get("impl") and r.get("status", "ok") == "ok":
+                try:
+                    t = dict(ms_median=float(r["ms_median"]), ms_p20=float(r["ms_p20"]), ms_p80=float(r["ms_p80"]))
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if experiments_report.spread_ok(t):
+                    SPREADS[(r["impl"],) + csv_key(r)] = t
+
+
+def spread_of(name, r, direction):
+    """(low, high) factors of a throughput measured at the median, from the matching row's p20-p80, or None."""
+    if "lengths" in r or "varlen" in r and r.get("varlen"):
+        return None
+    t = SPREADS.get((name,) + csv_key(r, direction))
+    return (t["ms_median"] / t["ms_p80"], t["ms_median"] / t["ms_p20"]) if t else None
+
+
+def point_label(r, direction=""):
+    k = csv_key(r, direction or "fwd")
+    hk = f"/{k[8]}" if k[8] != k[2] else ""
+    seq = f"S{k[3]}" if k[3] == k[4] else f"Sq{k[3]} Sk{k[4]}"
+    if "lengths" in r:
+        seq = f"varlen max{r.get('max_len', '')}"
+        k = k[:1] + (r.get("sequences", ""),) + k[2:]
+    return (f"{direction} " if direction else "") + f"d{k[5]} {seq} B{k[1]} H{k[2]}{hk}" + (" causal" if k[7] else "")
+
+
+def comparison_plot(csv_path, out_dir, report, title, ours, baselines, gpu):
+    rows = read_csv(csv_path)
     if not rows:
         return
-    labels = [f"d{r['head_dim']} S{r.get('seq', r.get('seq_q'))}{' c' if r['causal'] in ('1', 'True') else ''}"
-              for r in rows]
+    direction = "bwd" if "bwd" in os.path.basename(csv_path) else "fwd"
+    labels = [point_label(r) for r in rows]
     series = [(name, col) for name, col in [ours] + baselines if col in rows[0]]
-    fig, ax = plt.subplots(figsize=(min(14, max(6, 0.45 * len(rows) * len(series) / 2)), 5))
+    fig, ax = plt.subplots(figsize=(min(16, max(8, 0.3 * len(rows) * len(series))), 5.5))
     width = 0.8 / len(series)
     for i, (name, col) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(rows))], [float(r[col] or 0) for r in rows], width, label=name)
+        ys, lo, hi = [], [], []
+        for r in rows:
+            y = float(r.get(col) or 0)
+            cfg = r.get("tuned_config") or r.get("config") or ""
+            f = spread_of(cfg if col == ours[1] else PEERS.get(col[:-len("_tflops")], ""), r, direction) or (1, 1)
+            ys.append(y)
+            lo.append(y - y * f[0])
+            hi.append(y * f[1] - y)
+        ax.bar([x + i * width for x in range(len(rows))], ys, width, label=name, yerr=[lo, hi],
+               error_kw=dict(lw=0.6, capsize=1))
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("TFLOP/s (FA convention, causal counts half)")
-    ax.set_title(title)
+    fit_title(ax, f"{gpu}: {title}; whiskers p20-p80 where measured")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    name = os.path.splitext(os.path.basename(csv_path))[0] + ".png"
-    fig.savefig(os.path.join(out_dir, name), dpi=110)
-    plt.close(fig)
-    report.append(f"## {title}\n\nFrom `{os.path.basename(csv_path)}` (one device run, one GPU).\n")
+    name = savefig(fig, out_dir, os.path.splitext(os.path.basename(csv_path))[0] + ".png")
+    report.append(f"## {title}\n\nFrom `{os.path.basename(csv_path)}` (one device run, one GPU: {gpu}).\n")
     report.append(md_table(rows, list(rows[0].keys())))
     report.append(f"\n![{name}]({name})\n")
+
+
+def peer_points(src_dir, store_gpu):
+    """Every (GPU, source, point, peer, ratio, low, high) of the comparison CSVs beside the store: ours / peer
+    throughput (> 1: ours faster), low-high from both sides' p20-p80 where their rows are found."""
+    pts = []
+    paths = sorted(set(glob.glob(os.path.join(glob.escape(src_dir), "*_vs_peers.csv")) +
+                       glob.glob(os.path.join(glob.escape(src_dir), "*_vs_sdpa*.csv"))))
+    for path in paths:
+        rows = read_csv(path)
+        if not rows:
+            continue
+        cols = rows[0].keys()
+        unit = "gbps" if "tuned_gbps" in cols else "tflops"
+        ours = f"tuned_{unit}" if f"tuned_{unit}" in cols else unit
+        peers = [c for c in cols if c.endswith("_" + unit) and c[:-len(unit) - 1] in PEERS]
+        if ours not in cols or not peers:
+            continue
+        source = os.path.splitext(os.path.basename(path))[0]
+        direction = "bwd" if "bwd" in source else "fwd"
+        for r in rows:
+            if r.get("tuned_status", "ok") != "ok":
+                continue
+            try:
+                o = float(r[ours] or 0)
+            except ValueError:
+                continue
+            fo = spread_of(r.get("tuned_config") or r.get("config") or "", r, direction)
+            for c in peers:
+                try:
+                    p = float(r[c] or 0)
+                except ValueError:
+                    continue
+                if o <= 0 or p <= 0:
+                    continue
+                fp = spread_of(PEERS[c[:-len(unit) - 1]], r, direction)
+                lo = o * (fo[0] if fo else 1) / (p * (fp[1] if fp else 1))
+                hi = o * (fo[1] if fo else 1) / (p * (fp[0] if fp else 1))
+                pts.append(dict(gpu=experiments_report.plain(r.get("device") or store_gpu), source=source,
+                                point=point_label(r, r.get("direction") or direction), peer=c[:-len(unit) - 1],
+                                unit="GB/s" if unit == "gbps" else "TFLOP/s", ratio=o / p, low=lo, high=hi,
+                                spread=bool(fo or fp)))
+    return pts
+
+
+def summary(src_dir, store_gpu, out_dir, report):
+    """One figure per GPU: ours / each peer per point, whiskers p20-p80; a table of the same per source."""
+    pts = peer_points(src_dir, store_gpu)
+    if not pts:
+        return
+    report.append("## Summary: ours vs each peer\n\nOurs / peer throughput per point (> 1: ours faster), from "
+                  "the comparison CSVs beside the store; whiskers span ours p20-p80 against the peer's where both "
+                  "rows are found (the store, the peers' timing CSVs).\n")
+    srows = []
+    groups = defaultdict(list)
+    for p in pts:
+        groups[(p["gpu"], p["source"], p["peer"])].append(p)
+    for (gpu, source, peer), ps in sorted(groups.items()):
+        rs = sorted(p["ratio"] for p in ps)
+        srows.append(dict(gpu=gpu, source=source, peer=peer, points=len(ps), faster=sum(x > 1 for x in rs),
+                          geomean=f"{math.exp(sum(map(math.log, rs)) / len(rs)):.3f}", min=f"{rs[0]:.3f}",
+                          max=f"{rs[-1]:.3f}"))
+    report.append(md_table(srows, ["gpu", "source", "peer", "points", "faster", "geomean", "min", "max"],
+                           ["GPU", "source", "peer", "points", "ours faster", "geomean ours/peer", "min", "max"]))
+    used = set()
+    for gpu in sorted({p["gpu"] for p in pts}):
+        gp = [p for p in pts if p["gpu"] == gpu]
+        points = list(dict.fromkeys((p["source"], p["point"]) for p in gp))
+        peers = list(dict.fromkeys(p["peer"] for p in gp))
+        fig, ax = plt.subplots(figsize=(10, 1.6 + 0.2 * len(points)))
+        for j, peer in enumerate(peers):
+            ps = [p for p in gp if p["peer"] == peer]
+            ys = [points.index((p["source"], p["point"])) + (j - (len(peers) - 1) / 2) * 0.18 for p in ps]
+            xs = [p["ratio"] for p in ps]
+            ax.errorbar(xs, ys, xerr=[[x - p["low"] for x, p in zip(xs, ps)], [p["high"] - x for x, p in zip(xs, ps)]],
+                        fmt="o", ms=3, lw=0.8, capsize=1.5, label=f"vs {peer}")
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log")
+        experiments_report.plain_log_ticks(ax.xaxis)
+        ax.set_yticks(range(len(points)), [f"{s}: {p}" for s, p in points], fontsize=6)
+        ax.invert_yaxis()
+        ax.set_xlabel("ours / peer throughput (log; > 1: ours faster; whiskers p20-p80)")
+        ax.grid(axis="x", alpha=0.3, which="both")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fit_title(ax, f"{gpu}: ours vs each peer, per point")
+        slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")[:64] or "gpu"
+        while slug in used:
+            slug += "_"
+        used.add(slug)
+        name = savefig(fig, out_dir, f"summary_{slug}.png")
+        report.append(f"\n![{name}]({name})")
+    report.append("")
 
 
 def main():
@@ -229,6 +480,14 @@ def main():
     report = [f"# flashtune report: {', '.join(map(experiments_report.md_text, devices))}\n",
               f"Regenerated by `flashtune report` from `{db_name}` ({len(rows)} stored attempts) "
               "and the CSVs beside it. Do not edit by hand.\n"]
+    gpu = gpu_of(rows)
+    COPY.update(copy_peaks(db, src_dir))
+    load_spreads(rows, src_dir)
+    report.append("Timing: one median everywhere, the harness's: percentile 0.5 of the timed repeats (CUDA events, "
+                  "an L2 flush before each), beside the same repeats' p20 and p80, so a median always lies within "
+                  "its p20-p80. A row the sweep re-timed in rounds is shown with the median of the round whose "
+                  "p20-p80 it stores. Bandwidth-bound rows (decode) are in GB/s and % of the device's copy.\n")
+    summary(src_dir, gpu, out_dir, report)
     status = defaultdict(lambda: defaultdict(int))
     for r in rows:
         status[r["family"]][r["status"]] += 1
@@ -241,27 +500,27 @@ def main():
     best = best_per_problem(rows)
     for r in best:
         r["problem"] = problem_label(r)
-        r["tflops_s"] = f"{r['tflops']:.1f}"
+        r["tflops_s"] = throughput(r)
         r["ms"] = f"{r['ms_median']:.3f}"
-        r["spread"] = f"{r['ms_p20']:.3f}-{r['ms_p80']:.3f}"
+        r["spread"] = f"{r['ms_p20']:.3f}-{r['ms_p80']:.3f}" if r["ms_p20"] else "-"
         r["err"] = f"{r['max_abs']:.1e}"
     write_csv(os.path.join(out_dir, "best.csv"), best,
               ["device_name", "family", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal", "config",
                "ms_median", "ms_p20", "ms_p80", "tflops", "gbps", "max_abs", "max_rel", "mse"])
     report.append("## Best valid config per problem\n")
     report.append(md_table(best, ["family", "problem", "batch", "heads", "config", "ms", "spread", "tflops_s", "err"],
-                           ["family", "problem", "B", "H", "config", "median ms", "p20-p80 ms", "TFLOP/s",
+                           ["family", "problem", "B", "H", "config", "median ms", "p20-p80 ms", "throughput",
                             "max abs err"]))
     report.append("")
 
     simt = os.path.join(src_dir, "fa2_simt_vs_sdpa.csv")
     if os.path.exists(simt):
         comparison_plot(simt, out_dir, report, "fa2_simt (fp32, CUDA cores) vs torch SDPA efficient (fp32)",
-                        ("fa2_simt tuned", "tflops"), [("torch SDPA efficient", "torch_sdpa_efficient_tflops")])
+                        ("fa2_simt tuned", "tflops"), [("torch SDPA efficient", "torch_sdpa_efficient_tflops")], gpu)
     bwd32 = os.path.join(src_dir, "bwd_vs_sdpa_fp32.csv")
     if os.path.exists(bwd32):
         comparison_plot(bwd32, out_dir, report, "fa2_simt_bwd (fp32 backward) vs torch SDPA efficient backward",
-                        ("fa2_simt_bwd tuned", "tflops"), [("torch SDPA efficient", "torch_sdpa_efficient_tflops")])
+                        ("fa2_simt_bwd tuned", "tflops"), [("torch SDPA efficient", "torch_sdpa_efficient_tflops")], gpu)
     for name, title in (
             ("bwd_vs_sdpa.csv",
              "bf16 backward, best of fa2_wgmma_bwd and fa2_mma_bwd (tuned_family), vs torch SDPA flash and cuDNN"),
@@ -270,13 +529,13 @@ def main():
         bwd = os.path.join(src_dir, name)
         if os.path.exists(bwd):
             comparison_plot(bwd, out_dir, report, title, ("ours tuned", "tuned_tflops"),
-                            [("torch flash (FA2)", "torch_flash_tflops"), ("torch cuDNN", "torch_cudnn_tflops")])
+                            [("torch flash (FA2)", "torch_flash_tflops"), ("torch cuDNN", "torch_cudnn_tflops")], gpu)
     fwd = os.path.join(src_dir, "fwd_vs_sdpa.csv")
     if os.path.exists(fwd):
         comparison_plot(fwd, out_dir, report, "fa2_mma (bf16, tensor cores) vs torch SDPA flash and cuDNN",
                         ("fa2_mma tuned", "tuned_tflops"),
                         [("fa2_mma with FA2's fixed tiles", "fixed_tflops"), ("torch flash (FA2)", "torch_flash_tflops"),
-                         ("torch cuDNN", "torch_cudnn_tflops")])
+                         ("torch cuDNN", "torch_cudnn_tflops")], gpu)
     for name, family in (("bwd_error_vs_torch.csv", "fa2_mma_bwd"), ("bwd_error_vs_torch_wgmma.csv", "fa2_wgmma_bwd")):
         err = os.path.join(src_dir, name)
         if not os.path.exists(err):

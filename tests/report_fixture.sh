@@ -6,7 +6,27 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/fixture-gpu"
 "$FIXTURE_TOOL" "$tmp/fixture-gpu/results.db" || exit 1
-"$FLASHTUNE" report --gpu fixture-gpu --reports "$tmp" >/dev/null || { echo "FAIL: report"; exit 1; }
+# A row the sweep re-timed in rounds (its median the rounds' median, its p20-p80 the last round's repeats) and a
+# comparison CSV with a peer and the peer's own timing CSV: the report's one median and its summary figure.
+python3 - "$tmp/fixture-gpu" <<'PY' || { echo "FAIL: fixture additions"; exit 1; }
+import json, sqlite3, sys
+d = sys.argv[1]
+con = sqlite3.connect(f"{d}/results.db")
+cols = [c[1] for c in con.execute("pragma table_info(results)")]
+row = dict(zip(cols, con.execute("select * from results where status='ok' and seq_q=4096 order by ms_median limit 1").fetchone()))
+row.update(id=None, family="fa2_simt_retimed", seq_q=8192, seq_k=8192, ms_median=9.5, ms_p20=9.70, ms_p80=9.80,
+           tflops=row["tflops"] * row["ms_median"] / 9.5, kernel_hash="retimed",
+           detail=json.dumps({"retime": {"order": "interleaved", "rounds": [9.4, 9.5, 9.75], "finalists": 2}}))
+con.execute(f"insert into results ({','.join(cols)}) values ({','.join('?' * len(cols))})", [row[c] for c in cols])
+con.commit()
+open(f"{d}/fwd_fixture_vs_peers.csv", "w").write(
+    "device,direction,head_dim,causal,seq,batch,heads,heads_k,dtype,tuned_family,tuned_config,tuned_status,tuned_tflops,torch_flash_tflops\n"
+    f'{row["device_name"]},fwd,64,0,8192,4,16,16,fp32,fa2_simt_retimed,"{row["config"]}",ok,30.0,20.0\n')
+PY
+printf 'device,impl,direction,batch,heads,seq_q,seq_k,head_dim,dtype,causal,ms_median,ms_p20,ms_p80,tflops,status,heads_k\nNVIDIA H100 80GB HBM3,torch_sdpa_flash,fwd,4,16,8192,8192,64,fp32,0,1.0,0.9,1.2,20.0,ok,16\n' \
+  >"$tmp/fixture-gpu/sdpa_flash_fixture.csv"
+"$FLASHTUNE" report --gpu fixture-gpu --reports "$tmp" >/dev/null 2>"$tmp/report.err" || { echo "FAIL: report"; cat "$tmp/report.err"; exit 1; }
+if grep -n 'cut off' "$tmp/report.err"; then echo "FAIL: a plot's title, label or legend is cut off"; exit 1; fi
 # The --db form writes elsewhere, opens the store read-only (its bytes unchanged, no -wal/-shm left behind),
 # and both REPORT.md files name no machine path.
 before=$(sha256sum <"$tmp/fixture-gpu/results.db")
@@ -25,7 +45,7 @@ if re.search(r"(^|[\s`(])/(work|tmp|home|usr|root)/", report): fail.append("an a
 # Every attempt is counted: the fixture holds 8 (6 ok, 1 invalid, 1 crashed).
 if "| fa2_simt | 1 | 1 | 6 |" not in report: fail.append("status table")
 best = list(csv.DictReader(open(os.path.join(d, "best.csv"))))
-if len(best) != 3: fail.append(f"best.csv has {len(best)} rows, want 3")
+if len(best) != 4: fail.append(f"best.csv has {len(best)} rows, want 3 and the re-timed one")
 b = {(r["device_name"], r["seq_q"]): r for r in best}
 # 12 ms on B4 H16 S4096 d64 would be 22.9 TFLOP/s; the winner there is A at 10 ms.
 r = b[("NVIDIA H100 80GB HBM3", "4096")]
@@ -71,6 +91,34 @@ for png in ("exp_classic_shapes.png", "exp_classic_shapes_pct_peak.png", "exp_se
     p = os.path.join(d, png)
     if not os.path.exists(p) or open(p, "rb").read(8) != b"\x89PNG\r\n\x1a\n": fail.append(f"{png} missing or not a PNG")
     elif f"]({png})" not in report: fail.append(f"{png} not linked from REPORT.md")
+# Issue 35: every plot names its GPU (the PNG's Title text holds the plot titles), one median (never outside
+# its own p20-p80 in REPORT.md), labels that tell the bars apart, and a summary figure per GPU with peers.
+import glob, struct, zlib
+def png_title(path):
+    data, pos, out = open(path, "rb").read(), 8, ""
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"tEXt" and body.startswith(b"Title\0"): out = body[6:].decode("latin-1")
+        pos += 12 + n
+    return out
+devices = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+pngs = sorted(glob.glob(os.path.join(d, "*.png")))
+for p in pngs:
+    t = png_title(p)
+    if not any(g in t for g in devices): fail.append(f"{os.path.basename(p)} title names no GPU: {t!r}")
+for line in report.splitlines():
+    for m in re.finditer(r"\| (\d+\.\d+) \| (\d+\.\d+)-(\d+\.\d+) \|", line):
+        med, lo, hi = map(float, m.groups())
+        if not lo <= med <= hi: fail.append(f"median outside its p20-p80: {line}")
+# The re-timed row is shown with the median of the round whose p20-p80 it stores (9.75), not 9.5.
+if not re.search(r"\| fa2_simt_retimed \| d64 S8192 fp32 \| 4 \| 16 \| [^|]* \| 9\.750 \| 9\.700-9\.800 \|", report):
+    fail.append("re-timed median")
+problems = [(r["device"], r["problem"]) for r in tvd]
+if len(set(problems)) != len(problems) or not all(" B" in p for _, p in problems): fail.append(f"tuned_vs_default labels: {problems}")
+if not os.path.exists(os.path.join(d, "summary_nvidia_h100_80gb_hbm3.png")) or "](summary_nvidia_h100_80gb_hbm3.png)" not in report:
+    fail.append("no summary figure for the H100")
+if "| NVIDIA H100 80GB HBM3 | fwd_fixture_vs_peers | torch_flash | 1 | 1 | 1.500 |" not in report: fail.append("summary table")
 if fail:
     sys.exit("FAIL: " + "; ".join(fail))
 print("report_fixture: passed")
