@@ -27,7 +27,7 @@ import experiments_report  # noqa: E402
 from experiments_report import fit_title, savefig  # noqa: E402
 
 # Family defaults, the fixed configurations a tuner has to beat: passed in by `flashtune report`
-# from the family descriptors (tuner/family.cpp), so they are written down once.
+# from the family descriptors (tuner/families/<family>.cpp), so they are written down once.
 DEFAULTS = {}
 
 

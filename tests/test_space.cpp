@@ -836,7 +836,8 @@ TEST(Family, Fa3PersistentGrid) {
   EXPECT_FALSE(fa3_wgmma_separate_o(256, 80, 2, 2, 0, 1));
   EXPECT_EQ(fa3_wgmma_smem_bytes(256, 80, 2, 2, 0, 1), fa3_wgmma_smem_bytes(256, 80, 2, 2, 0, 0) + 8);
   EXPECT_EQ(f.launches(persistent, p).at(0).threads, 384u);
-  EXPECT_NE(f.check({128, 2, 2, 1, 1, 0, 2, 0}, 128), nullptr);
+  EXPECT_THAT(f.check({128, 2, 2, 1, 1, 0, 2, 0, 0}, 128), HasSubstr("PERSISTENT"));
+  EXPECT_THAT(f.check({128, 2, 2, 1, 1, 0, 1, 0}, 128), HasSubstr("9 values"));  // a config of another length
 
   // Causal in sections of `group` (head, batch) pairs (0: one section), the last one narrower when the
   // group does not divide the 6 pairs: each section's query blocks longest first, its own pairs only.
