@@ -15,6 +15,7 @@ usage: bwd_peers.py --db reports/<gpu>/results.db --problems A.json [B.json ...]
 """
 import argparse
 import csv
+import json
 import os
 import statistics
 import sys
@@ -72,7 +73,7 @@ def main():
 
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     flush = flush_buf.zero_
-    problems = [p for f in a.problems for p in baselines.load_problems(__import__("json").load(open(f)))]
+    problems = [p for f in a.problems for p in baselines.load_problems(json.load(open(f)))]
     problems = [p for p in problems if p["direction"] == "bwd"]
     device = torch.cuda.get_device_name(0)
     keys = ["device", "head_dim", "causal", "seq", "batch", "heads", "heads_k", "tuned_family", "tuned_config",

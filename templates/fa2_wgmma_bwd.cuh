@@ -70,23 +70,6 @@ __device__ __forceinline__ void load_rows_il(unsigned dst, const unsigned short*
   }
 }
 
-// The A fragment (mma.sync m16n8k16 layout) of k16 slice kk from accumulators in the wgmma C
-// layout (n8 tile j at x[4j .. 4j+3]): tiles 2kk and 2kk+1.
-template <int DTYPE, int N>
-__device__ __forceinline__ void pack_a(unsigned (&a)[4], const float (&x)[N], int kk) {
-  a[0] = pack_half2<DTYPE>(x[8 * kk + 0], x[8 * kk + 1]);
-  a[1] = pack_half2<DTYPE>(x[8 * kk + 2], x[8 * kk + 3]);
-  a[2] = pack_half2<DTYPE>(x[8 * kk + 4], x[8 * kk + 5]);
-  a[3] = pack_half2<DTYPE>(x[8 * kk + 6], x[8 * kk + 7]);
-}
-
-// x, hidden from the optimiser: tile addresses made opaque once per query block, so that ptxas
-// rebuilds each descriptor (one add) instead of hoisting dozens of them out of the loop in registers.
-__device__ __forceinline__ unsigned opaque(unsigned x) {
-  asm volatile("" : "+r"(x));
-  return x;
-}
-
 template <int N>
 __device__ __forceinline__ void zero(float (&x)[N]) {
 #pragma unroll
@@ -109,13 +92,6 @@ template <int N, int K, int DTYPE>
 __device__ __forceinline__ void gemm_frags_by_tile(float (&acc)[N / 2], const unsigned (&c)[K / 16][4], unsigned y_addr) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) wgmma_rs<N, DTYPE, 1>(acc, c[kk], desc_mn_major<N>(y_addr + 32 * N * kk), 1);
-}
-
-// All k16 slices of a 64 x K accumulator tile as 16-bit A fragments.
-template <int DTYPE, int K>
-__device__ __forceinline__ void pack_all(unsigned (&a)[K / 16][4], const float (&x)[K / 2]) {
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) pack_a<DTYPE, K / 2>(a[kk], x, kk);
 }
 
 // P^T in place of S^T (64 x BM, this thread's elements) for the warpgroup tile whose rows are keys
@@ -466,18 +442,6 @@ struct BlockTiles {
 template <class T, int SPLIT = T::kSplit>
 struct ComputeStep;
 
-// dS^T as 16-bit A fragments to shared memory: rows r, r + 8 of the [BN][BM] tile.
-template <int BM>
-__device__ __forceinline__ void store_ds(unsigned ds, const unsigned (&ds_a)[BM / 16][4], int r, int tig) {
-#pragma unroll
-  for (int kk = 0; kk < BM / 16; ++kk) {
-    st_shared_u32(ds + il_chunk<BM>(r, 2 * kk) + 4 * tig, ds_a[kk][0]);
-    st_shared_u32(ds + il_chunk<BM>(r + 8, 2 * kk) + 4 * tig, ds_a[kk][1]);
-    st_shared_u32(ds + il_chunk<BM>(r, 2 * kk + 1) + 4 * tig, ds_a[kk][2]);
-    st_shared_u32(ds + il_chunk<BM>(r + 8, 2 * kk + 1) + 4 * tig, ds_a[kk][3]);
-  }
-}
-
 // The per-thread values every ComputeStep reads. kv_off: bytes from the K, V tiles to this warpgroup's
 // keys (2 kr0 D), computed by the kernel: computed in run(), it is simplified apart from the kernel's
 // kr0 = 64 wg and cost SPLIT 0 a register (and at d = 128, STAGES 1, LOAD 1 a spill).
@@ -521,7 +485,7 @@ struct ComputeStep<T, 0> {
     gemm_frags_by_tile<D, BM, DT>(ga, p_a, b.dout);  // dV += P^T dO
     gemm_frags_by_tile<D, BM, DT>(gb, ds_a, b.q);    // dK += dS^T Q
     wgmma_commit();
-    store_ds<BM>(b.ds, ds_a, a.kr0 + a.wrow + a.g, a.tig);
+    store_a_frags<BM>(b.ds, ds_a, a.kr0 + a.wrow + a.g, a.tig);
   }
 };
 
@@ -571,7 +535,7 @@ struct ComputeStep<T, 1> {
       gemm_frags_by_tile<D, BM, DT>(ga, ds_a, b.q);  // dK += dS^T Q
       wgmma_commit();
     }
-    if (a.wg == 1) store_ds<BM>(b.ds, ds_a, a.kr0 + a.wrow + a.g, a.tig);
+    if (a.wg == 1) store_a_frags<BM>(b.ds, ds_a, a.kr0 + a.wrow + a.g, a.tig);
   }
 };
 
@@ -925,12 +889,12 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
     const float* lse_s = sm.lse(s);
     const det::BlockTiles tiles{lse_s,
                                 lse_s + BM,
-                                det::opaque(sm.k),
-                                det::opaque(sm.v()),
-                                det::opaque(sm.q(s)),
-                                det::opaque(sm.dout(s)),
-                                det::opaque(sm.ds()),
-                                det::opaque(sm.pt()),
+                                opaque(sm.k),
+                                opaque(sm.v()),
+                                opaque(sm.q(s)),
+                                opaque(sm.dout(s)),
+                                opaque(sm.ds()),
+                                opaque(sm.pt()),
                                 n0 + kr0 + wrow,
                                 (n0 + kr0 + 64 > seq_k) || (CAUSAL && n0 + kr0 + 63 > m0 + causal_offset)};
     const det::StepArgs args{scale_log2, m0, seq_k, causal_offset, kr0, wrow, wg, wtid, g, tig, 2 * kr0 * D};

@@ -248,14 +248,6 @@ __device__ __forceinline__ void issue_qk(float (&s)[T::kBlockN / 2], unsigned q_
   }
 }
 
-template <int N>
-__device__ __forceinline__ void fence_frags(unsigned (&a)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
-}
-
 // The rows this thread holds (row0 = its first, row0 + 8 the second) and what masking needs.
 struct Rows {
   int row0, col0;     // first row and the thread's first column within a block (2 tig)

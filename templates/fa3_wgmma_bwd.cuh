@@ -233,30 +233,6 @@ __device__ __forceinline__ void gemm_grad(float (&acc)[T::kHeadDim / 2], const u
                                          1);
 }
 
-// The A fragments (mma.sync m16n8k16 layout) of every k16 slice of a 64 x K accumulator tile.
-template <int DTYPE, int K>
-__device__ __forceinline__ void pack_frags(unsigned (&a)[K / 16][4], const float (&x)[K / 2]) {
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) a[kk][e] = pack_half2<DTYPE>(x[8 * kk + 2 * e], x[8 * kk + 2 * e + 1]);
-}
-
-// x, hidden from the optimiser: the tile addresses are made opaque once per step, so that ptxas rebuilds each
-// descriptor (one add) instead of hoisting dozens of loop-invariant 64-bit descriptors into registers.
-__device__ __forceinline__ unsigned opaque(unsigned x) {
-  asm volatile("" : "+r"(x));
-  return x;
-}
-
-template <int N>
-__device__ __forceinline__ void fence_frags(unsigned (&a)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
-}
-
 // What a consumer thread's score elements need: its keys (key0 + 8 (e >> 1)) and the mask.
 struct ScoreRows {
   int key0, seq_k, causal_offset, tig;
@@ -291,18 +267,6 @@ __device__ __forceinline__ void dscores(float (&dpt)[T::kBlockM / 2], const floa
     const float2 d2 = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * tig);
 #pragma unroll
     for (int e = 0; e < 4; ++e) dpt[4 * j + e] = pt[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? d2.y : d2.x));
-  }
-}
-
-// dS^T's 16-bit fragments into rows r, r + 8 of the interleaved [BN][BM] tile.
-template <int BM>
-__device__ __forceinline__ void store_ds(unsigned ds, const unsigned (&a)[BM / 16][4], int r, int tig) {
-#pragma unroll
-  for (int kk = 0; kk < BM / 16; ++kk) {
-    st_shared_u32(ds + il_chunk<BM>(r, 2 * kk) + 4 * tig, a[kk][0]);
-    st_shared_u32(ds + il_chunk<BM>(r + 8, 2 * kk) + 4 * tig, a[kk][1]);
-    st_shared_u32(ds + il_chunk<BM>(r, 2 * kk + 1) + 4 * tig, a[kk][2]);
-    st_shared_u32(ds + il_chunk<BM>(r + 8, 2 * kk + 1) + 4 * tig, a[kk][3]);
   }
 }
 
@@ -410,8 +374,8 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     wgmma_fence_regs(dp);
     dscores<T>(dp, sc, sm.delta_ptr(s), tig);
     unsigned pa[BM / 16][4], dsa[BM / 16][4];
-    pack_frags<DT, BM>(pa, sc);
-    pack_frags<DT, BM>(dsa, dp);
+    pack_all<DT, BM>(pa, sc);
+    pack_all<DT, BM>(dsa, dp);
     wgmma_fence_regs(dv);
     wgmma_fence_regs(dk);
     wgmma_fence();
@@ -419,7 +383,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     if constexpr (!T::kDqOverlap) gemm_grad<T>(dk, dsa, q);  // dK += dS^T Q with it (DQ_OVERLAP 0)
     wgmma_commit();
     const unsigned ds = opaque(sm.ds(t & 1));
-    store_ds<BM>(ds, dsa, krow, tig);
+    store_a_frags<BM>(ds, dsa, krow, tig);
     fence_proxy_async();
     // Step t's dQ: a piece from every consumer, or (DQ_TURNS) all of it from consumer t % 2, which alone waits for
     // the other's dS^T rows; the other goes on to step t + 1.

@@ -17,31 +17,19 @@
 //   step apart, one's softmax under the other's GEMMs).
 // Host-usable: plain constexpr C++.
 #pragma once
-#include "traits_common.h"
+#include "fa3_wgmma_traits.h"
 
 namespace flashtune {
 
-// Swizzle of the shared-memory tiles of Q, dO, K, V (and their TMA boxes): as fa3_wgmma's.
-FT_HD constexpr int fa3_bwd_swizzle_bytes(int D) { return D % 64 == 0 ? 128 : 64; }
-FT_HD constexpr int fa3_bwd_group_cols(int D) { return fa3_bwd_swizzle_bytes(D) / 2; }
+// Swizzle of the shared-memory tiles of Q, dO, K, V (and their TMA boxes): fa3_wgmma's
+// (fa3_wgmma_swizzle_bytes, fa3_wgmma_group_cols).
 FT_HD constexpr int fa3_bwd_block_n(int CONSUMERS) { return 64 * CONSUMERS; }
-FT_HD constexpr int fa3_bwd_threads(int CONSUMERS) { return 128 * (CONSUMERS + 1); }
 // Query rows padded to whole blocks: the preprocess's lse / delta rows and dq_accum's.
 FT_HD constexpr int fa3_bwd_padded_rows(int seq_q, int BM) { return ceil_div(seq_q > 0 ? seq_q : 1, BM) * BM; }
 
-// Registers: launched at one CTA per SM (the register file over the threads, a multiple of 8, at most 248);
-// setmaxnreg moves them to the consumers: producer 24 (32 beside three consumers), each consumer the rest, at
-// most 240 (the budgets must add up to at most the launch allocation, else setmaxnreg.inc waits forever).
-FT_HD constexpr int fa3_bwd_launch_regs(int CONSUMERS) {
-  const int r = 65536 / fa3_bwd_threads(CONSUMERS) / 8 * 8;
-  return r < 248 ? r : 248;
-}
-FT_HD constexpr int fa3_bwd_producer_regs(int CONSUMERS) { return CONSUMERS == 3 ? 32 : 24; }
-FT_HD constexpr int fa3_bwd_consumer_regs(int CONSUMERS) {
-  const int left = (fa3_bwd_launch_regs(CONSUMERS) * (CONSUMERS + 1) - fa3_bwd_producer_regs(CONSUMERS)) /
-                   CONSUMERS / 8 * 8;
-  return left < 240 ? left : 240;
-}
+// Registers: launched at one CTA per SM with 128 (CONSUMERS + 1) threads, setmaxnreg moving them to the
+// consumers: the budgets are fa3_wgmma's at one CTA per SM (fa3_wgmma_launch_regs, _producer_regs,
+// _consumer_regs: producer 24, 32 beside three consumers; each consumer the rest, at most 240).
 // fp32 accumulators a consumer thread holds at once: dK and dV of its 64 keys (D/2 each) and the scores
 // S^T, dP^T of one query block (BM/2 each). The dQ piece is live only once S^T and dP^T are packed.
 FT_HD constexpr int fa3_bwd_acc_regs(int D, int BM) { return D + BM; }
@@ -65,10 +53,9 @@ FT_HD constexpr int fa3_bwd_dq_chunk(int D, int BM, int CONSUMERS, int TURNS = 0
 // Shared memory, from a 1024-byte aligned base (+ 1024 bytes of slack):
 //   K, V [BN][D] | STAGES x (Q, dO [BM][D]) (16-bit, swizzled) | 2 x dS^T [BN][BM] (16-bit, interleaved core
 //   matrices) | dQ [BM][D] fp32 (16-byte pieces swizzled by row) | STAGES x (lse, delta [BM] fp32) | mbarriers
-FT_HD constexpr int fa3_bwd_tile_bytes(int D, int rows) { return 2 * rows * D; }
 FT_HD constexpr int fa3_bwd_barriers(int STAGES) { return 1 + 2 * STAGES; }  // kv_full, STAGES x (q_full, q_empty)
 FT_HD constexpr int fa3_bwd_smem_bytes(int D, int BM, int CONSUMERS, int STAGES) {
-  return 1024 + 2 * fa3_bwd_tile_bytes(D, fa3_bwd_block_n(CONSUMERS)) + 2 * STAGES * fa3_bwd_tile_bytes(D, BM) +
+  return 1024 + 2 * fa3_wgmma_tile_bytes(D, fa3_bwd_block_n(CONSUMERS)) + 2 * STAGES * fa3_wgmma_tile_bytes(D, BM) +
          2 * 2 * fa3_bwd_block_n(CONSUMERS) * BM + 4 * BM * D + 8 * STAGES * BM + 8 * fa3_bwd_barriers(STAGES);
 }
 // Workspace (p.workspace): lse (log2 units) and delta per padded row, then dq_accum [B][H][R][D] fp32.
@@ -103,17 +90,14 @@ FT_HD constexpr bool fa3_bwd_consumers_ok(int C) { return C >= 1 && C <= 3; }
 FT_HD constexpr bool fa3_bwd_stages_ok(int S) { return S == 1 || S == 2; }
 FT_HD constexpr bool fa3_bwd_switch_ok(int x) { return x == 0 || x == 1; }
 FT_HD constexpr bool fa3_bwd_sched_ok(int x) { return x >= 0 && x <= 2; }
-FT_HD constexpr bool fa3_bwd_regs_ok(int C) {
-  return 128 * (fa3_bwd_producer_regs(C) + C * fa3_bwd_consumer_regs(C)) <= fa3_bwd_launch_regs(C) * fa3_bwd_threads(C);
-}
 // 48 registers of a consumer's budget kept for addresses, loop state and the packed A fragments' overlap.
-FT_HD constexpr bool fa3_bwd_acc_ok(int D, int BM, int C) { return fa3_bwd_acc_regs(D, BM) <= fa3_bwd_consumer_regs(C) - 48; }
+FT_HD constexpr bool fa3_bwd_acc_ok(int D, int BM, int C) { return fa3_bwd_acc_regs(D, BM) <= fa3_wgmma_consumer_regs(C) - 48; }
 // The dQ pieces: the warpgroups split the row tiles or each row tile's columns evenly, and a piece's columns
 // are whole swizzle groups of K (an MN-major B operand starts at a group).
 FT_HD constexpr bool fa3_bwd_dq_ok(int D, int BM, int C, int TURNS = 0) {
   const int rt = fa3_bwd_dq_row_tiles(BM), cp = fa3_bwd_dq_col_pieces(BM, C, TURNS);
   return (TURNS || C % rt == 0 || rt % C == 0) && D % cp == 0 &&
-         fa3_bwd_dq_cols(D, BM, C, TURNS) % fa3_bwd_group_cols(D) == 0;
+         fa3_bwd_dq_cols(D, BM, C, TURNS) % fa3_wgmma_group_cols(D) == 0;
 }
 // Turns between two consumers: with three, one that is not the dQ consumer twice running would refill a dS^T
 // tile the step before's dQ consumer may still read.
@@ -142,7 +126,7 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
          : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
          : !fa3_bwd_switch_ok(DQ_TURNS)        ? "DQ_TURNS must be 0 or 1"
          : !fa3_bwd_turns_ok(CONSUMERS, DQ_TURNS) ? "DQ_TURNS needs two consumer warpgroups"
-         : !fa3_bwd_regs_ok(CONSUMERS)         ? "the register budgets exceed the launch allocation"
+         : !fa3_wgmma_regs_ok(CONSUMERS, 1)         ? "the register budgets exceed the launch allocation"
          : !fa3_bwd_acc_ok(D, BM, CONSUMERS)
              ? "accumulators (dK, dV D + S^T, dP^T BLOCK_M) exceed the consumer register budget - 48"
          : !fa3_bwd_dq_ok(D, BM, CONSUMERS, DQ_TURNS)
@@ -171,15 +155,15 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 
-  static constexpr int kThreads = fa3_bwd_threads(CONSUMERS);
+  static constexpr int kThreads = fa3_wgmma_threads(CONSUMERS);
   static constexpr int kConsumerThreads = 128 * CONSUMERS;
-  static constexpr int kProducerRegs = fa3_bwd_producer_regs(CONSUMERS);
-  static constexpr int kConsumerRegs = fa3_bwd_consumer_regs(CONSUMERS);
-  static constexpr int kSwizzle = fa3_bwd_swizzle_bytes(D);
-  static constexpr int kGroupCols = fa3_bwd_group_cols(D);
+  static constexpr int kProducerRegs = fa3_wgmma_producer_regs(CONSUMERS);
+  static constexpr int kConsumerRegs = fa3_wgmma_consumer_regs(CONSUMERS);
+  static constexpr int kSwizzle = fa3_wgmma_swizzle_bytes(D);
+  static constexpr int kGroupCols = fa3_wgmma_group_cols(D);
   static constexpr int kGroups = D / kGroupCols;
-  static constexpr int kQBytes = fa3_bwd_tile_bytes(D, BLOCK_M);       // one Q or dO slot
-  static constexpr int kKvBytes = fa3_bwd_tile_bytes(D, kBlockN);      // K or V
+  static constexpr int kQBytes = fa3_wgmma_tile_bytes(D, BLOCK_M);       // one Q or dO slot
+  static constexpr int kKvBytes = fa3_wgmma_tile_bytes(D, kBlockN);      // K or V
   static constexpr int kDsBytes = 2 * kBlockN * BLOCK_M;               // one dS^T tile
   static constexpr int kDqBytes = 4 * BLOCK_M * D;                     // the dQ staging tile
   static constexpr int kStatBytes = 4 * BLOCK_M;                       // lse or delta of one block

@@ -65,6 +65,52 @@ __device__ __forceinline__ void store_frags(unsigned tile, const float (&x)[N / 
   }
 }
 
+// The A fragment (mma.sync m16n8k16 layout, wgmma's register A layout) of k16 slice kk from accumulators in
+// the wgmma C layout (n8 tile j at x[4j .. 4j+3]): tiles 2kk and 2kk+1.
+template <int DTYPE, int N>
+__device__ __forceinline__ void pack_a(unsigned (&a)[4], const float (&x)[N], int kk) {
+  a[0] = pack_half2<DTYPE>(x[8 * kk + 0], x[8 * kk + 1]);
+  a[1] = pack_half2<DTYPE>(x[8 * kk + 2], x[8 * kk + 3]);
+  a[2] = pack_half2<DTYPE>(x[8 * kk + 4], x[8 * kk + 5]);
+  a[3] = pack_half2<DTYPE>(x[8 * kk + 6], x[8 * kk + 7]);
+}
+
+// All k16 slices of a 64 x K accumulator tile as 16-bit A fragments.
+template <int DTYPE, int K>
+__device__ __forceinline__ void pack_all(unsigned (&a)[K / 16][4], const float (&x)[K / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) pack_a<DTYPE, K / 2>(a[kk], x, kk);
+}
+
+// A 64 x C tile's A fragments (pack_all) into rows r, r + 8 of an interleaved tile of C columns (the
+// backward families' dS^T tile [BN][BM]).
+template <int C>
+__device__ __forceinline__ void store_a_frags(unsigned tile, const unsigned (&a)[C / 16][4], int r, int tig) {
+#pragma unroll
+  for (int kk = 0; kk < C / 16; ++kk) {
+    st_shared_u32(tile + il_chunk<C>(r, 2 * kk) + 4 * tig, a[kk][0]);
+    st_shared_u32(tile + il_chunk<C>(r + 8, 2 * kk) + 4 * tig, a[kk][1]);
+    st_shared_u32(tile + il_chunk<C>(r, 2 * kk + 1) + 4 * tig, a[kk][2]);
+    st_shared_u32(tile + il_chunk<C>(r + 8, 2 * kk + 1) + 4 * tig, a[kk][3]);
+  }
+}
+
+// Registers an asynchronous GEMM reads (A fragments), kept live and unmoved until after its wait.
+template <int N>
+__device__ __forceinline__ void fence_frags(unsigned (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+// x, hidden from the optimiser: tile addresses made opaque once per loop step, so that ptxas rebuilds each
+// descriptor (one add) instead of hoisting dozens of loop-invariant 64-bit descriptors into registers.
+__device__ __forceinline__ unsigned opaque(unsigned x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // Swizzled tiles (fa3_wgmma; loaded and stored by TMA with the same swizzle): a tile of R rows x W
 // 16-bit columns, W*2 = SW bytes per row (SW = 128, 64 or 32), rows contiguous, the 16-byte chunk c of
 // row r stored at chunk c ^ ((r * SW / 128) % (SW / 16)): bits [4, 4+b) of the byte offset XOR bits

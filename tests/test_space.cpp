@@ -996,13 +996,16 @@ TEST(Family, Fa3MulticastClusters) {
 // same functions the kernel's static_asserts and the family's check call.
 TEST(Family, Fa3BwdBudgetsAndPrunes) {
   // setmaxnreg: one CTA per SM, 128 (C + 1) threads; the budgets add up to at most the launch allocation.
-  EXPECT_EQ(fa3_bwd_launch_regs(2), 168);
-  EXPECT_EQ(fa3_bwd_producer_regs(2), 24);
-  EXPECT_EQ(fa3_bwd_consumer_regs(2), 240);
-  EXPECT_EQ(fa3_bwd_consumer_regs(1), 240);
-  EXPECT_EQ(fa3_bwd_producer_regs(3), 32);
-  EXPECT_EQ(fa3_bwd_consumer_regs(3), 160);
-  for (int c = 1; c <= 3; ++c) EXPECT_TRUE(fa3_bwd_regs_ok(c)) << c;
+  // (fa3_wgmma's budgets at one CTA per SM, which the traits take.)
+  EXPECT_EQ(fa3_wgmma_launch_regs(2, 1), 168);
+  EXPECT_EQ(fa3_wgmma_producer_regs(2), 24);
+  EXPECT_EQ(fa3_wgmma_consumer_regs(2), 240);
+  EXPECT_EQ(fa3_wgmma_consumer_regs(1), 240);
+  EXPECT_EQ(fa3_wgmma_producer_regs(3), 32);
+  EXPECT_EQ(fa3_wgmma_consumer_regs(3), 160);
+  for (int c = 1; c <= 3; ++c) EXPECT_TRUE(fa3_wgmma_regs_ok(c, 1)) << c;
+  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 1, false>::kConsumerRegs), 240);
+  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 1, false>::kThreads), 384);
   // FlashAttention-3's tiles: d 128 64 x 128 and d 64 128 x 128, two consumers.
   EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0), nullptr);
   EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1), nullptr);

@@ -55,12 +55,12 @@ Family make_fa3_wgmma_bwd() {
     return std::vector{
         make_launch(fa3_bwd_preprocess_grid(p.batch, p.heads, p.seq_q, n.block_m), kFa3BwdRowThreads, 0),
         make_launch(fa3_bwd_dkdv_grid(p.batch, p.kv_heads(), p.seq_k, n.consumers, n.sched),
-                    fa3_bwd_threads(n.consumers), fa3_bwd_smem_bytes(p.head_dim, n.block_m, n.consumers, n.stages)),
+                    fa3_wgmma_threads(n.consumers), fa3_bwd_smem_bytes(p.head_dim, n.block_m, n.consumers, n.stages)),
         make_launch(fa3_bwd_convert_grid(p.batch, p.heads, p.seq_q), kFa3BwdRowThreads, 0)};
   };
   f.tensor_maps = [](const Config& c, const Problem& p) {
     const Named n(c);
-    const int w = fa3_bwd_group_cols(p.head_dim), sw = fa3_bwd_swizzle_bytes(p.head_dim);
+    const int w = fa3_wgmma_group_cols(p.head_dim), sw = fa3_wgmma_swizzle_bytes(p.head_dim);
     const int bn = fa3_bwd_block_n(n.consumers);
     return std::vector<TensorMapSpec>{{"q", n.block_m, w, sw}, {"k", bn, w, sw}, {"v", bn, w, sw}, {"do", n.block_m, w, sw}};
   };
