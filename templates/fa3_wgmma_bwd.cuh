@@ -1,13 +1,13 @@
 // FlashAttention-3's backward design on Hopper (sm_90a): TMA, an mbarrier ring, warp specialization,
 // wgmma, and dQ by TMA reduce-add from a warp of its own. fp16 or bf16 in and out, fp32 accumulation.
 // Kernels, launched in order (T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS,
-//                                                  DTYPE, CAUSAL>):
+//                                                  DETERMINISTIC, DTYPE, CAUSAL>):
 //   fa3_wgmma_bwd_preprocess<T>  per query row (padded to whole blocks): lse2 = lse log2(e), delta =
-//                                rowsum(dO * O) (zeros past seq_q), dq_accum = 0
+//                                rowsum(dO * O) (zeros past seq_q), dq_accum = 0, turn counters = 0
 //   fa3_wgmma_bwd_dkdv<T>        per (key block, kv head, batch): dK, dV; dq_accum += dS K
 //   fa3_wgmma_bwd_convert<T>     dQ = 16-bit(scale dq_accum)
 // Workspace (p.workspace, fa3_bwd_workspace_bytes): lse2 [B H][R], delta [B H][R], dq_accum [B H][R][D]
-// fp32, R = seq_q rounded up to BLOCK_M; dq_accum's rows hold their 16-byte pieces swizzled by row (piece c of
+// fp32, turns [B H][R / BLOCK_M] int32, R = seq_q rounded up to BLOCK_M; dq_accum's rows hold their 16-byte pieces swizzled by row (piece c of
 // row r at c ^ 2 (r % 4), dq_swizzle), as the consumers stage them, and the convert undoes it.
 //
 // The dK/dV CTA (tensor maps: Q box [BM][W], K and V [BN][W], dO [BM][W]; W = the swizzle's columns):
@@ -15,7 +15,11 @@
 //                       delta (bulk copies) into ring slot t % STAGES (q_full), once the consumers released
 //                       the slot's previous step (q_empty)
 //   warp 1 (dQ writer)  per step: waits for the consumers' dQ tile (named barrier kDqFull), adds it into
-//                       dq_accum with one cp.reduce.async.bulk, frees the tile once read (kDqEmpty)
+//                       dq_accum with one cp.reduce.async.bulk, frees the tile once read (kDqEmpty).
+//                       DETERMINISTIC: waits for the query block's turn counter to read its key block's
+//                       index, adds, waits for the add to complete and passes the turn on; key block j
+//                       adds to every query block it sees iff blocks 0 .. j - 1 do (the first visible query
+//                       block grows with j), so the additions run in key-block order, from 0
 //   consumers           warpgroup c owns keys [64c, 64c + 64) of the block; per step (a query block of one
 //                       query head of the group):
 //     S^T  = K_c Q^T        SS, K-major both, m64 x BM, k = D
@@ -93,13 +97,18 @@ struct Smem {
 // The workspace's three arrays (fa3_bwd_workspace_bytes).
 struct Workspace {
   float *lse2, *delta, *dq_accum;
-  int rows;  // R: padded rows per (batch, head)
+  int* turns;  // per query block: how many key blocks have added into its dq_accum rows (DETERMINISTIC)
+  int rows;    // R: padded rows per (batch, head)
   template <class T>
   __device__ static Workspace of(const AttnBwdParams& p) {
     const int r = fa3_bwd_padded_rows(p.seq_q, T::kBlockM);
     const long long n = static_cast<long long>(p.batch) * p.heads * r;
     float* base = static_cast<float*>(p.workspace);
-    return Workspace{base, base + n, base + 2 * n, r};
+    return Workspace{base, base + n, base + 2 * n, reinterpret_cast<int*>(base + 2 * n + n * T::kHeadDim), r};
+  }
+  template <class T>
+  __device__ int* turn(int batch, int heads, int hq, int mb) const {
+    return turns + (static_cast<long long>(batch) * heads + hq) * (rows / T::kBlockM) + mb;
   }
 };
 
@@ -187,20 +196,29 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
   }
 }
 
-// The dQ writer warp: each step's staged tile added into dq_accum by one bulk reduce-add.
+// The dQ writer warp: each step's staged tile added into dq_accum by one bulk reduce-add (DETERMINISTIC: in
+// its turn, see the file's head).
 template <class T>
 __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams& p, const Work& w, const Steps& st,
                                          const Workspace& ws, int lane) {
   constexpr int BM = T::kBlockM, D = T::kHeadDim, N = T::kDqThreads + 32;
+  const int key_block = w.n0 / T::kBlockN;
   for (int t = 0; t < st.count; ++t) {
     named_bar_sync(kDqFull, N);
     if (lane == 0) {
       int hq, mb;
       st.at(t, hq, mb);
       const long long row = (static_cast<long long>(w.batch) * p.heads + hq) * ws.rows + mb * BM;
+      int* turn = ws.turn<T>(w.batch, p.heads, hq, mb);
+      if constexpr (T::kDeterministic) turn_wait(turn, key_block);
       bulk_reduce_add_f32(ws.dq_accum + row * D, sm.dq(), T::kDqBytes);
       bulk_commit();
-      bulk_wait_read<0>();
+      if constexpr (T::kDeterministic) {
+        bulk_wait<0>();  // the add is complete (and so the tile read) before the next key block's
+        turn_pass(turn);
+      } else {
+        bulk_wait_read<0>();
+      }
     }
     __syncwarp();
     if (t + 1 < st.count) named_bar_arrive(kDqEmpty, N);
@@ -455,7 +473,8 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
 
 }  // namespace fa3_bwd_detail
 
-// lse2 = lse log2(e) and delta = rowsum(dO * O) per padded row (zeros past seq_q), dq_accum = 0.
+// lse2 = lse log2(e) and delta = rowsum(dO * O) per padded row (zeros past seq_q), dq_accum = 0, and each
+// query block's turn counter = 0.
 // 8 lanes per row, 32 rows per CTA; y = query head, z = batch.
 template <class Traits>
 __global__ void __launch_bounds__(kFa3BwdRowThreads) fa3_wgmma_bwd_preprocess(const AttnBwdParams p) {
@@ -491,6 +510,7 @@ __global__ void __launch_bounds__(kFa3BwdRowThreads) fa3_wgmma_bwd_preprocess(co
     }
     for (int c = lane; c < D / 4; c += 8)
       *reinterpret_cast<float4*>(ws.dq_accum + r * D + 4 * c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (lane == 0 && row % T::kBlockM == 0) *ws.turn<T>(blockIdx.z, p.heads, blockIdx.y, row / T::kBlockM) = 0;
   }
 }
 

@@ -3,7 +3,7 @@
 //   fa3_wgmma_bwd_preprocess<T>  delta = rowsum(dO * O) and lse in log2 units into padded rows, dq_accum = 0
 //   fa3_wgmma_bwd_dkdv<T>        one CTA per (key block, kv head, batch): dK, dV; dq_accum += dS K by TMA
 //   fa3_wgmma_bwd_convert<T>     dQ = 16-bit(scale dq_accum)
-//   T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS, DTYPE, CAUSAL>
+//   T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS, DETERMINISTIC, DTYPE, CAUSAL>
 // The dK/dV CTA: warpgroup 0 is the producer (warp 0: TMA copies of K and V once, then Q, dO, lse and
 // delta of every query block into a ring of STAGES slots) and the dQ writer (warp 1: each query block's
 // dQ tile added into dq_accum by one bulk reduce-add); CONSUMERS warpgroups of 64 keys each
@@ -15,6 +15,9 @@
 //   staged while dK runs (needs a consumer's dQ piece to be one chain).
 //   DQ_TURNS 1: two consumers take turns at a step's whole dQ instead of a piece each (they drift half a
 //   step apart, one's softmax under the other's GEMMs).
+//   DETERMINISTIC 1: the key blocks add into a query block's dq_accum rows in key-block order (a counter
+//   per query block, FlashAttention-3's semaphore): bitwise-reproducible dQ. Not with SCHED 2, whose
+//   rotated walks would make each key block wait for its neighbour's whole lap.
 // Host-usable: plain constexpr C++.
 #pragma once
 #include "fa3_wgmma_traits.h"
@@ -58,9 +61,11 @@ FT_HD constexpr int fa3_bwd_smem_bytes(int D, int BM, int CONSUMERS, int STAGES)
   return 1024 + 2 * fa3_wgmma_tile_bytes(D, fa3_bwd_block_n(CONSUMERS)) + 2 * STAGES * fa3_wgmma_tile_bytes(D, BM) +
          2 * 2 * fa3_bwd_block_n(CONSUMERS) * BM + 4 * BM * D + 8 * STAGES * BM + 8 * fa3_bwd_barriers(STAGES);
 }
-// Workspace (p.workspace): lse (log2 units) and delta per padded row, then dq_accum [B][H][R][D] fp32.
+// Workspace (p.workspace): lse (log2 units) and delta per padded row, then dq_accum [B][H][R][D] fp32, then
+// one int32 turn counter per query block [B][H][R / BM] (DETERMINISTIC; always there, zeroed by the preprocess).
 FT_HD constexpr long long fa3_bwd_workspace_bytes(int batch, int heads, int seq_q, int D, int BM) {
-  return static_cast<long long>(batch) * heads * fa3_bwd_padded_rows(seq_q, BM) * (8LL + 4LL * D);
+  const long long bh = static_cast<long long>(batch) * heads;
+  return bh * fa3_bwd_padded_rows(seq_q, BM) * (8LL + 4LL * D) + bh * 4LL * (fa3_bwd_padded_rows(seq_q, BM) / BM);
 }
 
 // ---- grids ----
@@ -114,10 +119,11 @@ FT_HD constexpr bool fa3_bwd_smem_ok(int D, int BM, int C, int STAGES) {
   return fa3_bwd_smem_bytes(D, BM, C, STAGES) <= kMaxSmemBytesSm90;
 }
 FT_HD constexpr bool fa3_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
+FT_HD constexpr bool fa3_bwd_deterministic_ok(int SCHED, int DETERMINISTIC) { return DETERMINISTIC == 0 || SCHED != 2; }
 
 // nullptr if valid, else the reason.
 FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP,
-                                          int DQ_TURNS = 0) {
+                                          int DQ_TURNS = 0, int DETERMINISTIC = 0) {
   return !fa3_bwd_d_ok(D) ? "D must be 64, 96 or 128 (dK and dV of 64 keys at d > 128 exceed a consumer's registers)"
          : !fa3_bwd_bm_ok(BM)                  ? "BLOCK_M must be 64 or 128 (a wgmma N of the score products)"
          : !fa3_bwd_consumers_ok(CONSUMERS)    ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_N = 64 x CONSUMERS)"
@@ -125,7 +131,10 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
          : !fa3_bwd_sched_ok(SCHED)            ? "SCHED must be 0, 1 or 2"
          : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
          : !fa3_bwd_switch_ok(DQ_TURNS)        ? "DQ_TURNS must be 0 or 1"
+         : !fa3_bwd_switch_ok(DETERMINISTIC)   ? "DETERMINISTIC must be 0 or 1"
          : !fa3_bwd_turns_ok(CONSUMERS, DQ_TURNS) ? "DQ_TURNS needs two consumer warpgroups"
+         : !fa3_bwd_deterministic_ok(SCHED, DETERMINISTIC)
+             ? "DETERMINISTIC 1 needs SCHED 0 or 1 (SCHED 2's rotated walks serialize the ordered dQ additions)"
          : !fa3_wgmma_regs_ok(CONSUMERS, 1)         ? "the register budgets exceed the launch allocation"
          : !fa3_bwd_acc_ok(D, BM, CONSUMERS)
              ? "accumulators (dK, dV D + S^T, dP^T BLOCK_M) exceed the consumer register budget - 48"
@@ -137,9 +146,10 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
                                                       : nullptr;
 }
 
-template <int D, int BLOCK_M, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP, int DQ_TURNS, int DTYPE, bool CAUSAL>
+template <int D, int BLOCK_M, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP, int DQ_TURNS, int DETERMINISTIC,
+          int DTYPE, bool CAUSAL>
 struct Fa3WgmmaBwdTraits {
-  static_assert(fa3_bwd_check(D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS) == nullptr,
+  static_assert(fa3_bwd_check(D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS, DETERMINISTIC) == nullptr,
                 "invalid Fa3WgmmaBwdTraits: see fa3_bwd_check");
   static_assert(fa3_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
 
@@ -152,6 +162,7 @@ struct Fa3WgmmaBwdTraits {
   static constexpr bool kRotate = SCHED == 2;
   static constexpr bool kDqOverlap = DQ_OVERLAP == 1;
   static constexpr bool kDqTurns = DQ_TURNS == 1;
+  static constexpr bool kDeterministic = DETERMINISTIC == 1;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 

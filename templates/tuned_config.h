@@ -24,6 +24,9 @@ struct Entry {
   // the family's paged check accepts the call's page size. Last, so that every dense entry's initializer
   // leaves it out.
   bool paged = false;
+  // The bucket's best bitwise-reproducible config (a backward whose gradients are equal bit for bit from run
+  // to run): only a deterministic lookup takes it, and a deterministic lookup takes nothing else.
+  bool deterministic = false;
 };
 
 struct Table {
@@ -47,15 +50,15 @@ constexpr bool str_eq(const char* a, const char* b) {
 
 // The entry for (family, direction, dtype, d, causal) whose bucket is the smallest that
 // holds seq; past the largest bucket, the largest. nullptr when none matches. Dense entries unless
-// `paged` (then the paged K/V cache entries only).
+// `paged` (then the paged K/V cache entries only); the deterministic entries only when `deterministic`, else none.
 constexpr const Entry* find_in(const Table& t, const char* family, const char* direction, const char* dtype,
-                               int head_dim, bool causal, int seq, bool paged = false) {
+                               int head_dim, bool causal, int seq, bool paged = false, bool deterministic = false) {
   const Entry* best = nullptr;
   const Entry* largest = nullptr;
   for (int i = 0; i < t.count; ++i) {
     const Entry& e = t.entries[i];
     if (!str_eq(e.family, family) || !str_eq(e.direction, direction) || !str_eq(e.dtype, dtype) ||
-        e.head_dim != head_dim || e.causal != causal || e.paged != paged)
+        e.head_dim != head_dim || e.causal != causal || e.paged != paged || e.deterministic != deterministic)
       continue;
     if (!largest || e.seq_max > largest->seq_max) largest = &e;
     if (e.seq_max >= seq && (!best || e.seq_max < best->seq_max)) best = &e;

@@ -184,6 +184,24 @@ __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Turns between CTAs over a global counter (deterministic reductions): the caller waits until the counter
+// reads `turn` (acquire), does its part, and passes the turn on (release). A part done by the copy engine
+// is complete (bulk_wait<0>) before it is passed on; the proxy fence orders the engine's global writes with
+// the generic release, and the acquire with the engine's next reads.
+__device__ __forceinline__ void turn_wait(const int* counter, int turn) {
+  int v;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
+    if (v == turn) break;
+    __nanosleep(32);
+  }
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void turn_pass(int* counter) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
 // Bulk copy global -> shared (the copy engine): smem[0 .. bytes) = gptr[...]; bytes a multiple of 16,
 // both addresses 16-byte aligned. Completion is counted in bytes on the mbarrier at `bar`.
 __device__ __forceinline__ void bulk_load(unsigned smem_addr, const void* gptr, unsigned bytes, unsigned bar) {

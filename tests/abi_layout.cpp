@@ -30,7 +30,8 @@ int main() {
          FIELD(ft_backward_args, q); FIELD(ft_backward_args, k); FIELD(ft_backward_args, v); FIELD(ft_backward_args, o);
          FIELD(ft_backward_args, dout); FIELD(ft_backward_args, lse); FIELD(ft_backward_args, dq);
          FIELD(ft_backward_args, dk); FIELD(ft_backward_args, dv); FIELD(ft_backward_args, workspace);
-         FIELD(ft_backward_args, workspace_bytes); FIELD(ft_backward_args, heads_k));
+         FIELD(ft_backward_args, workspace_bytes); FIELD(ft_backward_args, heads_k);
+         FIELD(ft_backward_args, deterministic));
   STRUCT(ft_packed_tensor, FIELD(ft_packed_tensor, data); FIELD(ft_packed_tensor, stride));
 #define VARLEN_HEAD(T)                                                                                     \
   FIELD(T, batch); FIELD(T, heads); FIELD(T, heads_k); FIELD(T, head_dim); FIELD(T, total_q); FIELD(T, total_k); \
@@ -43,7 +44,8 @@ int main() {
          FIELD(ft_varlen_backward_args, k); FIELD(ft_varlen_backward_args, v); FIELD(ft_varlen_backward_args, o);
          FIELD(ft_varlen_backward_args, dout); FIELD(ft_varlen_backward_args, lse); FIELD(ft_varlen_backward_args, dq);
          FIELD(ft_varlen_backward_args, dk); FIELD(ft_varlen_backward_args, dv);
-         FIELD(ft_varlen_backward_args, workspace); FIELD(ft_varlen_backward_args, workspace_bytes));
+         FIELD(ft_varlen_backward_args, workspace); FIELD(ft_varlen_backward_args, workspace_bytes);
+         FIELD(ft_varlen_backward_args, deterministic));
   STRUCT(ft_paged_forward_args, FIELD(ft_paged_forward_args, batch); FIELD(ft_paged_forward_args, heads);
          FIELD(ft_paged_forward_args, heads_k); FIELD(ft_paged_forward_args, seq_q); FIELD(ft_paged_forward_args, head_dim);
          FIELD(ft_paged_forward_args, num_pages); FIELD(ft_paged_forward_args, page_size);

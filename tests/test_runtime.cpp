@@ -179,6 +179,45 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
     EXPECT_EQ(choose(ts3, query("GPU Old", "sm_90", "bwd", DType::bf16, 64, false, 4096)).note, "");
   }
 
+  // A deterministic backward: only families with a reproducible config (not fa2_wgmma_bwd, whose dQ is added
+  // in the order the hardware picks), only the tables' deterministic entries, and a non-reproducible config
+  // refused for the default's nearest reproducible one.
+  {
+    const Family& f3 = find_family("fa3_wgmma_bwd");
+    const Config fast = f3.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=0");
+    const Config det = f3.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=1");
+    tuned::Entry d = entry("fa3_wgmma_bwd", "bwd", "bf16", 128, det, 350);
+    d.deterministic = true;
+    tuned::Entry lie = entry("fa3_wgmma_bwd", "bwd", "bf16", 64,
+                             f3.parse_config("BLOCK_M=128,CONSUMERS=2,DQ_TURNS=1,DETERMINISTIC=0"), 350);
+    lie.deterministic = true;
+    const tuned::Entry es[] = {entry("fa2_wgmma_bwd", "bwd", "bf16", 128, find_family("fa2_wgmma_bwd").default_config, 600),
+                               entry("fa3_wgmma_bwd", "bwd", "bf16", 128, fast, 400), d, lie};
+    const tuned::Table t[] = {{"GPU D", "sm_90", es, 4}};
+    const TableSet ts{t, 1};
+    Query q = query("GPU D", "sm_90", "bwd", DType::bf16, 128, false, 4096);
+    EXPECT_EQ(name(ts, q), "fa2_wgmma_bwd");
+    EXPECT_EQ(choose(ts, q).config, find_family("fa2_wgmma_bwd").default_config);
+    q.deterministic = true;
+    for (const Family* f : candidate_families(q)) EXPECT_NE(f->name, "fa2_wgmma_bwd");
+    const Pick p = choose(ts, q);
+    ASSERT_NE(p.family, nullptr);
+    EXPECT_EQ(p.family->name, "fa3_wgmma_bwd");
+    EXPECT_EQ(p.config, det);
+    EXPECT_EQ(p.source, "device");
+    q.head_dim = 64;  // the tabled entry claims to be deterministic but is not: refused, the nearest one runs
+    const Pick r = choose_config(ts, f3, q);
+    EXPECT_TRUE(f3.reproducible(r.config));
+    EXPECT_EQ(r.source, "default");
+    EXPECT_NE(r.note.find("rejected for a deterministic backward"), std::string::npos) << r.note;
+    EXPECT_EQ(fallback_config(f3, q), nearest_reproducible_config(f3, f3.default_config, 64));
+    EXPECT_EQ(fallback_config(f3, q).back(), 1);  // the default with DETERMINISTIC 1
+    // A forward ignores it.
+    Query fq = query("GPU D", "sm_90", "fwd", DType::bf16, 128, false, 4096);
+    fq.deterministic = true;
+    EXPECT_FALSE(candidate_families(fq).empty());
+  }
+
   // A table that rates fa1_simt faster than fa2_simt for this query: fa1_simt; another device of the
   // arch gets the same through the arch fallback.
   const tuned::Entry entries[] = {entry("fa2_simt", "fwd", "fp32", 64, find_family("fa2_simt").default_config, 5),

@@ -149,6 +149,49 @@ TEST(Select, BucketOfSeparatelyTunedProblemsStillHasAPick) {
   EXPECT_EQ(choices[0].config, A);
 }
 
+// A deterministic backward's picks: the best of the configs whose family calls them reproducible, buckets of
+// their own; emitted as entries marked deterministic, which only a deterministic lookup reads.
+TEST(Select, DeterministicPicksBucketApart) {
+  const Family& f = find_family("fa3_wgmma_bwd");
+  auto row = [&](const char* cfg, double tflops) {
+    ResultRecord r;
+    r.family = f.name, r.direction = f.direction, r.config = cfg, r.status = "ok";
+    r.problem = Problem{4, 16, 4096, 4096, 128, DType::bf16, false};
+    r.problem.direction = "bwd";
+    r.tflops = tflops, r.reps = kFullTimingReps, r.device_name = "GPU A", r.arch = "sm_90";
+    return r;
+  };
+  const char* fast = "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=0";
+  const char* det = "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=1";
+  const char* old = "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0";  // stored before DETERMINISTIC
+  const std::vector<ResultRecord> rows = {row(fast, 400), row(det, 350), row(old, 500)};
+  EXPECT_EQ(reproducible_rows(rows).size(), 1u);
+  const std::vector<BucketChoice> any = best_per_bucket(rows), only = best_per_bucket(rows, true);
+  ASSERT_EQ(only.size(), 1u);
+  EXPECT_EQ(only[0].config, det);
+  EXPECT_TRUE(only[0].deterministic);
+  ASSERT_EQ(any.size(), 1u);
+  EXPECT_FALSE(any[0].deterministic);
+  std::vector<BucketChoice> both = any;
+  both.push_back(only[0]);
+  EXPECT_EQ(pick_bucket(both, rows[0].problem, true)->config, det);
+  EXPECT_FALSE(pick_bucket(both, rows[0].problem)->deterministic);
+  EXPECT_EQ(pick_bucket(any, rows[0].problem, true), nullptr);
+
+  auto dir = fs::temp_directory_path() / ("flashtune_emit_det_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  BucketChoice fixed = both[0];
+  fixed.config = fast;  // the 6-value config stored before DETERMINISTIC is no config today: a valid one
+  emit_headers({fixed, only[0]}, dir.string(), "flashtune emit --db x --out y");
+  const std::string gpu = slurp(dir / "sm90_gpu_a.hpp");
+  EXPECT_NE(gpu.find("{64, 2, 2, 0, 1, 0, 1}, 350.00f, false, true}"), std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("{64, 2, 2, 0, 1, 0, 0}, 500.00f},"), std::string::npos) << gpu;
+  BucketChoice lie = only[0];
+  lie.config = fast;  // marked deterministic, but not a reproducible config
+  EXPECT_THROW(emit_headers({lie}, (dir / "lie").string(), "x"), UsageError);
+  fs::remove_all(dir);
+}
+
 TEST(Emit, HeadersCarryBannerEntriesAndFallbacks) {
   auto dir = fs::temp_directory_path() / ("flashtune_emit_" + std::to_string(getpid()));
   fs::remove_all(dir);

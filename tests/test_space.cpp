@@ -1004,8 +1004,8 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_EQ(fa3_wgmma_producer_regs(3), 32);
   EXPECT_EQ(fa3_wgmma_consumer_regs(3), 160);
   for (int c = 1; c <= 3; ++c) EXPECT_TRUE(fa3_wgmma_regs_ok(c, 1)) << c;
-  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 1, false>::kConsumerRegs), 240);
-  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 1, false>::kThreads), 384);
+  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 1, false>::kConsumerRegs), 240);
+  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 1, false>::kThreads), 384);
   // FlashAttention-3's tiles: d 128 64 x 128 and d 64 128 x 128, two consumers.
   EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0), nullptr);
   EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1), nullptr);
@@ -1021,6 +1021,11 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_THAT(fa3_bwd_check(96, 64, 2, 2, 0, 0, 0), HasSubstr("dQ pieces"));      // 48 columns of 32-column groups
   EXPECT_THAT(fa3_bwd_check(64, 64, 3, 2, 0, 0, 1), HasSubstr("two consumer"));
   EXPECT_THAT(fa3_bwd_check(128, 64, 2, 2, 0, 1, 1), HasSubstr("DQ_OVERLAP 1"));  // a whole d 128 dQ: two chains
+  // Deterministic dQ: ordered by key block under SCHED 0 and 1, not with SCHED 2's rotated walks.
+  EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0, 1), nullptr);
+  EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 1, 0, 1, 1), nullptr);
+  EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 2, 0, 1, 1), HasSubstr("DETERMINISTIC 1 needs SCHED 0 or 1"));
+  EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 2), HasSubstr("DETERMINISTIC must be"));
   // dQ chains per consumer and step.
   EXPECT_EQ(fa3_bwd_dq_steps(128, 64, 2), 1);
   EXPECT_EQ(fa3_bwd_dq_steps(128, 64, 2, 1), 2);
@@ -1029,9 +1034,9 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   // Shared memory: K, V, two Q/dO slots, two dS^T tiles, the dQ tile, lse/delta slots, 5 mbarriers, the slack.
   EXPECT_EQ(fa3_bwd_smem_bytes(128, 64, 2, 2), 1024 + 65536 + 65536 + 32768 + 32768 + 1024 + 40);
   EXPECT_LE(fa3_bwd_smem_bytes(64, 128, 2, 2), kMaxSmemBytesSm90);
-  // Workspace: lse2, delta and dq_accum over rows padded to whole query blocks.
+  // Workspace: lse2, delta and dq_accum over rows padded to whole query blocks, then a turn counter per block.
   EXPECT_EQ(fa3_bwd_padded_rows(100, 64), 128);
-  EXPECT_EQ(fa3_bwd_workspace_bytes(2, 3, 100, 64, 64), 2LL * 3 * 128 * (8 + 4 * 64));
+  EXPECT_EQ(fa3_bwd_workspace_bytes(2, 3, 100, 64, 64), 2LL * 3 * 128 * (8 + 4 * 64) + 2LL * 3 * 2 * 4);
   // Grids: the preprocess over padded rows, the convert over rows, dK/dV by key block (SCHED 1: pairs first).
   const GridDims pre = fa3_bwd_preprocess_grid(2, 3, 100, 64), cv = fa3_bwd_convert_grid(2, 3, 100);
   EXPECT_EQ(pre.x, 4); EXPECT_EQ(pre.y, 3); EXPECT_EQ(pre.z, 2);
@@ -1056,7 +1061,10 @@ TEST(Family, Fa3BwdFamilyMapsAndLaunches) {
   Problem p;
   p.direction = "bwd", p.batch = 2, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 128;
   p.dtype = DType::bf16;
-  const Config c = f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0");
+  const Config c = f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=0");
+  EXPECT_FALSE(f.reproducible(c));
+  EXPECT_TRUE(f.reproducible(f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=1")));
+  EXPECT_THAT(f.check({64, 2, 2, 0, 1, 0}, 128), HasSubstr("7 values"));  // a config stored before DETERMINISTIC
   const auto specs = f.tensor_maps(c, p);
   ASSERT_EQ(specs.size(), 4u);
   EXPECT_EQ(specs[3].tensor, "do");

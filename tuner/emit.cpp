@@ -113,6 +113,8 @@ static void check_choice(const BucketChoice& c) {
   }
   if (c.direction != f->direction) refuse("direction '" + brief(c.direction, 10) + "' is not the family's");
   if (c.paged && !f->paged) refuse("a paged K/V cache bucket of a family without a paged form");
+  if (c.deterministic && !f->reproducible(f->parse_config(c.config)))
+    refuse("a deterministic bucket's config is not one the family calls reproducible");
   if (std::find(f->dtypes.begin(), f->dtypes.end(), c.dtype) == f->dtypes.end()) refuse("dtype not of the family");
   if (std::find(f->head_dims.begin(), f->head_dims.end(), c.head_dim) == f->head_dims.end())
     refuse("head_dim " + std::to_string(c.head_dim) + " not of the family");
@@ -162,19 +164,25 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
       h << "\n";
     }
     const bool any_paged = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->paged; });
+    const bool any_det = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->deterministic; });
     if (any_paged)
       h << "// Entries ending in `true` were measured on paged K/V caches: only the runtime's paged entry point reads\n"
         << "// them, where the family's paged form takes the call's page size (decode_splitkv: BLOCK_N divides it).\n";
+    if (any_det)
+      h << "// Entries ending in `false, true` are the best bitwise-reproducible config of their bucket: only a\n"
+        << "// deterministic backward reads them (and reads nothing else).\n";
     h << "inline constexpr Entry kEntries[] = {\n"
       << "    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)"
-      << (any_paged ? "[, paged]" : "") << "\n";
+      << (any_paged || any_det ? "[, paged" : "") << (any_det ? "[, deterministic]" : "") << (any_paged || any_det ? "]" : "")
+      << "\n";
     for (const auto* c : list) {
       const Family& f = find_family(c->family);
       char tf[32];
       std::snprintf(tf, sizeof tf, "%.2ff", c->tflops);
       h << "    {\"" << f.name << "\", \"" << f.direction << "\", \"" << to_string(c->dtype) << "\", " << c->head_dim
         << ", " << (c->causal ? "true" : "false") << ", " << c->seq_bucket << ", " << params_initializer(f, c->config)
-        << ", " << tf << (c->paged ? ", true" : "") << "},\n";
+        << ", " << tf << (c->deterministic ? (c->paged ? ", true, true" : ", false, true") : c->paged ? ", true" : "")
+        << "},\n";
       ++res.entries;
     }
     h << "};\n" << kTableStart << c_string_literal(device) << ", \"" << arch << "\", kEntries, "

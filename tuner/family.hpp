@@ -82,6 +82,11 @@ struct Family {
   std::function<const char*(const Config&, int page_size)> paged_check = [](const Config&, int) -> const char* {
     return nullptr;
   };
+  // A backward config whose dQ, dK and dV are bitwise equal from run to run on the same inputs (no additions
+  // in an order the hardware picks). The worker checks the claim (validate: repeated runs compared bit for
+  // bit); selection keeps these picks apart (`best --deterministic`, the tables' deterministic entries, the
+  // runtime's deterministic calls).
+  std::function<bool(const Config&)> reproducible = [](const Config&) { return false; };
   std::function<std::vector<Launch>(const Config&, const Problem&)> launches;  // one per kernel
   // Bytes of p.workspace: zero-filled by the worker before each validated run and by the runtime before
   // each call, unless workspace_written (the family's kernels write every byte before reading it; the

@@ -654,6 +654,24 @@ json GpuRunner::run(const json& req) {
     const bool same = validated_run() == outputs;
     out["detail"]["deterministic"] = same;
   }
+  // A config whose family claims bitwise-reproducible outputs (Family::reproducible) is held to it: the
+  // validated run repeated, each from poisoned outputs, every output equal bit for bit, else it is invalid.
+  if (const int runs = req.value("reproducible_runs", 0); runs > 1) {
+    const std::vector<std::string> names =
+        problem_.direction == "bwd" ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o", "lse"};
+    for (int k = 2; k <= runs && out["status"] == "ok"; ++k) {
+      const auto again = validated_run();
+      for (size_t i = 0; i < outputs.size(); ++i)
+        if (again[i] != outputs[i]) {
+          out["status"] = "invalid";
+          out["error"] = "claims bitwise-reproducible outputs, but run " + std::to_string(k) + " of " +
+                         std::to_string(runs) + " gave a different " + names[i];
+          break;
+        }
+    }
+    out["detail"]["reproducible_runs"] = runs;
+    if (out["status"] != "ok") return out;
+  }
 
   // 2. Timing, only for a validated kernel: CUDA events around the family's kernels alone.
   t0 = clock::now();

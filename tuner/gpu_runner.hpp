@@ -50,7 +50,8 @@ class GpuRunner {
   // backward; see input_files.hpp) instead, and a backward's reference covers every head.
   void prepare(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir = "");
   // {"cubin_path", "kernels": [{"name","grid":[3],"threads","smem"}...], "workspace", "check_determinism",
-  //  "timing": {...}, "save_dir" (optional)} -> result json, with "mean_abs" and "peak_bytes" beside
+  //  "reproducible_runs" (N > 1: the validated run repeated N times, invalid unless every output is equal bit
+  //  for bit), "timing": {...}, "save_dir" (optional)} -> result json, with "mean_abs" and "peak_bytes" beside
   //  max_abs/max_rel/mse. With "save_dir" the validated run's outputs are written there as raw files:
   //  forward o.bin (dtype) and lse.bin (fp32); backward dq.bin, dk.bin, dv.bin (dtype).
   nlohmann::json run(const nlohmann::json& request);

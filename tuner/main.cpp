@@ -688,15 +688,17 @@ ResultFilter filter_from(const Args& a) {
 int cmd_best(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune best --db PATH [--family F] [--device NAME] [--dtype T] [--d N] [--causal 0|1] [--csv]\n"
-              "The fastest valid config per problem, with its time, TFLOP/s and errors. Needs no GPU.");
+              "                      [--deterministic]\n"
+              "The fastest valid config per problem, with its time, TFLOP/s and errors; --deterministic: among the\n"
+              "configs whose gradients are bitwise reproducible only. Needs no GPU.");
     return 0;
   }
-  Args a = parse(argc, argv, {"db", "family", "device", "dtype", "d", "causal"}, {"csv"});
+  Args a = parse(argc, argv, {"db", "family", "device", "dtype", "d", "causal"}, {"csv", "deterministic"});
   if (!a.has("db")) throw UsageError("best needs --db");
   Store store(a.get("db"), Store::Mode::read_only);
   // Every status: a newer prune or failure of a config supersedes its older success (select.cpp).
   const ResultFilter filter = filter_from(a);
-  auto best = best_per_problem(store.results(filter));
+  auto best = best_per_problem(a.has("deterministic") ? reproducible_rows(store.results(filter)) : store.results(filter));
   if (a.has("csv")) {
     std::puts("device,family,direction,batch,heads,seq_q,seq_k,head_dim,dtype,causal,config,ms_median,ms_p20,ms_p80,"
               "tflops,gbps,max_abs,max_rel,heads_k,varlen,paged");
@@ -734,14 +736,18 @@ int cmd_emit(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune emit --db PATH --out DIR [--family F]\n"
               "Writes DIR/<arch>_<gpu>.hpp per device in the store and DIR/dispatch.hpp (fallback device ->\n"
-              "arch -> default). Needs no GPU.");
+              "arch -> default); a backward bucket also gets the best of its bitwise-reproducible configs as a\n"
+              "deterministic entry. Needs no GPU.");
     return 0;
   }
   Args a = parse(argc, argv, {"db", "out", "family"}, {});
   if (!a.has("db") || !a.has("out")) throw UsageError("emit needs --db and --out");
   Store store(a.get("db"), Store::Mode::read_only);
   const ResultFilter filter = filter_from(a);  // every status, as best's
-  auto choices = best_per_bucket(store.results(filter));
+  const std::vector<ResultRecord> rows = store.results(filter);
+  auto choices = best_per_bucket(rows);
+  for (auto& c : best_per_bucket(rows, true))  // the deterministic backward's picks, entries of their own
+    if (c.direction == "bwd") choices.push_back(std::move(c));
   auto res = emit_headers(choices, a.get("out"), command_line(argc, argv), {a.get("db")});
   for (const auto& w : res.written) std::printf("wrote %s\n", w.c_str());
   std::printf("%d entries\n", res.entries);

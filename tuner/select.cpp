@@ -145,7 +145,22 @@ std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& res
 }
 }  // namespace
 
-std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) {
+std::vector<ResultRecord> reproducible_rows(const std::vector<ResultRecord>& rows) {
+  std::vector<ResultRecord> out;
+  for (const auto& r : rows) {
+    const Family* f = family_named(r.family);
+    if (!f) continue;
+    try {
+      if (f->reproducible(f->parse_config(r.config))) out.push_back(r);
+    } catch (const std::exception&) {  // a config the family no longer reads: not a pick
+    }
+  }
+  return out;
+}
+
+std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& rows, bool deterministic) {
+  const std::vector<ResultRecord> kept = deterministic ? reproducible_rows(rows) : std::vector<ResultRecord>{};
+  const std::vector<ResultRecord>& all = deterministic ? kept : rows;
   std::map<Bucket, BucketChoice> picks = bucket_picks(fully_timed_where_any(all));
   // A bucket of several problems that a search tuned one by one (halving: each problem's finalists are
   // its own, decode_bf16.json's batches of 1, 8 and 64 in one sequence bucket) may have no config fully
@@ -154,18 +169,23 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& all) 
   // that has one keeps it.
   for (auto& [b, c] : bucket_picks(all)) picks.emplace(b, c);
   std::vector<BucketChoice> out;
-  for (auto& [_, c] : picks) out.push_back(std::move(c));
+  for (auto& [_, c] : picks) {
+    c.deterministic = deterministic;
+    out.push_back(std::move(c));
+  }
   return out;
 }
 
-const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p) {
+const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p, bool deterministic) {
   const BucketChoice* pick = nullptr;
   const bool paged = p.paged.enabled();
   for (const auto& c : choices)
-    if (c.paged == paged && c.seq_bucket >= p.seq_bucket() && (!pick || c.seq_bucket < pick->seq_bucket)) pick = &c;
+    if (c.paged == paged && c.deterministic == deterministic && c.seq_bucket >= p.seq_bucket() &&
+        (!pick || c.seq_bucket < pick->seq_bucket))
+      pick = &c;
   if (!pick)
     for (const auto& c : choices)
-      if (c.paged == paged && (!pick || c.seq_bucket > pick->seq_bucket)) pick = &c;
+      if (c.paged == paged && c.deterministic == deterministic && (!pick || c.seq_bucket > pick->seq_bucket)) pick = &c;
   return pick;
 }
 

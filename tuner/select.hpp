@@ -13,6 +13,10 @@ namespace flashtune {
 // stopped early) are picked only for a problem that has no fully timed row.
 inline constexpr int kFullTimingReps = timing::kMinReps;
 
+// The rows whose config its family calls bitwise reproducible (Family::reproducible): what a deterministic
+// backward may run.
+std::vector<ResultRecord> reproducible_rows(const std::vector<ResultRecord>& rows);
+
 // Among `ok` results: the fastest config for each (device, family, direction, problem).
 std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& results);
 
@@ -28,16 +32,21 @@ struct BucketChoice {
   // must be valid on every problem of the bucket, so one whose BLOCK_N does not divide some problem's page
   // is never the pick); only a paged call takes one, and only where its page size suits the config.
   bool paged = false;
+  // Among the configs whose family calls them bitwise reproducible only (Family::reproducible): the pick a
+  // deterministic backward takes (best_per_bucket(..., true)); buckets of their own in the tables.
+  bool deterministic = false;
 };
 
 // A config must be valid on every problem of its bucket; among those the highest geometric-mean
 // TFLOP/s wins (so one huge shape does not dominate). Paged rows make buckets apart from dense ones.
-std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results);
+// deterministic: among the reproducible configs only, each choice marked so.
+std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results, bool deterministic = false);
 
 // The choice a problem gets (as the emitted headers do): the smallest bucket that holds its
 // sequence length, else the largest there is, among the paged buckets for a paged problem and the dense
 // ones otherwise; nullptr when there is none.
-const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p);
+// Only choices whose `deterministic` equals the argument.
+const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p, bool deterministic = false);
 
 // The stored config a measurement of problem p runs (experiment, run --best), from one family's results on
 // one device: the problem's own best ("problem"), else its sequence bucket's ("bucket"; multi-head dense

@@ -129,7 +129,8 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
               {"kernels", kernels},
               {"workspace", v.family->workspace_bytes(v.config, p)},
               {"workspace_fill", v.family->workspace_written ? 0xFF : 0},
-              {"check_determinism", opt_.check_determinism}};
+              {"check_determinism", opt_.check_determinism},
+              {"reproducible_runs", v.family->reproducible(v.config) ? kReproducibleRuns : 0}};
   for (const TensorMapSpec& m : v.family->tensor_maps(v.config, p))
     req["tensor_maps"].push_back(
         {{"tensor", m.tensor}, {"box_rows", m.box_rows}, {"box_cols", m.box_cols}, {"swizzle", m.swizzle_bytes}});

@@ -14,6 +14,10 @@
 
 namespace flashtune {
 
+// Validated runs of a config whose family claims bitwise-reproducible outputs (Family::reproducible): all
+// must agree bit for bit, else the config is invalid.
+inline constexpr int kReproducibleRuns = 5;
+
 struct RunOptions {
   int device = 0;
   double timeout_s = 30;          // per candidate; past it the worker is killed: "timeout"

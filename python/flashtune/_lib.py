@@ -93,7 +93,7 @@ class FtBackwardArgs(ctypes.Structure):
                         ("lse", ctypes.c_void_p),
                         ("dq", FtTensor), ("dk", FtTensor), ("dv", FtTensor),
                         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
-                        ("heads_k", ctypes.c_int)]
+                        ("heads_k", ctypes.c_int), ("deterministic", ctypes.c_int)]
 
 
 class FtPackedTensor(ctypes.Structure):
@@ -115,7 +115,8 @@ class FtVarlenBackwardArgs(ctypes.Structure):
     _fields_ = _VARLEN_HEAD + [("q", FtPackedTensor), ("k", FtPackedTensor), ("v", FtPackedTensor),
                                ("o", FtPackedTensor), ("dout", FtPackedTensor), ("lse", ctypes.c_void_p),
                                ("dq", FtPackedTensor), ("dk", FtPackedTensor), ("dv", FtPackedTensor),
-                               ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
+                               ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+                               ("deterministic", ctypes.c_int)]
 
 
 class FtPagedForwardArgs(ctypes.Structure):
@@ -224,6 +225,16 @@ def device_available():
     return False, last_error() or STATUS_NAMES.get(status, f"status {status}")
 
 
+# --- keyword flags of the torch layer (no torch: tested without it) ---------------------------
+def flag(fn, name, value):
+    """value when it is True or False, else a one-line TypeError: a keyword that picks what a call returns or runs
+    (flashtune.torch's return_lse) takes a bool, never a truthy object or a tensor, whose truth would need a
+    device read."""
+    if value is True or value is False:
+        return value
+    raise TypeError(f"{fn}: {name} must be True or False, got {type(value).__name__}")
+
+
 # --- argument packing (no torch) ---------------------------------------------------------------
 def _int_in(name, x, lo, hi):
     if isinstance(x, bool) or not isinstance(x, int):
@@ -231,6 +242,13 @@ def _int_in(name, x, lo, hi):
     if not lo <= x <= hi:
         raise ValueError(f"{name} = {x} is out of range [{lo}, {hi}]")
     return x
+
+
+def _flag(name, x):
+    """A bool argument as the struct's 0/1; anything but a bool (or 0/1) is a TypeError."""
+    if isinstance(x, bool) or (isinstance(x, int) and x in (0, 1)):
+        return int(x)
+    raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
 
 
 def _pointer_strides(name, t, dims):
@@ -338,7 +356,7 @@ def varlen_forward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale,
 
 
 def varlen_backward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv,
-                         workspace=0, workspace_bytes=0, heads_k=0):
+                         workspace=0, workspace_bytes=0, heads_k=0, deterministic=False):
     a = FtVarlenBackwardArgs()
     _varlen_head(a, sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, heads_k)
     for name, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
@@ -346,6 +364,7 @@ def varlen_backward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
     a.workspace = _int_in("workspace pointer", workspace, 0, 2**64 - 1) or None
     a.workspace_bytes = _int_in("workspace_bytes", workspace_bytes, 0, 2**64 - 1)
+    a.deterministic = _flag("deterministic", deterministic)
     return a
 
 
@@ -384,7 +403,7 @@ def paged_forward_args(sizes, block_table, cache_seqlens, dtype, causal, scale, 
 
 
 def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, workspace=0, workspace_bytes=0,
-                  heads_k=0):
+                  heads_k=0, deterministic=False):
     a = FtBackwardArgs()
     _head(a, shape, dtype, causal, scale)
     _heads_k(a, heads_k)
@@ -393,6 +412,7 @@ def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
     a.workspace = _int_in("workspace pointer", workspace, 0, 2**64 - 1) or None
     a.workspace_bytes = _int_in("workspace_bytes", workspace_bytes, 0, 2**64 - 1)
+    a.deterministic = _flag("deterministic", deterministic)
     return a
 
 
@@ -405,14 +425,14 @@ def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv
 _HEAD_FMT = "=7if"
 _TENSOR_FMT = "Q4q"
 FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q" + "i4x")  # ..., lse, heads_k, padding
-BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ" + "i4x")
+BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ" + "ii")  # heads_k, deterministic
 assert FORWARD_FMT.size == ctypes.sizeof(FtForwardArgs) and BACKWARD_FMT.size == ctypes.sizeof(FtBackwardArgs)
 # Packed variable-length: 8 sizes, the two offset pointers, dtype, causal, scale (and padding), then
 # 3-stride tensors.
 _VARLEN_HEAD_FMT = "=8iQQiif4x"
 _PACKED_FMT = "Q3q"
 VARLEN_FORWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 4 + "Q")
-VARLEN_BACKWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 5 + "Q" + _PACKED_FMT * 3 + "QQ")
+VARLEN_BACKWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 5 + "Q" + _PACKED_FMT * 3 + "QQ" + "i4x")
 assert VARLEN_FORWARD_FMT.size == ctypes.sizeof(FtVarlenForwardArgs)
 assert VARLEN_BACKWARD_FMT.size == ctypes.sizeof(FtVarlenBackwardArgs)
 # Paged: 11 ints (9 sizes, dtype, causal) and scale, the block table and cache lengths, 4 tensors, lse.
@@ -432,13 +452,13 @@ def pack_forward(shape, dtype_code, causal, scale, q, k, v, o, lse, heads_k=0):
     return a
 
 
-def pack_backward(shape, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, heads_k=0):
+def pack_backward(shape, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, heads_k=0, deterministic=0):
     """FtBackwardArgs as pack_forward, with dout, the lse pointer and dq, dk, dv; no workspace (the
-    runtime allocates it)."""
+    runtime allocates it); deterministic 1: bitwise-reproducible gradients."""
     a = FtBackwardArgs()
     try:
         BACKWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, *dout, lse, *dq, *dk, *dv,
-                               0, 0, heads_k)
+                               0, 0, heads_k, deterministic)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a
@@ -458,12 +478,13 @@ def pack_varlen_forward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, s
 
 
 def pack_varlen_backward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk,
-                         dv):
-    """FtVarlenBackwardArgs as pack_varlen_forward, with dout, the lse pointer and dq, dk, dv; no workspace."""
+                         dv, deterministic=0):
+    """FtVarlenBackwardArgs as pack_varlen_forward, with dout, the lse pointer and dq, dk, dv; no workspace;
+    deterministic 1: bitwise-reproducible gradients."""
     a = FtVarlenBackwardArgs()
     try:
         VARLEN_BACKWARD_FMT.pack_into(a, 0, *sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, *q, *k, *v,
-                                      *o, *dout, lse, *dq, *dk, *dv, 0, 0)
+                                      *o, *dout, lse, *dq, *dk, *dv, 0, 0, deterministic)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a

@@ -228,6 +228,8 @@ Check check_backward(const ft_backward_args* a) {
     return c;
   if (Check c = check_tensors(tensor_args(a)); c.status != FT_OK) return c;
   if (Check c = check_lse(a->lse, true); c.status != FT_OK) return c;
+  if (a->deterministic != 0 && a->deterministic != 1)
+    return bad(FT_INVALID_ARGUMENT, "deterministic must be 0 or 1, got " + std::to_string(a->deterministic));
   if ((int64_t)a->batch * a->heads * a->seq_q * a->head_dim > kMaxElements)
     return bad(FT_INVALID_ARGUMENT, "dq_accum would have over 2^31 elements (unsupported)");
   return {};
@@ -242,6 +244,8 @@ Check check_varlen_forward(const ft_varlen_forward_args* a) {
 Check check_varlen_backward(const ft_varlen_backward_args* a) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
   if (Check c = check_varlen_common(a, "bwd"); c.status != FT_OK) return c;
+  if (a->deterministic != 0 && a->deterministic != 1)
+    return bad(FT_INVALID_ARGUMENT, "deterministic must be 0 or 1, got " + std::to_string(a->deterministic));
   return check_lse(a->lse, true);  // dq_accum is dq's size in fp32: covered by dq's element count
 }
 

@@ -208,6 +208,7 @@ Plan make_plan(const Query& q0, const Problem& p) {
   const std::string db_path = db ? db : "";
   const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
                                std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") +
+                               (q.deterministic ? "d" : "") +
                                (q.varlen ? "v" : "") + (q.page_size ? "p" + std::to_string(q.page_size) : "") + '|' +
                                std::to_string(p.seq_bucket()) + '|' + std::to_string(seq_q_class(q.seq_q)) + '|' +
                                db_path;
@@ -529,6 +530,14 @@ Query query_of(const Problem& p) {
   q.page_size = p.paged.page_size;
   return q;
 }
+// A call's query: the problem's, and a backward's `deterministic`.
+template <class Args>
+Query query_of(const Args* a, const Problem& p) {
+  Query q = query_of(p);
+  if constexpr (std::is_same_v<Args, ft_backward_args> || std::is_same_v<Args, ft_varlen_backward_args>)
+    q.deterministic = a->deterministic != 0;
+  return q;
+}
 
 template <class Args>
 std::vector<Operand> operands(const Args* a) {
@@ -616,7 +625,7 @@ template <class Args>
 void run_backward(const Args* a, CUstream stream) {
   ContextScope ctx(a->q.data);
   const Problem p = problem_of(a, "bwd");
-  Plan plan = make_plan(query_of(p), p);
+  Plan plan = make_plan(query_of(a, p), p);
   const Loaded& k = family_kernels(ctx.get(), plan);
   std::vector<Operand> ops = operands(a);
   const CallLayout c = backward_layout(plan, ops);
@@ -653,7 +662,7 @@ template <class Args>
 std::string explain(const Args* a, const char* direction, ft_explanation* out) {
   ContextScope ctx(a->q.data);
   const Problem p = problem_of(a, direction);
-  const Plan plan = make_plan(query_of(p), p);
+  const Plan plan = make_plan(query_of(a, p), p);
   const std::string cache = cache_level(ctx.get(), plan.key);
   const std::string config = plan.pick.family->config_string(plan.pick.config);
   if (out) {
@@ -725,7 +734,7 @@ ft_status workspace_call(const Args* args, size_t* bytes) {
     drv();
     ContextScope ctx(args->q.data);
     const Problem p = problem_of(args, "bwd");
-    const Plan plan = make_plan(query_of(p), p);
+    const Plan plan = make_plan(query_of(args, p), p);
     std::vector<Operand> ops = operands(args);
     *bytes = backward_layout(plan, ops).layout.total;
   });

@@ -32,16 +32,41 @@ bool in_range(const Family& f, int seq_q) { return f.max_seq_q == 0 || (seq_q > 
 
 // The entry for (family, query) in the tables whose device (by_device) or arch matches; nullptr if none.
 // paged: the tables' paged K/V cache entries, else the dense ones.
+// A deterministic backward query reads the deterministic entries only.
+bool wants_reproducible(const Query& q) { return q.deterministic && q.direction == "bwd"; }
 const tuned::Entry* find(const TableSet& ts, const std::string& family, const Query& q, bool by_device,
                          bool paged = false) {
   for (int i = 0; i < ts.count; ++i) {
     const tuned::Table& t = ts.tables[i];
     if (!t.count || (by_device ? q.device != t.device : q.arch != t.arch)) continue;
     if (const tuned::Entry* e = tuned::find_in(t, family.c_str(), q.direction.c_str(), to_string(q.dtype), q.head_dim,
-                                               q.causal, q.seq, paged))
+                                               q.causal, q.seq, paged, wants_reproducible(q)))
       return e;
   }
   return nullptr;
+}
+// The config nearest `from` (fewest tunables changed; among those the larger values first, in parameter
+// order) that its check at head_dim and `ok` accept; empty when none does.
+template <class Ok>
+Config nearest_config(const Family& f, const Config& from, int head_dim, Ok ok) {
+  Config best, c(f.params.size());
+  int best_changed = 0;
+  std::vector<size_t> idx(f.params.size(), 0);  // every config of the domains (decode_splitkv: 288)
+  for (;;) {
+    int changed = 0;
+    for (size_t i = 0; i < c.size(); ++i) changed += (c[i] = f.params[i].domain[idx[i]]) != (i < from.size() ? from[i] : -1);
+    if (!f.check(c, head_dim) && ok(c) && (best.empty() || changed < best_changed || (changed == best_changed && c > best))) {
+      best = c;
+      best_changed = changed;
+    }
+    size_t i = 0;
+    while (i < idx.size() && ++idx[i] == f.params[i].domain.size()) idx[i++] = 0;
+    if (i == idx.size()) return best;
+  }
+}
+bool has_reproducible(const Family& f, int head_dim) {
+  const Config& d = f.default_config;
+  return (!f.check(d, head_dim) && f.reproducible(d)) || !nearest_reproducible_config(f, d, head_dim).empty();
 }
 // Whether this device's tables hold any entry of `family` for the query's direction, dtype and head dim (any
 // mask, any bucket, dense or paged). A device table with entries for the query but none of a family another
@@ -65,7 +90,8 @@ std::vector<const Family*> candidate_families(const Query& q) {
   std::vector<const Family*> out;
   for (const Family& f : families())
     if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90") && (!q.gqa || f.gqa) &&
-        (!q.varlen || f.varlen) && (!q.page_size || f.paged) && in_range(f, q.seq_q))
+        (!q.varlen || f.varlen) && (!q.page_size || f.paged) && in_range(f, q.seq_q) &&
+        (!wants_reproducible(q) || has_reproducible(f, q.head_dim)))
       out.push_back(&f);
   return out;
 }
@@ -110,21 +136,11 @@ int paged_max_seq_q() {
 }
 
 Config nearest_paged_config(const Family& f, const Config& from, int head_dim, int page_size) {
-  Config best, c(f.params.size());
-  int best_changed = 0;
-  std::vector<size_t> idx(f.params.size(), 0);  // every config of the domains (decode_splitkv: 288)
-  for (;;) {
-    int changed = 0;
-    for (size_t i = 0; i < c.size(); ++i) changed += (c[i] = f.params[i].domain[idx[i]]) != from[i];
-    if (!f.check(c, head_dim) && !f.paged_check(c, page_size) &&
-        (best.empty() || changed < best_changed || (changed == best_changed && c > best))) {
-      best = c;
-      best_changed = changed;
-    }
-    size_t i = 0;
-    while (i < idx.size() && ++idx[i] == f.params[i].domain.size()) idx[i++] = 0;
-    if (i == idx.size()) return best;
-  }
+  return nearest_config(f, from, head_dim, [&](const Config& c) { return !f.paged_check(c, page_size); });
+}
+
+Config nearest_reproducible_config(const Family& f, const Config& from, int head_dim) {
+  return nearest_config(f, from, head_dim, [&](const Config& c) { return f.reproducible(c); });
 }
 
 std::string paged_page_reason(DType dtype, int head_dim, int page_size) {
@@ -149,6 +165,9 @@ std::string paged_page_reason(DType dtype, int head_dim, int page_size) {
 }
 
 Config fallback_config(const Family& f, const Query& q) {
+  if (wants_reproducible(q))
+    return f.reproducible(f.default_config) ? f.default_config
+                                            : nearest_reproducible_config(f, f.default_config, q.head_dim);
   if (!q.page_size) return f.default_config;
   return nearest_paged_config(f, f.default_config, q.head_dim, q.page_size);
 }
@@ -201,11 +220,11 @@ std::string stored_config(const Family& f, const Query& q, const std::string& db
   Store store(db_path, Store::Mode::read_only);
   // Every status: a newer prune or failure of a config supersedes its older success (select.cpp).
   ResultFilter filter{f.name, q.device, to_string(q.dtype), q.direction, q.head_dim, (int)q.causal, false};
-  const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter));
+  const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter), wants_reproducible(q));
   Problem prob;
   prob.seq_q = prob.seq_k = q.seq;
   if (paged) prob.paged.page_size = q.page_size;
-  const BucketChoice* b = pick_bucket(choices, prob);
+  const BucketChoice* b = pick_bucket(choices, prob, wants_reproducible(q));
   return b ? b->config : "";
 }
 
@@ -268,17 +287,23 @@ Pick choose_paged_config(const TableSet& ts, const Family& f, const Query& q, co
 
 Pick choose_config(const TableSet& ts, const Family& f, const Query& q, const std::string& db_path) {
   if (q.page_size) return choose_paged_config(ts, f, q, db_path);
-  Pick p{&f, f.default_config, "default", ""};
+  Pick p{&f, fallback_config(f, q), "default", ""};
+  const std::string fallback = wants_reproducible(q) && !f.reproducible(f.default_config)
+                                   ? "the default's nearest reproducible config " + f.config_string(p.config) + " used"
+                                   : "default used";
   auto accept = [&](Config c, const char* source, const std::string& what) {
     const char* why = f.check(c, q.head_dim);
     const bool packed_only = !why && q.varlen && (why = f.varlen_check(c));
     const bool masked = !why && (why = f.causal_check(c, q.causal));
+    const bool nondeterministic = !why && wants_reproducible(q) && !f.reproducible(c);
+    if (nondeterministic) why = "its gradients are not bitwise reproducible";
     if (why) {
       p.note = what + " " + f.config_string(c) + " rejected " +
-               (packed_only ? std::string("for the packed form")
-                : masked    ? std::string(q.causal ? "causal" : "non-causal")
-                            : "for d=" + std::to_string(q.head_dim)) +
-               " (" + why + "): default used";
+               (packed_only      ? std::string("for the packed form")
+                : masked         ? std::string(q.causal ? "causal" : "non-causal")
+                : nondeterministic ? std::string("for a deterministic backward")
+                                 : "for d=" + std::to_string(q.head_dim)) +
+               " (" + why + "): " + fallback;
       return false;
     }
     p.config = std::move(c);

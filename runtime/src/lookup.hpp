@@ -34,12 +34,15 @@ struct Query {
   int page_size = 0;    // a paged K/V cache's keys per page (0: contiguous K/V): only families with a paged form
                         // (Family::paged), configs whose paged form reads such pages (Family::paged_check), the
                         // tables' and the store's paged entries first; seq the longest cache length
+  bool deterministic = false;  // a backward whose gradients must be bitwise reproducible: only configs the family
+                               // calls so (Family::reproducible), from the tables' and the store's deterministic
+                               // picks, else the default's nearest such config; no effect on a forward
 };
 
 // The registry's non-test families that run `q` (direction, dtype, head dim) on q.arch (a Hopper-only
 // family only on sm_90, a grouped-query query only on gqa families, a packed one only on varlen families,
-// a paged one only on paged families, a family with max_seq_q only for 0 < q.seq_q <= max_seq_q), in
-// registry order.
+// a paged one only on paged families, a family with max_seq_q only for 0 < q.seq_q <= max_seq_q, a
+// deterministic backward only on families with a reproducible config at the head dim), in registry order.
 std::vector<const Family*> candidate_families(const Query& q);
 // Queries whose seq_q falls in one class have the same candidates: the smallest max_seq_q of the
 // registry that holds seq_q, or 0 when none does (a plan cache keys on it, not on every Sq).
@@ -59,8 +62,12 @@ std::string paged_page_reason(DType dtype, int head_dim, int page_size);
 // fewest tunables changed, among those the larger values first, in parameter order (decode_splitkv's
 // default with pages BLOCK_N=64 does not divide: BLOCK_N=32 and the WARPS it needs). Empty when none does.
 Config nearest_paged_config(const Family& f, const Config& from, int head_dim, int page_size);
+// Likewise, the config nearest `from` that its check accepts at head_dim and that the family calls bitwise
+// reproducible (Family::reproducible; fa3_wgmma_bwd's default with DETERMINISTIC 1). Empty when none is.
+Config nearest_reproducible_config(const Family& f, const Config& from, int head_dim);
 // What a call runs when its config is rejected or does not compile: the family's default, or for a paged
-// query the default's nearest config that reads its pages (nearest_paged_config).
+// query the default's nearest config that reads its pages (nearest_paged_config), for a deterministic
+// backward its nearest reproducible config (nearest_reproducible_config).
 Config fallback_config(const Family& f, const Query& q);
 
 // The fixed preference where no table rates a candidate: fp32 fwd fa2_simt, fp16/bf16 fwd fa2_mma,

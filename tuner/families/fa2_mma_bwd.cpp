@@ -31,6 +31,7 @@ Family make_fa2_mma_bwd() {
     explicit Named(const Config& c)
         : block_m(c.at(0)), block_n(c.at(1)), warps(c.at(2)), dsplit(c.at(3)), stages(c.at(4)), dq_mode(c.at(5)) {}
   };
+  f.reproducible = [](const Config& c) { return Named(c).dq_mode == 1; };  // the dQ pass adds in a fixed order
   f.traits = [](const Config& c, int d, bool causal, DType t) {
     const Named n(c);
     return "flashtune::Fa2MmaBwdTraits<" +

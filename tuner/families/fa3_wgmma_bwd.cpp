@@ -21,30 +21,33 @@ Family make_fa3_wgmma_bwd() {
               {"STAGES", {1, 2}},          // Q, dO, lse, delta slots in the TMA ring
               {"SCHED", {0, 1, 2}},        // 0: key blocks of a head together; 1: heaviest first (LPT); 2: 0, rotated
               {"DQ_OVERLAP", {0, 1}},      // 1: dQ issued with dK and staged while dK runs
-              {"DQ_TURNS", {0, 1}}};       // 1: two consumers take turns at a step's whole dQ
+              {"DQ_TURNS", {0, 1}},        // 1: two consumers take turns at a step's whole dQ
+              {"DETERMINISTIC", {0, 1}}};  // 1: dQ added in key-block order (bitwise reproducible)
   f.head_dims = {64, 96, 128};
   f.dtypes = {DType::fp16, DType::bf16};
-  f.default_config = {64, 1, 2, 0, 0, 0};  // fits every head dim (d 96 compiles with one consumer only)
+  f.default_config = {64, 1, 2, 0, 0, 0, 0};  // fits every head dim (d 96 compiles with one consumer only)
   f.hopper_only = true;
   f.gqa = true;
   struct Named {  // the config by name (the order of f.params)
-    int block_m, consumers, stages, sched, dq_overlap, dq_turns;
+    int block_m, consumers, stages, sched, dq_overlap, dq_turns, deterministic;
     explicit Named(const Config& c)
         : block_m(c.at(0)), consumers(c.at(1)), stages(c.at(2)), sched(c.at(3)), dq_overlap(c.at(4)),
-          dq_turns(c.at(5)) {}
+          dq_turns(c.at(5)), deterministic(c.at(6)) {}
   };
+  f.reproducible = [](const Config& c) { return c.size() == 7 && Named(c).deterministic == 1; };
   f.traits = [](const Config& c, int d, bool causal, DType t) {
     const Named n(c);
     return "flashtune::Fa3WgmmaBwdTraits<" +
            join_args({std::to_string(d), std::to_string(n.block_m), std::to_string(n.consumers),
                       std::to_string(n.stages), std::to_string(n.sched), std::to_string(n.dq_overlap),
-                      std::to_string(n.dq_turns), t == DType::bf16 ? "1" : "0",
+                      std::to_string(n.dq_turns), std::to_string(n.deterministic), t == DType::bf16 ? "1" : "0",
                       bool_arg(causal)}) +
            ">";
   };
-  f.check = [](const Config& c, int d) {
+  f.check = [](const Config& c, int d) -> const char* {
+    if (c.size() != 7) return "fa3_wgmma_bwd's config has 7 values (BLOCK_M .. DETERMINISTIC)";
     const Named n(c);
-    return fa3_bwd_check(d, n.block_m, n.consumers, n.stages, n.sched, n.dq_overlap, n.dq_turns);
+    return fa3_bwd_check(d, n.block_m, n.consumers, n.stages, n.sched, n.dq_overlap, n.dq_turns, n.deterministic);
   };
   f.workspace_bytes = [](const Config& c, const Problem& p) {
     return (size_t)fa3_bwd_workspace_bytes(p.batch, p.heads, p.seq_q, p.head_dim, Named(c).block_m);

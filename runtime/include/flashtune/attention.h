@@ -67,6 +67,8 @@ typedef struct {
   void* workspace;            /* NULL: the library allocates on the stream and frees after */
   size_t workspace_bytes;     /* at least ft_backward_workspace_bytes() when workspace is given */
   int heads_k;                /* kv heads (grouped-query attention); 0: heads */
+  int deterministic;          /* 1: dq, dk, dv bitwise equal from run to run (only configs whose additions run in
+                                 a fixed order: the tables' deterministic picks); 0: the fastest config */
 } ft_backward_args;
 
 /* Packed variable-length batches (varlen): `batch` sequences packed token after token, as
@@ -117,6 +119,7 @@ typedef struct {
   ft_packed_tensor dq, dk, dv;       /* outputs (dk, dv [total_k, heads_k, d]) */
   void* workspace;                   /* NULL: the library allocates on the stream and frees after */
   size_t workspace_bytes;            /* at least ft_varlen_backward_workspace_bytes() when given */
+  int deterministic;                 /* as ft_backward_args' */
 } ft_varlen_backward_args;
 
 /* Paged K/V caches (decoding from a serving engine's cache, as vLLM's PagedAttention and FlashAttention's
