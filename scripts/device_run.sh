@@ -35,7 +35,10 @@
 #            paged form validated on ragged paged caches (decode_paged_validate.db), tuned (halving) on the decoding
 #            grid from 256-key pages, each point's paged pick timed beside the dense pick in one run:
 #            decode_paged_vs_dense.csv
-#   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py)
+#   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py): host_time.csv
+#   torch-op [PART ...] - the runtime and the PyTorch extension alone (their targets), python_unit, gpu_torch_op's
+#            PARTs (default: all), each probe shape's kernels compiled meanwhile in the background, then the host-time
+#            probe: host_time.csv and host_time.txt
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
 #   final  - tests, stored best configs re-timed, the closest call against torch flash re-measured
@@ -72,6 +75,7 @@ fi
 # The main job needs the CLI and its worker only (what a user's first build of the main job makes).
 targets=()
 [[ $stage == main-job ]] && targets=(--target flashtune flashtune-worker)
+[[ $stage == torch-op ]] && targets=(--target flashtune flashtune_attention flashtune_torch abi_layout)
 build_t0=$(date +%s)
 if ! { cmake --preset release -DFLASHTUNE_BENCHMARKS=OFF "${extra[@]}" && cmake --build build -j"$(nproc)" "${targets[@]}"; } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
@@ -810,7 +814,28 @@ JSON
   ;;
 host-time)
   log "host time of the torch op, layer by layer"
-  PYTHONUNBUFFERED=1 python3 experiments/probes/host_time.py "$@" 2>&1 | tee "$OUT/host_time.txt" | tail -150
+  PYTHONUNBUFFERED=1 python3 experiments/probes/host_time.py --csv "$rep/host_time.csv" "$@" 2>&1 |
+    tee "$rep/host_time.txt" | tail -150
+  cp "$rep/host_time.csv" "$rep/host_time.txt" "$OUT/"
+  ;;
+torch-op)
+  export PYTHONPATH=$PWD/python FLASHTUNE_LIBRARY=$PWD/build/runtime/libflashtune_attention.so \
+    FLASHTUNE_TORCH_LIBRARY=$PWD/build/python/csrc/libflashtune_torch.so FLASHTUNE_CACHE_DIR=${FLASHTUNE_CACHE_DIR:-/tmp/ft-cache}
+  ctest --test-dir build -R '^python_unit$' 2>&1 | grep -E "tests passed|Failed|FAIL"
+  warm=()
+  for shape in 4,16,4096,128 16,16,1024,128; do  # the probe's kernels, compiled while the tests run
+    python3 -c "import sys, torch; from flashtune.torch import attention; B,H,S,d = map(int, sys.argv[1].split(','))
+q, k, v = (torch.randn(B, H, S, d, device='cuda', dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+attention(q, k, v, causal=True).sum().backward(); torch.cuda.synchronize()" "$shape" >"$OUT/warm_${shape//,/x}.log" 2>&1 &
+    warm+=($!)
+  done
+  log "gpu_torch_op ${*:-(all parts)}"
+  PYTHONUNBUFFERED=1 timeout "${TORCH_OP_LIMIT_S:-900}" python3 tests/gpu_torch_op.py "$@" >"$OUT/gpu_torch_op.log" 2>&1
+  echo "gpu_torch_op exit $?"; grep -E "^(FAIL|backend)|failure|all checks|Error" "$OUT/gpu_torch_op.log" | head -30
+  wait "${warm[@]}"
+  log "host time"
+  PYTHONUNBUFFERED=1 python3 experiments/probes/host_time.py --csv "$rep/host_time.csv" 2>&1 | tee "$rep/host_time.txt"
+  cp "$rep/host_time.csv" "$rep/host_time.txt" "$OUT/"
   ;;
 full-compile)
   # Every variant of every space through NVRTC for sm_80 and sm_90 (CI compiles a covering sample):

@@ -24,10 +24,22 @@ FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (tests/CMakeLists.txt se
   explain_paged() (the committed paged entry where the tables hold one for this GPU, the noted fallbacks);
   torch.compile(fullgraph=True) and inference_mode give the same bits; its one-line errors, a tensor requiring
   grad refused.
+- The backend: where $FLASHTUNE_TORCH_LIBRARY names the extension (the CMake build sets it when it built one),
+  backend() must be the extension. Its ops against the ctypes fallback's (torch.ops.flashtune_ctypes.*, the same
+  runtime): dense (a transposed layout), packed and paged forwards give the same bits, the backwards the same
+  gradients but for dQ's atomic accumulation order; the current stream (a side stream) is the one used.
+- return_lse: LSE [B, H, Sq] (packed: [H, total_q]) against the float64 log-sum-exp of the scaled, masked scores
+  (+inf where a row sees no key), o the same bits as without it, gradients through o, none through lse (raises);
+  under torch.compile(fullgraph=True) the same bits as eager; a non-bool return_lse is a one-line TypeError.
+- CUDA graphs: the forward, and the forward + backward (torch.autograd.grad), captured and replayed on new
+  inputs, equal to eager (O and LSE bit for bit, gradients within dQ's atomic-order noise).
+
+usage: gpu_torch_op.py [part ...]   (default: every part; the names of main()'s list)
 """
 import glob
 import math
 import os
+import warnings
 import re
 import sys
 import traceback
@@ -37,6 +49,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtune
+import flashtune.torch as ftt
 from flashtune.torch import (FlashAttention, attention, attention_paged, attention_varlen, explain, explain_paged,
                              explain_varlen)
 
@@ -540,6 +553,186 @@ def streams_module_explain():
     check(isinstance(e.get("backward"), dict) and "family" in e["backward"], f"explain() backward: {e.get('backward')}")
 
 
+# --- the backend, return_lse, CUDA graphs ---------------------------------------------------------------------
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
+
+
+def reference_lse(q, k, causal, scale):
+    """float64 log-sum-exp over keys of scale * q kᵀ under the bottom-right mask; +inf where a row sees no key
+    (as the runtime and FlashAttention write it). q [B, H, Sq, d], k [B, Hk, Sk, d] -> [B, H, Sq]."""
+    q, k = q.detach().double(), k.detach().double()
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+
+
+def backend_and_lse():
+    want = os.environ.get("FLASHTUNE_TORCH_LIBRARY")
+    if want:
+        check(ftt.backend().startswith("extension"), f"$FLASHTUNE_TORCH_LIBRARY set: backend() is the extension "
+                                                     f"({ftt.backend()})")
+    else:
+        print(f"info  backend: {ftt.backend()}")
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 2)
+    # return_lse against float64: fp32 and bf16, Sq > Sk under the causal mask (the first rows see no key), a
+    # transposed layout. The bound is the LSE's own: fp32 scores of the same inputs, ~1e-6 of |lse| ~ 5.
+    for dtype, layout, sq, sk, bound in ((torch.float32, "bhsd", 200, 120, 1e-4),
+                                         (torch.bfloat16, "bshd", 200, 120, 2e-3),
+                                         (torch.bfloat16, "bhsd", 96, 192, 2e-3)):
+        name = f"return_lse {str(dtype).split('.')[-1]} {layout} Sq{sq} Sk{sk} causal"
+        q = make((2, 4, sq, 64), dtype, layout, gen).requires_grad_(True)
+        k = make((2, 4, sk, 64), dtype, layout, gen).requires_grad_(True)
+        v = make((2, 4, sk, 64), dtype, layout, gen).requires_grad_(True)
+        o, lse = attention(q, k, v, causal=True, return_lse=True)
+        ref = reference_lse(q, k, True, 1.0 / 8)
+        finite = torch.isfinite(ref)
+        err = (lse.double() - ref)[finite].abs().max().item()
+        check(lse.shape == (2, 4, sq) and lse.dtype == torch.float32 and not lse.requires_grad,
+              f"{name}: lse {tuple(lse.shape)} {lse.dtype}, requires_grad {lse.requires_grad}")
+        check(err <= bound and torch.equal(torch.isinf(lse), ~finite) and bool((lse[~finite] > 0).all()),
+              f"{name}: |lse - float64| max {err:.2e} <= {bound:.0e}; +inf exactly on the {int((~finite).sum())} "
+              f"rows that see no key")
+        o_plain = attention(q, k, v, causal=True)
+        check(torch.equal(o, o_plain), f"{name}: o the same bits as without return_lse")
+        dout = torch.randn(o.shape, device="cuda", dtype=dtype, generator=gen)
+        g1 = torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+        g2 = torch.autograd.grad(o_plain, (q, k, v), dout)
+        worst = max(rel(a, b) for a, b in zip(g1, g2))
+        check(worst <= 1e-2, f"{name}: gradients through o as without return_lse (rel L2 {worst:.1e}; dQ's "
+                             f"atomic order)")
+        raises(lambda: torch.autograd.grad(lse.sum(), q), RuntimeError, "does not require grad",
+               f"{name}: backward through lse")
+    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    for bad in ("yes", 1, None, torch.tensor(True, device="cuda")):
+        raises(lambda: attention(q, q, q, return_lse=bad), TypeError, "return_lse must be True or False",
+               f"return_lse={type(bad).__name__}")
+    cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
+    raises(lambda: attention_varlen(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1), cu, cu, 64, 64,
+                                    return_lse="no"), TypeError, "return_lse must be True or False",
+           "attention_varlen return_lse='no'")
+
+    # Packed batches: lse [H, total_q] against each sequence's float64 LSE.
+    lengths = [(37, 90), (0, 20), (128, 128), (70, 33)]
+    starts_q, starts_k = offsets([a for a, _ in lengths]), offsets([b for _, b in lengths])
+    cu_q, cu_k = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in (starts_q, starts_k))
+    qv = torch.randn(starts_q[-1], 4, 64, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    kv = torch.randn(starts_k[-1], 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    vv = torch.randn(starts_k[-1], 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    mq, mk = max(a for a, _ in lengths), max(b for _, b in lengths)
+    o, lse = attention_varlen(qv, kv, vv, cu_q, cu_k, mq, mk, causal=True, return_lse=True)
+    worst, rows_ok = 0.0, True
+    for b, (a, c) in enumerate(lengths):
+        if a == 0:
+            continue
+        s0, t0 = starts_q[b], starts_k[b]
+        ref = reference_lse(qv[s0:s0 + a].transpose(0, 1)[None], kv[t0:t0 + c].transpose(0, 1)[None], True, 1.0 / 8)[0]
+        got = lse[:, s0:s0 + a]
+        fin = torch.isfinite(ref)
+        rows_ok &= torch.equal(torch.isinf(got), ~fin)
+        worst = max(worst, (got.double() - ref)[fin].abs().max().item())
+    check(lse.shape == (4, qv.shape[0]) and worst <= 2e-3 and rows_ok,
+          f"attention_varlen return_lse: lse {tuple(lse.shape)} against each sequence's float64 LSE, max {worst:.2e}")
+
+    # The extension against the ctypes fallback's ops: one runtime underneath, so the same bits forward.
+    if not ftt.backend().startswith("extension"):
+        return
+    ext, ct = torch.ops.flashtune, torch.ops.flashtune_ctypes
+    q = make((2, 8, 160, 64), torch.bfloat16, "bshd", gen).requires_grad_(True)
+    k = make((2, 2, 160, 64), torch.bfloat16, "bshd", gen).requires_grad_(True)
+    v = make((2, 2, 160, 64), torch.bfloat16, "bshd", gen).requires_grad_(True)
+    dout = torch.randn(2, 8, 160, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    fe, fc = ext.attention_fwd(q, k, v, True, 0.0), ct.attention_fwd(q, k, v, True, 0.0)
+    check(torch.equal(fe[0], fc[0]) and torch.equal(fe[1], fc[1]), "extension vs ctypes ops: dense GQA forward "
+                                                                   "(transposed layout), the same bits")
+    ge, gc = torch.autograd.grad(fe[0], (q, k, v), dout), torch.autograd.grad(fc[0], (q, k, v), dout)
+    worst = max(rel(a, b) for a, b in zip(ge, gc))
+    check(worst <= 1e-2, f"extension vs ctypes ops: dense backward, gradients within atomic-order noise (rel L2 "
+                         f"{worst:.1e})")
+    ve = ext.attention_varlen_fwd(qv, kv, vv, cu_q, cu_k, mq, mk, True, 0.0)
+    vc = ct.attention_varlen_fwd(qv, kv, vv, cu_q, cu_k, mq, mk, True, 0.0)
+    check(torch.equal(ve[0], vc[0]) and torch.equal(ve[1], vc[1]), "extension vs ctypes ops: packed forward")
+    dvo = torch.randn(ve[0].shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ge, gc = torch.autograd.grad(ve[0], (qv, kv, vv), dvo), torch.autograd.grad(vc[0], (qv, kv, vv), dvo)
+    worst = max(rel(a, b) for a, b in zip(ge, gc))
+    check(worst <= 1e-2, f"extension vs ctypes ops: packed backward (rel L2 {worst:.1e})")
+    pool = torch.randn(12, 2, 64, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    table = torch.randperm(12, device="cuda").to(torch.int32).view(3, 4)
+    lens = torch.tensor([200, 0, 77], dtype=torch.int32, device="cuda")
+    qp = torch.randn(3, 8, 1, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    pe = ext.attention_paged_fwd(qp, pool, pool, table, lens, False, 0.0, 0)
+    pc = ct.attention_paged_fwd(qp, pool, pool, table, lens, False, 0.0, 0)
+    check(torch.equal(pe[0], pc[0]) and torch.equal(pe[1], pc[1]), "extension vs ctypes ops: paged forward")
+    side = torch.cuda.Stream()
+    qs = q.detach()
+    base = attention(qs, k.detach(), v.detach(), causal=True)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        o_side = attention(qs, k.detach(), v.detach(), causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    check(torch.equal(base, o_side), "extension: a side stream (torch.cuda.stream) gives the same bits")
+    big = torch.randn(1, 2, 64, 512, device="cuda", dtype=torch.bfloat16)
+    raises(lambda: ext.attention_fwd(big, big, big, False, 0.0), ValueError, "[FT_UNSUPPORTED]",
+           "extension op called directly: head dim 512 raises with the runtime's status in front")
+    raises(lambda: ext.attention_fwd(q.detach().cpu(), k.detach(), v.detach(), False, 0.0), ValueError,
+           "flashtune runs on CUDA tensors", "extension op called directly: q on the CPU")
+
+    def f(q, k, v):
+        return attention(q, k, v, causal=True, return_lse=True)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager, comp = f(qs, k.detach(), v.detach()), torch.compile(f, fullgraph=True)(qs, k.detach(), v.detach())
+    check(torch.equal(eager[0], comp[0]) and torch.equal(eager[1], comp[1]),
+          "return_lse under torch.compile(fullgraph=True): o and lse the same bits as eager")
+
+
+def cuda_graphs():
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 3)
+    shape = (2, 4, 192, 64)
+    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+
+    def fwd():
+        with torch.no_grad():
+            return attention(q, k, v, causal=True, return_lse=True)
+
+    def fwd_bwd():
+        o = attention(q, k, v, causal=True)
+        return (o,) + torch.autograd.grad(o, (q, k, v), dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (kernels compiled and loaded) off the capture
+        for _ in range(2):
+            fwd(), fwd_bwd()
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = {}
+    for name, fn in (("forward", fwd), ("forward + backward", fwd_bwd)):
+        g = torch.cuda.CUDAGraph()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the AccumulateGrad node's stream does not match": grad() has none
+            with torch.cuda.graph(g):
+                out = fn()
+        graphs[name] = (g, out, fn)
+    with torch.no_grad():  # new inputs in the captured buffers
+        for t in (q, k, v, dout):
+            t.copy_(torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen))
+    for name, (g, out, fn) in graphs.items():
+        g.replay()
+        torch.cuda.synchronize()
+        eager = fn()
+        same = all(torch.equal(a, b) for a, b in zip(out[:2] if name == "forward" else out[:1],
+                                                     eager[:2] if name == "forward" else eager[:1]))
+        worst = max((rel(a, b) for a, b in zip(out[1:], eager[1:])), default=0.0) if name != "forward" else 0.0
+        check(same and worst <= 1e-2, f"CUDA graph {name}: replay on new inputs equals eager "
+                                      f"(outputs the same bits, gradients rel L2 {worst:.1e})")
+
+
 # --- errors ------------------------------------------------------------------------------------------
 def raises(fn, exc, pattern, what):
     try:
@@ -596,8 +789,15 @@ def main():
         print(f"FAIL  no GPU: flashtune says {why!r}, torch.cuda.is_available() = {torch.cuda.is_available()}")
         return 1
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
-    for part in (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
-                 streams_module_explain, compiled_and_autocast):
+    parts = (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
+             streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs)
+    names = {p.__name__: p for p in parts}
+    unknown = [a for a in sys.argv[1:] if a not in names]
+    if unknown:
+        print(f"FAIL  unknown part(s) {unknown}; parts: {', '.join(names)}")
+        return 2
+    print(f"backend: {ftt.backend()}")
+    for part in [names[a] for a in sys.argv[1:]] or parts:
         try:
             part()
         except Exception:  # noqa: BLE001 - one part's crash is reported and the rest still run

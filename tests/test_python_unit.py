@@ -2,14 +2,19 @@
 """The Python package without a GPU or torch (label unit): the ctypes structs of flashtune._lib match
 runtime/include/flashtune/attention.h (sizes and offsets printed by tests/abi_layout.cpp, compiled
 against the header), `import flashtune` works without torch, device_available() answers with one line
-(False and the reason on a machine without a GPU), and the argument checks that need no GPU.
+(False and the reason on a machine without a GPU), and the argument checks that need no GPU: the structs'
+packers, the torch layer's keyword flags (return_lse), and the two backends' op schemas (the compiled
+extension's m.def strings in python/csrc against the ctypes fallback's custom ops in flashtune/torch.py, read as
+text: neither needs torch here).
 
 Environment (tests/CMakeLists.txt): PYTHONPATH=<repo>/python, FT_ABI_LAYOUT=<abi_layout binary>,
 FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (optional: without it the library tests skip).
 """
+import ast
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -389,6 +394,64 @@ class WithLibrary(unittest.TestCase):
             call(_lib.explain_paged_forward_text, sizes=dict(sizes, head_dim=96), q=(0x1000, (8 * 96, 96, 96, 1)),
                  o=(0x1000, (8 * 96, 96, 96, 1)), k_pages=(0x5000, (2 * 64 * 96, 64 * 96, 96, 1)),
                  v_pages=(0x5000, (2 * 64 * 96, 64 * 96, 96, 1)))
+
+
+class TorchKeywordFlags(unittest.TestCase):
+    """flashtune.torch's return_lse (and any later bool keyword) goes through _lib.flag: True or False pass, anything
+    else is a one-line TypeError naming the function and the keyword."""
+
+    def test_bools_pass(self):
+        self.assertIs(_lib.flag("f", "return_lse", True), True)
+        self.assertIs(_lib.flag("f", "return_lse", False), False)
+
+    def test_hostile_values(self):
+        class Truthy:
+            def __bool__(self):
+                raise AssertionError("a flag's truth must not be asked")
+
+        for bad in ("yes", "", 1, 0, 1.0, None, [True], Truthy(), b"\n\n", "line\nbreak" * 100):
+            with self.assertRaises(TypeError) as cm:
+                _lib.flag("flashtune.torch.attention", "return_lse", bad)
+            msg = str(cm.exception)
+            self.assertNotIn("\n", msg)
+            self.assertRegex(msg, r"^flashtune\.torch\.attention: return_lse must be True or False, got \w+$")
+
+
+class TorchOpSchemas(unittest.TestCase):
+    """The extension (python/csrc/flashtune_torch.cpp, TORCH_LIBRARY's m.def) and the ctypes fallback
+    (@torch.library.custom_op("flashtune_ctypes::...") in flashtune/torch.py) declare the same ops: names, argument
+    names and types, in order. Both are read as text, so this runs without torch."""
+    ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    TYPES = {"torch.Tensor": "Tensor", "bool": "bool", "float": "float", "int": "int"}
+
+    def cpp_ops(self):
+        src = open(os.path.join(self.ROOT, "python", "csrc", "flashtune_torch.cpp")).read()
+        ops = {}
+        for call in re.findall(r'm\.def\(((?:\s*"[^"]*")+)\s*\)', src):
+            schema = "".join(re.findall(r'"([^"]*)"', call))
+            name, args = re.match(r"(\w+)\((.*)\)\s*->", schema).groups()
+            ops[name] = [tuple(a.split()) for a in args.split(",")]
+        return ops
+
+    def python_ops(self):
+        tree = ast.parse(open(os.path.join(self.ROOT, "python", "flashtune", "torch.py")).read())
+        ops = {}
+        for fn in tree.body:
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for dec in fn.decorator_list:
+                if isinstance(dec, ast.Call) and ast.unparse(dec.func) == "torch.library.custom_op":
+                    ns, name = dec.args[0].value.split("::")
+                    self.assertEqual(ns, "flashtune_ctypes")
+                    ops[name] = [(self.TYPES[ast.unparse(a.annotation)], a.arg) for a in fn.args.args]
+        return ops
+
+    def test_same_ops(self):
+        cpp, py = self.cpp_ops(), self.python_ops()
+        self.assertEqual(sorted(cpp), sorted(py))
+        self.assertGreaterEqual(len(cpp), 5)
+        for name in cpp:
+            self.assertEqual(cpp[name], py[name], name)
 
 
 if __name__ == "__main__":

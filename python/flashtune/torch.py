@@ -2,6 +2,7 @@
 
     from flashtune.torch import attention, attention_varlen, FlashAttention, explain
     o = attention(q, k, v, causal=True)          # q [B, H, Sq, d], k and v [B, H or Hk, Sk, d], as torch SDPA
+    o, lse = attention(q, k, v, return_lse=True)  # lse [B, H, Sq] fp32, natural log (softmax_lse)
     attn = FlashAttention(head_dim=64); o = attn(q, k, v); o.sum().backward()
     # packed variable-length batches, as flash_attn_varlen_func: q [total_q, H, d], k and v [total_k, Hk, d],
     # cu_seqlens int32 [batch + 1] on the GPU
@@ -10,13 +11,21 @@
     # block_table int32 [B, max_pages] and cache_seqlens int32 [B] on the GPU
     o = attention_paged(q, k_pages, v_pages, block_table, cache_seqlens)
 
+Two backends run the same ops. The compiled extension libflashtune_torch.so (python/csrc, built where torch
+imports at build time: `pip install --no-build-isolation .`, or the CMake build) registers them from C++ as
+torch.ops.flashtune.*, with C++ autograd, and calls the runtime directly; where it is missing or does not load
+(another torch), the ctypes fallback registers the same ops in Python as torch.ops.flashtune_ctypes.*. backend()
+says which runs and why; $FLASHTUNE_TORCH_LIBRARY names the extension's file (0: the fallback).
+
 The op is torch.ops.flashtune.attention_fwd (q, k, v, causal, scale) -> (o, lse) with the backward op
 torch.ops.flashtune.attention_bwd (dout, q, k, v, o, lse, causal, scale) -> (dq, dk, dv); both have
-fake (meta) implementations, so they work in eager mode, under torch.compile (fullgraph) and under
-torch.autocast("cuda"): floating inputs are cast to the autocast dtype first, as SDPA's are. Calls run
+fake (meta) implementations, so they work in eager mode, under torch.compile (fullgraph), in CUDA graphs and
+under torch.autocast("cuda"): floating inputs are cast to the autocast dtype first, as SDPA's are. Calls run
 on torch.cuda.current_stream(); inputs keep their strides (the runtime packs a non-contiguous layout),
 outputs are contiguous. causal is bottom-right aligned (query i sees keys j <= i + Sk - Sq), as
-FlashAttention; a query row that sees no key gives O = 0 and LSE = +inf. scale 0.0 in the ops means
+FlashAttention; a query row that sees no key gives O = 0 and LSE = +inf. lse is the natural log of each row's
+softmax denominator, of the scaled scores (FlashAttention's softmax_lse); attention(..., return_lse=True) returns
+it beside o, without a gradient (backpropagating through lse raises). scale 0.0 in the ops means
 1/sqrt(head_dim). Decoding (Sq <= 16 against a K/V cache) goes through the same op: the runtime runs its
 split-KV family there where it has a config for it (explain() names the family).
 
@@ -30,15 +39,19 @@ causal, scale, max_seqlen_k) -> (o, lse), with a fake implementation and no auto
 (attention_paged() refuses inputs that would need a backward).
 """
 import contextlib
+import ctypes
 import math
 import operator
+import os
+import re
+import warnings
 
 import torch
 
 from . import _lib
 
 __all__ = ["attention", "attention_varlen", "attention_paged", "FlashAttention", "explain", "explain_varlen",
-           "explain_paged"]
+           "explain_paged", "backend"]
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _NAMES = ("q", "k", "v")
@@ -342,10 +355,10 @@ def _forward_impl(q, k, v, causal, scale):
     return o, lse
 
 
-@torch.library.custom_op("flashtune::attention_fwd", mutates_args=())
+@torch.library.custom_op("flashtune_ctypes::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    q, k, v = _check(q, k, v, "flashtune::attention_fwd")
+    q, k, v = _check(q, k, v, "flashtune_ctypes::attention_fwd")
     return _forward_impl(q, k, v, causal, scale)
 
 
@@ -374,10 +387,10 @@ def _backward_impl(dout, q, k, v, o, lse, causal, scale):
     return dq, dk, dv
 
 
-@torch.library.custom_op("flashtune::attention_bwd", mutates_args=())
+@torch.library.custom_op("flashtune_ctypes::attention_bwd", mutates_args=())
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v = _check(q, k, v, "flashtune::attention_bwd")
+    q, k, v = _check(q, k, v, "flashtune_ctypes::attention_bwd")
     return _backward_impl(dout, q, k, v, o, lse, causal, scale)
 
 
@@ -389,13 +402,14 @@ def _attention_bwd_fake(dout, q, k, v, o, lse, causal, scale):
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale = inputs
     o, lse = output
+    ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal = causal
     ctx.scale = scale
 
 
 def _backward(ctx, dout, dlse):
-    # lse is an auxiliary output (attention() returns o alone); its gradient is not propagated.
+    # lse is an output without a gradient (marked non-differentiable): dlse is None.
     q, k, v, o, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(o)
@@ -409,17 +423,19 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 class _EagerAttention(torch.autograd.Function):
     """Eager mode: the same implementation without the custom op's dispatch, which costs ~0.5 ms of host
     time per call (measured on an H100 under cProfile: torch._library.custom_ops.backend_impl); under
-    torch.compile attention() goes through the custom ops, which the compiler can trace."""
+    torch.compile attention() goes through the custom ops, which the compiler can trace. Returns (o, lse),
+    lse without a gradient."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
         o, lse = _forward_impl(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
-        return o
+        ctx.mark_non_differentiable(lse)
+        return o, lse
 
     @staticmethod
-    def backward(ctx, dout):
+    def backward(ctx, dout, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale)
         return dq, dk, dv, None, None
@@ -461,12 +477,12 @@ def _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causa
     return dq, dk, dv
 
 
-@torch.library.custom_op("flashtune::attention_varlen_fwd", mutates_args=())
+@torch.library.custom_op("flashtune_ctypes::attention_varlen_fwd", mutates_args=())
 def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                          scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     args = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         "flashtune::attention_varlen_fwd")
+                         "flashtune_ctypes::attention_varlen_fwd")
     return _varlen_forward_impl(*args, causal, scale)
 
 
@@ -476,13 +492,13 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     return q.new_empty((Tq, H, d)), q.new_empty((H, Tq), dtype=torch.float32)
 
 
-@torch.library.custom_op("flashtune::attention_varlen_bwd", mutates_args=())
+@torch.library.custom_op("flashtune_ctypes::attention_varlen_bwd", mutates_args=())
 def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                          lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
                          max_seqlen_k: int, causal: bool,
                          scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                      "flashtune::attention_varlen_bwd")
+                                                      "flashtune_ctypes::attention_varlen_bwd")
     return _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale)
 
 
@@ -495,12 +511,13 @@ def _attention_varlen_bwd_fake(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, max_q, max_k, causal, scale = inputs
     o, lse = output
+    ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
     ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, scale
 
 
 def _varlen_backward(ctx, dout, dlse):
-    # lse is an auxiliary output (attention_varlen() returns o alone); its gradient is not propagated.
+    # lse is an output without a gradient (marked non-differentiable): dlse is None.
     q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(o)
@@ -512,17 +529,18 @@ attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_s
 
 
 class _EagerVarlenAttention(torch.autograd.Function):
-    """Eager mode without the custom op's dispatch cost, as _EagerAttention."""
+    """Eager mode without the custom op's dispatch cost, as _EagerAttention: (o, lse)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
         o, lse = _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
         ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, scale
-        return o
+        ctx.mark_non_differentiable(lse)
+        return o, lse
 
     @staticmethod
-    def backward(ctx, dout):
+    def backward(ctx, dout, dlse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
                                            ctx.scale)
@@ -545,12 +563,12 @@ def _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, causal,
     return o, lse
 
 
-@torch.library.custom_op("flashtune::attention_paged_fwd", mutates_args=())
+@torch.library.custom_op("flashtune_ctypes::attention_paged_fwd", mutates_args=())
 def attention_paged_fwd(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                         cache_seqlens: torch.Tensor, causal: bool, scale: float,
                         max_seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     q, block_table, cache_seqlens, max_seqlen_k = _check_paged(q, k_pages, v_pages, block_table, cache_seqlens,
-                                                               max_seqlen_k, "flashtune::attention_paged_fwd")
+                                                               max_seqlen_k, "flashtune_ctypes::attention_paged_fwd")
     return _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k)
 
 
@@ -560,19 +578,130 @@ def _attention_paged_fwd_fake(q, k_pages, v_pages, block_table, cache_seqlens, c
     return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
+# --- the compiled extension (python/csrc), else the ctypes ops above -----------------------------------------
+ENV_TORCH_LIBRARY = "FLASHTUNE_TORCH_LIBRARY"
+TORCH_LIBRARY_NAME = "libflashtune_torch.so"
+
+
+def _load_extension():
+    """(True, "extension: <path>") once libflashtune_torch.so is loaded, built for this torch and bound to the
+    runtime library that _lib loads; else (False, "ctypes: <why>"). $FLASHTUNE_TORCH_LIBRARY names the file (the
+    build tree's tests set it), "0" or "" asks for ctypes; by default it is looked for beside this package. A file
+    that is there but does not load, or was built for another torch, warns once (RuntimeWarning)."""
+    env = os.environ.get(ENV_TORCH_LIBRARY)
+    if env is not None and env.strip() in ("", "0"):
+        return False, f"ctypes: ${ENV_TORCH_LIBRARY}={env!r}"
+    path = env or os.path.join(os.path.dirname(os.path.abspath(__file__)), TORCH_LIBRARY_NAME)
+    if not os.path.isfile(path):
+        why = f"ctypes: no {path} (the extension is built where torch imports at build time)"
+        if env:
+            warnings.warn(f"flashtune.torch: ${ENV_TORCH_LIBRARY}: {why}", RuntimeWarning, stacklevel=3)
+        return False, why
+    try:
+        torch.ops.load_library(path)  # registers torch.ops.flashtune.*
+        ext = ctypes.CDLL(path)  # the same handle: its two C functions
+        built_with = ext.flashtune_torch_built_with
+        built_with.restype = ctypes.c_char_p
+        built_with = built_with().decode()
+    except (OSError, RuntimeError, AttributeError) as e:
+        why = f"ctypes: cannot load {path}: {_lib.one_line(e)}"
+        warnings.warn(f"flashtune.torch: {why}", RuntimeWarning, stacklevel=3)
+        return False, why
+    if built_with != torch.__version__:
+        why = f"ctypes: {path} was built against torch {built_with}, this is torch {torch.__version__} (rebuild it)"
+        warnings.warn(f"flashtune.torch: {why}", RuntimeWarning, stacklevel=3)
+        return False, why
+    err = ctypes.create_string_buffer(512)
+    if ext.flashtune_torch_bind(_lib.library_path().encode(), err, len(err)) != 0:
+        # The runtime library itself is missing: the ctypes path says so (LibraryNotFoundError) at the first call.
+        return False, f"ctypes: the extension cannot bind the runtime: {_lib.one_line(err.value.decode())}"
+    return True, f"extension: {path}"
+
+
+_EXT, _BACKEND = _load_extension()
+
+
+def backend():
+    """Which backend runs the ops, and why: "extension: <path of libflashtune_torch.so>" or "ctypes: <reason>"."""
+    return _BACKEND
+
+
+if _EXT:
+    # The C++ ops, called as OpOverloads (no overload resolution per call); their fake implementations for
+    # torch.compile are the fallback's, registered here (the extension's set_python_module names this module).
+    _ext_ops = torch.ops.flashtune
+    _ext_fwd = _ext_ops.attention_fwd.default
+    _ext_fwd_eager = _ext_fwd._op  # the builtin behind the OpOverload: one Python frame less per eager call
+    _ext_varlen_fwd = _ext_ops.attention_varlen_fwd.default
+    _ext_paged_fwd = _ext_ops.attention_paged_fwd.default
+    torch.library.register_fake("flashtune::attention_fwd")(_attention_fwd_fake)
+    torch.library.register_fake("flashtune::attention_bwd")(_attention_bwd_fake)
+    torch.library.register_fake("flashtune::attention_varlen_fwd")(_attention_varlen_fwd_fake)
+    torch.library.register_fake("flashtune::attention_varlen_bwd")(_attention_varlen_bwd_fake)
+    torch.library.register_fake("flashtune::attention_paged_fwd")(_attention_paged_fwd_fake)
+
+# A runtime status raised by the extension: "[FT_<STATUS>] <what>: <the runtime's line>".
+_STATUS_TAG = re.compile(r"\[(FT_[A-Z_]+)\] ")
+_STATUS_CODES = {name: code for code, name in _lib.STATUS_NAMES.items()}
+
+
+def _ext_error(e, check):
+    """The exception to raise for e, raised by an extension op in eager mode: the Python check's own where the
+    arguments are wrong (one line, TypeError or ValueError, as the fallback words it), flashtune's exception for a
+    runtime status (UnsupportedError, ...), else e."""
+    m = _STATUS_TAG.search(str(e))
+    if m is None:
+        check()
+        return e
+    status = _STATUS_CODES.get(m.group(1), _lib.FT_CUDA_ERROR)
+    err = _lib._ERRORS.get(status, _lib.FlashtuneError)(_lib.one_line(str(e)[m.end():]))
+    err.status = status
+    return err
+
+
+def _ext_call(fn, check, op, *args):
+    """op(*args) in eager mode, its errors as _ext_error says."""
+    try:
+        return op(*args)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise _ext_error(e, check) from None
+
+
 # --- the public face -------------------------------------------------------------------------------
-def attention(q, k, v, causal=False, scale=None):
+def attention(q, k, v, causal=False, scale=None, *, return_lse=False):
     """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
     (Hk = H, or a divisor of H: grouped-query attention, query head h reading kv head h // (H // Hk), as
     torch SDPA with enable_gqa=True; fp16 and bf16).
 
+    Returns o [B, H, Sq, d]; with return_lse=True, (o, lse): lse [B, H, Sq] fp32, the natural log of each row's
+    softmax denominator of the scaled scores (FlashAttention's softmax_lse; +inf for a row that sees no key),
+    without a gradient (gradients flow through o; backpropagating through lse raises).
     Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
     TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or
     dtype the runtime has no kernel for on this GPU, flashtune.FlashtuneError for other runtime failures."""
-    q, k, v = _check(q, k, v, "flashtune.torch.attention", autocast=True)
+    fn = "flashtune.torch.attention"
+    return_lse = _lib.flag(fn, "return_lse", return_lse)
+    # A keyword that selects backward kernels (deterministic=) is checked here as return_lse is, and travels as
+    # one more argument of the ops to the runtime's backward args (python/csrc: BackwardOptions).
+    if _EXT:  # the checks run in C++; in Python only where they cost nothing per call (tracing) or cast (autocast)
+        s = 0.0 if scale is None else _scale(scale)
+        if torch.compiler.is_compiling():
+            q, k, v = _check(q, k, v, fn, autocast=True)
+            o, lse = _ext_fwd(q, k, v, bool(causal), s)
+        else:
+            if torch.is_autocast_enabled("cuda"):
+                q, k, v = _check(q, k, v, fn, autocast=True)
+            try:
+                o, lse = _ext_fwd_eager(q, k, v, bool(causal), s)
+            except (RuntimeError, ValueError, TypeError) as e:
+                raise _ext_error(e, lambda: _check(q, k, v, fn)) from None
+        return (o, lse) if return_lse else o
+    q, k, v = _check(q, k, v, fn, autocast=True)
     if torch.compiler.is_compiling():
-        return attention_fwd(q, k, v, bool(causal), _scale(scale))[0]
-    return _EagerAttention.apply(q, k, v, bool(causal), _scale(scale))
+        o, lse = attention_fwd(q, k, v, bool(causal), _scale(scale))
+    else:
+        o, lse = _EagerAttention.apply(q, k, v, bool(causal), _scale(scale))
+    return (o, lse) if return_lse else o
 
 
 class FlashAttention(torch.nn.Module):
@@ -612,23 +741,35 @@ def explain(q, k, v, causal=False):
     return out
 
 
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None):
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None, *,
+                     return_lse=False):
     """Attention over a packed batch of sequences of different lengths, as flash_attn_varlen_func: q
     [total_q, H, d], k and v [total_k, Hk, d] (Hk dividing H: grouped-query attention), sequence b owning
     query tokens cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys cu_seqlens_k[b]:cu_seqlens_k[b+1] (int32
     tensors of batch + 1 offsets on q's device, from 0, non-decreasing, ending at total_q and total_k);
     max_seqlen_q/k (ints) at least the longest lengths. causal is per sequence, bottom-right aligned.
-    Returns o [total_q, H, d]; differentiable in q, k, v. fp16 and bf16 (under torch.autocast("cuda"): the
-    autocast dtype).
+    Returns o [total_q, H, d]; with return_lse=True, (o, lse): lse [H, total_q] fp32, natural log
+    (flash_attn_varlen_func's softmax_lse layout), without a gradient. Differentiable in q, k, v (through o).
+    fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype).
 
     Raises TypeError/ValueError on bad arguments (shapes, dtypes, devices, offsets' dtype and count, totals
     above batch x max_seqlen); the offsets' values live on the GPU and are trusted, as flash-attn trusts them:
     wrong ones read or write outside the tensors."""
+    fn = "flashtune.torch.attention_varlen"
+    return_lse = _lib.flag(fn, "return_lse", return_lse)
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                      "flashtune.torch.attention_varlen", autocast=True)
-    if torch.compiler.is_compiling():
-        return attention_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale))[0]
-    return _EagerVarlenAttention.apply(q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale))
+                                                      fn, autocast=True)
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale))
+    if _EXT:
+        if torch.compiler.is_compiling():
+            o, lse = _ext_varlen_fwd(*args)
+        else:
+            o, lse = _ext_call(fn, lambda: None, _ext_varlen_fwd, *args)
+    elif torch.compiler.is_compiling():
+        o, lse = attention_varlen_fwd(*args)
+    else:
+        o, lse = _EagerVarlenAttention.apply(*args)
+    return (o, lse) if return_lse else o
 
 
 def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, scale=None, max_seqlen_k=None):
@@ -653,10 +794,14 @@ def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=Fals
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_pages, v_pages)):
         raise RuntimeError(f"{fn} is forward only (decoding has no backward here): call it under torch.no_grad() or "
                            f"torch.inference_mode(), or pass tensors that do not require grad")
+    args = (q, k_pages, v_pages, block_table, cache_seqlens, bool(causal), _scale(scale), max_k)
+    if _EXT:
+        if torch.compiler.is_compiling():
+            return _ext_paged_fwd(*args)[0]
+        return _ext_call(fn, lambda: None, _ext_paged_fwd, *args)[0]
     if torch.compiler.is_compiling():
-        return attention_paged_fwd(q, k_pages, v_pages, block_table, cache_seqlens, bool(causal), _scale(scale),
-                                   max_k)[0]
-    return _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, bool(causal), _scale(scale), max_k)[0]
+        return attention_paged_fwd(*args)[0]
+    return _paged_forward_impl(*args)[0]
 
 
 def explain_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, max_seqlen_k=None):
