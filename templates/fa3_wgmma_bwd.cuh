@@ -1,7 +1,7 @@
 // FlashAttention-3's backward design on Hopper (sm_90a): TMA, an mbarrier ring, warp specialization,
 // wgmma, and dQ by TMA reduce-add from a warp of its own. fp16 or bf16 in and out, fp32 accumulation.
 // Kernels, launched in order (T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS,
-//                                                  DETERMINISTIC, DTYPE, CAUSAL>):
+//                                                  DETERMINISTIC, DQ_STAGES, DTYPE, CAUSAL>):
 //   fa3_wgmma_bwd_preprocess<T>  per query row (padded to whole blocks): lse2 = lse log2(e), delta =
 //                                rowsum(dO * O) (zeros past seq_q), dq_accum = 0, turn counters = 0
 //   fa3_wgmma_bwd_dkdv<T>        per (key block, kv head, batch): dK, dV; dq_accum += dS K
@@ -14,8 +14,10 @@
 //   warp 0 (producer)   one thread: K and V of the block once (kv_full), then per step Q, dO (TMA) and lse2,
 //                       delta (bulk copies) into ring slot t % STAGES (q_full), once the consumers released
 //                       the slot's previous step (q_empty)
-//   warp 1 (dQ writer)  per step: waits for the consumers' dQ tile (named barrier kDqFull), adds it into
-//                       dq_accum with one cp.reduce.async.bulk, frees the tile once read (kDqEmpty).
+//   warps 1 .. DQ_STAGES (dQ writers) writer b owns staging tile b and the steps t = b mod DQ_STAGES: waits
+//                       for the consumers' dQ tile (named barrier dq_full(b)), adds it into dq_accum with one
+//                       cp.reduce.async.bulk, frees the tile once read (dq_empty(b)); with two tiles the
+//                       consumers stage step t + 1 while step t's add is under way.
 //                       DETERMINISTIC: waits for the query block's turn counter to read its key block's
 //                       index, adds, waits for the add to complete and passes the turn on; key block j
 //                       adds to every query block it sees iff blocks 0 .. j - 1 do (the first visible query
@@ -53,9 +55,11 @@ namespace fa3_bwd_detail {
 // Named barriers (0 is __syncthreads).
 enum NamedBarrier : int {
   kDsReady = 1,  // every consumer's dS^T rows are in shared memory (consumers)
-  kDqEmpty = 2,  // the dQ staging tile was read by the copy engine (writer arrives, consumers wait)
-  kDqFull = 3,   // the consumers' dQ pieces are staged (consumers arrive, writer waits)
+  kDqEmpty = 2,  // + b: dQ staging tile b was read by the copy engine (its writer arrives, consumers wait)
+  kDqFull = 4,   // + b: the consumers' dQ pieces are staged in tile b (consumers arrive, its writer waits)
 };
+__device__ __forceinline__ int dq_empty(int b) { return kDqEmpty + b; }
+__device__ __forceinline__ int dq_full(int b) { return kDqFull + b; }
 
 // Shared memory regions, byte offsets from the 1024-byte aligned base.
 template <class T>
@@ -67,7 +71,7 @@ struct Smem {
     kDo = kQ + T::kStages * T::kQBytes,
     kDs = kDo + T::kStages * T::kQBytes,
     kDq = kDs + 2 * T::kDsBytes,
-    kLse = kDq + T::kDqBytes,
+    kLse = kDq + T::kDqStages * T::kDqBytes,
     kDelta = kLse + T::kStages * T::kStatBytes,
     kBars = kDelta + T::kStages * T::kStatBytes,
     kEnd = kBars + 8 * fa3_bwd_barriers(T::kStages),
@@ -81,8 +85,8 @@ struct Smem {
   __device__ unsigned q(int s) const { return base + kQ + static_cast<unsigned>(s * T::kQBytes); }
   __device__ unsigned dout(int s) const { return base + kDo + static_cast<unsigned>(s * T::kQBytes); }
   __device__ unsigned ds(int i) const { return base + kDs + static_cast<unsigned>(i * T::kDsBytes); }
-  __device__ unsigned dq() const { return base + kDq; }
-  __device__ float* dq_ptr() const { return reinterpret_cast<float*>(ptr + kDq); }
+  __device__ unsigned dq(int b) const { return base + kDq + static_cast<unsigned>(b * T::kDqBytes); }
+  __device__ float* dq_ptr(int b) const { return reinterpret_cast<float*>(ptr + kDq + b * T::kDqBytes); }
   __device__ unsigned lse(int s) const { return base + kLse + static_cast<unsigned>(s * T::kStatBytes); }
   __device__ unsigned delta(int s) const { return base + kDelta + static_cast<unsigned>(s * T::kStatBytes); }
   __device__ const float* lse_ptr(int s) const { return reinterpret_cast<const float*>(ptr + kLse + s * T::kStatBytes); }
@@ -196,22 +200,22 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
   }
 }
 
-// The dQ writer warp: each step's staged tile added into dq_accum by one bulk reduce-add (DETERMINISTIC: in
-// its turn, see the file's head).
+// dQ writer b: the staged tile of each step t = b mod DQ_STAGES added into dq_accum by one bulk reduce-add
+// (DETERMINISTIC: in its turn, see the file's head).
 template <class T>
 __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams& p, const Work& w, const Steps& st,
-                                         const Workspace& ws, int lane) {
-  constexpr int BM = T::kBlockM, D = T::kHeadDim, N = T::kDqThreads + 32;
+                                         const Workspace& ws, int b, int lane) {
+  constexpr int BM = T::kBlockM, D = T::kHeadDim, N = T::kDqThreads + 32, S = T::kDqStages;
   const int key_block = w.n0 / T::kBlockN;
-  for (int t = 0; t < st.count; ++t) {
-    named_bar_sync(kDqFull, N);
+  for (int t = b; t < st.count; t += S) {
+    named_bar_sync(dq_full(b), N);
     if (lane == 0) {
       int hq, mb;
       st.at(t, hq, mb);
       const long long row = (static_cast<long long>(w.batch) * p.heads + hq) * ws.rows + mb * BM;
       int* turn = ws.turn<T>(w.batch, p.heads, hq, mb);
       if constexpr (T::kDeterministic) turn_wait(turn, key_block);
-      bulk_reduce_add_f32(ws.dq_accum + row * D, sm.dq(), T::kDqBytes);
+      bulk_reduce_add_f32(ws.dq_accum + row * D, sm.dq(b), T::kDqBytes);
       bulk_commit();
       if constexpr (T::kDeterministic) {
         bulk_wait<0>();  // the add is complete (and so the tile read) before the next key block's
@@ -221,7 +225,7 @@ __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams&
       }
     }
     __syncwarp();
-    if (t + 1 < st.count) named_bar_arrive(kDqEmpty, N);
+    if (t + S < st.count) named_bar_arrive(dq_empty(b), N);
   }
   if (lane == 0) bulk_wait<0>();
 }
@@ -410,7 +414,9 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     if (mine) named_bar_sync(kDsReady, NQ);  // every warpgroup's dS^T rows
     else named_bar_arrive(kDsReady, NQ);
 
-    float* tile = sm.dq_ptr();
+    const int b = t % T::kDqStages;  // the step's staging tile (and writer)
+    const bool reuse = t >= T::kDqStages;  // the tile held step t - DQ_STAGES's dQ: wait until it was read
+    float* tile = sm.dq_ptr(b);
     if constexpr (T::kDqOverlap) {
       // DQ_OVERLAP 1, one dQ chain: issued before dK += dS^T Q, so that it is staged while dK runs.
       float dq[T::kDqChunk / 2];
@@ -426,7 +432,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
         wgmma_fence_regs(dq);
         wgmma_fence_regs(dv);
         fence_frags(pa);
-        if (t > 0) named_bar_sync(kDqEmpty, NW);  // the writer has read the previous step's tile
+        if (reuse) named_bar_sync(dq_empty(b), NW);  // the writer has read the tile's previous step
         stage_dq<T>(tile, dq, 64 * piece.row_tile0 + wrow + g, piece.col0, g, tig);
       }
       wgmma_wait<0>();  // dK
@@ -435,7 +441,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
       fence_frags(pa);
       fence_frags(dsa);
     } else {  // DQ_OVERLAP 0: dV and dK done first, then the dQ chains one by one
-      if (mine && t > 0) named_bar_sync(kDqEmpty, NW);
+      if (mine && reuse) named_bar_sync(dq_empty(b), NW);
       wgmma_wait<0>();  // dV, dK: the fragments are free
       fence_frags(pa);
       fence_frags(dsa);
@@ -461,7 +467,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     if (lane == 0) mbar_arrive(sm.q_empty(s));  // Q, dO, lse2, delta of this slot read
     if (mine) {
       fence_proxy_async();  // the staged dQ, before the copy engine reads it
-      named_bar_arrive(kDqFull, NW);
+      named_bar_arrive(dq_full(b), NW);
     }
   }
 
@@ -545,8 +551,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (warp == 0 && lane == 0) {
       for (int i = 0; i < 4; ++i) prefetch_tensormap(&tm.map[i]);
       det::produce<T>(sm, tm, p, w, st, ws);
-    } else if (warp == 1) {
-      det::write_dq<T>(sm, p, w, st, ws, lane);
+    } else if (warp == 1) {  // the writers' tiles as constants: a register each would not fit the warpgroup's 24
+      det::write_dq<T>(sm, p, w, st, ws, 0, lane);
+    } else if (T::kDqStages == 2 && warp == 2) {
+      det::write_dq<T>(sm, p, w, st, ws, 1, lane);
     }
     return;
   }

@@ -3,7 +3,8 @@
 //   fa3_wgmma_bwd_preprocess<T>  delta = rowsum(dO * O) and lse in log2 units into padded rows, dq_accum = 0
 //   fa3_wgmma_bwd_dkdv<T>        one CTA per (key block, kv head, batch): dK, dV; dq_accum += dS K by TMA
 //   fa3_wgmma_bwd_convert<T>     dQ = 16-bit(scale dq_accum)
-//   T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS, DETERMINISTIC, DTYPE, CAUSAL>
+//   T = Fa3WgmmaBwdTraits<D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS, DETERMINISTIC, DQ_STAGES,
+//                         DTYPE, CAUSAL>
 // The dK/dV CTA: warpgroup 0 is the producer (warp 0: TMA copies of K and V once, then Q, dO, lse and
 // delta of every query block into a ring of STAGES slots) and the dQ writer (warp 1: each query block's
 // dQ tile added into dq_accum by one bulk reduce-add); CONSUMERS warpgroups of 64 keys each
@@ -18,6 +19,8 @@
 //   DETERMINISTIC 1: the key blocks add into a query block's dq_accum rows in key-block order (a counter
 //   per query block, FlashAttention-3's semaphore): bitwise-reproducible dQ. Not with SCHED 2, whose
 //   rotated walks would make each key block wait for its neighbour's whole lap.
+//   DQ_STAGES 2: two dQ staging tiles, each with a writer warp of its own (warps 1 and 2): the consumers stage
+//   step t + 1's dQ while step t's add (DETERMINISTIC: its turn, then its completion) is under way.
 // Host-usable: plain constexpr C++.
 #pragma once
 #include "fa3_wgmma_traits.h"
@@ -55,11 +58,12 @@ FT_HD constexpr int fa3_bwd_dq_chunk(int D, int BM, int CONSUMERS, int TURNS = 0
 
 // Shared memory, from a 1024-byte aligned base (+ 1024 bytes of slack):
 //   K, V [BN][D] | STAGES x (Q, dO [BM][D]) (16-bit, swizzled) | 2 x dS^T [BN][BM] (16-bit, interleaved core
-//   matrices) | dQ [BM][D] fp32 (16-byte pieces swizzled by row) | STAGES x (lse, delta [BM] fp32) | mbarriers
+//   matrices) | DQ_STAGES x dQ [BM][D] fp32 (16-byte pieces swizzled by row) | STAGES x (lse, delta [BM] fp32) |
+//   mbarriers
 FT_HD constexpr int fa3_bwd_barriers(int STAGES) { return 1 + 2 * STAGES; }  // kv_full, STAGES x (q_full, q_empty)
-FT_HD constexpr int fa3_bwd_smem_bytes(int D, int BM, int CONSUMERS, int STAGES) {
+FT_HD constexpr int fa3_bwd_smem_bytes(int D, int BM, int CONSUMERS, int STAGES, int DQ_STAGES = 1) {
   return 1024 + 2 * fa3_wgmma_tile_bytes(D, fa3_bwd_block_n(CONSUMERS)) + 2 * STAGES * fa3_wgmma_tile_bytes(D, BM) +
-         2 * 2 * fa3_bwd_block_n(CONSUMERS) * BM + 4 * BM * D + 8 * STAGES * BM + 8 * fa3_bwd_barriers(STAGES);
+         2 * 2 * fa3_bwd_block_n(CONSUMERS) * BM + DQ_STAGES * 4 * BM * D + 8 * STAGES * BM + 8 * fa3_bwd_barriers(STAGES);
 }
 // Workspace (p.workspace): lse (log2 units) and delta per padded row, then dq_accum [B][H][R][D] fp32, then
 // one int32 turn counter per query block [B][H][R / BM] (DETERMINISTIC; always there, zeroed by the preprocess).
@@ -115,15 +119,16 @@ FT_HD constexpr int fa3_bwd_dq_steps(int D, int BM, int C, int TURNS = 0) {
 FT_HD constexpr bool fa3_bwd_overlap_ok(int D, int BM, int C, int DQ_OVERLAP, int TURNS = 0) {
   return DQ_OVERLAP == 0 || fa3_bwd_dq_steps(D, BM, C, TURNS) == 1;
 }
-FT_HD constexpr bool fa3_bwd_smem_ok(int D, int BM, int C, int STAGES) {
-  return fa3_bwd_smem_bytes(D, BM, C, STAGES) <= kMaxSmemBytesSm90;
+FT_HD constexpr bool fa3_bwd_smem_ok(int D, int BM, int C, int STAGES, int DQ_STAGES = 1) {
+  return fa3_bwd_smem_bytes(D, BM, C, STAGES, DQ_STAGES) <= kMaxSmemBytesSm90;
 }
+FT_HD constexpr bool fa3_bwd_dq_stages_ok(int S) { return S == 1 || S == 2; }
 FT_HD constexpr bool fa3_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 FT_HD constexpr bool fa3_bwd_deterministic_ok(int SCHED, int DETERMINISTIC) { return DETERMINISTIC == 0 || SCHED != 2; }
 
 // nullptr if valid, else the reason.
 FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP,
-                                          int DQ_TURNS = 0, int DETERMINISTIC = 0) {
+                                          int DQ_TURNS = 0, int DETERMINISTIC = 0, int DQ_STAGES = 1) {
   return !fa3_bwd_d_ok(D) ? "D must be 64, 96 or 128 (dK and dV of 64 keys at d > 128 exceed a consumer's registers)"
          : !fa3_bwd_bm_ok(BM)                  ? "BLOCK_M must be 64 or 128 (a wgmma N of the score products)"
          : !fa3_bwd_consumers_ok(CONSUMERS)    ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_N = 64 x CONSUMERS)"
@@ -132,6 +137,7 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
          : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
          : !fa3_bwd_switch_ok(DQ_TURNS)        ? "DQ_TURNS must be 0 or 1"
          : !fa3_bwd_switch_ok(DETERMINISTIC)   ? "DETERMINISTIC must be 0 or 1"
+         : !fa3_bwd_dq_stages_ok(DQ_STAGES)    ? "DQ_STAGES must be 1 or 2 (dQ staging tiles)"
          : !fa3_bwd_turns_ok(CONSUMERS, DQ_TURNS) ? "DQ_TURNS needs two consumer warpgroups"
          : !fa3_bwd_deterministic_ok(SCHED, DETERMINISTIC)
              ? "DETERMINISTIC 1 needs SCHED 0 or 1 (SCHED 2's rotated walks serialize the ordered dQ additions)"
@@ -142,14 +148,15 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
              ? "the dQ pieces (BLOCK_M/64 row tiles x column pieces over the consumers) must be whole swizzle groups"
          : !fa3_bwd_overlap_ok(D, BM, CONSUMERS, DQ_OVERLAP, DQ_TURNS)
              ? "DQ_OVERLAP 1 needs a consumer's dQ piece to be one wgmma chain (64 or 32 columns of one row tile)"
-         : !fa3_bwd_smem_ok(D, BM, CONSUMERS, STAGES) ? "shared memory exceeds sm_90's 232448 bytes per block"
+         : !fa3_bwd_smem_ok(D, BM, CONSUMERS, STAGES, DQ_STAGES) ? "shared memory exceeds sm_90's 232448 bytes per block"
                                                       : nullptr;
 }
 
 template <int D, int BLOCK_M, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP, int DQ_TURNS, int DETERMINISTIC,
-          int DTYPE, bool CAUSAL>
+          int DQ_STAGES, int DTYPE, bool CAUSAL>
 struct Fa3WgmmaBwdTraits {
-  static_assert(fa3_bwd_check(D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS, DETERMINISTIC) == nullptr,
+  static_assert(fa3_bwd_check(D, BLOCK_M, CONSUMERS, STAGES, SCHED, DQ_OVERLAP, DQ_TURNS, DETERMINISTIC, DQ_STAGES) ==
+                    nullptr,
                 "invalid Fa3WgmmaBwdTraits: see fa3_bwd_check");
   static_assert(fa3_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
 
@@ -163,6 +170,7 @@ struct Fa3WgmmaBwdTraits {
   static constexpr bool kDqOverlap = DQ_OVERLAP == 1;
   static constexpr bool kDqTurns = DQ_TURNS == 1;
   static constexpr bool kDeterministic = DETERMINISTIC == 1;
+  static constexpr int kDqStages = DQ_STAGES;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 
@@ -183,7 +191,7 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kDqCols = fa3_bwd_dq_cols(D, BLOCK_M, CONSUMERS, DQ_TURNS);
   static constexpr int kDqChunk = fa3_bwd_dq_chunk(D, BLOCK_M, CONSUMERS, DQ_TURNS);
   static constexpr int kDqThreads = DQ_TURNS ? 128 : 128 * CONSUMERS;  // threads that stage each step's dQ
-  static constexpr int kSmemBytes = fa3_bwd_smem_bytes(D, BLOCK_M, CONSUMERS, STAGES);
+  static constexpr int kSmemBytes = fa3_bwd_smem_bytes(D, BLOCK_M, CONSUMERS, STAGES, DQ_STAGES);
 };
 
 }  // namespace flashtune

@@ -184,8 +184,8 @@ TEST(Select, DeterministicPicksBucketApart) {
   fixed.config = fast;  // the 6-value config stored before DETERMINISTIC is no config today: a valid one
   emit_headers({fixed, only[0]}, dir.string(), "flashtune emit --db x --out y");
   const std::string gpu = slurp(dir / "sm90_gpu_a.hpp");
-  EXPECT_NE(gpu.find("{64, 2, 2, 0, 1, 0, 1}, 350.00f, false, true}"), std::string::npos) << gpu;
-  EXPECT_NE(gpu.find("{64, 2, 2, 0, 1, 0, 0}, 500.00f},"), std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("{64, 2, 2, 0, 1, 0, 1, 1}, 350.00f, false, true}"), std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("{64, 2, 2, 0, 1, 0, 0, 1}, 500.00f},"), std::string::npos) << gpu;
   BucketChoice lie = only[0];
   lie.config = fast;  // marked deterministic, but not a reproducible config
   EXPECT_THROW(emit_headers({lie}, (dir / "lie").string(), "x"), UsageError);

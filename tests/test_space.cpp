@@ -1004,8 +1004,8 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_EQ(fa3_wgmma_producer_regs(3), 32);
   EXPECT_EQ(fa3_wgmma_consumer_regs(3), 160);
   for (int c = 1; c <= 3; ++c) EXPECT_TRUE(fa3_wgmma_regs_ok(c, 1)) << c;
-  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 1, false>::kConsumerRegs), 240);
-  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 1, false>::kThreads), 384);
+  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 1, 1, false>::kConsumerRegs), 240);
+  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 1, 1, false>::kThreads), 384);
   // FlashAttention-3's tiles: d 128 64 x 128 and d 64 128 x 128, two consumers.
   EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0), nullptr);
   EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1), nullptr);
@@ -1026,6 +1026,13 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 1, 0, 1, 1), nullptr);
   EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 2, 0, 1, 1), HasSubstr("DETERMINISTIC 1 needs SCHED 0 or 1"));
   EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 2), HasSubstr("DETERMINISTIC must be"));
+  // Two dQ staging tiles: 32 KB more at d 128 BLOCK_M 64 (231464 bytes of 232448), too many with three consumers.
+  EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0, 1, 2), nullptr);
+  EXPECT_EQ(fa3_bwd_smem_bytes(128, 64, 2, 2, 2), fa3_bwd_smem_bytes(128, 64, 2, 2) + 4 * 64 * 128);
+  EXPECT_THAT(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0, 0, 3), HasSubstr("DQ_STAGES must be"));
+  EXPECT_THAT(fa3_bwd_check(64, 64, 3, 2, 0, 0, 0, 0, 2), HasSubstr("accumulators"));
+  EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 0, 2), HasSubstr("shared memory"));  // 40 bytes over
+  EXPECT_EQ(fa3_bwd_check(64, 128, 2, 1, 0, 0, 1, 0, 2), nullptr);
   // dQ chains per consumer and step.
   EXPECT_EQ(fa3_bwd_dq_steps(128, 64, 2), 1);
   EXPECT_EQ(fa3_bwd_dq_steps(128, 64, 2, 1), 2);
@@ -1064,7 +1071,7 @@ TEST(Family, Fa3BwdFamilyMapsAndLaunches) {
   const Config c = f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=0");
   EXPECT_FALSE(f.reproducible(c));
   EXPECT_TRUE(f.reproducible(f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=1")));
-  EXPECT_THAT(f.check({64, 2, 2, 0, 1, 0}, 128), HasSubstr("7 values"));  // a config stored before DETERMINISTIC
+  EXPECT_THAT(f.check({64, 2, 2, 0, 1, 0}, 128), HasSubstr("8 values"));  // a config stored before DETERMINISTIC
   const auto specs = f.tensor_maps(c, p);
   ASSERT_EQ(specs.size(), 4u);
   EXPECT_EQ(specs[3].tensor, "do");
