@@ -144,8 +144,10 @@ validation_store() {
   echo "$v"
 }
 finish() {
-  $ft emit --db "$db" --out configs/generated
-  $ft drop-cubins --db "$db"
+  if [[ -f $db ]]; then  # (a call that carries the FA3-class peer leaves the store behind: 64 MiB a call)
+    $ft emit --db "$db" --out configs/generated
+    $ft drop-cubins --db "$db"
+  fi
   for v in "$rep"/*_validate.db; do [[ -f $v ]] && gzip -9 -n -f -k "$v"; done
   tar czf "$OUT/sweep.tar.gz" "$rep" configs/generated
 }
@@ -514,6 +516,7 @@ fa3-bwd)
   #   peers - each point's best backward (fa3_wgmma_bwd, fa2_wgmma_bwd, fa2_mma_bwd) through flashtune.torch beside
   #           torch SDPA flash, cuDNN and the FA3-class kernel (FA4's sm90, if installed), one process, profiler
   #           kernel time: bwd_hopper_vs_peers.csv
+  #   det   - DETERMINISTIC 1 validated (5 bitwise-equal runs per config) and tuned (halving) on the grid
   parts=("$@")
   ((${#parts[@]})) || parts=(check spot)
   val=$(validation_store fa3_bwd)
@@ -569,6 +572,41 @@ fa3-bwd)
         ncu --import "$OUT/fa3_bwd_profile.ncu-rep" --page source --csv --print-source sass >"$OUT/fa3_bwd_sass.csv" 2>&1
         gzip -f "$OUT/fa3_bwd_sass.csv"
         grep -E "Duration|Throughput|Stall|Issued|Eligible|Pipe|L2 Hit|Bank" "$OUT/fa3_bwd_profile.txt" | head -40
+        ;;
+      det)  # DETERMINISTIC 1 and DQ_STAGES 2: every compiled variant with either validated on the ragged shapes (a
+            # deterministic one held to 5 bitwise-equal runs), then, by halving, the picks' neighbourhood (two
+            # consumers, STAGES 2, SCHED 0) on the bf16 grid's d 64/128 points: the
+            # deterministic configs (DQ_STAGES 1, 2) and the non-deterministic ones with DQ_STAGES 2, into
+            # FA3_BWD_TUNE_DB (default: the store)
+        dspace=$OUT/fa3_bwd_det_space.json
+        narrow() {  # $1 a space of fa3_wgmma_bwd, $2 a JSON object of params -> $dspace
+          python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); s["params"].update(json.loads(sys.argv[2]))
+s["description"] = sys.argv[1] + " with " + sys.argv[2]; json.dump(s, open(sys.argv[3], "w"))' "$1" "$2" "$dspace"
+        }
+        for space in '{"DETERMINISTIC": [1], "SCHED": [0, 1]}' '{"DQ_STAGES": [2], "SCHED": [0, 1]}'; do
+          narrow configs/spaces/fa3_wgmma_bwd.json "$space"
+          for probs in ragged_mma_bwd ragged_gqa_bwd; do
+            log "validate fa3_wgmma_bwd $space on $probs"
+            timeout "${FA3_BWD_DET_VALIDATE_LIMIT_S:-100}" $ft tune "$dspace" configs/problems/$probs.json \
+              --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -1
+          done
+        done
+        validation_summary "$val"
+        $ft drop-cubins --db "$val"
+        tdb=${FA3_BWD_TUNE_DB:-$db}
+        near='"CONSUMERS": [2], "STAGES": [2], "SCHED": [0]'
+        for space in "{$near, \"DETERMINISTIC\": [1]}" "{$near, \"DETERMINISTIC\": [0], \"DQ_STAGES\": [2]}"; do
+          narrow configs/spaces/fa3_wgmma_bwd_grid.json "$space"
+          for probs in anchors_bwd_bf16_d64 anchors_bwd_bf16_d128_256; do  # (GQA rows are no bucket of the tables)
+            log "tune fa3_wgmma_bwd $space on $probs (halving)"
+            timeout "${FA3_BWD_DET_TUNE_LIMIT_S:-60}" $ft tune "$dspace" configs/problems/$probs.json \
+              --db "$tdb" --strategy halving --timeout 10 2>&1 | grep -vE "^\[" | tail -1
+          done
+        done
+        $ft best --db "$tdb" --family fa3_wgmma_bwd --deterministic --csv >"$rep/best_fa3_wgmma_bwd_deterministic.csv"
+        $ft best --db "$tdb" --family fa3_wgmma_bwd --csv >"$rep/best_fa3_wgmma_bwd.csv"
+        cp "$rep/best_fa3_wgmma_bwd_deterministic.csv" "$rep/best_fa3_wgmma_bwd.csv" "$OUT/"
+        [[ $tdb == "$db" ]] || cp "$tdb" "$OUT/"
         ;;
       *) echo "fa3-bwd: unknown part $part" >&2; exit 2 ;;
     esac

@@ -734,6 +734,51 @@ def cuda_graphs():
 
 
 # --- errors ------------------------------------------------------------------------------------------
+def deterministic():
+    """deterministic=True: the backward's gradients bitwise equal over 5 calls on the same inputs, through the op
+    (dense, causal and not, grouped-query, ragged; packed), the config explain() names reproducible, and the
+    gradients as accurate as the default backward's (the float64 reference)."""
+    gen = torch.Generator(device="cuda").manual_seed(20261128)
+    for B, H, Hk, Sq, Sk, d, causal in ((2, 8, 8, 1000, 1000, 128, False), (2, 8, 2, 777, 1200, 64, True),
+                                        (1, 4, 4, 2048, 2048, 128, True), (2, 4, 1, 300, 200, 96, False)):
+        q = make((B, H, Sq, d), torch.bfloat16, "bhsd", gen).requires_grad_(True)
+        k = make((B, Hk, Sk, d), torch.bfloat16, "bhsd", gen).requires_grad_(True)
+        v = make((B, Hk, Sk, d), torch.bfloat16, "bhsd", gen).requires_grad_(True)
+        dout = torch.randn(B, H, Sq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        o = ftt.attention(q, k, v, causal=causal, deterministic=True)
+        first = torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+        same = all(all(torch.equal(a, b) for a, b in zip(first, torch.autograd.grad(o, (q, k, v), dout,
+                                                                                     retain_graph=True)))
+                   for _ in range(4))
+        info = ftt.explain(q, k, v, causal=causal, deterministic=True)["backward"]
+        cfg = info.get("config", "")
+        named = "DETERMINISTIC=1" in cfg or "DQ_MODE=1" in cfg
+        ref = reference(q.detach().double(), k.detach().double(), v.detach().double(), dout.double(), causal,
+                        1.0 / math.sqrt(d))[1:]
+        worst = max(errors(g, r)[1] for g, r in zip(first, ref))
+        fast = torch.autograd.grad(ftt.attention(q, k, v, causal=causal), (q, k, v), dout)
+        base = max(errors(g, r)[1] for g, r in zip(fast, ref))
+        check(same and named and worst <= 2 * base + 1e-3,
+              f"deterministic=True B{B} H{H}/{Hk} {Sq}x{Sk} d{d} causal={causal}: 5 calls bitwise equal {same}, "
+              f"{info.get('family')} {cfg} (reproducible: {named}), error {worst:.2e} vs default's {base:.2e}")
+    # packed batches
+    lengths = [(300, 500), (1, 64), (700, 700)]
+    cu_q, cu_k = (torch.tensor(offsets(ls), dtype=torch.int32, device="cuda")
+                  for ls in ([a for a, _ in lengths], [c for _, c in lengths]))
+    qv = torch.randn(int(cu_q[-1]), 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    kv = torch.randn(int(cu_k[-1]), 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    vv = torch.randn(int(cu_k[-1]), 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    do = torch.randn(qv.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+    o = ftt.attention_varlen(qv, kv, vv, cu_q, cu_k, 700, 700, causal=True, deterministic=True)
+    first = torch.autograd.grad(o, (qv, kv, vv), do, retain_graph=True)
+    same = all(all(torch.equal(a, b) for a, b in zip(first, torch.autograd.grad(o, (qv, kv, vv), do, retain_graph=True)))
+               for _ in range(4))
+    check(same, "deterministic=True packed (3 sequences, GQA, causal): 5 calls bitwise equal")
+    q = make((1, 2, 16, 64), torch.bfloat16, "bhsd", gen)
+    raises(lambda: ftt.attention(q, q, q, deterministic="yes"), TypeError,
+           "flashtune.torch.attention: deterministic must be True or False, got str", "deterministic='yes'")
+
+
 def raises(fn, exc, pattern, what):
     try:
         fn()
@@ -790,7 +835,7 @@ def main():
         return 1
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
     parts = (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
-             streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs)
+             streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs, deterministic)
     names = {p.__name__: p for p in parts}
     unknown = [a for a in sys.argv[1:] if a not in names]
     if unknown:

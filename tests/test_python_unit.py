@@ -420,7 +420,7 @@ class TorchKeywordFlags(unittest.TestCase):
 class TorchOpSchemas(unittest.TestCase):
     """The extension (python/csrc/flashtune_torch.cpp, TORCH_LIBRARY's m.def) and the ctypes fallback
     (@torch.library.custom_op("flashtune_ctypes::...") in flashtune/torch.py) declare the same ops: names, argument
-    names and types, in order. Both are read as text, so this runs without torch."""
+    names, types and defaults, in order. Both are read as text, so this runs without torch."""
     ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     TYPES = {"torch.Tensor": "Tensor", "bool": "bool", "float": "float", "int": "int"}
 
@@ -443,7 +443,11 @@ class TorchOpSchemas(unittest.TestCase):
                 if isinstance(dec, ast.Call) and ast.unparse(dec.func) == "torch.library.custom_op":
                     ns, name = dec.args[0].value.split("::")
                     self.assertEqual(ns, "flashtune_ctypes")
-                    ops[name] = [(self.TYPES[ast.unparse(a.annotation)], a.arg) for a in fn.args.args]
+                    args, defaults = fn.args.args, fn.args.defaults  # defaults: of the last arguments
+                    first_default = len(args) - len(defaults)
+                    ops[name] = [(self.TYPES[ast.unparse(a.annotation)],
+                                  a.arg if i < first_default else f"{a.arg}={ast.unparse(defaults[i - first_default])}")
+                                 for i, a in enumerate(args)]
         return ops
 
     def test_same_ops(self):

@@ -298,15 +298,16 @@ void check_paged(const Tensor& q, const Tensor& kp, const Tensor& vp, const Tens
 }
 
 // ---- the CUDA kernels ------------------------------------------------------------------------------------
-// Options of a backward call that do not change the forward's outputs: where a keyword of attention() that
-// selects among backward kernels (issue 31's deterministic=) enters, from the op's arguments to the runtime's
-// args struct. None yet.
-struct BackwardOptions {};
-void apply_options(const BackwardOptions&, ft_backward_args&) {}
-void apply_options(const BackwardOptions&, ft_varlen_backward_args&) {}
+// Options of a backward call that do not change the forward's outputs: the keywords of attention() that select
+// among backward kernels, from the ops' arguments (the forward keeps them for its backward) to the runtime's args.
+struct BackwardOptions {
+  bool deterministic = false;  // only bitwise-reproducible configs (the runtime's deterministic picks)
+};
+void apply_options(const BackwardOptions& o, ft_backward_args& a) { a.deterministic = o.deterministic ? 1 : 0; }
+void apply_options(const BackwardOptions& o, ft_varlen_backward_args& a) { a.deterministic = o.deterministic ? 1 : 0; }
 
 std::tuple<Tensor, Tensor> attention_fwd_cuda(const Tensor& q_, const Tensor& k_, const Tensor& v_, bool causal,
-                                              double scale) {
+                                              double scale, bool /*deterministic: the backward's*/) {
   check_dense(q_, k_, v_);
   const c10::cuda::CUDAGuard guard(q_.device());
   const int64_t B = q_.size(0), H = q_.size(1), Sq = q_.size(2), d = q_.size(3), Sk = k_.size(2);
@@ -391,8 +392,8 @@ std::tuple<Tensor, Tensor, Tensor> dense_backward(const Tensor& dout_, const Ten
 
 std::tuple<Tensor, Tensor, Tensor> attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                       const Tensor& v, const Tensor& o, const Tensor& lse, bool causal,
-                                                      double scale) {
-  return dense_backward(dout, q, k, v, o, lse, causal, scale, BackwardOptions{});
+                                                      double scale, bool deterministic) {
+  return dense_backward(dout, q, k, v, o, lse, causal, scale, BackwardOptions{deterministic});
 }
 
 template <class Args>
@@ -415,7 +416,8 @@ void fill_varlen_head(Args& a, const Tensor& q, const Tensor& k, const Tensor& c
 
 std::tuple<Tensor, Tensor> attention_varlen_fwd_cuda(const Tensor& q_, const Tensor& k_, const Tensor& v_,
                                                      const Tensor& cu_q_, const Tensor& cu_k_, int64_t max_q,
-                                                     int64_t max_k, bool causal, double scale) {
+                                                     int64_t max_k, bool causal, double scale,
+                                                     bool /*deterministic: the backward's*/) {
   check_varlen(q_, k_, v_, cu_q_, cu_k_, max_q, max_k);
   const c10::cuda::CUDAGuard guard(q_.device());
   const int64_t Tq = q_.size(0), H = q_.size(1), d = q_.size(2);
@@ -478,8 +480,10 @@ std::tuple<Tensor, Tensor, Tensor> varlen_backward(const Tensor& dout_, const Te
 std::tuple<Tensor, Tensor, Tensor> attention_varlen_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                              const Tensor& v, const Tensor& o, const Tensor& lse,
                                                              const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
-                                                             int64_t max_k, bool causal, double scale) {
-  return varlen_backward(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, BackwardOptions{});
+                                                             int64_t max_k, bool causal, double scale,
+                                                             bool deterministic) {
+  return varlen_backward(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale,
+                         BackwardOptions{deterministic});
 }
 
 std::tuple<Tensor, Tensor> attention_paged_fwd_cuda(const Tensor& q_, const Tensor& kp, const Tensor& vp,
@@ -525,14 +529,14 @@ std::tuple<Tensor, Tensor> attention_paged_fwd_cuda(const Tensor& q_, const Tens
 // ---- autograd ------------------------------------------------------------------------------------------------
 // The forwards redispatch below autograd to their CUDA kernels; the backwards call the backward ops through the
 // dispatcher, so that torch.compile (AOTAutograd) traces them as ops and eager mode runs their CUDA kernels.
-using FwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool, double);
+using FwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool, double, bool);
 using BwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                  const Tensor&, const Tensor&, bool, double);
+                                                  const Tensor&, const Tensor&, bool, double, bool);
 using VarlenFwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                const Tensor&, int64_t, int64_t, bool, double);
+                                                const Tensor&, int64_t, int64_t, bool, double, bool);
 using VarlenBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                         const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                        int64_t, int64_t, bool, double);
+                                                        int64_t, int64_t, bool, double, bool);
 
 template <class Sig>
 c10::TypedOperatorHandle<Sig> find_op(const char* name) {
@@ -542,16 +546,17 @@ c10::TypedOperatorHandle<Sig> find_op(const char* name) {
 class DenseAttention : public torch::autograd::Function<DenseAttention> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                               double scale) {
+                               double scale, bool deterministic) {
     static const auto fwd = find_op<FwdSig>("flashtune::attention_fwd");
     Tensor o, lse;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(o, lse) = fwd.call(q, k, v, causal, scale);
+      std::tie(o, lse) = fwd.call(q, k, v, causal, scale, deterministic);
     }
     ctx->save_for_backward({q, k, v, o, lse});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["deterministic"] = deterministic;
     ctx->mark_non_differentiable({lse});
     return {o, lse};
   }
@@ -560,8 +565,8 @@ class DenseAttention : public torch::autograd::Function<DenseAttention> {
     const variable_list s = ctx->get_saved_variables();
     const Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(s[3]);
     auto [dq, dk, dv] = bwd.call(dout, s[0], s[1], s[2], s[3], s[4], ctx->saved_data["causal"].toBool(),
-                                 ctx->saved_data["scale"].toDouble());
-    return {dq, dk, dv, Tensor(), Tensor()};
+                                 ctx->saved_data["scale"].toDouble(), ctx->saved_data["deterministic"].toBool());
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -575,13 +580,13 @@ bool records_graph(std::initializer_list<const Tensor*> ts) {
 }
 
 std::tuple<Tensor, Tensor> attention_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                                  double scale) {
+                                                  double scale, bool deterministic) {
   if (!records_graph({&q, &k, &v})) {
     static const auto fwd = find_op<FwdSig>("flashtune::attention_fwd");
     const at::AutoDispatchBelowADInplaceOrView below;
-    return fwd.call(q, k, v, causal, scale);
+    return fwd.call(q, k, v, causal, scale, deterministic);
   }
-  const variable_list out = DenseAttention::apply(q, k, v, causal, scale);
+  const variable_list out = DenseAttention::apply(q, k, v, causal, scale, deterministic);
   return {out[0], out[1]};
 }
 
@@ -589,13 +594,14 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k, bool causal,
-                               double scale) {
+                               double scale, bool deterministic) {
     static const auto fwd = find_op<VarlenFwdSig>("flashtune::attention_varlen_fwd");
     Tensor o, lse;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(o, lse) = fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale);
+      std::tie(o, lse) = fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic);
     }
+    ctx->saved_data["deterministic"] = deterministic;
     ctx->save_for_backward({q, k, v, o, lse, cu_q, cu_k});
     ctx->saved_data["max_q"] = max_q;
     ctx->saved_data["max_k"] = max_k;
@@ -610,20 +616,20 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
     const Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(s[3]);
     auto [dq, dk, dv] = bwd.call(dout, s[0], s[1], s[2], s[3], s[4], s[5], s[6], ctx->saved_data["max_q"].toInt(),
                                  ctx->saved_data["max_k"].toInt(), ctx->saved_data["causal"].toBool(),
-                                 ctx->saved_data["scale"].toDouble());
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+                                 ctx->saved_data["scale"].toDouble(), ctx->saved_data["deterministic"].toBool());
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor> attention_varlen_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
-                                                         int64_t max_k, bool causal, double scale) {
+                                                         int64_t max_k, bool causal, double scale, bool deterministic) {
   if (!records_graph({&q, &k, &v})) {
     static const auto fwd = find_op<VarlenFwdSig>("flashtune::attention_varlen_fwd");
     const at::AutoDispatchBelowADInplaceOrView below;
-    return fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale);
+    return fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic);
   }
-  const variable_list out = VarlenAttention::apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale);
+  const variable_list out = VarlenAttention::apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic);
   return {out[0], out[1]};
 }
 
@@ -632,13 +638,14 @@ std::tuple<Tensor, Tensor> attention_varlen_fwd_autograd(const Tensor& q, const 
 
 TORCH_LIBRARY(flashtune, m) {
   m.set_python_module("flashtune.torch");  // the fake implementations (torch.compile) are registered there
-  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
-  m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal, float scale)"
-        " -> (Tensor, Tensor, Tensor)");
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool deterministic=False) "
+        "-> (Tensor, Tensor)");
+  m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal, float scale, "
+        "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
   m.def("attention_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-        "int max_seqlen_q, int max_seqlen_k, bool causal, float scale) -> (Tensor, Tensor)");
+        "int max_seqlen_q, int max_seqlen_k, bool causal, float scale, bool deterministic=False) -> (Tensor, Tensor)");
   m.def("attention_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor cu_seqlens_q, "
-        "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float scale) "
+        "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float scale, bool deterministic=False) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("attention_paged_fwd(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, Tensor cache_seqlens, "
         "bool causal, float scale, int max_seqlen_k) -> (Tensor, Tensor)");

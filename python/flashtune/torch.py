@@ -307,11 +307,11 @@ def _fwd_args(q, k, v, o, lse, causal, scale):
                              _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr(), k.shape[1])
 
 
-def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale):
+def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic=False):
     B, H, Sq, d = q.shape
     return _lib.pack_backward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
                               _ref(q), _ref(k), _ref(v), _ref(o), _ref(dout), lse.data_ptr(),
-                              _ref(dq), _ref(dk), _ref(dv), k.shape[1])
+                              _ref(dq), _ref(dk), _ref(dv), k.shape[1], 1 if deterministic else 0)
 
 
 def _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_seqlen_k, causal, scale):
@@ -334,10 +334,11 @@ def _varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale):
                                     _ref3(o), lse.data_ptr())
 
 
-def _varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal, scale):
+def _varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal, scale, deterministic=False):
     return _lib.pack_varlen_backward(_varlen_sizes(q, k, cu_q, max_q, max_k), cu_q.data_ptr(), cu_k.data_ptr(),
                                      _DTYPE_CODES[q.dtype], 1 if causal else 0, scale, _ref3(q), _ref3(k), _ref3(v),
-                                     _ref3(o), _ref3(dout), lse.data_ptr(), _ref3(dq), _ref3(dk), _ref3(dv))
+                                     _ref3(o), _ref3(dout), lse.data_ptr(), _ref3(dq), _ref3(dk), _ref3(dv),
+                                     1 if deterministic else 0)
 
 
 # --- the ops ---------------------------------------------------------------------------------------
@@ -357,18 +358,18 @@ def _forward_impl(q, k, v, causal, scale):
 
 @torch.library.custom_op("flashtune_ctypes::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _check(q, k, v, "flashtune_ctypes::attention_fwd")
     return _forward_impl(q, k, v, causal, scale)
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, scale):
+def _attention_fwd_fake(q, k, v, causal, scale, deterministic=False):
     B, H, Sq, d = q.shape
     return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
-def _backward_impl(dout, q, k, v, o, lse, causal, scale):
+def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -383,29 +384,29 @@ def _backward_impl(dout, q, k, v, o, lse, causal, scale):
     if lse.dtype != torch.float32 or lse.device != q.device or not lse.is_contiguous():
         lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
     with _on(q.device):
-        _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale), _stream(q.device))
+        _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic), _stream(q.device))
     return dq, dk, dv
 
 
 @torch.library.custom_op("flashtune_ctypes::attention_bwd", mutates_args=())
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                  lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  lse: torch.Tensor, causal: bool, scale: float,
+                  deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = _check(q, k, v, "flashtune_ctypes::attention_bwd")
-    return _backward_impl(dout, q, k, v, o, lse, causal, scale)
+    return _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic)
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, q, k, v, o, lse, causal, scale):
+def _attention_bwd_fake(dout, q, k, v, o, lse, causal, scale, deterministic=False):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
+    q, k, v, causal, scale, deterministic = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal = causal
-    ctx.scale = scale
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
 
 
 def _backward(ctx, dout, dlse):
@@ -413,8 +414,8 @@ def _backward(ctx, dout, dlse):
     q, k, v, o, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(o)
-    dq, dk, dv = attention_bwd(dout, q, k, v, o, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = attention_bwd(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -427,18 +428,18 @@ class _EagerAttention(torch.autograd.Function):
     lse without a gradient."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
+    def forward(ctx, q, k, v, causal, scale, deterministic):
         o, lse = _forward_impl(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
+        return dq, dk, dv, None, None, None
 
 
 # --- packed variable-length batches -----------------------------------------------------------------
@@ -457,7 +458,7 @@ def _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     return o, lse
 
 
-def _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale):
+def _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic=False):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -473,21 +474,22 @@ def _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causa
         lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
     with _on(q.device):
         _lib.varlen_backward(_varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal,
-                                              scale), _stream(q.device))
+                                              scale, deterministic), _stream(q.device))
     return dq, dk, dv
 
 
 @torch.library.custom_op("flashtune_ctypes::attention_varlen_fwd", mutates_args=())
 def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                         scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                         scale: float, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     args = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          "flashtune_ctypes::attention_varlen_fwd")
     return _varlen_forward_impl(*args, causal, scale)
 
 
 @attention_varlen_fwd.register_fake
-def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale):
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                               deterministic=False):
     Tq, H, d = q.shape
     return q.new_empty((Tq, H, d)), q.new_empty((H, Tq), dtype=torch.float32)
 
@@ -495,25 +497,25 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 @torch.library.custom_op("flashtune_ctypes::attention_varlen_bwd", mutates_args=())
 def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                          lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-                         max_seqlen_k: int, causal: bool,
-                         scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         max_seqlen_k: int, causal: bool, scale: float,
+                         deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                       "flashtune_ctypes::attention_varlen_bwd")
-    return _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale)
+    return _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic)
 
 
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                               scale):
+                               scale, deterministic=False):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-    ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, scale
+    ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, ctx.deterministic = max_q, max_k, causal, scale, deterministic
 
 
 def _varlen_backward(ctx, dout, dlse):
@@ -521,8 +523,9 @@ def _varlen_backward(ctx, dout, dlse):
     q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(o)
-    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None, None, None, None
+    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale,
+                                      ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -532,10 +535,10 @@ class _EagerVarlenAttention(torch.autograd.Function):
     """Eager mode without the custom op's dispatch cost, as _EagerAttention: (o, lse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic):
         o, lse = _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = max_q, max_k, causal, scale
+        ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, ctx.deterministic = max_q, max_k, causal, scale, deterministic
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -543,8 +546,8 @@ class _EagerVarlenAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
-                                           ctx.scale)
-        return dq, dk, dv, None, None, None, None, None, None
+                                           ctx.scale, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 # --- paged K/V caches (forward only) ----------------------------------------------------------------------
@@ -668,7 +671,7 @@ def _ext_call(fn, check, op, *args):
 
 
 # --- the public face -------------------------------------------------------------------------------
-def attention(q, k, v, causal=False, scale=None, *, return_lse=False):
+def attention(q, k, v, causal=False, scale=None, *, return_lse=False, deterministic=False):
     """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
     (Hk = H, or a divisor of H: grouped-query attention, query head h reading kv head h // (H // Hk), as
     torch SDPA with enable_gqa=True; fp16 and bf16).
@@ -676,31 +679,32 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False):
     Returns o [B, H, Sq, d]; with return_lse=True, (o, lse): lse [B, H, Sq] fp32, the natural log of each row's
     softmax denominator of the scaled scores (FlashAttention's softmax_lse; +inf for a row that sees no key),
     without a gradient (gradients flow through o; backpropagating through lse raises).
+    deterministic=True: the backward runs only kernels whose dq, dk, dv are bitwise equal from run to run on the
+    same inputs (the tables' deterministic picks; explain(..., deterministic=True) names them), usually slower.
     Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
     TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or
     dtype the runtime has no kernel for on this GPU, flashtune.FlashtuneError for other runtime failures."""
     fn = "flashtune.torch.attention"
     return_lse = _lib.flag(fn, "return_lse", return_lse)
-    # A keyword that selects backward kernels (deterministic=) is checked here as return_lse is, and travels as
-    # one more argument of the ops to the runtime's backward args (python/csrc: BackwardOptions).
+    det = _lib.flag(fn, "deterministic", deterministic)  # to the runtime's backward args (python/csrc: BackwardOptions)
     if _EXT:  # the checks run in C++; in Python only where they cost nothing per call (tracing) or cast (autocast)
         s = 0.0 if scale is None else _scale(scale)
         if torch.compiler.is_compiling():
             q, k, v = _check(q, k, v, fn, autocast=True)
-            o, lse = _ext_fwd(q, k, v, bool(causal), s)
+            o, lse = _ext_fwd(q, k, v, bool(causal), s, det)
         else:
             if torch.is_autocast_enabled("cuda"):
                 q, k, v = _check(q, k, v, fn, autocast=True)
             try:
-                o, lse = _ext_fwd_eager(q, k, v, bool(causal), s)
+                o, lse = _ext_fwd_eager(q, k, v, bool(causal), s, det)
             except (RuntimeError, ValueError, TypeError) as e:
                 raise _ext_error(e, lambda: _check(q, k, v, fn)) from None
         return (o, lse) if return_lse else o
     q, k, v = _check(q, k, v, fn, autocast=True)
     if torch.compiler.is_compiling():
-        o, lse = attention_fwd(q, k, v, bool(causal), _scale(scale))
+        o, lse = attention_fwd(q, k, v, bool(causal), _scale(scale), det)
     else:
-        o, lse = _EagerAttention.apply(q, k, v, bool(causal), _scale(scale))
+        o, lse = _EagerAttention.apply(q, k, v, bool(causal), _scale(scale), det)
     return (o, lse) if return_lse else o
 
 
@@ -722,10 +726,11 @@ class FlashAttention(torch.nn.Module):
         return f"head_dim={self.head_dim}, causal={self.causal}" + (f", scale={self.scale}" if self.scale else "")
 
 
-def explain(q, k, v, causal=False):
-    """Which kernels attention(q, k, v, causal) runs and why: a dict with family, config, source
+def explain(q, k, v, causal=False, deterministic=False):
+    """Which kernels attention(q, k, v, causal, deterministic=...) runs and why: a dict with family, config, source
     ("db", "device", "arch", "default"), cache ("memory", "disk", "jit", "aot"), device and arch of
     the forward, and the same for the backward under "backward" ({"error": ...} where it has none)."""
+    det = _lib.flag("flashtune.torch.explain", "deterministic", deterministic)
     q, k, v = _check(q, k, v, "flashtune.torch.explain", autocast=True)
     B, H, Sq, d = q.shape
     q, k, v = (_runtime_layout(t) for t in (q, k, v))
@@ -735,21 +740,22 @@ def explain(q, k, v, causal=False):
         out = _lib.explain_forward(_fwd_args(q, k, v, o, lse, bool(causal), 0.0))
         dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
         try:
-            out["backward"] = _lib.explain_backward(_bwd_args(o, q, k, v, o, lse, dq, dk, dv, bool(causal), 0.0))
+            out["backward"] = _lib.explain_backward(_bwd_args(o, q, k, v, o, lse, dq, dk, dv, bool(causal), 0.0, det))
         except _lib.FlashtuneError as e:
             out["backward"] = {"error": str(e)}
     return out
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None, *,
-                     return_lse=False):
+                     return_lse=False, deterministic=False):
     """Attention over a packed batch of sequences of different lengths, as flash_attn_varlen_func: q
     [total_q, H, d], k and v [total_k, Hk, d] (Hk dividing H: grouped-query attention), sequence b owning
     query tokens cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys cu_seqlens_k[b]:cu_seqlens_k[b+1] (int32
     tensors of batch + 1 offsets on q's device, from 0, non-decreasing, ending at total_q and total_k);
     max_seqlen_q/k (ints) at least the longest lengths. causal is per sequence, bottom-right aligned.
     Returns o [total_q, H, d]; with return_lse=True, (o, lse): lse [H, total_q] fp32, natural log
-    (flash_attn_varlen_func's softmax_lse layout), without a gradient. Differentiable in q, k, v (through o).
+    (flash_attn_varlen_func's softmax_lse layout), without a gradient. Differentiable in q, k, v (through o);
+    deterministic=True as attention's.
     fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype).
 
     Raises TypeError/ValueError on bad arguments (shapes, dtypes, devices, offsets' dtype and count, totals
@@ -757,9 +763,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     wrong ones read or write outside the tensors."""
     fn = "flashtune.torch.attention_varlen"
     return_lse = _lib.flag(fn, "return_lse", return_lse)
+    det = _lib.flag(fn, "deterministic", deterministic)
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                       fn, autocast=True)
-    args = (q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale))
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale), det)
     if _EXT:
         if torch.compiler.is_compiling():
             o, lse = _ext_varlen_fwd(*args)
@@ -822,9 +829,10 @@ def explain_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False,
     return out
 
 
-def explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False):
+def explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, deterministic=False):
     """explain() for attention_varlen(): the forward's family, config, source, cache, device and arch (the
     families' packed forms), and the backward's under "backward"."""
+    det = _lib.flag("flashtune.torch.explain_varlen", "deterministic", deterministic)
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                       "flashtune.torch.explain_varlen", autocast=True)
     Tq, H, d = q.shape
@@ -836,7 +844,7 @@ def explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
         try:
             out["backward"] = _lib.explain_varlen_backward(
-                _varlen_bwd_args(o, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, bool(causal), 0.0))
+                _varlen_bwd_args(o, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, bool(causal), 0.0, det))
         except _lib.FlashtuneError as e:
             out["backward"] = {"error": str(e)}
     return out
