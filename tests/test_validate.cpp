@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -113,6 +114,32 @@ TEST(Compile, ArchLimits) {
 }
 
 #include "tuner/dtype_convert.hpp"
+
+// The by-hand binary16 (compilers without _Float16) against _Float16: every half, and every float whose low
+// 12 bits are one of a few patterns (with bit 12: ties, just above and below them), each rounding case of
+// every exponent; 65520 rounds to inf, 2^-25 to zero, and the halves' subnormals are exact.
+TEST(DtypeConvert, SoftwareHalfMatchesFloat16) {
+  EXPECT_EQ(float_to_fp16_soft(65520.0f), 0x7c00);
+  EXPECT_EQ(float_to_fp16_soft(65519.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16_soft(0x1p-25f), 0);
+  EXPECT_EQ(float_to_fp16_soft(0x1p-24f), 1);
+  EXPECT_EQ(float_to_fp16_soft(-0x1.8p-24f), 0x8002);  // 1.5 units: tie to even
+  EXPECT_EQ(fp16_to_float_soft(0x03ff), 1023 * 0x1p-24f);
+  EXPECT_TRUE(std::isnan(fp16_to_float_soft(float_to_fp16_soft(std::nanf("")))));
+#if defined(__FLT16_MAX__)
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float a = fp16_to_float((uint16_t)h), b = fp16_to_float_soft((uint16_t)h);
+    if (!std::isnan(a)) ASSERT_EQ(std::memcmp(&a, &b, 4), 0) << std::hex << h;
+  }
+  for (uint32_t high = 0; high < (1u << 20); ++high)
+    for (uint32_t low : {0x000u, 0x001u, 0x7ffu, 0x800u, 0x801u, 0xfffu}) {
+      const uint32_t u = (high << 12) | low;
+      float f;
+      std::memcpy(&f, &u, 4);
+      if (!std::isnan(f)) ASSERT_EQ(float_to_fp16(f), float_to_fp16_soft(f)) << std::hex << u;
+    }
+#endif
+}
 
 TEST(DtypeConvert, RoundToNearestEvenAndBack) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);

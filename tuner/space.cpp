@@ -127,8 +127,9 @@ Space space_from_json(const json& j, bool allow_large) {
 
   const json params = j.value("params", json::object());
   if (!params.is_object()) throw UsageError("space 'params' must be an object");
-  for (auto& [key, _] : params.items())
-    if (std::none_of(f.params.begin(), f.params.end(), [&](const ParamSpec& p) { return p.name == key; }))
+  for (auto& item : params.items())
+    if (const std::string& key = item.key();
+        std::none_of(f.params.begin(), f.params.end(), [&](const ParamSpec& p) { return p.name == key; }))
       throw UsageError("family " + f.name + " has no parameter '" + key + "'");
   for (size_t i = 0; i < f.params.size(); ++i) {
     const ParamSpec& p = f.params[i];

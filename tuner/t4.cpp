@@ -142,7 +142,7 @@ struct Reader {
   void only_keys(const json& j, const std::string& what, std::initializer_list<const char*> keys) const {
     if (!j.is_object()) fail(what + " must be an object");
     for (const auto& [k, _] : j.items())
-      if (std::none_of(keys.begin(), keys.end(), [&](const char* x) { return k == x; }))
+      if (std::none_of(keys.begin(), keys.end(), [&key = k](const char* x) { return key == x; }))
         fail(what + " has an unknown field '" + brief(k) + "'");
   }
   const json& need(const json& j, const char* key) const {
@@ -197,7 +197,7 @@ ResultRecord read_result(const json& t, const Reader& in) {
   if (!cfg.is_object()) in.fail("'configuration' must be an object");
   std::string kv;
   for (const auto& [k, v] : cfg.items()) {
-    if (std::none_of(f.params.begin(), f.params.end(), [&](const ParamSpec& p) { return p.name == k; }))
+    if (std::none_of(f.params.begin(), f.params.end(), [&key = k](const ParamSpec& p) { return p.name == key; }))
       in.fail("family " + f.name + " has no tunable '" + brief(k) + "'");
     kv += (kv.empty() ? "" : ",") + k + "=" + std::to_string(in.integer(v, "configuration." + k, -(1ll << 31), (1ll << 31) - 1));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "lookup.hpp"
@@ -54,15 +55,19 @@ Check check_sizes(std::initializer_list<Size> sizes) {
   return {};
 }
 
-Check check_common(int heads, int heads_k, int head_dim, ft_dtype dtype, float scale, const char* direction, bool varlen,
-                   bool paged = false) {
+Check check_common(int heads, int heads_k, int head_dim, const ft_dtype& dtype_field, float scale, const char* direction,
+                   bool varlen, bool paged = false) {
+  // The field's bits: a C caller may store any int there, and loading it as the enum would be undefined (UBSan).
+  static_assert(sizeof(ft_dtype) == sizeof(int));
+  int dtype;
+  std::memcpy(&dtype, &dtype_field, sizeof dtype);
   if (dtype != FT_FP32 && dtype != FT_FP16 && dtype != FT_BF16)
-    return bad(FT_INVALID_ARGUMENT, "dtype " + std::to_string((int)dtype) + " is not FT_FP32, FT_FP16 or FT_BF16");
+    return bad(FT_INVALID_ARGUMENT, "dtype " + std::to_string(dtype) + " is not FT_FP32, FT_FP16 or FT_BF16");
   if (!std::isfinite(scale)) return bad(FT_INVALID_ARGUMENT, "scale is not finite");
   if (heads_k < 0 || (heads_k > 0 && heads % heads_k))
     return bad(FT_INVALID_ARGUMENT, "heads_k " + std::to_string(heads_k) + " must be 0 or divide heads " + std::to_string(heads));
   const bool gqa = heads_k > 0 && heads_k != heads;
-  if (std::string why = unsupported_reason(direction, to_dtype(dtype), head_dim, gqa, varlen, paged); !why.empty())
+  if (std::string why = unsupported_reason(direction, to_dtype((ft_dtype)dtype), head_dim, gqa, varlen, paged); !why.empty())
     return bad(FT_UNSUPPORTED, why);
   return {};
 }
