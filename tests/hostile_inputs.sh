@@ -31,11 +31,22 @@ check_protected() {
   fi
 }
 
+# limited CMD...: CMD in about 2 GB of memory: ulimit -v, or under ASan (FT_SANITIZE, whose shadow memory takes
+# terabytes of address space) its hard_rss_limit_mb.
+limited() {
+  if [[ "${FT_SANITIZE:-}" == *address* ]]; then
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}hard_rss_limit_mb=2000" "$@"
+  else
+    (ulimit -v 2000000; "$@")
+  fi
+}
+ft_run=()  # a prefix for flashtune in expect_usage_error (bounded: limited timeout)
+
 # expect_usage_error "<needle>" args...: exit 2, exactly one stderr line holding the needle.
 expect_usage_error() {
   local needle=$1; shift
   cases=$((cases + 1))
-  "$F" "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
+  "${ft_run[@]}" "$F" "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
   local rc=$? lines
   lines=$(wc -l <"$tmp/err")
   if [[ $rc -ne 2 || $lines -ne 1 ]] || ! grep -q -F -- "$needle" "$tmp/err"; then
@@ -129,7 +140,7 @@ expect_usage_error "'reps' must be a number" experiment "$tmp/exp_reps.json" --d
 expect_usage_error "'tune' must be a list" experiment "$tmp/exp_tune.json" --dry-run
 # A million duplicate values are one value: one variant, compiled once, in bounded memory.
 cases=$((cases + 1))
-if (ulimit -v 2000000; "$F" compile-check "$tmp/dupes.json" --arch sm_80 >"$tmp/out" 2>"$tmp/err"); then
+if limited "$F" compile-check "$tmp/dupes.json" --arch sm_80 >"$tmp/out" 2>"$tmp/err"; then
   grep -q "naive sm_80: 1 variants: 1 compiled" "$tmp/out" || { echo "FAIL: dupes: $(tail -1 "$tmp/out")"; fail=1; }
 else
   echo "FAIL: a space of duplicates: $(head -c 300 "$tmp/err")"; fail=1
@@ -610,10 +621,60 @@ d = [k for k in range(1, 40000) if n % k == 0] + [n // k for k in range(1, 40000
 print(json.dumps({'grid': {'tokens': n, 'hidden': n, 'seq': d, 'head_dim': d, 'causal': [False, True],
                            'dtype': ['fp32', 'fp16', 'bf16']}}))" >"$tmp/grid_big.json"
 cases=$((cases + 1))
-(ulimit -v 2000000; timeout 20 "$F" problems "$tmp/grid_big.json" >/dev/null 2>"$tmp/err"); rc=$?
+limited timeout 20 "$F" problems "$tmp/grid_big.json" >/dev/null 2>"$tmp/err"; rc=$?
 [[ $rc -eq 2 ]] && grep -q "more than 100000" "$tmp/err" || { echo "FAIL: a huge grid: rc=$rc $(head -c 200 "$tmp/err")"; fail=1; }
 python3 -c "import json; print(json.dumps({'problems': [{'batch': 1, 'heads': 1, 'seq': 8, 'head_dim': 64}] * 100001}))" >"$tmp/many.json"
 expect_usage_error "lists more than 100000 problems" problems "$tmp/many.json"
+# A million distinct values take linear time to deduplicate (then the domain refuses them), in a space or a grid.
+python3 - "$tmp" <<'PY'
+import json, sys
+t = sys.argv[1]
+json.dump({"family": "naive", "params": {"THREADS": list(range(1, 1000001))}}, open(t + "/distinct.json", "w"))
+json.dump({"family": "naive", "head_dims": list(range(1000000, 0, -1))}, open(t + "/distinct_d.json", "w"))
+json.dump({"grid": {"tokens": 1 << 20, "hidden": 64, "seq": list(range(1, 1000001)), "head_dim": [64], "causal": [False],
+                    "dtype": ["fp32"]}}, open(t + "/grid_distinct.json", "w"))
+PY
+bounded() { ft_run=(limited timeout "$1"); shift; expect_usage_error "$@"; ft_run=(); }
+bounded 20 "parameter THREADS" compile-check "$tmp/distinct.json" --arch sm_80
+bounded 20 "head_dim" compile-check "$tmp/distinct_d.json" --arch sm_80
+bounded 20 "grid" problems "$tmp/grid_distinct.json"
+# Packed rows whose few bytes of text describe 65,535 sequences each: 20,000 of them would take 10 GB to read.
+# Every verb that reads results refuses past kMaxResultLengths, in bounded memory and time; 200 such rows
+# (26 million lengths) are still read. The runtime's FLASHTUNE_DB: FakeDriver.SecondUserPlantsCacheEntriesAndWal.
+"$F" export --db "$tmp/fixture.db" --format t4 -o "$tmp/fixture.t4.json" || { echo "FAIL: export for the packed cases"; fail=1; }
+python3 - "$tmp" <<'PY'
+import copy, json, shutil, sqlite3, sys
+t = sys.argv[1]
+vl = {"lengths": "fixed", "length": 1, "total_tokens": 65535}
+for name, n in (("packed", 20000), ("packed_ok", 200)):
+    shutil.copy(t + "/fixture.db", t + f"/{name}.db")
+    c = sqlite3.connect(t + f"/{name}.db")
+    cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] != "id"]
+    row = dict(zip(cols, c.execute(f"select {','.join(cols)} from results where status='ok' limit 1").fetchone()))
+    rows = [dict(row, kernel_hash=f"packed{i}", varlen=json.dumps(vl, separators=(",", ":")), batch=65535, seq_q=1, seq_k=1)
+            for i in range(n)]
+    c.executemany(f"insert into results({','.join(cols)}) values({','.join('?' * len(cols))})",
+                  [tuple(r[k] for k in cols) for r in rows])
+    c.commit()
+d = json.load(open(t + "/fixture.t4.json"))
+ok = next(r for r in d["results"] if r["flashtune"]["status"] == "ok")
+ok["configuration"], ok["flashtune"]["family"] = {"BLOCK_M": 64, "BLOCK_N": 64, "WARPS": 4, "STAGES": 2}, "fa2_mma"
+ok["flashtune"]["problem"] = {"heads": 1, "head_dim": 64, "dtype": "bf16", "causal": False, "direction": "fwd", "varlen": vl}
+d["results"] = [dict(copy.deepcopy(ok), flashtune=dict(ok["flashtune"], kernel_hash=f"k{i}")) for i in range(20000)]
+json.dump(d, open(t + "/packed.t4.json", "w"))
+PY
+bounded 60 "sequence lengths in all" best --db "$tmp/packed.db"
+bounded 60 "sequence lengths in all" best --db "$tmp/packed.db" --csv --family fa2_simt
+bounded 60 "sequence lengths in all" export --db "$tmp/packed.db" -o "$tmp/packed.json"
+bounded 60 "sequence lengths in all" emit --db "$tmp/packed.db" --out "$tmp/packed_headers"
+bounded 60 "sequence lengths in all" merge "$tmp/packed.db" -o "$tmp/packed_merged.db"
+bounded 60 "sequence lengths in all" import --db "$tmp/packed_import.db" "$tmp/packed.t4.json"
+ok "no store or output from the refused packed reads" \
+  bash -c "! ls '$tmp'/packed.json '$tmp'/packed_headers '$tmp'/packed_merged.db '$tmp'/packed_import.db 2>/dev/null | grep -q ."
+cases=$((cases + 1))
+if ! limited timeout 120 "$F" best --db "$tmp/packed_ok.db" --csv >"$tmp/out" 2>"$tmp/err" || [[ $(grep -c 'total_tokens' "$tmp/out") -lt 1 ]]; then
+  echo "FAIL: best on 200 packed rows: $(head -c 300 "$tmp/err")"; fail=1
+fi
 
 # Output injection: CSV quoting, no escape sequences on a terminal, no HTML or headings in REPORT.md.
 cp "$tmp/fixture.db" "$tmp/inject.db"

@@ -21,6 +21,44 @@ std::string temp_db(const char* name) {
 }
 }  // namespace
 
+// Packed rows of a few stored bytes that derive 65,535 sequences each: a read holds at most kMaxResultLengths
+// lengths in all, refused in one line past it (20,000 such rows would take 10 GB); a filter that leaves them
+// out reads the rest.
+TEST(Store, ResultsBoundThePackedLengthsTheyHold) {
+  const std::string path = temp_db("packed_lengths");
+  const Problem p = problem_from_json(
+      {{"heads", 1}, {"head_dim", 64}, {"dtype", "bf16"}, {"varlen", {{"lengths", "fixed"}, {"length", 1}, {"total_tokens", 65535}}}});
+  ASSERT_EQ(p.varlen.seq_lens_q.size() + p.varlen.seq_lens_k.size(), 131070u);
+  const long long over = kMaxResultLengths / 131070 + 1;
+  {
+    Store s(path);
+    s.transaction([&] {
+      for (long long i = 0; i < over; ++i) {
+        ResultRecord r = fixture::fixture_result("BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2", p, "ok", 1.0);
+        r.family = "fa2_mma", r.kernel_hash += std::to_string(i);
+        s.put_result(r, fixture::fixture_device());
+      }
+      s.put_result(fixture::fixture_result("BLOCK_M=64,BLOCK_N=32,TM=4,TN=4,KV_STAGES=2", Problem{1, 2, 64, 64, 64}, "ok", 1.0),
+                   fixture::fixture_device());
+    });
+  }
+  Store ro(path, Store::Mode::read_only);
+  try {
+    ro.results({});
+    FAIL() << "read " << over << " rows of 131070 lengths";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence lengths in all"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+  ResultFilter dense;
+  dense.family = "fa2_simt";
+  EXPECT_EQ(ro.results(dense).size(), 1u);
+  dense.family = "fa2_mma";
+  dense.ok_only = true;
+  EXPECT_THROW(ro.results(dense), UsageError);
+  fs::remove(path);
+}
+
 TEST(Store, KernelRoundTripWithCubin) {
   std::string path = temp_db("kernel");
   {

@@ -7,6 +7,7 @@
 #include <iterator>
 #include <fstream>
 #include <set>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -102,14 +103,16 @@ int json_int(const json& v, const std::string& what, long long lo, long long hi)
   return (int)x;
 }
 
-// A list of integers, duplicates dropped (first occurrence kept): a value is compiled once.
+// A list of integers, duplicates dropped (first occurrence kept): a value is compiled once. Linear time: a
+// million distinct values take a fraction of a second (hostile_inputs).
 static std::vector<int> int_list(const json& j, const std::string& what) {
   if (!j.is_array() || j.empty()) throw UsageError(what + " must be a non-empty array of integers");
   std::vector<int> out;
+  std::unordered_set<int> seen;
   for (const auto& v : j) {
     if (!v.is_number_integer()) throw UsageError(what + " must hold integers only, got " + brief_json(v));
     const int x = json_int(v, what, INT_MIN, INT_MAX);
-    if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+    if (seen.insert(x).second) out.push_back(x);
   }
   return out;
 }

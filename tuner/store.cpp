@@ -546,6 +546,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   Stmt s(db_, sql);
   for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
   std::vector<ResultRecord> out;
+  long long lengths = 0;  // of packed and paged rows, against kMaxResultLengths
   while (s.step()) {
     ResultRecord r;
     r.id = s.i64(0); r.kernel_hash = s.text(1); r.family = s.text(2); r.direction = s.text(3); r.config = s.text(4);
@@ -583,6 +584,12 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
     } catch (const UsageError& e) {
       throw UsageError("'" + path_ + "': results row " + std::to_string(r.id) + ": " + e.what());
     }
+    lengths += (long long)(r.problem.varlen.seq_lens_q.size() + r.problem.varlen.seq_lens_k.size() +
+                           r.problem.paged.seq_lens_k.size());
+    if (lengths > kMaxResultLengths)
+      throw UsageError("'" + path_ + "': the packed and paged rows read hold more than " +
+                       std::to_string(kMaxResultLengths) + " sequence lengths in all (at results row " +
+                       std::to_string(r.id) + "): select fewer rows (family, device, dtype, head dim)");
     r.status = s.text(12); r.error = s.text(13);
     r.max_abs = s.f64(14); r.max_rel = s.f64(15); r.mse = s.f64(16);
     r.ms_median = s.f64(17); r.ms_p20 = s.f64(18); r.ms_p80 = s.f64(19); r.reps = (int)s.i64(20);

@@ -128,6 +128,11 @@ struct DeviceSignature {
 // or its key already stored with other values (the stored row is kept).
 enum class Copied { added, present, differs };
 
+// Store::results holds every packed (varlen) and paged row's sequence lengths in memory: at most this many
+// in all (q and k, 4 bytes each: 128 MiB), else the read is refused in one line before going further. 20,000
+// rows of the largest batch (65,535 sequences, a few bytes of stored text each) would take 10 GB.
+inline constexpr long long kMaxResultLengths = 1ll << 25;
+
 struct ResultFilter {
   std::string family, device, dtype, direction;
   int head_dim = 0;         // 0: any

@@ -334,7 +334,15 @@ std::vector<ResultRecord> read_t4(const json& doc) {
   const json& results = top.need(doc, "results");
   if (!results.is_array()) top.fail("'results' must be an array");
   std::vector<ResultRecord> out;
-  for (size_t i = 0; i < results.size(); ++i) out.push_back(read_result(results[i], Reader{"results[" + std::to_string(i) + "]"}));
+  long long lengths = 0;  // the packed and paged problems' sequence lengths, bounded as a store's read is
+  for (size_t i = 0; i < results.size(); ++i) {
+    out.push_back(read_result(results[i], Reader{"results[" + std::to_string(i) + "]"}));
+    const Problem& p = out.back().problem;
+    lengths += (long long)(p.varlen.seq_lens_q.size() + p.varlen.seq_lens_k.size() + p.paged.seq_lens_k.size());
+    if (lengths > kMaxResultLengths)
+      top.fail("its packed and paged problems hold more than " + std::to_string(kMaxResultLengths) +
+               " sequence lengths in all (at results[" + std::to_string(i) + "]): import it in parts");
+  }
   return out;
 }
 
