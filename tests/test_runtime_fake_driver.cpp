@@ -9,18 +9,28 @@
 // and a fake sm_90; packed variable-length batches (the packed kernel forms, their parameters and
 // scratch, strided packed tensors packed and unpacked, fa3_wgmma's token-major tensor maps); paged K/V caches
 // (decode_splitkv's paged form, its parameters, the pools in place, the nearest config for small pages);
-// decoding on a fake H100 through the committed table's decode_splitkv entry.
+// decoding on a fake H100 through the committed table's decode_splitkv entry; a second user's planted cache
+// entries and -wal, and a store of packed rows too large to read, through FLASHTUNE_CACHE_DIR and FLASHTUNE_DB.
 #include <cuda.h>
 #include <dlfcn.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "disk_cache.hpp"
 #include "fixture.hpp"
@@ -1019,4 +1029,143 @@ TEST(FakeDriver, DISABLED_Fa3MulticastChild) {
   EXPECT_EQ(st.launches.at(0).cluster, 1u);
   unsetenv("FLASHTUNE_DB");
   fs::remove_all(cache);
+}
+
+// A second user (uid and gid 65534, switched to in a forked child: the test needs root, else it is reported
+// skipped) plants kernel cache entries, and a -wal beside a store, where the runtime would read them. The
+// entries are the real ones of this very call (compiled by a first child in a private folder), so a runtime
+// that trusted them would answer "kernel: disk": a control child in a folder of the caller's own does.
+// Planted in a shared mode-1777 FLASHTUNE_CACHE_DIR, or in a folder of the second user's: not loaded (the
+// child compiles, "kernel: jit", into its XDG_CACHE_HOME fallback), and left as they were. A -wal the second
+// user puts beside the caller's FLASHTUNE_DB store: refused in one line, never read. And a store of small
+// packed rows whose lengths would take gigabytes: refused in one line, in bounded memory.
+namespace {
+constexpr uid_t kSecondUser = 65534;
+
+// fn in a forked child running as the second user; its exit status (77: the switch was refused).
+template <class Fn>
+int as_second_user(Fn&& fn) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, nullptr) != 0 || setgid(kSecondUser) != 0 || setuid(kSecondUser) != 0 || getuid() != kSecondUser)
+      _exit(77);
+    _exit(fn() ? 0 : 1);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+bool write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  return static_cast<bool>(out.write(bytes.data(), (std::streamsize)bytes.size()));
+}
+
+std::map<std::string, std::string> folder_state(const std::string& dir) {  // name -> owner and bytes
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    struct stat st {};
+    lstat(e.path().c_str(), &st);
+    std::ifstream in(e.path(), std::ios::binary);
+    out[e.path().filename()] = std::to_string(st.st_uid) + ":" +
+                               std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  return out;
+}
+}  // namespace
+
+TEST(FakeDriver, SecondUserPlantsCacheEntriesAndWal) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  if (embeds_sm80()) GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  if (geteuid() != 0) GTEST_SKIP() << "SKIP: needs root to switch to a second user (uid " << kSecondUser << ")";
+  if (as_second_user([] { return true; }) == 77) GTEST_SKIP() << "SKIP: setuid(" << kSecondUser << ") refused here";
+  const std::string base = make_private_tmpdir("ft-second-user");
+  chmod(base.c_str(), 0755);  // the second user reaches the folders below
+  const std::string warm = base + "/warm", shared = base + "/shared", foreign = base + "/foreign",
+                    own = base + "/own", home = base + "/home";
+  for (const auto& d : {warm, shared, foreign, own, home}) fs::create_directory(d);
+  for (const auto& d : {warm, own, home}) chmod(d.c_str(), 0700);
+  chmod(shared.c_str(), 01777);
+  ASSERT_EQ(chown(foreign.c_str(), kSecondUser, kSecondUser), 0);
+  setenv("XDG_CACHE_HOME", home.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+
+  // This call's entries, compiled by a first child into a private folder.
+  setenv("FLASHTUNE_CACHE_DIR", warm.c_str(), 1);
+  ASSERT_EQ(spawn_child("jit"), 0);
+  std::map<std::string, std::string> compiled;
+  for (const auto& e : fs::directory_iterator(warm)) {
+    std::ifstream in(e.path(), std::ios::binary);
+    compiled[e.path().filename()] = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  ASSERT_FALSE(compiled.empty());
+  auto plant = [&](const std::string& dir) {
+    for (const auto& [name, bytes] : compiled)
+      if (!write_bytes(dir + "/" + name, bytes)) return false;
+    return true;
+  };
+
+  // Control: the same entries in the caller's own folder are loaded.
+  ASSERT_TRUE(plant(own));
+  setenv("FLASHTUNE_CACHE_DIR", own.c_str(), 1);
+  EXPECT_EQ(spawn_child("disk"), 0) << "the entries of a folder of the caller's own are not loaded";
+
+  for (const std::string& dir : {shared, foreign}) {
+    SCOPED_TRACE(dir);
+    ASSERT_EQ(as_second_user([&] { return plant(dir); }), 0) << "the second user could not plant in " << dir;
+    const auto planted = folder_state(dir);
+    fs::remove_all(home + "/flashtune");
+    setenv("FLASHTUNE_CACHE_DIR", dir.c_str(), 1);
+    EXPECT_EQ(spawn_child("jit"), 0) << "a planted entry was loaded";
+    EXPECT_EQ(folder_state(dir), planted) << "the planted folder changed";
+    EXPECT_EQ(entries(home + "/flashtune"), entries(warm)) << "the fallback cache did not get the kernels";
+  }
+
+  // FLASHTUNE_DB: a -wal the second user puts beside the caller's store in a shared folder.
+  FakeState& st = fake();
+  st.hook = play;
+  setenv("FLASHTUNE_CACHE_DIR", own.c_str(), 1);
+  ASSERT_EQ(ft_device_available(), FT_OK) << ft_last_error();
+  Buffers buf;
+  ft_forward_args a = buf.fwd();
+  ft_explanation e;
+  const std::string db = shared + "/results.db";
+  {
+    Store s(db);
+    s.put_result(fixture::fixture_result("BLOCK_M=64,BLOCK_N=32,TM=4,TN=4,KV_STAGES=2", Problem{B, H, Sq, Sk, D}, "ok", 1.0),
+                 fixture::fixture_device("Fake GPU", "sm_80"));
+  }
+  ASSERT_EQ(as_second_user([&] { return write_bytes(db + "-wal", std::string(4096, 'w')); }), 0);
+  setenv("FLASHTUNE_DB", db.c_str(), 1);
+  EXPECT_EQ(ft_explain_forward(&a, &e), FT_INVALID_ARGUMENT);
+  const std::string why = ft_last_error();
+  EXPECT_EQ(why.rfind("FLASHTUNE_DB: ", 0), 0u) << why;
+  EXPECT_NE(why.find("-wal file beside it that is not its own"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  EXPECT_EQ(fs::file_size(db + "-wal"), 4096u);
+
+  // FLASHTUNE_DB: 3,000 rows of the largest packed batch (131,070 lengths each, 1.5 GB if all were read).
+  const std::string packed = own + "/packed.db";
+  {
+    Store s(packed);
+    const Problem p = problem_from_json(nlohmann::json{
+        {"heads", H}, {"head_dim", D}, {"dtype", "fp32"}, {"varlen", {{"lengths", "fixed"}, {"length", 1}, {"total_tokens", 65535}}}});
+    s.transaction([&] {
+      for (int i = 0; i < 3000; ++i) {
+        ResultRecord r = fixture::fixture_result("BLOCK_M=64,BLOCK_N=32,TM=4,TN=4,KV_STAGES=2", p, "ok", 1.0);
+        r.kernel_hash += std::to_string(i);
+        s.put_result(r, fixture::fixture_device("Fake GPU", "sm_80"));
+      }
+    });
+  }
+  setenv("FLASHTUNE_DB", packed.c_str(), 1);
+  struct rusage before {}, after {};
+  getrusage(RUSAGE_SELF, &before);
+  EXPECT_EQ(ft_explain_forward(&a, &e), FT_INVALID_ARGUMENT);
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_NE(std::string(ft_last_error()).find("sequence lengths in all"), std::string::npos) << ft_last_error();
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 1l << 20) << "KiB more at the peak";  // 1 GiB
+  unsetenv("FLASHTUNE_DB");
+  unsetenv("XDG_CACHE_HOME");
+  fs::remove_all(base);
 }
