@@ -110,6 +110,68 @@ TEST(RuntimeLookup, GeneratedTablesAreCompiledIn) {
   EXPECT_EQ(choose_config(ts, find_family(e.family), q).source, "default");
 }
 
+// Every committed table entry is a config its family runs: the family exists, the config (the family's
+// parameter count of the positional values) passes its check at the entry's head dim, the values past it are
+// zero, a paged entry's family reads pages, a deterministic entry's config is reproducible. A tunable added to a
+// family without re-emitting the tables reads as 0 here (DQ_STAGES = 0 fails fa3_wgmma_bwd's check).
+TEST(CommittedTables, EveryEntryIsAConfigItsFamilyRuns) {
+  const TableSet ts = generated_tables();
+  for (int i = 0; i < ts.count; ++i)
+    for (int k = 0; k < ts.tables[i].count; ++k) {
+      const tuned::Entry& e = ts.tables[i].entries[k];
+      const std::string where = std::string(ts.tables[i].device) + " entry " + std::to_string(k) + " (" + e.family + ")";
+      const Family* f = family_named(e.family);
+      ASSERT_NE(f, nullptr) << where;
+      const Config c(e.params, e.params + f->params.size());
+      EXPECT_EQ(f->check(c, e.head_dim), nullptr) << where << ": " << f->config_string(c);
+      for (size_t j = f->params.size(); j < (size_t)tuned::kMaxParams; ++j) EXPECT_EQ(e.params[j], 0) << where;
+      if (e.paged) EXPECT_TRUE(f->paged) << where;
+      if (e.deterministic) EXPECT_TRUE(f->reproducible(c)) << where << ": " << f->config_string(c);
+    }
+}
+
+// No committed device table goes stale silently: for each (direction, dtype, head dim) a device table covers, it
+// holds entries of every family another table of its arch holds there (a family measured on one GPU of the arch
+// and never on this one: the table predates it, as the runtime's lookup sees it) - else it must be re-tuned and
+// emitted. configs/generated/STALE.txt names the tables known to be stale; this test fails for a stale table it
+// does not name, and for a named one that is current (then its line goes).
+TEST(CommittedTables, NoneIsStaleUnlessListed) {
+  std::map<std::string, std::string> listed;  // header stem -> the line
+  {
+    std::ifstream in(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/generated/STALE.txt");
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty() && line[0] != '#') listed[line.substr(0, line.find(':'))] = line;
+  }
+  using Key = std::tuple<std::string, std::string, int>;  // direction, dtype, head dim
+  const TableSet ts = generated_tables();
+  auto families_of = [&](const tuned::Table& t) {
+    std::map<Key, std::set<std::string>> out;
+    for (int k = 0; k < t.count; ++k)
+      out[{t.entries[k].direction, t.entries[k].dtype, t.entries[k].head_dim}].insert(t.entries[k].family);
+    return out;
+  };
+  for (int i = 0; i < ts.count; ++i) {
+    const tuned::Table& t = ts.tables[i];
+    const auto mine = families_of(t);
+    std::set<std::string> missing;
+    for (int j = 0; j < ts.count; ++j)
+      if (j != i && std::string(ts.tables[j].arch) == t.arch)
+        for (const auto& [key, fams] : families_of(ts.tables[j]))
+          if (auto it = mine.find(key); it != mine.end())
+            for (const auto& f : fams)
+              if (!it->second.count(f)) missing.insert(f);
+    const std::string stem = "sm" + std::string(t.arch).substr(3) + "_" + slugify(t.device);
+    std::string lacks;
+    for (const auto& m : missing) lacks += (lacks.empty() ? "" : ", ") + m;
+    if (missing.empty())
+      EXPECT_FALSE(listed.count(stem)) << stem << " is current: remove its line from configs/generated/STALE.txt";
+    else
+      EXPECT_TRUE(listed.count(stem)) << stem << ".hpp is stale: no entries of " << lacks << ", which another "
+                                      << t.arch << " table holds where this one covers the direction, dtype and head "
+                                      << "dim; re-tune this GPU and emit, or name it in configs/generated/STALE.txt";
+  }
+}
+
 TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
   // No table: the fixed preference.
   const TableSet none{nullptr, 0};
