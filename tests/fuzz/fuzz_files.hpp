@@ -4,18 +4,28 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
 namespace flashtune::fuzz {
 
-inline const std::string& scratch_dir() {
+inline const std::string& scratch_dir() {  // removed at exit
   static const std::string dir = [] {
     const char* base = getenv("TMPDIR");
     std::string t = std::string(base && *base ? base : "/tmp") + "/flashtune-fuzz.XXXXXX";
     if (!mkdtemp(t.data())) abort();
     return t;
   }();
+  static const bool removed_at_exit = [] {
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(scratch_dir(), ec);
+    });
+    return true;
+  }();
+  (void)removed_at_exit;
   return dir;
 }
 
