@@ -583,7 +583,7 @@ fa3-bwd)
           python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); s["params"].update(json.loads(sys.argv[2]))
 s["description"] = sys.argv[1] + " with " + sys.argv[2]; json.dump(s, open(sys.argv[3], "w"))' "$1" "$2" "$dspace"
         }
-        for space in '{"DETERMINISTIC": [1], "SCHED": [0, 1]}' '{"DQ_STAGES": [2], "SCHED": [0, 1]}'; do
+        for space in '{"DETERMINISTIC": [1, 2], "SCHED": [0, 1]}' '{"DQ_STAGES": [2], "SCHED": [0, 1]}'; do
           narrow configs/spaces/fa3_wgmma_bwd.json "$space"
           for probs in ragged_mma_bwd ragged_gqa_bwd; do
             log "validate fa3_wgmma_bwd $space on $probs"
@@ -595,7 +595,7 @@ s["description"] = sys.argv[1] + " with " + sys.argv[2]; json.dump(s, open(sys.a
         $ft drop-cubins --db "$val"
         tdb=${FA3_BWD_TUNE_DB:-$db}
         near='"CONSUMERS": [2], "STAGES": [2], "SCHED": [0]'
-        for space in "{$near, \"DETERMINISTIC\": [1]}" "{$near, \"DETERMINISTIC\": [0], \"DQ_STAGES\": [2]}"; do
+        for space in "{$near, \"DETERMINISTIC\": [1, 2]}" "{$near, \"DETERMINISTIC\": [0], \"DQ_STAGES\": [2]}"; do
           narrow configs/spaces/fa3_wgmma_bwd_grid.json "$space"
           for probs in anchors_bwd_bf16_d64 anchors_bwd_bf16_d128_256; do  # (GQA rows are no bucket of the tables)
             log "tune fa3_wgmma_bwd $space on $probs (halving)"

@@ -19,9 +19,10 @@
 //                       cp.reduce.async.bulk, frees the tile once read (dq_empty(b)); with two tiles the
 //                       consumers stage step t + 1 while step t's add is under way.
 //                       DETERMINISTIC: waits for the query block's turn counter to read its key block's
-//                       index, adds, waits for the add to complete and passes the turn on; key block j
+//                       turn, adds, waits for the add to complete and passes the turn on; key block j
 //                       adds to every query block it sees iff blocks 0 .. j - 1 do (the first visible query
-//                       block grows with j), so the additions run in key-block order, from 0
+//                       block grows with j), so the additions run in key-block order: 1 from block 0 up,
+//                       2 from the query block's last block J down (fa3_bwd_turn)
 //   consumers           warpgroup c owns keys [64c, 64c + 64) of the block; per step (a query block of one
 //                       query head of the group):
 //     S^T  = K_c Q^T        SS, K-major both, m64 x BM, k = D
@@ -118,17 +119,22 @@ struct Workspace {
 
 // The CTA's key block and heads. SCHED 0: x = key block, y = kv head, z = batch; SCHED 1 (LPT): x = the
 // (kv head, batch) pair, y = key block, so the grid's first wave holds every pair's first (causal: heaviest)
-// key blocks.
+// key blocks. DETERMINISTIC 2 counts the key blocks from the last down (its turns run that way).
 struct Work {
   int n0, kv_head, batch;
+  template <class T>
+  __device__ static int key_block(unsigned index, unsigned count) {
+    return static_cast<int>(T::kDescending ? count - 1 - index : index);
+  }
   template <class T>
   __device__ static Work of(const AttnBwdParams& p) {
     const int hk = p.heads_k > 0 ? p.heads_k : p.heads;
     if constexpr (T::kLpt)
-      return Work{static_cast<int>(blockIdx.y) * T::kBlockN, static_cast<int>(blockIdx.x) % hk,
+      return Work{key_block<T>(blockIdx.y, gridDim.y) * T::kBlockN, static_cast<int>(blockIdx.x) % hk,
                   static_cast<int>(blockIdx.x) / hk};
     else
-      return Work{static_cast<int>(blockIdx.x) * T::kBlockN, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+      return Work{key_block<T>(blockIdx.x, gridDim.x) * T::kBlockN, static_cast<int>(blockIdx.y),
+                  static_cast<int>(blockIdx.z)};
   }
 };
 
@@ -214,7 +220,8 @@ __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams&
       st.at(t, hq, mb);
       const long long row = (static_cast<long long>(w.batch) * p.heads + hq) * ws.rows + mb * BM;
       int* turn = ws.turn<T>(w.batch, p.heads, hq, mb);
-      if constexpr (T::kDeterministic) turn_wait(turn, key_block);
+      if constexpr (T::kDeterministic)
+        turn_wait(turn, fa3_bwd_turn(T::kDeterministicOrder, key_block, mb, BM, T::kBlockN, p.seq_q, p.seq_k));
       bulk_reduce_add_f32(ws.dq_accum + row * D, sm.dq(b), T::kDqBytes);
       bulk_commit();
       if constexpr (T::kDeterministic) {

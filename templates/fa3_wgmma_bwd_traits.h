@@ -19,6 +19,9 @@
 //   DETERMINISTIC 1: the key blocks add into a query block's dq_accum rows in key-block order (a counter
 //   per query block, FlashAttention-3's semaphore): bitwise-reproducible dQ. Not with SCHED 2, whose
 //   rotated walks would make each key block wait for its neighbour's whole lap.
+//   DETERMINISTIC 2 (causal): the same, in descending key-block order (each query block's diagonal block
+//   first, then the blocks below it, in the order their walks reach it), the grid launched from the last key
+//   block down so that a block never waits for one launched after it.
 //   DQ_STAGES 2: two dQ staging tiles, each with a writer warp of its own (warps 1 and 2): the consumers stage
 //   step t + 1's dQ while step t's add (DETERMINISTIC: its turn, then its completion) is under way.
 // Host-usable: plain constexpr C++.
@@ -125,6 +128,21 @@ FT_HD constexpr bool fa3_bwd_smem_ok(int D, int BM, int C, int STAGES, int DQ_ST
 FT_HD constexpr bool fa3_bwd_dq_stages_ok(int S) { return S == 1 || S == 2; }
 FT_HD constexpr bool fa3_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 FT_HD constexpr bool fa3_bwd_deterministic_ok(int SCHED, int DETERMINISTIC) { return DETERMINISTIC == 0 || SCHED != 2; }
+FT_HD constexpr bool fa3_bwd_deterministic_value_ok(int DETERMINISTIC) { return DETERMINISTIC >= 0 && DETERMINISTIC <= 2; }
+// The key blocks that add into query block m under the bottom-right causal mask are 0 .. J (key block j sees m iff
+// its first visible query block, max(0, j BN - (Sk - Sq)) / BM, is at most m): J, or -1 when none does.
+// (32-bit: x is below Sk + BM, and the runtime caps a sequence far below 2^31; the dQ writer that computes it
+// has 24 registers.)
+FT_HD constexpr int fa3_bwd_last_key_block(int m, int BM, int BN, int seq_q, int seq_k) {
+  const int x = (m + 1) * BM + (seq_k - seq_q);  // key block j sees m iff j BN < x
+  if (x <= 0) return -1;
+  const int j = (x - 1) / BN, last = (seq_k > 0 ? seq_k - 1 : 0) / BN;
+  return j < last ? j : last;
+}
+// Key block j's turn at query block m: DETERMINISTIC 1 ascending (j), 2 descending (J - j).
+FT_HD constexpr int fa3_bwd_turn(int DETERMINISTIC, int j, int m, int BM, int BN, int seq_q, int seq_k) {
+  return DETERMINISTIC == 2 ? fa3_bwd_last_key_block(m, BM, BN, seq_q, seq_k) - j : j;
+}
 
 // nullptr if valid, else the reason.
 FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP,
@@ -136,7 +154,7 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
          : !fa3_bwd_sched_ok(SCHED)            ? "SCHED must be 0, 1 or 2"
          : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
          : !fa3_bwd_switch_ok(DQ_TURNS)        ? "DQ_TURNS must be 0 or 1"
-         : !fa3_bwd_switch_ok(DETERMINISTIC)   ? "DETERMINISTIC must be 0 or 1"
+         : !fa3_bwd_deterministic_value_ok(DETERMINISTIC) ? "DETERMINISTIC must be 0, 1 or 2"
          : !fa3_bwd_dq_stages_ok(DQ_STAGES)    ? "DQ_STAGES must be 1 or 2 (dQ staging tiles)"
          : !fa3_bwd_turns_ok(CONSUMERS, DQ_TURNS) ? "DQ_TURNS needs two consumer warpgroups"
          : !fa3_bwd_deterministic_ok(SCHED, DETERMINISTIC)
@@ -169,7 +187,9 @@ struct Fa3WgmmaBwdTraits {
   static constexpr bool kRotate = SCHED == 2;
   static constexpr bool kDqOverlap = DQ_OVERLAP == 1;
   static constexpr bool kDqTurns = DQ_TURNS == 1;
-  static constexpr bool kDeterministic = DETERMINISTIC == 1;
+  static constexpr bool kDeterministic = DETERMINISTIC >= 1;
+  static constexpr int kDeterministicOrder = DETERMINISTIC;    // fa3_bwd_turn
+  static constexpr bool kDescending = DETERMINISTIC == 2;      // the grid from the last key block down
   static constexpr int kDqStages = DQ_STAGES;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;

@@ -1025,7 +1025,33 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0, 1), nullptr);
   EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 1, 0, 1, 1), nullptr);
   EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 2, 0, 1, 1), HasSubstr("DETERMINISTIC 1 needs SCHED 0 or 1"));
-  EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 2), HasSubstr("DETERMINISTIC must be"));
+  EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 3), HasSubstr("DETERMINISTIC must be"));
+  EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 2), nullptr);
+  // The turns: the key blocks that see query block m are exactly 0 .. J (fa3_bwd_last_key_block), for every
+  // ragged causal shape; DETERMINISTIC 1 walks them up, 2 down, each turn taken once.
+  for (int BM : {64, 128})
+    for (int BN : {64, 128, 192})
+      for (int sq : {1, 63, 64, 65, 200, 517, 1000})
+        for (int sk : {1, 63, 64, 65, 200, 333, 1000}) {
+          const int nb = (sk + BN - 1) / BN, num_m = (sq + BM - 1) / BM;
+          for (int m = 0; m < num_m; ++m) {
+            int last = -1;
+            for (int j = 0; j < nb; ++j)
+              if (std::max(0, j * BN - (sk - sq)) / BM <= m) {
+                EXPECT_EQ(last, j - 1) << "a gap below key block " << j;
+                last = j;
+              }
+            EXPECT_EQ(fa3_bwd_last_key_block(m, BM, BN, sq, sk), last) << BM << " " << BN << " " << sq << " " << sk << " " << m;
+            std::set<int> up, down;
+            for (int j = 0; j <= last; ++j) {
+              up.insert(fa3_bwd_turn(1, j, m, BM, BN, sq, sk));
+              down.insert(fa3_bwd_turn(2, j, m, BM, BN, sq, sk));
+            }
+            EXPECT_EQ(up, down);
+            if (last >= 0) EXPECT_EQ(*down.rbegin(), last);
+            if (last >= 0) EXPECT_EQ(fa3_bwd_turn(2, last, m, BM, BN, sq, sk), 0);
+          }
+        }
   // Two dQ staging tiles: 32 KB more at d 128 BLOCK_M 64 (231464 bytes of 232448), too many with three consumers.
   EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0, 1, 2), nullptr);
   EXPECT_EQ(fa3_bwd_smem_bytes(128, 64, 2, 2, 2), fa3_bwd_smem_bytes(128, 64, 2, 2) + 4 * 64 * 128);
@@ -1071,7 +1097,11 @@ TEST(Family, Fa3BwdFamilyMapsAndLaunches) {
   const Config c = f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=0");
   EXPECT_FALSE(f.reproducible(c));
   EXPECT_TRUE(f.reproducible(f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=1")));
-  EXPECT_THAT(f.check({64, 2, 2, 0, 1, 0}, 128), HasSubstr("8 values"));  // a config stored before DETERMINISTIC
+  EXPECT_THAT(f.check({64, 2, 2, 0, 1, 0}, 128), HasSubstr("8 values"));
+  const Config det2 = f.parse_config("BLOCK_M=64,CONSUMERS=2,DETERMINISTIC=2");
+  EXPECT_TRUE(f.reproducible(det2));
+  EXPECT_EQ(f.causal_check(det2, true), nullptr);
+  EXPECT_THAT(f.causal_check(det2, false), HasSubstr("causal mask"));  // a config stored before DETERMINISTIC
   const auto specs = f.tensor_maps(c, p);
   ASSERT_EQ(specs.size(), 4u);
   EXPECT_EQ(specs[3].tensor, "do");

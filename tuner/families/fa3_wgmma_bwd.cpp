@@ -22,7 +22,8 @@ Family make_fa3_wgmma_bwd() {
               {"SCHED", {0, 1, 2}},        // 0: key blocks of a head together; 1: heaviest first (LPT); 2: 0, rotated
               {"DQ_OVERLAP", {0, 1}},      // 1: dQ issued with dK and staged while dK runs
               {"DQ_TURNS", {0, 1}},        // 1: two consumers take turns at a step's whole dQ
-              {"DETERMINISTIC", {0, 1}},   // 1: dQ added in key-block order (bitwise reproducible)
+              {"DETERMINISTIC", {0, 1, 2}},  // dQ added in key-block order (bitwise reproducible): 1 ascending,
+                                             // 2 descending (causal: each query block's diagonal block first)
               {"DQ_STAGES", {1, 2}}};      // dQ staging tiles, a writer warp each
   f.head_dims = {64, 96, 128};
   f.dtypes = {DType::fp16, DType::bf16};
@@ -35,7 +36,13 @@ Family make_fa3_wgmma_bwd() {
         : block_m(c.at(0)), consumers(c.at(1)), stages(c.at(2)), sched(c.at(3)), dq_overlap(c.at(4)),
           dq_turns(c.at(5)), deterministic(c.at(6)), dq_stages(c.at(7)) {}
   };
-  f.reproducible = [](const Config& c) { return c.size() == 8 && Named(c).deterministic == 1; };
+  f.reproducible = [](const Config& c) { return c.size() == 8 && Named(c).deterministic >= 1; };
+  f.causal_check = [](const Config& c, bool causal) -> const char* {
+    return c.size() == 8 && Named(c).deterministic == 2 && !causal
+               ? "DETERMINISTIC 2 orders the adds for the causal mask (every key block sees every query block "
+                 "without it: 1's ascending order waits for nothing)"
+               : nullptr;
+  };
   f.traits = [](const Config& c, int d, bool causal, DType t) {
     const Named n(c);
     return "flashtune::Fa3WgmmaBwdTraits<" +
