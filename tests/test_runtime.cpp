@@ -272,8 +272,10 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
     EXPECT_TRUE(f3.reproducible(r.config));
     EXPECT_EQ(r.source, "default");
     EXPECT_NE(r.note.find("rejected for a deterministic backward"), std::string::npos) << r.note;
-    EXPECT_EQ(fallback_config(f3, q), nearest_reproducible_config(f3, f3.default_config, 64));
-    EXPECT_EQ(fallback_config(f3, q).back(), 1);  // the default with DETERMINISTIC 1
+    EXPECT_EQ(fallback_config(f3, q), nearest_reproducible_config(f3, f3.default_config, 64, false));
+    EXPECT_EQ(fallback_config(f3, q), f3.parse_config("DETERMINISTIC=1"));  // the default with DETERMINISTIC 1
+    q.causal = true;  // DETERMINISTIC 2 would do too: the smaller value first
+    EXPECT_EQ(fallback_config(f3, q), f3.parse_config("DETERMINISTIC=1"));
     // A forward ignores it.
     Query fq = query("GPU D", "sm_90", "fwd", DType::bf16, 128, false, 4096);
     fq.deterministic = true;

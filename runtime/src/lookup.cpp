@@ -46,16 +46,17 @@ const tuned::Entry* find(const TableSet& ts, const std::string& family, const Qu
   return nullptr;
 }
 // The config nearest `from` (fewest tunables changed; among those the larger values first, in parameter
-// order) that its check at head_dim and `ok` accept; empty when none does.
+// order, or the smaller ones with smaller_first) that its check at head_dim and `ok` accept; empty when none does.
 template <class Ok>
-Config nearest_config(const Family& f, const Config& from, int head_dim, Ok ok) {
+Config nearest_config(const Family& f, const Config& from, int head_dim, Ok ok, bool smaller_first = false) {
   Config best, c(f.params.size());
   int best_changed = 0;
   std::vector<size_t> idx(f.params.size(), 0);  // every config of the domains (decode_splitkv: 288)
   for (;;) {
     int changed = 0;
     for (size_t i = 0; i < c.size(); ++i) changed += (c[i] = f.params[i].domain[idx[i]]) != (i < from.size() ? from[i] : -1);
-    if (!f.check(c, head_dim) && ok(c) && (best.empty() || changed < best_changed || (changed == best_changed && c > best))) {
+    if (!f.check(c, head_dim) && ok(c) &&
+        (best.empty() || changed < best_changed || (changed == best_changed && (smaller_first ? c < best : c > best)))) {
       best = c;
       best_changed = changed;
     }
@@ -66,7 +67,8 @@ Config nearest_config(const Family& f, const Config& from, int head_dim, Ok ok) 
 }
 bool has_reproducible(const Family& f, int head_dim) {
   const Config& d = f.default_config;
-  return (!f.check(d, head_dim) && f.reproducible(d)) || !nearest_reproducible_config(f, d, head_dim).empty();
+  return (!f.check(d, head_dim) && f.reproducible(d)) || !nearest_reproducible_config(f, d, head_dim, true).empty() ||
+         !nearest_reproducible_config(f, d, head_dim, false).empty();
 }
 // Whether this device's tables hold any entry of `family` for the query's direction, dtype and head dim (any
 // mask, any bucket, dense or paged). A device table with entries for the query but none of a family another
@@ -139,8 +141,9 @@ Config nearest_paged_config(const Family& f, const Config& from, int head_dim, i
   return nearest_config(f, from, head_dim, [&](const Config& c) { return !f.paged_check(c, page_size); });
 }
 
-Config nearest_reproducible_config(const Family& f, const Config& from, int head_dim) {
-  return nearest_config(f, from, head_dim, [&](const Config& c) { return f.reproducible(c); });
+Config nearest_reproducible_config(const Family& f, const Config& from, int head_dim, bool causal) {
+  return nearest_config(
+      f, from, head_dim, [&](const Config& c) { return f.reproducible(c) && !f.causal_check(c, causal); }, true);
 }
 
 std::string paged_page_reason(DType dtype, int head_dim, int page_size) {
@@ -167,7 +170,7 @@ std::string paged_page_reason(DType dtype, int head_dim, int page_size) {
 Config fallback_config(const Family& f, const Query& q) {
   if (wants_reproducible(q))
     return f.reproducible(f.default_config) ? f.default_config
-                                            : nearest_reproducible_config(f, f.default_config, q.head_dim);
+                                            : nearest_reproducible_config(f, f.default_config, q.head_dim, q.causal);
   if (!q.page_size) return f.default_config;
   return nearest_paged_config(f, f.default_config, q.head_dim, q.page_size);
 }

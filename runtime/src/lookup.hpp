@@ -62,9 +62,10 @@ std::string paged_page_reason(DType dtype, int head_dim, int page_size);
 // fewest tunables changed, among those the larger values first, in parameter order (decode_splitkv's
 // default with pages BLOCK_N=64 does not divide: BLOCK_N=32 and the WARPS it needs). Empty when none does.
 Config nearest_paged_config(const Family& f, const Config& from, int head_dim, int page_size);
-// Likewise, the config nearest `from` that its check accepts at head_dim and that the family calls bitwise
-// reproducible (Family::reproducible; fa3_wgmma_bwd's default with DETERMINISTIC 1). Empty when none is.
-Config nearest_reproducible_config(const Family& f, const Config& from, int head_dim);
+// Likewise, the config nearest `from` that its check accepts at head_dim, its causal check for the mask, and that
+// the family calls bitwise reproducible (Family::reproducible): among equally near ones the smaller values first
+// (fa3_wgmma_bwd's default with DETERMINISTIC 1, not 2). Empty when none is.
+Config nearest_reproducible_config(const Family& f, const Config& from, int head_dim, bool causal);
 // What a call runs when its config is rejected or does not compile: the family's default, or for a paged
 // query the default's nearest config that reads its pages (nearest_paged_config), for a deterministic
 // backward its nearest reproducible config (nearest_reproducible_config).
