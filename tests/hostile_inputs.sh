@@ -577,6 +577,11 @@ cp "$tmp/fixture.db" "$tmp/nocol.db"
 sql "$tmp/nocol.db" "alter table results drop column gbps" >/dev/null
 expect_usage_error "does not have the tables and columns" best --db "$tmp/nocol.db"
 expect_usage_error "does not have the tables and columns" export --db "$tmp/nocol.db"
+# A damaged record that SQLite refuses as out of memory (found by fuzz_store): the same one line, exit 2.
+for verb in best export; do
+  cp "$SRC/tests/fuzz/corpus/store/found_nomem_record.db" "$tmp/nomem.db"
+  expect_usage_error "the database is damaged" $verb --db "$tmp/nomem.db"
+done
 
 # Numbers from outside: T4 figures that would decide best, timestamps, sizes that overflow.
 python3 - "$tmp" <<'PY'

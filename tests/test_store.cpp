@@ -59,6 +59,21 @@ TEST(Store, ResultsBoundThePackedLengthsTheyHold) {
   fs::remove(path);
 }
 
+// fuzz_store's finding: a damaged 15 KB store whose record SQLite refuses as out of memory is a damaged store
+// (UsageError, one line: exit 2), not an error of ours (exit 1).
+TEST(Store, DamagedRecordSqliteCallsOutOfMemoryIsBadInput) {
+  const std::string path = temp_db("nomem");
+  fs::copy_file(std::string(FLASHTUNE_SOURCE_DIR) + "/tests/fuzz/corpus/store/found_nomem_record.db", path);
+  try {
+    Store ro(path, Store::Mode::read_only);
+    ro.results({});
+    FAIL() << "read a damaged store";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the database is damaged"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
 TEST(Store, KernelRoundTripWithCubin) {
   std::string path = temp_db("kernel");
   {

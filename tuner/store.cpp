@@ -34,6 +34,10 @@ constexpr double kBusyRetrySeconds = 300;   // and our own retries on top of it
   // A damaged file, or one whose tables lack a column we read: bad input (one line, exit 2).
   if ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB || (rc & 0xff) == SQLITE_FORMAT)
     throw UsageError("the database is damaged: " + brief(msg, 200));
+  // SQLite refuses a record that claims a huge size as out of memory: a damaged file of 15 KB did so (fuzz_store).
+  if ((rc & 0xff) == SQLITE_NOMEM)
+    throw UsageError("the database is damaged (a record larger than SQLite reads) or too large to read here: " +
+                     brief(msg, 200));
   if ((rc & 0xff) == SQLITE_ERROR && what.rfind(" in: ", 0) == 0)
     throw UsageError("the database does not have the tables and columns of its schema version: " + brief(msg, 200));
   throw std::runtime_error(msg);
