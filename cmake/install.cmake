@@ -3,7 +3,8 @@
 #   P/include/flashtune/{tuner,reference,templates,configs/generated}/   the tuner library's headers, the
 #       kernel templates and the generated config tables (include <flashtune/configs/generated/dispatch.hpp>
 #       with flashtune::tuner linked: its include path holds templates/ for tuned_config.h)
-#   P/lib/libflashtune_attention.so (flashtune::attention), libflashtune_core.a (flashtune::tuner),
+#   P/lib/libflashtune_attention.so (flashtune::attention), libflashtune_tuner.a (flashtune::tuner, with
+#   libflashtune_results.a and libflashtune_core.a under it),
 #   libflashtune_reference.a (flashtune::reference); P/bin/flashtune and flashtune-worker
 #   P/lib/cmake/flashtune/flashtuneConfig.cmake, ...ConfigVersion.cmake, and one targets file per
 #       component (flashtune{Attention,Reference,Tuner}Targets.cmake), so that a consumer of
@@ -12,15 +13,18 @@
 # (except `flashtune report`, which runs reports/make_report.py from the source tree it was built in).
 include(CMakePackageConfigHelpers)
 
-set_target_properties(flashtune_core PROPERTIES EXPORT_NAME tuner)
+set_target_properties(flashtune_tuner PROPERTIES EXPORT_NAME tuner)
+set_target_properties(flashtune_results PROPERTIES EXPORT_NAME results)
+set_target_properties(flashtune_core PROPERTIES EXPORT_NAME core)
 set_target_properties(flashtune_reference PROPERTIES EXPORT_NAME reference)
-add_library(flashtune::tuner ALIAS flashtune_core)
+add_library(flashtune::tuner ALIAS flashtune_tuner)
 add_library(flashtune::reference ALIAS flashtune_reference)
 
 install(TARGETS flashtune_attention EXPORT flashtuneAttentionTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS flashtune_reference EXPORT flashtuneReferenceTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS flashtune_core EXPORT flashtuneTunerTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(TARGETS flashtune_tuner flashtune_results flashtune_core EXPORT flashtuneTunerTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS flashtune flashtune-worker RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 set(FT_INC ${CMAKE_INSTALL_INCLUDEDIR}/flashtune)

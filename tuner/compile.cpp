@@ -196,7 +196,7 @@ KernelRecord Compiler::compile(const Variant& v) const {
   return k;
 }
 
-std::vector<KernelRecord> Compiler::compile_all(const std::vector<Variant>& variants, Store* cache,
+std::vector<KernelRecord> Compiler::compile_all(const std::vector<Variant>& variants, KernelCache* cache,
                                                 const std::function<void(size_t, size_t)>& progress) const {
   std::vector<KernelRecord> out(variants.size());
   std::vector<size_t> todo;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "tuner/family.hpp"
-#include "tuner/store.hpp"
+#include "tuner/kernel_record.hpp"
 
 namespace flashtune {
 
@@ -49,8 +49,8 @@ class Compiler {
   std::string prune_before_compile(const Variant&) const;
   // Prunes by constraints and limits, compiles, parses resources; never throws for a bad variant.
   KernelRecord compile(const Variant&) const;
-  // All variants, cached in the store where given, on all CPU cores. on_done(i) after each.
-  std::vector<KernelRecord> compile_all(const std::vector<Variant>&, Store*,
+  // All variants, cached where a cache (the results store) is given, on all CPU cores. progress after each.
+  std::vector<KernelRecord> compile_all(const std::vector<Variant>&, KernelCache*,
                                         const std::function<void(size_t done, size_t total)>& progress = {}) const;
 
  private:

@@ -17,7 +17,7 @@
 #include "templates/attention_params.h"
 
 #include "tuner/problem.hpp"
-#include "tuner/store.hpp"
+#include "tuner/kernel_record.hpp"
 #include "tuner/validate.hpp"
 
 namespace flashtune {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "tuner/kernel_record.hpp"
 #include "tuner/util.hpp"
 
 namespace flashtune {
@@ -492,5 +493,7 @@ nlohmann::json to_json(const Problem& p) {
   if (p.paged.enabled()) j["paged"] = p.paged.description();  // only for paged, likewise
   return j;
 }
+
+std::string DeviceInfo::slug() const { return slugify(name); }
 
 }  // namespace flashtune

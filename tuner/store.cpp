@@ -17,7 +17,6 @@
 
 namespace flashtune {
 
-std::string DeviceInfo::slug() const { return slugify(name); }
 
 namespace {
 

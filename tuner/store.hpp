@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "tuner/kernel_record.hpp"
 #include "tuner/problem.hpp"
 
 struct sqlite3;
@@ -23,42 +24,6 @@ namespace flashtune {
 // caches: Paged::key(), '' for contiguous K/V) in the unique key
 inline constexpr int kSchemaVersion = 8;
 inline constexpr int kApplicationId = 0x466c546e;  // "FlTn" in the SQLite header, set at creation
-
-struct DeviceInfo {
-  std::string name;          // "NVIDIA H100 80GB HBM3"
-  std::string arch;          // "sm_90"
-  int sm_count = 0;
-  int driver_version = 0;    // cuDriverGetVersion, e.g. 13000
-  long long memory_bytes = 0;
-  int l2_bytes = 0;
-  int max_smem_optin = 0;    // per block, bytes
-  int clock_khz = 0;
-  std::string slug() const;  // "nvidia_h100_80gb_hbm3"
-};
-
-struct Resources {
-  int registers = 0, smem_static = 0, stack_bytes = 0, spill_stores = 0, spill_loads = 0;
-};
-
-// One compiled (or pruned, or failed) kernel variant, keyed by the hash of everything that
-// determines its code: source, options, NVRTC version, arch, name expression.
-struct KernelRecord {
-  std::string hash;
-  std::string family, direction, config;  // config as "K=V,..."
-  int head_dim = 0;
-  bool causal = false;
-  DType dtype = DType::fp32;
-  std::string arch, nvrtc_version, options, source_hash;
-  std::string name_expression;  // one per kernel of the family, newline-separated
-  std::string status;  // compiled | compile_error | pruned
-  std::string reason;  // why pruned / the compiler's first error
-  std::string lowered_name;  // one per kernel, newline-separated, in launch order
-  Resources res;             // the worst over the family's kernels
-  double compile_ms = 0;
-  std::string log;
-  std::string cubin;   // bytes; empty unless status == compiled
-  std::string created;  // when it was stored (read back; put_kernel stamps the time itself)
-};
 
 // One attempt to run a compiled variant on one problem on one device.
 struct ResultRecord {
@@ -144,7 +109,7 @@ struct ResultFilter {
 // Throws UsageError.
 void check_db_path(const std::string& path);
 
-class Store {
+class Store : public KernelCache {
  public:
   enum class Mode {
     read_write,  // creates a missing or empty file; migrates an older schema of ours
@@ -157,8 +122,8 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  std::optional<KernelRecord> find_kernel(const std::string& hash, bool with_cubin = true);
-  void put_kernel(const KernelRecord&);
+  std::optional<KernelRecord> find_kernel(const std::string& hash, bool with_cubin = true) override;
+  void put_kernel(const KernelRecord&) override;
 
   bool has_result(const std::string& kernel_hash, const DeviceInfo&, const Problem&);
   void put_result(const ResultRecord&, const DeviceInfo&);
