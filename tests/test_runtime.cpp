@@ -24,6 +24,7 @@
 #include "fixture.hpp"
 #include "flashtune/attention.hpp"
 #include "lookup.hpp"
+#include "tuner/emit.hpp"
 #include "tuner/tensor_maps.hpp"
 #include "tuner/util.hpp"
 
@@ -160,7 +161,7 @@ TEST(CommittedTables, NoneIsStaleUnlessListed) {
           if (auto it = mine.find(key); it != mine.end())
             for (const auto& f : fams)
               if (!it->second.count(f)) missing.insert(f);
-    const std::string stem = "sm" + std::string(t.arch).substr(3) + "_" + slugify(t.device);
+    const std::string file = header_name(t.arch, t.device), stem = file.substr(0, file.size() - 4);
     std::string lacks;
     for (const auto& m : missing) lacks += (lacks.empty() ? "" : ", ") + m;
     if (missing.empty())

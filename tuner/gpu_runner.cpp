@@ -644,9 +644,9 @@ json GpuRunner::run(const json& req) {
   validate(outputs, out);
   out["detail"]["phase_ms"] = {{"validated_run", run_ms}, {"validate", ms_since(t0)}};
   out["peak_bytes"] = problem_bytes();
+  const std::vector<std::string> names =  // the outputs, in read_outputs' order
+      problem_.direction == "bwd" ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o", "lse"};
   if (const std::string dir = req.value("save_dir", std::string()); !dir.empty()) {
-    const std::vector<std::string> names =
-        problem_.direction == "bwd" ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o", "lse"};
     for (size_t i = 0; i < names.size(); ++i) write_output_file(dir, names[i], outputs[i]);
   }
   if (out["status"] != "ok") return out;
@@ -657,8 +657,6 @@ json GpuRunner::run(const json& req) {
   // A config whose family claims bitwise-reproducible outputs (Family::reproducible) is held to it: the
   // validated run repeated, each from poisoned outputs, every output equal bit for bit, else it is invalid.
   if (const int runs = req.value("reproducible_runs", 0); runs > 1) {
-    const std::vector<std::string> names =
-        problem_.direction == "bwd" ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o", "lse"};
     for (int k = 2; k <= runs && out["status"] == "ok"; ++k) {
       const auto again = validated_run();
       for (size_t i = 0; i < outputs.size(); ++i)

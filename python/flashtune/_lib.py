@@ -244,13 +244,6 @@ def _int_in(name, x, lo, hi):
     return x
 
 
-def _flag(name, x):
-    """A bool argument as the struct's 0/1; anything but a bool (or 0/1) is a TypeError."""
-    if isinstance(x, bool) or (isinstance(x, int) and x in (0, 1)):
-        return int(x)
-    raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
-
-
 def _pointer_strides(name, t, dims):
     """(device pointer, strides in elements) checked in range: the pointer (None for 0) and a ctypes int64
     array; dims names the axes, one stride each."""
@@ -364,7 +357,7 @@ def varlen_backward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
     a.workspace = _int_in("workspace pointer", workspace, 0, 2**64 - 1) or None
     a.workspace_bytes = _int_in("workspace_bytes", workspace_bytes, 0, 2**64 - 1)
-    a.deterministic = _flag("deterministic", deterministic)
+    a.deterministic = int(flag("varlen_backward_args", "deterministic", deterministic))
     return a
 
 
@@ -412,7 +405,7 @@ def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
     a.workspace = _int_in("workspace pointer", workspace, 0, 2**64 - 1) or None
     a.workspace_bytes = _int_in("workspace_bytes", workspace_bytes, 0, 2**64 - 1)
-    a.deterministic = _flag("deterministic", deterministic)
+    a.deterministic = int(flag("backward_args", "deterministic", deterministic))
     return a
 
 

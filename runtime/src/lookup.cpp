@@ -65,10 +65,9 @@ Config nearest_config(const Family& f, const Config& from, int head_dim, Ok ok, 
     if (i == idx.size()) return best;
   }
 }
-bool has_reproducible(const Family& f, int head_dim) {
+bool has_reproducible(const Family& f, int head_dim, bool causal) {
   const Config& d = f.default_config;
-  return (!f.check(d, head_dim) && f.reproducible(d)) || !nearest_reproducible_config(f, d, head_dim, true).empty() ||
-         !nearest_reproducible_config(f, d, head_dim, false).empty();
+  return (!f.check(d, head_dim) && f.reproducible(d)) || !nearest_reproducible_config(f, d, head_dim, causal).empty();
 }
 // Whether this device's tables hold any entry of `family` for the query's direction, dtype and head dim (any
 // mask, any bucket, dense or paged). A device table with entries for the query but none of a family another
@@ -93,7 +92,7 @@ std::vector<const Family*> candidate_families(const Query& q) {
   for (const Family& f : families())
     if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90") && (!q.gqa || f.gqa) &&
         (!q.varlen || f.varlen) && (!q.page_size || f.paged) && in_range(f, q.seq_q) &&
-        (!wants_reproducible(q) || has_reproducible(f, q.head_dim)))
+        (!wants_reproducible(q) || has_reproducible(f, q.head_dim, q.causal)))
       out.push_back(&f);
   return out;
 }
