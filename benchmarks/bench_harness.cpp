@@ -4,8 +4,8 @@
 
 #include <random>
 
+#include "core/compile.hpp"
 #include "reference/attention_ref.hpp"
-#include "tuner/compile.hpp"
 
 using namespace flashtune;
 

@@ -8,14 +8,14 @@ IMPL: torch_math | torch_efficient | torch_flash | torch_cudnn  (F.scaled_dot_pr
       backend forced through torch.nn.attention.sdpa_kernel), torch_cpu (the same call on CPU tensors,
       timed with time.perf_counter), triton (experiments/triton_fa.py, ours).
 problems.json: a JSON list of {batch, heads, seq_q, seq_k, head_dim, dtype, causal, direction, inputs} (what
-      tuner/experiment.cpp writes), or a flashtune problem-set file ({"problems": [...], "grid": {...}}).
+      tuner/experiments/experiment.cpp writes), or a flashtune problem-set file ({"problems": [...], "grid": {...}}).
 
-Conventions, the same as the flashtune worker (tuner/gpu_runner.cpp, tuner/validate.hpp, tuner/problem.cpp):
+Conventions, the same as the flashtune worker (worker/gpu_runner.cpp, worker/validate.hpp, core/problem.cpp):
   * inputs: fresh seeded normal numbers (torch.randn with a seeded generator) drawn directly in the
     problem's dtype, so the float64 reference sees exactly what the kernel sees; a problem's "inputs"
     ({"distribution": "normal" | "heavy", "scale": X}) scales them, or draws Student-t(3) (clamped to
     +-32) times X, as the worker does (dO: the same kind, unscaled). The fixed tolerances below are
-    calibrated for unit inputs only (the worker's scale with the data: tuner/validate.hpp);
+    calibrated for unit inputs only (the worker's scale with the data: worker/validate.hpp);
   * causal is bottom-right aligned (query i sees key j iff j <= i + Sk - Sq; torch's is_causal=True
     when Sq == Sk, torch.nn.attention.bias.causal_lower_right otherwise); fully masked rows give O = 0;
   * timing: a validated first call, 3 warm-up calls, then per repeat an L2 flush (a 256 MiB buffer is
@@ -51,7 +51,7 @@ ROW_KEYS = ("impl", "family", "config", "direction", "dtype", "batch", "heads", 
 IMPLS = ("torch_math", "torch_efficient", "torch_flash", "torch_cudnn", "torch_cpu", "triton")
 STATUSES = ("ok", "invalid", "oom", "unsupported", "skipped", "error")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-# Keep in step with tuner/validate.hpp: forward (atol, rtol), backward relative L2 per gradient.
+# Keep in step with worker/validate.hpp: forward (atol, rtol), backward relative L2 per gradient.
 FWD_TOL = {"fp32": (1e-5, 1e-4), "fp16": (2e-3, 1e-2), "bf16": (1e-2, 2e-2)}
 BWD_REL_L2 = {"fp32": 1e-5, "fp16": 3e-3, "bf16": 2e-2}
 TILE_ROWS = 128                 # reference/attention_ref.cpp kTileRows: the "last tile" rows always sampled
@@ -63,7 +63,7 @@ BIG = sys.float_info.max        # stands for +inf in a row (JSON has no inf; the
 PROBLEM_FIELDS = ("batch", "heads", "heads_k", "seq_q", "seq_k", "seq", "head_dim", "dtype", "causal", "direction",
                   "inputs")
 DEFAULT_INPUTS = {"distribution": "normal", "scale": 1.0}
-HEAVY_CLAMP = 32.0              # tuner/gpu_runner.cpp kHeavyClamp: |t_3| clamped before scaling
+HEAVY_CLAMP = 32.0              # worker/gpu_runner.cpp kHeavyClamp: |t_3| clamped before scaling
 
 
 # ------------------------------------------------------------------------- problems, counts, rows
@@ -170,7 +170,7 @@ def fwd_flops(p):
 
 
 def flops(p):
-    """FlashAttention's count (tuner/problem.cpp Problem::flops): 4*B*H*Sq*Sk*d, /2 causal, x2.5 backward."""
+    """FlashAttention's count (core/problem.cpp Problem::flops): 4*B*H*Sq*Sk*d, /2 causal, x2.5 backward."""
     f = fwd_flops(p)
     return 2.5 * f if p["direction"] == "bwd" else f
 
@@ -290,7 +290,7 @@ def cpu_name():
 
 
 class Pace:
-    """The experiment runner's skip rule (tuner/experiment.cpp Pace)."""
+    """The experiment runner's skip rule (tuner/experiments/experiment.cpp Pace)."""
 
     def __init__(self, limit_s):
         self.limit_s = limit_s
@@ -642,7 +642,7 @@ def reference_grads(torch, q, k, v, dout, n_slices, causal, scale):
 
 def error_stats(torch, got, ref, atol, rtol):
     """max_abs, mean_abs, mse, max_rel (|e| / max(|ref|, atol)) and the count over atol + rtol*|ref|, as
-    ErrorStats in tuner/validate.hpp: a non-finite value counts as bad and makes max_abs/max_rel inf;
+    ErrorStats in worker/validate.hpp: a non-finite value counts as bad and makes max_abs/max_rel inf;
     mean and mse are over the finite ones."""
     got = got.double().flatten()
     ref = ref.double().flatten()

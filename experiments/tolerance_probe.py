@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How close torch SDPA's flash and cuDNN backends get to a float64 reference on flashtune's kind of
 inputs (normal, rounded to the dtype), and whether they pass flashtune's tolerance rule
-|out - ref| <= atol + rtol*|ref| (tuner/validate.hpp). The tolerances are justified when torch's own
+|out - ref| <= atol + rtol*|ref| (worker/validate.hpp). The tolerances are justified when torch's own
 kernels pass them with margin and the worst error sits well inside.
 
 usage: tolerance_probe.py --out probe.csv
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-TOL = {"bf16": (1e-2, 2e-2), "fp16": (2e-3, 1e-2)}  # keep in step with tuner/validate.hpp
+TOL = {"bf16": (1e-2, 2e-2), "fp16": (2e-3, 1e-2)}  # keep in step with worker/validate.hpp
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 

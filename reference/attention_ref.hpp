@@ -29,7 +29,7 @@ struct Shape {
 };
 
 // Error magnitudes: beside each output, what it sums, so that a tolerance can scale with the problem
-// (tuner/validate.hpp states the rule they feed). P_ij are the float64 probabilities, s_ij the scaled
+// (worker/validate.hpp states the rule they feed). P_ij are the float64 probabilities, s_ij the scaled
 // scores, and
 //   Lambda_ij = 3 (|s_ij| + |lse_i|) + sqrt(d) * scale * ||q_i||_2 ||k_j||_2
 // bounds, in units of fp32's unit roundoff, how far a kernel's fp32 exponent of P_ij can be from

@@ -27,7 +27,7 @@ import experiments_report  # noqa: E402
 from experiments_report import fit_title, savefig  # noqa: E402
 
 # Family defaults, the fixed configurations a tuner has to beat: passed in by `flashtune report`
-# from the family descriptors (tuner/families/<family>.cpp), so they are written down once.
+# from the family descriptors (core/families/<family>.cpp), so they are written down once.
 DEFAULTS = {}
 
 
@@ -73,7 +73,7 @@ def load(db):
 
 
 def one_median(r):
-    """One median everywhere: the harness's (tuner/gpu_runner.cpp), percentile 0.5 of the timed repeats, whose
+    """One median everywhere: the harness's (worker/gpu_runner.cpp), percentile 0.5 of the timed repeats, whose
     p20 and p80 the row stores beside it. A row the sweep re-timed in interleaved rounds (detail.retime) stores
     the median of the round medians instead, with the p20/p80 of the last round's repeats: the report takes
     that round's median of repeats (the round median within the row's p20-p80, the nearest to the stored one)

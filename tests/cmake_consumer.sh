@@ -17,7 +17,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 cmake --install "$BUILD" --prefix "$tmp/prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; fail "cmake --install"; }
 for f in include/flashtune/attention.h include/flashtune/attention.hpp include/flashtune/configs/generated/dispatch.hpp \
-         include/flashtune/templates/tuned_config.h include/flashtune/tuner/validate.hpp \
+         include/flashtune/templates/tuned_config.h include/flashtune/worker/validate.hpp \
          lib/cmake/flashtune/flashtuneConfig.cmake lib/cmake/flashtune/flashtuneConfigVersion.cmake \
          lib/cmake/flashtune/flashtuneAttentionTargets.cmake lib/cmake/flashtune/flashtuneTunerTargets.cmake \
          lib/cmake/flashtune/flashtuneReferenceTargets.cmake bin/flashtune bin/flashtune-worker; do

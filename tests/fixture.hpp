@@ -3,8 +3,8 @@
 #pragma once
 #include <string>
 
-#include "tuner/family.hpp"
-#include "tuner/store.hpp"
+#include "core/family.hpp"
+#include "results/store.hpp"
 
 namespace flashtune::fixture {
 

@@ -12,12 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tuner/compile.hpp"
-#include "tuner/family.hpp"
-#include "tuner/library_kernels.hpp"
-#include "tuner/sweep.hpp"
-#include "tuner/validate.hpp"
-#include "tuner/worker_client.hpp"
+#include "core/compile.hpp"
+#include "core/family.hpp"
+#include "tuner/sweep/sweep.hpp"
+#include "tuner/sweep/worker_client.hpp"
+#include "worker/library_kernels.hpp"
+#include "worker/validate.hpp"
 
 using namespace flashtune;
 using nlohmann::json;
@@ -47,7 +47,7 @@ void check_library_ok(GpuSession& s, const Problem& p) {
                           4.0 * p.batch * p.heads * p.seq_q;
   check(r.status == "ok", "cublas_unfused " + p.str() + " status ok");
   // Unit normal inputs: O and its magnitudes are O(1), LSE ~log(Sk); the status already applied the
-  // bound of tuner/validate.hpp, this is a coarse cross-check of max_abs (O and LSE) on that scale.
+  // bound of worker/validate.hpp, this is a coarse cross-check of max_abs (O and LSE) on that scale.
   check(r.max_abs <= 64 * unit_roundoff(p.dtype) + 1e-4, "max_abs " + std::to_string(r.max_abs) + " within tolerance");
   check(r.tflops > 0 && r.ms_median > 0 && r.reps >= 10, "timed");
   check(d.contains("mean_abs") && d["mean_abs"].get<double>() <= r.max_abs + 1e-12,

@@ -1,14 +1,14 @@
 // The runtime library on a GPU, through its public interface only: forward and backward for every
 // dtype and every head dim the registry's families run in both directions, ragged shapes, causal and
 // not, Sq > Sk (fully masked rows) and Sq = 1, transposed [B, S, H, d] strides, a custom scale, a
-// caller-given backward workspace; each checked against the float64 reference with tuner/validate's
+// caller-given backward workspace; each checked against the float64 reference with worker/validate's
 // bounds (examples/cmake_consumer/attention_check.hpp). Pass 1 runs the cases on several threads (JIT
 // into a fresh FLASHTUNE_CACHE_DIR), pass 2 again in this process (every kernel from memory), pass 3
 // in a child process (kernels from disk, none compiled). Also: a call from a thread with no current
 // context (the primary context of q's device), and unsupported head dims. Prints explain() lines.
 // Packed variable-length batches through ft_attention_varlen_forward/_backward (ragged lengths, empty
 // sequences, cross-attention lengths, GQA, a strided q, a loose max_seqlen, a caller workspace), checked
-// against the float64 reference of each sequence alone (tuner/validate's varlen references: the dense
+// against the float64 reference of each sequence alone (worker/validate's varlen references: the dense
 // forward and backward per (sequence, head)) with the same bounds, in every pass. Decoding (Sq <= 16,
 // GQA, K/V caches up to 40k keys): in every pass through whatever the tables pick, then in a pass of its
 // own with $FLASHTUNE_DB naming a store that holds a decode_splitkv row for this GPU, where explain()
@@ -47,11 +47,11 @@
 #include <vector>
 
 #include "attention_check.hpp"
+#include "core/family.hpp"
+#include "core/util.hpp"
+#include "results/store.hpp"
 #include "templates/attention_params.h"
 #include "tests/fixture.hpp"
-#include "tuner/family.hpp"
-#include "tuner/store.hpp"
-#include "tuner/util.hpp"
 
 extern char** environ;
 using attention_check::Case;
@@ -147,7 +147,7 @@ std::vector<VarlenCase> varlen_cases() {
 }
 
 // A packed batch forward then backward through the runtime, each against the float64 reference of every
-// (sequence, head) alone, with tuner/validate's bounds (the backward from the reference's O and LSE).
+// (sequence, head) alone, with worker/validate's bounds (the backward from the reference's O and LSE).
 attention_check::Result run_varlen_case(const VarlenCase& c, unsigned seed) {
   namespace rt = flashtune::runtime;
   using attention_check::detail::Tensor;
@@ -317,7 +317,7 @@ std::vector<PagedCase> paged_cases() {
   return out;
 }
 
-// One paged call against each sequence's float64 reference (tuner/validate's bounds), and with dense_twin the
+// One paged call against each sequence's float64 reference (worker/validate's bounds), and with dense_twin the
 // dense forward on the same logical K/V. r.bwd_explain holds the dense call's explain line (dense_twin only).
 attention_check::Result run_paged_case(const PagedCase& c, unsigned seed) {
   using attention_check::detail::Tensor;

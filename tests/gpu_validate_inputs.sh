@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU: validation keeps right kernels and throws away wrong ones on inputs that are not unit normal
-# (tuner/validate.hpp, issue 12).
+# (worker/validate.hpp, issue 12).
 #  (a) every non-test family (from `flashtune families --json`), with
 #      its default config, on each dtype it supports, d = 64 (or its first head dim), causal and not:
 #      Sk = 1 (B,H,Sq,Sk = 1,1,1,1 and 1,1,4096,1 causal), normal x30 and heavy-tailed (Student-t, x3)

@@ -11,8 +11,8 @@
 #include <tuple>
 #include <vector>
 
-#include "tuner/compile.hpp"
-#include "tuner/space.hpp"
+#include "core/compile.hpp"
+#include "tuner/space/space.hpp"
 
 namespace flashtune::test {
 

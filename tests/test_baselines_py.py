@@ -84,7 +84,7 @@ class Problems(unittest.TestCase):
                                      direction="fwd"))
 
     def test_cpp_to_json_form(self):
-        # what tuner/experiment.cpp writes: to_json(Problem) for every problem, in a list
+        # what tuner/experiments/experiment.cpp writes: to_json(Problem) for every problem, in a list
         text = ('[{"batch":1,"causal":true,"direction":"bwd","dtype":"bf16","head_dim":96,"heads":4,'
                 '"seq_k":300,"seq_q":200}]')
         (p,) = bl.load_problems(json.loads(text))

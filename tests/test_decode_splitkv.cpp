@@ -15,14 +15,14 @@
 #include <set>
 #include <vector>
 
+#include "core/family.hpp"
 #include "reference/attention_ref.hpp"
+#include "results/select.hpp"
 #include "templates/attention_params.h"
 #include "templates/decode_splitkv_traits.h"
-#include "tuner/family.hpp"
-#include "tuner/select.hpp"
-#include "tuner/space.hpp"
-#include "tuner/sweep.hpp"
-#include "tuner/validate.hpp"
+#include "tuner/space/space.hpp"
+#include "tuner/sweep/sweep.hpp"
+#include "worker/validate.hpp"
 
 using namespace flashtune;
 
@@ -52,7 +52,7 @@ struct Running {
   std::vector<double> o;
 };
 
-// A paged cache as the worker builds it (tuner/gpu_runner.cpp): the logical K/V ((B, Hk, Sk, d), every kv head
+// A paged cache as the worker builds it (worker/gpu_runner.cpp): the logical K/V ((B, Hk, Sk, d), every kv head
 // its own) scattered into pools of (num_pages, Hk, page_size, d) pages in the block table's order, the rows of a
 // page past its sequence's length NaN (read, they would show).
 struct Pools {

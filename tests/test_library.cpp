@@ -11,7 +11,7 @@
 #include <regex>
 
 #include "reference/attention_ref.hpp"
-#include "tuner/library_kernels.hpp"
+#include "worker/library_kernels.hpp"
 
 using namespace flashtune;
 

@@ -1,5 +1,5 @@
 // NVRTC, no GPU needed (label nvrtc, in CI): for every committed space (configs/spaces/*.json,
-// discovered) and both archs, a covering sample (tuner/sample.hpp) compiles or is pruned with a stated
+// discovered) and both archs, a covering sample (tuner/space/sample.hpp) compiles or is pruned with a stated
 // reason; every family's default compiles without spills everywhere it runs; spills and the traits'
 // static_asserts reach the user as reasons. Every variant of every space: test_nvrtc_full.cpp
 // (label nvrtc_full, run on the GPU machine's cores).
@@ -10,7 +10,7 @@
 
 #include "templates/fa3_wgmma_traits.h"
 #include "tests/nvrtc_common.hpp"
-#include "tuner/sample.hpp"
+#include "tuner/space/sample.hpp"
 
 using namespace flashtune;
 using namespace flashtune::test;

@@ -19,14 +19,14 @@
 
 #include "aot.hpp"
 #include "args.hpp"
+#include "core/tensor_maps.hpp"
+#include "core/util.hpp"
 #include "disk_cache.hpp"
 #include "fake_driver/record_tensor_map.hpp"
 #include "fixture.hpp"
 #include "flashtune/attention.hpp"
 #include "lookup.hpp"
-#include "tuner/emit.hpp"
-#include "tuner/tensor_maps.hpp"
-#include "tuner/util.hpp"
+#include "results/emit.hpp"
 
 namespace fs = std::filesystem;
 using namespace flashtune;

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "aot.hpp"
+#include "core/util.hpp"
 #include "fake_driver/load.hpp"
 #include "flashtune/attention.h"
 #include "strided_copy.hpp"
-#include "tuner/util.hpp"
 
 namespace fs = std::filesystem;
 using namespace flashtune;

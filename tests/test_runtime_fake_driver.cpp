@@ -32,14 +32,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/family.hpp"
+#include "core/util.hpp"
 #include "disk_cache.hpp"
-#include "fixture.hpp"
 #include "fake_driver/load.hpp"
+#include "fixture.hpp"
 #include "flashtune/attention.h"
 #include "lookup.hpp"
 #include "templates/attention_params.h"
-#include "tuner/family.hpp"
-#include "tuner/util.hpp"
 
 extern char** environ;
 namespace fs = std::filesystem;

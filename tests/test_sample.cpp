@@ -1,4 +1,4 @@
-// The covering sample (tuner/sample.hpp) that CI compiles instead of every variant: its cover
+// The covering sample (tuner/space/sample.hpp) that CI compiles instead of every variant: its cover
 // properties, checked independently of how it is built, on a synthetic family and on every committed
 // space of the registry. No NVRTC call: only the cheap pruning.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <set>
 
-#include "tuner/sample.hpp"
+#include "tuner/space/sample.hpp"
 
 using namespace flashtune;
 

@@ -4,12 +4,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/family.hpp"
+#include "core/util.hpp"
 #include "fixture.hpp"
+#include "results/emit.hpp"
+#include "results/select.hpp"
 #include "templates/tuned_config.h"
-#include "tuner/emit.hpp"
-#include "tuner/family.hpp"
-#include "tuner/select.hpp"
-#include "tuner/util.hpp"
 
 using namespace flashtune;
 namespace fs = std::filesystem;

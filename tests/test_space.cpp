@@ -9,16 +9,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/compile.hpp"
+#include "core/tensor_maps.hpp"
+#include "core/util.hpp"
+#include "fake_driver/record_tensor_map.hpp"
 #include "templates/fa2_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_traits.h"
-#include "tuner/compile.hpp"
-#include "tuner/search.hpp"
-#include "tuner/space.hpp"
-#include "tuner/sweep.hpp"
-#include "fake_driver/record_tensor_map.hpp"
-#include "tuner/tensor_maps.hpp"
-#include "tuner/util.hpp"
+#include "tuner/search/search.hpp"
+#include "tuner/space/space.hpp"
+#include "tuner/sweep/sweep.hpp"
 
 using namespace flashtune;
 using nlohmann::json;

@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/util.hpp"
 #include "fixture.hpp"
-#include "tuner/store.hpp"
-#include "tuner/util.hpp"
+#include "results/store.hpp"
 
 using namespace flashtune;
 namespace fs = std::filesystem;

@@ -10,13 +10,13 @@
 #include <set>
 #include <thread>
 
-#include "tuner/compile.hpp"
-#include "tuner/problem.hpp"
-#include "tuner/search.hpp"
-#include "tuner/space.hpp"
-#include "tuner/strategy.hpp"
-#include "tuner/telemetry.hpp"
-#include "tuner/util.hpp"
+#include "core/compile.hpp"
+#include "core/problem.hpp"
+#include "core/util.hpp"
+#include "tuner/search/search.hpp"
+#include "tuner/search/strategy.hpp"
+#include "tuner/space/space.hpp"
+#include "worker/telemetry.hpp"
 
 using namespace flashtune;
 

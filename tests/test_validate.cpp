@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <random>
 
-#include "tuner/compile.hpp"
-#include "tuner/validate.hpp"
-#include "tuner/input_files.hpp"
-#include "tuner/space.hpp"
+#include "core/compile.hpp"
+#include "core/input_files.hpp"
 #include "templates/attention_params.h"
+#include "tuner/space/space.hpp"
+#include "worker/validate.hpp"
 
 #include <cstddef>
 
@@ -113,7 +113,7 @@ TEST(Compile, ArchLimits) {
   EXPECT_THROW(arch_limits("sm_1"), std::exception);
 }
 
-#include "tuner/dtype_convert.hpp"
+#include "core/dtype_convert.hpp"
 
 // The by-hand binary16 (compilers without _Float16) against _Float16: every half, and every float whose low
 // 12 bits are one of a few patterns (with bit 12: ties, just above and below them), each rounding case of

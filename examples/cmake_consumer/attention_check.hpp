@@ -1,5 +1,5 @@
 // One attention case through flashtune::runtime (forward, then backward), checked against the float64
-// reference with the tuner's bounds (tuner/validate.hpp: each element within a few unit roundoffs of
+// reference with the tuner's bounds (worker/validate.hpp: each element within a few unit roundoffs of
 // its dtype times what it sums). Used by this example and by tests/gpu_runtime_test.cpp.
 // Memory through the CUDA runtime, as an application (or PyTorch) would allocate it.
 #pragma once
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype_convert.hpp"
 #include "flashtune/attention.hpp"
-#include "tuner/dtype_convert.hpp"
-#include "tuner/validate.hpp"
+#include "worker/validate.hpp"
 
 namespace attention_check {
 

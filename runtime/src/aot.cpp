@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <set>
 
-#include "tuner/util.hpp"
+#include "core/util.hpp"
 
 namespace flashtune::rt {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/compile.hpp"
 #include "lookup.hpp"
-#include "tuner/compile.hpp"
 
 namespace flashtune::rt {
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/problem.hpp"
 #include "flashtune/attention.h"
-#include "tuner/problem.hpp"
 
 namespace flashtune::rt {
 

@@ -1,6 +1,6 @@
 // The C ABI (flashtune/attention.h): argument checks, config lookup, kernels from the in-process map,
 // the disk cache or NVRTC, and the launches on the caller's stream. The launch sequence is the worker's
-// (tuner/gpu_runner.cpp: module load, lowered names, >48 KiB shared memory opt-in, zero-filled family
+// (worker/gpu_runner.cpp: module load, lowered names, >48 KiB shared memory opt-in, zero-filled family
 // workspace, kernels in the family's order), on caller-owned tensors instead of test buffers. Dense,
 // packed variable-length and paged-cache calls share every step; a packed one runs the families' packed
 // forms (kernel<Traits, true>, whose argument is VarlenParams: the dense struct and the device offsets) on
@@ -23,15 +23,15 @@
 
 #include "aot.hpp"
 #include "args.hpp"
+#include "core/cluster_launch.hpp"
+#include "core/compile.hpp"
+#include "core/tensor_maps.hpp"
+#include "core/util.hpp"
 #include "disk_cache.hpp"
 #include "driver.hpp"
 #include "lookup.hpp"
 #include "strided_copy.hpp"
 #include "templates/attention_params.h"
-#include "tuner/compile.hpp"
-#include "tuner/cluster_launch.hpp"
-#include "tuner/tensor_maps.hpp"
-#include "tuner/util.hpp"
 
 namespace flashtune::rt {
 namespace {

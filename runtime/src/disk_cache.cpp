@@ -13,7 +13,7 @@
 #include <set>
 #include <vector>
 
-#include "tuner/util.hpp"
+#include "core/util.hpp"
 
 namespace flashtune::rt {
 

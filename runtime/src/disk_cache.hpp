@@ -3,7 +3,7 @@
 // $XDG_CACHE_HOME/flashtune, else ~/.cache/flashtune.
 //
 // Entry: magic "FTKCACH1", payload size (8 bytes, little-endian), content hash of the payload (32 hex
-// characters, tuner/util's content_hash), payload. Written to a private temp file in the folder
+// characters, core/util's content_hash), payload. Written to a private temp file in the folder
 // (mkstemp) and rename()d into place, so readers see a whole entry or none, and several processes
 // filling one entry at once leave one valid entry (the last rename wins; all are the same kernel).
 // A truncated or corrupted entry fails the size or hash check: load() removes it and answers "missing",

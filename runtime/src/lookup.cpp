@@ -2,10 +2,10 @@
 
 #include <cstring>
 
+#include "core/util.hpp"
 #include "dispatch.hpp"
-#include "tuner/select.hpp"
-#include "tuner/store.hpp"
-#include "tuner/util.hpp"
+#include "results/select.hpp"
+#include "results/store.hpp"
 
 namespace flashtune::rt {
 

@@ -1,12 +1,12 @@
-// Which family and config a call runs: pure host code over the family registry (tuner/family.hpp),
+// Which family and config a call runs: pure host code over the family registry (core/family.hpp),
 // the generated tables (configs/generated/dispatch.hpp, compiled in) and an optional results store.
 // No GPU: the unit tests drive it with synthetic tables.
 #pragma once
 #include <string>
 #include <vector>
 
+#include "core/family.hpp"
 #include "tuned_config.h"
-#include "tuner/family.hpp"
 
 namespace flashtune::rt {
 

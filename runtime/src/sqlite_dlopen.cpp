@@ -1,12 +1,12 @@
 // sqlite() for the runtime library: libsqlite3.so.0 by dlopen at first use (a $FLASHTUNE_DB lookup).
-// Defined here, among the library's own objects, so the linker never takes tuner/sqlite_linked.cpp from
+// Defined here, among the library's own objects, so the linker never takes results/sqlite_linked.cpp from
 // the tuner's archive and the library needs no SQLite unless $FLASHTUNE_DB is set.
 #include <dlfcn.h>
 
 #include <stdexcept>
 #include <string>
 
-#include "tuner/sqlite_api.hpp"
+#include "results/sqlite_api.hpp"
 
 namespace flashtune {
 

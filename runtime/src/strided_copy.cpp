@@ -2,8 +2,8 @@
 
 #include <nvrtc.h>
 
-#include "tuner/compile.hpp"
-#include "tuner/util.hpp"
+#include "core/compile.hpp"
+#include "core/util.hpp"
 
 namespace flashtune::rt {
 namespace {

@@ -17,8 +17,8 @@
 #include <sstream>
 
 #include "aot.hpp"
+#include "core/util.hpp"
 #include "strided_copy.hpp"
-#include "tuner/util.hpp"
 
 using namespace flashtune;
 using namespace flashtune::rt;

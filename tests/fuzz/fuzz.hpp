@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tuner/util.hpp"
+#include "core/util.hpp"
 
 namespace flashtune::fuzz {
 

@@ -1,7 +1,7 @@
 // Experiment definitions (experiments/*.json, `flashtune experiment --dry-run`); file references resolve
 // against a folder that does not exist, so only inline problems are read.
 #include "tests/fuzz/fuzz.hpp"
-#include "tuner/experiment.hpp"
+#include "tuner/experiments/experiment.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return flashtune::fuzz::verdict([&] {

@@ -1,6 +1,6 @@
 // Problem files (`flashtune problems`, tune's second argument): problems, grids, varlen and paged objects.
 #include "tests/fuzz/fuzz.hpp"
-#include "tuner/space.hpp"
+#include "tuner/space/space.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return flashtune::fuzz::verdict([&] {

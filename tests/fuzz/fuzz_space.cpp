@@ -1,7 +1,7 @@
 // Space files (`flashtune tune`, compile-check): params checked against a family's domain, lists deduplicated,
 // sizes bounded before anything is built; the variants of a small space are built and checked too.
 #include "tests/fuzz/fuzz.hpp"
-#include "tuner/space.hpp"
+#include "tuner/space/space.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return flashtune::fuzz::verdict([&] {

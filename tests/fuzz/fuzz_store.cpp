@@ -1,8 +1,8 @@
 // Opening a store read-only (best, export, emit, merge's source) and reading everything a read-only verb reads.
+#include "results/select.hpp"
+#include "results/store.hpp"
 #include "tests/fuzz/fuzz.hpp"
 #include "tests/fuzz/fuzz_files.hpp"
-#include "tuner/select.hpp"
-#include "tuner/store.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string db = flashtune::fuzz::scratch_dir() + "/in.db";

@@ -1,0 +1,84 @@
+// FlashAttention-3's backward design on Hopper (sm_90a), fp16 / bf16: a producer warp (TMA), a dQ writer
+// warp (TMA reduce-add) and 1-3 consumer warpgroups of 64 keys each (wgmma for all five products).
+#include "templates/fa3_wgmma_bwd_traits.h"
+#include "core/families/common.hpp"
+#include "core/families/families.hpp"
+
+namespace flashtune {
+
+using family_parts::bool_arg;
+using family_parts::join_args;
+using family_parts::make_launch;
+
+Family make_fa3_wgmma_bwd() {
+  Family f;
+  f.name = "fa3_wgmma_bwd";
+  f.direction = "bwd";
+  f.template_file = "fa3_wgmma_bwd.cuh";
+  f.kernels = {"flashtune::fa3_wgmma_bwd_preprocess", "flashtune::fa3_wgmma_bwd_dkdv", "flashtune::fa3_wgmma_bwd_convert"};
+  f.params = {{"BLOCK_M", {64, 128}},      // query rows per step (the scores' wgmma N)
+              {"CONSUMERS", {1, 2, 3}},    // consumer warpgroups: BLOCK_N = 64 x CONSUMERS keys
+              {"STAGES", {1, 2}},          // Q, dO, lse, delta slots in the TMA ring
+              {"SCHED", {0, 1, 2}},        // 0: key blocks of a head together; 1: heaviest first (LPT); 2: 0, rotated
+              {"DQ_OVERLAP", {0, 1}},      // 1: dQ issued with dK and staged while dK runs
+              {"DQ_TURNS", {0, 1}},        // 1: two consumers take turns at a step's whole dQ
+              {"DETERMINISTIC", {0, 1, 2}},  // dQ added in key-block order (bitwise reproducible): 1 ascending,
+                                             // 2 descending (causal: each query block's diagonal block first)
+              {"DQ_STAGES", {1, 2}}};      // dQ staging tiles, a writer warp each
+  f.head_dims = {64, 96, 128};
+  f.dtypes = {DType::fp16, DType::bf16};
+  f.default_config = {64, 1, 2, 0, 0, 0, 0, 1};  // fits every head dim (d 96 compiles with one consumer only)
+  f.hopper_only = true;
+  f.gqa = true;
+  struct Named {  // the config by name (the order of f.params)
+    int block_m, consumers, stages, sched, dq_overlap, dq_turns, deterministic, dq_stages;
+    explicit Named(const Config& c)
+        : block_m(c.at(0)), consumers(c.at(1)), stages(c.at(2)), sched(c.at(3)), dq_overlap(c.at(4)),
+          dq_turns(c.at(5)), deterministic(c.at(6)), dq_stages(c.at(7)) {}
+  };
+  f.reproducible = [](const Config& c) { return c.size() == 8 && Named(c).deterministic >= 1; };
+  f.causal_check = [](const Config& c, bool causal) -> const char* {
+    return c.size() == 8 && Named(c).deterministic == 2 && !causal
+               ? "DETERMINISTIC 2 orders the adds for the causal mask (every key block sees every query block "
+                 "without it: 1's ascending order waits for nothing)"
+               : nullptr;
+  };
+  f.traits = [](const Config& c, int d, bool causal, DType t) {
+    const Named n(c);
+    return "flashtune::Fa3WgmmaBwdTraits<" +
+           join_args({std::to_string(d), std::to_string(n.block_m), std::to_string(n.consumers),
+                      std::to_string(n.stages), std::to_string(n.sched), std::to_string(n.dq_overlap),
+                      std::to_string(n.dq_turns), std::to_string(n.deterministic), std::to_string(n.dq_stages),
+                      t == DType::bf16 ? "1" : "0",
+                      bool_arg(causal)}) +
+           ">";
+  };
+  f.check = [](const Config& c, int d) -> const char* {
+    if (c.size() != 8) return "fa3_wgmma_bwd's config has 8 values (BLOCK_M .. DQ_STAGES)";
+    const Named n(c);
+    return fa3_bwd_check(d, n.block_m, n.consumers, n.stages, n.sched, n.dq_overlap, n.dq_turns, n.deterministic,
+                         n.dq_stages);
+  };
+  f.workspace_bytes = [](const Config& c, const Problem& p) {
+    return (size_t)fa3_bwd_workspace_bytes(p.batch, p.heads, p.seq_q, p.head_dim, Named(c).block_m);
+  };
+  f.workspace_written = true;  // the preprocess writes every padded row's lse2, delta and dq_accum
+  f.launches = [](const Config& c, const Problem& p) {
+    const Named n(c);
+    return std::vector{
+        make_launch(fa3_bwd_preprocess_grid(p.batch, p.heads, p.seq_q, n.block_m), kFa3BwdRowThreads, 0),
+        make_launch(fa3_bwd_dkdv_grid(p.batch, p.kv_heads(), p.seq_k, n.consumers, n.sched),
+                    fa3_wgmma_threads(n.consumers),
+                    fa3_bwd_smem_bytes(p.head_dim, n.block_m, n.consumers, n.stages, n.dq_stages)),
+        make_launch(fa3_bwd_convert_grid(p.batch, p.heads, p.seq_q), kFa3BwdRowThreads, 0)};
+  };
+  f.tensor_maps = [](const Config& c, const Problem& p) {
+    const Named n(c);
+    const int w = fa3_wgmma_group_cols(p.head_dim), sw = fa3_wgmma_swizzle_bytes(p.head_dim);
+    const int bn = fa3_bwd_block_n(n.consumers);
+    return std::vector<TensorMapSpec>{{"q", n.block_m, w, sw}, {"k", bn, w, sw}, {"v", bn, w, sw}, {"do", n.block_m, w, sw}};
+  };
+  return f;
+}
+
+}  // namespace flashtune

@@ -1,0 +1,128 @@
+// Kernel family descriptors: everything the tuner knows about a template, in one place.
+// A family says which template file holds it, how a configuration becomes a kernel name
+// expression, which configurations are impossible (and why), how to launch it, and its
+// default configuration (the fixed table a tuner has to beat).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/problem.hpp"
+
+namespace flashtune {
+
+// One tunable: its name as written in space files and its whole legal domain. Values
+// from a space file are checked against the domain before they reach a name expression.
+struct ParamSpec {
+  std::string name;
+  std::vector<int> domain;
+};
+
+using Config = std::vector<int>;  // values in the order of Family::params
+
+// One kernel launch's geometry. A family runs one or more kernels in order (a backward runs
+// preprocess, dK/dV and dQ); the candidate's time covers all of them.
+struct Launch {
+  unsigned grid[3] = {1, 1, 1};
+  unsigned threads = 0;
+  unsigned smem_bytes = 0;  // dynamic shared memory
+  unsigned cluster_x = 1;   // CTAs per thread-block cluster along x (grid[0] a multiple of it); 1: no cluster
+};
+
+// A TMA tensor map the worker encodes for a family's kernels (their second, __grid_constant__
+// parameter, AttnTensorMaps, in the order listed): one of the problem's tensors as 4-D (head_dim,
+// seq, heads, batch), a box of box_cols x box_rows (x 1 x 1), its rows swizzled.
+struct TensorMapSpec {
+  std::string tensor;     // "q", "k", "v", "o" or "do" (the backward's dO)
+  int box_rows = 0;       // 1..256
+  int box_cols = 0;       // 16-bit elements: box_cols * 2 a multiple of 16, at most swizzle_bytes
+  int swizzle_bytes = 0;  // 32, 64 or 128
+};
+
+struct Family {
+  std::string name;           // "fa2_simt"
+  std::string direction;      // "fwd"
+  std::string template_file;  // "fa2_simt.cuh"
+  std::vector<std::string> kernels;  // {"flashtune::fa2_simt_fwd"}, launched in this order
+  std::vector<ParamSpec> params;
+  std::vector<int> head_dims;
+  std::vector<DType> dtypes;
+  Config default_config;      // valid for every supported head dim
+  bool test_only = false;     // fault-injection families: never in default listings
+  bool workspace_written = false;  // see workspace_bytes
+  bool hopper_only = false;   // wgmma: compiled for sm_90a (on an sm_90 target), pruned on others
+  bool gqa = false;           // reads kv head h / (heads / heads_k) (grouped-query attention)
+  // Runs packed variable-length batches (Problem::varlen): every kernel also exists as `kernel<Traits, true>`,
+  // which reads cu_seqlens_q/k from the params (Variant::varlen picks it; the dense kernel is `kernel<Traits>`).
+  bool varlen = false;
+  // Reads a paged K/V cache (Problem::paged): every kernel also exists as `kernel<Traits, true>` on PagedParams
+  // (Variant::paged picks it). A family has at most one second form: varlen or paged, never both (the
+  // template's second argument names one).
+  bool paged = false;
+  // Query rows per sequence it serves (Sq <= max_seq_q), 0: any. A decoding family: tuned, selected and
+  // run by the library only for shapes in its range (shape_reason), whatever it measured elsewhere.
+  int max_seq_q = 0;
+
+  // "flashtune::Fa2SimtTraits<64,128,64,8,4,2,false>"
+  std::function<std::string(const Config&, int head_dim, bool causal, DType)> traits;
+  // nullptr when the combination is valid, else why not (the same conditions as the
+  // traits' static_asserts, so NVRTC never sees an impossible variant).
+  std::function<const char*(const Config&, int head_dim)> check;
+  // The packed form's (varlen) further conditions: nullptr when it has that form of the config, else why not
+  // (fa2_wgmma_bwd: LOAD 1's packed images failed validation on the GPU).
+  std::function<const char*(const Config&)> varlen_check = [](const Config&) -> const char* { return nullptr; };
+  // Further conditions on the mask: nullptr when the config has a variant for it, else why not (fa3_wgmma:
+  // MULTICAST's clusters are non-causal only).
+  std::function<const char*(const Config&, bool causal)> causal_check = [](const Config&, bool) -> const char* {
+    return nullptr;
+  };
+  // The paged form's condition on the problem's page size: nullptr when the config can read pages of that
+  // size, else why not (decode_splitkv: BLOCK_N must divide it). Applied per problem (the search's candidates,
+  // `run`), not at compile time: one compiled paged variant serves every page size it divides.
+  std::function<const char*(const Config&, int page_size)> paged_check = [](const Config&, int) -> const char* {
+    return nullptr;
+  };
+  // A backward config whose dQ, dK and dV are bitwise equal from run to run on the same inputs (no additions
+  // in an order the hardware picks). The worker checks the claim (validate: repeated runs compared bit for
+  // bit); selection keeps these picks apart (`best --deterministic`, the tables' deterministic entries, the
+  // runtime's deterministic calls).
+  std::function<bool(const Config&)> reproducible = [](const Config&) { return false; };
+  std::function<std::vector<Launch>(const Config&, const Problem&)> launches;  // one per kernel
+  // Bytes of p.workspace: zero-filled by the worker before each validated run and by the runtime before
+  // each call, unless workspace_written (the family's kernels write every byte before reading it; the
+  // worker then fills it with 0xFF before the validated run, so a byte read unwritten shows as a wrong answer).
+  std::function<size_t(const Config&, const Problem&)> workspace_bytes = [](const Config&, const Problem&) {
+    return size_t{0};
+  };
+
+  // TMA tensor maps its kernels take (none: the kernels take the params struct alone).
+  std::function<std::vector<TensorMapSpec>(const Config&, const Problem&)> tensor_maps =
+      [](const Config&, const Problem&) { return std::vector<TensorMapSpec>{}; };
+
+  // packed: the varlen form, paged: the paged form (a family has one of them at most): `kernel<Traits, true>`.
+  std::vector<std::string> name_expressions(const Config& c, int head_dim, bool causal, DType t,
+                                            bool packed = false, bool paged = false) const {
+    std::vector<std::string> out;
+    for (const auto& k : kernels)
+      out.push_back("&" + k + "<" + traits(c, head_dim, causal, t) + (packed || paged ? ", true>" : ">"));
+    return out;
+  }
+  // Whether it serves the problem's head layout and query length: "" when it does, else why not
+  // ("does not support grouped-query attention (heads_k)", "serves Sq <= 16", "does not support packed
+  // variable-length batches", "does not read paged K/V caches"). Direction, dtype and
+  // head dim are checked where they are named; this is the rest, in one place for tune, run, import
+  // and selection.
+  std::string shape_reason(const Problem& p) const;
+  std::string config_string(const Config& c) const;  // "BLOCK_M=128,BLOCK_N=64,..."
+  Config parse_config(const std::string& kv) const;   // inverse; validated; throws UsageError
+};
+
+// Why a tensor map cannot be encoded for this problem (empty when it can): an unknown tensor, a box
+// outside the copy engine's limits, a swizzle the box does not fit, strides TMA cannot express.
+std::string tensor_map_error(const TensorMapSpec&, const Problem&);
+
+const std::vector<Family>& families();
+const Family& find_family(const std::string& name);  // throws UsageError
+const Family* family_named(const std::string& name);  // nullptr when unknown
+
+}  // namespace flashtune

@@ -1,0 +1,29 @@
+// TMA tensor maps (Family::tensor_maps) encoded over a problem's tensors: the worker and the runtime
+// library share this, each passing its own cuTensorMapEncodeTiled (linked, or loaded with dlopen).
+#pragma once
+#include <cuda.h>
+
+#include <string>
+#include <vector>
+
+#include "core/family.hpp"
+#include "templates/attention_params.h"
+
+namespace flashtune {
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// Device addresses of the tensors a map may describe, contiguous (batch, heads, seq, head_dim): the forward's
+// and the backward's incoming gradient dO (a backward passes O's address as o).
+struct FwdTensors {
+  CUdeviceptr q = 0, k = 0, v = 0, o = 0, dout = 0;
+};
+
+// maps[i] for specs[i]. Throws std::invalid_argument with tensor_map_error's reason for a spec the
+// problem cannot have, std::runtime_error naming the CUresult when the driver refuses.
+AttnTensorMaps encode_tensor_maps(EncodeTiledFn encode, const std::vector<TensorMapSpec>& specs, const Problem& p,
+                                  const FwdTensors& t);
+
+}  // namespace flashtune

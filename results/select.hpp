@@ -1,0 +1,59 @@
+// Selection: the best valid config per problem, and per (device, family, direction, dtype,
+// head_dim, causal, sequence bucket) for the emitted headers.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/timing.hpp"
+#include "results/store.hpp"
+
+namespace flashtune {
+
+// The worker's fewest repeats for a full timing; rows with fewer (a search's cheap rounds, timings
+// stopped early) are picked only for a problem that has no fully timed row.
+inline constexpr int kFullTimingReps = timing::kMinReps;
+
+// The rows whose config its family calls bitwise reproducible (Family::reproducible): what a deterministic
+// backward may run.
+std::vector<ResultRecord> reproducible_rows(const std::vector<ResultRecord>& rows);
+
+// Among `ok` results: the fastest config for each (device, family, direction, problem).
+std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& results);
+
+struct BucketChoice {
+  std::string device, arch, family, direction, config;
+  DType dtype = DType::fp32;
+  int head_dim = 0;
+  bool causal = false;
+  int seq_bucket = 0;
+  double tflops = 0;  // geometric mean over the bucket's problems
+  int problems = 0;
+  // Of paged K/V cache rows (Problem::paged): buckets of their own, whatever their page sizes (a config
+  // must be valid on every problem of the bucket, so one whose BLOCK_N does not divide some problem's page
+  // is never the pick); only a paged call takes one, and only where its page size suits the config.
+  bool paged = false;
+  // Among the configs whose family calls them bitwise reproducible only (Family::reproducible): the pick a
+  // deterministic backward takes (best_per_bucket(..., true)); buckets of their own in the tables.
+  bool deterministic = false;
+};
+
+// A config must be valid on every problem of its bucket; among those the highest geometric-mean
+// TFLOP/s wins (so one huge shape does not dominate). Paged rows make buckets apart from dense ones.
+// deterministic: among the reproducible configs only, each choice marked so.
+std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results, bool deterministic = false);
+
+// The choice a problem gets (as the emitted headers do): the smallest bucket that holds its
+// sequence length, else the largest there is, among the paged buckets for a paged problem and the dense
+// ones otherwise; nullptr when there is none.
+// Only choices whose `deterministic` equals the argument.
+const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p, bool deterministic = false);
+
+// The stored config a measurement of problem p runs (experiment, run --best), from one family's results on
+// one device: the problem's own best ("problem"), else its sequence bucket's ("bucket"; multi-head dense
+// rows only; a packed variable-length problem has its own or none); source "" when there is neither.
+struct StoredChoice {
+  std::string config, source;
+};
+StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Problem& p);
+
+}  // namespace flashtune

@@ -1,0 +1,851 @@
+#include "results/store.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/util.hpp"
+#include "results/sqlite_api.hpp"
+
+namespace flashtune {
+
+
+namespace {
+
+// SQLITE_BUSY / SQLITE_LOCKED where SQLite gave up (or never called the busy handler): retried.
+struct BusyError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+constexpr int kBusyTimeoutMs = 60000;       // the busy handler's wait per statement
+constexpr double kBusyRetrySeconds = 300;   // and our own retries on top of it
+
+[[noreturn]] void throw_sqlite(sqlite3* db, int rc, const std::string& what) {
+  const std::string msg = std::string("sqlite: ") + (db ? sqlite().errmsg(db) : sqlite().errstr(rc)) + what;
+  if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) throw BusyError(msg);
+  // A damaged file, or one whose tables lack a column we read: bad input (one line, exit 2).
+  if ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB || (rc & 0xff) == SQLITE_FORMAT)
+    throw UsageError("the database is damaged: " + brief(msg, 200));
+  // SQLite refuses a record that claims a huge size as out of memory: a damaged file of 15 KB did so (fuzz_store).
+  if ((rc & 0xff) == SQLITE_NOMEM)
+    throw UsageError("the database is damaged (a record larger than SQLite reads) or too large to read here: " +
+                     brief(msg, 200));
+  if ((rc & 0xff) == SQLITE_ERROR && what.rfind(" in: ", 0) == 0)
+    throw UsageError("the database does not have the tables and columns of its schema version: " + brief(msg, 200));
+  throw std::runtime_error(msg);
+}
+
+void backoff(int attempt) {
+  static thread_local std::minstd_rand rng{(unsigned)getpid()};
+  std::this_thread::sleep_for(std::chrono::milliseconds(5 + rng() % (5 + 10 * std::min(attempt, 20))));
+}
+
+// A prepared statement with positional binds; finalizes itself.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const std::string& sql) : db_(db) {
+    if (int rc = sqlite().prepare_v2(db, sql.c_str(), -1, &s_, nullptr); rc != SQLITE_OK) {
+      sqlite().finalize(s_);
+      s_ = nullptr;
+      throw_sqlite(db, rc, " in: " + sql.substr(0, 120));
+    }
+  }
+  ~Stmt() { sqlite().finalize(s_); }
+  Stmt& bind(int i, const std::string& v) { check(sqlite().bind_text(s_, i, v.c_str(), (int)v.size(), SQLITE_TRANSIENT)); return *this; }
+  Stmt& bind(int i, long long v) { check(sqlite().bind_int64(s_, i, v)); return *this; }
+  Stmt& bind(int i, int v) { return bind(i, (long long)v); }
+  Stmt& bind(int i, double v) { check(sqlite().bind_double(s_, i, v)); return *this; }
+  Stmt& bind_blob(int i, const std::string& v) {
+    check(v.empty() ? sqlite().bind_null(s_, i) : sqlite().bind_blob(s_, i, v.data(), (int)v.size(), SQLITE_TRANSIENT));
+    return *this;
+  }
+  bool step() {
+    int rc = sqlite().step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    throw_sqlite(db_, rc, "");
+  }
+  std::string text(int c) const {
+    auto p = sqlite().column_text(s_, c);
+    return p ? std::string((const char*)p, sqlite().column_bytes(s_, c)) : std::string();
+  }
+  std::string blob(int c) const {
+    auto p = sqlite().column_blob(s_, c);
+    return p ? std::string((const char*)p, sqlite().column_bytes(s_, c)) : std::string();
+  }
+  long long i64(int c) const { return sqlite().column_int64(s_, c); }
+  double f64(int c) const { return sqlite().column_double(s_, c); }
+
+ private:
+  void check(int rc) {
+    if (rc != SQLITE_OK) throw std::runtime_error(std::string("sqlite bind: ") + sqlite().errmsg(db_));
+  }
+  sqlite3* db_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+// The results table of schema v8, by name (the v3 -> v4, v5 -> v6, v6 -> v7 and v7 -> v8 migrations build it
+// beside the old one). heads_k (v6): grouped-query attention's kv heads, 0 for multi-head. varlen (v7): a packed
+// variable-length batch's description (Varlen::key(), canonical JSON), '' for a dense problem; batch,
+// seq_q and seq_k then hold the number of sequences and the longest lengths. paged (v8): a paged K/V cache's
+// description (Paged::key()), '' for contiguous K/V; seq_k then holds the longest cache length.
+std::string results_ddl(const std::string& name) {
+  return "CREATE TABLE IF NOT EXISTS " + name + R"sql((
+  id INTEGER PRIMARY KEY,
+  kernel_hash TEXT NOT NULL, family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+  batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
+  head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, causal INTEGER NOT NULL,
+  status TEXT NOT NULL, error TEXT,
+  max_abs REAL, max_rel REAL, mse REAL,
+  ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL, gbps REAL, seed INTEGER,
+  device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL, driver_version INTEGER NOT NULL,
+  nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+  registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
+  created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER,
+  heads_k INTEGER NOT NULL DEFAULT 0, varlen TEXT NOT NULL DEFAULT '', paged TEXT NOT NULL DEFAULT '',
+  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen, paged)))sql";
+}
+
+constexpr const char* kSchemaRest = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kernels(
+  hash TEXT PRIMARY KEY,
+  family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+  head_dim INTEGER NOT NULL, causal INTEGER NOT NULL, dtype TEXT NOT NULL,
+  arch TEXT NOT NULL, nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+  name_expression TEXT NOT NULL,
+  status TEXT NOT NULL, reason TEXT, lowered_name TEXT,
+  registers INTEGER, smem_static INTEGER, stack_bytes INTEGER, spill_stores INTEGER, spill_loads INTEGER,
+  compile_ms REAL, log TEXT, cubin BLOB, created TEXT NOT NULL, origin INTEGER);
+
+CREATE TABLE IF NOT EXISTS experiment_runs(
+  id INTEGER PRIMARY KEY, experiment TEXT NOT NULL, title TEXT, device_name TEXT NOT NULL,
+  probes TEXT, spec TEXT, created TEXT NOT NULL, origin INTEGER);
+CREATE TABLE IF NOT EXISTS experiment_rows(
+  id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES experiment_runs(id),
+  impl TEXT NOT NULL, family TEXT, config TEXT, direction TEXT NOT NULL, dtype TEXT NOT NULL,
+  batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
+  head_dim INTEGER NOT NULL, causal INTEGER NOT NULL, status TEXT NOT NULL, error TEXT,
+  ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL, gbps REAL,
+  max_abs REAL, mean_abs REAL, mse REAL, max_rel REAL, peak_bytes INTEGER, device TEXT, detail TEXT);
+-- Where merged or imported rows came from (schema 5): one row per input, its content hash unique,
+-- so that merging or importing the same content again adds nothing. `origin` columns point here;
+-- NULL origin: produced in this store by tune, run or experiment.
+CREATE TABLE IF NOT EXISTS provenance(
+  id INTEGER PRIMARY KEY, kind TEXT NOT NULL, source TEXT NOT NULL, content_hash TEXT NOT NULL UNIQUE,
+  source_schema INTEGER, kernels INTEGER NOT NULL DEFAULT 0, results INTEGER NOT NULL DEFAULT 0,
+  experiment_runs INTEGER NOT NULL DEFAULT 0, upstream TEXT, created TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS results_by_problem ON results(family, direction, device_name, head_dim, dtype, causal);
+)sql";
+
+std::string schema_sql() {
+  const std::string rest = kSchemaRest;
+  const auto kernels_end = rest.find("CREATE TABLE IF NOT EXISTS experiment_runs");
+  return rest.substr(0, kernels_end) + results_ddl("results") + ";\n" + rest.substr(kernels_end);
+}
+
+// What the file holds, read without writing anything.
+struct FileState {
+  long long application_id = 0;
+  std::set<std::string> tables;   // sqlite_* excluded
+  std::string version;            // meta.schema_version, "" without one
+  long long meta_rows = 0;
+  std::set<std::string> results_columns, kernels_columns;
+};
+
+std::set<std::string> columns(sqlite3* db, const std::string& table) {
+  std::set<std::string> out;
+  Stmt s(db, "SELECT name FROM pragma_table_info('" + table + "')");
+  while (s.step()) out.insert(s.text(0));
+  return out;
+}
+
+FileState inspect(sqlite3* db) {
+  FileState f;
+  {
+    Stmt s(db, "PRAGMA application_id");
+    if (s.step()) f.application_id = s.i64(0);
+  }
+  {
+    Stmt s(db, R"(SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\')");
+    while (s.step()) f.tables.insert(s.text(0));
+  }
+  if (f.tables.count("meta")) {
+    const auto meta_columns = columns(db, "meta");
+    if (meta_columns.count("key") && meta_columns.count("value")) {
+      Stmt n(db, "SELECT count(*) FROM meta");
+      n.step();
+      f.meta_rows = n.i64(0);
+      Stmt v(db, "SELECT value FROM meta WHERE key='schema_version'");
+      if (v.step()) f.version = v.text(0);
+    }
+  }
+  if (f.tables.count("results")) f.results_columns = columns(db, "results");
+  if (f.tables.count("kernels")) f.kernels_columns = columns(db, "kernels");
+  return f;
+}
+
+// Stores written before application_id existed (schema 1-3) are ours when their table set is
+// exactly what that version created and `meta` holds only the version row.
+bool legacy_ours(const FileState& f) {
+  static const std::set<std::string> v12 = {"meta", "kernels", "results"};
+  static const std::set<std::string> v3 = {"meta", "kernels", "results", "experiment_runs", "experiment_rows"};
+  const bool tables_match = ((f.version == "1" || f.version == "2") && f.tables == v12) || (f.version == "3" && f.tables == v3);
+  return f.application_id == 0 && tables_match && f.meta_rows == 1 && f.results_columns.count("kernel_hash") &&
+         f.results_columns.count("device_name") && f.kernels_columns.count("hash");
+}
+
+}  // namespace
+
+void check_db_path(const std::string& path) {
+  if (path.empty()) throw UsageError("the database path is empty");
+  if (path == ":memory:") throw UsageError("--db :memory: would discard every result; give a file");
+  if (path.rfind("file:", 0) == 0) throw UsageError("--db '" + brief(path) + "': SQLite URIs are not accepted; give a file path");
+}
+
+namespace {
+
+// "file:" + the path with '%', '?' and '#' escaped (and a "//" start kept from being an authority).
+std::string sqlite_uri(const std::string& path) {
+  std::string out = path.rfind("//", 0) == 0 ? "file:/" : "file:";
+  for (unsigned char c : path) {
+    if (c == '%' || c == '?' || c == '#') {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      out += buf;
+    } else {
+      out += (char)c;
+    }
+  }
+  return out;
+}
+
+// A read-only open of a store. A file in rollback mode with no -wal beside it opens as usual. A -wal
+// file makes SQLite read it as part of the store, whatever the header says; so a -wal beside a store
+// whose header is not in WAL mode, or one that is not a regular file of the store's owner, is refused
+// (a planted file is never read as the store). A store in WAL mode whose -wal is missing or empty
+// (a writer closed it uncleanly, or it was copied) holds everything in the main file: it is opened
+// immutable, so a read-only folder works and no -wal/-shm is left behind. Only a non-empty -wal of
+// the store's owner (a writer is running, or was killed) is read through SQLite's WAL index.
+bool read_only_open_immutable(const std::string& path, const struct stat& st) {
+  unsigned char header[20] = {};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  const bool whole = fd >= 0 && ::read(fd, header, sizeof header) == (ssize_t)sizeof header;
+  if (fd >= 0) ::close(fd);
+  const bool wal_mode = whole && header[18] == 2 && header[19] == 2;
+  struct stat wst {};
+  const std::string wal = path + "-wal";
+  if (lstat(wal.c_str(), &wst) != 0) return wal_mode;
+  if (!S_ISREG(wst.st_mode) || wst.st_uid != st.st_uid || (wst.st_size > 0 && !wal_mode))
+    throw UsageError("'" + path + "' has a -wal file beside it that is not its own (" +
+                     (!S_ISREG(wst.st_mode) ? "not a regular file" : wst.st_uid != st.st_uid ? "another owner" : "the store is not in WAL mode") +
+                     "): not read; remove '" + wal + "'");
+  return wst.st_size == 0;
+}
+
+}  // namespace
+
+Store::Store(const std::string& path, Mode mode) : path_(path), read_only_(mode == Mode::read_only) {
+  check_db_path(path);
+  struct stat st {};
+  const bool exists = stat(path.c_str(), &st) == 0;
+  if (!exists && read_only_) throw UsageError("database '" + path + "' does not exist");
+  if (exists && S_ISDIR(st.st_mode)) throw UsageError("database '" + path + "' is a folder, not a file");
+  if (exists && !S_ISREG(st.st_mode)) throw UsageError("database '" + path + "' is not a regular file");
+  if (exists && read_only_ && st.st_size == 0) throw UsageError("'" + path + "' is empty, not a flashtune database");
+  int flags = read_only_ ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  std::string name = path;
+  if (read_only_ && read_only_open_immutable(path, st)) {  // nothing beside it to read: no locks, no files made
+    name = sqlite_uri(path) + "?immutable=1";
+    flags |= SQLITE_OPEN_URI;
+  }
+  if (int rc = sqlite().open_v2(name.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr); rc != SQLITE_OK) {
+    std::string msg = db_ ? sqlite().errmsg(db_) : sqlite().errstr(rc);
+    sqlite().close(db_);
+    db_ = nullptr;
+    throw UsageError("cannot open database '" + path + "': " + msg);
+  }
+  sqlite().busy_timeout(db_, kBusyTimeoutMs);
+  try {
+    open_checked(mode);
+  } catch (const UsageError&) {
+    sqlite().close(db_);
+    db_ = nullptr;
+    throw;
+  } catch (const std::exception& e) {  // "file is not a database", an unreadable file: bad input
+    sqlite().close(db_);
+    db_ = nullptr;
+    throw UsageError("cannot use database '" + path + "': " + brief(e.what(), 160));
+  }
+}
+
+void Store::open_checked(Mode mode) {
+  // Nothing is written before the file is known to be ours (or new). A database written by something
+  // else, or by a newer flashtune, is refused untouched.
+  auto refuse_foreign = [&](const FileState& f) {
+    if (f.application_id != 0 && f.application_id != kApplicationId)
+      throw UsageError("'" + path_ + "' is not a flashtune database (application_id " + std::to_string(f.application_id) + ")");
+    if (!f.tables.count("meta"))
+      throw UsageError("'" + path_ + "' is not a flashtune database (it has tables but no meta table)");
+    throw UsageError("'" + path_ + "' is not a flashtune database (its tables and meta row are not flashtune's)");
+  };
+  auto version_of = [&](const FileState& f) {
+    const std::string& v = f.version;
+    const int n = v.size() == 1 && v[0] >= '1' && v[0] <= '9' ? v[0] - '0' : -1;
+    if (n < 1 || n > kSchemaVersion)
+      throw UsageError("'" + path_ + "' has schema version '" + brief(v, 20) + "', this flashtune reads versions 1.." +
+                       std::to_string(kSchemaVersion));
+    return n;
+  };
+
+  if (mode == Mode::read_only) {
+    FileState f;
+    for (int attempt = 0;; ++attempt) {  // a writer creating the schema right now: wait for it
+      try {
+        f = inspect(db_);
+        break;
+      } catch (const BusyError&) {
+        if (attempt > 2000) throw;
+        backoff(attempt);
+      }
+    }
+    if (f.tables.empty()) throw UsageError("'" + path_ + "' is not a flashtune database (no tables)");
+    if (f.application_id != kApplicationId && !legacy_ours(f)) refuse_foreign(f);
+    version_ = version_of(f);
+    has_detail_ = f.results_columns.count("detail") > 0;
+    has_inputs_ = f.results_columns.count("inputs") > 0;
+    has_heads_k_ = f.results_columns.count("heads_k") > 0;
+    has_varlen_ = f.results_columns.count("varlen") > 0;
+    has_paged_ = f.results_columns.count("paged") > 0;
+    has_experiments_ = f.tables.count("experiment_runs") && f.tables.count("experiment_rows");
+    has_provenance_ = f.tables.count("provenance") > 0;
+    return;
+  }
+
+  // Writers: inspect, create or migrate, all inside one BEGIN IMMEDIATE transaction, so that
+  // concurrent first opens of a new file serialise and the second sees the first's schema.
+  write_txn([&] {
+    const FileState f = inspect(db_);
+    if (f.tables.empty() && f.application_id == 0) {  // new (or zero bytes): ours from now on
+      exec(schema_sql());
+      exec("INSERT INTO meta VALUES('schema_version','" + std::to_string(kSchemaVersion) + "');");
+      exec("PRAGMA application_id=" + std::to_string(kApplicationId) + ";");
+      return;
+    }
+    if (f.application_id != kApplicationId && !legacy_ours(f)) refuse_foreign(f);
+    int v = version_of(f);
+    if (v == 1) {  // v1 -> v2: results gained `detail`
+      if (!f.results_columns.count("detail")) exec("ALTER TABLE results ADD COLUMN detail TEXT;");
+      v = 2;
+    }
+    if (v == 2) v = 3;  // v2 -> v3: the experiment tables, created by the schema below
+    // A new column in the unique key: the table rebuilt beside the old one, the common columns copied.
+    auto rebuild_results = [&] {
+      const std::set<std::string> old_cols = columns(db_, "results");
+      exec("DROP TABLE IF EXISTS results_new;" + results_ddl("results_new") + ";");
+      const std::set<std::string> new_cols = columns(db_, "results_new");
+      std::string list;
+      for (const auto& c : old_cols)
+        if (new_cols.count(c)) list += (list.empty() ? "" : ",") + c;
+      exec("INSERT INTO results_new(" + list + ") SELECT " + list + " FROM results ORDER BY id;");
+      exec("DROP TABLE results; ALTER TABLE results_new RENAME TO results;");
+    };
+    if (v == 3) {  // v3 -> v4: results.inputs in the unique key (the table of v6 at once)
+      rebuild_results();
+      v = 4;
+    }
+    if (v == 4) {  // v4 -> v5: `origin` columns (the provenance table comes with the schema below)
+      for (const char* table : {"kernels", "results", "experiment_runs"})
+        if (f.tables.count(table) && !columns(db_, table).count("origin"))
+          exec(std::string("ALTER TABLE ") + table + " ADD COLUMN origin INTEGER;");
+      v = 5;
+    }
+    if (v == 5) {  // v5 -> v6: results.heads_k (grouped-query attention) in the unique key
+      if (!columns(db_, "results").count("heads_k")) rebuild_results();
+      v = 6;
+    }
+    if (v == 6) {  // v6 -> v7: results.varlen (packed variable-length batches) in the unique key
+      if (!columns(db_, "results").count("varlen")) rebuild_results();
+      v = 7;
+    }
+    if (v == 7) {  // v7 -> v8: results.paged (paged K/V caches) in the unique key
+      if (!columns(db_, "results").count("paged")) rebuild_results();
+      v = 8;
+    }
+    exec(schema_sql());  // tables and index that a migrated file lacks
+    exec("UPDATE meta SET value='" + std::to_string(kSchemaVersion) + "' WHERE key='schema_version';");
+    if (f.application_id != kApplicationId) exec("PRAGMA application_id=" + std::to_string(kApplicationId) + ";");
+  });
+  version_ = kSchemaVersion;
+  // WAL only on a file known to be ours. Switching needs every other connection out of the way, and
+  // SQLite answers BUSY here without waiting: retry.
+  for (int attempt = 0;; ++attempt) {
+    try {
+      Stmt m(db_, "PRAGMA journal_mode=WAL");
+      if (m.step() && m.text(0) == "wal") break;
+      if (attempt > 2000) break;  // a file system without WAL support: stay in rollback mode
+    } catch (const BusyError&) {
+      if (attempt > 2000) throw;
+    }
+    backoff(attempt);
+  }
+  exec("PRAGMA synchronous=NORMAL;");
+}
+
+Store::~Store() { sqlite().close(db_); }
+
+void Store::exec(const std::string& sql) {
+  char* err = nullptr;
+  if (int rc = sqlite().exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
+    std::string msg = err ? err : sqlite().errstr(rc);
+    sqlite().free(err);
+    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) throw BusyError("sqlite: " + msg);
+    throw std::runtime_error("sqlite: " + msg);
+  }
+}
+
+void Store::write_txn(const std::function<void()>& body) {
+  if (read_only_) throw std::logic_error("write to a store opened read-only: '" + path_ + "'");
+  if (txn_depth_ > 0) {  // inside transaction(): join it (a BUSY retries the outermost body)
+    body();
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int attempt = 0;; ++attempt) {
+    bool begun = false;
+    try {
+      exec("BEGIN IMMEDIATE;");
+      begun = true;
+      ++txn_depth_;
+      body();
+      --txn_depth_;
+      exec("COMMIT;");
+      return;
+    } catch (const BusyError&) {
+      txn_depth_ = 0;
+      if (begun) sqlite().exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kBusyRetrySeconds) throw;
+      backoff(attempt);
+    } catch (...) {
+      txn_depth_ = 0;
+      if (begun) sqlite().exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+      throw;
+    }
+  }
+}
+
+std::optional<KernelRecord> Store::find_kernel(const std::string& hash, bool with_cubin) {
+  Stmt s(db_, std::string("SELECT family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
+                          "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,"
+                          "stack_bytes,spill_stores,spill_loads,compile_ms,log,") +
+                  (with_cubin ? "cubin" : "NULL") + ",created FROM kernels WHERE hash=?");
+  s.bind(1, hash);
+  if (!s.step()) return std::nullopt;
+  KernelRecord k;
+  k.hash = hash;
+  k.family = s.text(0); k.direction = s.text(1); k.config = s.text(2);
+  k.head_dim = (int)s.i64(3); k.causal = s.i64(4) != 0; k.dtype = parse_dtype(s.text(5));
+  k.arch = s.text(6); k.nvrtc_version = s.text(7); k.options = s.text(8); k.source_hash = s.text(9);
+  k.name_expression = s.text(10); k.status = s.text(11); k.reason = s.text(12); k.lowered_name = s.text(13);
+  k.res = {(int)s.i64(14), (int)s.i64(15), (int)s.i64(16), (int)s.i64(17), (int)s.i64(18)};
+  k.compile_ms = s.f64(19); k.log = s.text(20); k.cubin = s.blob(21); k.created = s.text(22);
+  // A cache entry whose binary was stripped (a committed DB) is not a usable compiled kernel.
+  if (with_cubin && k.status == "compiled" && k.cubin.empty()) return std::nullopt;
+  return k;
+}
+
+namespace {
+
+// One kernels row: `verb` "INSERT OR REPLACE" (a compile) or "INSERT OR IGNORE" (a copy); origin 0: NULL.
+void insert_kernel_row(sqlite3* db, const char* verb, const KernelRecord& k, const std::string& created,
+                       long long origin) {
+  Stmt s(db, std::string(verb) +
+                 " INTO kernels(hash,family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
+                 "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,stack_bytes,"
+                 "spill_stores,spill_loads,compile_ms,log,cubin,created,origin) "
+                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0))");
+  s.bind(1, k.hash).bind(2, k.family).bind(3, k.direction).bind(4, k.config).bind(5, k.head_dim)
+      .bind(6, (int)k.causal).bind(7, std::string(to_string(k.dtype))).bind(8, k.arch).bind(9, k.nvrtc_version)
+      .bind(10, k.options).bind(11, k.source_hash).bind(12, k.name_expression).bind(13, k.status)
+      .bind(14, k.reason).bind(15, k.lowered_name).bind(16, k.res.registers).bind(17, k.res.smem_static)
+      .bind(18, k.res.stack_bytes).bind(19, k.res.spill_stores).bind(20, k.res.spill_loads)
+      .bind(21, k.compile_ms).bind(22, k.log).bind_blob(23, k.cubin).bind(24, created).bind(25, origin);
+  s.step();
+}
+
+// One results row with the device's fields as given; origin 0: NULL.
+void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, const DeviceInfo& d,
+                       const std::string& created, long long origin) {
+  Stmt s(db, std::string(verb) +
+                 " INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
+                 "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
+                 "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
+                 "spill_stores,created,detail,inputs,origin,heads_k,varlen,paged) "
+                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0),?,?,?)");
+  const Problem& p = r.problem;
+  s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
+      .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
+      .bind(10, std::string(to_string(p.dtype))).bind(11, (int)p.causal).bind(12, r.status).bind(13, r.error)
+      .bind(14, r.max_abs).bind(15, r.max_rel).bind(16, r.mse).bind(17, r.ms_median).bind(18, r.ms_p20)
+      .bind(19, r.ms_p80).bind(20, r.reps).bind(21, r.tflops).bind(22, r.gbps).bind(23, (long long)r.seed)
+      .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
+      .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
+      .bind(33, r.res.spill_stores).bind(34, created).bind(35, r.detail).bind(36, p.inputs.str()).bind(37, origin)
+      .bind(38, p.heads_k).bind(39, p.varlen.key()).bind(40, p.paged.key());
+  s.step();
+}
+
+}  // namespace
+
+void Store::put_kernel(const KernelRecord& k) {
+  write_txn([&] { insert_kernel_row(db_, "INSERT OR REPLACE", k, now_iso8601(), 0); });
+}
+
+bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, const Problem& p) {
+  // The same kernel on the same shape with other inputs is another result.
+  Stmt s(db_, std::string("SELECT 1 FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? AND batch=? "
+                          "AND heads=? AND seq_q=? AND seq_k=? AND ") + (has_inputs_ ? "inputs=?" : "'normal'=?") +
+                  (has_heads_k_ ? " AND heads_k=?" : " AND 0=?") + (has_varlen_ ? " AND varlen=?" : " AND ''=?") +
+                  (has_paged_ ? " AND paged=?" : " AND ''=?"));
+  s.bind(1, kernel_hash).bind(2, d.name).bind(3, d.sm_count).bind(4, p.batch).bind(5, p.heads).bind(6, p.seq_q)
+      .bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key()).bind(11, p.paged.key());
+  return s.step();
+}
+
+void Store::put_result(const ResultRecord& r, const DeviceInfo& d) {
+  write_txn([&] { insert_result_row(db_, "INSERT OR REPLACE", r, d, now_iso8601(), 0); });
+}
+
+std::vector<ResultRecord> Store::results(const ResultFilter& f) {
+  std::string sql =
+      "SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,status,error,"
+      "max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,driver_version,"
+      "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created," +
+      std::string(has_detail_ ? "detail" : "NULL") + "," + (has_inputs_ ? "inputs" : "'normal'") +  // v1-v3, read-only
+      "," + (has_heads_k_ ? "heads_k" : "0") + "," + (has_varlen_ ? "varlen" : "''") + "," + (has_paged_ ? "paged" : "''") +
+      " FROM results WHERE 1=1";
+  std::vector<std::string> binds;
+  auto add = [&](const std::string& col, const std::string& v) {
+    if (v.empty()) return;
+    sql += " AND " + col + "=?";
+    binds.push_back(v);
+  };
+  add("family", f.family);
+  add("device_name", f.device);
+  add("dtype", f.dtype);
+  add("direction", f.direction);
+  if (f.head_dim > 0) add("head_dim", std::to_string(f.head_dim));
+  if (f.causal >= 0) add("causal", std::to_string(f.causal));
+  if (f.ok_only) sql += " AND status='ok'";
+  sql += " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
+         std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + (has_paged_ ? "paged, " : "") + "id";
+  Stmt s(db_, sql);
+  for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
+  std::vector<ResultRecord> out;
+  long long lengths = 0;  // of packed and paged rows, against kMaxResultLengths
+  while (s.step()) {
+    ResultRecord r;
+    r.id = s.i64(0); r.kernel_hash = s.text(1); r.family = s.text(2); r.direction = s.text(3); r.config = s.text(4);
+    // Stored strings and numbers are checked as they are read: a row that fails is named.
+    try {
+      for (int c = 5; c <= 9; ++c)
+        if (s.i64(c) < 1 || s.i64(c) > (1 << 20))
+          throw UsageError("problem dimension " + std::to_string(s.i64(c)) + " is out of range");
+      if (r.direction != "fwd" && r.direction != "bwd") throw UsageError("direction '" + brief(r.direction) + "'");
+      r.problem = {(int)s.i64(5), (int)s.i64(6), (int)s.i64(7), (int)s.i64(8), (int)s.i64(9),
+                   parse_dtype(s.text(10)), s.i64(11) != 0, r.direction};
+      r.problem.inputs = parse_input_dist(s.text(36));
+      const long long hk = s.i64(37);
+      if (hk < 0 || hk > (1 << 16) || (hk > 0 && r.problem.heads % hk))
+        throw UsageError("heads_k " + std::to_string(hk) + " does not divide heads " + std::to_string(r.problem.heads));
+      r.problem.heads_k = hk == r.problem.heads ? 0 : (int)hk;
+      if (const std::string vl = s.text(38); !vl.empty()) {
+        // The lengths again from their description; the stored count and longest lengths must agree.
+        nlohmann::json pj = to_json(r.problem);
+        pj.erase("batch"), pj.erase("seq_q"), pj.erase("seq_k");
+        pj["varlen"] = nlohmann::json::parse(vl, nullptr, false);
+        if (pj["varlen"].is_discarded()) throw UsageError("varlen '" + brief(vl, 40) + "' is not JSON");
+        const Problem vp = problem_from_json(pj);
+        if (vp.batch != r.problem.batch || vp.seq_q != r.problem.seq_q || vp.seq_k != r.problem.seq_k)
+          throw UsageError("varlen lengths disagree with batch, seq_q, seq_k");
+        r.problem = vp;
+      }
+      if (const std::string pg = s.text(39); !pg.empty()) {
+        // The cache again from its description; with lengths, the stored count and longest must agree.
+        nlohmann::json pj = to_json(r.problem);
+        pj["paged"] = nlohmann::json::parse(pg, nullptr, false);
+        if (pj["paged"].is_discarded()) throw UsageError("paged '" + brief(pg, 40) + "' is not JSON");
+        r.problem = problem_from_json(pj);
+      }
+    } catch (const UsageError& e) {
+      throw UsageError("'" + path_ + "': results row " + std::to_string(r.id) + ": " + e.what());
+    }
+    lengths += (long long)(r.problem.varlen.seq_lens_q.size() + r.problem.varlen.seq_lens_k.size() +
+                           r.problem.paged.seq_lens_k.size());
+    if (lengths > kMaxResultLengths)
+      throw UsageError("'" + path_ + "': the packed and paged rows read hold more than " +
+                       std::to_string(kMaxResultLengths) + " sequence lengths in all (at results row " +
+                       std::to_string(r.id) + "): select fewer rows (family, device, dtype, head dim)");
+    r.status = s.text(12); r.error = s.text(13);
+    r.max_abs = s.f64(14); r.max_rel = s.f64(15); r.mse = s.f64(16);
+    r.ms_median = s.f64(17); r.ms_p20 = s.f64(18); r.ms_p80 = s.f64(19); r.reps = (int)s.i64(20);
+    r.tflops = s.f64(21); r.gbps = s.f64(22); r.seed = (unsigned long long)s.i64(23);
+    r.device_name = s.text(24); r.arch = s.text(25); r.sm_count = (int)s.i64(26); r.driver_version = (int)s.i64(27);
+    r.nvrtc_version = s.text(28); r.options = s.text(29); r.source_hash = s.text(30);
+    r.res.registers = (int)s.i64(31); r.res.smem_static = (int)s.i64(32); r.res.spill_stores = (int)s.i64(33);
+    r.created = s.text(34);
+    r.detail = s.text(35);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+long long Store::begin_experiment(const ExperimentRun& r) {
+  long long id = 0;
+  write_txn([&] {
+  Stmt s(db_, "INSERT INTO experiment_runs(experiment,title,device_name,probes,spec,created) VALUES(?,?,?,?,?,?)");
+  s.bind(1, r.experiment).bind(2, r.title).bind(3, r.device_name).bind(4, r.probes).bind(5, r.spec)
+      .bind(6, now_iso8601());
+  s.step();
+  id = sqlite().last_insert_rowid(db_);
+  });
+  return id;
+}
+
+void Store::set_experiment_probes(long long run_id, const std::string& probes) {
+  write_txn([&] {
+  Stmt s(db_, "UPDATE experiment_runs SET probes=? WHERE id=?");
+  s.bind(1, probes).bind(2, run_id);
+  s.step();
+  });
+}
+
+void Store::put_experiment_row(const ExperimentRow& r) {
+  write_txn([&] {
+  Stmt s(db_, "INSERT INTO experiment_rows(run_id,impl,family,config,direction,dtype,batch,heads,seq_q,seq_k,"
+              "head_dim,causal,status,error,ms_median,ms_p20,ms_p80,reps,tflops,gbps,max_abs,mean_abs,mse,max_rel,"
+              "peak_bytes,device,detail) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  const Problem& p = r.problem;
+  s.bind(1, r.run_id).bind(2, r.impl).bind(3, r.family).bind(4, r.config).bind(5, p.direction)
+      .bind(6, std::string(to_string(p.dtype))).bind(7, p.batch).bind(8, p.heads).bind(9, p.seq_q).bind(10, p.seq_k)
+      .bind(11, p.head_dim).bind(12, (int)p.causal).bind(13, r.status).bind(14, r.error).bind(15, r.ms_median)
+      .bind(16, r.ms_p20).bind(17, r.ms_p80).bind(18, r.reps).bind(19, r.tflops).bind(20, r.gbps).bind(21, r.max_abs)
+      .bind(22, r.mean_abs).bind(23, r.mse).bind(24, r.max_rel).bind(25, r.peak_bytes).bind(26, r.device)
+      .bind(27, r.detail);
+  s.step();
+  });
+}
+
+std::vector<ExperimentRun> Store::experiment_runs(const std::string& experiment) {
+  if (!has_experiments_) return {};  // a v1/v2 store read read-only
+  Stmt s(db_, "SELECT id,experiment,title,device_name,probes,spec,created FROM experiment_runs "
+              "WHERE ?='' OR experiment=? ORDER BY id");
+  s.bind(1, experiment).bind(2, experiment);
+  std::vector<ExperimentRun> out;
+  while (s.step())
+    out.push_back({s.i64(0), s.text(1), s.text(2), s.text(3), s.text(4), s.text(5), s.text(6)});
+  return out;
+}
+
+std::vector<ExperimentRow> Store::experiment_rows(long long run_id) {
+  if (!has_experiments_) return {};
+  Stmt s(db_, "SELECT impl,family,config,direction,dtype,batch,heads,seq_q,seq_k,head_dim,causal,status,error,"
+              "ms_median,ms_p20,ms_p80,reps,tflops,gbps,max_abs,mean_abs,mse,max_rel,peak_bytes,device,detail "
+              "FROM experiment_rows WHERE run_id=? ORDER BY id");
+  s.bind(1, run_id);
+  std::vector<ExperimentRow> out;
+  while (s.step()) {
+    ExperimentRow r;
+    r.run_id = run_id;
+    r.impl = s.text(0); r.family = s.text(1); r.config = s.text(2);
+    r.problem = {(int)s.i64(5), (int)s.i64(6), (int)s.i64(7), (int)s.i64(8), (int)s.i64(9),
+                 parse_dtype(s.text(4)), s.i64(10) != 0, s.text(3)};
+    r.status = s.text(11); r.error = s.text(12);
+    r.ms_median = s.f64(13); r.ms_p20 = s.f64(14); r.ms_p80 = s.f64(15); r.reps = (int)s.i64(16);
+    r.tflops = s.f64(17); r.gbps = s.f64(18);
+    r.max_abs = s.f64(19); r.mean_abs = s.f64(20); r.mse = s.f64(21); r.max_rel = s.f64(22);
+    r.peak_bytes = s.i64(23); r.device = s.text(24); r.detail = s.text(25);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void Store::drop_cubins() {
+  write_txn([&] { exec("UPDATE kernels SET cubin=NULL;"); });
+  // VACUUM runs outside a transaction. Then the file leaves WAL mode: a committed store is one
+  // self-contained file that read-only readers open without creating -wal/-shm files beside it
+  // (the next write verb switches it back to WAL).
+  for (int attempt = 0;; ++attempt) {
+    try {
+      exec("VACUUM;");
+      Stmt m(db_, "PRAGMA journal_mode=DELETE");
+      if (m.step() && m.text(0) == "delete") return;
+      if (attempt > 2000) return;  // another connection holds it open: it stays in WAL mode
+    } catch (const BusyError&) {
+      if (attempt > 2000) throw;
+    }
+    backoff(attempt);
+  }
+}
+
+// --- merge and import -------------------------------------------------------------------
+
+void Store::transaction(const std::function<void()>& body) { write_txn(body); }
+
+void Store::snapshot(const std::function<void()>& body) {
+  exec("BEGIN;");  // deferred: the first read takes the snapshot that the rest sees
+  try {
+    body();
+  } catch (...) {
+    sqlite().exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+    throw;
+  }
+  exec("COMMIT;");
+}
+
+void Store::each_kernel(const std::function<void(const KernelRecord&)>& fn, bool with_cubin) {
+  Stmt s(db_, std::string("SELECT hash,family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
+                          "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,"
+                          "stack_bytes,spill_stores,spill_loads,compile_ms,log,") +
+                  (with_cubin ? "cubin" : "NULL") + ",created FROM kernels ORDER BY hash");
+  while (s.step()) {
+    KernelRecord k;
+    k.hash = s.text(0);
+    k.family = s.text(1); k.direction = s.text(2); k.config = s.text(3);
+    try {
+      if (s.i64(4) < 1 || s.i64(4) > 1024) throw UsageError("head_dim " + std::to_string(s.i64(4)) + " is out of range");
+      k.head_dim = (int)s.i64(4);
+      k.dtype = parse_dtype(s.text(6));
+    } catch (const UsageError& e) {
+      throw UsageError("'" + path_ + "': kernel " + brief(k.hash, 40) + ": " + e.what());
+    }
+    k.causal = s.i64(5) != 0;
+    k.arch = s.text(7); k.nvrtc_version = s.text(8); k.options = s.text(9); k.source_hash = s.text(10);
+    k.name_expression = s.text(11); k.status = s.text(12); k.reason = s.text(13); k.lowered_name = s.text(14);
+    k.res = {(int)s.i64(15), (int)s.i64(16), (int)s.i64(17), (int)s.i64(18), (int)s.i64(19)};
+    k.compile_ms = s.f64(20); k.log = s.text(21); k.cubin = s.blob(22); k.created = s.text(23);
+    fn(k);
+  }
+}
+
+std::set<DeviceSignature> Store::device_signatures() {
+  Stmt s(db_, "SELECT DISTINCT device_name, arch, sm_count, driver_version FROM results");
+  std::set<DeviceSignature> out;
+  while (s.step()) out.insert({s.text(0), s.text(1), (int)s.i64(2), (int)s.i64(3)});
+  return out;
+}
+
+namespace {
+constexpr const char* kProvenanceColumns =
+    "id,kind,source,content_hash,source_schema,kernels,results,experiment_runs,upstream,created";
+Provenance read_provenance(const Stmt& s) {
+  Provenance p;
+  p.id = s.i64(0); p.kind = s.text(1); p.source = s.text(2); p.content_hash = s.text(3);
+  p.source_schema = (int)s.i64(4); p.kernels = s.i64(5); p.results = s.i64(6); p.experiment_runs = s.i64(7);
+  p.upstream = s.text(8); p.created = s.text(9);
+  return p;
+}
+}  // namespace
+
+std::vector<Provenance> Store::provenance() {
+  if (!has_provenance_) return {};  // before schema 5, read read-only
+  Stmt s(db_, std::string("SELECT ") + kProvenanceColumns + " FROM provenance ORDER BY id");
+  std::vector<Provenance> out;
+  while (s.step()) out.push_back(read_provenance(s));
+  return out;
+}
+
+std::optional<Provenance> Store::find_provenance(const std::string& content_hash) {
+  if (!has_provenance_) return std::nullopt;
+  Stmt s(db_, std::string("SELECT ") + kProvenanceColumns + " FROM provenance WHERE content_hash=?");
+  s.bind(1, content_hash);
+  if (!s.step()) return std::nullopt;
+  return read_provenance(s);
+}
+
+long long Store::add_provenance(const Provenance& p) {
+  long long id = 0;
+  write_txn([&] {
+    Stmt s(db_, "INSERT INTO provenance(kind,source,content_hash,source_schema,kernels,results,experiment_runs,"
+                "upstream,created) VALUES(?,?,?,NULLIF(?,0),?,?,?,?,?)");
+    s.bind(1, p.kind).bind(2, p.source).bind(3, p.content_hash).bind(4, p.source_schema).bind(5, p.kernels)
+        .bind(6, p.results).bind(7, p.experiment_runs).bind(8, p.upstream)
+        .bind(9, p.created.empty() ? now_iso8601() : p.created);
+    s.step();
+    id = sqlite().last_insert_rowid(db_);
+  });
+  return id;
+}
+
+void Store::set_provenance_counts(long long id, long long kernels, long long results, long long experiment_runs) {
+  write_txn([&] {
+    Stmt s(db_, "UPDATE provenance SET kernels=?, results=?, experiment_runs=? WHERE id=?");
+    s.bind(1, kernels).bind(2, results).bind(3, experiment_runs).bind(4, id);
+    s.step();
+  });
+}
+
+Copied Store::copy_kernel(const KernelRecord& k, long long origin) {
+  Copied out = Copied::added;
+  write_txn([&] {
+    insert_kernel_row(db_, "INSERT OR IGNORE", k, k.created.empty() ? now_iso8601() : k.created, origin);
+    if (sqlite().changes(db_) > 0) return;
+    // The same hash is the same source, options, NVRTC and arch: what it compiled to should agree.
+    Stmt s(db_, "SELECT status, ifnull(reason,''), registers FROM kernels WHERE hash=?");
+    s.bind(1, k.hash);
+    s.step();
+    out = s.text(0) == k.status && s.text(1) == k.reason && s.i64(2) == k.res.registers ? Copied::present : Copied::differs;
+  });
+  return out;
+}
+
+Copied Store::copy_result(const ResultRecord& r, long long origin) {
+  Copied out = Copied::added;
+  write_txn([&] {
+    DeviceInfo d;
+    d.name = r.device_name; d.arch = r.arch; d.sm_count = r.sm_count; d.driver_version = r.driver_version;
+    insert_result_row(db_, "INSERT OR IGNORE", r, d, r.created.empty() ? now_iso8601() : r.created, origin);
+    if (sqlite().changes(db_) > 0) return;
+    const Problem& p = r.problem;
+    Stmt s(db_, "SELECT status, ms_median, config FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? "
+                "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=? AND heads_k=? AND varlen=? AND paged=?");
+    s.bind(1, r.kernel_hash).bind(2, r.device_name).bind(3, r.sm_count).bind(4, p.batch).bind(5, p.heads)
+        .bind(6, p.seq_q).bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key())
+        .bind(11, p.paged.key());
+    s.step();
+    out = s.text(0) == r.status && s.f64(1) == r.ms_median && s.text(2) == r.config ? Copied::present : Copied::differs;
+  });
+  return out;
+}
+
+std::vector<long long> Store::find_experiment_runs(const ExperimentRun& r) {
+  if (!has_experiments_) return {};
+  Stmt s(db_, "SELECT id FROM experiment_runs WHERE experiment=? AND device_name=? AND created=? AND "
+              "ifnull(spec,'')=? AND ifnull(probes,'')=? ORDER BY id");
+  s.bind(1, r.experiment).bind(2, r.device_name).bind(3, r.created).bind(4, r.spec).bind(5, r.probes);
+  std::vector<long long> ids;
+  while (s.step()) ids.push_back(s.i64(0));
+  return ids;
+}
+
+long long Store::copy_experiment_run(const ExperimentRun& r, long long origin) {
+  long long id = 0;
+  write_txn([&] {
+    Stmt s(db_, "INSERT INTO experiment_runs(experiment,title,device_name,probes,spec,created,origin) "
+                "VALUES(?,?,?,?,?,?,NULLIF(?,0))");
+    s.bind(1, r.experiment).bind(2, r.title).bind(3, r.device_name).bind(4, r.probes).bind(5, r.spec)
+        .bind(6, r.created).bind(7, origin);
+    s.step();
+    id = sqlite().last_insert_rowid(db_);
+  });
+  return id;
+}
+
+}  // namespace flashtune

@@ -1,0 +1,754 @@
+#include "worker/gpu_runner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "core/cluster_launch.hpp"
+#include "core/dtype_convert.hpp"
+#include "core/family.hpp"
+#include "core/input_files.hpp"
+#include "core/tensor_maps.hpp"
+#include "core/timing.hpp"
+#include "reference/attention_ref.hpp"
+#include "templates/attention_params.h"
+#include "worker/cuda_check.hpp"
+#include "worker/validate.hpp"
+
+using nlohmann::json;
+
+namespace flashtune {
+
+namespace {
+
+bool is_sticky(CUresult r) {
+  switch (r) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Counter-based normal random numbers: element i of stream `seed` is the same whatever
+// the thread count, so inputs are reproducible from (problem, seed) alone.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Standard normal number i of stream `seed` (Box-Muller on two counter-based uniforms).
+double normal_at(uint64_t seed, uint64_t i) {
+  const uint64_t a = splitmix64(seed ^ (2 * i)), b = splitmix64(seed ^ (2 * i + 1));
+  const double u1 = ((a >> 11) + 0.5) * 0x1.0p-53, u2 = (b >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+// Heavy-tailed inputs: Student-t with 3 degrees of freedom, Z / sqrt(chi2_3 / 3), from counter-based
+// normals (Z from the tensor's stream, the three chi-square terms from a stream derived from it),
+// clamped to +-kHeavyClamp before scaling: |x| <= 32 * scale (<= 32000 at the largest scale) stays
+// finite in fp16; the clamp moves about 1 value in 10^5 (P(|t_3| > 32) ~ 1e-5). Normal numbers need
+// no clamp: Box-Muller's largest is sqrt(-2 ln 2^-54) < 8.7.
+constexpr double kHeavyClamp = 32;
+
+double heavy_at(uint64_t seed, uint64_t i) {
+  const uint64_t chi_stream = splitmix64(seed ^ 0x6865617679ull);  // "heavy"
+  double chi2 = 0;
+  for (uint64_t n = 0; n < 3; ++n) {
+    const double z = normal_at(chi_stream, 3 * i + n);
+    chi2 += z * z;
+  }
+  const double t = normal_at(seed, i) / std::sqrt(std::max(chi2, 1e-300) / 3.0);
+  return std::clamp(t, -kHeavyClamp, kHeavyClamp);
+}
+
+// Element i is a function of (seed, i, dist) alone, so the inputs do not depend on the thread count.
+void fill_input(std::vector<float>& out, uint64_t seed, const InputDist& dist) {
+  const size_t n = out.size();
+  const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  const bool heavy = dist.kind == InputDist::Kind::heavy;
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (size_t i = t; i < n; i += threads)
+        out[i] = (float)(dist.scale * (heavy ? heavy_at(seed, i) : normal_at(seed, i)));
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+// One input tensor: its values as floats (what the reference reads) and its device bytes (what the
+// kernel reads), the same numbers.
+struct HostTensor {
+  std::vector<float> values;
+  std::vector<uint8_t> bytes;
+};
+
+// n seeded numbers of the distribution, rounded to the dtype (the reference reads the rounded ones).
+HostTensor generated_input(size_t n, uint64_t stream, DType t, const InputDist& dist) {
+  HostTensor h;
+  h.values.resize(n);
+  fill_input(h.values, stream, dist);
+  h.bytes = to_device_format(h.values, t);  // rounds h.values in place
+  return h;
+}
+
+// dO of a backward: the same kind of distribution, unscaled. The scale stands for the size of
+// activations (q, k, v); the gradient arriving from the loss has its own, and dO x30 with V x30 would
+// push fp16's dK past its range on heavy-tailed data. baselines.py does the same.
+InputDist grad_dist(const InputDist& d) { return InputDist{d.kind, 1.0}; }
+
+// DIR/<name>.bin as it is: its bytes go to the device unchanged.
+HostTensor loaded_input(const std::string& dir, const InputFile& f, DType t) {
+  HostTensor h;
+  h.bytes = read_input_file(dir, f);
+  h.values = from_device_format(h.bytes, t);
+  return h;
+}
+
+double percentile(std::vector<float> v, double q) {
+  std::sort(v.begin(), v.end());
+  double pos = q * (v.size() - 1);
+  size_t lo = (size_t)pos, hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - lo) * (v[hi] - v[lo]);
+}
+
+
+}  // namespace
+
+CudaError::CudaError(CUresult c, const std::string& what) : std::runtime_error(what), code(c), sticky(is_sticky(c)) {}
+
+GpuRunner::GpuRunner(int ordinal) : ordinal_(ordinal) {
+  CU_CHECK(cuInit(0));
+  int count = 0;
+  CU_CHECK(cuDeviceGetCount(&count));
+  if (ordinal < 0 || ordinal >= count)
+    throw std::runtime_error("no CUDA device " + std::to_string(ordinal) + " (found " + std::to_string(count) + ")");
+  CU_CHECK(cuDeviceGet(&dev_, ordinal));
+  // The device's primary context, the one the CUDA runtime uses too: cuBLAS (library_runner.cpp)
+  // then runs in this same context, on the same legacy default stream as our launches.
+  CU_CHECK(cuDevicePrimaryCtxRetain(&ctx_, dev_));
+  CU_CHECK(cuCtxSetCurrent(ctx_));
+  char pci[32] = {};
+  CU_CHECK(cuDeviceGetPCIBusId(pci, sizeof pci, dev_));
+  telemetry_ = std::make_unique<Telemetry>(pci);
+
+  char name[256] = {};
+  CU_CHECK(cuDeviceGetName(name, sizeof name, dev_));
+  auto attr = [&](CUdevice_attribute a) {
+    int v = 0;
+    CU_CHECK(cuDeviceGetAttribute(&v, a, dev_));
+    return v;
+  };
+  info_.name = name;
+  info_.arch = "sm_" + std::to_string(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)) +
+               std::to_string(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
+  info_.sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  info_.l2_bytes = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
+  info_.max_smem_optin = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  info_.clock_khz = attr(CU_DEVICE_ATTRIBUTE_CLOCK_RATE);
+  size_t mem = 0;
+  CU_CHECK(cuDeviceTotalMem(&mem, dev_));
+  info_.memory_bytes = (long long)mem;
+  CU_CHECK(cuDriverGetVersion(&info_.driver_version));
+}
+
+GpuRunner::~GpuRunner() {
+  destroy_library();
+  for (Buffer* b : problem_buffers())
+    if (b->ptr) cuMemFree(b->ptr);
+  if (flush_.ptr) cuMemFree(flush_.ptr);
+  if (ctx_) cuDevicePrimaryCtxRelease(dev_);
+}
+
+std::vector<GpuRunner::Buffer*> GpuRunner::problem_buffers() {
+  return {&q_, &k_, &v_, &o_, &lse_, &dout_, &dq_, &dk_, &dv_, &delta_, &dq_accum_, &workspace_, &scores_, &probs_,
+          &cu_q_, &cu_k_, &block_table_, &cache_seqlens_};
+}
+
+size_t GpuRunner::problem_bytes() {
+  size_t sum = 0;
+  for (Buffer* b : problem_buffers()) sum += b->bytes;
+  return sum;
+}
+
+void GpuRunner::release_buffers() {
+  prepared_ = false;  // the inputs are gone
+  for (Buffer* b : problem_buffers()) {
+    if (b->ptr) cuMemFree(b->ptr);  // unchecked: this runs on the error path
+    *b = Buffer{};
+  }
+  if (flush_.ptr) cuMemFree(flush_.ptr);
+  flush_ = Buffer{};
+}
+
+void GpuRunner::ensure(Buffer& b, size_t bytes) {
+  b.bytes = bytes;
+  if (b.capacity >= bytes && b.ptr) return;
+  if (b.ptr) CU_CHECK(cuMemFree(b.ptr));
+  b.ptr = 0;
+  b.capacity = 0;
+  const size_t n = std::max<size_t>(bytes, 256);
+  CUresult rc = cuMemAlloc(&b.ptr, n);
+  if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+    // Capacity kept from earlier problems may be what is in the way: free what this problem
+    // does not use, then try once more.
+    for (Buffer* other : problem_buffers())
+      if (other != &b && other->bytes == 0 && other->ptr) {
+        CU_CHECK(cuMemFree(other->ptr));
+        *other = Buffer{};
+      }
+    rc = cuMemAlloc(&b.ptr, n);
+  }
+  if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+    b.ptr = 0;
+    size_t free_b = 0, total_b = 0;
+    cuMemGetInfo(&free_b, &total_b);
+    throw OutOfMemory(n, 0, "out of device memory: cuMemAlloc of " + std::to_string(n) + " bytes failed (" +
+                                std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes free)");
+  }
+  CU_CHECK(rc);
+  b.capacity = bytes;
+}
+
+void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows, const std::string& inputs_dir) {
+  // Generated and file-backed inputs never stand in for each other, nor two folders' files.
+  if (prepared_ && p == problem_ && seed == seed_ && inputs_dir == inputs_dir_) return;
+  prepared_ = false;
+  // Only what this problem ensures counts toward its footprint (peak_bytes).
+  for (Buffer* b : problem_buffers()) b->bytes = 0;
+  try {
+    if (p.varlen.enabled() && !inputs_dir.empty()) throw std::runtime_error("varlen problems take generated inputs");
+    if (p.paged.enabled() && !inputs_dir.empty()) throw std::runtime_error("paged problems take generated inputs");
+    if (p.paged.enabled() && p.direction != "fwd") throw std::runtime_error("paged problems are forward problems");
+    if (p.varlen.enabled() && p.direction == "bwd") prepare_varlen_bwd(p, seed);
+    else if (p.varlen.enabled()) prepare_varlen_fwd(p, seed, max_rows);
+    else if (p.paged.enabled()) prepare_paged_fwd(p, seed, max_rows);
+    else if (p.direction == "bwd") prepare_bwd(p, seed, inputs_dir);
+    else prepare_fwd(p, seed, max_rows, inputs_dir);
+    // The L2 flush buffer: twice the L2, rewritten before every timed repeat.
+    ensure(flush_, (size_t)std::max(info_.l2_bytes, 1 << 20) * 2);
+  } catch (const OutOfMemory&) {
+    release_buffers();  // OOM is not sticky: the next problem starts from a clean slate
+    throw;
+  }
+  problem_ = p;
+  seed_ = seed;
+  inputs_dir_ = inputs_dir;
+  prepared_ = true;
+}
+
+void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long max_rows,
+                            const std::string& inputs_dir) {
+  // Generated inputs: forward_distinct_units' distinct (kv head, query group) units tiled over the
+  // B*Hk of the problem (all of them but at scale: 103 GB of host inputs at B = 64, Sk = 128k otherwise),
+  // the reference's sampled rows from the units they repeat. File inputs: every head is its own.
+  const int bhk = p.batch * p.kv_heads();
+  const int units = inputs_dir.empty() ? forward_distinct_units(p) : bhk;
+  const size_t unit_q = (size_t)p.group() * p.seq_q * p.head_dim, unit_k = (size_t)p.seq_k * p.head_dim;
+  const size_t elem = dtype_bytes(p.dtype);
+  // One stream per tensor: fresh inputs for every (problem, seed), never zeros. Rounded to the
+  // kernel's dtype, so the reference sees exactly the kernel's inputs. Or the files' numbers as they are.
+  const std::vector<InputFile> files = input_files(p);
+  auto input = [&](int i, uint64_t tag, size_t n) {
+    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, p.inputs)
+                              : loaded_input(inputs_dir, files[i], p.dtype);
+  };
+  const HostTensor q = input(0, 0x51, unit_q * units), k = input(1, 0x4b, unit_k * units),
+                   v = input(2, 0x56, unit_k * units);
+  ensure(q_, bhk * unit_q * elem);
+  ensure(k_, bhk * unit_k * elem);
+  ensure(v_, bhk * unit_k * elem);
+  ensure(o_, bhk * unit_q * elem);
+  ensure(lse_, (size_t)p.batch * p.heads * p.seq_q * 4);
+  upload_tiled(q_.ptr, q.bytes.data(), unit_q * elem, units, bhk);
+  upload_tiled(k_.ptr, k.bytes.data(), unit_k * elem, units, bhk);
+  upload_tiled(v_.ptr, v.bytes.data(), unit_k * elem, units, bhk);
+
+  ref::Shape shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal};
+  shape.heads_k = p.heads_k;
+  fwd_ref_ = tiled_forward_reference(shape, units, q.values.data(), k.values.data(), v.values.data(),
+                                     ref::sample_rows(shape, max_rows, seed));
+}
+
+void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std::string& inputs_dir) {
+  // Generated inputs: independent heads' worth of data tiled over all B*H heads: the float64
+  // reference of a whole head's backward stays affordable, and every output element of every head is
+  // checked. Two heads, or one when a head alone costs ~10^11 float64 operations (S = 16k at d = 64
+  // and up). File-backed inputs: every head is its own, so the reference covers all B*H of them.
+  // Grouped-query attention: the unit is a kv head with its group of query heads (one query head
+  // when multi-head); the distinct groups are tiled, query heads over query heads and kv heads over kv
+  // heads, so that query head i holds distinct query head i % (groups * g) and kv head G distinct
+  // kv head G % groups: element i of every gradient is element i % size of its reference.
+  const int bh = p.batch * p.heads, bhk = p.batch * p.kv_heads(), g = p.group();
+  const double head_cost = (double)p.seq_q * p.seq_k * p.head_dim;
+  if (!inputs_dir.empty() && bh * head_cost > kMaxFileBwdReferenceWork)
+    throw std::runtime_error("backward with file inputs: B*H*Sq*Sk*d = " + std::to_string(bh * head_cost) +
+                             " is over 2^34, too slow for the float64 reference of every head");
+  const int groups = inputs_dir.empty() ? std::min(bhk, head_cost * g >= 0x1p34 ? 1 : 2) : bhk;
+  distinct_heads_ = groups * g;
+  const size_t hq = (size_t)p.seq_q * p.head_dim, hk = (size_t)p.seq_k * p.head_dim;
+  const size_t elem = dtype_bytes(p.dtype);
+  const std::vector<InputFile> files = input_files(p);
+  auto input = [&](int i, uint64_t tag, size_t n, const InputDist& dist) {
+    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, dist)
+                              : loaded_input(inputs_dir, files[i], p.dtype);
+  };
+  const HostTensor q = input(0, 0x51, hq * distinct_heads_, p.inputs), k = input(1, 0x4b, hk * groups, p.inputs),
+                   v = input(2, 0x56, hk * groups, p.inputs),
+                   dout = input(3, 0x64, hq * distinct_heads_, grad_dist(p.inputs));
+  const auto &q_dev = q.bytes, &k_dev = k.bytes, &v_dev = v.bytes, &do_dev = dout.bytes;
+
+  // The distinct heads as one (1, distinct_heads_) problem: each head's reference is its own.
+  ref::Shape heads{1, distinct_heads_, p.seq_q, p.seq_k, p.head_dim, p.causal};
+  heads.heads_k = g > 1 ? groups : 0;
+  bwd_ref_ = backward_reference(heads, q.values.data(), k.values.data(), v.values.data(), dout.values.data());
+  // The forward's results as the backward's inputs: O in the kernel's dtype, LSE in fp32.
+  std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
+  const auto o_dev = to_device_format(o_f, p.dtype);
+
+  ensure(q_, bh * hq * elem);
+  ensure(k_, bhk * hk * elem);
+  ensure(v_, bhk * hk * elem);
+  ensure(o_, bh * hq * elem);
+  ensure(dout_, bh * hq * elem);
+  ensure(lse_, (size_t)bh * p.seq_q * 4);
+  ensure(dq_, bh * hq * elem);
+  ensure(dk_, bhk * hk * elem);
+  ensure(dv_, bhk * hk * elem);
+  ensure(delta_, (size_t)bh * p.seq_q * 4);
+  ensure(dq_accum_, bh * hq * 4);
+  upload_tiled(q_.ptr, q_dev.data(), hq * elem, distinct_heads_, bh);
+  upload_tiled(o_.ptr, o_dev.data(), hq * elem, distinct_heads_, bh);
+  upload_tiled(dout_.ptr, do_dev.data(), hq * elem, distinct_heads_, bh);
+  upload_tiled(lse_.ptr, lse_f.data(), (size_t)p.seq_q * 4, distinct_heads_, bh);
+  upload_tiled(k_.ptr, k_dev.data(), hk * elem, groups, bhk);
+  upload_tiled(v_.ptr, v_dev.data(), hk * elem, groups, bhk);
+}
+
+// Packed variable-length forward: Q (total_q, H, d), K and V (total_k, Hk, d), O likewise, LSE (H, total_q),
+// every token and head its own seeded numbers (the same streams as a dense problem's); the reference on
+// sampled rows (varlen_sample_rows: every sequence's first, middle and last tokens, then random ones).
+void GpuRunner::prepare_varlen_fwd(const Problem& p, unsigned long long seed, long long max_rows) {
+  const size_t nq = (size_t)p.varlen.total_q() * p.heads * p.head_dim;
+  const size_t nk = (size_t)p.varlen.total_k() * p.kv_heads() * p.head_dim;
+  const size_t elem = dtype_bytes(p.dtype);
+  const HostTensor q = generated_input(nq, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
+                   k = generated_input(nk, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
+                   v = generated_input(nk, splitmix64(seed ^ 0x56), p.dtype, p.inputs);
+  const std::vector<int> cu_q = p.varlen.cu_seqlens_q(), cu_k = p.varlen.cu_seqlens_k();
+  ensure(q_, nq * elem);
+  ensure(k_, nk * elem);
+  ensure(v_, nk * elem);
+  ensure(o_, nq * elem);
+  ensure(lse_, (size_t)p.rows_q() * 4);
+  ensure(cu_q_, cu_q.size() * 4);
+  ensure(cu_k_, cu_k.size() * 4);
+  CU_CHECK(cuMemcpyHtoD(q_.ptr, q.bytes.data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(k_.ptr, k.bytes.data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(v_.ptr, v.bytes.data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(cu_q_.ptr, cu_q.data(), cu_q.size() * 4));
+  CU_CHECK(cuMemcpyHtoD(cu_k_.ptr, cu_k.data(), cu_k.size() * 4));
+  fwd_ref_ = varlen_forward_reference(p, q.values.data(), k.values.data(), v.values.data(),
+                                      varlen_sample_rows(p, max_rows, seed));
+}
+
+// Packed variable-length backward: as the dense backward, distinct heads' worth of data repeated over the
+// heads so that the float64 reference of every element stays affordable, here inside each token: the
+// inputs hold `units` distinct kv heads (2, or 1 when Hk is 1 or the batch costs ~10^11 float64
+// operations) with their query groups, and query head h of every token holds distinct head h % (units*g),
+// kv head hk distinct kv head hk % units. Every element of dQ, dK, dV is checked against its distinct one.
+void GpuRunner::prepare_varlen_bwd(const Problem& p, unsigned long long seed) {
+  const int H = p.heads, Hk = p.kv_heads(), g = p.group(), d = p.head_dim;
+  double cost = 0;  // float64 multiply-adds of one distinct head's backward
+  for (size_t b = 0; b < p.varlen.seq_lens_q.size(); ++b)
+    cost += (double)p.varlen.seq_lens_q[b] * p.varlen.seq_lens_k[b] * d;
+  const int units = std::min(Hk, cost * g >= 0x1p34 ? 1 : 2), hd = units * g;
+  distinct_heads_ = hd;
+  const int64_t tq = p.varlen.total_q(), tk = p.varlen.total_k();
+  const size_t elem = dtype_bytes(p.dtype);
+  const HostTensor q = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
+                   k = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
+                   v = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x56), p.dtype, p.inputs),
+                   dout = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x64), p.dtype, grad_dist(p.inputs));
+  bwd_ref_ = varlen_backward_reference(p, hd, units, q.values.data(), k.values.data(), v.values.data(),
+                                       dout.values.data());
+  std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
+  const auto o_dev = to_device_format(o_f, p.dtype);
+  // Token t's row of `heads` heads from the distinct row of `distinct` heads: head h is distinct head h % distinct.
+  auto expand = [&](const std::vector<uint8_t>& src, int64_t tokens, int distinct, int heads) {
+    const size_t head_bytes = (size_t)d * elem;
+    std::vector<uint8_t> out((size_t)tokens * heads * head_bytes);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int h = 0; h < heads; h += distinct)
+        std::memcpy(out.data() + ((size_t)t * heads + h) * head_bytes, src.data() + (size_t)t * distinct * head_bytes,
+                    (size_t)std::min(distinct, heads - h) * head_bytes);
+    return out;
+  };
+  const size_t nq = (size_t)tq * H * d, nk = (size_t)tk * Hk * d;
+  const std::vector<int> cu_q = p.varlen.cu_seqlens_q(), cu_k = p.varlen.cu_seqlens_k();
+  for (Buffer* b : {&q_, &o_, &dout_, &dq_}) ensure(*b, nq * elem);
+  for (Buffer* b : {&k_, &v_, &dk_, &dv_}) ensure(*b, nk * elem);
+  ensure(lse_, (size_t)tq * H * 4);
+  ensure(delta_, (size_t)tq * H * 4);
+  ensure(dq_accum_, nq * 4);
+  ensure(cu_q_, cu_q.size() * 4);
+  ensure(cu_k_, cu_k.size() * 4);
+  CU_CHECK(cuMemcpyHtoD(q_.ptr, expand(q.bytes, tq, hd, H).data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(o_.ptr, expand(o_dev, tq, hd, H).data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(dout_.ptr, expand(dout.bytes, tq, hd, H).data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(k_.ptr, expand(k.bytes, tk, units, Hk).data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(v_.ptr, expand(v.bytes, tk, units, Hk).data(), nk * elem));
+  upload_tiled(lse_.ptr, lse_f.data(), (size_t)tq * 4, hd, H);  // (H, total_q): head h's row is distinct head h % hd's
+  CU_CHECK(cuMemcpyHtoD(cu_q_.ptr, cu_q.data(), cu_q.size() * 4));
+  CU_CHECK(cuMemcpyHtoD(cu_k_.ptr, cu_k.data(), cu_k.size() * 4));
+}
+
+// Paged forward: the dense forward's generated inputs (the same streams, units tiled over the B*Hk kv heads
+// past 2^30 elements a tensor) are the logical K and V; each page of the pools (num_pages, Hk, P, d) gets its
+// sequence's rows of every kv head, in the block table's seeded order. A page's rows past its sequence's
+// length hold NaN: a kernel that read a key past the cache length would show it. Pages go up in staging
+// chunks of whole pages (the B = 64, Sk = 128k point's pools are 17 GB each).
+void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, long long max_rows) {
+  const int B = p.batch, Hk = p.kv_heads(), bhk = B * Hk, d = p.head_dim, P = p.paged.page_size;
+  const int units = forward_distinct_units(p);
+  const size_t unit_q = (size_t)p.group() * p.seq_q * d, unit_k = (size_t)p.seq_k * d;
+  const size_t elem = dtype_bytes(p.dtype);
+  const HostTensor q = generated_input(unit_q * units, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
+                   k = generated_input(unit_k * units, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
+                   v = generated_input(unit_k * units, splitmix64(seed ^ 0x56), p.dtype, p.inputs);
+  const PageTable t = page_table(p.paged, B, p.seq_k);
+  max_pages_ = t.max_pages;
+  const size_t head_bytes = (size_t)P * d * elem, page_bytes = head_bytes * Hk;  // a kv head's rows in a page; a page
+  ensure(q_, bhk * unit_q * elem);
+  ensure(o_, bhk * unit_q * elem);
+  ensure(lse_, (size_t)B * p.heads * p.seq_q * 4);
+  ensure(k_, (size_t)t.num_pages * page_bytes);
+  ensure(v_, (size_t)t.num_pages * page_bytes);
+  ensure(block_table_, t.table.size() * 4);
+  ensure(cache_seqlens_, t.cache_seqlens.size() * 4);
+  upload_tiled(q_.ptr, q.bytes.data(), unit_q * elem, units, bhk);
+  CU_CHECK(cuMemcpyHtoD(block_table_.ptr, t.table.data(), t.table.size() * 4));
+  CU_CHECK(cuMemcpyHtoD(cache_seqlens_.ptr, t.cache_seqlens.data(), t.cache_seqlens.size() * 4));
+  std::vector<std::pair<int, int>> owner(t.num_pages);  // physical page -> (sequence, logical page)
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < t.max_pages && t.table[(size_t)b * t.max_pages + j] >= 0; ++j)
+      owner[t.table[(size_t)b * t.max_pages + j]] = {b, j};
+  const size_t chunk_pages = std::max<size_t>(1, (64u << 20) / page_bytes);
+  std::vector<uint8_t> staging(std::min<size_t>(chunk_pages, std::max(t.num_pages, 1)) * page_bytes);
+  const uint32_t nan = nan_bits(p.dtype);  // its low `elem` bytes (little-endian) are the dtype's NaN
+  for (const auto& [logical, pool] : {std::pair{&k, &k_}, std::pair{&v, &v_}})
+    for (size_t first = 0; first < (size_t)t.num_pages; first += chunk_pages) {
+      const size_t n = std::min(chunk_pages, (size_t)t.num_pages - first);
+      for (size_t i = 0; i < n; ++i) {
+        const auto [b, j] = owner[first + i];
+        const int rows = std::min(P, t.cache_seqlens[b] - j * P);  // the page's keys; the rest NaN
+        for (int h = 0; h < Hk; ++h) {
+          uint8_t* dst = staging.data() + i * page_bytes + (size_t)paged_key_offset(0, Hk, P, h, 0, d) * elem;
+          const size_t unit = (size_t)(b * Hk + h) % units;  // the logical kv head's distinct unit
+          std::memcpy(dst, logical->bytes.data() + (unit * unit_k + (size_t)j * P * d) * elem, (size_t)rows * d * elem);
+          for (size_t e = (size_t)rows * d; e < (size_t)P * d; ++e) std::memcpy(dst + e * elem, &nan, elem);
+        }
+      }
+      CU_CHECK(cuMemcpyHtoD(pool->ptr + first * page_bytes, staging.data(), n * page_bytes));
+    }
+
+  ref::Shape shape{B, p.heads, p.seq_q, p.seq_k, d, p.causal};
+  shape.heads_k = p.heads_k;
+  fwd_ref_ = paged_forward_reference(p, units, q.values.data(), k.values.data(), v.values.data(),
+                                     ref::sample_rows(shape, max_rows, seed));
+}
+
+void GpuRunner::upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count) {
+  // Unit i comes from unit i % distinct: a run of `distinct` units per copy.
+  for (int i = 0; i < count; i += distinct)
+    CU_CHECK(cuMemcpyHtoD(dst + (size_t)i * unit_bytes, src, (size_t)std::min(distinct, count - i) * unit_bytes));
+}
+
+void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) {
+  const Problem& p = problem_;
+  const float scale = (float)(1.0 / std::sqrt((double)p.head_dim));
+  const float scale_log2 = (float)(scale * M_LOG2E);
+  float* workspace = workspace_.ptr ? (float*)workspace_.ptr : nullptr;
+  AttnFwdParams fwd{(const void*)q_.ptr, (const void*)k_.ptr, (const void*)v_.ptr, (void*)o_.ptr, (float*)lse_.ptr,
+                    workspace, p.batch, p.heads, p.seq_q, p.seq_k, scale, scale_log2, p.heads_k};
+  AttnBwdParams bwd{(const void*)q_.ptr, (const void*)k_.ptr, (const void*)v_.ptr, (const void*)o_.ptr,
+                    (const float*)lse_.ptr, (const void*)dout_.ptr, (void*)dq_.ptr, (void*)dk_.ptr, (void*)dv_.ptr,
+                    (float*)delta_.ptr, (float*)dq_accum_.ptr, p.batch, p.heads, p.seq_q, p.seq_k, scale, scale_log2,
+                    (void*)workspace, p.heads_k};
+  // A packed variable-length batch: the packed kernels' argument, the dense struct and the offsets.
+  const int *cu_q = (const int*)cu_q_.ptr, *cu_k = (const int*)cu_k_.ptr;
+  VarlenParams<AttnFwdParams> fwd_varlen{fwd, cu_q, cu_k};
+  VarlenParams<AttnBwdParams> bwd_varlen{bwd, cu_q, cu_k};
+  const bool packed = p.varlen.enabled();
+  // A paged K/V cache: the paged kernels' argument, the dense struct (k and v: the pools) and the block table.
+  PagedParams<AttnFwdParams> fwd_paged{fwd, (const int*)block_table_.ptr, (const int*)cache_seqlens_.ptr,
+                                       p.paged.page_size, max_pages_};
+  void* fwd_args[] = {packed ? (void*)&fwd_varlen : p.paged.enabled() ? (void*)&fwd_paged : (void*)&fwd, &maps_};
+  void* bwd_args[] = {packed ? (void*)&bwd_varlen : (void*)&bwd, &maps_};
+  for (const Kernel& k : kernels) {
+    void** args = p.direction == "bwd" ? bwd_args : fwd_args;
+    if (k.cluster == 1) {
+      CU_CHECK(cuLaunchKernel(k.fn, k.grid[0], k.grid[1], k.grid[2], k.threads, 1, 1, k.smem, stream, args, nullptr));
+      continue;
+    }
+    CUlaunchAttribute attr;
+    const CUlaunchConfig cfg = cluster_launch_config(k.grid, k.threads, k.smem, k.cluster, stream, attr);
+    CU_CHECK(cuLaunchKernelEx(&cfg, k.fn, args, nullptr));
+  }
+}
+
+void GpuRunner::encode_tensor_maps(const json& specs) {
+  maps_ = AttnTensorMaps{};
+  if (specs.is_null()) return;
+  if (!specs.is_array()) throw std::runtime_error("tensor_maps must be an array");
+  std::vector<TensorMapSpec> ms;
+  for (const json& j : specs)
+    ms.push_back({j.at("tensor").get<std::string>(), j.at("box_rows").get<int>(), j.at("box_cols").get<int>(),
+                  j.at("swizzle").get<int>()});
+  maps_ = flashtune::encode_tensor_maps(&cuTensorMapEncodeTiled, ms, problem_, {q_.ptr, k_.ptr, v_.ptr, o_.ptr, dout_.ptr});
+}
+
+void GpuRunner::poison_outputs() {
+  const Problem& p = problem_;
+  auto poison = [&](Buffer& b, DType t) {
+    if (dtype_bytes(t) == 4) CU_CHECK(cuMemsetD32(b.ptr, nan_bits(t), b.bytes / 4));
+    else CU_CHECK(cuMemsetD16(b.ptr, (unsigned short)nan_bits(t), b.bytes / 2));
+  };
+  if (p.direction == "bwd") {
+    for (Buffer* b : {&dq_, &dk_, &dv_}) poison(*b, p.dtype);
+    poison(delta_, DType::fp32);
+    poison(dq_accum_, DType::fp32);
+  } else {
+    poison(o_, p.dtype);
+    poison(lse_, DType::fp32);
+  }
+}
+
+std::vector<std::vector<uint8_t>> GpuRunner::read_outputs() {
+  std::vector<Buffer*> bufs = problem_.direction == "bwd" ? std::vector<Buffer*>{&dq_, &dk_, &dv_}
+                                                          : std::vector<Buffer*>{&o_, &lse_};
+  std::vector<std::vector<uint8_t>> out;
+  for (Buffer* b : bufs) {
+    out.emplace_back(b->bytes);
+    CU_CHECK(cuMemcpyDtoH(out.back().data(), b->ptr, b->bytes));
+  }
+  return out;
+}
+
+// Gathers the outputs as floats and hands them to the validation module (worker/validate.cpp).
+void GpuRunner::validate(const std::vector<std::vector<uint8_t>>& outputs, json& out) {
+  const Problem& p = problem_;
+  // The outputs as floats, each tensor converted on a thread of its own (a backward's three are 10^8
+  // elements at the standard grid's sizes).
+  const std::vector<DType> types = p.direction == "bwd" ? std::vector<DType>{p.dtype, p.dtype, p.dtype}
+                                                        : std::vector<DType>{p.dtype, DType::fp32};
+  std::vector<std::vector<float>> f(types.size());
+  {
+    std::vector<std::thread> ts;
+    for (size_t i = 0; i < types.size(); ++i) ts.emplace_back([&, i] { f[i] = from_device_format(outputs[i], types[i]); });
+    for (auto& t : ts) t.join();
+  }
+  const Verdict v = p.direction == "bwd" ? validate_backward(p, bwd_ref_, f[0], f[1], f[2])
+                                         : validate_forward(p, fwd_ref_, f[0], f[1]);
+  write_verdict(v, out);
+}
+
+json GpuRunner::run(const json& req) {
+  if (!prepared_) throw std::runtime_error("run before prepare");
+  std::string cubin;
+  {
+    std::ifstream f(req.at("cubin_path").get<std::string>(), std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    cubin = ss.str();
+  }
+  if (cubin.empty()) throw std::runtime_error("empty cubin " + req.at("cubin_path").get<std::string>());
+  CUmodule mod = nullptr;
+  CU_CHECK(cuModuleLoadData(&mod, cubin.data()));
+  struct Unload {
+    CUmodule m;
+    ~Unload() { cuModuleUnload(m); }
+  } unload{mod};
+  std::vector<Kernel> kernels;
+  for (const auto& k : req.at("kernels")) {
+    Kernel kd{};
+    CU_CHECK(cuModuleGetFunction(&kd.fn, mod, k.at("name").get<std::string>().c_str()));
+    for (int i = 0; i < 3; ++i) kd.grid[i] = k.at("grid")[i].get<unsigned>();
+    kd.threads = k.at("threads").get<unsigned>();
+    kd.smem = k.at("smem").get<unsigned>();
+    kd.cluster = k.value("cluster", 1u);
+    if (kd.cluster < 1 || kd.cluster > 8 || kd.grid[0] % kd.cluster)
+      throw std::runtime_error("cluster must be 1..8 and divide grid x");
+    if (kd.smem > 48 * 1024)
+      CU_CHECK(cuFuncSetAttribute(kd.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)kd.smem));
+    kernels.push_back(kd);
+  }
+  if (kernels.empty()) throw std::runtime_error("no kernels in the request");
+  encode_tensor_maps(req.value("tensor_maps", json()));
+  const size_t workspace = req.value("workspace", (size_t)0);
+  const unsigned char fill = (unsigned char)req.value("workspace_fill", 0);  // 0xFF: the kernels must write it all
+  workspace_.bytes = 0;
+  try {
+    if (workspace) ensure(workspace_, workspace);
+  } catch (OutOfMemory& e) {
+    e.needed = problem_bytes();
+    release_buffers();
+    throw;
+  }
+
+  // 1. One validated run: outputs poisoned with NaN, every element must be written and match
+  //    the float64 reference within the dtype's tolerance.
+  json out;
+  out["status"] = "ok";
+  auto validated_run = [&] {
+    if (workspace) CU_CHECK(cuMemsetD8(workspace_.ptr, fill, workspace));
+    poison_outputs();
+    launch_all(kernels, nullptr);
+    CU_CHECK(cuCtxSynchronize());
+    return read_outputs();
+  };
+  // Where an evaluation's wall time goes (detail.phase_ms): the validated run with its copies back,
+  // the comparison with the reference, the timing.
+  using clock = std::chrono::steady_clock;
+  auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
+  auto t0 = clock::now();
+  if (req.value("time_only", false)) {
+    // The tuner validated this kernel on these inputs earlier in its sweep (GpuSession::run says
+    // when): timed only, from the state a validated run starts in.
+    if (workspace) CU_CHECK(cuMemsetD8(workspace_.ptr, fill, workspace));
+    time_repeats([&] { launch_all(kernels, nullptr); }, req.value("timing", json::object()), out);
+    out["detail"]["phase_ms"] = {{"timing", ms_since(t0)}};
+    out["peak_bytes"] = problem_bytes();
+    return out;
+  }
+  const auto outputs = validated_run();
+  const double run_ms = ms_since(t0);
+  t0 = clock::now();
+  validate(outputs, out);
+  out["detail"]["phase_ms"] = {{"validated_run", run_ms}, {"validate", ms_since(t0)}};
+  out["peak_bytes"] = problem_bytes();
+  const std::vector<std::string> names =  // the outputs, in read_outputs' order
+      problem_.direction == "bwd" ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o", "lse"};
+  if (const std::string dir = req.value("save_dir", std::string()); !dir.empty()) {
+    for (size_t i = 0; i < names.size(); ++i) write_output_file(dir, names[i], outputs[i]);
+  }
+  if (out["status"] != "ok") return out;
+  if (req.value("check_determinism", false)) {
+    const bool same = validated_run() == outputs;
+    out["detail"]["deterministic"] = same;
+  }
+  // A config whose family claims bitwise-reproducible outputs (Family::reproducible) is held to it: the
+  // validated run repeated, each from poisoned outputs, every output equal bit for bit, else it is invalid.
+  if (const int runs = req.value("reproducible_runs", 0); runs > 1) {
+    for (int k = 2; k <= runs && out["status"] == "ok"; ++k) {
+      const auto again = validated_run();
+      for (size_t i = 0; i < outputs.size(); ++i)
+        if (again[i] != outputs[i]) {
+          out["status"] = "invalid";
+          out["error"] = "claims bitwise-reproducible outputs, but run " + std::to_string(k) + " of " +
+                         std::to_string(runs) + " gave a different " + names[i];
+          break;
+        }
+    }
+    out["detail"]["reproducible_runs"] = runs;
+    if (out["status"] != "ok") return out;
+  }
+
+  // 2. Timing, only for a validated kernel: CUDA events around the family's kernels alone.
+  t0 = clock::now();
+  time_repeats([&] { launch_all(kernels, nullptr); }, req.value("timing", json::object()), out);
+  out["detail"]["phase_ms"]["timing"] = ms_since(t0);
+  return out;
+}
+
+void GpuRunner::time_repeats(const std::function<void()>& launch, const json& timing, json& out) {
+  // Warm-up, then repeats each after an L2 flush, CUDA events around `launch` alone;
+  // median and p20/p80 of the repeats.
+  const int warmup = timing.value("warmup", timing::kWarmup);
+  const int min_reps = timing.value("min_reps", timing::kMinReps), max_reps = timing.value("max_reps", timing::kMaxReps);
+  const double target_ms = timing.value("target_ms", timing::kTargetMs);
+  CUevent e0, e1;
+  CU_CHECK(cuEventCreate(&e0, CU_EVENT_DEFAULT));
+  CU_CHECK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
+  CU_CHECK(cuEventRecord(e0, nullptr));
+  for (int i = 0; i < warmup; ++i) launch();
+  CU_CHECK(cuEventRecord(e1, nullptr));
+  CU_CHECK(cuEventSynchronize(e1));
+  float warm_ms = 0;
+  CU_CHECK(cuEventElapsedTime(&warm_ms, e0, e1));
+  cuEventDestroy(e0);
+  cuEventDestroy(e1);
+  const double per_launch = std::max(1e-3, (double)warm_ms / std::max(1, warmup));
+  const int reps = std::clamp((int)(target_ms / per_launch), min_reps, max_reps);
+
+  // Timing economy: with stop_above_ms, the first 3 repeats are read before the rest is launched, and a
+  // candidate whose median over them is above it (clearly slower than the best so far) stops there.
+  const double stop_above = timing.value("stop_above_ms", 0.0);
+  const int first = stop_above > 0 ? std::min(reps, 3) : reps;
+
+  std::vector<CUevent> starts(reps), stops(reps);
+  for (int i = 0; i < reps; ++i) {
+    CU_CHECK(cuEventCreate(&starts[i], CU_EVENT_DEFAULT));
+    CU_CHECK(cuEventCreate(&stops[i], CU_EVENT_DEFAULT));
+  }
+  auto timed = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      CU_CHECK(cuMemsetD32Async(flush_.ptr, (unsigned)i, flush_.bytes / 4, nullptr));
+      CU_CHECK(cuEventRecord(starts[i], nullptr));
+      launch();
+      CU_CHECK(cuEventRecord(stops[i], nullptr));
+    }
+    CU_CHECK(cuCtxSynchronize());
+  };
+  std::vector<float> ms;
+  auto read = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      float t = 0;
+      CU_CHECK(cuEventElapsedTime(&t, starts[i], stops[i]));
+      ms.push_back(t);
+    }
+  };
+  timed(0, first);
+  read(0, first);
+  bool early = false;
+  if (first < reps) {
+    if (percentile(ms, 0.5) > stop_above) {
+      early = true;
+    } else {
+      timed(first, reps);
+      read(first, reps);
+    }
+  }
+  for (int i = 0; i < reps; ++i) {
+    cuEventDestroy(starts[i]);
+    cuEventDestroy(stops[i]);
+  }
+  double spent = warm_ms;
+  for (float t : ms) spent += t;
+  out["detail"]["timing_ms"] = spent;
+  out["detail"]["telemetry"] = telemetry_->sample();  // right after the repeats: the state they ran in
+  if (early) out["detail"]["early_stopped"] = true;
+  out["reps"] = (int)ms.size();
+  out["ms_median"] = percentile(ms, 0.5);
+  out["ms_p20"] = percentile(ms, 0.2);
+  out["ms_p80"] = percentile(ms, 0.8);
+}
+
+}  // namespace flashtune

@@ -1,0 +1,137 @@
+// The worker's side: owns the CUDA context (driver API), the problem's device buffers,
+// the seeded inputs and the reference rows; runs, validates and times one kernel per request.
+#pragma once
+#include <memory>
+
+#include "worker/telemetry.hpp"
+#include <cuda.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "templates/attention_params.h"
+
+#include "core/kernel_record.hpp"
+#include "core/problem.hpp"
+#include "worker/validate.hpp"
+
+namespace flashtune {
+
+// A CUDA call failed. `sticky` errors (illegal address, launch failure...) poison the context:
+// the worker reports them as a crash and exits so that the parent starts a fresh one.
+struct CudaError : std::runtime_error {
+  CUresult code;
+  bool sticky;
+  CudaError(CUresult c, const std::string& what);
+};
+
+// A device allocation failed with CUDA_ERROR_OUT_OF_MEMORY (or cuBLAS could not allocate). Not
+// sticky: the runner has freed its large buffers when this reaches the worker's loop, which
+// answers "oom" and goes on. `asked`: the allocation that failed; `needed`: what the whole run
+// needs, when known (else 0).
+struct OutOfMemory : std::runtime_error {
+  size_t asked, needed;
+  OutOfMemory(size_t asked_bytes, size_t needed_bytes, const std::string& what)
+      : std::runtime_error(what), asked(asked_bytes), needed(needed_bytes) {}
+};
+
+class GpuRunner {
+ public:
+  explicit GpuRunner(int device_ordinal);
+  ~GpuRunner();
+  DeviceInfo device_info() const { return info_; }
+  // Generates inputs for the problem (seeded) and the reference, unless already current. With
+  // `inputs_dir` non-empty the inputs are read from DIR/q.bin, k.bin, v.bin (and do.bin for a
+  // backward; see input_files.hpp) instead, and a backward's reference covers every head.
+  void prepare(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir = "");
+  // {"cubin_path", "kernels": [{"name","grid":[3],"threads","smem"}...], "workspace", "check_determinism",
+  //  "reproducible_runs" (N > 1: the validated run repeated N times, invalid unless every output is equal bit
+  //  for bit), "timing": {...}, "save_dir" (optional)} -> result json, with "mean_abs" and "peak_bytes" beside
+  //  max_abs/max_rel/mse. With "save_dir" the validated run's outputs are written there as raw files:
+  //  forward o.bin (dtype) and lse.bin (fp32); backward dq.bin, dk.bin, dv.bin (dtype).
+  nlohmann::json run(const nlohmann::json& request);
+  // Library baselines (library_runner.cpp). {"impl": "cublas_unfused", "timing": {...}} on the
+  // prepared problem: validated and timed like run(); same result fields.
+  nlohmann::json run_library(const nlohmann::json& request);
+  // Peak probes: cuBLAS GEMM 8192^3 TFLOP/s (fp32, tf32, bf16, fp16) and device copy GB/s.
+  nlohmann::json probe(const nlohmann::json& request);
+  // Frees every problem buffer (after an out-of-memory): the next problem starts from nothing.
+  void release_buffers();
+
+ private:
+  struct Buffer {
+    CUdeviceptr ptr = 0;
+    size_t capacity = 0;  // allocated; kept across problems
+    size_t bytes = 0;     // what the current problem uses (0: unused by it)
+  };
+  struct LibraryState;  // cuBLAS handle and the NVRTC'd softmax module (library_runner.cpp)
+  struct Kernel {
+    CUfunction fn;
+    unsigned grid[3], threads, smem;
+    unsigned cluster = 1;  // CTAs per cluster along x (Launch::cluster_x)
+  };
+  // Sizes the buffer for the current problem, reallocating when it is too small. On out of memory
+  // it frees the buffers the current problem does not use and tries once more, then throws
+  // OutOfMemory (the caller releases everything).
+  void ensure(Buffer&, size_t bytes);
+  std::vector<Buffer*> problem_buffers();  // every buffer but the L2 flush
+  size_t problem_bytes();                  // sum of their `bytes`: the run's device footprint
+  // Warm-up, then `reps` L2-flushed, event-timed repeats of `launch`: reps, ms_median, ms_p20, ms_p80.
+  void time_repeats(const std::function<void()>& launch, const nlohmann::json& timing, nlohmann::json& out);
+  void init_library();
+  void destroy_library();
+  void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir);
+  void prepare_bwd(const Problem&, unsigned long long seed, const std::string& inputs_dir);
+  // Packed variable-length batches (Problem::varlen): token-major inputs and the offsets.
+  void prepare_varlen_fwd(const Problem&, unsigned long long seed, long long max_rows);
+  void prepare_varlen_bwd(const Problem&, unsigned long long seed);
+  // Paged K/V caches (Problem::paged): prepare_fwd's seeded inputs, K and V scattered into pools of pages in the
+  // block table's order, the block table and the cache lengths; the reference reads the logical K/V.
+  void prepare_paged_fwd(const Problem&, unsigned long long seed, long long max_rows);
+  // count units of unit_bytes to dst, unit i from unit i % distinct of src (inputs tiled over the heads)
+  static void upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count);
+  void launch_all(const std::vector<Kernel>&, CUstream);
+  // The request's "tensor_maps" (Family::tensor_maps) encoded over this problem's buffers into maps_;
+  // none: the kernels take the params struct alone.
+  void encode_tensor_maps(const nlohmann::json& specs);
+  void poison_outputs();
+  std::vector<std::vector<uint8_t>> read_outputs();  // the problem's outputs, as bytes
+  // The validated run's outputs against the reference (worker/validate.hpp) into `out`.
+  void validate(const std::vector<std::vector<uint8_t>>& outputs, nlohmann::json& out);
+
+  int ordinal_ = 0;
+  CUdevice dev_ = 0;
+  std::unique_ptr<Telemetry> telemetry_;  // clocks, temperature, power, throttle reasons beside each timing
+  CUcontext ctx_ = nullptr;
+  DeviceInfo info_;
+  Problem problem_;
+  unsigned long long seed_ = 0;
+  std::string inputs_dir_;  // where the prepared inputs came from; empty: generated from seed_
+  bool prepared_ = false;
+  // Forward: q, k, v in, o, lse out. Backward: q, k, v, o, lse, dout in; dq, dk, dv out.
+  Buffer q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_, delta_, dq_accum_, workspace_, flush_;
+  Buffer cu_q_, cu_k_;  // varlen: batch + 1 int32 offsets each (unused by dense problems)
+  Buffer block_table_, cache_seqlens_;  // paged: (B, max_pages) and (B) int32 (k_ and v_ then hold the pools)
+  int max_pages_ = 0;                   // paged: the block table's row stride
+  // The unfused baseline's scores S (fp32) and probabilities P (dtype): allocated per run_library
+  // call and freed at its end, so they never crowd out a family's run.
+  Buffer scores_, probs_;
+  LibraryState* lib_ = nullptr;
+  // The current run's TMA descriptors: the kernels' second parameter (ignored by kernels that take one).
+  AttnTensorMaps maps_{};
+  // Forward reference: sampled query rows (flat b*H*Sq + h*Sq + i) of O and LSE, with their magnitudes;
+  // generated inputs tile forward_distinct_units(problem) distinct units over the heads (validate.hpp).
+  FwdReference fwd_ref_;
+  // Backward reference: every head's gradients; heads repeat the data of `distinct_heads_`
+  // independent ones (head h holds head h % distinct_heads_), so all of them are checked in full.
+  // File-backed inputs: distinct_heads_ = B*H, every head has its own reference.
+  int distinct_heads_ = 0;
+  BwdReference bwd_ref_;
+};
+
+}  // namespace flashtune
