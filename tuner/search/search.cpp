@@ -14,7 +14,6 @@
 
 #include "core/timing.hpp"
 #include "core/util.hpp"
-#include "tuner/sweep/sweep.hpp"
 
 using nlohmann::json;
 

@@ -255,6 +255,29 @@ std::vector<Variant> Space::variants() const {
   return out;
 }
 
+std::vector<Variant> variants_for(const Space& s, const std::vector<Problem>& problems) {
+  // A varlen problem takes the packed form of the space's variants, a paged one the paged form, a dense one
+  // the dense form, whatever the space's own "varlen" and "paged" lists (which are for compile-check and the
+  // NVRTC tests).
+  Space dense = s;
+  dense.varlen = {false};
+  dense.paged = {false};
+  std::vector<Variant> out;
+  for (const Variant& v : dense.variants())
+    for (const auto& [packed, pg] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+      bool needed = false;
+      for (const Problem& p : problems)
+        needed |= p.head_dim == v.head_dim && p.causal == v.causal && p.dtype == v.dtype &&
+                  p.direction == v.family->direction && p.varlen.enabled() == packed && p.paged.enabled() == pg &&
+                  v.family->shape_reason(p).empty();
+      if (!needed) continue;
+      out.push_back(v);
+      out.back().varlen = packed;
+      out.back().paged = pg;
+    }
+  return out;
+}
+
 constexpr size_t kMaxProblems = 100000;  // a problem set's size (the committed ones hold at most hundreds)
 
 std::vector<Problem> problems_from_json(const json& j) {

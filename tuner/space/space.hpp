@@ -33,6 +33,10 @@ struct Space {
   std::vector<Variant> variants() const;  // configs x head_dims x causal x dtypes x (varlen or paged forms)
 };
 
+// The variants of the space that some problem needs (matching d, causal, dtype; the packed form,
+// Variant::varlen, for a varlen problem; the paged form, Variant::paged, for a paged one).
+std::vector<Variant> variants_for(const Space&, const std::vector<Problem>&);
+
 // Spaces over this many variants are refused unless allowed (`--allow-large-space`): each variant is an NVRTC
 // compile of seconds, so 20000 is already a day of compiling; the largest committed space has 6912.
 inline constexpr unsigned long long kMaxSpaceVariants = 20000;

@@ -100,10 +100,6 @@ struct SweepOptions {
 
 SweepSummary tune(const Space&, const std::vector<Problem>&, Store&, const SweepOptions&);
 
-// The variants of the space that some problem needs (matching d, causal, dtype; the packed form,
-// Variant::varlen, for a varlen problem; the paged form, Variant::paged, for a paged one).
-std::vector<Variant> variants_for(const Space&, const std::vector<Problem>&);
-
 // Terminal progress: "[ 41/240]  17%  eta 3m05s  label", redrawn in place on a TTY.
 class Progress {
  public:
