@@ -1,5 +1,5 @@
 // The runtime library without a GPU: config lookup (device -> arch -> default, the results store, the
-// family choice, a tabled config the family rejects), the JIT disk cache (atomic fill by concurrent
+// family choice, a tabled config the family rejects; the user's store: its path, the order, an unsafe one), the JIT disk cache (atomic fill by concurrent
 // processes, truncated and corrupted entries), the C ABI's argument checks and its no-GPU answer.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -27,6 +28,7 @@
 #include "flashtune/attention.hpp"
 #include "lookup.hpp"
 #include "results/emit.hpp"
+#include "user_store.hpp"
 
 namespace fs = std::filesystem;
 using namespace flashtune;
@@ -709,6 +711,207 @@ TEST(RuntimeLookup, ResultsStoreFirst) {
   p = choose_config(TableSet{nullptr, 0}, f, query("GPU Z", "sm_90", "fwd", DType::fp32, 64, false, 4096), db);
   EXPECT_EQ(p.source, "default");
   EXPECT_THROW(choose_config(TableSet{nullptr, 0}, f, q, dir + "/missing.db"), std::exception);
+  fs::remove_all(dir);
+}
+
+// ---- the user's store (user_store.hpp): its path, the lookup order, an unsafe store refused -------
+
+namespace {
+// Sets the variables for the scope, then puts back what was there.
+struct EnvScope {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  void set(const std::string& name, const std::optional<std::string>& value) {
+    const char* v = std::getenv(name.c_str());
+    saved.emplace_back(name, v ? std::optional<std::string>(v) : std::nullopt);
+    value ? (void)setenv(name.c_str(), value->c_str(), 1) : (void)unsetenv(name.c_str());
+  }
+  ~EnvScope() {
+    for (auto it = saved.rbegin(); it != saved.rend(); ++it)
+      it->second ? (void)setenv(it->first.c_str(), it->second->c_str(), 1) : (void)unsetenv(it->first.c_str());
+  }
+};
+const char kH100[] = "NVIDIA H100 80GB HBM3";
+}  // namespace
+
+TEST(RuntimeUserStore, PathFromEnvironment) {
+  EXPECT_EQ(device_slug(kH100), "nvidia-h100-80gb-hbm3");  // `flashtune devices --slug`, the reports/ folders
+  EXPECT_EQ(device_slug("NVIDIA H200"), "nvidia-h200");
+  EXPECT_EQ(device_slug("../../etc/passwd"), "etc-passwd");  // one safe component, whatever the driver says
+  EXPECT_EQ(device_slug(" !? "), "");
+  const std::string long_a(300, 'a'), long_b = std::string(299, 'a') + "b";
+  EXPECT_LE(device_slug(long_a).size(), 200u);
+  EXPECT_NE(device_slug(long_a), device_slug(long_b));  // cut names stay apart (a hash of the whole name)
+  EnvScope env;
+  env.set("XDG_CACHE_HOME", "/xdg");
+  env.set("HOME", "/home/u");
+  EXPECT_EQ(user_store_dir(), "/xdg/flashtune");
+  EXPECT_EQ(user_store_path(kH100), "/xdg/flashtune/nvidia-h100-80gb-hbm3.db");
+  EXPECT_EQ(user_store_path(" !? "), "");  // no slug: no store
+  setenv("XDG_CACHE_HOME", "relative/cache", 1);  // not absolute: ignored, as the XDG spec says
+  EXPECT_EQ(user_store_path(kH100), "/home/u/.cache/flashtune/nvidia-h100-80gb-hbm3.db");
+  setenv("XDG_CACHE_HOME", "", 1);
+  EXPECT_EQ(user_store_path(kH100), "/home/u/.cache/flashtune/nvidia-h100-80gb-hbm3.db");
+  unsetenv("XDG_CACHE_HOME");
+  setenv("HOME", "relative", 1);
+  EXPECT_EQ(user_store_path(kH100), "");
+  unsetenv("HOME");
+  EXPECT_EQ(user_store_dir(), "");
+  EXPECT_EQ(store_for(kH100).path, "");  // no folder at all: no store, no note
+  EXPECT_EQ(store_for(kH100).note, "");
+}
+
+// The user's store first (its family and config, source "user"), then the tables, then the default;
+// $FLASHTUNE_DB, when set, instead of the user's store.
+TEST(RuntimeUserStore, LookupOrder) {
+  const std::string dir = temp_dir("user-store");
+  EnvScope env;
+  env.set("XDG_CACHE_HOME", dir);
+  env.set("FLASHTUNE_DB", std::nullopt);
+  const Family& simt = find_family("fa2_simt");
+  const Family& fa1 = find_family("fa1_simt");
+  // The tables rate fa1_simt on this H100; the user's store holds fa2_simt rows (fixture).
+  const tuned::Entry dev_entries[] = {entry("fa1_simt", "fwd", "fp32", 64, fa1.default_config, 10),
+                                      entry("fa1_simt", "fwd", "fp32", 32, fa1.default_config, 10)};
+  const tuned::Table tables[] = {{kH100, "sm_90", dev_entries, 2}};
+  const TableSet ts{tables, 1};
+  const Query q = query(kH100, "sm_90", "fwd", DType::fp32, 64, false, 4096);
+
+  StoreChoice s = store_for(kH100);  // no folder yet
+  EXPECT_EQ(s.path, "");
+  Pick p = choose_with_store(ts, q, s);
+  EXPECT_EQ(p.family, &fa1);
+  EXPECT_EQ(p.source, "device");
+  EXPECT_TRUE(p.note.empty()) << p.note;
+
+  const std::string path = user_store_path(kH100);
+  EXPECT_EQ(path, dir + "/flashtune/nvidia-h100-80gb-hbm3.db");
+  fs::create_directory(dir + "/flashtune");
+  chmod((dir + "/flashtune").c_str(), 0700);
+  EXPECT_EQ(store_for(kH100).path, "");  // the folder, no store in it
+  {
+    Store st(path);
+    fixture::fill_fixture(st);
+  }
+  chmod(path.c_str(), 0600);
+  s = store_for(kH100);
+  EXPECT_EQ(s.path, path);
+  EXPECT_TRUE(s.user);
+  EXPECT_TRUE(s.note.empty()) << s.note;
+  p = choose_with_store(ts, q, s);
+  EXPECT_EQ(p.family, &simt) << "the store's family before the table's";
+  EXPECT_EQ(p.source, "user");
+  EXPECT_EQ(simt.config_string(p.config), "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2");
+  // A query the store holds nothing for (d 32): the tables; nothing tabled either (d 128): the default.
+  p = choose_with_store(ts, query(kH100, "sm_90", "fwd", DType::fp32, 32, false, 4096), s);
+  EXPECT_EQ(p.family, &fa1);
+  EXPECT_EQ(p.source, "device");
+  p = choose_with_store(ts, query(kH100, "sm_90", "fwd", DType::fp32, 128, false, 4096), s);
+  EXPECT_EQ(p.source, "default");
+  // Re-tuned: the identity (the plan cache's key) changes.
+  const std::string before = s.identity;
+  {
+    Store st(path);
+    st.put_result(fixture::fixture_result("BLOCK_M=64,BLOCK_N=32,TM=4,TN=4,KV_STAGES=2",
+                                          Problem{1, 1, 512, 512, 64, DType::fp32, false}, "ok", 1.0),
+                  fixture::fixture_device());
+  }
+  EXPECT_NE(store_for(kH100).identity, before);
+
+  // $FLASHTUNE_DB instead: its store ("db"), the user's unread; one it cannot read fails the lookup.
+  const std::string other = dir + "/other.db";
+  { Store st(other); }
+  setenv("FLASHTUNE_DB", other.c_str(), 1);
+  s = store_for(kH100);
+  EXPECT_EQ(s.path, other);
+  EXPECT_FALSE(s.user);
+  p = choose_with_store(ts, q, s);
+  EXPECT_EQ(p.source, "device");  // an empty store: the tables
+  setenv("FLASHTUNE_DB", path.c_str(), 1);
+  EXPECT_EQ(choose_with_store(ts, q, store_for(kH100)).source, "db");
+  setenv("FLASHTUNE_DB", (dir + "/missing.db").c_str(), 1);
+  EXPECT_THROW(choose_with_store(ts, q, store_for(kH100)), std::exception);
+  unsetenv("FLASHTUNE_DB");
+  fs::remove_all(dir);
+}
+
+// A store the runtime must not read: a link, a FIFO, a folder, a group- or world-writable file, one in a
+// folder others can write, another user's: passed over for the tables with a one-line note that says
+// why (and nothing is read: a FIFO does not block). A damaged store of ours: the tables, with a note.
+TEST(RuntimeUserStore, UnsafeStoreIsRefused) {
+  const std::string dir = temp_dir("user-store-unsafe");
+  EnvScope env;
+  env.set("XDG_CACHE_HOME", dir);
+  env.set("FLASHTUNE_DB", std::nullopt);
+  const std::string folder = dir + "/flashtune", path = user_store_path(kH100), real = dir + "/real.db";
+  fs::create_directory(folder);
+  chmod(folder.c_str(), 0700);
+  {
+    Store st(real);
+    fixture::fill_fixture(st);
+  }
+  chmod(real.c_str(), 0600);
+  const tuned::Entry dev_entries[] = {entry("fa2_simt", "fwd", "fp32", 64, find_family("fa2_simt").default_config, 1)};
+  const tuned::Table tables[] = {{kH100, "sm_90", dev_entries, 1}};
+  const TableSet ts{tables, 1};
+  const Query q = query(kH100, "sm_90", "fwd", DType::fp32, 64, false, 4096);
+  auto expect_refused = [&](const std::string& why) {
+    SCOPED_TRACE(why);
+    const UserStoreCheck c = check_user_store(path);
+    EXPECT_TRUE(c.exists);
+    EXPECT_EQ(c.why, why);
+    const auto t0 = std::chrono::steady_clock::now();
+    const StoreChoice s = store_for(kH100);
+    EXPECT_EQ(s.path, "");
+    EXPECT_NE(s.note.find(why), std::string::npos) << s.note;
+    EXPECT_NE(s.note.find(path), std::string::npos) << s.note;
+    EXPECT_EQ(s.note.find('\n'), std::string::npos) << s.note;
+    const Pick p = choose_with_store(ts, q, s);
+    EXPECT_EQ(p.source, "device");
+    EXPECT_NE(p.note.find("not read"), std::string::npos) << p.note;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  };
+  fs::create_symlink(real, path);
+  expect_refused("is a symbolic link");
+  fs::remove(path);
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  expect_refused("is not a regular file");
+  fs::remove(path);
+  fs::create_directory(path);
+  expect_refused("is not a regular file");
+  fs::remove(path);
+  fs::copy_file(real, path);
+  for (mode_t mode : {0620, 0602, 0666}) {
+    chmod(path.c_str(), mode);
+    expect_refused("is writable by group or others");
+  }
+  chmod(path.c_str(), 0644);  // readable by others is fine: only writers matter
+  EXPECT_EQ(choose_with_store(ts, q, store_for(kH100)).source, "user");
+  chmod(folder.c_str(), 01777);  // a shared folder: the file could be swapped between check and open
+  expect_refused("is in a folder that is writable by others");
+  chmod(folder.c_str(), 0775);
+  expect_refused("is in a folder that is writable by others");
+  chmod(folder.c_str(), 0700);
+  if (geteuid() == 0) {  // root hands the file, then the folder, to another uid, as a second user's would be
+    ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
+    expect_refused("belongs to another user");
+    ASSERT_EQ(chown(path.c_str(), 0, 0), 0);
+    ASSERT_EQ(chown(folder.c_str(), 65534, 65534), 0);
+    expect_refused("is in a folder that belongs to another user");
+    ASSERT_EQ(chown(folder.c_str(), 0, 0), 0);
+  }
+  // Safe but damaged, empty or not a flashtune store: read fails, the tables answer, the note says so.
+  for (const std::string& bytes : {std::string("not a database at all, not even close"), std::string()}) {
+    fs::remove(path);
+    { std::ofstream(path, std::ios::binary) << bytes; }
+    chmod(path.c_str(), 0600);
+    const StoreChoice s = store_for(kH100);
+    EXPECT_TRUE(s.user);
+    Pick p;
+    EXPECT_NO_THROW(p = choose_with_store(ts, q, s));
+    EXPECT_EQ(p.source, "device");
+    EXPECT_NE(p.note.find("not read ("), std::string::npos) << p.note;
+    EXPECT_EQ(p.note.find('\n'), std::string::npos) << p.note;
+  }
   fs::remove_all(dir);
 }
 

@@ -10,7 +10,8 @@
 // scratch, strided packed tensors packed and unpacked, fa3_wgmma's token-major tensor maps); paged K/V caches
 // (decode_splitkv's paged form, its parameters, the pools in place, the nearest config for small pages);
 // decoding on a fake H100 through the committed table's decode_splitkv entry; a second user's planted cache
-// entries and -wal, and a store of packed rows too large to read, through FLASHTUNE_CACHE_DIR and FLASHTUNE_DB.
+// entries and -wal, and a store of packed rows too large to read, through FLASHTUNE_CACHE_DIR and FLASHTUNE_DB;
+// the user's store ($XDG_CACHE_HOME/flashtune/<gpu-slug>.db) read with no variable, and passed over when unsafe.
 #include <cuda.h>
 #include <dlfcn.h>
 #include <grp.h>
@@ -262,6 +263,28 @@ TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
     EXPECT_EQ(ft_explain_forward(&a, &e), FT_INVALID_ARGUMENT);
     EXPECT_EQ(std::string(ft_last_error()).rfind("FLASHTUNE_DB: ", 0), 0u) << ft_last_error();
     unsetenv("FLASHTUNE_DB");
+
+    // The user's store, with no variable: $XDG_CACHE_HOME/flashtune/<gpu-slug>.db first (source "user");
+    // made group-writable, it is passed over (checked again within a second) and explain's text says why.
+    const std::string xdg = cache + "/xdg", user = xdg + "/flashtune/fake-gpu.db";
+    fs::create_directories(xdg + "/flashtune");
+    chmod((xdg + "/flashtune").c_str(), 0700);
+    fs::copy_file(db, user);
+    chmod(user.c_str(), 0600);
+    const char* saved_xdg = std::getenv("XDG_CACHE_HOME");
+    const std::string keep_xdg = saved_xdg ? saved_xdg : "";
+    setenv("XDG_CACHE_HOME", xdg.c_str(), 1);
+    ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+    EXPECT_STREQ(e.source, "user");
+    EXPECT_EQ(std::string(e.config), tuned);
+    chmod(user.c_str(), 0664);
+    usleep(1100 * 1000);
+    char text[1024];
+    ASSERT_EQ(ft_explain_forward_text(&a, text, sizeof text), FT_OK) << ft_last_error();
+    EXPECT_NE(std::string(text).find("(config: default,"), std::string::npos) << text;
+    EXPECT_NE(std::string(text).find("fake-gpu.db' is writable by group or others: not read"), std::string::npos) << text;
+    saved_xdg ? (void)setenv("XDG_CACHE_HOME", keep_xdg.c_str(), 1) : (void)unsetenv("XDG_CACHE_HOME");
+    fs::remove_all(xdg);
     fs::remove(db);
   }
 

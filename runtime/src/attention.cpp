@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,7 @@
 #include "driver.hpp"
 #include "lookup.hpp"
 #include "strided_copy.hpp"
+#include "user_store.hpp"
 #include "templates/attention_params.h"
 
 namespace flashtune::rt {
@@ -198,20 +200,45 @@ Variant variant_of(const Pick& pick, const Problem& p) {
   return Variant{pick.family, pick.config, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled()};
 }
 
+// store_for(device), checked again at most once a second for the same environment (a call costs no
+// file system checks; a store that flashtune.tune creates or re-tunes is read within a second).
+StoreChoice current_store(const std::string& device) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "") + '\0';
+  };
+  const std::string key = device + '\0' + env("FLASHTUNE_DB") + env("XDG_CACHE_HOME") + env("HOME");
+  using clock = std::chrono::steady_clock;
+  static std::mutex mu;
+  static std::map<std::string, std::pair<clock::time_point, StoreChoice>> checked;
+  const clock::time_point now = clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = checked.find(key); it != checked.end() && now - it->second.first < std::chrono::seconds(1))
+      return it->second.second;
+  }
+  StoreChoice s = store_for(device);
+  std::lock_guard<std::mutex> lock(mu);
+  if (checked.size() > 64) checked.clear();  // environments a process goes through: a few
+  checked[key] = {now, s};
+  return s;
+}
+
 Plan make_plan(const Query& q0, const Problem& p) {
   Plan plan;
   plan.device = current_device();
   Query q = q0;
   q.device = plan.device.name;
   q.arch = plan.device.arch;
-  const char* db = std::getenv("FLASHTUNE_DB");
-  const std::string db_path = db ? db : "";
+  // $FLASHTUNE_DB, else the user's store (user_store.hpp); its identity in the plan's key, so that a store
+  // re-tuned while this process runs (flashtune.tune) is read by the next call.
+  const StoreChoice store = current_store(q.device);
   const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
                                std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") +
                                (q.deterministic ? "d" : "") +
                                (q.varlen ? "v" : "") + (q.page_size ? "p" + std::to_string(q.page_size) : "") + '|' +
                                std::to_string(p.seq_bucket()) + '|' + std::to_string(seq_q_class(q.seq_q)) + '|' +
-                               db_path;
+                               store.identity;
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -226,7 +253,7 @@ Plan make_plan(const Query& q0, const Problem& p) {
   if (plan.pick.family) return plan;
   const Compiler& compiler = compiler_for(q.arch);
   try {
-    plan.pick = choose(generated_tables(), q, db_path);
+    plan.pick = choose_with_store(generated_tables(), q, store);
   } catch (const std::exception& e) {
     fail(FT_INVALID_ARGUMENT, std::string("FLASHTUNE_DB: ") + e.what());
   }

@@ -218,7 +218,8 @@ const Family* choose_family(const TableSet& ts, const Query& q) {
 namespace {
 // The store's pick for f's bucket of q on this device (best_per_bucket + pick_bucket), "" when none.
 // paged: its paged buckets (rows measured on paged caches), else its dense ones.
-std::string stored_config(const Family& f, const Query& q, const std::string& db_path, bool paged = false) {
+std::string stored_config(const Family& f, const Query& q, const std::string& db_path, bool paged = false,
+                          double* tflops = nullptr) {
   Store store(db_path, Store::Mode::read_only);
   // Every status: a newer prune or failure of a config supersedes its older success (select.cpp).
   ResultFilter filter{f.name, q.device, to_string(q.dtype), q.direction, q.head_dim, (int)q.causal, false};
@@ -227,7 +228,26 @@ std::string stored_config(const Family& f, const Query& q, const std::string& db
   prob.seq_q = prob.seq_k = q.seq;
   if (paged) prob.paged.page_size = q.page_size;
   const BucketChoice* b = pick_bucket(choices, prob, wants_reproducible(q));
+  if (b && tflops) *tflops = b->tflops;
   return b ? b->config : "";
+}
+
+// The family a results store measured for this query on this device: a family with a query-length range
+// that holds a bucket of it first (as a table entry of its own does in choose_family), else the candidate
+// whose stored pick has the most TFLOP/s; nullptr when the store holds none of the candidates.
+const Family* stored_family(const Query& q, const std::string& db_path) {
+  const Family* best = nullptr;
+  double best_tflops = 0;
+  for (const Family* c : candidate_families(q)) {
+    double tflops = 0;
+    if (stored_config(*c, q, db_path, q.page_size > 0, &tflops).empty()) continue;
+    if (c->max_seq_q > 0) return c;
+    if (!best || tflops > best_tflops) {
+      best = c;
+      best_tflops = tflops;
+    }
+  }
+  return best;
 }
 
 // A paged query's config: the first of the store's paged bucket, the tables' paged entry (device, arch),
@@ -332,13 +352,7 @@ Pick choose_config(const TableSet& ts, const Family& f, const Query& q, const st
 }
 
 Pick choose(const TableSet& ts, const Query& q, const std::string& db_path) {
-  const Family* f = nullptr;
-  if (!db_path.empty())
-    for (const Family* c : candidate_families(q))
-      if (c->max_seq_q > 0 && !stored_config(*c, q, db_path, q.page_size > 0).empty()) {
-        f = c;
-        break;
-      }
+  const Family* f = db_path.empty() ? nullptr : stored_family(q, db_path);
   if (!f) f = choose_family(ts, q);
   if (!f) return {};
   Pick p = choose_config(ts, *f, q, db_path);

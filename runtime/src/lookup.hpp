@@ -102,9 +102,11 @@ struct Pick {
 // store that cannot be read.
 Pick choose_config(const TableSet&, const Family& f, const Query&, const std::string& db_path = "");
 
-// choose_family then choose_config; family nullptr when unsupported. With a results store, a family with a
-// query-length range that the store holds a bucket of for this query comes first, as a table entry of its
-// own does in choose_family (a store tuned on this GPU rates it as the device's table would).
+// choose_family then choose_config; family nullptr when unsupported. With a results store, the store's
+// family comes first when it holds a pick of a candidate for this query on this device: a family with a
+// query-length range that it holds a bucket of, as a table entry of its own does in choose_family, else
+// the candidate whose stored pick measured the most TFLOP/s (a store tuned on this GPU rates the families
+// as the device's table would, and before the tables).
 Pick choose(const TableSet&, const Query&, const std::string& db_path = "");
 
 }  // namespace flashtune::rt

@@ -161,7 +161,7 @@ typedef struct {
 typedef struct {
   char family[32];   /* "fa2_mma" */
   char config[160];  /* "BLOCK_M=128,BLOCK_N=64,WARPS=4,STAGES=2" */
-  char source[16];   /* "db", "device", "arch" or "default" */
+  char source[16];   /* "user" (the user's store), "db" ($FLASHTUNE_DB), "device", "arch" or "default" */
   char cache[16];    /* "memory", "disk", "jit" (compiled now, or would be) or "aot" (embedded in the library) */
   char device[96];   /* the GPU's name */
   char arch[16];     /* "sm_90" */
