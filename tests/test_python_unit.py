@@ -8,7 +8,9 @@ extension's m.def strings in python/csrc against the ctypes fallback's custom op
 text: neither needs torch here).
 
 Environment (tests/CMakeLists.txt): PYTHONPATH=<repo>/python, FT_ABI_LAYOUT=<abi_layout binary>,
-FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (optional: without it the library tests skip).
+FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (optional: without it the library tests skip),
+FLASHTUNE_CLI=<the built flashtune> and FIXTURE_TOOL=<make_fixture_db> (optional: `python -m flashtune` and
+flashtune.tune's CLI side; without them those skip). flashtune.tune's argument checks need neither.
 """
 import ast
 import ctypes
@@ -17,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import flashtune
@@ -456,6 +459,226 @@ class TorchOpSchemas(unittest.TestCase):
         self.assertGreaterEqual(len(cpp), 5)
         for name in cpp:
             self.assertEqual(cpp[name], py[name], name)
+
+
+class TuneArguments(unittest.TestCase):
+    """flashtune.tune checks every argument before anything runs: a ValueError of one line naming it (the CLI is
+    never looked for: $FLASHTUNE_CLI points nowhere here, which would be a CliNotFoundError, an OSError)."""
+
+    GOOD = dict(shapes=[(4, 16, 4096, 128)], dtype="bf16", causal=True, budget="5m", strategy="halving")
+    BAD = [
+        (dict(shapes="4,16,4096,128"), "shapes must be a list"),
+        (dict(shapes=None), "shapes must be a list"),
+        (dict(shapes=[]), "shapes is empty"),
+        (dict(shapes=5), "shapes must be a list"),
+        (dict(shapes=[(4, 16, 4096)]), r"shapes\[0\]: a shape is"),
+        (dict(shapes=[(4, 16, 4096, 128), "x"]), r"shapes\[1\]: a shape is a tuple"),
+        (dict(shapes=[(4, 16, 4096, 128.0)]), "head_dim must be an integer"),
+        (dict(shapes=[(True, 16, 4096, 128)]), "batch must be an integer"),
+        (dict(shapes=[(0, 16, 4096, 128)]), r"batch must be in 1\.\.1048576, got 0"),
+        (dict(shapes=[(4, 16, 2**21, 128)]), "seq_q must be in"),
+        (dict(shapes=[(4, 16, 4096, 4096, 2048)]), "head_dim must be in"),
+        (dict(shapes=[(4, -16, 4096, 128)]), "heads must be in"),
+        (dict(shapes=[{"batch": 1, "heads": 8, "seq": 64, "head_dim": 64, "heads_k": 3}]), r"heads_k \(3\) must divide"),
+        (dict(shapes=[{"batch": 1, "heads": 8, "seq": 64, "head_dim": 64, "path": "../x"}]), "unknown key 'path'"),
+        (dict(shapes=[{"batch": 1, "heads": 8, "seq": 64, "seq_q": 1, "head_dim": 64}]), "not both"),
+        (dict(shapes=[{"batch": 1, "heads": 8, "head_dim": 64}]), "missing seq"),
+        (dict(shapes=[(1, 1, 1, 64)] * 257), "at most 256 shapes"),
+        (dict(dtype="int8"), "dtype must be one of"),
+        (dict(dtype=None), "dtype must be one of"),
+        (dict(causal=1), "causal must be True, False"),
+        (dict(causal="yes"), "causal must be True, False"),
+        (dict(causal=[]), "causal must be True, False"),
+        (dict(direction="sideways"), "direction must be"),
+        (dict(direction=["fwd", "--db=/tmp/x"]), "direction must be"),
+        (dict(budget="5 minutes"), "budget must be a duration"),
+        (dict(budget="1h30"), "budget must be a duration"),
+        (dict(budget="-5m"), "budget must be a duration"),
+        (dict(budget="--time-budget=1s"), "budget must be a duration"),
+        (dict(budget="9" * 40), "budget must be a duration"),
+        (dict(budget=0), "budget must be between"),
+        (dict(budget=float("inf")), "budget must be between"),
+        (dict(budget=float("nan")), "budget must be between"),
+        (dict(budget="31d"), "budget must be a duration"),
+        (dict(budget=True), "budget must be a duration"),
+        (dict(budget=40 * 86400), "budget must be between"),
+        (dict(strategy="greedy"), "strategy must be one of"),
+        (dict(strategy="--db=/etc/x"), "strategy must be one of"),
+        (dict(strategy=None), "strategy must be one of"),
+        (dict(device=-1), "device must be"),
+        (dict(device="0"), "device must be"),
+        (dict(device=1.0), "device must be"),
+        (dict(device=65), "device must be"),
+        (dict(progress="no"), "progress must be True or False"),
+    ]
+
+    def setUp(self):
+        self.saved = os.environ.get("FLASHTUNE_CLI")
+        os.environ["FLASHTUNE_CLI"] = "/nonexistent/flashtune"
+
+    def tearDown(self):
+        if self.saved is None:
+            os.environ.pop("FLASHTUNE_CLI", None)
+        else:
+            os.environ["FLASHTUNE_CLI"] = self.saved
+
+    def test_bad_arguments_are_one_line_value_errors(self):
+        for edit, says in self.BAD:
+            with self.subTest(edit=str(edit)[:80]):
+                with self.assertRaisesRegex(ValueError, says) as cm:
+                    flashtune.tune(**dict(self.GOOD, **edit))
+                msg = str(cm.exception)
+                self.assertTrue(msg.startswith("flashtune.tune: "), msg)
+                self.assertNotIn("\n", msg)
+                self.assertLess(len(msg), 400)
+
+    def test_good_arguments_reach_the_cli(self):
+        from flashtune import _cli
+        for edit in ({}, dict(shapes=(1, 8, 1, 4096, 128)), dict(dtype="torch.float16", direction="both"),
+                     dict(causal=(False, True), budget=90), dict(budget="1h30m", strategy="guided", device=3),
+                     dict(shapes=[{"batch": 2, "heads": 32, "heads_k": 8, "seq_q": 1, "seq_k": 8192, "head_dim": 128}])):
+            with self.subTest(edit=edit):
+                with self.assertRaises(_cli.CliNotFoundError):  # checked, then the CLI is looked for
+                    flashtune.tune(**dict(self.GOOD, **edit))
+
+    def test_problems(self):
+        from flashtune import _tune
+        ps = _tune.problems([(4, 16, 4096, 128), (4, 16, 4096, 4096, 128), [2, 8, 1, 512, 64]], "bfloat16",
+                            (True, False), "both")
+        self.assertEqual(len(ps), 2 * 2 * 2)  # the first two are one shape
+        self.assertEqual(ps[0], {"batch": 4, "heads": 16, "seq_q": 4096, "seq_k": 4096, "head_dim": 128,
+                                 "dtype": "bf16", "causal": False, "direction": "fwd"})
+        self.assertEqual({p["direction"] for p in ps}, {"fwd", "bwd"})
+        gqa = _tune.problems({"batch": 1, "heads": 32, "heads_k": 8, "seq_q": 1, "seq_k": 4096, "head_dim": 128})
+        self.assertEqual(gqa[0]["heads_k"], 8)
+        mha = _tune.problems({"batch": 1, "heads": 32, "heads_k": 32, "seq": 64, "head_dim": 128})
+        self.assertNotIn("heads_k", mha[0])  # heads_k == heads: multi-head, one spelling
+        self.assertEqual([_tune.parse_budget(b) for b in ("5m", "90s", "1h30m", "2.5m", "1h", 42, "300")],
+                         [300, 90, 5400, 150, 3600, 42, 300])
+
+    def test_progress_line(self):
+        from flashtune import _tune
+        p = _tune._Progress(False, 600)
+        p.begin("[1/2] fa2_mma fwd", 300, 300)
+        self.assertTrue(p.cli_line("tune fa2_mma sm_90 [12/36]  33%  elapsed 40s  eta 1m20s  B=4 H=16"))
+        self.assertFalse(p.cli_line("fa2_mma: candidates 36 ok"))
+        text = p.text()
+        self.assertIn("[1/2] fa2_mma fwd [12/36]", text)
+        eta = _tune._seconds(text.split("eta ")[1])
+        self.assertTrue(370 <= eta <= 380, text)  # this step's 1m20s, then the later step's 5m
+
+
+class WithCli(unittest.TestCase):
+    """`python -m flashtune` and flashtune.tune's CLI side through the built CLI ($FLASHTUNE_CLI) without a GPU:
+    the verbs' help, the plan of families and spaces for a GPU's arch, the picks read back from a store, the
+    user's store's checks, and no GPU as one NoGpuError line."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cli = os.environ.get("FLASHTUNE_CLI")
+        if not cls.cli:
+            raise unittest.SkipTest("FLASHTUNE_CLI not set (the CLI is not built)")
+        cls.env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+    def module(self, *args, env=None):
+        return subprocess.run([sys.executable, "-m", "flashtune", *args], capture_output=True, text=True,
+                              env=env or self.env, cwd="/")
+
+    def test_help(self):
+        r = self.module("--help")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("usage: flashtune <command>", r.stdout)
+        for verb in ("tune", "best", "emit", "report", "devices", "merge"):
+            with self.subTest(verb=verb):
+                r = self.module(verb, "--help")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(f"usage: flashtune {verb}", r.stdout)
+        r = self.module("no-such-verb")
+        self.assertEqual(r.returncode, 2)
+        self.assertEqual(r.stderr.strip().count("\n"), 0, r.stderr)
+
+    def test_missing_cli_is_one_line(self):
+        for value in ("relative/flashtune", "/nonexistent/flashtune"):
+            r = self.module("--help", env=dict(self.env, FLASHTUNE_CLI=value))
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("FLASHTUNE_CLI", r.stderr)
+            self.assertEqual(r.stderr.strip().count("\n"), 0, r.stderr)
+
+    def test_plan(self):
+        from flashtune import _cli, _tune
+        families = json.loads(subprocess.run([self.cli, "families", "--json"], check=True, capture_output=True,
+                                             text=True).stdout)
+        spaces = os.path.join(_cli.data_dir(), "configs", "spaces")
+
+        def names(ps, arch):
+            return sorted((name, dr) for name, dr, _, _ in _tune.plan(ps, families, arch, spaces))
+
+        bf16 = _tune.problems([(4, 16, 4096, 128)], "bf16", True, "both")
+        hopper = names(bf16, "sm_90")
+        self.assertIn(("fa3_wgmma", "fwd"), hopper)
+        self.assertIn(("fa2_mma", "fwd"), hopper)
+        self.assertTrue({dr for _, dr in hopper} == {"fwd", "bwd"})
+        ampere = names(bf16, "sm_80")
+        self.assertNotIn(("fa3_wgmma", "fwd"), ampere)  # Hopper-only families only on sm_90
+        self.assertIn(("fa2_mma", "fwd"), ampere)
+        decode = _tune.problems({"batch": 8, "heads": 32, "heads_k": 8, "seq_q": 1, "seq_k": 8192, "head_dim": 128})
+        self.assertIn(("decode_splitkv", "fwd"), names(decode, "sm_80"))
+        self.assertNotIn(("decode_splitkv", "fwd"), names(_tune.problems((8, 32, 4096, 128)), "sm_80"))
+        for _, _, space, ps in _tune.plan(bf16, families, "sm_90", spaces):
+            self.assertTrue(os.path.isfile(space), space)
+            self.assertTrue(all(p in bf16 for p in ps))
+        with self.assertRaisesRegex(ValueError, "no kernel family runs fp32 forward d=256 on sm_80"):
+            _tune.plan(_tune.problems((1, 1, 128, 256), "fp32"), families, "sm_80", spaces)
+
+    def test_picks_from_a_store(self):
+        from flashtune import _tune
+        tool = os.environ.get("FIXTURE_TOOL")
+        if not tool:
+            self.skipTest("FIXTURE_TOOL not set")
+        with tempfile.TemporaryDirectory() as tmp:
+            db = os.path.join(tmp, "s.db")
+            subprocess.run([tool, db], check=True)
+            ps = _tune.problems([(4, 16, 4096, 64), (1, 1, 128, 64)], "fp32")
+            picks = _tune._picks(self.cli, db, "NVIDIA H100 80GB HBM3", ps)
+            self.assertEqual(picks[0]["family"], "fa2_simt")
+            self.assertGreater(picks[0]["tflops"], 0)
+            self.assertEqual(picks[0]["seq_q"], 4096)
+            self.assertIsNone(picks[1]["family"])  # nothing measured for it
+            self.assertIsNone(_tune._picks(self.cli, db, "Another GPU", ps)[0]["family"])
+
+    def test_store_checks(self):
+        from flashtune import _tune
+        with tempfile.TemporaryDirectory() as tmp:
+            store = os.path.join(tmp, "cache", "flashtune", "gpu.db")
+            _tune._check_store(store)  # creates the folder, mode 0700
+            self.assertEqual(os.stat(os.path.dirname(store)).st_mode & 0o777, 0o700)
+            with open(store, "w"):
+                pass
+            os.chmod(store, 0o664)
+            with self.assertRaisesRegex(flashtune.FlashtuneError, "only you can write"):
+                _tune._check_store(store)
+            _tune._private(store)  # what tune does to what SQLite made under the umask
+            self.assertEqual(os.stat(store).st_mode & 0o777, 0o600)
+            _tune._check_store(store)
+            os.remove(store)
+            os.symlink("/etc/passwd", store)
+            with self.assertRaisesRegex(flashtune.FlashtuneError, "not a regular file"):
+                _tune._check_store(store)
+            os.remove(store)
+            os.chmod(os.path.dirname(store), 0o777)
+            with self.assertRaisesRegex(flashtune.FlashtuneError, "writable by others"):
+                _tune._check_store(store)
+            with self.assertRaisesRegex(flashtune.FlashtuneError, "no user's store"):
+                _tune._check_store("relative.db")
+
+    def test_no_gpu_is_one_line(self):
+        r = subprocess.run([self.cli, "devices", "--json"], capture_output=True, text=True)
+        if r.returncode == 0:
+            self.skipTest("a GPU is present: flashtune.tune would tune")
+        with self.assertRaises(flashtune.NoGpuError) as cm:
+            flashtune.tune([(1, 2, 128, 64)], dtype="fp16", budget="10s", progress=False)
+        self.assertNotIn("\n", str(cm.exception))
+        self.assertTrue(str(cm.exception).startswith("flashtune.tune: no GPU"), str(cm.exception))
 
 
 if __name__ == "__main__":

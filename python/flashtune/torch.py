@@ -728,7 +728,7 @@ class FlashAttention(torch.nn.Module):
 
 def explain(q, k, v, causal=False, deterministic=False):
     """Which kernels attention(q, k, v, causal, deterministic=...) runs and why: a dict with family, config, source
-    ("db", "device", "arch", "default"), cache ("memory", "disk", "jit", "aot"), device and arch of
+    ("user", "db", "device", "arch", "default"), cache ("memory", "disk", "jit", "aot"), device and arch of
     the forward, and the same for the backward under "backward" ({"error": ...} where it has none)."""
     det = _lib.flag("flashtune.torch.explain", "deterministic", deterministic)
     q, k, v = _check(q, k, v, "flashtune.torch.explain", autocast=True)

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -28,6 +29,7 @@
 #include "tuner/search/search.hpp"
 #include "tuner/space/space.hpp"
 #include "tuner/sweep/sweep.hpp"
+#include "user_store.hpp"
 
 extern char** environ;
 
@@ -173,6 +175,20 @@ InputDist input_dist_option(const Args& a, const InputDist& base) {
   return make_input_dist(kind, scale);
 }
 
+// Where the scripts the CLI runs (reports/make_report.py, experiments/baselines.py) live: the installed
+// package's data folder beside this binary's bin/ (the wheel: flashtune/bin/flashtune, flashtune/data/),
+// else the source tree this binary was built from.
+std::string data_dir() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0) {
+    const std::filesystem::path installed = std::filesystem::path(std::string(buf, (size_t)n)).parent_path().parent_path() / "data";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(installed / "reports" / "make_report.py", ec)) return installed.string();
+  }
+  return FLASHTUNE_SOURCE_DIR;
+}
+
 void require_file(const std::string& path, const char* what) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) throw UsageError(std::string(what) + " '" + path + "' does not exist");
@@ -181,11 +197,15 @@ void require_file(const std::string& path, const char* what) {
 // ---------------------------------------------------------------------------------------
 int cmd_devices(int argc, char** argv) {
   if (wants_help(argc, argv)) {
-    std::puts("usage: flashtune devices [--device N] [--slug]\nDescribes the CUDA device the worker sees; --slug prints only\n"
-              "its report folder name (\"nvidia-h100-80gb-hbm3\").");
+    std::puts("usage: flashtune devices [--device N] [--slug | --store | --json]\nDescribes the CUDA device the worker sees; --slug prints only\n"
+              "its report folder name (\"nvidia-h100-80gb-hbm3\"); --store only the path of the user's store for it,\n"
+              "which the runtime reads with no environment variable ($XDG_CACHE_HOME/flashtune/<slug>.db, else\n"
+              "~/.cache/flashtune/<slug>.db; flashtune.tune fills it); --json all of it as one JSON object\n"
+              "(index, name, arch, slug, store, sm_count, memory_bytes, driver_version). Exit 1 without a GPU.");
     return 0;
   }
-  Args a = parse(argc, argv, {"device"}, {"slug"});
+  Args a = parse(argc, argv, {"device"}, {"slug", "store", "json"});
+  if (a.has("slug") + a.has("store") + a.has("json") > 1) throw UsageError("give one of --slug, --store and --json");
   RunOptions o = run_options(a);
   GpuSession s(o);
   if (!s.has_gpu()) {
@@ -194,7 +214,21 @@ int cmd_devices(int argc, char** argv) {
   }
   const DeviceInfo& d = s.device();
   if (a.has("slug")) {
-    std::printf("%s\n", slugify(d.name, '-').c_str());
+    std::printf("%s\n", rt::device_slug(d.name).c_str());
+    return 0;
+  }
+  if (a.has("json")) {
+    const json j = {{"index", o.device},         {"name", d.name},
+                    {"arch", d.arch},            {"slug", rt::device_slug(d.name)},
+                    {"store", rt::user_store_path(d.name)}, {"sm_count", d.sm_count},
+                    {"memory_bytes", d.memory_bytes}, {"driver_version", d.driver_version}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  if (a.has("store")) {
+    const std::string path = rt::user_store_path(d.name);
+    if (path.empty()) throw UsageError("no user's store: neither XDG_CACHE_HOME nor HOME is an absolute path");
+    std::printf("%s\n", path.c_str());
     return 0;
   }
   std::printf("%d: %s  %s  %d SMs  %.1f GiB  L2 %d MiB  smem/block %d KiB  driver %d\n", o.device, d.name.c_str(),
@@ -801,7 +835,7 @@ int cmd_report(int argc, char** argv) {
       throw UsageError("report writes REPORT.md, *.csv and *.png into --out: it would overwrite the store '" + db + "'");
   }
   // An argv, never a shell string: the paths and slugs stay data.
-  std::vector<std::string> args = {"python3", std::string(FLASHTUNE_SOURCE_DIR) + "/reports/make_report.py", "--db", db,
+  std::vector<std::string> args = {"python3", data_dir() + "/reports/make_report.py", "--db", db,
                                     "--out", out.empty() ? "." : out};
   for (const auto& f : families())
     if (!f.test_only) args.push_back("--default=" + f.name + ":" + f.config_string(f.default_config));
@@ -836,7 +870,7 @@ int cmd_experiment(int argc, char** argv) {
   o.run = run_options(a);
   if (!a.has("timeout")) o.run.timeout_s = 120;  // slow baselines on large shapes
   o.python = a.get("python", "python3");
-  o.source_dir = FLASHTUNE_SOURCE_DIR;
+  o.source_dir = data_dir();
   o.progress = !a.has("quiet");
   check_db_path(a.get("db", "flashtune.db"));
   {  // no GPU: one line and exit 2 before any space is compiled or the store is touched
