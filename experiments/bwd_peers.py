@@ -51,6 +51,20 @@ def kernel_ms(call, flush, reps, warmup=3):
     return statistics.median(times), times
 
 
+def kernel_breakdown(call, flush):
+    """One call's kernels, name -> microseconds (summed over launches of one name), longest first."""
+    flush()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name] = per.get(e.name, 0.0) + e.time_range.elapsed_us()
+    return sorted(per.items(), key=lambda kv: -kv[1])
+
+
 def backward_call(out, inputs, dout):
     return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
@@ -95,6 +109,16 @@ def main():
     out = open(a.out, "w", newline="")  # a row per point as it is measured: a run cut by its time limit keeps them
     w = csv.DictWriter(out, fieldnames=keys)
     w.writeheader()
+    # where each implementation's time goes: one call's kernels by name (<out>_kernels.csv)
+    kout = open(os.path.splitext(a.out)[0] + "_kernels.csv", "w", newline="")
+    kw = csv.writer(kout)
+    kw.writerow(["head_dim", "causal", "seq", "heads", "heads_k", "impl", "kernel", "us"])
+
+    def record_kernels(impl, call):
+        for name, us in kernel_breakdown(call, flush):
+            kw.writerow([d, int(causal), S, H, Hk, impl, name[:160], f"{us:.1f}"])
+        kout.flush()
+
     for p in problems:
         B, H, S, d = p["batch"], p["heads"], p["seq_q"], p["head_dim"]
         Hk = p.get("heads_k", H)
@@ -118,6 +142,7 @@ def main():
         row["tuned_tflops"] = f"{tf(ms):.1f}"
         row["tuned_ms"] = f"{ms:.4f}"
         row["tuned_family"], row["tuned_config"] = info.get("family", ""), info.get("config", info.get("error", ""))
+        record_kernels("flashtune", backward_call(o, (q, k, v), dout))
         row["deterministic"] = "yes" if bitwise_repeatable(backward_call(o, (q, k, v), dout), 2) else "no"
         del o
         # ours, deterministic=True: the tables' reproducible pick, held to 5 bitwise-equal calls
@@ -137,6 +162,7 @@ def main():
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hk != H)
                 ms, _ = kernel_ms(backward_call(o, (q, k, v), dout), flush, a.reps)
                 row[f"{name}_tflops"] = f"{tf(ms):.1f}"
+                record_kernels(name, backward_call(o, (q, k, v), dout))
                 del o
             except Exception as e:  # noqa: BLE001 - a backend refusing a shape is a result
                 row[f"{name}_tflops"] = ""
@@ -150,6 +176,7 @@ def main():
                 o = o[0] if isinstance(o, tuple) else o
                 ms, _ = kernel_ms(backward_call(o, (qt, kt, vt), dt_), flush, a.reps)
                 row["fa4_tflops"] = f"{tf(ms):.1f}"
+                record_kernels("fa4", backward_call(o, (qt, kt, vt), dt_))
                 del o
             except Exception as e:  # noqa: BLE001
                 print(f"fa4 {p}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -167,6 +194,7 @@ def main():
         del q, k, v, dout
         torch.cuda.empty_cache()
     out.close()
+    kout.close()
 
 
 if __name__ == "__main__":

@@ -558,20 +558,41 @@ fa3-bwd)
         timeout "${FA3_BWD_PEERS_LIMIT_S:-300}" python3 experiments/bwd_peers.py --db "${FA3_BWD_PEERS_DB:-$db}" \
           --problems configs/problems/anchors_bwd_bf16.json configs/problems/gqa_bwd_bf16_2k8k.json \
           --out "$rep/bwd_hopper_vs_peers.csv" 2>"$OUT/bwd_peers.log"
-        echo "peers exit $?"; tail -5 "$OUT/bwd_peers.log"; cp "$rep/bwd_hopper_vs_peers.csv" "$OUT/" 2>/dev/null
+        echo "peers exit $?"; tail -5 "$OUT/bwd_peers.log"; cp "$rep/bwd_hopper_vs_peers.csv" "$rep/bwd_hopper_vs_peers_kernels.csv" "$OUT/" 2>/dev/null
         ;;
-      profile)  # Nsight Compute on the dK/dV kernel: FA3_BWD_PROFILE_PARAMS on FA3_BWD_PROFILE_SHAPE (bf16)
-        prof_params=${FA3_BWD_PROFILE_PARAMS:-BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1}
-        prof_shape=${FA3_BWD_PROFILE_SHAPE:-4,16,4096,4096,128}
-        ncu --clock-control none -k regex:fa3_wgmma_bwd_dkdv -c 1 --section SpeedOfLight --section WarpStateStats \
-          --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-          --section SourceCounters --import-source no -o "$OUT/fa3_bwd_profile" \
-          $ft run --family fa3_wgmma_bwd --params "$prof_params" --shape "$prof_shape" --dtype bf16 --direction bwd \
-          >"$OUT/fa3_bwd_profile.log" 2>&1
-        ncu --import "$OUT/fa3_bwd_profile.ncu-rep" --page details >"$OUT/fa3_bwd_profile.txt" 2>&1
-        ncu --import "$OUT/fa3_bwd_profile.ncu-rep" --page source --csv --print-source sass >"$OUT/fa3_bwd_sass.csv" 2>&1
-        gzip -f "$OUT/fa3_bwd_sass.csv"
-        grep -E "Duration|Throughput|Stall|Issued|Eligible|Pipe|L2 Hit|Bank" "$OUT/fa3_bwd_profile.txt" | head -40
+      profile)  # Nsight Compute on the dK/dV kernel at each FA3_BWD_PROFILE_POINTS entry "params;B,H,Sq,Sk,d;causal"
+                # (entries split by '|'), and on the FA3-class kernel (FA4's sm90) at the same shapes where installed
+        points=${FA3_BWD_PROFILE_POINTS:-"BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1;4,16,4096,4096,128;0"}
+        fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
+        sections=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats
+                  --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats
+                  --section SourceCounters --import-source no)
+        IFS='|' read -ra plist <<<"$points"
+        i=0
+        for pt in "${plist[@]}"; do
+          IFS=';' read -r prof_params prof_shape prof_causal <<<"$pt"
+          c=""; [[ $prof_causal == 1 ]] && c="--causal"
+          for who in ours fa4; do
+            name=fa3_bwd_profile_${i}_$who
+            if [[ $who == ours ]]; then
+              [[ ${FA3_BWD_PROFILE_OURS:-1} == 1 ]] || continue
+              ncu --clock-control none -k regex:fa3_wgmma_bwd_dkdv -c 1 "${sections[@]}" -o "$OUT/$name" \
+                $ft run --family fa3_wgmma_bwd --params "$prof_params" --shape "$prof_shape" --dtype bf16 $c --direction bwd \
+                >"$OUT/$name.log" 2>&1
+            else
+              [[ -n $fa4path ]] || { echo "profile: FA3-class peer not installed, skipped"; continue; }
+              PYTHONPATH="$fa4path${PYTHONPATH:+:$PYTHONPATH}" ncu --clock-control none -k regex:'BackwardSm90|bwd_sm90' -c 1 \
+                "${sections[@]}" -o "$OUT/$name" python3 experiments/probes/fa4_bwd_once.py "$prof_shape" "$prof_causal" \
+                >"$OUT/$name.log" 2>&1
+            fi
+            ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/$name.txt" 2>&1
+            ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name.sass.csv" 2>&1
+            gzip -f "$OUT/$name.sass.csv"
+            echo "== $who $pt"
+            grep -E "Duration|Registers Per|Executed Ipc A|Issue Slots Busy|No Eligible|Tensor|L2 Hit" "$OUT/$name.txt" | head -12
+          done
+          i=$((i + 1))
+        done
         ;;
       det)  # DETERMINISTIC 1 and DQ_STAGES 2: every compiled variant with either validated on the ragged shapes (a
             # deterministic one held to 5 bitwise-equal runs), then, by halving, the picks' neighbourhood (two
@@ -583,7 +604,10 @@ fa3-bwd)
           python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); s["params"].update(json.loads(sys.argv[2]))
 s["description"] = sys.argv[1] + " with " + sys.argv[2]; json.dump(s, open(sys.argv[3], "w"))' "$1" "$2" "$dspace"
         }
-        for space in '{"DETERMINISTIC": [1, 2], "SCHED": [0, 1]}' '{"DQ_STAGES": [2], "SCHED": [0, 1]}'; do
+        vdefault='{"DETERMINISTIC": [1, 2], "SCHED": [0, 1]}|{"DQ_STAGES": [2], "SCHED": [0, 1]}'
+        IFS='|' read -ra vspaces <<<"${FA3_BWD_DET_VALIDATE_SPACES:-$vdefault}"  # spaces split by '|'; "none": none
+        [[ ${vspaces[0]:-} == none ]] && vspaces=()
+        for space in "${vspaces[@]}"; do
           narrow configs/spaces/fa3_wgmma_bwd.json "$space"
           for probs in ragged_mma_bwd ragged_gqa_bwd; do
             log "validate fa3_wgmma_bwd $space on $probs"
@@ -595,9 +619,11 @@ s["description"] = sys.argv[1] + " with " + sys.argv[2]; json.dump(s, open(sys.a
         $ft drop-cubins --db "$val"
         tdb=${FA3_BWD_TUNE_DB:-$db}
         near='"CONSUMERS": [2], "STAGES": [2], "SCHED": [0]'
-        for space in "{$near, \"DETERMINISTIC\": [1, 2]}" "{$near, \"DETERMINISTIC\": [0], \"DQ_STAGES\": [2]}"; do
+        tdefault="{$near, \"DETERMINISTIC\": [1, 2]}|{$near, \"DETERMINISTIC\": [0], \"DQ_STAGES\": [2]}"
+        IFS='|' read -ra tspaces <<<"${FA3_BWD_DET_TUNE_SPACES:-$tdefault}"
+        for space in "${tspaces[@]}"; do
           narrow configs/spaces/fa3_wgmma_bwd_grid.json "$space"
-          for probs in anchors_bwd_bf16_d64 anchors_bwd_bf16_d128_256; do  # (GQA rows are no bucket of the tables)
+          for probs in ${FA3_BWD_DET_TUNE_PROBLEMS:-anchors_bwd_bf16_d64 anchors_bwd_bf16_d128_256}; do  # (GQA rows: no table bucket)
             log "tune fa3_wgmma_bwd $space on $probs (halving)"
             timeout "${FA3_BWD_DET_TUNE_LIMIT_S:-60}" $ft tune "$dspace" configs/problems/$probs.json \
               --db "$tdb" --strategy halving --timeout 10 2>&1 | grep -vE "^\[" | tail -1

@@ -143,8 +143,8 @@ struct Work {
 // SCHED 2: each CTA starts at step (its key block mod count) and wraps around, so that the CTAs of one head
 // add into different rows of dq_accum at a time instead of all into the same ones.
 struct Steps {
-  int first, blocks, count, hq0, rot;  // first visible query block, blocks per head, steps, the group's first
-                                       // head, the first step (SCHED 2)
+  int first, blocks, count, hq0, rot, group;  // first visible query block, blocks per head, steps, the group's
+                                              // first head, the first step (SCHED 2), query heads per kv head
   template <class T>
   __device__ static Steps of(const AttnBwdParams& p, const Work& w) {
     const int group = query_group(p);
@@ -153,7 +153,7 @@ struct Steps {
     const int blocks = imax(0, num_m - first);
     const int count = group * blocks;
     const int rot = T::kRotate && count > 0 ? (w.n0 / T::kBlockN) % count : 0;
-    return Steps{first, blocks, count, w.kv_head * group, rot};
+    return Steps{first, blocks, count, w.kv_head * group, rot, group};
   }
   __device__ void at(int t, int& hq, int& mb) const {
     t += rot;
@@ -161,6 +161,21 @@ struct Steps {
     const int i = t / blocks;
     hq = hq0 + i;
     mb = first + t - i * blocks;
+  }
+  // The steps in order without a division each: start() is step 0, next() moves to the following one.
+  struct Cursor {
+    int hq, mb;
+  };
+  __device__ Cursor start() const {
+    Cursor c{hq0, first};
+    if (rot) at(0, c.hq, c.mb);
+    return c;
+  }
+  __device__ void next(Cursor& c) const {
+    if (++c.mb == first + blocks) {
+      c.mb = first;
+      if (++c.hq == hq0 + group) c.hq = hq0;
+    }
   }
 };
 
@@ -238,14 +253,16 @@ __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams&
 }
 
 // S^T (or dP^T) = X_c Y^T: X the warpgroup's 64 rows of K (V), Y the BM rows of Q (dO); K-major, swizzled.
+// Each slice's descriptors are the tile's first ones advanced (desc_advance).
 template <class T>
 __device__ __forceinline__ void gemm_scores(float (&acc)[T::kBlockM / 2], unsigned x_rows, unsigned y) {
   constexpr int SW = T::kSwizzle, SLICES = T::kGroupCols / 16;
+  const unsigned long long da0 = desc_k_major_sw<SW>(x_rows), db0 = desc_k_major_sw<SW>(y);
 #pragma unroll
   for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
     const unsigned col = static_cast<unsigned>(32 * (kk % SLICES));
-    const unsigned long long da = desc_k_major_sw<SW>(x_rows + static_cast<unsigned>(kk / SLICES * T::kBlockN * SW) + col);
-    const unsigned long long db = desc_k_major_sw<SW>(y + static_cast<unsigned>(kk / SLICES * T::kBlockM * SW) + col);
+    const unsigned long long da = desc_advance(da0, static_cast<unsigned>(kk / SLICES * T::kBlockN * SW) + col);
+    const unsigned long long db = desc_advance(db0, static_cast<unsigned>(kk / SLICES * T::kBlockM * SW) + col);
     wgmma_ss<T::kBlockM, T::kDtype, 0, 0>(acc, da, db, kk > 0);
   }
 }
@@ -255,32 +272,44 @@ template <class T>
 __device__ __forceinline__ void gemm_grad(float (&acc)[T::kHeadDim / 2], const unsigned (&a)[T::kBlockM / 16][4],
                                           unsigned y) {
   constexpr int SW = T::kSwizzle;
+  const unsigned long long d0 = desc_mn_major_sw<SW>(y, T::kBlockM * SW);
 #pragma unroll
   for (int kk = 0; kk < T::kBlockM / 16; ++kk)
-    wgmma_rs<T::kHeadDim, T::kDtype, 1>(acc, a[kk], desc_mn_major_sw<SW>(y + static_cast<unsigned>(16 * SW * kk),
-                                                                          T::kBlockM * SW),
-                                         1);
+    wgmma_rs<T::kHeadDim, T::kDtype, 1>(acc, a[kk], desc_advance(d0, static_cast<unsigned>(16 * SW * kk)), 1);
 }
 
-// What a consumer thread's score elements need: its keys (key0 + 8 (e >> 1)) and the mask.
+// Which of a consumer thread's score elements a step masks. Element (j, e) is key row key0 + 8 (e >> 1) and
+// query m0 + 8 j + 2 tig + (e & 1); it is masked iff its key row is past seq_k or (causal) the key lies past
+// the query's diagonal, key > query + seq_k - seq_q. Per key half h = e >> 1 that is one comparison with a
+// constant: masked iff -(8 j + (e & 1)) > lim[h], lim[h] = m0 + 2 tig + causal_offset - key0 - 8 h
+// (the least int where the key row is past seq_k; the greatest when nothing but seq_k masks).
 struct ScoreRows {
   int key0, seq_k, causal_offset, tig;
+  template <class T>
+  __device__ void limits(int m0, int (&lim)[2]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key0 + 8 * h;
+      lim[h] = key >= seq_k ? -0x7fffffff - 1 : T::kCausal ? m0 + 2 * tig + causal_offset - key : 0x7fffffff;
+    }
+  }
 };
 
-// P^T in place of S^T for the query block at m0: exp2(S scale_log2 - lse2), 0 where masked.
-template <class T>
-__device__ __forceinline__ void probs(float (&st)[T::kBlockM / 2], const float* lse2, float scale_log2, bool masked,
+// P^T in place of S^T for the query block at m0: exp2(S scale_log2 - lse2); MASKED (a step whose tile straddles
+// the diagonal or seq_k): 0 where masked. Unmasked steps carry no per-element test.
+template <class T, bool MASKED>
+__device__ __forceinline__ void probs(float (&st)[T::kBlockM / 2], const float* lse2, float scale_log2,
                                       const ScoreRows& r, int m0) {
+  int lim[2];
+  if constexpr (MASKED) r.limits<T>(m0, lim);
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
     const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * r.tig);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float pv = fast_exp2(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-      if (masked) {
-        const int n = r.key0 + 8 * (e >> 1);
-        const int m = m0 + 8 * j + 2 * r.tig + (e & 1);
-        if (n >= r.seq_k || (T::kCausal && n > m + r.causal_offset)) pv = 0.f;
+      if constexpr (MASKED) {
+        if (-(8 * j + (e & 1)) > lim[e >> 1]) pv = 0.f;
       }
       st[4 * j + e] = pv;
     }
@@ -318,12 +347,12 @@ __device__ __forceinline__ DqPiece dq_piece(int c) {
 template <class T>
 __device__ __forceinline__ void gemm_dq(float (&acc)[T::kDqChunk / 2], unsigned ds, unsigned k, int rt, int c0) {
   constexpr int SW = T::kSwizzle, W = T::kGroupCols, BM = T::kBlockM, BN = T::kBlockN;
-  const unsigned kcol = k + static_cast<unsigned>(c0 / W * BN * SW);
+  const unsigned long long da0 = desc_mn_major<BM>(ds + static_cast<unsigned>(16 * 64 * rt));
+  const unsigned long long db0 = desc_mn_major_sw<SW>(k + static_cast<unsigned>(c0 / W * BN * SW), BN * SW);
 #pragma unroll
   for (int ks = 0; ks < BN / 16; ++ks)
-    wgmma_ss<T::kDqChunk, T::kDtype, 1, 1>(acc, desc_mn_major<BM>(ds + static_cast<unsigned>(32 * BM * ks + 16 * 64 * rt)),
-                                           desc_mn_major_sw<SW>(kcol + static_cast<unsigned>(16 * SW * ks), BN * SW),
-                                           ks > 0);
+    wgmma_ss<T::kDqChunk, T::kDtype, 1, 1>(acc, desc_advance(da0, static_cast<unsigned>(32 * BM * ks)),
+                                           desc_advance(db0, static_cast<unsigned>(16 * SW * ks)), ks > 0);
 }
 
 // The fp32 staging tile [BM][D] (and so dq_accum) holds the 16-byte piece c of row r at c ^ dq_swizzle(r): a
@@ -381,11 +410,10 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
   if (st.count > 0) mbar_wait(sm.kv_full(), 0);
-  for (int t = 0; t < st.count; ++t) {
+  Steps::Cursor at = st.start();
+  for (int t = 0; t < st.count; ++t, st.next(at)) {
     const int s = slot_of<T::kStages>(t);
-    int hq, mb;
-    st.at(t, hq, mb);
-    const int m0 = mb * BM;
+    const int m0 = at.mb * BM;
     mbar_wait(sm.q_full(s), phase_of<T::kStages>(t));
     const unsigned q = opaque(sm.q(s)), dout = opaque(sm.dout(s)), k = opaque(sm.k());
 
@@ -398,7 +426,8 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     wgmma_wait<1>();  // S^T; dP^T still running
     wgmma_fence_regs(sc);
     const bool masked = wg_key_last >= p.seq_k || (T::kCausal && wg_key_last > m0 + rows.causal_offset);
-    probs<T>(sc, sm.lse_ptr(s), scale_log2, masked, rows, m0);
+    if (masked) probs<T, true>(sc, sm.lse_ptr(s), scale_log2, rows, m0);
+    else probs<T, false>(sc, sm.lse_ptr(s), scale_log2, rows, m0);
     wgmma_wait<0>();  // dP^T
     wgmma_fence_regs(dp);
     dscores<T>(dp, sc, sm.delta_ptr(s), tig);
@@ -412,7 +441,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     if constexpr (!T::kDqOverlap) gemm_grad<T>(dk, dsa, q);  // dK += dS^T Q with it (DQ_OVERLAP 0)
     wgmma_commit();
     const unsigned ds = opaque(sm.ds(t & 1));
-    store_a_frags<BM>(ds, dsa, krow, tig);
+    store_a_frags_stsm<BM>(ds, dsa, krow - g, lane);
     fence_proxy_async();
     // Step t's dQ: a piece from every consumer, or (DQ_TURNS) all of it from consumer t % 2, which alone waits for
     // the other's dS^T rows; the other goes on to step t + 1.
@@ -550,7 +579,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   __syncthreads();
 
-  const int wg = static_cast<int>(threadIdx.x) / 128;
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);  // warp-uniform, as ptxas can see
   if (wg == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;

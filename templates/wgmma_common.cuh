@@ -42,6 +42,13 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, uns
 // LBO field and moved fa3_wgmma's second V column group 256 bytes (two rows) on (MULTICAST, on the H100).
 // Kernels that may run in clusters build descriptors from it (the swizzled ones below always do).
 __device__ __forceinline__ unsigned desc_offset(unsigned smem_addr) { return smem_addr & 0x3FFFFu; }
+// A descriptor moved `bytes` (a multiple of 16) on along its tile: only the 14-bit start field changes, with
+// no carry into LBO while the tile lies inside the CTA's shared memory (< 256 KB, desc_offset's 18 bits). One
+// 32-bit add on the low half, where building the moved descriptor anew takes four operations.
+__device__ __forceinline__ unsigned long long desc_advance(unsigned long long d, unsigned bytes) {
+  const unsigned lo = static_cast<unsigned>(d) + (bytes >> 4), hi = static_cast<unsigned>(d >> 32);
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
 // Descriptor of an operand whose tile rows are M/N and columns K (C columns): trans flag 0.
 template <int C>
 __device__ __forceinline__ unsigned long long desc_k_major(unsigned addr) {
@@ -93,6 +100,21 @@ __device__ __forceinline__ void store_a_frags(unsigned tile, const unsigned (&a)
     st_shared_u32(tile + il_chunk<C>(r, 2 * kk + 1) + 4 * tig, a[kk][2]);
     st_shared_u32(tile + il_chunk<C>(r + 8, 2 * kk + 1) + 4 * tig, a[kk][3]);
   }
+}
+
+// The same stores by stmatrix (sm_90): one m8n8.x4 per k16 slice stores the warp's four core matrices of it
+// (rows row0 .. row0 + 15, chunks 2 kk and 2 kk + 1), each thread giving one row's address; a[kk][i] is
+// matrix i's fragment (i: rows + 8 (i & 1), chunk + (i >> 1)), as pack_a lays them out. row0: the warp's
+// first row (a multiple of 16).
+template <int C>
+__device__ __forceinline__ void store_a_frags_stsm(unsigned tile, const unsigned (&a)[C / 16][4], int row0, int lane) {
+  const int mi = lane >> 3;
+  const unsigned at = tile + il_chunk<C>(row0 + 8 * (mi & 1) + (lane & 7), mi >> 1);
+#pragma unroll
+  for (int kk = 0; kk < C / 16; ++kk)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at + 256u * kk),
+                 "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+                 : "memory");
 }
 
 // Registers an asynchronous GEMM reads (A fragments), kept live and unmoved until after its wait.
