@@ -64,6 +64,16 @@ mkdir -p "$OUT"
 stage=${1:?stage: tests, final, experiments, smoke-baselines, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd, compare-mma-bwd, check-wgmma, sweep-wgmma-bwd, varlen, ...}
 shift
 log() { echo "== $(date +%T) $*"; }
+# The device tool brings back at most 8 files from $OUT: past 7, everything goes into one out.tgz, also when a
+# time limit stops the script (TERM).
+pack_out() {
+  local n
+  n=$(find "$OUT" -mindepth 1 -maxdepth 1 | wc -l)
+  ((n > 7)) || return 0
+  tar czf "/tmp/device_run_out.$$.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "/tmp/device_run_out.$$.tgz" "$OUT/out.tgz"
+}
+trap pack_out EXIT
+trap 'exit 143' TERM
 
 log build
 extra=()
