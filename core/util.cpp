@@ -12,18 +12,28 @@
 
 namespace flashtune {
 
-std::string content_hash(std::string_view data) {
+void ContentHasher::update(std::string_view data) {
   // Two independent 64-bit FNV-1a lanes (different offset bases) -> 128 bits.
   constexpr uint64_t kPrime = 1099511628211ull;
-  uint64_t a = 14695981039346656037ull, b = 0x9e3779b97f4a7c15ull;
+  uint64_t a = a_, b = b_;
   for (unsigned char c : data) {
     a = (a ^ c) * kPrime;
     b = (b ^ c) * kPrime;
     b ^= b >> 29;
   }
+  a_ = a, b_ = b;
+}
+
+std::string ContentHasher::hex() const {
   char buf[33];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)a_, (unsigned long long)b_);
   return buf;
+}
+
+std::string content_hash(std::string_view data) {
+  ContentHasher h;
+  h.update(data);
+  return h.hex();
 }
 
 std::vector<std::string> split(std::string_view s, char sep) {

@@ -15,6 +15,15 @@ struct UsageError : std::runtime_error {
 
 // 128-bit FNV-1a style content hash as 32 hex digits: a cache key, not a security boundary.
 std::string content_hash(std::string_view data);
+// The same hash fed in pieces (a file read in chunks): update(a); update(b) gives content_hash(a + b).
+class ContentHasher {
+ public:
+  void update(std::string_view data);
+  std::string hex() const;
+
+ private:
+  uint64_t a_ = 14695981039346656037ull, b_ = 0x9e3779b97f4a7c15ull;
+};
 
 std::vector<std::string> split(std::string_view s, char sep);
 std::string trim(std::string_view s);

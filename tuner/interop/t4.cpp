@@ -1,11 +1,18 @@
 #include "tuner/interop/t4.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <istream>
+#include <set>
+#include <streambuf>
 #include <regex>
 #include <tuple>
 
@@ -317,33 +324,314 @@ ResultRecord read_result(const json& t, const Reader& in) {
   return r;
 }
 
-std::vector<ResultRecord> read_t4(const json& doc) {
-  const Reader top{"the file"};
-  top.only_keys(doc, "a T4 document", {"schema_version", "metadata", "results"});
-  const std::string version = top.str(top.need(doc, "schema_version"), "schema_version", 32);
+// The document's top level: schema_version and metadata, each checked as soon as it is read.
+void check_version(const json& v, const Reader& top) {
+  const std::string version = top.str(v, "schema_version", 32);
   const auto parts = split(version, '.');
   if (parts.size() != 3 || parts[0] != "1" ||
       std::any_of(parts.begin(), parts.end(), [](const std::string& x) { return x.empty() || x.find_first_not_of("0123456789") != std::string::npos; }))
     top.fail("schema_version '" + brief(version) + "' is not a T4 1.x.y version");
-  if (doc.contains("metadata")) {
-    const json& m = doc["metadata"];
-    if (!m.is_object()) top.fail("'metadata' must be an object");
-    if (m.contains("timeunit") && m["timeunit"] != "milliseconds")
-      top.fail("metadata.timeunit must be \"milliseconds\", got " + brief_json(m["timeunit"]));
+}
+void check_metadata(const json& m, const Reader& top) {
+  if (!m.is_object()) top.fail("'metadata' must be an object");
+  if (m.contains("timeunit") && m["timeunit"] != "milliseconds")
+    top.fail("metadata.timeunit must be \"milliseconds\", got " + brief_json(m["timeunit"]));
+}
+
+// The file's bytes, read in chunks into the parser and hashed on the way (never held whole). `consumed()`:
+// the bytes the parser has taken so far, for the size bounds of one value.
+class HashingFileBuf : public std::streambuf {
+ public:
+  HashingFileBuf(int fd, size_t max_bytes, std::string prefix) : fd_(fd), max_(max_bytes) { hash_.update(prefix); }
+  size_t consumed() const { return total_ - (size_t)(egptr() - gptr()); }
+  size_t total() const { return total_; }
+  bool too_large() const { return too_large_; }
+  bool long_token() const { return long_token_; }
+  std::string hash() const { return hash_.hex(); }
+
+ protected:
+  int_type underflow() override {
+    if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+    if (too_large_ || long_token_) return traits_type::eof();
+    ssize_t n;
+    do n = ::read(fd_, buf_, sizeof buf_);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return traits_type::eof();  // a read error ends the document: the parser says where
+    total_ += (size_t)n;
+    if (total_ > max_) {  // it grew past the bound after the size check
+      too_large_ = true;
+      return traits_type::eof();
+    }
+    hash_.update(std::string_view(buf_, (size_t)n));
+    scan(std::string_view(buf_, (size_t)n));
+    setg(buf_, buf_, buf_ + n);
+    return traits_type::to_int_type(*gptr());
   }
-  const json& results = top.need(doc, "results");
-  if (!results.is_array()) top.fail("'results' must be an array");
-  std::vector<ResultRecord> out;
-  long long lengths = 0;  // the packed and paged problems' sequence lengths, bounded as a store's read is
-  for (size_t i = 0; i < results.size(); ++i) {
-    out.push_back(read_result(results[i], Reader{"results[" + std::to_string(i) + "]"}));
-    const Problem& p = out.back().problem;
-    lengths += (long long)(p.varlen.seq_lens_q.size() + p.varlen.seq_lens_k.size() + p.paged.seq_lens_k.size());
-    if (lengths > kMaxResultLengths)
-      top.fail("its packed and paged problems hold more than " + std::to_string(kMaxResultLengths) +
-               " sequence lengths in all (at results[" + std::to_string(i) + "]): import it in parts");
+
+ private:
+  // The parser holds a string or number whole (twice, with its raw text): one longer than kMaxT4ValueBytes
+  // ends the input after this chunk, so that no token costs more than that.
+  void scan(std::string_view chunk) {
+    for (const char c : chunk) {
+      if (in_string_) {
+        if (escaped_) escaped_ = false;
+        else if (c == '\\') escaped_ = true;
+        else if (c == '"') in_string_ = false, run_ = 0;
+      } else if (c == '"') {
+        in_string_ = true, run_ = 0;
+      } else if (c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '{' || c == '}' || c == '[' || c == ']' ||
+                 c == ',' || c == ':') {
+        run_ = 0;
+      }
+      if (++run_ > kMaxT4ValueBytes) long_token_ = true;
+    }
   }
-  return out;
+
+  int fd_;
+  size_t max_, total_ = 0, run_ = 0;
+  bool too_large_ = false, long_token_ = false, in_string_ = false, escaped_ = false;
+  ContentHasher hash_;
+  char buf_[1 << 16];
+};
+
+// SAX events of one T4 document: the top level is followed as it streams; each element of "results" and each
+// other top-level value is built alone (at most kMaxT4ValueBytes of the file), checked, handed to on_result
+// and dropped, so memory does not grow with the file. The first error is kept and the rest of the document is
+// only scanned (no value built), so that a syntax error anywhere wins as it did when the file was parsed whole.
+class T4Stream final : public nlohmann::json_sax<json> {
+ public:
+  T4Stream(const HashingFileBuf& in, std::function<void(ResultRecord&&)> on_result)
+      : in_(in), on_result_(std::move(on_result)) {}
+
+  long long results() const { return index_; }
+  bool saw(const std::string& key) const { return seen_.count(key) > 0; }
+  const std::string& error() const { return error_; }
+  const std::string& syntax_error() const { return syntax_; }
+
+  bool null() override { return scalar(json(nullptr)); }
+  bool boolean(bool v) override { return scalar(json(v)); }
+  bool number_integer(number_integer_t v) override { return scalar(json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return scalar(json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return scalar(json(v)); }
+  bool string(string_t& v) override { return scalar(json(std::move(v))); }
+  bool binary(binary_t&) override { return true; }  // never in JSON text
+
+  bool start_object(std::size_t) override {
+    if (!open(true)) return false;
+    if (building()) {
+      json* p = put(json::object());
+      stack_.push_back(p);
+      keys_.emplace_back();
+    }
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (depth_ == 1) {  // the document's own keys
+      if (!error_.empty()) return true;
+      if (!seen_.insert(k).second) return duplicate(k);
+      if (k != "schema_version" && k != "metadata" && k != "results")
+        return semantic("the file: a T4 document has an unknown field '" + brief(k) + "'");
+      top_key_ = k;
+      return true;
+    }
+    if (!building() || stack_.empty()) return true;
+    if (!keys_.back().insert(k).second) return duplicate(k);
+    element_ = &(*stack_.back())[k];
+    return bounded();
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override {
+    if (!open(false)) return false;
+    if (building()) stack_.push_back(put(json::array()));
+    return true;
+  }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    syntax_ = "is not valid JSON: " + brief(e.what(), 160);
+    return false;
+  }
+
+ private:
+  // A value is built when it is a result or a top-level value other than results, and no error was found.
+  bool building() const { return error_.empty() && build_; }
+
+  bool semantic(const std::string& what) {
+    if (error_.empty()) error_ = what;
+    build_ = false;
+    stack_.clear();
+    keys_.clear();
+    return true;  // scanned on: a later syntax error wins
+  }
+  bool duplicate(const std::string& k) { return semantic("gives the key '" + brief(k) + "' twice in one object"); }
+  bool bounded() {
+    if (in_.consumed() - value_start_ <= kMaxT4ValueBytes) return true;
+    return semantic(where() + " is larger than " + std::to_string(kMaxT4ValueBytes >> 20) +
+                    " MiB: no result is that large");
+  }
+  std::string where() const {
+    return top_key_ == "results" ? "results[" + std::to_string(index_) + "]" : "the file: '" + top_key_ + "'";
+  }
+
+  // A value begins: the document's object (depth 0), a top-level value (depth 1) or a result (depth 2 of results).
+  void begin_value() {
+    if (depth_ == 0 || !error_.empty()) return;
+    if (depth_ == 1 && top_key_ == "results") return;  // the array itself is never built (open(), scalar())
+    if (depth_ == 1 || (depth_ == 2 && in_results_)) {
+      build_ = true;
+      value_start_ = in_.consumed();
+      root_ = json();
+    }
+  }
+  // Where the next value goes: the root, the open array's end, or the object member named last.
+  json* put(json&& v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    if (stack_.back()->is_array()) {
+      stack_.back()->push_back(std::move(v));
+      return &stack_.back()->back();
+    }
+    *element_ = std::move(v);
+    return element_;
+  }
+  bool scalar(json&& v) {
+    if (depth_ == 0) return semantic("the file: a T4 document must be an object");
+    if (depth_ == 1 && top_key_ == "results" && error_.empty()) return semantic("the file: 'results' must be an array");
+    begin_value();
+    if (!building()) return true;
+    put(std::move(v));
+    if (!bounded()) return true;
+    if (stack_.empty()) done();
+    return true;
+  }
+  bool open(bool object) {
+    if (depth_ == 0 && !object) semantic("the file: a T4 document must be an object");
+    if (depth_ == 1 && top_key_ == "results" && error_.empty()) {
+      if (object) semantic("the file: 'results' must be an array");
+      else in_results_ = true;
+    }
+    begin_value();
+    if (++depth_ > kMaxJsonDepth) {
+      syntax_ = "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+      return false;
+    }
+    if (building()) bounded();
+    return true;
+  }
+  bool close() {
+    --depth_;
+    if (depth_ == 1 && in_results_) {  // the end of results
+      in_results_ = false;
+      return true;
+    }
+    if (!building() || stack_.empty()) return true;
+    if (stack_.back()->is_object()) keys_.pop_back();
+    stack_.pop_back();
+    if (stack_.empty()) done();
+    return true;
+  }
+  // A built value is complete: a result is checked and handed on (on_result's throws go through: they are
+  // not the file's), a top-level value checked.
+  void done() {
+    build_ = false;
+    const json value = std::move(root_);
+    root_ = json();
+    ResultRecord r;
+    try {
+      if (in_results_) {
+        const std::string at = "results[" + std::to_string(index_) + "]";
+        r = read_result(value, Reader{at});
+        const Problem& p = r.problem;
+        lengths_ += (long long)(p.varlen.seq_lens_q.size() + p.varlen.seq_lens_k.size() + p.paged.seq_lens_k.size());
+        if (lengths_ > kMaxResultLengths)
+          Reader{"the file"}.fail("its packed and paged problems hold more than " + std::to_string(kMaxResultLengths) +
+                                  " sequence lengths in all (at " + at + "): import it in parts");
+      } else if (top_key_ == "schema_version") {
+        check_version(value, Reader{"the file"});
+      } else if (top_key_ == "metadata") {
+        check_metadata(value, Reader{"the file"});
+      }
+    } catch (const UsageError& e) {
+      semantic(e.what());
+      return;
+    }
+    if (in_results_) {
+      ++index_;
+      on_result_(std::move(r));
+    }
+  }
+
+  const HashingFileBuf& in_;
+  std::function<void(ResultRecord&&)> on_result_;
+  int depth_ = 0;
+  bool in_results_ = false, build_ = false;
+  std::string top_key_;
+  std::set<std::string> seen_;  // the document's keys (three at most before an unknown one stops the reading)
+  json root_;                   // the value being built
+  std::vector<json*> stack_;    // its open arrays and objects
+  std::vector<std::set<std::string>> keys_;  // the keys of each open object, for duplicates
+  json* element_ = nullptr;     // the member named by the last key
+  size_t value_start_ = 0;
+  long long index_ = 0, lengths_ = 0;
+  std::string error_, syntax_;
+};
+
+// The T4 file, opened once: a regular file of at most kMaxT4Bytes (never a FIFO that would block).
+struct T4File {
+  int fd = -1;
+  explicit T4File(const std::string& path) {
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) throw UsageError("cannot read '" + path + "': it does not exist");
+    if (!S_ISREG(st.st_mode)) throw UsageError("cannot read '" + path + "': not a regular file");
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) throw UsageError("cannot read '" + path + "'");
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw UsageError("cannot read '" + path + "': not a regular file");
+    if ((unsigned long long)st.st_size > kMaxT4Bytes)
+      throw UsageError("'" + path + "' is larger than " + std::to_string(kMaxT4Bytes >> 20) + " MiB");
+  }
+  ~T4File() {
+    if (fd >= 0) ::close(fd);
+  }
+  T4File(const T4File&) = delete;
+  T4File& operator=(const T4File&) = delete;
+};
+
+struct StreamSummary {
+  long long results = 0;
+  size_t bytes = 0;
+  std::string hash;  // content_hash("flashtune-t4\n" + the file's bytes)
+};
+
+// One pass over the file from its start: every result checked and handed to on_result in file order. Throws
+// UsageError (one line, naming the file) at the end on the first problem found.
+StreamSummary stream_t4(const T4File& f, const std::string& file, const std::function<void(ResultRecord&&)>& on_result) {
+  if (lseek(f.fd, 0, SEEK_SET) != 0) throw UsageError("cannot read '" + file + "'");
+  HashingFileBuf buf(f.fd, kMaxT4Bytes, "flashtune-t4\n");
+  std::istream is(&buf);
+  T4Stream sax(buf, on_result);
+  const std::string name = "'" + file + "'";
+  try {
+    json::sax_parse(is, &sax, json::input_format_t::json, true);
+  } catch (const json::exception& e) {
+    throw UsageError(name + " is not valid JSON: " + brief(e.what(), 160));
+  }
+  if (buf.long_token())
+    throw UsageError(name + " holds a string or number longer than " + std::to_string(kMaxT4ValueBytes >> 20) + " MiB");
+  if (buf.too_large()) throw UsageError(name + " is larger than " + std::to_string(kMaxT4Bytes >> 20) + " MiB");
+  if (!sax.syntax_error().empty()) throw UsageError(name + " " + sax.syntax_error());
+  if (!sax.error().empty()) {
+    const std::string& what = sax.error();
+    throw UsageError(what.rfind("gives the key", 0) == 0 ? name + " " + what : name + ": " + what);
+  }
+  const Reader top{"the file"};
+  try {
+    if (!sax.saw("schema_version")) top.fail("'schema_version' is missing");
+    if (!sax.saw("results")) top.fail("'results' is missing");
+  } catch (const UsageError& e) {
+    throw UsageError(name + ": " + e.what());
+  }
+  return {sax.results(), buf.total(), buf.hash()};
 }
 
 }  // namespace
@@ -382,16 +670,15 @@ std::string t4_export(Store& store, const ResultFilter& filter) {
 
 ImportSummary t4_import(const std::string& file, const std::string& db) {
   check_db_path(db);
-  const std::string text = read_bounded_file(file, kMaxT4Bytes);
-  std::vector<ResultRecord> rows;
-  try {
-    rows = read_t4(parse_json_bounded(text, "'" + file + "'", kMaxT4Bytes));
-  } catch (const UsageError& e) {
-    const std::string what = e.what();
-    throw UsageError(what.rfind("'" + file + "'", 0) == 0 ? what : "'" + file + "': " + what);
-  }
+  const T4File f(file);
+  // First pass: every result checked and its device noted; nothing kept, nothing written.
   std::set<DeviceSignature> devices;
-  for (const auto& r : rows) devices.insert({r.device_name, r.arch, r.sm_count, r.driver_version});
+  const StreamSummary first = stream_t4(f, file, [&](ResultRecord&& r) {
+    devices.insert({r.device_name, r.arch, r.sm_count, r.driver_version});
+    if (devices.size() > kMaxT4Devices)
+      throw UsageError("'" + file + "': its results name more than " + std::to_string(kMaxT4Devices) +
+                       " devices: import it in parts");
+  });
   auto check_devices = [&](const std::set<DeviceSignature>& stored) {
     if (const std::string why = device_mismatch({stored, devices}, {db, file}); !why.empty())
       throw UsageError("cannot import: " + why);
@@ -404,12 +691,11 @@ ImportSummary t4_import(const std::string& file, const std::string& db) {
   }
   Store out(db);
   ImportSummary s;
-  const std::string hash = content_hash("flashtune-t4\n" + text);
   out.transaction([&] {
     s = ImportSummary{};
-    s.total = (long long)rows.size();
+    s.total = first.results;
     check_devices(out.device_signatures());
-    if (auto p = out.find_provenance(hash)) {
+    if (auto p = out.find_provenance(first.hash)) {
       s.already = true;
       s.provenance_id = p->id;
       return;
@@ -417,12 +703,15 @@ ImportSummary t4_import(const std::string& file, const std::string& db) {
     Provenance p;
     p.kind = "import";
     p.source = std::filesystem::absolute(file).lexically_normal().string();
-    p.content_hash = hash;
+    p.content_hash = first.hash;
     s.provenance_id = out.add_provenance(p);
-    for (const auto& r : rows) {
+    // Second pass: the results copied as they are read, in this one transaction (a throw rolls all back).
+    const StreamSummary second = stream_t4(f, file, [&](ResultRecord&& r) {
       const Copied c = out.copy_result(r, s.provenance_id);
       (c == Copied::added ? s.added : c == Copied::present ? s.present : s.differ)++;
-    }
+    });
+    if (second.hash != first.hash || second.bytes != first.bytes || second.results != first.results)
+      throw UsageError("'" + file + "' changed while it was imported: nothing imported");
     out.set_provenance_counts(s.provenance_id, 0, s.added, 0);
   });
   return s;

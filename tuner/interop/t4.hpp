@@ -26,8 +26,14 @@
 
 namespace flashtune {
 
-// An import file: about 120,000 results, which parse into some 1.7 GB of memory.
+// An import file: about 120,000 results. It is streamed (t4_import), so memory does not grow with it: the
+// bound is on the time an import takes.
 inline constexpr size_t kMaxT4Bytes = 128u << 20;
+// One result (or the metadata) is built in memory alone: at most this much of the file (a packed problem that
+// lists 65,535 lengths of q and of k takes about 1 MB).
+inline constexpr size_t kMaxT4ValueBytes = 4u << 20;
+// The distinct devices (name, arch, SM count, driver) one file's results may name.
+inline constexpr size_t kMaxT4Devices = 4096;
 
 // The T4 document for the rows the filter selects, one result per line. Throws UsageError naming a
 // stored row that this build cannot describe (unknown family, config outside its domain, ...).
@@ -41,7 +47,9 @@ struct ImportSummary {
 
 // Reads and checks the whole file (untrusted: types, ranges, known families and tunables, statuses
 // consistent with invalidity and correctness, the devices against the store's), then copies its
-// results in one transaction. Throws UsageError (one line) with the store left as it was.
+// results in one transaction. Throws UsageError (one line) with the store left as it was. The file is
+// streamed twice, result by result (check, then copy), and never held whole: memory stays bounded
+// (kMaxT4ValueBytes of JSON at a time) whatever its size; a file that changes between the passes is refused.
 ImportSummary t4_import(const std::string& file, const std::string& db);
 
 }  // namespace flashtune
