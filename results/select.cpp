@@ -18,15 +18,25 @@ ProblemKey key_of(const ResultRecord& r) {
   return {r.device_name, r.family, r.direction, p.head_dim, p.causal, p.seq_q, p.seq_k, p.batch, to_string(p.dtype),
           p.heads, p.heads_k, p.varlen.key(), p.paged.key()};
 }
+// The rows selection looks at, by address: subsets are taken without copying a row (the runtime's lookup holds
+// up to kMaxLookupRows of them in the caller's process).
+using Rows = std::vector<const ResultRecord*>;
+Rows pointers(const std::vector<ResultRecord>& rows) {
+  Rows out;
+  out.reserve(rows.size());
+  for (const auto& r : rows) out.push_back(&r);
+  return out;
+}
+
 // A search stores cheap timings too (halving's 2- and 8-repeat rounds, timings stopped after 3 repeats):
 // they rank candidates within a sweep, but where a problem has fully timed rows only those may be picked.
-std::vector<ResultRecord> fully_timed_where_any(const std::vector<ResultRecord>& results) {
+Rows fully_timed_where_any(const Rows& results) {
   std::set<ProblemKey> full;
-  for (const auto& r : results)
-    if (r.status == "ok" && r.reps >= kFullTimingReps) full.insert(key_of(r));
-  std::vector<ResultRecord> out;
-  for (const auto& r : results)
-    if (r.status != "ok" || r.reps >= kFullTimingReps || !full.count(key_of(r))) out.push_back(r);
+  for (const ResultRecord* r : results)
+    if (r->status == "ok" && r->reps >= kFullTimingReps) full.insert(key_of(*r));
+  Rows out;
+  for (const ResultRecord* r : results)
+    if (r->status != "ok" || r->reps >= kFullTimingReps || !full.count(key_of(*r))) out.push_back(r);
   return out;
 }
 
@@ -49,8 +59,9 @@ std::string canonical_config(const ResultRecord& r) {
 // crash is no verdict on the kernel and decides nothing.
 class Staleness {
  public:
-  explicit Staleness(const std::vector<ResultRecord>& rows) {
-    for (const auto& r : rows) {
+  explicit Staleness(const Rows& rows) {
+    for (const ResultRecord* p : rows) {
+      const ResultRecord& r = *p;
       if (r.status == "timeout" || r.status == "crashed") continue;
       const ResultRecord*& n = newest_[{key_of(r), canonical_config(r)}];
       if (!n || std::tie(r.created, r.id) > std::tie(n->created, n->id)) n = &r;
@@ -69,19 +80,20 @@ class Staleness {
 };
 }  // namespace
 
-std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& all) {
-  const std::vector<ResultRecord> results = fully_timed_where_any(all);
+std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& rows) {
+  const Rows all = pointers(rows);
+  const Rows results = fully_timed_where_any(all);
   const Staleness staleness(all);
   using Key = ProblemKey;
-  std::map<Key, ResultRecord> best;
-  for (const auto& r : results) {
-    if (r.status != "ok" || staleness.stale(r)) continue;
-    const Key key = key_of(r);
+  std::map<Key, const ResultRecord*> best;
+  for (const ResultRecord* r : results) {
+    if (r->status != "ok" || staleness.stale(*r)) continue;
+    const Key key = key_of(*r);
     auto it = best.find(key);
-    if (it == best.end() || r.tflops > it->second.tflops) best[key] = r;
+    if (it == best.end() || r->tflops > it->second->tflops) best[key] = r;
   }
   std::vector<ResultRecord> out;
-  for (auto& [_, r] : best) out.push_back(r);
+  for (auto& [_, r] : best) out.push_back(*r);
   return out;
 }
 
@@ -90,7 +102,7 @@ using Bucket = std::tuple<std::string, std::string, std::string, std::string, st
 
 // Each bucket's config valid on every problem of the bucket with the highest geometric-mean TFLOP/s,
 // from `results`.
-std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& results) {
+std::map<Bucket, BucketChoice> bucket_picks(const Rows& results) {
   const Staleness staleness(results);
   struct Stats {
     double log_sum = 0;
@@ -98,7 +110,8 @@ std::map<Bucket, BucketChoice> bucket_picks(const std::vector<ResultRecord>& res
   };
   std::map<Bucket, std::set<std::string>> problems;             // bucket -> problem ids
   std::map<Bucket, std::map<std::string, Stats>> per_config;    // bucket -> config -> stats
-  for (const auto& r : results) {
+  for (const ResultRecord* row : results) {
+    const ResultRecord& r = *row;
     const Problem& p = r.problem;
     const Family* f = family_named(r.family);
     // Grouped-query rows are not (yet) a dispatch key of their own, except a decoding family's
@@ -160,7 +173,7 @@ std::vector<ResultRecord> reproducible_rows(const std::vector<ResultRecord>& row
 
 std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& rows, bool deterministic) {
   const std::vector<ResultRecord> kept = deterministic ? reproducible_rows(rows) : std::vector<ResultRecord>{};
-  const std::vector<ResultRecord>& all = deterministic ? kept : rows;
+  const Rows all = pointers(deterministic ? kept : rows);
   std::map<Bucket, BucketChoice> picks = bucket_picks(fully_timed_where_any(all));
   // A bucket of several problems that a search tuned one by one (halving: each problem's finalists are
   // its own, decode_bf16.json's batches of 1, 8 and 64 in one sequence bucket) may have no config fully

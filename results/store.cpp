@@ -524,17 +524,19 @@ void Store::put_result(const ResultRecord& r, const DeviceInfo& d) {
 }
 
 std::vector<ResultRecord> Store::results(const ResultFilter& f) {
+  const std::string varlen = has_varlen_ ? "varlen" : "''", paged = has_paged_ ? "paged" : "''";
+  auto text = [&](const char* col) { return f.lean ? std::string("''") : std::string(col); };
   std::string sql =
-      "SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,status,error,"
-      "max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,driver_version,"
-      "nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created," +
-      std::string(has_detail_ ? "detail" : "NULL") + "," + (has_inputs_ ? "inputs" : "'normal'") +  // v1-v3, read-only
-      "," + (has_heads_k_ ? "heads_k" : "0") + "," + (has_varlen_ ? "varlen" : "''") + "," + (has_paged_ ? "paged" : "''") +
-      " FROM results WHERE 1=1";
+      "SELECT id," + text("kernel_hash") + ",family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,status," +
+      text("error") + ",max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,"
+      "driver_version," + text("nvrtc_version") + "," + text("options") + ",source_hash,registers,smem_static,"
+      "spill_stores,created," + (has_detail_ ? text("detail") : "NULL") + "," + (has_inputs_ ? "inputs" : "'normal'") +  // v1-v3, read-only
+      "," + (has_heads_k_ ? "heads_k" : "0") + "," + varlen + "," + paged;
+  std::string where = " FROM results WHERE 1=1";
   std::vector<std::string> binds;
   auto add = [&](const std::string& col, const std::string& v) {
     if (v.empty()) return;
-    sql += " AND " + col + "=?";
+    where += " AND " + col + "=?";
     binds.push_back(v);
   };
   add("family", f.family);
@@ -543,14 +545,33 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   add("direction", f.direction);
   if (f.head_dim > 0) add("head_dim", std::to_string(f.head_dim));
   if (f.causal >= 0) add("causal", std::to_string(f.causal));
-  if (f.ok_only) sql += " AND status='ok'";
-  sql += " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
+  if (f.ok_only) where += " AND status='ok'";
+  // (A NULL, which no store of ours holds, reads as '' below: the same here.)
+  if (f.dense_only) where += " AND coalesce(" + varlen + ",'')=''";
+  if (f.paged >= 0) where += " AND coalesce(" + paged + ",'')" + (f.paged ? "!=''" : "=''");
+  // Counted first (the index on family, direction, device, head dim, dtype and causal; at most max_rows + 1
+  // rows visited): a store with more is refused before a row is read.
+  auto too_many = [&] {
+    return UsageError("'" + path_ + "' holds more than " + std::to_string(f.max_rows) + " results rows of " +
+                      brief(f.family.empty() ? "any family" : f.family) + " on '" + brief(f.device, 60) +
+                      "' for this query: at most " + std::to_string(f.max_rows) + " are read");
+  };
+  long long count = 0;
+  if (f.max_rows > 0) {
+    Stmt c(db_, "SELECT count(*) FROM (SELECT 1" + where + " LIMIT " + std::to_string(f.max_rows + 1) + ")");
+    for (size_t i = 0; i < binds.size(); ++i) c.bind((int)i + 1, binds[i]);
+    if (c.step()) count = c.i64(0);
+    if (count > f.max_rows) throw too_many();
+  }
+  sql += where + " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
          std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + (has_paged_ ? "paged, " : "") + "id";
   Stmt s(db_, sql);
   for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
   std::vector<ResultRecord> out;
+  out.reserve((size_t)count);  // counted: no reallocation's second copy at the peak
   long long lengths = 0;  // of packed and paged rows, against kMaxResultLengths
   while (s.step()) {
+    if (f.max_rows > 0 && (long long)out.size() >= f.max_rows) throw too_many();  // rows added since the count
     ResultRecord r;
     r.id = s.i64(0); r.kernel_hash = s.text(1); r.family = s.text(2); r.direction = s.text(3); r.config = s.text(4);
     // Stored strings and numbers are checked as they are read: a row that fails is named.

@@ -103,6 +103,12 @@ struct ResultFilter {
   int head_dim = 0;         // 0: any
   int causal = -1;          // -1: any
   bool ok_only = false;
+  // Narrower reads for selection alone (the runtime's lookup): every condition is part of the SQL, so rows
+  // that do not match are never read.
+  bool dense_only = false;  // no packed variable-length rows (best_per_bucket never picks them)
+  int paged = -1;           // -1: any; 0: contiguous K/V rows only; 1: paged K/V cache rows only
+  bool lean = false;        // kernel_hash, error, detail, options and nvrtc_version read as '' (selection reads none)
+  long long max_rows = 0;   // 0: any number; else more matching rows are refused (UsageError) before any is read
 };
 
 // A DB path the CLI accepts: not empty, not ":memory:", not a "file:" URI (each would lose results).

@@ -681,6 +681,81 @@ if ! limited timeout 120 "$F" best --db "$tmp/packed_ok.db" --csv >"$tmp/out" 2>
   echo "FAIL: best on 200 packed rows: $(head -c 300 "$tmp/err")"; fail=1
 fi
 
+# Streaming reads (issue 34). A T4 file is checked and copied result by result, never held whole (its parse took
+# 12 times its size): 24,000 results (20 MB) are imported, and the same with a bad last result refused with the
+# store unchanged, each in 250 MB of address space (the program alone maps some 130 MB; the whole-file parse
+# aborts there); one result over 4 MiB, or a string over 4 MiB, is refused.
+# The runtime's lookup reads only the rows of its query (SQL: family, device, dtype, direction, head dim, mask,
+# no packed rows) and refuses more than 100,000 of them before reading one: tests/lookup_probe does what a call
+# does with $FLASHTUNE_DB.
+capped() {  # capped KB CMD...: CMD in KB of address space (under ASan, of resident memory, plus its own)
+  local kb=$1; shift
+  if [[ "${FT_SANITIZE:-}" == *address* ]]; then
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}hard_rss_limit_mb=$((kb / 1024 + 200))" "$@"
+  else
+    (ulimit -v "$kb"; "$@")
+  fi
+}
+python3 - "$tmp" <<'PY'
+import json, sys
+t = sys.argv[1]
+d = json.load(open(t + "/fixture.t4.json"))
+ok = next(r for r in d["results"] if r["flashtune"]["status"] == "ok")
+head = json.dumps({k: v for k, v in d.items() if k != "results"})[:-1] + ',"results":[\n'
+def write(name, n, last=None):
+    with open(t + "/" + name, "w") as f:
+        f.write(head)
+        for i in range(n):
+            r = dict(ok, flashtune=dict(ok["flashtune"], kernel_hash=f"huge{i}"))
+            if i == n - 1 and last: last(r)
+            f.write(("," if i else "") + json.dumps(r, separators=(",", ":")) + "\n")
+        f.write("]}\n")
+write("huge.t4.json", 24000)
+write("huge_bad.t4.json", 24000, lambda r: r["flashtune"].update(kernel_hash=""))
+write("big_result.t4.json", 2, lambda r: r["flashtune"].update(detail={"x": [0] * 2500000}))
+write("big_string.t4.json", 2, lambda r: r["flashtune"].update(error="x" * 5000000))
+PY
+cases=$((cases + 1))
+if ! capped 250000 timeout 60 "$F" import --db "$tmp/huge_import.db" "$tmp/huge.t4.json" >"$tmp/out" 2>"$tmp/err" ||
+   ! grep -q "24000 results, +24000" "$tmp/out"; then
+  echo "FAIL: a 20 MB T4 file in 250 MB: $(head -c 300 "$tmp/err")"; fail=1
+fi
+ft_run=(capped 250000 timeout 60)
+expect_usage_error "results[23999]: flashtune.kernel_hash must be a non-empty string" import --db "$tmp/fixture.db" "$tmp/huge_bad.t4.json"
+expect_usage_error "results[1] is larger than 4 MiB" import --db "$tmp/fixture.db" "$tmp/big_result.t4.json"
+expect_usage_error "holds a string or number longer than 4 MiB" import --db "$tmp/fixture.db" "$tmp/big_string.t4.json"
+ft_run=()
+rm -f "$tmp"/huge*.t4.json "$tmp"/big_*.t4.json "$tmp/huge_import.db"
+python3 - "$tmp" <<'PY'
+import json, shutil, sqlite3, sys
+t = sys.argv[1]
+vl = json.dumps({"lengths": "fixed", "length": 1, "total_tokens": 65535}, separators=(",", ":"))
+for name, n, packed in (("rows_many", 100001, 0), ("rows_ok", 20000, 20000)):
+    shutil.copy(t + "/fixture.db", t + f"/{name}.db")
+    c = sqlite3.connect(t + f"/{name}.db")
+    cols = [r[1] for r in c.execute("pragma table_info(results)") if r[1] != "id"]
+    row = dict(zip(cols, c.execute(f"select {','.join(cols)} from results where status='ok' and family='fa2_simt' and "
+                                   "device_name='NVIDIA H100 80GB HBM3' and head_dim=64 and causal=0 limit 1").fetchone()))
+    rows = [dict(row, kernel_hash=f"many{i}", batch=1 + i // 64, seq_q=128 * (1 + i % 64), seq_k=128 * (1 + i % 64))
+            for i in range(n)]
+    rows += [dict(row, kernel_hash=f"packed{i}", varlen=vl, batch=65535, seq_q=1, seq_k=1) for i in range(packed)]
+    c.executemany(f"insert into results({','.join(cols)}) values({','.join('?' * len(cols))})",
+                  [tuple(r[k] for k in cols) for r in rows])
+    c.commit()
+PY
+probe=("$LOOKUP_PROBE" "NVIDIA H100 80GB HBM3" sm_90 fwd fp32 64 0 4096)
+cases=$((cases + 1))
+FLASHTUNE_DB="$tmp/rows_many.db" capped 250000 timeout 20 "${probe[@]}" >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [[ $rc -ne 2 || $(wc -l <"$tmp/err") -ne 1 ]] || ! grep -q "holds more than 100000 results rows of fa2_simt" "$tmp/err"; then
+  echo "FAIL: the runtime's lookup in a store of 100,001 rows of one query: rc=$rc $(head -c 300 "$tmp/err")"; fail=1
+fi
+cases=$((cases + 1))
+if ! FLASHTUNE_DB="$tmp/rows_ok.db" capped 250000 timeout 20 "${probe[@]}" >"$tmp/out" 2>"$tmp/err" ||
+   ! grep -q "^fa2_simt .* db$" "$tmp/out"; then
+  echo "FAIL: the runtime's lookup in 20,000 rows and 20,000 packed ones: $(head -c 300 "$tmp/out" "$tmp/err")"; fail=1
+fi
+rm -f "$tmp/rows_many.db" "$tmp/rows_ok.db"
+
 # Output injection: CSV quoting, no escape sequences on a terminal, no HTML or headings in REPORT.md.
 cp "$tmp/fixture.db" "$tmp/inject.db"
 python3 - "$tmp/inject.db" <<'PY'

@@ -10,7 +10,7 @@
 // scratch, strided packed tensors packed and unpacked, fa3_wgmma's token-major tensor maps); paged K/V caches
 // (decode_splitkv's paged form, its parameters, the pools in place, the nearest config for small pages);
 // decoding on a fake H100 through the committed table's decode_splitkv entry; a second user's planted cache
-// entries and -wal, and a store of packed rows too large to read, through FLASHTUNE_CACHE_DIR and FLASHTUNE_DB;
+// entries and -wal, and a store of packed rows the lookup does not read, through FLASHTUNE_CACHE_DIR and FLASHTUNE_DB;
 // the user's store ($XDG_CACHE_HOME/flashtune/<gpu-slug>.db) read with no variable, and passed over when unsafe.
 #include <cuda.h>
 #include <dlfcn.h>
@@ -1061,7 +1061,8 @@ TEST(FakeDriver, DISABLED_Fa3MulticastChild) {
 // Planted in a shared mode-1777 FLASHTUNE_CACHE_DIR, or in a folder of the second user's: not loaded (the
 // child compiles, "kernel: jit", into its XDG_CACHE_HOME fallback), and left as they were. A -wal the second
 // user puts beside the caller's FLASHTUNE_DB store: refused in one line, never read. And a store of small
-// packed rows whose lengths would take gigabytes: refused in one line, in bounded memory.
+// packed rows whose lengths would take gigabytes: never read by the lookup, in bounded memory (a store with
+// too many rows of one query: hostile_inputs.sh, through tests/lookup_probe).
 namespace {
 constexpr uid_t kSecondUser = 65534;
 
@@ -1181,13 +1182,15 @@ TEST(FakeDriver, SecondUserPlantsCacheEntriesAndWal) {
       }
     });
   }
+  // The lookup never reads packed rows (no bucket's pick: the SQL leaves them out), so the call goes on, with the
+  // tables' or the default config, in bounded memory.
   setenv("FLASHTUNE_DB", packed.c_str(), 1);
   struct rusage before {}, after {};
   getrusage(RUSAGE_SELF, &before);
-  EXPECT_EQ(ft_explain_forward(&a, &e), FT_INVALID_ARGUMENT);
+  EXPECT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
   getrusage(RUSAGE_SELF, &after);
-  EXPECT_NE(std::string(ft_last_error()).find("sequence lengths in all"), std::string::npos) << ft_last_error();
-  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 1l << 20) << "KiB more at the peak";  // 1 GiB
+  EXPECT_STRNE(e.source, "db");
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64l << 10) << "KiB more at the peak";  // 64 MiB
   unsetenv("FLASHTUNE_DB");
   unsetenv("XDG_CACHE_HOME");
   fs::remove_all(base);

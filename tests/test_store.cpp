@@ -56,6 +56,33 @@ TEST(Store, ResultsBoundThePackedLengthsTheyHold) {
   dense.family = "fa2_mma";
   dense.ok_only = true;
   EXPECT_THROW(ro.results(dense), UsageError);
+  // The runtime's narrower read: packed rows left out in SQL (none of their lengths read), the text columns
+  // selection does not read left empty, and a row bound checked by counting before any row is read.
+  ResultFilter lookup;
+  lookup.dense_only = true;
+  lookup.paged = 0;
+  lookup.lean = true;
+  const std::vector<ResultRecord> rows = ro.results(lookup);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].family, "fa2_simt");
+  EXPECT_EQ(rows[0].config, "BLOCK_M=64,BLOCK_N=32,TM=4,TN=4,KV_STAGES=2");
+  EXPECT_EQ(rows[0].source_hash, "src");
+  EXPECT_TRUE(rows[0].kernel_hash.empty() && rows[0].options.empty() && rows[0].nvrtc_version.empty());
+  lookup.paged = 1;
+  EXPECT_TRUE(ro.results(lookup).empty());
+  lookup = ResultFilter{};
+  lookup.family = "fa2_mma";
+  lookup.max_rows = over - 1;
+  try {
+    ro.results(lookup);
+    FAIL() << "read " << over << " rows past a bound of " << over - 1;
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds more than " + std::to_string(over - 1) + " results rows of fa2_mma"),
+              std::string::npos) << e.what();
+  }
+  lookup.max_rows = 1;
+  lookup.family = "fa2_simt";
+  EXPECT_EQ(ro.results(lookup).size(), 1u);  // exactly the bound: read
   fs::remove(path);
 }
 

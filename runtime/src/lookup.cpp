@@ -221,8 +221,15 @@ namespace {
 std::string stored_config(const Family& f, const Query& q, const std::string& db_path, bool paged = false,
                           double* tflops = nullptr) {
   Store store(db_path, Store::Mode::read_only);
-  // Every status: a newer prune or failure of a config supersedes its older success (select.cpp).
+  // Every status: a newer prune or failure of a config supersedes its older success (select.cpp). Only the rows
+  // that can make this pick are read, filtered in SQL: this family, device, dtype, direction, head dim and mask,
+  // no packed rows (never a bucket's pick), the paged rows for a paged pick and the dense ones otherwise, and
+  // only the columns selection reads; more than kMaxLookupRows of them are refused before one is read.
   ResultFilter filter{f.name, q.device, to_string(q.dtype), q.direction, q.head_dim, (int)q.causal, false};
+  filter.dense_only = true;
+  filter.paged = paged ? 1 : 0;
+  filter.lean = true;
+  filter.max_rows = kMaxLookupRows;
   const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter), wants_reproducible(q));
   Problem prob;
   prob.seq_q = prob.seq_k = q.seq;

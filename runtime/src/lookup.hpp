@@ -83,6 +83,12 @@ const char* preferred_family(const Query& q);
 // is picked from a table or not at all); nullptr when no family runs the query.
 const Family* choose_family(const TableSet&, const Query&);
 
+// A results store's rows read for one pick (one family, device, dtype, direction, head dim and mask, dense or
+// paged): at most this many, else the store is refused in one line before any row is read. The largest such
+// group in the committed stores holds 6,495 rows; 90,000 took 125 MB at the peak of a lookup (docs/usage.md,
+// "Bounds on what is read").
+inline constexpr long long kMaxLookupRows = 100000;
+
 struct Pick {
   const Family* family = nullptr;
   Config config;
