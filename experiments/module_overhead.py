@@ -71,7 +71,7 @@ def time_steady(fn, reps, iters, flush):
         stop.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(stop) / iters)
-    return float(torch.tensor(times).median())
+    return float(torch.tensor(times, dtype=torch.float64).quantile(0.5))  # the one median (core/timing.hpp)
 
 
 def host_ms(fn, reps):
@@ -83,7 +83,7 @@ def host_ms(fn, reps):
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     torch.cuda.synchronize()
-    return float(torch.tensor(times).median())
+    return float(torch.tensor(times, dtype=torch.float64).quantile(0.5))  # the one median (core/timing.hpp)
 
 
 def harness_ms(flashtune_bin, family, config, shape, causal, direction, timeout):

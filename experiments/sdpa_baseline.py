@@ -56,7 +56,9 @@ def time_cuda(run, reps, warmup=3, flush=None, before_each=None):
         torch.cuda.synchronize()
         times.append(start.elapsed_time(stop))
     t = torch.tensor(times)
-    return t.median().item(), t.quantile(0.2).item(), t.quantile(0.8).item()
+    # One median (core/timing.hpp): linear-interpolation quantiles of the same samples. torch's median()
+    # is the lower of the two middle samples, another definition, so quantile(0.5).
+    return t.quantile(0.5).item(), t.quantile(0.2).item(), t.quantile(0.8).item()
 
 
 def time_copy(nbytes, reps):

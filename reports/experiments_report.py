@@ -16,7 +16,6 @@ import pathlib
 import re
 import sqlite3
 import sys
-import textwrap
 from collections import defaultdict
 
 import matplotlib
@@ -177,7 +176,27 @@ def fit_title(ax, text, fontsize=9):
     ax.fit_title_text = str(text)
     width_in = ax.figure.get_figwidth() * ax.get_position().width
     chars = max(24, int(width_in * 72 / (0.6 * fontsize)))
-    ax.set_title("\n".join(textwrap.wrap(str(text), chars)), fontsize=fontsize)
+    ax.set_title("\n".join(wrap_text(str(text), chars)), fontsize=fontsize)
+
+
+def wrap_text(text, chars):
+    """Lines of at most `chars`, broken after a space or a comma (a config's K=V list breaks between its
+    fields), a longer token cut."""
+    lines, cur = [], ""
+    for tok in re.split(r"(?<=[ ,])", text):
+        while len(tok) > chars:
+            if cur:
+                lines.append(cur.rstrip())
+                cur = ""
+            lines.append(tok[:chars])
+            tok = tok[chars:]
+        if len(cur) + len(tok.rstrip()) > chars and cur:
+            lines.append(cur.rstrip())
+            cur = ""
+        cur += tok
+    if cur.strip():
+        lines.append(cur.rstrip())
+    return lines
 
 
 def plain_log_ticks(axis):
@@ -190,18 +209,25 @@ def plain_log_ticks(axis):
 def savefig(fig, out_dir, name):
     """Saves a laid-out figure; its titles ride in the PNG's Title text, and a title, label or legend that
     falls outside the image is reported on stderr ("cut off"), which the report test treats as a failure."""
-    fig.tight_layout()
+    # A figure legend below the axes (the summary) keeps a strip at the bottom; a suptitle one at the top.
+    rect = (0, 0.05 if getattr(fig, "summary_legend", False) else 0, 1, 1)
+    fig.tight_layout(rect=rect)
     for ax in fig.axes:  # wrapped again to the axes' width after layout, and laid out again
         if getattr(ax, "fit_title_text", None):
             fit_title(ax, ax.fit_title_text, ax.title.get_fontsize())
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     fig.canvas.draw()
     renderer, box = fig.canvas.get_renderer(), fig.bbox
     for ax in fig.axes:
         e = ax.get_tightbbox(renderer)
         if e is not None and (e.x0 < box.x0 - 2 or e.x1 > box.x1 + 2 or e.y0 < box.y0 - 2 or e.y1 > box.y1 + 2):
             print(f"make_report: {name}: a title, label or legend is cut off", file=sys.stderr)
-    titles = [ax.get_title().replace("\n", " ") for ax in fig.axes if ax.get_title()]
+    for t in [fig._suptitle] + fig.legends if fig._suptitle else fig.legends:
+        e = t.get_window_extent(renderer)
+        if e.x0 < box.x0 - 2 or e.x1 > box.x1 + 2 or e.y0 < box.y0 - 2 or e.y1 > box.y1 + 2:
+            print(f"make_report: {name}: a title, label or legend is cut off", file=sys.stderr)
+    titles = ([fig._suptitle.get_text()] if fig._suptitle else []) + \
+        [ax.get_title().replace("\n", " ") for ax in fig.axes if ax.get_title()]
     fig.savefig(os.path.join(out_dir, name), dpi=110, metadata={"Title": " | ".join(titles)})
     plt.close(fig)
     return name

@@ -21,6 +21,8 @@ import matplotlib
 matplotlib.use("Agg")
 matplotlib.rcParams["text.parse_math"] = False  # stored names are text: "$x$" is not math
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.lines  # noqa: E402,F401
+import matplotlib.ticker  # noqa: E402,F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import experiments_report  # noqa: E402
@@ -72,21 +74,34 @@ def load(db):
     return safe
 
 
+def percentile(values, q):
+    """The one median and spread (core/timing.hpp's timing::percentile, the worker's): percentile q of one set
+    of samples, linear between the two nearest ranks (numpy's and torch.quantile's default)."""
+    v = sorted(values)
+    if not v:
+        return 0.0
+    pos = min(max(q, 0.0), 1.0) * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (pos - lo) * (v[hi] - v[lo])
+
+
 def one_median(r):
-    """One median everywhere: the harness's (worker/gpu_runner.cpp), percentile 0.5 of the timed repeats, whose
-    p20 and p80 the row stores beside it. A row the sweep re-timed in interleaved rounds (detail.retime) stores
-    the median of the round medians instead, with the p20/p80 of the last round's repeats: the report takes
-    that round's median of repeats (the round median within the row's p20-p80, the nearest to the stored one)
-    and scales TFLOP/s and GB/s to it. A median that still lies outside its p20-p80 has its spread left out."""
+    """One median everywhere: percentile 0.5 of one set of timed repeats, beside the p20 and p80 of the same
+    repeats (core/timing.hpp). A row the sweep re-timed in interleaved rounds (detail.retime) stores the pooled
+    repeats' median, p20 and p80 (retime.pooled); one re-timed before that ("rounds" only) stored the median
+    of its round medians beside the last round's p20/p80, two sets of samples: the report takes the median,
+    p20 and p80 of the round medians (the samples it has, the same for all three) and scales TFLOP/s and
+    GB/s to that median. A median still outside its p20-p80 has its spread left out."""
     d = experiments_report.json_object(r.get("detail"))
     retime = d.get("retime") if isinstance(d.get("retime"), dict) else {}
-    rounds = [x for x in retime.get("rounds") or [] if isinstance(x, (int, float)) and math.isfinite(x)]
-    fits = [x for x in rounds if 0 < r["ms_p20"] <= x <= r["ms_p80"]]
-    if r["ms_median"] > 0 and fits:
-        m = min(fits, key=lambda x: abs(x - r["ms_median"]))
+    rounds = [x for x in retime.get("rounds") or [] if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
+    if r["ms_median"] > 0 and rounds and "pooled" not in retime:
+        m = percentile(rounds, 0.5)
         r["tflops"] *= r["ms_median"] / m
         r["gbps"] *= r["ms_median"] / m
-        r["ms_median"] = m
+        r["ms_median"], r["ms_p20"], r["ms_p80"] = m, percentile(rounds, 0.2), percentile(rounds, 0.8)
+        r["samples"] = "round medians"
     experiments_report.spread_ok(r)
     return r
 
@@ -364,6 +379,22 @@ def comparison_plot(csv_path, out_dir, report, title, ours, baselines, gpu):
     report.append(f"\n![{name}]({name})\n")
 
 
+# Peers by one name each (the CSVs name torch's flash backend "flash" or "torch_flash", and so on).
+PEER_NAMES = {"torch_flash": "torch SDPA flash", "flash": "torch SDPA flash", "torch_cudnn": "cuDNN (torch SDPA)",
+              "cudnn": "cuDNN (torch SDPA)", "torch_sdpa_efficient": "torch SDPA efficient",
+              "torch_efficient": "torch SDPA efficient", "torch_math": "torch SDPA math", "fa4": "FlashAttention-4"}
+PEER_COLORS = {"FlashAttention-4": "#1f77b4", "cuDNN (torch SDPA)": "#9467bd", "torch SDPA flash": "#ff7f0e",
+               "torch SDPA efficient": "#2ca02c", "torch SDPA math": "#7f7f7f"}
+
+
+def family_of_config(config):
+    """The family whose default configuration has the same tunables as `config` (a CSV without a family
+    column), or ""."""
+    keys = set(params(config))
+    found = [f for f, d in sorted(DEFAULTS.items()) if keys and set(params(d)) == keys]
+    return found[0] if len(found) == 1 else ""
+
+
 def peer_points(src_dir, store_gpu):
     """Every (GPU, source, point, peer, ratio, low, high) of the comparison CSVs beside the store: ours / peer
     throughput (> 1: ours faster), low-high from both sides' p20-p80 where their rows are found."""
@@ -390,6 +421,7 @@ def peer_points(src_dir, store_gpu):
             except ValueError:
                 continue
             fo = spread_of(r.get("tuned_config") or r.get("config") or "", r, direction)
+            family = r.get("tuned_family") or r.get("family") or family_of_config(r.get("tuned_config") or "")
             for c in peers:
                 try:
                     p = float(r[c] or 0)
@@ -401,20 +433,38 @@ def peer_points(src_dir, store_gpu):
                 lo = o * (fo[0] if fo else 1) / (p * (fp[1] if fp else 1))
                 hi = o * (fo[1] if fo else 1) / (p * (fp[0] if fp else 1))
                 pts.append(dict(gpu=experiments_report.plain(r.get("device") or store_gpu), source=source,
-                                point=point_label(r, r.get("direction") or direction), peer=c[:-len(unit) - 1],
-                                unit="GB/s" if unit == "gbps" else "TFLOP/s", ratio=o / p, low=lo, high=hi,
-                                spread=bool(fo or fp)))
+                                family=experiments_report.plain(family, 32),
+                                point=point_label(r), direction=r.get("direction") or direction,
+                                peer=PEER_NAMES[c[:-len(unit) - 1]], unit="GB/s" if unit == "gbps" else "TFLOP/s",
+                                ratio=o / p, low=lo, high=hi, spread=bool(fo and fp)))
     return pts
 
 
+def ratio_ticks(ax, lo, hi):
+    """Plain tick labels on a log ratio axis, from a fixed ladder, at least 3 of them within [lo, hi]."""
+    ladder = [0.1, 0.2, 0.25, 0.5, 0.67, 0.8, 1, 1.25, 1.5, 2, 3, 4, 5, 10, 20, 50, 100, 200]
+    lo, hi = min(lo, 0.95), max(hi, 1.05)
+    ax.set_ylim(lo / 1.08, hi * 1.08)
+    ticks = [t for t in ladder if lo / 1.08 <= t <= hi * 1.08]
+    if len(ticks) < 3:  # a narrow range: a finer ladder
+        ticks = [t for t in (0.8, 0.85, 0.9, 0.95, 1, 1.05, 1.1, 1.15, 1.2, 1.25) if lo / 1.08 <= t <= hi * 1.08]
+    while len(ticks) > 7:  # every other one, keeping 1
+        ticks = [t for i, t in enumerate(ticks) if t == 1 or i % 2 == ticks.index(1) % 2]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def summary(src_dir, store_gpu, out_dir, report):
-    """One figure per GPU: ours / each peer per point, whiskers p20-p80; a table of the same per source."""
+    """One figure per GPU: a panel per comparison CSV, ours / each peer per point (log), whiskers from both
+    sides' p20-p80 where the rows are found (hollow marker: no spread stored); a table of the same per source."""
     pts = peer_points(src_dir, store_gpu)
     if not pts:
         return
     report.append("## Summary: ours vs each peer\n\nOurs / peer throughput per point (> 1: ours faster), from "
-                  "the comparison CSVs beside the store; whiskers span ours p20-p80 against the peer's where both "
-                  "rows are found (the store, the peers' timing CSVs).\n")
+                  "the comparison CSVs beside the store (TFLOP/s, or GB/s for decode); whiskers span ours p20-p80 "
+                  "against the peer's where both rows are found (the store, the peers' timing CSVs), a hollow marker "
+                  "where one side's spread is not stored. Each CSV is one device run; a later run of the same points "
+                  "(fwd_hopper after fwd_fa3_sample) supersedes the earlier one.\n")
     srows = []
     groups = defaultdict(list)
     for p in pts:
@@ -423,30 +473,56 @@ def summary(src_dir, store_gpu, out_dir, report):
         rs = sorted(p["ratio"] for p in ps)
         srows.append(dict(gpu=gpu, source=source, peer=peer, points=len(ps), faster=sum(x > 1 for x in rs),
                           geomean=f"{math.exp(sum(map(math.log, rs)) / len(rs)):.3f}", min=f"{rs[0]:.3f}",
-                          max=f"{rs[-1]:.3f}"))
-    report.append(md_table(srows, ["gpu", "source", "peer", "points", "faster", "geomean", "min", "max"],
-                           ["GPU", "source", "peer", "points", "ours faster", "geomean ours/peer", "min", "max"]))
+                          max=f"{rs[-1]:.3f}", spread=sum(p["spread"] for p in ps)))
+    report.append(md_table(srows, ["gpu", "source", "peer", "points", "faster", "geomean", "min", "max", "spread"],
+                           ["GPU", "source", "peer", "points", "ours faster", "geomean ours/peer", "min", "max",
+                            "with p20-p80"]))
     used = set()
     for gpu in sorted({p["gpu"] for p in pts}):
         gp = [p for p in pts if p["gpu"] == gpu]
-        points = list(dict.fromkeys((p["source"], p["point"]) for p in gp))
-        peers = list(dict.fromkeys(p["peer"] for p in gp))
-        fig, ax = plt.subplots(figsize=(10, 1.6 + 0.2 * len(points)))
-        for j, peer in enumerate(peers):
-            ps = [p for p in gp if p["peer"] == peer]
-            ys = [points.index((p["source"], p["point"])) + (j - (len(peers) - 1) / 2) * 0.18 for p in ps]
-            xs = [p["ratio"] for p in ps]
-            ax.errorbar(xs, ys, xerr=[[x - p["low"] for x, p in zip(xs, ps)], [p["high"] - x for x, p in zip(xs, ps)]],
-                        fmt="o", ms=3, lw=0.8, capsize=1.5, label=f"vs {peer}")
-        ax.axvline(1.0, color="black", lw=0.8)
-        ax.set_xscale("log")
-        experiments_report.plain_log_ticks(ax.xaxis)
-        ax.set_yticks(range(len(points)), [f"{s}: {p}" for s, p in points], fontsize=6)
-        ax.invert_yaxis()
-        ax.set_xlabel("ours / peer throughput (log; > 1: ours faster; whiskers p20-p80)")
-        ax.grid(axis="x", alpha=0.3, which="both")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        fit_title(ax, f"{gpu}: ours vs each peer, per point")
+        sources = list(dict.fromkeys(p["source"] for p in gp))
+        ncol = 2 if len(sources) > 1 else 1
+        nrow = (len(sources) + ncol - 1) // ncol
+        fig, axes = plt.subplots(nrow, ncol, figsize=(7.5 * ncol, 3.3 * nrow + 1.0), squeeze=False)
+        peers_seen = []
+        for ax, source in zip(axes.flat, sources):
+            sp = [p for p in gp if p["source"] == source]
+            if len({p["direction"] for p in sp}) > 1:  # a CSV of both directions: each label names its own
+                sp = [dict(p, point=f"{p['direction']} {p['point']}") for p in sp]
+            points = list(dict.fromkeys(p["point"] for p in sp))
+            peers = list(dict.fromkeys(p["peer"] for p in sp))
+            for j, peer in enumerate(peers):
+                peers_seen += [peer] if peer not in peers_seen else []
+                off = (j - (len(peers) - 1) / 2) * min(0.22, 0.8 / len(peers))
+                for spread in (True, False):
+                    ps = [p for p in sp if p["peer"] == peer and p["spread"] == spread]
+                    if not ps:
+                        continue
+                    xs = [points.index(p["point"]) + off for p in ps]
+                    ys = [p["ratio"] for p in ps]
+                    c = PEER_COLORS.get(peer)
+                    ax.errorbar(xs, ys, yerr=[[max(0.0, y - p["low"]) for y, p in zip(ys, ps)],
+                                              [max(0.0, p["high"] - y) for y, p in zip(ys, ps)]],
+                                fmt="o", ms=3.5, lw=0.8, capsize=1.5, color=c, mfc=c if spread else "white")
+            ax.axhline(1.0, color="black", lw=0.8)
+            ax.set_yscale("log")
+            ratio_ticks(ax, min(p["low"] for p in sp), max(p["high"] for p in sp))
+            ax.set_xticks(range(len(points)), points, rotation=55, ha="right", fontsize=6)
+            ax.set_xlim(-0.6, len(points) - 0.4)
+            ax.set_ylabel("ours / peer (log)", fontsize=8)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.grid(axis="y", alpha=0.3)
+            fams = ", ".join(sorted({p["family"] for p in sp if p["family"]}))
+            fit_title(ax, f"{gpu}: {source} ({fams}; {sp[0]['unit']})", fontsize=8)
+        for ax in list(axes.flat)[len(sources):]:
+            ax.axis("off")
+        handles = [matplotlib.lines.Line2D([], [], marker="o", ls="none", color=PEER_COLORS.get(p), label=f"vs {p}")
+                   for p in peers_seen]
+        handles.append(matplotlib.lines.Line2D([], [], marker="o", ls="none", color="black", mfc="white",
+                                               label="hollow: a side's p20-p80 not stored"))
+        fig.suptitle(f"{gpu}: ours / peer throughput per point (> 1: ours faster; whiskers p20-p80)", fontsize=11)
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
+        fig.summary_legend = True
         slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")[:64] or "gpu"
         while slug in used:
             slug += "_"
@@ -483,10 +559,13 @@ def main():
     gpu = gpu_of(rows)
     COPY.update(copy_peaks(db, src_dir))
     load_spreads(rows, src_dir)
-    report.append("Timing: one median everywhere, the harness's: percentile 0.5 of the timed repeats (CUDA events, "
-                  "an L2 flush before each), beside the same repeats' p20 and p80, so a median always lies within "
-                  "its p20-p80. A row the sweep re-timed in rounds is shown with the median of the round whose "
-                  "p20-p80 it stores. Bandwidth-bound rows (decode) are in GB/s and % of the device's copy.\n")
+    report.append("Timing: one median everywhere (core/timing.hpp): percentile 0.5 of one set of timed repeats (CUDA "
+                  "events, an L2 flush before each), beside the p20 and p80 of the same repeats, so a median always "
+                  "lies within its p20-p80. A row the sweep re-timed in interleaved rounds pools the repeats of all "
+                  "its rounds; one an older sweep re-timed (the median of its round medians stored beside the last "
+                  "round's p20/p80) is shown with the median, p20 and p80 of its round medians (\"samples\": round "
+                  "medians), its TFLOP/s and GB/s at that median. Bandwidth-bound rows (decode) are in GB/s and % of "
+                  "the device's copy.\n")
     summary(src_dir, gpu, out_dir, report)
     status = defaultdict(lambda: defaultdict(int))
     for r in rows:
@@ -503,13 +582,15 @@ def main():
         r["tflops_s"] = throughput(r)
         r["ms"] = f"{r['ms_median']:.3f}"
         r["spread"] = f"{r['ms_p20']:.3f}-{r['ms_p80']:.3f}" if r["ms_p20"] else "-"
+        r["samples"] = r.get("samples") or "repeats"
         r["err"] = f"{r['max_abs']:.1e}"
     write_csv(os.path.join(out_dir, "best.csv"), best,
               ["device_name", "family", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal", "config",
                "ms_median", "ms_p20", "ms_p80", "tflops", "gbps", "max_abs", "max_rel", "mse"])
     report.append("## Best valid config per problem\n")
-    report.append(md_table(best, ["family", "problem", "batch", "heads", "config", "ms", "spread", "tflops_s", "err"],
-                           ["family", "problem", "B", "H", "config", "median ms", "p20-p80 ms", "throughput",
+    report.append(md_table(best, ["family", "problem", "batch", "heads", "config", "ms", "spread", "samples", "tflops_s",
+                                  "err"],
+                           ["family", "problem", "B", "H", "config", "median ms", "p20-p80 ms", "samples", "throughput",
                             "max abs err"]))
     report.append("")
 

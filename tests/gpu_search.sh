@@ -31,6 +31,12 @@ for r in reps:
     assert n == distinct == r["space_size"], (n, distinct, r["space_size"])
     retimed = db.execute("select count(*) from results where seq_q=? and detail like '%\"retime\"%'", (p["seq_q"],)).fetchone()[0]
     assert retimed == 3, f"{retimed} rows re-timed, want 3"
+    # One median: a re-timed row's median, p20 and p80 pool the same repeats of all its rounds.
+    for med, lo, hi, reps_, det in db.execute("select ms_median, ms_p20, ms_p80, reps, detail from results where seq_q=? "
+                                              "and detail like '%\"retime\"%'", (p["seq_q"],)):
+        rt = json.loads(det)["retime"]
+        assert 0 < lo <= med <= hi and rt["pooled"] == "repeats" and reps_ == rt["samples"] >= 10, (med, lo, hi, rt)
+        assert "ms_samples" not in json.loads(det), "the pooled samples are not stored"
     # Halving's later rounds and the re-timing time a kernel this sweep validated: timed only, the
     # validated run's errors kept (detail.validation "reused", the per-output errors still there).
     for st, mx, det in db.execute("select status, max_abs, detail from results where seq_q=? and reps >= 8", (p["seq_q"],)):

@@ -7,11 +7,13 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "core/compile.hpp"
 #include "core/problem.hpp"
+#include "core/timing.hpp"
 #include "core/util.hpp"
 #include "tuner/search/search.hpp"
 #include "tuner/search/strategy.hpp"
@@ -276,4 +278,30 @@ TEST(StepProblems, TimeBudgetIsSharedSoEveryProblemGetsAPick) {
   EXPECT_EQ(evaluations[0], 10u);
   EXPECT_EQ(evaluations[1], 20u);
   EXPECT_LE(clock, budget);
+}
+
+// ---- one median (core/timing.hpp): the worker, the sweep's re-timing and the report use it ---------------
+TEST(Timing, OneMedianLiesWithinItsOwnSpread) {
+  using flashtune::timing::percentile;
+  EXPECT_EQ(percentile(std::vector<double>{}, 0.5), 0.0);
+  EXPECT_DOUBLE_EQ(percentile(std::vector<double>{3.0}, 0.2), 3.0);
+  // Linear between the nearest ranks: an even count's median is the mean of the two middle samples.
+  EXPECT_DOUBLE_EQ(percentile(std::vector<float>{4.f, 1.f, 3.f, 2.f}, 0.5), 2.5);
+  EXPECT_DOUBLE_EQ(percentile(std::vector<double>{9.4, 9.5, 9.75}, 0.2), 9.44);
+  EXPECT_DOUBLE_EQ(percentile(std::vector<double>{9.4, 9.5, 9.75}, 0.8), 9.65);
+  std::mt19937 rng(7);
+  for (int n = 1; n <= 60; ++n)
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> v(n);
+      std::lognormal_distribution<float> d(0.f, trial % 2 ? 0.05f : 1.0f);
+      for (float& x : v) x = d(rng);
+      const double lo = percentile(v, 0.2), med = percentile(v, 0.5), hi = percentile(v, 0.8);
+      EXPECT_LE(lo, med);
+      EXPECT_LE(med, hi);
+    }
+  // The re-timing's pooled samples: rounds whose own medians straddle one another still give one median
+  // within the pool's p20-p80 (the store once held a median of round medians beside the last round's spread).
+  std::vector<double> pool = {0.2800, 0.2801, 0.2802, 0.2809, 0.2810, 0.2811, 0.2812, 0.2813, 0.2814, 0.2815};
+  EXPECT_GE(percentile(pool, 0.5), percentile(pool, 0.2));
+  EXPECT_LE(percentile(pool, 0.5), percentile(pool, 0.8));
 }

@@ -122,12 +122,6 @@ HostTensor loaded_input(const std::string& dir, const InputFile& f, DType t) {
   return h;
 }
 
-double percentile(std::vector<float> v, double q) {
-  std::sort(v.begin(), v.end());
-  double pos = q * (v.size() - 1);
-  size_t lo = (size_t)pos, hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (pos - lo) * (v[hi] - v[lo]);
-}
 
 
 }  // namespace
@@ -729,7 +723,7 @@ void GpuRunner::time_repeats(const std::function<void()>& launch, const json& ti
   read(0, first);
   bool early = false;
   if (first < reps) {
-    if (percentile(ms, 0.5) > stop_above) {
+    if (timing::percentile(ms, 0.5) > stop_above) {
       early = true;
     } else {
       timed(first, reps);
@@ -746,9 +740,11 @@ void GpuRunner::time_repeats(const std::function<void()>& launch, const json& ti
   out["detail"]["telemetry"] = telemetry_->sample();  // right after the repeats: the state they ran in
   if (early) out["detail"]["early_stopped"] = true;
   out["reps"] = (int)ms.size();
-  out["ms_median"] = percentile(ms, 0.5);
-  out["ms_p20"] = percentile(ms, 0.2);
-  out["ms_p80"] = percentile(ms, 0.8);
+  out["ms_median"] = timing::percentile(ms, 0.5);
+  out["ms_p20"] = timing::percentile(ms, 0.2);
+  out["ms_p80"] = timing::percentile(ms, 0.8);
+  // The repeats themselves when asked (the sweep's interleaved re-timing pools its rounds' repeats).
+  if (timing.value("samples", false)) out["detail"]["ms_samples"] = ms;
 }
 
 }  // namespace flashtune

@@ -13,6 +13,7 @@
 #include <functional>
 
 #include "core/dtype_convert.hpp"
+#include "core/timing.hpp"
 #include "worker/cuda_check.hpp"
 #include "worker/gpu_runner.hpp"
 #include "worker/library_kernels.hpp"
@@ -77,12 +78,6 @@ void alloc(CUdeviceptr& ptr, size_t bytes, const char* what) {
   CU_CHECK(rc);
 }
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * ((double)v[n / 2 - 1] + v[n / 2]);
-}
-
 // Warm-up, then `reps` (>= 10, more while under ~300 ms) event-timed calls; the median in ms.
 double median_ms(const std::function<void()>& call) {
   CUevent e0, e1;
@@ -105,7 +100,7 @@ double median_ms(const std::function<void()>& call) {
   }
   cuEventDestroy(e0);
   cuEventDestroy(e1);
-  return median(ms);
+  return timing::percentile(ms, 0.5);
 }
 
 // A scope guard: runs `f` when the scope ends, however it ends.

@@ -147,7 +147,7 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
     json d = validated->detail.empty() ? json::object() : json::parse(validated->detail, nullptr, false);
     if (!d.is_object()) d = json::object();
     const json mine = r.detail.empty() ? json::object() : json::parse(r.detail, nullptr, false);
-    for (const char* key : {"timing_ms", "telemetry", "phase_ms", "early_stopped", "worker_device"}) {
+    for (const char* key : {"timing_ms", "telemetry", "phase_ms", "early_stopped", "worker_device", "ms_samples"}) {
       d.erase(key);
       if (mine.is_object() && mine.contains(key)) d[key] = mine[key];
     }
@@ -288,32 +288,49 @@ void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& 
                       const std::function<const KernelRecord&(size_t, const Variant&, const std::string&)>& kernel_for,
                       ProblemReport& rep) {
   // The finalists timed in turn (A B C A B C ...), so that a drift in clocks or temperature during the
-  // sweep falls on all of them; each figure the median of its rounds' medians.
+  // sweep falls on all of them. Each finalist's figures pool the repeats of all its rounds: median, p20
+  // and p80 of the same samples (timing::percentile, the worker's definition), so the stored median lies
+  // within its stored spread. A worker that sends no samples: the rounds' medians are the samples.
   const size_t n = std::min<size_t>((size_t)so.retime_top, ranking.size());
-  std::vector<std::vector<double>> rounds(n);
+  std::vector<std::vector<double>> rounds(n), samples(n);
+  std::vector<bool> all_samples(n, true);
   std::vector<ResultRecord> last(n);
   for (int r = 0; r < so.retime_rounds; ++r)
     for (size_t i = 0; i < n; ++i) {
       const SearchCandidate& c = cands[ranking[i].second];
       // Timed only: each finalist's validated row stands for its validation.
       const auto v = validated.find(c.hash);
-      ResultRecord rec = gpu.run(kernel_for((size_t)worker, c.v, c.hash), c.v, p, json{{"min_reps", 10}, {"max_reps", 10}, {"warmup", 1}},
+      ResultRecord rec = gpu.run(kernel_for((size_t)worker, c.v, c.hash), c.v, p,
+                                 json{{"min_reps", 10}, {"max_reps", 10}, {"warmup", 1}, {"samples", true}},
                                  v != validated.end() ? &v->second : nullptr);
-      if (rec.status == "ok") rounds[i].push_back(rec.ms_median), last[i] = rec;
+      if (rec.status != "ok") continue;
+      rounds[i].push_back(rec.ms_median);
+      const json rd = rec.detail.empty() ? json::object() : json::parse(rec.detail, nullptr, false);
+      const json* ms = rd.is_object() && rd.contains("ms_samples") ? &rd["ms_samples"] : nullptr;
+      if (ms && ms->is_array() && !ms->empty())
+        for (const json& t : *ms) samples[i].push_back(t.is_number() ? t.get<double>() : 0.0);
+      else
+        all_samples[i] = false;
+      last[i] = rec;
     }
   double best = std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < n; ++i) {
     if (rounds[i].empty()) continue;
-    std::sort(rounds[i].begin(), rounds[i].end());
-    const double ms = rounds[i][rounds[i].size() / 2];
+    const std::vector<double>& pool = all_samples[i] ? samples[i] : rounds[i];
+    const double ms = timing::percentile(pool, 0.5);
     ResultRecord rec = last[i];
     json d = rec.detail.empty() ? json::object() : json::parse(rec.detail, nullptr, false);
     if (!d.is_object()) d = json::object();
+    d.erase("ms_samples");
     d["sweep_ms_median"] = ranking[i].first;
-    d["retime"] = {{"order", "interleaved"}, {"rounds", rounds[i]}, {"finalists", n}};
+    d["retime"] = {{"order", "interleaved"}, {"rounds", rounds[i]}, {"finalists", n},
+                   {"pooled", all_samples[i] ? "repeats" : "round medians"}, {"samples", pool.size()}};
     if (worker_device >= 0) d["worker_device"] = worker_device;
     rec.detail = d.dump();
     rec.ms_median = ms;
+    rec.ms_p20 = timing::percentile(pool, 0.2);
+    rec.ms_p80 = timing::percentile(pool, 0.8);
+    if (all_samples[i]) rec.reps = (int)pool.size();
     rec.tflops = p.flops() / (ms * 1e-3) / 1e12;
     rec.gbps = p.bytes() / (ms * 1e-3) / 1e9;
     store.put_result(rec, gpu.device());
