@@ -1,0 +1,119 @@
+#include "tuner/cli/args.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <filesystem>
+
+#include "core/problem.hpp"
+#include "core/family.hpp"
+
+namespace flashtune::cli {
+
+bool plain_integer(const std::string& text, long long& v) {
+  const size_t digits = text.rfind('-', 0) == 0 ? 1 : 0;
+  if (text.size() == digits || text.find_first_not_of("0123456789", digits) != std::string::npos) return false;
+  errno = 0;
+  v = std::strtoll(text.c_str(), nullptr, 10);
+  return errno == 0;
+}
+
+Args parse(int argc, char** argv, const std::set<std::string>& valued, const std::set<std::string>& flags) {
+  Args a;
+  for (int i = 2; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.rfind("--", 0) != 0) {
+      a.positional.push_back(s);
+      continue;
+    }
+    std::string key = s.substr(2), value;
+    bool has_value = false;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+      has_value = true;
+    }
+    if (flags.count(key)) {
+      if (has_value) throw UsageError("--" + key + " takes no value");
+      a.opts[key] = "1";
+    } else if (valued.count(key)) {
+      if (!has_value) {
+        if (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0)  // "-o -o": not a file named --output
+          throw UsageError("--" + key + " needs a value");
+        value = argv[++i];
+      }
+      a.opts[key] = value;
+    } else {
+      throw UsageError("unknown option --" + brief(key));
+    }
+  }
+  return a;
+}
+
+bool wants_help(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return true;
+  return false;
+}
+
+RunOptions run_options(const Args& a) {
+  RunOptions o;
+  o.device = (int)a.get_int("device", 0, 0, 64);
+  o.timeout_s = a.get_double("timeout", 30);
+  o.seed = (unsigned long long)a.get_int("seed", (long long)o.seed, 0, (1ll << 62));
+  return o;
+}
+
+InputDist input_dist_option(const Args& a, const InputDist& base) {
+  if (!a.has("input-dist") && !a.has("input-scale")) return base;
+  double scale = base.scale;
+  if (a.has("input-scale")) {
+    const std::string v = a.get("input-scale");
+    char* end = nullptr;
+    scale = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end) throw UsageError("--input-scale must be a number, got '" + v + "'");
+  }
+  const std::string kind =
+      a.has("input-dist") ? a.get("input-dist") : (base.kind == InputDist::Kind::heavy ? "heavy" : "normal");
+  return make_input_dist(kind, scale);
+}
+
+std::string data_dir() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0) {
+    const std::filesystem::path installed = std::filesystem::path(std::string(buf, (size_t)n)).parent_path().parent_path() / "data";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(installed / "reports" / "make_report.py", ec)) return installed.string();
+  }
+  return FLASHTUNE_SOURCE_DIR;
+}
+
+void require_file(const std::string& path, const char* what) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) throw UsageError(std::string(what) + " '" + path + "' does not exist");
+}
+
+ResultFilter filter_from(const Args& a) {
+  ResultFilter f;
+  f.family = a.get("family");
+  f.device = a.get("device");
+  f.dtype = a.get("dtype");
+  if (!f.dtype.empty()) parse_dtype(f.dtype);
+  f.head_dim = (int)a.get_int("d", 0, 1, 1024);
+  f.causal = (int)a.get_int("causal", -1, 0, 1);
+  if (!f.family.empty()) find_family(f.family);
+  return f;
+}
+
+std::vector<char*> with_output_flag(int argc, char** argv) {
+  static std::string long_flag = "--output";
+  std::vector<char*> out(argv, argv + argc);
+  for (int i = 2; i < argc; ++i)
+    if (!std::strcmp(argv[i], "-o")) out[i] = long_flag.data();
+  return out;
+}
+
+}  // namespace flashtune::cli

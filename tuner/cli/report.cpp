@@ -1,0 +1,82 @@
+// flashtune report: REPORT.md, CSVs and plots from a store (reports/make_report.py).
+#include "tuner/cli/verbs.hpp"
+
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "core/family.hpp"
+#include "core/util.hpp"
+#include "results/store.hpp"
+#include "tuner/cli/args.hpp"
+
+extern char** environ;
+
+using nlohmann::json;
+
+namespace flashtune::cli {
+
+namespace {
+
+// Runs argv[0] (looked up in PATH) with these arguments, no shell in between; its exit status, or -1.
+int spawn_and_wait(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& x : args) argv.push_back(const_cast<char*>(x.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (int rc = posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ); rc != 0)
+    throw std::runtime_error("cannot start " + args[0] + ": " + std::strerror(rc));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+int cmd_report(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::puts("usage: flashtune report --db PATH [--out DIR]\n"
+              "       flashtune report --gpu SLUG [--reports DIR] [--out DIR]\n"
+              "Builds REPORT.md, its CSVs and PNG plots (matplotlib) from a store, opened read-only, and the\n"
+              "comparison CSVs beside it. Needs no GPU. --out defaults to the store's folder. --gpu SLUG is\n"
+              "short for --db DIR/SLUG/results.db, DIR defaulting to the source tree's reports/.");
+    return 0;
+  }
+  Args a = parse(argc, argv, {"db", "gpu", "reports", "out"}, {});
+  if (a.has("db") == a.has("gpu")) throw UsageError("report needs exactly one of --db PATH and --gpu SLUG");
+  std::string db = a.get("db");
+  if (a.has("gpu")) {
+    const std::string slug = a.get("gpu");
+    if (slug.empty() || slug.find('/') != std::string::npos || slug == "." || slug == "..")
+      throw UsageError("--gpu takes a folder name under reports/, got '" + brief(slug) + "'");
+    db = a.get("reports", std::string(FLASHTUNE_SOURCE_DIR) + "/reports") + "/" + slug + "/results.db";
+  }
+  { Store check(db, Store::Mode::read_only); }  // exists, is ours, is readable: one line and exit 2 if not
+  const std::string out = a.has("out") ? a.get("out") : std::filesystem::path(db).parent_path().string();
+  std::error_code ec;
+  std::filesystem::create_directories(out.empty() ? "." : out, ec);
+  if (ec || !std::filesystem::is_directory(out.empty() ? "." : out))
+    throw UsageError("--out '" + out + "' is not a folder that can be created");
+  {  // REPORT.md, *.csv and *.png are written into --out: never over the store
+    const std::filesystem::path name = std::filesystem::path(db).filename();
+    const std::string ext = name.extension().string();
+    if (same_file(std::filesystem::path(db).parent_path().empty() ? "." : std::filesystem::path(db).parent_path().string(),
+                  out.empty() ? "." : out) &&
+        (name == "REPORT.md" || ext == ".csv" || ext == ".png"))
+      throw UsageError("report writes REPORT.md, *.csv and *.png into --out: it would overwrite the store '" + db + "'");
+  }
+  // An argv, never a shell string: the paths and slugs stay data.
+  std::vector<std::string> args = {"python3", data_dir() + "/reports/make_report.py", "--db", db,
+                                    "--out", out.empty() ? "." : out};
+  for (const auto& f : families())
+    if (!f.test_only) args.push_back("--default=" + f.name + ":" + f.config_string(f.default_config));
+  return spawn_and_wait(args) == 0 ? 0 : 1;
+}
+
+}  // namespace flashtune::cli
