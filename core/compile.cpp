@@ -46,6 +46,19 @@ Resources parse_ptxas_log(const std::string& log) {
   return r;
 }
 
+std::map<std::string, Resources> parse_ptxas_entries(const std::string& log) {
+  static const std::string marker = "Compiling entry function '";
+  std::map<std::string, Resources> out;
+  for (size_t at = log.find(marker); at != std::string::npos;) {
+    const size_t name0 = at + marker.size(), name1 = log.find('\'', name0);
+    if (name1 == std::string::npos) break;
+    const size_t next = log.find(marker, name1);
+    out[log.substr(name0, name1 - name0)] = parse_ptxas_log(log.substr(name1, next == std::string::npos ? next : next - name1));
+    at = next;
+  }
+  return out;
+}
+
 Compiler::Compiler(std::string arch) : arch_(std::move(arch)) {
   arch_limits(arch_);  // validates the name
   std::string all;
@@ -131,11 +144,6 @@ KernelRecord Compiler::compile(const Variant& v) const {
     return k;
   }
   const ArchLimits lim = arch_limits(arch_);
-  unsigned max_smem = 0, max_threads = 0;  // the most demanding of the family's kernels
-  for (const Launch& l : f.launches(v.config, shape_free_probe(v))) {
-    max_smem = std::max(max_smem, l.smem_bytes);
-    max_threads = std::max(max_threads, l.threads);
-  }
 
   auto t0 = std::chrono::steady_clock::now();
   std::vector<const char*> header_src, header_names;
@@ -184,13 +192,30 @@ KernelRecord Compiler::compile(const Variant& v) const {
     k.status = "pruned";
     k.reason = "spills: " + std::to_string(k.res.stack_bytes) + " B stack, " + std::to_string(k.res.spill_stores) +
                " B spill stores, " + std::to_string(k.res.spill_loads) + " B spill loads";
-  } else if ((long long)k.res.registers * max_threads > lim.registers_per_sm) {
-    k.status = "pruned";
-    k.reason = std::to_string(k.res.registers) + " registers x " + std::to_string(max_threads) +
-               " threads exceed the register file";
-  } else if ((int)(max_smem + k.res.smem_static) > lim.max_smem_per_block) {
-    k.status = "pruned";
-    k.reason = "static + dynamic shared memory exceeds the limit";
+  } else {
+    // Each kernel against its own launch: its registers times its threads, its static shared memory plus its
+    // dynamic (a kernel's static buffer is not another kernel's). A name the log lacks gets the worst of all.
+    const auto entries = parse_ptxas_entries(k.log);
+    const auto launches = f.launches(v.config, shape_free_probe(v));
+    std::vector<std::string> names;
+    for (size_t a = 0, b; a <= k.lowered_name.size(); a = b + 1) {
+      b = k.lowered_name.find('\n', a);
+      if (b == std::string::npos) b = k.lowered_name.size();
+      names.push_back(k.lowered_name.substr(a, b - a));
+    }
+    for (size_t i = 0; i < launches.size() && k.status == "compiled"; ++i) {
+      const auto e = i < names.size() ? entries.find(names[i]) : entries.end();
+      const Resources& r = e != entries.end() ? e->second : k.res;
+      const std::string kernel = i < f.kernels.size() ? f.kernels[i] : "kernel " + std::to_string(i);
+      if ((long long)r.registers * launches[i].threads > lim.registers_per_sm) {
+        k.status = "pruned";
+        k.reason = kernel + ": " + std::to_string(r.registers) + " registers x " + std::to_string(launches[i].threads) +
+                   " threads exceed the register file";
+      } else if ((long long)launches[i].smem_bytes + r.smem_static > lim.max_smem_per_block) {
+        k.status = "pruned";
+        k.reason = kernel + ": static + dynamic shared memory exceeds the limit";
+      }
+    }
   }
   if (k.status != "compiled") k.cubin.clear();
   return k;

@@ -2,6 +2,7 @@
 // arch, with its resource usage, or a pruned/compile_error record with the reason.
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,9 @@ class Compiler {
   std::string source_hash_;  // of every embedded template
 };
 
-// "ptxas info : Used 64 registers ..." -> Resources
+// "ptxas info : Used 64 registers ..." -> Resources (the worst of every entry function in the log)
 Resources parse_ptxas_log(const std::string& log);
+// The same per entry function, by its lowered (mangled) name ("Compiling entry function '<name>'").
+std::map<std::string, Resources> parse_ptxas_entries(const std::string& log);
 
 }  // namespace flashtune

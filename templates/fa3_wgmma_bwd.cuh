@@ -7,17 +7,20 @@
 //   fa3_wgmma_bwd_dkdv<T>        per (key block, kv head, batch): dK, dV; dq_accum += dS K
 //   fa3_wgmma_bwd_convert<T>     dQ = 16-bit(scale dq_accum)
 // Workspace (p.workspace, fa3_bwd_workspace_bytes): lse2 [B H][R], delta [B H][R], dq_accum [B H][R][D]
-// fp32, turns [B H][R / BLOCK_M] int32, R = seq_q rounded up to BLOCK_M; dq_accum's rows hold their 16-byte pieces swizzled by row (piece c of
-// row r at c ^ 2 (r % 4), dq_swizzle), as the consumers stage them, and the convert undoes it.
+// fp32, turns [B H][R / BLOCK_M] int32, R = seq_q rounded up to BLOCK_M. A query block's BM x D floats of dq_accum
+// are the image of the dQ staging tile: its wgmma chains (64 rows x DQ_CHUNK columns each, row tiles first) one
+// after the other, each in the accumulators' register order (DqLayout); the convert maps them back to rows.
 //
 // The dK/dV CTA (tensor maps: Q box [BM][W], K and V [BN][W], dO [BM][W]; W = the swizzle's columns):
 //   warp 0 (producer)   one thread: K and V of the block once (kv_full), then per step Q, dO (TMA) and lse2,
 //                       delta (bulk copies) into ring slot t % STAGES (q_full), once the consumers released
 //                       the slot's previous step (q_empty)
-//   warps 1 .. DQ_STAGES (dQ writers) writer b owns staging tile b and the steps t = b mod DQ_STAGES: waits
-//                       for the consumers' dQ tile (named barrier dq_full(b)), adds it into dq_accum with one
-//                       cp.reduce.async.bulk, frees the tile once read (dq_empty(b)); with two tiles the
-//                       consumers stage step t + 1 while step t's add is under way.
+//   warps 1 .. DQ_STAGES (dQ writers) writer b owns staging tile b and the steps t = b mod DQ_STAGES. The tile
+//                       holds one piece per consumer warpgroup (FlashAttention-3's per-warpgroup dQ; one piece
+//                       under DQ_TURNS): for each piece in turn the writer waits for its consumer (named barrier
+//                       dq_full(b, piece)) and adds it into dq_accum with one cp.reduce.async.bulk, then frees
+//                       each piece once read (dq_empty(b, piece)), so a consumer waits for its own piece only;
+//                       with two tiles the consumers stage step t + 1 while step t's adds are under way.
 //                       DETERMINISTIC: waits for the query block's turn counter to read its key block's
 //                       turn, adds, waits for the add to complete and passes the turn on; key block j
 //                       adds to every query block it sees iff blocks 0 .. j - 1 do (the first visible query
@@ -31,7 +34,8 @@
 //     dV  += P^T dO         RS, dO MN-major, m64 x D, k = BM
 //     dK  += dS^T Q         RS, Q MN-major
 //     dS^T -> shared memory (its own tile of two, by step parity); named barrier kDsReady
-//     dQ_piece = dS K       SS, dS M-major (interleaved tile), K MN-major; staged in fp32 for the writer
+//     dQ_piece = dS K       SS, dS M-major (interleaved tile), K MN-major; staged in fp32 (register order)
+//                           in the warpgroup's own piece of the staging tile for the writer
 //   DQ_OVERLAP 0 issues dV and dK together and the dQ chains once both are done; 1 issues dV, then (after
 //   the barrier) the one dQ chain and dK together, and stages dQ while dK runs.
 //   DQ_TURNS 1 (two consumers): step t's whole dQ is consumer t % 2's, which alone waits for the other's dS^T;
@@ -54,13 +58,24 @@ namespace flashtune {
 namespace fa3_bwd_detail {
 
 // Named barriers (0 is __syncthreads).
+// The dQ barriers are per staging tile b and piece (one per consumer warpgroup; one under DQ_TURNS), each
+// between the piece's warpgroup and the tile's writer warp (kDqBarThreads).
 enum NamedBarrier : int {
   kDsReady = 1,  // every consumer's dS^T rows are in shared memory (consumers)
-  kDqEmpty = 2,  // + b: dQ staging tile b was read by the copy engine (its writer arrives, consumers wait)
-  kDqFull = 4,   // + b: the consumers' dQ pieces are staged in tile b (consumers arrive, its writer waits)
+  kDqEmpty = 2,  // + b pieces + piece: the piece was read by the copy engine (its writer arrives, its consumer waits)
+  kDqFull = 8,   // + b pieces + piece: the piece is staged (its consumer arrives, the writer waits)
+  kBarrierEnd = 14,
 };
-__device__ __forceinline__ int dq_empty(int b) { return kDqEmpty + b; }
-__device__ __forceinline__ int dq_full(int b) { return kDqFull + b; }
+constexpr int kDqBarThreads = 128 + 32;
+template <class T>
+__device__ __forceinline__ int dq_empty(int b, int piece) {
+  static_assert(2 * 3 <= kDqFull - kDqEmpty && kDqFull + 2 * 3 <= kBarrierEnd && kBarrierEnd <= 16, "16 named barriers");
+  return kDqEmpty + b * T::kDqPieces + piece;
+}
+template <class T>
+__device__ __forceinline__ int dq_full(int b, int piece) {
+  return kDqFull + b * T::kDqPieces + piece;
+}
 
 // Shared memory regions, byte offsets from the 1024-byte aligned base.
 template <class T>
@@ -86,7 +101,9 @@ struct Smem {
   __device__ unsigned q(int s) const { return base + kQ + static_cast<unsigned>(s * T::kQBytes); }
   __device__ unsigned dout(int s) const { return base + kDo + static_cast<unsigned>(s * T::kQBytes); }
   __device__ unsigned ds(int i) const { return base + kDs + static_cast<unsigned>(i * T::kDsBytes); }
-  __device__ unsigned dq(int b) const { return base + kDq + static_cast<unsigned>(b * T::kDqBytes); }
+  __device__ unsigned dq(int b, int piece) const {
+    return base + kDq + static_cast<unsigned>(b * T::kDqBytes + piece * T::kDqPieceBytes);
+  }
   __device__ float* dq_ptr(int b) const { return reinterpret_cast<float*>(ptr + kDq + b * T::kDqBytes); }
   __device__ unsigned lse(int s) const { return base + kLse + static_cast<unsigned>(s * T::kStatBytes); }
   __device__ unsigned delta(int s) const { return base + kDelta + static_cast<unsigned>(s * T::kStatBytes); }
@@ -221,33 +238,53 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
   }
 }
 
-// dQ writer b: the staged tile of each step t = b mod DQ_STAGES added into dq_accum by one bulk reduce-add
-// (DETERMINISTIC: in its turn, see the file's head).
+// Until at most `pending` of the writer's bulk groups are outstanding (.read: their sources reusable).
+__device__ __forceinline__ void bulk_wait_read_upto(int pending) {
+  if (pending >= 2) bulk_wait_read<2>();
+  else if (pending == 1) bulk_wait_read<1>();
+  else bulk_wait_read<0>();
+}
+
+// dQ writer b: each step t = b mod DQ_STAGES, every piece of staging tile b added into the query block's
+// dq_accum by one bulk reduce-add as soon as its warpgroup staged it (the piece's floats are contiguous in
+// both, DqLayout), then each piece freed once read (DETERMINISTIC: the adds in the block's turn and complete
+// before it is passed on, see the file's head).
 template <class T>
 __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams& p, const Work& w, const Steps& st,
                                          const Workspace& ws, int b, int lane) {
-  constexpr int BM = T::kBlockM, D = T::kHeadDim, N = T::kDqThreads + 32, S = T::kDqStages;
+  constexpr int BM = T::kBlockM, D = T::kHeadDim, S = T::kDqStages, P = T::kDqPieces;
   const int key_block = w.n0 / T::kBlockN;
   for (int t = b; t < st.count; t += S) {
-    named_bar_sync(dq_full(b), N);
+    long long row = 0;
+    int* turn = nullptr;
     if (lane == 0) {
       int hq, mb;
       st.at(t, hq, mb);
-      const long long row = (static_cast<long long>(w.batch) * p.heads + hq) * ws.rows + mb * BM;
-      int* turn = ws.turn<T>(w.batch, p.heads, hq, mb);
+      row = (static_cast<long long>(w.batch) * p.heads + hq) * ws.rows + mb * BM;
+      turn = ws.turn<T>(w.batch, p.heads, hq, mb);
       if constexpr (T::kDeterministic)
         turn_wait(turn, fa3_bwd_turn(T::kDeterministicOrder, key_block, mb, BM, T::kBlockN, p.seq_q, p.seq_k));
-      bulk_reduce_add_f32(ws.dq_accum + row * D, sm.dq(b), T::kDqBytes);
-      bulk_commit();
-      if constexpr (T::kDeterministic) {
-        bulk_wait<0>();  // the add is complete (and so the tile read) before the next key block's
-        turn_pass(turn);
-      } else {
-        bulk_wait_read<0>();
+    }
+#pragma unroll
+    for (int piece = 0; piece < P; ++piece) {
+      named_bar_sync(dq_full<T>(b, piece), kDqBarThreads);
+      if (lane == 0) {
+        bulk_reduce_add_f32(ws.dq_accum + row * D + piece * (T::kDqPieceBytes / 4), sm.dq(b, piece), T::kDqPieceBytes);
+        bulk_commit();
       }
     }
-    __syncwarp();
-    if (t + S < st.count) named_bar_arrive(dq_empty(b), N);
+    if constexpr (T::kDeterministic) {
+      if (lane == 0) {
+        bulk_wait<0>();  // the adds are complete (and so the tile read) before the next key block's
+        turn_pass(turn);
+      }
+    }
+#pragma unroll
+    for (int piece = 0; piece < P; ++piece) {
+      if (!T::kDeterministic && lane == 0) bulk_wait_read_upto(P - 1 - piece);  // this piece's add has read it
+      __syncwarp();
+      if (t + S < st.count) named_bar_arrive(dq_empty<T>(b, piece), kDqBarThreads);
+    }
   }
   if (lane == 0) bulk_wait<0>();
 }
@@ -355,23 +392,27 @@ __device__ __forceinline__ void gemm_dq(float (&acc)[T::kDqChunk / 2], unsigned 
                                            desc_advance(db0, static_cast<unsigned>(16 * SW * ks)), ks > 0);
 }
 
-// The fp32 staging tile [BM][D] (and so dq_accum) holds the 16-byte piece c of row r at c ^ dq_swizzle(r): a
-// half-warp's 8-byte stores from the C layout (rows g = 0..3, two pieces each) then cover all 32 banks once.
-// (c ^ (r % 8) left them on 16 banks: two wavefronts per store, the dQ stores' share of the stall samples 9%.)
-__device__ __forceinline__ int dq_swizzle(int r) { return 2 * (r & 3); }
-
-// A dQ chunk's accumulators into the fp32 staging tile [BM][D] (rows row, row + 8: the same swizzle).
+// The dQ staging tile (and a query block's dq_accum floats), fa3_bwd_dq_place: chain q = row tile x (D / DQ_CHUNK)
+// + column chunk at q 64 DQ_CHUNK floats, each in the accumulators' register order: float4 j 128 + thread holds
+// the thread's acc[4 j .. 4 j + 3], rows 16 warp + g and + 8 at columns 8 j + 2 tig, + 1. A warp stores 512 contiguous bytes
+// per float4 (conflict free, one instruction per 8 columns), a piece (its warpgroup's chains, in order) is one
+// contiguous run for the bulk add, and the convert reads float4s in order.
 template <class T>
-__device__ __forceinline__ void stage_dq(float* tile, const float (&acc)[T::kDqChunk / 2], int row, int col0, int g,
-                                         int tig) {
-  constexpr int D = T::kHeadDim;
+struct DqLayout {
+  static constexpr int kChainFloats = 64 * T::kDqChunk;
+  static constexpr int kChainsPerRowTile = T::kHeadDim / T::kDqChunk;
+  __device__ static int chain(int row_tile, int col0) { return row_tile * kChainsPerRowTile + col0 / T::kDqChunk; }
+  // Where float4 f of a query block's floats lands in the block: row and first column of its two pairs
+  // (the second pair is row + 8, the same columns).
+  __device__ static void place(int f, int& row, int& col) { fa3_bwd_dq_place(f, T::kHeadDim, T::kDqChunk, row, col); }
+};
+
+// A dQ chain's accumulators into the staging tile (tid: the thread's index in its warpgroup).
+template <class T>
+__device__ __forceinline__ void stage_dq(float* tile, const float (&acc)[T::kDqChunk / 2], int chain, int tid) {
+  float4* dst = reinterpret_cast<float4*>(tile + chain * DqLayout<T>::kChainFloats) + tid;
 #pragma unroll
-  for (int j = 0; j < T::kDqChunk / 8; ++j) {
-    const int col = col0 + 8 * j + 2 * tig;
-    const int at = 4 * ((col >> 2) ^ dq_swizzle(g)) + (col & 3);
-    *reinterpret_cast<float2*>(tile + row * D + at) = make_float2(acc[4 * j], acc[4 * j + 1]);
-    *reinterpret_cast<float2*>(tile + (row + 8) * D + at) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
-  }
+  for (int j = 0; j < T::kDqChunk / 8; ++j) dst[128 * j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
 }
 
 // Rows of a 64 x D accumulator tile (this thread's rows row0, row0 + 8) times mul into a (seq, D) matrix.
@@ -446,13 +487,13 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     // Step t's dQ: a piece from every consumer, or (DQ_TURNS) all of it from consumer t % 2, which alone waits for
     // the other's dS^T rows; the other goes on to step t + 1.
     const bool mine = !T::kDqTurns || t % T::kConsumers == c;
-    constexpr int NW = T::kDqThreads + 32;  // the dQ barriers: its consumers and the writer warp
+    const int my_piece = T::kDqTurns ? 0 : c;  // this warpgroup's piece of the staging tile (and its barriers)
     if (mine) named_bar_sync(kDsReady, NQ);  // every warpgroup's dS^T rows
     else named_bar_arrive(kDsReady, NQ);
 
     const int b = t % T::kDqStages;  // the step's staging tile (and writer)
     const bool reuse = t >= T::kDqStages;  // the tile held step t - DQ_STAGES's dQ: wait until it was read
-    float* tile = sm.dq_ptr(b);
+    float* tile = sm.dq_ptr(b);  // chains placed by DqLayout: the warpgroup's own ones form its piece
     if constexpr (T::kDqOverlap) {
       // DQ_OVERLAP 1, one dQ chain: issued before dK += dS^T Q, so that it is staged while dK runs.
       float dq[T::kDqChunk / 2];
@@ -468,8 +509,8 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
         wgmma_fence_regs(dq);
         wgmma_fence_regs(dv);
         fence_frags(pa);
-        if (reuse) named_bar_sync(dq_empty(b), NW);  // the writer has read the tile's previous step
-        stage_dq<T>(tile, dq, 64 * piece.row_tile0 + wrow + g, piece.col0, g, tig);
+        if (reuse) named_bar_sync(dq_empty<T>(b, my_piece), kDqBarThreads);  // the piece's previous step was read
+        stage_dq<T>(tile, dq, DqLayout<T>::chain(piece.row_tile0, piece.col0), tid);
       }
       wgmma_wait<0>();  // dK
       wgmma_fence_regs(dk);
@@ -477,7 +518,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
       fence_frags(pa);
       fence_frags(dsa);
     } else {  // DQ_OVERLAP 0: dV and dK done first, then the dQ chains one by one
-      if (mine && reuse) named_bar_sync(dq_empty(b), NW);
+      if (mine && reuse) named_bar_sync(dq_empty<T>(b, my_piece), kDqBarThreads);
       wgmma_wait<0>();  // dV, dK: the fragments are free
       fence_frags(pa);
       fence_frags(dsa);
@@ -495,7 +536,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_fence_regs(dq);
-            stage_dq<T>(tile, dq, 64 * rt + wrow + g, piece.col0 + c0, g, tig);
+            stage_dq<T>(tile, dq, DqLayout<T>::chain(rt, piece.col0 + c0), tid);
           }
         }
       }
@@ -503,7 +544,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     if (lane == 0) mbar_arrive(sm.q_empty(s));  // Q, dO, lse2, delta of this slot read
     if (mine) {
       fence_proxy_async();  // the staged dQ, before the copy engine reads it
-      named_bar_arrive(dq_full(b), NW);
+      named_bar_arrive(dq_full<T>(b, my_piece), kDqBarThreads);
     }
   }
 
@@ -598,29 +639,37 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   det::consume<T>(sm, p, w, st, wg - 1, static_cast<int>(threadIdx.x) - 128 * wg);
 }
 
-// dQ = 16-bit(scale dq_accum) for rows < seq_q (the pieces unswizzled): 8 lanes per row, 32 rows per CTA.
+// dQ = 16-bit(scale dq_accum) for rows < seq_q: one CTA per query block (x), head (y) and batch (z). The
+// block's float4s are read in order (coalesced; DqLayout places them) into a 16-bit row-major tile in shared
+// memory (rows padded by 16 bytes: a warp's pairs land on 32 banks), which is then written out 16 bytes a thread.
+// (Written straight from the staging order, the 4-byte pairs left half of each 32-byte sector per store: the
+// kernel took twice as long, 130 us against 66 at d 64, S 1k.)
 template <class Traits>
 __global__ void __launch_bounds__(kFa3BwdRowThreads) fa3_wgmma_bwd_convert(const AttnBwdParams p) {
   using T = Traits;
-  constexpr int D = T::kHeadDim;
+  using L = fa3_bwd_detail::DqLayout<T>;
+  constexpr int D = T::kHeadDim, BM = T::kBlockM, PITCH = D + 8;  // 16-bit elements per shared row
+  __shared__ __align__(16) unsigned short tile[BM * PITCH];
   const fa3_bwd_detail::Workspace ws = fa3_bwd_detail::Workspace::of<T>(p);
-  const int lane = threadIdx.x % 8;
-  const int row = blockIdx.x * kFa3BwdRowsPerCta + threadIdx.x / 8;
-  if (row >= p.seq_q) return;
   const long long bh = static_cast<long long>(blockIdx.z) * p.heads + blockIdx.y;
-  const float* src = ws.dq_accum + (bh * ws.rows + row) * D;
-  unsigned short* dst = static_cast<unsigned short*>(p.dq) + (bh * p.seq_q + row) * D;
+  const int m0 = static_cast<int>(blockIdx.x) * BM;
+  const float4* src = reinterpret_cast<const float4*>(ws.dq_accum + (bh * ws.rows + m0) * D);
   const float scale = p.scale;
-  const int sw = fa3_bwd_detail::dq_swizzle(row);  // even: pieces 2c, 2c + 1 stay adjacent
-  for (int c = lane; c < D / 8; c += 8) {  // 8 columns: logical pieces 2c, 2c + 1
-    const float4 a = *reinterpret_cast<const float4*>(src + 4 * ((2 * c) ^ sw));
-    const float4 b = *reinterpret_cast<const float4*>(src + 4 * ((2 * c + 1) ^ sw));
-    uint4 out;
-    out.x = pack_half2<T::kDtype>(a.x * scale, a.y * scale);
-    out.y = pack_half2<T::kDtype>(a.z * scale, a.w * scale);
-    out.z = pack_half2<T::kDtype>(b.x * scale, b.y * scale);
-    out.w = pack_half2<T::kDtype>(b.z * scale, b.w * scale);
-    *reinterpret_cast<uint4*>(dst + 8 * c) = out;
+#pragma unroll 4
+  for (int f = threadIdx.x; f < BM * D / 4; f += kFa3BwdRowThreads) {
+    int row, col;
+    L::place(f, row, col);
+    const float4 a = src[f];
+    *reinterpret_cast<unsigned*>(tile + row * PITCH + col) = pack_half2<T::kDtype>(a.x * scale, a.y * scale);
+    *reinterpret_cast<unsigned*>(tile + (row + 8) * PITCH + col) = pack_half2<T::kDtype>(a.z * scale, a.w * scale);
+  }
+  __syncthreads();
+  const int rows = p.seq_q - m0;  // rows of this block that exist
+  unsigned short* dst = static_cast<unsigned short*>(p.dq) + (bh * p.seq_q + m0) * D;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < BM * D / 8; i += kFa3BwdRowThreads) {
+    const int row = i / (D / 8), c8 = 8 * (i % (D / 8));
+    if (row < rows) *reinterpret_cast<uint4*>(dst + row * D + c8) = *reinterpret_cast<const uint4*>(tile + row * PITCH + c8);
   }
 }
 

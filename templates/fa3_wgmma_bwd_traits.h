@@ -59,9 +59,21 @@ FT_HD constexpr int fa3_bwd_dq_chunk(int D, int BM, int CONSUMERS, int TURNS = 0
   return fa3_bwd_dq_cols(D, BM, CONSUMERS, TURNS) % 64 == 0 ? 64 : 32;
 }
 
+// The dQ staging tile's order (and so a query block's dq_accum floats): chain q = row tile x (D / CHUNK) +
+// column chunk at q 64 CHUNK floats, each in the wgmma accumulators' register order: float4 j 128 + thread
+// (thread = 32 warp + lane of the warpgroup) holds rows 16 warp + lane / 4 and + 8 at columns
+// 8 j + 2 (lane % 4), + 1. Where float4 f lands: the row and first column of its first pair.
+FT_HD constexpr void fa3_bwd_dq_place(int f, int D, int CHUNK, int& row, int& col) {
+  const int per_chain = 16 * CHUNK, chains_per_row_tile = D / CHUNK;  // float4s per chain
+  const int q = f / per_chain, k = f % per_chain, j = k / 128, thread = k % 128, lane = thread % 32;
+  row = 64 * (q / chains_per_row_tile) + 16 * (thread / 32) + lane / 4;
+  col = (q % chains_per_row_tile) * CHUNK + 8 * j + 2 * (lane % 4);
+}
+
 // Shared memory, from a 1024-byte aligned base (+ 1024 bytes of slack):
 //   K, V [BN][D] | STAGES x (Q, dO [BM][D]) (16-bit, swizzled) | 2 x dS^T [BN][BM] (16-bit, interleaved core
-//   matrices) | DQ_STAGES x dQ [BM][D] fp32 (16-byte pieces swizzled by row) | STAGES x (lse, delta [BM] fp32) |
+//   matrices) | DQ_STAGES x dQ [BM x D] fp32 (a piece per consumer warpgroup, the accumulators' register order) |
+//   STAGES x (lse, delta [BM] fp32) |
 //   mbarriers
 FT_HD constexpr int fa3_bwd_barriers(int STAGES) { return 1 + 2 * STAGES; }  // kv_full, STAGES x (q_full, q_empty)
 FT_HD constexpr int fa3_bwd_smem_bytes(int D, int BM, int CONSUMERS, int STAGES, int DQ_STAGES = 1) {
@@ -76,16 +88,16 @@ FT_HD constexpr long long fa3_bwd_workspace_bytes(int batch, int heads, int seq_
 }
 
 // ---- grids ----
-// Preprocess and convert: 32 rows per CTA of 256 threads (8 lanes per row), y = heads, z = batch; the
-// preprocess covers the padded rows.
+// Preprocess: 32 rows per CTA of 256 threads (8 lanes per row), y = heads, z = batch, over the padded rows.
 constexpr int kFa3BwdRowThreads = 256;
 constexpr int kFa3BwdRowsPerCta = 32;
 FT_HD constexpr GridDims fa3_bwd_preprocess_grid(int batch, int heads, int seq_q, int BM) {
   return GridDims{fa3_bwd_padded_rows(seq_q, BM) / kFa3BwdRowsPerCta + (fa3_bwd_padded_rows(seq_q, BM) % kFa3BwdRowsPerCta != 0),
                   heads, batch};
 }
-FT_HD constexpr GridDims fa3_bwd_convert_grid(int batch, int heads, int seq_q) {
-  return GridDims{ceil_div(seq_q > 0 ? seq_q : 1, kFa3BwdRowsPerCta), heads, batch};
+// Convert: one CTA of 256 threads per query block (its dq_accum floats in the staging order), y = heads, z = batch.
+FT_HD constexpr GridDims fa3_bwd_convert_grid(int batch, int heads, int seq_q, int BM) {
+  return GridDims{ceil_div(seq_q > 0 ? seq_q : 1, BM), heads, batch};
 }
 // dK/dV: one CTA per (key block, kv head, batch). SCHED 0: x = key blocks, y = kv heads, z = batch.
 // SCHED 1: x = kv heads x batch, y = key blocks, so that the grid's first CTAs are every pair's first key
@@ -210,7 +222,10 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kDqColPieces = fa3_bwd_dq_col_pieces(BLOCK_M, CONSUMERS, DQ_TURNS);
   static constexpr int kDqCols = fa3_bwd_dq_cols(D, BLOCK_M, CONSUMERS, DQ_TURNS);
   static constexpr int kDqChunk = fa3_bwd_dq_chunk(D, BLOCK_M, CONSUMERS, DQ_TURNS);
-  static constexpr int kDqThreads = DQ_TURNS ? 128 : 128 * CONSUMERS;  // threads that stage each step's dQ
+  // The staging tile's pieces: one per consumer warpgroup (FlashAttention-3's per-warpgroup dQ), one under DQ_TURNS;
+  // each staged by one warpgroup, added by its own bulk reduce and freed apart.
+  static constexpr int kDqPieces = DQ_TURNS ? 1 : CONSUMERS;
+  static constexpr int kDqPieceBytes = kDqBytes / kDqPieces;
   static constexpr int kSmemBytes = fa3_bwd_smem_bytes(D, BLOCK_M, CONSUMERS, STAGES, DQ_STAGES);
 };
 

@@ -1070,15 +1070,56 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   // Workspace: lse2, delta and dq_accum over rows padded to whole query blocks, then a turn counter per block.
   EXPECT_EQ(fa3_bwd_padded_rows(100, 64), 128);
   EXPECT_EQ(fa3_bwd_workspace_bytes(2, 3, 100, 64, 64), 2LL * 3 * 128 * (8 + 4 * 64) + 2LL * 3 * 2 * 4);
-  // Grids: the preprocess over padded rows, the convert over rows, dK/dV by key block (SCHED 1: pairs first).
-  const GridDims pre = fa3_bwd_preprocess_grid(2, 3, 100, 64), cv = fa3_bwd_convert_grid(2, 3, 100);
+  // Grids: the preprocess over padded rows, the convert over query blocks, dK/dV by key block (SCHED 1: pairs first).
+  const GridDims pre = fa3_bwd_preprocess_grid(2, 3, 100, 64), cv = fa3_bwd_convert_grid(2, 3, 100, 64);
   EXPECT_EQ(pre.x, 4); EXPECT_EQ(pre.y, 3); EXPECT_EQ(pre.z, 2);
-  EXPECT_EQ(cv.x, 4); EXPECT_EQ(cv.y, 3); EXPECT_EQ(cv.z, 2);
+  EXPECT_EQ(cv.x, 2); EXPECT_EQ(cv.y, 3); EXPECT_EQ(cv.z, 2);
   const GridDims g0 = fa3_bwd_dkdv_grid(2, 4, 1000, 2, 0), g1 = fa3_bwd_dkdv_grid(2, 4, 1000, 2, 1),
                  g2 = fa3_bwd_dkdv_grid(2, 4, 1000, 2, 2);
   EXPECT_EQ(g0.x, 8); EXPECT_EQ(g0.y, 4); EXPECT_EQ(g0.z, 2);
   EXPECT_EQ(g1.x, 8); EXPECT_EQ(g1.y, 8); EXPECT_EQ(g1.z, 1);
   EXPECT_EQ(g2.x, g0.x); EXPECT_EQ(g2.y, g0.y); EXPECT_EQ(g2.z, g0.z);
+}
+
+// The dQ staging order (fa3_bwd_dq_place): every element of a query block's BM x D tile once, and each
+// consumer's piece (kDqPieceBytes from piece x kDqPieceBytes) exactly the rows and columns it computes, so
+// that one bulk add per piece lands it and the convert maps it back.
+template <class T>
+void expect_dq_layout_covers_pieces() {
+  constexpr int BM = T::kBlockM, D = T::kHeadDim, P = T::kDqPieces, per_piece = BM * D / 4 / P;
+  std::vector<int> seen(BM * D, -1);
+  for (int f = 0; f < BM * D / 4; ++f) {
+    int row, col;
+    fa3_bwd_dq_place(f, D, T::kDqChunk, row, col);
+    ASSERT_TRUE(row >= 0 && row + 8 < BM && col >= 0 && col + 1 < D) << f;
+    for (int e = 0; e < 4; ++e) {
+      const int at = (row + 8 * (e >> 1)) * D + col + (e & 1);
+      EXPECT_EQ(seen[at], -1) << "element " << at << " placed twice";
+      seen[at] = f / per_piece;
+    }
+  }
+  for (int c = 0; c < P; ++c) {  // the piece of consumer c (dq_piece): row tiles, or one row tile's columns
+    const int row0 = T::kDqTurns ? 0 : 64 * (c / T::kDqColPieces) * (BM / 64 > P ? BM / 64 / P : 1),
+              rows = T::kDqTurns ? BM : BM / 64 > P ? BM / P : 64,
+              col0 = T::kDqTurns ? 0 : (c % T::kDqColPieces) * T::kDqCols, cols = T::kDqCols;
+    for (int r = 0; r < BM; ++r)
+      for (int x = 0; x < D; ++x) {
+        const bool mine = r >= row0 && r < row0 + rows && x >= col0 && x < col0 + cols;
+        if (mine) EXPECT_EQ(seen[r * D + x], c) << "row " << r << " col " << x;
+      }
+  }
+}
+
+TEST(Family, Fa3BwdDqLayoutCoversPieces) {
+  expect_dq_layout_covers_pieces<Fa3WgmmaBwdTraits<64, 128, 2, 2, 0, 1, 0, 0, 1, 1, true>>();   // 2 row tiles
+  expect_dq_layout_covers_pieces<Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 2, 1, false>>();  // 2 column halves
+  expect_dq_layout_covers_pieces<Fa3WgmmaBwdTraits<64, 64, 1, 2, 0, 0, 0, 0, 1, 0, false>>();   // one row tile
+  expect_dq_layout_covers_pieces<Fa3WgmmaBwdTraits<64, 128, 2, 2, 0, 0, 1, 0, 1, 1, true>>();   // DQ_TURNS: one
+  expect_dq_layout_covers_pieces<Fa3WgmmaBwdTraits<96, 64, 1, 2, 0, 0, 0, 0, 1, 0, false>>();   // d 96, 32-col chunks
+  expect_dq_layout_covers_pieces<Fa3WgmmaBwdTraits<64, 128, 1, 2, 0, 0, 0, 0, 1, 1, false>>();  // one consumer
+  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 2, 1, false>::kDqPieces), 2);
+  EXPECT_EQ((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 2, 1, false>::kDqPieceBytes), 4 * 64 * 128 / 2);
+  EXPECT_EQ((Fa3WgmmaBwdTraits<64, 128, 2, 2, 0, 0, 1, 0, 1, 1, false>::kDqPieces), 1);
 }
 
 // The family: Hopper only, GQA, dense only; its maps Q, K, V and dO (query-side geometry, the backward's dO
@@ -1124,7 +1165,7 @@ TEST(Family, Fa3BwdFamilyMapsAndLaunches) {
   EXPECT_EQ(ls[1].smem_bytes, (unsigned)fa3_bwd_smem_bytes(128, 64, 2, 2));
   EXPECT_EQ(ls[1].grid[0], 5u);  // ceil(517 / 128) key blocks
   EXPECT_EQ(ls[1].grid[1], 2u);  // kv heads
-  EXPECT_EQ(ls[2].grid[0], 11u);  // ceil(333 / 32) rows
+  EXPECT_EQ(ls[2].grid[0], 6u);  // ceil(333 / 64) query blocks
   EXPECT_EQ(f.workspace_bytes(c, p), (size_t)fa3_bwd_workspace_bytes(2, 8, 333, 128, 64));
   // d 96: 64-byte swizzle, 32 columns; two consumers would split dQ into 48-column pieces.
   p.head_dim = 96;

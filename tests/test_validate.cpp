@@ -107,6 +107,24 @@ TEST(Compile, MultiKernelLogReportsTheWorst) {
   EXPECT_EQ(r.smem_static, 1024);
 }
 
+// Per entry function, so that one kernel's static buffer is not charged to another kernel's launch.
+TEST(Compile, ParsesPtxasLogPerEntry) {
+  const char* log =
+      "ptxas info    : Compiling entry function '_Z4conv' for 'sm_90a'\n"
+      "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 32 registers, used 1 barriers, 18432 bytes smem\n"
+      "ptxas info    : Compiling entry function '_Z4main' for 'sm_90a'\n"
+      "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 168 registers, used 16 barriers\n";
+  const auto e = parse_ptxas_entries(log);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e.at("_Z4conv").smem_static, 18432);
+  EXPECT_EQ(e.at("_Z4conv").registers, 32);
+  EXPECT_EQ(e.at("_Z4main").smem_static, 0);
+  EXPECT_EQ(e.at("_Z4main").registers, 168);
+  EXPECT_TRUE(parse_ptxas_entries("no entry here").empty());
+}
+
 TEST(Compile, ArchLimits) {
   EXPECT_EQ(arch_limits("sm_90").max_smem_per_block, 232448);
   EXPECT_EQ(arch_limits("sm_80").max_smem_per_block, 166912);
