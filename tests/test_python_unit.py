@@ -681,5 +681,104 @@ class WithCli(unittest.TestCase):
         self.assertTrue(str(cm.exception).startswith("flashtune.tune: no GPU"), str(cm.exception))
 
 
+class AutotuneFirstUse(unittest.TestCase):
+    """flashtune._autotune's protocol with its pieces stubbed (no GPU, no torch): settings from the environment,
+    buckets, once per process, the already-tuned case, failures as one line, and two processes that contend
+    for one bucket tuning it once."""
+
+    def setUp(self):
+        from flashtune import _autotune
+        self.a = _autotune
+        self.a.reset()
+        self.env = {k: os.environ.pop(k) for k in ("FLASHTUNE_AUTOTUNE", "FLASHTUNE_AUTOTUNE_BUDGET") if k in os.environ}
+        self.tmp = tempfile.TemporaryDirectory()
+        self.store = os.path.join(self.tmp.name, "cache", "gpu.db")
+
+    def tearDown(self):
+        self.a.reset()
+        for k in ("FLASHTUNE_AUTOTUNE", "FLASHTUNE_AUTOTUNE_BUDGET"):
+            os.environ.pop(k, None)
+        os.environ.update(self.env)
+        self.tmp.cleanup()
+
+    def test_settings_from_the_environment(self):
+        self.assertFalse(self.a.requested())
+        self.assertEqual(self.a.settings(), (False, 60.0))
+        os.environ["FLASHTUNE_AUTOTUNE"] = "1"
+        os.environ["FLASHTUNE_AUTOTUNE_BUDGET"] = "2m"
+        self.assertTrue(self.a.requested())
+        self.assertEqual(self.a.settings(), (True, 120.0))
+        for bad, var in (("yes", "FLASHTUNE_AUTOTUNE"), ("2 minutes", "FLASHTUNE_AUTOTUNE_BUDGET"),
+                         ("0s", "FLASHTUNE_AUTOTUNE_BUDGET")):
+            os.environ["FLASHTUNE_AUTOTUNE"], os.environ["FLASHTUNE_AUTOTUNE_BUDGET"] = "1", "60s"
+            os.environ[var] = bad
+            self.assertTrue(self.a.requested())
+            with self.assertRaises(ValueError) as e:
+                self.a.settings()
+            self.assertIn(var, str(e.exception))
+            self.assertNotIn("\n", str(e.exception))
+        self.a.configure(False, "10s")  # autotune() overrides the environment
+        self.assertFalse(self.a.requested())
+        self.assertEqual(self.a.settings(), (False, 10.0))
+        with self.assertRaises(TypeError):
+            self.a.configure("yes")
+
+    def test_buckets(self):
+        self.assertEqual(self.a.seq_bucket(1000, 1), 1024)
+        self.assertEqual(self.a.seq_bucket(1024, 1024), 1024)
+        self.assertEqual(self.a.seq_bucket(1, 1025), 2048)
+        self.assertEqual(self.a.bucket("bf16", 64, True, False, 900, 1000), self.a.bucket("bf16", 64, True, False, 1024, 513))
+        self.assertNotEqual(self.a.bucket("bf16", 64, True, False, 1024, 1024), self.a.bucket("bf16", 64, True, True, 1024, 1024))
+        self.assertNotEqual(self.a.lock_path(self.store, ("a",)), self.a.lock_path(self.store, ("b",)))
+
+    def test_once_per_process_and_already_tuned(self):
+        calls = []
+        tune = lambda *args, **kw: calls.append((args, kw))
+        key = self.a.bucket("bf16", 64, False, False, 4096, 4096)
+        run = lambda tuned: self.a.first_use(key, {"batch": 1}, "bf16", False, 0, lambda: tuned,
+                                             lambda: self.store, tune, 30.0)
+        self.assertEqual(run(False), "autotuned")
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0][1]["direction"], "both")
+        self.assertEqual(calls[0][1]["budget"], 30.0)
+        self.assertEqual(run(False), "seen")  # once per process
+        self.assertEqual(len(calls), 1)
+        other = self.a.bucket("bf16", 128, False, False, 4096, 4096)
+        self.assertEqual(self.a.first_use(other, {}, "bf16", False, 0, lambda: True, lambda: self.store, tune, 30.0),
+                         "tuned")
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(oct(os.stat(os.path.dirname(self.store)).st_mode & 0o777), "0o700")
+
+    def test_a_failed_tune_is_one_line_and_not_retried(self):
+        def tune(*args, **kw):
+            raise flashtune.FlashtuneError("worker crashed")
+        key = self.a.bucket("fp16", 64, True, False, 1024, 1024)
+        r = self.a.first_use(key, {}, "fp16", True, 0, lambda: False, lambda: self.store, tune, 5.0)
+        self.assertTrue(r.startswith("failed: ") and "worker crashed" in r and "\n" not in r, r)
+        self.assertEqual(self.a.first_use(key, {}, "fp16", True, 0, lambda: False, lambda: self.store, tune, 5.0), "seen")
+
+    def test_two_processes_tune_a_bucket_once(self):
+        # Each child: tuned means a marker file exists; its tune sleeps, then writes the marker and logs itself.
+        child = """
+import os, sys, time
+from flashtune import _autotune as a
+store, marker, log = sys.argv[1:4]
+def tune(*args, **kw):
+    time.sleep(1.0)
+    open(marker, "w").close()
+    with open(log, "a") as f: f.write(str(os.getpid()) + chr(10))
+print(a.first_use(("bf16", 64, False, False, 4096, False), {}, "bf16", False, 0,
+                  lambda: os.path.exists(marker), lambda: store, tune, 10.0))
+"""
+        marker, log = os.path.join(self.tmp.name, "tuned"), os.path.join(self.tmp.name, "log")
+        env = dict(os.environ)
+        procs = [subprocess.Popen([sys.executable, "-c", child, self.store, marker, log], stdout=subprocess.PIPE,
+                                  text=True, env=env) for _ in range(2)]
+        outs = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+        self.assertEqual(outs, ["autotuned", "tuned"])
+        with open(log) as f:
+            self.assertEqual(len(f.read().split()), 1)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

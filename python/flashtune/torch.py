@@ -44,13 +44,14 @@ import math
 import operator
 import os
 import re
+import subprocess
 import warnings
 
 import torch
 
-from . import _lib
+from . import _autotune, _lib
 
-__all__ = ["attention", "attention_varlen", "attention_paged", "FlashAttention", "explain", "explain_varlen",
+__all__ = ["attention", "attention_varlen", "attention_paged", "FlashAttention", "explain", "explain_varlen", "autotune",
            "explain_paged", "backend"]
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -671,6 +672,59 @@ def _ext_call(fn, check, op, *args):
 
 
 # --- the public face -------------------------------------------------------------------------------
+def autotune(budget="60s", enabled=True):
+    """Tuning at first use for this process (as FLASHTUNE_AUTOTUNE=1, budget FLASHTUNE_AUTOTUNE_BUDGET): the first
+    eager attention() call of a bucket (dtype, head dim, mask, grouped or not, the next power of two of the longer
+    sequence) that this GPU has no tuned pick for (explain()'s source neither "user", "db" nor "device") tunes it,
+    forward and backward, within `budget` ("60s", "5m" or seconds), into the user's store, in worker processes;
+    later calls and processes read it. Concurrent processes tune a bucket once. enabled=False switches it off.
+    See flashtune._autotune for the protocol."""
+    _autotune.configure(enabled, budget)
+
+
+_store_paths = {}
+
+
+def _user_store(index):
+    """The user's store for CUDA device `index` (`flashtune devices --store`), asked once per device."""
+    path = _store_paths.get(index)
+    if path is None:
+        from ._cli import cli_path
+        r = subprocess.run([cli_path(), "devices", "--device", str(index), "--store"], capture_output=True, text=True,
+                           errors="replace", stdin=subprocess.DEVNULL)
+        lines = r.stdout.strip().splitlines()
+        if r.returncode != 0 or len(lines) != 1 or not os.path.isabs(lines[0]):
+            why = (r.stderr.strip().splitlines() or lines or [f"exit status {r.returncode}"])[-1]
+            raise _lib.FlashtuneError(_lib.one_line(f"the user's store for device {index}: {why}"))
+        path = _store_paths[index] = lines[0]
+    return path
+
+
+def _first_use(q, k, v, causal, det):
+    """Tuning at first use for this call's bucket, when asked for (flashtune._autotune.first_use)."""
+    enabled, budget_s = _autotune.settings()  # ValueError: a bad FLASHTUNE_AUTOTUNE(_BUDGET), to the caller
+    if not enabled or not torch.is_tensor(q) or not torch.is_tensor(k) or q.dim() != 4 or k.dim() != 4:
+        return  # (bad arguments: the op's own checks answer them)
+    if not q.is_cuda or torch.cuda.is_current_stream_capturing():
+        return
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
+    B, H, Sq, d = q.shape
+    Hk, Sk = k.shape[1], k.shape[2]
+    key = _autotune.bucket(dtype, d, causal, Hk != H, Sq, Sk, det)
+    shape = {"batch": B, "heads": H, "seq_q": Sq, "seq_k": Sk, "head_dim": d}
+    if Hk != H:
+        shape["heads_k"] = Hk
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+
+    def is_tuned():
+        e = explain(q, k, v, causal, deterministic=det)
+        return e.get("source") in _autotune.TUNED_SOURCES and e.get("backward", {}).get("source") in _autotune.TUNED_SOURCES
+
+    from ._tune import tune
+    _autotune.first_use(key, shape, str(dtype), bool(causal), index, is_tuned, lambda: _user_store(index), tune,
+                        budget_s)
+
+
 def attention(q, k, v, causal=False, scale=None, *, return_lse=False, deterministic=False):
     """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
     (Hk = H, or a divisor of H: grouped-query attention, query head h reading kv head h // (H // Hk), as
@@ -687,6 +741,8 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     fn = "flashtune.torch.attention"
     return_lse = _lib.flag(fn, "return_lse", return_lse)
     det = _lib.flag(fn, "deterministic", deterministic)  # to the runtime's backward args (python/csrc: BackwardOptions)
+    if _autotune.requested() and not torch.compiler.is_compiling():
+        _first_use(q, k, v, causal, det)
     if _EXT:  # the checks run in C++; in Python only where they cost nothing per call (tracing) or cast (autocast)
         s = 0.0 if scale is None else _scale(scale)
         if torch.compiler.is_compiling():
