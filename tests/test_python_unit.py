@@ -780,5 +780,33 @@ print(a.first_use(("bf16", 64, False, False, 4096, False), {}, "bf16", False, 0,
             self.assertEqual(len(f.read().split()), 1)
 
 
+class TuneModelPlan(unittest.TestCase):
+    """flashtune.tune_model's grouping of recorded calls (flashtune._model.plan): by (dtype, mask), one shape per
+    runtime bucket (its largest), the backward only where a call needed gradients."""
+
+    def call(self, **kw):
+        c = {"batch": 2, "heads": 8, "heads_k": 8, "seq_q": 1024, "seq_k": 1024, "head_dim": 64, "dtype": "bf16",
+             "causal": True, "deterministic": False, "grad": True}
+        c.update(kw)
+        return c
+
+    def test_groups_and_buckets(self):
+        from flashtune._model import plan
+        calls = [self.call(), self.call(batch=4), self.call(seq_q=700, seq_k=700),  # one bucket: the largest kept
+                 self.call(seq_q=2048, seq_k=2048),                                  # another bucket
+                 self.call(heads_k=2),                                               # grouped-query: another
+                 self.call(causal=False, grad=False),                                # another group, forward only
+                 self.call(dtype="fp16", head_dim=128, deterministic=True)]          # another group
+        g = plan(calls)
+        self.assertEqual([(d, c, dr) for d, c, dr, _ in g], [("bf16", True, "both"), ("bf16", False, "fwd"),
+                                                              ("fp16", True, "both")])
+        shapes = g[0][3]
+        self.assertEqual(len(shapes), 3)
+        self.assertEqual(shapes[0], {"batch": 4, "heads": 8, "seq_q": 1024, "seq_k": 1024, "head_dim": 64})
+        self.assertEqual(shapes[1]["seq_q"], 2048)
+        self.assertEqual(shapes[2]["heads_k"], 2)
+        self.assertEqual(plan([]), [])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -5,7 +5,7 @@ PyTorch custom op, the FlashAttention module and explain(). The kernels live in 
 library libflashtune_attention.so, loaded through ctypes (flashtune._lib) at first use.
 
 flashtune.tune(shapes, ...) tunes for the GPU in front of you into the user's store, which the runtime reads
-first; `python -m flashtune <command>` runs the CLI the package carries (tune, best, emit, report, ...).
+first; flashtune.tune_model(model, example_inputs) tunes the attention calls one step of a model makes; `python -m flashtune <command>` runs the CLI the package carries (tune, best, emit, report, ...).
 """
 from ._lib import (  # noqa: F401
     CompileError,
@@ -19,6 +19,7 @@ from ._lib import (  # noqa: F401
 )
 from ._lib import device_available as _device_available
 from ._lib import version as _version
+from ._model import tune_model  # noqa: F401
 from ._tune import tune  # noqa: F401
 
 __version__ = "0.4.0"

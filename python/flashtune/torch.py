@@ -700,6 +700,36 @@ def _user_store(index):
     return path
 
 
+_recorder = None  # flashtune.tune_model: the attention() calls of one step, as dicts (_record_calls)
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _record_calls(step, limit):
+    """Runs step() and returns the attention() calls it made (at most `limit`): batch, heads, heads_k, seq_q,
+    seq_k, head_dim, dtype, causal, deterministic and grad (inputs that require a gradient, grad mode on)."""
+    global _recorder
+    if _recorder is not None:
+        raise RuntimeError("flashtune.tune_model: already recording (tune_model is not reentrant)")
+    _recorder = calls = []
+    try:
+        step()
+    finally:
+        _recorder = None
+    return calls[:limit]
+
+
+def _record(q, k, v, causal, det):
+    if not (torch.is_tensor(q) and torch.is_tensor(k) and torch.is_tensor(v) and q.dim() == 4 and k.dim() == 4):
+        return
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
+    if dtype not in _DTYPE_NAMES or len(_recorder) >= 100000:
+        return
+    B, H, Sq, d = q.shape
+    _recorder.append({"batch": B, "heads": H, "heads_k": k.shape[1], "seq_q": Sq, "seq_k": k.shape[2], "head_dim": d,
+                      "dtype": _DTYPE_NAMES[dtype], "causal": bool(causal), "deterministic": bool(det),
+                      "grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))})
+
+
 def _first_use(q, k, v, causal, det):
     """Tuning at first use for this call's bucket, when asked for (flashtune._autotune.first_use)."""
     enabled, budget_s = _autotune.settings()  # ValueError: a bad FLASHTUNE_AUTOTUNE(_BUDGET), to the caller
@@ -743,6 +773,8 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     det = _lib.flag(fn, "deterministic", deterministic)  # to the runtime's backward args (python/csrc: BackwardOptions)
     if _autotune.requested() and not torch.compiler.is_compiling():
         _first_use(q, k, v, causal, det)
+    if _recorder is not None:
+        _record(q, k, v, causal, det)
     if _EXT:  # the checks run in C++; in Python only where they cost nothing per call (tracing) or cast (autocast)
         s = 0.0 if scale is None else _scale(scale)
         if torch.compiler.is_compiling():
