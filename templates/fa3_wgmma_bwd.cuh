@@ -21,6 +21,7 @@
 //                       dq_full(b, piece)) and adds it into dq_accum with one cp.reduce.async.bulk, then frees
 //                       each piece once read (dq_empty(b, piece)), so a consumer waits for its own piece only;
 //                       with two tiles the consumers stage step t + 1 while step t's adds are under way.
+//                       DQ_STAGES 0: no writer; each consumer adds its chains into dq_accum itself (add_dq).
 //                       DETERMINISTIC: waits for the query block's turn counter to read its key block's
 //                       turn, adds, waits for the add to complete and passes the turn on; key block j
 //                       adds to every query block it sees iff blocks 0 .. j - 1 do (the first visible query
@@ -415,6 +416,15 @@ __device__ __forceinline__ void stage_dq(float* tile, const float (&acc)[T::kDqC
   for (int j = 0; j < T::kDqChunk / 8; ++j) dst[128 * j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
 }
 
+// DQ_STAGES 0: a dQ chain's accumulators added into the query block's dq_accum floats straight from the
+// registers, at the places the staging tile would give them (block: the block's first float).
+template <class T>
+__device__ __forceinline__ void add_dq(float* block, const float (&acc)[T::kDqChunk / 2], int chain, int tid) {
+  float* dst = block + chain * DqLayout<T>::kChainFloats + 4 * tid;
+#pragma unroll
+  for (int j = 0; j < T::kDqChunk / 8; ++j) red_add_v4(dst + 512 * j, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+}
+
 // Rows of a 64 x D accumulator tile (this thread's rows row0, row0 + 8) times mul into a (seq, D) matrix.
 template <int DTYPE, int D>
 __device__ __forceinline__ void store_rows(unsigned short* out, const float (&acc)[D / 2], float mul, int row0, int seq,
@@ -445,6 +455,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
   const unsigned k_rows = sm.k() + static_cast<unsigned>(64 * c * SW), v_rows = sm.v() + static_cast<unsigned>(64 * c * SW);
   const DqPiece piece = dq_piece<T>(c);
   const float scale_log2 = p.scale_log2;
+  const Workspace ws = Workspace::of<T>(p);  // DQ_STAGES 0: the consumers add into dq_accum themselves
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -491,9 +502,10 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     if (mine) named_bar_sync(kDsReady, NQ);  // every warpgroup's dS^T rows
     else named_bar_arrive(kDsReady, NQ);
 
-    const int b = t % T::kDqStages;  // the step's staging tile (and writer)
-    const bool reuse = t >= T::kDqStages;  // the tile held step t - DQ_STAGES's dQ: wait until it was read
+    const int b = T::kDqDirect ? 0 : t % (T::kDqDirect ? 1 : T::kDqStages);  // the step's staging tile (and writer)
+    const bool reuse = !T::kDqDirect && t >= T::kDqStages;  // the tile held step t - DQ_STAGES's dQ: wait until read
     float* tile = sm.dq_ptr(b);  // chains placed by DqLayout: the warpgroup's own ones form its piece
+    float* block = ws.dq_accum + ((static_cast<long long>(w.batch) * p.heads + at.hq) * ws.rows + m0) * D;  // DQ_STAGES 0
     if constexpr (T::kDqOverlap) {
       // DQ_OVERLAP 1, one dQ chain: issued before dK += dS^T Q, so that it is staged while dK runs.
       float dq[T::kDqChunk / 2];
@@ -510,7 +522,8 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
         wgmma_fence_regs(dv);
         fence_frags(pa);
         if (reuse) named_bar_sync(dq_empty<T>(b, my_piece), kDqBarThreads);  // the piece's previous step was read
-        stage_dq<T>(tile, dq, DqLayout<T>::chain(piece.row_tile0, piece.col0), tid);
+        if constexpr (T::kDqDirect) add_dq<T>(block, dq, DqLayout<T>::chain(piece.row_tile0, piece.col0), tid);
+        else stage_dq<T>(tile, dq, DqLayout<T>::chain(piece.row_tile0, piece.col0), tid);
       }
       wgmma_wait<0>();  // dK
       wgmma_fence_regs(dk);
@@ -536,13 +549,14 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_fence_regs(dq);
-            stage_dq<T>(tile, dq, DqLayout<T>::chain(rt, piece.col0 + c0), tid);
+            if constexpr (T::kDqDirect) add_dq<T>(block, dq, DqLayout<T>::chain(rt, piece.col0 + c0), tid);
+            else stage_dq<T>(tile, dq, DqLayout<T>::chain(rt, piece.col0 + c0), tid);
           }
         }
       }
     }
     if (lane == 0) mbar_arrive(sm.q_empty(s));  // Q, dO, lse2, delta of this slot read
-    if (mine) {
+    if (!T::kDqDirect && mine) {
       fence_proxy_async();  // the staged dQ, before the copy engine reads it
       named_bar_arrive(dq_full<T>(b, my_piece), kDqBarThreads);
     }
@@ -628,8 +642,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (warp == 0 && lane == 0) {
       for (int i = 0; i < 4; ++i) prefetch_tensormap(&tm.map[i]);
       det::produce<T>(sm, tm, p, w, st, ws);
-    } else if (warp == 1) {  // the writers' tiles as constants: a register each would not fit the warpgroup's 24
-      det::write_dq<T>(sm, p, w, st, ws, 0, lane);
+    } else if (T::kDqStages >= 1 && warp == 1) {  // the writers' tiles as constants: a register each would not
+      det::write_dq<T>(sm, p, w, st, ws, 0, lane);   // fit the warpgroup's 24
     } else if (T::kDqStages == 2 && warp == 2) {
       det::write_dq<T>(sm, p, w, st, ws, 1, lane);
     }

@@ -24,6 +24,10 @@
 //   block down so that a block never waits for one launched after it.
 //   DQ_STAGES 2: two dQ staging tiles, each with a writer warp of its own (warps 1 and 2): the consumers stage
 //   step t + 1's dQ while step t's add (DETERMINISTIC: its turn, then its completion) is under way.
+//   DQ_STAGES 0: no staging tile and no writer: each consumer adds its dQ chains into dq_accum straight from
+//   its registers (red.global.add.v4.f32, a warp's 512 contiguous bytes per instruction, the same order as the
+//   staging tile's), sparing the tile's shared-memory write and read (64 KB a step at d 64, BM 128); not
+//   DETERMINISTIC.
 // Host-usable: plain constexpr C++.
 #pragma once
 #include "fa3_wgmma_traits.h"
@@ -137,7 +141,9 @@ FT_HD constexpr bool fa3_bwd_overlap_ok(int D, int BM, int C, int DQ_OVERLAP, in
 FT_HD constexpr bool fa3_bwd_smem_ok(int D, int BM, int C, int STAGES, int DQ_STAGES = 1) {
   return fa3_bwd_smem_bytes(D, BM, C, STAGES, DQ_STAGES) <= kMaxSmemBytesSm90;
 }
-FT_HD constexpr bool fa3_bwd_dq_stages_ok(int S) { return S == 1 || S == 2; }
+FT_HD constexpr bool fa3_bwd_dq_stages_ok(int S) { return S >= 0 && S <= 2; }
+// DQ_STAGES 0 adds dQ straight from the registers (red.global.add.v4.f32), in no fixed order.
+FT_HD constexpr bool fa3_bwd_direct_ok(int DQ_STAGES, int DETERMINISTIC) { return DQ_STAGES >= 1 || DETERMINISTIC == 0; }
 FT_HD constexpr bool fa3_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 FT_HD constexpr bool fa3_bwd_deterministic_ok(int SCHED, int DETERMINISTIC) { return DETERMINISTIC == 0 || SCHED != 2; }
 FT_HD constexpr bool fa3_bwd_deterministic_value_ok(int DETERMINISTIC) { return DETERMINISTIC >= 0 && DETERMINISTIC <= 2; }
@@ -167,7 +173,9 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
          : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
          : !fa3_bwd_switch_ok(DQ_TURNS)        ? "DQ_TURNS must be 0 or 1"
          : !fa3_bwd_deterministic_value_ok(DETERMINISTIC) ? "DETERMINISTIC must be 0, 1 or 2"
-         : !fa3_bwd_dq_stages_ok(DQ_STAGES)    ? "DQ_STAGES must be 1 or 2 (dQ staging tiles)"
+         : !fa3_bwd_dq_stages_ok(DQ_STAGES)    ? "DQ_STAGES must be 0, 1 or 2 (dQ staging tiles; 0: added from registers)"
+         : !fa3_bwd_direct_ok(DQ_STAGES, DETERMINISTIC)
+             ? "DETERMINISTIC needs DQ_STAGES 1 or 2 (dQ added from registers lands in no fixed order)"
          : !fa3_bwd_turns_ok(CONSUMERS, DQ_TURNS) ? "DQ_TURNS needs two consumer warpgroups"
          : !fa3_bwd_deterministic_ok(SCHED, DETERMINISTIC)
              ? "DETERMINISTIC 1 needs SCHED 0 or 1 (SCHED 2's rotated walks serialize the ordered dQ additions)"
@@ -203,6 +211,7 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kDeterministicOrder = DETERMINISTIC;    // fa3_bwd_turn
   static constexpr bool kDescending = DETERMINISTIC == 2;      // the grid from the last key block down
   static constexpr int kDqStages = DQ_STAGES;
+  static constexpr bool kDqDirect = DQ_STAGES == 0;  // dQ added from registers: no staging tile, no writer warp
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
 

@@ -195,6 +195,11 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gptr, unsigned smem_a
                "r"(smem_addr), "r"(bytes)
                : "memory");
 }
+// gptr[0 .. 4) += v by one vector reduction in L2 (sm_90: red.global.add.v4.f32; relaxed, gpu scope; gptr 16-byte
+// aligned). No ordering with other threads' adds: their sum is the same up to fp32 rounding order.
+__device__ __forceinline__ void red_add_v4(float* gptr, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gptr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Until at most N bulk groups are pending: .read = their shared-memory sources may be reused.
 template <int N>

@@ -1056,6 +1056,13 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0, 1, 2), nullptr);
   EXPECT_EQ(fa3_bwd_smem_bytes(128, 64, 2, 2, 2), fa3_bwd_smem_bytes(128, 64, 2, 2) + 4 * 64 * 128);
   EXPECT_THAT(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0, 0, 3), HasSubstr("DQ_STAGES must be"));
+  // DQ_STAGES 0: dQ added from the registers, no staging tile or writer (and so no fixed order: not deterministic).
+  EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0, 0, 0), nullptr);
+  EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 0, 0), nullptr);
+  EXPECT_THAT(fa3_bwd_check(128, 64, 2, 2, 0, 0, 1, 1, 0), HasSubstr("DETERMINISTIC needs DQ_STAGES 1 or 2"));
+  EXPECT_THAT(fa3_bwd_check(128, 64, 2, 2, 0, 0, 1, 2, 0), HasSubstr("DETERMINISTIC needs DQ_STAGES 1 or 2"));
+  EXPECT_EQ(fa3_bwd_smem_bytes(128, 64, 2, 2, 0), fa3_bwd_smem_bytes(128, 64, 2, 2, 1) - 4 * 64 * 128);
+  EXPECT_TRUE((Fa3WgmmaBwdTraits<128, 64, 2, 2, 0, 1, 0, 0, 0, 1, false>::kDqDirect));
   EXPECT_THAT(fa3_bwd_check(64, 64, 3, 2, 0, 0, 0, 0, 2), HasSubstr("accumulators"));
   EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 0, 2), HasSubstr("shared memory"));  // 40 bytes over
   EXPECT_EQ(fa3_bwd_check(64, 128, 2, 1, 0, 0, 1, 0, 2), nullptr);

@@ -24,7 +24,7 @@ Family make_fa3_wgmma_bwd() {
               {"DQ_TURNS", {0, 1}},        // 1: two consumers take turns at a step's whole dQ
               {"DETERMINISTIC", {0, 1, 2}},  // dQ added in key-block order (bitwise reproducible): 1 ascending,
                                              // 2 descending (causal: each query block's diagonal block first)
-              {"DQ_STAGES", {1, 2}}};      // dQ staging tiles, a writer warp each
+              {"DQ_STAGES", {0, 1, 2}}};   // dQ staging tiles, a writer warp each (0: added from the registers)
   f.head_dims = {64, 96, 128};
   f.dtypes = {DType::fp16, DType::bf16};
   f.default_config = {64, 1, 2, 0, 0, 0, 0, 1};  // fits every head dim (d 96 compiles with one consumer only)
