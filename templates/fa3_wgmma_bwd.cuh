@@ -425,6 +425,41 @@ __device__ __forceinline__ void add_dq(float* block, const float (&acc)[T::kDqCh
   for (int j = 0; j < T::kDqChunk / 8; ++j) red_add_v4(dst + 512 * j, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
 }
 
+// The dQ reducer (DQ_STAGES) as a consumer sees it for one step: where its chains go and the handshake around
+// them. Staged (1, 2): its piece of staging tile t % DQ_STAGES, freed by the tile's writer warp (wait_free: the
+// piece's step t - DQ_STAGES was read) and handed back to it (publish); direct (0): added into the query block's
+// dq_accum floats from the registers, no handshake.
+template <class T>
+struct DqSink {
+  float* dst;  // the staging tile (staged) or the query block's first dq_accum float (direct)
+  int tile, piece;
+  bool reuse;  // staged: the tile held step t - DQ_STAGES's dQ
+  __device__ static DqSink at(const Smem<T>& sm, const Workspace& ws, const AttnBwdParams& p, const Work& w,
+                              const Steps::Cursor& step, int t, int piece) {
+    if constexpr (T::kDqDirect) {
+      const long long row = (static_cast<long long>(w.batch) * p.heads + step.hq) * ws.rows + step.mb * T::kBlockM;
+      return DqSink{ws.dq_accum + row * T::kHeadDim, 0, piece, false};
+    } else {
+      const int b = t % T::kDqStages;
+      return DqSink{sm.dq_ptr(b), b, piece, t >= T::kDqStages};
+    }
+  }
+  __device__ void wait_free() const {
+    if constexpr (!T::kDqDirect)
+      if (reuse) named_bar_sync(dq_empty<T>(tile, piece), kDqBarThreads);
+  }
+  __device__ void put(const float (&acc)[T::kDqChunk / 2], int chain, int tid) const {
+    if constexpr (T::kDqDirect) add_dq<T>(dst, acc, chain, tid);
+    else stage_dq<T>(dst, acc, chain, tid);
+  }
+  __device__ void publish() const {
+    if constexpr (!T::kDqDirect) {
+      fence_proxy_async();  // the staged dQ, before the copy engine reads it
+      named_bar_arrive(dq_full<T>(tile, piece), kDqBarThreads);
+    }
+  }
+};
+
 // Rows of a 64 x D accumulator tile (this thread's rows row0, row0 + 8) times mul into a (seq, D) matrix.
 template <int DTYPE, int D>
 __device__ __forceinline__ void store_rows(unsigned short* out, const float (&acc)[D / 2], float mul, int row0, int seq,
@@ -455,7 +490,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
   const unsigned k_rows = sm.k() + static_cast<unsigned>(64 * c * SW), v_rows = sm.v() + static_cast<unsigned>(64 * c * SW);
   const DqPiece piece = dq_piece<T>(c);
   const float scale_log2 = p.scale_log2;
-  const Workspace ws = Workspace::of<T>(p);  // DQ_STAGES 0: the consumers add into dq_accum themselves
+  const Workspace ws = Workspace::of<T>(p);  // DQ_STAGES 0: the consumers add into dq_accum themselves (DqSink)
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -498,14 +533,10 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     // Step t's dQ: a piece from every consumer, or (DQ_TURNS) all of it from consumer t % 2, which alone waits for
     // the other's dS^T rows; the other goes on to step t + 1.
     const bool mine = !T::kDqTurns || t % T::kConsumers == c;
-    const int my_piece = T::kDqTurns ? 0 : c;  // this warpgroup's piece of the staging tile (and its barriers)
     if (mine) named_bar_sync(kDsReady, NQ);  // every warpgroup's dS^T rows
     else named_bar_arrive(kDsReady, NQ);
-
-    const int b = T::kDqDirect ? 0 : t % (T::kDqDirect ? 1 : T::kDqStages);  // the step's staging tile (and writer)
-    const bool reuse = !T::kDqDirect && t >= T::kDqStages;  // the tile held step t - DQ_STAGES's dQ: wait until read
-    float* tile = sm.dq_ptr(b);  // chains placed by DqLayout: the warpgroup's own ones form its piece
-    float* block = ws.dq_accum + ((static_cast<long long>(w.batch) * p.heads + at.hq) * ws.rows + m0) * D;  // DQ_STAGES 0
+    // This warpgroup's piece of the step's dQ (the whole of it under DQ_TURNS), chains placed by DqLayout.
+    const DqSink<T> sink = DqSink<T>::at(sm, ws, p, w, at, t, T::kDqTurns ? 0 : c);
     if constexpr (T::kDqOverlap) {
       // DQ_OVERLAP 1, one dQ chain: issued before dK += dS^T Q, so that it is staged while dK runs.
       float dq[T::kDqChunk / 2];
@@ -521,9 +552,8 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
         wgmma_fence_regs(dq);
         wgmma_fence_regs(dv);
         fence_frags(pa);
-        if (reuse) named_bar_sync(dq_empty<T>(b, my_piece), kDqBarThreads);  // the piece's previous step was read
-        if constexpr (T::kDqDirect) add_dq<T>(block, dq, DqLayout<T>::chain(piece.row_tile0, piece.col0), tid);
-        else stage_dq<T>(tile, dq, DqLayout<T>::chain(piece.row_tile0, piece.col0), tid);
+        sink.wait_free();
+        sink.put(dq, DqLayout<T>::chain(piece.row_tile0, piece.col0), tid);
       }
       wgmma_wait<0>();  // dK
       wgmma_fence_regs(dk);
@@ -531,7 +561,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
       fence_frags(pa);
       fence_frags(dsa);
     } else {  // DQ_OVERLAP 0: dV and dK done first, then the dQ chains one by one
-      if (mine && reuse) named_bar_sync(dq_empty<T>(b, my_piece), kDqBarThreads);
+      if (mine) sink.wait_free();
       wgmma_wait<0>();  // dV, dK: the fragments are free
       fence_frags(pa);
       fence_frags(dsa);
@@ -549,17 +579,13 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_fence_regs(dq);
-            if constexpr (T::kDqDirect) add_dq<T>(block, dq, DqLayout<T>::chain(rt, piece.col0 + c0), tid);
-            else stage_dq<T>(tile, dq, DqLayout<T>::chain(rt, piece.col0 + c0), tid);
+            sink.put(dq, DqLayout<T>::chain(rt, piece.col0 + c0), tid);
           }
         }
       }
     }
     if (lane == 0) mbar_arrive(sm.q_empty(s));  // Q, dO, lse2, delta of this slot read
-    if (!T::kDqDirect && mine) {
-      fence_proxy_async();  // the staged dQ, before the copy engine reads it
-      named_bar_arrive(dq_full<T>(b, my_piece), kDqBarThreads);
-    }
+    if (mine) sink.publish();
   }
 
   const long long bh_kv = static_cast<long long>(w.batch) * (p.heads_k > 0 ? p.heads_k : p.heads) + w.kv_head;
