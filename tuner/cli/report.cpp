@@ -1,11 +1,6 @@
 // flashtune report: REPORT.md, CSVs and plots from a store (reports/make_report.py).
 #include "tuner/cli/verbs.hpp"
 
-#include <spawn.h>
-#include <sys/wait.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -14,30 +9,11 @@
 #include "core/util.hpp"
 #include "results/store.hpp"
 #include "tuner/cli/args.hpp"
-
-extern char** environ;
+#include "tuner/process/subprocess.hpp"
 
 using nlohmann::json;
 
 namespace flashtune::cli {
-
-namespace {
-
-// Runs argv[0] (looked up in PATH) with these arguments, no shell in between; its exit status, or -1.
-int spawn_and_wait(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& x : args) argv.push_back(const_cast<char*>(x.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  if (int rc = posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ); rc != 0)
-    throw std::runtime_error("cannot start " + args[0] + ": " + std::strerror(rc));
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-}  // namespace
 
 int cmd_report(int argc, char** argv) {
   if (wants_help(argc, argv)) {
@@ -76,7 +52,9 @@ int cmd_report(int argc, char** argv) {
                                     "--out", out.empty() ? "." : out};
   for (const auto& f : families())
     if (!f.test_only) args.push_back("--default=" + f.name + ":" + f.config_string(f.default_config));
-  return spawn_and_wait(args) == 0 ? 0 : 1;
+  ProcessOptions ro;
+  ro.search_path = true;  // python3 from PATH
+  return run_process(args, ro).status.ok() ? 0 : 1;
 }
 
 }  // namespace flashtune::cli

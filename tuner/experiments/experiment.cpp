@@ -1,8 +1,5 @@
 #include "tuner/experiments/experiment.hpp"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +14,7 @@
 #include "core/util.hpp"
 #include "results/select.hpp"
 #include "tuner/interop/merge.hpp"
+#include "tuner/process/subprocess.hpp"
 #include "tuner/space/space.hpp"
 
 using nlohmann::json;
@@ -145,18 +143,16 @@ std::vector<ExperimentRow> run_python(const ImplSpec& impl, const std::vector<Pr
                                    "--seed",       std::to_string(opt.run.seed),
                                    "--cpu-max-gflop", std::to_string(spec.cpu_max_gflop),
                                    "--time-limit-s",  std::to_string(spec.time_limit_s)};
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    alarm((unsigned)opt.python_timeout_s);  // a hung baseline must not hang the experiment
-    execvp(argv[0], argv.data());
-    std::perror("exec python");
-    _exit(127);
+  // A hung baseline must not hang the experiment: killed at its timeout, its unanswered problems recorded.
+  std::string why;
+  try {
+    ProcessOptions ro;
+    ro.search_path = true;  // --python may be a name in PATH
+    ro.timeout_s = opt.python_timeout_s;
+    why = "baseline process: " + run_process(args, ro).status.describe();
+  } catch (const SpawnError& e) {
+    why = e.what();
   }
-  int status = 0;
-  waitpid(pid, &status, 0);
   std::vector<ExperimentRow> rows;
   std::set<size_t> seen;
   std::ifstream f(out);
@@ -200,8 +196,6 @@ std::vector<ExperimentRow> run_python(const ImplSpec& impl, const std::vector<Pr
     rows.push_back(std::move(r));
   }
   // Problems the script never answered (it died, or was stopped): recorded, not dropped.
-  std::string why = WIFSIGNALED(status) ? "baseline process killed by signal " + std::to_string(WTERMSIG(status))
-                                        : "baseline process exited with status " + std::to_string(WEXITSTATUS(status));
   for (size_t i = 0; i < problems.size(); ++i)
     if (!seen.count(i)) rows.push_back(unrun_row(run, impl, problems[i], "error", "no row: " + why));
   return rows;

@@ -3,8 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,8 +12,6 @@
 #include <stdexcept>
 
 #include "core/util.hpp"
-
-extern char** environ;
 
 namespace flashtune {
 
@@ -38,34 +34,19 @@ WorkerClient::~WorkerClient() {
 }
 
 void WorkerClient::start() {
-  int to[2], from[2];
-  if (pipe(to) != 0 || pipe(from) != 0) throw std::runtime_error(std::string("pipe: ") + strerror(errno));
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
   // Never a predictable shared path: a private folder, and a new file that is not a link.
   if (log_dir_.empty()) log_dir_ = make_private_tmpdir("flashtune-worker");
   log_path_ = log_dir_ + "/worker-" + std::to_string(starts_) + ".log";
   unlink(log_path_.c_str());
-  posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
-  for (int fd : {to[0], to[1], from[0], from[1]}) posix_spawn_file_actions_addclose(&fa, fd);
-  std::string dev = std::to_string(device_);
-  char* argv[] = {(char*)path_.c_str(), (char*)dev.c_str(), nullptr};
-  int rc = posix_spawn(&pid_, path_.c_str(), &fa, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(to[0]);
-  close(from[1]);
-  if (rc != 0) {
-    close(to[1]);
-    close(from[0]);
-    pid_ = -1;
-    throw std::runtime_error("cannot start worker '" + path_ + "': " + strerror(rc));
+  SpawnOptions io;
+  io.in = Redirect::pipe();
+  io.out = Redirect::pipe();
+  io.err = Redirect::new_file(log_path_);
+  try {
+    worker_ = Subprocess::spawn({path_, std::to_string(device_)}, io);
+  } catch (const SpawnError& e) {
+    throw std::runtime_error("cannot start worker '" + path_ + "': " + strerror(e.error));
   }
-  to_fd_ = to[1];
-  from_fd_ = from[0];
-  fcntl(to_fd_, F_SETFD, FD_CLOEXEC);
-  fcntl(from_fd_, F_SETFD, FD_CLOEXEC);
   pending_.clear();
   if (starts_++ > 0) ++restarts_;
 }
@@ -89,32 +70,27 @@ std::string WorkerClient::log_tail() const {
 }
 
 void WorkerClient::stop() {
-  if (pid_ <= 0) return;
+  if (!worker_.running()) return;
   struct RemoveLog {
     std::string path;
     ~RemoveLog() { unlink(path.c_str()); }
   } remove_log{log_path_};
-  close(to_fd_);  // EOF: a healthy worker exits by itself
-  close(from_fd_);
-  to_fd_ = from_fd_ = -1;
+  worker_.close_stdin();  // EOF: a healthy worker exits by itself
+  worker_.close_stdout();
   // Give it a moment, then make sure: a worker stuck in a kernel ignores EOF.
-  for (int i = 0; i < 50; ++i) {
-    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-      pid_ = -1;
-      return;
-    }
-    usleep(20000);
+  if (!worker_.wait_for(1.0)) {
+    worker_.kill(SIGKILL);
+    worker_.wait();
   }
-  kill(pid_, SIGKILL);
-  waitpid(pid_, nullptr, 0);
-  pid_ = -1;
+  worker_ = Subprocess();
 }
 
 nlohmann::json WorkerClient::request(const nlohmann::json& msg, double timeout_s) {
-  if (pid_ <= 0) start();
+  if (!worker_.running()) start();
   std::string line = msg.dump() + "\n";
   for (size_t off = 0; off < line.size();) {
-    ssize_t n = write(to_fd_, line.data() + off, line.size() - off);
+    ssize_t n = write(worker_.stdin_fd(), line.data() + off, line.size() - off);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       stop();
       return {{"status", "crashed"}, {"error", "worker exited before the request was sent"}};
@@ -138,26 +114,22 @@ nlohmann::json WorkerClient::request(const nlohmann::json& msg, double timeout_s
     }
     double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
     if (left <= 0) {
-      kill(pid_, SIGKILL);
+      worker_.kill(SIGKILL);
       stop();
       return {{"status", "timeout"}, {"error", "no answer within " + std::to_string((int)timeout_s) + " s; worker killed"}};
     }
-    pollfd pfd{from_fd_, POLLIN, 0};
+    pollfd pfd{worker_.stdout_fd(), POLLIN, 0};
     int rc = poll(&pfd, 1, (int)std::min(left * 1000.0 + 1, 1000.0));
     if (rc < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + strerror(errno));
     if (rc <= 0) continue;
     char buf[65536];
-    ssize_t n = read(from_fd_, buf, sizeof buf);
+    ssize_t n = read(worker_.stdout_fd(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      int status = 0;
-      pid_t pid = pid_;
-      close(to_fd_);
-      close(from_fd_);
-      to_fd_ = from_fd_ = -1;
-      waitpid(pid, &status, 0);
-      pid_ = -1;
-      std::string why = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
-                                            : "exit code " + std::to_string(WEXITSTATUS(status));
+      worker_.close_stdin();
+      worker_.close_stdout();
+      std::string why = worker_.wait().describe();  // "exit code N" or "killed by signal N"
+      worker_ = Subprocess();
       std::string last = log_tail();
       unlink(log_path_.c_str());
       if (!last.empty()) why += ": " + last;

@@ -2,11 +2,11 @@
 // time, and turns a dead worker into "crashed" and a silent one into "timeout" (killing it).
 // The next request starts a fresh worker.
 #pragma once
-#include <sys/types.h>
-
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "tuner/process/subprocess.hpp"
 
 namespace flashtune {
 
@@ -28,8 +28,7 @@ class WorkerClient {
   std::string log_tail() const;
   int device_;
   std::string path_;
-  pid_t pid_ = -1;
-  int to_fd_ = -1, from_fd_ = -1;
+  Subprocess worker_;      // its stdin and stdout are pipes
   std::string pending_;   // bytes read past the last newline
   std::string log_dir_;   // private (0700, mkdtemp under $TMPDIR), made at the first start, removed at the end
   std::string log_path_;  // the worker's stderr in log_dir_ (O_EXCL | O_NOFOLLOW): its last lines explain a death
