@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <iterator>
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -42,12 +45,81 @@ constexpr double kBusyRetrySeconds = 300;   // and our own retries on top of it
   throw std::runtime_error(msg);
 }
 
+// sqlite3_exec of one or more statements; BUSY and LOCKED as BusyError (retried by write_txn).
+void exec_sql(sqlite3* db, const std::string& sql) {
+  char* err = nullptr;
+  if (int rc = sqlite().exec(db, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
+    std::string msg = err ? err : sqlite().errstr(rc);
+    sqlite().free(err);
+    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) throw BusyError("sqlite: " + msg);
+    throw std::runtime_error("sqlite: " + msg);
+  }
+}
+
 void backoff(int attempt) {
   static thread_local std::minstd_rand rng{(unsigned)getpid()};
   std::this_thread::sleep_for(std::chrono::milliseconds(5 + rng() % (5 + 10 * std::min(attempt, 20))));
 }
 
-// A prepared statement with positional binds; finalizes itself.
+// A statement's columns as one list of names: its SQL is written from the list, and a read or a bind names
+// its column, resolved at compile time (a misspelt or missing name does not compile), never a position.
+struct Column {
+  int index;  // in the list: the result column, and the parameter index + 1 of a list written as placeholders
+};
+
+template <size_t N>
+struct Columns {
+  std::array<std::string_view, N> names;
+
+  consteval Column operator[](std::string_view name) const {
+    for (size_t i = 0; i < N; ++i)
+      if (names[i] == name) return {(int)i};
+    throw "no such column in this list";  // not a constant expression: a compile error
+  }
+  // "a,b,c": a SELECT or an INSERT's column list. With `expr`: each column as expr(name), aliased to its
+  // name where that differs (a stand-in for a column an older schema lacks, or one a lean read skips).
+  std::string list() const {
+    return list([](std::string_view c) { return std::string(c); });
+  }
+  template <class Expr>
+  std::string list(Expr&& expr) const {
+    std::string out;
+    for (std::string_view c : names) {
+      const std::string e = expr(c);
+      out += (out.empty() ? "" : ",") + e + (e == c ? "" : " AS " + std::string(c));
+    }
+    return out;
+  }
+  // "?,?,?": an INSERT's values, one parameter per column in order; with `expr`, a column's own placeholder
+  // expression ("NULLIF(?,0)").
+  std::string placeholders() const {
+    return placeholders([](std::string_view) { return std::string("?"); });
+  }
+  template <class Expr>
+  std::string placeholders(Expr&& expr) const {
+    std::string out;
+    for (std::string_view c : names) out += (out.empty() ? "" : ",") + std::string(expr(c));
+    return out;
+  }
+  // "a=? AND b=?": a WHERE over every column, one parameter each, in order; `expr` as for list().
+  template <class Expr>
+  std::string equal_to_parameters(Expr&& expr) const {
+    std::string out;
+    for (std::string_view c : names) out += (out.empty() ? "" : " AND ") + expr(c) + "=?";
+    return out;
+  }
+  std::string equal_to_parameters() const {
+    return equal_to_parameters([](std::string_view c) { return std::string(c); });
+  }
+};
+
+template <class... Names>
+consteval auto column_list(Names... names) {
+  return Columns<sizeof...(Names)>{{std::string_view(names)...}};
+}
+
+// A prepared statement; finalizes itself. Binds and reads take a Column of the list the SQL was written
+// from, or a position where the statement has one parameter or column (a count, an id).
 class Stmt {
  public:
   Stmt(sqlite3* db, const std::string& sql) : db_(db) {
@@ -66,6 +138,9 @@ class Stmt {
     check(v.empty() ? sqlite().bind_null(s_, i) : sqlite().bind_blob(s_, i, v.data(), (int)v.size(), SQLITE_TRANSIENT));
     return *this;
   }
+  template <class V>
+  Stmt& bind(Column c, const V& v) { return bind(c.index + 1, v); }
+  Stmt& bind_blob(Column c, const std::string& v) { return bind_blob(c.index + 1, v); }
   bool step() {
     int rc = sqlite().step(s_);
     if (rc == SQLITE_ROW) return true;
@@ -82,6 +157,10 @@ class Stmt {
   }
   long long i64(int c) const { return sqlite().column_int64(s_, c); }
   double f64(int c) const { return sqlite().column_double(s_, c); }
+  std::string text(Column c) const { return text(c.index); }
+  std::string blob(Column c) const { return blob(c.index); }
+  long long i64(Column c) const { return i64(c.index); }
+  double f64(Column c) const { return f64(c.index); }
 
  private:
   void check(int rc) {
@@ -160,7 +239,7 @@ struct FileState {
   std::set<std::string> results_columns, kernels_columns;
 };
 
-std::set<std::string> columns(sqlite3* db, const std::string& table) {
+std::set<std::string> table_columns(sqlite3* db, const std::string& table) {
   std::set<std::string> out;
   Stmt s(db, "SELECT name FROM pragma_table_info('" + table + "')");
   while (s.step()) out.insert(s.text(0));
@@ -178,7 +257,7 @@ FileState inspect(sqlite3* db) {
     while (s.step()) f.tables.insert(s.text(0));
   }
   if (f.tables.count("meta")) {
-    const auto meta_columns = columns(db, "meta");
+    const auto meta_columns = table_columns(db, "meta");
     if (meta_columns.count("key") && meta_columns.count("value")) {
       Stmt n(db, "SELECT count(*) FROM meta");
       n.step();
@@ -187,8 +266,8 @@ FileState inspect(sqlite3* db) {
       if (v.step()) f.version = v.text(0);
     }
   }
-  if (f.tables.count("results")) f.results_columns = columns(db, "results");
-  if (f.tables.count("kernels")) f.kernels_columns = columns(db, "kernels");
+  if (f.tables.count("results")) f.results_columns = table_columns(db, "results");
+  if (f.tables.count("kernels")) f.kernels_columns = table_columns(db, "kernels");
   return f;
 }
 
@@ -201,6 +280,64 @@ bool legacy_ours(const FileState& f) {
   return f.application_id == 0 && tables_match && f.meta_rows == 1 && f.results_columns.count("kernel_hash") &&
          f.results_columns.count("device_name") && f.kernels_columns.count("hash");
 }
+
+// A new column in the unique key: the table rebuilt beside the old one, the common columns copied.
+void rebuild_results(sqlite3* db) {
+  const std::set<std::string> old_cols = table_columns(db, "results");
+  exec_sql(db, "DROP TABLE IF EXISTS results_new;" + results_ddl("results_new") + ";");
+  const std::set<std::string> new_cols = table_columns(db, "results_new");
+  std::string list;
+  for (const auto& c : old_cols)
+    if (new_cols.count(c)) list += (list.empty() ? "" : ",") + c;
+  exec_sql(db, "INSERT INTO results_new(" + list + ") SELECT " + list + " FROM results ORDER BY id;");
+  exec_sql(db, "DROP TABLE results; ALTER TABLE results_new RENAME TO results;");
+}
+
+// The schema's history, one step per version: kMigrations[i] takes a store of version i + 1 to i + 2, inside
+// the writer's open transaction, given what the file held before the first step. A step may find its
+// change made already (a rebuild makes the newest results table at once), so each checks first. After the
+// last step, schema_sql() adds the tables and index a migrated file lacks (experiments: v3; provenance: v5).
+struct Migration {
+  int to;            // the version it makes
+  const char* what;  // the change
+  void (*apply)(sqlite3* db, const FileState& before);
+};
+
+constexpr Migration kMigrations[] = {
+    {2, "results.detail",
+     [](sqlite3* db, const FileState& f) {
+       if (!f.results_columns.count("detail")) exec_sql(db, "ALTER TABLE results ADD COLUMN detail TEXT;");
+     }},
+    {3, "the experiment tables (made by the schema)", [](sqlite3*, const FileState&) {}},
+    {4, "results.inputs in the unique key (the newest results table at once)",
+     [](sqlite3* db, const FileState&) { rebuild_results(db); }},
+    {5, "origin columns (the provenance table made by the schema)",
+     [](sqlite3* db, const FileState& f) {
+       for (const char* table : {"kernels", "results", "experiment_runs"})
+         if (f.tables.count(table) && !table_columns(db, table).count("origin"))
+           exec_sql(db, std::string("ALTER TABLE ") + table + " ADD COLUMN origin INTEGER;");
+     }},
+    {6, "results.heads_k (grouped-query attention) in the unique key",
+     [](sqlite3* db, const FileState&) {
+       if (!table_columns(db, "results").count("heads_k")) rebuild_results(db);
+     }},
+    {7, "results.varlen (packed variable-length batches) in the unique key",
+     [](sqlite3* db, const FileState&) {
+       if (!table_columns(db, "results").count("varlen")) rebuild_results(db);
+     }},
+    {8, "results.paged (paged K/V caches) in the unique key",
+     [](sqlite3* db, const FileState&) {
+       if (!table_columns(db, "results").count("paged")) rebuild_results(db);
+     }},
+};
+
+constexpr bool migrations_in_order() {
+  for (size_t i = 0; i < std::size(kMigrations); ++i)
+    if (kMigrations[i].to != (int)i + 2) return false;
+  return true;
+}
+static_assert(std::size(kMigrations) == kSchemaVersion - 1 && migrations_in_order(),
+              "one migration per schema version, in order: a new version adds its step here");
 
 }  // namespace
 
@@ -340,45 +477,9 @@ void Store::open_checked(Mode mode) {
       return;
     }
     if (f.application_id != kApplicationId && !legacy_ours(f)) refuse_foreign(f);
-    int v = version_of(f);
-    if (v == 1) {  // v1 -> v2: results gained `detail`
-      if (!f.results_columns.count("detail")) exec("ALTER TABLE results ADD COLUMN detail TEXT;");
-      v = 2;
-    }
-    if (v == 2) v = 3;  // v2 -> v3: the experiment tables, created by the schema below
-    // A new column in the unique key: the table rebuilt beside the old one, the common columns copied.
-    auto rebuild_results = [&] {
-      const std::set<std::string> old_cols = columns(db_, "results");
-      exec("DROP TABLE IF EXISTS results_new;" + results_ddl("results_new") + ";");
-      const std::set<std::string> new_cols = columns(db_, "results_new");
-      std::string list;
-      for (const auto& c : old_cols)
-        if (new_cols.count(c)) list += (list.empty() ? "" : ",") + c;
-      exec("INSERT INTO results_new(" + list + ") SELECT " + list + " FROM results ORDER BY id;");
-      exec("DROP TABLE results; ALTER TABLE results_new RENAME TO results;");
-    };
-    if (v == 3) {  // v3 -> v4: results.inputs in the unique key (the table of v6 at once)
-      rebuild_results();
-      v = 4;
-    }
-    if (v == 4) {  // v4 -> v5: `origin` columns (the provenance table comes with the schema below)
-      for (const char* table : {"kernels", "results", "experiment_runs"})
-        if (f.tables.count(table) && !columns(db_, table).count("origin"))
-          exec(std::string("ALTER TABLE ") + table + " ADD COLUMN origin INTEGER;");
-      v = 5;
-    }
-    if (v == 5) {  // v5 -> v6: results.heads_k (grouped-query attention) in the unique key
-      if (!columns(db_, "results").count("heads_k")) rebuild_results();
-      v = 6;
-    }
-    if (v == 6) {  // v6 -> v7: results.varlen (packed variable-length batches) in the unique key
-      if (!columns(db_, "results").count("varlen")) rebuild_results();
-      v = 7;
-    }
-    if (v == 7) {  // v7 -> v8: results.paged (paged K/V caches) in the unique key
-      if (!columns(db_, "results").count("paged")) rebuild_results();
-      v = 8;
-    }
+    const int from = version_of(f);
+    for (const Migration& m : kMigrations)
+      if (m.to > from) m.apply(db_, f);
     exec(schema_sql());  // tables and index that a migrated file lacks
     exec("UPDATE meta SET value='" + std::to_string(kSchemaVersion) + "' WHERE key='schema_version';");
     if (f.application_id != kApplicationId) exec("PRAGMA application_id=" + std::to_string(kApplicationId) + ";");
@@ -401,15 +502,7 @@ void Store::open_checked(Mode mode) {
 
 Store::~Store() { sqlite().close(db_); }
 
-void Store::exec(const std::string& sql) {
-  char* err = nullptr;
-  if (int rc = sqlite().exec(db_, sql.c_str(), nullptr, nullptr, &err); rc != SQLITE_OK) {
-    std::string msg = err ? err : sqlite().errstr(rc);
-    sqlite().free(err);
-    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) throw BusyError("sqlite: " + msg);
-    throw std::runtime_error("sqlite: " + msg);
-  }
-}
+void Store::exec(const std::string& sql) { exec_sql(db_, sql); }
 
 void Store::write_txn(const std::function<void()>& body) {
   if (read_only_) throw std::logic_error("write to a store opened read-only: '" + path_ + "'");
@@ -441,21 +534,54 @@ void Store::write_txn(const std::function<void()>& body) {
   }
 }
 
+namespace {
+
+// A kernels row as find_kernel and each_kernel read it.
+constexpr auto kKernelColumns = column_list(
+    "hash", "family", "direction", "config", "head_dim", "causal", "dtype", "arch", "nvrtc_version", "options",
+    "source_hash", "name_expression", "status", "reason", "lowered_name", "registers", "smem_static", "stack_bytes",
+    "spill_stores", "spill_loads", "compile_ms", "log", "cubin", "created");
+
+// SELECT ... FROM kernels: the cubin read only when asked for (a read for the tables need not load binaries).
+std::string select_kernels(bool with_cubin) {
+  return "SELECT " + kKernelColumns.list([&](std::string_view c) {
+           return c == "cubin" && !with_cubin ? std::string("NULL") : std::string(c);
+         }) + " FROM kernels";
+}
+
+// The fields of a kernels row; head_dim and dtype checked first when `checked` (a row from another store).
+KernelRecord read_kernel_row(const Stmt& s, bool checked, const std::string& path) {
+  constexpr auto& K = kKernelColumns;
+  KernelRecord k;
+  k.hash = s.text(K["hash"]);
+  k.family = s.text(K["family"]); k.direction = s.text(K["direction"]); k.config = s.text(K["config"]);
+  if (checked) {
+    try {
+      const long long d = s.i64(K["head_dim"]);
+      if (d < 1 || d > 1024) throw UsageError("head_dim " + std::to_string(d) + " is out of range");
+      parse_dtype(s.text(K["dtype"]));
+    } catch (const UsageError& e) {
+      throw UsageError("'" + path + "': kernel " + brief(k.hash, 40) + ": " + e.what());
+    }
+  }
+  k.head_dim = (int)s.i64(K["head_dim"]); k.causal = s.i64(K["causal"]) != 0; k.dtype = parse_dtype(s.text(K["dtype"]));
+  k.arch = s.text(K["arch"]); k.nvrtc_version = s.text(K["nvrtc_version"]); k.options = s.text(K["options"]);
+  k.source_hash = s.text(K["source_hash"]); k.name_expression = s.text(K["name_expression"]);
+  k.status = s.text(K["status"]); k.reason = s.text(K["reason"]); k.lowered_name = s.text(K["lowered_name"]);
+  k.res = {(int)s.i64(K["registers"]), (int)s.i64(K["smem_static"]), (int)s.i64(K["stack_bytes"]),
+           (int)s.i64(K["spill_stores"]), (int)s.i64(K["spill_loads"])};
+  k.compile_ms = s.f64(K["compile_ms"]); k.log = s.text(K["log"]); k.cubin = s.blob(K["cubin"]);
+  k.created = s.text(K["created"]);
+  return k;
+}
+
+}  // namespace
+
 std::optional<KernelRecord> Store::find_kernel(const std::string& hash, bool with_cubin) {
-  Stmt s(db_, std::string("SELECT family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
-                          "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,"
-                          "stack_bytes,spill_stores,spill_loads,compile_ms,log,") +
-                  (with_cubin ? "cubin" : "NULL") + ",created FROM kernels WHERE hash=?");
+  Stmt s(db_, select_kernels(with_cubin) + " WHERE hash=?");
   s.bind(1, hash);
   if (!s.step()) return std::nullopt;
-  KernelRecord k;
-  k.hash = hash;
-  k.family = s.text(0); k.direction = s.text(1); k.config = s.text(2);
-  k.head_dim = (int)s.i64(3); k.causal = s.i64(4) != 0; k.dtype = parse_dtype(s.text(5));
-  k.arch = s.text(6); k.nvrtc_version = s.text(7); k.options = s.text(8); k.source_hash = s.text(9);
-  k.name_expression = s.text(10); k.status = s.text(11); k.reason = s.text(12); k.lowered_name = s.text(13);
-  k.res = {(int)s.i64(14), (int)s.i64(15), (int)s.i64(16), (int)s.i64(17), (int)s.i64(18)};
-  k.compile_ms = s.f64(19); k.log = s.text(20); k.cubin = s.blob(21); k.created = s.text(22);
+  KernelRecord k = read_kernel_row(s, false, path_);
   // A cache entry whose binary was stripped (a committed DB) is not a usable compiled kernel.
   if (with_cubin && k.status == "compiled" && k.cubin.empty()) return std::nullopt;
   return k;
@@ -463,43 +589,67 @@ std::optional<KernelRecord> Store::find_kernel(const std::string& hash, bool wit
 
 namespace {
 
+// `origin` is written NULL for 0 (made in this store), whatever the table.
+std::string origin_placeholder(std::string_view c) { return c == "origin" ? "NULLIF(?,0)" : "?"; }
+
 // One kernels row: `verb` "INSERT OR REPLACE" (a compile) or "INSERT OR IGNORE" (a copy); origin 0: NULL.
 void insert_kernel_row(sqlite3* db, const char* verb, const KernelRecord& k, const std::string& created,
                        long long origin) {
-  Stmt s(db, std::string(verb) +
-                 " INTO kernels(hash,family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
-                 "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,stack_bytes,"
-                 "spill_stores,spill_loads,compile_ms,log,cubin,created,origin) "
-                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0))");
-  s.bind(1, k.hash).bind(2, k.family).bind(3, k.direction).bind(4, k.config).bind(5, k.head_dim)
-      .bind(6, (int)k.causal).bind(7, std::string(to_string(k.dtype))).bind(8, k.arch).bind(9, k.nvrtc_version)
-      .bind(10, k.options).bind(11, k.source_hash).bind(12, k.name_expression).bind(13, k.status)
-      .bind(14, k.reason).bind(15, k.lowered_name).bind(16, k.res.registers).bind(17, k.res.smem_static)
-      .bind(18, k.res.stack_bytes).bind(19, k.res.spill_stores).bind(20, k.res.spill_loads)
-      .bind(21, k.compile_ms).bind(22, k.log).bind_blob(23, k.cubin).bind(24, created).bind(25, origin);
+  static constexpr auto K = column_list(
+      "hash", "family", "direction", "config", "head_dim", "causal", "dtype", "arch", "nvrtc_version", "options",
+      "source_hash", "name_expression", "status", "reason", "lowered_name", "registers", "smem_static", "stack_bytes",
+      "spill_stores", "spill_loads", "compile_ms", "log", "cubin", "created", "origin");
+  Stmt s(db, std::string(verb) + " INTO kernels(" + K.list() + ") VALUES(" + K.placeholders(origin_placeholder) + ")");
+  s.bind(K["hash"], k.hash).bind(K["family"], k.family).bind(K["direction"], k.direction).bind(K["config"], k.config)
+      .bind(K["head_dim"], k.head_dim).bind(K["causal"], (int)k.causal)
+      .bind(K["dtype"], std::string(to_string(k.dtype))).bind(K["arch"], k.arch).bind(K["nvrtc_version"], k.nvrtc_version).bind(K["options"], k.options)
+      .bind(K["source_hash"], k.source_hash).bind(K["name_expression"], k.name_expression).bind(K["status"], k.status)
+      .bind(K["reason"], k.reason).bind(K["lowered_name"], k.lowered_name).bind(K["registers"], k.res.registers)
+      .bind(K["smem_static"], k.res.smem_static).bind(K["stack_bytes"], k.res.stack_bytes)
+      .bind(K["spill_stores"], k.res.spill_stores).bind(K["spill_loads"], k.res.spill_loads)
+      .bind(K["compile_ms"], k.compile_ms).bind(K["log"], k.log).bind_blob(K["cubin"], k.cubin)
+      .bind(K["created"], created).bind(K["origin"], origin);
   s.step();
 }
 
 // One results row with the device's fields as given; origin 0: NULL.
 void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, const DeviceInfo& d,
                        const std::string& created, long long origin) {
-  Stmt s(db, std::string(verb) +
-                 " INTO results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,"
-                 "dtype,causal,status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,"
-                 "device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,registers,smem_static,"
-                 "spill_stores,created,detail,inputs,origin,heads_k,varlen,paged) "
-                 "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULLIF(?,0),?,?,?)");
+  static constexpr auto R = column_list(
+      "kernel_hash", "family", "direction", "config", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal",
+      "status", "error", "max_abs", "max_rel", "mse", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps", "seed",
+      "device_name", "arch", "sm_count", "driver_version", "nvrtc_version", "options", "source_hash", "registers",
+      "smem_static", "spill_stores", "created", "detail", "inputs", "origin", "heads_k", "varlen", "paged");
+  Stmt s(db, std::string(verb) + " INTO results(" + R.list() + ") VALUES(" + R.placeholders(origin_placeholder) + ")");
   const Problem& p = r.problem;
-  s.bind(1, r.kernel_hash).bind(2, r.family).bind(3, r.direction).bind(4, r.config).bind(5, p.batch)
-      .bind(6, p.heads).bind(7, p.seq_q).bind(8, p.seq_k).bind(9, p.head_dim)
-      .bind(10, std::string(to_string(p.dtype))).bind(11, (int)p.causal).bind(12, r.status).bind(13, r.error)
-      .bind(14, r.max_abs).bind(15, r.max_rel).bind(16, r.mse).bind(17, r.ms_median).bind(18, r.ms_p20)
-      .bind(19, r.ms_p80).bind(20, r.reps).bind(21, r.tflops).bind(22, r.gbps).bind(23, (long long)r.seed)
-      .bind(24, d.name).bind(25, d.arch).bind(26, d.sm_count).bind(27, d.driver_version).bind(28, r.nvrtc_version)
-      .bind(29, r.options).bind(30, r.source_hash).bind(31, r.res.registers).bind(32, r.res.smem_static)
-      .bind(33, r.res.spill_stores).bind(34, created).bind(35, r.detail).bind(36, p.inputs.str()).bind(37, origin)
-      .bind(38, p.heads_k).bind(39, p.varlen.key()).bind(40, p.paged.key());
+  s.bind(R["kernel_hash"], r.kernel_hash).bind(R["family"], r.family).bind(R["direction"], r.direction)
+      .bind(R["config"], r.config).bind(R["batch"], p.batch).bind(R["heads"], p.heads).bind(R["seq_q"], p.seq_q)
+      .bind(R["seq_k"], p.seq_k).bind(R["head_dim"], p.head_dim).bind(R["dtype"], std::string(to_string(p.dtype)))
+      .bind(R["causal"], (int)p.causal).bind(R["status"], r.status).bind(R["error"], r.error)
+      .bind(R["max_abs"], r.max_abs).bind(R["max_rel"], r.max_rel).bind(R["mse"], r.mse)
+      .bind(R["ms_median"], r.ms_median).bind(R["ms_p20"], r.ms_p20).bind(R["ms_p80"], r.ms_p80)
+      .bind(R["reps"], r.reps).bind(R["tflops"], r.tflops).bind(R["gbps"], r.gbps).bind(R["seed"], (long long)r.seed)
+      .bind(R["device_name"], d.name).bind(R["arch"], d.arch).bind(R["sm_count"], d.sm_count)
+      .bind(R["driver_version"], d.driver_version).bind(R["nvrtc_version"], r.nvrtc_version)
+      .bind(R["options"], r.options).bind(R["source_hash"], r.source_hash).bind(R["registers"], r.res.registers)
+      .bind(R["smem_static"], r.res.smem_static).bind(R["spill_stores"], r.res.spill_stores)
+      .bind(R["created"], created).bind(R["detail"], r.detail).bind(R["inputs"], p.inputs.str())
+      .bind(R["origin"], origin).bind(R["heads_k"], p.heads_k).bind(R["varlen"], p.varlen.key())
+      .bind(R["paged"], p.paged.key());
   s.step();
+}
+
+// The results table's unique key but for the kernel's resources: one measured point (has_result, copy_result).
+constexpr auto kResultKey = column_list("kernel_hash", "device_name", "sm_count", "batch", "heads", "seq_q", "seq_k",
+                                        "inputs", "heads_k", "varlen", "paged");
+
+void bind_result_key(Stmt& s, const std::string& kernel_hash, const std::string& device_name, int sm_count,
+                     const Problem& p) {
+  constexpr auto& K = kResultKey;
+  s.bind(K["kernel_hash"], kernel_hash).bind(K["device_name"], device_name).bind(K["sm_count"], sm_count)
+      .bind(K["batch"], p.batch).bind(K["heads"], p.heads).bind(K["seq_q"], p.seq_q).bind(K["seq_k"], p.seq_k)
+      .bind(K["inputs"], p.inputs.str()).bind(K["heads_k"], p.heads_k).bind(K["varlen"], p.varlen.key())
+      .bind(K["paged"], p.paged.key());
 }
 
 }  // namespace
@@ -509,13 +659,15 @@ void Store::put_kernel(const KernelRecord& k) {
 }
 
 bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, const Problem& p) {
-  // The same kernel on the same shape with other inputs is another result.
-  Stmt s(db_, std::string("SELECT 1 FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? AND batch=? "
-                          "AND heads=? AND seq_q=? AND seq_k=? AND ") + (has_inputs_ ? "inputs=?" : "'normal'=?") +
-                  (has_heads_k_ ? " AND heads_k=?" : " AND 0=?") + (has_varlen_ ? " AND varlen=?" : " AND ''=?") +
-                  (has_paged_ ? " AND paged=?" : " AND ''=?"));
-  s.bind(1, kernel_hash).bind(2, d.name).bind(3, d.sm_count).bind(4, p.batch).bind(5, p.heads).bind(6, p.seq_q)
-      .bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key()).bind(11, p.paged.key());
+  // The same kernel on the same shape with other inputs is another result. A column an older schema (read
+  // read-only) lacks compares its one value then.
+  Stmt s(db_, "SELECT 1 FROM results WHERE " + kResultKey.equal_to_parameters([&](std::string_view c) {
+           if (c == "inputs" && !has_inputs_) return std::string("'normal'");
+           if (c == "heads_k" && !has_heads_k_) return std::string("0");
+           if ((c == "varlen" && !has_varlen_) || (c == "paged" && !has_paged_)) return std::string("''");
+           return std::string(c);
+         }));
+  bind_result_key(s, kernel_hash, d.name, d.sm_count, p);
   return s.step();
 }
 
@@ -523,15 +675,30 @@ void Store::put_result(const ResultRecord& r, const DeviceInfo& d) {
   write_txn([&] { insert_result_row(db_, "INSERT OR REPLACE", r, d, now_iso8601(), 0); });
 }
 
+namespace {
+// A results row as results() reads it (insert_result_row writes its own list: no id, and origin).
+constexpr auto kResultReadColumns = column_list(
+    "id", "kernel_hash", "family", "direction", "config", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype",
+    "causal", "status", "error", "max_abs", "max_rel", "mse", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps",
+    "seed", "device_name", "arch", "sm_count", "driver_version", "nvrtc_version", "options", "source_hash", "registers",
+    "smem_static", "spill_stores", "created", "detail", "inputs", "heads_k", "varlen", "paged");
+}  // namespace
+
 std::vector<ResultRecord> Store::results(const ResultFilter& f) {
+  constexpr auto& R = kResultReadColumns;
   const std::string varlen = has_varlen_ ? "varlen" : "''", paged = has_paged_ ? "paged" : "''";
-  auto text = [&](const char* col) { return f.lean ? std::string("''") : std::string(col); };
-  std::string sql =
-      "SELECT id," + text("kernel_hash") + ",family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,status," +
-      text("error") + ",max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,"
-      "driver_version," + text("nvrtc_version") + "," + text("options") + ",source_hash,registers,smem_static,"
-      "spill_stores,created," + (has_detail_ ? text("detail") : "NULL") + "," + (has_inputs_ ? "inputs" : "'normal'") +  // v1-v3, read-only
-      "," + (has_heads_k_ ? "heads_k" : "0") + "," + varlen + "," + paged;
+  // A lean read leaves out the long texts; a column an older schema (v1-v7, read read-only) lacks reads as
+  // the value its rows had.
+  std::string sql = "SELECT " + R.list([&](std::string_view c) -> std::string {
+    if (c == "detail" && !has_detail_) return "NULL";
+    if (f.lean && (c == "kernel_hash" || c == "error" || c == "nvrtc_version" || c == "options" || c == "detail"))
+      return "''";
+    if (c == "inputs" && !has_inputs_) return "'normal'";
+    if (c == "heads_k" && !has_heads_k_) return "0";
+    if (c == "varlen") return varlen;
+    if (c == "paged") return paged;
+    return std::string(c);
+  });
   std::string where = " FROM results WHERE 1=1";
   std::vector<std::string> binds;
   auto add = [&](const std::string& col, const std::string& v) {
@@ -573,21 +740,22 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   while (s.step()) {
     if (f.max_rows > 0 && (long long)out.size() >= f.max_rows) throw too_many();  // rows added since the count
     ResultRecord r;
-    r.id = s.i64(0); r.kernel_hash = s.text(1); r.family = s.text(2); r.direction = s.text(3); r.config = s.text(4);
+    r.id = s.i64(R["id"]); r.kernel_hash = s.text(R["kernel_hash"]); r.family = s.text(R["family"]);
+    r.direction = s.text(R["direction"]); r.config = s.text(R["config"]);
     // Stored strings and numbers are checked as they are read: a row that fails is named.
     try {
-      for (int c = 5; c <= 9; ++c)
+      for (Column c : {R["batch"], R["heads"], R["seq_q"], R["seq_k"], R["head_dim"]})
         if (s.i64(c) < 1 || s.i64(c) > (1 << 20))
           throw UsageError("problem dimension " + std::to_string(s.i64(c)) + " is out of range");
       if (r.direction != "fwd" && r.direction != "bwd") throw UsageError("direction '" + brief(r.direction) + "'");
-      r.problem = {(int)s.i64(5), (int)s.i64(6), (int)s.i64(7), (int)s.i64(8), (int)s.i64(9),
-                   parse_dtype(s.text(10)), s.i64(11) != 0, r.direction};
-      r.problem.inputs = parse_input_dist(s.text(36));
-      const long long hk = s.i64(37);
+      r.problem = {(int)s.i64(R["batch"]), (int)s.i64(R["heads"]), (int)s.i64(R["seq_q"]), (int)s.i64(R["seq_k"]),
+                   (int)s.i64(R["head_dim"]), parse_dtype(s.text(R["dtype"])), s.i64(R["causal"]) != 0, r.direction};
+      r.problem.inputs = parse_input_dist(s.text(R["inputs"]));
+      const long long hk = s.i64(R["heads_k"]);
       if (hk < 0 || hk > (1 << 16) || (hk > 0 && r.problem.heads % hk))
         throw UsageError("heads_k " + std::to_string(hk) + " does not divide heads " + std::to_string(r.problem.heads));
       r.problem.heads_k = hk == r.problem.heads ? 0 : (int)hk;
-      if (const std::string vl = s.text(38); !vl.empty()) {
+      if (const std::string vl = s.text(R["varlen"]); !vl.empty()) {
         // The lengths again from their description; the stored count and longest lengths must agree.
         nlohmann::json pj = to_json(r.problem);
         pj.erase("batch"), pj.erase("seq_q"), pj.erase("seq_k");
@@ -598,7 +766,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
           throw UsageError("varlen lengths disagree with batch, seq_q, seq_k");
         r.problem = vp;
       }
-      if (const std::string pg = s.text(39); !pg.empty()) {
+      if (const std::string pg = s.text(R["paged"]); !pg.empty()) {
         // The cache again from its description; with lengths, the stored count and longest must agree.
         nlohmann::json pj = to_json(r.problem);
         pj["paged"] = nlohmann::json::parse(pg, nullptr, false);
@@ -614,28 +782,48 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
       throw UsageError("'" + path_ + "': the packed and paged rows read hold more than " +
                        std::to_string(kMaxResultLengths) + " sequence lengths in all (at results row " +
                        std::to_string(r.id) + "): select fewer rows (family, device, dtype, head dim)");
-    r.status = s.text(12); r.error = s.text(13);
-    r.max_abs = s.f64(14); r.max_rel = s.f64(15); r.mse = s.f64(16);
-    r.ms_median = s.f64(17); r.ms_p20 = s.f64(18); r.ms_p80 = s.f64(19); r.reps = (int)s.i64(20);
-    r.tflops = s.f64(21); r.gbps = s.f64(22); r.seed = (unsigned long long)s.i64(23);
-    r.device_name = s.text(24); r.arch = s.text(25); r.sm_count = (int)s.i64(26); r.driver_version = (int)s.i64(27);
-    r.nvrtc_version = s.text(28); r.options = s.text(29); r.source_hash = s.text(30);
-    r.res.registers = (int)s.i64(31); r.res.smem_static = (int)s.i64(32); r.res.spill_stores = (int)s.i64(33);
-    r.created = s.text(34);
-    r.detail = s.text(35);
+    r.status = s.text(R["status"]); r.error = s.text(R["error"]);
+    r.max_abs = s.f64(R["max_abs"]); r.max_rel = s.f64(R["max_rel"]); r.mse = s.f64(R["mse"]);
+    r.ms_median = s.f64(R["ms_median"]); r.ms_p20 = s.f64(R["ms_p20"]); r.ms_p80 = s.f64(R["ms_p80"]);
+    r.reps = (int)s.i64(R["reps"]); r.tflops = s.f64(R["tflops"]); r.gbps = s.f64(R["gbps"]);
+    r.seed = (unsigned long long)s.i64(R["seed"]);
+    r.device_name = s.text(R["device_name"]); r.arch = s.text(R["arch"]); r.sm_count = (int)s.i64(R["sm_count"]);
+    r.driver_version = (int)s.i64(R["driver_version"]);
+    r.nvrtc_version = s.text(R["nvrtc_version"]); r.options = s.text(R["options"]);
+    r.source_hash = s.text(R["source_hash"]);
+    r.res.registers = (int)s.i64(R["registers"]); r.res.smem_static = (int)s.i64(R["smem_static"]);
+    r.res.spill_stores = (int)s.i64(R["spill_stores"]);
+    r.created = s.text(R["created"]);
+    r.detail = s.text(R["detail"]);
     out.push_back(std::move(r));
   }
   return out;
 }
 
+namespace {
+
+// One experiment_runs row; its id. origin 0: NULL (begin_experiment's rows leave it out, which is the same).
+long long insert_experiment_run(sqlite3* db, const ExperimentRun& r, const std::string& created, long long origin) {
+  static constexpr auto E = column_list("experiment", "title", "device_name", "probes", "spec", "created", "origin");
+  Stmt s(db, "INSERT INTO experiment_runs(" + E.list() + ") VALUES(" + E.placeholders(origin_placeholder) + ")");
+  s.bind(E["experiment"], r.experiment).bind(E["title"], r.title).bind(E["device_name"], r.device_name)
+      .bind(E["probes"], r.probes).bind(E["spec"], r.spec).bind(E["created"], created).bind(E["origin"], origin);
+  s.step();
+  return sqlite().last_insert_rowid(db);
+}
+
+// An experiment_rows row as put_experiment_row writes it and experiment_rows reads it.
+constexpr auto kExperimentRowColumns = column_list(
+    "run_id", "impl", "family", "config", "direction", "dtype", "batch", "heads", "seq_q", "seq_k", "head_dim",
+    "causal", "status", "error", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps", "max_abs", "mean_abs",
+    "mse", "max_rel", "peak_bytes", "device", "detail");
+
+}  // namespace
+
 long long Store::begin_experiment(const ExperimentRun& r) {
   long long id = 0;
   write_txn([&] {
-  Stmt s(db_, "INSERT INTO experiment_runs(experiment,title,device_name,probes,spec,created) VALUES(?,?,?,?,?,?)");
-  s.bind(1, r.experiment).bind(2, r.title).bind(3, r.device_name).bind(4, r.probes).bind(5, r.spec)
-      .bind(6, now_iso8601());
-  s.step();
-  id = sqlite().last_insert_rowid(db_);
+    id = insert_experiment_run(db_, r, now_iso8601(), 0);
   });
   return id;
 }
@@ -650,49 +838,56 @@ void Store::set_experiment_probes(long long run_id, const std::string& probes) {
 
 void Store::put_experiment_row(const ExperimentRow& r) {
   write_txn([&] {
-  Stmt s(db_, "INSERT INTO experiment_rows(run_id,impl,family,config,direction,dtype,batch,heads,seq_q,seq_k,"
-              "head_dim,causal,status,error,ms_median,ms_p20,ms_p80,reps,tflops,gbps,max_abs,mean_abs,mse,max_rel,"
-              "peak_bytes,device,detail) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-  const Problem& p = r.problem;
-  s.bind(1, r.run_id).bind(2, r.impl).bind(3, r.family).bind(4, r.config).bind(5, p.direction)
-      .bind(6, std::string(to_string(p.dtype))).bind(7, p.batch).bind(8, p.heads).bind(9, p.seq_q).bind(10, p.seq_k)
-      .bind(11, p.head_dim).bind(12, (int)p.causal).bind(13, r.status).bind(14, r.error).bind(15, r.ms_median)
-      .bind(16, r.ms_p20).bind(17, r.ms_p80).bind(18, r.reps).bind(19, r.tflops).bind(20, r.gbps).bind(21, r.max_abs)
-      .bind(22, r.mean_abs).bind(23, r.mse).bind(24, r.max_rel).bind(25, r.peak_bytes).bind(26, r.device)
-      .bind(27, r.detail);
-  s.step();
+    constexpr auto& E = kExperimentRowColumns;
+    Stmt s(db_, "INSERT INTO experiment_rows(" + E.list() + ") VALUES(" + E.placeholders() + ")");
+    const Problem& p = r.problem;
+    s.bind(E["run_id"], r.run_id).bind(E["impl"], r.impl).bind(E["family"], r.family).bind(E["config"], r.config)
+        .bind(E["direction"], p.direction).bind(E["dtype"], std::string(to_string(p.dtype))).bind(E["batch"], p.batch)
+        .bind(E["heads"], p.heads).bind(E["seq_q"], p.seq_q).bind(E["seq_k"], p.seq_k).bind(E["head_dim"], p.head_dim)
+        .bind(E["causal"], (int)p.causal).bind(E["status"], r.status).bind(E["error"], r.error)
+        .bind(E["ms_median"], r.ms_median).bind(E["ms_p20"], r.ms_p20).bind(E["ms_p80"], r.ms_p80).bind(E["reps"], r.reps)
+        .bind(E["tflops"], r.tflops).bind(E["gbps"], r.gbps).bind(E["max_abs"], r.max_abs).bind(E["mean_abs"], r.mean_abs)
+        .bind(E["mse"], r.mse).bind(E["max_rel"], r.max_rel).bind(E["peak_bytes"], r.peak_bytes)
+        .bind(E["device"], r.device).bind(E["detail"], r.detail);
+    s.step();
   });
 }
 
 std::vector<ExperimentRun> Store::experiment_runs(const std::string& experiment) {
   if (!has_experiments_) return {};  // a v1/v2 store read read-only
-  Stmt s(db_, "SELECT id,experiment,title,device_name,probes,spec,created FROM experiment_runs "
-              "WHERE ?='' OR experiment=? ORDER BY id");
+  static constexpr auto E = column_list("id", "experiment", "title", "device_name", "probes", "spec", "created");
+  Stmt s(db_, "SELECT " + E.list() + " FROM experiment_runs WHERE ?='' OR experiment=? ORDER BY id");
   s.bind(1, experiment).bind(2, experiment);
   std::vector<ExperimentRun> out;
-  while (s.step())
-    out.push_back({s.i64(0), s.text(1), s.text(2), s.text(3), s.text(4), s.text(5), s.text(6)});
+  while (s.step()) {
+    ExperimentRun r;
+    r.id = s.i64(E["id"]); r.experiment = s.text(E["experiment"]); r.title = s.text(E["title"]);
+    r.device_name = s.text(E["device_name"]); r.probes = s.text(E["probes"]); r.spec = s.text(E["spec"]);
+    r.created = s.text(E["created"]);
+    out.push_back(std::move(r));
+  }
   return out;
 }
 
 std::vector<ExperimentRow> Store::experiment_rows(long long run_id) {
   if (!has_experiments_) return {};
-  Stmt s(db_, "SELECT impl,family,config,direction,dtype,batch,heads,seq_q,seq_k,head_dim,causal,status,error,"
-              "ms_median,ms_p20,ms_p80,reps,tflops,gbps,max_abs,mean_abs,mse,max_rel,peak_bytes,device,detail "
-              "FROM experiment_rows WHERE run_id=? ORDER BY id");
+  constexpr auto& E = kExperimentRowColumns;
+  Stmt s(db_, "SELECT " + E.list() + " FROM experiment_rows WHERE run_id=? ORDER BY id");
   s.bind(1, run_id);
   std::vector<ExperimentRow> out;
   while (s.step()) {
     ExperimentRow r;
     r.run_id = run_id;
-    r.impl = s.text(0); r.family = s.text(1); r.config = s.text(2);
-    r.problem = {(int)s.i64(5), (int)s.i64(6), (int)s.i64(7), (int)s.i64(8), (int)s.i64(9),
-                 parse_dtype(s.text(4)), s.i64(10) != 0, s.text(3)};
-    r.status = s.text(11); r.error = s.text(12);
-    r.ms_median = s.f64(13); r.ms_p20 = s.f64(14); r.ms_p80 = s.f64(15); r.reps = (int)s.i64(16);
-    r.tflops = s.f64(17); r.gbps = s.f64(18);
-    r.max_abs = s.f64(19); r.mean_abs = s.f64(20); r.mse = s.f64(21); r.max_rel = s.f64(22);
-    r.peak_bytes = s.i64(23); r.device = s.text(24); r.detail = s.text(25);
+    r.impl = s.text(E["impl"]); r.family = s.text(E["family"]); r.config = s.text(E["config"]);
+    r.problem = {(int)s.i64(E["batch"]), (int)s.i64(E["heads"]), (int)s.i64(E["seq_q"]), (int)s.i64(E["seq_k"]),
+                 (int)s.i64(E["head_dim"]), parse_dtype(s.text(E["dtype"])), s.i64(E["causal"]) != 0,
+                 s.text(E["direction"])};
+    r.status = s.text(E["status"]); r.error = s.text(E["error"]);
+    r.ms_median = s.f64(E["ms_median"]); r.ms_p20 = s.f64(E["ms_p20"]); r.ms_p80 = s.f64(E["ms_p80"]);
+    r.reps = (int)s.i64(E["reps"]); r.tflops = s.f64(E["tflops"]); r.gbps = s.f64(E["gbps"]);
+    r.max_abs = s.f64(E["max_abs"]); r.mean_abs = s.f64(E["mean_abs"]); r.mse = s.f64(E["mse"]);
+    r.max_rel = s.f64(E["max_rel"]); r.peak_bytes = s.i64(E["peak_bytes"]); r.device = s.text(E["device"]);
+    r.detail = s.text(E["detail"]);
     out.push_back(std::move(r));
   }
   return out;
@@ -732,52 +927,37 @@ void Store::snapshot(const std::function<void()>& body) {
 }
 
 void Store::each_kernel(const std::function<void(const KernelRecord&)>& fn, bool with_cubin) {
-  Stmt s(db_, std::string("SELECT hash,family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
-                          "source_hash,name_expression,status,reason,lowered_name,registers,smem_static,"
-                          "stack_bytes,spill_stores,spill_loads,compile_ms,log,") +
-                  (with_cubin ? "cubin" : "NULL") + ",created FROM kernels ORDER BY hash");
-  while (s.step()) {
-    KernelRecord k;
-    k.hash = s.text(0);
-    k.family = s.text(1); k.direction = s.text(2); k.config = s.text(3);
-    try {
-      if (s.i64(4) < 1 || s.i64(4) > 1024) throw UsageError("head_dim " + std::to_string(s.i64(4)) + " is out of range");
-      k.head_dim = (int)s.i64(4);
-      k.dtype = parse_dtype(s.text(6));
-    } catch (const UsageError& e) {
-      throw UsageError("'" + path_ + "': kernel " + brief(k.hash, 40) + ": " + e.what());
-    }
-    k.causal = s.i64(5) != 0;
-    k.arch = s.text(7); k.nvrtc_version = s.text(8); k.options = s.text(9); k.source_hash = s.text(10);
-    k.name_expression = s.text(11); k.status = s.text(12); k.reason = s.text(13); k.lowered_name = s.text(14);
-    k.res = {(int)s.i64(15), (int)s.i64(16), (int)s.i64(17), (int)s.i64(18), (int)s.i64(19)};
-    k.compile_ms = s.f64(20); k.log = s.text(21); k.cubin = s.blob(22); k.created = s.text(23);
-    fn(k);
-  }
+  Stmt s(db_, select_kernels(with_cubin) + " ORDER BY hash");
+  while (s.step()) fn(read_kernel_row(s, true, path_));
 }
 
 std::set<DeviceSignature> Store::device_signatures() {
-  Stmt s(db_, "SELECT DISTINCT device_name, arch, sm_count, driver_version FROM results");
+  static constexpr auto C = column_list("device_name", "arch", "sm_count", "driver_version");
+  Stmt s(db_, "SELECT DISTINCT " + C.list() + " FROM results");
   std::set<DeviceSignature> out;
-  while (s.step()) out.insert({s.text(0), s.text(1), (int)s.i64(2), (int)s.i64(3)});
+  while (s.step())
+    out.insert({s.text(C["device_name"]), s.text(C["arch"]), (int)s.i64(C["sm_count"]),
+                (int)s.i64(C["driver_version"])});
   return out;
 }
 
 namespace {
-constexpr const char* kProvenanceColumns =
-    "id,kind,source,content_hash,source_schema,kernels,results,experiment_runs,upstream,created";
+constexpr auto kProvenanceColumns = column_list("id", "kind", "source", "content_hash", "source_schema", "kernels",
+                                                "results", "experiment_runs", "upstream", "created");
 Provenance read_provenance(const Stmt& s) {
+  constexpr auto& P = kProvenanceColumns;
   Provenance p;
-  p.id = s.i64(0); p.kind = s.text(1); p.source = s.text(2); p.content_hash = s.text(3);
-  p.source_schema = (int)s.i64(4); p.kernels = s.i64(5); p.results = s.i64(6); p.experiment_runs = s.i64(7);
-  p.upstream = s.text(8); p.created = s.text(9);
+  p.id = s.i64(P["id"]); p.kind = s.text(P["kind"]); p.source = s.text(P["source"]);
+  p.content_hash = s.text(P["content_hash"]); p.source_schema = (int)s.i64(P["source_schema"]);
+  p.kernels = s.i64(P["kernels"]); p.results = s.i64(P["results"]); p.experiment_runs = s.i64(P["experiment_runs"]);
+  p.upstream = s.text(P["upstream"]); p.created = s.text(P["created"]);
   return p;
 }
 }  // namespace
 
 std::vector<Provenance> Store::provenance() {
   if (!has_provenance_) return {};  // before schema 5, read read-only
-  Stmt s(db_, std::string("SELECT ") + kProvenanceColumns + " FROM provenance ORDER BY id");
+  Stmt s(db_, "SELECT " + kProvenanceColumns.list() + " FROM provenance ORDER BY id");
   std::vector<Provenance> out;
   while (s.step()) out.push_back(read_provenance(s));
   return out;
@@ -785,7 +965,7 @@ std::vector<Provenance> Store::provenance() {
 
 std::optional<Provenance> Store::find_provenance(const std::string& content_hash) {
   if (!has_provenance_) return std::nullopt;
-  Stmt s(db_, std::string("SELECT ") + kProvenanceColumns + " FROM provenance WHERE content_hash=?");
+  Stmt s(db_, "SELECT " + kProvenanceColumns.list() + " FROM provenance WHERE content_hash=?");
   s.bind(1, content_hash);
   if (!s.step()) return std::nullopt;
   return read_provenance(s);
@@ -794,11 +974,15 @@ std::optional<Provenance> Store::find_provenance(const std::string& content_hash
 long long Store::add_provenance(const Provenance& p) {
   long long id = 0;
   write_txn([&] {
-    Stmt s(db_, "INSERT INTO provenance(kind,source,content_hash,source_schema,kernels,results,experiment_runs,"
-                "upstream,created) VALUES(?,?,?,NULLIF(?,0),?,?,?,?,?)");
-    s.bind(1, p.kind).bind(2, p.source).bind(3, p.content_hash).bind(4, p.source_schema).bind(5, p.kernels)
-        .bind(6, p.results).bind(7, p.experiment_runs).bind(8, p.upstream)
-        .bind(9, p.created.empty() ? now_iso8601() : p.created);
+    static constexpr auto P = column_list("kind", "source", "content_hash", "source_schema", "kernels", "results",
+                                      "experiment_runs", "upstream", "created");
+    Stmt s(db_, "INSERT INTO provenance(" + P.list() + ") VALUES(" + P.placeholders([](std::string_view c) {
+             return c == "source_schema" ? "NULLIF(?,0)" : "?";  // 0: not known
+           }) + ")");
+    s.bind(P["kind"], p.kind).bind(P["source"], p.source).bind(P["content_hash"], p.content_hash)
+        .bind(P["source_schema"], p.source_schema).bind(P["kernels"], p.kernels).bind(P["results"], p.results)
+        .bind(P["experiment_runs"], p.experiment_runs).bind(P["upstream"], p.upstream)
+        .bind(P["created"], p.created.empty() ? now_iso8601() : p.created);
     s.step();
     id = sqlite().last_insert_rowid(db_);
   });
@@ -819,10 +1003,15 @@ Copied Store::copy_kernel(const KernelRecord& k, long long origin) {
     insert_kernel_row(db_, "INSERT OR IGNORE", k, k.created.empty() ? now_iso8601() : k.created, origin);
     if (sqlite().changes(db_) > 0) return;
     // The same hash is the same source, options, NVRTC and arch: what it compiled to should agree.
-    Stmt s(db_, "SELECT status, ifnull(reason,''), registers FROM kernels WHERE hash=?");
+    static constexpr auto C = column_list("status", "reason", "registers");
+    Stmt s(db_, "SELECT " + C.list([](std::string_view c) {
+             return c == "reason" ? std::string("ifnull(reason,'')") : std::string(c);
+           }) + " FROM kernels WHERE hash=?");
     s.bind(1, k.hash);
     s.step();
-    out = s.text(0) == k.status && s.text(1) == k.reason && s.i64(2) == k.res.registers ? Copied::present : Copied::differs;
+    out = s.text(C["status"]) == k.status && s.text(C["reason"]) == k.reason && s.i64(C["registers"]) == k.res.registers
+              ? Copied::present
+              : Copied::differs;
   });
   return out;
 }
@@ -834,14 +1023,13 @@ Copied Store::copy_result(const ResultRecord& r, long long origin) {
     d.name = r.device_name; d.arch = r.arch; d.sm_count = r.sm_count; d.driver_version = r.driver_version;
     insert_result_row(db_, "INSERT OR IGNORE", r, d, r.created.empty() ? now_iso8601() : r.created, origin);
     if (sqlite().changes(db_) > 0) return;
-    const Problem& p = r.problem;
-    Stmt s(db_, "SELECT status, ms_median, config FROM results WHERE kernel_hash=? AND device_name=? AND sm_count=? "
-                "AND batch=? AND heads=? AND seq_q=? AND seq_k=? AND inputs=? AND heads_k=? AND varlen=? AND paged=?");
-    s.bind(1, r.kernel_hash).bind(2, r.device_name).bind(3, r.sm_count).bind(4, p.batch).bind(5, p.heads)
-        .bind(6, p.seq_q).bind(7, p.seq_k).bind(8, p.inputs.str()).bind(9, p.heads_k).bind(10, p.varlen.key())
-        .bind(11, p.paged.key());
+    static constexpr auto C = column_list("status", "ms_median", "config");
+    Stmt s(db_, "SELECT " + C.list() + " FROM results WHERE " + kResultKey.equal_to_parameters());
+    bind_result_key(s, r.kernel_hash, r.device_name, r.sm_count, r.problem);
     s.step();
-    out = s.text(0) == r.status && s.f64(1) == r.ms_median && s.text(2) == r.config ? Copied::present : Copied::differs;
+    out = s.text(C["status"]) == r.status && s.f64(C["ms_median"]) == r.ms_median && s.text(C["config"]) == r.config
+              ? Copied::present
+              : Copied::differs;
   });
   return out;
 }
@@ -859,12 +1047,7 @@ std::vector<long long> Store::find_experiment_runs(const ExperimentRun& r) {
 long long Store::copy_experiment_run(const ExperimentRun& r, long long origin) {
   long long id = 0;
   write_txn([&] {
-    Stmt s(db_, "INSERT INTO experiment_runs(experiment,title,device_name,probes,spec,created,origin) "
-                "VALUES(?,?,?,?,?,?,NULLIF(?,0))");
-    s.bind(1, r.experiment).bind(2, r.title).bind(3, r.device_name).bind(4, r.probes).bind(5, r.spec)
-        .bind(6, r.created).bind(7, origin);
-    s.step();
-    id = sqlite().last_insert_rowid(db_);
+    id = insert_experiment_run(db_, r, r.created, origin);
   });
   return id;
 }

@@ -602,3 +602,108 @@ TEST(Store, CopiesKeepStoredRowsAndRollBackTogether) {
   EXPECT_EQ(s.results({}).size(), 2u);
   fs::remove(path);
 }
+
+// Every field written and read back by its column's name: distinct values everywhere, so that two columns
+// read into each other's fields (ms_p20 and ms_p80, registers and smem_static) cannot pass.
+TEST(Store, EveryFieldRoundTripsByName) {
+  const std::string path = temp_db("every_field");
+  Store s(path);
+  KernelRecord k;
+  k.hash = "h1"; k.family = "fa2_mma"; k.direction = "bwd"; k.config = "BLOCK_M=64"; k.head_dim = 96;
+  k.causal = true; k.dtype = DType::bf16; k.arch = "sm_90a"; k.nvrtc_version = "13.1"; k.options = "-O3";
+  k.source_hash = "src"; k.name_expression = "ne"; k.status = "compiled"; k.reason = "why"; k.lowered_name = "ln";
+  k.res = {101, 102, 103, 104, 105}; k.compile_ms = 1.5; k.log = "log"; k.cubin = std::string("\0\1\2", 3);
+  s.put_kernel(k);
+  auto same_kernel = [&](const KernelRecord& g) {
+    EXPECT_EQ(std::tie(g.hash, g.family, g.direction, g.config, g.head_dim, g.causal, g.dtype, g.arch, g.nvrtc_version,
+                       g.options, g.source_hash, g.name_expression, g.status, g.reason, g.lowered_name, g.log, g.cubin),
+              std::tie(k.hash, k.family, k.direction, k.config, k.head_dim, k.causal, k.dtype, k.arch, k.nvrtc_version,
+                       k.options, k.source_hash, k.name_expression, k.status, k.reason, k.lowered_name, k.log, k.cubin));
+    EXPECT_EQ(std::tie(g.res.registers, g.res.smem_static, g.res.stack_bytes, g.res.spill_stores, g.res.spill_loads),
+              std::tie(k.res.registers, k.res.smem_static, k.res.stack_bytes, k.res.spill_stores, k.res.spill_loads));
+    EXPECT_DOUBLE_EQ(g.compile_ms, k.compile_ms);
+    EXPECT_FALSE(g.created.empty());
+  };
+  auto found = s.find_kernel("h1");
+  ASSERT_TRUE(found);
+  same_kernel(*found);
+  int kernels = 0;
+  s.each_kernel([&](const KernelRecord& g) {
+    same_kernel(g);
+    ++kernels;
+  }, true);
+  EXPECT_EQ(kernels, 1);
+
+  ResultRecord r;
+  r.kernel_hash = "h1"; r.family = "fa2_mma"; r.direction = "bwd"; r.config = "BLOCK_M=64";
+  r.problem = {3, 8, 100, 200, 96, DType::bf16, true, "bwd"};
+  r.problem.heads_k = 2;
+  r.status = "ok"; r.error = "err"; r.max_abs = 0.25; r.max_rel = 0.5; r.mse = 0.125; r.detail = R"({"a":1})";
+  r.ms_median = 2.0; r.ms_p20 = 1.75; r.ms_p80 = 2.25; r.reps = 7; r.tflops = 11.0; r.gbps = 12.0; r.seed = 13;
+  r.nvrtc_version = "13.1"; r.options = "-O3"; r.source_hash = "src"; r.res = {101, 102, 0, 104, 0};
+  DeviceInfo d;
+  d.name = "GPU X"; d.arch = "sm_90"; d.sm_count = 132; d.driver_version = 13000;
+  s.put_result(r, d);
+  const auto rows = s.results({});
+  ASSERT_EQ(rows.size(), 1u);
+  const ResultRecord& g = rows[0];
+  EXPECT_GT(g.id, 0);
+  EXPECT_EQ(std::tie(g.kernel_hash, g.family, g.direction, g.config, g.problem, g.status, g.error, g.detail, g.reps,
+                     g.seed, g.nvrtc_version, g.options, g.source_hash),
+            std::tie(r.kernel_hash, r.family, r.direction, r.config, r.problem, r.status, r.error, r.detail, r.reps,
+                     r.seed, r.nvrtc_version, r.options, r.source_hash));
+  EXPECT_EQ(g.problem.heads_k, 2);
+  EXPECT_EQ(std::tie(g.max_abs, g.max_rel, g.mse, g.ms_median, g.ms_p20, g.ms_p80, g.tflops, g.gbps),
+            std::tie(r.max_abs, r.max_rel, r.mse, r.ms_median, r.ms_p20, r.ms_p80, r.tflops, r.gbps));
+  EXPECT_EQ(std::tie(g.device_name, g.arch, g.sm_count, g.driver_version),
+            std::tie(d.name, d.arch, d.sm_count, d.driver_version));
+  EXPECT_EQ(std::tie(g.res.registers, g.res.smem_static, g.res.spill_stores), std::tie(r.res.registers,
+            r.res.smem_static, r.res.spill_stores));
+  EXPECT_FALSE(g.created.empty());
+  EXPECT_EQ(s.device_signatures(), (std::set<DeviceSignature>{{d.name, d.arch, d.sm_count, d.driver_version}}));
+  ResultFilter lean;
+  lean.lean = true;  // the long texts read as '', the rest as stored
+  const auto lean_rows = s.results(lean);
+  ASSERT_EQ(lean_rows.size(), 1u);
+  EXPECT_EQ(std::tie(lean_rows[0].kernel_hash, lean_rows[0].error, lean_rows[0].detail, lean_rows[0].options,
+                     lean_rows[0].nvrtc_version), std::make_tuple("", "", "", "", ""));
+  EXPECT_EQ(std::tie(lean_rows[0].config, lean_rows[0].problem, lean_rows[0].ms_p80, lean_rows[0].source_hash),
+            std::tie(r.config, r.problem, r.ms_p80, r.source_hash));
+  EXPECT_EQ(s.copy_result(g, 0), Copied::present);
+  EXPECT_EQ(s.copy_kernel(k, 0), Copied::present);
+
+  const long long run = s.begin_experiment({0, "exp", "Title", "GPU X", R"({"p":1})", R"({"s":2})", ""});
+  ExperimentRow e;
+  e.run_id = run; e.impl = "torch_flash"; e.family = "fam"; e.config = "cfg";
+  e.problem = {2, 4, 64, 128, 64, DType::fp16, true, "fwd"};
+  e.status = "ok"; e.error = "err"; e.ms_median = 1.0; e.ms_p20 = 0.5; e.ms_p80 = 1.5; e.reps = 9; e.tflops = 3.0;
+  e.gbps = 4.0; e.max_abs = 0.1; e.mean_abs = 0.2; e.mse = 0.3; e.max_rel = 0.4; e.peak_bytes = 1ll << 33;
+  e.device = "GPU X"; e.detail = "{}";
+  s.put_experiment_row(e);
+  const auto runs = s.experiment_runs("exp");
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(std::tie(runs[0].id, runs[0].experiment, runs[0].title, runs[0].device_name, runs[0].probes, runs[0].spec),
+            std::make_tuple(run, "exp", "Title", "GPU X", R"({"p":1})", R"({"s":2})"));
+  const auto erows = s.experiment_rows(run);
+  ASSERT_EQ(erows.size(), 1u);
+  const ExperimentRow& h = erows[0];
+  EXPECT_EQ(std::tie(h.run_id, h.impl, h.family, h.config, h.problem, h.status, h.error, h.reps, h.peak_bytes, h.device,
+                     h.detail),
+            std::tie(e.run_id, e.impl, e.family, e.config, e.problem, e.status, e.error, e.reps, e.peak_bytes, e.device,
+                     e.detail));
+  EXPECT_EQ(std::tie(h.ms_median, h.ms_p20, h.ms_p80, h.tflops, h.gbps, h.max_abs, h.mean_abs, h.mse, h.max_rel),
+            std::tie(e.ms_median, e.ms_p20, e.ms_p80, e.tflops, e.gbps, e.max_abs, e.mean_abs, e.mse, e.max_rel));
+
+  Provenance p;
+  p.kind = "merge"; p.source = "/a.db"; p.content_hash = "ch"; p.upstream = "[]"; p.created = "2025-01-01T00:00:00Z";
+  p.source_schema = 7; p.kernels = 21; p.results = 22; p.experiment_runs = 23;
+  p.id = s.add_provenance(p);
+  const auto prov = s.find_provenance("ch");
+  ASSERT_TRUE(prov);
+  EXPECT_EQ(std::tie(prov->id, prov->kind, prov->source, prov->content_hash, prov->upstream, prov->created,
+                     prov->source_schema, prov->kernels, prov->results, prov->experiment_runs),
+            std::tie(p.id, p.kind, p.source, p.content_hash, p.upstream, p.created, p.source_schema, p.kernels,
+                     p.results, p.experiment_runs));
+  EXPECT_EQ(s.provenance().size(), 1u);
+  fs::remove(path);
+}
