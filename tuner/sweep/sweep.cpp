@@ -353,12 +353,243 @@ std::string with_worker_device(const std::string& detail, int device) {
   return d.dump();
 }
 
-}  // namespace
+// One GPU sweep, shared by its worker threads (step_problems, one per device): the workers and a store
+// connection each, the kernels compiled so far, each problem's candidates, stored rows and report, the
+// summary and the one progress line. Its pieces: compile (kernel), reuse a stored row (reuse), a row this
+// sweep validated (validated_row), run on the GPU (measure), store (record), and a finished problem's
+// re-timing and report (finish). Three locks: kernels_mu_ (the kernels), a problem's ProblemRun::mu (its
+// rows) and progress_mu_ (the summary and the progress line), held one at a time, except progress_mu_
+// inside a problem's mu where a stored row is reused.
+class Sweep {
+ public:
+  Sweep(const Space& space, const std::vector<Problem>& problems, Store& store, const SweepOptions& opt,
+        std::vector<std::unique_ptr<GpuSession>> gpus)
+      : space_(space),
+        problems_(problems),
+        store_(store),
+        opt_(opt),
+        so_(opt.search),
+        gpus_(std::move(gpus)),
+        compiler_(gpus_[0]->device().arch),
+        several_(gpus_.size() > 1),
+        runs_(problems.size()),
+        reports_(problems.size()) {
+    // Every worker thread its own connection to the store (SQLite serialises the writers).
+    for (size_t i = 0; i < gpus_.size(); ++i) stores_.push_back(std::make_unique<Store>(store.path()));
+  }
 
-SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Store& store, const SweepOptions& opt) {
-  if (variants_for(space, problems).empty())
-    throw UsageError("no problem matches a variant of the " + space.family->name + " space");
-  // One worker per listed device; the first one says whether there is a GPU at all.
+  SweepSummary run() {
+    compile_upfront();
+    const double t0 = seconds_now();
+    deadline_ = so_.time_budget_s > 0 ? t0 + so_.time_budget_s : 0;
+    plan();
+    step_problems(
+        problems_.size(), (int)gpus_.size(), deadline_, seconds_now,
+        [this](size_t pi, int w) { return start(pi, w); },
+        [this](size_t pi, int w, const ProblemSearch::Ticket& t) { return step(pi, w, t); },
+        [this](size_t pi, int w, const ProblemSearch& search) { finish(pi, w, search); });
+    for (auto& r : reports_)
+      if (r) sum_.reports.push_back(std::move(*r));
+    progress_->finish();
+    for (const auto& g : gpus_)
+      if (g->restarts()) std::fprintf(stderr, "a worker was restarted %d times (crashes or hangs)\n", g->restarts());
+    if (deadline_ > 0 && seconds_now() >= deadline_)
+      std::fprintf(stderr, "--time-budget reached: stopped; a rerun continues from what is stored\n");
+    return std::move(sum_);
+  }
+
+ private:
+  // One problem's rows on this device: stored ones (reused, not re-run) and those this sweep validated
+  // (their later runs are timed only).
+  struct ProblemRun {
+    std::map<std::string, ResultRecord> stored;  // by kernel hash
+    std::set<std::string> validated;
+    std::mutex mu;
+  };
+
+  // Compile. Strategies that will evaluate every candidate anyway get all of them compiled first, on every
+  // core; the others compile what they propose, when they propose it (kernel).
+  void compile_upfront() {
+    if (!so_.max_evals.empty() || so_.strategy == "guided") return;
+    const std::vector<Variant> variants = variants_for(space_, problems_);
+    Progress cprog("compile " + compiler_.arch(), variants.size(), opt_.progress);
+    auto ks = compiler_.compile_all(variants, &store_, [&](size_t d, size_t) { cprog.update(d); });
+    cprog.finish();
+    for (auto& k : ks) kernels_[k.hash] = std::move(k);
+  }
+
+  // The kernel record (its cubin included) by reference: map nodes stay put as others are added. Compiled
+  // here, and stored, unless compiled before or found in the store.
+  const KernelRecord& kernel(size_t w, const Variant& v, const std::string& hash) {
+    {
+      std::lock_guard<std::mutex> lock(kernels_mu_);
+      if (auto it = kernels_.find(hash); it != kernels_.end()) return it->second;
+    }
+    Store& st = *stores_[w];
+    std::optional<KernelRecord> k = st.find_kernel(hash);
+    if (!k) {
+      k = compiler_.compile(v);
+      st.put_kernel(*k);
+    }
+    std::lock_guard<std::mutex> lock(kernels_mu_);
+    return kernels_.emplace(hash, std::move(*k)).first->second;
+  }
+
+  // Each problem's candidates, and one progress line for the whole sweep (its ETA over every problem's
+  // planned evaluations).
+  void plan() {
+    size_t planned = 0;
+    for (const Problem& p : problems_) {
+      cands_.push_back(search_candidates(space_, p, compiler_, so_.shard));
+      const size_t n = cands_.back().size();
+      planned += planned_evaluations(
+          {so_.strategy, so_.max_evals.empty() || !n ? 0 : parse_max_evals(so_.max_evals, n), so_.seed}, n);
+    }
+    progress_.emplace("tune " + space_.family->name, planned, opt_.progress);
+    if (deadline_ > 0) progress_->set_limit(deadline_ - seconds_now());
+  }
+
+  // A problem's search, with what the store holds for it; nullptr when no candidate fits it.
+  std::unique_ptr<ProblemSearch> start(size_t pi, int w) {
+    if (cands_[pi].empty()) return nullptr;
+    runs_[pi] = std::make_unique<ProblemRun>();
+    load_stored(pi, *stores_[(size_t)w]);
+    return std::make_unique<ProblemSearch>(cands_[pi], problems_[pi], so_);
+  }
+
+  void load_stored(size_t pi, Store& st) {
+    const Problem& p = problems_[pi];
+    ResultFilter f;
+    f.family = space_.family->name;
+    f.device = gpus_[0]->device().name;
+    f.direction = p.direction;
+    f.dtype = to_string(p.dtype);
+    f.head_dim = p.head_dim;
+    f.causal = p.causal;
+    for (auto& r : st.results(f))
+      if (r.problem == p) runs_[pi]->stored[r.kernel_hash] = std::move(r);
+  }
+
+  // One evaluation of a ticket, then the progress line.
+  SearchEvaluation step(size_t pi, int w, const ProblemSearch::Ticket& t) {
+    const SearchEvaluation e = evaluate(pi, w, t);
+    const Variant& v = cands_[pi][t.prop.candidate].v;
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    progress_->update(++evaluations_done_, problems_[pi].str() + " " + v.family->config_string(v.config));
+    return e;
+  }
+
+  SearchEvaluation evaluate(size_t pi, int w, const ProblemSearch::Ticket& t) {
+    const SearchCandidate& cand = cands_[pi][t.prop.candidate];
+    if (std::optional<SearchEvaluation> e = reuse(pi, w, cand, t.prop)) return *e;
+    const std::optional<ResultRecord> validated = validated_row(pi, cand.hash);
+    const KernelRecord& k = kernel((size_t)w, cand.v, cand.hash);
+    const ResultRecord r = measure(pi, w, k, cand.v, t, validated ? &*validated : nullptr);
+    record(pi, w, cand.hash, k, r);
+    return evaluation_of(r, false);
+  }
+
+  // Reuse: a stored row stands for this evaluation when it was timed with at least the repeats asked for
+  // (the worker's default: at least 10), or when it failed (a rerun does not retry a crash).
+  std::optional<SearchEvaluation> reuse(size_t pi, int w, const SearchCandidate& cand, const Proposal& prop) {
+    ProblemRun& run = *runs_[pi];
+    std::lock_guard<std::mutex> lock(run.mu);
+    auto it = run.stored.find(cand.hash);
+    // Checked again just before the run: another tune on the same store may have stored it meanwhile.
+    Store& st = *stores_[(size_t)w];
+    if (it == run.stored.end() && st.has_result(cand.hash, gpus_[(size_t)w]->device(), problems_[pi])) {
+      load_stored(pi, st);
+      it = run.stored.find(cand.hash);
+    }
+    const int want = prop.reps > 0 ? prop.reps : timing::kMinReps;
+    if (it == run.stored.end() || (it->second.status == "ok" && it->second.reps < want)) return std::nullopt;
+    std::lock_guard<std::mutex> plock(progress_mu_);
+    ++sum_.skipped;
+    return evaluation_of(it->second, true);
+  }
+
+  // Validate: a candidate this sweep validated already (halving's later rounds) is timed only.
+  std::optional<ResultRecord> validated_row(size_t pi, const std::string& hash) {
+    ProblemRun& run = *runs_[pi];
+    std::lock_guard<std::mutex> lock(run.mu);
+    const auto it = run.stored.find(hash);
+    if (it != run.stored.end() && it->second.status == "ok" && run.validated.count(hash)) return it->second;
+    return std::nullopt;
+  }
+
+  // Time: the kernel run on worker w's GPU with the proposal's timing over the worker's defaults, validated
+  // unless `validated` stands for that.
+  ResultRecord measure(size_t pi, int w, const KernelRecord& k, const Variant& v, const ProblemSearch::Ticket& t,
+                       const ResultRecord* validated) {
+    json plan = json::object();
+    if (t.prop.reps > 0) plan["min_reps"] = plan["max_reps"] = t.prop.reps;
+    if (t.prop.warmup >= 0) plan["warmup"] = t.prop.warmup;
+    if (t.stop_above_ms > 0) plan["stop_above_ms"] = t.stop_above_ms;
+    ResultRecord r = gpus_[(size_t)w]->run(k, v, problems_[pi], plan, validated);
+    if (several_) r.detail = with_worker_device(r.detail, opt_.devices[(size_t)w]);
+    return r;
+  }
+
+  // Record: the row stored on worker w's connection, counted, and kept for the problem's later evaluations.
+  void record(size_t pi, int w, const std::string& hash, const KernelRecord& k, const ResultRecord& r) {
+    stores_[(size_t)w]->put_result(r, gpus_[(size_t)w]->device());
+    {
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      sum_.by_status[r.status]++;
+      sum_.ran_kernels |= k.status == "compiled";
+    }
+    ProblemRun& run = *runs_[pi];
+    std::lock_guard<std::mutex> lock(run.mu);
+    run.stored[hash] = r;
+    if (r.status == "ok") run.validated.insert(hash);
+  }
+
+  // A finished problem's finalists re-timed on the worker's GPU, then its report.
+  void finish(size_t pi, int w, const ProblemSearch& search) {
+    const Problem& p = problems_[pi];
+    std::vector<std::pair<double, size_t>> ranking;
+    ProblemReport rep = search.report(&ranking);
+    // Re-timed only when something new ran: a rerun over a finished sweep changes nothing.
+    if (so_.retime_top > 0 && ranking.size() > 1 && rep.reused < rep.evaluations &&
+        !(deadline_ > 0 && seconds_now() >= deadline_))
+      retime_finalists(cands_[pi], p, so_, ranking, *gpus_[(size_t)w], *stores_[(size_t)w], w,
+                       several_ ? opt_.devices[(size_t)w] : -1, runs_[pi]->stored,
+                       [this](size_t worker, const Variant& v, const std::string& hash) -> const KernelRecord& {
+                         return kernel(worker, v, hash);
+                       },
+                       rep);
+    std::fprintf(stderr, "%s: %zu of %zu candidates evaluated (%zu stored before), best %s %.3f ms %.1f TFLOP/s\n",
+                 p.str().c_str(), rep.evaluations, rep.space_size, rep.reused, rep.best_config.c_str(), rep.best_ms,
+                 rep.best_tflops);
+    reports_[pi] = std::move(rep);
+  }
+
+  const Space& space_;
+  const std::vector<Problem>& problems_;
+  Store& store_;  // the caller's connection: the upfront compile's cache
+  const SweepOptions& opt_;
+  const SearchOptions& so_;
+  std::vector<std::unique_ptr<GpuSession>> gpus_;  // one per device of opt_.devices
+  std::vector<std::unique_ptr<Store>> stores_;     // one connection per worker thread
+  const Compiler compiler_;
+  const bool several_;  // more than one worker: rows name their GPU (detail.worker_device)
+  double deadline_ = 0;  // --time-budget's end (0: none), counted from after the upfront compile
+
+  std::map<std::string, KernelRecord> kernels_;  // by hash
+  std::mutex kernels_mu_;
+
+  std::vector<std::vector<SearchCandidate>> cands_;      // per problem
+  std::vector<std::unique_ptr<ProblemRun>> runs_;        // per problem, made when its search starts
+  std::vector<std::optional<ProblemReport>> reports_;    // per problem, once finished
+
+  std::optional<Progress> progress_;
+  SweepSummary sum_;
+  size_t evaluations_done_ = 0;
+  std::mutex progress_mu_;  // progress_, sum_ and evaluations_done_
+};
+
+// One worker per listed device; the first one says whether there is a GPU at all.
+std::vector<std::unique_ptr<GpuSession>> start_workers(const SweepOptions& opt) {
   std::vector<std::unique_ptr<GpuSession>> gpus;
   for (int d : opt.devices) {
     RunOptions ro = opt.run;
@@ -366,12 +597,11 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
     gpus.push_back(std::make_unique<GpuSession>(ro));
     if (!gpus[0]->has_gpu()) break;
   }
-  std::string arch = opt.arch.empty() ? "sm_90" : opt.arch;
-  if (!gpus[0]->has_gpu()) {
-    std::fprintf(stderr, "no GPU found (%s): compiling and pruning for %s only, no kernel runs\n",
-                 gpus[0]->no_gpu_reason().c_str(), arch.c_str());
-    return compile_only(space, problems, store, opt, arch);
-  }
+  return gpus;
+}
+
+// Every listed device has a GPU of one architecture, the one --arch names if given.
+void check_workers(const std::vector<std::unique_ptr<GpuSession>>& gpus, const SweepOptions& opt) {
   for (size_t i = 0; i < gpus.size(); ++i) {
     const GpuSession& g = *gpus[i];
     if (!g.has_gpu())
@@ -386,166 +616,22 @@ SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Stor
   if (!opt.arch.empty() && opt.arch != gpus[0]->device().arch)
     throw UsageError("--arch " + opt.arch + " does not match device " + gpus[0]->device().name + " (" +
                      gpus[0]->device().arch + ")");
-  arch = gpus[0]->device().arch;
-  const Compiler compiler(arch);
-  const SearchOptions& so = opt.search;
-  // Every worker thread its own connection to the store (SQLite serialises the writers).
-  std::vector<std::unique_ptr<Store>> stores;
-  for (size_t i = 0; i < gpus.size(); ++i) stores.push_back(std::make_unique<Store>(store.path()));
+}
 
-  // Strategies that will evaluate every candidate anyway get all of them compiled first, on every core;
-  // the others compile what they propose, when they propose it.
-  const bool compile_first = so.max_evals.empty() && so.strategy != "guided";
-  std::map<std::string, KernelRecord> kernels;
-  std::mutex kernels_mu;
-  if (compile_first) {
-    const std::vector<Variant> variants = variants_for(space, problems);
-    Progress cprog("compile " + arch, variants.size(), opt.progress);
-    auto ks = compiler.compile_all(variants, &store, [&](size_t d, size_t) { cprog.update(d); });
-    cprog.finish();
-    for (auto& k : ks) kernels[k.hash] = std::move(k);
+}  // namespace
+
+SweepSummary tune(const Space& space, const std::vector<Problem>& problems, Store& store, const SweepOptions& opt) {
+  if (variants_for(space, problems).empty())
+    throw UsageError("no problem matches a variant of the " + space.family->name + " space");
+  std::vector<std::unique_ptr<GpuSession>> gpus = start_workers(opt);
+  if (!gpus[0]->has_gpu()) {
+    const std::string arch = opt.arch.empty() ? "sm_90" : opt.arch;
+    std::fprintf(stderr, "no GPU found (%s): compiling and pruning for %s only, no kernel runs\n",
+                 gpus[0]->no_gpu_reason().c_str(), arch.c_str());
+    return compile_only(space, problems, store, opt, arch);
   }
-  // The kernel record (its cubin included) by reference: map nodes stay put as others are added.
-  auto kernel_for = [&](size_t worker, const Variant& v, const std::string& hash) -> const KernelRecord& {
-    {
-      std::lock_guard<std::mutex> lock(kernels_mu);
-      if (auto it = kernels.find(hash); it != kernels.end()) return it->second;
-    }
-    Store& st = *stores[worker];
-    std::optional<KernelRecord> k = st.find_kernel(hash);
-    if (!k) {
-      k = compiler.compile(v);
-      st.put_kernel(*k);
-    }
-    std::lock_guard<std::mutex> lock(kernels_mu);
-    return kernels.emplace(hash, std::move(*k)).first->second;
-  };
-
-  SweepSummary sum;
-  const double t0 = seconds_now();
-  const double deadline = so.time_budget_s > 0 ? t0 + so.time_budget_s : 0;
-  // One progress line for the whole sweep (its ETA over every problem's planned evaluations).
-  std::vector<std::vector<SearchCandidate>> all_cands;
-  size_t planned = 0;
-  for (const Problem& p : problems) {
-    all_cands.push_back(search_candidates(space, p, compiler, so.shard));
-    const size_t n = all_cands.back().size();
-    planned += planned_evaluations({so.strategy, so.max_evals.empty() || !n ? 0 : parse_max_evals(so.max_evals, n), so.seed}, n);
-  }
-  Progress prog("tune " + space.family->name, planned, opt.progress);
-  if (deadline > 0) prog.set_limit(deadline - seconds_now());
-  size_t evaluations_done = 0;
-  std::mutex prog_mu;
-
-  // Per problem: what the store holds for it on this device (reused, not re-run) and its search.
-  struct ProblemRun {
-    std::map<std::string, ResultRecord> stored;
-    std::set<std::string> validated;  // validated by this sweep (its later runs are timed only)
-    std::mutex stored_mu;
-  };
-  std::vector<std::unique_ptr<ProblemRun>> runs(problems.size());
-  std::vector<std::optional<ProblemReport>> reports(problems.size());
-  const bool several = gpus.size() > 1;
-
-  auto load_stored = [&](size_t pi, Store& st) {
-    const Problem& p = problems[pi];
-    ResultFilter f;
-    f.family = space.family->name;
-    f.device = gpus[0]->device().name;
-    f.direction = p.direction;
-    f.dtype = to_string(p.dtype);
-    f.head_dim = p.head_dim;
-    f.causal = p.causal;
-    for (auto& r : st.results(f))
-      if (r.problem == p) runs[pi]->stored[r.kernel_hash] = std::move(r);
-  };
-  auto evaluate = [&](size_t pi, int w, size_t c, const Proposal& prop, double stop_above) {
-    const Problem& p = problems[pi];
-    const SearchCandidate& cand = all_cands[pi][c];
-    ProblemRun& run = *runs[pi];
-    const DeviceInfo& dev = gpus[(size_t)w]->device();
-    {
-      std::lock_guard<std::mutex> lock(run.stored_mu);
-      auto it = run.stored.find(cand.hash);
-      // Checked again just before the run: another tune on the same store may have stored it meanwhile.
-      if (it == run.stored.end() && stores[(size_t)w]->has_result(cand.hash, dev, p)) {
-        load_stored(pi, *stores[(size_t)w]);
-        it = run.stored.find(cand.hash);
-      }
-      // A stored row stands for this evaluation when it was timed with at least the repeats asked for
-      // (the worker's default: at least 10), or when it failed (a rerun does not retry a crash).
-      const int want = prop.reps > 0 ? prop.reps : timing::kMinReps;
-      if (it != run.stored.end() && (it->second.status != "ok" || it->second.reps >= want)) {
-        std::lock_guard<std::mutex> plock(prog_mu);
-        ++sum.skipped;
-        return evaluation_of(it->second, true);
-      }
-    }
-    // A candidate this sweep validated already (halving's later rounds) is timed only.
-    std::optional<ResultRecord> validated;
-    {
-      std::lock_guard<std::mutex> lock(run.stored_mu);
-      if (auto it = run.stored.find(cand.hash); it != run.stored.end() && it->second.status == "ok" && run.validated.count(cand.hash))
-        validated = it->second;
-    }
-    const KernelRecord& k = kernel_for((size_t)w, cand.v, cand.hash);
-    json plan = json::object();  // the proposal's timing, over the worker's defaults
-    if (prop.reps > 0) plan["min_reps"] = plan["max_reps"] = prop.reps;
-    if (prop.warmup >= 0) plan["warmup"] = prop.warmup;
-    if (stop_above > 0) plan["stop_above_ms"] = stop_above;
-    ResultRecord r = gpus[(size_t)w]->run(k, cand.v, p, plan, validated ? &*validated : nullptr);
-    if (several) r.detail = with_worker_device(r.detail, opt.devices[(size_t)w]);
-    stores[(size_t)w]->put_result(r, dev);
-    {
-      std::lock_guard<std::mutex> plock(prog_mu);
-      sum.by_status[r.status]++;
-      sum.ran_kernels |= k.status == "compiled";
-    }
-    std::lock_guard<std::mutex> lock(run.stored_mu);
-    run.stored[cand.hash] = r;
-    if (r.status == "ok") run.validated.insert(cand.hash);
-    return evaluation_of(r, false);
-  };
-  // A finished problem's finalists re-timed on the worker's GPU, then its report.
-  auto finish = [&](size_t pi, int w, const ProblemSearch& search) {
-    const Problem& p = problems[pi];
-    std::vector<std::pair<double, size_t>> ranking;
-    ProblemReport rep = search.report(&ranking);
-    // Re-timed only when something new ran: a rerun over a finished sweep changes nothing.
-    if (so.retime_top > 0 && ranking.size() > 1 && rep.reused < rep.evaluations &&
-        !(deadline > 0 && seconds_now() >= deadline))
-      retime_finalists(all_cands[pi], p, so, ranking, *gpus[(size_t)w], *stores[(size_t)w], w, several ? opt.devices[(size_t)w] : -1,
-                       runs[pi]->stored, kernel_for, rep);
-    std::fprintf(stderr, "%s: %zu of %zu candidates evaluated (%zu stored before), best %s %.3f ms %.1f TFLOP/s\n",
-                 p.str().c_str(), rep.evaluations, rep.space_size, rep.reused, rep.best_config.c_str(), rep.best_ms,
-                 rep.best_tflops);
-    reports[pi] = std::move(rep);
-  };
-
-  step_problems(
-      problems.size(), (int)gpus.size(), deadline, seconds_now,
-      [&](size_t pi, int w) -> std::unique_ptr<ProblemSearch> {
-        if (all_cands[pi].empty()) return nullptr;
-        runs[pi] = std::make_unique<ProblemRun>();
-        load_stored(pi, *stores[(size_t)w]);
-        return std::make_unique<ProblemSearch>(all_cands[pi], problems[pi], so);
-      },
-      [&](size_t pi, int w, const ProblemSearch::Ticket& t) {
-        const SearchEvaluation e = evaluate(pi, w, t.prop.candidate, t.prop, t.stop_above_ms);
-        const Variant& v = all_cands[pi][t.prop.candidate].v;
-        std::lock_guard<std::mutex> plock(prog_mu);
-        prog.update(++evaluations_done, problems[pi].str() + " " + v.family->config_string(v.config));
-        return e;
-      },
-      finish);
-  for (auto& r : reports)
-    if (r) sum.reports.push_back(std::move(*r));
-  prog.finish();
-  for (const auto& g : gpus)
-    if (g->restarts()) std::fprintf(stderr, "a worker was restarted %d times (crashes or hangs)\n", g->restarts());
-  if (deadline > 0 && seconds_now() >= deadline)
-    std::fprintf(stderr, "--time-budget reached: stopped; a rerun continues from what is stored\n");
-  return sum;
+  check_workers(gpus, opt);
+  return Sweep(space, problems, store, opt, std::move(gpus)).run();
 }
 
 }  // namespace flashtune
