@@ -39,11 +39,14 @@ def plan(calls):
         shape = {k: int(c[k]) for k in ("batch", "heads", "seq_q", "seq_k", "head_dim")}
         if c["heads_k"] != c["heads"]:
             shape["heads_k"] = int(c["heads_k"])
-        size = lambda s: s["batch"] * s["heads"] * s["seq_q"] * s["seq_k"]
         old = grp["buckets"].get(key)
-        if old is None or size(shape) > size(old):
+        if old is None or _size(shape) > _size(old):
             grp["buckets"][key] = shape
     return [(g[0], g[1], "both" if groups[g]["grad"] else "fwd", list(groups[g]["buckets"].values())) for g in order]
+
+
+def _size(shape):
+    return shape["batch"] * shape["heads"] * shape["seq_q"] * shape["seq_k"]
 
 
 def tune_model(model, example_inputs, budget="10m", strategy="halving", loss_fn=None, device=0, progress=True):

@@ -700,8 +700,13 @@ def _user_store(index):
     return path
 
 
-_recorder = None  # flashtune.tune_model: the attention() calls of one step, as dicts (_record_calls)
+_recorder = None  # flashtune.tune_model: (the attention() calls of one step as dicts, how many to keep)
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _call_dtype(q):
+    """The dtype a call's kernels run in: the autocast dtype under torch.autocast("cuda"), else q's."""
+    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
 
 
 def _record_calls(step, limit):
@@ -710,22 +715,24 @@ def _record_calls(step, limit):
     global _recorder
     if _recorder is not None:
         raise RuntimeError("flashtune.tune_model: already recording (tune_model is not reentrant)")
-    _recorder = calls = []
+    calls = []
+    _recorder = (calls, limit)
     try:
         step()
     finally:
         _recorder = None
-    return calls[:limit]
+    return calls
 
 
 def _record(q, k, v, causal, det):
     if not (torch.is_tensor(q) and torch.is_tensor(k) and torch.is_tensor(v) and q.dim() == 4 and k.dim() == 4):
         return
-    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
-    if dtype not in _DTYPE_NAMES or len(_recorder) >= 100000:
+    calls, limit = _recorder
+    dtype = _call_dtype(q)
+    if dtype not in _DTYPE_NAMES or len(calls) >= limit:
         return
     B, H, Sq, d = q.shape
-    _recorder.append({"batch": B, "heads": H, "heads_k": k.shape[1], "seq_q": Sq, "seq_k": k.shape[2], "head_dim": d,
+    calls.append({"batch": B, "heads": H, "heads_k": k.shape[1], "seq_q": Sq, "seq_k": k.shape[2], "head_dim": d,
                       "dtype": _DTYPE_NAMES[dtype], "causal": bool(causal), "deterministic": bool(det),
                       "grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))})
 
@@ -737,7 +744,7 @@ def _first_use(q, k, v, causal, det):
         return  # (bad arguments: the op's own checks answer them)
     if not q.is_cuda or torch.cuda.is_current_stream_capturing():
         return
-    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
+    dtype = _call_dtype(q)
     B, H, Sq, d = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
     key = _autotune.bucket(dtype, d, causal, Hk != H, Sq, Sk, det)
