@@ -20,49 +20,15 @@ import argparse
 import csv
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import baselines  # noqa: E402
+from kernel_timer import fa3_class_forward, kernel_breakdown, kernel_ms, l2_flush  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-
-
-def kernel_ms(call, flush, reps, warmup=3):
-    """Median over reps of the summed CUDA kernel (and memset/memcpy) durations of one call."""
-    for _ in range(warmup):
-        call()
-    torch.cuda.synchronize()
-    act = [torch.profiler.ProfilerActivity.CUDA]
-    times = []
-    for _ in range(reps):
-        flush()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=act) as prof:
-            call()
-            torch.cuda.synchronize()
-        us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-        if us <= 0:
-            raise RuntimeError("the profiler saw no kernel")
-        times.append(us / 1000.0)
-    return statistics.median(times), times
-
-
-def kernel_breakdown(call, flush):
-    """One call's kernels, name -> microseconds (summed over launches of one name), longest first."""
-    flush()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name] = per.get(e.name, 0.0) + e.time_range.elapsed_us()
-    return sorted(per.items(), key=lambda kv: -kv[1])
 
 
 def backward_call(out, inputs, dout):
@@ -91,14 +57,8 @@ def main():
     os.environ["FLASHTUNE_DB"] = a.db
     import flashtune.torch as ftt
 
-    try:
-        from flash_attn.cute import flash_attn_func as fa4_func
-    except Exception as e:  # noqa: BLE001 - any import failure means: no FA3-class peer here
-        fa4_func = None
-        print(f"note: FA3-class peer (flash_attn.cute) not installed: {type(e).__name__}: {e}", file=sys.stderr)
-
-    flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    flush = flush_buf.zero_
+    fa4_func = fa3_class_forward()
+    flush = l2_flush()
     problems = [p for f in a.problems for p in baselines.load_problems(json.load(open(f)))]
     problems = [p for p in problems if p["direction"] == "bwd"]
     device = torch.cuda.get_device_name(0)

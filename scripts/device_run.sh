@@ -467,6 +467,7 @@ fa3)
   # grid space tuned (halving) on the bf16 grid, then each point's best re-timed beside FlashAttention-3's
   # fixed table through our template and torch SDPA flash and cuDNN in one process:
   # fwd_hopper_vs_peers.csv. "fa3 all": both. "fa3 spot [problems]": the grid space on a few points.
+  # "fa3 peers": the op's forward beside torch's backends and the FA3-class kernel (fwd_op_vs_peers.csv).
   # "fa3 validate SPACE": one space's variants validated (a new switch, before the whole sample).
   part=${1:-check}
   val=$(validation_store fa3)
@@ -494,6 +495,17 @@ fa3)
     log "re-timed beside FlashAttention-3's table, torch flash and cuDNN"
     python3 experiments/tuned_vs_sdpa.py --db "$db" --problems configs/problems/anchors_bf16.json --family fa3_wgmma \
       --flashtune "$ft" --out "$rep/fwd_hopper_vs_peers.csv" 2>/dev/null
+  fi
+  if [[ $part == peers ]]; then  # fa3 peers: the op's forward (the store's picks) beside torch SDPA flash, cuDNN and the
+    # FA3-class kernel (FA4's sm90, if .fa4a/.fa4b installed it), one process, profiler kernel time: fwd_op_vs_peers.csv
+    log "forward peers, one process, profiler kernel time"
+    lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
+    fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
+    PYTHONPATH="python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
+    timeout "${FA3_PEERS_LIMIT_S:-240}" python3 experiments/fwd_peers.py --db "${FA3_PEERS_DB:-$db}" \
+      --problems configs/problems/anchors_bf16.json configs/problems/gqa_bf16.json \
+      --out "$rep/fwd_op_vs_peers.csv" 2>"$OUT/fwd_peers.log"
+    echo "fwd peers exit $?"; tail -22 "$OUT/fwd_peers.log"; cp "$rep/fwd_op_vs_peers.csv" "$rep/fwd_op_vs_peers_kernels.csv" "$OUT/" 2>/dev/null
   fi
   if [[ $part == validate ]]; then  # fa3 validate SPACE: its compiled variants validated on ragged_mma and
     # ragged_gqa into the validation store (earlier rows kept), 5 s per run at most (a hang costs 5 s, not 30)

@@ -56,8 +56,8 @@ with_job_eta() {
 # step <share of the budget, percent> <space> <problems> [strategy]
 steps=()
 if [[ "$($ft devices | grep -o 'sm_[0-9]*' | head -1)" == sm_90 ]]; then
-  steps=("25 fa3_wgmma_main anchors_bf16" "15 fa2_mma_bwd anchors_bwd_bf16_d64" "30 fa2_wgmma_bwd_grid anchors_bwd_bf16_d128_256"
-         "30 fa2_simt anchors_fp32")
+  steps=("25 fa3_wgmma_main anchors_bf16" "25 fa3_wgmma_bwd_main anchors_bwd_bf16" "12 fa2_wgmma_bwd_grid anchors_bwd_bf16_d256"
+         "13 decode_splitkv decode_bf16" "25 fa2_simt anchors_fp32")
 else
   steps=("80 fa2_simt anchors_fp32 exhaustive" "20 naive anchors_fp32 exhaustive")
 fi
