@@ -8,7 +8,7 @@ tokens_per_s_flashtune, tokens_per_s_sdpa) and train_tiny_gpt.png, prints the fi
 the last 20 steps) and whether they agree within 2% (exit 1 if not).
 
 usage: python3 examples/train_tiny_gpt.py [--steps 300] [--layers 4] [--heads 6] [--context 256]
-       [--batch 32] [--compile] [--out-dir reports/<slug>]
+       [--batch 32] [--compile] [--profile N] [--out-dir reports/<slug>]
 Uses the pip-installed flashtune, else python/ with build/runtime/libflashtune_attention.so (or the
 library $FLASHTUNE_LIBRARY names).
 """
@@ -122,6 +122,29 @@ def warm_up(a, impl):
     torch.cuda.synchronize()
 
 
+def profile_steps(step, n):
+    """n more steps under torch.profiler: {kernel name: (us per step, launches per step)} with the wall time
+    per step under "(wall)" and the sum of every kernel under "(kernels)" (a step whose kernels sum to much
+    less than its wall time waited on the host)."""
+    act = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=act) as prof:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    per = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us, calls = per.get(e.name, (0.0, 0))
+            per[e.name] = (us + e.time_range.elapsed_us(), calls + 1)
+    out = {k: (us / n, c / n) for k, (us, c) in per.items()}
+    out["(kernels)"] = (sum(us for us, _ in per.values()) / n, sum(c for _, c in per.values()) / n)
+    out["(wall)"] = (wall_us / n, 0)
+    return out
+
+
 def train(impl, data, a):
     torch.manual_seed(a.seed)  # the same initial weights for both runs
     model = TinyGPT(a.layers, a.heads, 64, a.context, impl).cuda()
@@ -150,7 +173,20 @@ def train(impl, data, a):
         rates.append(tokens / dt)
         if step % 50 == 0 or step == a.steps - 1:
             print(f"{impl:<9} step {step:4d}  loss {losses[-1]:.4f}  {rates[-1] / 1e3:8.1f} k tokens/s", flush=True)
-    return losses, rates
+    prof = None
+    if a.profile:  # the last batch again, a.profile times, under the profiler (not in the rates above)
+        def one_step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = step_fn(x)
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        prof = profile_steps(one_step, a.profile)
+        print(f"{impl:<9} profiled {a.profile} steps: wall {prof['(wall)'][0]:.0f} us/step, kernels "
+              f"{prof['(kernels)'][0]:.0f} us/step", flush=True)
+    return losses, rates, prof
 
 
 def main():
@@ -164,6 +200,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model in both runs")
     ap.add_argument("--out-dir", help="default: reports/<gpu-slug>")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after training, N more steps of each under torch.profiler: <stem>_profile.csv (impl, "
+                         "kernel, us_per_step, launches_per_step; '(wall)' and '(kernels)' rows)")
     ap.add_argument("--tag", default="", help="suffix of the output files: train_tiny_gpt_<tag>.csv/.png")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -175,8 +214,10 @@ def main():
     print(f"{device}: corpus {len(data) / 1e6:.2f} MB of this repository's source, {a.layers} layers, {a.heads} heads "
           f"x 64, context {a.context}, batch {a.batch}, {a.steps} steps, bf16 autocast", flush=True)
 
-    ft_loss, ft_rate = train("flashtune", data, a)
-    sd_loss, sd_rate = train("sdpa", data, a)
+    if not 0 <= a.profile <= 100:
+        sys.exit("train_tiny_gpt: --profile takes 0 to 100 steps")
+    ft_loss, ft_rate, ft_prof = train("flashtune", data, a)
+    sd_loss, sd_rate, sd_prof = train("sdpa", data, a)
 
     stem = "train_tiny_gpt" + (f"_{a.tag}" if a.tag else "")
     if not all(ch.isalnum() or ch in "_-" for ch in stem):
@@ -187,6 +228,14 @@ def main():
         w.writerow(["step", "loss_flashtune", "loss_sdpa", "tokens_per_s_flashtune", "tokens_per_s_sdpa"])
         for i in range(a.steps):
             w.writerow([i, f"{ft_loss[i]:.6f}", f"{sd_loss[i]:.6f}", f"{ft_rate[i]:.1f}", f"{sd_rate[i]:.1f}"])
+
+    if a.profile:
+        with open(os.path.join(out_dir, stem + "_profile.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["impl", "kernel", "us_per_step", "launches_per_step"])
+            for impl, prof in (("flashtune", ft_prof), ("sdpa", sd_prof)):
+                for name, (us, calls) in sorted(prof.items(), key=lambda kv: -kv[1][0]):
+                    w.writerow([impl, name[:160], f"{us:.1f}", f"{calls:g}"])
 
     import matplotlib
     matplotlib.use("Agg")
