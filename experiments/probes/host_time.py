@@ -51,7 +51,7 @@ def probe(B, H, S, d, causal=True):
         torch.autograd.grad(o, (q, k, v), do)
 
     def ctypes_step():  # the fallback's eager path, whichever backend is loaded
-        o, _ = ftt._EagerAttention.apply(q, k, v, causal, 0.0)
+        o, _ = ftt._EagerAttention.apply(q, k, v, causal, 0.0, False)
         torch.autograd.grad(o, (q, k, v), do)
 
     def sdpa_step():
@@ -70,7 +70,7 @@ def probe(B, H, S, d, causal=True):
     ft_fb = host_us(step)
     with torch.no_grad():
         ft_f = host_us(lambda: ftt.attention(q, k, v, causal=causal))
-        ct_f = host_us(lambda: ftt._EagerAttention.apply(q, k, v, causal, 0.0))
+        ct_f = host_us(lambda: ftt._EagerAttention.apply(q, k, v, causal, 0.0, False))
     ct_fb = host_us(ctypes_step)
     print(f"forward (no grad)      flashtune {ft_f:8.1f} us   ctypes path {ct_f:8.1f} us   sdpa flash {sdpa_f:8.1f} us")
     print(f"forward + backward     flashtune {ft_fb:8.1f} us   ctypes path {ct_fb:8.1f} us   sdpa flash {sdpa_fb:8.1f} us")

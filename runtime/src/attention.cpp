@@ -397,7 +397,10 @@ void launch_copy(const Loaded& copy, CUstream stream, const Operand& o, int elem
   long long H = o.t.ext[1], S = o.t.ext[2], D = o.t.ext[3], n = o.t.ext[0] * H * S * D;
   long long s[4] = {o.t.stride[0], o.t.stride[1], o.t.stride[2], o.t.stride[3]};
   void* args[] = {&src, &dst, &n, &H, &S, &D, &s[0], &s[1], &s[2], &s[3], &unpack};
-  const unsigned blocks = (unsigned)std::min<long long>((n + 255) / 256, 1 << 16);
+  // A thread per 16 bytes where the kernel takes that path (d unit-stride, rows 16-byte aligned: it checks,
+  // and its loop covers any count the grid does not), else per element.
+  const long long per_thread = (s[3] == 1 && D % (16 / elem) == 0) ? 16 / elem : 1;
+  const unsigned blocks = (unsigned)std::min<long long>((n / per_thread + 255) / 256, 1 << 16);
   FT_CU(cuLaunchKernel, copy.fns[elem == 2 ? 0 : 1], blocks, 1, 1, 256, 1, 1, 0, stream, args, nullptr);
 }
 
