@@ -135,8 +135,9 @@ def profile_steps(step, n):
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - t0) * 1e6
     per = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
+    for e in prof.events():  # kernels, memsets and copies; not the GPU ranges of annotations (Optimizer.step#...)
+        annotation = getattr(e, "is_user_annotation", False) or e.name.startswith("Optimizer.")
+        if e.device_type == torch.autograd.DeviceType.CUDA and not annotation:
             us, calls = per.get(e.name, (0.0, 0))
             per[e.name] = (us + e.time_range.elapsed_us(), calls + 1)
     out = {k: (us / n, c / n) for k, (us, c) in per.items()}
