@@ -55,6 +55,10 @@ struct Family {
   // Runs packed variable-length batches (Problem::varlen): every kernel also exists as `kernel<Traits, true>`,
   // which reads cu_seqlens_q/k from the params (Variant::varlen picks it; the dense kernel is `kernel<Traits>`).
   bool varlen = false;
+  // The inputs ("q", "k", "v") that every kernel of the family reads through its tensor maps alone (never
+  // through the params' pointers): a dense problem's strided view of one of them is read in place, the map
+  // carrying its strides (encode_tensor_maps), instead of being packed into contiguous scratch first.
+  std::vector<std::string> map_only_inputs;
   // Reads a paged K/V cache (Problem::paged): every kernel also exists as `kernel<Traits, true>` on PagedParams
   // (Variant::paged picks it). A family has at most one second form: varlen or paged, never both (the
   // template's second argument names one).

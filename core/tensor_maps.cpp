@@ -4,6 +4,16 @@
 
 namespace flashtune {
 
+bool map_can_read(const int64_t ext[4], const int64_t stride[4], int elem, uintptr_t address) {
+  if (address % 16 || (ext[3] > 1 && stride[3] != 1)) return false;
+  for (int i = 0; i < 3; ++i) {
+    if (ext[i] <= 1) continue;
+    const int64_t bytes = stride[i] * elem;
+    if (stride[i] <= 0 || bytes % 16 || bytes >= (int64_t{1} << 40)) return false;
+  }
+  return true;
+}
+
 AttnTensorMaps encode_tensor_maps(EncodeTiledFn encode, const std::vector<TensorMapSpec>& specs, const Problem& p,
                                   const FwdTensors& t) {
   static_assert(sizeof(TmaDescriptor) == sizeof(CUtensorMap) && alignof(TmaDescriptor) == alignof(CUtensorMap),
@@ -31,8 +41,16 @@ AttnTensorMaps encode_tensor_maps(EncodeTiledFn encode, const std::vector<Tensor
     const bool packed = p.varlen.enabled();
     const cuuint64_t dims[4] = {(cuuint64_t)p.head_dim, packed ? heads : seq, packed ? tokens : heads,
                                 packed ? 1 : (cuuint64_t)p.batch};
-    const cuuint64_t strides[3] = {row, packed ? row * heads : row * seq,
-                                   packed ? row * heads * tokens : row * seq * heads};  // of dims 1..3, in bytes
+    cuuint64_t strides[3] = {row, packed ? row * heads : row * seq,
+                             packed ? row * heads * tokens : row * seq * heads};  // of dims 1..3, in bytes
+    const int which = m.tensor == "q" ? 0 : m.tensor == "k" ? 1 : m.tensor == "v" ? 2 : m.tensor == "o" ? 3 : 4;
+    if (const int64_t* st = t.strides[(size_t)which]; st && !packed) {  // a dense view read in place: (seq, heads, batch)
+      const int64_t ext[4] = {p.batch, (int64_t)heads, (int64_t)seq, p.head_dim};
+      if (!map_can_read(ext, st, 2, (uintptr_t)base))
+        throw std::invalid_argument("the " + m.tensor + " view's strides cannot be read by a tensor map");
+      for (int i = 0; i < 3; ++i)  // an extent-1 dimension keeps the contiguous stride (any would do)
+        if (ext[2 - i] > 1) strides[i] = 2ull * (cuuint64_t)st[2 - i];
+    }
     const cuuint32_t box[4] = {(cuuint32_t)m.box_cols, packed ? 1u : (cuuint32_t)m.box_rows,
                                packed ? (cuuint32_t)m.box_rows : 1u, 1};
     const cuuint32_t elem_strides[4] = {1, 1, 1, 1};

@@ -1195,3 +1195,104 @@ TEST(FakeDriver, SecondUserPlantsCacheEntriesAndWal) {
   unsetenv("XDG_CACHE_HOME");
   fs::remove_all(base);
 }
+
+// Strided views of q, k, v read in place: fa3_wgmma and fa3_wgmma_bwd read them through their tensor maps
+// alone (Family::map_only_inputs), so a [B, S, H, d] tensor seen as [B, H, S, d] (PyTorch's transpose, a
+// q of a fused qkv projection) goes to the kernels as it lies, its map carrying the view's strides, with no
+// strided copy launched; a view a map cannot describe (a row stride that is no multiple of 16 bytes) is still
+// packed into scratch first. On the sm_90 fake with the H100's table (fa3_wgmma and fa3_wgmma_bwd at bf16 d 128).
+TEST(FakeDriver, StridedViewsReadInPlace) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  EXPECT_EQ(spawn_child("views", "DISABLED_StridedViewsChild"), 0);
+}
+
+namespace {
+int g_copies = 0;
+void play_views(const char* name, void** params) {
+  const std::string n = name;
+  if (n.rfind("ft_strided_copy_", 0) == 0) {
+    ++g_copies;
+    return play(name, params);
+  }
+  if (n.find("fa3_wgmma_fwd") != std::string::npos || n.find("fa3_wgmma_bwd_dkdv") != std::string::npos)
+    g_maps = *static_cast<AttnTensorMaps*>(params[1]);
+}
+}  // namespace
+
+TEST(FakeDriver, DISABLED_StridedViewsChild) {
+  ASSERT_STREQ(std::getenv("FT_FAKE_CHILD"), "views") << "run by FakeDriver.StridedViewsReadInPlace";
+  FakeState& st = fake();
+  st.cc_major = 9, st.cc_minor = 0;
+  st.device_name = "NVIDIA H100 80GB HBM3";
+  st.hook = play_views;
+  const std::string cache = make_private_tmpdir("ft-fake-views");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  constexpr int B = 2, H = 4, Sq = 333, Sk = 517, d = 128;
+  // q, k, v as [B, S, H, d] memory seen as [B, H, S, d]; o, dout and the gradients contiguous.
+  U16 q((size_t)B * Sq * H * d), k((size_t)B * Sk * H * d), v((size_t)B * Sk * H * d), o((size_t)B * H * Sq * d),
+      dout((size_t)B * H * Sq * d), dq((size_t)B * H * Sq * d), dk((size_t)B * H * Sk * d), dv((size_t)B * H * Sk * d);
+  std::vector<float> lse(B * H * Sq + 4);
+  auto bshd = [](void* p, int s, int64_t row) { return ft_tensor{p, {(int64_t)s * row, d, row, 1}}; };
+  auto bhsd = [](void* p, int s) { return ft_tensor{p, {(int64_t)H * s * d, (int64_t)s * d, d, 1}}; };
+  ft_forward_args a{};
+  a.batch = B, a.heads = H, a.seq_q = Sq, a.seq_k = Sk, a.head_dim = d, a.dtype = FT_BF16;
+  a.q = bshd(q.ptr(), Sq, H * d), a.k = bshd(k.ptr(), Sk, H * d), a.v = bshd(v.ptr(), Sk, H * d);
+  a.o = bhsd(o.ptr(), Sq);
+  a.lse = lse.data();
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+  ASSERT_STREQ(e.family, "fa3_wgmma") << "the H100 table rates fa3_wgmma first for bf16 d 128 forward";
+  // The map of a view: its address, (d, seq, heads, batch), byte strides of seq, heads, batch from the view.
+  auto expect_view_map = [&](int i, const void* base, int s) {
+    const unsigned long long* w = g_maps.map[i].bits;
+    SCOPED_TRACE(i);
+    EXPECT_EQ(w[0], reinterpret_cast<uintptr_t>(base));
+    EXPECT_EQ(w[1], (unsigned long long)d);
+    EXPECT_EQ(w[2], (unsigned long long)s);
+    EXPECT_EQ(w[3], (unsigned long long)H);
+    EXPECT_EQ(w[4], (unsigned long long)B);
+    EXPECT_EQ(w[5], 2ull * H * d);      // a token's row
+    EXPECT_EQ(w[6], 2ull * d);          // the next head: d elements on
+    EXPECT_EQ(w[7], 2ull * s * H * d);  // the next batch
+  };
+  g_copies = 0;
+  st.launches.clear();
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_EQ(g_copies, 0) << "a view a map can read was copied";
+  ASSERT_EQ(st.launches.size(), 1u);
+  expect_view_map(0, q.ptr(), Sq);
+  expect_view_map(1, k.ptr(), Sk);
+  expect_view_map(2, v.ptr(), Sk);
+
+  // The backward: q, k, v read in place by the dK/dV kernel's maps; dO (read through the params by the
+  // preprocess too) and O contiguous here, so nothing is copied.
+  ft_backward_args b{};
+  b.batch = B, b.heads = H, b.seq_q = Sq, b.seq_k = Sk, b.head_dim = d, b.dtype = FT_BF16;
+  b.q = a.q, b.k = a.k, b.v = a.v, b.o = a.o, b.lse = lse.data(), b.dout = bhsd(dout.ptr(), Sq);
+  b.dq = bhsd(dq.ptr(), Sq), b.dk = bhsd(dk.ptr(), Sk), b.dv = bhsd(dv.ptr(), Sk);
+  ASSERT_EQ(ft_explain_backward(&b, &e), FT_OK) << ft_last_error();
+  ASSERT_STREQ(e.family, "fa3_wgmma_bwd") << "the H100 table rates fa3_wgmma_bwd first for bf16 d 128 backward";
+  g_copies = 0;
+  ASSERT_EQ(ft_attention_backward(&b, nullptr), FT_OK) << ft_last_error();
+  EXPECT_EQ(g_copies, 0);
+  expect_view_map(0, q.ptr(), Sq);
+  expect_view_map(1, k.ptr(), Sk);
+  expect_view_map(2, v.ptr(), Sk);
+  // A strided dO is packed (the preprocess reads it through the params): one copy.
+  U16 dout_t((size_t)B * Sq * H * d);
+  b.dout = bshd(dout_t.ptr(), Sq, H * d);
+  g_copies = 0;
+  ASSERT_EQ(ft_attention_backward(&b, nullptr), FT_OK) << ft_last_error();
+  EXPECT_EQ(g_copies, 1);
+
+  // A row stride of H d + 4 elements (8 bytes past a multiple of 16): no map can read it, so q is packed.
+  U16 q_odd((size_t)B * Sq * (H * d + 4));
+  a.q = bshd(q_odd.ptr(), Sq, H * d + 4);
+  g_copies = 0;
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_EQ(g_copies, 1);
+  EXPECT_NE(g_maps.map[0].bits[0], reinterpret_cast<uintptr_t>(q_odd.ptr())) << "the map reads the packed copy";
+  EXPECT_EQ(g_maps.map[0].bits[5], 2ull * d);  // contiguous scratch: a row of d
+  fs::remove_all(cache);
+}

@@ -774,6 +774,49 @@ TEST(Family, Fa3TensorMapsFollowTheProblem) {
   EXPECT_TRUE(find_family("fa2_mma").tensor_maps(find_family("fa2_mma").default_config, p).empty());
 }
 
+// A strided view's map (Family::map_only_inputs): the view's byte strides for (seq, heads, batch), its
+// address; an extent-1 dimension keeps the contiguous stride; views no map can read are named and refused.
+TEST(Family, Fa3TensorMapsOfStridedViews) {
+  const Family& f = find_family("fa3_wgmma");
+  EXPECT_EQ(f.map_only_inputs, (std::vector<std::string>{"q", "k", "v"}));
+  EXPECT_EQ(find_family("fa3_wgmma_bwd").map_only_inputs, (std::vector<std::string>{"q", "k", "v"}));
+  EXPECT_TRUE(find_family("fa2_mma").map_only_inputs.empty());
+  Problem p;
+  p.batch = 2, p.heads = 4, p.seq_q = 333, p.seq_k = 517, p.head_dim = 128, p.dtype = DType::bf16;
+  const Config c = f.parse_config("BLOCK_N=80,CONSUMERS=3");
+  const int64_t q_bshd[4] = {333 * 4 * 128, 128, 4 * 128, 1};            // [B, S, H, d] seen as [B, H, S, d]
+  const int64_t k_qkv[4] = {517 * 3 * 4 * 128, 128, 3 * 4 * 128, 1};     // k of a fused [B, S, 3, H, d] projection
+  FwdTensors t{0x1000, 0x2000, 0x3000, 0x4000};
+  t.strides = {q_bshd, k_qkv, nullptr, nullptr, nullptr};
+  const AttnTensorMaps m = encode_tensor_maps(&record_tensor_map, f.tensor_maps(c, p), p, t);
+  const auto* wq = reinterpret_cast<const cuuint64_t*>(m.map[0].bits);
+  EXPECT_EQ(wq[0], 0x1000u);
+  EXPECT_EQ(wq[5], 2u * 4 * 128);
+  EXPECT_EQ(wq[6], 2u * 128);
+  EXPECT_EQ(wq[7], 2u * 333 * 4 * 128);
+  const auto* wk = reinterpret_cast<const cuuint64_t*>(m.map[1].bits);
+  EXPECT_EQ(wk[5], 2u * 3 * 4 * 128);
+  EXPECT_EQ(wk[6], 2u * 128);
+  EXPECT_EQ(wk[7], 2u * 517 * 3 * 4 * 128);
+  const auto* wv = reinterpret_cast<const cuuint64_t*>(m.map[2].bits);  // no strides given: contiguous
+  EXPECT_EQ(wv[5], 2u * 128);
+  EXPECT_EQ(wv[6], 2u * 128 * 517);
+  // map_can_read: d unit-stride, strides multiples of 16 bytes, 16-byte aligned, extent-1 dims free.
+  const int64_t ext[4] = {2, 4, 333, 128};
+  EXPECT_TRUE(map_can_read(ext, q_bshd, 2, 0x1000));
+  EXPECT_FALSE(map_can_read(ext, q_bshd, 2, 0x1008));                   // address
+  const int64_t odd_row[4] = {333 * (4 * 128 + 4), 128, 4 * 128 + 4, 1};  // 8 bytes past a multiple of 16
+  EXPECT_FALSE(map_can_read(ext, odd_row, 2, 0x1000));
+  const int64_t d_strided[4] = {333 * 4 * 256, 256, 4 * 256, 2};
+  EXPECT_FALSE(map_can_read(ext, d_strided, 2, 0x1000));
+  const int64_t broadcast[4] = {0, 128, 4 * 128, 1};                     // a batch stride of 0
+  EXPECT_FALSE(map_can_read(ext, broadcast, 2, 0x1000));
+  const int64_t one_batch[4] = {1, 4, 333, 128}, any_batch_stride[4] = {7, 128, 4 * 128, 1};
+  EXPECT_TRUE(map_can_read(one_batch, any_batch_stride, 2, 0x1000));
+  t.strides = {odd_row, nullptr, nullptr, nullptr, nullptr};
+  EXPECT_THROW(encode_tensor_maps(&record_tensor_map, f.tensor_maps(c, p), p, t), std::invalid_argument);
+}
+
 // A packed variable-length batch's maps: (d, heads, total tokens, 1) over the token-major tensors, strides
 // of a head's d and a token's heads x d, boxes of 1 head x the rows (the same shared-memory image as the
 // dense box of rows x 1 head): the kernel addresses a sequence's rows from its first token.

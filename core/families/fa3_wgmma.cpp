@@ -32,6 +32,7 @@ Family make_fa3_wgmma() {
   f.default_config = {64, 2, 2, 1, 1, 0, 0, 0, 0};  // fits every head dim (d = 256: 128 + 32 + 16 accumulators)
   f.hopper_only = true;
   f.gqa = true;
+  f.map_only_inputs = {"q", "k", "v"};  // TMA loads alone; O is stored through the params (and its map)
   f.varlen = true;  // fa3_wgmma_fwd<Traits, true>: packed tensor maps, guarded O stores at a sequence's end
   struct Named {  // the config by name (the order of f.params)
     int block_n, consumers, stages, overlap, pingpong, p_smem, persistent, two_ctas, multicast;

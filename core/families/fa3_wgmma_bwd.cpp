@@ -30,6 +30,7 @@ Family make_fa3_wgmma_bwd() {
   f.default_config = {64, 1, 2, 0, 0, 0, 0, 1};  // fits every head dim (d 96 compiles with one consumer only)
   f.hopper_only = true;
   f.gqa = true;
+  f.map_only_inputs = {"q", "k", "v"};  // TMA loads alone; the preprocess reads O and dO through the params
   struct Named {  // the config by name (the order of f.params)
     int block_m, consumers, stages, sched, dq_overlap, dq_turns, deterministic, dq_stages;
     explicit Named(const Config& c)

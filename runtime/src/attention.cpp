@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -384,6 +386,7 @@ struct Operand {
   TensorArg t;          // the caller's tensor as a [B, H, S, d] view (args.hpp)
   size_t offset = 0;    // in scratch, when packed
   bool packed = false;
+  bool view = false;    // a strided input read in place through the family's tensor map (map_only_inputs)
   CUdeviceptr ptr = 0;  // what the kernel sees
 };
 
@@ -406,11 +409,16 @@ void launch_copy(const Loaded& copy, CUstream stream, const Operand& o, int elem
 
 // Scratch pieces: packed operands, then the per-direction buffers (lse and delta hold a value per query
 // row of every head, dq_accum a row of d: Problem::rows_q counts a packed batch's tokens, not B * Sq).
-CallLayout layout_for(std::vector<Operand>& ops, const Problem& p, size_t workspace_bytes, bool need_lse, bool bwd) {
+CallLayout layout_for(std::vector<Operand>& ops, const Family& f, const Problem& p, size_t workspace_bytes, bool need_lse,
+                      bool bwd) {
   CallLayout c;
   const size_t elem = dtype_bytes(p.dtype);
+  const bool dense = !p.varlen.enabled() && !p.paged.enabled();
   for (Operand& o : ops) {
-    o.packed = !direct(o.t);
+    const bool map_only = std::find(f.map_only_inputs.begin(), f.map_only_inputs.end(), o.t.name) != f.map_only_inputs.end();
+    o.view = dense && map_only && !o.t.output && !o.t.packed && !o.t.pool && !is_contiguous(o.t) &&
+             map_can_read(o.t.ext, o.t.stride, (int)elem, reinterpret_cast<uintptr_t>(o.t.data));
+    o.packed = !direct(o.t) && !o.view;
     if (o.packed) o.offset = c.layout.add((size_t)(o.t.ext[0] * o.t.ext[1] * o.t.ext[2] * o.t.ext[3]) * elem);
   }
   const size_t rows = (size_t)p.rows_q();
@@ -576,6 +584,14 @@ std::vector<Operand> operands(const Args* a) {
   return ops;
 }
 
+// The element strides of the operands read in place as strided views (q, k, v, o, dout order), for the maps.
+std::array<const int64_t*, 5> view_strides(const std::vector<Operand>& ops) {
+  std::array<const int64_t*, 5> out{};
+  for (size_t i = 0; i < ops.size() && i < out.size(); ++i)
+    if (ops[i].view) out[i] = ops[i].t.stride;
+  return out;
+}
+
 // Packs the inputs, runs `launch`, unpacks the outputs: all on the stream.
 template <class Launch>
 void with_operands(CUcontext ctx, const Plan& plan, std::vector<Operand>& ops, const Scratch& scratch, CUstream stream,
@@ -622,7 +638,8 @@ void run_forward(const Args* a, CUstream stream) {
   Plan plan = make_plan(query_of(p), p);
   const Loaded& k = family_kernels(ctx.get(), plan);
   std::vector<Operand> ops = operands(a);
-  const CallLayout c = layout_for(ops, p, plan.pick.family->workspace_bytes(plan.pick.config, p), !a->lse, false);
+  const CallLayout c =
+      layout_for(ops, *plan.pick.family, p, plan.pick.family->workspace_bytes(plan.pick.config, p), !a->lse, false);
   Scratch scratch(c.layout.total, nullptr, 0, stream);
   if (c.workspace_bytes && !plan.pick.family->workspace_written)
     FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
@@ -638,7 +655,8 @@ void run_forward(const Args* a, CUstream stream) {
       fail(FT_UNSUPPORTED, plan.pick.family->name + " declares tensor maps, which a paged cache cannot have");
     if (!specs.empty()) {
       try {
-        maps = encode_tensor_maps(drv().cuTensorMapEncodeTiled, specs, p, {ops[0].ptr, ops[1].ptr, ops[2].ptr, ops[3].ptr});
+        maps = encode_tensor_maps(drv().cuTensorMapEncodeTiled, specs, p,
+                                  {ops[0].ptr, ops[1].ptr, ops[2].ptr, ops[3].ptr, 0, view_strides(ops)});
       } catch (const std::exception& e) {
         fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick.family->name + ": " + e.what());
       }
@@ -648,7 +666,8 @@ void run_forward(const Args* a, CUstream stream) {
 }
 
 CallLayout backward_layout(const Plan& plan, std::vector<Operand>& ops) {
-  return layout_for(ops, plan.problem, plan.pick.family->workspace_bytes(plan.pick.config, plan.problem), false, true);
+  return layout_for(ops, *plan.pick.family, plan.problem,
+                    plan.pick.family->workspace_bytes(plan.pick.config, plan.problem), false, true);
 }
 
 template <class Args>
@@ -675,7 +694,7 @@ void run_backward(const Args* a, CUstream stream) {
     if (!specs.empty()) {
       try {
         maps = encode_tensor_maps(drv().cuTensorMapEncodeTiled, specs, p,
-                                  {ops[0].ptr, ops[1].ptr, ops[2].ptr, ops[3].ptr, ops[4].ptr});
+                                  {ops[0].ptr, ops[1].ptr, ops[2].ptr, ops[3].ptr, ops[4].ptr, view_strides(ops)});
       } catch (const std::exception& e) {
         fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick.family->name + ": " + e.what());
       }
