@@ -1,12 +1,40 @@
 // A synthetic store for tests that need results without a GPU: two devices, two problems
 // per bucket, configs that win, lose, or fail on one problem.
 #pragma once
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 
 #include "core/family.hpp"
 #include "results/store.hpp"
 
 namespace flashtune::fixture {
+
+// A folder of this test process's own in the temp folder (mkdtemp: flashtune_test_XXXXXX), removed with all it
+// holds when the process exits: the stores a test makes, their -wal/-shm files (left behind where a store is
+// removed while it is still open) and emitted headers never stay in /tmp, whatever the test removes itself.
+// (A child forked after it was made does not remove it.)
+inline const std::filesystem::path& scratch_dir() {
+  struct Dir {
+    std::filesystem::path path;
+    pid_t owner = getpid();
+    Dir() {
+      std::string t = (std::filesystem::temp_directory_path() / "flashtune_test_XXXXXX").string();
+      if (!mkdtemp(t.data())) throw std::runtime_error("cannot make a folder like " + t);
+      path = t;
+    }
+    ~Dir() {
+      std::error_code ec;
+      if (getpid() == owner) std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
 
 inline DeviceInfo fixture_device(const std::string& name = "NVIDIA H100 80GB HBM3", const std::string& arch = "sm_90") {
   DeviceInfo d;

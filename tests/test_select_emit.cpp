@@ -16,11 +16,14 @@ namespace fs = std::filesystem;
 
 namespace {
 std::vector<ResultRecord> fixture_results() {
-  auto path = fs::temp_directory_path() / ("flashtune_sel_" + std::to_string(getpid()) + ".db");
-  fs::remove(path);
-  Store s(path.string());
-  fixture::fill_fixture(s);
-  auto r = s.results({});
+  const auto path = fixture::scratch_dir() / "sel.db";  // removed at exit
+  std::vector<ResultRecord> r;
+  {
+    fs::remove(path);
+    Store s(path.string());
+    fixture::fill_fixture(s);
+    r = s.results({});
+  }  // closed before it is removed: no -wal/-shm left
   fs::remove(path);
   return r;
 }
@@ -178,7 +181,7 @@ TEST(Select, DeterministicPicksBucketApart) {
   EXPECT_FALSE(pick_bucket(both, rows[0].problem)->deterministic);
   EXPECT_EQ(pick_bucket(any, rows[0].problem, true), nullptr);
 
-  auto dir = fs::temp_directory_path() / ("flashtune_emit_det_" + std::to_string(getpid()));
+  auto dir = fixture::scratch_dir() / "emit_det";
   fs::remove_all(dir);
   BucketChoice fixed = both[0];
   fixed.config = fast;  // the 6-value config stored before DETERMINISTIC is no config today: a valid one
@@ -193,7 +196,7 @@ TEST(Select, DeterministicPicksBucketApart) {
 }
 
 TEST(Emit, HeadersCarryBannerEntriesAndFallbacks) {
-  auto dir = fs::temp_directory_path() / ("flashtune_emit_" + std::to_string(getpid()));
+  auto dir = fixture::scratch_dir() / "emit";
   fs::remove_all(dir);
   auto res = emit_headers(best_per_bucket(fixture_results()), dir.string(), "flashtune emit --db x --out y");
   EXPECT_EQ(res.entries, 2);
@@ -253,7 +256,7 @@ TEST(Select, PagedRowsBucketApart) {
   other.paged.page_size = 128;
   EXPECT_EQ(stored_choice(rows, other).source, "");
 
-  auto dir = fs::temp_directory_path() / ("flashtune_emit_paged_" + std::to_string(getpid()));
+  auto dir = fixture::scratch_dir() / "emit_paged";
   fs::remove_all(dir);
   const EmitResult res = emit_headers(choices, dir.string(), "flashtune emit --db x --out y");
   EXPECT_EQ(res.entries, 2);

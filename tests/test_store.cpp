@@ -14,8 +14,8 @@ using namespace flashtune;
 namespace fs = std::filesystem;
 
 namespace {
-std::string temp_db(const char* name) {
-  auto p = fs::temp_directory_path() / (std::string("flashtune_test_") + name + "_" + std::to_string(getpid()) + ".db");
+std::string temp_db(const char* name) {  // in the process's scratch folder, removed at exit
+  auto p = fixture::scratch_dir() / (std::string(name) + ".db");
   fs::remove(p);
   return p.string();
 }
