@@ -9,7 +9,7 @@ namespace flashtune {
 #define FT_SQLITE_FUNCTIONS(X)                                                                              \
   X(open_v2) X(close) X(busy_timeout) X(errmsg) X(errstr) X(exec) X(free) X(prepare_v2) X(finalize) X(step) \
   X(bind_text) X(bind_int64) X(bind_double) X(bind_null) X(bind_blob) X(column_text) X(column_blob)        \
-  X(column_bytes) X(column_int64) X(column_double) X(last_insert_rowid) X(changes)
+  X(column_bytes) X(column_int64) X(column_double) X(last_insert_rowid) X(changes) X(limit)
 
 struct SqliteApi {
 #define FT_SQLITE_MEMBER(name) decltype(&::sqlite3_##name) name = nullptr;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <iterator>
@@ -40,6 +41,10 @@ constexpr double kBusyRetrySeconds = 300;   // and our own retries on top of it
   if ((rc & 0xff) == SQLITE_NOMEM)
     throw UsageError("the database is damaged (a record larger than SQLite reads) or too large to read here: " +
                      brief(msg, 200));
+  // A value past SQLITE_LIMIT_LENGTH (kMaxStoredValueBytes), refused before SQLite allocates it.
+  if ((rc & 0xff) == SQLITE_TOOBIG)
+    throw UsageError("the database holds a value over " + std::to_string(kMaxStoredValueBytes >> 20) +
+                     " MiB, more than flashtune reads or writes in one: " + brief(msg, 200));
   if ((rc & 0xff) == SQLITE_ERROR && what.rfind(" in: ", 0) == 0)
     throw UsageError("the database does not have the tables and columns of its schema version: " + brief(msg, 200));
   throw std::runtime_error(msg);
@@ -155,9 +160,11 @@ class Stmt {
     auto p = sqlite().column_blob(s_, c);
     return p ? std::string((const char*)p, sqlite().column_bytes(s_, c)) : std::string();
   }
+  long long bytes(int c) const { return sqlite().column_bytes(s_, c); }  // as text (a number is converted)
   long long i64(int c) const { return sqlite().column_int64(s_, c); }
   double f64(int c) const { return sqlite().column_double(s_, c); }
   std::string text(Column c) const { return text(c.index); }
+  long long bytes(Column c) const { return bytes(c.index); }
   std::string blob(Column c) const { return blob(c.index); }
   long long i64(Column c) const { return i64(c.index); }
   double f64(Column c) const { return f64(c.index); }
@@ -410,6 +417,7 @@ Store::Store(const std::string& path, Mode mode) : path_(path), read_only_(mode 
     throw UsageError("cannot open database '" + path + "': " + msg);
   }
   sqlite().busy_timeout(db_, kBusyTimeoutMs);
+  sqlite().limit(db_, SQLITE_LIMIT_LENGTH, kMaxStoredValueBytes);  // one value of a hostile store: refused unread
   try {
     open_checked(mode);
   } catch (const UsageError&) {
@@ -682,10 +690,40 @@ constexpr auto kResultReadColumns = column_list(
     "causal", "status", "error", "max_abs", "max_rel", "mse", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps",
     "seed", "device_name", "arch", "sm_count", "driver_version", "nvrtc_version", "options", "source_hash", "registers",
     "smem_static", "spill_stores", "created", "detail", "inputs", "heads_k", "varlen", "paged");
+
+// The refusal of a read past its budget: rows or stored text.
+UsageError over_budget(const std::string& path, const std::string& what, const ReadBudget& b, bool text) {
+  return UsageError("'" + path + "': reading its " + what + " would pass " +
+                    (text ? std::to_string(kMaxReadTextBytes >> 20) + " MiB of stored text"
+                          : std::to_string(kMaxReadRows) + " rows") +
+                    ", the most " + b.scope + " holds: " + b.advice);
+}
+
+// The rows a query would return, counted in SQL (at most cap + 1 visited): more than cap are refused before
+// one is read. `from` is the query from FROM on; bind() binds its parameters.
+template <class Bind, class Refuse>
+long long count_within(sqlite3* db, const std::string& from, Bind bind, long long cap, Refuse refuse) {
+  Stmt c(db, "SELECT count(*) FROM (SELECT 1" + from + " LIMIT " + std::to_string(cap + 1) + ")");
+  bind(c);
+  const long long n = c.step() ? c.i64(0) : 0;
+  if (n > cap) throw refuse();
+  return n;
+}
+
+// One row read: the row and its text cells (by column) drawn from the budget.
+void draw_row(const Stmt& s, std::initializer_list<Column> text_columns, ReadBudget& b, const std::string& path,
+              const std::string& what) {
+  if (--b.rows < 0) throw over_budget(path, what, b, false);  // rows added since the count
+  for (Column c : text_columns) b.text_bytes -= s.bytes(c);
+  if (b.text_bytes < 0) throw over_budget(path, what, b, true);
+}
+
 }  // namespace
 
-std::vector<ResultRecord> Store::results(const ResultFilter& f) {
+std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shared) {
   constexpr auto& R = kResultReadColumns;
+  ReadBudget local;
+  ReadBudget& budget = shared ? *shared : local;
   const std::string varlen = has_varlen_ ? "varlen" : "''", paged = has_paged_ ? "paged" : "''";
   // A lean read leaves out the long texts; a column an older schema (v1-v7, read read-only) lacks reads as
   // the value its rows had.
@@ -723,13 +761,12 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
                       brief(f.family.empty() ? "any family" : f.family) + " on '" + brief(f.device, 60) +
                       "' for this query: at most " + std::to_string(f.max_rows) + " are read");
   };
-  long long count = 0;
-  if (f.max_rows > 0) {
-    Stmt c(db_, "SELECT count(*) FROM (SELECT 1" + where + " LIMIT " + std::to_string(f.max_rows + 1) + ")");
-    for (size_t i = 0; i < binds.size(); ++i) c.bind((int)i + 1, binds[i]);
-    if (c.step()) count = c.i64(0);
-    if (count > f.max_rows) throw too_many();
-  }
+  // The filter's own bound where it is the tighter, else the budget's.
+  const bool own = f.max_rows > 0 && f.max_rows <= budget.rows;
+  const long long cap = own ? f.max_rows : std::max(0ll, budget.rows);
+  auto refuse = [&] { return own ? too_many() : over_budget(path_, "results rows", budget, false); };
+  const long long count = count_within(
+      db_, where, [&](Stmt& c) { for (size_t i = 0; i < binds.size(); ++i) c.bind((int)i + 1, binds[i]); }, cap, refuse);
   sql += where + " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
          std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + (has_paged_ ? "paged, " : "") + "id";
   Stmt s(db_, sql);
@@ -737,8 +774,25 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f) {
   std::vector<ResultRecord> out;
   out.reserve((size_t)count);  // counted: no reallocation's second copy at the peak
   long long lengths = 0;  // of packed and paged rows, against kMaxResultLengths
+  // The text columns: each cell at most kMaxStoredTextBytes, checked before any is copied or parsed.
+  static constexpr Column kText[] = {
+      R["kernel_hash"], R["family"], R["direction"], R["config"], R["dtype"], R["status"], R["error"],
+      R["device_name"], R["arch"], R["nvrtc_version"], R["options"], R["source_hash"], R["created"],
+      R["detail"], R["inputs"], R["varlen"], R["paged"]};
   while (s.step()) {
-    if (f.max_rows > 0 && (long long)out.size() >= f.max_rows) throw too_many();  // rows added since the count
+    if ((long long)out.size() >= cap) throw refuse();  // rows added since the count
+    long long row_bytes = 0;
+    for (Column c : kText) {
+      const long long n = s.bytes(c);
+      if (n > kMaxStoredTextBytes)
+        throw UsageError("'" + path_ + "': results row " + std::to_string(s.i64(R["id"])) + ": its " +
+                         std::string(R.names[c.index]) + " is " +
+                         std::to_string(n) + " bytes, over the " + std::to_string(kMaxStoredTextBytes >> 20) +
+                         " MiB one stored text may hold");
+      row_bytes += n;
+    }
+    --budget.rows;
+    if ((budget.text_bytes -= row_bytes) < 0) throw over_budget(path_, "results rows", budget, true);
     ResultRecord r;
     r.id = s.i64(R["id"]); r.kernel_hash = s.text(R["kernel_hash"]); r.family = s.text(R["family"]);
     r.direction = s.text(R["direction"]); r.config = s.text(R["config"]);
@@ -853,13 +907,22 @@ void Store::put_experiment_row(const ExperimentRow& r) {
   });
 }
 
-std::vector<ExperimentRun> Store::experiment_runs(const std::string& experiment) {
+std::vector<ExperimentRun> Store::experiment_runs(const std::string& experiment, ReadBudget* shared) {
   if (!has_experiments_) return {};  // a v1/v2 store read read-only
   static constexpr auto E = column_list("id", "experiment", "title", "device_name", "probes", "spec", "created");
-  Stmt s(db_, "SELECT " + E.list() + " FROM experiment_runs WHERE ?='' OR experiment=? ORDER BY id");
-  s.bind(1, experiment).bind(2, experiment);
+  ReadBudget local;
+  ReadBudget& budget = shared ? *shared : local;
+  const std::string from = " FROM experiment_runs WHERE ?='' OR experiment=?";
+  auto bind = [&](Stmt& st) { st.bind(1, experiment).bind(2, experiment); };
+  const long long n = count_within(db_, from, bind, std::max(0ll, budget.rows),
+                                   [&] { return over_budget(path_, "experiment runs", budget, false); });
+  Stmt s(db_, "SELECT " + E.list() + from + " ORDER BY id");
+  bind(s);
   std::vector<ExperimentRun> out;
+  out.reserve((size_t)n);
   while (s.step()) {
+    draw_row(s, {E["experiment"], E["title"], E["device_name"], E["probes"], E["spec"], E["created"]}, budget, path_,
+             "experiment runs");
     ExperimentRun r;
     r.id = s.i64(E["id"]); r.experiment = s.text(E["experiment"]); r.title = s.text(E["title"]);
     r.device_name = s.text(E["device_name"]); r.probes = s.text(E["probes"]); r.spec = s.text(E["spec"]);
@@ -869,13 +932,22 @@ std::vector<ExperimentRun> Store::experiment_runs(const std::string& experiment)
   return out;
 }
 
-std::vector<ExperimentRow> Store::experiment_rows(long long run_id) {
+std::vector<ExperimentRow> Store::experiment_rows(long long run_id, ReadBudget* shared) {
   if (!has_experiments_) return {};
   constexpr auto& E = kExperimentRowColumns;
-  Stmt s(db_, "SELECT " + E.list() + " FROM experiment_rows WHERE run_id=? ORDER BY id");
-  s.bind(1, run_id);
+  ReadBudget local;
+  ReadBudget& budget = shared ? *shared : local;
+  const std::string from = " FROM experiment_rows WHERE run_id=?";
+  auto bind = [&](Stmt& st) { st.bind(1, run_id); };
+  const long long n = count_within(db_, from, bind, std::max(0ll, budget.rows),
+                                   [&] { return over_budget(path_, "experiment rows", budget, false); });
+  Stmt s(db_, "SELECT " + E.list() + from + " ORDER BY id");
+  bind(s);
   std::vector<ExperimentRow> out;
+  out.reserve((size_t)n);
   while (s.step()) {
+    draw_row(s, {E["impl"], E["family"], E["config"], E["direction"], E["dtype"], E["status"], E["error"], E["device"],
+                 E["detail"]}, budget, path_, "experiment rows");
     ExperimentRow r;
     r.run_id = run_id;
     r.impl = s.text(E["impl"]); r.family = s.text(E["family"]); r.config = s.text(E["config"]);
@@ -933,11 +1005,16 @@ void Store::each_kernel(const std::function<void(const KernelRecord&)>& fn, bool
 
 std::set<DeviceSignature> Store::device_signatures() {
   static constexpr auto C = column_list("device_name", "arch", "sm_count", "driver_version");
-  Stmt s(db_, "SELECT DISTINCT " + C.list() + " FROM results");
+  Stmt s(db_, "SELECT DISTINCT " + C.list() + " FROM results LIMIT " + std::to_string(kMaxStoreDevices + 1));
   std::set<DeviceSignature> out;
-  while (s.step())
+  while (s.step()) {
+    if (s.bytes(C["device_name"]) > 256 || s.bytes(C["arch"]) > 256)
+      throw UsageError("'" + path_ + "': a results row's device name or arch is over 256 bytes");
     out.insert({s.text(C["device_name"]), s.text(C["arch"]), (int)s.i64(C["sm_count"]),
                 (int)s.i64(C["driver_version"])});
+  }
+  if ((long long)out.size() > kMaxStoreDevices)
+    throw UsageError("'" + path_ + "': its results name more than " + std::to_string(kMaxStoreDevices) + " devices");
   return out;
 }
 
@@ -955,11 +1032,20 @@ Provenance read_provenance(const Stmt& s) {
 }
 }  // namespace
 
-std::vector<Provenance> Store::provenance() {
+std::vector<Provenance> Store::provenance(ReadBudget* shared) {
   if (!has_provenance_) return {};  // before schema 5, read read-only
+  ReadBudget local;
+  ReadBudget& budget = shared ? *shared : local;
+  const long long n = count_within(db_, " FROM provenance", [](Stmt&) {}, std::max(0ll, budget.rows),
+                                   [&] { return over_budget(path_, "provenance rows", budget, false); });
   Stmt s(db_, "SELECT " + kProvenanceColumns.list() + " FROM provenance ORDER BY id");
   std::vector<Provenance> out;
-  while (s.step()) out.push_back(read_provenance(s));
+  out.reserve((size_t)n);
+  while (s.step()) {
+    constexpr auto& P = kProvenanceColumns;
+    draw_row(s, {P["kind"], P["source"], P["content_hash"], P["upstream"], P["created"]}, budget, path_, "provenance rows");
+    out.push_back(read_provenance(s));
+  }
   return out;
 }
 

@@ -98,6 +98,33 @@ enum class Copied { added, present, differs };
 // rows of the largest batch (65,535 sequences, a few bytes of stored text each) would take 10 GB.
 inline constexpr long long kMaxResultLengths = 1ll << 25;
 
+// Bounds on what a read of a store holds in memory (best, emit, export, merge, run --best, tune's resume): a
+// store may come from someone else, and millions of rows or huge text cells must not exhaust memory.
+// - Rows: one read (results, experiment runs, experiment rows, provenance) holds at most kMaxReadRows rows,
+//   counted in SQL before one is read (the largest committed store holds 19,611 results rows; a results row
+//   takes some 1.5 KB in memory).
+// - Text: at most kMaxReadTextBytes of stored text in all (a committed results row holds some 700 bytes), and
+//   one results text cell at most kMaxStoredTextBytes (the longest, a packed batch's 65,535 lengths, is about
+//   1 MB; the check comes before it is parsed).
+// - Any one value SQLite reads or writes (a cubin included): kMaxStoredValueBytes, SQLITE_LIMIT_LENGTH on every
+//   connection, so a cell of a GB is refused before SQLite allocates it.
+// Past a bound the read is refused in one line (UsageError: exit 2 in the CLI), before the work it feeds.
+inline constexpr long long kMaxReadRows = 250000;
+inline constexpr long long kMaxReadTextBytes = 256ll << 20;
+inline constexpr long long kMaxStoredTextBytes = 4ll << 20;
+inline constexpr int kMaxStoredValueBytes = 64 << 20;
+// The distinct devices (name, arch, SM count, driver) a store's results may name, as a T4 file's (kMaxT4Devices).
+inline constexpr long long kMaxStoreDevices = 4096;
+
+// What reads may still hold. Each read takes a fresh one unless the caller passes its own, which the read then
+// draws down: merge passes one to every read of every input, so that all of them together stay within it.
+struct ReadBudget {
+  long long rows = kMaxReadRows;
+  long long text_bytes = kMaxReadTextBytes;
+  std::string scope = "one read";                                              // the refusal names it
+  std::string advice = "select fewer rows (family, device, dtype, head dim)";  // and ends with this
+};
+
 struct ResultFilter {
   std::string family, device, dtype, direction;
   int head_dim = 0;         // 0: any
@@ -108,7 +135,9 @@ struct ResultFilter {
   bool dense_only = false;  // no packed variable-length rows (best_per_bucket never picks them)
   int paged = -1;           // -1: any; 0: contiguous K/V rows only; 1: paged K/V cache rows only
   bool lean = false;        // kernel_hash, error, detail, options and nvrtc_version read as '' (selection reads none)
-  long long max_rows = 0;   // 0: any number; else more matching rows are refused (UsageError) before any is read
+  // 0: the ReadBudget's rows (kMaxReadRows); else at most this many (the runtime's lookup: kMaxLookupRows). More
+  // matching rows are refused (UsageError) before any is read.
+  long long max_rows = 0;
 };
 
 // A DB path the CLI accepts: not empty, not ":memory:", not a "file:" URI (each would lose results).
@@ -133,13 +162,14 @@ class Store : public KernelCache {
 
   bool has_result(const std::string& kernel_hash, const DeviceInfo&, const Problem&);
   void put_result(const ResultRecord&, const DeviceInfo&);
-  std::vector<ResultRecord> results(const ResultFilter&);
+  // Bounded by the filter's max_rows and by `budget` (a fresh ReadBudget when none is given): UsageError past them.
+  std::vector<ResultRecord> results(const ResultFilter&, ReadBudget* budget = nullptr);
 
   long long begin_experiment(const ExperimentRun&);  // returns the run id
   void set_experiment_probes(long long run_id, const std::string& probes_json);
   void put_experiment_row(const ExperimentRow&);
-  std::vector<ExperimentRun> experiment_runs(const std::string& experiment = "");
-  std::vector<ExperimentRow> experiment_rows(long long run_id);
+  std::vector<ExperimentRun> experiment_runs(const std::string& experiment = "", ReadBudget* budget = nullptr);
+  std::vector<ExperimentRow> experiment_rows(long long run_id, ReadBudget* budget = nullptr);
 
   void drop_cubins();  // keep metadata and resources, drop binaries (for committing a DB)
 
@@ -150,8 +180,9 @@ class Store : public KernelCache {
   void snapshot(const std::function<void()>& body);
   // Every kernel row in hash order, stripped binaries included (cubin empty); with_cubin false reads none.
   void each_kernel(const std::function<void(const KernelRecord&)>& fn, bool with_cubin);
-  std::set<DeviceSignature> device_signatures();  // the distinct devices of the results table
-  std::vector<Provenance> provenance();           // none before schema 5
+  // The distinct devices of the results table: at most kMaxDevices, names of at most 256 bytes (UsageError).
+  std::set<DeviceSignature> device_signatures();
+  std::vector<Provenance> provenance(ReadBudget* budget = nullptr);  // none before schema 5
   std::optional<Provenance> find_provenance(const std::string& content_hash);
   long long add_provenance(const Provenance&);    // returns its id
   void set_provenance_counts(long long id, long long kernels, long long results, long long experiment_runs);

@@ -2,6 +2,7 @@
 #include <sqlite3.h>
 
 #include <filesystem>
+#include <functional>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -84,6 +85,100 @@ TEST(Store, ResultsBoundThePackedLengthsTheyHold) {
   lookup.family = "fa2_simt";
   EXPECT_EQ(ro.results(lookup).size(), 1u);  // exactly the bound: read
   fs::remove(path);
+}
+
+// Every read of a store is bounded (ReadBudget): rows counted before one is read, stored text as it is read, one
+// results text cell at most kMaxStoredTextBytes; a caller's own budget is drawn down by each read given it (merge:
+// all the reads of one input together).
+TEST(Store, ReadsStayWithinTheirBudget) {
+  const std::string path = temp_db("budget");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);  // 8 results rows
+    fixture::fill_experiments(s);
+  }
+  Store ro(path, Store::Mode::read_only);
+  auto refused = [](const std::function<void()>& read, const std::string& needle) {
+    try {
+      read();
+      ADD_FAILURE() << "read past its budget; wanted '" << needle << "'";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    }
+  };
+  ReadBudget b;
+  b.rows = 8;
+  EXPECT_EQ(ro.results({}, &b).size(), 8u);  // exactly the budget: read, and drawn down
+  EXPECT_EQ(b.rows, 0);
+  EXPECT_GT(b.text_bytes, 0);
+  EXPECT_LT(b.text_bytes, kMaxReadTextBytes);
+  refused([&] { ro.results({}, &b); }, "results rows would pass 250000 rows, the most one read holds");
+  b = ReadBudget{};
+  b.rows = 7;
+  refused([&] { ro.results({}, &b); }, "would pass");
+  b = ReadBudget{};
+  b.text_bytes = 100;  // fewer than 8 rows' text
+  refused([&] { ro.results({}, &b); }, "results rows would pass 256 MiB of stored text");
+  // A filter's own tighter bound keeps its message (the runtime's lookup).
+  ResultFilter f;
+  f.max_rows = 3;
+  refused([&] { ro.results(f); }, "holds more than 3 results rows of any family");
+  // Experiment runs and rows, provenance: the same budget.
+  b = ReadBudget{};
+  const auto runs = ro.experiment_runs("", &b);
+  ASSERT_EQ(runs.size(), 5u);
+  EXPECT_EQ(b.rows, kMaxReadRows - 5);
+  b.rows = 5;
+  refused([&] { ro.experiment_rows(runs[1].id, &b); }, "experiment rows would pass");
+  b.rows = 6;
+  EXPECT_EQ(ro.experiment_rows(runs[1].id, &b).size(), 6u);
+  b.scope = "a test's read";
+  b.advice = "read less";
+  refused([&] { ro.experiment_runs("", &b); }, "experiment runs would pass 250000 rows, the most a test's read holds: read less");
+  b = ReadBudget{};
+  EXPECT_TRUE(ro.provenance(&b).empty());
+  EXPECT_EQ(b.rows, kMaxReadRows);
+}
+
+TEST(Store, HugeStoredTextIsRefusedBeforeItIsRead) {
+  const std::string path = temp_db("huge_text");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);
+    ResultRecord r = fixture::fixture_result("BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=1", Problem{1, 1, 8, 8, 64}, "ok", 1.0);
+    r.error = std::string(kMaxStoredTextBytes + 1, 'x');  // stored (under SQLite's 64 MiB), never read back
+    s.put_result(r, fixture::fixture_device());
+  }
+  {
+    Store ro(path, Store::Mode::read_only);
+    try {
+      ro.results({});
+      FAIL() << "read a text cell over 4 MiB";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("its error is " + std::to_string(kMaxStoredTextBytes + 1) + " bytes, over the 4 MiB"),
+                std::string::npos) << e.what();
+    }
+    ResultFilter lean;
+    lean.lean = true;  // error is not read at all
+    EXPECT_EQ(ro.results(lean).size(), 9u);
+  }
+  {  // A value past SQLite's length limit (written without it): refused before SQLite allocates it.
+    sqlite3* db;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE results SET detail=hex(zeroblob(34000000)) WHERE id=1", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  Store ro(path, Store::Mode::read_only);
+  ResultFilter lean;
+  lean.lean = true;
+  EXPECT_EQ(ro.results(lean).size(), 9u);  // detail not read
+  try {
+    ro.results({});
+    FAIL() << "read a value over 64 MiB";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a value over 64 MiB"), std::string::npos) << e.what();
+  }
 }
 
 // fuzz_store's finding: a damaged 15 KB store whose record SQLite refuses as out of memory is a damaged store
