@@ -758,6 +758,67 @@ if ! FLASHTUNE_DB="$tmp/rows_ok.db" capped 250000 timeout 20 "${probe[@]}" >"$tm
 fi
 rm -f "$tmp/rows_many.db" "$tmp/rows_ok.db"
 
+# Stores too large to read (issue 34): a read of a store (best, emit, export, merge, run --best, tune's resume) holds
+# at most 250,000 rows, 256 MiB of stored text, 4 MiB in one results text cell and 64 MiB in any one value (SQLite's
+# length limit: a cell of a GB is refused before SQLite allocates it), counted before the work; merge reads each
+# input twice (checked, then copied) and holds one input at a time. Past a bound: one line, exit 2, in bounded
+# memory and time, nothing written (fixture.db is every merge's output, and checked after each case).
+python3 - "$tmp" <<'PY'
+import shutil, sqlite3, sys
+t = sys.argv[1]
+c0 = sqlite3.connect(t + "/fixture.db")
+cols = [r[1] for r in c0.execute("pragma table_info(results)") if r[1] != "id"]
+c0.close()
+def store(name, *sql):
+    shutil.copy(t + "/fixture.db", t + f"/{name}.db")
+    c = sqlite3.connect(t + f"/{name}.db")
+    for q in sql: c.execute(q)
+    c.commit(); c.close()
+def copies(n, **over):  # n copies of an ok fa2_simt row, kernel_hash made unique, columns set by SQL expressions
+    over.setdefault("kernel_hash", "'big' || i")
+    return (f"insert into results({','.join(cols)}) with recursive n(i) as (select 1 union all select i + 1 from n where i < {n}) "
+            f"select {','.join(over.get(k, 'r.' + k) for k in cols)} from n, "
+            "(select * from results where status='ok' and family='fa2_simt' limit 1) r")
+store("rows_over", copies(250001))
+store("cell_big", copies(1, source_hash="hex(zeroblob(2500000))"))          # 5,000,000 bytes
+store("cell_huge", copies(1, source_hash="hex(zeroblob(36000000))"))        # 72,000,000 bytes
+store("text_over", copies(70, source_hash="hex(zeroblob(1950000))"))        # 70 x 3,900,000 bytes
+store("exp_rows", "insert into experiment_runs(experiment,title,device_name,probes,spec,created) values('big','t','d','{}','{}','now')",
+      "insert into experiment_rows(run_id,impl,direction,dtype,batch,heads,seq_q,seq_k,head_dim,causal,status) "
+      "with recursive n(i) as (select 1 union all select i + 1 from n where i < 250001) "
+      "select (select max(id) from experiment_runs),'x','fwd','fp32',1,1,8,8,64,0,'ok' from n")
+store("exp_spec", "insert into experiment_runs(experiment,title,device_name,probes,spec,created) "
+      "values('big','t','d','{}',hex(zeroblob(36000000)),'now')")
+store("prov_rows", "insert into provenance(kind,source,content_hash,created) "
+      "with recursive n(i) as (select 1 union all select i + 1 from n where i < 250001) select 'merge','/x','h' || i,'now' from n")
+store("cubin_huge", "insert into kernels(hash,family,direction,config,head_dim,causal,dtype,arch,nvrtc_version,options,"
+      "source_hash,name_expression,status,cubin,created) values('big','fa2_simt','fwd','BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,"
+      "KV_STAGES=2',64,0,'fp32','sm_90','13.0','','src','x','compiled',zeroblob(70000000),'now')")
+store("devices_over", copies(4097, device_name="'GPU ' || i"))
+PY
+for verb in "best --db $tmp/rows_over.db" "best --db $tmp/rows_over.db --csv --family fa2_simt" "export --db $tmp/rows_over.db" \
+            "export --db $tmp/rows_over.db -o $tmp/big.json" "emit --db $tmp/rows_over.db --out $tmp/big_headers" \
+            "merge $tmp/rows_over.db -o $tmp/fixture.db"; do
+  bounded 60 "results rows would pass 250000 rows, the most" $verb
+done
+for verb in best export emit merge; do
+  args=(--db "@DB@"); [[ $verb == emit ]] && args+=(--out "$tmp/big_headers"); [[ $verb == merge ]] && args=("@DB@" -o "$tmp/fixture.db")
+  bounded 60 "its source_hash is 5000000 bytes, over the 4 MiB one stored text may hold" $verb "${args[@]/@DB@/$tmp/cell_big.db}"
+  bounded 60 "holds a value over 64 MiB" $verb "${args[@]/@DB@/$tmp/cell_huge.db}"
+  bounded 60 "results rows would pass 256 MiB of stored text" $verb "${args[@]/@DB@/$tmp/text_over.db}"
+done
+bounded 60 "experiment rows would pass 250000 rows, the most merge's read of one input holds" merge "$tmp/exp_rows.db" -o "$tmp/fixture.db"
+bounded 60 "holds a value over 64 MiB" merge "$tmp/exp_spec.db" -o "$tmp/fixture.db"
+bounded 60 "provenance rows would pass 250000 rows" merge "$tmp/prov_rows.db" -o "$tmp/fixture.db"
+bounded 60 "holds a value over 64 MiB" merge "$tmp/cubin_huge.db" -o "$tmp/fixture.db"
+devices_sum=$(sha256sum <"$tmp/devices_over.db")
+bounded 60 "its results name more than 4096 devices" merge "$tmp/fixture.db" -o "$tmp/devices_over.db"
+bounded 60 "its results name more than 4096 devices" import --db "$tmp/devices_over.db" "$tmp/t4.json"
+ok "the store of 4097 devices is unchanged" test "$(sha256sum <"$tmp/devices_over.db")" == "$devices_sum"
+ok "no output from the refused large reads" \
+  bash -c "! ls -d '$tmp'/big.json* '$tmp'/big_headers 2>/dev/null | grep -q ."
+rm -f "$tmp"/{rows_over,cell_big,cell_huge,text_over,exp_rows,exp_spec,prov_rows,cubin_huge,devices_over}.db
+
 # Output injection: CSV quoting, no escape sequences on a terminal, no HTML or headings in REPORT.md.
 cp "$tmp/fixture.db" "$tmp/inject.db"
 python3 - "$tmp/inject.db" <<'PY'

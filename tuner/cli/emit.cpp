@@ -36,7 +36,8 @@ int cmd_emit(int argc, char** argv) {
   Args a = parse(argc, argv, {"db", "out", "family"}, {});
   if (!a.has("db") || !a.has("out")) throw UsageError("emit needs --db and --out");
   Store store(a.get("db"), Store::Mode::read_only);
-  const ResultFilter filter = filter_from(a);  // every status, as best's
+  ResultFilter filter = filter_from(a);  // every status, as best's
+  filter.lean = true;                    // only what selection reads (ReadBudget bounds the read)
   const std::vector<ResultRecord> rows = store.results(filter);
   auto choices = best_per_bucket(rows);
   for (auto& c : best_per_bucket(rows, true))  // the deterministic backward's picks, entries of their own

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -48,17 +49,30 @@ int cmd_export(int argc, char** argv) {
       throw UsageError("-o '" + out + "': folder '" + out_dir + "' does not exist");
   }
   Store store(a.get("db"), Store::Mode::read_only);
-  const std::string text = t4_export(store, filter);
-  if (!a.has("output")) {
-    std::fwrite(text.data(), 1, text.size(), stdout);
+  if (!a.has("output")) {  // every row is checked before the first byte is written
+    t4_export(store, filter, [](std::string_view piece) { std::fwrite(piece.data(), 1, piece.size(), stdout); });
     return 0;
   }
-  // A temporary file beside the target, renamed over it: a failed export leaves the old file whole.
+  // A temporary file beside the target, written as the document is made, renamed over it: a failed export
+  // leaves the old file whole.
   const std::string out = a.get("output");
   std::string tmp = out + ".tmp-XXXXXX";
   const int fd = mkstemp(tmp.data());
   if (fd < 0) throw UsageError("-o '" + out + "': cannot create a file in '" + (out_dir.empty() ? "." : out_dir) + "'");
-  const bool written = write(fd, text.data(), text.size()) == (ssize_t)text.size();
+  bool written = true;
+  try {
+    t4_export(store, filter, [&](std::string_view piece) {
+      while (written && !piece.empty()) {
+        const ssize_t n = write(fd, piece.data(), piece.size());
+        if (n <= 0) written = false;
+        else piece.remove_prefix((size_t)n);
+      }
+    });
+  } catch (...) {
+    close(fd);
+    std::remove(tmp.c_str());
+    throw;
+  }
   fchmod(fd, 0644);
   if (close(fd) != 0 || !written || std::rename(tmp.c_str(), out.c_str()) != 0) {
     std::remove(tmp.c_str());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -51,7 +52,9 @@ std::string signatures_text(const std::set<DeviceSignature>& sigs) {
   return s;
 }
 
-// One input, read in one snapshot and checked; its rows in key order, hashed.
+// One input, read in one snapshot and checked; its rows in key order, hashed. Merge reads each input twice: once
+// to check it and hash it (rows dropped, `hash`, `devices`, `schema` and `upstream` kept), then, one input at a
+// time, to copy it (its hash again, which must be the same): memory holds one input's rows at a time.
 struct Loaded {
   int schema = 0;
   std::string hash, upstream;
@@ -87,27 +90,38 @@ std::string result_key(const ResultRecord& r) {
   return key.dump();
 }
 
-Loaded load(Store& s) {
+// keep: the rows go into the result (else only the hash, devices, schema and upstream); each kernel row,
+// checked, goes to on_kernel inside the snapshot (kernels are never held: their cubins are the bulk of a store).
+// What one input's reads hold is bounded (ReadBudget): rows, stored text.
+Loaded load(Store& s, bool keep, const std::function<void(const KernelRecord&)>& on_kernel = {}) {
   Loaded l;
   l.schema = s.schema_version();
+  ReadBudget budget;
+  budget.scope = "merge's read of one input";
+  budget.advice = "merge reads each input whole, and this one is larger than it takes";
   // The content hash covers what the rows say, not where SQLite put them: per-row hashes in key
-  // order (ids and origins left out), hashed again.
-  std::string rows = "flashtune-store\n";
+  // order (ids and origins left out), hashed again (the same as hashing their concatenation).
+  ContentHasher rows;
+  auto add = [&](const std::string& row_hash) {
+    rows.update(row_hash);
+    rows.update("\n");
+  };
+  rows.update("flashtune-store\n");
   s.snapshot([&] {
     s.each_kernel(
         [&](const KernelRecord& k) {
           check_kernel_row(k);
-          rows += content_hash(json::array({k.hash, k.family, k.direction, k.config, k.head_dim, k.causal,
+          if (on_kernel) on_kernel(k);
+          add(content_hash(json::array({k.hash, k.family, k.direction, k.config, k.head_dim, k.causal,
                                             to_string(k.dtype), k.arch, k.nvrtc_version, k.options, k.source_hash,
                                             k.name_expression, k.status, k.reason, k.lowered_name, k.res.registers,
                                             k.res.smem_static, k.res.stack_bytes, k.res.spill_stores,
                                             k.res.spill_loads, k.compile_ms, k.log, content_hash(k.cubin),
                                             k.cubin.size(), k.created})
-                                   .dump()) +
-                  "\n";
+                                   .dump()));
         },
         true);
-    l.results = s.results({});
+    l.results = s.results({}, &budget);
     for (const auto& r : l.results) {
       try {
         check_result_row(r);
@@ -115,40 +129,48 @@ Loaded load(Store& s) {
         throw UsageError("'" + s.path() + "': results row " + std::to_string(r.id) + ": " + e.what());
       }
     }
-    std::sort(l.results.begin(), l.results.end(),
-              [](const ResultRecord& a, const ResultRecord& b) { return result_key(a) < result_key(b); });
-    for (const auto& r : l.results) {
+    // In key order: each key made once (a comparison that made them would make some 20 per row).
+    std::vector<std::pair<std::string, size_t>> keys;
+    keys.reserve(l.results.size());
+    for (size_t i = 0; i < l.results.size(); ++i) keys.emplace_back(result_key(l.results[i]), i);
+    std::sort(keys.begin(), keys.end());
+    std::vector<ResultRecord> sorted;
+    sorted.reserve(keys.size());
+    for (auto& [key, i] : keys) {
+      const ResultRecord& r = l.results[i];
       const Problem& p = r.problem;
-      rows += content_hash(json::array({result_key(r), r.family, r.direction, r.config, p.head_dim, to_string(p.dtype),
+      add(content_hash(json::array({std::move(key), r.family, r.direction, r.config, p.head_dim, to_string(p.dtype),
                                         p.causal, r.status, r.error, r.max_abs, r.max_rel, r.mse, r.detail, r.ms_median,
                                         r.ms_p20, r.ms_p80, r.reps, r.tflops, r.gbps, r.seed, r.arch, r.driver_version,
                                         r.nvrtc_version, r.options, r.source_hash, r.res.registers, r.res.smem_static,
                                         r.res.spill_stores, r.created})
-                               .dump()) +
-              "\n";
+                               .dump()));
       l.devices.insert({r.device_name, r.arch, r.sm_count, r.driver_version});
+      if (keep) sorted.push_back(std::move(l.results[i]));
     }
-    for (const auto& run : s.experiment_runs()) {
+    l.results = std::move(sorted);  // in key order, as before (empty unless kept)
+    keys = {};
+    for (auto& run : s.experiment_runs("", &budget)) {
       if (!is_experiment_name(run.experiment))  // `report` names files after it
         throw UsageError("'" + s.path() + "': experiment run " + std::to_string(run.id) + ": name '" +
                          brief(run.experiment) + "' is not 1..64 of lower-case letters, digits and '_'");
-      Loaded::Run r{run, s.experiment_rows(run.id), ""};
+      const long long run_id = run.id;
+      Loaded::Run r{std::move(run), s.experiment_rows(run_id, &budget), ""};
       r.rows_hash = rows_hash(r.rows);
-      rows += content_hash(json::array({run.experiment, run.title, run.device_name, run.probes, run.spec, run.created,
-                                        r.rows_hash})
-                               .dump()) +
-              "\n";
-      l.runs.push_back(std::move(r));
+      add(content_hash(json::array({r.run.experiment, r.run.title, r.run.device_name, r.run.probes, r.run.spec,
+                                    r.run.created, r.rows_hash})
+                           .dump()));
+      if (keep) l.runs.push_back(std::move(r));
     }
     // A merged store's own provenance goes along as JSON, so a merge of merges still names the shards.
     json up = json::array();
-    for (const auto& p : s.provenance())
+    for (const auto& p : s.provenance(&budget))
       up.push_back({{"kind", p.kind}, {"source", p.source}, {"content_hash", p.content_hash},
                     {"kernels", p.kernels}, {"results", p.results}, {"experiment_runs", p.experiment_runs},
                     {"created", p.created}});
     l.upstream = up.empty() ? "" : up.dump();
   });
-  l.hash = content_hash(rows);
+  l.hash = rows.hex();
   return l;
 }
 
@@ -213,7 +235,7 @@ std::vector<MergeInputSummary> merge_stores(const std::vector<std::string>& inpu
   std::vector<Loaded> loaded;
   for (const auto& in : inputs) {
     stores.push_back(std::make_unique<Store>(in, Store::Mode::read_only));
-    loaded.push_back(load(*stores.back()));
+    loaded.push_back(load(*stores.back(), false));  // checked and hashed; its rows are read again to copy
   }
   auto check_devices = [&](std::set<DeviceSignature> out_devices) {
     std::vector<std::set<DeviceSignature>> sets = {std::move(out_devices)};
@@ -256,15 +278,15 @@ std::vector<MergeInputSummary> merge_stores(const std::vector<std::string>& inpu
       auto count = [](Copied c, long long& added, long long& present, long long& differ) {
         (c == Copied::added ? added : c == Copied::present ? present : differ)++;
       };
-      stores[i]->each_kernel(
-          [&](const KernelRecord& k) {
-            check_kernel_row(k);
-            count(out.copy_kernel(k, m.provenance_id), m.kernels, m.kernels_present, m.kernels_differ);
-          },
-          true);
-      for (const auto& r : l.results)
+      // The input read again, its kernels copied as they are read (checked again), then its rows: the content
+      // checked above, or nothing (one input's rows in memory at a time).
+      const Loaded again = load(*stores[i], true, [&](const KernelRecord& k) {
+        count(out.copy_kernel(k, m.provenance_id), m.kernels, m.kernels_present, m.kernels_differ);
+      });
+      if (again.hash != l.hash) throw UsageError("'" + inputs[i] + "' changed while it was merged: nothing merged");
+      for (const auto& r : again.results)
         count(out.copy_result(r, m.provenance_id), m.results, m.results_present, m.results_differ);
-      for (const auto& r : l.runs) {
+      for (const auto& r : again.runs) {
         const auto same = out.find_experiment_runs(r.run);
         if (std::any_of(same.begin(), same.end(), [&](long long id) { return rows_hash(out.experiment_rows(id)) == r.rows_hash; }))
           continue;

@@ -7,7 +7,10 @@
 // row of the output, keyed by a hash of its rows, so merging the same content again adds nothing.
 // Inputs are opened read-only (any schema of ours, never migrated); the output is created, or
 // migrated if it is an older store of ours. Everything is checked before the output is opened, and
-// the copy is one transaction: a refused or failed merge leaves the output as it was.
+// the copy is one transaction: a refused or failed merge leaves the output as it was. Each input is read
+// twice: checked and hashed (its rows then dropped), and later, inside the transaction, read again and
+// copied (an input whose hash changed in between is refused): memory holds one input's rows at a time,
+// and each input's reads together stay within one ReadBudget (rows, stored text).
 #pragma once
 #include <set>
 #include <string>

@@ -636,16 +636,27 @@ StreamSummary stream_t4(const T4File& f, const std::string& file, const std::fun
 
 }  // namespace
 
-std::string t4_export(Store& store, const ResultFilter& filter) {
-  std::vector<ResultRecord> rows = store.results(filter);
-  std::sort(rows.begin(), rows.end(), [](const ResultRecord& a, const ResultRecord& b) { return sort_key(a) < sort_key(b); });
-  std::string lines, earliest;
+void t4_export(Store& store, const ResultFilter& filter, const std::function<void(std::string_view)>& write) {
+  std::vector<ResultRecord> rows = store.results(filter);  // bounded: ReadBudget
+  // In order: each key made once (a comparison that made them would make some 20 per row).
+  using Key = decltype(sort_key(rows.front()));
+  std::vector<std::pair<Key, size_t>> order;
+  order.reserve(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) order.emplace_back(sort_key(rows[i]), i);
+  std::sort(order.begin(), order.end());
+  order.shrink_to_fit();
+  // First every row checked (and written, to nothing): a refusal writes nothing. Then the head, then the rows,
+  // one line each, written as they are made: the document is never held whole.
+  std::string earliest;
   std::set<DeviceSignature> devices;
-  for (const auto& r : rows) {
+  for (const auto& [_, i] : order) {
+    const ResultRecord& r = rows[i];
     try {
       check_result_row(r);
-      lines += (lines.empty() ? "\n" : ",\n") + t4_result(r).dump();
+      (void)t4_result(r).dump();  // a string that is not UTF-8 refused here, not halfway through the output
     } catch (const UsageError& e) {
+      throw UsageError("'" + store.path() + "': results row " + std::to_string(r.id) + ": " + e.what());
+    } catch (const nlohmann::json::exception& e) {
       throw UsageError("'" + store.path() + "': results row " + std::to_string(r.id) + ": " + e.what());
     }
     devices.insert({r.device_name, r.arch, r.sm_count, r.driver_version});
@@ -665,7 +676,19 @@ std::string t4_export(Store& store, const ResultFilter& filter) {
   // One result per line: the head's closing brace is replaced by the results array.
   std::string text = head.dump();
   text.pop_back();
-  return text + ",\"results\":[" + lines + (lines.empty() ? "]}\n" : "\n]}\n");
+  write(text + ",\"results\":[");
+  bool first = true;
+  for (const auto& [_, i] : order) {
+    write((first ? "\n" : ",\n") + t4_result(rows[i]).dump());
+    first = false;
+  }
+  write(first ? "]}\n" : "\n]}\n");
+}
+
+std::string t4_export(Store& store, const ResultFilter& filter) {
+  std::string text;
+  t4_export(store, filter, [&](std::string_view piece) { text += piece; });
+  return text;
 }
 
 ImportSummary t4_import(const std::string& file, const std::string& db) {

@@ -20,7 +20,9 @@
 // and problem, so an export of the same rows is the same file: export, import into a new store and
 // export again gives the same bytes.
 #pragma once
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include "results/store.hpp"
 
@@ -36,8 +38,11 @@ inline constexpr size_t kMaxT4ValueBytes = 4u << 20;
 inline constexpr size_t kMaxT4Devices = 4096;
 
 // The T4 document for the rows the filter selects, one result per line. Throws UsageError naming a
-// stored row that this build cannot describe (unknown family, config outside its domain, ...).
-std::string t4_export(Store&, const ResultFilter&);
+// stored row that this build cannot describe (unknown family, config outside its domain, text that is not
+// UTF-8, ...), before anything is written. The rows read are bounded as every read of a store is (ReadBudget);
+// the document goes to `write` in pieces (the head, then a result at a time) and is never held whole.
+void t4_export(Store&, const ResultFilter&, const std::function<void(std::string_view)>& write);
+std::string t4_export(Store&, const ResultFilter&);  // the same document, whole
 
 struct ImportSummary {
   long long provenance_id = 0;
