@@ -134,8 +134,8 @@ Loaded load(Store& s, bool keep, const std::function<void(const KernelRecord&)>&
     keys.reserve(l.results.size());
     for (size_t i = 0; i < l.results.size(); ++i) keys.emplace_back(result_key(l.results[i]), i);
     std::sort(keys.begin(), keys.end());
-    std::vector<ResultRecord> sorted;
-    sorted.reserve(keys.size());
+    std::vector<size_t> order;
+    order.reserve(keys.size());
     for (auto& [key, i] : keys) {
       const ResultRecord& r = l.results[i];
       const Problem& p = r.problem;
@@ -146,10 +146,27 @@ Loaded load(Store& s, bool keep, const std::function<void(const KernelRecord&)>&
                                         r.res.spill_stores, r.created})
                                .dump()));
       l.devices.insert({r.device_name, r.arch, r.sm_count, r.driver_version});
-      if (keep) sorted.push_back(std::move(l.results[i]));
+      order.push_back(i);
     }
-    l.results = std::move(sorted);  // in key order, as before (empty unless kept)
     keys = {};
+    if (keep) {  // the rows put in key order where they are (a second vector of them would double the peak)
+      for (size_t start = 0; start < order.size(); ++start) {
+        if (order[start] == start) continue;
+        // The cycle through start: position j takes the row at order[j], which then is in place.
+        ResultRecord held = std::move(l.results[start]);
+        size_t j = start;
+        while (order[j] != start) {
+          const size_t from = order[j];
+          l.results[j] = std::move(l.results[from]);
+          order[j] = j;
+          j = from;
+        }
+        l.results[j] = std::move(held);
+        order[j] = j;
+      }
+    } else {
+      l.results = {};  // checked and hashed: read again to copy
+    }
     for (auto& run : s.experiment_runs("", &budget)) {
       if (!is_experiment_name(run.experiment))  // `report` names files after it
         throw UsageError("'" + s.path() + "': experiment run " + std::to_string(run.id) + ": name '" +

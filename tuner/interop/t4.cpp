@@ -71,13 +71,6 @@ ordered_json measure_value(double v) {
   return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
 }
 
-auto sort_key(const ResultRecord& r) {
-  const Problem& p = r.problem;
-  return std::make_tuple(r.family, r.device_name, r.sm_count, r.direction, std::string(to_string(p.dtype)), p.head_dim,
-                         p.causal, p.seq_q, p.seq_k, p.batch, p.heads, p.heads_k, p.varlen.key(), p.paged.key(), p.inputs.str(), r.config,
-                         r.kernel_hash);
-}
-
 ordered_json problem_json(const Problem& p) {
   ordered_json j;
   j["batch"] = p.batch; j["heads"] = p.heads;
@@ -638,18 +631,40 @@ StreamSummary stream_t4(const T4File& f, const std::string& file, const std::fun
 
 void t4_export(Store& store, const ResultFilter& filter, const std::function<void(std::string_view)>& write) {
   std::vector<ResultRecord> rows = store.results(filter);  // bounded: ReadBudget
-  // In order: each key made once (a comparison that made them would make some 20 per row).
-  using Key = decltype(sort_key(rows.front()));
-  std::vector<std::pair<Key, size_t>> order;
-  order.reserve(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) order.emplace_back(sort_key(rows[i]), i);
-  std::sort(order.begin(), order.end());
-  order.shrink_to_fit();
+  // Ordered by family, device, SM count, direction, dtype, head dim, mask, shape, heads, kv heads, lengths,
+  // pages, inputs, config and kernel (so an export of the same rows is the same file). The keys' derived
+  // strings (a packed problem's lengths are a JSON text) are made once per row, not in each of some 20
+  // comparisons; the rest is compared in place, so no row's text is copied for the sort.
+  struct Derived {
+    std::string varlen, paged, inputs;
+  };
+  std::vector<Derived> derived;
+  derived.reserve(rows.size());
+  for (const auto& r : rows) derived.push_back({r.problem.varlen.key(), r.problem.paged.key(), r.problem.inputs.str()});
+  auto key = [&](size_t i) {
+    const ResultRecord& r = rows[i];
+    return std::tie(r.family, r.device_name, r.sm_count, r.direction);
+  };
+  auto rest = [&](size_t i) {
+    const ResultRecord& r = rows[i];
+    const Problem& p = r.problem;
+    return std::make_tuple(std::string_view(to_string(p.dtype)), p.head_dim, p.causal, p.seq_q, p.seq_k, p.batch, p.heads,
+                           p.heads_k, std::string_view(derived[i].varlen), std::string_view(derived[i].paged),
+                           std::string_view(derived[i].inputs), std::string_view(r.config), std::string_view(r.kernel_hash));
+  };
+  std::vector<size_t> order(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const auto ka = key(a), kb = key(b);
+    if (ka != kb) return ka < kb;
+    return rest(a) < rest(b);
+  });
+  derived = {};
   // First every row checked (and written, to nothing): a refusal writes nothing. Then the head, then the rows,
   // one line each, written as they are made: the document is never held whole.
   std::string earliest;
   std::set<DeviceSignature> devices;
-  for (const auto& [_, i] : order) {
+  for (const size_t i : order) {
     const ResultRecord& r = rows[i];
     try {
       check_result_row(r);
@@ -678,7 +693,7 @@ void t4_export(Store& store, const ResultFilter& filter, const std::function<voi
   text.pop_back();
   write(text + ",\"results\":[");
   bool first = true;
-  for (const auto& [_, i] : order) {
+  for (const size_t i : order) {
     write((first ? "\n" : ",\n") + t4_result(rows[i]).dump());
     first = false;
   }
