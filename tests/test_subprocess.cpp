@@ -12,9 +12,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "core/util.hpp"
 #include "tuner/process/subprocess.hpp"
@@ -295,11 +297,27 @@ TEST(WorkerClient, AMalformedReplyIsCrashed) {
 }
 
 TEST(WorkerClient, AMissingWorkerCannotStart) {
-  WorkerClient c(0, "/nonexistent/flashtune-worker");
-  try {
-    c.request(kHello, 1);
-    ADD_FAILURE() << "a missing worker started";
-  } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()), "cannot start worker '/nonexistent/flashtune-worker': No such file or directory");
+  // Its private log folder (under $TMPDIR) goes with it, the log the failed start made included.
+  const std::string tmp = make_private_tmpdir("flashtune-worker-tmpdir");
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  setenv("TMPDIR", tmp.c_str(), 1);
+  {
+    WorkerClient c(0, "/nonexistent/flashtune-worker");
+    for (int i = 0; i < 2; ++i) {  // twice: each start a log of its own
+      try {
+        c.request(kHello, 1);
+        ADD_FAILURE() << "a missing worker started";
+      } catch (const std::runtime_error& e) {
+        EXPECT_EQ(std::string(e.what()), "cannot start worker '/nonexistent/flashtune-worker': No such file or directory");
+      }
+    }
+    EXPECT_FALSE(std::filesystem::is_empty(tmp));  // the folder is there while the client lives
   }
+  if (old) setenv("TMPDIR", saved.c_str(), 1);
+  else unsetenv("TMPDIR");
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(tmp)) left.push_back(e.path().string());
+  EXPECT_TRUE(left.empty()) << left.size() << " left behind, first " << (left.empty() ? "" : left[0]);
+  std::filesystem::remove_all(tmp);
 }

@@ -30,6 +30,8 @@ WorkerClient::WorkerClient(int device, std::string path)
 
 WorkerClient::~WorkerClient() {
   stop();
+  // The last log too: a worker that could not start (its child made the log, then exec failed) left it.
+  if (!log_path_.empty()) unlink(log_path_.c_str());
   if (!log_dir_.empty()) rmdir(log_dir_.c_str());
 }
 
