@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <stdexcept>
+#include <vector>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -98,6 +100,34 @@ bool is_safe_file_name(std::string_view s) {
 bool same_file(const std::string& a, const std::string& b) {
   struct stat sa {}, sb {};
   return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+bool is_store_file(const std::string& path, const std::string& db) {
+  if (path.empty() || db.empty()) return false;
+  if (same_file(path, db)) return true;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // The path with every link in the part that exists resolved (so "a/../b", "./b" and a linked folder
+  // compare equal), a link to a file not there yet followed too (writing through it would make that file);
+  // a path that does not exist yet is compared by name.
+  auto resolved = [&](const std::string& p) {
+    fs::path r = fs::absolute(p, ec);
+    for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(r, ec)); ++hops) {
+      const fs::path target = fs::read_symlink(r, ec);
+      if (ec) break;
+      r = target.is_absolute() ? target : r.parent_path() / target;
+    }
+    fs::path c = fs::weakly_canonical(r, ec);
+    return ec ? r.lexically_normal() : c;
+  };
+  const fs::path out = resolved(path);
+  std::vector<std::string> stores = {fs::absolute(db, ec).lexically_normal().string(), resolved(db).string()};
+  for (const std::string& s : stores)
+    for (const char* suffix : {"-wal", "-shm", "-journal"}) {
+      const std::string companion = s + suffix;
+      if (same_file(path, companion) || resolved(companion) == out) return true;
+    }
+  return false;
 }
 
 std::string make_private_tmpdir(const std::string& prefix) {

@@ -42,6 +42,12 @@ bool is_safe_file_name(std::string_view s);
 // True when both paths exist and name the same file (device and inode: links and spellings alike).
 bool same_file(const std::string& a, const std::string& b);
 
+// True when `path` is the SQLite store `db` or one of the files SQLite keeps beside it (db-wal, db-shm,
+// db-journal, beside the path as given or beside the file a link leads to), however either is spelled and
+// whether or not the companion exists yet: a verb that writes `path` would write over its store. A verb
+// checks each output against each store it reads or writes, and each input against the store it writes.
+bool is_store_file(const std::string& path, const std::string& db);
+
 // A private folder (mode 0700, mkdtemp) under $TMPDIR, or /tmp: "<base>/<prefix>-XXXXXX".
 std::string make_private_tmpdir(const std::string& prefix);
 

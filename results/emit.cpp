@@ -209,7 +209,7 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
     throw UsageError("refusing to emit: '" + (fs::path(out_dir) / "dispatch.hpp").string() + "' is not a header emit wrote");
   for (const auto& [file, _] : texts)
     for (const std::string& in : inputs)
-      if (same_file((fs::path(out_dir) / file).string(), in))
+      if (is_store_file((fs::path(out_dir) / file).string(), in))  // or its -wal, -shm, -journal
         throw UsageError("refusing to emit: '" + (fs::path(out_dir) / file).string() + "' is the input '" + in + "'");
   const std::vector<std::string> headers(names.begin(), names.end());
   std::ostringstream d;
@@ -242,7 +242,7 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
     << "}\n\n}  // namespace tuned\n}  // namespace flashtune\n";
   texts["dispatch.hpp"] = d.str();
   for (const std::string& in : inputs)
-    if (same_file((fs::path(out_dir) / "dispatch.hpp").string(), in))
+    if (is_store_file((fs::path(out_dir) / "dispatch.hpp").string(), in))
       throw UsageError("refusing to emit: '" + (fs::path(out_dir) / "dispatch.hpp").string() + "' is the input '" + in + "'");
 
   // Written into a private folder inside --out, then renamed into place one by one: a failure while

@@ -881,6 +881,55 @@ done
 echo '{"name": "../x", "problems": {"problems": [{"batch": 1, "heads": 1, "seq": 8, "head_dim": 64}]}, "implementations": ["naive"]}' >"$tmp/expname.json"
 expect_usage_error "must be 1..64 lower-case letters" experiment "$tmp/expname.json" --dry-run
 
+# --- issue 34, variants of each class beyond its examples ------------------------------------------
+# Outputs over inputs: a store's -wal, -shm and -journal are the store too (SQLite writes and reads them with
+# it), however spelled and whether or not they exist yet; a T4, space or problems file may not be one.
+cp "$tmp/fixture.db" "$tmp/comp.db"
+comp_sum=$(sha256sum <"$tmp/comp.db")
+mkdir -p "$tmp/compdir" && ln -sfn "$tmp" "$tmp/compdir/up"
+for suffix in -wal -shm -journal; do
+  for out in "$tmp/comp.db$suffix" "$tmp/./comp.db$suffix" "$tmp/compdir/up/comp.db$suffix"; do
+    expect_usage_error "is the --db store (or a file SQLite keeps beside it)" export --db "$tmp/comp.db" -o "$out"
+  done
+  expect_usage_error "is the output too (or a file SQLite keeps beside it)" merge "$tmp/comp.db" -o "$tmp/comp.db$suffix"
+  expect_usage_error "is the output too (or a file SQLite keeps beside it)" merge "$tmp/fixture.db" "$tmp/comp.db$suffix" -o "$tmp/comp.db"
+  cp "$tmp/t4.json" "$tmp/comp.db$suffix"
+  expect_usage_error "is the --db store itself (or a file SQLite keeps beside it)" import --db "$tmp/comp.db" "$tmp/comp.db$suffix"
+  cp "$tmp/problems.json" "$tmp/comp.db$suffix"
+  expect_usage_error "is the --db store (or a file SQLite keeps beside it)" tune "$tmp/space.json" "$tmp/comp.db$suffix" --db "$tmp/comp.db" --arch sm_80
+  ok "comp.db$suffix (a problems file) unchanged" cmp -s "$tmp/problems.json" "$tmp/comp.db$suffix"
+  rm -f "$tmp/comp.db$suffix"
+done
+# through a link to the store: SQLite keeps the journals beside the file it leads to
+ln -sf "$tmp/comp.db" "$tmp/compdir/link.db"
+expect_usage_error "is the --db store (or a file SQLite keeps beside it)" export --db "$tmp/compdir/link.db" -o "$tmp/comp.db-wal"
+expect_usage_error "is the output too" merge "$tmp/compdir/link.db" -o "$tmp/comp.db-journal"
+ok "no file made beside the store" test ! -e "$tmp/comp.db-wal" -a ! -e "$tmp/comp.db-shm" -a ! -e "$tmp/comp.db-journal"
+ok "the store unchanged" test "$(sha256sum <"$tmp/comp.db")" == "$comp_sum"
+# compile-check's cubins: never over the space file or the store, whatever the cubin's name leads to
+lowered=$(sql "$tmp/cc.db" "select lowered_name from kernels where status='compiled' limit 1" | head -1)
+if [[ -n "$lowered" ]]; then
+  cp "$tmp/space.json" "$tmp/cc_space.json"
+  rm -rf "$tmp/ccout" && mkdir -p "$tmp/ccout"
+  ln -s "$tmp/cc_space.json" "$tmp/ccout/$lowered.cubin"
+  expect_usage_error "is an input (the space file)" compile-check "$tmp/cc_space.json" --arch sm_80 --db "$tmp/cc.db" --save-cubins "$tmp/ccout"
+  ok "the space file is not a cubin" cmp -s "$tmp/space.json" "$tmp/cc_space.json"
+  rm -f "$tmp/ccout/$lowered.cubin" && ln -s "$tmp/cc.db-journal" "$tmp/ccout/$lowered.cubin"
+  expect_usage_error "is an input (the --db store)" compile-check "$tmp/space.json" --arch sm_80 --db "$tmp/cc.db" --save-cubins "$tmp/ccout"
+  ok "no cubin written as the store's journal" test ! -e "$tmp/cc.db-journal"
+else
+  echo "FAIL: no compiled kernel in cc.db"; fail=1
+fi
+# report: the store under any name report writes in --out (a link, a hard link) is never written over
+for name in best.csv REPORT.md summary_x.png; do
+  rm -rf "$tmp/replink" && mkdir -p "$tmp/replink"
+  ln -s "$tmp/comp.db" "$tmp/replink/$name"
+  expect_usage_error "it would overwrite the store" report --db "$tmp/comp.db" --out "$tmp/replink"
+  rm -f "$tmp/replink/$name" && ln "$tmp/comp.db" "$tmp/replink/$name"
+  expect_usage_error "it would overwrite the store" report --db "$tmp/comp.db" --out "$tmp/replink"
+done
+ok "the store written over by no report" test "$(sha256sum <"$tmp/comp.db")" == "$comp_sum"
+
 # --- the worker log: never a predictable path, never through a planted link -------------------
 mkdir -p "$tmp/tmpdir"
 for p in $(seq $$ $(($$ + 400))); do

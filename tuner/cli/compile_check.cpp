@@ -39,6 +39,8 @@ int cmd_compile_check(int argc, char** argv) {
       throw UsageError("--save-cubins: cannot create folder '" + a.get("save-cubins") + "'");
   }
   std::unique_ptr<Store> store;
+  if (a.has("db") && is_store_file(a.positional[0], a.get("db")))
+    throw UsageError("the space file '" + a.positional[0] + "' is the --db store (or a file SQLite keeps beside it)");
   if (a.has("db")) store = std::make_unique<Store>(a.get("db"));
   auto variants = space.variants();
   Progress prog("compile " + c.arch(), variants.size(), true);
@@ -61,11 +63,17 @@ int cmd_compile_check(int argc, char** argv) {
       if (k.status == "compiled" && !is_safe_file_name(split(k.lowered_name, '\n')[0]))
         throw UsageError("--save-cubins: kernel " + brief(k.hash, 40) + "'s lowered name '" +
                          brief(split(k.lowered_name, '\n')[0]) + "' is not a plain file name");
+    // No cubin over an input: the space file, the store or a file SQLite keeps beside it (checked first).
     for (const auto& k : kernels)
       if (k.status == "compiled") {
         const auto file = std::filesystem::path(a.get("save-cubins")) / (split(k.lowered_name, '\n')[0] + ".cubin");
-        if (a.has("db") && same_file(file.string(), a.get("db")))
-          throw UsageError("--save-cubins: '" + file.string() + "' is the --db store: save the cubins elsewhere");
+        if ((a.has("db") && is_store_file(file.string(), a.get("db"))) || same_file(file.string(), a.positional[0]))
+          throw UsageError("--save-cubins: '" + file.string() + "' is an input (" +
+                           (same_file(file.string(), a.positional[0]) ? "the space file" : "the --db store") +
+                           "): save the cubins elsewhere");
+      }
+    for (const auto& k : kernels)
+      if (k.status == "compiled") {
         std::ofstream f(std::filesystem::path(a.get("save-cubins")) / (split(k.lowered_name, '\n')[0] + ".cubin"),
                         std::ios::binary);
         f.write(k.cubin.data(), (std::streamsize)k.cubin.size());

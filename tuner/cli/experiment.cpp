@@ -47,6 +47,8 @@ int cmd_experiment(int argc, char** argv) {
   o.source_dir = data_dir();
   o.progress = !a.has("quiet");
   check_db_path(a.get("db", "flashtune.db"));
+  if (is_store_file(a.positional[0], a.get("db", "flashtune.db")))  // the store written over the experiment file
+    throw UsageError("'" + a.positional[0] + "' is the --db store (or a file SQLite keeps beside it): give another --db");
   {  // no GPU: one line and exit 2 before any space is compiled or the store is touched
     GpuSession probe(o.run);
     if (!probe.has_gpu())

@@ -43,7 +43,8 @@ int cmd_export(int argc, char** argv) {
     const std::string out = a.get("output");
     if (out.empty()) throw UsageError("-o needs a file name");
     if (std::filesystem::is_directory(out)) throw UsageError("-o '" + out + "' is a folder, not a file");
-    if (same_file(out, a.get("db"))) throw UsageError("-o '" + out + "' is the --db store: export to another file");
+    if (is_store_file(out, a.get("db")))  // the store itself, or its -wal, -shm or -journal: by any spelling
+      throw UsageError("-o '" + out + "' is the --db store (or a file SQLite keeps beside it): export to another file");
     out_dir = std::filesystem::path(out).parent_path().string();
     if (!std::filesystem::is_directory(out_dir.empty() ? "." : out_dir))
       throw UsageError("-o '" + out + "': folder '" + out_dir + "' does not exist");

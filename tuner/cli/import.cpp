@@ -27,7 +27,8 @@ int cmd_import(int argc, char** argv) {
   Args a = parse(argc, argv, {"db"}, {});
   if (!a.has("db")) throw UsageError("import needs --db");
   if (a.positional.size() != 1) throw UsageError("import takes one T4 file");
-  if (same_file(a.positional[0], a.get("db"))) throw UsageError("'" + a.positional[0] + "' is the --db store itself");
+  if (is_store_file(a.positional[0], a.get("db")))  // the import would write the file it reads
+    throw UsageError("'" + a.positional[0] + "' is the --db store itself (or a file SQLite keeps beside it)");
   ImportSummary s = t4_import(a.positional[0], a.get("db"));
   if (s.already)
     std::printf("%s: already imported (provenance %lld), nothing copied\n", a.positional[0].c_str(), s.provenance_id);

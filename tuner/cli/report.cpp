@@ -39,13 +39,20 @@ int cmd_report(int argc, char** argv) {
   std::filesystem::create_directories(out.empty() ? "." : out, ec);
   if (ec || !std::filesystem::is_directory(out.empty() ? "." : out))
     throw UsageError("--out '" + out + "' is not a folder that can be created");
-  {  // REPORT.md, *.csv and *.png are written into --out: never over the store
+  {  // REPORT.md, *.csv and *.png are written into --out (Python's open follows links): never over the store,
+     // whatever name, link or hard link it has there
+    auto writes = [](const std::filesystem::path& name) {
+      const std::string ext = name.extension().string();
+      return name == "REPORT.md" || ext == ".csv" || ext == ".png";
+    };
     const std::filesystem::path name = std::filesystem::path(db).filename();
-    const std::string ext = name.extension().string();
-    if (same_file(std::filesystem::path(db).parent_path().empty() ? "." : std::filesystem::path(db).parent_path().string(),
-                  out.empty() ? "." : out) &&
-        (name == "REPORT.md" || ext == ".csv" || ext == ".png"))
-      throw UsageError("report writes REPORT.md, *.csv and *.png into --out: it would overwrite the store '" + db + "'");
+    bool over = same_file(std::filesystem::path(db).parent_path().empty() ? "." : std::filesystem::path(db).parent_path().string(),
+                          out.empty() ? "." : out) && writes(name);
+    for (const auto& e : std::filesystem::directory_iterator(out.empty() ? "." : out, ec)) {
+      if (over) break;
+      over = writes(e.path().filename()) && is_store_file(e.path().string(), db);
+    }
+    if (over) throw UsageError("report writes REPORT.md, *.csv and *.png into --out: it would overwrite the store '" + db + "'");
   }
   // An argv, never a shell string: the paths and slugs stay data.
   std::vector<std::string> args = {"python3", data_dir() + "/reports/make_report.py", "--db", db,

@@ -171,7 +171,7 @@ int cmd_run(int argc, char** argv) {
       if (a.has("inputs")) inputs.push_back(a.get("inputs") + "/" + n);
     for (const char* n : {"o.bin", "lse.bin", "dq.bin", "dk.bin", "dv.bin"})
       for (const std::string& in : inputs)
-        if (same_file(o.save_outputs_dir + "/" + n, in))
+        if (same_file(o.save_outputs_dir + "/" + n, in) || (a.has("db") && is_store_file(o.save_outputs_dir + "/" + n, a.get("db"))))
           throw UsageError("--save-outputs: '" + o.save_outputs_dir + "/" + n + "' is the input '" + in + "'");
   }
   GpuSession gpu(o);

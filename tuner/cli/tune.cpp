@@ -130,6 +130,9 @@ int cmd_tune(int argc, char** argv) {
   }
 
   check_db_path(a.get("db", "flashtune.db"));
+  for (const std::string& in : a.positional)  // the store (or its journal) written over the space or problems file
+    if (is_store_file(in, a.get("db", "flashtune.db")))
+      throw UsageError("'" + in + "' is the --db store (or a file SQLite keeps beside it): give another --db");
   SweepOptions o;
   o.run = run_options(a);
   o.arch = a.get("arch");

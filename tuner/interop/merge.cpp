@@ -241,9 +241,9 @@ std::vector<MergeInputSummary> merge_stores(const std::vector<std::string>& inpu
   if (out_exists && !S_ISREG(out_st.st_mode)) throw UsageError("output '" + output + "' is not a regular file");
   for (const auto& in : inputs) {
     check_db_path(in);
-    struct stat st {};
-    if (out_exists && stat(in.c_str(), &st) == 0 && st.st_dev == out_st.st_dev && st.st_ino == out_st.st_ino)
-      throw UsageError("'" + in + "' is the output too: merge into another file");
+    // The output, or a file SQLite keeps beside it (-wal, -shm, -journal), by any spelling, either way round.
+    if (is_store_file(output, in) || is_store_file(in, output))
+      throw UsageError("'" + in + "' is the output too (or a file SQLite keeps beside it): merge into another file");
   }
 
   // Every input read and checked, then the output (if it holds anything) read-only: nothing is
