@@ -930,6 +930,30 @@ for name in best.csv REPORT.md summary_x.png; do
 done
 ok "the store written over by no report" test "$(sha256sum <"$tmp/comp.db")" == "$comp_sum"
 
+# Numbers and times from another store: merge (and export) take the figures a T4 import takes, no more.
+for change in "tflops=1e300" "tflops=20000" "tflops=-1" "ms_median=-2" "gbps=1e8" "ms_p80=9e99" "reps=-1" \
+              "ms_median=0" "created='yesterday'" "created='2026-13-01T00:00:00Z'" "created='2026-11-28 10:05:00'"; do
+  cp "$tmp/fixture.db" "$tmp/nums.db"
+  sql "$tmp/nums.db" "update results set $change where id=(select min(id) from results where status='ok')" >/dev/null
+  needle=${change%%=*}; [[ $change == ms_median=0 ]] && needle="ms_median must be above 0 for status ok"
+  [[ $needle == created ]] && needle="is not a UTC time"
+  expect_usage_error "$needle" merge "$tmp/nums.db" -o "$tmp/fixture.db"
+  expect_usage_error "$needle" export --db "$tmp/nums.db"
+done
+python3 - "$tmp/nums.db" <<'PY'  # an infinity SQLite holds as a real
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("update results set created='2026-01-01T00:00:00Z', tflops=?, ms_median=1 where id=(select min(id) from results where status='ok')", (float("inf"),))
+c.commit()
+PY
+expect_usage_error "tflops" merge "$tmp/nums.db" -o "$tmp/fixture.db"
+for ts in "2026-02-30T25:00:00Z" "2026-11-28T10:05:00" "2026-11-28T10:05:00.1234567890Z"; do
+  python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1])); d['results'][0]['timestamp'] = sys.argv[3]; json.dump(d, open(sys.argv[2], 'w'))" "$tmp/t4.json" "$tmp/ts.json" "$ts"
+  expect_usage_error "'timestamp' must be a UTC time" import --db "$tmp/fixture.db" "$tmp/ts.json"
+done
+
 # --- the worker log: never a predictable path, never through a planted link -------------------
 mkdir -p "$tmp/tmpdir"
 for p in $(seq $$ $(($$ + 400))); do

@@ -82,7 +82,7 @@ sql "$tmp/changed.db" "update results set ms_median = ms_median * 2 where status
 sql "$tmp/changed.db" "insert into results(kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,status,
   device_name,arch,sm_count,driver_version,nvrtc_version,options,source_hash,created,inputs)
   values('h-new','fa2_simt','fwd','BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2',1,1,128,128,64,'fp32',0,'crashed',
-  'NVIDIA H200','sm_90',132,13000,'13.0','','','now','normal')" >/dev/null
+  'NVIDIA H200','sm_90',132,13000,'13.0','','','2026-11-28T00:00:00Z','normal')" >/dev/null
 "$F" merge "$tmp/changed.db" -o "$tmp/twice.db" >"$tmp/changed.out" || { echo "FAIL: merge of a changed copy"; fail=1; }
 grep -q "+1 results.*kept as stored though the input's values differ" "$tmp/changed.out" ||
   { echo "FAIL: changed rows not reported: $(cat "$tmp/changed.out")"; fail=1; }

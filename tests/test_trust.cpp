@@ -1,4 +1,5 @@
-// Issue 34's checks at the edges that are plain functions: which paths are a store's files.
+// Issue 34's checks at the edges that are plain functions: which paths are a store's files, which rows from
+// another store or file are taken.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -69,4 +70,67 @@ TEST(Trust, StoreFilesByAnySpelling) {
   EXPECT_FALSE(is_store_file(db, ""));
   // a companion's own companion is not the store's
   EXPECT_FALSE(is_store_file(db + "-wal-journal", db));
+}
+
+TEST(Trust, UtcTimestampsOnly) {
+  for (const char* ok : {"2026-11-28T10:05:00Z", "1999-01-31T23:59:59Z", "2026-06-30T00:00:60Z", "2026-11-28T10:05:00.5Z",
+                         "2026-11-28T10:05:00.123456789Z"})
+    EXPECT_TRUE(is_utc_timestamp(ok)) << ok;
+  for (const char* bad : {"", "yesterday", "2026-11-28 10:05:00", "2026-11-28T10:05:00", "2026-13-01T00:00:00Z",
+                          "2026-00-01T00:00:00Z", "2026-11-32T00:00:00Z", "2026-11-00T00:00:00Z", "2026-11-28T24:00:00Z",
+                          "2026-11-28T10:60:00Z", "2026-11-28T10:05:61Z", "2026-11-28T10:05:00.Z",
+                          "2026-11-28T10:05:00.1234567890Z", "99999-01-01T00:00:00Z", "2026-11-28T10:05:00+01:00",
+                          "2026-1a-28T10:05:00Z", "+026-11-28T10:05:00Z", "2026-11-28T10:05:00Zjunk",
+                          "2026-11-28t10:05:00z"})
+    EXPECT_FALSE(is_utc_timestamp(bad)) << bad;
+}
+
+// A result row from another store or file: its figures decide `best` and `run --best`, so they are those a
+// T4 import takes, however the row came (merge, import); a failed row's figures may be zero.
+TEST(Trust, RowsFromOutsideHaveFiguresInRange) {
+  Problem p{4, 16, 4096, 4096, 64, DType::fp32, false};
+  ResultRecord ok = fixture::fixture_result("BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2", p, "ok", 10.0);
+  ok.device_name = "NVIDIA H100 80GB HBM3";
+  ok.sm_count = 132;
+  ok.created = "2026-11-28T10:05:00Z";
+  EXPECT_NO_THROW(check_result_row(ok));
+  ResultRecord failed = ok;
+  failed.status = "invalid";
+  failed.ms_median = failed.ms_p20 = failed.ms_p80 = failed.tflops = failed.gbps = 0;
+  failed.max_abs = std::numeric_limits<double>::infinity();  // an error figure may be inf or NaN
+  failed.max_rel = std::nan("");
+  EXPECT_NO_THROW(check_result_row(failed));
+
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  struct Case {
+    const char* what;
+    std::function<void(ResultRecord&)> change;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"tflops inf", [&](ResultRecord& r) { r.tflops = inf; }, "tflops"},
+      {"tflops 1e300", [](ResultRecord& r) { r.tflops = 1e300; }, "tflops 1e+300 is not a number in 0..10000"},
+      {"tflops 2e4", [](ResultRecord& r) { r.tflops = 2e4; }, "tflops"},
+      {"tflops nan", [&](ResultRecord& r) { r.tflops = nan; }, "tflops"},
+      {"tflops < 0", [](ResultRecord& r) { r.tflops = -1; }, "tflops"},
+      {"gbps 1e8", [](ResultRecord& r) { r.gbps = 1e8; }, "gbps"},
+      {"ms inf", [&](ResultRecord& r) { r.ms_median = inf; }, "ms_median"},
+      {"ms < 0", [](ResultRecord& r) { r.ms_p20 = -0.5; }, "ms_p20"},
+      {"ms_p80 nan", [&](ResultRecord& r) { r.ms_p80 = nan; }, "ms_p80"},
+      {"ok at 0 ms", [](ResultRecord& r) { r.ms_median = 0; }, "ms_median must be above 0 for status ok"},
+      {"reps < 0", [](ResultRecord& r) { r.reps = -3; }, "reps"},
+      {"created", [](ResultRecord& r) { r.created = "2026-11-28 10:05:00"; }, "is not a UTC time"},
+      {"created empty", [](ResultRecord& r) { r.created = ""; }, "is not a UTC time"},
+      {"device NUL", [](ResultRecord& r) { r.device_name = std::string("NVIDIA H100\0x", 13); }, "control characters"},
+  };
+  for (const Case& c : cases) {
+    ResultRecord r = ok;
+    c.change(r);
+    try {
+      check_result_row(r);
+      ADD_FAILURE() << c.what << ": taken";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << c.what << ": " << e.what();
+    }
+  }
 }

@@ -216,6 +216,40 @@ void check_result_row(const ResultRecord& r) {
     throw UsageError("device name '" + brief(r.device_name) + "' is empty, over 256 bytes or holds control characters");
   if (!is_arch_name(r.arch)) throw UsageError("arch '" + brief(r.arch) + "' is not sm_NN[a]");
   if (r.sm_count < 1 || r.sm_count > 4096) throw UsageError("sm_count " + std::to_string(r.sm_count) + " is out of range");
+  // The figures decide `best` and `run --best`: those a T4 import takes, however the row came.
+  auto figure = [](const char* name, double v, double max) {
+    if (!(v >= 0 && v <= max))  // NaN fails too
+      throw UsageError(std::string(name) + " " + brief(nlohmann::json(v).dump(), 24) + " is not a number in 0.." +
+                       brief(nlohmann::json(max).dump(), 24));
+  };
+  figure("ms_median", r.ms_median, 1e9);
+  figure("ms_p20", r.ms_p20, 1e9);
+  figure("ms_p80", r.ms_p80, 1e9);
+  figure("tflops", r.tflops, 1e4);
+  figure("gbps", r.gbps, 1e7);
+  figure("reps", r.reps, 1e9);
+  if (r.status == "ok" && !(r.ms_median > 0)) throw UsageError("ms_median must be above 0 for status ok");
+  if (!is_utc_timestamp(r.created))
+    throw UsageError("created '" + brief(r.created, 40) + "' is not a UTC time as YYYY-MM-DDTHH:MM:SSZ");
+}
+
+bool is_utc_timestamp(const std::string& s) {
+  // YYYY-MM-DDTHH:MM:SS, then .f{1,9} or nothing, then Z
+  if (s.size() < 20 || s.size() > 30 || s.back() != 'Z') return false;
+  auto digits = [&](size_t at, size_t n, int lo, int hi) {
+    int v = 0;
+    for (size_t i = at; i < at + n; ++i) {
+      if (s[i] < '0' || s[i] > '9') return false;
+      v = v * 10 + (s[i] - '0');
+    }
+    return v >= lo && v <= hi;
+  };
+  if (!digits(0, 4, 0, 9999) || s[4] != '-' || !digits(5, 2, 1, 12) || s[7] != '-' || !digits(8, 2, 1, 31) ||
+      s[10] != 'T' || !digits(11, 2, 0, 23) || s[13] != ':' || !digits(14, 2, 0, 59) || s[16] != ':' ||
+      !digits(17, 2, 0, 60))
+    return false;
+  if (s.size() == 20) return true;
+  return s[19] == '.' && s.size() >= 22 && digits(20, s.size() - 21, 0, 999999999);
 }
 
 std::string device_mismatch(const std::vector<std::set<DeviceSignature>>& sets, const std::vector<std::string>& what) {

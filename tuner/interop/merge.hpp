@@ -42,8 +42,11 @@ std::string device_mismatch(const std::vector<std::set<DeviceSignature>>& sets, 
 
 // A result row from another store or a file, checked before it is copied (later verbs trust what a
 // store holds): a family this build knows, of the row's direction, with a config in its domain; a
-// known status; a device name without control characters; an arch like sm_90 or sm_90a.
+// known status; a device name without control characters; an arch like sm_90 or sm_90a; figures that decide
+// `best` and `run --best` in the ranges a T4 import takes (times 0..1e9 ms, above 0 for status ok, TFLOP/s
+// 0..1e4, GB/s 0..1e7, reps 0..1e9; no inf or NaN but in the error figures); a UTC timestamp.
 void check_result_row(const ResultRecord&);  // throws UsageError naming the problem
+bool is_utc_timestamp(const std::string&);   // YYYY-MM-DDTHH:MM:SS[.f]Z with each field in its range
 bool is_arch_name(const std::string&);        // sm_NN, sm_NNN, with an optional trailing 'a'
 bool is_result_status(const std::string&);    // ok, invalid, crashed, timeout, launch_error, error, pruned, compile_error
 bool is_experiment_name(const std::string&);  // 1..64 of [a-z0-9_]: `report` names files after it

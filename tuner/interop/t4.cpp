@@ -13,7 +13,6 @@
 #include <istream>
 #include <set>
 #include <streambuf>
-#include <regex>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -306,8 +305,7 @@ ResultRecord read_result(const json& t, const Reader& in) {
     if (r.detail.size() > (1 << 16)) in.fail("flashtune.detail is longer than 65536 bytes");
   }
   r.created = t.contains("timestamp") ? in.str(t["timestamp"], "'timestamp'", 64) : now_iso8601();
-  static const std::regex iso8601("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,9})?Z");
-  if (!std::regex_match(r.created, iso8601))
+  if (!is_utc_timestamp(r.created))
     in.fail("'timestamp' must be a UTC time as YYYY-MM-DDTHH:MM:SSZ, got '" + brief(r.created) + "'");
   try {
     check_result_row(r);  // device name and arch
