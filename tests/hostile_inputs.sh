@@ -178,8 +178,8 @@ RUN="run --family naive --shape 1,1,8,8,64"
 expect_usage_error "THREADS = 4294967424 is outside its domain" run --family naive --params THREADS=4294967424 --shape 1,1,8,8,64
 expect_usage_error "must be an integer, got '99999999999999999999'" run --family naive --params THREADS=99999999999999999999 --shape 1,1,8,8,64
 expect_usage_error "parameter THREADS is given twice" run --family naive --params THREADS=128,THREADS=64 --shape 1,1,8,8,64
-expect_usage_error "'batch' must be an integer in 1..1048576, got 4294967297" $RUN --params THREADS=128 --shape 4294967297,1,8,8,64
-expect_usage_error "--shape field head_dim is not an integer" $RUN --params THREADS=128 --shape 1,1,8,8,99999999999999999999
+expect_usage_error "'batch' must be an integer in 1..1048576, got 4294967297" run --family naive --params THREADS=128 --shape 4294967297,1,8,8,64
+expect_usage_error "--shape field head_dim is not an integer" run --family naive --params THREADS=128 --shape 1,1,8,8,99999999999999999999
 expect_usage_error "--seed must be an integer" $RUN --params THREADS=128 --seed 99999999999999999999
 expect_usage_error "--device must be an integer in 0..64" $RUN --params THREADS=128 --device 4294967296
 expect_usage_error "--timeout must be a positive number" $RUN --params THREADS=128 --timeout inf
@@ -929,6 +929,22 @@ for name in best.csv REPORT.md summary_x.png; do
   expect_usage_error "it would overwrite the store" report --db "$tmp/comp.db" --out "$tmp/replink"
 done
 ok "the store written over by no report" test "$(sha256sum <"$tmp/comp.db")" == "$comp_sum"
+
+# Lax parsing of the command line: an option twice (however spelled) or an argument a verb takes not.
+expect_usage_error "--output is given twice" export --db "$tmp/fixture.db" -o "$tmp/a.json" -o "$tmp/b.json"
+expect_usage_error "--output is given twice" export --db "$tmp/fixture.db" --output="$tmp/a.json" -o "$tmp/b.json"
+expect_usage_error "--output is given twice" merge "$tmp/fixture.db" -o "$tmp/a.db" --output "$tmp/b.db"
+expect_usage_error "--db is given twice" best --db "$tmp/fixture.db" --db "$tmp/comp.db"
+expect_usage_error "--quiet is given twice" merge "$tmp/fixture.db" -o "$tmp/a.db" --quiet --quiet
+expect_usage_error "--d is given twice" best --db "$tmp/fixture.db" --d 64 --d=128
+expect_usage_error "--params is given twice" run --family naive --params THREADS=128 --params THREADS=256 --shape 1,1,8,8,64
+ok "no output of the refused options" test ! -e "$tmp/a.json" -a ! -e "$tmp/b.json" -a ! -e "$tmp/a.db" -a ! -e "$tmp/b.db"
+expect_usage_error "best takes no positional arguments, got 'extra'" best --db "$tmp/fixture.db" extra
+expect_usage_error "emit takes no positional arguments" emit --db "$tmp/fixture.db" --out "$tmp/headers" "$tmp/fixture.db"
+expect_usage_error "report takes no positional arguments" report --db "$tmp/fixture.db" --out "$tmp/posrep" -x
+expect_usage_error "run takes no positional arguments" run --family naive --params THREADS=128 --shape 1,1,8,8,64 64
+expect_usage_error "devices takes no positional arguments" devices 0
+expect_usage_error "drop-cubins takes no positional arguments" drop-cubins --db "$tmp/fixture.db" "$tmp/comp.db"
 
 # Numbers and times from another store: merge (and export) take the figures a T4 import takes, no more.
 for change in "tflops=1e300" "tflops=20000" "tflops=-1" "ms_median=-2" "gbps=1e8" "ms_p80=9e99" "reps=-1" \

@@ -35,6 +35,8 @@ Args parse(int argc, char** argv, const std::set<std::string>& valued, const std
       key = key.substr(0, eq);
       has_value = true;
     }
+    if ((flags.count(key) || valued.count(key)) && a.opts.count(key))  // never "the last one wins" in silence
+      throw UsageError("--" + key + " is given twice" + (key == "output" ? " (-o and --output are one option)" : ""));
     if (flags.count(key)) {
       if (has_value) throw UsageError("--" + key + " takes no value");
       a.opts[key] = "1";
@@ -50,6 +52,11 @@ Args parse(int argc, char** argv, const std::set<std::string>& valued, const std
     }
   }
   return a;
+}
+
+void no_positional(const Args& a, const char* verb) {
+  if (!a.positional.empty())
+    throw UsageError(std::string(verb) + " takes no positional arguments, got '" + brief(a.positional[0]) + "'");
 }
 
 bool wants_help(int argc, char** argv) {

@@ -50,8 +50,11 @@ struct Args {
   }
 };
 
-// Parses argv[2..] with the keys a verb accepts (valued: take a value; flags: take none).
+// Parses argv[2..] with the keys a verb accepts (valued: take a value; flags: take none). An option given
+// twice is refused, as is an unknown one.
 Args parse(int argc, char** argv, const std::set<std::string>& valued, const std::set<std::string>& flags);
+// For a verb that takes no positional argument: one is refused, never ignored.
+void no_positional(const Args& a, const char* verb);
 
 // --help or -h anywhere after the verb.
 bool wants_help(int argc, char** argv);

@@ -23,6 +23,7 @@ int cmd_best(int argc, char** argv) {
     return 0;
   }
   Args a = parse(argc, argv, {"db", "family", "device", "dtype", "d", "causal"}, {"csv", "deterministic"});
+  no_positional(a, "best");
   if (!a.has("db")) throw UsageError("best needs --db");
   Store store(a.get("db"), Store::Mode::read_only);
   // Every status: a newer prune or failure of a config supersedes its older success (select.cpp).

@@ -24,6 +24,7 @@ int cmd_devices(int argc, char** argv) {
     return 0;
   }
   Args a = parse(argc, argv, {"device"}, {"slug", "store", "json"});
+  no_positional(a, "devices");
   if (a.has("slug") + a.has("store") + a.has("json") > 1) throw UsageError("give one of --slug, --store and --json");
   RunOptions o = run_options(a);
   GpuSession s(o);

@@ -19,6 +19,7 @@ int cmd_drop_cubins(int argc, char** argv) {
     return 0;
   }
   Args a = parse(argc, argv, {"db"}, {});
+  no_positional(a, "drop-cubins");
   if (!a.has("db")) throw UsageError("drop-cubins needs --db");
   check_db_path(a.get("db"));
   require_file(a.get("db"), "database");  // a write verb, but not one that creates a store

@@ -34,6 +34,7 @@ int cmd_emit(int argc, char** argv) {
     return 0;
   }
   Args a = parse(argc, argv, {"db", "out", "family"}, {});
+  no_positional(a, "emit");
   if (!a.has("db") || !a.has("out")) throw UsageError("emit needs --db and --out");
   Store store(a.get("db"), Store::Mode::read_only);
   ResultFilter filter = filter_from(a);  // every status, as best's

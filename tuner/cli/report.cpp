@@ -25,6 +25,7 @@ int cmd_report(int argc, char** argv) {
     return 0;
   }
   Args a = parse(argc, argv, {"db", "gpu", "reports", "out"}, {});
+  no_positional(a, "report");
   if (a.has("db") == a.has("gpu")) throw UsageError("report needs exactly one of --db PATH and --gpu SLUG");
   std::string db = a.get("db");
   if (a.has("gpu")) {

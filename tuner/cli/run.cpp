@@ -117,6 +117,7 @@ int cmd_run(int argc, char** argv) {
                  {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
                   "save-outputs", "input-dist", "input-scale", "heads-k", "varlen", "seq-lens", "seq-lens-k", "paged"},
                  {"causal", "check", "json", "best", "check-determinism"});
+  no_positional(a, "run");
   if (!a.has("family")) throw UsageError("run needs --family");
   if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d (or H,d with --varlen or --seq-lens)");
   if (a.has("params") == a.has("best")) throw UsageError("run needs exactly one of --params and --best");
