@@ -85,7 +85,15 @@ std::string format_duration(double seconds) {
 
 std::string brief(std::string_view s, size_t max) {
   std::string out;
-  for (size_t i = 0; i < s.size() && i < max; ++i) out += (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+  for (size_t i = 0; i < s.size() && i < max; ++i) {
+    const unsigned char c = (unsigned char)s[i];
+    if (c == 0xc2 && i + 1 < s.size() && (unsigned char)s[i + 1] >= 0x80 && (unsigned char)s[i + 1] <= 0x9f) {
+      out += '?';  // a C1 control in UTF-8 (U+0080..U+009F: CSI is U+009B), which some terminals obey
+      ++i;
+    } else {
+      out += c < 0x20 || c == 0x7f ? '?' : s[i];
+    }
+  }
   if (s.size() > max) out += "...";
   return out;
 }

@@ -32,7 +32,8 @@ std::string slugify(std::string_view s, char sep = '_');
 std::string now_iso8601();
 std::string format_duration(double seconds);  // "1m05s"
 
-// An untrusted string quoted for a one-line message: at most `max` bytes, control characters as '?'.
+// An untrusted string quoted for a one-line message: at most `max` bytes, control characters (C0, DEL and C1
+// in UTF-8) as '?'.
 std::string brief(std::string_view s, size_t max = 80);
 
 // A stored or imported string that becomes one file name: 1..200 bytes of letters, digits, '_', '-'

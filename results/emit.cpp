@@ -103,6 +103,9 @@ static void check_choice(const BucketChoice& c) {
   static const std::regex arch_re("sm_[0-9]{2,3}a?");
   if (!std::regex_match(c.arch, arch_re)) refuse("arch is not sm_NN[a]");
   if (c.device.empty() || c.device.size() > 256) refuse("device name is empty or longer than 256 bytes");
+  // NUL would cut the table's name short (another device's), other controls reach a terminal: as merge and
+  // import refuse them
+  if (brief(c.device, 256) != c.device) refuse("device name holds control characters");
   if (slugify(c.device).empty()) refuse("device name has no letters or digits");
   const Family* f = nullptr;
   try {

@@ -251,21 +251,27 @@ expect_usage_error "parameter BLOCK_M must be an integer, got '64}; #error x'" e
 cp "$tmp/fixture.db" "$tmp/dtype.db"
 add_row "$tmp/dtype.db" "Evil GPU" sm_90 fa2_simt "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2" 'fp32"; #error'
 expect_usage_error "results row 9: unknown dtype" best --db "$tmp/dtype.db"
-# A device name with a newline and a preprocessor line stays inside an escaped string literal.
+# A device name with a newline and a preprocessor line never reaches a header: refused as merge and import
+# refuse it (control characters; a NUL would cut the table's name short), nothing written. A printable name
+# with quotes, a backslash and a trigraph stays inside its escaped C string literal.
 cp "$tmp/fixture.db" "$tmp/newline.db"
 add_row "$tmp/newline.db" $'Evil\n#error injected\n// \\' sm_90 fa2_simt "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2"
 cp -r "$tmp/headers" "$tmp/headers2"
+headers2_sum=$(cd "$tmp/headers2" && sha256sum *)
+expect_usage_error "device name holds control characters" emit --db "$tmp/newline.db" --out "$tmp/headers2"
+ok "no header written for a device name with a newline" test "$(cd "$tmp/headers2" && sha256sum *)" == "$headers2_sum"
+cp "$tmp/fixture.db" "$tmp/quoted.db"
+add_row "$tmp/quoted.db" 'Evil "GPU" \ ??/ */ #error' sm_90 fa2_simt "BLOCK_M=64,BLOCK_N=64,TM=4,TN=4,KV_STAGES=2"
 cases=$((cases + 1))
-if "$F" emit --db "$tmp/newline.db" --out "$tmp/headers2" >/dev/null 2>"$tmp/err"; then
-  if grep -n "^#error\|^// \\\\" "$tmp"/headers2/*.hpp; then echo "FAIL: a stored device name became a source line"; fail=1; fi
-  grep -q 'Evil\\012#error injected\\012// \\\\' "$tmp"/headers2/sm90_evil_error_injected.hpp ||
+if "$F" emit --db "$tmp/quoted.db" --out "$tmp/headers3" >/dev/null 2>"$tmp/err"; then
+  grep -qF 'kTable{"Evil \"GPU\" \\ \?\?/ */ #error"' "$tmp"/headers3/sm90_evil_gpu_error.hpp ||
     { echo "FAIL: device name not escaped as a C string"; fail=1; }
   if command -v g++ >/dev/null; then
-    g++ -std=c++17 -fsyntax-only -I"$SRC/templates" -x c++ "$tmp/headers2/dispatch.hpp" 2>"$tmp/gxx" ||
+    g++ -std=c++17 -fsyntax-only -I"$SRC/templates" -x c++ "$tmp/headers3/dispatch.hpp" 2>"$tmp/gxx" ||
       { echo "FAIL: the emitted headers do not compile:"; head -5 "$tmp/gxx"; fail=1; }
   fi
 else
-  echo "FAIL: emit of an escaped device name: $(cat "$tmp/err")"; fail=1
+  echo "FAIL: emit of a quoted device name: $(cat "$tmp/err")"; fail=1
 fi
 : >"$tmp/a_file"
 expect_usage_error "is not a folder that can be created" emit --db "$tmp/fixture.db" --out "$tmp/a_file"
@@ -968,6 +974,24 @@ for ts in "2026-02-30T25:00:00Z" "2026-11-28T10:05:00" "2026-11-28T10:05:00.1234
 import json, sys
 d = json.load(open(sys.argv[1])); d['results'][0]['timestamp'] = sys.argv[3]; json.dump(d, open(sys.argv[2], 'w'))" "$tmp/t4.json" "$tmp/ts.json" "$ts"
   expect_usage_error "'timestamp' must be a UTC time" import --db "$tmp/fixture.db" "$tmp/ts.json"
+done
+
+# Stored text: NUL would cut a header's device name short (to another device's), C1 controls reach a terminal.
+cp "$tmp/fixture.db" "$tmp/nul.db"
+sql "$tmp/nul.db" "update results set device_name=cast(x'4e5649444941204831303020383047422048424d33006576696c' as text) where device_name='NVIDIA H200'" >/dev/null
+expect_usage_error "device name holds control characters" emit --db "$tmp/nul.db" --out "$tmp/nulh"
+expect_usage_error "holds control characters" merge "$tmp/nul.db" -o "$tmp/fixture.db"
+ok "no header folder from a refused emit" test ! -e "$tmp/nulh/dispatch.hpp"
+cp "$tmp/fixture.db" "$tmp/c1.db"
+python3 -c "
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1]); c.execute('update results set device_name=? where device_name=?', ('GPU \u009b2J\u009d0;x', 'NVIDIA H200')); c.commit()" "$tmp/c1.db"
+expect_usage_error "holds control characters" merge "$tmp/c1.db" -o "$tmp/fixture.db"
+expect_usage_error "device name holds control characters" emit --db "$tmp/c1.db" --out "$tmp/c1h"
+for args in "" "--csv"; do
+  cases=$((cases + 1))
+  "$F" best --db "$tmp/c1.db" $args >"$tmp/out" 2>&1
+  LC_ALL=C grep -q $'\xc2[\x80-\x9f]\|\x07\|\x1b' "$tmp/out" && { echo "FAIL: best $args printed a control character"; fail=1; }
 done
 
 # --- the worker log: never a predictable path, never through a planted link -------------------

@@ -1,5 +1,5 @@
 // Issue 34's checks at the edges that are plain functions: which paths are a store's files, which rows from
-// another store or file are taken.
+// another store or file are taken, which stored text may reach a terminal.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -122,6 +122,7 @@ TEST(Trust, RowsFromOutsideHaveFiguresInRange) {
       {"created", [](ResultRecord& r) { r.created = "2026-11-28 10:05:00"; }, "is not a UTC time"},
       {"created empty", [](ResultRecord& r) { r.created = ""; }, "is not a UTC time"},
       {"device NUL", [](ResultRecord& r) { r.device_name = std::string("NVIDIA H100\0x", 13); }, "control characters"},
+      {"device C1", [](ResultRecord& r) { r.device_name = "GPU\xc2\x9b" "2J"; }, "control characters"},
   };
   for (const Case& c : cases) {
     ResultRecord r = ok;
@@ -133,4 +134,15 @@ TEST(Trust, RowsFromOutsideHaveFiguresInRange) {
       EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << c.what << ": " << e.what();
     }
   }
+}
+
+// Stored text in a one-line message or a table: no control character reaches a terminal, C1 ones in UTF-8
+// (U+009B is CSI) included; other UTF-8 text is kept.
+TEST(Trust, BriefLeavesNoControlCharacters) {
+  EXPECT_EQ(brief("a\x1b[2Jb\x07\x7f"), "a?[2Jb??");
+  EXPECT_EQ(brief("x\xc2\x9b" "31mred\xc2\x80\xc2\x9f"), "x?31mred??");
+  EXPECT_EQ(brief("caf\xc3\xa9 \xc2\xa0\xc2\xb5"), "caf\xc3\xa9 \xc2\xa0\xc2\xb5");  // é, NBSP and µ are text
+  EXPECT_EQ(brief(std::string("a\0b", 3)), "a?b");
+  EXPECT_EQ(brief("abcdef", 3), "abc...");
+  EXPECT_EQ(brief("ab\xc2", 80), "ab\xc2");  // a cut sequence is not a control
 }
