@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <filesystem>
 #include <iterator>
 #include <random>
 #include <set>
@@ -377,7 +378,10 @@ std::string sqlite_uri(const std::string& path) {
 // (a planted file is never read as the store). A store in WAL mode whose -wal is missing or empty
 // (a writer closed it uncleanly, or it was copied) holds everything in the main file: it is opened
 // immutable, so a read-only folder works and no -wal/-shm is left behind. Only a non-empty -wal of
-// the store's owner (a writer is running, or was killed) is read through SQLite's WAL index.
+// the store's owner (a writer is running, or was killed) is read through SQLite's WAL index, the -shm file;
+// where there is none and the folder cannot be written, SQLite could not make one: refused in one line.
+namespace fs = std::filesystem;
+
 bool read_only_open_immutable(const std::string& path, const struct stat& st) {
   unsigned char header[20] = {};
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -391,7 +395,15 @@ bool read_only_open_immutable(const std::string& path, const struct stat& st) {
     throw UsageError("'" + path + "' has a -wal file beside it that is not its own (" +
                      (!S_ISREG(wst.st_mode) ? "not a regular file" : wst.st_uid != st.st_uid ? "another owner" : "the store is not in WAL mode") +
                      "): not read; remove '" + wal + "'");
-  return wst.st_size == 0;
+  if (wst.st_size == 0) return true;
+  // Changes in the -wal (a writer was killed, or runs): SQLite reads them through a -shm index, which it
+  // must create where there is none; in a folder this user cannot write, that fails ("unable to open").
+  struct stat sst {};
+  const std::string dir = fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string();
+  if (lstat((path + "-shm").c_str(), &sst) != 0 && access(dir.c_str(), W_OK | X_OK) != 0)
+    throw UsageError("'" + path + "' has changes in its -wal file, which SQLite reads only through a -shm file it "
+                     "cannot create in this read-only folder: copy the store and its -wal to a folder you can write");
+  return false;
 }
 
 }  // namespace

@@ -994,6 +994,44 @@ for args in "" "--csv"; do
   LC_ALL=C grep -q $'\xc2[\x80-\x9f]\|\x07\|\x1b' "$tmp/out" && { echo "FAIL: best $args printed a control character"; fail=1; }
 done
 
+# WAL stores: emit leaves nothing beside one; changes left in a -wal (a killed writer) in a folder the reader
+# cannot write: one line, exit 2, nothing made there.
+cp "$tmp/wal.db" "$tmp/walemit.db"
+cases=$((cases + 1))
+"$F" emit --db "$tmp/walemit.db" --out "$tmp/walemit_h" >/dev/null 2>&1 || { echo "FAIL: emit of a WAL store"; fail=1; }
+[[ ! -e "$tmp/walemit.db-wal" && ! -e "$tmp/walemit.db-shm" ]] || { echo "FAIL: emit left -wal/-shm beside the store"; fail=1; }
+if [[ ${#as_other[@]} -gt 0 ]]; then
+  ro2=$(mktemp -d)
+  planted+=("$ro2")
+  chmod 755 "$ro2"
+  cp "$tmp/fixture.db" "$ro2/w.db"
+  python3 - "$ro2/w.db" <<'PY'
+import os, shutil, sqlite3, sys
+db = sys.argv[1]
+c = sqlite3.connect(db); c.execute("pragma journal_mode=wal"); c.close()
+c = sqlite3.connect(db); c.execute("pragma wal_autocheckpoint=0")
+c.execute("delete from results where device_name = 'NVIDIA H200'"); c.commit()
+shutil.copy(db + "-wal", db + ".wal"); shutil.copy(db, db + ".main")
+os._exit(0)  # killed: the -wal keeps the changes
+PY
+  mv "$ro2/w.db.main" "$ro2/w.db" && mv "$ro2/w.db.wal" "$ro2/w.db-wal" && rm -f "$ro2/w.db-shm"
+  chmod 444 "$ro2"/* && chmod 555 "$ro2"
+  for verb in "best --db $ro2/w.db" "export --db $ro2/w.db" "emit --db $ro2/w.db --out $tmp/ro2h" "report --db $ro2/w.db --out $tmp/ro2rep"; do
+    cases=$((cases + 1))
+    "${as_other[@]}" "$F" $verb >/dev/null 2>"$tmp/err"; rc=$?
+    [[ $rc -eq 2 && $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "has changes in its -wal file" "$tmp/err" ||
+      { echo "FAIL: $verb with changes in a read-only folder's -wal: rc=$rc $(head -c 200 "$tmp/err")"; fail=1; }
+  done
+  ok "nothing made in the read-only folder" test "$(ls "$ro2" | tr '\n' ' ')" == "w.db w.db-wal "
+  cases=$((cases + 1))  # where the folder can be written (root's), the changes are read: no H200 row left
+  if "$F" best --db "$ro2/w.db" --csv >"$tmp/out" 2>"$tmp/err"; then
+    grep -q "NVIDIA H200" "$tmp/out" && { echo "FAIL: best read the store without the changes in its -wal"; fail=1; }
+    grep -q "NVIDIA H100" "$tmp/out" || { echo "FAIL: best of a store with changes in its -wal read nothing"; fail=1; }
+  else
+    echo "FAIL: best of a store with changes in its -wal: $(head -c 200 "$tmp/err")"; fail=1
+  fi
+fi
+
 # --- the worker log: never a predictable path, never through a planted link -------------------
 mkdir -p "$tmp/tmpdir"
 for p in $(seq $$ $(($$ + 400))); do
