@@ -680,8 +680,9 @@ bounded 60 "sequence lengths in all" export --db "$tmp/packed.db" -o "$tmp/packe
 bounded 60 "sequence lengths in all" emit --db "$tmp/packed.db" --out "$tmp/packed_headers"
 bounded 60 "sequence lengths in all" merge "$tmp/packed.db" -o "$tmp/packed_merged.db"
 bounded 60 "sequence lengths in all" import --db "$tmp/packed_import.db" "$tmp/packed.t4.json"
+bounded 60 "sequence lengths in all" report --db "$tmp/packed.db" --out "$tmp/packed_report"
 ok "no store or output from the refused packed reads" \
-  bash -c "! ls '$tmp'/packed.json '$tmp'/packed_headers '$tmp'/packed_merged.db '$tmp'/packed_import.db 2>/dev/null | grep -q ."
+  bash -c "! ls '$tmp'/packed.json '$tmp'/packed_headers '$tmp'/packed_merged.db '$tmp'/packed_import.db '$tmp'/packed_report 2>/dev/null | grep -q ."
 cases=$((cases + 1))
 if ! limited timeout 120 "$F" best --db "$tmp/packed_ok.db" --csv >"$tmp/out" 2>"$tmp/err" || [[ $(grep -c 'total_tokens' "$tmp/out") -lt 1 ]]; then
   echo "FAIL: best on 200 packed rows: $(head -c 300 "$tmp/err")"; fail=1
@@ -807,13 +808,17 @@ for verb in "best --db $tmp/rows_over.db" "best --db $tmp/rows_over.db --csv --f
             "merge $tmp/rows_over.db -o $tmp/fixture.db"; do
   bounded 60 "results rows would pass 250000 rows, the most" $verb
 done
-for verb in best export emit merge; do
+for verb in best export emit merge report; do
   args=(--db "@DB@"); [[ $verb == emit ]] && args+=(--out "$tmp/big_headers"); [[ $verb == merge ]] && args=("@DB@" -o "$tmp/fixture.db")
+  [[ $verb == report ]] && args+=(--out "$tmp/big_report")
   bounded 60 "its source_hash is 5000000 bytes, over the 4 MiB one stored text may hold" $verb "${args[@]/@DB@/$tmp/cell_big.db}"
   bounded 60 "holds a value over 64 MiB" $verb "${args[@]/@DB@/$tmp/cell_huge.db}"
   bounded 60 "results rows would pass 256 MiB of stored text" $verb "${args[@]/@DB@/$tmp/text_over.db}"
 done
 bounded 60 "experiment rows would pass 250000 rows, the most merge's read of one input holds" merge "$tmp/exp_rows.db" -o "$tmp/fixture.db"
+bounded 60 "results rows would pass 250000 rows" report --db "$tmp/rows_over.db" --out "$tmp/big_report"
+bounded 60 "experiment rows would pass 250000 rows, the most one read holds" report --db "$tmp/exp_rows.db" --out "$tmp/big_report"
+bounded 60 "holds a value over 64 MiB" report --db "$tmp/exp_spec.db" --out "$tmp/big_report"
 bounded 60 "holds a value over 64 MiB" merge "$tmp/exp_spec.db" -o "$tmp/fixture.db"
 bounded 60 "provenance rows would pass 250000 rows" merge "$tmp/prov_rows.db" -o "$tmp/fixture.db"
 bounded 60 "holds a value over 64 MiB" merge "$tmp/cubin_huge.db" -o "$tmp/fixture.db"
@@ -822,7 +827,7 @@ bounded 60 "its results name more than 4096 devices" merge "$tmp/fixture.db" -o 
 bounded 60 "its results name more than 4096 devices" import --db "$tmp/devices_over.db" "$tmp/t4.json"
 ok "the store of 4097 devices is unchanged" test "$(sha256sum <"$tmp/devices_over.db")" == "$devices_sum"
 ok "no output from the refused large reads" \
-  bash -c "! ls -d '$tmp'/big.json* '$tmp'/big_headers 2>/dev/null | grep -q ."
+  bash -c "! ls -d '$tmp'/big.json* '$tmp'/big_headers 2>/dev/null | grep -q . && ! ls -A '$tmp'/big_report 2>/dev/null | grep -q ."
 rm -f "$tmp"/{rows_over,cell_big,cell_huge,text_over,exp_rows,exp_spec,prov_rows,cubin_huge,devices_over}.db
 
 # Output injection: CSV quoting, no escape sequences on a terminal, no HTML or headings in REPORT.md.

@@ -34,7 +34,12 @@ int cmd_report(int argc, char** argv) {
       throw UsageError("--gpu takes a folder name under reports/, got '" + brief(slug) + "'");
     db = a.get("reports", std::string(FLASHTUNE_SOURCE_DIR) + "/reports") + "/" + slug + "/results.db";
   }
-  { Store check(db, Store::Mode::read_only); }  // exists, is ours, is readable: one line and exit 2 if not
+  {  // exists, is ours, is readable, and within the bounds of a read (ReadBudget: rows, text; the packed
+     // lengths): one line and exit 2 if not, before Python reads it whole
+    Store check(db, Store::Mode::read_only);
+    check.results({});
+    for (const auto& run : check.experiment_runs()) check.experiment_rows(run.id);
+  }
   const std::string out = a.has("out") ? a.get("out") : std::filesystem::path(db).parent_path().string();
   std::error_code ec;
   std::filesystem::create_directories(out.empty() ? "." : out, ec);
