@@ -135,6 +135,8 @@ struct Problem {
   // Sequence bucket for selection: the smallest power of two >= max(Sq, Sk).
   int seq_bucket() const;
   int kv_heads() const { return heads_k > 0 ? heads_k : heads; }
+  // batch x kv heads: the (sequence, kv head) pairs, a decoding family's second bucket key (results/select.hpp).
+  long long batch_kv_heads() const { return (long long)batch * kv_heads(); }
   int group() const { return heads / kv_heads(); }  // query heads per kv head
   // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>"; paged: "... paged <Paged::str>")
   std::string str() const;
