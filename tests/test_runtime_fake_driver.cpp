@@ -884,6 +884,15 @@ TEST(FakeDriver, DISABLED_HopperDecodeAndPackedChild) {
   ft_explanation e2;
   ASSERT_EQ(ft_explain_forward(&a, &e2), FT_OK) << ft_last_error();
   EXPECT_EQ(std::string(e2.config), e.config);
+  // The decode bucket by (batch x kv heads, Sk): 2 x 8 = 16 takes the tuned 8's (B 1), nearer by ratio than 64;
+  // 64 sequences (512) their own tuned pick, one split of the keys (issue 31). explain() names the bucket.
+  EXPECT_NE(explain_fwd(a).find("(config: device, bucket: batch x kv heads 8 (of 8, 64, 512), Sk <= 4096, kernel: "),
+            std::string::npos) << explain_fwd(a);
+  a.batch = 64;  // explain only: nothing is read
+  const std::string b64 = explain_fwd(a);
+  EXPECT_NE(b64.find("decode_splitkv SPLITS=1,"), std::string::npos) << b64;
+  EXPECT_NE(b64.find("bucket: batch x kv heads 512 (of 8, 64, 512), Sk <= 4096"), std::string::npos) << b64;
+  a.batch = Bd;
   const Family& dec = find_family("decode_splitkv");
   const Config c = dec.parse_config(e.config);
   Problem p;
