@@ -26,6 +26,7 @@
 #include "args.hpp"
 #include "core/cluster_launch.hpp"
 #include "core/compile.hpp"
+#include "core/nvrtc_api.hpp"
 #include "core/tensor_maps.hpp"
 #include "core/util.hpp"
 #include "disk_cache.hpp"
@@ -724,6 +725,11 @@ ft_status guarded(F f) {
     return e.status;
   } catch (const std::bad_alloc&) {
     t_last_error = "out of host memory";
+  } catch (const NvrtcUnavailable& e) {  // no NVRTC on this machine: what to install, in one line
+    t_last_error = e.what();
+    for (char& ch : t_last_error)
+      if (ch == '\n') ch = ' ';
+    return FT_COMPILE_ERROR;
   } catch (const std::exception& e) {
     t_last_error = std::string("internal error: ") + e.what();
   }
