@@ -5,8 +5,10 @@
 
 #include "core/util.hpp"
 #include "dispatch.hpp"
+#ifndef FLASHTUNE_NO_STORE
 #include "results/select.hpp"
 #include "results/store.hpp"
+#endif
 
 namespace flashtune::rt {
 
@@ -241,6 +243,15 @@ const Family* choose_family(const TableSet& ts, const Query& q) {
 namespace {
 // The store's pick for f's bucket of q on this device (best_per_bucket + pick_bucket), "" when none.
 // paged: its paged buckets (rows measured on paged caches), else its dense ones.
+#ifdef FLASHTUNE_NO_STORE
+// A runtime built without the results store (a wheel without the tuner: no SQLite, no nlohmann_json): a store to
+// read is refused in one line ($FLASHTUNE_DB fails the call; the user's store is passed over with this note).
+std::string stored_config(const Family&, const Query&, const std::string&, bool = false, double* = nullptr,
+                          std::string* = nullptr) {
+  throw UsageError("this flashtune runtime reads no results store (built without the tuner: a wheel without "
+                   "FLASHTUNE_PYTHON_TOOLS)");
+}
+#else
 std::string stored_config(const Family& f, const Query& q, const std::string& db_path, bool paged = false,
                           double* tflops = nullptr, std::string* bucket = nullptr) {
   Store store(db_path, Store::Mode::read_only);
@@ -266,6 +277,7 @@ std::string stored_config(const Family& f, const Query& q, const std::string& db
   }
   return b ? b->config : "";
 }
+#endif
 
 // The family a results store measured for this query on this device: a family with a query-length range
 // that holds a bucket of it first (as a table entry of its own does in choose_family), else the candidate
