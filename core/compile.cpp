@@ -1,7 +1,5 @@
 #include "core/compile.hpp"
 
-#include <nvrtc.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,6 +8,7 @@
 #include <thread>
 
 #include "core/embedded.hpp"
+#include "core/nvrtc_api.hpp"
 #include "core/util.hpp"
 
 namespace flashtune {
@@ -24,9 +23,8 @@ ArchLimits arch_limits(const std::string& arch) {
 }
 
 std::string nvrtc_version() {
-  int major = 0, minor = 0;
-  nvrtcVersion(&major, &minor);
-  return std::to_string(major) + "." + std::to_string(minor);
+  const NvrtcApi& nv = nvrtc();  // throws NvrtcUnavailable where none loads
+  return std::to_string(nv.major) + "." + std::to_string(nv.minor);
 }
 
 Resources parse_ptxas_log(const std::string& log) {
@@ -152,18 +150,19 @@ KernelRecord Compiler::compile(const Variant& v) const {
     header_names.push_back(h.name.c_str());
   }
   const std::string source = "#include \"" + f.template_file + "\"\n";
+  const NvrtcApi& nv = nvrtc();
   nvrtcProgram prog;
-  nvrtcCreateProgram(&prog, source.c_str(), ("flashtune_" + f.name + ".cu").c_str(), (int)header_src.size(),
+  nv.CreateProgram(&prog, source.c_str(), ("flashtune_" + f.name + ".cu").c_str(), (int)header_src.size(),
                      header_src.data(), header_names.data());
-  for (const auto& e : exprs) nvrtcAddNameExpression(prog, e.c_str());
+  for (const auto& e : exprs) nv.AddNameExpression(prog, e.c_str());
   const auto opts = options(f);
   std::vector<const char*> copts;
   for (const auto& o : opts) copts.push_back(o.c_str());
-  nvrtcResult rc = nvrtcCompileProgram(prog, (int)copts.size(), copts.data());
+  nvrtcResult rc = nv.CompileProgram(prog, (int)copts.size(), copts.data());
   size_t log_size = 0;
-  nvrtcGetProgramLogSize(prog, &log_size);
+  nv.GetProgramLogSize(prog, &log_size);
   k.log.resize(log_size);
-  if (log_size) nvrtcGetProgramLog(prog, k.log.data());
+  if (log_size) nv.GetProgramLog(prog, k.log.data());
   while (!k.log.empty() && k.log.back() == '\0') k.log.pop_back();
   k.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
@@ -171,20 +170,20 @@ KernelRecord Compiler::compile(const Variant& v) const {
     k.status = "compile_error";
     // The first "error" line says why (a static_assert message, for instance).
     auto pos = k.log.find("error");
-    k.reason = pos == std::string::npos ? nvrtcGetErrorString(rc) : k.log.substr(pos, k.log.find('\n', pos) - pos);
-    nvrtcDestroyProgram(&prog);
+    k.reason = pos == std::string::npos ? nv.GetErrorString(rc) : k.log.substr(pos, k.log.find('\n', pos) - pos);
+    nv.DestroyProgram(&prog);
     return k;
   }
   for (const auto& e : exprs) {
     const char* lowered = nullptr;
-    nvrtcGetLoweredName(prog, e.c_str(), &lowered);
+    nv.GetLoweredName(prog, e.c_str(), &lowered);
     k.lowered_name += (k.lowered_name.empty() ? "" : "\n") + std::string(lowered ? lowered : "");
   }
   size_t cubin_size = 0;
-  nvrtcGetCUBINSize(prog, &cubin_size);
+  nv.GetCUBINSize(prog, &cubin_size);
   k.cubin.resize(cubin_size);
-  nvrtcGetCUBIN(prog, k.cubin.data());
-  nvrtcDestroyProgram(&prog);
+  nv.GetCUBIN(prog, k.cubin.data());
+  nv.DestroyProgram(&prog);
 
   k.res = parse_ptxas_log(k.log);
   k.status = "compiled";

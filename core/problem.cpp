@@ -1,6 +1,10 @@
 #include "core/problem.hpp"
 
+// FLASHTUNE_NO_JSON (a wheel without the tuner, CMakeLists.txt): no problem files, keys or text, which the
+// tuner reads and writes and the runtime never needs.
+#ifndef FLASHTUNE_NO_JSON
 #include <nlohmann/json.hpp>
+#endif  // FLASHTUNE_NO_JSON
 
 #include <algorithm>
 #include <cmath>
@@ -119,6 +123,7 @@ std::vector<int> offsets_of(const std::vector<int>& lens) {
   return cu;
 }
 
+#ifndef FLASHTUNE_NO_JSON
 // An integer field of the varlen object in [lo, hi], checked in its full range before converting.
 int varlen_int(const nlohmann::json& j, const char* key, long long lo, long long hi) {
   if (!j.contains(key)) throw UsageError(std::string("varlen needs '") + key + "'");
@@ -163,6 +168,7 @@ std::string short_list(const std::vector<int>& v, const std::string& key) {
   for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
   return "[" + s + "]";
 }
+#endif  // FLASHTUNE_NO_JSON
 
 }  // namespace
 
@@ -171,6 +177,7 @@ long long Varlen::total_k() const { return sum_of(seq_lens_k); }
 std::vector<int> Varlen::cu_seqlens_q() const { return offsets_of(seq_lens_q); }
 std::vector<int> Varlen::cu_seqlens_k() const { return offsets_of(seq_lens_k); }
 
+#ifndef FLASHTUNE_NO_JSON
 nlohmann::json Varlen::description() const {
   nlohmann::json j = nlohmann::json::object();
   if (lengths == "uniform") {
@@ -274,10 +281,12 @@ Varlen varlen_from_json(const nlohmann::json& j) {
                        std::to_string(kMaxVarlenTokens));
   return v;
 }
+#endif  // FLASHTUNE_NO_JSON
 
 // ---------------------------------------------------------------------------------------------
 // Paged K/V caches
 
+#ifndef FLASHTUNE_NO_JSON
 nlohmann::json Paged::description() const {
   if (!enabled()) return nlohmann::json::object();
   nlohmann::json j = {{"page_size", page_size}, {"seed", seed}};
@@ -314,6 +323,7 @@ Paged paged_from_json(const nlohmann::json& j) {
   if (j.contains("seq_lens_k")) pg.seq_lens_k = varlen_list(j, "seq_lens_k", "paged");
   return pg;
 }
+#endif  // FLASHTUNE_NO_JSON
 
 PageTable page_table(const Paged& pg, int batch, int seq_k) {
   PageTable t;
@@ -347,6 +357,7 @@ int Problem::seq_bucket() const {
   return b;
 }
 
+#ifndef FLASHTUNE_NO_JSON
 std::string Problem::str() const {
   std::string s = "B" + std::to_string(batch) + " H" + std::to_string(heads) +
                   (heads_k > 0 ? "/" + std::to_string(heads_k) : std::string()) + " Sq" + std::to_string(seq_q) +
@@ -493,6 +504,7 @@ nlohmann::json to_json(const Problem& p) {
   if (p.paged.enabled()) j["paged"] = p.paged.description();  // only for paged, likewise
   return j;
 }
+#endif  // FLASHTUNE_NO_JSON
 
 std::string DeviceInfo::slug() const { return slugify(name); }
 

@@ -3,7 +3,9 @@
 #include <string>
 #include <vector>
 
+#ifndef FLASHTUNE_NO_JSON  // a build without nlohmann_json (the runtime alone): no JSON in or out, no key()/str()
 #include <nlohmann/json_fwd.hpp>
+#endif
 
 namespace flashtune {
 
@@ -48,10 +50,12 @@ struct Varlen {
   std::vector<int> seq_lens_q, seq_lens_k;  // the lengths, derived (list: as given); k == q for self-attention
 
   bool enabled() const { return !lengths.empty(); }
+#ifndef FLASHTUNE_NO_JSON
   // The description as written in problem files, canonical (lists: seq_lens_k only when it differs).
   nlohmann::json description() const;
   std::string key() const;    // compact description() text; "" when dense
   std::string str() const;    // "uniform 256-4096 x16384 seed 0", "[1,17,128]", "[64 seqs, 16384 tokens #1a2b3c4d]"
+#endif
   long long total_q() const;  // sum of the query lengths
   long long total_k() const;
   std::vector<int> cu_seqlens_q() const;  // batch + 1 offsets from 0
@@ -61,7 +65,9 @@ struct Varlen {
 // A Varlen from its description (the "varlen" object of a problem file), lengths derived and checked:
 // at most kMaxVarlenSeqs sequences, lengths in 0..2^20 (uniform and fixed: >= 1), totals in 1..2^24.
 // Throws UsageError naming the field.
+#ifndef FLASHTUNE_NO_JSON
 Varlen varlen_from_json(const nlohmann::json&);
+#endif
 inline constexpr int kMaxVarlenSeqs = 65535;        // the grid's z dimension: one CTA row per sequence
 inline constexpr int kMaxVarlenTokens = 1 << 24;    // per packed tensor
 inline constexpr long long kMaxVarlenElements = (1ll << 31) - 1;  // total * heads * head_dim, per tensor
@@ -80,16 +86,20 @@ struct Paged {
   std::vector<int> seq_lens_k;  // per sequence, as given (the cache lengths); empty: every sequence seq_k long
 
   bool enabled() const { return page_size > 0; }
+#ifndef FLASHTUNE_NO_JSON
   nlohmann::json description() const;  // as written in problem files, canonical
   std::string key() const;             // compact description() text; "" when dense
   std::string str() const;             // "page 256 seed 0", "page 64 seed 3 lens [300,1,4133]"
+#endif
   // Sequence b's keys (the problem's seq_k when no lengths are given).
   int seq_len(int b, int seq_k) const { return seq_lens_k.empty() ? seq_k : seq_lens_k[(size_t)b]; }
   bool operator==(const Paged&) const = default;
 };
 // A Paged from its description (the "paged" object of a problem file), checked: page_size a multiple of 16
 // in 16..2^20, seed 0..2^53, lengths 0..2^20, at most kMaxVarlenSeqs of them. Throws UsageError naming the field.
+#ifndef FLASHTUNE_NO_JSON
 Paged paged_from_json(const nlohmann::json&);
+#endif
 // The block table and the pool it indexes, for a batch of `batch` sequences of at most `seq_k` keys.
 struct PageTable {
   int max_pages = 0;              // ceil(seq_k / page_size): the table's row stride
@@ -135,15 +145,21 @@ struct Problem {
   // Sequence bucket for selection: the smallest power of two >= max(Sq, Sk).
   int seq_bucket() const;
   int kv_heads() const { return heads_k > 0 ? heads_k : heads; }
+  // batch x kv heads: the (sequence, kv head) pairs, a decoding family's second bucket key (results/select.hpp).
+  long long batch_kv_heads() const { return (long long)batch * kv_heads(); }
   int group() const { return heads / kv_heads(); }  // query heads per kv head
+#ifndef FLASHTUNE_NO_JSON
   // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>"; paged: "... paged <Paged::str>")
   std::string str() const;
+#endif
   bool operator==(const Problem&) const = default;
 };
 
+#ifndef FLASHTUNE_NO_JSON
 Problem problem_from_json(const nlohmann::json&);  // validated; throws UsageError
 nlohmann::json to_json(const Problem&);
 InputDist input_dist_from_json(const nlohmann::json&);  // {"distribution": ..., "scale": ...}
 nlohmann::json to_json(const InputDist&);
+#endif
 
 }  // namespace flashtune

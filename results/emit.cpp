@@ -122,6 +122,9 @@ static void check_choice(const BucketChoice& c) {
   if (std::find(f->head_dims.begin(), f->head_dims.end(), c.head_dim) == f->head_dims.end())
     refuse("head_dim " + std::to_string(c.head_dim) + " not of the family");
   if (c.seq_bucket < 1 || c.seq_bucket > (1 << 21)) refuse("sequence bucket out of range");
+  if (c.batch_heads < 0) refuse("batch x kv heads out of range");
+  if (c.batch_heads > 0 && f->max_seq_q == 0)
+    refuse("a batch x kv heads bucket of a family without a query-length range (only decoding buckets have one)");
   if (!std::isfinite(c.tflops) || c.tflops < 0 || c.tflops > 1e6) refuse("TFLOP/s out of range");
 }
 
@@ -168,24 +171,34 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
     }
     const bool any_paged = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->paged; });
     const bool any_det = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->deterministic; });
+    const bool any_bh = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->batch_heads > 0; });
     if (any_paged)
       h << "// Entries ending in `true` were measured on paged K/V caches: only the runtime's paged entry point reads\n"
         << "// them, where the family's paged form takes the call's page size (decode_splitkv: BLOCK_N divides it).\n";
     if (any_det)
       h << "// Entries ending in `false, true` are the best bitwise-reproducible config of their bucket: only a\n"
         << "// deterministic backward reads them (and reads nothing else).\n";
+    if (any_bh)
+      h << "// Entries with a third value after TFLOP/s are a decoding family's buckets by (batch x kv heads, sequence):\n"
+        << "// the problem's batch x heads_k. A lookup takes the batch x kv heads nearest the call's (by ratio, a tie to\n"
+        << "// the smaller), then among those the sequence bucket as for every entry (tuned_config.h, find_in).\n";
+    const bool any_tail = any_paged || any_det || any_bh;
     h << "inline constexpr Entry kEntries[] = {\n"
       << "    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)"
-      << (any_paged || any_det ? "[, paged" : "") << (any_det ? "[, deterministic]" : "") << (any_paged || any_det ? "]" : "")
-      << "\n";
+      << (any_tail ? "[, paged" : "") << (any_det || any_bh ? "[, deterministic" : "")
+      << (any_bh ? "[, batch x kv heads]" : "") << (any_det || any_bh ? "]" : "") << (any_tail ? "]" : "") << "\n";
     for (const auto* c : list) {
       const Family& f = find_family(c->family);
       char tf[32];
       std::snprintf(tf, sizeof tf, "%.2ff", c->tflops);
       h << "    {\"" << f.name << "\", \"" << f.direction << "\", \"" << to_string(c->dtype) << "\", " << c->head_dim
         << ", " << (c->causal ? "true" : "false") << ", " << c->seq_bucket << ", " << params_initializer(f, c->config)
-        << ", " << tf << (c->deterministic ? (c->paged ? ", true, true" : ", false, true") : c->paged ? ", true" : "")
-        << "},\n";
+        << ", " << tf;
+      if (c->batch_heads > 0)
+        h << ", " << (c->paged ? "true" : "false") << ", " << (c->deterministic ? "true" : "false") << ", " << c->batch_heads;
+      else
+        h << (c->deterministic ? (c->paged ? ", true, true" : ", false, true") : c->paged ? ", true" : "");
+      h << "},\n";
       ++res.entries;
     }
     h << "};\n" << kTableStart << c_string_literal(device) << ", \"" << arch << "\", kEntries, "
@@ -231,14 +244,17 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
       << ", 0.0f},  // " << cfg << "\n";
   }
   d << "};\n\n"
+    << "// batch_heads: the call's batch x kv heads, a decoding family's second key (0: unknown, its smallest bucket).\n"
     << "constexpr Choice lookup(const char* device, const char* arch, const char* family, const char* direction,\n"
-    << "                        const char* dtype, int head_dim, bool causal, int seq) {\n"
+    << "                        const char* dtype, int head_dim, bool causal, int seq, long long batch_heads = 0) {\n"
     << "  for (const Table& t : kTables)\n"
     << "    if (t.count && str_eq(t.device, device))\n"
-    << "      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq)) return {*e, Source::device};\n"
+    << "      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads))\n"
+    << "        return {*e, Source::device};\n"
     << "  for (const Table& t : kTables)\n"
     << "    if (t.count && str_eq(t.arch, arch))\n"
-    << "      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq)) return {*e, Source::arch};\n"
+    << "      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads))\n"
+    << "        return {*e, Source::arch};\n"
     << "  for (const Entry& e : kDefaults)\n"
     << "    if (str_eq(e.family, family) && str_eq(e.direction, direction)) return {e, Source::fallback};\n"
     << "  return {Entry{\"\", \"\", \"\", 0, false, 0, {}, 0.0f}, Source::fallback};  // unknown family: family is \"\"\n"

@@ -1,5 +1,7 @@
 #include "results/select.hpp"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <exception>
 #include <map>
@@ -7,6 +9,7 @@
 #include <tuple>
 
 #include "core/family.hpp"
+#include "tuned_config.h"  // nearer_batch_heads: the emitted tables' rule, shared
 
 namespace flashtune {
 
@@ -98,7 +101,7 @@ std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& rows
 }
 
 namespace {
-using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int, bool>;
+using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int, bool, int>;
 
 // Each bucket's config valid on every problem of the bucket with the highest geometric-mean TFLOP/s,
 // from `results`.
@@ -126,8 +129,10 @@ std::map<Bucket, BucketChoice> bucket_picks(const Rows& results) {
     if (f && !f->shape_reason(p).empty()) continue;
     // Paged K/V cache rows bucket apart (the runtime's paged entry point reads them): the paged form's
     // timings are its own (pages through a block table), and its configs depend on the page size.
+    // A decoding family's buckets are per batch x kv heads as well: its pick for one sequence at 4k keys (many
+    // splits of the keys to fill the GPU) is not the pick for 64 of them (the H100's: SPLITS 8 against 1).
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket(),
-             p.paged.enabled()};
+             p.paged.enabled(), f && f->max_seq_q > 0 ? batch_kv_heads(p) : 0};
     problems[b].insert(p.str());
     if (r.status != "ok" || r.tflops <= 0 || staleness.stale(r)) continue;
     auto& s = per_config[b][r.config];
@@ -146,7 +151,8 @@ std::map<Bucket, BucketChoice> bucket_picks(const Rows& results) {
     }
     if (!best) continue;
     BucketChoice c;
-    std::tie(c.device, c.arch, c.family, c.direction, std::ignore, c.head_dim, std::ignore, c.seq_bucket, c.paged) = b;
+    std::tie(c.device, c.arch, c.family, c.direction, std::ignore, c.head_dim, std::ignore, c.seq_bucket, c.paged,
+             c.batch_heads) = b;
     c.dtype = parse_dtype(std::get<4>(b));
     c.causal = std::get<6>(b) != 0;
     c.config = *best;
@@ -189,17 +195,30 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& rows,
   return out;
 }
 
-const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p, bool deterministic) {
-  const BucketChoice* pick = nullptr;
-  const bool paged = p.paged.enabled();
+int batch_kv_heads(const Problem& p) { return (int)std::clamp<long long>(p.batch_kv_heads(), 0, INT_MAX); }
+
+const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, int seq_bucket, long long batch_heads,
+                                bool paged, bool deterministic) {
+  const long long want = std::clamp<long long>(batch_heads, 1, INT_MAX);
+  int keyed = 0;  // the nearest batch x kv heads of the buckets keyed by it; 0: none is
   for (const auto& c : choices)
-    if (c.paged == paged && c.deterministic == deterministic && c.seq_bucket >= p.seq_bucket() &&
-        (!pick || c.seq_bucket < pick->seq_bucket))
-      pick = &c;
+    if (c.paged == paged && c.deterministic == deterministic && c.batch_heads > 0 &&
+        (keyed == 0 || tuned::nearer_batch_heads(want, c.batch_heads, keyed)))
+      keyed = c.batch_heads;
+  auto of_class = [&](const BucketChoice& c) {
+    return c.paged == paged && c.deterministic == deterministic && std::max(c.batch_heads, 0) == keyed;
+  };
+  const BucketChoice* pick = nullptr;
+  for (const auto& c : choices)
+    if (of_class(c) && c.seq_bucket >= seq_bucket && (!pick || c.seq_bucket < pick->seq_bucket)) pick = &c;
   if (!pick)
     for (const auto& c : choices)
-      if (c.paged == paged && c.deterministic == deterministic && (!pick || c.seq_bucket > pick->seq_bucket)) pick = &c;
+      if (of_class(c) && (!pick || c.seq_bucket > pick->seq_bucket)) pick = &c;
   return pick;
+}
+
+const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p, bool deterministic) {
+  return pick_bucket(choices, p.seq_bucket(), batch_kv_heads(p), p.paged.enabled(), deterministic);
 }
 
 StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Problem& p) {

@@ -35,18 +35,29 @@ struct BucketChoice {
   // Among the configs whose family calls them bitwise reproducible only (Family::reproducible): the pick a
   // deterministic backward takes (best_per_bucket(..., true)); buckets of their own in the tables.
   bool deterministic = false;
+  // A decoding family's (Family::max_seq_q) buckets are keyed by batch x kv heads too (batch_kv_heads of their
+  // problems: decode_bf16.json's B 1, 8, 64 with 8 kv heads make 8, 64, 512): how many (sequence, kv head) pairs
+  // the grid has decides how far the keys are split. 0 for every other family: its buckets span every batch.
+  int batch_heads = 0;
 };
+
+// A problem's batch x kv heads: batch x heads_k (heads where heads_k is 0, multi-head), at most 2^31 - 1.
+int batch_kv_heads(const Problem& p);
 
 // A config must be valid on every problem of its bucket; among those the highest geometric-mean
 // TFLOP/s wins (so one huge shape does not dominate). Paged rows make buckets apart from dense ones.
 // deterministic: among the reproducible configs only, each choice marked so.
 std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results, bool deterministic = false);
 
-// The choice a problem gets (as the emitted headers do): the smallest bucket that holds its
-// sequence length, else the largest there is, among the paged buckets for a paged problem and the dense
-// ones otherwise; nullptr when there is none.
+// The choice a problem gets (as the emitted headers do, tuned::find_in): among the buckets keyed by batch x kv
+// heads, those of the value nearest the problem's (by ratio, a tie to the smaller; the others span every batch);
+// of them the smallest bucket that holds its sequence length, else the largest there is; among the paged buckets
+// for a paged problem and the dense ones otherwise; nullptr when there is none.
 // Only choices whose `deterministic` equals the argument.
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p, bool deterministic = false);
+// The same for a sequence bucket, batch x kv heads (0: unknown, taken as 1) and paged or not.
+const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, int seq_bucket, long long batch_heads,
+                                bool paged, bool deterministic);
 
 // The stored config a measurement of problem p runs (experiment, run --best), from one family's results on
 // one device: the problem's own best ("problem"), else its sequence bucket's ("bucket"; multi-head dense

@@ -27,6 +27,11 @@ struct Entry {
   // The bucket's best bitwise-reproducible config (a backward whose gradients are equal bit for bit from run
   // to run): only a deterministic lookup takes it, and a deterministic lookup takes nothing else.
   bool deterministic = false;
+  // Batch x kv heads (heads_k, or heads for multi-head) of the problem the entry was tuned on: a decoding
+  // family's second key (its split of the keys depends on how many (sequence, kv head) pairs fill the GPU).
+  // 0: the entry serves every batch and head count (every other family's entries, and tables emitted before
+  // this key). Last, so that older initializers leave it out.
+  int batch_heads = 0;
 };
 
 struct Table {
@@ -48,17 +53,39 @@ constexpr bool str_eq(const char* a, const char* b) {
   return *a == *b;
 }
 
-// The entry for (family, direction, dtype, d, causal) whose bucket is the smallest that
-// holds seq; past the largest bucket, the largest. nullptr when none matches. Dense entries unless
-// `paged` (then the paged K/V cache entries only); the deterministic entries only when `deterministic`, else none.
+// Whether batch x kv heads `a` is nearer `want` than `b` is: by ratio (|log2(a / want)| against |log2(b / want)|,
+// compared in integers), a tie to the smaller. All three positive and below 2^31.
+constexpr bool nearer_batch_heads(long long want, long long a, long long b) {
+  const long long ra_num = a > want ? a : want, ra_den = a > want ? want : a;  // ratio a/want >= 1
+  const long long rb_num = b > want ? b : want, rb_den = b > want ? want : b;
+  const long long lhs = ra_num * rb_den, rhs = rb_num * ra_den;
+  return lhs < rhs || (lhs == rhs && a < b);
+}
+
+// The entry for (family, direction, dtype, d, causal): among the entries keyed by batch x kv heads (a decoding
+// family's, Entry::batch_heads > 0), those of the value nearest `batch_heads` by ratio (a tie to the smaller; 0 or
+// less: unknown, taken as 1), else those that serve every batch; of them, the one whose bucket is the smallest that
+// holds seq, past the largest bucket the largest. nullptr when none matches. Dense entries unless `paged` (then the
+// paged K/V cache entries only); the deterministic entries only when `deterministic`, else none.
 constexpr const Entry* find_in(const Table& t, const char* family, const char* direction, const char* dtype,
-                               int head_dim, bool causal, int seq, bool paged = false, bool deterministic = false) {
+                               int head_dim, bool causal, int seq, bool paged = false, bool deterministic = false,
+                               long long batch_heads = 0) {
+  const long long want = batch_heads > 0 ? (batch_heads < 2147483647LL ? batch_heads : 2147483647LL) : 1;
+  int keyed = 0;  // the nearest batch x kv heads among the matching entries; 0: none is keyed by it
+  for (int i = 0; i < t.count; ++i) {
+    const Entry& e = t.entries[i];
+    if (!str_eq(e.family, family) || !str_eq(e.direction, direction) || !str_eq(e.dtype, dtype) ||
+        e.head_dim != head_dim || e.causal != causal || e.paged != paged || e.deterministic != deterministic)
+      continue;
+    if (e.batch_heads > 0 && (keyed == 0 || nearer_batch_heads(want, e.batch_heads, keyed))) keyed = e.batch_heads;
+  }
   const Entry* best = nullptr;
   const Entry* largest = nullptr;
   for (int i = 0; i < t.count; ++i) {
     const Entry& e = t.entries[i];
     if (!str_eq(e.family, family) || !str_eq(e.direction, direction) || !str_eq(e.dtype, dtype) ||
-        e.head_dim != head_dim || e.causal != causal || e.paged != paged || e.deterministic != deterministic)
+        e.head_dim != head_dim || e.causal != causal || e.paged != paged || e.deterministic != deterministic ||
+        (e.batch_heads > 0 ? e.batch_heads : 0) != keyed)
       continue;
     if (!largest || e.seq_max > largest->seq_max) largest = &e;
     if (e.seq_max >= seq && (!best || e.seq_max < best->seq_max)) best = &e;

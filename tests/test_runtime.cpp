@@ -352,9 +352,9 @@ TEST(RuntimeLookup, QueryLengthRange) {
 }
 
 // Decoding through the committed tables: every entry of a family with a query-length range (the H100's
-// decode_splitkv rows) is picked, with its config, for a call inside the range with that entry's key,
-// grouped-query or multi-head, and never past the range; a call the tables hold no such entry for gets the
-// family a longer query would (the dense choice).
+// decode_splitkv rows) is picked, with its config, for a call inside the range with that entry's key (sequence
+// bucket and batch x kv heads), grouped-query or multi-head, and never past the range; a call the tables hold no
+// such entry for gets the family a longer query would (the dense choice).
 TEST(RuntimeLookup, DecodeFromTheCommittedTables) {
   const TableSet ts = generated_tables();
   int seen = 0;
@@ -370,11 +370,12 @@ TEST(RuntimeLookup, DecodeFromTheCommittedTables) {
       for (bool gqa : {true, false})
         for (int seq_q : {1, f.max_seq_q}) {
           Query q = query(t.device, t.arch, e.direction, parse_dtype(e.dtype), e.head_dim, e.causal, e.seq_max);
-          q.gqa = gqa, q.seq_q = seq_q;
+          q.gqa = gqa, q.seq_q = seq_q, q.batch_heads = e.batch_heads;
           const Pick p = choose(ts, q);
           ASSERT_EQ(p.family, &f);
           EXPECT_EQ(p.source, "device");
           EXPECT_EQ(p.config, Config(e.params, e.params + f.params.size()));
+          EXPECT_EQ(p.bucket.empty(), e.batch_heads == 0) << p.bucket;
           q.seq_q = f.max_seq_q + 1;
           EXPECT_NE(choose(ts, q).family, &f);
         }
@@ -389,6 +390,61 @@ TEST(RuntimeLookup, DecodeFromTheCommittedTables) {
   EXPECT_EQ(choose(ts, q).family, dense);
 }
 
+// Issue 31: the decode buckets are keyed by (batch x kv heads, Sk). On the committed H100 table (decode_bf16.json:
+// Hq 32, Hk 8, d 128, B 1/8/64 x Sk 4k/32k/128k) B 64 at 4k keys runs its own tuned pick (SPLITS 1), not B 1's;
+// other batches take the nearest tuned batch x kv heads by ratio, and explain()'s bucket text says which.
+TEST(RuntimeLookup, DecodeBucketsByBatchTimesKvHeads) {
+  const TableSet ts = generated_tables();
+  const tuned::Table* h100 = nullptr;
+  for (int i = 0; i < ts.count; ++i)
+    if (std::string(ts.tables[i].device) == "NVIDIA H100 80GB HBM3") h100 = &ts.tables[i];
+  ASSERT_NE(h100, nullptr);
+  const Family& f = find_family("decode_splitkv");
+  auto decode = [&](int batch, int seq_k, int heads_k = 8) {
+    Query q = query(h100->device, h100->arch, "fwd", DType::bf16, 128, false, seq_k);
+    q.gqa = heads_k != 32, q.seq_q = 1, q.batch_heads = (long long)batch * heads_k;
+    const Pick p = choose(ts, q);
+    EXPECT_EQ(p.family, &f) << batch << " x " << heads_k << " at " << seq_k;
+    return p;
+  };
+  std::set<long long> tuned_bh;
+  for (int k = 0; k < h100->count; ++k)
+    if (std::string(h100->entries[k].family) == "decode_splitkv") tuned_bh.insert(h100->entries[k].batch_heads);
+  EXPECT_EQ(tuned_bh, (std::set<long long>{8, 64, 512})) << "B 1, 8, 64 with 8 kv heads";
+  const Pick b64 = decode(64, 4096);
+  EXPECT_EQ(b64.config[0], 1) << "B 64 at 4k: the tuned B 64 pick (SPLITS 1)";
+  EXPECT_EQ(b64.bucket, "batch x kv heads 512 (of 8, 64, 512), Sk <= 4096");
+  const Pick b1 = decode(1, 4096);
+  EXPECT_GT(b1.config[0], 1) << "B 1 at 4k: its own pick splits the keys";
+  EXPECT_EQ(b1.bucket, "batch x kv heads 8 (of 8, 64, 512), Sk <= 4096");
+  EXPECT_NE(b1.config, b64.config);
+  // Between tuned values: the nearest by ratio, a tie to the smaller; past them, the outermost.
+  EXPECT_EQ(decode(2, 4096).config, b1.config);      // 16: 2x from 8, 4x from 64
+  EXPECT_EQ(decode(16, 4096).config, decode(8, 4096).config);   // 128: 2x from 64, 4x from 512
+  EXPECT_EQ(decode(32, 4096).config, b64.config);    // 256: 2x from 512
+  EXPECT_EQ(decode(1000, 4096).config, b64.config);
+  EXPECT_EQ(decode(8, 4096, 1).config, b1.config);   // 8 sequences of one kv head: 8
+  EXPECT_EQ(decode(16, 4096, 32).config, b64.config); // multi-head: batch x heads = 512
+  EXPECT_EQ(decode(64, 131072).bucket, "batch x kv heads 512 (of 8, 64, 512), Sk <= 131072");
+  // Unknown batch x kv heads (0): the smallest, the single-sequence pick.
+  Query q = query(h100->device, h100->arch, "fwd", DType::bf16, 128, false, 4096);
+  q.gqa = true, q.seq_q = 1;
+  EXPECT_EQ(choose(ts, q).config, b1.config);
+  // The committed tables' decoding entries are all keyed (re-emitted since), and only theirs are.
+  for (int i = 0; i < ts.count; ++i)
+    for (int k = 0; k < ts.tables[i].count; ++k) {
+      const tuned::Entry& e = ts.tables[i].entries[k];
+      EXPECT_EQ(e.batch_heads > 0, find_family(e.family).max_seq_q > 0) << ts.tables[i].device << " " << e.family;
+    }
+  // A general family's pick has no bucket text.
+  Query prefill = query(h100->device, h100->arch, "fwd", DType::bf16, 128, false, 4096);
+  prefill.seq_q = 4096, prefill.batch_heads = 64;
+  const Pick g = choose(ts, prefill);
+  ASSERT_NE(g.family, nullptr);
+  EXPECT_EQ(g.family->max_seq_q, 0);
+  EXPECT_EQ(g.bucket, "");
+}
+
 // A results store that holds rows of the decoding family for this device makes it the pick inside its range
 // (as a device table entry would), with the stored config; past the range, or without the store, it is not.
 TEST(RuntimeLookup, DecodeFromAResultsStore) {
@@ -396,6 +452,7 @@ TEST(RuntimeLookup, DecodeFromAResultsStore) {
   const std::string dir = temp_dir("db-decode");
   const std::string db = dir + "/results.db";
   const Config tuned = f.parse_config("SPLITS=4,BLOCK_N=128,WARPS=4,STAGES=1");
+  const Config tuned64 = f.parse_config("SPLITS=1,BLOCK_N=256,WARPS=4,STAGES=1");  // B 64's: a bucket of its own
   ASSERT_NE(tuned, f.default_config);
   {
     Store s(db);
@@ -404,14 +461,26 @@ TEST(RuntimeLookup, DecodeFromAResultsStore) {
     ResultRecord r = fixture::fixture_result(f.config_string(tuned), p, "ok", 0.05);
     r.family = f.name;
     s.put_result(r, fixture::fixture_device("GPU S", "sm_90"));
+    p.batch = 64;
+    r = fixture::fixture_result(f.config_string(tuned64), p, "ok", 0.05);
+    r.family = f.name;
+    s.put_result(r, fixture::fixture_device("GPU S", "sm_90"));
   }
   const TableSet none{nullptr, 0};
   Query q = query("GPU S", "sm_90", "fwd", DType::bf16, 128, false, 4096);
-  q.gqa = true, q.seq_q = 1;
+  q.gqa = true, q.seq_q = 1, q.batch_heads = 64;
   Pick p = choose(none, q, db);
   ASSERT_EQ(p.family, &f);
   EXPECT_EQ(p.source, "db");
   EXPECT_EQ(p.config, tuned);
+  EXPECT_EQ(p.bucket, "batch x kv heads 64 (of 64, 512), Sk <= 4096");
+  q.batch_heads = 512;
+  EXPECT_EQ(choose(none, q, db).config, tuned64);
+  q.batch_heads = 300;  // nearer 512 than 64 by ratio
+  EXPECT_EQ(choose(none, q, db).config, tuned64);
+  q.batch_heads = 0;  // unknown: the smallest
+  EXPECT_EQ(choose(none, q, db).config, tuned);
+  q.batch_heads = 64;
   EXPECT_NE(choose(none, q).family, &f);  // untabled, no store: never the ranged family
   q.gqa = false;                          // a multi-head call takes the GQA-tuned bucket too
   EXPECT_EQ(choose(none, q, db).family, &f);
@@ -555,7 +624,7 @@ TEST(RuntimeLookup, PagedFromTheCommittedTables) {
       const Config c(e.params, e.params + f.params.size());
       SCOPED_TRACE(std::string(t.device) + " " + f.config_string(c) + " seq " + std::to_string(e.seq_max));
       Query q = query(t.device, t.arch, e.direction, parse_dtype(e.dtype), e.head_dim, e.causal, e.seq_max);
-      q.gqa = true, q.seq_q = 1;
+      q.gqa = true, q.seq_q = 1, q.batch_heads = e.batch_heads;
       for (int page : {16, 32, 64, 128, 256, 512, 4096}) {
         q.page_size = page;
         const Pick p = choose(ts, q);
@@ -574,7 +643,8 @@ TEST(RuntimeLookup, PagedFromTheCommittedTables) {
         }
       }
       q.page_size = 0;  // the dense call of the bucket: never the paged entry's row
-      const tuned::Entry* dense = tuned::find_in(t, e.family, e.direction, e.dtype, e.head_dim, e.causal, e.seq_max);
+      const tuned::Entry* dense =
+          tuned::find_in(t, e.family, e.direction, e.dtype, e.head_dim, e.causal, e.seq_max, false, false, e.batch_heads);
       if (dense) EXPECT_EQ(choose(ts, q).config, Config(dense->params, dense->params + f.params.size()));
     }
   EXPECT_GT(seen, 0) << "no paged entry in the committed tables (configs/generated)";
@@ -948,6 +1018,8 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
       for (int d : {-1, 0, 1}) seqs.push_back(ts.tables[i].entries[j].seq_max + d);
   // Contiguous K/V (0), and paged caches of page sizes the plan does not list (it lists powers of two).
   const int page_sizes[] = {0, 16, 32, 48, 96, 160, 192, 256, 384, 768, 1000, 1280, 65536};
+  // Unknown (the smallest), and values between the tables' own (8, 64, 512) that the nearest rule sends to 64 and 512.
+  const std::vector<long long> decode_bh = {0, 23, 182};
   for (const char* entry : {"80", "90", "90a"}) {
     const AotArch a = parse_aot_arch(entry);
     std::vector<std::string> devices = {"Some Other GPU"};  // and the tabled devices of this arch
@@ -984,27 +1056,32 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
               for (int seq : seqs)
                 for (int seq_q : {0, 1, 16, 17})
                   for (bool varlen : {false, true})
-                    for (int page : page_sizes) {  // other page sizes than the plan's own
-                      if (varlen && page) continue;
-                      Query q = query(device, a.arch, dir, t, d, causal, seq);
-                      q.seq_q = seq_q, q.varlen = varlen, q.page_size = page;
-                      const Pick p = choose(ts, q);
-                      if (!p.family) continue;
-                      if (p.family->hopper_only && !a.hopper) {
-                        hopper_skipped = true;
-                        continue;
+                    for (int page : page_sizes)  // other page sizes than the plan's own
+                      // decoding queries (16-bit forwards inside the decoding family's range): batch x kv heads
+                      // between and past the tables' own too
+                      for (long long bh : seq_q == 1 && !varlen && t != DType::fp32 && std::string(dir) == "fwd"
+                                              ? decode_bh : std::vector<long long>{0}) {
+                        if (varlen && page) continue;
+                        Query q = query(device, a.arch, dir, t, d, causal, seq);
+                        q.seq_q = seq_q, q.varlen = varlen, q.page_size = page, q.batch_heads = bh;
+                        const Pick p = choose(ts, q);
+                        if (!p.family) continue;
+                        if (p.family->hopper_only && !a.hopper) {
+                          hopper_skipped = true;
+                          continue;
+                        }
+                        for (const Config& c : {p.config, fallback_config(*p.family, q)}) {
+                          const Variant v{p.family, c, d, causal, t, varlen, page > 0};
+                          const std::string key = p.family->name + " " + p.family->config_string(c) + " d=" +
+                                                  std::to_string(d) + " " + to_string(t) + (causal ? " causal" : "") +
+                                                  (varlen ? " packed" : "") + (page ? " paged" : "");
+                          if (!picked.count(key))
+                            picked.emplace(key, std::pair{v, "seq " + std::to_string(seq) + " Sq " + std::to_string(seq_q) +
+                                                                 " BxHk " + std::to_string(bh) +
+                                                                 (page ? " page " + std::to_string(page) : "") + " on " +
+                                                                 device});
+                        }
                       }
-                      for (const Config& c : {p.config, fallback_config(*p.family, q)}) {
-                        const Variant v{p.family, c, d, causal, t, varlen, page > 0};
-                        const std::string key = p.family->name + " " + p.family->config_string(c) + " d=" +
-                                                std::to_string(d) + " " + to_string(t) + (causal ? " causal" : "") +
-                                                (varlen ? " packed" : "") + (page ? " paged" : "");
-                        if (!picked.count(key))
-                          picked.emplace(key, std::pair{v, "seq " + std::to_string(seq) + " Sq " + std::to_string(seq_q) +
-                                                               (page ? " page " + std::to_string(page) : "") + " on " +
-                                                               device});
-                      }
-                    }
     for (const auto& [key, vq] : picked) {
       const std::string h = compiler.variant_hash(vq.first);
       needed.insert(h);

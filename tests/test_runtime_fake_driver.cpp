@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/family.hpp"
+#include "core/nvrtc_api.hpp"
 #include "core/util.hpp"
 #include "disk_cache.hpp"
 #include "fake_driver/load.hpp"
@@ -406,6 +407,33 @@ TEST(FakeDriver, DISABLED_Child) {
 // parameters. Then a stored LOAD 1 config ($FLASHTUNE_DB): the runtime's workspace holds the tile images
 // of every query head (the dK/dV kernel's p.workspace and its bytes lie inside a caller's workspace of
 // ft_backward_workspace_bytes).
+// No NVRTC on the machine ($FLASHTUNE_NVRTC naming a file that is not there stands for it): a call and its explain
+// fail with FT_COMPILE_ERROR and one line saying what was looked for, not an "internal error".
+TEST(FakeDriver, NoNvrtcIsOneLine) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  EXPECT_EQ(spawn_child("no-nvrtc", "DISABLED_NoNvrtcChild"), 0);
+}
+
+TEST(FakeDriver, DISABLED_NoNvrtcChild) {
+  ASSERT_STREQ(std::getenv("FT_FAKE_CHILD"), "no-nvrtc") << "run by FakeDriver.NoNvrtcIsOneLine";
+  fake().hook = play;
+  const std::string cache = make_private_tmpdir("ft-fake-nonvrtc");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  setenv("FLASHTUNE_NVRTC", "/nonexistent/libnvrtc.so", 1);
+  Buffers buf;
+  ft_forward_args a = buf.fwd();
+  EXPECT_EQ(ft_attention_forward(&a, nullptr), FT_COMPILE_ERROR);
+  const std::string err = ft_last_error();
+  EXPECT_EQ(err, "cannot load NVRTC " + std::to_string(nvrtc_major_needed()) + " (libnvrtc.so." +
+                     std::to_string(nvrtc_major_needed()) +
+                     "): FLASHTUNE_NVRTC='/nonexistent/libnvrtc.so' does not exist; unset it to search the usual places");
+  char text[512];
+  EXPECT_EQ(ft_explain_forward_text(&a, text, sizeof text), FT_COMPILE_ERROR);
+  EXPECT_EQ(std::string(ft_last_error()), err);
+  fake().hook = nullptr;
+  fs::remove_all(cache);
+}
+
 TEST(FakeDriver, GroupedQueryHeadsHopperBackward) {
   if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
   EXPECT_EQ(spawn_child("gqa-hopper", "DISABLED_HopperGqaChild"), 0);
@@ -884,6 +912,15 @@ TEST(FakeDriver, DISABLED_HopperDecodeAndPackedChild) {
   ft_explanation e2;
   ASSERT_EQ(ft_explain_forward(&a, &e2), FT_OK) << ft_last_error();
   EXPECT_EQ(std::string(e2.config), e.config);
+  // The decode bucket by (batch x kv heads, Sk): 2 x 8 = 16 takes the tuned 8's (B 1), nearer by ratio than 64;
+  // 64 sequences (512) their own tuned pick, one split of the keys (issue 31). explain() names the bucket.
+  EXPECT_NE(explain_fwd(a).find("(config: device, bucket: batch x kv heads 8 (of 8, 64, 512), Sk <= 4096, kernel: "),
+            std::string::npos) << explain_fwd(a);
+  a.batch = 64;  // explain only: nothing is read
+  const std::string b64 = explain_fwd(a);
+  EXPECT_NE(b64.find("decode_splitkv SPLITS=1,"), std::string::npos) << b64;
+  EXPECT_NE(b64.find("bucket: batch x kv heads 512 (of 8, 64, 512), Sk <= 4096"), std::string::npos) << b64;
+  a.batch = Bd;
   const Family& dec = find_family("decode_splitkv");
   const Config c = dec.parse_config(e.config);
   Problem p;

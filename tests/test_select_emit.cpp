@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/family.hpp"
@@ -261,9 +262,9 @@ TEST(Select, PagedRowsBucketApart) {
   const EmitResult res = emit_headers(choices, dir.string(), "flashtune emit --db x --out y");
   EXPECT_EQ(res.entries, 2);
   const std::string gpu = slurp(dir / "sm90_gpu_a.hpp");
-  EXPECT_NE(gpu.find("{\"decode_splitkv\", \"fwd\", \"bf16\", 128, false, 4096, {4, 128, 4, 1}, 20.00f},"),
+  EXPECT_NE(gpu.find("{\"decode_splitkv\", \"fwd\", \"bf16\", 128, false, 4096, {4, 128, 4, 1}, 20.00f, false, false, 64},"),
             std::string::npos) << gpu;
-  EXPECT_NE(gpu.find("{\"decode_splitkv\", \"fwd\", \"bf16\", 128, false, 4096, {8, 64, 4, 2}, 9.00f, true},"),
+  EXPECT_NE(gpu.find("{\"decode_splitkv\", \"fwd\", \"bf16\", 128, false, 4096, {8, 64, 4, 2}, 9.00f, true, false, 64},"),
             std::string::npos) << gpu;
   EXPECT_NE(gpu.find("Entries ending in `true` were measured on paged K/V caches"), std::string::npos) << gpu;
   fs::remove_all(dir);
@@ -280,4 +281,133 @@ TEST(Select, PagedRowsBucketApart) {
   wrong.family = "fa2_mma", wrong.config = "BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2";
   EXPECT_THROW(emit_headers({wrong}, dir.string(), "x"), UsageError);
   fs::remove_all(dir);
+}
+
+// A decoding family's buckets are keyed by batch x kv heads as well as the sequence (issue 31: the H100's B 64 at
+// 4k keys ran B 1's SPLITS 8 where its own tuned pick was SPLITS 1): each (batch x kv heads, sequence) gets the
+// config fastest there, and another family's buckets still span every batch.
+TEST(Select, DecodeBucketsByBatchTimesKvHeads) {
+  const Family& f = find_family("decode_splitkv");
+  auto row = [&](const char* cfg, int batch, int seq_k, double tflops) {
+    ResultRecord r;
+    r.family = f.name, r.direction = f.direction, r.config = cfg, r.status = "ok";
+    r.problem = Problem{batch, 32, 1, seq_k, 128, DType::bf16, false};
+    r.problem.heads_k = 8;
+    r.tflops = tflops, r.reps = kFullTimingReps, r.device_name = "GPU A", r.arch = "sm_90";
+    return r;
+  };
+  const char* many = "SPLITS=8,BLOCK_N=256,WARPS=4,STAGES=1";
+  const char* one = "SPLITS=1,BLOCK_N=256,WARPS=4,STAGES=1";
+  // B 1: many splits fastest; B 64: one split fastest; both configs valid on both.
+  std::vector<ResultRecord> rows = {row(many, 1, 4096, 7), row(one, 1, 4096, 2), row(many, 64, 4096, 8),
+                                    row(one, 64, 4096, 12), row(many, 1, 32768, 10), row(one, 1, 32768, 3)};
+  const std::vector<BucketChoice> choices = best_per_bucket(rows);
+  ASSERT_EQ(choices.size(), 3u);
+  std::map<std::pair<int, int>, std::string> by_key;
+  for (const auto& c : choices) by_key[{c.batch_heads, c.seq_bucket}] = c.config;
+  EXPECT_EQ(by_key[std::make_pair(8, 4096)], many);
+  EXPECT_EQ(by_key[std::make_pair(512, 4096)], one);
+  EXPECT_EQ(by_key[std::make_pair(8, 32768)], many);
+  EXPECT_EQ(batch_kv_heads(rows[2].problem), 512);
+  Problem mha = rows[0].problem;
+  mha.heads_k = 0;
+  EXPECT_EQ(batch_kv_heads(mha), 32) << "multi-head: batch x heads";
+
+  // pick_bucket: the nearest batch x kv heads by ratio (a tie to the smaller; unknown: the smallest), then the
+  // smallest sequence bucket that holds the problem's, else the largest of that batch x kv heads.
+  auto pick = [&](long long bh, int seq) {
+    const BucketChoice* c = pick_bucket(choices, seq, bh, false, false);
+    return c ? std::to_string(c->batch_heads) + "@" + std::to_string(c->seq_bucket) : std::string("none");
+  };
+  EXPECT_EQ(pick(512, 4096), "512@4096");
+  EXPECT_EQ(pick(8, 4096), "8@4096");
+  EXPECT_EQ(pick(0, 4096), "8@4096");
+  EXPECT_EQ(pick(1, 1000), "8@4096");
+  EXPECT_EQ(pick(63, 4096), "8@4096");     // 63/8 = 7.9 < 512/63 = 8.1
+  EXPECT_EQ(pick(65, 4096), "512@4096");   // 512/65 = 7.9 < 65/8 = 8.1
+  EXPECT_EQ(pick(64, 4096), "8@4096");     // a tie (8x either way): the smaller
+  EXPECT_EQ(pick(1 << 30, 4096), "512@4096");
+  EXPECT_EQ(pick(512, 32768), "512@4096") << "past its largest sequence bucket: that largest";
+  EXPECT_EQ(pick(8, 20000), "8@32768");
+  EXPECT_EQ(pick(8, 1 << 20), "8@32768");
+  EXPECT_EQ(pick(512, 4096), pick(512, 1));
+  Problem p = rows[3].problem;
+  ASSERT_NE(pick_bucket(choices, p), nullptr);
+  EXPECT_EQ(pick_bucket(choices, p)->config, one);
+  EXPECT_EQ(pick_bucket(choices, 4096, 512, true, false), nullptr) << "no paged bucket";
+
+  // The general families' buckets are not keyed by it: batches of one bucket share a pick.
+  const Family& g = find_family("fa2_mma");
+  ResultRecord a = row("BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2", 1, 4096, 100), b = a;
+  a.family = b.family = g.name;
+  a.problem.seq_q = b.problem.seq_q = 4096;
+  a.problem.heads_k = b.problem.heads_k = 0;
+  b.problem.batch = 64;
+  const std::vector<BucketChoice> general = best_per_bucket({a, b});
+  ASSERT_EQ(general.size(), 1u);
+  EXPECT_EQ(general[0].batch_heads, 0);
+  EXPECT_EQ(general[0].problems, 2);
+
+  // Emitted as entries ending in (paged, deterministic, batch x kv heads); the header's find_in takes them by the
+  // same rule as pick_bucket, and a batch x kv heads bucket of a family without a query-length range is refused.
+  auto dir = fs::temp_directory_path() / ("flashtune_emit_bh_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const EmitResult res = emit_headers(choices, dir.string(), "flashtune emit --db x --out y");
+  EXPECT_EQ(res.entries, 3);
+  const std::string gpu = slurp(dir / "sm90_gpu_a.hpp");
+  EXPECT_NE(gpu.find("{\"decode_splitkv\", \"fwd\", \"bf16\", 128, false, 4096, {1, 256, 4, 1}, 12.00f, false, false, 512},"),
+            std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("{\"decode_splitkv\", \"fwd\", \"bf16\", 128, false, 4096, {8, 256, 4, 1}, 7.00f, false, false, 8},"),
+            std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("[, batch x kv heads]"), std::string::npos) << gpu;
+  EXPECT_NE(slurp(dir / "dispatch.hpp").find("long long batch_heads = 0"), std::string::npos);
+  BucketChoice wrong = general[0];
+  wrong.batch_heads = 64;
+  EXPECT_THROW(emit_headers({wrong}, dir.string(), "x"), UsageError);
+  wrong = choices[0];
+  wrong.batch_heads = -1;
+  EXPECT_THROW(emit_headers({wrong}, dir.string(), "x"), UsageError);
+  fs::remove_all(dir);
+}
+
+// tuned::find_in's batch x kv heads rule on a hand-made table, and a table without the key (emitted before it, or
+// a family's entries that never have it) read as before: every batch takes its sequence bucket.
+TEST(Select, FindInNearestBatchTimesKvHeads) {
+  const tuned::Entry keyed[] = {
+      {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {16, 256, 4, 1}, 1.0f, false, false, 8},
+      {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {4, 128, 4, 1}, 2.0f, false, false, 64},
+      {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 256, 4, 1}, 3.0f, false, false, 512},
+      {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 8, 1}, 4.0f, false, false, 8},
+      {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {2, 256, 4, 1}, 5.0f, true, false, 512},
+  };
+  const tuned::Table t{"GPU A", "sm_90", keyed, 5};
+  auto at = [&](long long bh, int seq, bool paged = false) {
+    const tuned::Entry* e = tuned::find_in(t, "decode_splitkv", "fwd", "bf16", 128, false, seq, paged, false, bh);
+    return e ? (int)(e - keyed) : -1;
+  };
+  EXPECT_EQ(at(8, 4096), 0);
+  EXPECT_EQ(at(64, 4096), 1);
+  EXPECT_EQ(at(512, 4096), 2);
+  EXPECT_EQ(at(0, 4096), 0) << "unknown: the smallest";
+  EXPECT_EQ(at(-5, 4096), 0);
+  EXPECT_EQ(at(22, 4096), 0);   // 22/8 = 2.75 < 64/22 = 2.9
+  EXPECT_EQ(at(23, 4096), 1);   // 64/23 = 2.78 < 23/8 = 2.875
+  EXPECT_EQ(at(181, 4096), 1);  // 181/64 = 2.83 < 512/181 = 2.83 (by a hair)
+  EXPECT_EQ(at(182, 4096), 2);
+  EXPECT_EQ(at(1LL << 40, 4096), 2) << "past 2^31: the largest";
+  EXPECT_EQ(at(8, 10000), 3);
+  EXPECT_EQ(at(512, 10000), 2) << "its own largest sequence bucket, not another batch's";
+  EXPECT_EQ(at(8, 4096, true), 4) << "paged entries: their own batch x kv heads";
+  static_assert(tuned::nearer_batch_heads(100, 64, 512));
+  static_assert(!tuned::nearer_batch_heads(300, 64, 512));
+  static_assert(tuned::nearer_batch_heads(16, 8, 32) && !tuned::nearer_batch_heads(16, 32, 8));  // a tie: the smaller
+  // The same table without the key: the sequence bucket alone, for every batch (the format before issue 31).
+  const tuned::Entry plain[] = {{"decode_splitkv", "fwd", "bf16", 128, false, 4096, {16, 256, 4, 1}, 1.0f},
+                                {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 8, 1}, 4.0f}};
+  const tuned::Table old{"GPU A", "sm_90", plain, 2};
+  for (long long bh : {0LL, 8LL, 512LL}) {
+    EXPECT_EQ(tuned::find_in(old, "decode_splitkv", "fwd", "bf16", 128, false, 4096, false, false, bh), &plain[0]);
+    EXPECT_EQ(tuned::find_in(old, "decode_splitkv", "fwd", "bf16", 128, false, 5000, false, false, bh), &plain[1]);
+  }
+  EXPECT_EQ(tuned::find_in(old, "decode_splitkv", "fwd", "bf16", 128, false, 4096), &plain[0]);
 }

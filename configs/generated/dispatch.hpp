@@ -28,14 +28,17 @@ inline constexpr Entry kDefaults[] = {
     {"decode_splitkv", "fwd", "*", 0, false, 0, {16, 64, 4, 2}, 0.0f},  // SPLITS=16,BLOCK_N=64,WARPS=4,STAGES=2
 };
 
+// batch_heads: the call's batch x kv heads, a decoding family's second key (0: unknown, its smallest bucket).
 constexpr Choice lookup(const char* device, const char* arch, const char* family, const char* direction,
-                        const char* dtype, int head_dim, bool causal, int seq) {
+                        const char* dtype, int head_dim, bool causal, int seq, long long batch_heads = 0) {
   for (const Table& t : kTables)
     if (t.count && str_eq(t.device, device))
-      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq)) return {*e, Source::device};
+      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads))
+        return {*e, Source::device};
   for (const Table& t : kTables)
     if (t.count && str_eq(t.arch, arch))
-      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq)) return {*e, Source::arch};
+      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads))
+        return {*e, Source::arch};
   for (const Entry& e : kDefaults)
     if (str_eq(e.family, family) && str_eq(e.direction, direction)) return {e, Source::fallback};
   return {Entry{"", "", "", 0, false, 0, {}, 0.0f}, Source::fallback};  // unknown family: family is ""

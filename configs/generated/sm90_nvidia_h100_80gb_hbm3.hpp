@@ -19,14 +19,29 @@ namespace sm90_nvidia_h100_80gb_hbm3 {
 // them, where the family's paged form takes the call's page size (decode_splitkv: BLOCK_N divides it).
 // Entries ending in `false, true` are the best bitwise-reproducible config of their bucket: only a
 // deterministic backward reads them (and reads nothing else).
+// Entries with a third value after TFLOP/s are a decoding family's buckets by (batch x kv heads, sequence):
+// the problem's batch x heads_k. A lookup takes the batch x kv heads nearest the call's (by ratio, a tie to
+// the smaller), then among those the sequence bucket as for every entry (tuned_config.h, find_in).
 inline constexpr Entry kEntries[] = {
-    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)[, paged[, deterministic]]
-    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {8, 256, 4, 1}, 7.02f},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {8, 256, 4, 1}, 6.93f, true},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.61f},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.61f, true},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 8, 1}, 12.00f},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 8, 1}, 11.96f, true},
+    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)[, paged[, deterministic[, batch x kv heads]]]
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {17, 256, 4, 1}, 3.65f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {4, 128, 4, 1}, 8.60f, false, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 256, 4, 1}, 12.04f, false, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {33, 128, 4, 1}, 3.62f, true, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {4, 128, 4, 1}, 8.48f, true, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 256, 4, 1}, 11.95f, true, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 8.46f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {2, 256, 4, 1}, 11.87f, false, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {1, 256, 4, 1}, 12.59f, false, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {33, 128, 4, 1}, 8.45f, true, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {2, 256, 4, 1}, 11.84f, true, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {2, 256, 4, 1}, 12.46f, true, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 8, 1}, 11.15f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {2, 256, 4, 1}, 12.55f, false, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {2, 256, 4, 1}, 12.63f, false, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 8, 1}, 11.20f, true, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {2, 256, 8, 1}, 12.35f, true, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {2, 128, 4, 2}, 12.51f, true, false, 512},
     {"fa2_mma", "fwd", "bf16", 64, false, 1024, {128, 128, 4, 2}, 303.31f},
     {"fa2_mma", "fwd", "bf16", 64, false, 4096, {128, 128, 4, 2}, 339.48f},
     {"fa2_mma", "fwd", "bf16", 64, false, 16384, {128, 128, 4, 2}, 348.07f},
@@ -120,7 +135,7 @@ inline constexpr Entry kEntries[] = {
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 2, 2, 0, 0, 0, 2, 1}, 437.14f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 2, 2, 0, 1, 0, 2, 1}, 523.66f, false, true},
 };
-inline constexpr Table kTable{"NVIDIA H100 80GB HBM3", "sm_90", kEntries, 98};
+inline constexpr Table kTable{"NVIDIA H100 80GB HBM3", "sm_90", kEntries, 110};
 
 }  // namespace sm90_nvidia_h100_80gb_hbm3
 }  // namespace tuned

@@ -20,10 +20,18 @@ namespace sm90_nvidia_h200 {
 // naive parameters, positional: THREADS
 // Entries ending in `false, true` are the best bitwise-reproducible config of their bucket: only a
 // deterministic backward reads them (and reads nothing else).
+// Entries with a third value after TFLOP/s are a decoding family's buckets by (batch x kv heads, sequence):
+// the problem's batch x heads_k. A lookup takes the batch x kv heads nearest the call's (by ratio, a tie to
+// the smaller), then among those the sequence bucket as for every entry (tuned_config.h, find_in).
 inline constexpr Entry kEntries[] = {
-    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)[, paged[, deterministic]]
-    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 32, 2, 1}, 2.69f},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {1, 32, 2, 1}, 2.91f},
+    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)[, paged[, deterministic[, batch x kv heads]]]
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {17, 256, 4, 1}, 4.16f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {4, 128, 4, 1}, 11.21f, false, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 32, 2, 1}, 15.76f, false, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.86f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {4, 128, 4, 1}, 16.89f, false, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {1, 32, 2, 1}, 16.73f, false, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 4, 1}, 15.57f, false, false, 8},
     {"fa1_simt", "fwd", "fp32", 32, false, 4096, {128, 64, 8, 8, 1, 4}, 30.28f},
     {"fa1_simt", "fwd", "fp32", 64, false, 32, {64, 32, 4, 4, 1, 4}, 3.87f},
     {"fa1_simt", "fwd", "fp32", 64, false, 128, {64, 64, 4, 8, 1, 4}, 1.84f},
@@ -212,7 +220,7 @@ inline constexpr Entry kEntries[] = {
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 2, 2, 0, 0, 0, 2, 2}, 302.16f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 2, 2, 0, 0, 0, 2, 1}, 471.75f, false, true},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 189};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 194};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned

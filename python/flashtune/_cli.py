@@ -28,9 +28,10 @@ def cli_path():
         return env
     path = os.path.join(_PACKAGE, "bin", "flashtune")
     if not _executable(path):
-        raise CliNotFoundError(one_line(f"this flashtune package has no CLI ({path} is missing): install the wheel "
-                                        "(pip install flashtune, or pip install . in the source tree), or set "
-                                        f"{ENV_CLI} to a built flashtune binary"))
+        raise CliNotFoundError(one_line(f"this flashtune package has no CLI ({path} is missing): the wheel was built "
+                                        "without its tools; build one with them (pip install . "
+                                        "-Ccmake.define.FLASHTUNE_PYTHON_TOOLS=ON, which needs SQLite3 and "
+                                        f"nlohmann_json), or set {ENV_CLI} to a built flashtune binary"))
     return path
 
 

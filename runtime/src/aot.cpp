@@ -42,11 +42,17 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
   // every table of the arch serves other devices), and an untabled device ("").
   std::vector<std::string> devices = {""};
   std::set<int> seqs;
+  // A decoding entry's batch x kv heads: the query at that value takes it (find_in: the nearest), so the values
+  // the tables hold (and 0, unknown) cover every decoding entry; no other family's entry has one.
+  std::set<long long> batch_heads = {0};
   for (int i = 0; i < ts.count; ++i) {
     const tuned::Table& t = ts.tables[i];
     if (t.arch == a.arch && std::find(devices.begin(), devices.end(), t.device) == devices.end())
       devices.push_back(t.device);
-    for (int j = 0; j < t.count; ++j) seqs.insert(t.entries[j].seq_max);
+    for (int j = 0; j < t.count; ++j) {
+      seqs.insert(t.entries[j].seq_max);
+      if (t.entries[j].batch_heads > 0) batch_heads.insert(t.entries[j].batch_heads);
+    }
   }
   // find_in picks the smallest bucket that holds seq: every bucket boundary, and one past the largest,
   // covers each interval of sequence lengths on which the choice is constant.
@@ -81,22 +87,24 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
             for (int seq : seq_points)
               for (int seq_q : seq_q_classes)        // the candidates change only at a family's max_seq_q
                 for (bool varlen : {false, true})      // packed calls: the families' packed forms
-                  for (int page : page_points) {       // paged calls: the families' paged forms
-                    if (varlen && page) continue;
-                    Query q;
-                    q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
-                    q.head_dim = d, q.causal = causal != 0, q.seq = seq, q.seq_q = seq_q, q.varlen = varlen;
-                    q.page_size = page;
-                    const Family* f = choose_family(ts, q);
-                    if (!f || !wanted(filter.families, f->name)) continue;
-                    const Pick pick = choose_config(ts, *f, q);
-                    if (!pick.family) continue;  // no config reads such pages
-                    // A paged pick's note says where its config came from (a dense pick, the default's nearest
-                    // config): what the build leaves out is only a config the family refused.
-                    if (!pick.note.empty() && !page && seen_skips.insert(pick.note).second) plan.skipped.push_back(pick.note);
-                    add(*f, pick.config, q);
-                    add(*f, fallback_config(*f, q), q);
-                  }
+                  for (int page : page_points)         // paged calls: the families' paged forms
+                    for (long long bh : batch_heads) {  // decoding queries (a ranged seq_q class) only
+                      if (varlen && page) continue;
+                      if (bh && seq_q == 0) continue;
+                      Query q;
+                      q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
+                      q.head_dim = d, q.causal = causal != 0, q.seq = seq, q.seq_q = seq_q, q.varlen = varlen;
+                      q.page_size = page, q.batch_heads = bh;
+                      const Family* f = choose_family(ts, q);
+                      if (!f || !wanted(filter.families, f->name)) continue;
+                      const Pick pick = choose_config(ts, *f, q);
+                      if (!pick.family) continue;  // no config reads such pages
+                      // A paged pick's note says where its config came from (a dense pick, the default's nearest
+                      // config): what the build leaves out is only a config the family refused.
+                      if (!pick.note.empty() && !page && seen_skips.insert(pick.note).second) plan.skipped.push_back(pick.note);
+                      add(*f, pick.config, q);
+                      add(*f, fallback_config(*f, q), q);
+                    }
         }
   for (const Family& f : families()) {
     const auto n = std::count_if(hopper_skipped.begin(), hopper_skipped.end(), [&](const Variant& v) { return v.family == &f; });

@@ -28,6 +28,7 @@
 #include "args.hpp"
 #include "core/cluster_launch.hpp"
 #include "core/compile.hpp"
+#include "core/nvrtc_api.hpp"
 #include "core/tensor_maps.hpp"
 #include "core/util.hpp"
 #include "disk_cache.hpp"
@@ -240,7 +241,9 @@ Plan make_plan(const Query& q0, const Problem& p) {
                                (q.deterministic ? "d" : "") +
                                (q.varlen ? "v" : "") + (q.page_size ? "p" + std::to_string(q.page_size) : "") + '|' +
                                std::to_string(p.seq_bucket()) + '|' + std::to_string(seq_q_class(q.seq_q)) + '|' +
-                               store.identity;
+                               // batch x kv heads: a decoding family's second key, which only a query inside a
+                               // family's query-length range can reach
+                               (seq_q_class(q.seq_q) > 0 ? std::to_string(q.batch_heads) : "") + '|' + store.identity;
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -358,6 +361,7 @@ const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
     if (plan.pick.source == "default") break;
     plan.pick.note = first_error + ": default used";
     plan.pick.source = "default";
+    plan.pick.bucket.clear();
     plan.pick.config = fallback_config(*plan.pick.family, plan.query);  // a paged call's: one that reads its pages
     plan.key = compiler.variant_hash(variant_of(plan.pick, p));
     State& s = state();
@@ -566,6 +570,7 @@ Query query_of(const Problem& p) {
   q.seq_q = p.seq_q;
   q.varlen = p.varlen.enabled();
   q.page_size = p.paged.page_size;
+  q.batch_heads = p.batch_kv_heads();
   return q;
 }
 // A call's query: the problem's, and a backward's `deterministic`.
@@ -723,7 +728,8 @@ std::string explain(const Args* a, const char* direction, ft_explanation* out) {
     copy_str(out->device, sizeof out->device, plan.device.name);
     copy_str(out->arch, sizeof out->arch, plan.device.arch);
   }
-  return plan.pick.family->name + " " + config + " (config: " + plan.pick.source + ", kernel: " + cache + ") on " +
+  return plan.pick.family->name + " " + config + " (config: " + plan.pick.source +
+         (plan.pick.bucket.empty() ? "" : ", bucket: " + plan.pick.bucket) + ", kernel: " + cache + ") on " +
          plan.device.name + " (" + plan.device.arch + ")" + (plan.pick.note.empty() ? "" : "; " + plan.pick.note);
 }
 
@@ -741,6 +747,11 @@ ft_status guarded(F f) {
     return e.status;
   } catch (const std::bad_alloc&) {
     t_last_error = "out of host memory";
+  } catch (const NvrtcUnavailable& e) {  // no NVRTC on this machine: what to install, in one line
+    t_last_error = e.what();
+    for (char& ch : t_last_error)
+      if (ch == '\n') ch = ' ';
+    return FT_COMPILE_ERROR;
   } catch (const std::exception& e) {
     t_last_error = std::string("internal error: ") + e.what();
   }

@@ -1,11 +1,14 @@
 #include "lookup.hpp"
 
 #include <cstring>
+#include <set>
 
 #include "core/util.hpp"
 #include "dispatch.hpp"
+#ifndef FLASHTUNE_NO_STORE
 #include "results/select.hpp"
 #include "results/store.hpp"
+#endif
 
 namespace flashtune::rt {
 
@@ -30,18 +33,40 @@ bool runs(const Family& f, const std::string& direction, DType dtype, int head_d
 // Inside the family's query-length range (every query when it has none).
 bool in_range(const Family& f, int seq_q) { return f.max_seq_q == 0 || (seq_q > 0 && seq_q <= f.max_seq_q); }
 
+// What explain() says of a decoding bucket: "batch x kv heads 64 (of 8, 64, 512), Sk <= 4096"; "" where the
+// pick is not keyed by batch x kv heads (batch_heads 0).
+std::string bucket_text(int batch_heads, std::set<int> of, int seq_bucket) {
+  if (batch_heads <= 0) return "";
+  std::string list;
+  for (int v : of) list += (list.empty() ? "" : ", ") + std::to_string(v);
+  return "batch x kv heads " + std::to_string(batch_heads) + " (of " + list + "), Sk <= " + std::to_string(seq_bucket);
+}
+
 // The entry for (family, query) in the tables whose device (by_device) or arch matches; nullptr if none.
 // paged: the tables' paged K/V cache entries, else the dense ones.
-// A deterministic backward query reads the deterministic entries only.
+// A deterministic backward query reads the deterministic entries only. bucket: set to bucket_text of the entry.
 bool wants_reproducible(const Query& q) { return q.deterministic && q.direction == "bwd"; }
 const tuned::Entry* find(const TableSet& ts, const std::string& family, const Query& q, bool by_device,
-                         bool paged = false) {
+                         bool paged = false, std::string* bucket = nullptr) {
   for (int i = 0; i < ts.count; ++i) {
     const tuned::Table& t = ts.tables[i];
     if (!t.count || (by_device ? q.device != t.device : q.arch != t.arch)) continue;
+    const bool det = wants_reproducible(q);
     if (const tuned::Entry* e = tuned::find_in(t, family.c_str(), q.direction.c_str(), to_string(q.dtype), q.head_dim,
-                                               q.causal, q.seq, paged, wants_reproducible(q)))
+                                               q.causal, q.seq, paged, det, q.batch_heads)) {
+      if (bucket) {
+        std::set<int> of;  // the batch x kv heads the table holds for this (family, direction, dtype, d, mask)
+        for (int k = 0; k < t.count; ++k) {
+          const tuned::Entry& o = t.entries[k];
+          if (o.batch_heads > 0 && tuned::str_eq(o.family, e->family) && tuned::str_eq(o.direction, e->direction) &&
+              tuned::str_eq(o.dtype, e->dtype) && o.head_dim == e->head_dim && o.causal == e->causal &&
+              o.paged == e->paged && o.deterministic == det)
+            of.insert(o.batch_heads);
+        }
+        *bucket = bucket_text(e->batch_heads, of, e->seq_max);
+      }
       return e;
+    }
   }
   return nullptr;
 }
@@ -218,8 +243,17 @@ const Family* choose_family(const TableSet& ts, const Query& q) {
 namespace {
 // The store's pick for f's bucket of q on this device (best_per_bucket + pick_bucket), "" when none.
 // paged: its paged buckets (rows measured on paged caches), else its dense ones.
+#ifdef FLASHTUNE_NO_STORE
+// A runtime built without the results store (a wheel without the tuner: no SQLite, no nlohmann_json): a store to
+// read is refused in one line ($FLASHTUNE_DB fails the call; the user's store is passed over with this note).
+std::string stored_config(const Family&, const Query&, const std::string&, bool = false, double* = nullptr,
+                          std::string* = nullptr) {
+  throw UsageError("this flashtune runtime reads no results store (built without the tuner: a wheel without "
+                   "FLASHTUNE_PYTHON_TOOLS)");
+}
+#else
 std::string stored_config(const Family& f, const Query& q, const std::string& db_path, bool paged = false,
-                          double* tflops = nullptr) {
+                          double* tflops = nullptr, std::string* bucket = nullptr) {
   Store store(db_path, Store::Mode::read_only);
   // Every status: a newer prune or failure of a config supersedes its older success (select.cpp). Only the rows
   // that can make this pick are read, filtered in SQL: this family, device, dtype, direction, head dim and mask,
@@ -233,11 +267,17 @@ std::string stored_config(const Family& f, const Query& q, const std::string& db
   const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter), wants_reproducible(q));
   Problem prob;
   prob.seq_q = prob.seq_k = q.seq;
-  if (paged) prob.paged.page_size = q.page_size;
-  const BucketChoice* b = pick_bucket(choices, prob, wants_reproducible(q));
+  const BucketChoice* b = pick_bucket(choices, prob.seq_bucket(), q.batch_heads, paged, wants_reproducible(q));
   if (b && tflops) *tflops = b->tflops;
+  if (b && bucket) {
+    std::set<int> of;
+    for (const BucketChoice& c : choices)
+      if (c.batch_heads > 0 && c.paged == b->paged && c.deterministic == b->deterministic) of.insert(c.batch_heads);
+    *bucket = bucket_text(b->batch_heads, of, b->seq_bucket);
+  }
   return b ? b->config : "";
 }
+#endif
 
 // The family a results store measured for this query on this device: a family with a query-length range
 // that holds a bucket of it first (as a table entry of its own does in choose_family), else the candidate
@@ -269,17 +309,20 @@ Pick choose_paged_config(const TableSet& ts, const Family& f, const Query& q, co
     if (p.note.empty()) p.note = what + (c.empty() ? "" : " " + f.config_string(c)) + " rejected " + why;
     return false;
   };
-  auto accept = [&](const Config& c, const std::string& source, const std::string& what) {
+  auto accept = [&](const Config& c, const std::string& source, const std::string& what,
+                    const std::string& bucket = "") {
     if (const char* why = f.check(c, q.head_dim))
       return refuse(what, c, "for d=" + std::to_string(q.head_dim) + " (" + why + ")");
     if (const char* why = f.paged_check(c, q.page_size)) return refuse(what, c, "for " + pages + " (" + why + ")");
     p.config = c;
     p.source = source;
+    p.bucket = bucket;
     return true;
   };
   auto stored = [&](bool paged, const std::string& what) {
     if (db_path.empty()) return false;
-    const std::string text = stored_config(f, q, db_path, paged);
+    std::string bucket;
+    const std::string text = stored_config(f, q, db_path, paged, nullptr, &bucket);
     if (text.empty()) return false;
     Config c;
     try {
@@ -287,12 +330,13 @@ Pick choose_paged_config(const TableSet& ts, const Family& f, const Query& q, co
     } catch (const std::exception& e) {
       return refuse(what, {}, std::string("(unreadable: ") + e.what() + ")");  // as a config the checks refuse
     }
-    return accept(c, "db", what);
+    return accept(c, "db", what, bucket);
   };
   auto tabled = [&](bool paged, const std::string& what) {
+    std::string bucket;
     for (bool by_device : {true, false})
-      if (const tuned::Entry* e = find(ts, f.name, q, by_device, paged))
-        return accept(Config(e->params, e->params + f.params.size()), by_device ? "device" : "arch", what);
+      if (const tuned::Entry* e = find(ts, f.name, q, by_device, paged, &bucket))
+        return accept(Config(e->params, e->params + f.params.size()), by_device ? "device" : "arch", what, bucket);
     return false;
   };
   auto ran = [&](const std::string& what) {
@@ -320,7 +364,7 @@ Pick choose_config(const TableSet& ts, const Family& f, const Query& q, const st
   const std::string fallback = wants_reproducible(q) && !f.reproducible(f.default_config)
                                    ? "the default's nearest reproducible config " + f.config_string(p.config) + " used"
                                    : "default used";
-  auto accept = [&](Config c, const char* source, const std::string& what) {
+  auto accept = [&](Config c, const char* source, const std::string& what, const std::string& bucket) {
     const char* why = f.check(c, q.head_dim);
     const bool packed_only = !why && q.varlen && (why = f.varlen_check(c));
     const bool masked = !why && (why = f.causal_check(c, q.causal));
@@ -337,22 +381,24 @@ Pick choose_config(const TableSet& ts, const Family& f, const Query& q, const st
     }
     p.config = std::move(c);
     p.source = source;
+    p.bucket = bucket;
     return true;
   };
+  std::string bucket;
   if (!db_path.empty())
-    if (const std::string stored = stored_config(f, q, db_path); !stored.empty()) {
+    if (const std::string stored = stored_config(f, q, db_path, false, nullptr, &bucket); !stored.empty()) {
       Config c;
       try {
         c = f.parse_config(stored);
       } catch (const std::exception& e) {
         p.note = std::string("stored config unreadable (") + e.what() + "): ";
       }
-      if (!c.empty() && accept(c, "db", "stored config")) return p;
+      if (!c.empty() && accept(c, "db", "stored config", bucket)) return p;
     }
   for (bool by_device : {true, false})
-    if (const tuned::Entry* e = find(ts, f.name, q, by_device)) {
+    if (const tuned::Entry* e = find(ts, f.name, q, by_device, false, &bucket)) {
       Config c(e->params, e->params + f.params.size());
-      accept(c, by_device ? "device" : "arch", "tabled config");
+      accept(c, by_device ? "device" : "arch", "tabled config", bucket);
       return p;
     }
   return p;

@@ -37,6 +37,9 @@ struct Query {
   bool deterministic = false;  // a backward whose gradients must be bitwise reproducible: only configs the family
                                // calls so (Family::reproducible), from the tables' and the store's deterministic
                                // picks, else the default's nearest such config; no effect on a forward
+  long long batch_heads = 0;   // batch x kv heads (heads_k, or heads for multi-head): a decoding family's buckets'
+                               // second key (tuned::find_in, pick_bucket: the nearest by ratio); 0: unknown (the
+                               // smallest)
 };
 
 // The registry's non-test families that run `q` (direction, dtype, head dim) on q.arch (a Hopper-only
@@ -94,6 +97,9 @@ struct Pick {
   Config config;
   std::string source;  // "db", "device", "arch" or "default"
   std::string note;    // why a tabled/stored config was not used, or ""
+  // The decoding bucket the config came from, where it is keyed by batch x kv heads (a tabled or stored pick of
+  // a decoding family): "batch x kv heads 64 (of 8, 64, 512), Sk <= 4096"; "" otherwise. explain() shows it.
+  std::string bucket;
 };
 
 // The config for `f`: the results store at db_path first (when not empty; read-only open, best valid

@@ -1,8 +1,7 @@
 #include "strided_copy.hpp"
 
-#include <nvrtc.h>
-
 #include "core/compile.hpp"
+#include "core/nvrtc_api.hpp"
 #include "core/util.hpp"
 
 namespace flashtune::rt {
@@ -59,24 +58,25 @@ std::string copy_kernel_hash(const std::string& arch) {
 }
 
 std::string compile_copy_kernel(const std::string& arch, std::string* error) {
+  const NvrtcApi& nv = nvrtc();
   nvrtcProgram prog;
-  if (nvrtcCreateProgram(&prog, kCopySource, "flashtune_strided_copy.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS) {
+  if (nv.CreateProgram(&prog, kCopySource, "flashtune_strided_copy.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS) {
     *error = "nvrtcCreateProgram failed for the strided copy";
     return "";
   }
   const std::string opt = "--gpu-architecture=" + arch;
   const char* opts[] = {opt.c_str()};
-  const nvrtcResult rc = nvrtcCompileProgram(prog, 1, opts);
+  const nvrtcResult rc = nv.CompileProgram(prog, 1, opts);
   if (rc != NVRTC_SUCCESS) {
-    nvrtcDestroyProgram(&prog);
-    *error = std::string("the strided copy kernel: ") + nvrtcGetErrorString(rc);
+    nv.DestroyProgram(&prog);
+    *error = std::string("the strided copy kernel: ") + nv.GetErrorString(rc);
     return "";
   }
   size_t n = 0;
-  nvrtcGetCUBINSize(prog, &n);
+  nv.GetCUBINSize(prog, &n);
   std::string cubin(n, '\0');
-  nvrtcGetCUBIN(prog, cubin.data());
-  nvrtcDestroyProgram(&prog);
+  nv.GetCUBIN(prog, cubin.data());
+  nv.DestroyProgram(&prog);
   return cubin;
 }
 

@@ -30,7 +30,7 @@ int cmd_emit(int argc, char** argv) {
     std::puts("usage: flashtune emit --db PATH --out DIR [--family F]\n"
               "Writes DIR/<arch>_<gpu>.hpp per device in the store and DIR/dispatch.hpp (fallback device ->\n"
               "arch -> default); a backward bucket also gets the best of its bitwise-reproducible configs as a\n"
-              "deterministic entry. Needs no GPU.");
+              "deterministic entry; a decoding family's buckets are per (batch x kv heads, sequence). Needs no GPU.");
     return 0;
   }
   Args a = parse(argc, argv, {"db", "out", "family"}, {});

@@ -34,7 +34,7 @@ typedef enum {
   FT_UNSUPPORTED = 2,      /* a head dim, dtype or shape no family supports on this GPU */
   FT_NO_GPU = 3,           /* no driver or no CUDA device */
   FT_CUDA_ERROR = 4,       /* a CUDA driver call failed (message names it) */
-  FT_COMPILE_ERROR = 5     /* NVRTC failed for the chosen config */
+  FT_COMPILE_ERROR = 5     /* NVRTC failed for the chosen config, or no NVRTC could be loaded */
 } ft_status;
 
 typedef enum { FT_FP32 = 0, FT_FP16 = 1, FT_BF16 = 2 } ft_dtype;
