@@ -31,7 +31,7 @@
 //                         staged in the consumer's shared-memory tile (interleaved core matrices)
 //   release the slot      one arrival per warp: k_empty after the S GEMM, v_empty after P V
 // OVERLAP 1 issues S(n+1) and P(n) V(n) back to back and computes the softmax of S(n+1) while
-// P(n) V(n) runs; PINGPONG 1 has the consumers take turns at issuing (named barriers 1..C).
+// P(n) V(n) runs; PINGPONG 1 has the consumers take turns at issuing (named barriers kTurn + c).
 // Epilogue: O / l (16-bit) staged swizzled in the warpgroup's rows of Q's slot, one TMA store per
 // column group (rows past seq_q are clipped by the copy engine); lse by the threads that hold the rows.
 // PERSISTENT: the storing thread waits until the copy engine has read the staged O, then releases Q's
@@ -59,24 +59,54 @@ namespace flashtune {
 
 namespace fa3_wgmma_detail {
 
+// Named barriers (0 is __syncthreads), one of each kind per consumer warpgroup c (+ c).
+template <class T>
+struct NamedBarrier {
+  enum : int {
+    kTurn = 1,                             // consumer c's turn to issue its GEMMs (PINGPONG; 256 threads, Turns)
+    kOStaging = kTurn + T::kConsumers,     // warpgroup c's O staging written, or read (128 threads)
+    kPStaged = kOStaging + T::kConsumers,  // consumer c's P tile staged for its P V GEMM (P_SMEM; 128 threads)
+    kEnd = kPStaged + T::kConsumers,
+  };
+  static_assert(kEnd <= 16, "16 named barriers");
+};
+
 // Where everything lives in shared memory (base 1024-byte aligned). Column group g of a tile of R
 // rows starts g * R * kSwizzle bytes after the tile.
 template <class T>
 struct Smem {
   // Byte offsets from the base: Q, the K/V ring, the P tiles, the O tile (if apart), the mbarriers.
-  static constexpr unsigned kKv = T::kQBytes, kP = kKv + 2 * T::kStages * T::kKvBytes,
-                            kO = kP + T::kConsumers * T::kPBytes, kBars = kO + T::kOBytes;
+  enum Region : unsigned {
+    kQ = 0,
+    kKv = kQ + T::kQBytes,                        // slot s: K at kKv + 2s kKvBytes, V after it
+    kP = kKv + 2 * T::kStages * T::kKvBytes,      // P_SMEM: consumer c's P tile at kP + c kPBytes
+    kO = kP + T::kConsumers * T::kPBytes,         // kSeparateO: O's staging tile
+    kBars = kO + T::kOBytes,
+    kEnd = kBars + fa3_wgmma_barrier_bytes(T::kStages, T::kPersistent),
+  };
+  // The mbarriers, byte offsets from kBars: q_full; per slot s, kSlotBars bytes apart, k_full, v_full, k_empty,
+  // v_empty; q_empty (PERSISTENT) after the last slot's.
+  enum Mbarrier : unsigned {
+    kQFull = 0,
+    kKFull = 8,
+    kVFull = 16,
+    kKEmpty = 24,
+    kVEmpty = 32,
+    kSlotBars = 32,
+    kQEmpty = 8 + kSlotBars * T::kStages,
+  };
+  static_assert(kEnd + 1024 == T::kSmemBytes, "the regions add up to the traits' shared memory");
   unsigned q, kv, p, o, bars;  // p: P_SMEM, consumer c's P tile at p + c * kPBytes; o: O's staging tile
   __device__ explicit Smem(unsigned base)
-      : q(base), kv(base + kKv), p(base + kP), o(T::kSeparateO ? base + kO : base), bars(base + kBars) {}
+      : q(base + kQ), kv(base + kKv), p(base + kP), o(T::kSeparateO ? base + kO : base), bars(base + kBars) {}
   __device__ unsigned k(int s) const { return kv + static_cast<unsigned>(2 * s * T::kKvBytes); }
   __device__ unsigned v(int s) const { return kv + static_cast<unsigned>((2 * s + 1) * T::kKvBytes); }
-  __device__ unsigned q_full() const { return bars; }
-  __device__ unsigned k_full(int s) const { return bars + 8 + 32 * s; }
-  __device__ unsigned v_full(int s) const { return bars + 16 + 32 * s; }
-  __device__ unsigned k_empty(int s) const { return bars + 24 + 32 * s; }
-  __device__ unsigned v_empty(int s) const { return bars + 32 + 32 * s; }
-  __device__ unsigned q_empty() const { return bars + 8 + 32 * T::kStages; }  // PERSISTENT only
+  __device__ unsigned q_full() const { return bars + kQFull; }
+  __device__ unsigned k_full(int s) const { return bars + kKFull + kSlotBars * s; }
+  __device__ unsigned v_full(int s) const { return bars + kVFull + kSlotBars * s; }
+  __device__ unsigned k_empty(int s) const { return bars + kKEmpty + kSlotBars * s; }
+  __device__ unsigned v_empty(int s) const { return bars + kVEmpty + kSlotBars * s; }
+  __device__ unsigned q_empty() const { return bars + kQEmpty; }  // PERSISTENT only
 };
 
 // Slot and mbarrier parity of consecutive blocks in a ring of STAGES slots (across tiles: PERSISTENT).
@@ -332,7 +362,7 @@ __device__ __forceinline__ void wait_then_rescale(float (&o)[T::kHeadDim / 2], c
 //   registers: P's k16 slice kk as an A fragment is the packed accumulators of S n8 tiles 2kk, 2kk + 1;
 //   shared memory: the consumer's P tile, interleaved core matrices (8 rows x 16 bytes, 128 contiguous
 //     bytes: a warp's 4-byte stores of one n8 tile cover one whole core matrix, conflict free), published
-//     to the warpgroup's GEMM by a proxy fence and a named barrier (2C + 1 + c) before the issue.
+//     to the warpgroup's GEMM by a proxy fence and a named barrier (kPStaged + c) before the issue.
 // V is MN-major: slice kk is 16 rows in, its column groups BN * kSwizzle bytes apart.
 template <class T, bool SMEM = T::kPSmem>
 struct POperand;
@@ -378,16 +408,16 @@ struct POperand<T, true> {
   }
 };
 
-// PINGPONG: consumer c waits for its turn (barrier 1 + c) before issuing GEMMs and hands the turn
-// to the next consumer (barrier 1 + (c + 1) % C) after; 128 waiting + 128 arriving threads each.
+// PINGPONG: consumer c waits for its turn (barrier kTurn + c) before issuing GEMMs and hands the turn
+// to the next consumer (kTurn + (c + 1) % C) after; 128 waiting + 128 arriving threads each.
 template <class T>
 struct Turns {
   int c;
   __device__ void wait() const {
-    if constexpr (T::kPingpong) named_bar_sync(1 + c, 256);
+    if constexpr (T::kPingpong) named_bar_sync(NamedBarrier<T>::kTurn + c, 256);
   }
   __device__ void pass() const {
-    if constexpr (T::kPingpong) named_bar_arrive(1 + (c + 1) % T::kConsumers, 256);
+    if constexpr (T::kPingpong) named_bar_arrive(NamedBarrier<T>::kTurn + (c + 1) % T::kConsumers, 256);
   }
 };
 
@@ -548,7 +578,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   const float scale_log2 = p.scale_log2;
   const det::Turns<T> turns{c};
   det::POperand<T> pop;
-  if constexpr (T::kPSmem) pop = {sm.p + static_cast<unsigned>(c * T::kPBytes), 1 + 2 * T::kConsumers + c, wg_row, tig};
+  if constexpr (T::kPSmem) pop = {sm.p + static_cast<unsigned>(c * T::kPBytes), det::NamedBarrier<T>::kPStaged + c, wg_row, tig};
 
   det::Ring<T::kStages> ring;  // K/V blocks, on from one tile into the next
   unsigned q_parity = 0;       // the tile's q_full phase
@@ -576,14 +606,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     // consumer 0 has taken the previous tile's last turn (before its O store, which Q's reload waited
     // for), so two arrivals never meet on barrier 1.
     if constexpr (T::kPingpong) {
-      if (c == T::kConsumers - 1) named_bar_arrive(1, 256);
+      if (c == T::kConsumers - 1) named_bar_arrive(det::NamedBarrier<T>::kTurn, 256);
     }
     if constexpr (T::kOverlap)
       det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, ring, pop, o, m, l);
     else
       det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, ring, pop, o, m, l);
     if constexpr (T::kPingpong) {
-      if (c == 0) named_bar_sync(1, 256);
+      if (c == 0) named_bar_sync(det::NamedBarrier<T>::kTurn, 256);
     }
     // O staged apart: Q's slot is free once the warp's GEMMs are done (after the pingpong's last turn, so that
     // the next tile's first arrival on barrier 1 follows it), and the next tile's Q loads during this epilogue.
@@ -600,7 +630,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     asm volatile("" : "+r"(q_out));
     if constexpr (T::kSeparateO) {  // the previous tile's O store has read the tile (its issuing thread knows)
       if (tid == 0) bulk_wait_read<0>();
-      named_bar_sync(1 + T::kConsumers + c, 128);
+      named_bar_sync(det::NamedBarrier<T>::kOStaging + c, 128);
     }
     int batch_out = batch;  // VARLEN: the sequence's offsets, read here (opaque: not hoisted into the loop)
     if constexpr (VARLEN) asm volatile("" : "+r"(batch_out));
@@ -623,7 +653,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       if (tig == 0 && i < tile_seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
     }
     fence_proxy_async();  // the generic-proxy writes, before the copy engine reads them
-    named_bar_sync(1 + T::kConsumers + c, 128);
+    named_bar_sync(det::NamedBarrier<T>::kOStaging + c, 128);
     if constexpr (VARLEN) {
       const int row0 = m0 + 64 * c;  // the warpgroup's first row in the sequence
       if (row0 + 64 <= tile_seq_q) {  // inside the sequence: one box per column group, as dense
@@ -651,7 +681,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
           }
         }
         if constexpr (T::kPersistent && !T::kSeparateO) {
-          named_bar_sync(1 + T::kConsumers + c, 128);  // every thread's reads of the staging done
+          named_bar_sync(det::NamedBarrier<T>::kOStaging + c, 128);  // every thread's reads of the staging done
           if (tid == 0) mbar_arrive(sm.q_empty());
         }
       }
