@@ -125,36 +125,22 @@ struct Tile {
   int m0, head, batch;
 };
 
-// The tiles of a CTA, shared by the producer and the consumers. PERSISTENT 0: the one its grid position
-// names (x reversed when causal: the heaviest first). PERSISTENT 1: tiles b, b + B, b + 2B, ... in
-// fa3_wgmma_tile's order (causal: longest first), b the CTA's linear index and B the grid's CTAs, so that
-// any grid is correct (the plain one, where the SM count was unknown, too).
-// VARLEN: tiles past their sequence's end are skipped (PERSISTENT 1: valid() moves on to the next tile that
-// has rows, in the producer and the consumers alike; PERSISTENT 0: the CTA exits at entry, see empty_cta).
-template <class T, bool VARLEN = false, class P = AttnFwdParams>
-struct TileScheduler {
-  int t;  // the rest is recomputed from the parameters: registers are what a consumer lacks
-  __device__ TileScheduler()
-      : t(T::kPersistent ? static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) : 0) {}
-  __device__ static int qblocks(const P& p) { return ceil_div(p.seq_q, T::kBlockM); }
-  __device__ bool valid(const P& p) {
-    if constexpr (VARLEN && T::kPersistent) {
-      for (; t < qblocks(p) * p.heads * p.batch; next()) {
-        const Tile x = tile(p);
-        if (x.m0 < VarlenSeq::of<VARLEN>(p, x.batch).seq_q) return true;
-      }
-      return false;
-    }
-    return t < (T::kPersistent ? qblocks(p) * p.heads * p.batch : 1);
-  }
-  __device__ void next() { t += T::kPersistent ? static_cast<int>(gridDim.x * gridDim.y * gridDim.z) : 1; }
+// The tiles of a CTA, shared by the producer and the consumers (FlashAttention-3's tile schedulers): two
+// types with one interface, the traits' PERSISTENT choosing (TileScheduler):
+//   for (Scheduler s; s.valid(p); s.next()) { const Tile t = s.tile(p); ... }
+// and Scheduler::empty_cta(p), true where the whole CTA has no work (it exits at entry).
+// VARLEN: tiles past their sequence's end have no work, in the producer and the consumers alike.
+
+// PERSISTENT 0: the one tile the CTA's grid position names, x the query block (reversed when causal: the
+// heaviest first), y the head, z the batch entry. VARLEN: causal blocks are reversed within the sequence,
+// and a CTA whose block lies past its sequence's end exits at entry.
+template <class T, bool VARLEN, class P>
+struct PlainScheduler {
+  bool done = false;
+  __device__ bool valid(const P&) const { return !done; }
+  __device__ void next() { done = true; }
   __device__ Tile tile(const P& p) const {
-    if constexpr (T::kPersistent) {
-      const Fa3Tile x = fa3_wgmma_tile(t, qblocks(p), p.heads, p.batch, T::kCausal,
-                                       fa3_wgmma_causal_group(p.seq_k, T::kHeadDim, p.heads * p.batch,
-                                                              static_cast<int>(gridDim.x * gridDim.y * gridDim.z)));
-      return {x.qblock * T::kBlockM, x.head, x.batch};
-    } else if constexpr (VARLEN) {  // causal: reversed within the sequence (blocks past its end: m0 < 0)
+    if constexpr (VARLEN) {  // causal: reversed within the sequence (blocks past its end: m0 < 0)
       const int qb = T::kCausal ? ceil_div(VarlenSeq::of<VARLEN>(p, blockIdx.z).seq_q, T::kBlockM) - 1 -
                                       static_cast<int>(blockIdx.x)
                                 : static_cast<int>(blockIdx.x);
@@ -164,15 +150,56 @@ struct TileScheduler {
       return {qb * T::kBlockM, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
     }
   }
-  // PERSISTENT 0, VARLEN: the CTA's one tile lies past its sequence's end (the whole CTA exits).
   __device__ static bool empty_cta(const P& p) {
-    if constexpr (VARLEN && !T::kPersistent) {
-      const int m0 = TileScheduler().tile(p).m0;
+    if constexpr (VARLEN) {
+      const int m0 = PlainScheduler().tile(p).m0;
       return m0 < 0 || m0 >= VarlenSeq::of<VARLEN>(p, blockIdx.z).seq_q;
     }
     return false;
   }
 };
+
+// PERSISTENT 1: tiles b, b + B, b + 2B, ... in fa3_wgmma_tile's order (causal: longest first), b the CTA's
+// linear index and B the grid's CTAs, so that any grid is correct (the plain one, where the SM count was
+// unknown, too). VARLEN: valid() moves on to the next tile that has rows.
+template <class T, bool VARLEN, class P>
+struct PersistentScheduler {
+  int t;  // the rest is recomputed from the parameters: registers are what a consumer lacks
+  __device__ PersistentScheduler() : t(static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))) {}
+  __device__ static int qblocks(const P& p) { return ceil_div(p.seq_q, T::kBlockM); }
+  __device__ bool valid(const P& p) {
+    if constexpr (VARLEN) {
+      for (; t < qblocks(p) * p.heads * p.batch; next()) {
+        const Tile x = tile(p);
+        if (x.m0 < VarlenSeq::of<VARLEN>(p, x.batch).seq_q) return true;
+      }
+      return false;
+    }
+    return t < qblocks(p) * p.heads * p.batch;
+  }
+  __device__ void next() { t += static_cast<int>(gridDim.x * gridDim.y * gridDim.z); }
+  __device__ Tile tile(const P& p) const {
+    const Fa3Tile x = fa3_wgmma_tile(t, qblocks(p), p.heads, p.batch, T::kCausal,
+                                     fa3_wgmma_causal_group(p.seq_k, T::kHeadDim, p.heads * p.batch,
+                                                            static_cast<int>(gridDim.x * gridDim.y * gridDim.z)));
+    return {x.qblock * T::kBlockM, x.head, x.batch};
+  }
+  __device__ static bool empty_cta(const P&) { return false; }
+};
+
+// A if C, else B (the traits' switches choosing a piece).
+template <bool C, class A, class B>
+struct Pick {
+  using type = A;
+};
+template <class A, class B>
+struct Pick<false, A, B> {
+  using type = B;
+};
+
+template <class T, bool VARLEN = false, class P = AttnFwdParams>
+using TileScheduler =
+    typename Pick<T::kPersistent, PersistentScheduler<T, VARLEN, P>, PlainScheduler<T, VARLEN, P>>::type;
 
 // Where a tile's rows are in the tensor maps: dense (d, seq, heads, batch) maps take (column, row, head,
 // batch); packed ones (d, heads, total tokens, 1) take (column, head, first token + row, 0).
