@@ -6,8 +6,9 @@
 //   O [64][W], W = the swizzle's columns; Family::tensor_maps declares them)
 // A tile is one query block of BM rows of one head of one batch entry.
 // Grid, PERSISTENT 0: one CTA per tile, x = ceil(seq_q / BM) query blocks (reversed when causal: the
-// heaviest first), y = heads, z = batch. PERSISTENT 1: 1 + TWO_CTAS CTAs per SM (any grid works), each
-// looping over the tiles (TileScheduler). 128 x (CONSUMERS + 1) threads; kSmemBytes dynamic shared memory.
+// heaviest first), y = heads, z = batch (PlainScheduler). PERSISTENT 1: 1 + TWO_CTAS CTAs per SM (any grid
+// works), each looping over the tiles (PersistentScheduler). 128 x (CONSUMERS + 1) threads; kSmemBytes
+// dynamic shared memory.
 // TWO_CTAS 1: the launch bounds ask for two CTAs per SM (the register budgets are the traits' halves), so
 // one CTA's prologue and epilogue overlap the other's main loop; the code is otherwise the same.
 // MULTICAST 1: launched in clusters of two CTAs along x (the host's launch attribute); the producer of
@@ -32,10 +33,11 @@
 //   release the slot      one arrival per warp: k_empty after the S GEMM, v_empty after P V
 // OVERLAP 1 issues S(n+1) and P(n) V(n) back to back and computes the softmax of S(n+1) while
 // P(n) V(n) runs; PINGPONG 1 has the consumers take turns at issuing (named barriers kTurn + c).
-// Epilogue: O / l (16-bit) staged swizzled in the warpgroup's rows of Q's slot, one TMA store per
-// column group (rows past seq_q are clipped by the copy engine); lse by the threads that hold the rows.
-// PERSISTENT: the storing thread waits until the copy engine has read the staged O, then releases Q's
-// slot (one q_empty arrival per consumer warpgroup).
+// Epilogue: O / l (16-bit) staged swizzled in the warpgroup's rows of Q's slot (OInQSlot), or with
+// PERSISTENT where it fits in an O tile of its own (OInOwnTile), one TMA store per column group (TmaStore:
+// rows past seq_q are clipped by the copy engine); lse by the threads that hold the rows. PERSISTENT, O in
+// Q's slot: the storing thread waits until the copy engine has read the staged O, then releases Q's slot
+// (one q_empty arrival per consumer warpgroup).
 //
 // Masking as fa2_mma: keys past seq_k (zero-filled by TMA) and causal keys j > i + seq_k - seq_q
 // get S = -inf, only on blocks that straddle them; a row with no visible key ends with O = 0, lse = +inf.
@@ -46,9 +48,10 @@
 // (tuner/tensor_maps.cpp), so a tile's box is rows of its own tokens; rows past the sequence's end are the
 // next sequence's, and are masked as keys (key >= the sequence's seq_k) and never stored as queries. O goes
 // out by TMA where the warpgroup's 64 rows lie inside the sequence, else by guarded 16-byte stores (a box
-// would write the next sequence's rows). Tiles past a sequence's end: no CTA work (PERSISTENT 0: the CTA
-// exits at entry; PERSISTENT 1: the scheduler skips them, producer and consumers alike). Causal blocks are
-// reversed within the sequence (PERSISTENT 0) or taken longest first across sequences (PERSISTENT 1).
+// would write the next sequence's rows): VarlenStore. Tiles past a sequence's end: no CTA work (PERSISTENT 0:
+// the CTA exits at entry; PERSISTENT 1: the scheduler skips them, producer and consumers alike). Causal
+// blocks are reversed within the sequence (PERSISTENT 0) or taken longest first across sequences
+// (PERSISTENT 1).
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -165,7 +168,8 @@ struct PlainScheduler {
 template <class T, bool VARLEN, class P>
 struct PersistentScheduler {
   int t;  // the rest is recomputed from the parameters: registers are what a consumer lacks
-  __device__ PersistentScheduler() : t(static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))) {}
+  __device__ PersistentScheduler()
+      : t(static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))) {}
   __device__ static int qblocks(const P& p) { return ceil_div(p.seq_q, T::kBlockM); }
   __device__ bool valid(const P& p) {
     if constexpr (VARLEN) {
@@ -552,6 +556,165 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   ring.next();
 }
 
+// ---- The epilogue: O / l as 16 bits staged swizzled in shared memory, then stored; lse per row by the
+// threads that hold the rows. Where O is staged is the traits' choice (kSeparateO: OInOwnTile, else OInQSlot),
+// how it is stored the kernel form's (VARLEN: VarlenStore, else TmaStore); Epilogue names the pair.
+// A staging's tile(): the warpgroup's rows of the staging, as an opaque value: the addresses depend on the
+// thread alone, and would otherwise be hoisted out of the tile loop and held through the main loop
+// (PERSISTENT, BN 176, C 3: 14 registers spilled).
+
+// O staged in the warpgroup's rows of Q's slot (its own S GEMMs, the only readers, are done). The storing
+// thread waits until the copy engine has read them (shared memory stays valid until then); PERSISTENT: it
+// then releases Q's slot to the next tile's Q (q_empty: one arrival per consumer warpgroup).
+template <class T>
+struct OInQSlot {
+  static constexpr int kQEmptyArrivals = T::kConsumers;
+  __device__ __forceinline__ static unsigned tile(const Smem<T>&, unsigned q_wg, int) {
+    unsigned out = q_wg;
+    asm volatile("" : "+r"(out));
+    return out;
+  }
+  __device__ __forceinline__ static void gemms_done(const Smem<T>&, int) {}
+  __device__ __forceinline__ static void before_staging(int, int) {}
+  // By the thread that issued the TMA store, after its commit.
+  __device__ __forceinline__ static void tma_issued(const Smem<T>& sm) {
+    bulk_wait_read<0>();
+    if constexpr (T::kPersistent) mbar_arrive(sm.q_empty());  // then the next tile's Q may land there
+  }
+  // After the warpgroup's direct stores (each thread's reads of the staging).
+  __device__ __forceinline__ static void direct_done(const Smem<T>& sm, int tid, int c) {
+    if constexpr (T::kPersistent) {
+      named_bar_sync(NamedBarrier<T>::kOStaging + c, 128);  // every thread's reads of the staging done
+      if (tid == 0) mbar_arrive(sm.q_empty());
+    }
+  }
+  __device__ __forceinline__ static void last(int) {}
+};
+
+// O staged in a tile of its own (PERSISTENT, where it fits): Q's slot is free once the warp's GEMMs are
+// done (lane 0 of each warp arrives on q_empty), and the next tile's Q loads during this epilogue; the tile
+// is rewritten once the previous tile's O store has read it, and the CTA leaves once the last has.
+template <class T>
+struct OInOwnTile {
+  static constexpr int kQEmptyArrivals = 4 * T::kConsumers;
+  __device__ __forceinline__ static unsigned tile(const Smem<T>& sm, unsigned, int c) {
+    unsigned out = sm.o + static_cast<unsigned>(64 * c * T::kSwizzle);
+    asm volatile("" : "+r"(out));
+    return out;
+  }
+  __device__ __forceinline__ static void gemms_done(const Smem<T>& sm, int lane) {
+    if (lane == 0) mbar_arrive(sm.q_empty());
+  }
+  __device__ __forceinline__ static void before_staging(int tid, int c) {
+    if (tid == 0) bulk_wait_read<0>();  // the previous tile's O store has read the tile (its issuing thread knows)
+    named_bar_sync(NamedBarrier<T>::kOStaging + c, 128);
+  }
+  __device__ __forceinline__ static void tma_issued(const Smem<T>&) {}
+  __device__ __forceinline__ static void direct_done(const Smem<T>&, int, int) {}
+  __device__ __forceinline__ static void last(int tid) {
+    if (tid == 0) bulk_wait_read<0>();  // the last O store has read the tile before the CTA's shared memory goes
+  }
+};
+
+// Dense: one TMA box per column group of the warpgroup's 64 rows (rows past seq_q are clipped by the copy
+// engine), by one thread. (VarlenStore's interface; the unused sequence is taken by value: as a reference it
+// moved NVVM's code elsewhere in the kernel.)
+template <class T, class Staging>
+struct TmaStore {
+  template <class P>
+  __device__ __forceinline__ static void store(const Smem<T>& sm, const P&, const AttnTensorMaps& tm, unsigned out,
+                                               const Tile& tile, int c, int tid, int, VarlenSeq) {
+    if (tid == 0) {
+#pragma unroll
+      for (int grp = 0; grp < T::kGroups; ++grp)
+        tma_store_4d(&tm.map[3], out + static_cast<unsigned>(grp * T::kBlockM * T::kSwizzle), grp * T::kGroupCols,
+                     tile.m0 + 64 * c, tile.head, tile.batch);
+      bulk_commit();
+      Staging::tma_issued(sm);
+    }
+  }
+};
+
+// Packed (VARLEN): by TMA where the warpgroup's 64 rows lie inside the sequence, as dense; else by guarded
+// 16-byte stores of the rows inside (a box would write the next sequence's rows). PERSISTENT 0: the TMA
+// store's issuing thread does not wait for its reads (Staging::tma_issued is PERSISTENT's only).
+template <class T, class Staging>
+struct VarlenStore {
+  template <class P>
+  __device__ __forceinline__ static void store(const Smem<T>& sm, const P& p, const AttnTensorMaps& tm, unsigned out,
+                                               const Tile& tile, int c, int tid, int seq_q, const VarlenSeq& vs) {
+    constexpr int BM = T::kBlockM, SW = T::kSwizzle, W = T::kGroupCols;
+    const int row0 = tile.m0 + 64 * c;  // the warpgroup's first row in the sequence
+    if (row0 + 64 <= seq_q) {  // inside the sequence: one box per column group, as dense
+      if (tid == 0) {
+#pragma unroll
+        for (int grp = 0; grp < T::kGroups; ++grp)
+          tma_store_4d(&tm.map[3], out + static_cast<unsigned>(grp * BM * SW), grp * W, tile.head,
+                       static_cast<int>(vs.q_tok0) + row0, 0);
+        bulk_commit();
+        if constexpr (T::kPersistent) Staging::tma_issued(sm);
+      }
+    } else {  // straddling the end: 16-byte stores of the rows inside, never the next sequence's
+      constexpr int CPR = T::kHeadDim / 8;  // 16-byte chunks per row
+      unsigned short* o_seq = static_cast<unsigned short*>(p.o) + vs.q_offset(p.heads, tile.head, T::kHeadDim);
+      const long long o_stride = static_cast<long long>(p.heads) * T::kHeadDim;
+      for (int idx = tid; idx < 64 * CPR; idx += 128) {
+        const int r = idx / CPR, ck = idx % CPR;
+        if (row0 + r < seq_q) {
+          const int grp = 8 * ck / W, chunk = 8 * ck % W / 8;
+          const uint4 val = ld_shared_v4(out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk));
+          *reinterpret_cast<uint4*>(o_seq + (row0 + r) * o_stride + 8 * ck) = val;
+        }
+      }
+      Staging::direct_done(sm, tid, c);
+    }
+  }
+};
+
+// A consumer warpgroup's epilogue: the staging and the store chosen, and the step they share, stage(). Per
+// tile, once the warpgroup's GEMMs are done:
+//   Staging::gemms_done, out = Staging::tile, Staging::before_staging, vs = stage, Store::store;
+// and Staging::last after the last tile.
+template <class T, bool VARLEN, class P>
+struct Epilogue {
+  using Staging = typename Pick<T::kSeparateO, OInOwnTile<T>, OInQSlot<T>>::type;
+  using Store = typename Pick<VARLEN, VarlenStore<T, Staging>, TmaStore<T, Staging>>::type;
+
+  // Full row sums over the quad, O / l into the staging `out` (the warpgroup's rows), lse for rows below seq_q
+  // (the tile's sequence's), published to the copy engine (a proxy fence and the warpgroup's barrier).
+  // `row0` is the thread's first row of the tile, `wg_row` of the warpgroup's, `tig` its thread in quad.
+  // Returns the tile's sequence (VARLEN; its offsets are read here, not held through the main loop).
+  __device__ __forceinline__ static VarlenSeq stage(const P& p, unsigned out, int c, int row0, int wg_row, int tig,
+                                                    const Tile& tile, int seq_q, const float (&o)[T::kHeadDim / 2],
+                                                    const float (&m)[2], const float (&l)[2], float scale_log2) {
+    constexpr int BM = T::kBlockM, SW = T::kSwizzle, W = T::kGroupCols;
+    int batch_out = tile.batch;  // VARLEN: opaque, so that the sequence's offsets are not hoisted into the loop
+    if constexpr (VARLEN) asm volatile("" : "+r"(batch_out));
+    const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, batch_out);
+    float* lse_out = p.lse + (VARLEN ? vs.lse_offset(tile.head)
+                                     : (static_cast<long long>(tile.batch) * p.heads + tile.head) * seq_q);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float lt = l[h];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      const int r = wg_row + 8 * h;
+#pragma unroll
+      for (int j = 0; j < T::kOTiles; ++j) {
+        const int grp = 8 * j / W, chunk = 8 * j % W / 8;
+        st_shared_u32(out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk) + 4 * tig,
+                      pack_half2<T::kDtype>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
+      }
+      const int i = row0 + 8 * h;
+      if (tig == 0 && i < seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
+    }
+    fence_proxy_async();  // the generic-proxy writes, before the copy engine reads them
+    named_bar_sync(NamedBarrier<T>::kOStaging + c, 128);
+    return vs;
+  }
+};
+
 }  // namespace fa3_wgmma_detail
 
 template <class Traits, bool VARLEN = false>
@@ -560,6 +723,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   using T = Traits;
   using P = typename ParamsOf<VARLEN, AttnFwdParams>::type;
   namespace det = fa3_wgmma_detail;
+  using Epilogue = det::Epilogue<T, VARLEN, P>;
   constexpr int BM = T::kBlockM, BN = T::kBlockN, SW = T::kSwizzle, W = T::kGroupCols;
   static_assert(!(VARLEN && T::kMulticast), "MULTICAST is dense only: a packed batch's spare CTAs exit at entry");
   check_dynamic_smem(T::kSmemBytes);
@@ -579,7 +743,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       mbar_init(sm.v_empty(s), 4 * T::kConsumers * T::kCluster);
     }
     if constexpr (T::kPersistent)  // one thread per consumer warpgroup, or with O staged apart, lane 0 of each warp
-      mbar_init(sm.q_empty(), T::kSeparateO ? 4 * T::kConsumers : T::kConsumers);
+      mbar_init(sm.q_empty(), Epilogue::Staging::kQEmptyArrivals);
     fence_mbar_init();
   }
   if constexpr (T::kMulticast) cluster_sync();  // the other CTA's barriers too, before its first copy lands here
@@ -605,7 +769,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   const float scale_log2 = p.scale_log2;
   const det::Turns<T> turns{c};
   det::POperand<T> pop;
-  if constexpr (T::kPSmem) pop = {sm.p + static_cast<unsigned>(c * T::kPBytes), det::NamedBarrier<T>::kPStaged + c, wg_row, tig};
+  if constexpr (T::kPSmem)
+    pop = {sm.p + static_cast<unsigned>(c * T::kPBytes), det::NamedBarrier<T>::kPStaged + c, wg_row, tig};
 
   det::Ring<T::kStages> ring;  // K/V blocks, on from one tile into the next
   unsigned q_parity = 0;       // the tile's q_full phase
@@ -631,7 +796,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     // PINGPONG, balanced per tile: the last consumer's arrival lets consumer 0 go first, and consumer 0
     // takes the turn the last consumer passes after its last GEMMs. The arrival follows q_full: by then
     // consumer 0 has taken the previous tile's last turn (before its O store, which Q's reload waited
-    // for), so two arrivals never meet on barrier 1.
+    // for), so two arrivals never meet on barrier kTurn.
     if constexpr (T::kPingpong) {
       if (c == T::kConsumers - 1) named_bar_arrive(det::NamedBarrier<T>::kTurn, 256);
     }
@@ -642,90 +807,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     if constexpr (T::kPingpong) {
       if (c == 0) named_bar_sync(det::NamedBarrier<T>::kTurn, 256);
     }
-    // O staged apart: Q's slot is free once the warp's GEMMs are done (after the pingpong's last turn, so that
-    // the next tile's first arrival on barrier 1 follows it), and the next tile's Q loads during this epilogue.
-    if constexpr (T::kSeparateO) {
-      if (lane == 0) mbar_arrive(sm.q_empty());
-    }
-
-    // Epilogue: full row sums over the quad, O / l as 16 bits into this warpgroup's rows of Q's slot
-    // (its own S GEMMs, the only readers, are done) or of the O tile, then TMA stores; lse per row. Its
-    // shared-memory addresses depend on the thread alone: computed from an opaque copy of the base, else
-    // they are hoisted out of the tile loop and held through the main loop (PERSISTENT, BN 176, C 3: 14
-    // registers spilled).
-    unsigned q_out = T::kSeparateO ? sm.o + static_cast<unsigned>(64 * c * SW) : q_wg;
-    asm volatile("" : "+r"(q_out));
-    if constexpr (T::kSeparateO) {  // the previous tile's O store has read the tile (its issuing thread knows)
-      if (tid == 0) bulk_wait_read<0>();
-      named_bar_sync(det::NamedBarrier<T>::kOStaging + c, 128);
-    }
-    int batch_out = batch;  // VARLEN: the sequence's offsets, read here (opaque: not hoisted into the loop)
-    if constexpr (VARLEN) asm volatile("" : "+r"(batch_out));
-    const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, batch_out);
-    float* lse_out = p.lse + (VARLEN ? vs.lse_offset(head) : (static_cast<long long>(batch) * p.heads + head) * seq_q);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float lt = l[h];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const float inv = lt > 0.f ? 1.f / lt : 0.f;
-      const int r = wg_row + 8 * h;
-#pragma unroll
-      for (int j = 0; j < T::kOTiles; ++j) {
-        const int grp = 8 * j / W, chunk = 8 * j % W / 8;
-        st_shared_u32(q_out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk) + 4 * tig,
-                      pack_half2<T::kDtype>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
-      }
-      const int i = rows.row0 + 8 * h;
-      if (tig == 0 && i < tile_seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
-    }
-    fence_proxy_async();  // the generic-proxy writes, before the copy engine reads them
-    named_bar_sync(det::NamedBarrier<T>::kOStaging + c, 128);
-    if constexpr (VARLEN) {
-      const int row0 = m0 + 64 * c;  // the warpgroup's first row in the sequence
-      if (row0 + 64 <= tile_seq_q) {  // inside the sequence: one box per column group, as dense
-        if (tid == 0) {
-#pragma unroll
-          for (int grp = 0; grp < T::kGroups; ++grp)
-            tma_store_4d(&tm.map[3], q_out + static_cast<unsigned>(grp * BM * SW), grp * W, head,
-                         static_cast<int>(vs.q_tok0) + row0, 0);
-          bulk_commit();
-          if constexpr (T::kPersistent && !T::kSeparateO) {
-            bulk_wait_read<0>();
-            mbar_arrive(sm.q_empty());
-          }
-        }
-      } else {  // straddling the end: 16-byte stores of the rows inside, never the next sequence's
-        constexpr int CPR = T::kHeadDim / 8;  // 16-byte chunks per row
-        unsigned short* o_seq = static_cast<unsigned short*>(p.o) + vs.q_offset(p.heads, head, T::kHeadDim);
-        const long long o_stride = static_cast<long long>(p.heads) * T::kHeadDim;
-        for (int idx = tid; idx < 64 * CPR; idx += 128) {
-          const int r = idx / CPR, ck = idx % CPR;
-          if (row0 + r < tile_seq_q) {
-            const int grp = 8 * ck / W, chunk = 8 * ck % W / 8;
-            const uint4 val = ld_shared_v4(q_out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk));
-            *reinterpret_cast<uint4*>(o_seq + (row0 + r) * o_stride + 8 * ck) = val;
-          }
-        }
-        if constexpr (T::kPersistent && !T::kSeparateO) {
-          named_bar_sync(det::NamedBarrier<T>::kOStaging + c, 128);  // every thread's reads of the staging done
-          if (tid == 0) mbar_arrive(sm.q_empty());
-        }
-      }
-    } else if (tid == 0) {
-#pragma unroll
-      for (int grp = 0; grp < T::kGroups; ++grp)
-        tma_store_4d(&tm.map[3], q_out + static_cast<unsigned>(grp * BM * SW), grp * W, m0 + 64 * c, head, batch);
-      bulk_commit();
-      if constexpr (!T::kSeparateO) {
-        bulk_wait_read<0>();  // shared memory stays valid until the copy engine has read it
-        if constexpr (T::kPersistent) mbar_arrive(sm.q_empty());  // then the next tile's Q may land there
-      }
-    }
+    // The epilogue, after the pingpong's last turn: with O staged apart, gemms_done releases Q's slot, and the
+    // next tile's first arrival on barrier kTurn must follow that.
+    Epilogue::Staging::gemms_done(sm, lane);
+    const unsigned out = Epilogue::Staging::tile(sm, q_wg, c);
+    Epilogue::Staging::before_staging(tid, c);
+    const VarlenSeq vs = Epilogue::stage(p, out, c, rows.row0, wg_row, tig, tile, tile_seq_q, o, m, l, scale_log2);
+    Epilogue::Store::store(sm, p, tm, out, tile, c, tid, tile_seq_q, vs);
   }
-  if constexpr (T::kSeparateO) {  // the last O store has read the tile before the CTA's shared memory goes
-    if (tid == 0) bulk_wait_read<0>();
-  }
+  Epilogue::Staging::last(tid);
   // MULTICAST: the other CTA's consumers release their last slots on this CTA's barriers too; this CTA stays
   // until they have (the producers arrived on leaving; every copy into this CTA was waited for here).
   if constexpr (T::kMulticast) cluster_sync();
