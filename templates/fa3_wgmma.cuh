@@ -441,6 +441,10 @@ struct POperand<T, true> {
 
 // PINGPONG: consumer c waits for its turn (barrier kTurn + c) before issuing GEMMs and hands the turn
 // to the next consumer (kTurn + (c + 1) % C) after; 128 waiting + 128 arriving threads each.
+// Balanced per tile: the last consumer's arrival (begin_tile) lets consumer 0 go first, and consumer 0 takes
+// the turn the last consumer passes after its last GEMMs (end_tile). The arrival follows q_full: by then
+// consumer 0 has taken the previous tile's last turn (before its O store, which Q's reload waited for), so
+// two arrivals never meet on barrier kTurn.
 template <class T>
 struct Turns {
   int c;
@@ -449,6 +453,16 @@ struct Turns {
   }
   __device__ void pass() const {
     if constexpr (T::kPingpong) named_bar_arrive(NamedBarrier<T>::kTurn + (c + 1) % T::kConsumers, 256);
+  }
+  __device__ void begin_tile() const {
+    if constexpr (T::kPingpong) {
+      if (c == T::kConsumers - 1) named_bar_arrive(NamedBarrier<T>::kTurn, 256);
+    }
+  }
+  __device__ void end_tile() const {
+    if constexpr (T::kPingpong) {
+      if (c == 0) named_bar_sync(NamedBarrier<T>::kTurn, 256);
+    }
   }
 };
 
@@ -793,20 +807,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
 
     mbar_wait(sm.q_full(), q_parity);
-    // PINGPONG, balanced per tile: the last consumer's arrival lets consumer 0 go first, and consumer 0
-    // takes the turn the last consumer passes after its last GEMMs. The arrival follows q_full: by then
-    // consumer 0 has taken the previous tile's last turn (before its O store, which Q's reload waited
-    // for), so two arrivals never meet on barrier kTurn.
-    if constexpr (T::kPingpong) {
-      if (c == T::kConsumers - 1) named_bar_arrive(det::NamedBarrier<T>::kTurn, 256);
-    }
+    turns.begin_tile();
     if constexpr (T::kOverlap)
       det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, ring, pop, o, m, l);
     else
       det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, ring, pop, o, m, l);
-    if constexpr (T::kPingpong) {
-      if (c == 0) named_bar_sync(det::NamedBarrier<T>::kTurn, 256);
-    }
+    turns.end_tile();
     // The epilogue, after the pingpong's last turn: with O staged apart, gemms_done releases Q's slot, and the
     // next tile's first arrival on barrier kTurn must follow that.
     Epilogue::Staging::gemms_done(sm, lane);
