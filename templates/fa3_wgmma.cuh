@@ -123,6 +123,34 @@ struct Ring {
   }
 };
 
+// The CTAs that share each K and V block: the CTA alone, or (MULTICAST) a cluster of two on neighbouring
+// query blocks, each CTA's producer copying its share of a block's rows into both CTAs' slot.
+template <class T>
+struct KvCluster {
+  // Arrivals that release a K or V slot: lane 0 of every consumer warp of the cluster.
+  static constexpr int kSlotReleases = 4 * T::kConsumers * T::kCluster;
+  // The first row of a K or V block this CTA's producer copies (its share: kKvBoxRows rows).
+  __device__ __forceinline__ static int first_row() {
+    return T::kMulticast ? static_cast<int>(cluster_ctarank()) * T::kKvBoxRows : 0;
+  }
+  // A consumer warp's release of a K or V slot (by its lane 0); MULTICAST, on the other CTA's barrier too:
+  // each CTA's producer refills its share of the slot in both.
+  __device__ __forceinline__ static void release(unsigned bar) {
+    mbar_arrive(bar);
+    if constexpr (T::kMulticast) mbar_arrive_cluster(bar, cluster_ctarank() ^ 1u);
+  }
+  // After the mbarrier inits: the other CTA's barriers too, before its first copy lands here.
+  __device__ __forceinline__ static void sync_after_init() {
+    if constexpr (T::kMulticast) cluster_sync();
+    else __syncthreads();
+  }
+  // Before a warpgroup leaves: the other CTA's consumers release their last slots on this CTA's barriers
+  // too, so a CTA stays until they have (the producers arrive on leaving).
+  __device__ __forceinline__ static void sync_before_exit() {
+    if constexpr (T::kMulticast) cluster_sync();
+  }
+};
+
 // A tile's first query row, head and batch entry.
 struct Tile {
   int m0, head, batch;
@@ -237,7 +265,7 @@ __device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensor
                                              const MapCoords<VARLEN>& at = {}) {
   constexpr int W = T::kGroupCols, SW = T::kSwizzle, BN = T::kBlockN;
   // A K or V block: one box per column group; MULTICAST, this CTA's share of the rows, into both CTAs.
-  const int r0 = T::kMulticast ? static_cast<int>(cluster_ctarank()) * T::kKvBoxRows : 0;
+  const int r0 = KvCluster<T>::first_row();
   auto load_block = [&](unsigned slot, const TmaDescriptor* map, int nb, unsigned bar) {
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g) {
@@ -286,14 +314,6 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
       produce_tile<T>(sm, tm, tile, tile.head / query_group(p), kv_blocks<T>(tile.m0, p.seq_q, p.seq_k), ring);
     }
   }
-}
-
-// A consumer warp's release of a K or V slot (by its lane 0); MULTICAST, on the other CTA's barrier too:
-// each CTA's producer refills its share of the slot in both.
-template <class T>
-__device__ __forceinline__ void release(unsigned bar) {
-  mbar_arrive(bar);
-  if constexpr (T::kMulticast) mbar_arrive_cluster(bar, cluster_ctarank() ^ 1u);
 }
 
 // S (64 x BN, raw scores) = Q_wg K^T: both operands K-major; k16 slice kk is 32 bytes into its group.
@@ -481,7 +501,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(s);
-    if (lane0) release<T>(sm.k_empty(ring.slot));
+    if (lane0) KvCluster<T>::release(sm.k_empty(ring.slot));
     mask<T>(s, r, n0);
     float alpha[2];
     softmax<T>(s, m, l, alpha, scale_log2);
@@ -496,7 +516,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     wgmma_wait<0>();
     wgmma_fence_regs(o);
     p.fence();
-    if (lane0) release<T>(sm.v_empty(ring.slot));
+    if (lane0) KvCluster<T>::release(sm.v_empty(ring.slot));
   }
 }
 
@@ -519,7 +539,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   turns.pass();
   wgmma_wait<0>();
   wgmma_fence_regs(s);
-  if (lane0) release<T>(sm.k_empty(cur.slot));
+  if (lane0) KvCluster<T>::release(sm.k_empty(cur.slot));
   mask<T>(s, r, 0);
   softmax<T>(s, m, l, alpha, scale_log2);  // alpha = 0 scales the zero O: nothing to do
   p.stage(s);
@@ -539,7 +559,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     turns.pass();
     wgmma_wait<1>();  // S(nb)
     wgmma_fence_regs(s);
-    if (lane0) release<T>(sm.k_empty(nxt.slot));  // K(nb) read: its slot may take K(nb + STAGES) now
+    if (lane0) KvCluster<T>::release(sm.k_empty(nxt.slot));  // K(nb) read: its slot may take K(nb + STAGES) now
     mask<T>(s, r, nb * T::kBlockN);
     softmax<T>(s, m, l, alpha, scale_log2);
     // The softmax is plain register arithmetic the compiler may move below the wait (NVVM): these pin
@@ -550,7 +570,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     wgmma_fence_regs(alpha);
     wait_then_rescale<T>(o, alpha);  // P(nb-1) V(nb-1)
     p.fence();
-    if (lane0) release<T>(sm.v_empty(cur.slot));
+    if (lane0) KvCluster<T>::release(sm.v_empty(cur.slot));
     p.stage(s);
     cur = nxt;
   }
@@ -565,7 +585,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   wgmma_wait<0>();
   wgmma_fence_regs(o);
   p.fence();
-  if (lane0) release<T>(sm.v_empty(cur.slot));
+  if (lane0) KvCluster<T>::release(sm.v_empty(cur.slot));
   ring = cur;
   ring.next();
 }
@@ -582,7 +602,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
 // then releases Q's slot to the next tile's Q (q_empty: one arrival per consumer warpgroup).
 template <class T>
 struct OInQSlot {
-  static constexpr int kQEmptyArrivals = T::kConsumers;
+  static constexpr int kQEmptyArrivals = T::kConsumers;  // PERSISTENT: each warpgroup's storing thread
   __device__ __forceinline__ static unsigned tile(const Smem<T>&, unsigned q_wg, int) {
     unsigned out = q_wg;
     asm volatile("" : "+r"(out));
@@ -610,7 +630,7 @@ struct OInQSlot {
 // is rewritten once the previous tile's O store has read it, and the CTA leaves once the last has.
 template <class T>
 struct OInOwnTile {
-  static constexpr int kQEmptyArrivals = 4 * T::kConsumers;
+  static constexpr int kQEmptyArrivals = 4 * T::kConsumers;  // lane 0 of every consumer warp
   __device__ __forceinline__ static unsigned tile(const Smem<T>& sm, unsigned, int c) {
     unsigned out = sm.o + static_cast<unsigned>(64 * c * T::kSwizzle);
     asm volatile("" : "+r"(out));
@@ -738,7 +758,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   using P = typename ParamsOf<VARLEN, AttnFwdParams>::type;
   namespace det = fa3_wgmma_detail;
   using Epilogue = det::Epilogue<T, VARLEN, P>;
-  constexpr int BM = T::kBlockM, BN = T::kBlockN, SW = T::kSwizzle, W = T::kGroupCols;
+  constexpr int SW = T::kSwizzle;
   static_assert(!(VARLEN && T::kMulticast), "MULTICAST is dense only: a packed batch's spare CTAs exit at entry");
   check_dynamic_smem(T::kSmemBytes);
   if (det::TileScheduler<T, VARLEN, P>::empty_cta(p)) return;  // VARLEN, PERSISTENT 0: past the sequence's end
@@ -753,15 +773,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(sm.k_full(s), 1);
       mbar_init(sm.v_full(s), 1);
-      mbar_init(sm.k_empty(s), 4 * T::kConsumers * T::kCluster);  // lane 0 of every consumer warp (of the cluster)
-      mbar_init(sm.v_empty(s), 4 * T::kConsumers * T::kCluster);
+      mbar_init(sm.k_empty(s), det::KvCluster<T>::kSlotReleases);
+      mbar_init(sm.v_empty(s), det::KvCluster<T>::kSlotReleases);
     }
-    if constexpr (T::kPersistent)  // one thread per consumer warpgroup, or with O staged apart, lane 0 of each warp
-      mbar_init(sm.q_empty(), Epilogue::Staging::kQEmptyArrivals);
+    if constexpr (T::kPersistent) mbar_init(sm.q_empty(), Epilogue::Staging::kQEmptyArrivals);
     fence_mbar_init();
   }
-  if constexpr (T::kMulticast) cluster_sync();  // the other CTA's barriers too, before its first copy lands here
-  else __syncthreads();
+  det::KvCluster<T>::sync_after_init();
 
   const int wg = static_cast<int>(threadIdx.x) / 128;
   if (wg == 0) {
@@ -770,7 +788,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       for (int i = 0; i < 4; ++i) prefetch_tensormap(&tm.map[i]);
       det::produce<T, VARLEN>(sm, tm, p);
     }
-    if constexpr (T::kMulticast) cluster_sync();  // the exit barrier, reached early (see the kernel's end)
+    det::KvCluster<T>::sync_before_exit();
     return;
   }
   setmaxnreg_inc<T::kConsumerRegs>();
@@ -790,7 +808,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   unsigned q_parity = 0;       // the tile's q_full phase
   for (det::TileScheduler<T, VARLEN, P> sched; sched.valid(p); sched.next(), q_parity ^= 1u) {
     const det::Tile tile = sched.tile(p);
-    const int m0 = tile.m0, head = tile.head, batch = tile.batch;
+    const int m0 = tile.m0, batch = tile.batch;
     // VARLEN: the tile's sequence's lengths stand for the problem's below (its token offsets are read again
     // in the epilogue, not held through the main loop).
     int tile_seq_q = seq_q, tile_seq_k = seq_k;
@@ -822,9 +840,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     Epilogue::Store::store(sm, p, tm, out, tile, c, tid, tile_seq_q, vs);
   }
   Epilogue::Staging::last(tid);
-  // MULTICAST: the other CTA's consumers release their last slots on this CTA's barriers too; this CTA stays
-  // until they have (the producers arrived on leaving; every copy into this CTA was waited for here).
-  if constexpr (T::kMulticast) cluster_sync();
+  det::KvCluster<T>::sync_before_exit();  // every copy into this CTA was waited for here
 }
 
 }  // namespace flashtune
