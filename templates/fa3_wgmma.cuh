@@ -6,8 +6,9 @@
 //   O [64][W], W = the swizzle's columns; Family::tensor_maps declares them)
 // A tile is one query block of BM rows of one head of one batch entry.
 // Grid, PERSISTENT 0: one CTA per tile, x = ceil(seq_q / BM) query blocks (reversed when causal: the
-// heaviest first), y = heads, z = batch. PERSISTENT 1: 1 + TWO_CTAS CTAs per SM (any grid works), each
-// looping over the tiles (TileScheduler). 128 x (CONSUMERS + 1) threads; kSmemBytes dynamic shared memory.
+// heaviest first), y = heads, z = batch (PlainScheduler). PERSISTENT 1: 1 + TWO_CTAS CTAs per SM (any grid
+// works), each looping over the tiles (PersistentScheduler). 128 x (CONSUMERS + 1) threads; kSmemBytes
+// dynamic shared memory.
 // TWO_CTAS 1: the launch bounds ask for two CTAs per SM (the register budgets are the traits' halves), so
 // one CTA's prologue and epilogue overlap the other's main loop; the code is otherwise the same.
 // MULTICAST 1: launched in clusters of two CTAs along x (the host's launch attribute); the producer of
@@ -31,11 +32,12 @@
 //                         staged in the consumer's shared-memory tile (interleaved core matrices)
 //   release the slot      one arrival per warp: k_empty after the S GEMM, v_empty after P V
 // OVERLAP 1 issues S(n+1) and P(n) V(n) back to back and computes the softmax of S(n+1) while
-// P(n) V(n) runs; PINGPONG 1 has the consumers take turns at issuing (named barriers 1..C).
-// Epilogue: O / l (16-bit) staged swizzled in the warpgroup's rows of Q's slot, one TMA store per
-// column group (rows past seq_q are clipped by the copy engine); lse by the threads that hold the rows.
-// PERSISTENT: the storing thread waits until the copy engine has read the staged O, then releases Q's
-// slot (one q_empty arrival per consumer warpgroup).
+// P(n) V(n) runs; PINGPONG 1 has the consumers take turns at issuing (named barriers kTurn + c).
+// Epilogue: O / l (16-bit) staged swizzled in the warpgroup's rows of Q's slot (OInQSlot), or with
+// PERSISTENT where it fits in an O tile of its own (OInOwnTile), one TMA store per column group (TmaStore:
+// rows past seq_q are clipped by the copy engine); lse by the threads that hold the rows. PERSISTENT, O in
+// Q's slot: the storing thread waits until the copy engine has read the staged O, then releases Q's slot
+// (one q_empty arrival per consumer warpgroup).
 //
 // Masking as fa2_mma: keys past seq_k (zero-filled by TMA) and causal keys j > i + seq_k - seq_q
 // get S = -inf, only on blocks that straddle them; a row with no visible key ends with O = 0, lse = +inf.
@@ -46,9 +48,10 @@
 // (tuner/tensor_maps.cpp), so a tile's box is rows of its own tokens; rows past the sequence's end are the
 // next sequence's, and are masked as keys (key >= the sequence's seq_k) and never stored as queries. O goes
 // out by TMA where the warpgroup's 64 rows lie inside the sequence, else by guarded 16-byte stores (a box
-// would write the next sequence's rows). Tiles past a sequence's end: no CTA work (PERSISTENT 0: the CTA
-// exits at entry; PERSISTENT 1: the scheduler skips them, producer and consumers alike). Causal blocks are
-// reversed within the sequence (PERSISTENT 0) or taken longest first across sequences (PERSISTENT 1).
+// would write the next sequence's rows): VarlenStore. Tiles past a sequence's end: no CTA work (PERSISTENT 0:
+// the CTA exits at entry; PERSISTENT 1: the scheduler skips them, producer and consumers alike). Causal
+// blocks are reversed within the sequence (PERSISTENT 0) or taken longest first across sequences
+// (PERSISTENT 1).
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -59,24 +62,54 @@ namespace flashtune {
 
 namespace fa3_wgmma_detail {
 
+// Named barriers (0 is __syncthreads), one of each kind per consumer warpgroup c (+ c).
+template <class T>
+struct NamedBarrier {
+  enum : int {
+    kTurn = 1,                             // consumer c's turn to issue its GEMMs (PINGPONG; 256 threads, Turns)
+    kOStaging = kTurn + T::kConsumers,     // warpgroup c's O staging written, or read (128 threads)
+    kPStaged = kOStaging + T::kConsumers,  // consumer c's P tile staged for its P V GEMM (P_SMEM; 128 threads)
+    kEnd = kPStaged + T::kConsumers,
+  };
+  static_assert(kEnd <= 16, "16 named barriers");
+};
+
 // Where everything lives in shared memory (base 1024-byte aligned). Column group g of a tile of R
 // rows starts g * R * kSwizzle bytes after the tile.
 template <class T>
 struct Smem {
   // Byte offsets from the base: Q, the K/V ring, the P tiles, the O tile (if apart), the mbarriers.
-  static constexpr unsigned kKv = T::kQBytes, kP = kKv + 2 * T::kStages * T::kKvBytes,
-                            kO = kP + T::kConsumers * T::kPBytes, kBars = kO + T::kOBytes;
+  enum Region : unsigned {
+    kQ = 0,
+    kKv = kQ + T::kQBytes,                        // slot s: K at kKv + 2s kKvBytes, V after it
+    kP = kKv + 2 * T::kStages * T::kKvBytes,      // P_SMEM: consumer c's P tile at kP + c kPBytes
+    kO = kP + T::kConsumers * T::kPBytes,         // kSeparateO: O's staging tile
+    kBars = kO + T::kOBytes,
+    kEnd = kBars + fa3_wgmma_barrier_bytes(T::kStages, T::kPersistent),
+  };
+  // The mbarriers, byte offsets from kBars: q_full; per slot s, kSlotBars bytes apart, k_full, v_full, k_empty,
+  // v_empty; q_empty (PERSISTENT) after the last slot's.
+  enum Mbarrier : unsigned {
+    kQFull = 0,
+    kKFull = 8,
+    kVFull = 16,
+    kKEmpty = 24,
+    kVEmpty = 32,
+    kSlotBars = 32,
+    kQEmpty = 8 + kSlotBars * T::kStages,
+  };
+  static_assert(kEnd + 1024 == T::kSmemBytes, "the regions add up to the traits' shared memory");
   unsigned q, kv, p, o, bars;  // p: P_SMEM, consumer c's P tile at p + c * kPBytes; o: O's staging tile
   __device__ explicit Smem(unsigned base)
-      : q(base), kv(base + kKv), p(base + kP), o(T::kSeparateO ? base + kO : base), bars(base + kBars) {}
+      : q(base + kQ), kv(base + kKv), p(base + kP), o(T::kSeparateO ? base + kO : base), bars(base + kBars) {}
   __device__ unsigned k(int s) const { return kv + static_cast<unsigned>(2 * s * T::kKvBytes); }
   __device__ unsigned v(int s) const { return kv + static_cast<unsigned>((2 * s + 1) * T::kKvBytes); }
-  __device__ unsigned q_full() const { return bars; }
-  __device__ unsigned k_full(int s) const { return bars + 8 + 32 * s; }
-  __device__ unsigned v_full(int s) const { return bars + 16 + 32 * s; }
-  __device__ unsigned k_empty(int s) const { return bars + 24 + 32 * s; }
-  __device__ unsigned v_empty(int s) const { return bars + 32 + 32 * s; }
-  __device__ unsigned q_empty() const { return bars + 8 + 32 * T::kStages; }  // PERSISTENT only
+  __device__ unsigned q_full() const { return bars + kQFull; }
+  __device__ unsigned k_full(int s) const { return bars + kKFull + kSlotBars * s; }
+  __device__ unsigned v_full(int s) const { return bars + kVFull + kSlotBars * s; }
+  __device__ unsigned k_empty(int s) const { return bars + kKEmpty + kSlotBars * s; }
+  __device__ unsigned v_empty(int s) const { return bars + kVEmpty + kSlotBars * s; }
+  __device__ unsigned q_empty() const { return bars + kQEmpty; }  // PERSISTENT only
 };
 
 // Slot and mbarrier parity of consecutive blocks in a ring of STAGES slots (across tiles: PERSISTENT).
@@ -90,41 +123,55 @@ struct Ring {
   }
 };
 
+// The CTAs that share each K and V block: the CTA alone, or (MULTICAST) a cluster of two on neighbouring
+// query blocks, each CTA's producer copying its share of a block's rows into both CTAs' slot.
+template <class T>
+struct KvCluster {
+  // Arrivals that release a K or V slot: lane 0 of every consumer warp of the cluster.
+  static constexpr int kSlotReleases = 4 * T::kConsumers * T::kCluster;
+  // The first row of a K or V block this CTA's producer copies (its share: kKvBoxRows rows).
+  __device__ __forceinline__ static int first_row() {
+    return T::kMulticast ? static_cast<int>(cluster_ctarank()) * T::kKvBoxRows : 0;
+  }
+  // A consumer warp's release of a K or V slot (by its lane 0); MULTICAST, on the other CTA's barrier too:
+  // each CTA's producer refills its share of the slot in both.
+  __device__ __forceinline__ static void release(unsigned bar) {
+    mbar_arrive(bar);
+    if constexpr (T::kMulticast) mbar_arrive_cluster(bar, cluster_ctarank() ^ 1u);
+  }
+  // After the mbarrier inits: the other CTA's barriers too, before its first copy lands here.
+  __device__ __forceinline__ static void sync_after_init() {
+    if constexpr (T::kMulticast) cluster_sync();
+    else __syncthreads();
+  }
+  // Before a warpgroup leaves: the other CTA's consumers release their last slots on this CTA's barriers
+  // too, so a CTA stays until they have (the producers arrive on leaving).
+  __device__ __forceinline__ static void sync_before_exit() {
+    if constexpr (T::kMulticast) cluster_sync();
+  }
+};
+
 // A tile's first query row, head and batch entry.
 struct Tile {
   int m0, head, batch;
 };
 
-// The tiles of a CTA, shared by the producer and the consumers. PERSISTENT 0: the one its grid position
-// names (x reversed when causal: the heaviest first). PERSISTENT 1: tiles b, b + B, b + 2B, ... in
-// fa3_wgmma_tile's order (causal: longest first), b the CTA's linear index and B the grid's CTAs, so that
-// any grid is correct (the plain one, where the SM count was unknown, too).
-// VARLEN: tiles past their sequence's end are skipped (PERSISTENT 1: valid() moves on to the next tile that
-// has rows, in the producer and the consumers alike; PERSISTENT 0: the CTA exits at entry, see empty_cta).
-template <class T, bool VARLEN = false, class P = AttnFwdParams>
-struct TileScheduler {
-  int t;  // the rest is recomputed from the parameters: registers are what a consumer lacks
-  __device__ TileScheduler()
-      : t(T::kPersistent ? static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) : 0) {}
-  __device__ static int qblocks(const P& p) { return ceil_div(p.seq_q, T::kBlockM); }
-  __device__ bool valid(const P& p) {
-    if constexpr (VARLEN && T::kPersistent) {
-      for (; t < qblocks(p) * p.heads * p.batch; next()) {
-        const Tile x = tile(p);
-        if (x.m0 < VarlenSeq::of<VARLEN>(p, x.batch).seq_q) return true;
-      }
-      return false;
-    }
-    return t < (T::kPersistent ? qblocks(p) * p.heads * p.batch : 1);
-  }
-  __device__ void next() { t += T::kPersistent ? static_cast<int>(gridDim.x * gridDim.y * gridDim.z) : 1; }
+// The tiles of a CTA, shared by the producer and the consumers (FlashAttention-3's tile schedulers): two
+// types with one interface, the traits' PERSISTENT choosing (TileScheduler):
+//   for (Scheduler s; s.valid(p); s.next()) { const Tile t = s.tile(p); ... }
+// and Scheduler::empty_cta(p), true where the whole CTA has no work (it exits at entry).
+// VARLEN: tiles past their sequence's end have no work, in the producer and the consumers alike.
+
+// PERSISTENT 0: the one tile the CTA's grid position names, x the query block (reversed when causal: the
+// heaviest first), y the head, z the batch entry. VARLEN: causal blocks are reversed within the sequence,
+// and a CTA whose block lies past its sequence's end exits at entry.
+template <class T, bool VARLEN, class P>
+struct PlainScheduler {
+  bool done = false;
+  __device__ bool valid(const P&) const { return !done; }
+  __device__ void next() { done = true; }
   __device__ Tile tile(const P& p) const {
-    if constexpr (T::kPersistent) {
-      const Fa3Tile x = fa3_wgmma_tile(t, qblocks(p), p.heads, p.batch, T::kCausal,
-                                       fa3_wgmma_causal_group(p.seq_k, T::kHeadDim, p.heads * p.batch,
-                                                              static_cast<int>(gridDim.x * gridDim.y * gridDim.z)));
-      return {x.qblock * T::kBlockM, x.head, x.batch};
-    } else if constexpr (VARLEN) {  // causal: reversed within the sequence (blocks past its end: m0 < 0)
+    if constexpr (VARLEN) {  // causal: reversed within the sequence (blocks past its end: m0 < 0)
       const int qb = T::kCausal ? ceil_div(VarlenSeq::of<VARLEN>(p, blockIdx.z).seq_q, T::kBlockM) - 1 -
                                       static_cast<int>(blockIdx.x)
                                 : static_cast<int>(blockIdx.x);
@@ -134,15 +181,57 @@ struct TileScheduler {
       return {qb * T::kBlockM, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
     }
   }
-  // PERSISTENT 0, VARLEN: the CTA's one tile lies past its sequence's end (the whole CTA exits).
   __device__ static bool empty_cta(const P& p) {
-    if constexpr (VARLEN && !T::kPersistent) {
-      const int m0 = TileScheduler().tile(p).m0;
+    if constexpr (VARLEN) {
+      const int m0 = PlainScheduler().tile(p).m0;
       return m0 < 0 || m0 >= VarlenSeq::of<VARLEN>(p, blockIdx.z).seq_q;
     }
     return false;
   }
 };
+
+// PERSISTENT 1: tiles b, b + B, b + 2B, ... in fa3_wgmma_tile's order (causal: longest first), b the CTA's
+// linear index and B the grid's CTAs, so that any grid is correct (the plain one, where the SM count was
+// unknown, too). VARLEN: valid() moves on to the next tile that has rows.
+template <class T, bool VARLEN, class P>
+struct PersistentScheduler {
+  int t;  // the rest is recomputed from the parameters: registers are what a consumer lacks
+  __device__ PersistentScheduler()
+      : t(static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))) {}
+  __device__ static int qblocks(const P& p) { return ceil_div(p.seq_q, T::kBlockM); }
+  __device__ bool valid(const P& p) {
+    if constexpr (VARLEN) {
+      for (; t < qblocks(p) * p.heads * p.batch; next()) {
+        const Tile x = tile(p);
+        if (x.m0 < VarlenSeq::of<VARLEN>(p, x.batch).seq_q) return true;
+      }
+      return false;
+    }
+    return t < qblocks(p) * p.heads * p.batch;
+  }
+  __device__ void next() { t += static_cast<int>(gridDim.x * gridDim.y * gridDim.z); }
+  __device__ Tile tile(const P& p) const {
+    const Fa3Tile x = fa3_wgmma_tile(t, qblocks(p), p.heads, p.batch, T::kCausal,
+                                     fa3_wgmma_causal_group(p.seq_k, T::kHeadDim, p.heads * p.batch,
+                                                            static_cast<int>(gridDim.x * gridDim.y * gridDim.z)));
+    return {x.qblock * T::kBlockM, x.head, x.batch};
+  }
+  __device__ static bool empty_cta(const P&) { return false; }
+};
+
+// A if C, else B (the traits' switches choosing a piece).
+template <bool C, class A, class B>
+struct Pick {
+  using type = A;
+};
+template <class A, class B>
+struct Pick<false, A, B> {
+  using type = B;
+};
+
+template <class T, bool VARLEN = false, class P = AttnFwdParams>
+using TileScheduler =
+    typename Pick<T::kPersistent, PersistentScheduler<T, VARLEN, P>, PlainScheduler<T, VARLEN, P>>::type;
 
 // Where a tile's rows are in the tensor maps: dense (d, seq, heads, batch) maps take (column, row, head,
 // batch); packed ones (d, heads, total tokens, 1) take (column, head, first token + row, 0).
@@ -176,7 +265,7 @@ __device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensor
                                              const MapCoords<VARLEN>& at = {}) {
   constexpr int W = T::kGroupCols, SW = T::kSwizzle, BN = T::kBlockN;
   // A K or V block: one box per column group; MULTICAST, this CTA's share of the rows, into both CTAs.
-  const int r0 = T::kMulticast ? static_cast<int>(cluster_ctarank()) * T::kKvBoxRows : 0;
+  const int r0 = KvCluster<T>::first_row();
   auto load_block = [&](unsigned slot, const TmaDescriptor* map, int nb, unsigned bar) {
 #pragma unroll
     for (int g = 0; g < T::kGroups; ++g) {
@@ -225,14 +314,6 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
       produce_tile<T>(sm, tm, tile, tile.head / query_group(p), kv_blocks<T>(tile.m0, p.seq_q, p.seq_k), ring);
     }
   }
-}
-
-// A consumer warp's release of a K or V slot (by its lane 0); MULTICAST, on the other CTA's barrier too:
-// each CTA's producer refills its share of the slot in both.
-template <class T>
-__device__ __forceinline__ void release(unsigned bar) {
-  mbar_arrive(bar);
-  if constexpr (T::kMulticast) mbar_arrive_cluster(bar, cluster_ctarank() ^ 1u);
 }
 
 // S (64 x BN, raw scores) = Q_wg K^T: both operands K-major; k16 slice kk is 32 bytes into its group.
@@ -332,7 +413,7 @@ __device__ __forceinline__ void wait_then_rescale(float (&o)[T::kHeadDim / 2], c
 //   registers: P's k16 slice kk as an A fragment is the packed accumulators of S n8 tiles 2kk, 2kk + 1;
 //   shared memory: the consumer's P tile, interleaved core matrices (8 rows x 16 bytes, 128 contiguous
 //     bytes: a warp's 4-byte stores of one n8 tile cover one whole core matrix, conflict free), published
-//     to the warpgroup's GEMM by a proxy fence and a named barrier (2C + 1 + c) before the issue.
+//     to the warpgroup's GEMM by a proxy fence and a named barrier (kPStaged + c) before the issue.
 // V is MN-major: slice kk is 16 rows in, its column groups BN * kSwizzle bytes apart.
 template <class T, bool SMEM = T::kPSmem>
 struct POperand;
@@ -378,16 +459,30 @@ struct POperand<T, true> {
   }
 };
 
-// PINGPONG: consumer c waits for its turn (barrier 1 + c) before issuing GEMMs and hands the turn
-// to the next consumer (barrier 1 + (c + 1) % C) after; 128 waiting + 128 arriving threads each.
+// PINGPONG: consumer c waits for its turn (barrier kTurn + c) before issuing GEMMs and hands the turn
+// to the next consumer (kTurn + (c + 1) % C) after; 128 waiting + 128 arriving threads each.
+// Balanced per tile: the last consumer's arrival (begin_tile) lets consumer 0 go first, and consumer 0 takes
+// the turn the last consumer passes after its last GEMMs (end_tile). The arrival follows q_full: by then
+// consumer 0 has taken the previous tile's last turn (before its O store, which Q's reload waited for), so
+// two arrivals never meet on barrier kTurn.
 template <class T>
 struct Turns {
   int c;
   __device__ void wait() const {
-    if constexpr (T::kPingpong) named_bar_sync(1 + c, 256);
+    if constexpr (T::kPingpong) named_bar_sync(NamedBarrier<T>::kTurn + c, 256);
   }
   __device__ void pass() const {
-    if constexpr (T::kPingpong) named_bar_arrive(1 + (c + 1) % T::kConsumers, 256);
+    if constexpr (T::kPingpong) named_bar_arrive(NamedBarrier<T>::kTurn + (c + 1) % T::kConsumers, 256);
+  }
+  __device__ void begin_tile() const {
+    if constexpr (T::kPingpong) {
+      if (c == T::kConsumers - 1) named_bar_arrive(NamedBarrier<T>::kTurn, 256);
+    }
+  }
+  __device__ void end_tile() const {
+    if constexpr (T::kPingpong) {
+      if (c == 0) named_bar_sync(NamedBarrier<T>::kTurn, 256);
+    }
   }
 };
 
@@ -406,7 +501,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(s);
-    if (lane0) release<T>(sm.k_empty(ring.slot));
+    if (lane0) KvCluster<T>::release(sm.k_empty(ring.slot));
     mask<T>(s, r, n0);
     float alpha[2];
     softmax<T>(s, m, l, alpha, scale_log2);
@@ -421,7 +516,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     wgmma_wait<0>();
     wgmma_fence_regs(o);
     p.fence();
-    if (lane0) release<T>(sm.v_empty(ring.slot));
+    if (lane0) KvCluster<T>::release(sm.v_empty(ring.slot));
   }
 }
 
@@ -444,7 +539,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   turns.pass();
   wgmma_wait<0>();
   wgmma_fence_regs(s);
-  if (lane0) release<T>(sm.k_empty(cur.slot));
+  if (lane0) KvCluster<T>::release(sm.k_empty(cur.slot));
   mask<T>(s, r, 0);
   softmax<T>(s, m, l, alpha, scale_log2);  // alpha = 0 scales the zero O: nothing to do
   p.stage(s);
@@ -464,7 +559,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     turns.pass();
     wgmma_wait<1>();  // S(nb)
     wgmma_fence_regs(s);
-    if (lane0) release<T>(sm.k_empty(nxt.slot));  // K(nb) read: its slot may take K(nb + STAGES) now
+    if (lane0) KvCluster<T>::release(sm.k_empty(nxt.slot));  // K(nb) read: its slot may take K(nb + STAGES) now
     mask<T>(s, r, nb * T::kBlockN);
     softmax<T>(s, m, l, alpha, scale_log2);
     // The softmax is plain register arithmetic the compiler may move below the wait (NVVM): these pin
@@ -475,7 +570,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     wgmma_fence_regs(alpha);
     wait_then_rescale<T>(o, alpha);  // P(nb-1) V(nb-1)
     p.fence();
-    if (lane0) release<T>(sm.v_empty(cur.slot));
+    if (lane0) KvCluster<T>::release(sm.v_empty(cur.slot));
     p.stage(s);
     cur = nxt;
   }
@@ -490,10 +585,169 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   wgmma_wait<0>();
   wgmma_fence_regs(o);
   p.fence();
-  if (lane0) release<T>(sm.v_empty(cur.slot));
+  if (lane0) KvCluster<T>::release(sm.v_empty(cur.slot));
   ring = cur;
   ring.next();
 }
+
+// ---- The epilogue: O / l as 16 bits staged swizzled in shared memory, then stored; lse per row by the
+// threads that hold the rows. Where O is staged is the traits' choice (kSeparateO: OInOwnTile, else OInQSlot),
+// how it is stored the kernel form's (VARLEN: VarlenStore, else TmaStore); Epilogue names the pair.
+// A staging's tile(): the warpgroup's rows of the staging, as an opaque value: the addresses depend on the
+// thread alone, and would otherwise be hoisted out of the tile loop and held through the main loop
+// (PERSISTENT, BN 176, C 3: 14 registers spilled).
+
+// O staged in the warpgroup's rows of Q's slot (its own S GEMMs, the only readers, are done). The storing
+// thread waits until the copy engine has read them (shared memory stays valid until then); PERSISTENT: it
+// then releases Q's slot to the next tile's Q (q_empty: one arrival per consumer warpgroup).
+template <class T>
+struct OInQSlot {
+  static constexpr int kQEmptyArrivals = T::kConsumers;  // PERSISTENT: each warpgroup's storing thread
+  __device__ __forceinline__ static unsigned tile(const Smem<T>&, unsigned q_wg, int) {
+    unsigned out = q_wg;
+    asm volatile("" : "+r"(out));
+    return out;
+  }
+  __device__ __forceinline__ static void gemms_done(const Smem<T>&, int) {}
+  __device__ __forceinline__ static void before_staging(int, int) {}
+  // By the thread that issued the TMA store, after its commit.
+  __device__ __forceinline__ static void tma_issued(const Smem<T>& sm) {
+    bulk_wait_read<0>();
+    if constexpr (T::kPersistent) mbar_arrive(sm.q_empty());  // then the next tile's Q may land there
+  }
+  // After the warpgroup's direct stores (each thread's reads of the staging).
+  __device__ __forceinline__ static void direct_done(const Smem<T>& sm, int tid, int c) {
+    if constexpr (T::kPersistent) {
+      named_bar_sync(NamedBarrier<T>::kOStaging + c, 128);  // every thread's reads of the staging done
+      if (tid == 0) mbar_arrive(sm.q_empty());
+    }
+  }
+  __device__ __forceinline__ static void last(int) {}
+};
+
+// O staged in a tile of its own (PERSISTENT, where it fits): Q's slot is free once the warp's GEMMs are
+// done (lane 0 of each warp arrives on q_empty), and the next tile's Q loads during this epilogue; the tile
+// is rewritten once the previous tile's O store has read it, and the CTA leaves once the last has.
+template <class T>
+struct OInOwnTile {
+  static constexpr int kQEmptyArrivals = 4 * T::kConsumers;  // lane 0 of every consumer warp
+  __device__ __forceinline__ static unsigned tile(const Smem<T>& sm, unsigned, int c) {
+    unsigned out = sm.o + static_cast<unsigned>(64 * c * T::kSwizzle);
+    asm volatile("" : "+r"(out));
+    return out;
+  }
+  __device__ __forceinline__ static void gemms_done(const Smem<T>& sm, int lane) {
+    if (lane == 0) mbar_arrive(sm.q_empty());
+  }
+  __device__ __forceinline__ static void before_staging(int tid, int c) {
+    if (tid == 0) bulk_wait_read<0>();  // the previous tile's O store has read the tile (its issuing thread knows)
+    named_bar_sync(NamedBarrier<T>::kOStaging + c, 128);
+  }
+  __device__ __forceinline__ static void tma_issued(const Smem<T>&) {}
+  __device__ __forceinline__ static void direct_done(const Smem<T>&, int, int) {}
+  __device__ __forceinline__ static void last(int tid) {
+    if (tid == 0) bulk_wait_read<0>();  // the last O store has read the tile before the CTA's shared memory goes
+  }
+};
+
+// Dense: one TMA box per column group of the warpgroup's 64 rows (rows past seq_q are clipped by the copy
+// engine), by one thread. (VarlenStore's interface; the unused sequence is taken by value: as a reference it
+// moved NVVM's code elsewhere in the kernel.)
+template <class T, class Staging>
+struct TmaStore {
+  template <class P>
+  __device__ __forceinline__ static void store(const Smem<T>& sm, const P&, const AttnTensorMaps& tm, unsigned out,
+                                               const Tile& tile, int c, int tid, int, VarlenSeq) {
+    if (tid == 0) {
+#pragma unroll
+      for (int grp = 0; grp < T::kGroups; ++grp)
+        tma_store_4d(&tm.map[3], out + static_cast<unsigned>(grp * T::kBlockM * T::kSwizzle), grp * T::kGroupCols,
+                     tile.m0 + 64 * c, tile.head, tile.batch);
+      bulk_commit();
+      Staging::tma_issued(sm);
+    }
+  }
+};
+
+// Packed (VARLEN): by TMA where the warpgroup's 64 rows lie inside the sequence, as dense; else by guarded
+// 16-byte stores of the rows inside (a box would write the next sequence's rows). PERSISTENT 0: the TMA
+// store's issuing thread does not wait for its reads (Staging::tma_issued is PERSISTENT's only).
+template <class T, class Staging>
+struct VarlenStore {
+  template <class P>
+  __device__ __forceinline__ static void store(const Smem<T>& sm, const P& p, const AttnTensorMaps& tm, unsigned out,
+                                               const Tile& tile, int c, int tid, int seq_q, const VarlenSeq& vs) {
+    constexpr int BM = T::kBlockM, SW = T::kSwizzle, W = T::kGroupCols;
+    const int row0 = tile.m0 + 64 * c;  // the warpgroup's first row in the sequence
+    if (row0 + 64 <= seq_q) {  // inside the sequence: one box per column group, as dense
+      if (tid == 0) {
+#pragma unroll
+        for (int grp = 0; grp < T::kGroups; ++grp)
+          tma_store_4d(&tm.map[3], out + static_cast<unsigned>(grp * BM * SW), grp * W, tile.head,
+                       static_cast<int>(vs.q_tok0) + row0, 0);
+        bulk_commit();
+        if constexpr (T::kPersistent) Staging::tma_issued(sm);
+      }
+    } else {  // straddling the end: 16-byte stores of the rows inside, never the next sequence's
+      constexpr int CPR = T::kHeadDim / 8;  // 16-byte chunks per row
+      unsigned short* o_seq = static_cast<unsigned short*>(p.o) + vs.q_offset(p.heads, tile.head, T::kHeadDim);
+      const long long o_stride = static_cast<long long>(p.heads) * T::kHeadDim;
+      for (int idx = tid; idx < 64 * CPR; idx += 128) {
+        const int r = idx / CPR, ck = idx % CPR;
+        if (row0 + r < seq_q) {
+          const int grp = 8 * ck / W, chunk = 8 * ck % W / 8;
+          const uint4 val = ld_shared_v4(out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk));
+          *reinterpret_cast<uint4*>(o_seq + (row0 + r) * o_stride + 8 * ck) = val;
+        }
+      }
+      Staging::direct_done(sm, tid, c);
+    }
+  }
+};
+
+// A consumer warpgroup's epilogue: the staging and the store chosen, and the step they share, stage(). Per
+// tile, once the warpgroup's GEMMs are done:
+//   Staging::gemms_done, out = Staging::tile, Staging::before_staging, vs = stage, Store::store;
+// and Staging::last after the last tile.
+template <class T, bool VARLEN, class P>
+struct Epilogue {
+  using Staging = typename Pick<T::kSeparateO, OInOwnTile<T>, OInQSlot<T>>::type;
+  using Store = typename Pick<VARLEN, VarlenStore<T, Staging>, TmaStore<T, Staging>>::type;
+
+  // Full row sums over the quad, O / l into the staging `out` (the warpgroup's rows), lse for rows below seq_q
+  // (the tile's sequence's), published to the copy engine (a proxy fence and the warpgroup's barrier).
+  // `row0` is the thread's first row of the tile, `wg_row` of the warpgroup's, `tig` its thread in quad.
+  // Returns the tile's sequence (VARLEN; its offsets are read here, not held through the main loop).
+  __device__ __forceinline__ static VarlenSeq stage(const P& p, unsigned out, int c, int row0, int wg_row, int tig,
+                                                    const Tile& tile, int seq_q, const float (&o)[T::kHeadDim / 2],
+                                                    const float (&m)[2], const float (&l)[2], float scale_log2) {
+    constexpr int BM = T::kBlockM, SW = T::kSwizzle, W = T::kGroupCols;
+    int batch_out = tile.batch;  // VARLEN: opaque, so that the sequence's offsets are not hoisted into the loop
+    if constexpr (VARLEN) asm volatile("" : "+r"(batch_out));
+    const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, batch_out);
+    float* lse_out = p.lse + (VARLEN ? vs.lse_offset(tile.head)
+                                     : (static_cast<long long>(tile.batch) * p.heads + tile.head) * seq_q);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float lt = l[h];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      const int r = wg_row + 8 * h;
+#pragma unroll
+      for (int j = 0; j < T::kOTiles; ++j) {
+        const int grp = 8 * j / W, chunk = 8 * j % W / 8;
+        st_shared_u32(out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk) + 4 * tig,
+                      pack_half2<T::kDtype>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
+      }
+      const int i = row0 + 8 * h;
+      if (tig == 0 && i < seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
+    }
+    fence_proxy_async();  // the generic-proxy writes, before the copy engine reads them
+    named_bar_sync(NamedBarrier<T>::kOStaging + c, 128);
+    return vs;
+  }
+};
 
 }  // namespace fa3_wgmma_detail
 
@@ -503,7 +757,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   using T = Traits;
   using P = typename ParamsOf<VARLEN, AttnFwdParams>::type;
   namespace det = fa3_wgmma_detail;
-  constexpr int BM = T::kBlockM, BN = T::kBlockN, SW = T::kSwizzle, W = T::kGroupCols;
+  using Epilogue = det::Epilogue<T, VARLEN, P>;
+  constexpr int SW = T::kSwizzle;
   static_assert(!(VARLEN && T::kMulticast), "MULTICAST is dense only: a packed batch's spare CTAs exit at entry");
   check_dynamic_smem(T::kSmemBytes);
   if (det::TileScheduler<T, VARLEN, P>::empty_cta(p)) return;  // VARLEN, PERSISTENT 0: past the sequence's end
@@ -518,15 +773,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(sm.k_full(s), 1);
       mbar_init(sm.v_full(s), 1);
-      mbar_init(sm.k_empty(s), 4 * T::kConsumers * T::kCluster);  // lane 0 of every consumer warp (of the cluster)
-      mbar_init(sm.v_empty(s), 4 * T::kConsumers * T::kCluster);
+      mbar_init(sm.k_empty(s), det::KvCluster<T>::kSlotReleases);
+      mbar_init(sm.v_empty(s), det::KvCluster<T>::kSlotReleases);
     }
-    if constexpr (T::kPersistent)  // one thread per consumer warpgroup, or with O staged apart, lane 0 of each warp
-      mbar_init(sm.q_empty(), T::kSeparateO ? 4 * T::kConsumers : T::kConsumers);
+    if constexpr (T::kPersistent) mbar_init(sm.q_empty(), Epilogue::Staging::kQEmptyArrivals);
     fence_mbar_init();
   }
-  if constexpr (T::kMulticast) cluster_sync();  // the other CTA's barriers too, before its first copy lands here
-  else __syncthreads();
+  det::KvCluster<T>::sync_after_init();
 
   const int wg = static_cast<int>(threadIdx.x) / 128;
   if (wg == 0) {
@@ -535,7 +788,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       for (int i = 0; i < 4; ++i) prefetch_tensormap(&tm.map[i]);
       det::produce<T, VARLEN>(sm, tm, p);
     }
-    if constexpr (T::kMulticast) cluster_sync();  // the exit barrier, reached early (see the kernel's end)
+    det::KvCluster<T>::sync_before_exit();
     return;
   }
   setmaxnreg_inc<T::kConsumerRegs>();
@@ -548,13 +801,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   const float scale_log2 = p.scale_log2;
   const det::Turns<T> turns{c};
   det::POperand<T> pop;
-  if constexpr (T::kPSmem) pop = {sm.p + static_cast<unsigned>(c * T::kPBytes), 1 + 2 * T::kConsumers + c, wg_row, tig};
+  if constexpr (T::kPSmem)
+    pop = {sm.p + static_cast<unsigned>(c * T::kPBytes), det::NamedBarrier<T>::kPStaged + c, wg_row, tig};
 
   det::Ring<T::kStages> ring;  // K/V blocks, on from one tile into the next
   unsigned q_parity = 0;       // the tile's q_full phase
   for (det::TileScheduler<T, VARLEN, P> sched; sched.valid(p); sched.next(), q_parity ^= 1u) {
     const det::Tile tile = sched.tile(p);
-    const int m0 = tile.m0, head = tile.head, batch = tile.batch;
+    const int m0 = tile.m0, batch = tile.batch;
     // VARLEN: the tile's sequence's lengths stand for the problem's below (its token offsets are read again
     // in the epilogue, not held through the main loop).
     int tile_seq_q = seq_q, tile_seq_k = seq_k;
@@ -571,107 +825,22 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
 
     mbar_wait(sm.q_full(), q_parity);
-    // PINGPONG, balanced per tile: the last consumer's arrival lets consumer 0 go first, and consumer 0
-    // takes the turn the last consumer passes after its last GEMMs. The arrival follows q_full: by then
-    // consumer 0 has taken the previous tile's last turn (before its O store, which Q's reload waited
-    // for), so two arrivals never meet on barrier 1.
-    if constexpr (T::kPingpong) {
-      if (c == T::kConsumers - 1) named_bar_arrive(1, 256);
-    }
+    turns.begin_tile();
     if constexpr (T::kOverlap)
       det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, ring, pop, o, m, l);
     else
       det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, ring, pop, o, m, l);
-    if constexpr (T::kPingpong) {
-      if (c == 0) named_bar_sync(1, 256);
-    }
-    // O staged apart: Q's slot is free once the warp's GEMMs are done (after the pingpong's last turn, so that
-    // the next tile's first arrival on barrier 1 follows it), and the next tile's Q loads during this epilogue.
-    if constexpr (T::kSeparateO) {
-      if (lane == 0) mbar_arrive(sm.q_empty());
-    }
-
-    // Epilogue: full row sums over the quad, O / l as 16 bits into this warpgroup's rows of Q's slot
-    // (its own S GEMMs, the only readers, are done) or of the O tile, then TMA stores; lse per row. Its
-    // shared-memory addresses depend on the thread alone: computed from an opaque copy of the base, else
-    // they are hoisted out of the tile loop and held through the main loop (PERSISTENT, BN 176, C 3: 14
-    // registers spilled).
-    unsigned q_out = T::kSeparateO ? sm.o + static_cast<unsigned>(64 * c * SW) : q_wg;
-    asm volatile("" : "+r"(q_out));
-    if constexpr (T::kSeparateO) {  // the previous tile's O store has read the tile (its issuing thread knows)
-      if (tid == 0) bulk_wait_read<0>();
-      named_bar_sync(1 + T::kConsumers + c, 128);
-    }
-    int batch_out = batch;  // VARLEN: the sequence's offsets, read here (opaque: not hoisted into the loop)
-    if constexpr (VARLEN) asm volatile("" : "+r"(batch_out));
-    const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, batch_out);
-    float* lse_out = p.lse + (VARLEN ? vs.lse_offset(head) : (static_cast<long long>(batch) * p.heads + head) * seq_q);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float lt = l[h];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const float inv = lt > 0.f ? 1.f / lt : 0.f;
-      const int r = wg_row + 8 * h;
-#pragma unroll
-      for (int j = 0; j < T::kOTiles; ++j) {
-        const int grp = 8 * j / W, chunk = 8 * j % W / 8;
-        st_shared_u32(q_out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk) + 4 * tig,
-                      pack_half2<T::kDtype>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv));
-      }
-      const int i = rows.row0 + 8 * h;
-      if (tig == 0 && i < tile_seq_q) lse_out[i] = lt > 0.f ? fmaf(m[h], scale_log2, fast_log2(lt)) * kLn2 : pos_inf();
-    }
-    fence_proxy_async();  // the generic-proxy writes, before the copy engine reads them
-    named_bar_sync(1 + T::kConsumers + c, 128);
-    if constexpr (VARLEN) {
-      const int row0 = m0 + 64 * c;  // the warpgroup's first row in the sequence
-      if (row0 + 64 <= tile_seq_q) {  // inside the sequence: one box per column group, as dense
-        if (tid == 0) {
-#pragma unroll
-          for (int grp = 0; grp < T::kGroups; ++grp)
-            tma_store_4d(&tm.map[3], q_out + static_cast<unsigned>(grp * BM * SW), grp * W, head,
-                         static_cast<int>(vs.q_tok0) + row0, 0);
-          bulk_commit();
-          if constexpr (T::kPersistent && !T::kSeparateO) {
-            bulk_wait_read<0>();
-            mbar_arrive(sm.q_empty());
-          }
-        }
-      } else {  // straddling the end: 16-byte stores of the rows inside, never the next sequence's
-        constexpr int CPR = T::kHeadDim / 8;  // 16-byte chunks per row
-        unsigned short* o_seq = static_cast<unsigned short*>(p.o) + vs.q_offset(p.heads, head, T::kHeadDim);
-        const long long o_stride = static_cast<long long>(p.heads) * T::kHeadDim;
-        for (int idx = tid; idx < 64 * CPR; idx += 128) {
-          const int r = idx / CPR, ck = idx % CPR;
-          if (row0 + r < tile_seq_q) {
-            const int grp = 8 * ck / W, chunk = 8 * ck % W / 8;
-            const uint4 val = ld_shared_v4(q_out + static_cast<unsigned>(grp * BM * SW) + sw_chunk<SW>(r, chunk));
-            *reinterpret_cast<uint4*>(o_seq + (row0 + r) * o_stride + 8 * ck) = val;
-          }
-        }
-        if constexpr (T::kPersistent && !T::kSeparateO) {
-          named_bar_sync(1 + T::kConsumers + c, 128);  // every thread's reads of the staging done
-          if (tid == 0) mbar_arrive(sm.q_empty());
-        }
-      }
-    } else if (tid == 0) {
-#pragma unroll
-      for (int grp = 0; grp < T::kGroups; ++grp)
-        tma_store_4d(&tm.map[3], q_out + static_cast<unsigned>(grp * BM * SW), grp * W, m0 + 64 * c, head, batch);
-      bulk_commit();
-      if constexpr (!T::kSeparateO) {
-        bulk_wait_read<0>();  // shared memory stays valid until the copy engine has read it
-        if constexpr (T::kPersistent) mbar_arrive(sm.q_empty());  // then the next tile's Q may land there
-      }
-    }
+    turns.end_tile();
+    // The epilogue, after the pingpong's last turn: with O staged apart, gemms_done releases Q's slot, and the
+    // next tile's first arrival on barrier kTurn must follow that.
+    Epilogue::Staging::gemms_done(sm, lane);
+    const unsigned out = Epilogue::Staging::tile(sm, q_wg, c);
+    Epilogue::Staging::before_staging(tid, c);
+    const VarlenSeq vs = Epilogue::stage(p, out, c, rows.row0, wg_row, tig, tile, tile_seq_q, o, m, l, scale_log2);
+    Epilogue::Store::store(sm, p, tm, out, tile, c, tid, tile_seq_q, vs);
   }
-  if constexpr (T::kSeparateO) {  // the last O store has read the tile before the CTA's shared memory goes
-    if (tid == 0) bulk_wait_read<0>();
-  }
-  // MULTICAST: the other CTA's consumers release their last slots on this CTA's barriers too; this CTA stays
-  // until they have (the producers arrived on leaving; every copy into this CTA was waited for here).
-  if constexpr (T::kMulticast) cluster_sync();
+  Epilogue::Staging::last(tid);
+  det::KvCluster<T>::sync_before_exit();  // every copy into this CTA was waited for here
 }
 
 }  // namespace flashtune
