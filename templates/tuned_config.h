@@ -71,26 +71,31 @@ constexpr const Entry* find_in(const Table& t, const char* family, const char* d
                                int head_dim, bool causal, int seq, bool paged = false, bool deterministic = false,
                                long long batch_heads = 0) {
   const long long want = batch_heads > 0 ? (batch_heads < 2147483647LL ? batch_heads : 2147483647LL) : 1;
-  int keyed = 0;  // the nearest batch x kv heads among the matching entries; 0: none is keyed by it
-  for (int i = 0; i < t.count; ++i) {
+  int keyed = 0;  // the nearest batch x kv heads seen so far; 0: no entry keyed by it yet
+  const Entry* best = nullptr;      // of the entries of `keyed`: the smallest bucket that holds seq
+  const Entry* largest = nullptr;   //                            and the largest bucket
+  const Entry* best0 = nullptr;     // the same of the entries that serve every batch
+  const Entry* largest0 = nullptr;
+  for (int i = 0; i < t.count; ++i) {  // one pass: the class changes only to a nearer one
     const Entry& e = t.entries[i];
     if (!str_eq(e.family, family) || !str_eq(e.direction, direction) || !str_eq(e.dtype, dtype) ||
         e.head_dim != head_dim || e.causal != causal || e.paged != paged || e.deterministic != deterministic)
       continue;
-    if (e.batch_heads > 0 && (keyed == 0 || nearer_batch_heads(want, e.batch_heads, keyed))) keyed = e.batch_heads;
+    const Entry** b = &best0;
+    const Entry** l = &largest0;
+    if (e.batch_heads > 0) {
+      if (keyed == 0 || (e.batch_heads != keyed && nearer_batch_heads(want, e.batch_heads, keyed))) {
+        keyed = e.batch_heads;
+        best = largest = nullptr;
+      }
+      if (e.batch_heads != keyed) continue;
+      b = &best, l = &largest;
+    }
+    if (!*l || e.seq_max > (*l)->seq_max) *l = &e;
+    if (e.seq_max >= seq && (!*b || e.seq_max < (*b)->seq_max)) *b = &e;
   }
-  const Entry* best = nullptr;
-  const Entry* largest = nullptr;
-  for (int i = 0; i < t.count; ++i) {
-    const Entry& e = t.entries[i];
-    if (!str_eq(e.family, family) || !str_eq(e.direction, direction) || !str_eq(e.dtype, dtype) ||
-        e.head_dim != head_dim || e.causal != causal || e.paged != paged || e.deterministic != deterministic ||
-        (e.batch_heads > 0 ? e.batch_heads : 0) != keyed)
-      continue;
-    if (!largest || e.seq_max > largest->seq_max) largest = &e;
-    if (e.seq_max >= seq && (!best || e.seq_max < best->seq_max)) best = &e;
-  }
-  return best ? best : largest;
+  if (keyed) return best ? best : largest;
+  return best0 ? best0 : largest0;
 }
 
 }  // namespace tuned

@@ -219,8 +219,16 @@ def decode_dispatch():
         else:
             print(f"note  no decode_splitkv entry for {torch.cuda.get_device_name()} in configs/generated: "
                   f"decoding runs {e['family']} ({e['source']})")
+        if tabled and e["family"] == "decode_splitkv":  # 2 x 8 kv heads: the nearest tuned batch x kv heads' pick
+            check(e["bucket"].startswith("batch x kv heads ") and "Sk <= 4096" in e["bucket"],
+                  f"explain() names the decode bucket: {e['bucket']!r}")
     q17 = torch.randn(2, 32, 17, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     check(explain(q17, k, v)["family"] != "decode_splitkv", "Sq 17 does not run decode_splitkv")
+    if tabled:  # B 64 at 4k keys: its own bucket (issue 31: it ran B 1's SPLITS 8), explain only (no memory needed)
+        q64 = torch.empty(64, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k64 = torch.empty(64, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+        e64 = explain(q64, k64, k64)
+        check(e64["bucket"].startswith("batch x kv heads 512 "), f"B 64 x 8 kv heads: bucket {e64['bucket']!r}")
 
 
 # --- packed variable-length batches ---------------------------------------------------------------------

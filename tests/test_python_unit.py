@@ -347,6 +347,22 @@ class WithLibrary(unittest.TestCase):
         self.assertGreater(len(msg.split(": ", 1)[-1]), 0)
         print(f"null pointers -> {type(e).__name__}: {msg}", file=sys.stderr)
 
+    def test_explain_text_and_its_decode_bucket(self):
+        # The dense forward's explain line is bound (no GPU here: FT_NO_GPU or an argument refusal, one line), and the
+        # decode bucket is read out of such a line, "" where there is none.
+        t = (0, (4096, 1024, 64, 1))
+        with self.assertRaises(flashtune.FlashtuneError) as cm:
+            _lib.explain_forward_text(_lib.forward_args((1, 16, 64, 64, 64), "bf16", False, None, t, t, t, t, 0))
+        self.assertIn(cm.exception.status, (_lib.FT_INVALID_ARGUMENT, _lib.FT_NO_GPU))
+        self.assertNotIn("\n", str(cm.exception))
+        line = ("decode_splitkv SPLITS=1,BLOCK_N=256,WARPS=4,STAGES=1 (config: device, bucket: batch x kv heads 512 "
+                "(of 8, 64, 512), Sk <= 4096, kernel: jit) on NVIDIA H100 80GB HBM3 (sm_90)")
+        self.assertEqual(_lib.explain_bucket(line), "batch x kv heads 512 (of 8, 64, 512), Sk <= 4096")
+        self.assertEqual(_lib.explain_bucket(line + "; a note, bucket: not this, kernel: nor this"),
+                         "batch x kv heads 512 (of 8, 64, 512), Sk <= 4096")
+        self.assertEqual(_lib.explain_bucket("fa2_mma BLOCK_M=128 (config: device, kernel: disk) on GPU (sm_90)"), "")
+        self.assertEqual(_lib.explain_bucket(""), "")
+
     def test_varlen_calls_raise_with_last_error(self):
         # A null q through the packed entry points: the runtime's own check (the Python packer accepts a 0
         # pointer), or FT_NO_GPU first; its line in the exception.

@@ -157,6 +157,7 @@ def _bind(lib):
         "ft_attention_backward": (ctypes.c_int, [P(FtBackwardArgs), ctypes.c_void_p]),
         "ft_backward_workspace_bytes": (ctypes.c_int, [P(FtBackwardArgs), P(ctypes.c_size_t)]),
         "ft_explain_forward": (ctypes.c_int, [P(FtForwardArgs), P(FtExplanation)]),
+        "ft_explain_forward_text": (ctypes.c_int, [P(FtForwardArgs), ctypes.c_char_p, ctypes.c_size_t]),
         "ft_explain_backward": (ctypes.c_int, [P(FtBackwardArgs), P(FtExplanation)]),
         "ft_attention_varlen_forward": (ctypes.c_int, [P(FtVarlenForwardArgs), ctypes.c_void_p]),
         "ft_attention_varlen_backward": (ctypes.c_int, [P(FtVarlenBackwardArgs), ctypes.c_void_p]),
@@ -520,6 +521,22 @@ def explain_forward(args):
     out = FtExplanation()
     check(load().ft_explain_forward(ctypes.byref(args), ctypes.byref(out)), "flashtune explain")
     return out.as_dict()
+
+
+def explain_forward_text(args):
+    """The runtime's one explain line for a dense forward (with the decode bucket and the note, where there are)."""
+    buf = ctypes.create_string_buffer(512)
+    check(load().ft_explain_forward_text(ctypes.byref(args), buf, len(buf)), "flashtune explain")
+    return buf.value.decode("utf-8", "replace")
+
+
+def explain_bucket(line):
+    """The decode bucket an explain line names ("batch x kv heads 512 (of 8, 64, 512), Sk <= 4096": a decoding
+    family's tabled or stored pick is keyed by batch x kv heads and the sequence), or "" where it names none."""
+    head = line.split(") on ", 1)[0]
+    if ", bucket: " not in head:
+        return ""
+    return head.split(", bucket: ", 1)[1].rsplit(", kernel: ", 1)[0]
 
 
 def explain_backward(args):

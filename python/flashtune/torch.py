@@ -824,7 +824,9 @@ class FlashAttention(torch.nn.Module):
 def explain(q, k, v, causal=False, deterministic=False):
     """Which kernels attention(q, k, v, causal, deterministic=...) runs and why: a dict with family, config, source
     ("user", "db", "device", "arch", "default"), cache ("memory", "disk", "jit", "aot"), device and arch of
-    the forward, and the same for the backward under "backward" ({"error": ...} where it has none)."""
+    the forward, its decode bucket ("bucket": "batch x kv heads 512 (of 8, 64, 512), Sk <= 4096" where a decoding
+    family's tabled or stored pick runs, else ""), and the same for the backward under "backward" ({"error": ...}
+    where it has none)."""
     det = _lib.flag("flashtune.torch.explain", "deterministic", deterministic)
     q, k, v = _check(q, k, v, "flashtune.torch.explain", autocast=True)
     B, H, Sq, d = q.shape
@@ -832,7 +834,9 @@ def explain(q, k, v, causal=False, deterministic=False):
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     with _on(q.device):
-        out = _lib.explain_forward(_fwd_args(q, k, v, o, lse, bool(causal), 0.0))
+        args = _fwd_args(q, k, v, o, lse, bool(causal), 0.0)
+        out = _lib.explain_forward(args)
+        out["bucket"] = _lib.explain_bucket(_lib.explain_forward_text(args))
         dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
         try:
             out["backward"] = _lib.explain_backward(_bwd_args(o, q, k, v, o, lse, dq, dk, dv, bool(causal), 0.0, det))
@@ -907,9 +911,10 @@ def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=Fals
 
 
 def explain_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, max_seqlen_k=None):
-    """explain() for attention_paged(): family, config, source, cache, device and arch of the forward, and the
-    runtime's note ("note": why a tuned config did not suit the page size, or that the dense decoding pick or the
-    default's nearest config ran; "" when the tables' paged entry runs) from its explain line."""
+    """explain() for attention_paged(): family, config, source, cache, device and arch of the forward, the decode
+    bucket ("bucket", as explain()'s) and the runtime's note ("note": why a tuned config did not suit the page size,
+    or that the dense decoding pick or the default's nearest config ran; "" when the tables' paged entry runs) from
+    its explain line."""
     q, block_table, cache_seqlens, max_k = _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k,
                                                         "flashtune.torch.explain_paged", autocast=True)
     B, H, Sq, d = q.shape
@@ -921,6 +926,7 @@ def explain_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False,
         out = _lib.explain_paged_forward(args)
         line = _lib.explain_paged_forward_text(args)
     out["note"] = line.split("; ", 1)[1] if "; " in line else ""
+    out["bucket"] = _lib.explain_bucket(line)
     return out
 
 

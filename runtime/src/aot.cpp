@@ -83,6 +83,12 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
       for (int d : dims)
         for (int causal : {0, 1}) {
           if (!wanted(filter.dtypes, t) || !wanted(filter.head_dims, d) || !wanted(filter.causal, causal)) continue;
+          // Batch x kv heads matters only where a decoding family (a query-length range) runs (direction, dtype, d).
+          bool ranged_runs = false;
+          for (const Family& f : families())
+            ranged_runs = ranged_runs || (!f.test_only && f.max_seq_q > 0 && f.direction == dir &&
+                                          std::find(f.dtypes.begin(), f.dtypes.end(), t) != f.dtypes.end() &&
+                                          std::find(f.head_dims.begin(), f.head_dims.end(), d) != f.head_dims.end());
           for (const std::string& device : devices)
             for (int seq : seq_points)
               for (int seq_q : seq_q_classes)        // the candidates change only at a family's max_seq_q
@@ -90,7 +96,7 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
                   for (int page : page_points)         // paged calls: the families' paged forms
                     for (long long bh : batch_heads) {  // decoding queries (a ranged seq_q class) only
                       if (varlen && page) continue;
-                      if (bh && seq_q == 0) continue;
+                      if (bh && (seq_q == 0 || !ranged_runs)) continue;
                       Query q;
                       q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
                       q.head_dim = d, q.causal = causal != 0, q.seq = seq, q.seq_q = seq_q, q.varlen = varlen;

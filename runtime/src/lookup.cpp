@@ -54,7 +54,8 @@ const tuned::Entry* find(const TableSet& ts, const std::string& family, const Qu
     const bool det = wants_reproducible(q);
     if (const tuned::Entry* e = tuned::find_in(t, family.c_str(), q.direction.c_str(), to_string(q.dtype), q.head_dim,
                                                q.causal, q.seq, paged, det, q.batch_heads)) {
-      if (bucket) {
+      if (bucket && e->batch_heads <= 0) bucket->clear();
+      if (bucket && e->batch_heads > 0) {
         std::set<int> of;  // the batch x kv heads the table holds for this (family, direction, dtype, d, mask)
         for (int k = 0; k < t.count; ++k) {
           const tuned::Entry& o = t.entries[k];
