@@ -15,6 +15,7 @@ flashtune.tune's CLI side; without them those skip). flashtune.tune's argument c
 import ast
 import ctypes
 import json
+import math
 import os
 import re
 import subprocess
@@ -620,6 +621,16 @@ class WithCli(unittest.TestCase):
             self.assertIn("FLASHTUNE_CLI", r.stderr)
             self.assertEqual(r.stderr.strip().count("\n"), 0, r.stderr)
 
+    def test_autotune_decode_families_match_the_registry(self):
+        # flashtune._autotune's copy of what the decoding families serve against the CLI's registry.
+        from flashtune import _autotune
+        families = json.loads(subprocess.run([self.cli, "families", "--json"], check=True, capture_output=True,
+                                             text=True).stdout)
+        ranged = sorted((f["name"], f["max_seq_q"], tuple(f["dtypes"]), tuple(f["head_dims"]))
+                        for f in families if f.get("max_seq_q") and not f.get("test_only"))
+        self.assertEqual(ranged, sorted((f["name"], f["max_seq_q"], f["dtypes"], f["head_dims"])
+                                        for f in _autotune.DECODE_FAMILIES))
+
     def test_plan(self):
         from flashtune import _cli, _tune
         families = json.loads(subprocess.run([self.cli, "families", "--json"], check=True, capture_output=True,
@@ -746,6 +757,113 @@ class AutotuneFirstUse(unittest.TestCase):
         self.assertEqual(self.a.bucket("bf16", 64, True, False, 900, 1000), self.a.bucket("bf16", 64, True, False, 1024, 513))
         self.assertNotEqual(self.a.bucket("bf16", 64, True, False, 1024, 1024), self.a.bucket("bf16", 64, True, True, 1024, 1024))
         self.assertNotEqual(self.a.lock_path(self.store, ("a",)), self.a.lock_path(self.store, ("b",)))
+
+    def test_decode_buckets_by_batch_kv_heads(self):
+        # A call decode_splitkv serves (Sq <= 16, fp16/bf16, d 64/128/256): its batch x kv heads class joins the
+        # key, as the runtime's decode buckets key on it (Llama-3's 32/8 heads at Sk 4096).
+        a = self.a
+        def key(b, dtype="bf16", sq=1, sk=4096, d=128, h=32, hk=8):
+            return a.call_bucket(dtype, b, h, hk, sq, sk, d, False)[0]
+        self.assertNotEqual(key(1), key(64))                 # 8 against 512: B 64 tunes its own class
+        self.assertNotEqual(key(1, sq=16), key(64, sq=16))   # speculative decoding: still decode_splitkv's
+        self.assertEqual(key(1)[:6], key(64)[:6])             # the same bucket otherwise
+        self.assertEqual(key(1)[6], 8)
+        self.assertEqual(key(64)[6], 512)
+        self.assertEqual(key(7), key(8))                     # 56 and 64: one class (64)
+        self.assertEqual(key(6), key(9))                     # 48 and 72: nearest 64 by ratio
+        self.assertNotEqual(key(5), key(6))                  # 40: nearer 32 than 64
+        self.assertEqual(key(3), key(4))                     # 24 and 32: class 32
+        self.assertEqual(key(4, h=64, hk=16), key(8))        # 64 either way: batch x kv heads, not batch
+        self.assertEqual((key(1, h=8, hk=8)[6], key(8, h=8, hk=8)[6]), (8, 64))  # multi-head: heads are the kv heads
+        self.assertNotEqual(key(1, dtype="torch.float16", d=64), key(64, dtype="torch.float16", d=64))  # torch's names
+        self.assertEqual([a.batch_heads_class(x) for x in (0, 1, 2, 3, 5, 6, 11, 12, 2**40)],
+                         [1, 1, 2, 4, 4, 8, 8, 16, 2**31])
+        # The tune runs at the call's own shape: the stored row's batch x kv heads is the call's, in the key's class.
+        for b, hk in ((1, 8), (5, 8), (64, 8), (3, 32), (2, 4)):
+            k, shape = a.call_bucket("bf16", b, 32, hk, 1, 4096, 128, False)
+            want = {"batch": b, "heads": 32, "seq_q": 1, "seq_k": 4096, "head_dim": 128}
+            self.assertEqual(shape, dict(want, heads_k=hk) if hk != 32 else want)  # 32: multi-head, no heads_k
+            self.assertEqual(a.batch_heads_class(shape["batch"] * shape.get("heads_k", shape["heads"])), k[6])
+        # The lock file: one per class, a single safe path component beside the store.
+        locks = {a.lock_path(self.store, key(b)) for b in (1, 8, 64)}
+        self.assertEqual(len(locks), 3)
+        for lock in locks:
+            self.assertEqual(os.path.dirname(lock), os.path.dirname(self.store))
+            self.assertRegex(os.path.basename(lock), r"^gpu\.db\.autotune-[0-9a-f]{16}\.lock$")
+
+    def test_non_decode_buckets_unchanged(self):
+        # Prefill, an Sq past decode_splitkv's 16, fp32 and a head dim it has no kernel for: the bucket over every
+        # batch, as before (the 6 fields; B 1 and B 64 one bucket).
+        a = self.a
+        for dtype, sq, sk, d in (("bf16", 4096, 4096, 128), ("bf16", 17, 4096, 128), ("fp32", 1, 4096, 128),
+                                 ("torch.float32", 1, 4096, 64), ("bf16", 1, 4096, 96), ("fp16", 0, 4096, 64)):
+            with self.subTest(dtype=dtype, sq=sq, d=d):
+                k1, shape = a.call_bucket(dtype, 1, 32, 8, sq, sk, d, True, True)
+                k64, _ = a.call_bucket(dtype, 64, 32, 8, sq, sk, d, True, True)
+                self.assertEqual(k1, k64)
+                self.assertEqual(k1, (dtype, d, True, True, a.seq_bucket(sq, sk), True))
+                self.assertEqual(k1, a.bucket(dtype, d, True, True, sq, sk, True))
+                self.assertEqual(shape["batch"], 1)
+        mha, shape = a.call_bucket("bf16", 2, 16, 16, 1024, 1024, 64, False)
+        self.assertEqual(mha, ("bf16", 64, False, False, 1024, False))
+        self.assertNotIn("heads_k", shape)
+        # Without batch x kv heads (flashtune.tune_model's grouping): the bucket over every batch, decoding too.
+        self.assertEqual(a.bucket("bf16", 128, False, True, 1, 4096), ("bf16", 128, False, True, 4096, False))
+
+    def test_is_tuned_checks_the_decode_class(self):
+        a = self.a
+        b1 = a.call_bucket("bf16", 1, 32, 8, 1, 4096, 128, False)[0]
+        b64 = a.call_bucket("bf16", 64, 32, 8, 1, 4096, 128, False)[0]
+        b7 = a.call_bucket("bf16", 7, 32, 8, 1, 4096, 128, False)[0]
+        prefill = a.call_bucket("bf16", 1, 32, 8, 4096, 4096, 128, False)[0]
+
+        def explained(bh, source="user", bwd="device"):
+            bucket = f"batch x kv heads {bh} (of 8, 64, 512), Sk <= 4096" if bh else ""
+            return {"source": source, "bucket": bucket, "backward": {"source": bwd}}
+
+        self.assertEqual(a.explained_batch_heads(explained(512)["bucket"]), 512)
+        self.assertIsNone(a.explained_batch_heads(""))
+        self.assertTrue(a.is_tuned(b1, explained(8)))
+        self.assertFalse(a.is_tuned(b64, explained(8)))   # B 1's pick: not B 64's bucket
+        self.assertTrue(a.is_tuned(b64, explained(512)))
+        self.assertTrue(a.is_tuned(b7, explained(64)))
+        self.assertTrue(a.is_tuned(b7, explained(56)))    # a row tuned at B 7 itself
+        self.assertFalse(a.is_tuned(b7, explained(32)))
+        self.assertFalse(a.is_tuned(b1, explained(0)))    # a pick not keyed by batch x kv heads
+        self.assertFalse(a.is_tuned(b1, explained(8, source="arch")))
+        self.assertFalse(a.is_tuned(b1, explained(8, bwd="default")))
+        self.assertTrue(a.is_tuned(prefill, explained(0)))
+        self.assertTrue(a.is_tuned(prefill, explained(8)))
+        self.assertFalse(a.is_tuned(prefill, explained(0, source="default")))
+        self.assertFalse(a.is_tuned(prefill, {"source": "user", "backward": {"error": "no kernel"}}))
+
+    def test_a_decode_call_of_another_class_tunes_its_own(self):
+        # B 1 then B 64 at one Sk: the second is not "seen" in B 1's bucket; it tunes at B 64's shape, and the
+        # store's B 1 row (explain() names class 8) does not count as B 64's.
+        tuned, shapes = set(), []
+
+        def tune(shape, **kw):
+            shapes.append(shape)
+            tuned.add(shape["batch"] * shape["heads_k"])
+
+        def run(b):
+            key, shape = self.a.call_bucket("bf16", b, 32, 8, 1, 4096, 128, False)
+
+            def is_tuned():
+                bh = min(tuned, key=lambda x: abs(math.log2(x / (b * 8))), default=0)  # the runtime's nearest
+                return self.a.is_tuned(key, {"source": "user" if bh else "default", "backward": {"source": "user"},
+                                             "bucket": f"batch x kv heads {bh} (of 8), Sk <= 4096" if bh else ""})
+            return self.a.first_use(key, shape, "bf16", False, 0, is_tuned, lambda: self.store, tune, 30.0)
+
+        self.assertEqual(run(1), "autotuned")
+        self.assertEqual(run(64), "autotuned")
+        self.assertEqual([s["batch"] for s in shapes], [1, 64])
+        self.assertEqual(run(2), "autotuned")  # 16: the store's nearest is 8, another class
+        self.assertEqual(run(8), "autotuned")
+        self.assertEqual(run(7), "seen")       # 56: B 8's class, considered in this process
+        self.a.reset()
+        self.assertEqual(run(7), "tuned")      # another process: the store's 64 row is its class's
+        self.assertEqual(len(shapes), 4)
 
     def test_once_per_process_and_already_tuned(self):
         calls = []

@@ -9,6 +9,13 @@ tables key on: dtype, head dim, mask, grouped-query or not, and the sequence buc
 max(Sq, Sk)). Tuned means that explain() names the user's store, a store in $FLASHTUNE_DB or this GPU's own
 table ("user", "db", "device") for the forward and the backward.
 
+A call a decoding family serves (decode_splitkv: Sq <= 16, fp16/bf16, d 64/128/256) is keyed by batch x kv heads
+as well, as the runtime's decode buckets are (tuned::find_in, pick_bucket: the stored value nearest the call's by
+ratio): its bucket holds the power of two nearest B x Hk by ratio (batch_heads_class), it is tuned at the call's
+own batch (the stored row's batch x kv heads is the call's, so it lands in that class and is the runtime's pick
+for the call), and it is tuned only when explain()'s decode "bucket" also names a batch x kv heads of that class:
+a B 64 call after a B 1 call at the same Sk tunes its own class rather than running B 1's pick.
+
 Concurrent processes tune a bucket once: each takes an exclusive lock on a file beside the store named after
 the bucket (flock); the one that waited finds the bucket tuned when it gets the lock and goes on. A bucket is
 considered once per process: a tune that failed (its one-line error is printed once) is not retried until the
@@ -18,6 +25,7 @@ it has; the next eager call of the bucket tunes).
 import fcntl
 import hashlib
 import os
+import re
 import sys
 import threading
 
@@ -83,8 +91,80 @@ def seq_bucket(seq_q, seq_k):
     return b
 
 
-def bucket(dtype, head_dim, causal, gqa, seq_q, seq_k, deterministic=False):
-    return (str(dtype), int(head_dim), bool(causal), bool(gqa), seq_bucket(seq_q, seq_k), bool(deterministic))
+# What the decoding families serve (core/families/decode_splitkv.cpp: Family::max_seq_q, dtypes, head_dims; the
+# registry's only family with a query-length range, whose buckets the runtime keys by batch x kv heads too).
+# tests/test_python_unit.py checks it against `flashtune families --json`.
+DECODE_FAMILIES = (
+    {"name": "decode_splitkv", "max_seq_q": 16, "dtypes": ("fp16", "bf16"), "head_dims": (64, 128, 256)},
+)
+_DTYPE_NAMES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
+_INT_MAX = 2**31 - 1
+
+
+def dtype_name(dtype):
+    """"fp16", "bf16" or "fp32" for a torch dtype or its name (anything else: its str)."""
+    s = str(dtype)
+    s = s[len("torch."):] if s.startswith("torch.") else s
+    return _DTYPE_NAMES.get(s, s)
+
+
+def decoding(dtype, head_dim, seq_q):
+    """Whether a decoding family serves a call of this dtype, head dim and query length (its forward's pick, tabled
+    or stored, is then keyed by batch x kv heads: runtime/src/lookup.cpp)."""
+    name, sq, d = dtype_name(dtype), int(seq_q), int(head_dim)
+    return any(0 < sq <= f["max_seq_q"] and name in f["dtypes"] and d in f["head_dims"] for f in DECODE_FAMILIES)
+
+
+def batch_heads_class(batch_heads):
+    """The class of a decode call's batch x kv heads: the power of two nearest it by ratio, a tie to the smaller
+    (the rule of tuned::nearer_batch_heads and pick_bucket; 0 or less: unknown, taken as 1; at most 2^31 - 1)."""
+    bh = min(max(int(batch_heads), 1), _INT_MAX)
+    lo = 1 << (bh.bit_length() - 1)  # lo <= bh < 2 lo
+    return lo if bh * bh <= 2 * lo * lo else 2 * lo  # bh / lo <= 2 lo / bh: lo is nearer (or a tie)
+
+
+def bucket(dtype, head_dim, causal, gqa, seq_q, seq_k, deterministic=False, batch_heads=None):
+    """A call's first-use bucket: (dtype, head dim, mask, grouped or not, sequence bucket, deterministic), and for a
+    call a decoding family serves (decoding()) the class of its batch x kv heads (batch_heads: B x Hk, heads for
+    multi-head) after them. batch_heads None: the key without it (the bucket over every batch)."""
+    key = (str(dtype), int(head_dim), bool(causal), bool(gqa), seq_bucket(seq_q, seq_k), bool(deterministic))
+    if batch_heads is not None and decoding(dtype, head_dim, seq_q):
+        key += (batch_heads_class(batch_heads),)
+    return key
+
+
+def call_bucket(dtype, batch, heads, heads_k, seq_q, seq_k, head_dim, causal, deterministic=False):
+    """(key, shape) for one attention() call: its bucket, and the shape to tune it at (the call's own, heads_k
+    where grouped), so that a decode bucket's stored row has the call's batch x kv heads and lands in its class."""
+    batch, heads, heads_k = int(batch), int(heads), int(heads_k)
+    key = bucket(dtype, head_dim, causal, heads_k != heads, seq_q, seq_k, deterministic, batch * heads_k)
+    shape = {"batch": batch, "heads": heads, "seq_q": int(seq_q), "seq_k": int(seq_k), "head_dim": int(head_dim)}
+    if heads_k != heads:
+        shape["heads_k"] = heads_k
+    return key, shape
+
+
+_BUCKET_TEXT = re.compile(r"batch x kv heads (\d+) ")
+
+
+def explained_batch_heads(bucket_text):
+    """The batch x kv heads explain()'s "bucket" names ("batch x kv heads 512 (of 8, 64, 512), Sk <= 4096": 512),
+    None where it names none (the pick is not keyed by batch x kv heads)."""
+    m = _BUCKET_TEXT.match(bucket_text or "")
+    return int(m.group(1)) if m else None
+
+
+def is_tuned(key, explanation):
+    """Whether explain()'s dict says the bucket `key` is tuned: the forward's and the backward's sources are tuned
+    ones, and for a decode bucket (a key with its batch x kv heads class) the forward's pick is keyed by a batch x
+    kv heads of that class (a pick tuned for another batch is not this bucket's)."""
+    e = explanation
+    if e.get("source") not in TUNED_SOURCES or e.get("backward", {}).get("source") not in TUNED_SOURCES:
+        return False
+    if len(key) <= 6:
+        return True
+    bh = explained_batch_heads(e.get("bucket", ""))
+    return bh is not None and batch_heads_class(bh) == key[6]
 
 
 def lock_path(store, key):

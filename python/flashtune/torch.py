@@ -675,10 +675,11 @@ def _ext_call(fn, check, op, *args):
 def autotune(budget="60s", enabled=True):
     """Tuning at first use for this process (as FLASHTUNE_AUTOTUNE=1, budget FLASHTUNE_AUTOTUNE_BUDGET): the first
     eager attention() call of a bucket (dtype, head dim, mask, grouped or not, the next power of two of the longer
-    sequence) that this GPU has no tuned pick for (explain()'s source neither "user", "db" nor "device") tunes it,
-    forward and backward, within `budget` ("60s", "5m" or seconds), into the user's store, in worker processes;
-    later calls and processes read it. Concurrent processes tune a bucket once. enabled=False switches it off.
-    See flashtune._autotune for the protocol."""
+    sequence; for decoding, Sq <= 16, the power of two nearest B x Hk too) that this GPU has no tuned pick for
+    (explain()'s source neither "user", "db" nor "device"; for decoding, a pick of another B x Hk class is not one)
+    tunes it at the call's shape, forward and backward, within `budget` ("60s", "5m" or seconds), into the user's
+    store, in worker processes; later calls and processes read it. Concurrent processes tune a bucket once.
+    enabled=False switches it off. See flashtune._autotune for the protocol."""
     _autotune.configure(enabled, budget)
 
 
@@ -747,15 +748,12 @@ def _first_use(q, k, v, causal, det):
     dtype = _call_dtype(q)
     B, H, Sq, d = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
-    key = _autotune.bucket(dtype, d, causal, Hk != H, Sq, Sk, det)
-    shape = {"batch": B, "heads": H, "seq_q": Sq, "seq_k": Sk, "head_dim": d}
-    if Hk != H:
-        shape["heads_k"] = Hk
+    # a decoding call's bucket holds its batch x kv heads class too, and is tuned at its own batch
+    key, shape = _autotune.call_bucket(dtype, B, H, Hk, Sq, Sk, d, causal, det)
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
 
     def is_tuned():
-        e = explain(q, k, v, causal, deterministic=det)
-        return e.get("source") in _autotune.TUNED_SOURCES and e.get("backward", {}).get("source") in _autotune.TUNED_SOURCES
+        return _autotune.is_tuned(key, explain(q, k, v, causal, deterministic=det))
 
     from ._tune import tune
     _autotune.first_use(key, shape, str(dtype), bool(causal), index, is_tuned, lambda: _user_store(index), tune,
