@@ -333,16 +333,38 @@ struct ScoreRows {
   }
 };
 
+// A step's lse2 or delta at this thread's query columns 8 j + 2 tig, + 1 (j < BM / 8). At BLOCK_M 64 they are read
+// into registers before the score GEMMs are waited for, so that the shared-memory latency runs under them (read
+// after the wait, the first exponential waited for it: the largest short-scoreboard stall at d 128, Nsight
+// Compute); at BLOCK_M 128 the 64 registers would spill beside the scores, and each pair is read where used.
+template <class T>
+struct StepStats {
+  static constexpr bool kHeld = T::kBlockM <= 64;
+  float2 held[kHeld ? T::kBlockM / 8 : 1];
+  const float* at_tig;
+  __device__ void load(const float* stats, int tig) {
+    at_tig = stats + 2 * tig;
+    if constexpr (kHeld) {
+#pragma unroll
+      for (int j = 0; j < T::kBlockM / 8; ++j) held[j] = *reinterpret_cast<const float2*>(at_tig + 8 * j);
+    }
+  }
+  __device__ float2 operator[](int j) const {
+    if constexpr (kHeld) return held[j];
+    else return *reinterpret_cast<const float2*>(at_tig + 8 * j);
+  }
+};
+
 // P^T in place of S^T for the query block at m0: exp2(S scale_log2 - lse2); MASKED (a step whose tile straddles
 // the diagonal or seq_k): 0 where masked. Unmasked steps carry no per-element test.
 template <class T, bool MASKED>
-__device__ __forceinline__ void probs(float (&st)[T::kBlockM / 2], const float* lse2, float scale_log2,
+__device__ __forceinline__ void probs(float (&st)[T::kBlockM / 2], const StepStats<T>& lse2, float scale_log2,
                                       const ScoreRows& r, int m0) {
   int lim[2];
   if constexpr (MASKED) r.limits<T>(m0, lim);
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
-    const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * r.tig);
+    const float2 l2 = lse2[j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float pv = fast_exp2(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
@@ -357,10 +379,10 @@ __device__ __forceinline__ void probs(float (&st)[T::kBlockM / 2], const float* 
 // dS^T = P^T (dP^T - delta) in place of dP^T.
 template <class T>
 __device__ __forceinline__ void dscores(float (&dpt)[T::kBlockM / 2], const float (&pt)[T::kBlockM / 2],
-                                        const float* delta, int tig) {
+                                        const StepStats<T>& delta) {
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
-    const float2 d2 = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * tig);
+    const float2 d2 = delta[j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) dpt[4 * j + e] = pt[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? d2.y : d2.x));
   }
@@ -476,6 +498,42 @@ __device__ __forceinline__ void store_rows(unsigned short* out, const float (&ac
   }
 }
 
+// DQ_OVERLAP 0: this warpgroup's dQ chains (its piece: row tiles x DQ_CHUNK columns), two at a time in two
+// accumulator sets: both issued, then the first stored while the second runs (one chain at a time, the tensor
+// pipe idled under each chain's stores, and the next chain's issue waited for the stores to read its
+// registers: Nsight Compute's largest wgmma-wait and short-scoreboard stalls at d 128 DQ_TURNS 1). The
+// chains' index i: row tile i / (columns / DQ_CHUNK), column chunk i % that.
+template <class T>
+__device__ __forceinline__ void dq_chains(const DqSink<T>& sink, const DqPiece& piece, unsigned ds, unsigned k,
+                                          int tid) {
+  constexpr int kPerRowTile = T::kDqCols / T::kDqChunk;
+  const int chains = piece.row_tiles * kPerRowTile;
+  auto rt = [&](int i) { return piece.row_tile0 + i / kPerRowTile; };
+  auto c0 = [&](int i) { return piece.col0 + (i % kPerRowTile) * T::kDqChunk; };
+#pragma unroll
+  for (int i = 0; i < chains; i += 2) {
+    float dq0[T::kDqChunk / 2], dq1[T::kDqChunk / 2];
+    const bool pair = i + 1 < chains;
+    wgmma_fence();
+    gemm_dq<T>(dq0, ds, k, rt(i), c0(i));
+    wgmma_commit();
+    if (pair) {
+      gemm_dq<T>(dq1, ds, k, rt(i + 1), c0(i + 1));
+      wgmma_commit();
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
+    wgmma_fence_regs(dq0);
+    sink.put(dq0, DqLayout<T>::chain(rt(i), c0(i)), tid);
+    if (pair) {
+      wgmma_wait<0>();
+      wgmma_fence_regs(dq1);
+      sink.put(dq1, DqLayout<T>::chain(rt(i + 1), c0(i + 1)), tid);
+    }
+  }
+}
+
 // One consumer warpgroup: every step's five products; dK, dV kept in registers, stored at the end.
 template <class T>
 __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& p, const Work& w, const Steps& st,
@@ -510,14 +568,17 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     wgmma_commit();
     gemm_scores<T>(dp, opaque(v_rows), dout);
     wgmma_commit();
+    StepStats<T> lse2, delta;
+    lse2.load(sm.lse_ptr(s), tig);
     wgmma_wait<1>();  // S^T; dP^T still running
     wgmma_fence_regs(sc);
+    delta.load(sm.delta_ptr(s), tig);  // under the exponentials
     const bool masked = wg_key_last >= p.seq_k || (T::kCausal && wg_key_last > m0 + rows.causal_offset);
-    if (masked) probs<T, true>(sc, sm.lse_ptr(s), scale_log2, rows, m0);
-    else probs<T, false>(sc, sm.lse_ptr(s), scale_log2, rows, m0);
+    if (masked) probs<T, true>(sc, lse2, scale_log2, rows, m0);
+    else probs<T, false>(sc, lse2, scale_log2, rows, m0);
     wgmma_wait<0>();  // dP^T
     wgmma_fence_regs(dp);
-    dscores<T>(dp, sc, sm.delta_ptr(s), tig);
+    dscores<T>(dp, sc, delta);
     unsigned pa[BM / 16][4], dsa[BM / 16][4];
     pack_all<DT, BM>(pa, sc);
     pack_all<DT, BM>(dsa, dp);
@@ -567,22 +628,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
       fence_frags(dsa);
       wgmma_fence_regs(dv);
       wgmma_fence_regs(dk);
-      if (mine) {
-#pragma unroll
-        for (int i = 0; i < piece.row_tiles; ++i) {
-          const int rt = piece.row_tile0 + i;
-#pragma unroll
-          for (int c0 = 0; c0 < T::kDqCols; c0 += T::kDqChunk) {
-            float dq[T::kDqChunk / 2];
-            wgmma_fence();
-            gemm_dq<T>(dq, ds, k, rt, piece.col0 + c0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_fence_regs(dq);
-            sink.put(dq, DqLayout<T>::chain(rt, piece.col0 + c0), tid);
-          }
-        }
-      }
+      if (mine) dq_chains<T>(sink, piece, ds, k, tid);
     }
     if (lane == 0) mbar_arrive(sm.q_empty(s));  // Q, dO, lse2, delta of this slot read
     if (mine) sink.publish();
