@@ -28,8 +28,6 @@
 // case first: each kernel must come from the library ("kernel: aot") and the fresh cache folder must
 // stay empty (nothing compiled by NVRTC).
 // Exit 0 pass, 1 fail, 77 no GPU.
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,11 +47,11 @@
 #include "attention_check.hpp"
 #include "core/family.hpp"
 #include "core/util.hpp"
+#include "process/subprocess.hpp"
 #include "results/store.hpp"
 #include "templates/attention_params.h"
 #include "tests/fixture.hpp"
 
-extern char** environ;
 using attention_check::Case;
 namespace rt = flashtune::runtime;
 
@@ -741,6 +739,20 @@ int unsupported() {
   return failed;
 }
 
+// This binary again with --disk-pass: a fresh process (nothing in memory) on the same FLASHTUNE_CACHE_DIR, which
+// it inherits with the rest of the environment. 1 when it could not start or did not exit 0.
+int disk_pass_in_child() {
+  std::fflush(stdout);  // our lines before the child's on a shared stdout
+  try {
+    const flashtune::ExitStatus end = flashtune::Subprocess::spawn({"/proc/self/exe", "--disk-pass"}).wait();
+    if (end.ok()) return 0;
+    std::printf("FAIL disk pass (%s)\n", end.describe().c_str());
+  } catch (const flashtune::SpawnError& e) {
+    std::printf("FAIL could not start the disk pass: %s\n", e.what());
+  }
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -789,20 +801,7 @@ int main(int argc, char** argv) {
   failed += unsupported();
 
   // Pass 3: a new process, the same cache folder: nothing compiled.
-  pid_t pid;
-  char* child_argv[] = {argv[0], (char*)"--disk-pass", nullptr};
-  std::fflush(stdout);
-  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, child_argv, environ) != 0) {
-    std::printf("FAIL could not start the disk pass\n");
-    ++failed;
-  } else {
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      std::printf("FAIL disk pass (exit %d)\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-      ++failed;
-    }
-  }
+  failed += disk_pass_in_child();
   std::string rm = dir;
   std::filesystem::remove_all(rm);
   std::printf("%s: %d failure(s)\n", failed ? "FAIL" : "PASS", failed);

@@ -5,8 +5,6 @@
 // machine's libnvrtc in a temporary folder); the process's own search honouring $FLASHTUNE_NVRTC (in a child).
 #include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,8 +16,8 @@
 
 #include "core/nvrtc_api.hpp"
 #include "core/util.hpp"
+#include "test_in_child.hpp"
 
-extern char** environ;
 namespace fs = std::filesystem;
 using namespace flashtune;
 using K = NvrtcCandidate::Kind;
@@ -267,16 +265,7 @@ TEST(NvrtcLoader, RealLibraryFromCudaHomeAndWheelLayout) {
 // In a child, so that this process's NVRTC (loaded or not) does not decide.
 TEST(NvrtcLoader, ProcessHonoursFlashtuneNvrtc) {
   if (std::getenv("FT_NVRTC_CHILD")) GTEST_SKIP();
-  std::string self = fs::read_symlink("/proc/self/exe").string();
-  std::string filter = "--gtest_filter=NvrtcLoader.DISABLED_Child", disabled = "--gtest_also_run_disabled_tests";
-  char* argv[] = {self.data(), filter.data(), disabled.data(), nullptr};
-  setenv("FT_NVRTC_CHILD", "1", 1);
-  pid_t pid;
-  ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, environ), 0);
-  unsetenv("FT_NVRTC_CHILD");
-  int st = 0;
-  waitpid(pid, &st, 0);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_EQ(run_test_in_child("NvrtcLoader.DISABLED_Child", "FT_NVRTC_CHILD", "1"), 0);
 }
 
 TEST(NvrtcLoader, DISABLED_Child) {

@@ -16,7 +16,6 @@
 #include <dlfcn.h>
 #include <grp.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -42,8 +41,8 @@
 #include "flashtune/attention.h"
 #include "lookup.hpp"
 #include "templates/attention_params.h"
+#include "test_in_child.hpp"
 
-extern char** environ;
 namespace fs = std::filesystem;
 using namespace flashtune;
 
@@ -103,16 +102,7 @@ int entries(const std::string& dir) {
 
 // Runs test FakeDriver.<test> (a disabled one) in a child process with FT_FAKE_CHILD = mode; its exit status.
 int spawn_child(const char* mode, const std::string& test = "DISABLED_Child") {
-  std::string self = fs::read_symlink("/proc/self/exe").string();
-  std::string filter = "--gtest_filter=FakeDriver." + test, disabled = "--gtest_also_run_disabled_tests";
-  char* argv[] = {self.data(), filter.data(), disabled.data(), nullptr};
-  setenv("FT_FAKE_CHILD", mode, 1);
-  pid_t pid;
-  if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, environ) != 0) return -1;
-  unsetenv("FT_FAKE_CHILD");
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return run_test_in_child("FakeDriver." + test, "FT_FAKE_CHILD", mode);
 }
 
 struct Buffers {

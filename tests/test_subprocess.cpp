@@ -1,4 +1,4 @@
-// The tuner's one way to start a process (tuner/process/subprocess.hpp): an exit code, a signal, a timeout
+// The one way to start a process (process/subprocess.hpp): an exit code, a signal, a timeout
 // and a missing executable each reported as such; captured streams complete however much the child writes;
 // waits that a signal interrupts go on; the child holds no descriptor of ours beyond 0, 1 and 2. Then the
 // worker client on it, with a script for a worker: answers, a death (exit code, signal, last stderr line),
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/util.hpp"
-#include "tuner/process/subprocess.hpp"
+#include "process/subprocess.hpp"
 #include "tuner/sweep/worker_client.hpp"
 
 using namespace flashtune;

@@ -7,9 +7,9 @@
 
 #include "core/family.hpp"
 #include "core/util.hpp"
+#include "process/subprocess.hpp"
 #include "results/store.hpp"
 #include "tuner/cli/args.hpp"
-#include "tuner/process/subprocess.hpp"
 
 using nlohmann::json;
 

@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/util.hpp"
+#include "process/subprocess.hpp"
 #include "results/select.hpp"
 #include "tuner/interop/merge.hpp"
-#include "tuner/process/subprocess.hpp"
 #include "tuner/space/space.hpp"
 
 using nlohmann::json;

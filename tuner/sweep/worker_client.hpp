@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tuner/process/subprocess.hpp"
+#include "process/subprocess.hpp"
 
 namespace flashtune {
 

@@ -1,9 +1,11 @@
-// Child processes, the one way the tuner starts them: an argv (never a shell string), the child's
+// Child processes, the one way the project starts them: an argv (never a shell string), the child's
 // standard streams inherited, piped, sent to /dev/null or to a new private file, and its end reported as an
 // exit code, a signal or a timeout. Every wait survives EINTR; the parent's ends of the pipes are
 // close-on-exec and the child gets no descriptor beyond 0, 1 and 2, so one child never holds another's
-// pipe open. Users: the worker client (a long-lived child on two pipes), `flashtune report` (make_report.py)
-// and the experiments' Python baselines (with a timeout).
+// pipe open. Users: the worker client (a long-lived child on two pipes), `flashtune report` (make_report.py),
+// the experiments' Python baselines (with a timeout) and the tests that run a part of themselves in a fresh
+// process. Its own library (flashtune_process), using no other library of ours, so that the runtime's tests
+// start their children with it without linking the tuner.
 #pragma once
 #include <sys/types.h>
 

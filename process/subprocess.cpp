@@ -1,4 +1,4 @@
-#include "tuner/process/subprocess.hpp"
+#include "process/subprocess.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
