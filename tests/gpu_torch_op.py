@@ -33,6 +33,9 @@ FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (tests/CMakeLists.txt se
   under torch.compile(fullgraph=True) the same bits as eager; a non-bool return_lse is a one-line TypeError.
 - CUDA graphs: the forward, and the forward + backward (torch.autograd.grad), captured and replayed on new
   inputs, equal to eager (O and LSE bit for bit, gradients within dQ's atomic-order noise).
+- Scratch through torch (either backend): a backward's peak of torch's allocated bytes holds dq, dk, dv and the
+  runtime's workspace (ft_backward_workspace_bytes), freed back to torch when the call ends; the runtime's private
+  pool (ft_scratch_pool_bytes) stays empty through dense, packed and paged calls.
 
 usage: gpu_torch_op.py [part ...]   (default: every part; the names of main()'s list)
 """
@@ -741,6 +744,67 @@ def cuda_graphs():
                                       f"(outputs the same bits, gradients rel L2 {worst:.1e})")
 
 
+# --- memory -----------------------------------------------------------------------------------------
+def scratch_through_torch():
+    """Every runtime call's scratch is a block of torch's caching allocator (flashtune.torch installs it with
+    ft_set_scratch_allocator): a backward's peak of allocated bytes holds dq, dk, dv and the runtime's workspace
+    (ft_backward_workspace_bytes: delta, the dq accumulator, packed copies of the transposed inputs), torch's
+    allocation count grows by one for it, and the runtime's own pool (ft_scratch_pool_bytes) holds nothing after
+    dense, packed and paged forwards and backwards; ft_release_scratch with an empty pool is a no-op."""
+    from flashtune import _lib
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 9)
+    B, H, S, d = 2, 8, 1024, 64
+    q, k, v = (make((B, H, S, d), torch.bfloat16, "bshd", gen).requires_grad_(True) for _ in range(3))
+    dout = torch.randn(B, H, S, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    scale = 1.0 / math.sqrt(d)
+    for _ in range(2):  # kernels compiled and loaded, torch's cache warm
+        o = attention(q, k, v, causal=True)
+        torch.autograd.grad(o, (q, k, v), dout)
+    torch.cuda.synchronize()
+    _lib.release_scratch()
+    check(_lib.scratch_pool_bytes() == 0, f"scratch: the runtime's pool is empty after release "
+                                          f"({_lib.scratch_pool_bytes()} bytes)")
+
+    o, lse = attention(q, k, v, causal=True, return_lse=True)
+    o, lse = o.detach(), lse.detach()
+    with torch.no_grad():
+        grads = [torch.empty_like(t) for t in (q, k, v)]
+        args = ftt._bwd_args(dout, q.detach(), k.detach(), v.detach(), o, lse, *grads, True, scale)
+        ws = _lib.backward_workspace_bytes(args)
+    del grads
+    o = attention(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()
+    torch.cuda.reset_peak_memory_stats()
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_stats()
+    outputs = sum(t.numel() * t.element_size() for t in (dq, dk, dv))
+    grew = after["allocated_bytes.all.peak"] - before["allocated_bytes.all.current"]
+    check(ws > 0 and grew >= outputs + ws,
+          f"scratch: the backward's peak of torch's allocated bytes grew {grew} >= dq, dk, dv {outputs} + the "
+          f"runtime's workspace {ws}")
+    count = after["allocation.all.allocated"] - before["allocation.all.allocated"]
+    check(count >= 4, f"scratch: torch made {count} allocations in the backward (dq, dk, dv and the scratch)")
+    check(after["allocated_bytes.all.current"] - before["allocated_bytes.all.current"] <= outputs + 3 * 512,
+          "scratch: the backward's scratch went back to torch when the call ended (only dq, dk, dv still held)")
+
+    # Packed and paged calls, and the dense forward alone: nothing in the runtime's pool either.
+    cu = torch.tensor([0, 300, 301, 700], dtype=torch.int32, device="cuda")
+    qp, kp, vp = (torch.randn(700, 3 * H, d, device="cuda", dtype=torch.bfloat16, generator=gen)[:, :H]
+                  .requires_grad_(True) for _ in range(3))  # strided: packed to scratch
+    op = attention_varlen(qp, kp, vp, cu, cu, 400, 400, causal=True)
+    torch.autograd.grad(op, (qp, kp, vp), torch.randn_like(op))
+    k_pages, v_pages, table, lens, _, _ = make_paged([900, 17, 0, 2048], 2, 128, 64, torch.bfloat16, gen)
+    qd = torch.randn(4, 16, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    with torch.no_grad():
+        attention_paged(qd, k_pages, v_pages, table, lens)
+        attention(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    check(_lib.scratch_pool_bytes() == 0, f"scratch: the runtime's pool stayed empty through dense, packed and paged "
+                                          f"calls ({_lib.scratch_pool_bytes()} bytes)")
+
+
 # --- errors ------------------------------------------------------------------------------------------
 def deterministic():
     """deterministic=True: the backward's gradients bitwise equal over 5 calls on the same inputs, through the op
@@ -885,7 +949,8 @@ def main():
         return 1
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
     parts = (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
-             streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs, deterministic)
+             streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs, deterministic,
+             scratch_through_torch)
     names = {p.__name__: p for p in parts + (first_use_tuning,)}  # first_use_tuning only when named
     unknown = [a for a in sys.argv[1:] if a not in names]
     if unknown:

@@ -348,6 +348,43 @@ class WithLibrary(unittest.TestCase):
         self.assertGreater(len(msg.split(": ", 1)[-1]), 0)
         print(f"null pointers -> {type(e).__name__}: {msg}", file=sys.stderr)
 
+    def test_scratch_allocator_and_pool(self):
+        # set_scratch_allocator: both functions or neither (one line, before the runtime; the runtime's own check is
+        # one line too); an installed pair's alloc wrapper hands the runtime a pointer, or NULL with the exception kept
+        # for check() to raise; the runtime's pool holds 0 bytes and releasing it is a no-op where no call reached a
+        # GPU (no GPU here: calls stop at the driver before any scratch).
+        with self.assertRaisesRegex(ValueError, r"^set_scratch_allocator: give alloc and free, or neither"):
+            _lib.set_scratch_allocator(lambda n, d, s: 256, None)
+        with self.assertRaisesRegex(TypeError, r"^set_scratch_allocator: alloc must be callable, got int$"):
+            _lib.set_scratch_allocator(1, lambda p, n, d, s: None)
+        keep = _lib.SCRATCH_ALLOC_FN(lambda n, d, s, u: None)
+        self.assertEqual(_lib.load().ft_set_scratch_allocator(keep, _lib.SCRATCH_FREE_FN(), None),
+                         _lib.FT_INVALID_ARGUMENT)
+        self.assertEqual(_lib.last_error(), "free_fn is null: give both functions, or neither for the library's pool")
+        seen = []
+
+        def alloc(nbytes, device, stream):
+            seen.append((nbytes, device, stream))
+            if nbytes > 4096:
+                raise MemoryError("out of memory (a test's)")
+            return 0x7f0000000000
+
+        try:
+            _lib.set_scratch_allocator(alloc, lambda p, n, d, s: None)
+            c_alloc = _lib._scratch_callbacks[0]
+            self.assertEqual(c_alloc(512, 0, 0x5f00, None), 0x7f0000000000)
+            self.assertIsNone(c_alloc(8192, 1, None, None))
+            self.assertEqual(seen, [(512, 0, 0x5f00), (8192, 1, 0)])  # a NULL stream as 0, torch's default stream
+            self.assertIsInstance(_lib._scratch_raised.error, MemoryError)
+        finally:
+            _lib._scratch_raised.error = None
+            _lib.set_scratch_allocator(None, None)
+        self.assertIsNone(_lib._scratch_callbacks)
+        if not flashtune.device_available()[0]:
+            self.assertEqual(_lib.scratch_pool_bytes(), 0)
+        _lib.release_scratch()
+        self.assertEqual(_lib.last_error(), "")
+
     def test_explain_text_and_its_decode_bucket(self):
         # The dense forward's explain line is bound (no GPU here: FT_NO_GPU or an argument refusal, one line), and the
         # decode bucket is read out of such a line, "" where there is none.

@@ -1637,6 +1637,38 @@ TEST(RuntimeArgs, LayoutAligns) {
   EXPECT_FLOAT_EQ(softmax_scale(0.5f, 64), 0.5f);
 }
 
+// The scratch calls need no GPU: an allocator is recorded (one of its two functions alone refused in one line),
+// the pool's size is 0 and releasing it nothing to do where no call reached a GPU; the C++ interface alike.
+namespace {
+void* no_alloc(size_t, int, void*, void*) { return nullptr; }
+void no_free(void*, size_t, int, void*, void*) {}
+}  // namespace
+TEST(RuntimeCApi, ScratchCallsWithoutGpu) {
+  EXPECT_EQ(ft_set_scratch_allocator(no_alloc, nullptr, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_STREQ(ft_last_error(), "free_fn is null: give both functions, or neither for the library's pool");
+  EXPECT_EQ(ft_set_scratch_allocator(nullptr, no_free, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_STREQ(ft_last_error(), "alloc_fn is null: give both functions, or neither for the library's pool");
+  EXPECT_EQ(ft_scratch_pool_bytes(nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_STREQ(ft_last_error(), "bytes is null");
+  EXPECT_EQ(runtime::set_scratch_allocator(no_alloc, no_free).code, FT_OK);
+  EXPECT_STREQ(ft_last_error(), "");
+  if (ft_device_available() != FT_OK) {
+    // Calls still stop at the driver, before any scratch: the allocator is never asked.
+    ft_backward_args b = good_backward();
+    EXPECT_EQ(ft_attention_backward(&b, nullptr), FT_NO_GPU);
+    size_t bytes = 1;
+    EXPECT_EQ(ft_scratch_pool_bytes(&bytes), FT_OK);
+    EXPECT_EQ(bytes, 0u);
+  }
+  EXPECT_EQ(ft_set_scratch_allocator(nullptr, nullptr, nullptr), FT_OK);
+  EXPECT_EQ(ft_release_scratch(), FT_OK) << ft_last_error();
+  EXPECT_STREQ(ft_last_error(), "");
+  EXPECT_EQ(runtime::release_scratch().code, FT_OK);
+  size_t bytes = 1;
+  EXPECT_EQ(runtime::scratch_pool_bytes(&bytes).code, FT_OK);
+  if (ft_device_available() != FT_OK) EXPECT_EQ(bytes, 0u);
+}
+
 TEST(RuntimeCApi, NoGpuIsOneLine) {
   const ft_status s = ft_device_available();
   if (s == FT_OK) {

@@ -4,9 +4,11 @@
 // sm_80 device, the launch sequence and geometry against the family's descriptor, the primary context
 // retained once and push/pop balanced (none when a context is current), stream scratch freed, packing
 // and unpacking of transposed strides (the hook's kernel is o = q, so o must come back in o's layout),
-// the backward's three kernels and its workspace (size, caller-given, too small), kernels from memory,
-// then from disk in a child process, and a truncated entry recompiled there. Grouped-query heads on sm_80
-// and a fake sm_90; packed variable-length batches (the packed kernel forms, their parameters and
+// the backward's three kernels and its workspace (size, caller-given, too small, misaligned), a caller's scratch
+// allocator (ft_set_scratch_allocator: every kind of call's scratch from it, once per call, on the call's stream;
+// a misaligned or NULL answer refused in one line), the library's pool trimmed by ft_release_scratch,
+// kernels from memory, then from disk in a child process, and a truncated entry recompiled there.
+// Grouped-query heads on sm_80 and a fake sm_90; packed variable-length batches (the packed kernel forms, their parameters and
 // scratch, strided packed tensors packed and unpacked, fa3_wgmma's token-major tensor maps); paged K/V caches
 // (decode_splitkv's paged form, its parameters, the pools in place, the nearest config for small pages);
 // decoding on a fake H100 through the committed table's decode_splitkv entry; a second user's planted cache
@@ -115,6 +117,36 @@ struct Buffers {
     return a;
   }
 };
+// A caller's scratch allocator (ft_set_scratch_allocator) on the fake: host memory, each call logged; `offset`
+// shifts what it returns (misaligned), `refuse` makes it return NULL.
+struct CallerScratch {
+  std::vector<size_t> allocs;  // bytes asked, call by call
+  int frees = 0, live = 0, device = -1, offset = 0;
+  void* stream = nullptr;
+  bool refuse = false;
+  size_t freed_bytes = 0;
+
+  static void* alloc(size_t bytes, int device, void* stream, void* user) {
+    auto& self = *static_cast<CallerScratch*>(user);
+    self.allocs.push_back(bytes);
+    self.device = device, self.stream = stream;
+    if (self.refuse) return nullptr;
+    ++self.live;
+    return static_cast<char*>(std::aligned_alloc(256, (bytes + 511) / 256 * 256)) + self.offset;
+  }
+  static void free(void* p, size_t bytes, int, void*, void* user) {
+    auto& self = *static_cast<CallerScratch*>(user);
+    ++self.frees, --self.live, self.freed_bytes += bytes;
+    std::free(static_cast<char*>(p) - self.offset);
+  }
+  // Installed for the scope of a test block; the library's pool again after.
+  struct Installed {
+    explicit Installed(CallerScratch& s) { EXPECT_EQ(ft_set_scratch_allocator(alloc, free, &s), FT_OK); }
+    ~Installed() { EXPECT_EQ(ft_set_scratch_allocator(nullptr, nullptr, nullptr), FT_OK); }
+  };
+};
+void* const kStream = reinterpret_cast<void*>(0x5f00);  // a stream handle the fake never reads
+
 // The sm_80 tests follow the JIT path; a library with sm_80 kernels embedded takes those (test_runtime_aot).
 bool embeds_sm80() {
   for (const std::string& e : split(FT_AOT_ARCHS, ','))
@@ -224,6 +256,59 @@ TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
   EXPECT_TRUE(st.allocated.empty());
   EXPECT_EQ(st.live_allocations, 0);
   EXPECT_EQ(st.pushes, st.pops);
+  b.workspace = reinterpret_cast<char*>(aligned) + 16;  // misaligned
+  EXPECT_EQ(ft_attention_backward(&b, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_STREQ(ft_last_error(), "workspace is not 256-byte aligned (cudaMalloc's alignment)");
+
+  // A caller's allocator: every call's scratch from it, once per call, on the call's stream and device, exactly
+  // the bytes the call needs (the backward's: ws); the library's pool untouched. A given workspace still wins.
+  {
+    CallerScratch mine;
+    CallerScratch::Installed installed(mine);
+    b.workspace = nullptr, b.workspace_bytes = 0;
+    st.allocated.clear();
+    ASSERT_EQ(ft_attention_backward(&b, kStream), FT_OK) << ft_last_error();
+    ASSERT_EQ(mine.allocs, std::vector<size_t>{ws});
+    EXPECT_EQ(mine.stream, kStream);
+    EXPECT_EQ(mine.device, 0);
+    ASSERT_EQ(ft_attention_forward(&a, kStream), FT_OK) << ft_last_error();  // transposed q, o; no lse
+    ASSERT_EQ(mine.allocs.size(), 2u);
+    EXPECT_GE(mine.allocs[1], 2ull * B * H * Sq * D * 4 + 4ull * B * H * Sq);  // q and o packed, the LSE
+    EXPECT_EQ(std::memcmp(ot.ptr(), qt.ptr(), sizeof(float) * B * H * Sq * D), 0);
+    EXPECT_EQ(mine.frees, 2);
+    EXPECT_EQ(mine.live, 0);
+    EXPECT_EQ(mine.freed_bytes, ws + mine.allocs[1]);
+    EXPECT_TRUE(st.allocated.empty());
+    b.workspace = aligned, b.workspace_bytes = ws;
+    ASSERT_EQ(ft_attention_backward(&b, kStream), FT_OK) << ft_last_error();
+    EXPECT_EQ(mine.allocs.size(), 2u);
+    b.workspace = nullptr, b.workspace_bytes = 0;
+    // A misaligned pointer is handed back and refused; NULL (no memory) is a CUDA error naming the bytes.
+    mine.offset = 16;
+    EXPECT_EQ(ft_attention_backward(&b, kStream), FT_INVALID_ARGUMENT);
+    EXPECT_STREQ(ft_last_error(), "the scratch allocator (ft_set_scratch_allocator) returned a pointer that is not "
+                                  "256-byte aligned (cudaMalloc's alignment)");
+    EXPECT_EQ(mine.live, 0);
+    mine.offset = 0, mine.refuse = true;
+    EXPECT_EQ(ft_attention_backward(&b, kStream), FT_CUDA_ERROR);
+    EXPECT_EQ(std::string(ft_last_error()), "the scratch allocator (ft_set_scratch_allocator) gave no memory for " +
+                                                 std::to_string(ws) + " bytes on device 0");
+    EXPECT_EQ(mine.live, 0);
+    EXPECT_TRUE(st.allocated.empty());
+    EXPECT_EQ(st.live_allocations, 0);
+  }
+  // The library's pool kept what the calls without an allocator freed; ft_release_scratch trims it to nothing.
+  size_t pool = 0;
+  ASSERT_EQ(ft_scratch_pool_bytes(&pool), FT_OK) << ft_last_error();
+  EXPECT_GE(pool, ws);
+  const int trims = st.pool_trims;
+  ASSERT_EQ(ft_release_scratch(), FT_OK) << ft_last_error();
+  EXPECT_EQ(st.pool_trims, trims + 1);
+  ASSERT_EQ(ft_scratch_pool_bytes(&pool), FT_OK) << ft_last_error();
+  EXPECT_EQ(pool, 0u);
+  ASSERT_EQ(ft_attention_backward(&b, nullptr), FT_OK) << ft_last_error();  // the pool still serves
+  ASSERT_EQ(ft_scratch_pool_bytes(&pool), FT_OK) << ft_last_error();
+  EXPECT_EQ(pool, ws);
 
   // $FLASHTUNE_DB: the store's best valid row for this device first (explain only: nothing compiled);
   // a store that cannot be read is a one-line error.
@@ -720,6 +805,21 @@ TEST(FakeDriver, PackedBatches) {
   EXPECT_LE((const char*)(g_vbwd.dq_accum + (size_t)Tq * H * d), (const char*)b.workspace + ws);
   EXPECT_EQ(st.live_allocations, 0);
   EXPECT_EQ(st.pushes, st.pops);
+  // A caller's allocator: the packed forward's (q, o packed, the LSE) and backward's (ws) scratch from it.
+  {
+    CallerScratch mine;
+    CallerScratch::Installed installed(mine);
+    b.workspace = nullptr, b.workspace_bytes = 0;
+    st.allocated.clear();
+    ASSERT_EQ(ft_attention_varlen_forward(&a, kStream), FT_OK) << ft_last_error();
+    ASSERT_EQ(ft_attention_varlen_backward(&b, kStream), FT_OK) << ft_last_error();
+    ASSERT_EQ(mine.allocs.size(), 2u);
+    EXPECT_GE(mine.allocs[0], 2ull * Tq * H * d * 2 + 4ull * H * Tq);
+    EXPECT_EQ(mine.allocs[1], ws);
+    EXPECT_EQ(mine.stream, kStream);
+    EXPECT_EQ(mine.live, 0);
+    EXPECT_TRUE(st.allocated.empty());
+  }
   st.hook = nullptr;
   g_head_dim = D;
   fs::remove_all(cache);
@@ -810,6 +910,18 @@ TEST(FakeDriver, PagedCache) {
   EXPECT_EQ(std::memcmp(o.ptr(), q.ptr(), 2ull * Bp * Hq * d), 0);
   EXPECT_EQ(st.live_allocations, 0);
   EXPECT_EQ(st.pushes, st.pops);
+  // A caller's allocator: the split workspace from it, the same bytes.
+  {
+    CallerScratch mine;
+    CallerScratch::Installed installed(mine);
+    const size_t pool_bytes = st.allocated[0];
+    st.allocated.clear();
+    ASSERT_EQ(ft_attention_paged_forward(&a, kStream), FT_OK) << ft_last_error();
+    EXPECT_EQ(mine.allocs, std::vector<size_t>{pool_bytes});
+    EXPECT_EQ(mine.live, 0);
+    EXPECT_TRUE(st.allocated.empty());
+    EXPECT_EQ(std::memcmp(o.ptr(), q.ptr(), 2ull * Bp * Hq * d), 0);
+  }
   // Non-causal at Sq 1: the same kernel (from memory), max_seqlen_k passed through.
   a.causal = 0, a.max_seqlen_k = 300;
   char line[512];

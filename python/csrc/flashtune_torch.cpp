@@ -17,10 +17,14 @@
 // Kernels: CUDA (the work) and CPU (only to say, in one line, that the tensors must be on a GPU); Autograd for
 // the two forwards (lse is an output without a gradient: marked non-differentiable). The fake (meta)
 // implementations torch.compile needs live in Python (flashtune/torch.py, named by set_python_module).
+// Scratch: at bind the runtime is given torch's caching allocator (ft_set_scratch_allocator), so every call's
+// scratch (packed copies, the backward's delta and dq accumulator, split-KV partials) is a block of torch's on the
+// op's stream: counted in torch.cuda.memory_stats, reused by torch, returned by torch.cuda.empty_cache.
 // Errors: TypeError/ValueError (one line) for bad arguments, as flashtune.torch's Python checks word them; a
 // runtime status other than FT_OK raises with "[FT_<STATUS>] " in front of the runtime's line, which
 // flashtune.torch turns into flashtune.UnsupportedError and its siblings.
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -33,11 +37,13 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <initializer_list>
 #include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "flashtune/attention.h"
 
@@ -67,6 +73,7 @@ struct Runtime {
   decltype(&ft_attention_varlen_backward) varlen_backward = nullptr;
   decltype(&ft_attention_paged_forward) paged_forward = nullptr;
   decltype(&ft_last_error) last_error = nullptr;
+  decltype(&ft_set_scratch_allocator) set_scratch_allocator = nullptr;
 };
 Runtime g_runtime;
 
@@ -101,10 +108,38 @@ const char* status_name(ft_status s) {
   return "FT_CUDA_ERROR";
 }
 
+// ---- scratch from torch's caching allocator ------------------------------------------------------------------
+// What torch's allocator threw inside a runtime call (out of memory, ...): an exception may not cross the C ABI,
+// so it waits here and check_status rethrows it on the same thread, as if an at::empty of the op had thrown.
+thread_local std::exception_ptr t_scratch_error;
+
+// ft_scratch_alloc_fn: a block of torch's on the call's device and stream, freed back to it in stream order (the
+// runtime calls scratch_free after queueing the call's kernels on that stream, as a tensor's last use would).
+void* scratch_alloc(size_t bytes, int device, void* stream, void*) {
+  try {
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // raw_alloc takes the current device
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, static_cast<cudaStream_t>(stream));
+  } catch (...) {
+    t_scratch_error = std::current_exception();
+    return nullptr;
+  }
+}
+void scratch_free(void* ptr, size_t, int, void*, void*) {
+  try {
+    c10::cuda::CUDACachingAllocator::raw_delete(ptr);  // the block knows its device and stream
+  } catch (...) {  // not expected (a pointer torch gave); nothing to report it through
+  }
+}
+
 // A runtime status: "[FT_<STATUS>] <what>: <ft_last_error()>", a ValueError where the Python classes are
-// ValueErrors (invalid argument, unsupported), else a RuntimeError.
+// ValueErrors (invalid argument, unsupported), else a RuntimeError; torch's own exception when its allocator
+// threw during the call (torch.OutOfMemoryError for out of memory).
 void check_status(ft_status s, const char* what) {
   if (s == FT_OK) return;
+  // Only for the allocator's own failure: one left by a call made elsewhere (ctypes) must not stand for another.
+  const std::exception_ptr alloc_error = std::exchange(t_scratch_error, nullptr);
+  if (alloc_error && std::string(rt().last_error()).rfind("the scratch allocator", 0) == 0)
+    std::rethrow_exception(alloc_error);
   const char* why = rt().last_error();
   if (s == FT_INVALID_ARGUMENT || s == FT_UNSUPPORTED)
     TORCH_CHECK_VALUE(false, "[", status_name(s), "] ", what, ": ", why);
@@ -675,6 +710,8 @@ TORCH_LIBRARY_IMPL(flashtune, Autograd, m) {
 extern "C" __attribute__((visibility("default"))) int flashtune_torch_bind(const char* path, char* err, size_t size) {
   using flashtune::torch_ext::g_runtime;
   using flashtune::torch_ext::Runtime;
+  using flashtune::torch_ext::scratch_alloc;
+  using flashtune::torch_ext::scratch_free;
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     std::snprintf(err, size, "cannot load %s: %s", path, dlerror());
@@ -692,8 +729,13 @@ extern "C" __attribute__((visibility("default"))) int flashtune_torch_bind(const
   sym(r.varlen_backward, "ft_attention_varlen_backward");
   sym(r.paged_forward, "ft_attention_paged_forward");
   sym(r.last_error, "ft_last_error");
+  sym(r.set_scratch_allocator, "ft_set_scratch_allocator");
   if (missing) {
     std::snprintf(err, size, "%s has no %s (a runtime older than this extension)", path, missing);
+    return 1;
+  }
+  if (r.set_scratch_allocator(scratch_alloc, scratch_free, nullptr) != FT_OK) {
+    std::snprintf(err, size, "ft_set_scratch_allocator: %s", r.last_error());
     return 1;
   }
   g_runtime = r;  // once, at import, before any op runs (flashtune.torch)

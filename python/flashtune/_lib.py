@@ -9,6 +9,7 @@ Nothing here needs torch: tensors are passed as (device pointer, 4 element strid
 variable-length tensors ([total, heads, d]) as (device pointer, 3 element strides), a paged K/V cache's pools
 ([num_pages, heads_k, page_size, d]) as (device pointer, 4 element strides) too.
 """
+import atexit
 import ctypes
 import math
 import os
@@ -136,6 +137,12 @@ class FtExplanation(ctypes.Structure):
         return {name: getattr(self, name).decode("utf-8", "replace") for name, _ in self._fields_}
 
 
+# ft_scratch_alloc_fn, ft_scratch_free_fn (set_scratch_allocator)
+SCRATCH_ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+SCRATCH_FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                   ctypes.c_void_p)
+
+
 # --- loading -----------------------------------------------------------------------------------
 _lock = threading.Lock()
 _lib = None
@@ -167,6 +174,9 @@ def _bind(lib):
         "ft_attention_paged_forward": (ctypes.c_int, [P(FtPagedForwardArgs), ctypes.c_void_p]),
         "ft_explain_paged_forward": (ctypes.c_int, [P(FtPagedForwardArgs), P(FtExplanation)]),
         "ft_explain_paged_forward_text": (ctypes.c_int, [P(FtPagedForwardArgs), ctypes.c_char_p, ctypes.c_size_t]),
+        "ft_set_scratch_allocator": (ctypes.c_int, [SCRATCH_ALLOC_FN, SCRATCH_FREE_FN, ctypes.c_void_p]),
+        "ft_release_scratch": (ctypes.c_int, []),
+        "ft_scratch_pool_bytes": (ctypes.c_int, [P(ctypes.c_size_t)]),
         "ft_device_available": (ctypes.c_int, []),
         "ft_last_error": (ctypes.c_char_p, []),
         "ft_version": (ctypes.c_char_p, []),
@@ -200,9 +210,14 @@ def last_error():
 
 
 def check(status, what):
-    """FT_OK passes; any other status raises its exception with ft_last_error()'s line."""
+    """FT_OK passes; any other status raises its exception with ft_last_error()'s line, or the exception the
+    Python scratch allocator raised during the call (torch's out-of-memory error, as a torch.empty would)."""
     if status == FT_OK:
         return
+    raised = getattr(_scratch_raised, "error", None)
+    _scratch_raised.error = None
+    if raised is not None and last_error().startswith("the scratch allocator"):
+        raise raised
     msg = last_error() or STATUS_NAMES.get(status, f"status {status}")
     cls = _ERRORS.get(status, FlashtuneError)
     err = cls(f"{what}: {msg}")
@@ -224,6 +239,68 @@ def device_available():
     if status == FT_OK:
         return True, ""
     return False, last_error() or STATUS_NAMES.get(status, f"status {status}")
+
+
+# --- scratch (ft_set_scratch_allocator) ----------------------------------------------------------
+_scratch_callbacks = None  # the installed ctypes pair
+_scratch_kept = []  # every pair ever installed: a call in flight on another thread frees through the pair it began with
+_scratch_raised = threading.local()  # what alloc raised during this thread's call, for check() to raise
+
+
+def set_scratch_allocator(alloc, free):
+    """Every runtime call's scratch from alloc(nbytes, device, stream) -> device pointer (an int, 256-byte aligned,
+    usable in stream order on `stream`, a raw CUstream int, 0 for the legacy default stream) and back through
+    free(ptr, nbytes, device, stream), as ft_set_scratch_allocator says; (None, None): the library's own pool again.
+    An exception alloc raises fails the call, which then raises that exception (check). Process-wide; the pair is
+    uninstalled when the interpreter exits (no Python to call after it)."""
+    global _scratch_callbacks
+    if (alloc is None) != (free is None):
+        raise ValueError("set_scratch_allocator: give alloc and free, or neither (None, None) for the library's pool")
+    for name, fn in (("alloc", alloc), ("free", free)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"set_scratch_allocator: {name} must be callable, got {type(fn).__name__}")
+    lib = load()
+    if alloc is None:
+        check(lib.ft_set_scratch_allocator(SCRATCH_ALLOC_FN(), SCRATCH_FREE_FN(), None), "flashtune scratch")
+        _scratch_callbacks = None
+        return
+
+    def c_alloc(nbytes, device, stream, _user):
+        try:
+            ptr = alloc(nbytes, device, stream or 0)
+            return _int_in("the scratch allocator's pointer", ptr, 1, 2**64 - 1)
+        except BaseException as e:  # nothing may unwind into the library: the call fails, check() raises e
+            _scratch_raised.error = e
+            return None
+
+    def c_free(ptr, nbytes, device, stream, _user):
+        free(ptr, nbytes, device, stream or 0)  # an exception here is printed by ctypes (unraisable): no caller
+
+    pair = (SCRATCH_ALLOC_FN(c_alloc), SCRATCH_FREE_FN(c_free))
+    check(lib.ft_set_scratch_allocator(pair[0], pair[1], None), "flashtune scratch")
+    if not _scratch_kept:
+        atexit.register(_uninstall_scratch_allocator)
+    _scratch_kept.append(pair)
+    _scratch_callbacks = pair
+
+
+def _uninstall_scratch_allocator():
+    global _scratch_callbacks
+    if _scratch_callbacks is not None and _lib is not None:
+        _lib.ft_set_scratch_allocator(SCRATCH_ALLOC_FN(), SCRATCH_FREE_FN(), None)
+        _scratch_callbacks = None
+
+
+def release_scratch():
+    """ft_release_scratch: the library's own pool returns its memory to the driver (what no queued call still uses)."""
+    check(load().ft_release_scratch(), "flashtune release scratch")
+
+
+def scratch_pool_bytes():
+    """ft_scratch_pool_bytes: the bytes the library's own pool holds now (0 when it was never used)."""
+    n = ctypes.c_size_t(0)
+    check(load().ft_scratch_pool_bytes(ctypes.byref(n)), "flashtune scratch pool")
+    return n.value
 
 
 # --- keyword flags of the torch layer (no torch: tested without it) ---------------------------

@@ -625,6 +625,27 @@ def _load_extension():
 _EXT, _BACKEND = _load_extension()
 
 
+# --- scratch from torch's caching allocator ------------------------------------------------------------------
+# Every runtime call's scratch (packed copies of strided inputs, the backward's delta and dq accumulator, split-KV
+# partials) comes from torch's caching allocator, on the op's stream: counted in torch.cuda.memory_stats, reused by
+# torch, returned by torch.cuda.empty_cache, never held in a pool torch cannot see. The extension installs it in
+# C++ when it binds (python/csrc); the ctypes path installs these two, which the runtime calls once per call that
+# needs scratch (one allocation, no synchronisation: the runtime frees it after queueing its kernels on the stream).
+def _torch_scratch_alloc(nbytes, device, stream):
+    return torch.cuda.caching_allocator_alloc(nbytes, device, stream)
+
+
+def _torch_scratch_free(ptr, nbytes, device, stream):
+    torch.cuda.caching_allocator_delete(ptr)
+
+
+if not _EXT:
+    try:
+        _lib.set_scratch_allocator(_torch_scratch_alloc, _torch_scratch_free)
+    except _lib.LibraryNotFoundError:
+        pass  # no runtime library: the first call says so (one line)
+
+
 def backend():
     """Which backend runs the ops, and why: "extension: <path of libflashtune_torch.so>" or "ctypes: <reason>"."""
     return _BACKEND

@@ -439,51 +439,98 @@ CallLayout layout_for(std::vector<Operand>& ops, const Family& f, const Problem&
 // The library's own stream-ordered memory pool on the current device, keeping what it frees (release
 // threshold: never): a pool that returns memory to the driver at every synchronisation (the device's
 // default pool does) maps the backward's dq_accum anew on every call, milliseconds of host time (measured
-// on an H100: 0.3-1.3 ms per forward + backward at S = 1k-4k before this pool).
-CUmemoryPool scratch_pool() {
-  CUdevice dev;
-  FT_CU(cuCtxGetDevice, &dev);
+// on an H100: 0.3-1.3 ms per forward + backward at S = 1k-4k before this pool). Only for callers that give
+// neither a workspace nor an allocator; ft_release_scratch trims it.
+CUmemoryPool scratch_pool(int dev) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (auto it = s.pools.find((int)dev); it != s.pools.end()) return it->second;
+  if (auto it = s.pools.find(dev); it != s.pools.end()) return it->second;
   CUmemPoolProps props{};
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
   props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
   props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  props.location.id = (int)dev;
+  props.location.id = dev;
   CUmemoryPool pool;
   FT_CU(cuMemPoolCreate, &pool, &props);
   cuuint64_t keep = ~cuuint64_t{0};
   FT_CU(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
-  s.pools.emplace((int)dev, pool);
+  s.pools.emplace(dev, pool);
   return pool;
 }
 
-// Stream-ordered scratch: allocated at the start of a call, freed on its stream at the end.
+// The caller's scratch allocator (ft_set_scratch_allocator): process-wide, copied by each call under its own
+// mutex (not the state's, which compiles and plan lookups hold), so that a call frees with what it allocated.
+struct Allocator {
+  ft_scratch_alloc_fn alloc = nullptr;
+  ft_scratch_free_fn free = nullptr;
+  void* user = nullptr;
+};
+std::mutex g_allocator_mu;
+Allocator g_allocator;
+Allocator scratch_allocator() {
+  std::lock_guard<std::mutex> lock(g_allocator_mu);
+  return g_allocator;
+}
+
+constexpr uintptr_t kScratchAlign = 256;  // cudaMalloc's; Layout's pieces are 256-byte multiples from the base
+
+// Stream-ordered scratch: allocated at the start of a call, freed on its stream at the end (also when the
+// call fails after allocating: the destructor). From the caller's workspace, else the caller's allocator, else
+// the library's pool.
 class Scratch {
  public:
   // sizer: the function that tells a caller the bytes (named in the error).
-  Scratch(size_t bytes, void* given, size_t given_bytes, CUstream s, const char* sizer = "") : stream_(s) {
+  Scratch(size_t bytes, void* given, size_t given_bytes, CUstream s, const char* sizer = "")
+      : stream_(s), bytes_(bytes) {
     if (!bytes) return;
     if (given) {
       if (given_bytes < bytes)
         fail(FT_INVALID_ARGUMENT, "workspace_bytes " + std::to_string(given_bytes) + " is less than the " +
                                       std::to_string(bytes) + " this call needs (" + sizer + ")");
-      if (reinterpret_cast<uintptr_t>(given) % 256)
+      if (reinterpret_cast<uintptr_t>(given) % kScratchAlign)
         fail(FT_INVALID_ARGUMENT, "workspace is not 256-byte aligned (cudaMalloc's alignment)");
       base_ = (CUdeviceptr)given;
       return;
     }
-    FT_CU(cuMemAllocFromPoolAsync, &base_, bytes, scratch_pool(), stream_);
+    CUdevice dev;
+    FT_CU(cuCtxGetDevice, &dev);
+    device_ = (int)dev;
+    allocator_ = scratch_allocator();
+    if (allocator_.alloc) {
+      from_allocator();
+      return;
+    }
+    FT_CU(cuMemAllocFromPoolAsync, &base_, bytes, scratch_pool(device_), stream_);
     owned_ = true;
   }
   ~Scratch() {
-    if (owned_) drv().cuMemFreeAsync(base_, stream_);
+    if (!owned_) return;
+    if (allocator_.free) allocator_.free(reinterpret_cast<void*>(base_), bytes_, device_, stream_, allocator_.user);
+    else drv().cuMemFreeAsync(base_, stream_);
   }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   CUdeviceptr at(size_t off) const { return base_ + off; }
 
  private:
+  void from_allocator() {
+    void* p = allocator_.alloc(bytes_, device_, stream_, allocator_.user);
+    if (!p)
+      fail(FT_CUDA_ERROR, "the scratch allocator (ft_set_scratch_allocator) gave no memory for " +
+                              std::to_string(bytes_) + " bytes on device " + std::to_string(device_));
+    if (reinterpret_cast<uintptr_t>(p) % kScratchAlign) {
+      allocator_.free(p, bytes_, device_, stream_, allocator_.user);  // not ours to keep: handed straight back
+      fail(FT_INVALID_ARGUMENT, "the scratch allocator (ft_set_scratch_allocator) returned a pointer that is not "
+                                "256-byte aligned (cudaMalloc's alignment)");
+    }
+    base_ = (CUdeviceptr)p;
+    owned_ = true;
+  }
+
   CUstream stream_;
+  size_t bytes_;
+  int device_ = 0;
+  Allocator allocator_;
   CUdeviceptr base_ = 0;
   bool owned_ = false;
 };
@@ -818,6 +865,30 @@ ft_status explain_text_call(const Args* args, char* buf, size_t size) {
   });
 }
 
+// The pools, copied out of the state: the driver calls run outside its mutex. None without a driver (a pool
+// exists only after a call reached the driver), so no GPU is nothing to do.
+std::vector<CUmemoryPool> pools() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<CUmemoryPool> out;
+  for (const auto& [dev, pool] : s.pools) out.push_back(pool);
+  return out;
+}
+// Trimmed rather than destroyed: a call on another thread may hold a pool's handle between its lookup and its
+// allocation, and a trimmed pool stays valid. The driver keeps what backs blocks whose frees are still queued.
+void release_pools() {
+  for (CUmemoryPool pool : pools()) FT_CU(cuMemPoolTrimTo, pool, 0);
+}
+size_t pool_bytes() {
+  size_t total = 0;
+  for (CUmemoryPool pool : pools()) {
+    cuuint64_t reserved = 0;
+    FT_CU(cuMemPoolGetAttribute, pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+    total += (size_t)reserved;
+  }
+  return total;
+}
+
 }  // namespace
 }  // namespace flashtune::rt
 
@@ -867,6 +938,27 @@ ft_status ft_explain_paged_forward(const ft_paged_forward_args* args, ft_explana
 }
 ft_status ft_explain_paged_forward_text(const ft_paged_forward_args* args, char* buf, size_t size) {
   return explain_text_call(args, buf, size);
+}
+
+ft_status ft_set_scratch_allocator(ft_scratch_alloc_fn alloc_fn, ft_scratch_free_fn free_fn, void* user) {
+  return guarded([&] {
+    if (!alloc_fn != !free_fn)
+      fail(FT_INVALID_ARGUMENT, std::string(alloc_fn ? "free_fn" : "alloc_fn") +
+                                    " is null: give both functions, or neither for the library's pool");
+    std::lock_guard<std::mutex> lock(g_allocator_mu);
+    g_allocator = Allocator{alloc_fn, free_fn, user};
+  });
+}
+
+ft_status ft_release_scratch(void) {
+  return guarded([] { release_pools(); });
+}
+
+ft_status ft_scratch_pool_bytes(size_t* bytes) {
+  return guarded([&] {
+    if (!bytes) fail(FT_INVALID_ARGUMENT, "bytes is null");
+    *bytes = pool_bytes();
+  });
 }
 
 ft_status ft_device_available(void) {

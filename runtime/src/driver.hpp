@@ -13,7 +13,8 @@ namespace flashtune::rt {
   X(cuDeviceGetAttribute) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent) X(cuCtxPopCurrent)   \
   X(cuDevicePrimaryCtxRetain) X(cuPointerGetAttribute) X(cuModuleLoadData) X(cuModuleGetFunction)       \
   X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuMemFreeAsync) X(cuMemsetD8Async)    \
-  X(cuMemPoolCreate) X(cuMemPoolSetAttribute) X(cuMemAllocFromPoolAsync) X(cuTensorMapEncodeTiled)
+  X(cuMemPoolCreate) X(cuMemPoolSetAttribute) X(cuMemAllocFromPoolAsync) X(cuTensorMapEncodeTiled)       \
+  X(cuMemPoolTrimTo) X(cuMemPoolGetAttribute)
 
 #define FT_DRIVER_MEMBER(fn) decltype(&::fn) fn = nullptr;
 struct Driver {

@@ -4,8 +4,10 @@
 // Only the entry points flashtune's runtime loads (runtime/src/driver.hpp). Test-only.
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -22,6 +24,7 @@ struct Fn {
   std::string name;
 };
 std::vector<Fn*> g_fns;
+std::map<CUdeviceptr, size_t> g_pool_live;  // the pool's allocations not freed yet
 }  // namespace
 
 extern "C" {
@@ -149,12 +152,32 @@ CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps*) {
 }
 CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute, void*) { return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t bytes, CUmemoryPool, CUstream s) {
-  return cuMemAllocAsync(p, bytes, s);
+  const CUresult r = cuMemAllocAsync(p, bytes, s);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> l(g_mu);
+  g_pool_live[*p] = bytes;
+  g_state.pool_reserved += bytes;
+  return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr p, CUstream) {
   std::free(reinterpret_cast<void*>(p));
   std::lock_guard<std::mutex> l(g_mu);
+  g_pool_live.erase(p);
   --g_state.live_allocations;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool, size_t keep) {
+  std::lock_guard<std::mutex> l(g_mu);
+  size_t live = 0;
+  for (const auto& [ptr, bytes] : g_pool_live) live += bytes;
+  g_state.pool_reserved = std::max(live, std::min(keep, g_state.pool_reserved));
+  ++g_state.pool_trims;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute a, void* value) {
+  if (a != CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> l(g_mu);
+  *static_cast<cuuint64_t*>(value) = g_state.pool_reserved;
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream) {

@@ -14,6 +14,10 @@ struct FakeState {
   std::vector<FakeLaunch> launches;
   std::vector<size_t> allocated;  // cuMemAllocAsync sizes
   int live_allocations = 0, module_loads = 0, primary_retains = 0, pushes = 0, pops = 0;
+  // The library's pool: what it holds from the "driver" (every pool allocation, kept after its free, as a pool
+  // with release threshold never keeps it) until cuMemPoolTrimTo drops it to what is still live.
+  size_t pool_reserved = 0;
+  int pool_trims = 0;
   // The device's compute capability (8.0: sm_80). The runtime keeps the first description it reads, so a
   // test that wants another sets it before its first call (in a child process).
   int cc_major = 8, cc_minor = 0;

@@ -64,7 +64,8 @@ typedef struct {
   ft_tensor q, k, v, o, dout; /* the forward's inputs and output, and dL/dO (k, v [B,Hk,Sk,d]) */
   const float* lse;           /* the forward's [B,H,Sq] contiguous fp32 LSE */
   ft_tensor dq, dk, dv;       /* outputs (dk, dv [B,Hk,Sk,d]) */
-  void* workspace;            /* NULL: the library allocates on the stream and frees after */
+  void* workspace;            /* NULL: scratch as ft_set_scratch_allocator says (allocated on the stream, freed
+                                 after); else 256-byte aligned device memory the call may use until its work ends */
   size_t workspace_bytes;     /* at least ft_backward_workspace_bytes() when workspace is given */
   int heads_k;                /* kv heads (grouped-query attention); 0: heads */
   int deterministic;          /* 1: dq, dk, dv bitwise equal from run to run (only configs whose additions run in
@@ -117,7 +118,7 @@ typedef struct {
   ft_packed_tensor q, k, v, o, dout; /* the forward's inputs and output, and dL/dO */
   const float* lse;                  /* the forward's [heads, total_q] contiguous fp32 LSE */
   ft_packed_tensor dq, dk, dv;       /* outputs (dk, dv [total_k, heads_k, d]) */
-  void* workspace;                   /* NULL: the library allocates on the stream and frees after */
+  void* workspace;                   /* as ft_backward_args' */
   size_t workspace_bytes;            /* at least ft_varlen_backward_workspace_bytes() when given */
   int deterministic;                 /* as ft_backward_args' */
 } ft_varlen_backward_args;
@@ -195,6 +196,37 @@ ft_status ft_explain_varlen_backward_text(const ft_varlen_backward_args* args, c
 ft_status ft_attention_paged_forward(const ft_paged_forward_args* args, void* stream);
 ft_status ft_explain_paged_forward(const ft_paged_forward_args* args, ft_explanation* out);
 ft_status ft_explain_paged_forward_text(const ft_paged_forward_args* args, char* buf, size_t size);
+/* Scratch memory. A call that needs device scratch (strided inputs or outputs packed to contiguous copies, the
+ * forward's LSE when lse is NULL, the backward's delta and dq accumulator, a family's workspace such as the
+ * split-KV partials of decoding) takes one block of it per call, on the call's stream, and frees it on that
+ * stream before returning (stream-ordered: the next user of the memory on that stream runs after the kernels).
+ * It comes from, first to last: the backward's workspace argument when given; else the allocator set with
+ * ft_set_scratch_allocator; else the library's own stream-ordered pool on the device, which keeps what it
+ * frees (re-mapping memory on every call costs milliseconds of host time) until ft_release_scratch.
+ * Why a callback rather than a workspace argument on every call: it covers every call (dense, packed, paged,
+ * either direction, and any later one) with one function and no change to the argument structs, the allocator
+ * is asked once per call for exactly the bytes the chosen kernels need (a workspace argument would need a
+ * sizing call first, planning every call twice on the host), and a framework hands its own caching allocator
+ * over once (flashtune.torch installs torch's, so scratch shows in torch.cuda.memory_stats and is reused by
+ * torch). alloc_fn(bytes, device, stream, user) returns device memory on `device` (the ordinal of the call's
+ * context) usable in stream order on `stream`, 256-byte aligned (cudaMalloc's alignment; a pointer that is not
+ * is handed back to free_fn and the call fails with FT_INVALID_ARGUMENT), or NULL when it has none (the call
+ * fails with FT_CUDA_ERROR, naming the bytes); free_fn(ptr, bytes, device, stream, user) gets alloc_fn's
+ * arguments once the call's work is queued on the stream. Neither may call back into this library. Process-
+ * wide and meant to be set once (at startup, or as a framework loads): a call in flight keeps the allocator it
+ * started with. Both NULL: the library's pool again; one of them NULL is FT_INVALID_ARGUMENT. Needs no GPU. */
+typedef void* (*ft_scratch_alloc_fn)(size_t bytes, int device, void* stream, void* user);
+typedef void (*ft_scratch_free_fn)(void* ptr, size_t bytes, int device, void* stream, void* user);
+ft_status ft_set_scratch_allocator(ft_scratch_alloc_fn alloc_fn, ft_scratch_free_fn free_fn, void* user);
+/* Returns the library's pools' memory to the driver (cuMemPoolTrimTo 0 on every device's pool): all of it but
+ * what backs scratch still in use, that is the blocks of calls whose streams have not reached their frees yet
+ * (synchronise those streams first to release everything). The pools stay usable; a later call without a
+ * workspace or allocator maps memory again. FT_OK and nothing to do when no pool was created (no GPU, or
+ * every call had a workspace or an allocator). */
+ft_status ft_release_scratch(void);
+/* The bytes the library's pools hold from the driver now (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT summed over
+ * devices): 0 when no pool was created. FT_INVALID_ARGUMENT when bytes is NULL. */
+ft_status ft_scratch_pool_bytes(size_t* bytes);
 /* FT_OK when a CUDA device is usable, else FT_NO_GPU with the reason in ft_last_error(). */
 ft_status ft_device_available(void);
 /* The last error of this thread, one line; "" after a success. */

@@ -228,6 +228,13 @@ inline Status explain(const PagedForwardArgs& a, ft_explanation* out) {
 inline std::string explain(const PagedForwardArgs& a) {
   return detail::explain_text(ft_explain_paged_forward_text, a.c());
 }
+// Scratch (attention.h): the allocator calls take their scratch from (nullptr, nullptr: the library's pool), the
+// pool's memory returned to the driver, and the bytes the pool holds.
+inline Status set_scratch_allocator(ft_scratch_alloc_fn alloc_fn, ft_scratch_free_fn free_fn, void* user = nullptr) {
+  return status_of(ft_set_scratch_allocator(alloc_fn, free_fn, user));
+}
+inline Status release_scratch() { return status_of(ft_release_scratch()); }
+inline Status scratch_pool_bytes(size_t* bytes) { return status_of(ft_scratch_pool_bytes(bytes)); }
 inline Status device_available() { return status_of(ft_device_available()); }
 inline std::string version() { return ft_version(); }
 
