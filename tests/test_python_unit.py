@@ -978,6 +978,17 @@ class TuneModelPlan(unittest.TestCase):
         self.assertEqual(shapes[2]["heads_k"], 2)
         self.assertEqual(plan([]), [])
 
+    def test_decode_calls_by_batch_class(self):
+        """Decode calls (Sq 1) of one Sk are tuned per batch x kv heads class, as the runtime keys them: B 1 and
+        B 64 are two shapes, B 7 and B 8 (8 kv heads: 56 and 64) one, its larger; prefill is not split."""
+        from flashtune._model import plan
+        dec = dict(heads=32, heads_k=8, seq_q=1, seq_k=4096, head_dim=128, causal=False, grad=False)
+        g = plan([self.call(batch=1, **dec), self.call(batch=64, **dec), self.call(batch=7, **dec),
+                  self.call(batch=8, **dec)])
+        self.assertEqual(sorted(s["batch"] for s in g[0][3]), [1, 8, 64])
+        pre = dict(heads=32, heads_k=8, seq_q=4096, seq_k=4096, head_dim=128, causal=False, grad=False)
+        self.assertEqual(len(plan([self.call(batch=1, **pre), self.call(batch=64, **pre)])[0][3]), 1)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -35,7 +35,9 @@ def plan(calls):
             order.append(g)
         grp = groups[g]
         grp["grad"] = grp["grad"] or bool(c["grad"])
-        key = bucket(c["dtype"], c["head_dim"], c["causal"], c["heads_k"] != c["heads"], c["seq_q"], c["seq_k"])
+        # decode calls also by their batch x kv heads class, as the runtime's decode buckets (_autotune.bucket)
+        key = bucket(c["dtype"], c["head_dim"], c["causal"], c["heads_k"] != c["heads"], c["seq_q"], c["seq_k"],
+                     batch_heads=int(c["batch"]) * int(c["heads_k"]))
         shape = {k: int(c[k]) for k in ("batch", "heads", "seq_q", "seq_k", "head_dim")}
         if c["heads_k"] != c["heads"]:
             shape["heads_k"] = int(c["heads_k"])
