@@ -548,7 +548,7 @@ fa3-bwd)
         for probs in ragged_mma_bwd ragged_gqa_bwd; do
           log "validate fa3_wgmma_bwd on $probs"
           timeout "${FA3_BWD_VALIDATE_LIMIT_S:-200}" $ft tune configs/spaces/fa3_wgmma_bwd.json configs/problems/$probs.json \
-            --db "$val" --allow-large-space --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -2
+            --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -2
         done
         validation_summary "$val"
         $ft drop-cubins --db "$val"

@@ -333,13 +333,13 @@ struct ScoreRows {
   }
 };
 
-// A step's lse2 or delta at this thread's query columns 8 j + 2 tig, + 1 (j < BM / 8). At BLOCK_M 64 they are read
-// into registers before the score GEMMs are waited for, so that the shared-memory latency runs under them (read
-// after the wait, the first exponential waited for it: the largest short-scoreboard stall at d 128, Nsight
-// Compute); at BLOCK_M 128 the 64 registers would spill beside the scores, and each pair is read where used.
+// A step's lse2 or delta at this thread's query columns 8 j + 2 tig, + 1 (j < BM / 8). Where registers allow
+// (T::kStatsHeld) they are read before the score GEMMs are waited for, so that the shared-memory latency runs
+// under them (read after the wait, the first exponential waited for it: the largest short-scoreboard stall at
+// d 128, Nsight Compute); else each pair is read where used.
 template <class T>
 struct StepStats {
-  static constexpr bool kHeld = T::kBlockM <= 64;
+  static constexpr bool kHeld = T::kStatsHeld;
   float2 held[kHeld ? T::kBlockM / 8 : 1];
   const float* at_tig;
   __device__ void load(const float* stats, int tig) {
@@ -499,10 +499,10 @@ __device__ __forceinline__ void store_rows(unsigned short* out, const float (&ac
 }
 
 // DQ_OVERLAP 0: this warpgroup's dQ chains (its piece: row tiles x DQ_CHUNK columns), two at a time in two
-// accumulator sets: both issued, then the first stored while the second runs (one chain at a time, the tensor
-// pipe idled under each chain's stores, and the next chain's issue waited for the stores to read its
-// registers: Nsight Compute's largest wgmma-wait and short-scoreboard stalls at d 128 DQ_TURNS 1). The
-// chains' index i: row tile i / (columns / DQ_CHUNK), column chunk i % that.
+// accumulator sets: both issued, then the first stored while the second
+// runs. One at a time, the tensor pipe idled under each chain's stores and the next chain's issue waited for
+// the stores to read its registers (Nsight Compute's largest wgmma-wait and short-scoreboard stalls at d 128
+// DQ_TURNS 1). Chain i: row tile i / (columns / DQ_CHUNK), column chunk i % that.
 template <class T>
 __device__ __forceinline__ void dq_chains(const DqSink<T>& sink, const DqPiece& piece, unsigned ds, unsigned k,
                                           int tid) {

@@ -115,7 +115,7 @@ FT_HD constexpr GridDims fa3_bwd_dkdv_grid(int batch, int heads_k, int seq_k, in
 FT_HD constexpr bool fa3_bwd_d_ok(int D) { return D == 64 || D == 96 || D == 128; }
 FT_HD constexpr bool fa3_bwd_bm_ok(int BM) { return BM == 64 || BM == 128; }
 FT_HD constexpr bool fa3_bwd_consumers_ok(int C) { return C >= 1 && C <= 3; }
-FT_HD constexpr bool fa3_bwd_stages_ok(int S) { return S >= 1 && S <= 3; }
+FT_HD constexpr bool fa3_bwd_stages_ok(int S) { return S == 1 || S == 2; }
 FT_HD constexpr bool fa3_bwd_switch_ok(int x) { return x == 0 || x == 1; }
 FT_HD constexpr bool fa3_bwd_sched_ok(int x) { return x >= 0 && x <= 2; }
 // 48 registers of a consumer's budget kept for addresses, loop state and the packed A fragments' overlap.
@@ -168,7 +168,7 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
   return !fa3_bwd_d_ok(D) ? "D must be 64, 96 or 128 (dK and dV of 64 keys at d > 128 exceed a consumer's registers)"
          : !fa3_bwd_bm_ok(BM)                  ? "BLOCK_M must be 64 or 128 (a wgmma N of the score products)"
          : !fa3_bwd_consumers_ok(CONSUMERS)    ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_N = 64 x CONSUMERS)"
-         : !fa3_bwd_stages_ok(STAGES)          ? "STAGES must be 1, 2 or 3 (Q/dO slots)"
+         : !fa3_bwd_stages_ok(STAGES)          ? "STAGES must be 1 or 2 (Q/dO slots; 3 measured no faster)"
          : !fa3_bwd_sched_ok(SCHED)            ? "SCHED must be 0, 1 or 2"
          : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
          : !fa3_bwd_switch_ok(DQ_TURNS)        ? "DQ_TURNS must be 0 or 1"
@@ -231,6 +231,10 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kDqColPieces = fa3_bwd_dq_col_pieces(BLOCK_M, CONSUMERS, DQ_TURNS);
   static constexpr int kDqCols = fa3_bwd_dq_cols(D, BLOCK_M, CONSUMERS, DQ_TURNS);
   static constexpr int kDqChunk = fa3_bwd_dq_chunk(D, BLOCK_M, CONSUMERS, DQ_TURNS);
+  // A step's lse2 and delta held in registers from before the score GEMMs' wait (fa3_bwd_detail::StepStats):
+  // at BLOCK_M 64, except with one consumer at d 128, where ptxas (through NVRTC) spills 4 bytes causal and the
+  // family's default config must compile everywhere; at 128 the 64 registers spill beside the scores.
+  static constexpr bool kStatsHeld = BLOCK_M <= 64 && !(CONSUMERS == 1 && D == 128);
   // The staging tile's pieces: one per consumer warpgroup (FlashAttention-3's per-warpgroup dQ), one under DQ_TURNS;
   // each staged by one warpgroup, added by its own bulk reduce and freed apart.
   static constexpr int kDqPieces = DQ_TURNS ? 1 : CONSUMERS;

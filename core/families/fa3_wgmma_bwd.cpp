@@ -18,7 +18,7 @@ Family make_fa3_wgmma_bwd() {
   f.kernels = {"flashtune::fa3_wgmma_bwd_preprocess", "flashtune::fa3_wgmma_bwd_dkdv", "flashtune::fa3_wgmma_bwd_convert"};
   f.params = {{"BLOCK_M", {64, 128}},      // query rows per step (the scores' wgmma N)
               {"CONSUMERS", {1, 2, 3}},    // consumer warpgroups: BLOCK_N = 64 x CONSUMERS keys
-              {"STAGES", {1, 2, 3}},       // Q, dO, lse, delta slots in the TMA ring
+              {"STAGES", {1, 2}},          // Q, dO, lse, delta slots in the TMA ring
               {"SCHED", {0, 1, 2}},        // 0: key blocks of a head together; 1: heaviest first (LPT); 2: 0, rotated
               {"DQ_OVERLAP", {0, 1}},      // 1: dQ issued with dK and staged while dK runs
               {"DQ_TURNS", {0, 1}},        // 1: two consumers take turns at a step's whole dQ
