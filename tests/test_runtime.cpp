@@ -1358,6 +1358,70 @@ TEST(RuntimeArgs, ForwardChecks) {
   EXPECT_TRUE(is_contiguous(tensor_args(&g)[3]));
 }
 
+// Dense calls past the kernels' 32-bit indexing run in batch chunks that each fit (batch_chunk, batch_slice),
+// where nothing else is wrong with them: the decode shape of issue 31 (B 64 x 8 kv heads x Sk 128k x d 128:
+// k has 8.6e9 elements, one batch 134M, so 15 batches a chunk), a backward whose dq accumulator alone passes.
+TEST(RuntimeArgs, BatchChunks) {
+  static char base[16];
+  auto at = [](int64_t h, int64_t s, int64_t d) { return ft_tensor{base, {h * s * d, s * d, d, 1}}; };
+  ft_forward_args f{};
+  f.batch = 64, f.heads = 32, f.heads_k = 8, f.seq_q = 1, f.seq_k = 131072, f.head_dim = 128, f.dtype = FT_BF16;
+  f.q = f.o = at(32, 1, 128);
+  f.k = f.v = at(8, 131072, 128);
+  f.lse = reinterpret_cast<float*>(base);
+  EXPECT_NE(check_forward(&f).message.find("k has over 2^31 elements"), std::string::npos) << check_forward(&f).message;
+  EXPECT_EQ(check_forward(&f, false).status, FT_OK);
+  const int64_t one = 8LL * 131072 * 128;  // k's elements per batch
+  const int per = batch_chunk(&f);
+  EXPECT_EQ(per, (int)(((1LL << 31) - 1) / one));  // n batches' elements within 2^31 - 1
+  EXPECT_EQ(per, 15);
+  for (int b0 = 0; b0 < f.batch; b0 += per) {
+    const int n = std::min(per, f.batch - b0);
+    const ft_forward_args s = batch_slice(f, b0, n);
+    EXPECT_EQ(check_forward(&s).status, FT_OK) << check_forward(&s).message;
+    EXPECT_EQ(s.batch, n);
+    EXPECT_EQ(static_cast<char*>(s.k.data) - base, b0 * one * 2);             // bf16: 2 bytes an element
+    EXPECT_EQ(static_cast<char*>(s.q.data) - base, b0 * 32LL * 128 * 2);
+    EXPECT_EQ(s.lse - reinterpret_cast<float*>(base), b0 * 32LL);              // [B, H, Sq] fp32
+    EXPECT_EQ(s.k.stride[0], f.k.stride[0]);
+  }
+  // Not chunked: one batch alone past 2^31 elements, a stride past 2^31, or anything else wrong besides.
+  ft_forward_args big = f;
+  big.batch = 1, big.heads_k = 1, big.heads = 1, big.seq_k = 1 << 24;
+  big.k = big.v = at(1, 1 << 24, 128);
+  big.q = big.o = at(1, 1, 128);
+  EXPECT_EQ(batch_chunk(&big), 0);
+  EXPECT_EQ(ft_attention_forward(&big, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ft_last_error()).find("k.stride[0] is over 2^31"), std::string::npos) << ft_last_error();
+  ft_forward_args far = f;
+  far.k.stride[0] = 1LL << 32;
+  EXPECT_EQ(batch_chunk(&far), 0);
+  ft_forward_args alias = f;
+  alias.o.stride[0] = 0;  // every batch's output at one address: refused whole, never split into chunks
+  EXPECT_NE(check_forward(&alias, false).message.find("o has overlapping strides"), std::string::npos);
+  EXPECT_EQ(ft_attention_forward(&alias, nullptr), FT_INVALID_ARGUMENT);  // the call's own first refusal
+  EXPECT_NE(std::string(ft_last_error()).find("k has over 2^31 elements"), std::string::npos) << ft_last_error();
+  // A call that fits is its own chunk.
+  const ft_forward_args small = good_forward();
+  EXPECT_EQ(batch_chunk(&small), small.batch);
+
+  // The backward: q, dq and the dq accumulator (B H Sq d) at exactly 2^31 elements; 63 batches, then 1.
+  ft_backward_args b{};
+  b.batch = 64, b.heads = 32, b.heads_k = 8, b.seq_q = 8192, b.seq_k = 8192, b.head_dim = 128, b.dtype = FT_BF16;
+  b.q = b.o = b.dout = b.dq = at(32, 8192, 128);
+  b.k = b.v = b.dk = b.dv = at(8, 8192, 128);
+  b.lse = reinterpret_cast<const float*>(base);
+  EXPECT_NE(check_backward(&b).message.find("over 2^31"), std::string::npos) << check_backward(&b).message;
+  EXPECT_EQ(check_backward(&b, false).status, FT_OK);
+  const int bper = batch_chunk(&b);
+  EXPECT_EQ(bper, (int)(((1LL << 31) - 1) / (32LL * 8192 * 128)));  // 63 of 64
+  EXPECT_GE(bper, 1);
+  const ft_backward_args bs = batch_slice(b, bper, b.batch - bper);
+  EXPECT_EQ(check_backward(&bs).status, FT_OK) << check_backward(&bs).message;
+  EXPECT_EQ(static_cast<const char*>(bs.dv.data) - base, bper * 8LL * 8192 * 128 * 2);
+  EXPECT_EQ(bs.lse - reinterpret_cast<const float*>(base), bper * 32LL * 8192);
+}
+
 TEST(RuntimeArgs, BackwardChecks) {
   ft_backward_args a = good_backward();
   EXPECT_EQ(check_backward(&a).status, FT_OK);

@@ -391,6 +391,47 @@ void record_heads_k(const char* name, void** params) {
     g_heads_k_seen = (*reinterpret_cast<AttnBwdParams**>(params))->heads_k;
 }
 
+// A dense call past the kernels' 32-bit indexing runs as batch chunks that each fit, one launch set each:
+// fp32 d 32, k of B 17 x Sk 2^22 keys (one batch 2^27 elements: 15 a chunk), so chunks of 15 and 2 batches,
+// each launched with its own grid; a shape whose one batch does not fit is refused in one line. (Device
+// pointers the fake never reads: no hook plays these launches.)
+TEST(FakeDriver, PastTwoToTheThirtyOneInBatchChunks) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  if (embeds_sm80()) GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  const std::string cache = make_private_tmpdir("ft-fake-chunks");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  FakeState& st = fake();
+  st.hook = nullptr;
+  constexpr int b = 17, sk = 1 << 22, d = 32;
+  char* base = reinterpret_cast<char*>(uintptr_t{1} << 40);  // never dereferenced
+  auto at = [](char* p, int64_t s) { return ft_tensor{p, {s * d, s * d, d, 1}}; };
+  ft_forward_args a{};
+  a.batch = b, a.heads = 1, a.seq_q = 1, a.seq_k = sk, a.head_dim = d, a.dtype = FT_FP32;
+  a.q = at(base, 1), a.o = at(base + (1 << 20), 1), a.k = at(base + (1LL << 32), sk), a.v = at(base + (1LL << 36), sk);
+  st.launches.clear();
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+  const Family& f = find_family(e.family);
+  const Config c = f.parse_config(e.config);
+  std::vector<std::vector<unsigned>> want;
+  for (int n : {15, 2}) {
+    Problem p;
+    p.batch = n, p.heads = 1, p.seq_q = 1, p.seq_k = sk, p.head_dim = d, p.dtype = DType::fp32;
+    for (const Launch& l : f.launches(c, p)) want.push_back({l.grid[0], l.grid[1], l.grid[2]});
+  }
+  ASSERT_EQ(st.launches.size(), want.size()) << e.family;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(std::vector<unsigned>(st.launches[i].grid, st.launches[i].grid + 3), want[i]) << i;
+  EXPECT_EQ(st.live_allocations, 0);
+
+  a.batch = 1, a.seq_k = 1 << 26;  // one batch of k: 2^31 elements
+  a.k = at(base + (1LL << 32), 1 << 26), a.v = at(base + (1LL << 36), 1 << 26);
+  EXPECT_EQ(ft_attention_forward(&a, nullptr), FT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ft_last_error()).find("over 2^31"), std::string::npos) << ft_last_error();
+}
+
 TEST(FakeDriver, GroupedQueryHeads) {
   if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
   if (embeds_sm80()) GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";

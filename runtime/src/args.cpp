@@ -16,7 +16,7 @@ Check bad(ft_status s, std::string m) { return {s, std::move(m)}; }
 
 // A tensor: pointer, non-negative strides, elements it spans within 32-bit indexing, and (outputs) no two
 // elements at one address. Messages name the caller's strides (3 for a packed tensor).
-std::string check_tensor(const TensorArg& t) {
+std::string check_tensor(const TensorArg& t, bool size_limits) {
   const std::string name = t.name;
   if (!t.data) return name + ".data is null";
   static const int dense_dims[] = {0, 1, 2, 3}, packed_dims[] = {0, 1, 3};  // view dim of the caller's stride[i]
@@ -26,10 +26,10 @@ std::string check_tensor(const TensorArg& t) {
   for (int i = 0; i < rank; ++i) {
     const int64_t s = t.stride[dims[i]];
     if (s < 0) return name + ".stride[" + std::to_string(i) + "] is negative";
-    if (s > kMaxElements) return name + ".stride[" + std::to_string(i) + "] is over 2^31";
+    if (size_limits && s > kMaxElements) return name + ".stride[" + std::to_string(i) + "] is over 2^31";
     span += s * (t.ext[dims[i]] - 1);
   }
-  if (t.ext[0] * t.ext[1] * t.ext[2] * t.ext[3] > kMaxElements || span > kMaxElements)
+  if (size_limits && (t.ext[0] * t.ext[1] * t.ext[2] * t.ext[3] > kMaxElements || span > kMaxElements))
     return name + " has over 2^31 elements (unsupported)";
   if (t.output) {
     // Sorted by stride, each dimension must step past everything the smaller ones reach.
@@ -72,11 +72,36 @@ Check check_common(int heads, int heads_k, int head_dim, const ft_dtype& dtype_f
   return {};
 }
 
-Check check_tensors(const std::vector<TensorArg>& ts) {
+Check check_tensors(const std::vector<TensorArg>& ts, bool size_limits = true) {
   for (const TensorArg& t : ts)
-    if (std::string why = check_tensor(t); !why.empty()) return bad(FT_INVALID_ARGUMENT, why);
+    if (std::string why = check_tensor(t, size_limits); !why.empty()) return bad(FT_INVALID_ARGUMENT, why);
   return {};
 }
+
+// The most batches of [B, ...] tensors one call may index in 32 bits: every stride, one batch's elements and
+// span, and the span of n batches (stride[0] (n - 1) + one batch's) within 2^31 - 1, and n batches of
+// per_batch more elements (the backward's dq accumulator). 0: not even one batch.
+int fit_batches(const std::vector<TensorArg>& ts, int batch, int64_t per_batch) {
+  int64_t most = batch;
+  for (const TensorArg& t : ts) {
+    int64_t one = 1, inner = 0;  // one batch's elements and largest offset
+    for (int i = 0; i < 4; ++i) {
+      if (t.stride[i] > kMaxElements) return 0;
+      if (i > 0) one *= t.ext[i], inner += t.stride[i] * (t.ext[i] - 1);
+    }
+    if (one > kMaxElements || inner > kMaxElements) return 0;
+    most = std::min(most, kMaxElements / one);
+    if (t.stride[0] > 0) most = std::min(most, (kMaxElements - inner) / t.stride[0] + 1);
+  }
+  if (per_batch > 0) most = std::min(most, kMaxElements / per_batch);
+  return (int)most;
+}
+
+// Data pointer t advanced by b batches of stride stride0 elements of elem bytes.
+void advance(ft_tensor& t, int64_t b, size_t elem) {
+  t.data = static_cast<char*>(t.data) + b * t.stride[0] * (int64_t)elem;
+}
+size_t elem_bytes(ft_dtype t) { return t == FT_FP32 ? 4 : 2; }
 
 // A device pointer to int32s the kernels read (cu_seqlens, a block table, cache lengths): not null, aligned.
 Check check_int32s(const int32_t* p, const char* name, const char* what) {
@@ -174,6 +199,26 @@ std::vector<int> host_lengths(int batch, int total, int max_len) {
   return out;
 }
 
+int batch_chunk(const ft_forward_args* a) { return fit_batches(tensor_args(a), a->batch, 0); }
+int batch_chunk(const ft_backward_args* a) {
+  return fit_batches(tensor_args(a), a->batch, (int64_t)a->heads * a->seq_q * a->head_dim);
+}
+
+ft_forward_args batch_slice(const ft_forward_args& a, int b0, int n) {
+  ft_forward_args s = a;
+  s.batch = n;
+  for (ft_tensor* t : {&s.q, &s.k, &s.v, &s.o}) advance(*t, b0, elem_bytes(a.dtype));
+  if (s.lse) s.lse += (int64_t)b0 * a.heads * a.seq_q;
+  return s;
+}
+ft_backward_args batch_slice(const ft_backward_args& a, int b0, int n) {
+  ft_backward_args s = a;
+  s.batch = n;
+  for (ft_tensor* t : {&s.q, &s.k, &s.v, &s.o, &s.dout, &s.dq, &s.dk, &s.dv}) advance(*t, b0, elem_bytes(a.dtype));
+  s.lse += (int64_t)b0 * a.heads * a.seq_q;
+  return s;
+}
+
 size_t Layout::add(size_t bytes) {
   const size_t off = total;
   total += (bytes + 255) / 256 * 256;
@@ -212,7 +257,7 @@ std::vector<TensorArg> tensor_args(const ft_varlen_backward_args* a) {
           packed("dk", a->dk, Tk, Hk, d, true),     packed("dv", a->dv, Tk, Hk, d, true)};
 }
 
-Check check_forward(const ft_forward_args* a) {
+Check check_forward(const ft_forward_args* a, bool size_limits) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
   if (Check c = check_sizes({{"batch", a->batch}, {"heads", a->heads}, {"seq_q", a->seq_q}, {"seq_k", a->seq_k},
                              {"head_dim", a->head_dim}});
@@ -220,10 +265,10 @@ Check check_forward(const ft_forward_args* a) {
     return c;
   if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, "fwd", false); c.status != FT_OK)
     return c;
-  return check_tensors(tensor_args(a));
+  return check_tensors(tensor_args(a), size_limits);
 }
 
-Check check_backward(const ft_backward_args* a) {
+Check check_backward(const ft_backward_args* a, bool size_limits) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
   if (Check c = check_sizes({{"batch", a->batch}, {"heads", a->heads}, {"seq_q", a->seq_q}, {"seq_k", a->seq_k},
                              {"head_dim", a->head_dim}});
@@ -231,11 +276,11 @@ Check check_backward(const ft_backward_args* a) {
     return c;
   if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, "bwd", false); c.status != FT_OK)
     return c;
-  if (Check c = check_tensors(tensor_args(a)); c.status != FT_OK) return c;
+  if (Check c = check_tensors(tensor_args(a), size_limits); c.status != FT_OK) return c;
   if (Check c = check_lse(a->lse, true); c.status != FT_OK) return c;
   if (a->deterministic != 0 && a->deterministic != 1)
     return bad(FT_INVALID_ARGUMENT, "deterministic must be 0 or 1, got " + std::to_string(a->deterministic));
-  if ((int64_t)a->batch * a->heads * a->seq_q * a->head_dim > kMaxElements)
+  if (size_limits && (int64_t)a->batch * a->heads * a->seq_q * a->head_dim > kMaxElements)
     return bad(FT_INVALID_ARGUMENT, "dq_accum would have over 2^31 elements (unsupported)");
   return {};
 }
@@ -282,7 +327,7 @@ Check check_paged_forward(const ft_paged_forward_args* a) {
   if (std::string why = paged_page_reason(to_dtype(a->dtype), a->head_dim, a->page_size); !why.empty())
     return bad(FT_UNSUPPORTED, why);
   for (const TensorArg& t : tensor_args(a))
-    if (std::string why = t.pool ? check_pool(t) : check_tensor(t); !why.empty()) return bad(FT_INVALID_ARGUMENT, why);
+    if (std::string why = t.pool ? check_pool(t) : check_tensor(t, true); !why.empty()) return bad(FT_INVALID_ARGUMENT, why);
   return check_lse(a->lse, false);
 }
 

@@ -17,9 +17,22 @@ struct Check {
 
 // Null pointers, non-positive sizes, an unknown dtype, a non-finite scale, negative strides, an output
 // whose strides make elements overlap, tensors too large for the kernels' 32-bit indexing
-// (FT_INVALID_ARGUMENT); a head dim or dtype no family runs in that direction (FT_UNSUPPORTED).
-Check check_forward(const ft_forward_args* a);
-Check check_backward(const ft_backward_args* a);
+// (FT_INVALID_ARGUMENT; a dense call runs in batch chunks instead where a chunk fits, batch_chunk); a head dim
+// or dtype no family runs in that direction (FT_UNSUPPORTED).
+// size_limits false: every check but the 32-bit ones (strides, elements, spans, the dq accumulator), which a
+// call in batch chunks meets chunk by chunk (batch_chunk).
+Check check_forward(const ft_forward_args* a, bool size_limits);
+Check check_backward(const ft_backward_args* a, bool size_limits);
+inline Check check_forward(const ft_forward_args* a) { return check_forward(a, true); }
+inline Check check_backward(const ft_backward_args* a) { return check_backward(a, true); }
+// A dense call whose tensors pass the kernels' 32-bit indexing runs as chunks of its batch that each fit: the
+// most batches a chunk may hold (the batch itself when the call fits; 0 when one batch does not), and the
+// call on batches [b0, b0 + n) (every tensor's data and the lse advanced by b0 batches; workspace as given,
+// reused chunk after chunk in stream order). For args that pass check_*(a, false).
+int batch_chunk(const ft_forward_args* a);
+int batch_chunk(const ft_backward_args* a);
+ft_forward_args batch_slice(const ft_forward_args& a, int b0, int n);
+ft_backward_args batch_slice(const ft_backward_args& a, int b0, int n);
 // Packed variable-length batches: the same, and the batch's sizes (sequences, tokens, longest lengths),
 // the cu_seqlens pointers; what lives in device memory (the offsets themselves) is not read (attention.h).
 Check check_varlen_forward(const ft_varlen_forward_args* a);

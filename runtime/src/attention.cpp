@@ -810,8 +810,8 @@ void require(const Check& c) {
   if (c.status != FT_OK) fail(c.status, c.message);
 }
 
-Check check_args(const ft_forward_args* a) { return check_forward(a); }
-Check check_args(const ft_backward_args* a) { return check_backward(a); }
+Check check_args(const ft_forward_args* a, bool size_limits = true) { return check_forward(a, size_limits); }
+Check check_args(const ft_backward_args* a, bool size_limits = true) { return check_backward(a, size_limits); }
 Check check_args(const ft_varlen_forward_args* a) { return check_varlen_forward(a); }
 Check check_args(const ft_varlen_backward_args* a) { return check_varlen_backward(a); }
 Check check_args(const ft_paged_forward_args* a) { return check_paged_forward(a); }
@@ -823,45 +823,91 @@ const char* direction_of() {
   return kForward<Args> ? "fwd" : "bwd";
 }
 
+// A dense call whose tensors pass the kernels' 32-bit indexing, and only that (every other check holds), runs
+// as chunks of its batch that each fit (batch_chunk), one after the other on the stream. size_chunk: the
+// chunk's batches for a call that failed its checks, 0 where it is not so run.
+template <class Args>
+constexpr bool kDense = std::is_same_v<Args, ft_forward_args> || std::is_same_v<Args, ft_backward_args>;
+template <class Args>
+int size_chunk(const Args* args) {
+  if constexpr (kDense<Args>) {
+    if (args && check_args(args, false).status == FT_OK) {
+      const int per = batch_chunk(args);
+      if (per >= 1 && per < args->batch) return per;
+    }
+  }
+  return 0;
+}
+// f on the call, or on each of its chunks (each checked in full); the call's own refusal otherwise.
+template <class Args, class F>
+void for_each_chunk(const Args* args, F f) {
+  const Check whole = check_args(args);
+  if (whole.status == FT_OK) return f(args);
+  if constexpr (kDense<Args>) {
+    if (const int per = size_chunk(args)) {
+      for (int b0 = 0; b0 < args->batch; b0 += per) {
+        const Args part = batch_slice(*args, b0, std::min(per, args->batch - b0));
+        require(check_args(&part));
+        f(&part);
+      }
+      return;
+    }
+  }
+  require(whole);
+}
+// What explain and the workspace size describe: the call, or its first chunk (the largest; a chunked call
+// reuses one chunk's workspace for every chunk). Checked.
+template <class Args>
+Args checked_first_chunk(const Args* args) {
+  const Check whole = check_args(args);
+  if (whole.status == FT_OK) return *args;
+  if constexpr (kDense<Args>) {
+    if (const int per = size_chunk(args)) return batch_slice(*args, 0, per);
+  }
+  require(whole);
+  return *args;  // not reached
+}
+
 // The bodies of the entry points, one per kind of call (dense or packed, each direction; paged forward).
 template <class Args>
 ft_status attention_call(const Args* args, void* stream) {
   return guarded([&] {
-    require(check_args(args));
-    drv();
-    if constexpr (kForward<Args>) run_forward(args, (CUstream)stream);
-    else run_backward(args, (CUstream)stream);
+    for_each_chunk(args, [&](const Args* a) {
+      drv();
+      if constexpr (kForward<Args>) run_forward(a, (CUstream)stream);
+      else run_backward(a, (CUstream)stream);
+    });
   });
 }
 template <class Args>
 ft_status workspace_call(const Args* args, size_t* bytes) {
   return guarded([&] {
     if (!bytes) fail(FT_INVALID_ARGUMENT, "bytes is null");
-    require(check_args(args));
+    const Args a = checked_first_chunk(args);
     drv();
-    ContextScope ctx(args->q.data);
-    const Problem p = problem_of(args, "bwd");
-    const Plan plan = make_plan(query_of(args, p), p);
-    std::vector<Operand> ops = operands(args);
+    ContextScope ctx(a.q.data);
+    const Problem p = problem_of(&a, "bwd");
+    const Plan plan = make_plan(query_of(&a, p), p);
+    std::vector<Operand> ops = operands(&a);
     *bytes = backward_layout(plan, ops).layout.total;
   });
 }
 template <class Args>
 ft_status explain_call(const Args* args, ft_explanation* out) {
   return guarded([&] {
-    require(check_args(args));
+    const Args a = checked_first_chunk(args);
     if (!out) fail(FT_INVALID_ARGUMENT, "out is null");
     drv();
-    explain(args, direction_of<Args>(), out);
+    explain(&a, direction_of<Args>(), out);
   });
 }
 template <class Args>
 ft_status explain_text_call(const Args* args, char* buf, size_t size) {
   return guarded([&] {
-    require(check_args(args));
+    const Args a = checked_first_chunk(args);
     if (!buf || !size) fail(FT_INVALID_ARGUMENT, "buf is null or size is 0");
     drv();
-    copy_str(buf, size, explain(args, direction_of<Args>(), nullptr));
+    copy_str(buf, size, explain(&a, direction_of<Args>(), nullptr));
   });
 }
 

@@ -39,7 +39,11 @@ typedef enum {
 
 typedef enum { FT_FP32 = 0, FT_FP16 = 1, FT_BF16 = 2 } ft_dtype;
 
-/* One [B, H, S, d] tensor: device pointer and strides in elements (not bytes). */
+/* One [B, H, S, d] tensor: device pointer and strides in elements (not bytes). A dense call whose tensors pass
+ * 2^31 - 1 elements (or whose backward's dQ accumulator, B H Sq d floats, would) runs as chunks of its batch
+ * that each fit, one after the other on the stream; it is refused when one batch alone does not fit or a stride
+ * passes 2^31 - 1. Explain and ft_backward_workspace_bytes describe the first (largest) chunk; a workspace that
+ * size serves every chunk. Packed (varlen) tensors stay within 2^31 - 1 elements. */
 typedef struct {
   void* data;
   int64_t stride[4];
