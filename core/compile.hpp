@@ -21,9 +21,11 @@ struct Variant {
   bool varlen = false;
   // The paged K/V cache form (Family::paged), for paged problems.
   bool paged = false;
+  // The score modifications compiled in (Family::mods: kModWindow, kModSoftcap), for problems that have them.
+  unsigned mods = 0;
   bool operator==(const Variant& o) const {
     return family == o.family && config == o.config && head_dim == o.head_dim && causal == o.causal &&
-           dtype == o.dtype && varlen == o.varlen && paged == o.paged;
+           dtype == o.dtype && varlen == o.varlen && paged == o.paged && mods == o.mods;
   }
 };
 

@@ -63,7 +63,16 @@ const Family& find_family(const std::string& name) {
   throw UsageError("unknown family '" + brief(name) + "' (known: " + known + ")");
 }
 
+unsigned problem_mods(const Problem& p) { return (p.windowed() ? kModWindow : 0u) | (p.softcapped() ? kModSoftcap : 0u); }
+
+std::string mods_string(unsigned m) {
+  if (m == (kModWindow | kModSoftcap)) return "window+softcap";
+  return m == kModWindow ? "window" : m == kModSoftcap ? "softcap" : "";
+}
+
 std::string Family::shape_reason(const Problem& p) const {
+  if (p.windowed() && !(mods & kModWindow)) return "does not support sliding windows (window)";
+  if (p.softcapped() && !(mods & kModSoftcap)) return "does not support logit softcapping (softcap)";
   if (p.heads_k > 0 && !gqa) return "does not support grouped-query attention (heads_k)";
   if (p.varlen.enabled() && !varlen) return "does not support packed variable-length batches";
   if (p.paged.enabled() && !paged) return "does not read paged K/V caches";

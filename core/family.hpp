@@ -39,6 +39,13 @@ struct TensorMapSpec {
   int swizzle_bytes = 0;  // 32, 64 or 128
 };
 
+// Score modifications (Family::mods, Variant::mods): bits of a mask.
+inline constexpr unsigned kModWindow = 1;   // sliding window (Problem::window_left/right)
+inline constexpr unsigned kModSoftcap = 2;  // logit softcapping (Problem::softcap)
+// The modifications a problem needs: kModWindow when it has a window, kModSoftcap when a softcap.
+unsigned problem_mods(const Problem&);
+std::string mods_string(unsigned mods);  // "", "window", "softcap", "window+softcap"
+
 struct Family {
   std::string name;           // "fa2_simt"
   std::string direction;      // "fwd"
@@ -66,6 +73,11 @@ struct Family {
   // Query rows per sequence it serves (Sq <= max_seq_q), 0: any. A decoding family: tuned, selected and
   // run by the library only for shapes in its range (shape_reason), whatever it measured elsewhere.
   int max_seq_q = 0;
+  // The score modifications (issue 32) its kernels have as compile-time switches, a mask of kModWindow and
+  // kModSoftcap: a variant with Variant::mods set is `kernel<AttnModTraits<Traits, WINDOW, SOFTCAP>>` (the plain
+  // kernels keep their names and code) and takes ModParams (the plain argument, then AttnMods). A problem with a
+  // window or a softcap the family lacks is refused by shape_reason, so nothing runs it without them.
+  unsigned mods = 0;
 
   // "flashtune::Fa2SimtTraits<64,128,64,8,4,2,false>"
   std::function<std::string(const Config&, int head_dim, bool causal, DType)> traits;
@@ -104,11 +116,15 @@ struct Family {
       [](const Config&, const Problem&) { return std::vector<TensorMapSpec>{}; };
 
   // packed: the varlen form, paged: the paged form (a family has one of them at most): `kernel<Traits, true>`.
+  // mods (kModWindow | kModSoftcap): the traits wrapped in AttnModTraits (templates/traits_common.h).
   std::vector<std::string> name_expressions(const Config& c, int head_dim, bool causal, DType t,
-                                            bool packed = false, bool paged = false) const {
+                                            bool packed = false, bool paged = false, unsigned mod = 0) const {
+    std::string tr = traits(c, head_dim, causal, t);
+    if (mod)
+      tr = "flashtune::AttnModTraits<" + tr + ", " + ((mod & kModWindow) ? "true" : "false") + ", " +
+           ((mod & kModSoftcap) ? "true" : "false") + ">";
     std::vector<std::string> out;
-    for (const auto& k : kernels)
-      out.push_back("&" + k + "<" + traits(c, head_dim, causal, t) + (packed || paged ? ", true>" : ">"));
+    for (const auto& k : kernels) out.push_back("&" + k + "<" + tr + (packed || paged ? ", true>" : ">"));
     return out;
   }
   // Whether it serves the problem's head layout and query length: "" when it does, else why not

@@ -72,6 +72,30 @@ static double key_rows(const Problem& p) {
   return sum;
 }
 
+std::pair<long long, long long> Problem::visible_keys(long long i, long long sq, long long sk) const {
+  const long long diag = i + sk - sq;  // the bottom-right aligned diagonal: causal's last key
+  long long first = 0, end = sk;
+  if (window_left >= 0) first = std::max(first, diag - window_left);
+  if (causal) end = std::min(end, diag + 1);
+  if (window_right >= 0) end = std::min(end, diag + window_right + 1);
+  return {first, std::max(first, end)};
+}
+
+void Problem::canonicalize_mask() {
+  if (!causal && window_right == 0) causal = true;  // (L, 0) is causal with a left edge
+  if (causal) window_right = -1;                    // causal is the right edge
+}
+
+// Visible (query, key) pairs of one sequence under the window (and causal), exactly.
+static double visible_pairs(const Problem& p, long long sq, long long sk) {
+  double n = 0;
+  for (long long i = 0; i < sq; ++i) {
+    const auto [first, end] = p.visible_keys(i, sq, sk);
+    n += (double)(end - first);
+  }
+  return n;
+}
+
 double Problem::flops() const {
   double pairs = (double)seq_q * key_rows(*this);  // (query, key) pairs per head
   if (varlen.enabled()) {
@@ -80,6 +104,17 @@ double Problem::flops() const {
   }
   double f = 4.0 * heads * pairs * head_dim;
   if (causal) f /= 2;
+  if (windowed()) {  // the pairs the mask leaves, per sequence (O(Sq) each)
+    pairs = 0;
+    if (varlen.enabled())
+      for (size_t b = 0; b < varlen.seq_lens_q.size(); ++b)
+        pairs += visible_pairs(*this, varlen.seq_lens_q[b], varlen.seq_lens_k[b]);
+    else if (paged.enabled() && !paged.seq_lens_k.empty())
+      for (int len : paged.seq_lens_k) pairs += visible_pairs(*this, seq_q, len);
+    else
+      pairs = (double)batch * visible_pairs(*this, seq_q, seq_k);
+    f = 4.0 * heads * pairs * head_dim;
+  }
   return direction == "bwd" ? 2.5 * f : f;
 }
 
@@ -366,8 +401,45 @@ std::string Problem::str() const {
   if (direction != "fwd") s += " " + direction;
   if (varlen.enabled()) s += " varlen " + varlen.str();
   if (paged.enabled()) s += " paged " + paged.str();
+  if (windowed()) s += " window " + std::to_string(window_left) + "," + std::to_string(window_right);
+  if (softcapped()) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " softcap %.9g", softcap);
+    s += buf;
+  }
   if (!(inputs == InputDist{})) s += " inputs " + inputs.str();
   return s;
+}
+
+int check_window_edge(long long v, const std::string& what) {
+  if (v < -1 || v > (1ll << 30))
+    throw UsageError(what + " must be -1 (unbounded) or a key count in 0..1073741824, got " + std::to_string(v));
+  return (int)v;
+}
+
+double check_softcap(double c, const std::string& what) {
+  if (!std::isfinite(c) || c < 0 || (c != 0 && (c < 1e-3 || c > 1e6))) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", c);
+    throw UsageError(what + " must be 0 (off) or a number in [0.001, 1000000], got " + buf);
+  }
+  return c;
+}
+
+// "window": [left, right], each an integer -1..2^30.
+static void window_from_json(const nlohmann::json& w, Problem& p) {
+  if (!w.is_array() || w.size() != 2)
+    throw UsageError("problem field 'window' must be [left, right] (-1: unbounded), got " + brief(w.dump(), 60));
+  int* edges[] = {&p.window_left, &p.window_right};
+  const char* names[] = {"problem field 'window' left", "problem field 'window' right"};
+  for (int e = 0; e < 2; ++e) {
+    const auto& v = w[(size_t)e];
+    if (!v.is_number_integer())
+      throw UsageError(std::string(names[e]) + " must be an integer, got " + brief(v.dump(), 40));
+    // The full range checked before converting (an unsigned 2^64 - 1 is not -1).
+    const long long x = v.is_number_unsigned() && v.get<unsigned long long>() > (1ull << 30) ? (1ll << 31) : v.get<long long>();
+    *edges[e] = check_window_edge(x, names[e]);
+  }
 }
 
 static int positive_int(const nlohmann::json& j, const char* key, int max) {
@@ -410,7 +482,7 @@ Problem problem_from_json(const nlohmann::json& j) {
   for (auto& [key, _] : j.items())
     if (key != "batch" && key != "heads" && key != "seq_q" && key != "seq_k" && key != "seq" && key != "head_dim" &&
         key != "dtype" && key != "causal" && key != "direction" && key != "inputs" && key != "heads_k" &&
-        key != "varlen" && key != "paged")
+        key != "varlen" && key != "paged" && key != "window" && key != "softcap")
       throw UsageError("unknown problem field '" + key + "'");
   Problem p;
   if (j.contains("paged")) {
@@ -481,6 +553,12 @@ Problem problem_from_json(const nlohmann::json& j) {
     p.direction = j["direction"].get<std::string>();
   }
   if (j.contains("inputs")) p.inputs = input_dist_from_json(j["inputs"]);
+  if (j.contains("window")) window_from_json(j["window"], p);
+  if (j.contains("softcap")) {
+    if (!j["softcap"].is_number()) throw UsageError("problem field 'softcap' must be a number, got " + brief(j["softcap"].dump(), 40));
+    p.softcap = check_softcap(j["softcap"].get<double>(), "problem field 'softcap'");
+  }
+  p.canonicalize_mask();
   if (p.varlen.enabled()) {  // packed tensors within int32 element offsets
     const long long eq = p.varlen.total_q() * p.heads * p.head_dim, ek = p.varlen.total_k() * p.kv_heads() * p.head_dim;
     if (eq > kMaxVarlenElements || ek > kMaxVarlenElements)
@@ -502,6 +580,8 @@ nlohmann::json to_json(const Problem& p) {
   if (p.heads_k > 0) j["heads_k"] = p.heads_k;  // only for GQA: multi-head problems keep their keys and shards
   if (p.varlen.enabled()) j["varlen"] = p.varlen.description();  // only for varlen, likewise
   if (p.paged.enabled()) j["paged"] = p.paged.description();  // only for paged, likewise
+  if (p.windowed()) j["window"] = {p.window_left, p.window_right};  // only when set, likewise
+  if (p.softcapped()) j["softcap"] = p.softcap;
   return j;
 }
 #endif  // FLASHTUNE_NO_JSON

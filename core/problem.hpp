@@ -1,6 +1,7 @@
 // A problem: one attention shape to tune for (what the kernel is run on, not how).
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifndef FLASHTUNE_NO_JSON  // a build without nlohmann_json (the runtime alone): no JSON in or out, no key()/str()
@@ -133,9 +134,27 @@ struct Problem {
   // A paged K/V cache when paged.enabled() (forward only, never with varlen): seq_k is then the longest cache
   // length (derived when the lengths are given), batch the number of sequences.
   Paged paged;
+  // Sliding-window attention (FlashAttention's window_size): query i sees key j iff
+  //   j >= i + (Sk - Sq) - window_left  and  j <= i + (Sk - Sq) + window_right,
+  // bottom-right aligned like causal (varlen, paged: to each sequence's own lengths); -1 is unbounded. One
+  // spelling per mask (problem_from_json, canonical()): causal is (-1, 0), so a right edge of 0 is `causal`,
+  // and causal keeps window_right at -1 (FlashAttention's causal overrides the right edge).
+  int window_left = -1, window_right = -1;
+  // Logit softcapping (Gemma-2, Grok): the scaled scores s become softcap * tanh(s / softcap) before the
+  // softmax; 0 is off.
+  double softcap = 0;
+
+  bool windowed() const { return window_left >= 0 || window_right >= 0; }
+  bool softcapped() const { return softcap > 0; }
+  // The keys query i (of a sequence of seq_q queries and seq_k keys) sees: [first, end), end <= first when
+  // none. Causal and the window together; a dense problem's every row when neither.
+  std::pair<long long, long long> visible_keys(long long i, long long seq_q, long long seq_k) const;
+  // The one spelling of the mask: non-causal window_right 0 becomes causal, causal drops window_right.
+  void canonicalize_mask();
 
   // FlashAttention's convention: forward 4*B*H*Sq*Sk*d, halved when causal; backward 2.5x that.
   // Varlen and paged: the same per sequence, summed (4*H*Lq_b*Lk_b*d, halved when causal).
+  // Windowed: the (query, key) pairs the mask leaves visible, counted exactly (a window's work scales with it).
   double flops() const;
   // Lower bound: forward reads Q, K, V and writes O, LSE once; backward reads Q, K, V, O, dO, LSE
   // and writes dQ, dK, dV once. Varlen: of the packed tensors (total tokens). Paged: the keys the sequences hold
@@ -149,7 +168,8 @@ struct Problem {
   long long batch_kv_heads() const { return (long long)batch * kv_heads(); }
   int group() const { return heads / kv_heads(); }  // query heads per kv head
 #ifndef FLASHTUNE_NO_JSON
-  // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>"; paged: "... paged <Paged::str>")
+  // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>"; paged: "... paged <Paged::str>";
+  // "... window 1024,-1", "... softcap 30")
   std::string str() const;
 #endif
   bool operator==(const Problem&) const = default;
@@ -157,6 +177,10 @@ struct Problem {
 
 #ifndef FLASHTUNE_NO_JSON
 Problem problem_from_json(const nlohmann::json&);  // validated; throws UsageError
+// A window edge (-1 or 0..2^30) and a softcap (finite, 0 or in [1e-3, 1e6]), checked as problem fields and
+// `run --window L,R` / `--softcap C` are; `what` names the field in the one-line UsageError.
+int check_window_edge(long long v, const std::string& what);
+double check_softcap(double c, const std::string& what);
 nlohmann::json to_json(const Problem&);
 InputDist input_dist_from_json(const nlohmann::json&);  // {"distribution": ..., "scale": ...}
 nlohmann::json to_json(const InputDist&);

@@ -34,6 +34,9 @@ void check_shape(const Shape& s) {
   if (s.batch <= 0 || s.heads <= 0 || s.seq_q <= 0 || s.seq_k <= 0 || s.head_dim <= 0) {
     throw std::invalid_argument("flashtune::ref: all Shape dimensions must be positive");
   }
+  if (s.window_left < -1 || s.window_right < -1 || !(s.softcap >= 0) || !std::isfinite(s.softcap)) {
+    throw std::invalid_argument("flashtune::ref: window edges must be >= -1 and softcap finite and >= 0");
+  }
   if (s.heads_k < 0 || (s.heads_k > 0 && s.heads % s.heads_k != 0)) {
     throw std::invalid_argument("flashtune::ref: heads (" + std::to_string(s.heads) +
                                 ") must be a positive multiple of heads_k (" +
@@ -93,6 +96,9 @@ struct KeyRange {
   double empty_lse = kInf;
 };
 
+// A scaled score through the softcap (Shape::softcap; itself when 0).
+double capped(const Shape& s, double score) { return s.softcap > 0 ? s.softcap * std::tanh(score / s.softcap) : score; }
+
 // One query row of the forward pass, the single kernel shared by forward,
 // forward_rows, forward_split and backward (so they agree bit for bit).
 // row is a flat index into (B*H*Sq); scores is scratch of at least Sk doubles.
@@ -109,7 +115,8 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
   const float* k_head = k + kv_bh * s.seq_k * d;             // k is (B, Hk, Sk, d)
   const float* v_head = v + kv_bh * s.seq_k * d;             // v is (B, Hk, Sk, d)
   const double scale = s.softmax_scale();
-  const int64_t first_key = keys.begin, end_key = std::min(keys.end, visible_keys(s, i));
+  const KeySpan vis = visible_range(s, i);
+  const int64_t first_key = std::max(keys.begin, vis.first), end_key = std::min(keys.end, vis.end);
 
   std::fill(o_row, o_row + d, 0.0);
   if (mag_o) std::fill(mag_o, mag_o + d, 0.0);
@@ -121,9 +128,10 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
   }
 
   // scores[j] = scale * q_i . k_j; track the max for a stable softmax.
+  // softcap c: scores[j] = c tanh(scale q_i . k_j / c).
   double row_max = -kInf;
   for (int64_t j = first_key; j < end_key; ++j) {
-    scores[j] = scale * dot(q_row, k_head + j * d, d);
+    scores[j] = capped(s, scale * dot(q_row, k_head + j * d, d));
     row_max = std::max(row_max, scores[j]);
   }
 
@@ -144,7 +152,10 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
   double lse_acc = 0;
   for (int64_t j = first_key; j < end_key; ++j) {
     const double p = std::exp(scores[j] - row_max) / row_sum;
-    const double lambda = kExponentRoundings * (std::fabs(scores[j]) + std::fabs(*lse)) + root_d * scale * q_norm * norm2(k_head + j * d, d);
+    // The uncapped score for the roundings' term (it bounds the capped one's), the fast tanh's on the capped one.
+    const double raw = s.softcap > 0 ? scale * dot(q_row, k_head + j * d, d) : scores[j];
+    const double lambda = kExponentRoundings * (std::fabs(raw) + std::fabs(*lse)) + root_d * scale * q_norm * norm2(k_head + j * d, d) +
+                          (s.softcap > 0 ? kTanhUnits * std::fabs(scores[j]) : 0.0);
     lse_acc += p * lambda;
     const float* v_row = v_head + j * d;
     for (int x = 0; x < d; ++x) {
@@ -162,6 +173,14 @@ int64_t visible_keys(const Shape& s, int64_t i) {
   if (!s.causal) return s.seq_k;
   const int64_t last = i + (static_cast<int64_t>(s.seq_k) - s.seq_q);
   return std::clamp<int64_t>(last + 1, 0, s.seq_k);
+}
+
+KeySpan visible_range(const Shape& s, int64_t i) {
+  const int64_t diag = i + (static_cast<int64_t>(s.seq_k) - s.seq_q);
+  int64_t first = 0, end = visible_keys(s, i);
+  if (s.window_left >= 0) first = std::max<int64_t>(first, diag - s.window_left);
+  if (s.window_right >= 0) end = std::min<int64_t>(end, diag + s.window_right + 1);
+  return {first, std::max(first, end)};
 }
 
 double Shape::softmax_scale() const {
@@ -224,6 +243,8 @@ void forward_rows(const Shape& s, const float* q, const float* k, const float* v
 void backward(const Shape& s, const float* q, const float* k, const float* v, const float* dout,
               double* dq, double* dk, double* dv, int threads, const BwdMagnitudes& mag) {
   check_shape(s);
+  if (s.window_left >= 0 || s.window_right >= 0 || s.softcap > 0)
+    throw std::invalid_argument("flashtune::ref::backward: no window or softcap yet (issue 32's backward slice)");
   const int d = s.head_dim;
   const int group = s.group_size();
   const double scale = s.softmax_scale();
@@ -402,7 +423,8 @@ int check_varlen(const VarlenShape& vs, std::span<const int32_t> cu_q, std::span
                  const char* function) {
   const std::string where = std::string("flashtune::ref::") + function + ": ";
   if (vs.heads <= 0 || vs.head_dim <= 0) throw std::invalid_argument(where + "heads and head_dim must be positive");
-  check_shape(Shape{1, vs.heads, 1, 1, vs.head_dim, vs.causal, vs.scale, vs.heads_k});  // heads_k
+  check_shape(Shape{1, vs.heads, 1, 1, vs.head_dim, vs.causal, vs.scale, vs.heads_k, vs.window_left, vs.window_right,
+                    vs.softcap});  // heads_k, window, softcap
   check_offsets(cu_q, where + "cu_seqlens_q");
   check_offsets(cu_k, where + "cu_seqlens_k");
   if (cu_q.size() != cu_k.size()) {
@@ -415,7 +437,8 @@ int check_varlen(const VarlenShape& vs, std::span<const int32_t> cu_q, std::span
 // One sequence of a packed batch, as the dense problem it is (batch 1). A length may be 0,
 // which check_shape refuses: callers handle those sequences without the dense path.
 Shape sequence_shape(const VarlenShape& vs, int64_t len_q, int64_t len_k) {
-  return Shape{1, vs.heads, static_cast<int>(len_q), static_cast<int>(len_k), vs.head_dim, vs.causal, vs.scale, vs.heads_k};
+  return Shape{1,          vs.heads, static_cast<int>(len_q), static_cast<int>(len_k), vs.head_dim, vs.causal, vs.scale,
+               vs.heads_k, vs.window_left, vs.window_right, vs.softcap};
 }
 
 // Between the packed layout (tokens, heads, d) and a sequence's dense one (1, heads, len, d):

@@ -18,6 +18,12 @@ struct Shape {
   // K/V heads, for grouped-query attention (GQA; 1 is multi-query, MQA). 0 means heads (plain
   // multi-head); otherwise heads must be a multiple of it. Query head h reads kv head kv_head_of(h).
   int heads_k = 0;
+  // Sliding window (FlashAttention's window_size, bottom-right aligned like causal): query i sees key j iff
+  // j >= i + (Sk - Sq) - window_left and j <= i + (Sk - Sq) + window_right; -1 is unbounded. With causal
+  // both apply (causal is the right edge 0).
+  int window_left = -1, window_right = -1;
+  // Logit softcapping: the scaled score s becomes softcap * tanh(s / softcap) before the softmax; 0 is off.
+  double softcap = 0;
 
   double softmax_scale() const;
   int kv_heads() const;          // heads_k, or heads when it is 0
@@ -30,16 +36,22 @@ struct Shape {
 
 // Error magnitudes: beside each output, what it sums, so that a tolerance can scale with the problem
 // (worker/validate.hpp states the rule they feed). P_ij are the float64 probabilities, s_ij the scaled
-// scores, and
-//   Lambda_ij = 3 (|s_ij| + |lse_i|) + sqrt(d) * scale * ||q_i||_2 ||k_j||_2
+// scores (before any softcap), and
+//   Lambda_ij = 3 (|s_ij| + |lse_i|) + sqrt(d) * scale * ||q_i||_2 ||k_j||_2  [+ kTanhUnits |c_ij|]
 // bounds, in units of fp32's unit roundoff, how far a kernel's fp32 exponent of P_ij can be from
 // s_ij - lse_i (fp32 dot product of length d; up to three fp32 roundings of s and of lse: the
 // scale * log2(e) constant, its product, lse rounded to fp32 and times log2(e)). Cauchy-Schwarz (sum_c |q_c k_c| <= ||q|| ||k||) keeps it O(1) per (i, j).
+// With a softcap c the kernel's exponent is c tanh(s / c): the terms above still bound what the dot product and
+// the roundings contribute (tanh' <= 1, |c tanh(s / c)| <= |s|), and the bracketed term adds the error of a fast
+// tanh (tanh.approx.f32: relative error at most 2^-10.987, PTX ISA) on the capped score c_ij = c tanh(s_ij / c),
+// in units of fp32's roundoff: kTanhUnits = 2^-10.9 / 2^-24.
 // Forward, per output row i (nullptr members are not computed):
 //   o_mag[i,c]   = sum_j P_ij |V_jc|                           what O_ic sums
 //   o_logit[i,c] = sum_j P_ij Lambda_ij |V_jc - O_ic|         O's sensitivity to relative errors of P
 //   lse_mag[i]   = sum_j P_ij Lambda_ij                        LSE's sensitivity to them
 // A fully masked row has all three 0.
+inline constexpr double kTanhUnits = 8780.0;  // 2^13.1: tanh.approx.f32's relative error over fp32's unit roundoff
+
 struct FwdMagnitudes {
   double* o_mag = nullptr;    // like o
   double* o_logit = nullptr;  // like o
@@ -65,7 +77,9 @@ struct BwdMagnitudes {
 // Query head h of batch b attends kv head shape.kv_head_of(h) of batch b.
 // Causal mask is bottom-right aligned (FlashAttention >= 2.1):
 //   query i may attend key j iff j <= i + (seq_k - seq_q).
-// A fully masked row (possible when Sq > Sk) gives O row = 0 and lse = +infinity,
+// A window (Shape::window_left/right) cuts each row's keys to a range around the same diagonal, and a softcap
+// maps the scaled scores through c tanh(s / c) before the softmax.
+// A fully masked row (possible when Sq > Sk, or under a window) gives O row = 0 and lse = +infinity,
 // so that a backward's exp(s - lse) is 0 for it.
 // threads = 0 means std::thread::hardware_concurrency(). Results are bit-identical
 // for any thread count.
@@ -81,6 +95,7 @@ void forward_rows(const Shape& shape, const float* q, const float* k, const floa
                   const FwdMagnitudes& mag = {});
 
 // Backward: given dO (B, H, Sq, d) computes dQ (B, H, Sq, d), dK and dV (B, Hk, Sk, d),
+// (no window and no softcap yet: std::invalid_argument)
 // recomputing P in float64. dq, dk, dv are overwritten (not accumulated into).
 // Under GQA a kv head's dK and dV are the sums of its group's per-query-head gradients, added in
 // group order (0 + head 0 + head 1 + ...): bit for bit the group sums, in that order, of MHA's dK
@@ -90,8 +105,13 @@ void backward(const Shape& shape, const float* q, const float* k, const float* v
               const BwdMagnitudes& mag = {});
 
 // Number of keys query i may attend (keys [0, n) are visible): Sk, or under the causal mask
-// clamp(i + Sk - Sq + 1, 0, Sk).
+// clamp(i + Sk - Sq + 1, 0, Sk). The window's edges are not in it: visible_range.
 int64_t visible_keys(const Shape& shape, int64_t i);
+// The keys query i attends, [first, end) (first == end: none), causal and the window together.
+struct KeySpan {
+  int64_t first, end;
+};
+KeySpan visible_range(const Shape& shape, int64_t i);
 
 // ---------------------------------------------------------------------------------------------
 // Packed variable-length batches (FlashAttention's varlen layout).
@@ -103,6 +123,8 @@ struct VarlenShape {
   bool causal = false;
   double scale = 0;
   int heads_k = 0;
+  int window_left = -1, window_right = -1;  // as Shape's, aligned to each sequence's own lengths
+  double softcap = 0;
 
   int kv_heads() const;  // heads_k, or heads when it is 0
 };

@@ -182,7 +182,9 @@ class Stmt {
 // beside the old one). heads_k (v6): grouped-query attention's kv heads, 0 for multi-head. varlen (v7): a packed
 // variable-length batch's description (Varlen::key(), canonical JSON), '' for a dense problem; batch,
 // seq_q and seq_k then hold the number of sequences and the longest lengths. paged (v8): a paged K/V cache's
-// description (Paged::key()), '' for contiguous K/V; seq_k then holds the longest cache length.
+// description (Paged::key()), '' for contiguous K/V; seq_k then holds the longest cache length. window_left,
+// window_right and softcap (v9): the sliding window and the logit softcap (Problem's fields; -1, -1, 0: none, what
+// every earlier row means).
 std::string results_ddl(const std::string& name) {
   return "CREATE TABLE IF NOT EXISTS " + name + R"sql((
   id INTEGER PRIMARY KEY,
@@ -197,7 +199,9 @@ std::string results_ddl(const std::string& name) {
   registers INTEGER, smem_static INTEGER, spill_stores INTEGER,
   created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER,
   heads_k INTEGER NOT NULL DEFAULT 0, varlen TEXT NOT NULL DEFAULT '', paged TEXT NOT NULL DEFAULT '',
-  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen, paged)))sql";
+  window_left INTEGER NOT NULL DEFAULT -1, window_right INTEGER NOT NULL DEFAULT -1, softcap REAL NOT NULL DEFAULT 0,
+  UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen, paged,
+         window_left, window_right, softcap)))sql";
 }
 
 constexpr const char* kSchemaRest = R"sql(
@@ -336,6 +340,10 @@ constexpr Migration kMigrations[] = {
     {8, "results.paged (paged K/V caches) in the unique key",
      [](sqlite3* db, const FileState&) {
        if (!table_columns(db, "results").count("paged")) rebuild_results(db);
+     }},
+    {9, "results.window_left, window_right, softcap (sliding windows, softcapping) in the unique key",
+     [](sqlite3* db, const FileState&) {
+       if (!table_columns(db, "results").count("softcap")) rebuild_results(db);  // defaults: no window, no cap
      }},
 };
 
@@ -481,6 +489,7 @@ void Store::open_checked(Mode mode) {
     has_heads_k_ = f.results_columns.count("heads_k") > 0;
     has_varlen_ = f.results_columns.count("varlen") > 0;
     has_paged_ = f.results_columns.count("paged") > 0;
+    has_mask_ = f.results_columns.count("softcap") > 0;
     has_experiments_ = f.tables.count("experiment_runs") && f.tables.count("experiment_rows");
     has_provenance_ = f.tables.count("provenance") > 0;
     return;
@@ -639,7 +648,8 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
       "kernel_hash", "family", "direction", "config", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype", "causal",
       "status", "error", "max_abs", "max_rel", "mse", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps", "seed",
       "device_name", "arch", "sm_count", "driver_version", "nvrtc_version", "options", "source_hash", "registers",
-      "smem_static", "spill_stores", "created", "detail", "inputs", "origin", "heads_k", "varlen", "paged");
+      "smem_static", "spill_stores", "created", "detail", "inputs", "origin", "heads_k", "varlen", "paged",
+      "window_left", "window_right", "softcap");
   Stmt s(db, std::string(verb) + " INTO results(" + R.list() + ") VALUES(" + R.placeholders(origin_placeholder) + ")");
   const Problem& p = r.problem;
   s.bind(R["kernel_hash"], r.kernel_hash).bind(R["family"], r.family).bind(R["direction"], r.direction)
@@ -655,13 +665,15 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
       .bind(R["smem_static"], r.res.smem_static).bind(R["spill_stores"], r.res.spill_stores)
       .bind(R["created"], created).bind(R["detail"], r.detail).bind(R["inputs"], p.inputs.str())
       .bind(R["origin"], origin).bind(R["heads_k"], p.heads_k).bind(R["varlen"], p.varlen.key())
-      .bind(R["paged"], p.paged.key());
+      .bind(R["paged"], p.paged.key()).bind(R["window_left"], p.window_left).bind(R["window_right"], p.window_right)
+      .bind(R["softcap"], p.softcap);
   s.step();
 }
 
 // The results table's unique key but for the kernel's resources: one measured point (has_result, copy_result).
 constexpr auto kResultKey = column_list("kernel_hash", "device_name", "sm_count", "batch", "heads", "seq_q", "seq_k",
-                                        "inputs", "heads_k", "varlen", "paged");
+                                        "inputs", "heads_k", "varlen", "paged", "window_left", "window_right",
+                                        "softcap");
 
 void bind_result_key(Stmt& s, const std::string& kernel_hash, const std::string& device_name, int sm_count,
                      const Problem& p) {
@@ -669,7 +681,8 @@ void bind_result_key(Stmt& s, const std::string& kernel_hash, const std::string&
   s.bind(K["kernel_hash"], kernel_hash).bind(K["device_name"], device_name).bind(K["sm_count"], sm_count)
       .bind(K["batch"], p.batch).bind(K["heads"], p.heads).bind(K["seq_q"], p.seq_q).bind(K["seq_k"], p.seq_k)
       .bind(K["inputs"], p.inputs.str()).bind(K["heads_k"], p.heads_k).bind(K["varlen"], p.varlen.key())
-      .bind(K["paged"], p.paged.key());
+      .bind(K["paged"], p.paged.key()).bind(K["window_left"], p.window_left).bind(K["window_right"], p.window_right)
+      .bind(K["softcap"], p.softcap);
 }
 
 }  // namespace
@@ -685,6 +698,8 @@ bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, cons
            if (c == "inputs" && !has_inputs_) return std::string("'normal'");
            if (c == "heads_k" && !has_heads_k_) return std::string("0");
            if ((c == "varlen" && !has_varlen_) || (c == "paged" && !has_paged_)) return std::string("''");
+           if ((c == "window_left" || c == "window_right") && !has_mask_) return std::string("-1");
+           if (c == "softcap" && !has_mask_) return std::string("0");
            return std::string(c);
          }));
   bind_result_key(s, kernel_hash, d.name, d.sm_count, p);
@@ -701,7 +716,8 @@ constexpr auto kResultReadColumns = column_list(
     "id", "kernel_hash", "family", "direction", "config", "batch", "heads", "seq_q", "seq_k", "head_dim", "dtype",
     "causal", "status", "error", "max_abs", "max_rel", "mse", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps",
     "seed", "device_name", "arch", "sm_count", "driver_version", "nvrtc_version", "options", "source_hash", "registers",
-    "smem_static", "spill_stores", "created", "detail", "inputs", "heads_k", "varlen", "paged");
+    "smem_static", "spill_stores", "created", "detail", "inputs", "heads_k", "varlen", "paged", "window_left",
+    "window_right", "softcap");
 
 // The refusal of a read past its budget: rows or stored text.
 UsageError over_budget(const std::string& path, const std::string& what, const ReadBudget& b, bool text) {
@@ -747,6 +763,8 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
     if (c == "heads_k" && !has_heads_k_) return "0";
     if (c == "varlen") return varlen;
     if (c == "paged") return paged;
+    if ((c == "window_left" || c == "window_right") && !has_mask_) return "-1";
+    if (c == "softcap" && !has_mask_) return "0";
     return std::string(c);
   });
   std::string where = " FROM results WHERE 1=1";
@@ -780,7 +798,8 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
   const long long count = count_within(
       db_, where, [&](Stmt& c) { for (size_t i = 0; i < binds.size(); ++i) c.bind((int)i + 1, binds[i]); }, cap, refuse);
   sql += where + " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
-         std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + (has_paged_ ? "paged, " : "") + "id";
+         std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + (has_paged_ ? "paged, " : "") +
+         (has_mask_ ? "window_left, window_right, softcap, " : "") + "id";
   Stmt s(db_, sql);
   for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
   std::vector<ResultRecord> out;
@@ -839,6 +858,14 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
         if (pj["paged"].is_discarded()) throw UsageError("paged '" + brief(pg, 40) + "' is not JSON");
         r.problem = problem_from_json(pj);
       }
+      // The window and softcap checked as a problem file's, and in their one spelling (canonicalize_mask).
+      const long long wl = s.i64(R["window_left"]), wr = s.i64(R["window_right"]);
+      r.problem.window_left = check_window_edge(wl, "window_left");
+      r.problem.window_right = check_window_edge(wr, "window_right");
+      r.problem.softcap = check_softcap(s.f64(R["softcap"]), "softcap");
+      Problem canonical = r.problem;
+      canonical.canonicalize_mask();
+      if (!(canonical == r.problem)) throw UsageError("window (" + std::to_string(wl) + ", " + std::to_string(wr) + ") is not in its one spelling");
     } catch (const UsageError& e) {
       throw UsageError("'" + path_ + "': results row " + std::to_string(r.id) + ": " + e.what());
     }

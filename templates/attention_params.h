@@ -110,6 +110,39 @@ FT_HD inline long long paged_key_offset(int page, int heads_k, int page_size, in
   return ((static_cast<long long>(page) * heads_k + hk) * page_size + key_in_page) * d;
 }
 
+// Score modifications (issue 32): the argument of a kernel instantiated on AttnModTraits (traits_common.h) is its
+// plain argument (dense, packed or paged) followed by AttnMods, for the same reason as VarlenParams: the plain
+// kernels' argument, and so their code, unchanged. Window edges are bottom-right aligned like causal: query i sees
+// key j iff j >= i + (seq_k - seq_q) - window_left and j <= i + (seq_k - seq_q) + window_right (per sequence's
+// lengths when packed), -1 unbounded. The softcap's constants are the host's (one rounding each, the same in every
+// launcher): the kernel computes t = tanh(s_raw * softcap_scale) and uses t * softcap_log2 as the exp2-domain score.
+struct AttnMods {
+  int window_left;      // -1: unbounded
+  int window_right;     // -1: unbounded (a causal kernel's right edge is the diagonal whatever this says)
+  float softcap;        // c; 0: off (then the two below are unused)
+  float softcap_scale;  // scale / c: the raw dot product's factor inside tanh
+  float softcap_log2;   // c * log2(e): the capped score's factor in the exp2 domain
+};
+FT_HD inline AttnMods make_attn_mods(int window_left, int window_right, double softcap, double scale) {
+  const double log2e = 1.4426950408889634074;
+  return AttnMods{window_left, window_right, static_cast<float>(softcap),
+                  softcap > 0 ? static_cast<float>(scale / softcap) : 0.f,
+                  softcap > 0 ? static_cast<float>(softcap * log2e) : 0.f};
+}
+template <class Plain>
+struct ModParams : Plain {
+  AttnMods mods;
+};
+// The argument type of a kernel with modifications (MODS true) or without.
+template <bool MODS, class Plain>
+struct ModParamsOf {
+  using type = Plain;
+};
+template <class Plain>
+struct ModParamsOf<true, Plain> {
+  using type = ModParams<Plain>;
+};
+
 // TMA tensor maps (CUtensorMap: 128 opaque bytes, 128-byte aligned as cuda.h declares it), encoded on the host from what a
 // family declares (Family::tensor_maps) and passed as the kernel's second, __grid_constant__
 // parameter. Each describes one tensor as 4-D (head_dim, seq, heads, batch) with a box of

@@ -42,6 +42,12 @@
 // Masking as fa2_mma: keys past seq_k (zero-filled by TMA) and causal keys j > i + seq_k - seq_q
 // get S = -inf, only on blocks that straddle them; a row with no visible key ends with O = 0, lse = +inf.
 //
+// Score modifications (issue 32), fa3_wgmma_fwd<AttnModTraits<Traits, WINDOW, SOFTCAP>[, true]> (ModParams: the
+// plain argument, then AttnMods): WINDOW reads only the key blocks some row of the tile sees (kv_span: the first
+// block's index goes to the producer's copies and the consumers' key offsets) and masks per element the blocks
+// that straddle an edge (mask_window); SOFTCAP maps S to tanh(S scale / c) (tanh.approx) before the mask, and
+// c log2(e) is then the exp2-domain scale of the softmax and the LSE. The plain kernels' code is unchanged.
+//
 // Packed variable-length batches, fa3_wgmma_fwd<Traits, true> (VarlenParams: cu_seqlens_q/k): a tile is a
 // query block of one head of one sequence (z, or the tile index's batch, is the sequence; seq_q/seq_k the
 // longest lengths). The tensor maps are (d, heads, total tokens, 1) over the token-major tensors
@@ -258,11 +264,44 @@ __device__ __forceinline__ int kv_blocks(int m0, int seq_q, int seq_k) {
   return kv_end > 0 ? ceil_div(kv_end, T::kBlockN) : 0;
 }
 
+// A window (AttnModTraits' WINDOW): query i sees key j iff i + lo <= j <= i + hi, lo and hi from the window's
+// edges around the bottom-right diagonal (seq_k - seq_q), an unbounded edge kFar away (no int overflow: edges are
+// at most 2^30 and rows and keys 2^20), causal capping hi at the diagonal.
+constexpr int kFar = (1 << 30) + (1 << 21);
+template <class T, class P>
+__device__ __forceinline__ void window_offsets(const P& p, int seq_q, int seq_k, int& lo, int& hi) {
+  const int diag = seq_k - seq_q;
+  lo = p.mods.window_left >= 0 ? diag - p.mods.window_left : -kFar;
+  hi = p.mods.window_right >= 0 ? diag + p.mods.window_right : kFar;
+  if (T::kCausal) hi = imin(hi, diag);
+}
+
+// The K/V blocks a tile reads: [first, first + count). Plain: from block 0 (kv_blocks). WINDOW: only the blocks
+// some row of the tile sees (rows m0 .. min(m0 + BM, seq_q) - 1: keys m0 + lo .. last row + hi), so that blocks
+// wholly outside the window are never loaded nor multiplied: a tile's work scales with the window.
+struct KvSpan {
+  int first, count;
+};
+template <class T, class P>
+__device__ __forceinline__ KvSpan kv_span(const P& p, int m0, int seq_q, int seq_k) {
+  if constexpr (ModsOf<T>::window) {
+    int lo, hi;
+    window_offsets<T>(p, seq_q, seq_k, lo, hi);
+    const int first_key = imax(0, m0 + lo), end_key = imin(seq_k, imin(m0 + T::kBlockM, seq_q) + hi);
+    if (end_key <= first_key) return {0, 0};
+    const int first = first_key / T::kBlockN;
+    return {first, ceil_div(end_key, T::kBlockN) - first};
+  } else {
+    return {0, kv_blocks<T>(m0, seq_q, seq_k)};
+  }
+}
+
 // One tile's copies: Q into its slot, then every K/V block into the ring.
 template <class T, bool VARLEN = false>
 __device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensorMaps& tm, const Tile& tile,
-                                             int kv_head, int num_kv_blocks, Ring<T::kStages>& ring,
+                                             int kv_head, KvSpan blocks, Ring<T::kStages>& ring,
                                              const MapCoords<VARLEN>& at = {}) {
+  const int num_kv_blocks = blocks.count;
   constexpr int W = T::kGroupCols, SW = T::kSwizzle, BN = T::kBlockN;
   // A K or V block: one box per column group; MULTICAST, this CTA's share of the rows, into both CTAs.
   const int r0 = KvCluster<T>::first_row();
@@ -289,10 +328,10 @@ __device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensor
     // barrier expects the whole block, its own share and the other CTA's.
     if (ring.reused) mbar_wait(sm.k_empty(ring.slot), ring.parity ^ 1u);
     mbar_arrive_expect_tx(sm.k_full(ring.slot), T::kKvBytes);
-    load_block(sm.k(ring.slot), &tm.map[1], nb, sm.k_full(ring.slot));
+    load_block(sm.k(ring.slot), &tm.map[1], blocks.first + nb, sm.k_full(ring.slot));
     if (ring.reused) mbar_wait(sm.v_empty(ring.slot), ring.parity ^ 1u);
     mbar_arrive_expect_tx(sm.v_full(ring.slot), T::kKvBytes);
-    load_block(sm.v(ring.slot), &tm.map[2], nb, sm.v_full(ring.slot));
+    load_block(sm.v(ring.slot), &tm.map[2], blocks.first + nb, sm.v_full(ring.slot));
   }
 }
 
@@ -308,10 +347,10 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
     if (T::kPersistent && !first) mbar_wait(sm.q_empty(), q_parity ^ 1u);
     if constexpr (VARLEN) {  // the tile's sequence: its lengths and first tokens
       const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, tile.batch);
-      produce_tile<T, VARLEN>(sm, tm, tile, tile.head / query_group(p), kv_blocks<T>(tile.m0, vs.seq_q, vs.seq_k), ring,
+      produce_tile<T, VARLEN>(sm, tm, tile, tile.head / query_group(p), kv_span<T>(p, tile.m0, vs.seq_q, vs.seq_k), ring,
                               MapCoords<VARLEN>{vs.q_tok0, vs.k_tok0});
     } else {
-      produce_tile<T>(sm, tm, tile, tile.head / query_group(p), kv_blocks<T>(tile.m0, p.seq_q, p.seq_k), ring);
+      produce_tile<T>(sm, tm, tile, tile.head / query_group(p), kv_span<T>(p, tile.m0, p.seq_q, p.seq_k), ring);
     }
   }
 }
@@ -334,12 +373,58 @@ struct Rows {
   int row0, col0;     // first row and the thread's first column within a block (2 tig)
   int seq_k, causal_offset;
   int wg_row0;        // the warpgroup's first row: masking is needed on a block iff some row of it needs it
+  // Modifications only (set by with_mods; plain kernels never read them):
+  int key0 = 0;       // WINDOW: the tile's first block's first key (blocks before it are skipped)
+  int lo = 0, hi = 0;  // WINDOW: row i sees keys i + lo .. i + hi (window_offsets)
+  float cap_scale = 0.f;  // SOFTCAP: scale / c, the raw score's factor inside tanh
 };
+
+// The first key of the tile's block nb (of those it reads).
+template <class T>
+__device__ __forceinline__ int block_key(const Rows& r, int nb) {
+  if constexpr (ModsOf<T>::window) return r.key0 + nb * T::kBlockN;
+  else return nb * T::kBlockN;
+}
+
+// tanh by the SFU (MUFU.TANH): relative error at most 2^-10.987 (PTX ISA), one instruction, as FlashAttention-3's
+// softcap. The reference's bound counts it (ref::kTanhUnits). The forward needs no derivative.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Masking with a window: -inf at keys past seq_k and keys outside [i + lo, i + hi]; only blocks that straddle the
+// end of the keys or an edge of the window for some row of the warpgroup have any (the blocks wholly outside
+// were skipped by kv_span, and a block wholly inside for all 64 rows needs nothing).
+template <class T>
+__device__ __forceinline__ void mask_window(float (&s)[T::kBlockN / 2], const Rows& r, int n0) {
+  const bool needed = n0 + T::kBlockN > r.seq_k || r.wg_row0 + 63 + r.lo > n0 || r.wg_row0 + r.hi < n0 + T::kBlockN - 1;
+  if (!needed) return;
+#pragma unroll
+  for (int j = 0; j < T::kSTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = r.row0 + 8 * (e >> 1);
+      const int key = n0 + r.col0 + 8 * j + (e & 1);
+      if (key >= r.seq_k || key < i + r.lo || key > i + r.hi) s[4 * j + e] = neg_inf();
+    }
+}
 
 // -inf at keys past seq_k and (causal) keys j > i + causal_offset, for the block at key n0; only
 // blocks that straddle the end of the keys or the warpgroup's diagonal have any.
+// SOFTCAP first: S becomes tanh(S scale / c) (its exp2-domain factor, c log2(e), is the kernel's scale_log2), then
+// the mask; WINDOW: mask_window instead.
 template <class T>
 __device__ __forceinline__ void mask(float (&s)[T::kBlockN / 2], const Rows& r, int n0) {
+  if constexpr (ModsOf<T>::softcap) {
+#pragma unroll
+    for (int x = 0; x < T::kBlockN / 2; ++x) s[x] = tanh_approx(s[x] * r.cap_scale);
+  }
+  if constexpr (ModsOf<T>::window) {
+    mask_window<T>(s, r, n0);
+    return;
+  }
   const bool needed = n0 + T::kBlockN > r.seq_k || (T::kCausal && n0 + T::kBlockN - 1 > r.wg_row0 + r.causal_offset);
   if (!needed) return;
 #pragma unroll
@@ -493,7 +578,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
                                                float scale_log2, bool lane0, Ring<T::kStages>& ring, POperand<T>& p,
                                                float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2]) {
   for (int nb = 0; nb < num_kv_blocks; ++nb, ring.next()) {
-    const int n0 = nb * T::kBlockN;
+    const int n0 = block_key<T>(r, nb);
     float s[T::kBlockN / 2];
     mbar_wait(sm.k_full(ring.slot), ring.parity);
     wgmma_fence();
@@ -540,7 +625,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   wgmma_wait<0>();
   wgmma_fence_regs(s);
   if (lane0) KvCluster<T>::release(sm.k_empty(cur.slot));
-  mask<T>(s, r, 0);
+  mask<T>(s, r, block_key<T>(r, 0));
   softmax<T>(s, m, l, alpha, scale_log2);  // alpha = 0 scales the zero O: nothing to do
   p.stage(s);
   for (int nb = 1; nb < num_kv_blocks; ++nb) {
@@ -560,7 +645,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     wgmma_wait<1>();  // S(nb)
     wgmma_fence_regs(s);
     if (lane0) KvCluster<T>::release(sm.k_empty(nxt.slot));  // K(nb) read: its slot may take K(nb + STAGES) now
-    mask<T>(s, r, nb * T::kBlockN);
+    mask<T>(s, r, block_key<T>(r, nb));
     softmax<T>(s, m, l, alpha, scale_log2);
     // The softmax is plain register arithmetic the compiler may move below the wait (NVVM): these pin
     // it above; wait_then_rescale's branch keeps ptxas from hoisting the wait above it.
@@ -751,11 +836,13 @@ struct Epilogue {
 
 }  // namespace fa3_wgmma_detail
 
+// Traits: Fa3WgmmaTraits, or AttnModTraits<Fa3WgmmaTraits, WINDOW, SOFTCAP> (then the argument is ModParams).
 template <class Traits, bool VARLEN = false>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
-    fa3_wgmma_fwd(const typename ParamsOf<VARLEN, AttnFwdParams>::type p, const __grid_constant__ AttnTensorMaps tm) {
+    fa3_wgmma_fwd(const typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnFwdParams>::type>::type p,
+                  const __grid_constant__ AttnTensorMaps tm) {
   using T = Traits;
-  using P = typename ParamsOf<VARLEN, AttnFwdParams>::type;
+  using P = typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnFwdParams>::type>::type;
   namespace det = fa3_wgmma_detail;
   using Epilogue = det::Epilogue<T, VARLEN, P>;
   constexpr int SW = T::kSwizzle;
@@ -798,7 +885,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int wg_row = 16 * warp + g;  // the thread's first row within the warpgroup's 64
   const unsigned q_wg = sm.q + static_cast<unsigned>(64 * c * SW);  // column group 0 of its rows
-  const float scale_log2 = p.scale_log2;
+  // SOFTCAP: the capped score's factor (S holds tanh(S scale / c) by then), for the softmax and the LSE alike.
+  float scale_log2 = p.scale_log2;
+  if constexpr (ModsOf<T>::softcap) scale_log2 = p.mods.softcap_log2;
   const det::Turns<T> turns{c};
   det::POperand<T> pop;
   if constexpr (T::kPSmem)
@@ -816,8 +905,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, batch);
       tile_seq_q = vs.seq_q, tile_seq_k = vs.seq_k;
     }
-    const int num_kv_blocks = det::kv_blocks<T>(m0, tile_seq_q, tile_seq_k);
-    const det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, tile_seq_k, tile_seq_k - tile_seq_q, m0 + 64 * c};
+    const det::KvSpan span = det::kv_span<T>(p, m0, tile_seq_q, tile_seq_k);
+    const int num_kv_blocks = span.count;
+    det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, tile_seq_k, tile_seq_k - tile_seq_q, m0 + 64 * c};
+    if constexpr (ModsOf<T>::window) {
+      rows.key0 = span.first * T::kBlockN;
+      det::window_offsets<T>(p, tile_seq_q, tile_seq_k, rows.lo, rows.hi);
+    }
+    if constexpr (ModsOf<T>::softcap) rows.cap_scale = p.mods.softcap_scale;
 
     float o[T::kHeadDim / 2];
 #pragma unroll

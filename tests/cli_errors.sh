@@ -127,6 +127,34 @@ expect_usage_error "cannot read" problems "$tmp/none.json"
   { echo "FAIL: problems --json of a packed batch"; fail=1; }
 [[ ! -e "$tmp/x.db" ]] || { echo "FAIL: a refused tune created its store"; fail=1; }
 
+# Sliding windows and softcaps (issue 32): --window L,R and --softcap C, problem fields "window" and "softcap"; a
+# family without them refuses such a problem before any GPU work.
+fa3="--family fa3_wgmma --params BLOCK_N=64 --shape 1,2,300,300,128 --dtype bf16"
+expect_usage_error "--window must be L,R" run $fa3 --window 4
+expect_usage_error "--window L must be an integer, got 'x'" run $fa3 --window x,4
+expect_usage_error "--window R must be -1 (unbounded) or a key count in 0..1073741824, got -2" run $fa3 --window 4,-2
+expect_usage_error "--window L must be -1 (unbounded) or a key count in 0..1073741824, got 2147483648" run $fa3 --window 2147483648,0
+expect_usage_error "--softcap must be 0 (off) or a number in .0.001, 1000000., got -1" run $fa3 --softcap -1
+expect_usage_error "--softcap must be 0 (off) or a number in .0.001, 1000000., got inf" run $fa3 --softcap inf
+expect_usage_error "--softcap must be a number, got '3x'" run $fa3 --softcap 3x
+expect_usage_error "family fa2_mma does not support sliding windows (window)" run --family fa2_mma --params BLOCK_M=64 \
+  --shape 1,2,64,64,64 --dtype bf16 --window 16,16
+expect_usage_error "family fa2_mma does not support logit softcapping (softcap)" run --family fa2_mma --params BLOCK_M=64 \
+  --shape 1,2,64,64,64 --dtype bf16 --softcap 30
+echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"window":[4]}]}' >"$tmp/w_short.json"
+expect_usage_error "problem field 'window' must be \[left, right\]" problems "$tmp/w_short.json"
+echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"window":[4.5,0]}]}' >"$tmp/w_float.json"
+expect_usage_error "problem field 'window' left must be an integer, got 4.5" problems "$tmp/w_float.json"
+echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"softcap":"30"}]}' >"$tmp/w_cap.json"
+expect_usage_error "problem field 'softcap' must be a number" problems "$tmp/w_cap.json"
+echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"dtype":"bf16","window":[8,0],"softcap":30}]}' >"$tmp/w_ok.json"
+"$FLASHTUNE" problems "$tmp/w_ok.json" | grep -q "B1 H2 Sq64 Sk64 d64 bf16 causal window 8,-1 softcap 30" ||
+  { echo "FAIL: problems does not print the window and softcap"; "$FLASHTUNE" problems "$tmp/w_ok.json"; fail=1; }
+expect_usage_error "no problem in $tmp/w_ok.json matches a variant" tune "$SRC/configs/spaces/fa2_mma.json" "$tmp/w_ok.json" --db "$tmp/x.db"
+# Accepted flags reach the GPU step (here: none, exit 1), not a usage error.
+"$FLASHTUNE" run $fa3 --window 128,-1 --softcap 30 >"$tmp/out" 2>"$tmp/err"
+[[ $? -ne 2 ]] || { echo "FAIL: run --window 128,-1 --softcap 30 was refused:"; cat "$tmp/err"; fail=1; }
+
 # Paged K/V caches: the description checked before any GPU work (flags, files, the family's page condition).
 dec="--family decode_splitkv --params SPLITS=16,BLOCK_N=64,WARPS=4,STAGES=2 --dtype bf16 --heads-k 2"
 expect_usage_error "--paged: paged 'page_size' must be a multiple of 16 in 16..1048576, got 100" run $dec --shape 2,8,1,512,128 \

@@ -31,6 +31,8 @@ for f in families:
             continue
         if any("paged" in p for p in ps):  # paged caches: a family's paged form, the decode-paged device stage's
             continue
+        if any("window" in p or "softcap" in p for p in ps):  # issue 32's modified variants: their own stage
+            continue
         dtypes = {p.get("dtype", "fp32") for p in ps}
         dims = {p["head_dim"] for p in ps}
         if dtypes == set(f["dtypes"]) and set(f["head_dims"]) <= dims:

@@ -15,7 +15,8 @@ namespace {
 
 std::string key(const Variant& v) {
   return v.family->name + "|" + v.family->config_string(v.config) + "|" + std::to_string(v.head_dim) + "|" +
-         (v.causal ? "c" : "n") + "|" + to_string(v.dtype) + (v.varlen ? "|varlen" : "") + (v.paged ? "|paged" : "");
+         (v.causal ? "c" : "n") + "|" + to_string(v.dtype) + (v.varlen ? "|varlen" : "") + (v.paged ? "|paged" : "") +
+         (v.mods ? "|" + mods_string(v.mods) : "");
 }
 
 // Each value of each tunable, head dim, dtype and mask ("BLOCK_M=64", "d=96", ...).
@@ -185,7 +186,15 @@ TEST(Sample, DefaultVariantsSpanHeadDimsMasksDtypes) {
     const size_t dense = f.head_dims.size() * 2 * f.dtypes.size();
     const size_t packed = f.varlen ? f.head_dims.size() * 2 : 0;  // one dtype: see default_variants
     const size_t paged = f.paged ? f.head_dims.size() * 2 : 0;
-    EXPECT_EQ(vs.size(), dense + packed + paged) << f.name;
+    // Score modifications (fa3_wgmma): all of them at every head dim and mask, each alone at the last head dim.
+    const size_t mods = f.mods ? f.head_dims.size() * 2 + (f.mods == (kModWindow | kModSoftcap) ? 4 : 0) : 0;
+    EXPECT_EQ(vs.size(), dense + packed + paged + mods) << f.name;
+    EXPECT_EQ((size_t)std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.mods != 0; }), mods) << f.name;
+    if (f.name == "fa3_wgmma") {
+      EXPECT_GT(mods, 0u);
+      for (unsigned m : {kModWindow, kModSoftcap, kModWindow | kModSoftcap})
+        EXPECT_TRUE(std::any_of(vs.begin(), vs.end(), [&](const Variant& v) { return v.mods == m; })) << m;
+    }
     EXPECT_EQ((size_t)std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.varlen; }), packed)
         << f.name;
     EXPECT_EQ((size_t)std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.paged; }), paged) << f.name;

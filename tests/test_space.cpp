@@ -12,6 +12,7 @@
 #include "core/compile.hpp"
 #include "core/tensor_maps.hpp"
 #include "core/util.hpp"
+#include "reference/attention_ref.hpp"
 #include "fake_driver/record_tensor_map.hpp"
 #include "templates/fa2_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_bwd_traits.h"
@@ -668,6 +669,145 @@ TEST(Family, WgmmaBwdPackedForm) {
     size_t packed_ok = 0;
     for (const auto& x : variants_for(check, {q})) packed_ok += x.varlen && sm90.prune_before_compile(x).empty();
     EXPECT_GT(packed_ok, 0u) << q.str();
+  }
+}
+
+// Issue 32: a problem's window and softcap: read, checked (one line each), one spelling (causal is (-1, 0) and keeps
+// the right edge at -1), in str, JSON and identity; FLOPs of the visible pairs; the same visible keys as the
+// float64 reference's.
+TEST(Problems, WindowAndSoftcapFieldsAndIdentity) {
+  auto one = [](const std::string& fields) {
+    return problems_from_json(json::parse(R"({"problems":[{"batch":2,"heads":4,"seq_q":300,"seq_k":500,"head_dim":128,"dtype":"bf16")" +
+                                          fields + "}]}"))
+        .at(0);
+  };
+  const Problem plain = one("");
+  EXPECT_FALSE(plain.windowed() || plain.softcapped());
+  EXPECT_FALSE(to_json(plain).contains("window"));  // plain problems keep their JSON, keys and shards
+  EXPECT_FALSE(to_json(plain).contains("softcap"));
+  const Problem w = one(R"(,"window":[128,16],"softcap":30)");
+  EXPECT_EQ(w.window_left, 128);
+  EXPECT_EQ(w.window_right, 16);
+  EXPECT_EQ(w.softcap, 30.0);
+  EXPECT_FALSE(w.causal);
+  EXPECT_EQ(w.str(), "B2 H4 Sq300 Sk500 d128 bf16 window 128,16 softcap 30");
+  EXPECT_EQ(problem_from_json(to_json(w)), w);
+  EXPECT_NE(w, plain);
+  // (L, 0) is causal with a left edge; causal drops the right edge; (-1, 0) is causal itself.
+  const Problem c1 = one(R"(,"window":[64,0])"), c2 = one(R"(,"causal":true,"window":[64,9])"),
+                c3 = one(R"(,"window":[-1,0])"), causal = one(R"(,"causal":true)");
+  EXPECT_TRUE(c1.causal);
+  EXPECT_EQ(c1.window_right, -1);
+  EXPECT_EQ(c1, c2);
+  EXPECT_EQ(c3, causal);
+  EXPECT_FALSE(c3.windowed());
+  EXPECT_EQ(c1.str(), "B2 H4 Sq300 Sk500 d128 bf16 causal window 64,-1");
+  EXPECT_EQ(problem_from_json(to_json(c1)), c1);
+  const Problem cap = one(R"(,"softcap":0.5)");
+  EXPECT_EQ(problem_from_json(to_json(cap)), cap);
+  EXPECT_EQ(cap.str(), "B2 H4 Sq300 Sk500 d128 bf16 softcap 0.5");
+  // Bad values: one line naming the field.
+  for (const char* bad : {R"(,"window":[-2,0])", R"(,"window":[0])", R"(,"window":"64,0")", R"(,"window":[1.5,0])",
+                          R"(,"window":[1073741825,0])", R"(,"window":[0,18446744073709551615])", R"(,"softcap":-1)",
+                          R"(,"softcap":"30")", R"(,"softcap":1e-9)", R"(,"softcap":1e300)", R"(,"softcap":null)"}) {
+    try {
+      one(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const UsageError& e) {
+      const std::string m = e.what();
+      EXPECT_TRUE(m.find("'window'") != std::string::npos || m.find("'softcap'") != std::string::npos) << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+  }
+  // FLOPs: the visible pairs, counted (Sk - Sq = 200: row i sees keys [i + 200 - 128, i + 200 + 16]).
+  double pairs = 0;
+  for (int i = 0; i < 300; ++i) pairs += std::min(499, i + 216) - std::max(0, i + 72) + 1;
+  EXPECT_DOUBLE_EQ(w.flops(), 4.0 * 2 * 4 * pairs * 128);
+  EXPECT_DOUBLE_EQ(plain.flops(), 4.0 * 2 * 4 * 300 * 500 * 128);
+  EXPECT_DOUBLE_EQ(cap.flops(), plain.flops());  // a softcap masks nothing
+  // A window past the sequence sees what causal (or nothing) sees.
+  const Problem past = one(R"(,"causal":true,"window":[100000,-1])");
+  double causal_pairs = 0;
+  for (int i = 0; i < 300; ++i) causal_pairs += std::min(500, i + 201);
+  EXPECT_DOUBLE_EQ(past.flops(), 4.0 * 2 * 4 * causal_pairs * 128);
+  // The core's visible keys are the reference's, for every row of ragged shapes and edges.
+  for (auto [sq, sk] : {std::pair{300, 500}, std::pair{500, 300}, std::pair{1, 77}})
+    for (auto [l, r] : {std::pair{0, 0}, std::pair{1, 1}, std::pair{64, -1}, std::pair{-1, 3}, std::pair{100000, 100000}})
+      for (bool causal : {false, true}) {
+        Problem p = plain;
+        p.seq_q = sq, p.seq_k = sk, p.causal = causal, p.window_left = l, p.window_right = r;
+        ref::Shape rs{1, 1, sq, sk, 64, causal};
+        rs.window_left = l, rs.window_right = r;
+        for (int i = 0; i < sq; ++i) {
+          const auto [first, end] = p.visible_keys(i, sq, sk);
+          const ref::KeySpan k = ref::visible_range(rs, i);
+          ASSERT_EQ(std::make_pair(first, end), std::make_pair((long long)k.first, (long long)k.end))
+              << sq << "x" << sk << " window " << l << "," << r << " causal " << causal << " row " << i;
+        }
+      }
+}
+
+// Families say which modifications they have: fa3_wgmma both, every other none, so that a problem with a window
+// or a softcap is refused by the rest (shape_reason) and never runs silently without it; variants_for gives such
+// a problem fa3_wgmma's modified variant, and its name expression wraps the traits.
+TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
+  Problem p{1, 2, 256, 256, 128, DType::bf16, false};
+  Problem w = p;
+  w.window_left = 64;
+  Problem c = p;
+  c.softcap = 30;
+  for (const auto& f : families()) {
+    if (f.name == "fa3_wgmma") {
+      EXPECT_EQ(f.mods, kModWindow | kModSoftcap);
+      EXPECT_EQ(f.shape_reason(w), "");
+      EXPECT_EQ(f.shape_reason(c), "");
+    } else {
+      EXPECT_EQ(f.mods, 0u) << f.name;
+      EXPECT_EQ(f.shape_reason(w), "does not support sliding windows (window)") << f.name;
+      EXPECT_EQ(f.shape_reason(c), "does not support logit softcapping (softcap)") << f.name;
+    }
+  }
+  const Family& f = find_family("fa3_wgmma");
+  EXPECT_EQ(f.name_expressions(f.default_config, 128, true, DType::bf16).at(0),
+            "&flashtune::fa3_wgmma_fwd<flashtune::Fa3WgmmaTraits<128,64,2,2,1,1,0,0,0,0,1,true>>");
+  EXPECT_EQ(f.name_expressions(f.default_config, 128, true, DType::bf16, true, false, kModWindow | kModSoftcap).at(0),
+            "&flashtune::fa3_wgmma_fwd<flashtune::AttnModTraits<flashtune::Fa3WgmmaTraits<128,64,2,2,1,1,0,0,0,0,1,true>, "
+            "true, true>, true>");
+  EXPECT_EQ(f.name_expressions(f.default_config, 64, false, DType::fp16, false, false, kModSoftcap).at(0),
+            "&flashtune::fa3_wgmma_fwd<flashtune::AttnModTraits<flashtune::Fa3WgmmaTraits<64,64,2,2,1,1,0,0,0,0,0,false>, "
+            "false, true>>");
+  Space s = space_from_json(json::parse(R"({"family":"fa3_wgmma","params":{"BLOCK_N":[64]},"head_dims":[128],
+                                            "causal":[false],"dtypes":["bf16"]})"));
+  Problem wc = w;
+  wc.softcap = 30;
+  for (const auto& [problem, mods] : {std::pair{p, 0u}, std::pair{w, kModWindow}, std::pair{c, kModSoftcap},
+                                      std::pair{wc, kModWindow | kModSoftcap}}) {
+    const auto vs = variants_for(s, {problem});
+    ASSERT_EQ(vs.size(), 1u) << problem.str();
+    EXPECT_EQ(vs[0].mods, mods) << problem.str();
+  }
+  EXPECT_EQ(variants_for(s, {p, w, c}).size(), 3u);  // one variant per set of modifications the problems have
+  const Compiler sm90("sm_90");
+  Variant v = variants_for(s, {w})[0];
+  EXPECT_EQ(sm90.prune_before_compile(v), "");
+  EXPECT_NE(sm90.variant_hash(v), sm90.variant_hash(variants_for(s, {p})[0]));
+  Variant m = v;
+  m.family = &find_family("fa2_mma");
+  m.config = m.family->default_config;
+  EXPECT_EQ(Compiler("sm_80").prune_before_compile(m), "has no window form");
+  // Space files: "mods" lists the forms to compile-check; a family without them refuses the list.
+  const Space sm = space_from_json(json::parse(R"({"family":"fa3_wgmma","params":{"BLOCK_N":[64]},"head_dims":[128],
+      "causal":[true],"dtypes":["bf16"],"mods":["none","window","softcap","window+softcap"]})"));
+  EXPECT_EQ(sm.variants().size(), 4u);
+  EXPECT_EQ(sm.size(), 4u);
+  for (const auto& [text, needle] : {std::pair{R"({"family":"fa2_mma","mods":["window"]})", "family fa2_mma has no window form"},
+                                     std::pair{R"({"family":"fa3_wgmma","mods":["alibi"]})", "'mods' holds"}}) {
+    try {
+      space_from_json(json::parse(text));
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(needle));
+    }
   }
 }
 

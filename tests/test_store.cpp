@@ -665,6 +665,104 @@ TEST(Store, MigratesVersion7ToPagedKeys) {
   fs::remove(path);
 }
 
+TEST(Store, MigratesVersion8ToWindowAndSoftcapKeys) {
+  std::string path = temp_db("v8");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);
+  }
+  {  // a version-8 results table: no window_left, window_right, softcap
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    const char* sql = R"sql(
+      CREATE TABLE r8(id INTEGER PRIMARY KEY,
+        kernel_hash TEXT NOT NULL, family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+        batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
+        head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, causal INTEGER NOT NULL, status TEXT NOT NULL, error TEXT,
+        max_abs REAL, max_rel REAL, mse REAL, ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL,
+        gbps REAL, seed INTEGER, device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL,
+        driver_version INTEGER NOT NULL, nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+        registers INTEGER, smem_static INTEGER, spill_stores INTEGER, created TEXT NOT NULL, detail TEXT,
+        inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER, heads_k INTEGER NOT NULL DEFAULT 0,
+        varlen TEXT NOT NULL DEFAULT '', paged TEXT NOT NULL DEFAULT '',
+        UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen, paged));
+      INSERT INTO r8 SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,
+        status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,
+        driver_version,nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created,detail,inputs,origin,
+        heads_k,varlen,paged FROM results;
+      DROP TABLE results; ALTER TABLE r8 RENAME TO results; UPDATE meta SET value='8';)sql";
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  }
+  std::vector<ResultRecord> before;
+  {  // read read-only as it is: every row unwindowed, uncapped
+    Store ro(path, Store::Mode::read_only);
+    EXPECT_EQ(ro.schema_version(), 8);
+    before = ro.results({});
+    ASSERT_EQ(before.size(), 8u);
+    for (const auto& r : before) EXPECT_FALSE(r.problem.windowed() || r.problem.softcapped());
+  }
+  Store s(path);
+  EXPECT_EQ(s.schema_version(), kSchemaVersion);
+  const std::vector<ResultRecord> after = s.results({});
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].id, before[i].id);
+    EXPECT_EQ(after[i].problem, before[i].problem);  // every old row means what it meant: no window, no cap
+    EXPECT_EQ(after[i].problem.window_left, -1);
+    EXPECT_EQ(after[i].problem.window_right, -1);
+    EXPECT_EQ(after[i].problem.softcap, 0.0);
+  }
+  // The same kernel and shape with windows and softcaps: rows of their own beside the plain row, read back whole.
+  auto with = [&](int l, int r, double c, bool causal = false) {
+    ResultRecord x = after[0];
+    x.problem.causal = causal;
+    x.problem.window_left = l, x.problem.window_right = r, x.problem.softcap = c;
+    x.problem.canonicalize_mask();
+    return x;
+  };
+  ResultRecord a = with(128, 7, 0, true), b = with(128, 4, 0), c = with(-1, -1, 30), e = with(1, 1, 0.5);
+  a.ms_median = 0.25, b.ms_median = 0.5, c.ms_median = 0.75, e.ms_median = 1.25;
+  DeviceInfo d;
+  d.name = a.device_name; d.arch = a.arch; d.sm_count = a.sm_count; d.driver_version = a.driver_version;
+  EXPECT_EQ(a.problem.window_right, -1);  // causal is the right edge: one spelling
+  EXPECT_FALSE(s.has_result(a.kernel_hash, d, a.problem));
+  for (const ResultRecord* r : {&a, &b, &c, &e}) s.put_result(*r, d);
+  const ResultRecord* all[] = {&a, &b, &c, &e, &after[0]};
+  for (const ResultRecord* r : all) EXPECT_TRUE(s.has_result(r->kernel_hash, d, r->problem));
+  int found = 0;
+  for (const auto& r : s.results({}))
+    if (r.kernel_hash == a.kernel_hash)
+      for (const auto& [want, ms, tag] : {std::tuple{&a, 0.25, 1}, std::tuple{&b, 0.5, 10}, std::tuple{&c, 0.75, 100},
+                                          std::tuple{&e, 1.25, 1000}})
+        if (r.problem == want->problem) {
+          found += tag;
+          EXPECT_EQ(r.ms_median, ms);
+        }
+  EXPECT_EQ(found, 1111);
+  // A stored window outside the range, or not in its one spelling, is named rather than read as another problem.
+  for (const char* bad : {"UPDATE results SET window_left=-7 WHERE ms_median=0.25",
+                          "UPDATE results SET window_right=0, causal=0 WHERE ms_median=0.25"}) {
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    ASSERT_EQ(sqlite3_exec(db, "SAVEPOINT x", nullptr, nullptr, nullptr), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, bad, nullptr, nullptr, nullptr), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "RELEASE x", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+    try {
+      s.results({});
+      ADD_FAILURE() << "a bad stored window was read: " << bad;
+    } catch (const UsageError& err) {
+      EXPECT_NE(std::string(err.what()).find("window"), std::string::npos) << err.what();
+    }
+    sqlite3_open(path.c_str(), &db);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE results SET window_left=128, window_right=-1, causal=1 WHERE ms_median=0.25",
+                           nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  fs::remove(path);
+}
+
 TEST(Store, CopiesKeepStoredRowsAndRollBackTogether) {
   std::string path = temp_db("copy");
   Store s(path);

@@ -275,7 +275,7 @@ void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long
   upload_tiled(k_.ptr, k.bytes.data(), unit_k * elem, units, bhk);
   upload_tiled(v_.ptr, v.bytes.data(), unit_k * elem, units, bhk);
 
-  ref::Shape shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal};
+  ref::Shape shape = with_modifications(ref::Shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   shape.heads_k = p.heads_k;
   fwd_ref_ = tiled_forward_reference(shape, units, q.values.data(), k.values.data(), v.values.data(),
                                      ref::sample_rows(shape, max_rows, seed));
@@ -310,7 +310,7 @@ void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std
   const auto &q_dev = q.bytes, &k_dev = k.bytes, &v_dev = v.bytes, &do_dev = dout.bytes;
 
   // The distinct heads as one (1, distinct_heads_) problem: each head's reference is its own.
-  ref::Shape heads{1, distinct_heads_, p.seq_q, p.seq_k, p.head_dim, p.causal};
+  ref::Shape heads = with_modifications(ref::Shape{1, distinct_heads_, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   heads.heads_k = g > 1 ? groups : 0;
   bwd_ref_ = backward_reference(heads, q.values.data(), k.values.data(), v.values.data(), dout.values.data());
   // The forward's results as the backward's inputs: O in the kernel's dtype, LSE in fp32.
@@ -463,7 +463,7 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
       CU_CHECK(cuMemcpyHtoD(pool->ptr + first * page_bytes, staging.data(), n * page_bytes));
     }
 
-  ref::Shape shape{B, p.heads, p.seq_q, p.seq_k, d, p.causal};
+  ref::Shape shape = with_modifications(ref::Shape{B, p.heads, p.seq_q, p.seq_k, d, p.causal}, p);
   shape.heads_k = p.heads_k;
   fwd_ref_ = paged_forward_reference(p, units, q.values.data(), k.values.data(), v.values.data(),
                                      ref::sample_rows(shape, max_rows, seed));
@@ -494,7 +494,15 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
   // A paged K/V cache: the paged kernels' argument, the dense struct (k and v: the pools) and the block table.
   PagedParams<AttnFwdParams> fwd_paged{fwd, (const int*)block_table_.ptr, (const int*)cache_seqlens_.ptr,
                                        p.paged.page_size, max_pages_};
-  void* fwd_args[] = {packed ? (void*)&fwd_varlen : p.paged.enabled() ? (void*)&fwd_paged : (void*)&fwd, &maps_};
+  // Score modifications (a window, a softcap): the modified kernels' argument, the plain one and AttnMods.
+  const AttnMods mods = make_attn_mods(p.window_left, p.window_right, p.softcap, scale);
+  ModParams<AttnFwdParams> fwd_mods{fwd, mods};
+  ModParams<VarlenParams<AttnFwdParams>> fwd_varlen_mods{fwd_varlen, mods};
+  ModParams<PagedParams<AttnFwdParams>> fwd_paged_mods{fwd_paged, mods};
+  const bool modified = p.windowed() || p.softcapped();
+  void* fwd_args[] = {modified ? (packed ? (void*)&fwd_varlen_mods : p.paged.enabled() ? (void*)&fwd_paged_mods : (void*)&fwd_mods)
+                               : (packed ? (void*)&fwd_varlen : p.paged.enabled() ? (void*)&fwd_paged : (void*)&fwd),
+                      &maps_};
   void* bwd_args[] = {packed ? (void*)&bwd_varlen : (void*)&bwd, &maps_};
   for (const Kernel& k : kernels) {
     void** args = p.direction == "bwd" ? bwd_args : fwd_args;

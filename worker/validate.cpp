@@ -199,9 +199,19 @@ FwdReference tiled_forward_reference(const ref::Shape& full, int units, const fl
   return r;
 }
 
+ref::Shape with_modifications(ref::Shape s, const Problem& p) {
+  s.window_left = p.window_left, s.window_right = p.window_right, s.softcap = p.softcap;
+  return s;
+}
+
+ref::VarlenShape with_modifications(ref::VarlenShape s, const Problem& p) {
+  s.window_left = p.window_left, s.window_right = p.window_right, s.softcap = p.softcap;
+  return s;
+}
+
 FwdReference paged_forward_reference(const Problem& p, int units, const float* q, const float* k, const float* v,
                                      std::vector<int64_t> rows, int threads) {
-  ref::Shape full{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal};
+  ref::Shape full = with_modifications(ref::Shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   full.heads_k = p.heads_k;
   const int64_t rows_per_seq = (int64_t)p.heads * p.seq_q;
   // The rows of each cache length (a sequence's rows are rows_per_seq consecutive flat rows).
@@ -459,7 +469,7 @@ FwdReference varlen_forward_reference(const Problem& p, const float* q, const fl
   const std::vector<int> cu_q = p.varlen.cu_seqlens_q(), cu_k = p.varlen.cu_seqlens_k();
   const int64_t total_q = cu_q.back();
   FwdReference r;
-  r.shape = ref::Shape{p.batch, H, p.seq_q, p.seq_k, d, p.causal};
+  r.shape = with_modifications(ref::Shape{p.batch, H, p.seq_q, p.seq_k, d, p.causal}, p);
   r.shape.heads_k = p.heads_k;
   r.rows = std::move(rows);
   const size_t n = r.rows.size();
@@ -486,7 +496,7 @@ FwdReference varlen_forward_reference(const Problem& p, const float* q, const fl
       std::copy_n(k + ((k0 + t) * Hk + hk) * d, d, ks.data() + t * d);
       std::copy_n(v + ((k0 + t) * Hk + hk) * d, d, vs.data() + t * d);
     }
-    ref::Shape one{1, 1, (int)lq, (int)lk, d, p.causal};
+    const ref::Shape one = with_modifications(ref::Shape{1, 1, (int)lq, (int)lk, d, p.causal}, p);
     std::vector<int64_t> local;
     for (size_t i : idx) local.push_back(r.rows[i] / H - q0);
     std::vector<double> o(local.size() * d), o_mag(local.size() * d), o_logit(local.size() * d), lse(local.size()),
@@ -510,11 +520,11 @@ BwdReference varlen_backward_reference(const Problem& p, int heads, int kv_heads
                                        const float* v, const float* dout, int threads) {
   BwdReference r;
   const int d = p.head_dim;
-  r.shape = ref::Shape{1, heads, p.seq_q, p.seq_k, d, p.causal};
+  r.shape = with_modifications(ref::Shape{1, heads, p.seq_q, p.seq_k, d, p.causal}, p);
   r.shape.heads_k = kv_heads == heads ? 0 : kv_heads;
   r.q_row = (size_t)p.heads * d, r.q_row_ref = (size_t)heads * d;
   r.k_row = (size_t)p.kv_heads() * d, r.k_row_ref = (size_t)kv_heads * d;
-  ref::VarlenShape vs{heads, d, p.causal, 0, r.shape.heads_k};
+  const ref::VarlenShape vs = with_modifications(ref::VarlenShape{heads, d, p.causal, 0, r.shape.heads_k}, p);
   const std::vector<int> cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
   const std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end());
   const size_t nq = (size_t)cu_q.back() * heads * d, nk = (size_t)cu_k.back() * kv_heads * d;

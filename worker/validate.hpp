@@ -109,6 +109,11 @@ struct ErrorStats {
   void merge(const ErrorStats& later);
 };
 
+// `shape` with the problem's window and softcap (ref::Shape's window_left/right, softcap): every reference the
+// worker builds from a problem goes through it, so that no modification is left out of one.
+ref::Shape with_modifications(ref::Shape shape, const Problem&);
+ref::VarlenShape with_modifications(ref::VarlenShape shape, const Problem&);
+
 // Forward reference on sampled rows, with the magnitudes the bound needs.
 struct FwdReference {
   ref::Shape shape{1, 1, 1, 1, 1};

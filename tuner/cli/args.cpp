@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "core/problem.hpp"
 #include "core/family.hpp"
 
@@ -121,6 +123,30 @@ std::vector<char*> with_output_flag(int argc, char** argv) {
   for (int i = 2; i < argc; ++i)
     if (!std::strcmp(argv[i], "-o")) out[i] = long_flag.data();
   return out;
+}
+
+void mask_options(const Args& a, nlohmann::json& j) {
+  if (a.has("window")) {
+    const auto parts = split(a.get("window"), ',');
+    if (parts.size() != 2) throw UsageError("--window must be L,R (-1: unbounded), got '" + brief(a.get("window")) + "'");
+    nlohmann::json w = nlohmann::json::array();
+    const char* names[] = {"--window L", "--window R"};
+    for (int e = 0; e < 2; ++e) {
+      long long v = 0;
+      if (!plain_integer(trim(parts[(size_t)e]), v))
+        throw UsageError(std::string(names[e]) + " must be an integer, got '" + brief(parts[(size_t)e]) + "'");
+      w.push_back(check_window_edge(v, names[e]));
+    }
+    j["window"] = w;
+  }
+  if (a.has("softcap")) {
+    const std::string& t = a.get("softcap");
+    char* end = nullptr;
+    errno = 0;
+    const double c = std::strtod(t.c_str(), &end);
+    if (t.empty() || *end || errno) throw UsageError("--softcap must be a number, got '" + brief(t) + "'");
+    j["softcap"] = check_softcap(c, "--softcap");
+  }
 }
 
 }  // namespace flashtune::cli

@@ -52,9 +52,11 @@ int cmd_compile_check(int argc, char** argv) {
   for (size_t i = 0; i < kernels.size(); ++i) {
     const KernelRecord& k = kernels[i];
     n[k.status]++;
+    // The form, and the score modifications compiled in ("dense+window", "varlen+window+softcap").
+    const std::string form = std::string(variants[i].varlen ? "varlen" : variants[i].paged ? "paged" : "dense") +
+                             (variants[i].mods ? "+" + mods_string(variants[i].mods) : "");
     std::printf("%-10s %-44s %4d %-6s %-5s %-6s %-13s %5d %6d  %s\n", k.family.c_str(), k.config.c_str(), k.head_dim,
-                k.causal ? "yes" : "no", to_string(k.dtype),
-                variants[i].varlen ? "varlen" : variants[i].paged ? "paged" : "dense", k.status.c_str(),
+                k.causal ? "yes" : "no", to_string(k.dtype), form.c_str(), k.status.c_str(),
                 k.res.registers, k.res.spill_stores, k.reason.substr(0, 90).c_str());
   }
   if (a.has("save-cubins")) {

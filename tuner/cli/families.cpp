@@ -13,6 +13,16 @@ using nlohmann::json;
 
 namespace flashtune::cli {
 
+namespace {
+// The score modifications a family has (Family::mods), by name: ["window", "softcap"].
+nlohmann::json mods_list(unsigned mods) {
+  nlohmann::json out = nlohmann::json::array();
+  if (mods & kModWindow) out.push_back("window");
+  if (mods & kModSoftcap) out.push_back("softcap");
+  return out;
+}
+}  // namespace
+
 int cmd_families(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts("usage: flashtune families [--json]\n"
@@ -29,7 +39,7 @@ int cmd_families(int argc, char** argv) {
   for (const auto& f : families()) {
     json j = {{"name", f.name}, {"direction", f.direction}, {"template", f.template_file},
               {"kernels", f.kernels}, {"head_dims", f.head_dims}, {"hopper_only", f.hopper_only},
-              {"test_only", f.test_only}, {"gqa", f.gqa}, {"varlen", f.varlen}, {"paged", f.paged}, {"max_seq_q", f.max_seq_q},
+              {"test_only", f.test_only}, {"gqa", f.gqa}, {"varlen", f.varlen}, {"paged", f.paged}, {"mods", mods_list(f.mods)}, {"max_seq_q", f.max_seq_q},
               {"default", f.config_string(f.default_config)}};
     j["dtypes"] = json::array();
     for (DType t : f.dtypes) j["dtypes"].push_back(to_string(t));

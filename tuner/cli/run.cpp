@@ -67,6 +67,7 @@ Problem parse_shape(const std::string& shape, const Args& a) {
   j["dtype"] = a.get("dtype", "fp32");
   j["causal"] = a.has("causal");
   if (a.has("heads-k")) j["heads_k"] = a.get_int("heads-k", 1, 1, 1 << 16);
+  mask_options(a, j);
   try {
     return problem_from_json(j);
   } catch (const UsageError& e) {
@@ -82,6 +83,7 @@ int cmd_run(int argc, char** argv) {
               "                     [--causal] [--direction fwd|bwd] [--seed N] [--check] [--check-determinism]\n"
               "                     [--json] [--db PATH] [--device N] [--timeout S] [--inputs DIR] [--save-outputs DIR]\n"
               "                     [--input-dist normal|heavy] [--input-scale X] [--heads-k N]\n"
+              "                     [--window L,R] [--softcap C]\n"
               "       flashtune run ... --shape H,d (--varlen FILE|JSON | --seq-lens L,L,.. [--seq-lens-k L,L,..])\n"
               "       flashtune run ... --shape B,H,Sq,Sk,d --paged FILE|JSON\n"
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
@@ -110,12 +112,17 @@ int cmd_run(int argc, char** argv) {
               "K and V in a paged cache, pools of (num_pages, Hk, P, d) pages in a seeded order through a block\n"
               "table, each sequence its own cache length (B and Sk of --shape: the lengths' count and longest);\n"
               "family decode_splitkv, whose BLOCK_N must divide P; --best needs the problem's own stored row.\n"
+              "--window L,R: sliding-window attention (FlashAttention's window_size; -1 unbounded): query i sees\n"
+              "key j iff i + Sk - Sq - L <= j <= i + Sk - Sq + R (bottom-right aligned like --causal, which is\n"
+              "-1,0 and overrides R). --softcap C: scores s become C tanh(s / C) before the softmax (0: off).\n"
+              "Families without them (all but fa3_wgmma for now) refuse such a problem (exit 2).\n"
               "Exit 1 if the kernel is not valid.");
     return 0;
   }
   Args a = parse(argc, argv,
                  {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
-                  "save-outputs", "input-dist", "input-scale", "heads-k", "varlen", "seq-lens", "seq-lens-k", "paged"},
+                  "save-outputs", "input-dist", "input-scale", "heads-k", "varlen", "seq-lens", "seq-lens-k", "paged",
+                  "window", "softcap"},
                  {"causal", "check", "json", "best", "check-determinism"});
   no_positional(a, "run");
   if (!a.has("family")) throw UsageError("run needs --family");
@@ -190,7 +197,7 @@ int cmd_run(int argc, char** argv) {
     store = std::make_unique<Store>(a.get("db"));
   }
   check_pages(cfg);  // --best: its pick is the problem's own row, which read these pages
-  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled()};
+  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled(), problem_mods(p)};
   Compiler compiler(gpu.device().arch);
   KernelRecord k = compiler.compile_all({v}, store.get())[0];
   ResultRecord r = gpu.run(k, v, p);

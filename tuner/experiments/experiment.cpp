@@ -378,7 +378,7 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
           source = c.source;
         }
       }
-      jobs.push_back({&impl, p, Variant{&f, cfg, p.head_dim, p.causal, p.dtype}, source});
+      jobs.push_back({&impl, p, Variant{&f, cfg, p.head_dim, p.causal, p.dtype, false, false, problem_mods(p)}, source});
     }
   }
   for (const auto& r : unsupported) store.put_experiment_row(r);

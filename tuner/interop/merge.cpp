@@ -87,6 +87,8 @@ std::string result_key(const ResultRecord& r) {
   json key = json::array({r.kernel_hash, r.device_name, r.sm_count, p.batch, p.heads, p.heads_k, p.seq_q, p.seq_k, p.inputs.str()});
   if (p.varlen.enabled()) key.push_back(p.varlen.key());  // dense keys (and the content hashes of stores) as before
   if (p.paged.enabled()) key.push_back("paged " + p.paged.key());  // likewise; never equal to a varlen key
+  if (p.windowed() || p.softcapped())  // likewise
+    key.push_back("mask " + std::to_string(p.window_left) + "," + std::to_string(p.window_right) + "," + json(p.softcap).dump());
   return key.dump();
 }
 

@@ -81,6 +81,9 @@ ordered_json problem_json(const Problem& p) {
   if (p.varlen.enabled()) j["varlen"] = ordered_json::parse(p.varlen.key());
   // Paged only: the cache's description (seq_k above is its longest length).
   if (p.paged.enabled()) j["paged"] = ordered_json::parse(p.paged.key());
+  // Windowed or softcapped only (problem_from_json's fields), likewise.
+  if (p.windowed()) j["window"] = {p.window_left, p.window_right};
+  if (p.softcapped()) j["softcap"] = p.softcap;
   return j;
 }
 

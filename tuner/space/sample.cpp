@@ -35,6 +35,16 @@ std::vector<Variant> default_variants(const Family& f) {
     for (int d : f.head_dims)
       for (bool causal : {false, true})
         vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, true});
+  // The score modifications (Family::mods), likewise in the last dtype: every head dim and mask with all of
+  // them (the most registers), and each alone at one head dim per mask (their code apart).
+  if (f.mods) {
+    for (int d : f.head_dims)
+      for (bool causal : {false, true}) vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, false, f.mods});
+    for (unsigned m : {kModWindow, kModSoftcap})
+      if ((f.mods & m) && m != f.mods)
+        for (bool causal : {false, true})
+          vs.push_back(Variant{&f, f.default_config, f.head_dims.back(), causal, f.dtypes.back(), false, false, m});
+  }
   return vs;
 }
 
@@ -55,6 +65,8 @@ std::vector<std::string> single_features(const Variant& v) {
     for (auto& s : out) s = "varlen:" + s;
   if (v.paged)  // the paged form likewise
     for (auto& s : out) s = "paged:" + s;
+  if (v.mods)  // and each set of score modifications
+    for (auto& s : out) s = mods_string(v.mods) + ":" + s;
   return out;
 }
 

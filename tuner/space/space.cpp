@@ -121,7 +121,7 @@ Space space_from_json(const json& j, bool allow_large) {
   if (!j.is_object()) throw UsageError("a space must be a JSON object");
   for (auto& [key, _] : j.items())
     if (key != "family" && key != "params" && key != "head_dims" && key != "causal" && key != "dtypes" &&
-        key != "description" && key != "varlen" && key != "paged")
+        key != "description" && key != "varlen" && key != "paged" && key != "mods")
       throw UsageError("unknown space field '" + key + "'");
   if (!j.contains("family") || !j["family"].is_string()) throw UsageError("space needs a string 'family'");
   Space s;
@@ -193,6 +193,22 @@ Space space_from_json(const json& j, bool allow_large) {
       if (std::find(s.paged.begin(), s.paged.end(), c.get<bool>()) == s.paged.end()) s.paged.push_back(c.get<bool>());
     }
   }
+  if (j.contains("mods")) {
+    if (!j["mods"].is_array() || j["mods"].empty())
+      throw UsageError("space 'mods' must be an array of \"none\", \"window\", \"softcap\", \"window+softcap\"");
+    s.mods.clear();
+    for (const auto& c : j["mods"]) {
+      const std::string name = c.is_string() ? c.get<std::string>() : std::string();
+      unsigned m = 0;
+      if (name == "window") m = kModWindow;
+      else if (name == "softcap") m = kModSoftcap;
+      else if (name == "window+softcap") m = kModWindow | kModSoftcap;
+      else if (name != "none")
+        throw UsageError("space 'mods' holds \"none\", \"window\", \"softcap\" or \"window+softcap\", got " + brief_json(c));
+      if (m & ~f.mods) throw UsageError("family " + f.name + " has no " + mods_string(m & ~f.mods) + " form");
+      if (std::find(s.mods.begin(), s.mods.end(), m) == s.mods.end()) s.mods.push_back(m);
+    }
+  }
   if (!allow_large && s.size() > kMaxSpaceVariants)
     throw UsageError("the space has " + std::to_string(s.size()) + " variants, more than " +
                      std::to_string(kMaxSpaceVariants) + " (--allow-large-space to sweep it anyway)");
@@ -209,6 +225,7 @@ unsigned long long Space::size() const {
   mul(causal.size());
   mul(dtypes.size());
   mul(forms().size());
+  mul(mods.size());
   return n;
 }
 
@@ -251,7 +268,8 @@ std::vector<Variant> Space::variants() const {
     for (bool c : causal)
       for (DType t : dtypes)
         for (const auto& [packed, pg] : forms())
-          for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t, packed, pg});
+          for (unsigned m : mods)
+            for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t, packed, pg, m});
   return out;
 }
 
@@ -262,19 +280,24 @@ std::vector<Variant> variants_for(const Space& s, const std::vector<Problem>& pr
   Space dense = s;
   dense.varlen = {false};
   dense.paged = {false};
+  dense.mods = {0};
+  std::set<unsigned> problem_mod_sets;  // the modifications the problems have: each a variant of its own
+  for (const Problem& p : problems) problem_mod_sets.insert(problem_mods(p));
   std::vector<Variant> out;
   for (const Variant& v : dense.variants())
-    for (const auto& [packed, pg] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
-      bool needed = false;
-      for (const Problem& p : problems)
-        needed |= p.head_dim == v.head_dim && p.causal == v.causal && p.dtype == v.dtype &&
-                  p.direction == v.family->direction && p.varlen.enabled() == packed && p.paged.enabled() == pg &&
-                  v.family->shape_reason(p).empty();
-      if (!needed) continue;
-      out.push_back(v);
-      out.back().varlen = packed;
-      out.back().paged = pg;
-    }
+    for (const auto& [packed, pg] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}})
+      for (unsigned m : problem_mod_sets) {
+        bool needed = false;
+        for (const Problem& p : problems)
+          needed |= p.head_dim == v.head_dim && p.causal == v.causal && p.dtype == v.dtype &&
+                    p.direction == v.family->direction && p.varlen.enabled() == packed && p.paged.enabled() == pg &&
+                    problem_mods(p) == m && v.family->shape_reason(p).empty();
+        if (!needed) continue;
+        out.push_back(v);
+        out.back().varlen = packed;
+        out.back().paged = pg;
+        out.back().mods = m;
+      }
   return out;
 }
 

@@ -25,12 +25,16 @@ struct Space {
   std::vector<bool> varlen{false};
   // Likewise the paged K/V cache form (true, a Family::paged family only). Default {false}.
   std::vector<bool> paged{false};
+  // The score modifications to compile (Family::mods bits; 0: plain), as space files' "mods": ["none",
+  // "window", "softcap", "window+softcap"]. Default {0}. Like varlen, for compile-check, the sample and the
+  // NVRTC tests: tune takes the modifications each problem has (variants_for).
+  std::vector<unsigned> mods{0};
 
   // The kernel forms listed, as (varlen, paged) pairs: dense, packed, paged (never both).
   std::vector<std::pair<bool, bool>> forms() const;
   unsigned long long size() const;        // variants() would hold this many (saturating), without building them
   std::vector<Config> configs() const;    // the cartesian product of values
-  std::vector<Variant> variants() const;  // configs x head_dims x causal x dtypes x (varlen or paged forms)
+  std::vector<Variant> variants() const;  // configs x head_dims x causal x dtypes x (varlen or paged forms) x mods
 };
 
 // The variants of the space that some problem needs (matching d, causal, dtype; the packed form,
