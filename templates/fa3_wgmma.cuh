@@ -836,13 +836,20 @@ struct Epilogue {
 
 }  // namespace fa3_wgmma_detail
 
+// The kernel's argument: the dense or packed params, with the modifications' values after them where the traits
+// have any (ModParams). One name for it, so that the kernel's mangled name stays short (compile-check
+// --save-cubins names files after it; the nested expression made it 229-258 characters).
+template <class Traits, bool VARLEN>
+struct Fa3FwdArg {
+  using type = typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnFwdParams>::type>::type;
+};
+
 // Traits: Fa3WgmmaTraits, or AttnModTraits<Fa3WgmmaTraits, WINDOW, SOFTCAP> (then the argument is ModParams).
 template <class Traits, bool VARLEN = false>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
-    fa3_wgmma_fwd(const typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnFwdParams>::type>::type p,
-                  const __grid_constant__ AttnTensorMaps tm) {
+    fa3_wgmma_fwd(const typename Fa3FwdArg<Traits, VARLEN>::type p, const __grid_constant__ AttnTensorMaps tm) {
   using T = Traits;
-  using P = typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnFwdParams>::type>::type;
+  using P = typename Fa3FwdArg<Traits, VARLEN>::type;
   namespace det = fa3_wgmma_detail;
   using Epilogue = det::Epilogue<T, VARLEN, P>;
   constexpr int SW = T::kSwizzle;
