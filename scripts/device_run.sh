@@ -85,7 +85,7 @@ fi
 # The main job needs the CLI and its worker only (what a user's first build of the main job makes).
 targets=()
 [[ $stage == main-job ]] && targets=(--target flashtune flashtune-worker)
-[[ $stage == torch-op ]] && targets=(--target flashtune flashtune_attention flashtune_torch abi_layout)
+[[ $stage == torch-op ]] && targets=(--target flashtune flashtune-worker flashtune_attention flashtune_torch abi_layout)
 build_t0=$(date +%s)
 if ! { cmake --preset release -DFLASHTUNE_BENCHMARKS=OFF "${extra[@]}" && cmake --build build -j"$(nproc)" "${targets[@]}"; } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
@@ -906,7 +906,8 @@ host-time)
   ;;
 torch-op)
   export PYTHONPATH=$PWD/python FLASHTUNE_LIBRARY=$PWD/build/runtime/libflashtune_attention.so \
-    FLASHTUNE_TORCH_LIBRARY=$PWD/build/python/csrc/libflashtune_torch.so FLASHTUNE_CACHE_DIR=${FLASHTUNE_CACHE_DIR:-/tmp/ft-cache}
+    FLASHTUNE_TORCH_LIBRARY=$PWD/build/python/csrc/libflashtune_torch.so FLASHTUNE_CACHE_DIR=${FLASHTUNE_CACHE_DIR:-/tmp/ft-cache} \
+    FLASHTUNE_CLI=$PWD/build/flashtune  # first-use tuning runs the CLI: the build tree's (a wheel carries its own)
   ctest --test-dir build -R '^python_unit$' 2>&1 | grep -E "tests passed|Failed|FAIL"
   warm=()
   for shape in 4,16,4096,128 16,16,1024,128; do  # the probe's kernels, compiled while the tests run

@@ -681,6 +681,18 @@ TEST(RuntimeLookup, PagedFromAResultsStore) {
   EXPECT_TRUE(has_text(p.note, "stored paged config " + f.config_string(paged_cfg) + " rejected for pages of 128 keys"))
       << p.note;
   EXPECT_TRUE(has_text(p.note, ": the dense decoding pick used")) << p.note;
+  {  // this device's stored dense pick before another device's tabled paged entry (the arch's)
+    const Config other_cfg = f.parse_config("SPLITS=33,BLOCK_N=128,WARPS=4,STAGES=1");
+    tuned::Entry other = entry("decode_splitkv", "fwd", "bf16", 128, other_cfg, 10);
+    other.paged = true;
+    const tuned::Table arch_only[] = {{"GPU X", "sm_90", &other, 1}};
+    p = choose(TableSet{arch_only, 1}, paged_query("GPU S", 128), db);
+    EXPECT_EQ(p.config, dense_cfg);
+    EXPECT_EQ(p.source, "db");
+    p = choose(TableSet{arch_only, 1}, paged_query("GPU T", 128), db);  // nothing stored for T: the arch's entry
+    EXPECT_EQ(p.config, other_cfg);
+    EXPECT_EQ(p.source, "arch");
+  }
   p = choose(none, paged_query("GPU S", 0), db);  // dense: the dense row
   EXPECT_EQ(p.family, &f);
   EXPECT_EQ(p.config, dense_cfg);

@@ -298,11 +298,12 @@ const Family* stored_family(const Query& q, const std::string& db_path) {
   return best;
 }
 
-// A paged query's config: the first of the store's paged bucket, the tables' paged entry (device, arch),
-// the dense pick (store, tables), the default and the default's nearest config that the family accepts at
-// this head dim and its paged form at this page size. A tuned config whose BLOCK_N does not divide the page
-// is no error: decode_splitkv's H100 entries have BLOCK_N 256, and a serving engine's pages are often 16-128.
-// The note names the first source passed over and why, then what ran; a dense pick is always noted.
+// A paged query's config: the first of the store's paged bucket, the store's dense pick, then per table
+// (this device's, then the arch's) its paged entry and its dense pick, then the default and the default's
+// nearest config that the family accepts at this head dim and its paged form at this page size. A tuned
+// config whose BLOCK_N does not divide the page is no error: decode_splitkv's H100 entries have BLOCK_N
+// 256, and a serving engine's pages are often 16-128. The note names the first source passed over and
+// why, then what ran; a dense pick is always noted.
 Pick choose_paged_config(const TableSet& ts, const Family& f, const Query& q, const std::string& db_path) {
   Pick p{&f, {}, "", ""};
   const std::string pages = "pages of " + std::to_string(q.page_size) + " keys";
@@ -333,23 +334,27 @@ Pick choose_paged_config(const TableSet& ts, const Family& f, const Query& q, co
     }
     return accept(c, "db", what, bucket);
   };
-  auto tabled = [&](bool paged, const std::string& what) {
+  auto tabled = [&](bool by_device, bool paged, const std::string& what) {
     std::string bucket;
-    for (bool by_device : {true, false})
-      if (const tuned::Entry* e = find(ts, f.name, q, by_device, paged, &bucket))
-        return accept(Config(e->params, e->params + f.params.size()), by_device ? "device" : "arch", what, bucket);
-    return false;
+    const tuned::Entry* e = find(ts, f.name, q, by_device, paged, &bucket);
+    return e && accept(Config(e->params, e->params + f.params.size()), by_device ? "device" : "arch", what, bucket);
   };
   auto ran = [&](const std::string& what) {
     if (!p.note.empty()) p.note += ": " + what + " used";
     return p;
   };
-  if (stored(true, "stored paged config")) return ran("the stored paged config");
-  if (tabled(true, "tabled paged config")) return ran("the tabled paged config");
-  if (stored(false, "stored dense config") || tabled(false, "tabled dense config")) {
+  auto dense_pick = [&] {
     if (!p.note.empty()) return ran("the dense decoding pick");
     p.note = "no paged entry for this bucket: the dense decoding pick used";
     return p;
+  };
+  // Source by source, the nearest to this GPU first (this device's store, this device's table, the
+  // arch's table), and in each the paged entry before the dense pick.
+  if (stored(true, "stored paged config")) return ran("the stored paged config");
+  if (stored(false, "stored dense config")) return dense_pick();
+  for (bool by_device : {true, false}) {
+    if (tabled(by_device, true, "tabled paged config")) return ran("the tabled paged config");
+    if (tabled(by_device, false, "tabled dense config")) return dense_pick();
   }
   if (accept(f.default_config, "default", "default")) return ran("the default");
   p.config = nearest_paged_config(f, f.default_config, q.head_dim, q.page_size);
