@@ -72,6 +72,21 @@ static double key_rows(const Problem& p) {
   return sum;
 }
 
+int check_window_edge(long long v, const std::string& what) {
+  if (v < -1 || v > (1ll << 30))
+    throw UsageError(what + " must be -1 (unbounded) or a key count in 0..1073741824, got " + std::to_string(v));
+  return (int)v;
+}
+
+double check_softcap(double c, const std::string& what) {
+  if (!std::isfinite(c) || c < 0 || (c != 0 && (c < 1e-3 || c > 1e6))) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", c);
+    throw UsageError(what + " must be 0 (off) or a number in [0.001, 1000000], got " + buf);
+  }
+  return c;
+}
+
 std::pair<long long, long long> Problem::visible_keys(long long i, long long sq, long long sk) const {
   const long long diag = i + sk - sq;  // the bottom-right aligned diagonal: causal's last key
   long long first = 0, end = sk;
@@ -409,21 +424,6 @@ std::string Problem::str() const {
   }
   if (!(inputs == InputDist{})) s += " inputs " + inputs.str();
   return s;
-}
-
-int check_window_edge(long long v, const std::string& what) {
-  if (v < -1 || v > (1ll << 30))
-    throw UsageError(what + " must be -1 (unbounded) or a key count in 0..1073741824, got " + std::to_string(v));
-  return (int)v;
-}
-
-double check_softcap(double c, const std::string& what) {
-  if (!std::isfinite(c) || c < 0 || (c != 0 && (c < 1e-3 || c > 1e6))) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", c);
-    throw UsageError(what + " must be 0 (off) or a number in [0.001, 1000000], got " + buf);
-  }
-  return c;
 }
 
 // "window": [left, right], each an integer -1..2^30.

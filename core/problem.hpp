@@ -175,12 +175,12 @@ struct Problem {
   bool operator==(const Problem&) const = default;
 };
 
-#ifndef FLASHTUNE_NO_JSON
-Problem problem_from_json(const nlohmann::json&);  // validated; throws UsageError
-// A window edge (-1 or 0..2^30) and a softcap (finite, 0 or in [1e-3, 1e6]), checked as problem fields and
-// `run --window L,R` / `--softcap C` are; `what` names the field in the one-line UsageError.
+// A window edge (-1 or 0..2^30) and a softcap (finite, 0 or in [1e-3, 1e6]), checked as problem fields,
+// `run --window L,R` / `--softcap C` and the runtime's ft_mods are; `what` names the field in the one-line UsageError.
 int check_window_edge(long long v, const std::string& what);
 double check_softcap(double c, const std::string& what);
+#ifndef FLASHTUNE_NO_JSON
+Problem problem_from_json(const nlohmann::json&);  // validated; throws UsageError
 nlohmann::json to_json(const Problem&);
 InputDist input_dist_from_json(const nlohmann::json&);  // {"distribution": ..., "scale": ...}
 nlohmann::json to_json(const InputDist&);

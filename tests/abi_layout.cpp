@@ -19,11 +19,13 @@ int main() {
   const char* sep = "";
   std::printf("{");
   STRUCT(ft_tensor, FIELD(ft_tensor, data); FIELD(ft_tensor, stride));
+  STRUCT(ft_mods, FIELD(ft_mods, window); FIELD(ft_mods, window_left); FIELD(ft_mods, window_right);
+         FIELD(ft_mods, softcap));
   STRUCT(ft_forward_args, FIELD(ft_forward_args, batch); FIELD(ft_forward_args, heads); FIELD(ft_forward_args, seq_q);
          FIELD(ft_forward_args, seq_k); FIELD(ft_forward_args, head_dim); FIELD(ft_forward_args, dtype);
          FIELD(ft_forward_args, causal); FIELD(ft_forward_args, scale); FIELD(ft_forward_args, q);
          FIELD(ft_forward_args, k); FIELD(ft_forward_args, v); FIELD(ft_forward_args, o); FIELD(ft_forward_args, lse);
-         FIELD(ft_forward_args, heads_k));
+         FIELD(ft_forward_args, heads_k); FIELD(ft_forward_args, mods));
   STRUCT(ft_backward_args, FIELD(ft_backward_args, batch); FIELD(ft_backward_args, heads);
          FIELD(ft_backward_args, seq_q); FIELD(ft_backward_args, seq_k); FIELD(ft_backward_args, head_dim);
          FIELD(ft_backward_args, dtype); FIELD(ft_backward_args, causal); FIELD(ft_backward_args, scale);
@@ -31,7 +33,7 @@ int main() {
          FIELD(ft_backward_args, dout); FIELD(ft_backward_args, lse); FIELD(ft_backward_args, dq);
          FIELD(ft_backward_args, dk); FIELD(ft_backward_args, dv); FIELD(ft_backward_args, workspace);
          FIELD(ft_backward_args, workspace_bytes); FIELD(ft_backward_args, heads_k);
-         FIELD(ft_backward_args, deterministic));
+         FIELD(ft_backward_args, deterministic); FIELD(ft_backward_args, mods));
   STRUCT(ft_packed_tensor, FIELD(ft_packed_tensor, data); FIELD(ft_packed_tensor, stride));
 #define VARLEN_HEAD(T)                                                                                     \
   FIELD(T, batch); FIELD(T, heads); FIELD(T, heads_k); FIELD(T, head_dim); FIELD(T, total_q); FIELD(T, total_k); \
@@ -39,13 +41,13 @@ int main() {
   FIELD(T, causal); FIELD(T, scale)
   STRUCT(ft_varlen_forward_args, VARLEN_HEAD(ft_varlen_forward_args); FIELD(ft_varlen_forward_args, q);
          FIELD(ft_varlen_forward_args, k); FIELD(ft_varlen_forward_args, v); FIELD(ft_varlen_forward_args, o);
-         FIELD(ft_varlen_forward_args, lse));
+         FIELD(ft_varlen_forward_args, lse); FIELD(ft_varlen_forward_args, mods));
   STRUCT(ft_varlen_backward_args, VARLEN_HEAD(ft_varlen_backward_args); FIELD(ft_varlen_backward_args, q);
          FIELD(ft_varlen_backward_args, k); FIELD(ft_varlen_backward_args, v); FIELD(ft_varlen_backward_args, o);
          FIELD(ft_varlen_backward_args, dout); FIELD(ft_varlen_backward_args, lse); FIELD(ft_varlen_backward_args, dq);
          FIELD(ft_varlen_backward_args, dk); FIELD(ft_varlen_backward_args, dv);
          FIELD(ft_varlen_backward_args, workspace); FIELD(ft_varlen_backward_args, workspace_bytes);
-         FIELD(ft_varlen_backward_args, deterministic));
+         FIELD(ft_varlen_backward_args, deterministic); FIELD(ft_varlen_backward_args, mods));
   STRUCT(ft_paged_forward_args, FIELD(ft_paged_forward_args, batch); FIELD(ft_paged_forward_args, heads);
          FIELD(ft_paged_forward_args, heads_k); FIELD(ft_paged_forward_args, seq_q); FIELD(ft_paged_forward_args, head_dim);
          FIELD(ft_paged_forward_args, num_pages); FIELD(ft_paged_forward_args, page_size);

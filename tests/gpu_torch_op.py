@@ -970,6 +970,99 @@ def first_use_tuning():
               f"{runs[1]['first_call_s']:.1f} s against {runs[0]['first_call_s']:.1f} s)")
 
 
+# --- sliding windows and softcap (issue 32) ---------------------------------------------------------------
+def mod_reference(q, k, v, dout, causal, scale, window, softcap):
+    """float64 forward and backward with FlashAttention's window_size (bottom-right aligned, -1 unbounded; causal
+    keeps the diagonal as its right edge) and softcap (s -> c tanh(s / c) before the mask and softmax)."""
+    q, k0, v0 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    k, v = expand_kv(q, k0, v0)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    sq, sk = q.shape[2], k.shape[2]
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    diag = i + (sk - sq)
+    mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    left, right = window
+    if left >= 0:
+        mask &= j >= diag - left
+    if causal:
+        mask &= j <= diag
+    if right >= 0:
+        mask &= j <= diag + right
+    seen = mask.any(-1, keepdim=True)
+    s = torch.where(mask, s, float("-inf"))
+    s = torch.where(seen, s, 0.0)
+    p = torch.softmax(s, dim=-1) * seen
+    o = p @ v
+    dq, dk, dv = torch.autograd.grad(o, (q, k0, v0), dout.double())
+    return o.detach(), dq, dk, dv
+
+
+MOD_CASES = [  # B, H, Hk, Sq, Sk, d, causal, window, softcap, dtype
+    (2, 4, 4, 333, 517, 128, True, (64, -1), 0.0, torch.bfloat16),
+    (1, 4, 2, 517, 333, 128, True, (7, -1), 0.0, torch.bfloat16),
+    (2, 3, 3, 300, 300, 64, False, (9, 5), 0.0, torch.bfloat16),
+    (1, 2, 2, 1, 700, 128, False, (128, -1), 0.0, torch.bfloat16),
+    (1, 4, 4, 257, 190, 64, False, (-1, -1), 2.0, torch.float16),
+    (2, 8, 2, 400, 400, 128, True, (100, -1), 5.0, torch.bfloat16),
+    (1, 2, 2, 190, 257, 256, False, (-1, 3), 0.0, torch.bfloat16),
+]
+# Relative L2 bound on a 16-bit output against the float64 reference: its own rounding is 2^-9 (bf16) relative
+# per element, about 1e-3 in relative L2 with the accumulations; 1e-2 leaves room, while a window off by one key
+# (the cases' windows are 3-128 keys) or a softcap left out moves the output by more, which the "dropped" check
+# below shows on every case.
+MOD_REL_L2 = 1e-2
+
+
+def window_softcap():
+    """attention(window_size=..., softcap=...) against a float64 reference with the same mask and cap (and the same
+    call without them far from it); explain() names the Hopper forward; the backward either matches the reference's
+    gradients or, where no backward kernel has the modifications, raises UnsupportedError in one line."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        check(True, "window_softcap: not an sm_90 GPU (the modifications are in the Hopper forward)")
+        return
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 32)
+    for B, H, Hk, sq, sk, d, causal, window, softcap, dtype in MOD_CASES:
+        name = (f"{str(dtype).split('.')[-1]} B{B} H{H}/{Hk} Sq{sq} Sk{sk} d{d}{' causal' if causal else ''} "
+                f"window {window} softcap {softcap}")
+        q = make((B, H, sq, d), dtype, "bhsd", gen).requires_grad_(True)
+        k = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
+        v = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
+        dout = torch.randn(B, H, sq, d, device="cuda", dtype=dtype, generator=gen)
+        scale = 1.0 / math.sqrt(d)
+        kw = dict(window_size=window, softcap=softcap)
+        ex = explain(q, k, v, causal=causal, **kw)
+        check(ex["family"] == "fa3_wgmma", f"{name}: explain names fa3_wgmma ({ex['family']} {ex['config']})")
+        o, lse = attention(q, k, v, causal=causal, return_lse=True, **kw)
+        ref = mod_reference(q, k, v, dout, causal, scale, window, softcap)
+        ma, rl2 = errors(o, ref[0])
+        check(rl2 <= MOD_REL_L2, f"{name}: O rel L2 {rl2:.2e} <= {MOD_REL_L2} (max-abs {ma:.2e})")
+        plain = mod_reference(q, k, v, dout, causal, scale, (-1, -1), 0.0)[0]
+        _, dropped = errors(o, plain)
+        check(dropped > 3 * MOD_REL_L2, f"{name}: the unmodified reference is far ({dropped:.2e}): the test sees them")
+        if "error" in ex["backward"]:
+            try:
+                torch.autograd.grad(o, (q, k, v), dout)
+                check(False, f"{name}: the backward ran although explain() says {ex['backward']['error']!r}")
+            except flashtune.UnsupportedError as e:
+                msg = str(e)
+                check("\n" not in msg and ("window" in msg or "softcap" in msg),
+                      f"{name}: the backward without such a kernel raises UnsupportedError in one line: {msg}")
+            continue
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+        for key, ours, want in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref[1:]):
+            ma, rl2 = errors(ours, want)
+            check(rl2 <= 2 * MOD_REL_L2, f"{name}: {key} rel L2 {rl2:.2e} <= {2 * MOD_REL_L2} (max-abs {ma:.2e})")
+    # One line for what no kernel has: fp32, and values the runtime refuses.
+    q = torch.randn(1, 2, 64, 64, device="cuda")
+    for kw, exc, pattern in [(dict(window_size=(8, 0)), flashtune.UnsupportedError, "fp32 forward with a sliding window"),
+                             (dict(window_size=(-2, 0)), ValueError, "window_size[0] = -2 is out of range"),
+                             (dict(softcap=float("inf")), ValueError, "softcap must be 0 (off)")]:
+        raises(lambda: attention(q, q, q, **kw), exc, pattern, f"attention(fp32 or bad values, {kw})")
+
+
 def main():
     ok, why = flashtune.device_available()
     if not ok or not torch.cuda.is_available():
@@ -978,7 +1071,7 @@ def main():
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
     parts = (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
              streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs, deterministic,
-             scratch_through_torch)
+             scratch_through_torch, window_softcap)
     names = {p.__name__: p for p in parts + (first_use_tuning,)}  # first_use_tuning only when named
     unknown = [a for a in sys.argv[1:] if a not in names]
     if unknown:

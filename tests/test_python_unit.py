@@ -46,6 +46,9 @@ class StructLayout(unittest.TestCase):
     def test_tensor(self):
         self.check("ft_tensor", _lib.FtTensor)
 
+    def test_mods(self):
+        self.check("ft_mods", _lib.FtMods)
+
     def test_forward_args(self):
         self.check("ft_forward_args", _lib.FtForwardArgs)
 
@@ -170,6 +173,37 @@ class ArgumentChecks(unittest.TestCase):
             _lib.backward_args((2, 8, 128, 256, 128), "fp16", False, None, t, t, t, t, t, 0x3000, t, t, t, heads_k=3)
         with self.assertRaisesRegex(ValueError, "does not fit"):
             _lib.pack_forward((2**31, 1, 1, 1, 64), 0, 0, 0.0, *[flat(t)] * 4, 0)
+        # Score modifications: the same bytes both ways, FlashAttention's spelling in, ft_mods out.
+        slow = _lib.forward_args((3, 16, 64, 96, 64), "bf16", False, 0.125, t, t, t, t, 0, window_size=(128, -1),
+                                 softcap=30)
+        fast = _lib.pack_forward((3, 16, 64, 96, 64), _lib.DTYPES["bf16"], 0, 0.125, *[flat(t)] * 4, 0, 0,
+                                 _lib.mods_tuple((128, -1), 30))
+        self.assertEqual(bytes(slow), bytes(fast))
+        self.assertEqual((slow.mods.window, slow.mods.window_left, slow.mods.window_right, slow.mods.softcap),
+                         (1, 128, -1, 30.0))
+        slow = _lib.backward_args((2, 8, 128, 256, 128), "fp16", True, None, *[t] * 5, 0x3000, t, t, t,
+                                  deterministic=True, window_size=(0, 0))
+        fast = _lib.pack_backward((2, 8, 128, 256, 128), _lib.DTYPES["fp16"], 1, 0.0, *[flat(t)] * 5, 0x3000,
+                                  *[flat(t)] * 3, 0, 1, _lib.mods_tuple((0, 0)))
+        self.assertEqual(bytes(slow), bytes(fast))
+
+    def test_mods(self):
+        self.assertEqual(_lib.mods_tuple(), _lib.NO_MODS)  # zeroed: none
+        self.assertEqual(_lib.mods_tuple((-1, -1), 0), (0, 0, 0, 0.0))
+        self.assertEqual(_lib.mods_tuple((-1, 0)), (1, -1, 0, 0.0))
+        self.assertEqual(_lib.mods_tuple((4096, 4096), 50.0), (1, 4096, 4096, 50.0))
+        for bad, pattern in [(dict(window_size=(-2, 0)), "window_size\[0\] = -2 is out of range"),
+                             (dict(window_size=(0, 2**30 + 1)), "window_size\[1\] = 1073741825 is out of range"),
+                             (dict(window_size=5), "window_size must be \(left, right\)"),
+                             (dict(window_size=(1, 2, 3)), "window_size must be \(left, right\)"),
+                             (dict(softcap=-1.0), "softcap must be 0 \(off\) or a number"),
+                             (dict(softcap=float("nan")), "softcap must be 0 \(off\) or a number"),
+                             (dict(softcap=1e-4), "softcap must be 0 \(off\) or a number"),
+                             (dict(softcap="30"), "softcap must be a number")]:
+            with self.assertRaisesRegex((ValueError, TypeError), pattern):
+                _lib.mods_tuple(**bad)
+        with self.assertRaisesRegex(TypeError, "window_size\[0\] must be an int"):
+            _lib.mods_tuple((1.5, 0))
 
     def test_error_classes(self):
         self.assertTrue(issubclass(flashtune.UnsupportedError, ValueError))
@@ -244,6 +278,16 @@ class VarlenArgumentChecks(unittest.TestCase):
         self.assertEqual((slow.workspace, slow.workspace_bytes), (None, 0))
         with self.assertRaisesRegex(ValueError, "does not fit"):
             _lib.pack_varlen_forward((2**31, *sizes[1:]), 0x7000, 0x7100, 2, 0, 0.0, *[flat(t)] * 4, 0)
+        slow = self.fwd(scale=0.125, window_size=(64, 64), softcap=20.0)
+        fast = _lib.pack_varlen_forward(sizes, 0x7000, 0x7100, _lib.DTYPES["bf16"], 1, 0.125, flat(self.T),
+                                        flat(self.K), flat(self.K), flat(self.T), 0x2000, _lib.mods_tuple((64, 64), 20))
+        self.assertEqual(bytes(slow), bytes(fast))
+        slow = _lib.varlen_backward_args(dict(sz), 0x7000, 0x7100, "fp16", False, None, t, k, k, t, t, 0x3000, t, t, k,
+                                         heads_k=2, deterministic=True, window_size=(7, -1), softcap=1.5)
+        fast = _lib.pack_varlen_backward(sizes, 0x7000, 0x7100, _lib.DTYPES["fp16"], 0, 0.0, flat(t), flat(k), flat(k),
+                                         flat(t), flat(t), 0x3000, flat(t), flat(t), flat(k), 1,
+                                         _lib.mods_tuple((7, -1), 1.5))
+        self.assertEqual(bytes(slow), bytes(fast))
 
 
 class PagedArgumentChecks(unittest.TestCase):

@@ -1358,8 +1358,30 @@ TEST(RuntimeArgs, ForwardChecks) {
       {[](ft_forward_args& a) { a.k.stride[2] = -64; }, FT_INVALID_ARGUMENT, "k.stride[2] is negative"},
       {[](ft_forward_args& a) { a.o.stride[2] = 0; }, FT_INVALID_ARGUMENT, "o has overlapping strides"},
       {[](ft_forward_args& a) { a.o.stride[1] = 64; }, FT_INVALID_ARGUMENT, "o has overlapping strides"},
+      // Score modifications (ft_mods): the fields, then a family that has them
+      {[](ft_forward_args& a) { a.mods.window = 2; }, FT_INVALID_ARGUMENT, "mods.window must be 0 (none) or 1, got 2"},
+      {[](ft_forward_args& a) { a.mods = ft_mods{1, -2, 0, 0}; }, FT_INVALID_ARGUMENT,
+       "mods.window_left must be -1 (unbounded) or a key count in 0..1073741824, got -2"},
+      {[](ft_forward_args& a) { a.mods = ft_mods{1, 0, 1 << 30 | 1, 0}; }, FT_INVALID_ARGUMENT, "mods.window_right"},
+      {[](ft_forward_args& a) { a.mods.softcap = 0.0f / 0.0f; }, FT_INVALID_ARGUMENT, "mods.softcap must be 0 (off)"},
+      {[](ft_forward_args& a) { a.mods.softcap = -30; }, FT_INVALID_ARGUMENT, "mods.softcap must be 0 (off)"},
+      {[](ft_forward_args& a) { a.dtype = FT_FP32, a.mods = ft_mods{1, 128, -1, 0}; }, FT_UNSUPPORTED,
+       "no family runs fp32 forward with a sliding window"},
+      {[](ft_forward_args& a) { a.dtype = FT_FP32, a.mods.softcap = 30; }, FT_UNSUPPORTED,
+       "no family runs fp32 forward with a softcap"},
+      {[](ft_forward_args& a) { a.dtype = FT_FP32, a.mods = ft_mods{1, 128, 0, 30}; }, FT_UNSUPPORTED,
+       "no family runs fp32 forward with a sliding window and a softcap"},
   };
   expect_refusals(good_forward(), cases, check_forward, ft_attention_forward, ft_explain_forward, ft_explain_forward_text);
+  {  // a window the Hopper forward has passes the checks; window 0 ignores the edges; both edges -1 is none
+    ft_forward_args m = good_forward();
+    m.mods = ft_mods{1, 4096, -1, 50};
+    EXPECT_EQ(check_forward(&m).status, FT_OK) << check_forward(&m).message;
+    m.mods = ft_mods{0, -7, 99, 0};
+    EXPECT_EQ(check_forward(&m).status, FT_OK) << check_forward(&m).message;
+    m.dtype = FT_FP32, m.mods = ft_mods{1, -1, -1, 0};
+    EXPECT_EQ(check_forward(&m).status, FT_OK) << check_forward(&m).message;
+  }
   // Inputs may broadcast (stride 0); transposed outputs are fine.
   ft_forward_args a = good_forward();
   a.k.stride[1] = 0;
@@ -1451,6 +1473,13 @@ TEST(RuntimeArgs, BackwardChecks) {
   size_t bytes = 0;
   EXPECT_EQ(ft_backward_workspace_bytes(&a, &bytes), FT_UNSUPPORTED);
   EXPECT_EQ(ft_backward_workspace_bytes(&a, nullptr), FT_INVALID_ARGUMENT);
+  a = good_backward();  // the forward's modifications, checked as the forward's
+  a.mods = ft_mods{1, 64, -1, 0};
+  EXPECT_EQ(check_backward(&a).status, FT_UNSUPPORTED);
+  EXPECT_NE(check_backward(&a).message.find("no family runs fp32 backward with a sliding window"), std::string::npos)
+      << check_backward(&a).message;
+  a.mods = ft_mods{3, 64, -1, 0};
+  EXPECT_NE(check_backward(&a).message.find("mods.window must be 0 (none) or 1"), std::string::npos);
 }
 
 // ---- packed variable-length batches: argument checks and the host's stand-in lengths -------------
@@ -1807,5 +1836,5 @@ TEST(RuntimeCApi, NoGpuIsOneLine) {
   EXPECT_EQ(round.k_pages.stride[0], 5);
   EXPECT_EQ(round.v_pages.stride[3], 12);
   EXPECT_EQ(round.o.stride[0], 13);
-  EXPECT_EQ(runtime::version(), "0.4.0");
+  EXPECT_EQ(runtime::version(), "0.5.0");
 }

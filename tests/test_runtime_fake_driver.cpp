@@ -1234,6 +1234,70 @@ TEST(FakeDriver, DISABLED_Fa3MulticastChild) {
   fs::remove_all(cache);
 }
 
+// Score modifications (ft_mods, issue 32): a windowed, softcapped forward on sm_90 runs fa3_wgmma's modified
+// kernel (AttnModTraits in its name) with ModParams (the plain argument, then AttnMods with the host's softcap
+// constants); the same call without them runs the plain kernel; (L, 0) is causal with a left edge.
+namespace {
+ModParams<AttnFwdParams> g_mod_fwd;
+bool g_mod_kernel = false;
+void record_mods(const char* name, void** params) {
+  const std::string n = name;
+  if (n.find("fa3_wgmma_fwd") == std::string::npos) return;
+  g_mod_kernel = n.find("AttnModTraits") != std::string::npos;
+  if (g_mod_kernel) g_mod_fwd = **reinterpret_cast<ModParams<AttnFwdParams>**>(params);
+}
+}  // namespace
+
+TEST(FakeDriver, WindowAndSoftcap) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  EXPECT_EQ(spawn_child("mods", "DISABLED_WindowAndSoftcapChild"), 0);
+}
+
+TEST(FakeDriver, DISABLED_WindowAndSoftcapChild) {
+  ASSERT_STREQ(std::getenv("FT_FAKE_CHILD"), "mods") << "run by FakeDriver.WindowAndSoftcap";
+  FakeState& st = fake();
+  st.cc_major = 9, st.cc_minor = 0;
+  st.hook = record_mods;
+  const std::string cache = make_private_tmpdir("ft-fake-mods");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  constexpr int Hq = 2, S_q = 300, S_k = 900, d = 128;
+  std::vector<uint16_t> q(Hq * S_q * d + 8), kv(Hq * S_k * d + 8), o(Hq * S_q * d + 8);
+  std::vector<float> lse(Hq * S_q + 4);
+  auto al = [](auto& v) { return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(v.data()) + 15) / 16 * 16); };
+  auto t = [](void* p, int h, int s) { return ft_tensor{p, {(int64_t)h * s * d, (int64_t)s * d, d, 1}}; };
+  ft_forward_args a{};
+  a.batch = 1, a.heads = Hq, a.seq_q = S_q, a.seq_k = S_k, a.head_dim = d, a.dtype = FT_BF16, a.scale = 0.125f;
+  a.q = t(al(q), Hq, S_q), a.k = t(al(kv), Hq, S_k), a.v = t(al(kv), Hq, S_k), a.o = t(al(o), Hq, S_q);
+  a.lse = static_cast<float*>(al(lse));
+  a.mods = ft_mods{1, 256, 64, 30.0f};
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "fa3_wgmma");  // the one forward family with them
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_TRUE(g_mod_kernel);
+  const AttnMods want = make_attn_mods(256, 64, 30.0, 0.125f);
+  EXPECT_EQ(g_mod_fwd.mods.window_left, 256);
+  EXPECT_EQ(g_mod_fwd.mods.window_right, 64);
+  EXPECT_EQ(g_mod_fwd.mods.softcap, 30.0f);
+  EXPECT_EQ(g_mod_fwd.mods.softcap_scale, want.softcap_scale);
+  EXPECT_EQ(g_mod_fwd.mods.softcap_log2, want.softcap_log2);
+  EXPECT_EQ(g_mod_fwd.seq_q, S_q);
+  EXPECT_EQ(g_mod_fwd.scale, 0.125f);
+
+  a.mods = ft_mods{1, 128, 0, 0};  // (128, 0): causal with a left edge, no softcap
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_TRUE(g_mod_kernel);
+  EXPECT_EQ(g_mod_fwd.mods.window_left, 128);
+  EXPECT_EQ(g_mod_fwd.mods.window_right, -1);  // the causal kernel's right edge is the diagonal
+  EXPECT_EQ(g_mod_fwd.mods.softcap, 0.0f);
+
+  a.mods = ft_mods{};  // none: the plain kernel
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_FALSE(g_mod_kernel);
+  st.hook = nullptr;
+  fs::remove_all(cache);
+}
+
 // A second user (uid and gid 65534, switched to in a forked child: the test needs root, else it is reported
 // skipped) plants kernel cache entries, and a -wal beside a store, where the runtime would read them. The
 // entries are the real ones of this very call (compiled by a first child in a private folder), so a runtime

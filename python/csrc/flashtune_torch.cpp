@@ -341,8 +341,26 @@ struct BackwardOptions {
 void apply_options(const BackwardOptions& o, ft_backward_args& a) { a.deterministic = o.deterministic ? 1 : 0; }
 void apply_options(const BackwardOptions& o, ft_varlen_backward_args& a) { a.deterministic = o.deterministic ? 1 : 0; }
 
+// The score modifications of a call (FlashAttention's window_size and softcap), the ops' last three arguments, as the
+// runtime's ft_mods (which checks their ranges, and that a family has them, in one line).
+struct Mods {
+  int64_t window_left = -1, window_right = -1;
+  double softcap = 0;
+  ft_mods c() const {
+    const bool windowed = window_left >= 0 || window_right >= 0;
+    auto edge = [](int64_t e, const char* name) {
+      TORCH_CHECK_VALUE(e >= -1 && e <= (int64_t{1} << 30), "flashtune: ", name,
+                        " must be -1 (unbounded) or a key count in 0..1073741824, got ", e);
+      return static_cast<int>(e);
+    };
+    return ft_mods{windowed ? 1 : 0, windowed ? edge(window_left, "window_size[0]") : 0,
+                   windowed ? edge(window_right, "window_size[1]") : 0, static_cast<float>(softcap)};
+  }
+};
+
 std::tuple<Tensor, Tensor> attention_fwd_cuda(const Tensor& q_, const Tensor& k_, const Tensor& v_, bool causal,
-                                              double scale, bool /*deterministic: the backward's*/) {
+                                              double scale, bool /*deterministic: the backward's*/,
+                                              int64_t window_left, int64_t window_right, double softcap) {
   check_dense(q_, k_, v_);
   const c10::cuda::CUDAGuard guard(q_.device());
   const int64_t B = q_.size(0), H = q_.size(1), Sq = q_.size(2), d = q_.size(3), Sk = k_.size(2);
@@ -370,6 +388,7 @@ std::tuple<Tensor, Tensor> attention_fwd_cuda(const Tensor& q_, const Tensor& k_
   a.o = ref4(o);
   a.lse = lse.data_ptr<float>();
   a.heads_k = static_cast<int>(k.size(1));
+  a.mods = Mods{window_left, window_right, softcap}.c();
   check_status(rt().forward(&a, stream_of(q)), "flashtune forward");
   return {o, lse};
 }
@@ -387,7 +406,7 @@ Tensor as_lse(const Tensor& lse, const Tensor& q) {
 
 std::tuple<Tensor, Tensor, Tensor> dense_backward(const Tensor& dout_, const Tensor& q_, const Tensor& k_,
                                                   const Tensor& v_, const Tensor& o_, const Tensor& lse_, bool causal,
-                                                  double scale, const BackwardOptions& opts) {
+                                                  double scale, const BackwardOptions& opts, const Mods& mods) {
   check_dense(q_, k_, v_);
   const c10::cuda::CUDAGuard guard(q_.device());
   Tensor dq = at::empty(q_.sizes(), q_.options());
@@ -421,14 +440,17 @@ std::tuple<Tensor, Tensor, Tensor> dense_backward(const Tensor& dout_, const Ten
   a.dv = ref4(dv);
   a.heads_k = static_cast<int>(k.size(1));
   apply_options(opts, a);
+  a.mods = mods.c();
   check_status(rt().backward(&a, stream_of(q)), "flashtune backward");
   return {dq, dk, dv};
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                       const Tensor& v, const Tensor& o, const Tensor& lse, bool causal,
-                                                      double scale, bool deterministic) {
-  return dense_backward(dout, q, k, v, o, lse, causal, scale, BackwardOptions{deterministic});
+                                                      double scale, bool deterministic, int64_t window_left,
+                                                      int64_t window_right, double softcap) {
+  return dense_backward(dout, q, k, v, o, lse, causal, scale, BackwardOptions{deterministic},
+                        Mods{window_left, window_right, softcap});
 }
 
 template <class Args>
@@ -452,7 +474,8 @@ void fill_varlen_head(Args& a, const Tensor& q, const Tensor& k, const Tensor& c
 std::tuple<Tensor, Tensor> attention_varlen_fwd_cuda(const Tensor& q_, const Tensor& k_, const Tensor& v_,
                                                      const Tensor& cu_q_, const Tensor& cu_k_, int64_t max_q,
                                                      int64_t max_k, bool causal, double scale,
-                                                     bool /*deterministic: the backward's*/) {
+                                                     bool /*deterministic: the backward's*/, int64_t window_left,
+                                                     int64_t window_right, double softcap) {
   check_varlen(q_, k_, v_, cu_q_, cu_k_, max_q, max_k);
   const c10::cuda::CUDAGuard guard(q_.device());
   const int64_t Tq = q_.size(0), H = q_.size(1), d = q_.size(2);
@@ -473,6 +496,7 @@ std::tuple<Tensor, Tensor> attention_varlen_fwd_cuda(const Tensor& q_, const Ten
   a.v = ref3(v);
   a.o = ref3(o);
   a.lse = lse.data_ptr<float>();
+  a.mods = Mods{window_left, window_right, softcap}.c();
   check_status(rt().varlen_forward(&a, stream_of(q)), "flashtune varlen forward");
   return {o, lse};
 }
@@ -481,7 +505,7 @@ std::tuple<Tensor, Tensor, Tensor> varlen_backward(const Tensor& dout_, const Te
                                                    const Tensor& v_, const Tensor& o_, const Tensor& lse_,
                                                    const Tensor& cu_q_, const Tensor& cu_k_, int64_t max_q,
                                                    int64_t max_k, bool causal, double scale,
-                                                   const BackwardOptions& opts) {
+                                                   const BackwardOptions& opts, const Mods& mods) {
   check_varlen(q_, k_, v_, cu_q_, cu_k_, max_q, max_k);
   const c10::cuda::CUDAGuard guard(q_.device());
   Tensor dq = at::empty(q_.sizes(), q_.options());
@@ -508,6 +532,7 @@ std::tuple<Tensor, Tensor, Tensor> varlen_backward(const Tensor& dout_, const Te
   a.dk = ref3(dk);
   a.dv = ref3(dv);
   apply_options(opts, a);
+  a.mods = mods.c();
   check_status(rt().varlen_backward(&a, stream_of(q)), "flashtune varlen backward");
   return {dq, dk, dv};
 }
@@ -516,9 +541,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_bwd_cuda(const Tensor& dout,
                                                              const Tensor& v, const Tensor& o, const Tensor& lse,
                                                              const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
                                                              int64_t max_k, bool causal, double scale,
-                                                             bool deterministic) {
+                                                             bool deterministic, int64_t window_left,
+                                                             int64_t window_right, double softcap) {
   return varlen_backward(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale,
-                         BackwardOptions{deterministic});
+                         BackwardOptions{deterministic}, Mods{window_left, window_right, softcap});
 }
 
 std::tuple<Tensor, Tensor> attention_paged_fwd_cuda(const Tensor& q_, const Tensor& kp, const Tensor& vp,
@@ -564,34 +590,46 @@ std::tuple<Tensor, Tensor> attention_paged_fwd_cuda(const Tensor& q_, const Tens
 // ---- autograd ------------------------------------------------------------------------------------------------
 // The forwards redispatch below autograd to their CUDA kernels; the backwards call the backward ops through the
 // dispatcher, so that torch.compile (AOTAutograd) traces them as ops and eager mode runs their CUDA kernels.
-using FwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool, double, bool);
+// ..., deterministic, window_left, window_right, softcap: the ops' last four arguments.
+using FwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool, double, bool, int64_t,
+                                          int64_t, double);
 using BwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                  const Tensor&, const Tensor&, bool, double, bool);
+                                                  const Tensor&, const Tensor&, bool, double, bool, int64_t, int64_t,
+                                                  double);
 using VarlenFwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                const Tensor&, int64_t, int64_t, bool, double, bool);
+                                                const Tensor&, int64_t, int64_t, bool, double, bool, int64_t, int64_t,
+                                                double);
 using VarlenBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                         const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                        int64_t, int64_t, bool, double, bool);
+                                                        int64_t, int64_t, bool, double, bool, int64_t, int64_t, double);
 
 template <class Sig>
 c10::TypedOperatorHandle<Sig> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
+void save_mods(AutogradContext* ctx, int64_t window_left, int64_t window_right, double softcap) {
+  ctx->saved_data["window_left"] = window_left;
+  ctx->saved_data["window_right"] = window_right;
+  ctx->saved_data["softcap"] = softcap;
+}
+
 class DenseAttention : public torch::autograd::Function<DenseAttention> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                               double scale, bool deterministic) {
+                               double scale, bool deterministic, int64_t window_left, int64_t window_right,
+                               double softcap) {
     static const auto fwd = find_op<FwdSig>("flashtune::attention_fwd");
     Tensor o, lse;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(o, lse) = fwd.call(q, k, v, causal, scale, deterministic);
+      std::tie(o, lse) = fwd.call(q, k, v, causal, scale, deterministic, window_left, window_right, softcap);
     }
     ctx->save_for_backward({q, k, v, o, lse});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["deterministic"] = deterministic;
+    save_mods(ctx, window_left, window_right, softcap);
     ctx->mark_non_differentiable({lse});
     return {o, lse};
   }
@@ -600,8 +638,10 @@ class DenseAttention : public torch::autograd::Function<DenseAttention> {
     const variable_list s = ctx->get_saved_variables();
     const Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(s[3]);
     auto [dq, dk, dv] = bwd.call(dout, s[0], s[1], s[2], s[3], s[4], ctx->saved_data["causal"].toBool(),
-                                 ctx->saved_data["scale"].toDouble(), ctx->saved_data["deterministic"].toBool());
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor()};
+                                 ctx->saved_data["scale"].toDouble(), ctx->saved_data["deterministic"].toBool(),
+                                 ctx->saved_data["window_left"].toInt(), ctx->saved_data["window_right"].toInt(),
+                                 ctx->saved_data["softcap"].toDouble());
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -615,13 +655,15 @@ bool records_graph(std::initializer_list<const Tensor*> ts) {
 }
 
 std::tuple<Tensor, Tensor> attention_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                                  double scale, bool deterministic) {
+                                                  double scale, bool deterministic, int64_t window_left,
+                                                  int64_t window_right, double softcap) {
   if (!records_graph({&q, &k, &v})) {
     static const auto fwd = find_op<FwdSig>("flashtune::attention_fwd");
     const at::AutoDispatchBelowADInplaceOrView below;
-    return fwd.call(q, k, v, causal, scale, deterministic);
+    return fwd.call(q, k, v, causal, scale, deterministic, window_left, window_right, softcap);
   }
-  const variable_list out = DenseAttention::apply(q, k, v, causal, scale, deterministic);
+  const variable_list out =
+      DenseAttention::apply(q, k, v, causal, scale, deterministic, window_left, window_right, softcap);
   return {out[0], out[1]};
 }
 
@@ -629,14 +671,17 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k, bool causal,
-                               double scale, bool deterministic) {
+                               double scale, bool deterministic, int64_t window_left, int64_t window_right,
+                               double softcap) {
     static const auto fwd = find_op<VarlenFwdSig>("flashtune::attention_varlen_fwd");
     Tensor o, lse;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(o, lse) = fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic);
+      std::tie(o, lse) = fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic, window_left,
+                                  window_right, softcap);
     }
     ctx->saved_data["deterministic"] = deterministic;
+    save_mods(ctx, window_left, window_right, softcap);
     ctx->save_for_backward({q, k, v, o, lse, cu_q, cu_k});
     ctx->saved_data["max_q"] = max_q;
     ctx->saved_data["max_k"] = max_k;
@@ -651,20 +696,26 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
     const Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(s[3]);
     auto [dq, dk, dv] = bwd.call(dout, s[0], s[1], s[2], s[3], s[4], s[5], s[6], ctx->saved_data["max_q"].toInt(),
                                  ctx->saved_data["max_k"].toInt(), ctx->saved_data["causal"].toBool(),
-                                 ctx->saved_data["scale"].toDouble(), ctx->saved_data["deterministic"].toBool());
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+                                 ctx->saved_data["scale"].toDouble(), ctx->saved_data["deterministic"].toBool(),
+                                 ctx->saved_data["window_left"].toInt(), ctx->saved_data["window_right"].toInt(),
+                                 ctx->saved_data["softcap"].toDouble());
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
+            Tensor(), Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor> attention_varlen_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
-                                                         int64_t max_k, bool causal, double scale, bool deterministic) {
+                                                         int64_t max_k, bool causal, double scale, bool deterministic,
+                                                         int64_t window_left, int64_t window_right, double softcap) {
   if (!records_graph({&q, &k, &v})) {
     static const auto fwd = find_op<VarlenFwdSig>("flashtune::attention_varlen_fwd");
     const at::AutoDispatchBelowADInplaceOrView below;
-    return fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic);
+    return fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic, window_left, window_right,
+                    softcap);
   }
-  const variable_list out = VarlenAttention::apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic);
+  const variable_list out = VarlenAttention::apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic,
+                                                   window_left, window_right, softcap);
   return {out[0], out[1]};
 }
 
@@ -673,15 +724,19 @@ std::tuple<Tensor, Tensor> attention_varlen_fwd_autograd(const Tensor& q, const 
 
 TORCH_LIBRARY(flashtune, m) {
   m.set_python_module("flashtune.torch");  // the fake implementations (torch.compile) are registered there
-  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool deterministic=False) "
-        "-> (Tensor, Tensor)");
+  // The last three: window_left, window_right (-1: unbounded) and softcap (0: off), FlashAttention's window_size and
+  // softcap (spelled out in each schema: tests/test_python_unit.py reads them as text beside the fallback's).
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool deterministic=False, "
+        "int window_left=-1, int window_right=-1, float softcap=0.0) -> (Tensor, Tensor)");
   m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal, float scale, "
-        "bool deterministic=False) -> (Tensor, Tensor, Tensor)");
-  m.def("attention_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
-        "int max_seqlen_q, int max_seqlen_k, bool causal, float scale, bool deterministic=False) -> (Tensor, Tensor)");
-  m.def("attention_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor cu_seqlens_q, "
-        "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float scale, bool deterministic=False) "
+        "bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0) "
         "-> (Tensor, Tensor, Tensor)");
+  m.def("attention_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, bool causal, float scale, bool deterministic=False, "
+        "int window_left=-1, int window_right=-1, float softcap=0.0) -> (Tensor, Tensor)");
+  m.def("attention_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float scale, bool deterministic=False, "
+        "int window_left=-1, int window_right=-1, float softcap=0.0) -> (Tensor, Tensor, Tensor)");
   m.def("attention_paged_fwd(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, Tensor cache_seqlens, "
         "bool causal, float scale, int max_seqlen_k) -> (Tensor, Tensor)");
 }

@@ -79,6 +79,12 @@ class FtTensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("stride", ctypes.c_int64 * 4)]
 
 
+class FtMods(ctypes.Structure):
+    """ft_mods: a sliding window (window 1, its edges; -1 unbounded) and a softcap (0: off); zeroed: none."""
+    _fields_ = [("window", ctypes.c_int), ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
+                ("softcap", ctypes.c_float)]
+
+
 # C enums (ft_dtype) are int-sized on the platforms CUDA supports.
 _HEAD = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("seq_q", ctypes.c_int), ("seq_k", ctypes.c_int),
          ("head_dim", ctypes.c_int), ("dtype", ctypes.c_int), ("causal", ctypes.c_int), ("scale", ctypes.c_float)]
@@ -86,7 +92,7 @@ _HEAD = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("seq_q", ctypes.c_in
 
 class FtForwardArgs(ctypes.Structure):
     _fields_ = _HEAD + [("q", FtTensor), ("k", FtTensor), ("v", FtTensor), ("o", FtTensor),
-                        ("lse", ctypes.c_void_p), ("heads_k", ctypes.c_int)]
+                        ("lse", ctypes.c_void_p), ("heads_k", ctypes.c_int), ("mods", FtMods)]
 
 
 class FtBackwardArgs(ctypes.Structure):
@@ -94,7 +100,7 @@ class FtBackwardArgs(ctypes.Structure):
                         ("lse", ctypes.c_void_p),
                         ("dq", FtTensor), ("dk", FtTensor), ("dv", FtTensor),
                         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
-                        ("heads_k", ctypes.c_int), ("deterministic", ctypes.c_int)]
+                        ("heads_k", ctypes.c_int), ("deterministic", ctypes.c_int), ("mods", FtMods)]
 
 
 class FtPackedTensor(ctypes.Structure):
@@ -109,7 +115,7 @@ _VARLEN_HEAD = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("heads_k", ct
 
 class FtVarlenForwardArgs(ctypes.Structure):
     _fields_ = _VARLEN_HEAD + [("q", FtPackedTensor), ("k", FtPackedTensor), ("v", FtPackedTensor),
-                               ("o", FtPackedTensor), ("lse", ctypes.c_void_p)]
+                               ("o", FtPackedTensor), ("lse", ctypes.c_void_p), ("mods", FtMods)]
 
 
 class FtVarlenBackwardArgs(ctypes.Structure):
@@ -117,7 +123,7 @@ class FtVarlenBackwardArgs(ctypes.Structure):
                                ("o", FtPackedTensor), ("dout", FtPackedTensor), ("lse", ctypes.c_void_p),
                                ("dq", FtPackedTensor), ("dk", FtPackedTensor), ("dv", FtPackedTensor),
                                ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
-                               ("deterministic", ctypes.c_int)]
+                               ("deterministic", ctypes.c_int), ("mods", FtMods)]
 
 
 class FtPagedForwardArgs(ctypes.Structure):
@@ -372,7 +378,35 @@ def _heads_k(args, heads_k):
     args.heads_k = hk
 
 
-def forward_args(shape, dtype, causal, scale, q, k, v, o, lse, heads_k=0):
+# Score modifications (ft_mods): FlashAttention's window_size and softcap.
+MAX_WINDOW = 2**30
+NO_MODS = (0, 0, 0, 0.0)
+
+
+def mods_tuple(window_size=(-1, -1), softcap=0.0):
+    """(window, window_left, window_right, softcap) for ft_mods from FlashAttention's window_size (left, right; -1
+    unbounded) and softcap (0: off); ValueError (one line) for a value the runtime refuses."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be (left, right), -1 unbounded, got {window_size!r}") from None
+    left = _int_in("window_size[0]", left, -1, MAX_WINDOW)
+    right = _int_in("window_size[1]", right, -1, MAX_WINDOW)
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise ValueError(f"softcap must be a number, got {softcap!r}")
+    softcap = float(softcap)
+    if not math.isfinite(softcap) or softcap < 0 or (softcap and not 1e-3 <= softcap <= 1e6):
+        raise ValueError(f"softcap must be 0 (off) or a number in [0.001, 1000000], got {softcap}")
+    windowed = left >= 0 or right >= 0
+    return (1, left, right, softcap) if windowed else (0, 0, 0, softcap)
+
+
+def _set_mods(args, window_size, softcap):
+    window, left, right, cap = mods_tuple(window_size, softcap)
+    args.mods = FtMods(window, left, right, cap)
+
+
+def forward_args(shape, dtype, causal, scale, q, k, v, o, lse, heads_k=0, window_size=(-1, -1), softcap=0.0):
     """shape (B, H, Sq, Sk, d); q, k, v, o as (pointer, strides); lse a pointer (0: not wanted); heads_k
     the kv heads of k and v (grouped-query attention; 0: H)."""
     a = FtForwardArgs()
@@ -381,6 +415,7 @@ def forward_args(shape, dtype, causal, scale, q, k, v, o, lse, heads_k=0):
     for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
         setattr(a, name, make_tensor(name, t))
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
+    _set_mods(a, window_size, softcap)
     return a
 
 
@@ -415,7 +450,8 @@ def _varlen_head(args, sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, 
     _heads_k(args, heads_k)
 
 
-def varlen_forward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, q, k, v, o, lse, heads_k=0):
+def varlen_forward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, q, k, v, o, lse, heads_k=0,
+                        window_size=(-1, -1), softcap=0.0):
     """FtVarlenForwardArgs: sizes a dict of VARLEN_SIZES; cu_seqlens_q/k device pointers; q, k, v, o as
     (pointer, 3 strides); lse a pointer (0: not wanted); heads_k the kv heads (0: heads)."""
     a = FtVarlenForwardArgs()
@@ -423,11 +459,13 @@ def varlen_forward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale,
     for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
         setattr(a, name, make_packed_tensor(name, t))
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
+    _set_mods(a, window_size, softcap)
     return a
 
 
 def varlen_backward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv,
-                         workspace=0, workspace_bytes=0, heads_k=0, deterministic=False):
+                         workspace=0, workspace_bytes=0, heads_k=0, deterministic=False, window_size=(-1, -1),
+                         softcap=0.0):
     a = FtVarlenBackwardArgs()
     _varlen_head(a, sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale, heads_k)
     for name, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
@@ -436,6 +474,7 @@ def varlen_backward_args(sizes, cu_seqlens_q, cu_seqlens_k, dtype, causal, scale
     a.workspace = _int_in("workspace pointer", workspace, 0, 2**64 - 1) or None
     a.workspace_bytes = _int_in("workspace_bytes", workspace_bytes, 0, 2**64 - 1)
     a.deterministic = int(flag("varlen_backward_args", "deterministic", deterministic))
+    _set_mods(a, window_size, softcap)
     return a
 
 
@@ -474,7 +513,7 @@ def paged_forward_args(sizes, block_table, cache_seqlens, dtype, causal, scale, 
 
 
 def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, workspace=0, workspace_bytes=0,
-                  heads_k=0, deterministic=False):
+                  heads_k=0, deterministic=False, window_size=(-1, -1), softcap=0.0):
     a = FtBackwardArgs()
     _head(a, shape, dtype, causal, scale)
     _heads_k(a, heads_k)
@@ -484,6 +523,7 @@ def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv
     a.workspace = _int_in("workspace pointer", workspace, 0, 2**64 - 1) or None
     a.workspace_bytes = _int_in("workspace_bytes", workspace_bytes, 0, 2**64 - 1)
     a.deterministic = int(flag("backward_args", "deterministic", deterministic))
+    _set_mods(a, window_size, softcap)
     return a
 
 
@@ -495,15 +535,17 @@ def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv
 # against the header, by tests/test_python_unit.py). The runtime checks every value again.
 _HEAD_FMT = "=7if"
 _TENSOR_FMT = "Q4q"
-FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q" + "i4x")  # ..., lse, heads_k, padding
-BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ" + "ii")  # heads_k, deterministic
+_MODS_FMT = "3if"  # window, window_left, window_right, softcap
+FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q" + "i" + _MODS_FMT + "4x")  # ..., lse, heads_k, mods
+BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ" + "ii" + _MODS_FMT)
 assert FORWARD_FMT.size == ctypes.sizeof(FtForwardArgs) and BACKWARD_FMT.size == ctypes.sizeof(FtBackwardArgs)
 # Packed variable-length: 8 sizes, the two offset pointers, dtype, causal, scale (and padding), then
 # 3-stride tensors.
 _VARLEN_HEAD_FMT = "=8iQQiif4x"
 _PACKED_FMT = "Q3q"
-VARLEN_FORWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 4 + "Q")
-VARLEN_BACKWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 5 + "Q" + _PACKED_FMT * 3 + "QQ" + "i4x")
+VARLEN_FORWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 4 + "Q" + _MODS_FMT)
+VARLEN_BACKWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 5 + "Q" + _PACKED_FMT * 3 + "QQ" + "i" + _MODS_FMT +
+                                    "4x")
 assert VARLEN_FORWARD_FMT.size == ctypes.sizeof(FtVarlenForwardArgs)
 assert VARLEN_BACKWARD_FMT.size == ctypes.sizeof(FtVarlenBackwardArgs)
 # Paged: 11 ints (9 sizes, dtype, causal) and scale, the block table and cache lengths, 4 tensors, lse.
@@ -511,51 +553,52 @@ PAGED_FORWARD_FMT = struct.Struct("=11ifQQ" + _TENSOR_FMT * 4 + "Q")
 assert PAGED_FORWARD_FMT.size == ctypes.sizeof(FtPagedForwardArgs)
 
 
-def pack_forward(shape, dtype_code, causal, scale, q, k, v, o, lse, heads_k=0):
+def pack_forward(shape, dtype_code, causal, scale, q, k, v, o, lse, heads_k=0, mods=NO_MODS):
     """FtForwardArgs from (B, H, Sq, Sk, d), an ft_dtype code, causal (0/1), scale (0.0: 1/sqrt(d)), q, k,
-    v, o each a 5-tuple (pointer, 4 strides), the lse pointer and heads_k (0: H). ValueError (one line)
-    when a value does not fit its field."""
+    v, o each a 5-tuple (pointer, 4 strides), the lse pointer, heads_k (0: H) and mods (mods_tuple's). ValueError
+    (one line) when a value does not fit its field."""
     a = FtForwardArgs()
     try:
-        FORWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, lse, heads_k)
+        FORWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, lse, heads_k, *mods)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a
 
 
-def pack_backward(shape, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, heads_k=0, deterministic=0):
+def pack_backward(shape, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, heads_k=0, deterministic=0,
+                  mods=NO_MODS):
     """FtBackwardArgs as pack_forward, with dout, the lse pointer and dq, dk, dv; no workspace (the
     runtime allocates it); deterministic 1: bitwise-reproducible gradients."""
     a = FtBackwardArgs()
     try:
         BACKWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, *dout, lse, *dq, *dk, *dv,
-                               0, 0, heads_k, deterministic)
+                               0, 0, heads_k, deterministic, *mods)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a
 
 
-def pack_varlen_forward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, q, k, v, o, lse):
+def pack_varlen_forward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, q, k, v, o, lse, mods=NO_MODS):
     """FtVarlenForwardArgs from sizes (batch, heads, heads_k, head_dim, total_q, total_k, max_seqlen_q,
     max_seqlen_k: heads_k 0 means heads), the offset pointers, an ft_dtype code, causal (0/1), scale, q, k, v,
     o each a 4-tuple (pointer, 3 strides) and the lse pointer. ValueError (one line) when a value does not fit."""
     a = FtVarlenForwardArgs()
     try:
         VARLEN_FORWARD_FMT.pack_into(a, 0, *sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, *q, *k, *v, *o,
-                                     lse)
+                                     lse, *mods)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a
 
 
 def pack_varlen_backward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk,
-                         dv, deterministic=0):
+                         dv, deterministic=0, mods=NO_MODS):
     """FtVarlenBackwardArgs as pack_varlen_forward, with dout, the lse pointer and dq, dk, dv; no workspace;
     deterministic 1: bitwise-reproducible gradients."""
     a = FtVarlenBackwardArgs()
     try:
         VARLEN_BACKWARD_FMT.pack_into(a, 0, *sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, *q, *k, *v,
-                                      *o, *dout, lse, *dq, *dk, *dv, 0, 0, deterministic)
+                                      *o, *dout, lse, *dq, *dk, *dv, 0, 0, deterministic, *mods)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a

@@ -17,8 +17,9 @@ torch.ops.flashtune.*, with C++ autograd, and calls the runtime directly; where 
 (another torch), the ctypes fallback registers the same ops in Python as torch.ops.flashtune_ctypes.*. backend()
 says which runs and why; $FLASHTUNE_TORCH_LIBRARY names the extension's file (0: the fallback).
 
-The op is torch.ops.flashtune.attention_fwd (q, k, v, causal, scale) -> (o, lse) with the backward op
-torch.ops.flashtune.attention_bwd (dout, q, k, v, o, lse, causal, scale) -> (dq, dk, dv); both have
+The op is torch.ops.flashtune.attention_fwd (q, k, v, causal, scale, deterministic, window_left, window_right,
+softcap) -> (o, lse) with the backward op torch.ops.flashtune.attention_bwd (dout, q, k, v, o, lse, causal, scale,
+...the same four) -> (dq, dk, dv); the last four have defaults (False, -1, -1, 0.0: none); both have
 fake (meta) implementations, so they work in eager mode, under torch.compile (fullgraph), in CUDA graphs and
 under torch.autocast("cuda"): floating inputs are cast to the autocast dtype first, as SDPA's are. Calls run
 on torch.cuda.current_stream(); inputs keep their strides (the runtime packs a non-contiguous layout),
@@ -302,17 +303,38 @@ def _on(device):
     return torch.cuda.device(device)
 
 
-def _fwd_args(q, k, v, o, lse, causal, scale):
+# The score modifications as the ops carry them: (window_left, window_right, softcap), FlashAttention's
+# window_size and softcap; NO_MODS: none.
+NO_MODS = (-1, -1, 0.0)
+
+
+def _mods(fn, window_size, softcap):
+    """(window_left, window_right, softcap) from attention()'s keywords, checked (one line)."""
+    if window_size == (-1, -1) and softcap == 0:
+        return NO_MODS
+    try:
+        window, left, right, cap = _lib.mods_tuple(window_size, softcap)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{fn}: {e}") from None
+    return (left, right, cap) if window else (-1, -1, cap)
+
+
+def _ft_mods(mods):
+    """The ops' (window_left, window_right, softcap) as the runtime's ft_mods tuple."""
+    return _lib.NO_MODS if tuple(mods) == NO_MODS else _lib.mods_tuple(tuple(mods[:2]), mods[2])
+
+
+def _fwd_args(q, k, v, o, lse, causal, scale, mods=NO_MODS):
     B, H, Sq, d = q.shape
     return _lib.pack_forward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
-                             _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr(), k.shape[1])
+                             _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr(), k.shape[1], _ft_mods(mods))
 
 
-def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic=False):
+def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic=False, mods=NO_MODS):
     B, H, Sq, d = q.shape
     return _lib.pack_backward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
                               _ref(q), _ref(k), _ref(v), _ref(o), _ref(dout), lse.data_ptr(),
-                              _ref(dq), _ref(dk), _ref(dv), k.shape[1], 1 if deterministic else 0)
+                              _ref(dq), _ref(dk), _ref(dv), k.shape[1], 1 if deterministic else 0, _ft_mods(mods))
 
 
 def _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_seqlen_k, causal, scale):
@@ -329,21 +351,22 @@ def _varlen_sizes(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
             max_seqlen_k)
 
 
-def _varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale):
+def _varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, mods=NO_MODS):
     return _lib.pack_varlen_forward(_varlen_sizes(q, k, cu_q, max_q, max_k), cu_q.data_ptr(), cu_k.data_ptr(),
                                     _DTYPE_CODES[q.dtype], 1 if causal else 0, scale, _ref3(q), _ref3(k), _ref3(v),
-                                    _ref3(o), lse.data_ptr())
+                                    _ref3(o), lse.data_ptr(), _ft_mods(mods))
 
 
-def _varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal, scale, deterministic=False):
+def _varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal, scale, deterministic=False,
+                     mods=NO_MODS):
     return _lib.pack_varlen_backward(_varlen_sizes(q, k, cu_q, max_q, max_k), cu_q.data_ptr(), cu_k.data_ptr(),
                                      _DTYPE_CODES[q.dtype], 1 if causal else 0, scale, _ref3(q), _ref3(k), _ref3(v),
                                      _ref3(o), _ref3(dout), lse.data_ptr(), _ref3(dq), _ref3(dk), _ref3(dv),
-                                     1 if deterministic else 0)
+                                     1 if deterministic else 0, _ft_mods(mods))
 
 
 # --- the ops ---------------------------------------------------------------------------------------
-def _forward_impl(q, k, v, causal, scale):
+def _forward_impl(q, k, v, causal, scale, mods=NO_MODS):
     B, H, Sq, d = q.shape
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
@@ -353,24 +376,25 @@ def _forward_impl(q, k, v, causal, scale):
         return o.zero_(), lse.fill_(math.inf)
     q, k, v = _runtime_layout(q), _runtime_layout(k), _runtime_layout(v)
     with _on(q.device):
-        _lib.forward(_fwd_args(q, k, v, o, lse, causal, scale), _stream(q.device))
+        _lib.forward(_fwd_args(q, k, v, o, lse, causal, scale, mods), _stream(q.device))
     return o, lse
 
 
 @torch.library.custom_op("flashtune_ctypes::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  scale: float, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float, deterministic: bool = False, window_left: int = -1, window_right: int = -1,
+                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _check(q, k, v, "flashtune_ctypes::attention_fwd")
-    return _forward_impl(q, k, v, causal, scale)
+    return _forward_impl(q, k, v, causal, scale, (window_left, window_right, softcap))
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, scale, deterministic=False):
+def _attention_fwd_fake(q, k, v, causal, scale, deterministic=False, window_left=-1, window_right=-1, softcap=0.0):
     B, H, Sq, d = q.shape
     return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
-def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False):
+def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False, mods=NO_MODS):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -385,29 +409,32 @@ def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False):
     if lse.dtype != torch.float32 or lse.device != q.device or not lse.is_contiguous():
         lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
     with _on(q.device):
-        _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic), _stream(q.device))
+        _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic, mods),
+                      _stream(q.device))
     return dq, dk, dv
 
 
 @torch.library.custom_op("flashtune_ctypes::attention_bwd", mutates_args=())
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                  lse: torch.Tensor, causal: bool, scale: float,
-                  deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  lse: torch.Tensor, causal: bool, scale: float, deterministic: bool = False,
+                  window_left: int = -1, window_right: int = -1,
+                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = _check(q, k, v, "flashtune_ctypes::attention_bwd")
-    return _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic)
+    return _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic, (window_left, window_right, softcap))
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, q, k, v, o, lse, causal, scale, deterministic=False):
+def _attention_bwd_fake(dout, q, k, v, o, lse, causal, scale, deterministic=False, window_left=-1, window_right=-1,
+                        softcap=0.0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, deterministic = inputs
+    q, k, v, causal, scale, deterministic, *mods = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+    ctx.causal, ctx.scale, ctx.deterministic, ctx.mods = causal, scale, deterministic, tuple(mods) or NO_MODS
 
 
 def _backward(ctx, dout, dlse):
@@ -415,8 +442,8 @@ def _backward(ctx, dout, dlse):
     q, k, v, o, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(o)
-    dq, dk, dv = attention_bwd(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = attention_bwd(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, *ctx.mods)
+    return (dq, dk, dv) + (None,) * (len(ctx.mods) + 3)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -429,22 +456,22 @@ class _EagerAttention(torch.autograd.Function):
     lse without a gradient."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic):
-        o, lse = _forward_impl(q, k, v, causal, scale)
+    def forward(ctx, q, k, v, causal, scale, deterministic, mods):
+        o, lse = _forward_impl(q, k, v, causal, scale, mods)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+        ctx.causal, ctx.scale, ctx.deterministic, ctx.mods = causal, scale, deterministic, mods
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.mods)
+        return dq, dk, dv, None, None, None, None
 
 
 # --- packed variable-length batches -----------------------------------------------------------------
-def _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+def _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, mods=NO_MODS):
     Tq, H, d = q.shape
     o = torch.empty((Tq, H, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((H, Tq), dtype=torch.float32, device=q.device)
@@ -454,12 +481,13 @@ def _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
         return o.zero_(), lse.fill_(math.inf)
     q, k, v = _runtime_layout(q), _runtime_layout(k), _runtime_layout(v)
     with _on(q.device):
-        _lib.varlen_forward(_varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale),
+        _lib.varlen_forward(_varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, mods),
                             _stream(q.device))
     return o, lse
 
 
-def _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic=False):
+def _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic=False,
+                          mods=NO_MODS):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -475,22 +503,23 @@ def _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causa
         lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
     with _on(q.device):
         _lib.varlen_backward(_varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, causal,
-                                              scale, deterministic), _stream(q.device))
+                                              scale, deterministic, mods), _stream(q.device))
     return dq, dk, dv
 
 
 @torch.library.custom_op("flashtune_ctypes::attention_varlen_fwd", mutates_args=())
 def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                         scale: float, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         scale: float, deterministic: bool = False, window_left: int = -1, window_right: int = -1,
+                         softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     args = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          "flashtune_ctypes::attention_varlen_fwd")
-    return _varlen_forward_impl(*args, causal, scale)
+    return _varlen_forward_impl(*args, causal, scale, (window_left, window_right, softcap))
 
 
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                               deterministic=False):
+                               deterministic=False, window_left=-1, window_right=-1, softcap=0.0):
     Tq, H, d = q.shape
     return q.new_empty((Tq, H, d)), q.new_empty((H, Tq), dtype=torch.float32)
 
@@ -498,25 +527,28 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 @torch.library.custom_op("flashtune_ctypes::attention_varlen_bwd", mutates_args=())
 def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                          lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-                         max_seqlen_k: int, causal: bool, scale: float,
-                         deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         max_seqlen_k: int, causal: bool, scale: float, deterministic: bool = False,
+                         window_left: int = -1, window_right: int = -1,
+                         softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                       "flashtune_ctypes::attention_varlen_bwd")
-    return _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic)
+    return _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic,
+                                 (window_left, window_right, softcap))
 
 
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                               scale, deterministic=False):
+                               scale, deterministic=False, window_left=-1, window_right=-1, softcap=0.0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic, *mods = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
     ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, ctx.deterministic = max_q, max_k, causal, scale, deterministic
+    ctx.mods = tuple(mods) or NO_MODS
 
 
 def _varlen_backward(ctx, dout, dlse):
@@ -525,8 +557,8 @@ def _varlen_backward(ctx, dout, dlse):
     if dout is None:
         dout = torch.zeros_like(o)
     dq, dk, dv = attention_varlen_bwd(dout, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale,
-                                      ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None
+                                      ctx.deterministic, *ctx.mods)
+    return (dq, dk, dv) + (None,) * (len(ctx.mods) + 7)
 
 
 attention_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -536,10 +568,11 @@ class _EagerVarlenAttention(torch.autograd.Function):
     """Eager mode without the custom op's dispatch cost, as _EagerAttention: (o, lse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic):
-        o, lse = _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic, mods):
+        o, lse = _varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, mods)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
         ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, ctx.deterministic = max_q, max_k, causal, scale, deterministic
+        ctx.mods = mods
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -547,8 +580,8 @@ class _EagerVarlenAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
-                                           ctx.scale, ctx.deterministic)
-        return dq, dk, dv, None, None, None, None, None, None, None
+                                           ctx.scale, ctx.deterministic, ctx.mods)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 # --- paged K/V caches (forward only) ----------------------------------------------------------------------
@@ -781,7 +814,8 @@ def _first_use(q, k, v, causal, det):
                         budget_s)
 
 
-def attention(q, k, v, causal=False, scale=None, *, return_lse=False, deterministic=False):
+def attention(q, k, v, causal=False, scale=None, *, return_lse=False, deterministic=False, window_size=(-1, -1),
+              softcap=0.0):
     """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
     (Hk = H, or a divisor of H: grouped-query attention, query head h reading kv head h // (H // Hk), as
     torch SDPA with enable_gqa=True; fp16 and bf16).
@@ -791,12 +825,18 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     without a gradient (gradients flow through o; backpropagating through lse raises).
     deterministic=True: the backward runs only kernels whose dq, dk, dv are bitwise equal from run to run on the
     same inputs (the tables' deterministic picks; explain(..., deterministic=True) names them), usually slower.
+    window_size=(left, right) (FlashAttention's; -1 unbounded): query i sees key j iff
+    i + Sk - Sq - left <= j <= i + Sk - Sq + right (bottom-right aligned; with causal the right edge is the
+    diagonal); softcap=c > 0: the scaled scores s become c * tanh(s / c) before the softmax (Gemma-2). Both run in
+    the Hopper forward family (sm_90, fp16 and bf16; key blocks outside the window are skipped); a call no kernel
+    runs with them raises flashtune.UnsupportedError naming what is missing (today: the backward).
     Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
     TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or
     dtype the runtime has no kernel for on this GPU, flashtune.FlashtuneError for other runtime failures."""
     fn = "flashtune.torch.attention"
     return_lse = _lib.flag(fn, "return_lse", return_lse)
     det = _lib.flag(fn, "deterministic", deterministic)  # to the runtime's backward args (python/csrc: BackwardOptions)
+    mods = _mods(fn, window_size, softcap)
     if _autotune.requested() and not torch.compiler.is_compiling():
         _first_use(q, k, v, causal, det)
     if _recorder is not None:
@@ -805,20 +845,20 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
         s = 0.0 if scale is None else _scale(scale)
         if torch.compiler.is_compiling():
             q, k, v = _check(q, k, v, fn, autocast=True)
-            o, lse = _ext_fwd(q, k, v, bool(causal), s, det)
+            o, lse = _ext_fwd(q, k, v, bool(causal), s, det, *mods)
         else:
             if torch.is_autocast_enabled("cuda"):
                 q, k, v = _check(q, k, v, fn, autocast=True)
             try:
-                o, lse = _ext_fwd_eager(q, k, v, bool(causal), s, det)
+                o, lse = _ext_fwd_eager(q, k, v, bool(causal), s, det, *mods)
             except (RuntimeError, ValueError, TypeError) as e:
                 raise _ext_error(e, lambda: _check(q, k, v, fn)) from None
         return (o, lse) if return_lse else o
     q, k, v = _check(q, k, v, fn, autocast=True)
     if torch.compiler.is_compiling():
-        o, lse = attention_fwd(q, k, v, bool(causal), _scale(scale), det)
+        o, lse = attention_fwd(q, k, v, bool(causal), _scale(scale), det, *mods)
     else:
-        o, lse = _EagerAttention.apply(q, k, v, bool(causal), _scale(scale), det)
+        o, lse = _EagerAttention.apply(q, k, v, bool(causal), _scale(scale), det, mods)
     return (o, lse) if return_lse else o
 
 
@@ -840,32 +880,34 @@ class FlashAttention(torch.nn.Module):
         return f"head_dim={self.head_dim}, causal={self.causal}" + (f", scale={self.scale}" if self.scale else "")
 
 
-def explain(q, k, v, causal=False, deterministic=False):
+def explain(q, k, v, causal=False, deterministic=False, window_size=(-1, -1), softcap=0.0):
     """Which kernels attention(q, k, v, causal, deterministic=...) runs and why: a dict with family, config, source
     ("user", "db", "device", "arch", "default"), cache ("memory", "disk", "jit", "aot"), device and arch of
     the forward, its decode bucket ("bucket": "batch x kv heads 512 (of 8, 64, 512), Sk <= 4096" where a decoding
     family's tabled or stored pick runs, else ""), and the same for the backward under "backward" ({"error": ...}
     where it has none)."""
     det = _lib.flag("flashtune.torch.explain", "deterministic", deterministic)
+    mods = _mods("flashtune.torch.explain", window_size, softcap)
     q, k, v = _check(q, k, v, "flashtune.torch.explain", autocast=True)
     B, H, Sq, d = q.shape
     q, k, v = (_runtime_layout(t) for t in (q, k, v))
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     with _on(q.device):
-        args = _fwd_args(q, k, v, o, lse, bool(causal), 0.0)
+        args = _fwd_args(q, k, v, o, lse, bool(causal), 0.0, mods)
         out = _lib.explain_forward(args)
         out["bucket"] = _lib.explain_bucket(_lib.explain_forward_text(args))
         dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
         try:
-            out["backward"] = _lib.explain_backward(_bwd_args(o, q, k, v, o, lse, dq, dk, dv, bool(causal), 0.0, det))
+            out["backward"] = _lib.explain_backward(_bwd_args(o, q, k, v, o, lse, dq, dk, dv, bool(causal), 0.0, det,
+                                                              mods))
         except _lib.FlashtuneError as e:
             out["backward"] = {"error": str(e)}
     return out
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None, *,
-                     return_lse=False, deterministic=False):
+                     return_lse=False, deterministic=False, window_size=(-1, -1), softcap=0.0):
     """Attention over a packed batch of sequences of different lengths, as flash_attn_varlen_func: q
     [total_q, H, d], k and v [total_k, Hk, d] (Hk dividing H: grouped-query attention), sequence b owning
     query tokens cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys cu_seqlens_k[b]:cu_seqlens_k[b+1] (int32
@@ -873,7 +915,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     max_seqlen_q/k (ints) at least the longest lengths. causal is per sequence, bottom-right aligned.
     Returns o [total_q, H, d]; with return_lse=True, (o, lse): lse [H, total_q] fp32, natural log
     (flash_attn_varlen_func's softmax_lse layout), without a gradient. Differentiable in q, k, v (through o);
-    deterministic=True as attention's.
+    deterministic=True, window_size and softcap as attention's (the window aligned to each sequence's lengths).
     fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype).
 
     Raises TypeError/ValueError on bad arguments (shapes, dtypes, devices, offsets' dtype and count, totals
@@ -882,18 +924,19 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     fn = "flashtune.torch.attention_varlen"
     return_lse = _lib.flag(fn, "return_lse", return_lse)
     det = _lib.flag(fn, "deterministic", deterministic)
+    mods = _mods(fn, window_size, softcap)
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                       fn, autocast=True)
     args = (q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale), det)
     if _EXT:
         if torch.compiler.is_compiling():
-            o, lse = _ext_varlen_fwd(*args)
+            o, lse = _ext_varlen_fwd(*args, *mods)
         else:
-            o, lse = _ext_call(fn, lambda: None, _ext_varlen_fwd, *args)
+            o, lse = _ext_call(fn, lambda: None, _ext_varlen_fwd, *args, *mods)
     elif torch.compiler.is_compiling():
-        o, lse = attention_varlen_fwd(*args)
+        o, lse = attention_varlen_fwd(*args, *mods)
     else:
-        o, lse = _EagerVarlenAttention.apply(*args)
+        o, lse = _EagerVarlenAttention.apply(*args, mods)
     return (o, lse) if return_lse else o
 
 
@@ -949,10 +992,12 @@ def explain_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False,
     return out
 
 
-def explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, deterministic=False):
+def explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, deterministic=False,
+                   window_size=(-1, -1), softcap=0.0):
     """explain() for attention_varlen(): the forward's family, config, source, cache, device and arch (the
     families' packed forms), and the backward's under "backward"."""
     det = _lib.flag("flashtune.torch.explain_varlen", "deterministic", deterministic)
+    mods = _mods("flashtune.torch.explain_varlen", window_size, softcap)
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                       "flashtune.torch.explain_varlen", autocast=True)
     Tq, H, d = q.shape
@@ -960,11 +1005,13 @@ def explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     o = torch.empty((Tq, H, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((H, Tq), dtype=torch.float32, device=q.device)
     with _on(q.device):
-        out = _lib.explain_varlen_forward(_varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, bool(causal), 0.0))
+        out = _lib.explain_varlen_forward(_varlen_fwd_args(q, k, v, o, lse, cu_q, cu_k, max_q, max_k, bool(causal), 0.0,
+                                                           mods))
         dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
         try:
             out["backward"] = _lib.explain_varlen_backward(
-                _varlen_bwd_args(o, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, bool(causal), 0.0, det))
+                _varlen_bwd_args(o, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, bool(causal), 0.0, det,
+                                 mods))
         except _lib.FlashtuneError as e:
             out["backward"] = {"error": str(e)}
     return out

@@ -72,6 +72,30 @@ Check check_common(int heads, int heads_k, int head_dim, const ft_dtype& dtype_f
   return {};
 }
 
+// The score modifications (ft_mods): their fields, then a family that has them for this call (FT_UNSUPPORTED
+// naming what is missing otherwise: the Hopper forward alone has them so far).
+Check check_mods(const ft_mods& m, int heads, int heads_k, int head_dim, const ft_dtype& dtype, const char* direction,
+                 bool varlen) {
+  if (m.window != 0 && m.window != 1)
+    return bad(FT_INVALID_ARGUMENT, "mods.window must be 0 (none) or 1, got " + std::to_string(m.window));
+  Problem p;
+  try {
+    if (m.window) {
+      p.window_left = check_window_edge(m.window_left, "mods.window_left");
+      p.window_right = check_window_edge(m.window_right, "mods.window_right");
+    }
+    p.softcap = check_softcap(m.softcap, "mods.softcap");
+  } catch (const std::exception& e) {
+    return bad(FT_INVALID_ARGUMENT, e.what());
+  }
+  if (const unsigned mods = problem_mods(p)) {
+    const bool gqa = heads_k > 0 && heads_k != heads;
+    if (std::string why = unsupported_reason(direction, to_dtype(dtype), head_dim, gqa, varlen, false, mods); !why.empty())
+      return bad(FT_UNSUPPORTED, why);
+  }
+  return {};
+}
+
 Check check_tensors(const std::vector<TensorArg>& ts, bool size_limits = true) {
   for (const TensorArg& t : ts)
     if (std::string why = check_tensor(t, size_limits); !why.empty()) return bad(FT_INVALID_ARGUMENT, why);
@@ -137,6 +161,8 @@ Check check_varlen_common(const Args* a, const char* direction) {
   for (auto [p, n] : {std::pair{a->cu_seqlens_q, "cu_seqlens_q"}, std::pair{a->cu_seqlens_k, "cu_seqlens_k"}})
     if (Check c = check_int32s(p, n, "batch + 1 int32 offsets"); c.status != FT_OK) return c;
   if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, direction, true); c.status != FT_OK)
+    return c;
+  if (Check c = check_mods(a->mods, a->heads, a->heads_k, a->head_dim, a->dtype, direction, true); c.status != FT_OK)
     return c;
   return check_tensors(tensor_args(a));
 }
@@ -265,6 +291,8 @@ Check check_forward(const ft_forward_args* a, bool size_limits) {
     return c;
   if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, "fwd", false); c.status != FT_OK)
     return c;
+  if (Check c = check_mods(a->mods, a->heads, a->heads_k, a->head_dim, a->dtype, "fwd", false); c.status != FT_OK)
+    return c;
   return check_tensors(tensor_args(a), size_limits);
 }
 
@@ -275,6 +303,8 @@ Check check_backward(const ft_backward_args* a, bool size_limits) {
       c.status != FT_OK)
     return c;
   if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, "bwd", false); c.status != FT_OK)
+    return c;
+  if (Check c = check_mods(a->mods, a->heads, a->heads_k, a->head_dim, a->dtype, "bwd", false); c.status != FT_OK)
     return c;
   if (Check c = check_tensors(tensor_args(a), size_limits); c.status != FT_OK) return c;
   if (Check c = check_lse(a->lse, true); c.status != FT_OK) return c;

@@ -200,7 +200,8 @@ struct Plan {
 // The kernels a pick runs on p: the packed form for a packed variable-length batch, the paged form for a
 // paged K/V cache.
 Variant variant_of(const Pick& pick, const Problem& p) {
-  return Variant{pick.family, pick.config, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled()};
+  return Variant{pick.family, pick.config, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled(),
+                 problem_mods(p)};
 }
 
 // store_for(device), checked again at most once a second for the same environment (a call costs no
@@ -239,7 +240,8 @@ Plan make_plan(const Query& q0, const Problem& p) {
   const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
                                std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") +
                                (q.deterministic ? "d" : "") +
-                               (q.varlen ? "v" : "") + (q.page_size ? "p" + std::to_string(q.page_size) : "") + '|' +
+                               (q.varlen ? "v" : "") + (q.page_size ? "p" + std::to_string(q.page_size) : "") +
+                               (q.mods ? "m" + std::to_string(q.mods) : "") + '|' +
                                std::to_string(p.seq_bucket()) + '|' + std::to_string(seq_q_class(q.seq_q)) + '|' +
                                // batch x kv heads: a decoding family's second key, which only a query inside a
                                // family's query-length range can reach
@@ -266,6 +268,7 @@ Plan make_plan(const Query& q0, const Problem& p) {
     fail(FT_UNSUPPORTED, "no family runs " + std::string(to_string(q.dtype)) + " " +
                              (q.varlen ? "packed variable-length " : "") + (q.page_size ? "paged K/V cache " : "") +
                              (q.direction == "fwd" ? "forward" : "backward") +
+                             (q.mods ? " with " + mods_string(q.mods) : "") +
                              " d=" + std::to_string(q.head_dim) + " on " + q.arch);
   plan.key = compiler.variant_hash(variant_of(plan.pick, p));
   std::lock_guard<std::mutex> lock(s.mu);
@@ -560,6 +563,10 @@ void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream str
   }
 }
 
+// The args structs with score modifications (ft_mods): the dense and packed ones.
+template <class Args>
+constexpr bool kHasMods = !std::is_same_v<Args, ft_paged_forward_args>;
+
 template <class Args>
 Problem common_problem(const Args* a, const char* direction) {
   Problem p;
@@ -570,6 +577,11 @@ Problem common_problem(const Args* a, const char* direction) {
   p.dtype = to_dtype(a->dtype);
   p.causal = a->causal != 0;
   p.direction = direction;
+  if constexpr (kHasMods<Args>) {  // checked (check_mods): window 0 or 1, edges -1..2^30, softcap 0 or 1e-3..1e6
+    if (a->mods.window) p.window_left = a->mods.window_left, p.window_right = a->mods.window_right;
+    p.softcap = a->mods.softcap;
+    p.canonicalize_mask();
+  }
   return p;
 }
 template <class Args>
@@ -618,6 +630,7 @@ Query query_of(const Problem& p) {
   q.varlen = p.varlen.enabled();
   q.page_size = p.paged.page_size;
   q.batch_heads = p.batch_kv_heads();
+  q.mods = problem_mods(p);
   return q;
 }
 // A call's query: the problem's, and a backward's `deterministic`.
@@ -670,16 +683,23 @@ constexpr bool kPaged = std::is_same_v<Args, ft_paged_forward_args>;
 
 // The kernels' argument: the dense struct, or for a packed batch the dense struct followed by the offsets,
 // for a paged cache by the block table, the cache lengths and the table's geometry.
+// A call with score modifications: that argument followed by AttnMods (ModParams), as its kernels take it.
 template <class Args, class Dense, class F>
-void with_params(const Args* a, const Dense& dense, F launch) {
+void with_params(const Args* a, const Dense& dense, const Problem& p, F launch) {
+  const bool modified = p.windowed() || p.softcapped();
+  const AttnMods mods = make_attn_mods(p.window_left, p.window_right, p.softcap, dense.scale);
+  auto go = [&](const auto& plain) {
+    using Plain = std::decay_t<decltype(plain)>;
+    if (!modified) return launch((void*)&plain);
+    const ModParams<Plain> with_mods{plain, mods};
+    launch((void*)&with_mods);
+  };
   if constexpr (kPacked<Args>) {
-    const VarlenParams<Dense> packed{dense, a->cu_seqlens_q, a->cu_seqlens_k};
-    launch((void*)&packed);
+    go(VarlenParams<Dense>{dense, a->cu_seqlens_q, a->cu_seqlens_k});
   } else if constexpr (kPaged<Args>) {
-    const PagedParams<Dense> paged{dense, a->block_table, a->cache_seqlens, a->page_size, a->max_pages};
-    launch((void*)&paged);
+    go(PagedParams<Dense>{dense, a->block_table, a->cache_seqlens, a->page_size, a->max_pages});
   } else {
-    launch((void*)&dense);
+    go(dense);
   }
 }
 
@@ -713,7 +733,7 @@ void run_forward(const Args* a, CUstream stream) {
         fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick.family->name + ": " + e.what());
       }
     }
-    with_params(a, fp, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
+    with_params(a, fp, p, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
   });
 }
 
@@ -751,7 +771,7 @@ void run_backward(const Args* a, CUstream stream) {
         fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick.family->name + ": " + e.what());
       }
     }
-    with_params(a, bp, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
+    with_params(a, bp, p, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
   });
 }
 

@@ -117,7 +117,7 @@ std::vector<const Family*> candidate_families(const Query& q) {
   std::vector<const Family*> out;
   for (const Family& f : families())
     if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90") && (!q.gqa || f.gqa) &&
-        (!q.varlen || f.varlen) && (!q.page_size || f.paged) && in_range(f, q.seq_q) &&
+        (!q.varlen || f.varlen) && (!q.page_size || f.paged) && !(q.mods & ~f.mods) && in_range(f, q.seq_q) &&
         (!wants_reproducible(q) || has_reproducible(f, q.head_dim, q.causal)))
       out.push_back(&f);
   return out;
@@ -131,12 +131,12 @@ int seq_q_class(int seq_q) {
 }
 
 std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa, bool varlen,
-                               bool paged) {
+                               bool paged, unsigned mods) {
   std::vector<int> dims;
   bool dtype_known = false;
   for (const Family& f : families()) {
     if (f.test_only || f.direction != direction || !has(f.dtypes, dtype) || (gqa && !f.gqa) || (varlen && !f.varlen) ||
-        (paged && !f.paged))
+        (paged && !f.paged) || (mods & ~f.mods))
       continue;
     dtype_known = true;
     if (has(f.head_dims, head_dim)) return "";
@@ -145,7 +145,9 @@ std::string unsupported_reason(const std::string& direction, DType dtype, int he
   }
   const std::string what = std::string(to_string(dtype)) + (varlen ? " packed variable-length" : "") +
                            (paged ? " paged K/V cache" : "") + (direction == "fwd" ? " forward" : " backward") +
-                           (gqa ? " with grouped-query heads (heads_k)" : "");
+                           (gqa ? " with grouped-query heads (heads_k)" : "") +
+                           (mods & kModWindow ? " with a sliding window" : "") +
+                           (mods & kModSoftcap ? (mods & kModWindow ? " and a softcap" : " with a softcap") : "");
   if (!dtype_known) return "no family runs " + what;
   std::string list;
   for (int d : dims) list += (list.empty() ? "" : ", ") + std::to_string(d);

@@ -37,6 +37,8 @@ struct Query {
   bool deterministic = false;  // a backward whose gradients must be bitwise reproducible: only configs the family
                                // calls so (Family::reproducible), from the tables' and the store's deterministic
                                // picks, else the default's nearest such config; no effect on a forward
+  unsigned mods = 0;  // the score modifications the call has (kModWindow, kModSoftcap): only families that have them
+                      // (Family::mods), with the config of the unmodified call's bucket (no table keys them yet)
   long long batch_heads = 0;   // batch x kv heads (heads_k, or heads for multi-head): a decoding family's buckets'
                                // second key (tuned::find_in, pick_bucket: the nearest by ratio); 0: unknown (the
                                // smallest)
@@ -52,7 +54,7 @@ std::vector<const Family*> candidate_families(const Query& q);
 int seq_q_class(int seq_q);
 // Why no family runs `q`, one line, or "" when one does (the arch is not considered: argument checks).
 std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa = false,
-                               bool varlen = false, bool paged = false);
+                               bool varlen = false, bool paged = false, unsigned mods = 0);
 
 // Paged K/V caches (the families' paged forms, Family::paged):
 // the longest query a paged call may have: the largest max_seq_q of the families that read paged caches

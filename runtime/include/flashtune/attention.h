@@ -49,6 +49,17 @@ typedef struct {
   int64_t stride[4];
 } ft_tensor;
 
+/* Score modifications (FlashAttention's window_size and softcap), the last field of the dense and packed args
+ * structs (ABI 0.5); a zero-initialised one is none. Families that have them (the Hopper forward fa3_wgmma)
+ * run such a call with the config of the unmodified call's bucket; a call no family runs with them is
+ * FT_UNSUPPORTED, naming the family that lacks them. */
+typedef struct {
+  int window;       /* 1: the sliding window below applies; 0: none (then window_left/right are ignored) */
+  int window_left;  /* query i sees key j iff i + Sk - Sq - window_left <= j <= i + Sk - Sq + window_right */
+  int window_right; /* (bottom-right aligned like causal; -1: unbounded; causal keeps its right edge, the diagonal) */
+  float softcap;    /* > 0: the scaled scores s become softcap * tanh(s / softcap) before the softmax; 0: off */
+} ft_mods;
+
 typedef struct {
   int batch, heads, seq_q, seq_k, head_dim;
   ft_dtype dtype;
@@ -58,6 +69,7 @@ typedef struct {
   ft_tensor o;     /* output [B,H,Sq,d] */
   float* lse;      /* output [B,H,Sq] contiguous fp32, natural log; +inf for a fully masked row; may be NULL */
   int heads_k;     /* kv heads (grouped-query attention); 0: heads */
+  ft_mods mods;    /* sliding window, softcap; zero: none */
 } ft_forward_args;
 
 typedef struct {
@@ -74,6 +86,7 @@ typedef struct {
   int heads_k;                /* kv heads (grouped-query attention); 0: heads */
   int deterministic;          /* 1: dq, dk, dv bitwise equal from run to run (only configs whose additions run in
                                  a fixed order: the tables' deterministic picks); 0: the fastest config */
+  ft_mods mods;               /* the forward's */
 } ft_backward_args;
 
 /* Packed variable-length batches (varlen): `batch` sequences packed token after token, as
@@ -107,6 +120,7 @@ typedef struct {
   ft_packed_tensor q, k, v;   /* q [total_q, heads, d], k and v [total_k, heads_k, d] */
   ft_packed_tensor o;         /* output [total_q, heads, d] */
   float* lse;                 /* output [heads, total_q] contiguous fp32, natural log; may be NULL */
+  ft_mods mods;               /* sliding window (aligned to each sequence's own lengths), softcap; zero: none */
 } ft_varlen_forward_args;
 
 typedef struct {
@@ -125,6 +139,7 @@ typedef struct {
   void* workspace;                   /* as ft_backward_args' */
   size_t workspace_bytes;            /* at least ft_varlen_backward_workspace_bytes() when given */
   int deterministic;                 /* as ft_backward_args' */
+  ft_mods mods;                      /* the forward's */
 } ft_varlen_backward_args;
 
 /* Paged K/V caches (decoding from a serving engine's cache, as vLLM's PagedAttention and FlashAttention's
@@ -235,7 +250,7 @@ ft_status ft_scratch_pool_bytes(size_t* bytes);
 ft_status ft_device_available(void);
 /* The last error of this thread, one line; "" after a success. */
 const char* ft_last_error(void);
-/* "0.4.0" */
+/* "0.5.0" */
 const char* ft_version(void);
 
 #ifdef __cplusplus

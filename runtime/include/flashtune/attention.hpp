@@ -70,6 +70,16 @@ struct PackedTensor {
   ft_packed_tensor c() const { return ft_packed_tensor{data, {stride[0], stride[1], stride[2]}}; }
 };
 
+// Score modifications (ft_mods): FlashAttention's window_size (-1: unbounded) and softcap (0: off).
+struct Mods {
+  int window_left = -1, window_right = -1;
+  float softcap = 0;
+  ft_mods c() const {
+    const bool windowed = window_left >= 0 || window_right >= 0;
+    return ft_mods{windowed ? 1 : 0, windowed ? window_left : 0, windowed ? window_right : 0, softcap};
+  }
+};
+
 struct ForwardArgs {
   int batch = 0, heads = 0, seq_q = 0, seq_k = 0, head_dim = 0;
   ft_dtype dtype = FT_FP32;
@@ -78,9 +88,10 @@ struct ForwardArgs {
   Tensor q, k, v, o;
   float* lse = nullptr;  // [B, H, Sq] fp32, optional
   int heads_k = 0;       // kv heads of k and v (grouped-query attention); 0: heads
+  Mods mods;             // sliding window, softcap
   ft_forward_args c() const {
     return ft_forward_args{batch, heads, seq_q, seq_k, head_dim, dtype, causal ? 1 : 0, scale,
-                           q.c(), k.c(), v.c(), o.c(), lse, heads_k};
+                           q.c(), k.c(), v.c(), o.c(), lse, heads_k, mods.c()};
   }
 };
 
@@ -95,9 +106,12 @@ struct BackwardArgs {
   void* workspace = nullptr;   // nullptr: allocated on the stream
   size_t workspace_bytes = 0;
   int heads_k = 0;             // kv heads of k, v, dk, dv; 0: heads
+  bool deterministic = false;  // dq, dk, dv bitwise equal from run to run
+  Mods mods;                   // the forward's
   ft_backward_args c() const {
     return ft_backward_args{batch, heads, seq_q, seq_k, head_dim, dtype, causal ? 1 : 0, scale, q.c(), k.c(), v.c(),
-                            o.c(), dout.c(), lse, dq.c(), dk.c(), dv.c(), workspace, workspace_bytes, heads_k};
+                            o.c(), dout.c(), lse, dq.c(), dk.c(), dv.c(), workspace, workspace_bytes, heads_k,
+                            deterministic ? 1 : 0, mods.c()};
   }
 };
 
@@ -112,10 +126,11 @@ struct VarlenForwardArgs {
   float scale = 0;
   PackedTensor q, k, v, o;
   float* lse = nullptr;  // [H, total_q] fp32, optional
+  Mods mods;             // sliding window (per sequence), softcap
   ft_varlen_forward_args c() const {
     return ft_varlen_forward_args{batch,        heads,        heads_k,      head_dim, total_q,    total_k,
                                   max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k, dtype, causal ? 1 : 0,
-                                  scale,        q.c(),        k.c(),        v.c(),    o.c(),      lse};
+                                  scale,        q.c(),        k.c(),        v.c(),    o.c(),      lse, mods.c()};
   }
 };
 
@@ -132,10 +147,13 @@ struct VarlenBackwardArgs {
   PackedTensor dq, dk, dv;
   void* workspace = nullptr;   // nullptr: allocated on the stream
   size_t workspace_bytes = 0;
+  bool deterministic = false;
+  Mods mods;                   // the forward's
   ft_varlen_backward_args c() const {
     return ft_varlen_backward_args{batch,   heads,   heads_k, head_dim, total_q, total_k, max_seqlen_q, max_seqlen_k,
                                    cu_seqlens_q, cu_seqlens_k, dtype, causal ? 1 : 0, scale, q.c(), k.c(), v.c(),
-                                   o.c(),   dout.c(), lse,    dq.c(),   dk.c(),  dv.c(),  workspace,    workspace_bytes};
+                                   o.c(),   dout.c(), lse,    dq.c(),   dk.c(),  dv.c(),  workspace,    workspace_bytes,
+                                   deterministic ? 1 : 0, mods.c()};
   }
 };
 
