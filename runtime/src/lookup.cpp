@@ -143,11 +143,14 @@ std::string unsupported_reason(const std::string& direction, DType dtype, int he
     for (int d : f.head_dims)
       if (!has(dims, d)) dims.push_back(d);
   }
-  const std::string what = std::string(to_string(dtype)) + (varlen ? " packed variable-length" : "") +
-                           (paged ? " paged K/V cache" : "") + (direction == "fwd" ? " forward" : " backward") +
-                           (gqa ? " with grouped-query heads (heads_k)" : "") +
-                           (mods & kModWindow ? " with a sliding window" : "") +
-                           (mods & kModSoftcap ? (mods & kModWindow ? " and a softcap" : " with a softcap") : "");
+  std::vector<std::string> with;  // "with grouped-query heads (heads_k), a sliding window and a softcap"
+  if (gqa) with.push_back("grouped-query heads (heads_k)");
+  if (mods & kModWindow) with.push_back("a sliding window");
+  if (mods & kModSoftcap) with.push_back("a softcap");
+  std::string what = std::string(to_string(dtype)) + (varlen ? " packed variable-length" : "") +
+                     (paged ? " paged K/V cache" : "") + (direction == "fwd" ? " forward" : " backward");
+  for (size_t i = 0; i < with.size(); ++i)
+    what += (i == 0 ? " with " : i + 1 == with.size() ? " and " : ", ") + with[i];
   if (!dtype_known) return "no family runs " + what;
   std::string list;
   for (int d : dims) list += (list.empty() ? "" : ", ") + std::to_string(d);
