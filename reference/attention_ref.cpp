@@ -99,6 +99,38 @@ struct KeyRange {
 // A scaled score through the softcap (Shape::softcap; itself when 0).
 double capped(const Shape& s, double score) { return s.softcap > 0 ? s.softcap * std::tanh(score / s.softcap) : score; }
 
+// Lambda_ij (attention_ref.hpp), in units of fp32's roundoff: raw the scaled score before any softcap, capped after
+// it, qk_norms = ||q_i|| ||k_j||.
+double exponent_units(const Shape& s, double raw, double capped_score, double lse, double qk_norms, double root_d) {
+  return kExponentRoundings * (std::fabs(raw) + std::fabs(lse)) + root_d * s.softmax_scale() * qk_norms +
+         (s.softcap > 0 ? kTanhUnits * std::fabs(capped_score) : 0.0);
+}
+
+// One (query i, key j) pair of the backward, for both passes (so that they agree bit for bit).
+//   raw = scale q_i . k_j, P = exp(c(raw) - lse_i), dP = dO_i . v_j,
+//   dS = P (dP - D_i) c'(raw),  c'(raw) = 1 - tanh^2(raw / softcap) (1 without a softcap),
+// dS the gradient with respect to raw (dQ_i = scale sum_j dS_ij k_j). dS_tanh = 2 tanh^2 |P (dP - D_i)|: what a
+// kernel's fast tanh (relative error <= kTanhUnits u32) can move the derivative factor by, in units of that error
+// (1 - t^2 (1 + e)^2 = 1 - t^2 - 2 t^2 e - t^2 e^2), 0 without a softcap.
+struct PairGrad {
+  double raw, capped, p, ds, ds_tanh;
+};
+PairGrad pair_grad(const Shape& s, double scale, const float* q_row, const float* k_row, const float* v_row,
+                   const float* do_row, double lse, double delta, int d) {
+  PairGrad g;
+  g.raw = scale * dot(q_row, k_row, d);
+  g.capped = capped(s, g.raw);
+  g.p = std::exp(g.capped - lse);
+  const double ds_capped = g.p * (dot(do_row, v_row, d) - delta);
+  g.ds = ds_capped, g.ds_tanh = 0;
+  if (s.softcap > 0) {
+    const double t = g.capped / s.softcap;
+    g.ds = ds_capped * (1 - t * t);
+    g.ds_tanh = 2 * t * t * std::fabs(ds_capped);
+  }
+  return g;
+}
+
 // One query row of the forward pass, the single kernel shared by forward,
 // forward_rows, forward_split and backward (so they agree bit for bit).
 // row is a flat index into (B*H*Sq); scores is scratch of at least Sk doubles.
@@ -154,8 +186,7 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
     const double p = std::exp(scores[j] - row_max) / row_sum;
     // The uncapped score for the roundings' term (it bounds the capped one's), the fast tanh's on the capped one.
     const double raw = s.softcap > 0 ? scale * dot(q_row, k_head + j * d, d) : scores[j];
-    const double lambda = kExponentRoundings * (std::fabs(raw) + std::fabs(*lse)) + root_d * scale * q_norm * norm2(k_head + j * d, d) +
-                          (s.softcap > 0 ? kTanhUnits * std::fabs(scores[j]) : 0.0);
+    const double lambda = exponent_units(s, raw, scores[j], *lse, q_norm * norm2(k_head + j * d, d), root_d);
     lse_acc += p * lambda;
     const float* v_row = v_head + j * d;
     for (int x = 0; x < d; ++x) {
@@ -173,6 +204,17 @@ int64_t visible_keys(const Shape& s, int64_t i) {
   if (!s.causal) return s.seq_k;
   const int64_t last = i + (static_cast<int64_t>(s.seq_k) - s.seq_q);
   return std::clamp<int64_t>(last + 1, 0, s.seq_k);
+}
+
+KeySpan visible_queries(const Shape& s, int64_t j) {
+  // Query i sees key j iff j <= i + off (causal), i + off - left <= j (left >= 0), j <= i + off + right
+  // (right >= 0), off = Sk - Sq: i >= j - off, i >= j - off - right, i <= j - off + left.
+  const int64_t off = static_cast<int64_t>(s.seq_k) - s.seq_q;
+  int64_t first = 0, end = s.seq_q;
+  if (s.causal) first = std::max<int64_t>(first, j - off);
+  if (s.window_right >= 0) first = std::max<int64_t>(first, j - off - s.window_right);
+  if (s.window_left >= 0) end = std::min<int64_t>(end, j - off + s.window_left + 1);
+  return {first, std::max(first, end)};
 }
 
 KeySpan visible_range(const Shape& s, int64_t i) {
@@ -235,7 +277,8 @@ void forward_rows(const Shape& s, const float* q, const float* k, const float* v
 //   pass 1, over query rows i: recompute o_i and lse_i, D_i = dO_i . o_i, and
 //           dQ_i = scale * sum_j dS_ij k_j
 //   pass 2, over key rows j:   dV_j = sum_i P_ij dO_i,  dK_j = scale * sum_i dS_ij q_i
-// with P_ij = exp(s_ij - lse_i), dP_ij = dO_i . v_j, dS_ij = P_ij (dP_ij - D_i).
+// with P_ij = exp(s_ij - lse_i), dP_ij = dO_i . v_j, dS_ij = P_ij (dP_ij - D_i) (pair_grad: s_ij capped and dS_ij
+// times the softcap's derivative with a softcap; only the visible pairs, visible_range and visible_queries).
 // Pass 2 recomputes s_ij instead of storing P (Sq x Sk per head would not fit for
 // long sequences), the same trade FlashAttention makes. Under GQA a key row of kv head
 // g serves the query heads of g's group: pass 2 sums each head's share on its own and
@@ -243,8 +286,6 @@ void forward_rows(const Shape& s, const float* q, const float* k, const float* v
 void backward(const Shape& s, const float* q, const float* k, const float* v, const float* dout,
               double* dq, double* dk, double* dv, int threads, const BwdMagnitudes& mag) {
   check_shape(s);
-  if (s.window_left >= 0 || s.window_right >= 0 || s.softcap > 0)
-    throw std::invalid_argument("flashtune::ref::backward: no window or softcap yet (issue 32's backward slice)");
   const int d = s.head_dim;
   const int group = s.group_size();
   const double scale = s.softmax_scale();
@@ -306,21 +347,18 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
       const float* v_head = v + kv_bh * s.seq_k * d;
       double* dq_row = dq + r * d;  // dq is (B, H, Sq, d)
       std::fill(dq_row, dq_row + d, 0.0);
-      // Masked keys (j >= n_keys) have P = 0 and contribute nothing; a fully
-      // masked row has n_keys = 0, so its dQ stays 0.
-      const int64_t n_keys = visible_keys(s, r % s.seq_q);
-      for (int64_t j = 0; j < n_keys; ++j) {
+      // Masked keys (outside [first, end): causal, the window) have P = 0 and contribute nothing; a fully
+      // masked row has first == end, so its dQ stays 0.
+      const KeySpan keys = visible_range(s, r % s.seq_q);
+      for (int64_t j = keys.first; j < keys.end; ++j) {
         const float* k_row = k_head + j * d;
-        const double sc = scale * dot(q_row, k_row, d);
-        const double p = std::exp(sc - lse[r]);
-        const double dp = dot(do_row, v_head + j * d, d);
-        const double ds = p * (dp - D);
-        for (int x = 0; x < d; ++x) dq_row[x] += scale * ds * static_cast<double>(k_row[x]);
+        const PairGrad pg = pair_grad(s, scale, q_row, k_row, v_head + j * d, do_row, lse[r], D, d);
+        for (int x = 0; x < d; ++x) dq_row[x] += scale * pg.ds * static_cast<double>(k_row[x]);
         if (mq) {
           const int64_t kr = kv_bh * s.seq_k + j;
           const double w = do_norm[r] * (v_norm[kr] + o_norm[r]);
-          const double lambda = kExponentRoundings * (std::fabs(sc) + std::fabs(lse[r])) + root_d * scale * q_norm[r] * k_norm[kr];
-          const double a = scale * p * w, b = scale * lambda * std::fabs(ds);
+          const double lambda = exponent_units(s, pg.raw, pg.capped, lse[r], q_norm[r] * k_norm[kr], root_d);
+          const double a = scale * pg.p * w, b = scale * (lambda * std::fabs(pg.ds) + kTanhUnits * pg.ds_tanh);
           for (int x = 0; x < d; ++x) {
             const double kx = std::fabs(static_cast<double>(k_row[x]));
             mq_row[x] += a * kx;
@@ -332,7 +370,6 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
   });
 
   // Pass 2: per key row of (B, Hk, Sk).
-  const int64_t causal_offset = static_cast<int64_t>(s.seq_k) - s.seq_q;
   parallel_for(n_k_rows, threads, [&](int64_t begin, int64_t end) {
     // One query head's share of a key row: dK, dV and their four magnitudes, d each.
     std::vector<double> share(6 * d);
@@ -353,25 +390,24 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
       double* lv_row = mv ? mag.dv_logit + kr * d : nullptr;
       for (double* m : {mk_row, lk_row, mv_row, lv_row})
         if (m) std::fill(m, m + d, 0.0);
-      // Key j is visible to queries i >= j - (Sk - Sq) under the causal mask.
-      const int64_t first_query = s.causal ? std::max<int64_t>(0, j - causal_offset) : 0;
+      // The queries that see key j (causal, the window): the rest have P = 0.
+      const KeySpan queries = visible_queries(s, j);
       for (int64_t bh = kv_bh * group; bh < (kv_bh + 1) * group; ++bh) {  // the group's query heads, in order
         std::fill(share.begin(), share.end(), 0.0);
-        for (int64_t i = first_query; i < s.seq_q; ++i) {
+        for (int64_t i = queries.first; i < queries.end; ++i) {
           const int64_t r = bh * s.seq_q + i;
           const float* q_row = q + r * d;
           const float* do_row = dout + r * d;
-          const double sc = scale * dot(q_row, k_row, d);
-          const double p = std::exp(sc - lse[r]);
-          const double dp = dot(do_row, v_row, d);
-          const double ds = p * (dp - delta[r]);
+          const PairGrad pg = pair_grad(s, scale, q_row, k_row, v_row, do_row, lse[r], delta[r], d);
+          const double p = pg.p;
           for (int x = 0; x < d; ++x) {
             dv_share[x] += p * static_cast<double>(do_row[x]);
-            dk_share[x] += scale * ds * static_cast<double>(q_row[x]);
+            dk_share[x] += scale * pg.ds * static_cast<double>(q_row[x]);
           }
           if (mk || mv) {
-            const double lambda = kExponentRoundings * (std::fabs(sc) + std::fabs(lse[r])) + root_d * scale * q_norm[r] * k_norm[kr];
-            const double a = scale * p * do_norm[r] * (v_norm[kr] + o_norm[r]), b = scale * lambda * std::fabs(ds);
+            const double lambda = exponent_units(s, pg.raw, pg.capped, lse[r], q_norm[r] * k_norm[kr], root_d);
+            const double a = scale * p * do_norm[r] * (v_norm[kr] + o_norm[r]);
+            const double b = scale * (lambda * std::fabs(pg.ds) + kTanhUnits * pg.ds_tanh);
             const double pl = p * lambda;
             for (int x = 0; x < d; ++x) {
               const double qx = std::fabs(static_cast<double>(q_row[x])), dox = std::fabs(static_cast<double>(do_row[x]));

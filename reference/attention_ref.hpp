@@ -59,10 +59,18 @@ struct FwdMagnitudes {
 };
 
 // Backward, with w_ij = ||dO_i|| ||V_j|| + ||dO_i|| ||O_i||  (>= |dP_ij| + |delta_i|, and >= what the
-// products dO.V and dO.O sum) and dS_ij = P_ij (dP_ij - delta_i):
+// products dO.V and dO.O sum) and dS_ij = P_ij (dP_ij - delta_i) (times t'_ij with a softcap, below):
 //   dv_mag[j,c] = sum_i P_ij |dO_ic|             dv_logit[j,c] = sum_i P_ij Lambda_ij |dO_ic|
-//   dk_mag[j,c] = scale sum_i P_ij w_ij |Q_ic|   dk_logit[j,c] = scale sum_i Lambda_ij |dS_ij| |Q_ic|
-//   dq_mag[i,c] = scale sum_j P_ij w_ij |K_jc|   dq_logit[i,c] = scale sum_j Lambda_ij |dS_ij| |K_jc|
+//   dk_mag[j,c] = scale sum_i P_ij w_ij |Q_ic|   dk_logit[j,c] = scale sum_i (Lambda_ij |dS_ij| + T_ij) |Q_ic|
+//   dq_mag[i,c] = scale sum_j P_ij w_ij |K_jc|   dq_logit[i,c] = scale sum_j (Lambda_ij |dS_ij| + T_ij) |K_jc|
+// Masked pairs (causal, the window) have P_ij = 0 and are in no sum. With a softcap c the gradient passes through
+// c tanh(s / c): dS_ij = P_ij (dP_ij - delta_i) t'_ij with t'_ij = 1 - tanh^2(s_ij / c), in [0, 1], so that
+// |dS_ij| <= P_ij w_ij still and the *_mag sums still bound what dK and dQ sum (and their 16-bit roundings);
+// P_ij's exponent is the capped score, whose fast tanh Lambda_ij counts. A kernel's t'_ij comes from the same
+// fast tanh t (1 + e), |e| <= kTanhUnits u32: 1 - t^2 (1 + e)^2 is off by 2 t^2 |e| + t^2 e^2, a relative error of
+// dS that 1 - t^2 does not bound (near saturation t' -> 0), so it enters as its own term in units of u32:
+//   T_ij = kTanhUnits 2 tanh^2(s_ij / c) |P_ij (dP_ij - delta_i)|   (0 without a softcap; the e^2 term is below
+//                                                                      u32 g M).
 // Every array is shaped like its gradient; a nullptr member is not computed (all or none per gradient).
 // Under GQA a kv head's dk_* and dv_* are the sums of the per-query-head quantities over its group,
 // as its dK and dV are.
@@ -95,8 +103,10 @@ void forward_rows(const Shape& shape, const float* q, const float* k, const floa
                   const FwdMagnitudes& mag = {});
 
 // Backward: given dO (B, H, Sq, d) computes dQ (B, H, Sq, d), dK and dV (B, Hk, Sk, d),
-// (no window and no softcap yet: std::invalid_argument)
 // recomputing P in float64. dq, dk, dv are overwritten (not accumulated into).
+// The window and the softcap as in forward(): masked pairs contribute nothing (a fully masked row gets dQ = 0
+// and adds nothing to dK, dV; a key no query sees gets dK = dV = 0), and the softcap's derivative
+// 1 - tanh^2(s / c) multiplies dS = P (dP - delta) before the scale (dQ = scale sum_j dS_ij k_j).
 // Under GQA a kv head's dK and dV are the sums of its group's per-query-head gradients, added in
 // group order (0 + head 0 + head 1 + ...): bit for bit the group sums, in that order, of MHA's dK
 // and dV on K and V repeated over the group. dQ equals MHA's bit for bit.
@@ -112,6 +122,8 @@ struct KeySpan {
   int64_t first, end;
 };
 KeySpan visible_range(const Shape& shape, int64_t i);
+// The queries that see key j, [first, end) (first == end: none): the transpose of visible_range.
+KeySpan visible_queries(const Shape& shape, int64_t j);
 
 // ---------------------------------------------------------------------------------------------
 // Packed variable-length batches (FlashAttention's varlen layout).

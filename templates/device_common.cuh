@@ -25,6 +25,14 @@ __device__ __forceinline__ float fast_log2(float x) {
   return y;
 }
 
+// tanh by the SFU (MUFU.TANH): relative error at most 2^-10.987 (PTX ISA), one instruction, as FlashAttention-3's
+// softcap (fa3_wgmma, fa3_wgmma_bwd). The reference's bounds count it (ref::kTanhUnits).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 

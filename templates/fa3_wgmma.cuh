@@ -264,16 +264,12 @@ __device__ __forceinline__ int kv_blocks(int m0, int seq_q, int seq_k) {
   return kv_end > 0 ? ceil_div(kv_end, T::kBlockN) : 0;
 }
 
-// A window (AttnModTraits' WINDOW): query i sees key j iff i + lo <= j <= i + hi, lo and hi from the window's
-// edges around the bottom-right diagonal (seq_k - seq_q), an unbounded edge kFar away (no int overflow: edges are
-// at most 2^30 and rows and keys 2^20), causal capping hi at the diagonal.
-constexpr int kFar = (1 << 30) + (1 << 21);
+// A window (AttnModTraits' WINDOW): query i sees key j iff i + lo <= j <= i + hi (window_band, traits_common.h:
+// the window's edges around the bottom-right diagonal, causal capping hi at it).
 template <class T, class P>
 __device__ __forceinline__ void window_offsets(const P& p, int seq_q, int seq_k, int& lo, int& hi) {
-  const int diag = seq_k - seq_q;
-  lo = p.mods.window_left >= 0 ? diag - p.mods.window_left : -kFar;
-  hi = p.mods.window_right >= 0 ? diag + p.mods.window_right : kFar;
-  if (T::kCausal) hi = imin(hi, diag);
+  const WindowBand band = window_band(p.mods.window_left, p.mods.window_right, T::kCausal, seq_q, seq_k);
+  lo = band.lo, hi = band.hi;
 }
 
 // The K/V blocks a tile reads: [first, first + count). Plain: from block 0 (kv_blocks). WINDOW: only the blocks
@@ -285,7 +281,7 @@ struct KvSpan {
 template <class T, class P>
 __device__ __forceinline__ KvSpan kv_span(const P& p, int m0, int seq_q, int seq_k) {
   if constexpr (ModsOf<T>::window) {
-    int lo, hi;
+    int lo, hi;  // WindowBand::keys_of_rows written out (that form moved ptxas's schedule of the validated kernel)
     window_offsets<T>(p, seq_q, seq_k, lo, hi);
     const int first_key = imax(0, m0 + lo), end_key = imin(seq_k, imin(m0 + T::kBlockM, seq_q) + hi);
     if (end_key <= first_key) return {0, 0};
@@ -384,14 +380,6 @@ template <class T>
 __device__ __forceinline__ int block_key(const Rows& r, int nb) {
   if constexpr (ModsOf<T>::window) return r.key0 + nb * T::kBlockN;
   else return nb * T::kBlockN;
-}
-
-// tanh by the SFU (MUFU.TANH): relative error at most 2^-10.987 (PTX ISA), one instruction, as FlashAttention-3's
-// softcap. The reference's bound counts it (ref::kTanhUnits). The forward needs no derivative.
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Masking with a window: -inf at keys past seq_k and keys outside [i + lo, i + hi]; only blocks that straddle the

@@ -48,6 +48,17 @@
 // dS^T = 0, so they add nothing; their dQ lands in dq_accum's padding. Keys past seq_k (zero-filled K, V)
 // and causal keys n > m + seq_k - seq_q get P^T = 0 on the tiles that straddle them. A fully masked row has
 // lse = +inf: P^T = 0.
+//
+// Score modifications (issue 32), every kernel on AttnModTraits<T, WINDOW, SOFTCAP> (ModParams: the plain argument,
+// then AttnMods); the plain kernels' code is unchanged. WINDOW: query m sees key n iff m + lo <= n <= m + hi
+// (WindowBand, traits_common.h); a key block walks only the query blocks whose rows see one of its keys
+// (fa3_bwd_window_query_blocks: rows n0 - hi .. n0 + BN - 1 - lo), so that a CTA's steps, like the forward's key
+// blocks, scale with the window; the tiles that straddle an edge of the band mask per element (StepMask), and
+// DETERMINISTIC's turns count the key blocks that meet each query block (fa3_bwd_window_turn). SOFTCAP: the
+// forward's LSE is of the capped scores c tanh(s / c), so P^T = exp2(t c log2(e) - lse2) with t = tanh(S^T scale
+// / c) (tanh.approx), and dS^T = P^T (dP^T - delta) (1 - t^2): the gradient through the cap, scaled by `scale`
+// in dK and dQ as before. t is computed while dP^T's GEMM runs and held in S^T's registers, P^T and dS^T together
+// once dP^T is done (ModScores); the preprocess and the convert are the plain ones.
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -160,18 +171,28 @@ struct Work {
 // key block (causal: key n is visible to query m iff n <= m + seq_k - seq_q), in order.
 // SCHED 2: each CTA starts at step (its key block mod count) and wraps around, so that the CTAs of one head
 // add into different rows of dq_accum at a time instead of all into the same ones.
+// WINDOW: the query blocks whose rows see some key of the block (fa3_bwd_window_query_blocks), the band kept for
+// the masks and the dQ turns.
 struct Steps {
   int first, blocks, count, hq0, rot, group;  // first visible query block, blocks per head, steps, the group's
                                               // first head, the first step (SCHED 2), query heads per kv head
-  template <class T>
-  __device__ static Steps of(const AttnBwdParams& p, const Work& w) {
+  WindowBand band;                            // WINDOW: the mask's band (unused otherwise)
+  template <class T, class P>
+  __device__ static Steps of(const P& p, const Work& w) {
     const int group = query_group(p);
-    const int num_m = ceil_div(p.seq_q, T::kBlockM);
-    const int first = T::kCausal ? imax(0, w.n0 - (p.seq_k - p.seq_q)) / T::kBlockM : 0;
-    const int blocks = imax(0, num_m - first);
+    int first, blocks;
+    WindowBand band{0, 0};
+    if constexpr (ModsOf<T>::window) {
+      band = window_band(p.mods.window_left, p.mods.window_right, T::kCausal, p.seq_q, p.seq_k);
+      fa3_bwd_window_query_blocks(band, w.n0, T::kBlockM, T::kBlockN, p.seq_q, p.seq_k, first, blocks);
+    } else {
+      const int num_m = ceil_div(p.seq_q, T::kBlockM);
+      first = T::kCausal ? imax(0, w.n0 - (p.seq_k - p.seq_q)) / T::kBlockM : 0;
+      blocks = imax(0, num_m - first);
+    }
     const int count = group * blocks;
     const int rot = T::kRotate && count > 0 ? (w.n0 / T::kBlockN) % count : 0;
-    return Steps{first, blocks, count, w.kv_head * group, rot, group};
+    return Steps{first, blocks, count, w.kv_head * group, rot, group, band};
   }
   __device__ void at(int t, int& hq, int& mb) const {
     t += rot;
@@ -263,7 +284,9 @@ __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams&
       st.at(t, hq, mb);
       row = (static_cast<long long>(w.batch) * p.heads + hq) * ws.rows + mb * BM;
       turn = ws.turn<T>(w.batch, p.heads, hq, mb);
-      if constexpr (T::kDeterministic)
+      if constexpr (T::kDeterministic && ModsOf<T>::window)
+        turn_wait(turn, fa3_bwd_window_turn(T::kDeterministicOrder, st.band, key_block, mb, BM, T::kBlockN, p.seq_q, p.seq_k));
+      else if constexpr (T::kDeterministic)
         turn_wait(turn, fa3_bwd_turn(T::kDeterministicOrder, key_block, mb, BM, T::kBlockN, p.seq_q, p.seq_k));
     }
 #pragma unroll
@@ -336,10 +359,11 @@ struct ScoreRows {
 // A step's lse2 or delta at this thread's query columns 8 j + 2 tig, + 1 (j < BM / 8). Where registers allow
 // (T::kStatsHeld) they are read before the score GEMMs are waited for, so that the shared-memory latency runs
 // under them (read after the wait, the first exponential waited for it: the largest short-scoreboard stall at
-// d 128, Nsight Compute); else each pair is read where used.
-template <class T>
+// d 128, Nsight Compute); else each pair is read where used. SOFTCAP reads lse2 where used (consume): its
+// exponentials wait for dP^T, and lse2 held beside delta and dP^T spilled at d 128 (BLOCK_M / 4 registers).
+template <class T, bool HELD = T::kStatsHeld>
 struct StepStats {
-  static constexpr bool kHeld = T::kStatsHeld;
+  static constexpr bool kHeld = HELD;
   float2 held[kHeld ? T::kBlockM / 8 : 1];
   const float* at_tig;
   __device__ void load(const float* stats, int tig) {
@@ -387,6 +411,124 @@ __device__ __forceinline__ void dscores(float (&dpt)[T::kBlockM / 2], const floa
     for (int e = 0; e < 4; ++e) dpt[4 * j + e] = pt[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? d2.y : d2.x));
   }
 }
+
+// Which of a consumer thread's score elements a modified step masks (ModScores): element (j, e) is key row
+// key0 + 8 h (h = e >> 1) and query m0 + 2 tig + off, off = 8 j + (e & 1); it is masked iff off < below[h] or
+// off > above[h] (below[h] the greatest int when the key row is past seq_k: every element).
+struct StepMask {
+  int below[2], above[2];
+  __device__ bool operator()(int off, int h) const { return off < below[h] || off > above[h]; }
+};
+
+// P^T in place of S^T under a StepMask (a window without a softcap): exp2(S scale_log2 - lse2), 0 where masked.
+template <class T, bool MASKED>
+__device__ __forceinline__ void masked_probs(float (&st)[T::kBlockM / 2], const StepStats<T>& lse2, float scale_log2,
+                                             const StepMask& mask) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    const float2 l2 = lse2[j];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float pv = fast_exp2(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+      if constexpr (MASKED) {
+        if (mask(8 * j + (e & 1), e >> 1)) pv = 0.f;
+      }
+      st[4 * j + e] = pv;
+    }
+  }
+}
+
+// SOFTCAP: from t = tanh(S^T scale / c) in st, P^T = exp2(t c log2(e) - lse2) (0 where masked) in place of t, and
+// dS^T = P^T (dP^T - delta) (1 - t^2) in place of dP^T: the gradient through the cap c tanh(s / c), whose
+// derivative is 1 - t^2. Two passes, each reading one of the step's stats: (dP^T - delta) (1 - t^2) first, then
+// P^T and its product. (NVRTC 13.0, sm_90a: one pass, with both stats' loads and the exponentials beside t and
+// dP^T, spilled 4-20 bytes at d 128 BLOCK_M 64 with one consumer; two passes none.)
+template <class T, bool MASKED, class Lse2>
+__device__ __forceinline__ void capped_grads(float (&st)[T::kBlockM / 2], float (&dpt)[T::kBlockM / 2], const Lse2& lse2,
+                                             const StepStats<T>& delta, float softcap_log2, const StepMask& mask) {
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    const float2 d2 = delta[j];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float t = st[4 * j + e];
+      dpt[4 * j + e] = (dpt[4 * j + e] - ((e & 1) ? d2.y : d2.x)) * fmaf(-t, t, 1.f);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < T::kBlockM / 8; ++j) {
+    const float2 l2 = lse2[j];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float pv = fast_exp2(fmaf(st[4 * j + e], softcap_log2, -((e & 1) ? l2.y : l2.x)));
+      if constexpr (MASKED) {
+        if (mask(8 * j + (e & 1), e >> 1)) pv = 0.f;
+      }
+      st[4 * j + e] = pv;
+      dpt[4 * j + e] *= pv;
+    }
+  }
+}
+
+// A modified step's P^T and dS^T (the traits' WINDOW and/or SOFTCAP): under_dp while dP^T's GEMM runs, after_dp
+// once it is done; masked(m0): the tile straddles an edge of the band or seq_k for some element of the warpgroup.
+// The band is the window's (Steps::band), or without one the causal diagonal's (or none) as a band. SOFTCAP puts
+// t under dP^T and P^T and dS^T after it (capped_grads: t' needs t, which P^T would overwrite; a copy would cost
+// BLOCK_M / 2 registers beside dK and dV). Tried and dropped: P^T under dP^T, packed for dV at once, with
+// P^T (1 - t^2) kept for dS^T (4 bytes of spills at d 128 BLOCK_M 64 with two consumers, 96 at d 64 BLOCK_M 128).
+// The plain kernels keep their own lines (consume), so that their code is what it was: an equivalent plain piece
+// of this shape moved ptxas's register allocation in every plain dK/dV kernel.
+template <class T>
+struct ModScores {
+  static constexpr bool kSoftcap = ModsOf<T>::softcap;
+  int key0, seq_k, tig;  // the thread's first key row, the keys' end
+  int wg_key0;           // the warpgroup's first key
+  WindowBand band;       // WINDOW: the window's (Steps::band); else the causal diagonal's (or none) as a band
+  float scale_log2;      // the exponent's factor: SOFTCAP c log2(e) on t, else scale log2(e) on S
+  float cap_scale;       // SOFTCAP: scale / c, S's factor inside tanh
+  template <class P>
+  __device__ static ModScores at(const P& p, const Steps& st, int key0_block, int krow, int c, int tig) {
+    ModScores s{key0_block + krow, p.seq_k, tig, key0_block + 64 * c, st.band, p.scale_log2, 0.f};
+    if constexpr (!ModsOf<T>::window) s.band = window_band(-1, -1, T::kCausal, p.seq_q, p.seq_k);
+    if constexpr (kSoftcap) s.scale_log2 = p.mods.softcap_log2, s.cap_scale = p.mods.softcap_scale;
+    return s;
+  }
+  // Some (row, key) of rows m0 .. m0 + BM - 1 and the warpgroup's 64 keys lies past seq_k or outside the band.
+  __device__ bool masked(int m0) const {
+    return wg_key0 + 63 >= seq_k || wg_key0 < m0 + T::kBlockM - 1 + band.lo || wg_key0 + 63 > m0 + band.hi;
+  }
+  // Key row key0 + 8 h is seen by query m0 + 2 tig + off iff key - hi <= m0 + 2 tig + off <= key - lo.
+  __device__ StepMask step_mask(int m0) const {
+    StepMask k;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key0 + 8 * h, base = m0 + 2 * tig;
+      k.below[h] = key >= seq_k ? 0x7fffffff : key - band.hi - base;
+      k.above[h] = key - band.lo - base;
+    }
+    return k;
+  }
+  template <class Lse2>
+  __device__ void under_dp(float (&sc)[T::kBlockM / 2], const Lse2& lse2, int m0, bool masked) const {
+    if constexpr (kSoftcap) {  // t: the SFU's share of the step, while dP^T's GEMM runs
+#pragma unroll
+      for (int x = 0; x < T::kBlockM / 2; ++x) sc[x] = tanh_approx(sc[x] * cap_scale);
+    } else {
+      if (masked) masked_probs<T, true>(sc, lse2, scale_log2, step_mask(m0));
+      else masked_probs<T, false>(sc, lse2, scale_log2, StepMask{});
+    }
+  }
+  template <class Lse2>
+  __device__ void after_dp(float (&sc)[T::kBlockM / 2], float (&dp)[T::kBlockM / 2], const Lse2& lse2,
+                           const StepStats<T>& delta, int m0, bool masked) const {
+    if constexpr (kSoftcap) {
+      if (masked) capped_grads<T, true>(sc, dp, lse2, delta, scale_log2, step_mask(m0));
+      else capped_grads<T, false>(sc, dp, lse2, delta, scale_log2, StepMask{});
+    } else {
+      dscores<T>(dp, sc, delta);
+    }
+  }
+};
 
 // A consumer's piece of the step's dQ: row tiles and columns (T::kDqCols wide) it computes.
 struct DqPiece {
@@ -535,9 +677,8 @@ __device__ __forceinline__ void dq_chains(const DqSink<T>& sink, const DqPiece& 
 }
 
 // One consumer warpgroup: every step's five products; dK, dV kept in registers, stored at the end.
-template <class T>
-__device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& p, const Work& w, const Steps& st,
-                                        int c, int tid) {
+template <class T, class P>
+__device__ __forceinline__ void consume(const Smem<T>& sm, const P& p, const Work& w, const Steps& st, int c, int tid) {
   constexpr int D = T::kHeadDim, BM = T::kBlockM, SW = T::kSwizzle, DT = T::kDtype;
   constexpr int NQ = T::kConsumerThreads;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
@@ -568,17 +709,27 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
     wgmma_commit();
     gemm_scores<T>(dp, opaque(v_rows), dout);
     wgmma_commit();
-    StepStats<T> lse2, delta;
+    StepStats<T, T::kStatsHeld && !ModsOf<T>::softcap> lse2;  // (the plain kernels': StepStats<T>)
+    StepStats<T> delta;
     lse2.load(sm.lse_ptr(s), tig);
     wgmma_wait<1>();  // S^T; dP^T still running
     wgmma_fence_regs(sc);
     delta.load(sm.delta_ptr(s), tig);  // under the exponentials
-    const bool masked = wg_key_last >= p.seq_k || (T::kCausal && wg_key_last > m0 + rows.causal_offset);
-    if (masked) probs<T, true>(sc, lse2, scale_log2, rows, m0);
-    else probs<T, false>(sc, lse2, scale_log2, rows, m0);
-    wgmma_wait<0>();  // dP^T
-    wgmma_fence_regs(dp);
-    dscores<T>(dp, sc, delta);
+    if constexpr (ModsOf<T>::any) {  // WINDOW, SOFTCAP: ModScores (the band's mask; t, then P^T and dS^T together)
+      const ModScores<T> mod = ModScores<T>::at(p, st, w.n0, krow, c, tig);
+      const bool masked = mod.masked(m0);
+      mod.under_dp(sc, lse2, m0, masked);
+      wgmma_wait<0>();  // dP^T
+      wgmma_fence_regs(dp);
+      mod.after_dp(sc, dp, lse2, delta, m0, masked);
+    } else {
+      const bool masked = wg_key_last >= p.seq_k || (T::kCausal && wg_key_last > m0 + rows.causal_offset);
+      if (masked) probs<T, true>(sc, lse2, scale_log2, rows, m0);
+      else probs<T, false>(sc, lse2, scale_log2, rows, m0);
+      wgmma_wait<0>();  // dP^T
+      wgmma_fence_regs(dp);
+      dscores<T>(dp, sc, delta);
+    }
     unsigned pa[BM / 16][4], dsa[BM / 16][4];
     pack_all<DT, BM>(pa, sc);
     pack_all<DT, BM>(dsa, dp);
@@ -642,11 +793,21 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const AttnBwdParams& 
 
 }  // namespace fa3_bwd_detail
 
+// The kernels' argument: AttnBwdParams, with the modifications' values after it where the traits have any
+// (ModParams; the preprocess and the convert read only the plain part). One name for it, as fa3_wgmma's Fa3FwdArg,
+// so that the mangled names stay short. Traits: Fa3WgmmaBwdTraits, or AttnModTraits<Fa3WgmmaBwdTraits, WINDOW,
+// SOFTCAP>.
+template <class Traits>
+struct Fa3BwdArg {
+  using type = typename ModParamsOf<ModsOf<Traits>::any, AttnBwdParams>::type;
+};
+
 // lse2 = lse log2(e) and delta = rowsum(dO * O) per padded row (zeros past seq_q), dq_accum = 0, and each
 // query block's turn counter = 0.
 // 8 lanes per row, 32 rows per CTA; y = query head, z = batch.
 template <class Traits>
-__global__ void __launch_bounds__(kFa3BwdRowThreads) fa3_wgmma_bwd_preprocess(const AttnBwdParams p) {
+__global__ void __launch_bounds__(kFa3BwdRowThreads)
+    fa3_wgmma_bwd_preprocess(const typename Fa3BwdArg<Traits>::type p) {
   using T = Traits;
   constexpr int D = T::kHeadDim;
   const fa3_bwd_detail::Workspace ws = fa3_bwd_detail::Workspace::of<T>(p);
@@ -686,7 +847,8 @@ __global__ void __launch_bounds__(kFa3BwdRowThreads) fa3_wgmma_bwd_preprocess(co
 // One CTA per (key block, kv head, batch) (fa3_bwd_dkdv_grid): see the file's head.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    fa3_wgmma_bwd_dkdv(const AttnBwdParams p, const __grid_constant__ AttnTensorMaps tm) {
+    fa3_wgmma_bwd_dkdv(const typename Fa3BwdArg<Traits>::type p,
+                       const __grid_constant__ AttnTensorMaps tm) {
   using T = Traits;
   namespace det = fa3_bwd_detail;
   check_dynamic_smem(T::kSmemBytes);
@@ -731,7 +893,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // (Written straight from the staging order, the 4-byte pairs left half of each 32-byte sector per store: the
 // kernel took twice as long, 130 us against 66 at d 64, S 1k.)
 template <class Traits>
-__global__ void __launch_bounds__(kFa3BwdRowThreads) fa3_wgmma_bwd_convert(const AttnBwdParams p) {
+__global__ void __launch_bounds__(kFa3BwdRowThreads)
+    fa3_wgmma_bwd_convert(const typename Fa3BwdArg<Traits>::type p) {
   using T = Traits;
   using L = fa3_bwd_detail::DqLayout<T>;
   constexpr int D = T::kHeadDim, BM = T::kBlockM, PITCH = D + 8;  // 16-bit elements per shared row

@@ -162,6 +162,33 @@ FT_HD constexpr int fa3_bwd_turn(int DETERMINISTIC, int j, int m, int BM, int BN
   return DETERMINISTIC == 2 ? fa3_bwd_last_key_block(m, BM, BN, seq_q, seq_k) - j : j;
 }
 
+// A window (AttnModTraits' WINDOW, WindowBand): the blocks a pair of tiles share a visible (query, key) pair in.
+// Query block m (rows [m BM, min((m + 1) BM, Sq))) meets key blocks first .. last (last < first: none); key block
+// at n0 (keys [n0, min(n0 + BN, Sk))) meets `blocks` query blocks from `first`. Both read the band's one pairing
+// (keys_of_rows, rows_of_keys), so a key block's walk visits query block m iff m's range holds the key block:
+// the dQ turns below count exactly the key blocks that add into m.
+FT_HD constexpr void fa3_bwd_window_key_blocks(const WindowBand& band, int m, int BM, int BN, int seq_q, int seq_k,
+                                               int& first, int& last) {
+  const int r1 = (m + 1) * BM < seq_q ? (m + 1) * BM : seq_q;
+  const IndexRange keys = band.keys_of_rows(m * BM, r1, seq_k);
+  first = keys.empty() ? 0 : keys.first / BN;
+  last = keys.empty() ? -1 : (keys.end - 1) / BN;
+}
+FT_HD constexpr void fa3_bwd_window_query_blocks(const WindowBand& band, int n0, int BM, int BN, int seq_q, int seq_k,
+                                                 int& first, int& blocks) {
+  const IndexRange rows = band.rows_of_keys(n0, n0 + BN < seq_k ? n0 + BN : seq_k, seq_q);
+  first = rows.empty() ? 0 : rows.first / BM;
+  blocks = rows.empty() ? 0 : (rows.end - 1) / BM + 1 - first;
+}
+// Key block j's turn at query block m under a window: 1 ascending from m's first key block, 2 descending from its
+// last (each query block's diagonal block first when causal).
+FT_HD constexpr int fa3_bwd_window_turn(int DETERMINISTIC, const WindowBand& band, int j, int m, int BM, int BN,
+                                        int seq_q, int seq_k) {
+  int first = 0, last = -1;
+  fa3_bwd_window_key_blocks(band, m, BM, BN, seq_q, seq_k, first, last);
+  return DETERMINISTIC == 2 ? last - j : j - first;
+}
+
 // nullptr if valid, else the reason.
 FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP,
                                           int DQ_TURNS = 0, int DETERMINISTIC = 0, int DQ_STAGES = 1) {

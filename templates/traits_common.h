@@ -43,4 +43,33 @@ struct ModsOf<T, decltype(void(T::kModWindow))> {
   static constexpr bool window = T::kModWindow, softcap = T::kModSoftcap, any = T::kModWindow || T::kModSoftcap;
 };
 
+// A sliding window as a band around the bottom-right diagonal (issue 32; attention_params.h's AttnMods): query i
+// sees key j iff i + lo <= j <= i + hi, lo = seq_k - seq_q - window_left, hi = seq_k - seq_q + window_right, an
+// unbounded edge (-1) kWindowFar away, causal capping hi at the diagonal. No int overflow: edges are at most 2^30
+// (check_window_edge), rows and keys below 2^20, so every sum below stays within +-(2^30 + 2^22).
+// The one place a window's rows and keys are paired: fa3_wgmma's key-block span, fa3_wgmma_bwd's query-block walk
+// and its dQ turns all read it, so that they agree on which blocks meet.
+constexpr int kWindowFar = (1 << 30) + (1 << 21);
+struct IndexRange {
+  int first, end;  // [first, end); empty when end <= first
+  FT_HD constexpr bool empty() const { return end <= first; }
+};
+struct WindowBand {
+  int lo, hi;
+  // The keys that rows [r0, r1) see together (r1 > r0, r1 <= seq_q), within [0, seq_k).
+  FT_HD constexpr IndexRange keys_of_rows(int r0, int r1, int seq_k) const {
+    return IndexRange{0 > r0 + lo ? 0 : r0 + lo, seq_k < r1 + hi ? seq_k : r1 + hi};
+  }
+  // The rows that see some key of [k0, k1) (k1 > k0, k1 <= seq_k), within [0, seq_q).
+  FT_HD constexpr IndexRange rows_of_keys(int k0, int k1, int seq_q) const {
+    return IndexRange{0 > k0 - hi ? 0 : k0 - hi, seq_q < k1 - lo ? seq_q : k1 - lo};
+  }
+};
+FT_HD constexpr WindowBand window_band(int window_left, int window_right, bool causal, int seq_q, int seq_k) {
+  const int diag = seq_k - seq_q;
+  const int lo = window_left >= 0 ? diag - window_left : -kWindowFar;
+  const int hi = window_right >= 0 ? diag + window_right : kWindowFar;
+  return WindowBand{lo, causal && !(hi < diag) ? diag : hi};
+}
+
 }  // namespace flashtune

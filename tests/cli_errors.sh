@@ -154,6 +154,16 @@ expect_usage_error "no problem in $tmp/w_ok.json matches a variant" tune "$SRC/c
 # Accepted flags reach the GPU step (here: none, exit 1), not a usage error.
 "$FLASHTUNE" run $fa3 --window 128,-1 --softcap 30 >"$tmp/out" 2>"$tmp/err"
 [[ $? -ne 2 ]] || { echo "FAIL: run --window 128,-1 --softcap 30 was refused:"; cat "$tmp/err"; fail=1; }
+# The backward: fa3_wgmma_bwd takes both; every other backward family refuses them in a line, in run and tune.
+expect_usage_error "family fa2_wgmma_bwd does not support sliding windows (window)" run --family fa2_wgmma_bwd \
+  --params BLOCK_M=64 --direction bwd --shape 1,2,300,300,128 --dtype bf16 --window 64,-1
+expect_usage_error "family fa2_mma_bwd does not support logit softcapping (softcap)" run --family fa2_mma_bwd \
+  --params BLOCK_M=64 --direction bwd --shape 1,2,300,300,64 --dtype bf16 --softcap 30
+expect_usage_error "no problem in $SRC/configs/problems/ragged_window_bwd_bf16.json matches a variant" tune \
+  "$SRC/configs/spaces/fa2_wgmma_bwd.json" "$SRC/configs/problems/ragged_window_bwd_bf16.json" --db "$tmp/x.db"
+"$FLASHTUNE" run --family fa3_wgmma_bwd --params BLOCK_M=64,CONSUMERS=2 --direction bwd --shape 1,2,300,300,128 \
+  --dtype bf16 --causal --window 64,-1 --softcap 30 >"$tmp/out" 2>"$tmp/err"
+[[ $? -ne 2 ]] || { echo "FAIL: run fa3_wgmma_bwd --window 64,-1 --softcap 30 was refused:"; cat "$tmp/err"; fail=1; }
 
 # Paged K/V caches: the description checked before any GPU work (flags, files, the family's page condition).
 dec="--family decode_splitkv --params SPLITS=16,BLOCK_N=64,WARPS=4,STAGES=2 --dtype bf16 --heads-k 2"

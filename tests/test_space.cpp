@@ -747,9 +747,9 @@ TEST(Problems, WindowAndSoftcapFieldsAndIdentity) {
       }
 }
 
-// Families say which modifications they have: fa3_wgmma both, every other none, so that a problem with a window
-// or a softcap is refused by the rest (shape_reason) and never runs silently without it; variants_for gives such
-// a problem fa3_wgmma's modified variant, and its name expression wraps the traits.
+// Families say which modifications they have: fa3_wgmma and fa3_wgmma_bwd both, every other none, so that a
+// problem with a window or a softcap is refused by the rest (shape_reason) and never runs silently without it;
+// variants_for gives such a problem the modified variant, and its name expression wraps the traits.
 TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   Problem p{1, 2, 256, 256, 128, DType::bf16, false};
   Problem w = p;
@@ -757,7 +757,7 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   Problem c = p;
   c.softcap = 30;
   for (const auto& f : families()) {
-    if (f.name == "fa3_wgmma") {
+    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd") {
       EXPECT_EQ(f.mods, kModWindow | kModSoftcap);
       EXPECT_EQ(f.shape_reason(w), "");
       EXPECT_EQ(f.shape_reason(c), "");
@@ -795,6 +795,28 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   m.family = &find_family("fa2_mma");
   m.config = m.family->default_config;
   EXPECT_EQ(Compiler("sm_80").prune_before_compile(m), "has no window form");
+  // The backward: every kernel (preprocess, dK/dV, convert) on the wrapped traits; a backward problem with a window
+  // gets fa3_wgmma_bwd's modified variant and every other backward family's one-line reason.
+  const Family& b = find_family("fa3_wgmma_bwd");
+  const auto bn = b.name_expressions(b.default_config, 64, true, DType::bf16, false, false, kModWindow);
+  ASSERT_EQ(bn.size(), 3u);
+  for (const auto& e : bn) EXPECT_THAT(e, HasSubstr("<flashtune::AttnModTraits<flashtune::Fa3WgmmaBwdTraits<64,"));
+  EXPECT_THAT(bn[0], HasSubstr("true>, true, false>>"));
+  Problem wb = w;
+  wb.direction = "bwd";
+  const Space bs = space_from_json(json::parse(R"({"family":"fa3_wgmma_bwd","params":{"BLOCK_M":[64]},"head_dims":[128],
+                                                  "causal":[false],"dtypes":["bf16"]})"));
+  ASSERT_EQ(variants_for(bs, {wb}).size(), 1u);
+  EXPECT_EQ(variants_for(bs, {wb})[0].mods, kModWindow);
+  EXPECT_EQ(sm90.prune_before_compile(variants_for(bs, {wb})[0]), "");
+  for (const auto& f : families())
+    if (f.direction == "bwd" && f.name != "fa3_wgmma_bwd") {
+      EXPECT_EQ(f.shape_reason(wb), "does not support sliding windows (window)") << f.name;
+      Variant o = variants_for(bs, {wb})[0];
+      o.family = &f;
+      o.config = f.default_config;
+      EXPECT_EQ(sm90.prune_before_compile(o), "has no window form") << f.name;
+    }
   // Space files: "mods" lists the forms to compile-check; a family without them refuses the list.
   const Space sm = space_from_json(json::parse(R"({"family":"fa3_wgmma","params":{"BLOCK_N":[64]},"head_dims":[128],
       "causal":[true],"dtypes":["bf16"],"mods":["none","window","softcap","window+softcap"]})"));
@@ -1364,4 +1386,62 @@ TEST(Family, Fa3BwdFamilyMapsAndLaunches) {
   EXPECT_EQ(f.tensor_maps(c, p)[0].swizzle_bytes, 64);
   EXPECT_THAT(f.check(c, 96), HasSubstr("dQ pieces"));
   EXPECT_EQ(f.shape_reason(p), "");  // dense grouped-query attention is served (there is no packed form yet)
+}
+
+// A window's blocks (issue 32): fa3_wgmma_bwd's key blocks walk the query blocks fa3_bwd_window_query_blocks gives,
+// and its dQ turns count the key blocks fa3_bwd_window_key_blocks gives; both must be exactly the block pairs
+// that share a visible (query, key) pair (Problem::visible_keys, the problem's own definition), for ragged shapes
+// and windows of every kind, else a query block's turns would wait for a key block that never adds (a hang) or a
+// key block would skip rows that see it. The band without a window is causal's: the same turns as fa3_bwd_turn.
+TEST(Family, Fa3BwdWindowBlocksArePairsThatMeet) {
+  for (const auto& [left, right] : {std::pair{0, 0}, std::pair{1, -1}, std::pair{64, -1}, std::pair{65, 65},
+                                    std::pair{-1, 1}, std::pair{3, 17}, std::pair{100000, 100000}, std::pair{-1, -1},
+                                    std::pair{0, -1}, std::pair{200, 0}})
+    for (bool causal : {false, true})
+      for (const auto& [sq, sk] : {std::pair{1, 700}, std::pair{333, 517}, std::pair{517, 333}, std::pair{64, 64},
+                                   std::pair{129, 1000}, std::pair{200, 65}})
+        for (int BM : {64, 128})
+          for (int BN : {64, 128, 192}) {
+            Problem p{1, 1, sq, sk, 64, DType::bf16, causal};
+            p.window_left = left, p.window_right = right;
+            const WindowBand band = window_band(left, right, causal, sq, sk);
+            const int num_m = (sq + BM - 1) / BM, num_n = (sk + BN - 1) / BN;
+            std::vector<std::vector<char>> meet(num_m, std::vector<char>(num_n, 0));
+            for (int i = 0; i < sq; ++i) {
+              const auto [first, end] = p.visible_keys(i, sq, sk);
+              const IndexRange keys = band.keys_of_rows(i, i + 1, sk);  // the band is the problem's mask, row by row
+              if (first < end) ASSERT_EQ(std::make_pair((long long)keys.first, (long long)keys.end), std::make_pair(first, end)) << i;
+              else ASSERT_TRUE(keys.empty()) << i;
+              for (long long j = first; j < end; ++j) meet[i / BM][j / BN] = 1;
+            }
+            const std::string at = "window " + std::to_string(left) + "," + std::to_string(right) + (causal ? " causal " : " ") +
+                                   std::to_string(sq) + "x" + std::to_string(sk) + " BM " + std::to_string(BM) + " BN " +
+                                   std::to_string(BN);
+            for (int n = 0; n < num_n; ++n) {  // a key block's walk
+              int first = 0, blocks = 0;
+              fa3_bwd_window_query_blocks(band, n * BN, BM, BN, sq, sk, first, blocks);
+              for (int m = 0; m < num_m; ++m)
+                ASSERT_EQ(m >= first && m < first + blocks, (bool)meet[m][n]) << at << " key block " << n << " query block " << m;
+            }
+            for (int m = 0; m < num_m; ++m) {  // a query block's adders and their turns
+              int first = 0, last = -1;
+              fa3_bwd_window_key_blocks(band, m, BM, BN, sq, sk, first, last);
+              std::set<int> up, down;
+              for (int n = 0; n < num_n; ++n) {
+                ASSERT_EQ(n >= first && n <= last, (bool)meet[m][n]) << at << " query block " << m << " key block " << n;
+                if (!meet[m][n]) continue;
+                up.insert(fa3_bwd_window_turn(1, band, n, m, BM, BN, sq, sk));
+                down.insert(fa3_bwd_window_turn(2, band, n, m, BM, BN, sq, sk));
+                if (left < 0 && right < 0) {  // no window: the plain kernels' turns (DETERMINISTIC 2 is causal only)
+                  if (causal)
+                    EXPECT_EQ(fa3_bwd_window_turn(2, band, n, m, BM, BN, sq, sk), fa3_bwd_turn(2, n, m, BM, BN, sq, sk)) << at;
+                  EXPECT_EQ(fa3_bwd_window_turn(1, band, n, m, BM, BN, sq, sk), fa3_bwd_turn(1, n, m, BM, BN, sq, sk)) << at;
+                }
+              }
+              std::set<int> want;  // each turn 0 .. count - 1 taken once
+              for (int t = 0; t <= last - first; ++t) want.insert(t);
+              EXPECT_EQ(up, want) << at << " query block " << m;
+              EXPECT_EQ(down, want) << at << " query block " << m;
+            }
+          }
 }

@@ -503,7 +503,11 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
   void* fwd_args[] = {modified ? (packed ? (void*)&fwd_varlen_mods : p.paged.enabled() ? (void*)&fwd_paged_mods : (void*)&fwd_mods)
                                : (packed ? (void*)&fwd_varlen : p.paged.enabled() ? (void*)&fwd_paged : (void*)&fwd),
                       &maps_};
-  void* bwd_args[] = {packed ? (void*)&bwd_varlen : (void*)&bwd, &maps_};
+  ModParams<AttnBwdParams> bwd_mods{bwd, mods};
+  ModParams<VarlenParams<AttnBwdParams>> bwd_varlen_mods{bwd_varlen, mods};
+  void* bwd_args[] = {modified ? (packed ? (void*)&bwd_varlen_mods : (void*)&bwd_mods)
+                               : (packed ? (void*)&bwd_varlen : (void*)&bwd),
+                      &maps_};
   for (const Kernel& k : kernels) {
     void** args = p.direction == "bwd" ? bwd_args : fwd_args;
     if (k.cluster == 1) {

@@ -39,6 +39,10 @@
 //    error of P_ij; through the normalisation it cancels except for the spread, hence |V_jc - O_ic| in
 //    L: a near one-hot softmax (inputs x30, scores in the thousands) has L ~ 0 on its winning key.
 //    ex2.approx / lg2.approx add 2 ulp (2^-22): inside u32 * g * M (g >= 2).
+//  - a softcap c (issue 32): the kernels' tanh.approx (relative error <= 2^-10.987) moves P's exponent by up to
+//    kTanhUnits u32 |c tanh(s / c)|, a term of Lambda, and the backward's derivative 1 - t^2 by up to
+//    2 t^2 kTanhUnits u32 relative to P (dP - delta), the T term of dk_logit and dq_logit (attention_ref.hpp);
+//    the derivative is <= 1, so M (P w |K|, P w |Q|) still bounds what dK and dQ sum. A window only removes terms.
 //  - Sk = 1: dQ = dK = 0 exactly, but a kernel computes dP - delta = dO.V - dO.O with O = V in fp32 and
 //    gets rounding noise; M (||dO|| (||V|| + ||O||) |K|) is not 0 there, so the noise passes, where a
 //    relative L2 error divided by ||dQ|| = 0. Zero references with M = 0 (fully masked rows, zero V)

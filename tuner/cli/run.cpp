@@ -115,7 +115,7 @@ int cmd_run(int argc, char** argv) {
               "--window L,R: sliding-window attention (FlashAttention's window_size; -1 unbounded): query i sees\n"
               "key j iff i + Sk - Sq - L <= j <= i + Sk - Sq + R (bottom-right aligned like --causal, which is\n"
               "-1,0 and overrides R). --softcap C: scores s become C tanh(s / C) before the softmax (0: off).\n"
-              "Families without them (all but fa3_wgmma for now) refuse such a problem (exit 2).\n"
+              "Families without them (all but fa3_wgmma and fa3_wgmma_bwd) refuse such a problem (exit 2).\n"
               "Exit 1 if the kernel is not valid.");
     return 0;
   }
