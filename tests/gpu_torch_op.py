@@ -1018,8 +1018,9 @@ MOD_REL_L2 = 1e-2
 
 def window_softcap():
     """attention(window_size=..., softcap=...) against a float64 reference with the same mask and cap (and the same
-    call without them far from it); explain() names the Hopper forward; the backward either matches the reference's
-    gradients or, where no backward kernel has the modifications, raises UnsupportedError in one line."""
+    call without them far from it); explain() names the Hopper forward; the backward matches the reference's
+    gradients (fa3_wgmma_bwd) or, where no backward kernel has the modifications (d 256), raises UnsupportedError in
+    one line. Which of the two is explain()'s to say, and both are checked."""
     if torch.cuda.get_device_capability()[0] != 9:
         check(True, "window_softcap: not an sm_90 GPU (the modifications are in the Hopper forward)")
         return

@@ -828,8 +828,8 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     window_size=(left, right) (FlashAttention's; -1 unbounded): query i sees key j iff
     i + Sk - Sq - left <= j <= i + Sk - Sq + right (bottom-right aligned; with causal the right edge is the
     diagonal); softcap=c > 0: the scaled scores s become c * tanh(s / c) before the softmax (Gemma-2). Both run in
-    the Hopper forward family (sm_90, fp16 and bf16; key blocks outside the window are skipped); a call no kernel
-    runs with them raises flashtune.UnsupportedError naming what is missing (today: the backward).
+    the Hopper families (sm_90, fp16 and bf16, blocks outside the window skipped; the backward at d 64, 96, 128); a
+    call no kernel runs with them raises flashtune.UnsupportedError naming what is missing.
     Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
     TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or
     dtype the runtime has no kernel for on this GPU, flashtune.FlashtuneError for other runtime failures."""
