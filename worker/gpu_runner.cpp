@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -128,7 +129,7 @@ HostTensor loaded_input(const std::string& dir, const InputFile& f, DType t) {
 
 CudaError::CudaError(CUresult c, const std::string& what) : std::runtime_error(what), code(c), sticky(is_sticky(c)) {}
 
-GpuRunner::GpuRunner(int ordinal) : ordinal_(ordinal) {
+GpuRunner::GpuRunner(int ordinal, int threads) : ordinal_(ordinal), threads_(threads) {
   CU_CHECK(cuInit(0));
   int count = 0;
   CU_CHECK(cuDeviceGetCount(&count));
@@ -165,6 +166,8 @@ GpuRunner::GpuRunner(int ordinal) : ordinal_(ordinal) {
 
 GpuRunner::~GpuRunner() {
   destroy_library();
+  for (Outputs* o : {&outputs_, &again_})
+    for (HostBuffer& h : *o) free_host(h);
   for (Buffer* b : problem_buffers())
     if (b->ptr) cuMemFree(b->ptr);
   if (flush_.ptr) cuMemFree(flush_.ptr);
@@ -278,7 +281,7 @@ void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long
   ref::Shape shape = with_modifications(ref::Shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   shape.heads_k = p.heads_k;
   fwd_ref_ = tiled_forward_reference(shape, units, q.values.data(), k.values.data(), v.values.data(),
-                                     ref::sample_rows(shape, max_rows, seed));
+                                     ref::sample_rows(shape, max_rows, seed), threads_);
 }
 
 void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std::string& inputs_dir) {
@@ -312,7 +315,8 @@ void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std
   // The distinct heads as one (1, distinct_heads_) problem: each head's reference is its own.
   ref::Shape heads = with_modifications(ref::Shape{1, distinct_heads_, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   heads.heads_k = g > 1 ? groups : 0;
-  bwd_ref_ = backward_reference(heads, q.values.data(), k.values.data(), v.values.data(), dout.values.data());
+  bwd_ref_ = backward_reference(heads, q.values.data(), k.values.data(), v.values.data(), dout.values.data(), threads_);
+  bwd_bounds_ = backward_bounds(p, bwd_ref_);
   // The forward's results as the backward's inputs: O in the kernel's dtype, LSE in fp32.
   std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
   const auto o_dev = to_device_format(o_f, p.dtype);
@@ -360,7 +364,7 @@ void GpuRunner::prepare_varlen_fwd(const Problem& p, unsigned long long seed, lo
   CU_CHECK(cuMemcpyHtoD(cu_q_.ptr, cu_q.data(), cu_q.size() * 4));
   CU_CHECK(cuMemcpyHtoD(cu_k_.ptr, cu_k.data(), cu_k.size() * 4));
   fwd_ref_ = varlen_forward_reference(p, q.values.data(), k.values.data(), v.values.data(),
-                                      varlen_sample_rows(p, max_rows, seed));
+                                      varlen_sample_rows(p, max_rows, seed), threads_);
 }
 
 // Packed variable-length backward: as the dense backward, distinct heads' worth of data repeated over the
@@ -382,7 +386,8 @@ void GpuRunner::prepare_varlen_bwd(const Problem& p, unsigned long long seed) {
                    v = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x56), p.dtype, p.inputs),
                    dout = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x64), p.dtype, grad_dist(p.inputs));
   bwd_ref_ = varlen_backward_reference(p, hd, units, q.values.data(), k.values.data(), v.values.data(),
-                                       dout.values.data());
+                                       dout.values.data(), threads_);
+  bwd_bounds_ = backward_bounds(p, bwd_ref_);
   std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
   const auto o_dev = to_device_format(o_f, p.dtype);
   // Token t's row of `heads` heads from the distinct row of `distinct` heads: head h is distinct head h % distinct.
@@ -466,7 +471,7 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
   ref::Shape shape = with_modifications(ref::Shape{B, p.heads, p.seq_q, p.seq_k, d, p.causal}, p);
   shape.heads_k = p.heads_k;
   fwd_ref_ = paged_forward_reference(p, units, q.values.data(), k.values.data(), v.values.data(),
-                                     ref::sample_rows(shape, max_rows, seed));
+                                     ref::sample_rows(shape, max_rows, seed), threads_);
 }
 
 void GpuRunner::upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count) {
@@ -543,37 +548,60 @@ void GpuRunner::poison_outputs() {
   }
 }
 
-std::vector<std::vector<uint8_t>> GpuRunner::read_outputs() {
-  std::vector<Buffer*> bufs = problem_.direction == "bwd" ? std::vector<Buffer*>{&dq_, &dk_, &dv_}
-                                                          : std::vector<Buffer*>{&o_, &lse_};
-  std::vector<std::vector<uint8_t>> out;
-  for (Buffer* b : bufs) {
-    out.emplace_back(b->bytes);
-    CU_CHECK(cuMemcpyDtoH(out.back().data(), b->ptr, b->bytes));
+void GpuRunner::ensure_host(HostBuffer& h, size_t bytes) {
+  h.bytes = bytes;
+  if (h.capacity >= bytes && h.ptr) return;
+  free_host(h);
+  void* p = nullptr;
+  if (cuMemAllocHost(&p, std::max<size_t>(bytes, 1)) == CUDA_SUCCESS) {
+    h.pinned = true;
+  } else {
+    p = std::malloc(std::max<size_t>(bytes, 1));
+    if (!p) throw std::bad_alloc();
   }
-  return out;
+  h.ptr = static_cast<uint8_t*>(p);
+  h.capacity = bytes;
 }
 
-// Gathers the outputs as floats and hands them to the validation module (worker/validate.cpp).
-void GpuRunner::validate(const std::vector<std::vector<uint8_t>>& outputs, json& out) {
-  const Problem& p = problem_;
-  // The outputs as floats, each tensor converted on a thread of its own (a backward's three are 10^8
-  // elements at the standard grid's sizes).
-  const std::vector<DType> types = p.direction == "bwd" ? std::vector<DType>{p.dtype, p.dtype, p.dtype}
-                                                        : std::vector<DType>{p.dtype, DType::fp32};
-  std::vector<std::vector<float>> f(types.size());
-  {
-    std::vector<std::thread> ts;
-    for (size_t i = 0; i < types.size(); ++i) ts.emplace_back([&, i] { f[i] = from_device_format(outputs[i], types[i]); });
-    for (auto& t : ts) t.join();
+void GpuRunner::free_host(HostBuffer& h) {
+  if (h.ptr && h.pinned) cuMemFreeHost(h.ptr);  // unchecked: this runs on the error path too
+  else std::free(h.ptr);
+  h = HostBuffer{};
+}
+
+void GpuRunner::read_outputs(Outputs& into) {
+  std::vector<Buffer*> bufs = problem_.direction == "bwd" ? std::vector<Buffer*>{&dq_, &dk_, &dv_}
+                                                          : std::vector<Buffer*>{&o_, &lse_};
+  if (into.size() < bufs.size()) into.resize(bufs.size());
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    ensure_host(into[i], bufs[i]->bytes);
+    CU_CHECK(cuMemcpyDtoH(into[i].ptr, bufs[i]->ptr, bufs[i]->bytes));
   }
-  const Verdict v = p.direction == "bwd" ? validate_backward(p, bwd_ref_, f[0], f[1], f[2])
-                                         : validate_forward(p, fwd_ref_, f[0], f[1]);
+}
+
+bool GpuRunner::same_bytes(const HostBuffer& a, const HostBuffer& b) {
+  return a.bytes == b.bytes && std::memcmp(a.ptr, b.ptr, a.bytes) == 0;
+}
+
+// The outputs, read in their own format, to the validation module (worker/validate.cpp).
+void GpuRunner::validate(const Outputs& outputs, json& out) {
+  const Problem& p = problem_;
+  auto tensor = [&](size_t i, DType t) { return OutputTensor{outputs[i].ptr, outputs[i].bytes / dtype_bytes(t), t}; };
+  const DType t = p.dtype;
+  const Verdict v = p.direction == "bwd"
+                        ? validate_backward(p, bwd_ref_, bwd_bounds_, tensor(0, t), tensor(1, t), tensor(2, t), threads_)
+                        : validate_forward(p, fwd_ref_, tensor(0, t), tensor(1, DType::fp32), threads_);
   write_verdict(v, out);
 }
 
 json GpuRunner::run(const json& req) {
   if (!prepared_) throw std::runtime_error("run before prepare");
+  // Where an evaluation's wall time goes (detail.phase_ms): loading the module, the validated run with its
+  // copies back, the comparison with the reference, the repeated runs (determinism, reproducibility), the
+  // timing.
+  using clock = std::chrono::steady_clock;
+  auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
+  auto t0 = clock::now();
   std::string cubin;
   {
     std::ifstream f(req.at("cubin_path").get<std::string>(), std::ios::binary);
@@ -619,50 +647,50 @@ json GpuRunner::run(const json& req) {
   //    the float64 reference within the dtype's tolerance.
   json out;
   out["status"] = "ok";
-  auto validated_run = [&] {
+  auto validated_run = [&](Outputs& into) {
     if (workspace) CU_CHECK(cuMemsetD8(workspace_.ptr, fill, workspace));
     poison_outputs();
     launch_all(kernels, nullptr);
     CU_CHECK(cuCtxSynchronize());
-    return read_outputs();
+    read_outputs(into);
   };
-  // Where an evaluation's wall time goes (detail.phase_ms): the validated run with its copies back,
-  // the comparison with the reference, the timing.
-  using clock = std::chrono::steady_clock;
-  auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
-  auto t0 = clock::now();
+  const double load_ms = ms_since(t0);
+  t0 = clock::now();
   if (req.value("time_only", false)) {
     // The tuner validated this kernel on these inputs earlier in its sweep (GpuSession::run says
     // when): timed only, from the state a validated run starts in.
     if (workspace) CU_CHECK(cuMemsetD8(workspace_.ptr, fill, workspace));
     time_repeats([&] { launch_all(kernels, nullptr); }, req.value("timing", json::object()), out);
-    out["detail"]["phase_ms"] = {{"timing", ms_since(t0)}};
+    out["detail"]["phase_ms"] = {{"load", load_ms}, {"timing", ms_since(t0)}};
     out["peak_bytes"] = problem_bytes();
     return out;
   }
-  const auto outputs = validated_run();
+  validated_run(outputs_);
   const double run_ms = ms_since(t0);
   t0 = clock::now();
-  validate(outputs, out);
-  out["detail"]["phase_ms"] = {{"validated_run", run_ms}, {"validate", ms_since(t0)}};
+  validate(outputs_, out);
+  out["detail"]["phase_ms"] = {{"load", load_ms}, {"validated_run", run_ms}, {"validate", ms_since(t0)}};
   out["peak_bytes"] = problem_bytes();
   const std::vector<std::string> names =  // the outputs, in read_outputs' order
       problem_.direction == "bwd" ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o", "lse"};
   if (const std::string dir = req.value("save_dir", std::string()); !dir.empty()) {
-    for (size_t i = 0; i < names.size(); ++i) write_output_file(dir, names[i], outputs[i]);
+    for (size_t i = 0; i < names.size(); ++i) write_output_file(dir, names[i], outputs_[i].ptr, outputs_[i].bytes);
   }
   if (out["status"] != "ok") return out;
+  t0 = clock::now();
   if (req.value("check_determinism", false)) {
-    const bool same = validated_run() == outputs;
+    validated_run(again_);
+    bool same = true;
+    for (size_t i = 0; i < names.size(); ++i) same &= same_bytes(again_[i], outputs_[i]);
     out["detail"]["deterministic"] = same;
   }
   // A config whose family claims bitwise-reproducible outputs (Family::reproducible) is held to it: the
   // validated run repeated, each from poisoned outputs, every output equal bit for bit, else it is invalid.
   if (const int runs = req.value("reproducible_runs", 0); runs > 1) {
     for (int k = 2; k <= runs && out["status"] == "ok"; ++k) {
-      const auto again = validated_run();
-      for (size_t i = 0; i < outputs.size(); ++i)
-        if (again[i] != outputs[i]) {
+      validated_run(again_);
+      for (size_t i = 0; i < names.size(); ++i)
+        if (!same_bytes(again_[i], outputs_[i])) {
           out["status"] = "invalid";
           out["error"] = "claims bitwise-reproducible outputs, but run " + std::to_string(k) + " of " +
                          std::to_string(runs) + " gave a different " + names[i];
@@ -670,8 +698,10 @@ json GpuRunner::run(const json& req) {
         }
     }
     out["detail"]["reproducible_runs"] = runs;
-    if (out["status"] != "ok") return out;
   }
+  if (req.value("check_determinism", false) || req.value("reproducible_runs", 0) > 1)
+    out["detail"]["phase_ms"]["repeated_runs"] = ms_since(t0);
+  if (out["status"] != "ok") return out;
 
   // 2. Timing, only for a validated kernel: CUDA events around the family's kernels alone.
   t0 = clock::now();

@@ -42,7 +42,8 @@ struct OutOfMemory : std::runtime_error {
 
 class GpuRunner {
  public:
-  explicit GpuRunner(int device_ordinal);
+  // threads: the CPU threads its parallel parts (reference, validation) use; 0: every core.
+  explicit GpuRunner(int device_ordinal, int threads = 0);
   ~GpuRunner();
   DeviceInfo device_info() const { return info_; }
   // Generates inputs for the problem (seeded) and the reference, unless already current. With
@@ -69,6 +70,16 @@ class GpuRunner {
     size_t capacity = 0;  // allocated; kept across problems
     size_t bytes = 0;     // what the current problem uses (0: unused by it)
   };
+  // Page-locked host memory (cuMemAllocHost) for the outputs read back, kept across runs and problems like
+  // a Buffer: a copy at the copy engine's speed into pages that are already there, where a fresh pageable
+  // vector per read took its page faults and a staged copy. Pageable where pinned memory is refused.
+  struct HostBuffer {
+    uint8_t* ptr = nullptr;
+    size_t capacity = 0;
+    size_t bytes = 0;  // the current output's
+    bool pinned = false;
+  };
+  using Outputs = std::vector<HostBuffer>;  // one per output, in read_outputs' order
   struct LibraryState;  // cuBLAS handle and the NVRTC'd softmax module (library_runner.cpp)
   struct Kernel {
     CUfunction fn;
@@ -100,11 +111,15 @@ class GpuRunner {
   // none: the kernels take the params struct alone.
   void encode_tensor_maps(const nlohmann::json& specs);
   void poison_outputs();
-  std::vector<std::vector<uint8_t>> read_outputs();  // the problem's outputs, as bytes
+  static void ensure_host(HostBuffer&, size_t bytes);
+  static void free_host(HostBuffer&);
+  void read_outputs(Outputs& into);  // the problem's outputs, as bytes
+  static bool same_bytes(const HostBuffer&, const HostBuffer&);
   // The validated run's outputs against the reference (worker/validate.hpp) into `out`.
-  void validate(const std::vector<std::vector<uint8_t>>& outputs, nlohmann::json& out);
+  void validate(const Outputs& outputs, nlohmann::json& out);
 
   int ordinal_ = 0;
+  int threads_ = 0;  // CPU threads for the parallel parts (0: every core)
   CUdevice dev_ = 0;
   std::unique_ptr<Telemetry> telemetry_;  // clocks, temperature, power, throttle reasons beside each timing
   CUcontext ctx_ = nullptr;
@@ -132,6 +147,9 @@ class GpuRunner {
   // File-backed inputs: distinct_heads_ = B*H, every head has its own reference.
   int distinct_heads_ = 0;
   BwdReference bwd_ref_;
+  BwdBounds bwd_bounds_;  // each reference element's bound, once per problem
+  Outputs outputs_;       // the validated run's outputs
+  Outputs again_;         // a repeated run's (check_determinism, reproducible_runs)
 };
 
 }  // namespace flashtune
