@@ -102,11 +102,14 @@ inline std::vector<uint8_t> read_input_file(const std::string& dir, const InputF
 }
 
 // Writes raw bytes to DIR/<name>.bin.
-inline void write_output_file(const std::string& dir, const std::string& name, const std::vector<uint8_t>& bytes) {
+inline void write_output_file(const std::string& dir, const std::string& name, const void* data, size_t bytes) {
   const std::string path = input_path(dir, name);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), (std::streamsize)bytes.size());
+  out.write(static_cast<const char*>(data), (std::streamsize)bytes);
   if (!out) throw std::runtime_error("cannot write output file '" + path + "'");
+}
+inline void write_output_file(const std::string& dir, const std::string& name, const std::vector<uint8_t>& bytes) {
+  write_output_file(dir, name, bytes.data(), bytes.size());
 }
 
 // Backward with file-backed inputs: every head is distinct, so the CPU float64 reference covers all

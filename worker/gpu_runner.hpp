@@ -6,6 +6,7 @@
 #include "worker/telemetry.hpp"
 #include <cuda.h>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -40,15 +41,39 @@ struct OutOfMemory : std::runtime_error {
       : std::runtime_error(what), asked(asked_bytes), needed(needed_bytes) {}
 };
 
+// Wall time per named phase, in ms: each lap adds the time since the previous lap (or the start) to its phase.
+class PhaseClock {
+ public:
+  void lap(const char* phase) {
+    const auto now = std::chrono::steady_clock::now();
+    ms_[phase] = ms_.value(phase, 0.0) + std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+  }
+  // The phases, with "total": the time since the start.
+  nlohmann::json ms() const {
+    nlohmann::json out = ms_;
+    out["total"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+    return out;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
+  nlohmann::json ms_ = nlohmann::json::object();
+};
+
 class GpuRunner {
  public:
-  explicit GpuRunner(int device_ordinal);
+  // threads: the CPU threads its parallel parts (input generation, reference, validation) use; 0: every core.
+  explicit GpuRunner(int device_ordinal, int threads = 0);
   ~GpuRunner();
   DeviceInfo device_info() const { return info_; }
   // Generates inputs for the problem (seeded) and the reference, unless already current. With
   // `inputs_dir` non-empty the inputs are read from DIR/q.bin, k.bin, v.bin (and do.bin for a
-  // backward; see input_files.hpp) instead, and a backward's reference covers every head.
-  void prepare(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir = "");
+  // backward; see input_files.hpp) instead, and a backward's reference covers every head. Returns where
+  // its time went, in ms: {"inputs" (generated or read), "reference" (with the backward's bounds),
+  // "upload" (device buffers, copies, the backward's O and LSE in their formats), "total"}; {} when current.
+  nlohmann::json prepare(const Problem&, unsigned long long seed, long long max_rows,
+                         const std::string& inputs_dir = "");
   // {"cubin_path", "kernels": [{"name","grid":[3],"threads","smem"}...], "workspace", "check_determinism",
   //  "reproducible_runs" (N > 1: the validated run repeated N times, invalid unless every output is equal bit
   //  for bit), "timing": {...}, "save_dir" (optional)} -> result json, with "mean_abs" and "peak_bytes" beside
@@ -69,6 +94,16 @@ class GpuRunner {
     size_t capacity = 0;  // allocated; kept across problems
     size_t bytes = 0;     // what the current problem uses (0: unused by it)
   };
+  // Page-locked host memory (cuMemAllocHost) for the outputs read back, kept across runs and problems like
+  // a Buffer: a copy at the copy engine's speed into pages that are already there, where a fresh pageable
+  // vector per read took its page faults and a staged copy. Pageable where pinned memory is refused.
+  struct HostBuffer {
+    uint8_t* ptr = nullptr;
+    size_t capacity = 0;
+    size_t bytes = 0;  // the current output's
+    bool pinned = false;
+  };
+  using Outputs = std::vector<HostBuffer>;  // one per output, in read_outputs' order
   struct LibraryState;  // cuBLAS handle and the NVRTC'd softmax module (library_runner.cpp)
   struct Kernel {
     CUfunction fn;
@@ -100,11 +135,15 @@ class GpuRunner {
   // none: the kernels take the params struct alone.
   void encode_tensor_maps(const nlohmann::json& specs);
   void poison_outputs();
-  std::vector<std::vector<uint8_t>> read_outputs();  // the problem's outputs, as bytes
+  static void ensure_host(HostBuffer&, size_t bytes);
+  static void free_host(HostBuffer&);
+  void read_outputs(Outputs& into);  // the problem's outputs, as bytes
+  static bool same_bytes(const HostBuffer&, const HostBuffer&);
   // The validated run's outputs against the reference (worker/validate.hpp) into `out`.
-  void validate(const std::vector<std::vector<uint8_t>>& outputs, nlohmann::json& out);
+  void validate(const Outputs& outputs, nlohmann::json& out);
 
   int ordinal_ = 0;
+  int threads_ = 0;  // CPU threads for the parallel parts (0: every core)
   CUdevice dev_ = 0;
   std::unique_ptr<Telemetry> telemetry_;  // clocks, temperature, power, throttle reasons beside each timing
   CUcontext ctx_ = nullptr;
@@ -121,6 +160,7 @@ class GpuRunner {
   // The unfused baseline's scores S (fp32) and probabilities P (dtype): allocated per run_library
   // call and freed at its end, so they never crowd out a family's run.
   Buffer scores_, probs_;
+  PhaseClock prepare_clock_;  // the current prepare's phases
   LibraryState* lib_ = nullptr;
   // The current run's TMA descriptors: the kernels' second parameter (ignored by kernels that take one).
   AttnTensorMaps maps_{};
@@ -132,6 +172,9 @@ class GpuRunner {
   // File-backed inputs: distinct_heads_ = B*H, every head has its own reference.
   int distinct_heads_ = 0;
   BwdReference bwd_ref_;
+  BwdBounds bwd_bounds_;  // each reference element's bound, once per problem
+  Outputs outputs_;       // the validated run's outputs
+  Outputs again_;         // a repeated run's (check_determinism, reproducible_runs)
 };
 
 }  // namespace flashtune

@@ -1,9 +1,14 @@
 #include "worker/validate.hpp"
 
+#include "core/dtype_convert.hpp"
+
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
-#include <map>
 #include <cstdio>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,23 +86,170 @@ std::vector<std::string> split_examples(const std::string& s) {
   return out;
 }
 
-// body(begin, end, chunk) over [0, n) in contiguous chunks on up to every core (one chunk below 1M
-// elements): the backward compares every element of dQ, dK and dV, tens of millions of them.
+// body(c) for c in [0, chunks) on up to `threads` threads (0: every core), each chunk on one thread.
 template <class Body>
-void parallel_chunks(size_t n, size_t chunks, Body body) {
-  if (chunks <= 1) {
-    body(size_t{0}, n, size_t{0});
+void for_each_chunk(size_t chunks, int threads, Body body) {
+  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const size_t workers = std::min<size_t>(chunks, threads > 0 ? (size_t)threads : cores);
+  if (workers <= 1) {
+    for (size_t c = 0; c < chunks; ++c) body(c);
     return;
   }
+  std::atomic<size_t> next{0};
   std::vector<std::thread> ts;
-  for (size_t c = 0; c < chunks; ++c) ts.emplace_back(body, n * c / chunks, n * (c + 1) / chunks, c);
+  for (size_t w = 0; w < workers; ++w)
+    ts.emplace_back([&] {
+      for (size_t c = next++; c < chunks; c = next++) body(c);
+    });
   for (auto& t : ts) t.join();
 }
-size_t chunks_for(size_t n) {
-  if (n < (1u << 20)) return 1;
-  return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 32);
+size_t chunks_of(size_t n) { return std::max<size_t>(1, (n + kCompareChunk - 1) / kCompareChunk); }
+
+// fp16 values as floats, one table (256 KiB) built once with fp16_to_float: x86-64's baseline has no
+// conversion instruction, and the backward converts 10^8 elements per evaluation.
+const float* fp16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = fp16_to_float((uint16_t)h);
+    return t;
+  }();
+  return table.data();
+}
+
+// Element i of an output as a float, by its format (Load for OutputTensor's dtype).
+struct LoadFp32 {
+  const float* p;
+  float operator()(size_t i) const { return p[i]; }
+};
+struct LoadBf16 {
+  const uint16_t* p;
+  float operator()(size_t i) const { return bf16_to_float(p[i]); }
+};
+struct LoadFp16 {
+  const uint16_t* p;
+  const float* table;
+  float operator()(size_t i) const { return table[p[i]]; }
+};
+// f(load) with the loader of the tensor's format.
+template <class F>
+auto with_loader(const OutputTensor& t, F f) {
+  switch (t.dtype) {
+    case DType::bf16: return f(LoadBf16{static_cast<const uint16_t*>(t.data)});
+    case DType::fp16: return f(LoadFp16{static_cast<const uint16_t*>(t.data), fp16_table()});
+    case DType::fp32: break;
+  }
+  return f(LoadFp32{static_cast<const float*>(t.data)});
+}
+
+// Elements of [begin, end) whose exponent bits are all ones (NaN or infinite; with nan_only, NaN only), from
+// the bits: no conversion.
+template <class Bits>
+size_t count_non_finite_bits(const Bits* x, size_t begin, size_t end, Bits exp, bool nan_only) {
+  const Bits magnitude = (Bits)~(Bits)(Bits{1} << (8 * sizeof(Bits) - 1));  // all but the sign
+  // Blocks of 4096 counted in the elements' own width (the compiler vectorizes these loops; with a 64-bit
+  // count it widens every lane: half the speed).
+  constexpr size_t kBlock = 4096;
+  size_t n = 0;
+  for (size_t from = begin; from < end; from += kBlock) {
+    const size_t to = std::min(end, from + kBlock);
+    Bits block = 0;
+    if (nan_only)
+      for (size_t i = from; i < to; ++i) block += (Bits)(x[i] & magnitude) > exp;
+    else
+      for (size_t i = from; i < to; ++i) block += (Bits)(x[i] & exp) == exp;
+    n += block;
+  }
+  return n;
+}
+size_t count_non_finite_in(const OutputTensor& t, size_t begin, size_t end, bool nan_only) {
+  if (t.dtype == DType::fp32)
+    return count_non_finite_bits(static_cast<const uint32_t*>(t.data), begin, end, uint32_t{0x7f800000}, nan_only);
+  const uint16_t exp = t.dtype == DType::bf16 ? 0x7f80 : 0x7c00;  // the exponent field
+  return count_non_finite_bits(static_cast<const uint16_t*>(t.data), begin, end, exp, nan_only);
+}
+size_t count_non_finite(const OutputTensor& t, int threads, bool nan_only = false) {
+  std::vector<size_t> counts(chunks_of(t.size));
+  for_each_chunk(counts.size(), threads, [&](size_t c) {
+    counts[c] = count_non_finite_in(t, c * kCompareChunk, std::min(t.size, (c + 1) * kCompareChunk), nan_only);
+  });
+  size_t n = 0;
+  for (size_t x : counts) n += x;
+  return n;
+}
+
+// One backward output's comparison over a range of its elements: the error statistics, the elements that are
+// not finite, and the relative L2 error's sums (of finite elements). alignas: each chunk's on its own cache
+// lines (chunks are stored side by side and written by different threads).
+struct alignas(64) OutputCheck {
+  ErrorStats err;
+  size_t non_finite = 0;
+  double diff2 = 0, ref2 = 0;
+  void merge(const OutputCheck& later) {
+    err.merge(later.err);
+    non_finite += later.non_finite;
+    diff2 += later.diff2;
+    ref2 += later.ref2;
+  }
+};
+
+// Elements i0 .. i0 + n - 1 against reference elements want[0 .. n-1] and their bounds. An element that is
+// finite and within a positive bound is ErrorStats::add's common case, done here inline with add's arithmetic
+// (its fmax are plain maxima: none of these values is NaN or -0); any other goes through add. (Copies of the
+// statistics in locals, written back around add, measured slower with GCC 12: its SLP pairs them.)
+template <class Load>
+void compare_run(Load load, size_t i0, const double* want, const double* bound, size_t n, double rel_floor,
+                 OutputCheck& c) {
+  ErrorStats& e = c.err;
+  for (size_t k = 0; k < n; ++k) {
+    const double x = load(i0 + k), w = want[k], b = bound[k];
+    const double err = std::fabs(x - w);  // NaN or infinite unless both are finite
+    if (err < INFINITY && err <= b && b > 0) {
+      ++e.count;
+      e.sum_sq += err * err;
+      e.sum_abs += err;
+      e.max_abs = std::max(e.max_abs, err);
+      e.max_rel = std::max(e.max_rel, err / std::max(std::fabs(w), rel_floor));
+      e.worst_ratio = std::max(e.worst_ratio, err / b);
+      c.diff2 += (x - w) * (x - w);
+      c.ref2 += w * w;
+      continue;
+    }
+    c.non_finite += !std::isfinite(x);
+    e.add(i0 + k, x, w, b, rel_floor);
+    if (std::isfinite(x)) {
+      c.diff2 += (x - w) * (x - w);
+      c.ref2 += w * w;
+    }
+  }
+}
+
+// Elements [begin, end) of a backward output against the reference, walked in runs of consecutive reference
+// elements (BwdReference: element i of a dense output is reference element i % size; of a packed one, token
+// t's element e is reference element t * row_ref + e % row_ref).
+void compare_range(const OutputTensor& got, size_t begin, size_t end, const std::vector<double>& want,
+                   const std::vector<double>& bound, size_t row, size_t row_ref, double rel_floor, OutputCheck& c) {
+  with_loader(got, [&](auto load) {
+    for (size_t i = begin; i < end;) {
+      size_t j, run;
+      if (row == 0) {
+        j = i % want.size();
+        run = std::min(end - i, want.size() - j);
+      } else {
+        const size_t e = i % row, h = e % row_ref;
+        j = i / row * row_ref + h;
+        run = std::min({end - i, row_ref - h, row - e});
+      }
+      compare_run(load, i, want.data() + j, bound.data() + j, run, rel_floor, c);
+      i += run;
+    }
+    return 0;
+  });
 }
 }  // namespace
+
+float OutputTensor::at(size_t i) const {
+  return with_loader(*this, [&](auto load) { return load(i); });
+}
 
 void ErrorStats::merge(const ErrorStats& later) {
   max_abs = std::fmax(max_abs, later.max_abs);
@@ -295,25 +447,22 @@ BwdReference backward_reference(const ref::Shape& shape, const float* q, const f
   return r;
 }
 
-Verdict validate_forward(const Problem& p, const FwdReference& ref, const std::vector<float>& o,
-                         const std::vector<float>& lse) {
-  const size_t d = (size_t)p.head_dim, nq = o.size();
+Verdict validate_forward(const Problem& p, const FwdReference& ref, OutputTensor o, OutputTensor lse, int threads) {
+  const size_t d = (size_t)p.head_dim, nq = o.size;
   const ToleranceModel tol = forward_tolerance(p.dtype, p.seq_k, p.head_dim, p.seq_k * ref.max_abs_v);
   const ToleranceModel lse_tol = forward_tolerance(DType::fp32, p.seq_k, p.head_dim);
   const double rel_floor = report_floor(p.dtype);
   ErrorStats err_o, err_lse;
-  size_t non_finite_o = 0, unwritten_lse = 0;
-  for (float x : o) non_finite_o += !std::isfinite(x);
-  for (float x : lse) unwritten_lse += std::isnan(x);
+  const size_t non_finite_o = count_non_finite(o, threads), unwritten_lse = count_non_finite(lse, threads, true);
   for (size_t r = 0; r < ref.rows.size(); ++r) {
     const size_t row = (size_t)ref.rows[r];
     for (size_t c = 0; c < d; ++c) {
       const size_t i = r * d + c;
-      err_o.add(row * d + c, o[row * d + c], ref.o[i], tol.bound(ref.o_mag[i], ref.o_logit[i]), rel_floor);
+      err_o.add(row * d + c, o.at(row * d + c), ref.o[i], tol.bound(ref.o_mag[i], ref.o_logit[i]), rel_floor);
     }
     // LSE indices follow O's in messages.
     const size_t li = ref.lse_index.empty() ? row : (size_t)ref.lse_index[r];
-    err_lse.add(nq + li, lse[li], ref.lse[r], lse_tol.bound(1.0, ref.lse_mag[r]), report_floor(DType::fp32));
+    err_lse.add(nq + li, lse.at(li), ref.lse[r], lse_tol.bound(1.0, ref.lse_mag[r]), report_floor(DType::fp32));
   }
   Verdict v;
   v.max_abs = std::fmax(err_o.max_abs, err_lse.max_abs);
@@ -341,13 +490,10 @@ Verdict validate_forward(const Problem& p, const FwdReference& ref, const std::v
   return v;
 }
 
-Verdict validate_backward(const Problem& p, const BwdReference& ref, const std::vector<float>& dq,
-                          const std::vector<float>& dk, const std::vector<float>& dv) {
-  const char* names[] = {"dq", "dk", "dv"};
-  const std::vector<float>* gots[] = {&dq, &dk, &dv};
-  const std::vector<double>* refs[] = {&ref.dq, &ref.dk, &ref.dv};
-  const std::vector<double>* mags[] = {&ref.dq_mag, &ref.dk_mag, &ref.dv_mag};
-  const std::vector<double>* logits[] = {&ref.dq_logit, &ref.dk_logit, &ref.dv_logit};
+namespace {
+
+// The tolerances of dQ, dK and dV (worker/validate.hpp's rule).
+std::array<ToleranceModel, 3> backward_tolerances(const Problem& p, const BwdReference& ref) {
   const double scale = ref.shape.softmax_scale();
   // dS = P (dP - delta) in fp32: a P flushed below 2^-126 takes |dP - delta| <= ||dO_i|| (||V_j|| +
   // ||O_i||) <= 2 d max|dO| max|V| with it; dS's own underflow or subnormal rounding is eta (the 1).
@@ -355,52 +501,57 @@ Verdict validate_backward(const Problem& p, const BwdReference& ref, const std::
       1.0 + 0x1p-126 / subnormal_rounding(p.dtype) * 2.0 * p.head_dim * ref.max_abs_do * ref.max_abs_v;
   // dK and dV of a kv head sum over the group's query heads too: group * Sq terms (grouped-query attention).
   const int sq_sum = p.seq_q * p.group();
-  const ToleranceModel tols[] = {
-      backward_tolerance(p.dtype, p.seq_q, p.seq_k, p.head_dim, p.seq_k * scale * ref.max_abs_k * ds_factor),
-      backward_tolerance(p.dtype, sq_sum, p.seq_k, p.head_dim, sq_sum * scale * ref.max_abs_q * ds_factor),
-      backward_tolerance(p.dtype, sq_sum, p.seq_k, p.head_dim, sq_sum * ref.max_abs_do)};
+  return {backward_tolerance(p.dtype, p.seq_q, p.seq_k, p.head_dim, p.seq_k * scale * ref.max_abs_k * ds_factor),
+          backward_tolerance(p.dtype, sq_sum, p.seq_k, p.head_dim, sq_sum * scale * ref.max_abs_q * ds_factor),
+          backward_tolerance(p.dtype, sq_sum, p.seq_k, p.head_dim, sq_sum * ref.max_abs_do)};
+}
+
+}  // namespace
+
+BwdBounds backward_bounds(const Problem& p, const BwdReference& ref) {
+  const std::array<ToleranceModel, 3> tols = backward_tolerances(p, ref);
+  auto bounds = [](const ToleranceModel& tol, const std::vector<double>& mag, const std::vector<double>& logit) {
+    std::vector<double> b(mag.size());
+    for (size_t j = 0; j < b.size(); ++j) b[j] = tol.bound(mag[j], logit[j]);
+    return b;
+  };
+  return {bounds(tols[0], ref.dq_mag, ref.dq_logit), bounds(tols[1], ref.dk_mag, ref.dk_logit),
+          bounds(tols[2], ref.dv_mag, ref.dv_logit)};
+}
+
+Verdict validate_backward(const Problem& p, const BwdReference& ref, OutputTensor dq, OutputTensor dk,
+                          OutputTensor dv, int threads) {
+  return validate_backward(p, ref, backward_bounds(p, ref), dq, dk, dv, threads);
+}
+
+Verdict validate_backward(const Problem& p, const BwdReference& ref, const BwdBounds& bounds, OutputTensor dq,
+                          OutputTensor dk, OutputTensor dv, int threads) {
+  const char* names[] = {"dq", "dk", "dv"};
+  const OutputTensor* gots[] = {&dq, &dk, &dv};
+  const std::vector<double>* refs[] = {&ref.dq, &ref.dk, &ref.dv};
+  const std::vector<double>* bound_of[] = {&bounds.dq, &bounds.dk, &bounds.dv};
   const double rel_floor = report_floor(p.dtype);
   Verdict v;
   double sum_sq = 0, sum_abs = 0;
   size_t count = 0;
   std::string msg;
   for (int g = 0; g < 3; ++g) {
-    const std::vector<float>& got = *gots[g];
+    const OutputTensor& got = *gots[g];
     const std::vector<double>& want = *refs[g];
-    // Which reference element stands for element i (BwdReference: tiled heads, or tiled tokens' heads).
+    if (bound_of[g]->size() != want.size() || (want.empty() && got.size))
+      throw std::invalid_argument(std::string("validate_backward: ") + names[g] + " has no reference or bounds");
     const size_t row = g == 0 ? ref.q_row : ref.k_row, row_ref = g == 0 ? ref.q_row_ref : ref.k_row_ref;
-    auto ref_index = [&](size_t i) { return row ? i / row * row_ref + i % row % row_ref : i % want.size(); };
-    struct Part {
-      ErrorStats err;
-      size_t non_finite = 0;
-      double diff2 = 0, ref2 = 0;
-    };
-    const size_t chunks = chunks_for(got.size());
-    std::vector<Part> parts(chunks);
-    parallel_chunks(got.size(), chunks, [&](size_t begin, size_t end, size_t c) {
-      Part& part = parts[c];
-      for (size_t i = begin; i < end; ++i) {
-        const size_t j = ref_index(i);  // head h holds reference head h % distinct heads
-        part.non_finite += !std::isfinite(got[i]);
-        part.err.add(i, got[i], want[j], tols[g].bound((*mags[g])[j], (*logits[g])[j]), rel_floor);
-        if (std::isfinite(got[i])) {
-          part.diff2 += (got[i] - want[j]) * (got[i] - want[j]);
-          part.ref2 += want[j] * want[j];
-        }
-      }
+    std::vector<OutputCheck> parts(chunks_of(got.size));
+    for_each_chunk(parts.size(), threads, [&](size_t c) {
+      compare_range(got, c * kCompareChunk, std::min(got.size, (c + 1) * kCompareChunk), want, *bound_of[g], row,
+                    row_ref, rel_floor, parts[c]);
     });
-    ErrorStats err = parts[0].err;
-    size_t non_finite = parts[0].non_finite;
-    double diff2 = parts[0].diff2, ref2 = parts[0].ref2;
-    for (size_t c = 1; c < chunks; ++c) {
-      err.merge(parts[c].err);
-      non_finite += parts[c].non_finite;
-      diff2 += parts[c].diff2;
-      ref2 += parts[c].ref2;
-    }
+    OutputCheck all = parts[0];
+    for (size_t c = 1; c < parts.size(); ++c) all.merge(parts[c]);
+    const ErrorStats& err = all.err;
     const std::string name = names[g];
     // Relative L2 error, reported (not judged): 0 / 0 (Sk = 1's dQ, dK) is reported as the absolute norm.
-    const double rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+    const double rel_l2 = all.ref2 > 0 ? std::sqrt(all.diff2 / all.ref2) : std::sqrt(all.diff2);
     v.detail[name + "_rel_l2"] = finite_or_big(rel_l2);
     v.detail[name + "_worst_err_over_bound"] = finite_or_big(err.worst_ratio);
     v.max_abs = std::fmax(v.max_abs, err.max_abs);
@@ -409,7 +560,8 @@ Verdict validate_backward(const Problem& p, const BwdReference& ref, const std::
     sum_sq += err.sum_sq;
     sum_abs += err.sum_abs;
     count += err.count;
-    if (non_finite) msg += name + ": " + std::to_string(non_finite) + " elements NaN, infinite or unwritten; ";
+    if (all.non_finite)
+      msg += name + ": " + std::to_string(all.non_finite) + " elements NaN, infinite or unwritten; ";
     else if (err.bad)
       msg += name + ": " + std::to_string(err.bad) + " of " + std::to_string(err.count) + " off (worst error " +
              number(err.worst_ratio) + "x its bound): " + err.first_bad + "; ";

@@ -187,6 +187,32 @@ FwdReference varlen_forward_reference(const Problem&, const float* q, const floa
 BwdReference varlen_backward_reference(const Problem&, int heads, int kv_heads, const float* q, const float* k,
                                        const float* v, const float* dout, int threads = 0);
 
+// An output as read back from the device: `size` elements of `dtype` at `data` (fp32, or the 16-bit
+// formats' bytes), compared without a float copy. A std::vector<float> converts to an fp32 view of itself.
+struct OutputTensor {
+  const void* data = nullptr;
+  size_t size = 0;
+  DType dtype = DType::fp32;
+  OutputTensor() = default;
+  OutputTensor(const void* data_, size_t size_, DType dtype_) : data(data_), size(size_), dtype(dtype_) {}
+  OutputTensor(const std::vector<float>& v) : data(v.data()), size(v.size()), dtype(DType::fp32) {}  // NOLINT: implicit
+  float at(size_t i) const;  // element i as a float (exact: every 16-bit value is one)
+};
+
+// The bound of every reference element of a backward's dQ, dK and dV (ToleranceModel::bound of its
+// magnitudes), computed once per problem: every evaluation's outputs are compared against the same ones.
+struct BwdBounds {
+  std::vector<double> dq, dk, dv;
+};
+BwdBounds backward_bounds(const Problem&, const BwdReference&);
+
+// The backward compares its outputs in chunks of this many elements (on up to `threads` threads, 0: every
+// core); each chunk's sums (mse, mean_abs, the relative L2 errors) are added in element order, and the
+// chunks' in chunk order: the same bits whatever the thread count. (Until issue 33 a tensor was cut into one
+// chunk per core: rows stored then may differ from a rerun's in those sums' last bits; verdicts, maxima,
+// counts and messages do not.)
+inline constexpr size_t kCompareChunk = size_t{1} << 20;
+
 struct Verdict {
   bool ok = true;
   std::string error;  // one line when !ok
@@ -194,12 +220,17 @@ struct Verdict {
   nlohmann::json detail = nlohmann::json::object();
 };
 
-// o: every output row (B*H*Sq*d, as read back), lse: B*H*Sq; checked on ref.rows; every O and LSE
-// element is scanned for the NaN poison (and O for any non-finite value).
-Verdict validate_forward(const Problem&, const FwdReference&, const std::vector<float>& o, const std::vector<float>& lse);
-// dq, dk, dv of all B*H heads; head h holds the data of reference head h % (ref heads).
-Verdict validate_backward(const Problem&, const BwdReference&, const std::vector<float>& dq,
-                          const std::vector<float>& dk, const std::vector<float>& dv);
+// o: every output row (B*H*Sq*d, as read back), lse: B*H*Sq (fp32); checked on ref.rows; every O and LSE
+// element is scanned for the NaN poison (and O for any non-finite value), on up to `threads` threads.
+Verdict validate_forward(const Problem&, const FwdReference&, OutputTensor o, OutputTensor lse, int threads = 0);
+// dq, dk, dv of all B*H heads; head h holds the data of reference head h % (ref heads). Every element is
+// compared: one that is finite and within its bound is counted inline with ErrorStats::add's arithmetic, any
+// other goes through add itself, so the verdict, statistics and messages are add's.
+Verdict validate_backward(const Problem&, const BwdReference&, const BwdBounds&, OutputTensor dq, OutputTensor dk,
+                          OutputTensor dv, int threads = 0);
+// The same with the bounds computed for this call.
+Verdict validate_backward(const Problem&, const BwdReference&, OutputTensor dq, OutputTensor dk, OutputTensor dv,
+                          int threads = 0);
 
 // The verdict into a worker result: status ("invalid" when not ok), error, max_abs, max_rel, mse,
 // mean_abs (non-finite values as 1e30) and detail (merged into out["detail"]).
