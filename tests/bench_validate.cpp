@@ -1,9 +1,9 @@
 // bench_validate [THREADS]: the worker's CPU work per evaluation and per problem at the multi-GPU sweep's
 // largest sizes, on synthetic data, without a GPU: the backward's comparison of 1x32x16384x64 bf16 dQ, dK, dV
 // (33.5 M elements each, one distinct head) and the forward's scan of a 16x32x1024x64 bf16 O, each fast
-// (worker/validate.cpp) and straightforward (validate_plain.hpp: what the worker did before). Prints ms and
-// ns per element; THREADS (default 1) is the fast paths' thread budget. Not a test: run it by hand
-// (build/tests/bench_validate).
+// (worker/validate.cpp) and straightforward (validate_plain.hpp: what the worker did before); and the
+// seeded input generation (worker/inputs.hpp) of one such tensor. Prints ms and ns per element; THREADS
+// (default 1) is the fast paths' thread budget. Not a test: run it by hand (build/tests/bench_validate).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +13,7 @@
 
 #include "core/dtype_convert.hpp"
 #include "tests/validate_plain.hpp"
+#include "worker/inputs.hpp"
 #include "worker/validate.hpp"
 
 using namespace flashtune;
@@ -99,5 +100,9 @@ int main(int argc, char** argv) {
   report("  straightforward (convert, then scan)", fplain, n);
   report("  fast", ffast, n);
 
+  // Inputs: one 33.5 M-element bf16 tensor, as the forward's prepare makes three.
+  const double gen_ms = best_ms(2, [&] { generated_input(n, splitmix64(1), t, InputDist{}, threads); });
+  std::printf("inputs %zu normal bf16\n", n);
+  report("  generated", gen_ms, n);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "reference/attention_ref.hpp"
 #include "templates/attention_params.h"
 #include "worker/cuda_check.hpp"
+#include "worker/inputs.hpp"
 #include "worker/validate.hpp"
 
 using nlohmann::json;
@@ -44,86 +45,6 @@ bool is_sticky(CUresult r) {
       return false;
   }
 }
-
-// Counter-based normal random numbers: element i of stream `seed` is the same whatever
-// the thread count, so inputs are reproducible from (problem, seed) alone.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Standard normal number i of stream `seed` (Box-Muller on two counter-based uniforms).
-double normal_at(uint64_t seed, uint64_t i) {
-  const uint64_t a = splitmix64(seed ^ (2 * i)), b = splitmix64(seed ^ (2 * i + 1));
-  const double u1 = ((a >> 11) + 0.5) * 0x1.0p-53, u2 = (b >> 11) * 0x1.0p-53;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-}
-
-// Heavy-tailed inputs: Student-t with 3 degrees of freedom, Z / sqrt(chi2_3 / 3), from counter-based
-// normals (Z from the tensor's stream, the three chi-square terms from a stream derived from it),
-// clamped to +-kHeavyClamp before scaling: |x| <= 32 * scale (<= 32000 at the largest scale) stays
-// finite in fp16; the clamp moves about 1 value in 10^5 (P(|t_3| > 32) ~ 1e-5). Normal numbers need
-// no clamp: Box-Muller's largest is sqrt(-2 ln 2^-54) < 8.7.
-constexpr double kHeavyClamp = 32;
-
-double heavy_at(uint64_t seed, uint64_t i) {
-  const uint64_t chi_stream = splitmix64(seed ^ 0x6865617679ull);  // "heavy"
-  double chi2 = 0;
-  for (uint64_t n = 0; n < 3; ++n) {
-    const double z = normal_at(chi_stream, 3 * i + n);
-    chi2 += z * z;
-  }
-  const double t = normal_at(seed, i) / std::sqrt(std::max(chi2, 1e-300) / 3.0);
-  return std::clamp(t, -kHeavyClamp, kHeavyClamp);
-}
-
-// Element i is a function of (seed, i, dist) alone, so the inputs do not depend on the thread count.
-void fill_input(std::vector<float>& out, uint64_t seed, const InputDist& dist) {
-  const size_t n = out.size();
-  const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  const bool heavy = dist.kind == InputDist::Kind::heavy;
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      for (size_t i = t; i < n; i += threads)
-        out[i] = (float)(dist.scale * (heavy ? heavy_at(seed, i) : normal_at(seed, i)));
-    });
-  }
-  for (auto& th : pool) th.join();
-}
-
-// One input tensor: its values as floats (what the reference reads) and its device bytes (what the
-// kernel reads), the same numbers.
-struct HostTensor {
-  std::vector<float> values;
-  std::vector<uint8_t> bytes;
-};
-
-// n seeded numbers of the distribution, rounded to the dtype (the reference reads the rounded ones).
-HostTensor generated_input(size_t n, uint64_t stream, DType t, const InputDist& dist) {
-  HostTensor h;
-  h.values.resize(n);
-  fill_input(h.values, stream, dist);
-  h.bytes = to_device_format(h.values, t);  // rounds h.values in place
-  return h;
-}
-
-// dO of a backward: the same kind of distribution, unscaled. The scale stands for the size of
-// activations (q, k, v); the gradient arriving from the loss has its own, and dO x30 with V x30 would
-// push fp16's dK past its range on heavy-tailed data. baselines.py does the same.
-InputDist grad_dist(const InputDist& d) { return InputDist{d.kind, 1.0}; }
-
-// DIR/<name>.bin as it is: its bytes go to the device unchanged.
-HostTensor loaded_input(const std::string& dir, const InputFile& f, DType t) {
-  HostTensor h;
-  h.bytes = read_input_file(dir, f);
-  h.values = from_device_format(h.bytes, t);
-  return h;
-}
-
-
 
 }  // namespace
 
@@ -224,10 +145,11 @@ void GpuRunner::ensure(Buffer& b, size_t bytes) {
   b.capacity = bytes;
 }
 
-void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows, const std::string& inputs_dir) {
+json GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows, const std::string& inputs_dir) {
   // Generated and file-backed inputs never stand in for each other, nor two folders' files.
-  if (prepared_ && p == problem_ && seed == seed_ && inputs_dir == inputs_dir_) return;
+  if (prepared_ && p == problem_ && seed == seed_ && inputs_dir == inputs_dir_) return json::object();
   prepared_ = false;
+  prepare_clock_ = PhaseClock();
   // Only what this problem ensures counts toward its footprint (peak_bytes).
   for (Buffer* b : problem_buffers()) b->bytes = 0;
   try {
@@ -241,6 +163,7 @@ void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
     else prepare_fwd(p, seed, max_rows, inputs_dir);
     // The L2 flush buffer: twice the L2, rewritten before every timed repeat.
     ensure(flush_, (size_t)std::max(info_.l2_bytes, 1 << 20) * 2);
+    prepare_clock_.lap("upload");
   } catch (const OutOfMemory&) {
     release_buffers();  // OOM is not sticky: the next problem starts from a clean slate
     throw;
@@ -249,6 +172,7 @@ void GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
   seed_ = seed;
   inputs_dir_ = inputs_dir;
   prepared_ = true;
+  return prepare_clock_.ms();
 }
 
 void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long max_rows,
@@ -264,11 +188,12 @@ void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long
   // kernel's dtype, so the reference sees exactly the kernel's inputs. Or the files' numbers as they are.
   const std::vector<InputFile> files = input_files(p);
   auto input = [&](int i, uint64_t tag, size_t n) {
-    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, p.inputs)
+    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, p.inputs, threads_)
                               : loaded_input(inputs_dir, files[i], p.dtype);
   };
   const HostTensor q = input(0, 0x51, unit_q * units), k = input(1, 0x4b, unit_k * units),
                    v = input(2, 0x56, unit_k * units);
+  prepare_clock_.lap("inputs");
   ensure(q_, bhk * unit_q * elem);
   ensure(k_, bhk * unit_k * elem);
   ensure(v_, bhk * unit_k * elem);
@@ -277,11 +202,13 @@ void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long
   upload_tiled(q_.ptr, q.bytes.data(), unit_q * elem, units, bhk);
   upload_tiled(k_.ptr, k.bytes.data(), unit_k * elem, units, bhk);
   upload_tiled(v_.ptr, v.bytes.data(), unit_k * elem, units, bhk);
+  prepare_clock_.lap("upload");
 
   ref::Shape shape = with_modifications(ref::Shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   shape.heads_k = p.heads_k;
   fwd_ref_ = tiled_forward_reference(shape, units, q.values.data(), k.values.data(), v.values.data(),
                                      ref::sample_rows(shape, max_rows, seed), threads_);
+  prepare_clock_.lap("reference");
 }
 
 void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std::string& inputs_dir) {
@@ -304,19 +231,21 @@ void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std
   const size_t elem = dtype_bytes(p.dtype);
   const std::vector<InputFile> files = input_files(p);
   auto input = [&](int i, uint64_t tag, size_t n, const InputDist& dist) {
-    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, dist)
+    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, dist, threads_)
                               : loaded_input(inputs_dir, files[i], p.dtype);
   };
   const HostTensor q = input(0, 0x51, hq * distinct_heads_, p.inputs), k = input(1, 0x4b, hk * groups, p.inputs),
                    v = input(2, 0x56, hk * groups, p.inputs),
                    dout = input(3, 0x64, hq * distinct_heads_, grad_dist(p.inputs));
   const auto &q_dev = q.bytes, &k_dev = k.bytes, &v_dev = v.bytes, &do_dev = dout.bytes;
+  prepare_clock_.lap("inputs");
 
   // The distinct heads as one (1, distinct_heads_) problem: each head's reference is its own.
   ref::Shape heads = with_modifications(ref::Shape{1, distinct_heads_, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   heads.heads_k = g > 1 ? groups : 0;
   bwd_ref_ = backward_reference(heads, q.values.data(), k.values.data(), v.values.data(), dout.values.data(), threads_);
   bwd_bounds_ = backward_bounds(p, bwd_ref_);
+  prepare_clock_.lap("reference");
   // The forward's results as the backward's inputs: O in the kernel's dtype, LSE in fp32.
   std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
   const auto o_dev = to_device_format(o_f, p.dtype);
@@ -347,9 +276,10 @@ void GpuRunner::prepare_varlen_fwd(const Problem& p, unsigned long long seed, lo
   const size_t nq = (size_t)p.varlen.total_q() * p.heads * p.head_dim;
   const size_t nk = (size_t)p.varlen.total_k() * p.kv_heads() * p.head_dim;
   const size_t elem = dtype_bytes(p.dtype);
-  const HostTensor q = generated_input(nq, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
-                   k = generated_input(nk, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
-                   v = generated_input(nk, splitmix64(seed ^ 0x56), p.dtype, p.inputs);
+  const HostTensor q = generated_input(nq, splitmix64(seed ^ 0x51), p.dtype, p.inputs, threads_),
+                   k = generated_input(nk, splitmix64(seed ^ 0x4b), p.dtype, p.inputs, threads_),
+                   v = generated_input(nk, splitmix64(seed ^ 0x56), p.dtype, p.inputs, threads_);
+  prepare_clock_.lap("inputs");
   const std::vector<int> cu_q = p.varlen.cu_seqlens_q(), cu_k = p.varlen.cu_seqlens_k();
   ensure(q_, nq * elem);
   ensure(k_, nk * elem);
@@ -363,8 +293,10 @@ void GpuRunner::prepare_varlen_fwd(const Problem& p, unsigned long long seed, lo
   CU_CHECK(cuMemcpyHtoD(v_.ptr, v.bytes.data(), nk * elem));
   CU_CHECK(cuMemcpyHtoD(cu_q_.ptr, cu_q.data(), cu_q.size() * 4));
   CU_CHECK(cuMemcpyHtoD(cu_k_.ptr, cu_k.data(), cu_k.size() * 4));
+  prepare_clock_.lap("upload");
   fwd_ref_ = varlen_forward_reference(p, q.values.data(), k.values.data(), v.values.data(),
                                       varlen_sample_rows(p, max_rows, seed), threads_);
+  prepare_clock_.lap("reference");
 }
 
 // Packed variable-length backward: as the dense backward, distinct heads' worth of data repeated over the
@@ -381,13 +313,16 @@ void GpuRunner::prepare_varlen_bwd(const Problem& p, unsigned long long seed) {
   distinct_heads_ = hd;
   const int64_t tq = p.varlen.total_q(), tk = p.varlen.total_k();
   const size_t elem = dtype_bytes(p.dtype);
-  const HostTensor q = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
-                   k = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
-                   v = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x56), p.dtype, p.inputs),
-                   dout = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x64), p.dtype, grad_dist(p.inputs));
+  const HostTensor q = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x51), p.dtype, p.inputs, threads_),
+                   k = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x4b), p.dtype, p.inputs, threads_),
+                   v = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x56), p.dtype, p.inputs, threads_),
+                   dout = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x64), p.dtype, grad_dist(p.inputs),
+                                          threads_);
+  prepare_clock_.lap("inputs");
   bwd_ref_ = varlen_backward_reference(p, hd, units, q.values.data(), k.values.data(), v.values.data(),
                                        dout.values.data(), threads_);
   bwd_bounds_ = backward_bounds(p, bwd_ref_);
+  prepare_clock_.lap("reference");
   std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
   const auto o_dev = to_device_format(o_f, p.dtype);
   // Token t's row of `heads` heads from the distinct row of `distinct` heads: head h is distinct head h % distinct.
@@ -429,9 +364,10 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
   const int units = forward_distinct_units(p);
   const size_t unit_q = (size_t)p.group() * p.seq_q * d, unit_k = (size_t)p.seq_k * d;
   const size_t elem = dtype_bytes(p.dtype);
-  const HostTensor q = generated_input(unit_q * units, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
-                   k = generated_input(unit_k * units, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
-                   v = generated_input(unit_k * units, splitmix64(seed ^ 0x56), p.dtype, p.inputs);
+  const HostTensor q = generated_input(unit_q * units, splitmix64(seed ^ 0x51), p.dtype, p.inputs, threads_),
+                   k = generated_input(unit_k * units, splitmix64(seed ^ 0x4b), p.dtype, p.inputs, threads_),
+                   v = generated_input(unit_k * units, splitmix64(seed ^ 0x56), p.dtype, p.inputs, threads_);
+  prepare_clock_.lap("inputs");
   const PageTable t = page_table(p.paged, B, p.seq_k);
   max_pages_ = t.max_pages;
   const size_t head_bytes = (size_t)P * d * elem, page_bytes = head_bytes * Hk;  // a kv head's rows in a page; a page
@@ -470,8 +406,10 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
 
   ref::Shape shape = with_modifications(ref::Shape{B, p.heads, p.seq_q, p.seq_k, d, p.causal}, p);
   shape.heads_k = p.heads_k;
+  prepare_clock_.lap("upload");
   fwd_ref_ = paged_forward_reference(p, units, q.values.data(), k.values.data(), v.values.data(),
                                      ref::sample_rows(shape, max_rows, seed), threads_);
+  prepare_clock_.lap("reference");
 }
 
 void GpuRunner::upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count) {

@@ -6,6 +6,7 @@
 #include "worker/telemetry.hpp"
 #include <cuda.h>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -40,16 +41,39 @@ struct OutOfMemory : std::runtime_error {
       : std::runtime_error(what), asked(asked_bytes), needed(needed_bytes) {}
 };
 
+// Wall time per named phase, in ms: each lap adds the time since the previous lap (or the start) to its phase.
+class PhaseClock {
+ public:
+  void lap(const char* phase) {
+    const auto now = std::chrono::steady_clock::now();
+    ms_[phase] = ms_.value(phase, 0.0) + std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+  }
+  // The phases, with "total": the time since the start.
+  nlohmann::json ms() const {
+    nlohmann::json out = ms_;
+    out["total"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+    return out;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
+  nlohmann::json ms_ = nlohmann::json::object();
+};
+
 class GpuRunner {
  public:
-  // threads: the CPU threads its parallel parts (reference, validation) use; 0: every core.
+  // threads: the CPU threads its parallel parts (input generation, reference, validation) use; 0: every core.
   explicit GpuRunner(int device_ordinal, int threads = 0);
   ~GpuRunner();
   DeviceInfo device_info() const { return info_; }
   // Generates inputs for the problem (seeded) and the reference, unless already current. With
   // `inputs_dir` non-empty the inputs are read from DIR/q.bin, k.bin, v.bin (and do.bin for a
-  // backward; see input_files.hpp) instead, and a backward's reference covers every head.
-  void prepare(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir = "");
+  // backward; see input_files.hpp) instead, and a backward's reference covers every head. Returns where
+  // its time went, in ms: {"inputs" (generated or read), "reference" (with the backward's bounds),
+  // "upload" (device buffers, copies, the backward's O and LSE in their formats), "total"}; {} when current.
+  nlohmann::json prepare(const Problem&, unsigned long long seed, long long max_rows,
+                         const std::string& inputs_dir = "");
   // {"cubin_path", "kernels": [{"name","grid":[3],"threads","smem"}...], "workspace", "check_determinism",
   //  "reproducible_runs" (N > 1: the validated run repeated N times, invalid unless every output is equal bit
   //  for bit), "timing": {...}, "save_dir" (optional)} -> result json, with "mean_abs" and "peak_bytes" beside
@@ -136,6 +160,7 @@ class GpuRunner {
   // The unfused baseline's scores S (fp32) and probabilities P (dtype): allocated per run_library
   // call and freed at its end, so they never crowd out a family's run.
   Buffer scores_, probs_;
+  PhaseClock prepare_clock_;  // the current prepare's phases
   LibraryState* lib_ = nullptr;
   // The current run's TMA descriptors: the kernels' second parameter (ignored by kernels that take one).
   AttnTensorMaps maps_{};

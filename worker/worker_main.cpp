@@ -47,9 +47,11 @@ int main(int argc, char** argv) {
       if (op == "hello") {
         out = {{"status", "ok"}, {"device", device_json(gpu->device_info())}};
       } else if (op == "prepare") {
-        gpu->prepare(flashtune::problem_from_json(req.at("problem")), req.at("seed").get<unsigned long long>(),
-                     req.value("max_rows", 512LL), req.value("inputs_dir", std::string()));
+        const json ms = gpu->prepare(flashtune::problem_from_json(req.at("problem")),
+                                     req.at("seed").get<unsigned long long>(), req.value("max_rows", 512LL),
+                                     req.value("inputs_dir", std::string()));
         out = {{"status", "ok"}};
+        if (!ms.empty()) out["prepare_ms"] = ms;
       } else if (op == "run") {
         out = gpu->run(req);
       } else if (op == "run_library") {
