@@ -24,7 +24,8 @@ using nlohmann::json;
 
 namespace {
 
-// The worker's time for a kernel: 0.1 ms plus its hash's first 6 hex digits mod 1000, in microseconds.
+// The worker's time for a kernel: 0.1 ms plus its hash's first 6 hex digits mod 1000, in microseconds; a
+// prepare's phases as a real worker's.
 constexpr const char* kFakeWorker = R"py(#!/usr/bin/env python3
 import json, os, sys
 crash = os.environ.get("FAKE_WORKER_CRASH_HASH", "")
@@ -36,7 +37,7 @@ for line in sys.stdin:
                "driver_version": 13000, "memory_bytes": 80 << 30, "l2_bytes": 50 << 20,
                "max_smem_optin": 232448, "clock_khz": 1980000}}
     elif op == "prepare":
-        rep = {"status": "ok"}
+        rep = {"status": "ok", "prepare_ms": {"inputs": 1.0, "reference": 2.0, "upload": 3.0, "total": 6.0}}
     elif op == "run":
         h = os.path.basename(req["cubin_path"])[:-len(".cubin")]
         if h == crash:
@@ -138,6 +139,7 @@ TEST(SweepWithFakeWorker, ExhaustiveStoresEveryCandidateAndARerunReusesThem) {
       EXPECT_EQ(r.device_name, "Fake GPU");
       const json d = json::parse(r.detail);
       EXPECT_FALSE(d.contains("worker_device")) << "one worker: rows name no GPU";
+      EXPECT_GT(d.value("request_ms", 0.0), 0.0) << r.detail;
       if (d.contains("retime")) {
         ++retimed;
         EXPECT_EQ(d["retime"]["pooled"], "repeats");
@@ -152,6 +154,14 @@ TEST(SweepWithFakeWorker, ExhaustiveStoresEveryCandidateAndARerunReusesThem) {
     EXPECT_EQ(first.reports[i].evaluations, cands[i].size());
     EXPECT_EQ(first.reports[i].reused, 0u);
   }
+  // Each prepare's phases ride on the row of the run that waited for it, through re-timing: one per problem
+  // and one after each crash (a fresh worker), 6 ms each in the fake.
+  double prepared_ms = 0;
+  for (const ResultRecord& r : store.results({})) {
+    const json d = json::parse(r.detail.empty() ? "{}" : r.detail);
+    prepared_ms += d.value("prepare_ms", json::object()).value("total", 0.0);
+  }
+  EXPECT_EQ(prepared_ms, 6.0 * (double)(f.problems.size() + crashes));
   EXPECT_EQ(first.by_status.at("crashed"), (int)crashes);
   EXPECT_EQ(first.by_status.at("ok"), (int)(total - crashes));
 

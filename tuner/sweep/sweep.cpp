@@ -94,6 +94,16 @@ ResultRecord unrun_result(const KernelRecord& k, const Problem& p) {
   return r;
 }
 
+namespace {
+// Adds `more`'s phases (ms by name) into `into`.
+void add_phases(json& into, const json& more) {
+  if (!into.is_object()) into = json::object();
+  if (!more.is_object()) return;
+  for (const auto& [phase, ms] : more.items())
+    if (ms.is_number()) into[phase] = into.value(phase, 0.0) + ms.get<double>();
+}
+}  // namespace
+
 ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Problem& p, const json& timing,
                              const ResultRecord* validated) {
   // A validated row stands for this run's validation only when it is this kernel's, on this problem
@@ -137,7 +147,7 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
   if (!opt_.save_outputs_dir.empty()) req["save_dir"] = opt_.save_outputs_dir;
   if (!timing.empty()) req["timing"] = timing;
   if (validated) req["time_only"] = true;
-  take_reply(worker_.request(req, opt_.timeout_s), p, r);
+  take_reply(run_request(req), p, r);
   if (validated && r.status == "ok") {
     r.max_abs = validated->max_abs;
     r.max_rel = validated->max_rel;
@@ -147,10 +157,13 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
     json d = validated->detail.empty() ? json::object() : json::parse(validated->detail, nullptr, false);
     if (!d.is_object()) d = json::object();
     const json mine = r.detail.empty() ? json::object() : json::parse(r.detail, nullptr, false);
-    for (const char* key : {"timing_ms", "telemetry", "phase_ms", "early_stopped", "worker_device", "ms_samples"}) {
+    for (const char* key : {"timing_ms", "telemetry", "phase_ms", "early_stopped", "worker_device", "ms_samples",
+                            "request_ms"}) {
       d.erase(key);
       if (mine.is_object() && mine.contains(key)) d[key] = mine[key];
     }
+    // The prepares this row's runs waited for add up: the row stands for all of them.
+    if (mine.is_object() && mine.contains("prepare_ms")) add_phases(d["prepare_ms"], mine["prepare_ms"]);
     d["validation"] = "reused";
     r.detail = d.dump();
   }
@@ -163,6 +176,9 @@ bool GpuSession::prepare_for(const Problem& p, ResultRecord& r) {
   json req = {{"op", "prepare"}, {"problem", to_json(p)}, {"seed", opt_.seed}, {"max_rows", opt_.max_rows}};
   if (!opt_.inputs_dir.empty()) req["inputs_dir"] = opt_.inputs_dir;
   json rep = worker_.request(req, kPrepareTimeout);
+  ++spent_.prepares;
+  prepare_ms_ = rep.contains("prepare_ms") && rep["prepare_ms"].is_object() ? rep["prepare_ms"] : json();
+  add_phases(spent_.prepare_ms, prepare_ms_);
   if (rep.value("status", "") != "ok") {
     prepared_ = false;
     r.status = rep.value("status", "error");  // crashed, timeout, oom, or error
@@ -174,6 +190,19 @@ bool GpuSession::prepare_for(const Problem& p, ResultRecord& r) {
   prepared_problem_ = p;
   prepared_inputs_dir_ = opt_.inputs_dir;
   return true;
+}
+
+json GpuSession::run_request(const json& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  json rep = worker_.request(req, opt_.timeout_s);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ++spent_.requests;
+  spent_.request_ms += ms;
+  if (!rep.contains("detail") || !rep["detail"].is_object()) rep["detail"] = json::object();
+  rep["detail"]["request_ms"] = ms;
+  if (prepare_ms_.is_object() && !prepare_ms_.empty()) rep["detail"]["prepare_ms"] = prepare_ms_;
+  prepare_ms_ = json();
+  return rep;
 }
 
 void GpuSession::take_reply(const json& rep, const Problem& p, ResultRecord& r) {
@@ -214,7 +243,7 @@ ResultRecord GpuSession::run_library(const std::string& impl, const Problem& p) 
     return r;
   }
   if (!prepare_for(p, r)) return r;
-  take_reply(worker_.request({{"op", "run_library"}, {"impl", impl}}, opt_.timeout_s), p, r);
+  take_reply(run_request({{"op", "run_library"}, {"impl", impl}}), p, r);
   return r;
 }
 
@@ -298,11 +327,12 @@ void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& 
   for (int r = 0; r < so.retime_rounds; ++r)
     for (size_t i = 0; i < n; ++i) {
       const SearchCandidate& c = cands[ranking[i].second];
-      // Timed only: each finalist's validated row stands for its validation.
+      // Timed only: each finalist's validated row stands for its validation (after the first round, the
+      // previous round's row, which carries it on with the prepares its runs waited for).
       const auto v = validated.find(c.hash);
+      const ResultRecord* stands = !rounds[i].empty() ? &last[i] : v != validated.end() ? &v->second : nullptr;
       ResultRecord rec = gpu.run(kernel_for((size_t)worker, c.v, c.hash), c.v, p,
-                                 json{{"min_reps", 10}, {"max_reps", 10}, {"warmup", 1}, {"samples", true}},
-                                 v != validated.end() ? &v->second : nullptr);
+                                 json{{"min_reps", 10}, {"max_reps", 10}, {"warmup", 1}, {"samples", true}}, stands);
       if (rec.status != "ok") continue;
       rounds[i].push_back(rec.ms_median);
       const json rd = rec.detail.empty() ? json::object() : json::parse(rec.detail, nullptr, false);
@@ -342,6 +372,22 @@ void retime_finalists(const std::vector<SearchCandidate>& cands, const Problem& 
       rep.best_tflops = rec.tflops;
     }
   }
+}
+
+// "device D: N prepares S s (inputs S s, reference S s, upload S s), N runs S s": where a worker's time went
+// (the rest of the sweep's wall time is the tuner's: compiles, stores, waits).
+void print_time_spent(int device, const WorkerTime& t) {
+  if (t.prepares == 0 && t.requests == 0) return;
+  auto s = [](double ms) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f s", ms / 1000);
+    return std::string(buf);
+  };
+  std::string phases;
+  for (const auto& [phase, ms] : t.prepare_ms.items())
+    if (phase != "total" && ms.is_number()) phases += (phases.empty() ? "" : ", ") + phase + " " + s(ms.get<double>());
+  std::fprintf(stderr, "device %d: %d prepares %s (%s), %d runs %s\n", device, t.prepares,
+               s(t.prepare_ms.value("total", 0.0)).c_str(), phases.c_str(), t.requests, s(t.request_ms).c_str());
 }
 
 // A row of a sweep over several workers names the GPU ordinal that ran it (detail.worker_device):
@@ -393,6 +439,7 @@ class Sweep {
     progress_->finish();
     for (const auto& g : gpus_)
       if (g->restarts()) std::fprintf(stderr, "a worker was restarted %d times (crashes or hangs)\n", g->restarts());
+    for (size_t w = 0; w < gpus_.size(); ++w) print_time_spent(opt_.devices[w], gpus_[w]->time_spent());
     if (deadline_ > 0 && seconds_now() >= deadline_)
       std::fprintf(stderr, "--time-budget reached: stopped; a rerun continues from what is stored\n");
     return std::move(sum_);

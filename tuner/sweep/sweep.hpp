@@ -32,6 +32,15 @@ struct RunOptions {
   std::string save_outputs_dir;
 };
 
+// Where a worker's time went over a session, as its tuner saw it: the prepares (their number, and the
+// worker's phases summed: inputs, reference, upload, total) and the run requests (their number and round
+// trips, which hold the worker's phase_ms and what lies between them: the module load, the replies).
+struct WorkerTime {
+  int prepares = 0, requests = 0;
+  nlohmann::json prepare_ms = nlohmann::json::object();
+  double request_ms = 0;
+};
+
 // A worker and the device it reports; the bridge between compiled kernels and results.
 class GpuSession {
  public:
@@ -41,6 +50,7 @@ class GpuSession {
   const std::string& no_gpu_reason() const { return no_gpu_reason_; }
   const DeviceInfo& device() const { return device_; }
   int restarts() const { return worker_.restarts(); }
+  const WorkerTime& time_spent() const { return spent_; }
   // Runs one compiled kernel on one problem: validated, then timed. Never throws for a bad
   // kernel: crashes, hangs and wrong answers come back as the record's status.
   // `timing` overrides the worker's timing: min_reps, max_reps, warmup, stop_above_ms (stop after 3
@@ -64,6 +74,9 @@ class GpuSession {
  private:
   // Sends "prepare" unless the worker holds `p` already; false (with r's status and error) on failure.
   bool prepare_for(const Problem& p, ResultRecord& r);
+  // A run or run_library request, its round trip in the reply's detail (request_ms), with the phases of the
+  // prepare it waited for, if any (prepare_ms).
+  nlohmann::json run_request(const nlohmann::json& req);
   // A run/run_library reply into the record: status, errors, timing, TFLOP/s and GB/s, detail
   // (the worker's detail object with mean_abs, peak_bytes and asked_bytes merged in).
   void take_reply(const nlohmann::json& rep, const Problem& p, ResultRecord& r);
@@ -77,6 +90,8 @@ class GpuSession {
   bool prepared_ = false;
   Problem prepared_problem_;
   std::string prepared_inputs_dir_;  // "" when the worker holds generated inputs
+  nlohmann::json prepare_ms_;        // the last prepare's phases, until the next run's record carries them
+  WorkerTime spent_;
 };
 
 // A record for a variant that never ran (pruned, compile_error): stored like any other.
