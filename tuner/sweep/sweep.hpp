@@ -30,6 +30,9 @@ struct RunOptions {
   std::string inputs_dir;
   // Where the worker writes the validated run's outputs as raw files (o/lse or dq/dk/dv .bin); empty: nowhere.
   std::string save_outputs_dir;
+  // CPU threads the worker's parallel parts use (input generation, reference, validation); 0: every core for
+  // one worker, cores / N for each of N (tune's --worker-threads sets it).
+  int worker_threads = 0;
 };
 
 // Where a worker's time went over a session, as its tuner saw it: the prepares (their number, and the
