@@ -12,8 +12,9 @@
 #   exhaustive-check - the main job's Hopper spaces exhaustively on its problems; its picks (the carried store)
 #            timed within them (halving_vs_exhaustive_<family>.csv; EX_STEPS picks the steps)
 #   ab-picks FAMILY... - where a pick and the exhaustive best differ, the two timed alternately (ab_picks_<family>.csv)
-#   multi-gpu [one|two|all] - issue 17 on two GPUs: one sweep on --devices 1, then on --devices 0,1, a crash on one
-#            worker, multi_gpu_sweep.csv (experiments/multi_gpu_sweep.py)
+#   multi-gpu [one|two|four|all] - issues 17 and 33: one sweep on --devices 1, then on --devices 0,1 with a crash on
+#            one worker, and (four, on a machine with four GPUs) on --devices 0,1,2,3; multi_gpu_sweep.csv
+#            (experiments/multi_gpu_sweep.py); each sweep's log (the workers' prepare and run times) as <part>.log
 #   fa3-short - fa3_wgmma's TWO_CTAS (two CTAs per SM): every compiled fa3_wgmma_2cta.json variant validated on
 #            ragged shapes (fa3_validate.db), fa3_wgmma_short.json tuned by halving on the four points still below
 #            cuDNN (anchors_fa3_missed.json), each point's best re-timed beside torch flash and cuDNN in one run
@@ -304,10 +305,11 @@ ab-picks)
   tar czf "$OUT/sweep.tar.gz" "$rep"
   ;;
 multi-gpu)
-  # Issue 17: one sweep over two GPUs against one GPU alone, on a machine with two. "two": gpu_search,
-  # the sweep with --devices 0,1, a crash injected on one worker; "one": the sweep with --devices 1;
-  # the analysis once both are there (two calls on one warm machine; a cold one gets .mg back carried). Both start from the same
-  # compile cache, so the wall times are the GPU work. Spaces and problems: MG_SWEEPS.
+  # Issues 17 and 33: one sweep over two (four) GPUs against one GPU alone. "two": gpu_search, the sweep with
+  # --devices 0,1, a crash injected on one worker; "one": the sweep with --devices 1; "four" (a machine with four
+  # GPUs): the sweep with --devices 0,1,2,3; the analysis once one, two and the fault store are there, with four's
+  # when it is (calls on one warm machine; a cold one gets .mg back carried). All start from the same compile
+  # cache, so the wall times are the GPU work. Spaces and problems: MG_SWEEPS.
   part=${1:-all}
   mg=.mg; mkdir -p $mg
   sweeps=${MG_SWEEPS:-"fa2_mma:anchors_bf16 fa2_mma_bwd:anchors_bwd_bf16_d64"}
@@ -321,19 +323,21 @@ multi-gpu)
   fi
   sweep() {  # sweep <name> <devices>: every sweep into $mg/<name>.db, wall time and kernel runs into $mg/<name>.json
     cp $mg/cache.db $mg/$1.db
+    : >$mg/$1.log
     local fwd=0 bwd=0 runs=0
     for s in $sweeps; do
       log "tune ${s%%:*} on ${s##*:}, --devices $2"
       t0=$(date +%s.%N)
       $ft tune "configs/spaces/${s%%:*}.json" "configs/problems/${s##*:}.json" --db $mg/$1.db --devices "$2" --quiet >$mg/$1.out 2>&1
-      rc=$?; t1=$(date +%s.%N); tail -1 $mg/$1.out
+      rc=$?; t1=$(date +%s.%N); grep '^device [0-9]*: [0-9]* prepares' $mg/$1.out; tail -1 $mg/$1.out
+      cat $mg/$1.out >>$mg/$1.log
       [[ $rc == 0 ]] || { cat $mg/$1.out; exit 1; }
       n=$(tail -1 $mg/$1.out | python3 -c "import re,sys; print(sum(int(x) for x in re.findall(r'(\d+) (?:ok|invalid|crashed|timeout|error)', sys.stdin.read())))")
       runs=$((runs + n))
       if [[ $s == *bwd* ]]; then bwd=$(python3 -c "print($bwd + $t1 - $t0)"); else fwd=$(python3 -c "print($fwd + $t1 - $t0)"); fi
     done
     echo "{\"fwd\": $fwd, \"bwd\": $bwd, \"runs\": $runs}" >$mg/$1.json; cat $mg/$1.json
-    cp $mg/$1.db $OUT/$1.db; $ft drop-cubins --db $OUT/$1.db; cp $mg/$1.json $OUT/
+    cp $mg/$1.db $OUT/$1.db; $ft drop-cubins --db $OUT/$1.db; cp $mg/$1.json $mg/$1.log $OUT/
   }
   if [[ $part == two || $part == all ]]; then
     ctest --test-dir build -R gpu_search --output-on-failure 2>&1 | grep -E "passed|FAIL|Passed|Failed" | tail -4
@@ -350,9 +354,16 @@ JSON
     $ft drop-cubins --db $mg/fault.db; cp $mg/fault.db $OUT/
   fi
   [[ $part == one || $part == all ]] && sweep one 1
+  if [[ $part == four ]]; then
+    [[ $(nvidia-smi -L | wc -l) -ge 4 ]] || { echo "multi-gpu four needs four GPUs"; exit 1; }
+    sweep four 0,1,2,3
+  fi
   if [[ -f $mg/one.json && -f $mg/two.json && -f $mg/fault.db ]]; then
-    python3 -c "import json; print(json.dumps({'one': json.load(open('$mg/one.json')), 'two': json.load(open('$mg/two.json'))}))" >$mg/times.json
-    python3 experiments/multi_gpu_sweep.py $ft $mg/one.db $mg/two.db $mg/times.json $mg/fault.db "$rep/multi_gpu_sweep.csv" | tee $OUT/multi_gpu_sweep.txt
+    four=(); [[ -f $mg/four.json ]] && four=($mg/four.db)
+    python3 -c "import json, os, sys; print(json.dumps({n: json.load(open(f'{sys.argv[1]}/{n}.json'))
+                for n in ('one', 'two', 'four') if os.path.exists(f'{sys.argv[1]}/{n}.json')}))" $mg >$mg/times.json
+    python3 experiments/multi_gpu_sweep.py $ft $mg/one.db $mg/two.db $mg/times.json $mg/fault.db \
+      "$rep/multi_gpu_sweep.csv" "${four[@]}" | tee $OUT/multi_gpu_sweep.txt
     cp "$rep/multi_gpu_sweep.csv" $OUT/
   fi
   ;;
