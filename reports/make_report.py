@@ -636,12 +636,14 @@ def main():
     multi = os.path.join(src_dir, "multi_gpu_sweep.csv")
     if os.path.exists(multi):
         m = {r["metric"]: r["value"] for r in csv.DictReader(open(multi))}
-        report.append("## One sweep over two GPUs of one host\n\n"
+        four = (f" Four GPUs (`--devices 0,1,2,3`): speedup {m['speedup_4gpu_vs_1gpu']} (bar 3.5); rows lost or "
+                f"doubled: {m.get('rows_lost_or_duplicated_4gpu')}." if "speedup_4gpu_vs_1gpu" in m else "")
+        report.append("## One sweep over several GPUs of one host\n\n"
                       "`scripts/device_run.sh multi-gpu` (`experiments/multi_gpu_sweep.py`): the same exhaustive sweep "
-                      "with `--devices 1`, then `--devices 0,1`, both from one compile cache, so the wall times are the "
-                      f"GPU work. Speedup {m.get('speedup_2gpu_vs_1gpu')} (bar 1.8); same best configs: "
+                      "with `--devices 1`, then `--devices 0,1`, all from one compile cache, so the wall times are the "
+                      f"GPU work. Speedup {m.get('speedup_2gpu_vs_1gpu')} (bar 1.85); same best configs: "
                       f"{m.get('same_best_configs')}; rows lost or doubled: {m.get('rows_lost_or_duplicated')}; "
-                      f"fault sweep with a crash on one GPU complete: {m.get('fault_sweep_complete')}.\n")
+                      f"fault sweep with a crash on one GPU complete: {m.get('fault_sweep_complete')}.{four}\n")
         report.append(md_table([{"metric": k, "value": v} for k, v in m.items()], ["metric", "value"], ["metric", "value"]))
         report.append("")
     tuned_vs_default(rows, out_dir, report)

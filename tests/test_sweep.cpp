@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -24,8 +25,8 @@ using nlohmann::json;
 
 namespace {
 
-// The worker's time for a kernel: 0.1 ms plus its hash's first 6 hex digits mod 1000, in microseconds; a
-// prepare's phases as a real worker's.
+// The worker's time for a kernel: 0.1 ms plus its hash's first 6 hex digits mod 1000, in microseconds. Its
+// command line comes back in each run's detail (worker_args), a prepare's phases as a real worker's.
 constexpr const char* kFakeWorker = R"py(#!/usr/bin/env python3
 import json, os, sys
 crash = os.environ.get("FAKE_WORKER_CRASH_HASH", "")
@@ -46,7 +47,7 @@ for line in sys.stdin:
         ms = 0.1 + (int(h[:6], 16) % 1000) / 1000.0
         t = req.get("timing", {})
         reps = t.get("max_reps", 10)
-        detail = {"timing_ms": ms * reps}
+        detail = {"timing_ms": ms * reps, "worker_args": sys.argv[1:]}
         stop = t.get("stop_above_ms", 0)
         if stop and ms > stop:
             reps = 3
@@ -139,6 +140,7 @@ TEST(SweepWithFakeWorker, ExhaustiveStoresEveryCandidateAndARerunReusesThem) {
       EXPECT_EQ(r.device_name, "Fake GPU");
       const json d = json::parse(r.detail);
       EXPECT_FALSE(d.contains("worker_device")) << "one worker: rows name no GPU";
+      EXPECT_EQ(d["worker_args"], json::array({"0"})) << "one worker: every core, no --threads";
       EXPECT_GT(d.value("request_ms", 0.0), 0.0) << r.detail;
       if (d.contains("retime")) {
         ++retimed;
@@ -196,8 +198,15 @@ TEST(SweepWithFakeWorker, HalvingOnTwoWorkersNamesEachRowsGpu) {
     for (const SearchCandidate& c : cands) {
       const ResultRecord& r = rows.at(c.hash);
       EXPECT_EQ(r.status, "ok") << r.error;
-      const int dev = json::parse(r.detail).value("worker_device", -1);
+      const json d = json::parse(r.detail);
+      const int dev = d.value("worker_device", -1);
       EXPECT_TRUE(dev == 0 || dev == 1) << r.detail;
+      // Two workers on one host: each gets half the cores. (The args are those of the worker that validated
+      // the row, which a re-timing on the other GPU keeps.)
+      const std::string share = std::to_string(std::max(1u, std::thread::hardware_concurrency() / 2));
+      const json args = d["worker_args"];
+      EXPECT_TRUE(args == json::array({"0", "--threads", share}) || args == json::array({"1", "--threads", share}))
+          << r.detail;
       if (fake_ms(c.hash) < best_ms) best_ms = fake_ms(c.hash), best = c.v.family->config_string(c.v.config);
     }
     EXPECT_EQ(sum.reports[i].best_config, best);

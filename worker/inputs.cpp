@@ -38,17 +38,21 @@ HostTensor generated_input(size_t n, uint64_t stream, DType t, const InputDist& 
   HostTensor h;
   h.values.resize(n);
   h.bytes.resize(n * (size_t)dtype_bytes(t));
+  // Element i, as to_device_format rounds it: the bytes, and the float they hold. Captured by value: with
+  // the tensor and the distribution read through references into this frame, 2 threads took longer than 1
+  // (1.25 s against 1.0 s for 33.5 M elements on a 2-core VM; by value 0.55 s).
+  float* values = h.values.data();
+  uint16_t* half = reinterpret_cast<uint16_t*>(h.bytes.data());
   const bool heavy = dist.kind == InputDist::Kind::heavy;
-  // Element i, as to_device_format rounds it: the bytes, and the float they hold.
-  auto fill = [&](size_t begin, size_t end) {
-    uint16_t* half = reinterpret_cast<uint16_t*>(h.bytes.data());
+  const double scale = dist.scale;
+  auto fill = [=](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
-      const float x = (float)(dist.scale * (heavy ? heavy_at(stream, i) : normal_at(stream, i)));
+      const float x = (float)(scale * (heavy ? heavy_at(stream, i) : normal_at(stream, i)));
       if (t == DType::fp32) {
-        h.values[i] = x;
+        values[i] = x;
       } else {
         half[i] = t == DType::bf16 ? float_to_bf16(x) : float_to_fp16(x);
-        h.values[i] = t == DType::bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
+        values[i] = t == DType::bf16 ? bf16_to_float(half[i]) : fp16_to_float(half[i]);
       }
     }
   };

@@ -3,8 +3,14 @@
 // that faulted) it answers "crashed" and exits: the context is unusable, and the parent
 // starts a fresh worker. A kernel that never ends is the parent's to kill. Running out of device
 // memory is not sticky: it answers "oom", frees its buffers and stays.
+//
+// usage: flashtune-worker [DEVICE] [--threads N]: DEVICE the CUDA ordinal (0); N the CPU threads of its
+// parallel parts (input generation, reference, validation; 1 .. 4096, default every core), which tune sets
+// to cores / workers when several workers share a host.
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -25,13 +31,34 @@ json device_json(const flashtune::DeviceInfo& d) {
           {"clock_khz", d.clock_khz}};
 }
 
+// A thread count given on the command line: decimal digits only, 1 .. kMaxThreads; nullopt otherwise.
+constexpr int kMaxThreads = 4096;
+std::optional<int> thread_count(const char* text) {
+  const size_t n = std::strlen(text);
+  if (n == 0 || n > 4 || std::strspn(text, "0123456789") != n) return std::nullopt;
+  const int v = std::atoi(text);
+  if (v < 1 || v > kMaxThreads) return std::nullopt;
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int ordinal = argc > 1 ? std::atoi(argv[1]) : 0;
+  int threads = 0;  // every core
+  for (int i = 2; i < argc; ++i) {
+    const std::optional<int> t = i + 1 < argc && std::strcmp(argv[i], "--threads") == 0 ? thread_count(argv[i + 1])
+                                                                                         : std::nullopt;
+    if (!t) {
+      std::fprintf(stderr, "flashtune-worker: usage: flashtune-worker [DEVICE] [--threads 1..%d]\n", kMaxThreads);
+      return 2;
+    }
+    threads = *t;
+    ++i;
+  }
   std::unique_ptr<flashtune::GpuRunner> gpu;
   try {
-    gpu = std::make_unique<flashtune::GpuRunner>(ordinal);
+    gpu = std::make_unique<flashtune::GpuRunner>(ordinal, threads);
   } catch (const std::exception& e) {
     // No driver, no device: every request gets the same answer.
     std::string why = e.what();

@@ -49,7 +49,7 @@ int cmd_tune(int argc, char** argv) {
         "usage: flashtune tune <space.json> <problems.json> [--db PATH] [--device N | --devices 0,1,...]\n"
         "                      [--strategy exhaustive|random|halving|guided] [--max-evals N|N%] [--time-budget 10m]\n"
         "                      [--seed N] [--shard k/n] [--replay DB [--replay-device NAME]] [--json]\n"
-        "                      [--stop-margin X] [--retime N] [--timeout S] [--arch A] [--quiet]\n"
+        "                      [--stop-margin X] [--retime N] [--timeout S] [--arch A] [--quiet] [--worker-threads N]\n"
         "                      [--input-dist normal|heavy] [--input-scale X]\n"
         "Searches the space's variants on each problem: a strategy proposes candidates, a worker process per\n"
         "GPU compiles only what is proposed, runs it, validates it against the float64 reference, times the\n"
@@ -68,6 +68,8 @@ int cmd_tune(int argc, char** argv) {
         "  --seed         seeds the strategy (and the inputs); default 20261121\n"
         "  --devices      one worker per listed GPU on one sweep into one store (an index twice: two workers\n"
         "                 on one GPU, which perturbs their timings); the GPUs must share an architecture\n"
+        "  --worker-threads  CPU threads of each worker's inputs, reference and validation (1 to 4096);\n"
+        "                 default: every core with one worker, cores / workers with --devices\n"
         "  --shard k/n    this run takes candidate (variant, problem) pairs whose stable hash % n == k\n"
         "                 (compile-only: variants whose hash % n == k); `flashtune merge` joins the stores\n"
         "  --replay DB    evaluates from DB's stored results instead of a GPU (the family's rows on\n"
@@ -85,7 +87,8 @@ int cmd_tune(int argc, char** argv) {
   }
   Args a = parse(argc, argv,
                  {"db", "device", "devices", "timeout", "seed", "arch", "input-dist", "input-scale", "strategy",
-                  "max-evals", "time-budget", "shard", "replay", "replay-device", "stop-margin", "retime"},
+                  "max-evals", "time-budget", "shard", "replay", "replay-device", "stop-margin", "retime",
+                  "worker-threads"},
                  {"quiet", "allow-large-space", "json"});
   if (a.positional.size() != 2) throw UsageError("tune takes a space file and a problems file");
   Space space = load_space(a.positional[0], a.has("allow-large-space"));
@@ -135,6 +138,7 @@ int cmd_tune(int argc, char** argv) {
       throw UsageError("'" + in + "' is the --db store (or a file SQLite keeps beside it): give another --db");
   SweepOptions o;
   o.run = run_options(a);
+  if (a.has("worker-threads")) o.run.worker_threads = (int)a.get_int("worker-threads", 0, 1, 4096);
   o.arch = a.get("arch");
   if (!o.arch.empty()) arch_limits(o.arch);
   o.progress = so.progress;

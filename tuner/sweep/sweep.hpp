@@ -30,6 +30,18 @@ struct RunOptions {
   std::string inputs_dir;
   // Where the worker writes the validated run's outputs as raw files (o/lse or dq/dk/dv .bin); empty: nowhere.
   std::string save_outputs_dir;
+  // CPU threads the worker's parallel parts use (input generation, reference, validation); 0: every core for
+  // one worker, cores / N for each of N (tune's --worker-threads sets it).
+  int worker_threads = 0;
+};
+
+// Where a worker's time went over a session, as its tuner saw it: the prepares (their number, and the
+// worker's phases summed: inputs, reference, upload, total) and the run requests (their number and round
+// trips, which hold the worker's phase_ms and what lies between them: the module load, the replies).
+struct WorkerTime {
+  int prepares = 0, requests = 0;
+  nlohmann::json prepare_ms = nlohmann::json::object();
+  double request_ms = 0;
 };
 
 // Where a worker's time went over a session, as its tuner saw it: the prepares (their number, and the

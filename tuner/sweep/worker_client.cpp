@@ -23,8 +23,8 @@ std::string default_worker_path() {
   return self.substr(0, self.rfind('/') + 1) + "flashtune-worker";
 }
 
-WorkerClient::WorkerClient(int device, std::string path)
-    : device_(device), path_(path.empty() ? default_worker_path() : std::move(path)) {
+WorkerClient::WorkerClient(int device, std::string path, int threads)
+    : device_(device), path_(path.empty() ? default_worker_path() : std::move(path)), threads_(threads) {
   signal(SIGPIPE, SIG_IGN);  // a dead worker must surface as an error, not kill us
 }
 
@@ -45,7 +45,9 @@ void WorkerClient::start() {
   io.out = Redirect::pipe();
   io.err = Redirect::new_file(log_path_);
   try {
-    worker_ = Subprocess::spawn({path_, std::to_string(device_)}, io);
+    std::vector<std::string> argv = {path_, std::to_string(device_)};
+    if (threads_ > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads_)});
+    worker_ = Subprocess::spawn(argv, io);
   } catch (const SpawnError& e) {
     throw std::runtime_error("cannot start worker '" + path_ + "': " + strerror(e.error));
   }

@@ -12,7 +12,8 @@ namespace flashtune {
 
 class WorkerClient {
  public:
-  explicit WorkerClient(int device_ordinal, std::string worker_path = "");
+  // threads > 0: the worker's CPU thread budget (`flashtune-worker DEVICE --threads N`); 0: every core.
+  explicit WorkerClient(int device_ordinal, std::string worker_path = "", int threads = 0);
   ~WorkerClient();
   WorkerClient(const WorkerClient&) = delete;
   WorkerClient& operator=(const WorkerClient&) = delete;
@@ -28,6 +29,7 @@ class WorkerClient {
   std::string log_tail() const;
   int device_;
   std::string path_;
+  int threads_;
   Subprocess worker_;      // its stdin and stdout are pipes
   std::string pending_;   // bytes read past the last newline
   std::string log_dir_;   // private (0700, mkdtemp under $TMPDIR), made at the first start, removed at the end
