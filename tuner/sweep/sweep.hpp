@@ -44,15 +44,6 @@ struct WorkerTime {
   double request_ms = 0;
 };
 
-// Where a worker's time went over a session, as its tuner saw it: the prepares (their number, and the
-// worker's phases summed: inputs, reference, upload, total) and the run requests (their number and round
-// trips, which hold the worker's phase_ms and what lies between them: the module load, the replies).
-struct WorkerTime {
-  int prepares = 0, requests = 0;
-  nlohmann::json prepare_ms = nlohmann::json::object();
-  double request_ms = 0;
-};
-
 // A worker and the device it reports; the bridge between compiled kernels and results.
 class GpuSession {
  public:
