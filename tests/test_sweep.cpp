@@ -201,12 +201,10 @@ TEST(SweepWithFakeWorker, HalvingOnTwoWorkersNamesEachRowsGpu) {
       const json d = json::parse(r.detail);
       const int dev = d.value("worker_device", -1);
       EXPECT_TRUE(dev == 0 || dev == 1) << r.detail;
-      // Two workers on one host: each gets half the cores. (The args are those of the worker that validated
-      // the row, which a re-timing on the other GPU keeps.)
-      const std::string share = std::to_string(std::max(1u, std::thread::hardware_concurrency() / 2));
+      // Two workers on one host: each keeps every core (no --threads) unless --worker-threads says otherwise.
+      // (The args are those of the worker that validated the row, which a re-timing on the other GPU keeps.)
       const json args = d["worker_args"];
-      EXPECT_TRUE(args == json::array({"0", "--threads", share}) || args == json::array({"1", "--threads", share}))
-          << r.detail;
+      EXPECT_TRUE(args == json::array({"0"}) || args == json::array({"1"})) << r.detail;
       if (fake_ms(c.hash) < best_ms) best_ms = fake_ms(c.hash), best = c.v.family->config_string(c.v.config);
     }
     EXPECT_EQ(sum.reports[i].best_config, best);

@@ -69,7 +69,7 @@ int cmd_tune(int argc, char** argv) {
         "  --devices      one worker per listed GPU on one sweep into one store (an index twice: two workers\n"
         "                 on one GPU, which perturbs their timings); the GPUs must share an architecture\n"
         "  --worker-threads  CPU threads of each worker's inputs, reference and validation (1 to 4096);\n"
-        "                 default: every core with one worker, cores / workers with --devices\n"
+        "                 default: every core for each worker (a share measured slower: references wait)\n"
         "  --shard k/n    this run takes candidate (variant, problem) pairs whose stable hash % n == k\n"
         "                 (compile-only: variants whose hash % n == k); `flashtune merge` joins the stores\n"
         "  --replay DB    evaluates from DB's stored results instead of a GPU (the family's rows on\n"

@@ -635,20 +635,15 @@ class Sweep {
   std::mutex progress_mu_;  // progress_, sum_ and evaluations_done_
 };
 
-// The CPU threads of each of `workers` workers on this host: an equal share of its cores (at least one),
-// so that N workers' comparisons, references and inputs do not contend for every core N times over.
-int worker_thread_share(size_t workers) {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return (int)std::max<size_t>(1, cores / std::max<size_t>(1, workers));
-}
-
 // One worker per listed device; the first one says whether there is a GPU at all.
 std::vector<std::unique_ptr<GpuSession>> start_workers(const SweepOptions& opt) {
   std::vector<std::unique_ptr<GpuSession>> gpus;
   for (int d : opt.devices) {
     RunOptions ro = opt.run;
     ro.device = d;
-    if (ro.worker_threads == 0 && opt.devices.size() > 1) ro.worker_threads = worker_thread_share(opt.devices.size());
+    // Every worker keeps every core unless --worker-threads says otherwise: on four H200s of one host a share of
+    // cores / 4 made each backward problem's float64 reference, which its GPU waits for, 2-4x slower and the
+    // sweep's backward 38.7 s against 27.2 s (docs/measurements.md, issue 33).
     gpus.push_back(std::make_unique<GpuSession>(ro));
     if (!gpus[0]->has_gpu()) break;
   }

@@ -30,8 +30,8 @@ struct RunOptions {
   std::string inputs_dir;
   // Where the worker writes the validated run's outputs as raw files (o/lse or dq/dk/dv .bin); empty: nowhere.
   std::string save_outputs_dir;
-  // CPU threads the worker's parallel parts use (input generation, reference, validation); 0: every core for
-  // one worker, cores / N for each of N (tune's --worker-threads sets it).
+  // CPU threads the worker's parallel parts use (input generation, reference, validation); 0: every core, for
+  // each of N workers too (tune's --worker-threads sets a share).
   int worker_threads = 0;
 };
 
