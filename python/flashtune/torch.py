@@ -320,8 +320,10 @@ def _mods(fn, window_size, softcap):
 
 
 def _ft_mods(mods):
-    """The ops' (window_left, window_right, softcap) as the runtime's ft_mods tuple."""
-    return _lib.NO_MODS if tuple(mods) == NO_MODS else _lib.mods_tuple(tuple(mods[:2]), mods[2])
+    """The ops' (window_left, window_right, softcap) as the runtime's ft_mods tuple (window, left, right, softcap).
+    Not checked again here: attention() checked them (_mods), and the runtime checks every field of ft_mods."""
+    left, right, cap = mods
+    return (1, left, right, cap) if left >= 0 or right >= 0 else (0, 0, 0, cap)
 
 
 def _fwd_args(q, k, v, o, lse, causal, scale, mods=NO_MODS):
