@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Train a tiny GPT twice, from the same seed on the same batches: once with flashtune's attention
-(flashtune.torch.attention), once with torch SDPA. bf16 autocast, AdamW, no dropout.
+(flashtune.torch.attention), once with torch SDPA, their steps interleaved so that both are timed under the
+same conditions. bf16 autocast, AdamW, no dropout.
 
 The corpus is this repository's own source (templates, tuner, runtime, docs), read byte by byte: no
 download. Writes reports/<gpu-slug>/train_tiny_gpt.csv (step, loss_flashtune, loss_sdpa,
@@ -146,48 +147,64 @@ def profile_steps(step, n):
     return out
 
 
-def train(impl, data, a):
-    torch.manual_seed(a.seed)  # the same initial weights for both runs
-    model = TinyGPT(a.layers, a.heads, 64, a.context, impl).cuda()
-    step_fn = torch.compile(model) if a.compile else model
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    warm_up(a, impl)
-    losses, rates = [], []
-    tokens = a.batch * a.context
-    for step, (x, y) in enumerate(batches(data, a.steps, a.batch, a.context, a.seed)):
+class Run:
+    """One model and its optimizer, trained step by step (flashtune's attention or SDPA's); the two runs start
+    from the same weights (the same seed) and see the same batches."""
+
+    def __init__(self, impl, a):
+        self.impl, self.a = impl, a
+        torch.manual_seed(a.seed)  # the same initial weights for both runs
+        self.model = TinyGPT(a.layers, a.heads, 64, a.context, impl).cuda()
+        self.step_fn = torch.compile(self.model) if a.compile else self.model
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        self.losses, self.rates = [], []
+
+    def one_step(self, x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = self.step_fn(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return loss
+
+    def timed_step(self, step, x, y):
+        a = self.a
         lr = a.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / a.steps)))
-        for group in opt.param_groups:
+        for group in self.opt.param_groups:
             group["lr"] = lr
-        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = step_fn(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = self.one_step(x, y)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        losses.append(loss.item())
-        rates.append(tokens / dt)
+        self.losses.append(loss.item())
+        self.rates.append(a.batch * a.context / dt)
         if step % 50 == 0 or step == a.steps - 1:
-            print(f"{impl:<9} step {step:4d}  loss {losses[-1]:.4f}  {rates[-1] / 1e3:8.1f} k tokens/s", flush=True)
-    prof = None
-    if a.profile:  # the last batch again, a.profile times, under the profiler (not in the rates above)
-        def one_step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = step_fn(x)
-            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-        prof = profile_steps(one_step, a.profile)
-        print(f"{impl:<9} profiled {a.profile} steps: wall {prof['(wall)'][0]:.0f} us/step, kernels "
-              f"{prof['(kernels)'][0]:.0f} us/step", flush=True)
-    return losses, rates, prof
+            print(f"{self.impl:<9} step {step:4d}  loss {self.losses[-1]:.4f}  {self.rates[-1] / 1e3:8.1f} k tokens/s",
+                  flush=True)
+
+
+def train(data, a):
+    """Both runs, their steps interleaved (flashtune first on even steps, SDPA first on odd ones), so that each
+    step of one is timed beside the same step of the other: a machine whose host speed drifts during the run
+    (SDPA's tokens/s moved by 30% between runs of the sequential form while its kernels did not) moves both
+    alike. Returns the two Runs and, with --profile, each one's profile of the last batch again."""
+    runs = [Run("flashtune", a), Run("sdpa", a)]
+    for r in runs:
+        warm_up(a, r.impl)
+    for step, (x, y) in enumerate(batches(data, a.steps, a.batch, a.context, a.seed)):
+        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+        for r in (runs if step % 2 == 0 else runs[::-1]):
+            r.timed_step(step, x, y)
+    profs = [None, None]
+    if a.profile:  # the last batch again, a.profile times each, under the profiler (not in the rates above)
+        for i, r in enumerate(runs):
+            profs[i] = profile_steps(lambda: r.one_step(x, y), a.profile)
+            print(f"{r.impl:<9} profiled {a.profile} steps: wall {profs[i]['(wall)'][0]:.0f} us/step, kernels "
+                  f"{profs[i]['(kernels)'][0]:.0f} us/step", flush=True)
+    return runs, profs
 
 
 def main():
@@ -217,8 +234,8 @@ def main():
 
     if not 0 <= a.profile <= 100:
         sys.exit("train_tiny_gpt: --profile takes 0 to 100 steps")
-    ft_loss, ft_rate, ft_prof = train("flashtune", data, a)
-    sd_loss, sd_rate, sd_prof = train("sdpa", data, a)
+    (ft, sd), (ft_prof, sd_prof) = train(data, a)
+    ft_loss, ft_rate, sd_loss, sd_rate = ft.losses, ft.rates, sd.losses, sd.rates
 
     stem = "train_tiny_gpt" + (f"_{a.tag}" if a.tag else "")
     if not all(ch.isalnum() or ch in "_-" for ch in stem):
@@ -259,7 +276,9 @@ def main():
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     print(f"final loss (mean of the last {tail} steps): flashtune {f_final:.4f}, sdpa {s_final:.4f}, "
           f"difference {100 * rel:.2f}% -> {'within' if rel <= 0.02 else 'NOT within'} 2%")
-    print(f"median tokens/s: flashtune {med(ft_rate):.0f}, sdpa {med(sd_rate):.0f}")
+    print(f"median tokens/s: flashtune {med(ft_rate):.0f}, sdpa {med(sd_rate):.0f} "
+          f"({med(ft_rate) / med(sd_rate):.3f}x; median of the steps' own ratios "
+          f"{med([f / s for f, s in zip(ft_rate, sd_rate)]):.3f}x)")
     print(f"wrote {csv_path} and {png_path}")
     return 0 if rel <= 0.02 else 1
 

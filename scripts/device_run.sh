@@ -40,6 +40,9 @@
 #   torch-op [PART ...] - the runtime and the PyTorch extension alone (their targets), python_unit, gpu_torch_op's
 #            PARTs (default: all), each probe shape's kernels compiled meanwhile in the background, then the host-time
 #            probe: host_time.csv and host_time.txt
+#   train [PROFILE_STEPS] - examples/train_tiny_gpt.py through the extension, at its default size and at context 2048
+#            (8 heads of 64, batch 8), the two runs' steps interleaved; each then profiled PROFILE_STEPS (default 10)
+#            steps: train_tiny_gpt{,_ctx2048}{.csv,.png,_profile.csv}, train.log
 #   overhead - experiments/module_overhead.py (op vs the same kernels through the harness, SDPA beside)
 #   full-compile - the `nvrtc_full` label (every variant of every space compiled for sm_80 and sm_90)
 #   final  - tests, stored best configs re-timed, the closest call against torch flash re-measured
@@ -86,7 +89,7 @@ fi
 # The main job needs the CLI and its worker only (what a user's first build of the main job makes).
 targets=()
 [[ $stage == main-job ]] && targets=(--target flashtune flashtune-worker)
-[[ $stage == torch-op ]] && targets=(--target flashtune flashtune-worker flashtune_attention flashtune_torch abi_layout)
+[[ $stage == torch-op || $stage == train || $stage == host-time ]] && targets=(--target flashtune flashtune-worker flashtune_attention flashtune_torch abi_layout make_fixture_db lookup_probe)
 build_t0=$(date +%s)
 if ! { cmake --preset release -DFLASHTUNE_BENCHMARKS=OFF "${extra[@]}" && cmake --build build -j"$(nproc)" "${targets[@]}"; } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
@@ -911,6 +914,7 @@ JSON
   ;;
 host-time)
   log "host time of the torch op, layer by layer"
+  export PYTHONPATH=$PWD/python FLASHTUNE_CACHE_DIR=${FLASHTUNE_CACHE_DIR:-/tmp/ft-cache}
   PYTHONUNBUFFERED=1 python3 experiments/probes/host_time.py --csv "$rep/host_time.csv" "$@" 2>&1 |
     tee "$rep/host_time.txt" | tail -150
   cp "$rep/host_time.csv" "$rep/host_time.txt" "$OUT/"
@@ -919,7 +923,8 @@ torch-op)
   export PYTHONPATH=$PWD/python FLASHTUNE_LIBRARY=$PWD/build/runtime/libflashtune_attention.so \
     FLASHTUNE_TORCH_LIBRARY=$PWD/build/python/csrc/libflashtune_torch.so FLASHTUNE_CACHE_DIR=${FLASHTUNE_CACHE_DIR:-/tmp/ft-cache} \
     FLASHTUNE_CLI=$PWD/build/flashtune  # first-use tuning runs the CLI: the build tree's (a wheel carries its own)
-  ctest --test-dir build -R '^python_unit$' 2>&1 | grep -E "tests passed|Failed|FAIL"
+  ctest --test-dir build -R '^python_unit$' --output-on-failure >"$OUT/python_unit.log" 2>&1
+  grep -E "tests passed|Failed|FAIL|Error|error:" "$OUT/python_unit.log" | head -20
   warm=()
   for shape in 4,16,4096,128 16,16,1024,128; do  # the probe's kernels, compiled while the tests run
     python3 -c "import sys, torch; from flashtune.torch import attention; B,H,S,d = map(int, sys.argv[1].split(','))
@@ -934,6 +939,17 @@ attention(q, k, v, causal=True).sum().backward(); torch.cuda.synchronize()" "$sh
   log "host time"
   PYTHONUNBUFFERED=1 python3 experiments/probes/host_time.py --csv "$rep/host_time.csv" 2>&1 | tee "$rep/host_time.txt"
   cp "$rep/host_time.csv" "$rep/host_time.txt" "$OUT/"
+  ;;
+train)
+  export PYTHONPATH=$PWD/python FLASHTUNE_LIBRARY=$PWD/build/runtime/libflashtune_attention.so \
+    FLASHTUNE_TORCH_LIBRARY=$PWD/build/python/csrc/libflashtune_torch.so FLASHTUNE_CACHE_DIR=${FLASHTUNE_CACHE_DIR:-/tmp/ft-cache}
+  for size in "" "--context 2048 --heads 8 --batch 8 --tag ctx2048"; do
+    log "train_tiny_gpt $size"
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 python3 examples/train_tiny_gpt.py --profile "${1:-10}" --out-dir "$rep" $size 2>&1 | tee -a "$OUT/train.log" |
+      grep -E "profiled|final loss|median|Error|error"
+  done
+  cp "$rep"/train_tiny_gpt*.csv "$rep"/train_tiny_gpt*.png "$OUT/"
   ;;
 full-compile)
   # Every variant of every space through NVRTC for sm_80 and sm_90 (CI compiles a covering sample):

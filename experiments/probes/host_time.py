@@ -51,7 +51,7 @@ def probe(B, H, S, d, causal=True):
         torch.autograd.grad(o, (q, k, v), do)
 
     def ctypes_step():  # the fallback's eager path, whichever backend is loaded
-        o, _ = ftt._EagerAttention.apply(q, k, v, causal, 0.0, False)
+        o, _ = ftt._EagerAttention.apply(q, k, v, causal, 0.0, False, ftt.NO_MODS)
         torch.autograd.grad(o, (q, k, v), do)
 
     def sdpa_step():
@@ -70,7 +70,7 @@ def probe(B, H, S, d, causal=True):
     ft_fb = host_us(step)
     with torch.no_grad():
         ft_f = host_us(lambda: ftt.attention(q, k, v, causal=causal))
-        ct_f = host_us(lambda: ftt._EagerAttention.apply(q, k, v, causal, 0.0, False))
+        ct_f = host_us(lambda: ftt._EagerAttention.apply(q, k, v, causal, 0.0, False, ftt.NO_MODS))
     ct_fb = host_us(ctypes_step)
     print(f"forward (no grad)      flashtune {ft_f:8.1f} us   ctypes path {ct_f:8.1f} us   sdpa flash {sdpa_f:8.1f} us")
     print(f"forward + backward     flashtune {ft_fb:8.1f} us   ctypes path {ct_fb:8.1f} us   sdpa flash {sdpa_fb:8.1f} us")
@@ -86,6 +86,14 @@ def probe(B, H, S, d, causal=True):
               ("ft_explain_forward (plan only, via ctypes)", lambda: _lib.explain_forward(fa)),
               ("torch.empty x2 from Python", lambda: (torch.empty_like(qd), torch.empty_like(lse))),
               ("torch.ops.aten.empty_like.default (an op call's floor)", lambda: torch.ops.aten.empty_like.default(qd))]
+    def under_autocast(fn):
+        def call():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                fn()
+        return call
+    pieces += [("Python _check under autocast (before: every call)", under_autocast(lambda: ftt._check(qd, kd, vd, "p", True))),
+               ("_autocast_cast under autocast (now)", under_autocast(lambda: ftt._autocast_cast(qd, kd, vd))),
+               ("autocast context alone", under_autocast(lambda: None))]
     if ftt._EXT:
         op = torch.ops.flashtune.attention_fwd.default
         pieces.insert(0, ("op torch.ops.flashtune.attention_fwd.default", lambda: op(qd, kd, vd, causal, 0.0)))
@@ -93,6 +101,53 @@ def probe(B, H, S, d, causal=True):
         print(f"  {name:<52} {host_us(fn):8.1f} us")
     shape = f"{B}x{H}x{S}x{d} {'causal ' if causal else ''}bf16"
     return [(f"forward {shape}", ft_f, sdpa_f), (f"forward+backward {shape}", ft_fb, sdpa_fb)]
+
+
+def training_like(B, H, S, d, causal=True):
+    """As examples/train_tiny_gpt.py calls the op: q, k, v views of one qkv projection ([B, S, 3, H, d] permuted,
+    not contiguous), under bf16 autocast, the gradient arriving through a transpose (not contiguous either); SDPA
+    with its default backend choice, as the example runs it. Then the same step with one thing changed at a time
+    (q, k, v made contiguous first; no autocast; the forward alone), to place the difference."""
+    print(f"\n=== training-like: B={B} H={H} S={S} d={d} causal={causal}, qkv views, bf16 autocast")
+    x = torch.randn(B, S, 3 * H * d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(B, S, H * d, device="cuda", dtype=torch.bfloat16)
+
+    def run(attn, contiguous=False, autocast=True, backward=True, profile=True):
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                q, k, v = x.view(B, S, 3, H, d).permute(2, 0, 3, 1, 4)
+                if contiguous:
+                    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+                y = attn(q, k, v).transpose(1, 2).reshape(B, S, H * d)
+            if backward:
+                torch.autograd.grad(y, x, g)
+        for _ in range(3):
+            step()
+        us = host_us(step)
+        if profile:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for _ in range(20):
+                    step()
+            torch.cuda.synchronize()
+            rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
+            print("   self CPU per step (under the profiler):  " +
+                  ", ".join(f"{e.key} {e.self_cpu_time_total / 20:.0f} us x{e.count / 20:g}" for e in rows))
+        return us
+
+    ft_attn = lambda q, k, v: ftt.attention(q, k, v, causal=causal)  # noqa: E731
+    sd_attn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+    ft, sd = run(ft_attn), run(sd_attn)
+    print(f"forward + backward     flashtune {ft:8.1f} us   sdpa (default backend) {sd:8.1f} us")
+    for name, kw in (("q, k, v contiguous first", dict(contiguous=True)), ("no autocast", dict(autocast=False)),
+                     ("forward only (no backward)", dict(backward=False))):
+        print(f"  {name:<28} flashtune {run(ft_attn, profile=False, **kw):8.1f} us   "
+              f"sdpa {run(sd_attn, profile=False, **kw):8.1f} us")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        q, k, v = x.view(B, S, 3, H, d).permute(2, 0, 3, 1, 4)
+        ex = ftt.explain(q, k, v, causal=causal)
+    print("  explain:", {k_: ex.get(k_) for k_ in ("family", "source", "cache")},
+          "backward:", {k_: ex.get("backward", {}).get(k_) for k_ in ("family", "source", "cache")})
+    return [(f"forward+backward training-like {B}x{H}x{S}x{d} {'causal ' if causal else ''}bf16 autocast", ft, sd)]
 
 
 def main():
@@ -104,6 +159,8 @@ def main():
     rows = []
     for s in a.shapes:
         rows += probe(*map(int, s.split(",")))
+    for s in a.shapes:
+        rows += training_like(*map(int, s.split(",")))
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.writer(f)

@@ -631,6 +631,7 @@ class DenseAttention : public torch::autograd::Function<DenseAttention> {
     ctx->saved_data["deterministic"] = deterministic;
     save_mods(ctx, window_left, window_right, softcap);
     ctx->mark_non_differentiable({lse});
+    ctx->set_materialize_grads(false);  // lse's gradient stays undefined: no zeros_like(lse) per backward
     return {o, lse};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -688,6 +689,7 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     ctx->mark_non_differentiable({lse});
+    ctx->set_materialize_grads(false);  // lse's gradient stays undefined: no zeros_like(lse) per backward
     return {o, lse};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

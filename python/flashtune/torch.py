@@ -102,6 +102,18 @@ def _check(q, k, v, fn, autocast=False):
     return q, k, v
 
 
+def _autocast_cast(q, k, v):
+    """Under torch.autocast("cuda"), floating CUDA tensors in the autocast dtype, as SDPA takes them; the rest
+    as given, for the extension's checks to name (its one-line errors are the same as _check's). The hot path
+    of a training step: two dtype compares where nothing is cast (the full _check in Python took more host
+    time per call than the op's own checks in C++)."""
+    dt = torch.get_autocast_dtype("cuda")
+    ts = (q, k, v)
+    if all(isinstance(t, torch.Tensor) and t.dtype == dt for t in ts):
+        return ts
+    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point() else t for t in ts)
+
+
 _VARLEN_NAMES = ("cu_seqlens_q", "cu_seqlens_k")
 
 
@@ -463,11 +475,14 @@ class _EagerAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.deterministic, ctx.mods = causal, scale, deterministic, mods
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse's gradient stays None: no zeros_like(lse) per backward
         return o, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, o, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(o)
         dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.mods)
         return dq, dk, dv, None, None, None, None
 
@@ -576,11 +591,14 @@ class _EagerVarlenAttention(torch.autograd.Function):
         ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, ctx.deterministic = max_q, max_k, causal, scale, deterministic
         ctx.mods = mods
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # as _EagerAttention
         return o, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(o)
         dq, dk, dv = _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
                                            ctx.scale, ctx.deterministic, ctx.mods)
         return dq, dk, dv, None, None, None, None, None, None, None, None
@@ -850,7 +868,7 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
             o, lse = _ext_fwd(q, k, v, bool(causal), s, det, *mods)
         else:
             if torch.is_autocast_enabled("cuda"):
-                q, k, v = _check(q, k, v, fn, autocast=True)
+                q, k, v = _autocast_cast(q, k, v)
             try:
                 o, lse = _ext_fwd_eager(q, k, v, bool(causal), s, det, *mods)
             except (RuntimeError, ValueError, TypeError) as e:
