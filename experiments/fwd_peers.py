@@ -11,7 +11,7 @@ profiled window; warm-up calls first; the median of --reps calls. Inputs seeded 
 torch SDPA's (flash, cuDNN or efficient) before anything is timed: max |ours - torch| is a column.
 Forward FLOPs = 4 B H Sq Sk d (halved causal).
 
-usage: fwd_peers.py --db reports/<gpu>/results.db --problems A.json [B.json ...] --out fwd_op_vs_peers.csv
+usage: fwd_peers.py [--db reports/<gpu>/results.db] --problems A.json [B.json ...] --out fwd_op_vs_peers.csv
        (FLASHTUNE_LIBRARY and PYTHONPATH=python if the package is not installed)
 """
 import argparse
@@ -35,15 +35,19 @@ KEYS = ["device", "head_dim", "causal", "seq", "batch", "heads", "heads_k", "tun
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", required=True, help="the store the runtime reads ($FLASHTUNE_DB)")
+    ap.add_argument("--db", help="the store the runtime reads ($FLASHTUNE_DB); without it, the runtime's own tables "
+                                 "(what a user's call runs)")
     ap.add_argument("--problems", nargs="+", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=20261128)
     a = ap.parse_args()
-    if not os.path.isfile(a.db):
-        sys.exit(f"fwd_peers: no store at {a.db}")
-    os.environ["FLASHTUNE_DB"] = a.db
+    if a.db is not None:
+        if not os.path.isfile(a.db):
+            sys.exit(f"fwd_peers: no store at {a.db}")
+        os.environ["FLASHTUNE_DB"] = a.db
+    else:
+        os.environ.pop("FLASHTUNE_DB", None)
     import flashtune.torch as ftt
 
     fa4_func = fa3_class_forward()

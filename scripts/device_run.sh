@@ -516,10 +516,16 @@ fa3)
     lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
     fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
     PYTHONPATH="python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
-    timeout "${FA3_PEERS_LIMIT_S:-240}" python3 experiments/fwd_peers.py --db "${FA3_PEERS_DB:-$db}" \
-      --problems configs/problems/anchors_bf16.json configs/problems/gqa_bf16.json \
-      --out "$rep/fwd_op_vs_peers.csv" 2>"$OUT/fwd_peers.log"
-    echo "fwd peers exit $?"; tail -22 "$OUT/fwd_peers.log"; cp "$rep/fwd_op_vs_peers.csv" "$rep/fwd_op_vs_peers_kernels.csv" "$OUT/" 2>/dev/null
+    # FA3_PEERS_DB=none: the runtime's tables alone (what a user's call runs); FA3_PEERS_PROBLEMS (names under
+    # configs/problems) and FA3_PEERS_OUT (the CSV's stem) for a subset.
+    dbarg=(--db "${FA3_PEERS_DB:-$db}")
+    [[ ${FA3_PEERS_DB:-} == none ]] && dbarg=()
+    probs=()
+    for p in ${FA3_PEERS_PROBLEMS:-anchors_bf16 gqa_bf16}; do probs+=("configs/problems/$p.json"); done
+    pout=${FA3_PEERS_OUT:-fwd_op_vs_peers}
+    timeout "${FA3_PEERS_LIMIT_S:-240}" python3 experiments/fwd_peers.py "${dbarg[@]}" --problems "${probs[@]}" \
+      --out "$rep/$pout.csv" 2>"$OUT/fwd_peers.log"
+    echo "fwd peers exit $?"; tail -22 "$OUT/fwd_peers.log"; cp "$rep/$pout.csv" "$rep/${pout}_kernels.csv" "$OUT/" 2>/dev/null
   fi
   if [[ $part == validate ]]; then  # fa3 validate SPACE: its compiled variants validated on ragged_mma and
     # ragged_gqa into the validation store (earlier rows kept), 5 s per run at most (a hang costs 5 s, not 30)
@@ -682,20 +688,30 @@ fa3-short)
   # into a store of this run alone (fa3_short.db: the picks and the bests with and without TWO_CTAS are timed in one
   # run); (iii) each point's best re-timed beside FlashAttention-3's table, torch flash and cuDNN in one
   # process: fwd_short_vs_peers.csv. Each step under its own limit.
+  # FA3_SHORT_PROBLEMS names the problem set (default anchors_fa3_missed, the H100's); FA3_SHORT_VALIDATE=0 skips (i)
+  # (the tuner validates every candidate before timing it anyway); FA3_SHORT_PEERS=0 skips (iii); FA3_SHORT_MERGE=1
+  # merges the run's store into results.db, so that finish emits the tables with its picks.
+  probs_short=${FA3_SHORT_PROBLEMS:-anchors_fa3_missed}
   val=$(validation_store fa3)
   sdb=$rep/fa3_short.db
+  [[ $probs_short == anchors_fa3_missed ]] || sdb=$rep/fa3_short_${probs_short#anchors_fa3_missed_}.db
   rm -f "$sdb"
   run_limit=${FA3_SHORT_RUN_TIMEOUT_S:-15}  # per candidate run (each takes well under 1 s): a hang costs 15 s, not 30
-  for probs in ragged_mma ragged_gqa; do
+  [[ ${FA3_SHORT_VALIDATE:-1} == 0 ]] || for probs in ragged_mma ragged_gqa; do
     log "validate fa3_wgmma_2cta on $probs"
     timeout "${FA3_SHORT_VALIDATE_LIMIT_S:-90}" $ft tune configs/spaces/fa3_wgmma_2cta.json configs/problems/$probs.json \
       --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout "$run_limit" 2>&1 | tail -2
   done
-  validation_summary "$val"
-  $ft drop-cubins --db "$val"
-  log "tune fa3_wgmma_short on anchors_fa3_missed (halving)"
+  if [[ ${FA3_SHORT_VALIDATE:-1} != 0 ]]; then
+    validation_summary "$val"
+    $ft drop-cubins --db "$val"
+  fi
+  log "tune fa3_wgmma_short on $probs_short (halving)"
+  budget=()
+  [[ -n ${FA3_SHORT_BUDGET:-} ]] && budget=(--time-budget "$FA3_SHORT_BUDGET")
   timeout "${FA3_SHORT_TUNE_LIMIT_S:-170}" $ft tune configs/spaces/fa3_wgmma_short.json \
-    configs/problems/anchors_fa3_missed.json --db "$sdb" --strategy halving --timeout "$run_limit" 2>&1 | grep -vE "^\[" | tail -6
+    "configs/problems/$probs_short.json" --db "$sdb" --strategy halving "${budget[@]}" --timeout "$run_limit" 2>&1 |
+    grep -vE "^\[" | tail -6
   python3 - "$sdb" <<'PY'
 import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
@@ -704,11 +720,17 @@ q = ("select head_dim, causal, seq_q, instr(config, 'TWO_CTAS=1') > 0, max(tflop
 for d, causal, s, two, tf, cfg in c.execute(q):
     print(f"best d {d} causal {causal} S {s} TWO_CTAS {1 if two else 0}: {tf:.1f} TFLOP/s {cfg}")
 PY
-  log "re-timed beside FlashAttention-3's table, torch flash and cuDNN"
-  timeout "${FA3_SHORT_PEERS_LIMIT_S:-110}" python3 experiments/tuned_vs_sdpa.py --db "$sdb" \
-    --problems configs/problems/anchors_fa3_missed.json --family fa3_wgmma --flashtune "$ft" \
-    --out "$rep/fwd_short_vs_peers.csv" 2>"$OUT/fa3_short_peers.log"
+  if [[ ${FA3_SHORT_PEERS:-1} != 0 ]]; then
+    log "re-timed beside FlashAttention-3's table, torch flash and cuDNN"
+    timeout "${FA3_SHORT_PEERS_LIMIT_S:-110}" python3 experiments/tuned_vs_sdpa.py --db "$sdb" \
+      --problems "configs/problems/$probs_short.json" --family fa3_wgmma --flashtune "$ft" \
+      --out "$rep/fwd_short_vs_peers.csv" 2>"$OUT/fa3_short_peers.log"
+  fi
   $ft drop-cubins --db "$sdb"
+  if [[ ${FA3_SHORT_MERGE:-0} == 1 ]]; then
+    log "merge $sdb into $db"
+    $ft merge "$sdb" -o "$db" --quiet
+  fi
   finish
   ;;
 varlen)
