@@ -515,7 +515,6 @@ fa3)
     log "forward peers, one process, profiler kernel time"
     lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
     fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
-    PYTHONPATH="python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
     # FA3_PEERS_DB=none: the runtime's tables alone (what a user's call runs); FA3_PEERS_PROBLEMS (names under
     # configs/problems) and FA3_PEERS_OUT (the CSV's stem) for a subset.
     dbarg=(--db "${FA3_PEERS_DB:-$db}")
@@ -523,6 +522,7 @@ fa3)
     probs=()
     for p in ${FA3_PEERS_PROBLEMS:-anchors_bf16 gqa_bf16}; do probs+=("configs/problems/$p.json"); done
     pout=${FA3_PEERS_OUT:-fwd_op_vs_peers}
+    PYTHONPATH="$PWD/python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
     timeout "${FA3_PEERS_LIMIT_S:-240}" python3 experiments/fwd_peers.py "${dbarg[@]}" --problems "${probs[@]}" \
       --out "$rep/$pout.csv" 2>"$OUT/fwd_peers.log"
     echo "fwd peers exit $?"; tail -22 "$OUT/fwd_peers.log"; cp "$rep/$pout.csv" "$rep/${pout}_kernels.csv" "$OUT/" 2>/dev/null
@@ -596,7 +596,7 @@ fa3-bwd)
         log "backward peers, one process, profiler kernel time"
         lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
         fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)  # the FA3-class peer, if .fa4a/.fa4b installed it
-        PYTHONPATH="python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
+        PYTHONPATH="$PWD/python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
         timeout "${FA3_BWD_PEERS_LIMIT_S:-300}" python3 experiments/bwd_peers.py --db "${FA3_BWD_PEERS_DB:-$db}" \
           --problems configs/problems/anchors_bwd_bf16.json configs/problems/gqa_bwd_bf16_2k8k.json \
           --out "$rep/bwd_hopper_vs_peers.csv" 2>"$OUT/bwd_peers.log"
