@@ -21,7 +21,7 @@ struct Variant {
   bool varlen = false;
   // The paged K/V cache form (Family::paged), for paged problems.
   bool paged = false;
-  // The score modifications compiled in (Family::mods: kModWindow, kModSoftcap), for problems that have them.
+  // The score modifications compiled in (Family::mods: kModWindow, kModSoftcap, kModAlibi), for problems that have them.
   unsigned mods = 0;
   bool operator==(const Variant& o) const {
     return family == o.family && config == o.config && head_dim == o.head_dim && causal == o.causal &&

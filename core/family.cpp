@@ -63,16 +63,40 @@ const Family& find_family(const std::string& name) {
   throw UsageError("unknown family '" + brief(name) + "' (known: " + known + ")");
 }
 
-unsigned problem_mods(const Problem& p) { return (p.windowed() ? kModWindow : 0u) | (p.softcapped() ? kModSoftcap : 0u); }
+unsigned problem_mods(const Problem& p) {
+  return (p.windowed() ? kModWindow : 0u) | (p.softcapped() ? kModSoftcap : 0u) | (p.alibi ? kModAlibi : 0u);
+}
+
+static const std::pair<unsigned, const char*> kModNames[] = {{kModWindow, "window"}, {kModSoftcap, "softcap"}, {kModAlibi, "alibi"}};
 
 std::string mods_string(unsigned m) {
-  if (m == (kModWindow | kModSoftcap)) return "window+softcap";
-  return m == kModWindow ? "window" : m == kModSoftcap ? "softcap" : "";
+  std::string out;
+  for (const auto& [bit, name] : kModNames)
+    if (m & bit) out += (out.empty() ? "" : "+") + std::string(name);
+  return out;
+}
+
+bool mods_from_string(const std::string& s, unsigned& mods) {
+  mods = 0;
+  if (s == "none") return true;
+  size_t at = 0;
+  while (true) {
+    const size_t plus = s.find('+', at);
+    const std::string part = s.substr(at, plus == std::string::npos ? std::string::npos : plus - at);
+    unsigned bit = 0;
+    for (const auto& [b, name] : kModNames)
+      if (part == name) bit = b;
+    if (!bit || (mods & bit)) return false;
+    mods |= bit;
+    if (plus == std::string::npos) return true;
+    at = plus + 1;
+  }
 }
 
 std::string Family::shape_reason(const Problem& p) const {
   if (p.windowed() && !(mods & kModWindow)) return "does not support sliding windows (window)";
   if (p.softcapped() && !(mods & kModSoftcap)) return "does not support logit softcapping (softcap)";
+  if (p.alibi && !(mods & kModAlibi)) return "does not support ALiBi (alibi)";
   if (p.heads_k > 0 && !gqa) return "does not support grouped-query attention (heads_k)";
   if (p.varlen.enabled() && !varlen) return "does not support packed variable-length batches";
   if (p.paged.enabled() && !paged) return "does not read paged K/V caches";

@@ -42,9 +42,13 @@ struct TensorMapSpec {
 // Score modifications (Family::mods, Variant::mods): bits of a mask.
 inline constexpr unsigned kModWindow = 1;   // sliding window (Problem::window_left/right)
 inline constexpr unsigned kModSoftcap = 2;  // logit softcapping (Problem::softcap)
+inline constexpr unsigned kModAlibi = 4;    // ALiBi (Problem::alibi)
 // The modifications a problem needs: kModWindow when it has a window, kModSoftcap when a softcap.
 unsigned problem_mods(const Problem&);
-std::string mods_string(unsigned mods);  // "", "window", "softcap", "window+softcap"
+// "", or the names joined by '+' in this order: "window", "softcap", "alibi" ("window+softcap+alibi").
+std::string mods_string(unsigned mods);
+// The mask of a mods_string (each name once, in any order; "none" is 0); false when it is not one.
+bool mods_from_string(const std::string& s, unsigned& mods);
 
 struct Family {
   std::string name;           // "fa2_simt"
@@ -73,8 +77,9 @@ struct Family {
   // Query rows per sequence it serves (Sq <= max_seq_q), 0: any. A decoding family: tuned, selected and
   // run by the library only for shapes in its range (shape_reason), whatever it measured elsewhere.
   int max_seq_q = 0;
-  // The score modifications (issue 32) its kernels have as compile-time switches, a mask of kModWindow and
-  // kModSoftcap: a variant with Variant::mods set is `kernel<AttnModTraits<Traits, WINDOW, SOFTCAP>>` (the plain
+  // The score modifications (issue 32) its kernels have as compile-time switches, a mask of kModWindow,
+  // kModSoftcap and kModAlibi: a variant with Variant::mods set is `kernel<AttnModTraits<Traits, WINDOW, SOFTCAP[,
+  // ALIBI]>>` (ALIBI written only when true; the plain
   // kernels keep their names and code) and takes ModParams (the plain argument, then AttnMods). A problem with a
   // window or a softcap the family lacks is refused by shape_reason, so nothing runs it without them.
   unsigned mods = 0;
@@ -122,7 +127,7 @@ struct Family {
     std::string tr = traits(c, head_dim, causal, t);
     if (mod)
       tr = "flashtune::AttnModTraits<" + tr + ", " + ((mod & kModWindow) ? "true" : "false") + ", " +
-           ((mod & kModSoftcap) ? "true" : "false") + ">";
+           ((mod & kModSoftcap) ? "true" : "false") + ((mod & kModAlibi) ? ", true>" : ">");  // ALIBI: its default false
     std::vector<std::string> out;
     for (const auto& k : kernels) out.push_back("&" + k + "<" + tr + (packed || paged ? ", true>" : ">"));
     return out;

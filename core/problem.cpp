@@ -422,6 +422,7 @@ std::string Problem::str() const {
     std::snprintf(buf, sizeof buf, " softcap %.9g", softcap);
     s += buf;
   }
+  if (alibi) s += " alibi";
   if (!(inputs == InputDist{})) s += " inputs " + inputs.str();
   return s;
 }
@@ -482,7 +483,8 @@ Problem problem_from_json(const nlohmann::json& j) {
   for (auto& [key, _] : j.items())
     if (key != "batch" && key != "heads" && key != "seq_q" && key != "seq_k" && key != "seq" && key != "head_dim" &&
         key != "dtype" && key != "causal" && key != "direction" && key != "inputs" && key != "heads_k" &&
-        key != "varlen" && key != "paged" && key != "window" && key != "softcap")
+        key != "varlen" && key != "paged" && key != "window" && key != "softcap" &&
+        key != "alibi")
       throw UsageError("unknown problem field '" + key + "'");
   Problem p;
   if (j.contains("paged")) {
@@ -558,6 +560,10 @@ Problem problem_from_json(const nlohmann::json& j) {
     if (!j["softcap"].is_number()) throw UsageError("problem field 'softcap' must be a number, got " + brief(j["softcap"].dump(), 40));
     p.softcap = check_softcap(j["softcap"].get<double>(), "problem field 'softcap'");
   }
+  if (j.contains("alibi")) {
+    if (!j["alibi"].is_boolean()) throw UsageError("problem field 'alibi' must be true or false, got " + brief(j["alibi"].dump(), 40));
+    p.alibi = j["alibi"].get<bool>();
+  }
   p.canonicalize_mask();
   if (p.varlen.enabled()) {  // packed tensors within int32 element offsets
     const long long eq = p.varlen.total_q() * p.heads * p.head_dim, ek = p.varlen.total_k() * p.kv_heads() * p.head_dim;
@@ -582,6 +588,7 @@ nlohmann::json to_json(const Problem& p) {
   if (p.paged.enabled()) j["paged"] = p.paged.description();  // only for paged, likewise
   if (p.windowed()) j["window"] = {p.window_left, p.window_right};  // only when set, likewise
   if (p.softcapped()) j["softcap"] = p.softcap;
+  if (p.alibi) j["alibi"] = true;
   return j;
 }
 #endif  // FLASHTUNE_NO_JSON

@@ -143,6 +143,10 @@ struct Problem {
   // Logit softcapping (Gemma-2, Grok): the scaled scores s become softcap * tanh(s / softcap) before the
   // softmax; 0 is off.
   double softcap = 0;
+  // ALiBi (FlashAttention's alibi_slopes): each query head's scaled (and capped) scores get a bias
+  // -slope_h |i + Sk - Sq - j| before the softmax. The slopes are data (the caller's, or seeded inputs: FlashAttention's
+  // geometric 2^(-8 (h + 1) / H)), not identity: a problem says only whether it has them.
+  bool alibi = false;
 
   bool windowed() const { return window_left >= 0 || window_right >= 0; }
   bool softcapped() const { return softcap > 0; }
@@ -169,7 +173,7 @@ struct Problem {
   int group() const { return heads / kv_heads(); }  // query heads per kv head
 #ifndef FLASHTUNE_NO_JSON
   // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>"; paged: "... paged <Paged::str>";
-  // "... window 1024,-1", "... softcap 30")
+  // "... window 1024,-1", "... softcap 30", "... alibi")
   std::string str() const;
 #endif
   bool operator==(const Problem&) const = default;

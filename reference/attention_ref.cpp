@@ -37,6 +37,7 @@ void check_shape(const Shape& s) {
   if (s.window_left < -1 || s.window_right < -1 || !(s.softcap >= 0) || !std::isfinite(s.softcap)) {
     throw std::invalid_argument("flashtune::ref: window edges must be >= -1 and softcap finite and >= 0");
   }
+  if (s.alibi_batch_stride < 0) throw std::invalid_argument("flashtune::ref: alibi_batch_stride must be >= 0");
   if (s.heads_k < 0 || (s.heads_k > 0 && s.heads % s.heads_k != 0)) {
     throw std::invalid_argument("flashtune::ref: heads (" + std::to_string(s.heads) +
                                 ") must be a positive multiple of heads_k (" +
@@ -100,10 +101,11 @@ struct KeyRange {
 double capped(const Shape& s, double score) { return s.softcap > 0 ? s.softcap * std::tanh(score / s.softcap) : score; }
 
 // Lambda_ij (attention_ref.hpp), in units of fp32's roundoff: raw the scaled score before any softcap, capped after
-// it, qk_norms = ||q_i|| ||k_j||.
-double exponent_units(const Shape& s, double raw, double capped_score, double lse, double qk_norms, double root_d) {
+// it, qk_norms = ||q_i|| ||k_j||, bias ALiBi's b_ij (0 without).
+double exponent_units(const Shape& s, double raw, double capped_score, double lse, double qk_norms, double root_d,
+                      double bias = 0) {
   return kExponentRoundings * (std::fabs(raw) + std::fabs(lse)) + root_d * s.softmax_scale() * qk_norms +
-         (s.softcap > 0 ? kTanhUnits * std::fabs(capped_score) : 0.0);
+         (s.softcap > 0 ? kTanhUnits * std::fabs(capped_score) : 0.0) + kAlibiRoundings * std::fabs(bias);
 }
 
 // One (query i, key j) pair of the backward, for both passes (so that they agree bit for bit).
@@ -112,15 +114,16 @@ double exponent_units(const Shape& s, double raw, double capped_score, double ls
 // dS the gradient with respect to raw (dQ_i = scale sum_j dS_ij k_j). dS_tanh = 2 tanh^2 |P (dP - D_i)|: what a
 // kernel's fast tanh (relative error <= kTanhUnits u32) can move the derivative factor by, in units of that error
 // (1 - t^2 (1 + e)^2 = 1 - t^2 - 2 t^2 e - t^2 e^2), 0 without a softcap.
+// ALiBi: P = exp(c(raw) + bias - lse); dS as above (the bias does not depend on q or k).
 struct PairGrad {
   double raw, capped, p, ds, ds_tanh;
 };
 PairGrad pair_grad(const Shape& s, double scale, const float* q_row, const float* k_row, const float* v_row,
-                   const float* do_row, double lse, double delta, int d) {
+                   const float* do_row, double lse, double delta, int d, double bias) {
   PairGrad g;
   g.raw = scale * dot(q_row, k_row, d);
   g.capped = capped(s, g.raw);
-  g.p = std::exp(g.capped - lse);
+  g.p = std::exp(g.capped + bias - lse);
   const double ds_capped = g.p * (dot(do_row, v_row, d) - delta);
   g.ds = ds_capped, g.ds_tanh = 0;
   if (s.softcap > 0) {
@@ -160,10 +163,10 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
   }
 
   // scores[j] = scale * q_i . k_j; track the max for a stable softmax.
-  // softcap c: scores[j] = c tanh(scale q_i . k_j / c).
+  // softcap c: scores[j] = c tanh(scale q_i . k_j / c); ALiBi: plus the bias.
   double row_max = -kInf;
   for (int64_t j = first_key; j < end_key; ++j) {
-    scores[j] = capped(s, scale * dot(q_row, k_head + j * d, d));
+    scores[j] = capped(s, scale * dot(q_row, k_head + j * d, d)) + s.alibi_bias(bh, i, j);
     row_max = std::max(row_max, scores[j]);
   }
 
@@ -184,9 +187,12 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
   double lse_acc = 0;
   for (int64_t j = first_key; j < end_key; ++j) {
     const double p = std::exp(scores[j] - row_max) / row_sum;
-    // The uncapped score for the roundings' term (it bounds the capped one's), the fast tanh's on the capped one.
-    const double raw = s.softcap > 0 ? scale * dot(q_row, k_head + j * d, d) : scores[j];
-    const double lambda = exponent_units(s, raw, scores[j], *lse, q_norm * norm2(k_head + j * d, d), root_d);
+    // The uncapped score for the roundings' term (it bounds the capped one's), the fast tanh's on the capped one,
+    // each without ALiBi's bias, which has its own.
+    const double bias = s.alibi_bias(bh, i, j);
+    const double raw = s.softcap > 0 ? scale * dot(q_row, k_head + j * d, d) : scores[j] - bias;
+    const double lambda =
+        exponent_units(s, raw, scores[j] - bias, *lse, q_norm * norm2(k_head + j * d, d), root_d, bias);
     lse_acc += p * lambda;
     const float* v_row = v_head + j * d;
     for (int x = 0; x < d; ++x) {
@@ -223,6 +229,13 @@ KeySpan visible_range(const Shape& s, int64_t i) {
   if (s.window_left >= 0) first = std::max<int64_t>(first, diag - s.window_left);
   if (s.window_right >= 0) end = std::min<int64_t>(end, diag + s.window_right + 1);
   return {first, std::max(first, end)};
+}
+
+double Shape::alibi_bias(int64_t bh, int64_t i, int64_t j) const {
+  if (!alibi_slopes) return 0;
+  const int64_t b = bh / heads, h = bh % heads;
+  const double slope = static_cast<double>(alibi_slopes[b * alibi_batch_stride + h]);
+  return -slope * static_cast<double>(std::llabs(i + (static_cast<int64_t>(seq_k) - seq_q) - j));
 }
 
 double Shape::softmax_scale() const {
@@ -352,12 +365,13 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
       const KeySpan keys = visible_range(s, r % s.seq_q);
       for (int64_t j = keys.first; j < keys.end; ++j) {
         const float* k_row = k_head + j * d;
-        const PairGrad pg = pair_grad(s, scale, q_row, k_row, v_head + j * d, do_row, lse[r], D, d);
+        const double bias = s.alibi_bias(r / s.seq_q, r % s.seq_q, j);
+        const PairGrad pg = pair_grad(s, scale, q_row, k_row, v_head + j * d, do_row, lse[r], D, d, bias);
         for (int x = 0; x < d; ++x) dq_row[x] += scale * pg.ds * static_cast<double>(k_row[x]);
         if (mq) {
           const int64_t kr = kv_bh * s.seq_k + j;
           const double w = do_norm[r] * (v_norm[kr] + o_norm[r]);
-          const double lambda = exponent_units(s, pg.raw, pg.capped, lse[r], q_norm[r] * k_norm[kr], root_d);
+          const double lambda = exponent_units(s, pg.raw, pg.capped, lse[r], q_norm[r] * k_norm[kr], root_d, bias);
           const double a = scale * pg.p * w, b = scale * (lambda * std::fabs(pg.ds) + kTanhUnits * pg.ds_tanh);
           for (int x = 0; x < d; ++x) {
             const double kx = std::fabs(static_cast<double>(k_row[x]));
@@ -398,14 +412,15 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
           const int64_t r = bh * s.seq_q + i;
           const float* q_row = q + r * d;
           const float* do_row = dout + r * d;
-          const PairGrad pg = pair_grad(s, scale, q_row, k_row, v_row, do_row, lse[r], delta[r], d);
+          const double bias = s.alibi_bias(bh, i, j);
+          const PairGrad pg = pair_grad(s, scale, q_row, k_row, v_row, do_row, lse[r], delta[r], d, bias);
           const double p = pg.p;
           for (int x = 0; x < d; ++x) {
             dv_share[x] += p * static_cast<double>(do_row[x]);
             dk_share[x] += scale * pg.ds * static_cast<double>(q_row[x]);
           }
           if (mk || mv) {
-            const double lambda = exponent_units(s, pg.raw, pg.capped, lse[r], q_norm[r] * k_norm[kr], root_d);
+            const double lambda = exponent_units(s, pg.raw, pg.capped, lse[r], q_norm[r] * k_norm[kr], root_d, bias);
             const double a = scale * p * do_norm[r] * (v_norm[kr] + o_norm[r]);
             const double b = scale * (lambda * std::fabs(pg.ds) + kTanhUnits * pg.ds_tanh);
             const double pl = p * lambda;
@@ -460,7 +475,7 @@ int check_varlen(const VarlenShape& vs, std::span<const int32_t> cu_q, std::span
   const std::string where = std::string("flashtune::ref::") + function + ": ";
   if (vs.heads <= 0 || vs.head_dim <= 0) throw std::invalid_argument(where + "heads and head_dim must be positive");
   check_shape(Shape{1, vs.heads, 1, 1, vs.head_dim, vs.causal, vs.scale, vs.heads_k, vs.window_left, vs.window_right,
-                    vs.softcap});  // heads_k, window, softcap
+                    vs.softcap, vs.alibi_slopes, vs.alibi_batch_stride});  // heads_k, window, softcap, slopes
   check_offsets(cu_q, where + "cu_seqlens_q");
   check_offsets(cu_k, where + "cu_seqlens_k");
   if (cu_q.size() != cu_k.size()) {
@@ -472,9 +487,11 @@ int check_varlen(const VarlenShape& vs, std::span<const int32_t> cu_q, std::span
 
 // One sequence of a packed batch, as the dense problem it is (batch 1). A length may be 0,
 // which check_shape refuses: callers handle those sequences without the dense path.
-Shape sequence_shape(const VarlenShape& vs, int64_t len_q, int64_t len_k) {
+// Sequence b's slopes (ALiBi) at its batch stride.
+Shape sequence_shape(const VarlenShape& vs, int b, int64_t len_q, int64_t len_k) {
   return Shape{1,          vs.heads, static_cast<int>(len_q), static_cast<int>(len_k), vs.head_dim, vs.causal, vs.scale,
-               vs.heads_k, vs.window_left, vs.window_right, vs.softcap};
+               vs.heads_k, vs.window_left, vs.window_right, vs.softcap,
+               vs.alibi_slopes ? vs.alibi_slopes + b * vs.alibi_batch_stride : nullptr, 0};
 }
 
 // Between the packed layout (tokens, heads, d) and a sequence's dense one (1, heads, len, d):
@@ -524,7 +541,7 @@ void forward_varlen(const VarlenShape& vs, std::span<const int32_t> cu_q, std::s
     OptionalBuffer o_mag(mag.o_mag != nullptr, n_q), o_logit(mag.o_logit != nullptr, n_q),
         lse_mag(mag.lse_mag != nullptr, len_q * H);  // zeros: a row without keys has none
     if (len_k > 0) {
-      const Shape s = sequence_shape(vs, len_q, len_k);
+      const Shape s = sequence_shape(vs, b, len_q, len_k);
       std::vector<float> q_seq(n_q), k_seq(len_k * Hk * d), v_seq(len_k * Hk * d);
       gather_tokens(q, first_q, len_q, H, d, q_seq.data());
       gather_tokens(k, first_k, len_k, Hk, d, k_seq.data());
@@ -558,7 +575,7 @@ void backward_varlen(const VarlenShape& vs, std::span<const int32_t> cu_q, std::
     OptionalBuffer dq_mag(mq, n_q), dq_logit(mq, n_q), dk_mag(mk, n_k), dk_logit(mk, n_k),
         dv_mag(mv, n_k), dv_logit(mv, n_k);
     if (len_q > 0 && len_k > 0) {
-      const Shape s = sequence_shape(vs, len_q, len_k);
+      const Shape s = sequence_shape(vs, b, len_q, len_k);
       std::vector<float> q_seq(n_q), do_seq(n_q), k_seq(n_k), v_seq(n_k);
       gather_tokens(q, first_q, len_q, H, d, q_seq.data());
       gather_tokens(dout, first_q, len_q, H, d, do_seq.data());

@@ -24,8 +24,15 @@ struct Shape {
   int window_left = -1, window_right = -1;
   // Logit softcapping: the scaled score s becomes softcap * tanh(s / softcap) before the softmax; 0 is off.
   double softcap = 0;
+  // ALiBi (FlashAttention's alibi_slopes): the (capped) scaled score of query i and key j of query head h in batch b
+  // gets the bias -slope |i + Sk - Sq - j|, slope = alibi_slopes[b * alibi_batch_stride + h] (the caller's floats,
+  // which must outlive the call; stride 0: one slope per head, H: per batch and head); nullptr is none.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_batch_stride = 0;
 
   double softmax_scale() const;
+  // ALiBi's bias of (flat (b, h) pair bh, query i, key j): 0 without slopes.
+  double alibi_bias(int64_t bh, int64_t i, int64_t j) const;
   int kv_heads() const;          // heads_k, or heads when it is 0
   int group_size() const;        // query heads per kv head: heads / kv_heads()
   int kv_head_of(int h) const;   // h / group_size()
@@ -38,6 +45,7 @@ struct Shape {
 // (worker/validate.hpp states the rule they feed). P_ij are the float64 probabilities, s_ij the scaled
 // scores (before any softcap), and
 //   Lambda_ij = 3 (|s_ij| + |lse_i|) + sqrt(d) * scale * ||q_i||_2 ||k_j||_2  [+ kTanhUnits |c_ij|]
+//               [+ kAlibiRoundings |b_ij|]
 // bounds, in units of fp32's unit roundoff, how far a kernel's fp32 exponent of P_ij can be from
 // s_ij - lse_i (fp32 dot product of length d; up to three fp32 roundings of s and of lse: the
 // scale * log2(e) constant, its product, lse rounded to fp32 and times log2(e)). Cauchy-Schwarz (sum_c |q_c k_c| <= ||q|| ||k||) keeps it O(1) per (i, j).
@@ -45,12 +53,20 @@ struct Shape {
 // the roundings contribute (tanh' <= 1, |c tanh(s / c)| <= |s|), and the bracketed term adds the error of a fast
 // tanh (tanh.approx.f32: relative error at most 2^-10.987, PTX ISA) on the capped score c_ij = c tanh(s_ij / c),
 // in units of fp32's roundoff: kTanhUnits = 2^-10.9 / 2^-24.
+// With ALiBi the exponent is s_ij (or c_ij) + b_ij, b_ij = -slope |i + Sk - Sq - j|: a kernel forms b_ij in fp32 from
+// the slope times 1/scale (or 1/c: two roundings, the host's constant and the product), times the distance (one;
+// the distance itself is exact), adds it to the score (one, relative to |s + b| <= |s| + |b|) and multiplies the sum
+// by the exp2-domain constant (one more on |b|, whose rounding the |s| term counts for s alone): kAlibiRoundings
+// (6, two to spare) |b_ij|. lse_i includes b, and so does its term. A large |b_ij| has P_ij = e^{-|b_ij|}-small unless
+// every key of the row is as far (Sq > Sk, or a window away from the diagonal), when the row's error is honestly
+// that of fp32 logits of that size.
 // Forward, per output row i (nullptr members are not computed):
 //   o_mag[i,c]   = sum_j P_ij |V_jc|                           what O_ic sums
 //   o_logit[i,c] = sum_j P_ij Lambda_ij |V_jc - O_ic|         O's sensitivity to relative errors of P
 //   lse_mag[i]   = sum_j P_ij Lambda_ij                        LSE's sensitivity to them
 // A fully masked row has all three 0.
 inline constexpr double kTanhUnits = 8780.0;  // 2^13.1: tanh.approx.f32's relative error over fp32's unit roundoff
+inline constexpr double kAlibiRoundings = 6;   // fp32 roundings of ALiBi's bias in a kernel's exponent, with margin
 
 struct FwdMagnitudes {
   double* o_mag = nullptr;    // like o
@@ -85,8 +101,9 @@ struct BwdMagnitudes {
 // Query head h of batch b attends kv head shape.kv_head_of(h) of batch b.
 // Causal mask is bottom-right aligned (FlashAttention >= 2.1):
 //   query i may attend key j iff j <= i + (seq_k - seq_q).
-// A window (Shape::window_left/right) cuts each row's keys to a range around the same diagonal, and a softcap
-// maps the scaled scores through c tanh(s / c) before the softmax.
+// A window (Shape::window_left/right) cuts each row's keys to a range around the same diagonal, a softcap
+// maps the scaled scores through c tanh(s / c) before the softmax, and ALiBi's bias is added after it (the LSE
+// includes it; the backward's P too, its dS formula unchanged: the bias does not depend on Q or K).
 // A fully masked row (possible when Sq > Sk, or under a window) gives O row = 0 and lse = +infinity,
 // so that a backward's exp(s - lse) is 0 for it.
 // threads = 0 means std::thread::hardware_concurrency(). Results are bit-identical
@@ -137,6 +154,9 @@ struct VarlenShape {
   int heads_k = 0;
   int window_left = -1, window_right = -1;  // as Shape's, aligned to each sequence's own lengths
   double softcap = 0;
+  // As Shape's, sequence b's slopes at alibi_slopes + b * alibi_batch_stride (FlashAttention's varlen convention).
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_batch_stride = 0;
 
   int kv_heads() const;  // heads_k, or heads when it is 0
 };

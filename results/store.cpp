@@ -184,7 +184,8 @@ class Stmt {
 // seq_q and seq_k then hold the number of sequences and the longest lengths. paged (v8): a paged K/V cache's
 // description (Paged::key()), '' for contiguous K/V; seq_k then holds the longest cache length. window_left,
 // window_right and softcap (v9): the sliding window and the logit softcap (Problem's fields; -1, -1, 0: none, what
-// every earlier row means).
+// every earlier row means). alibi (v10): ALiBi's bias (Problem::alibi; 0: none, what every earlier row means; the
+// slopes are seeded inputs, not identity).
 std::string results_ddl(const std::string& name) {
   return "CREATE TABLE IF NOT EXISTS " + name + R"sql((
   id INTEGER PRIMARY KEY,
@@ -200,8 +201,9 @@ std::string results_ddl(const std::string& name) {
   created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER,
   heads_k INTEGER NOT NULL DEFAULT 0, varlen TEXT NOT NULL DEFAULT '', paged TEXT NOT NULL DEFAULT '',
   window_left INTEGER NOT NULL DEFAULT -1, window_right INTEGER NOT NULL DEFAULT -1, softcap REAL NOT NULL DEFAULT 0,
+  alibi INTEGER NOT NULL DEFAULT 0,
   UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen, paged,
-         window_left, window_right, softcap)))sql";
+         window_left, window_right, softcap, alibi)))sql";
 }
 
 constexpr const char* kSchemaRest = R"sql(
@@ -345,6 +347,10 @@ constexpr Migration kMigrations[] = {
      [](sqlite3* db, const FileState&) {
        if (!table_columns(db, "results").count("softcap")) rebuild_results(db);  // defaults: no window, no cap
      }},
+    {10, "results.alibi (ALiBi) in the unique key",
+     [](sqlite3* db, const FileState&) {
+       if (!table_columns(db, "results").count("alibi")) rebuild_results(db);  // default: no ALiBi
+     }},
 };
 
 constexpr bool migrations_in_order() {
@@ -463,7 +469,10 @@ void Store::open_checked(Mode mode) {
   };
   auto version_of = [&](const FileState& f) {
     const std::string& v = f.version;
-    const int n = v.size() == 1 && v[0] >= '1' && v[0] <= '9' ? v[0] - '0' : -1;
+    // One or two digits, no sign, space or leading zero (the stored text is checked before it is read as a number).
+    int n = -1;
+    if ((v.size() == 1 || v.size() == 2) && v[0] >= '1' && v[0] <= '9' && (v.size() == 1 || (v[1] >= '0' && v[1] <= '9')))
+      n = v.size() == 1 ? v[0] - '0' : (v[0] - '0') * 10 + (v[1] - '0');
     if (n < 1 || n > kSchemaVersion)
       throw UsageError("'" + path_ + "' has schema version '" + brief(v, 20) + "', this flashtune reads versions 1.." +
                        std::to_string(kSchemaVersion));
@@ -490,6 +499,7 @@ void Store::open_checked(Mode mode) {
     has_varlen_ = f.results_columns.count("varlen") > 0;
     has_paged_ = f.results_columns.count("paged") > 0;
     has_mask_ = f.results_columns.count("softcap") > 0;
+    has_alibi_ = f.results_columns.count("alibi") > 0;
     has_experiments_ = f.tables.count("experiment_runs") && f.tables.count("experiment_rows");
     has_provenance_ = f.tables.count("provenance") > 0;
     return;
@@ -649,7 +659,7 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
       "status", "error", "max_abs", "max_rel", "mse", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps", "seed",
       "device_name", "arch", "sm_count", "driver_version", "nvrtc_version", "options", "source_hash", "registers",
       "smem_static", "spill_stores", "created", "detail", "inputs", "origin", "heads_k", "varlen", "paged",
-      "window_left", "window_right", "softcap");
+      "window_left", "window_right", "softcap", "alibi");
   Stmt s(db, std::string(verb) + " INTO results(" + R.list() + ") VALUES(" + R.placeholders(origin_placeholder) + ")");
   const Problem& p = r.problem;
   s.bind(R["kernel_hash"], r.kernel_hash).bind(R["family"], r.family).bind(R["direction"], r.direction)
@@ -666,14 +676,14 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
       .bind(R["created"], created).bind(R["detail"], r.detail).bind(R["inputs"], p.inputs.str())
       .bind(R["origin"], origin).bind(R["heads_k"], p.heads_k).bind(R["varlen"], p.varlen.key())
       .bind(R["paged"], p.paged.key()).bind(R["window_left"], p.window_left).bind(R["window_right"], p.window_right)
-      .bind(R["softcap"], p.softcap);
+      .bind(R["softcap"], p.softcap).bind(R["alibi"], (int)p.alibi);
   s.step();
 }
 
 // The results table's unique key but for the kernel's resources: one measured point (has_result, copy_result).
 constexpr auto kResultKey = column_list("kernel_hash", "device_name", "sm_count", "batch", "heads", "seq_q", "seq_k",
                                         "inputs", "heads_k", "varlen", "paged", "window_left", "window_right",
-                                        "softcap");
+                                        "softcap", "alibi");
 
 void bind_result_key(Stmt& s, const std::string& kernel_hash, const std::string& device_name, int sm_count,
                      const Problem& p) {
@@ -682,7 +692,7 @@ void bind_result_key(Stmt& s, const std::string& kernel_hash, const std::string&
       .bind(K["batch"], p.batch).bind(K["heads"], p.heads).bind(K["seq_q"], p.seq_q).bind(K["seq_k"], p.seq_k)
       .bind(K["inputs"], p.inputs.str()).bind(K["heads_k"], p.heads_k).bind(K["varlen"], p.varlen.key())
       .bind(K["paged"], p.paged.key()).bind(K["window_left"], p.window_left).bind(K["window_right"], p.window_right)
-      .bind(K["softcap"], p.softcap);
+      .bind(K["softcap"], p.softcap).bind(K["alibi"], (int)p.alibi);
 }
 
 }  // namespace
@@ -700,6 +710,7 @@ bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, cons
            if ((c == "varlen" && !has_varlen_) || (c == "paged" && !has_paged_)) return std::string("''");
            if ((c == "window_left" || c == "window_right") && !has_mask_) return std::string("-1");
            if (c == "softcap" && !has_mask_) return std::string("0");
+           if (c == "alibi" && !has_alibi_) return std::string("0");
            return std::string(c);
          }));
   bind_result_key(s, kernel_hash, d.name, d.sm_count, p);
@@ -717,7 +728,7 @@ constexpr auto kResultReadColumns = column_list(
     "causal", "status", "error", "max_abs", "max_rel", "mse", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps",
     "seed", "device_name", "arch", "sm_count", "driver_version", "nvrtc_version", "options", "source_hash", "registers",
     "smem_static", "spill_stores", "created", "detail", "inputs", "heads_k", "varlen", "paged", "window_left",
-    "window_right", "softcap");
+    "window_right", "softcap", "alibi");
 
 // The refusal of a read past its budget: rows or stored text.
 UsageError over_budget(const std::string& path, const std::string& what, const ReadBudget& b, bool text) {
@@ -765,6 +776,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
     if (c == "paged") return paged;
     if ((c == "window_left" || c == "window_right") && !has_mask_) return "-1";
     if (c == "softcap" && !has_mask_) return "0";
+    if (c == "alibi" && !has_alibi_) return "0";
     return std::string(c);
   });
   std::string where = " FROM results WHERE 1=1";
@@ -799,7 +811,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
       db_, where, [&](Stmt& c) { for (size_t i = 0; i < binds.size(); ++i) c.bind((int)i + 1, binds[i]); }, cap, refuse);
   sql += where + " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
          std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + (has_paged_ ? "paged, " : "") +
-         (has_mask_ ? "window_left, window_right, softcap, " : "") + "id";
+         (has_mask_ ? "window_left, window_right, softcap, " : "") + (has_alibi_ ? "alibi, " : "") + "id";
   Stmt s(db_, sql);
   for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
   std::vector<ResultRecord> out;
@@ -866,6 +878,9 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
       Problem canonical = r.problem;
       canonical.canonicalize_mask();
       if (!(canonical == r.problem)) throw UsageError("window (" + std::to_string(wl) + ", " + std::to_string(wr) + ") is not in its one spelling");
+      const long long alibi = s.i64(R["alibi"]);
+      if (alibi != 0 && alibi != 1) throw UsageError("alibi " + std::to_string(alibi) + " is not 0 or 1");
+      r.problem.alibi = alibi == 1;
     } catch (const UsageError& e) {
       throw UsageError("'" + path_ + "': results row " + std::to_string(r.id) + ": " + e.what());
     }

@@ -116,18 +116,33 @@ FT_HD inline long long paged_key_offset(int page, int heads_k, int page_size, in
 // key j iff j >= i + (seq_k - seq_q) - window_left and j <= i + (seq_k - seq_q) + window_right (per sequence's
 // lengths when packed), -1 unbounded. The softcap's constants are the host's (one rounding each, the same in every
 // launcher): the kernel computes t = tanh(s_raw * softcap_scale) and uses t * softcap_log2 as the exp2-domain score.
+// ALiBi (FlashAttention's alibi_slopes): the scaled (and capped) score of query i and key j of query head h in
+// batch b (sequence b when packed) gets -slope |i + seq_k - seq_q - j|, slope = alibi_slopes[b * alibi_batch_stride
+// + h] (fp32, the caller's device array: [H] with stride 0 or [B, H] with stride H). The kernel adds
+// -slope * alibi_unit * |...| to the score in the units its exp2-domain factor multiplies (the raw dot product, or t
+// with a softcap), as FlashAttention's kernels add slope / softmax_scale to the raw score: alibi_unit is 1 / scale,
+// or 1 / c with a softcap (the host's rounding, once).
 struct AttnMods {
   int window_left;      // -1: unbounded
   int window_right;     // -1: unbounded (a causal kernel's right edge is the diagonal whatever this says)
   float softcap;        // c; 0: off (then the two below are unused)
   float softcap_scale;  // scale / c: the raw dot product's factor inside tanh
   float softcap_log2;   // c * log2(e): the capped score's factor in the exp2 domain
+  float alibi_unit;     // ALIBI: 1 / scale, or 1 / c with a softcap (0 without slopes)
+  const float* alibi_slopes;  // ALIBI: fp32 slopes on the device, nullptr: none
+  long long alibi_batch_stride;  // ALIBI: 0 (slopes [H]) or H (slopes [B, H])
 };
-FT_HD inline AttnMods make_attn_mods(int window_left, int window_right, double softcap, double scale) {
+FT_HD inline AttnMods make_attn_mods(int window_left, int window_right, double softcap, double scale,
+                                     const float* alibi_slopes = nullptr, long long alibi_batch_stride = 0) {
   const double log2e = 1.4426950408889634074;
-  return AttnMods{window_left, window_right, static_cast<float>(softcap),
+  return AttnMods{window_left,
+                  window_right,
+                  static_cast<float>(softcap),
                   softcap > 0 ? static_cast<float>(scale / softcap) : 0.f,
-                  softcap > 0 ? static_cast<float>(softcap * log2e) : 0.f};
+                  softcap > 0 ? static_cast<float>(softcap * log2e) : 0.f,
+                  alibi_slopes ? static_cast<float>(softcap > 0 ? 1.0 / softcap : 1.0 / scale) : 0.f,
+                  alibi_slopes,
+                  alibi_batch_stride};
 }
 template <class Plain>
 struct ModParams : Plain {

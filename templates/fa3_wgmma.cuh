@@ -46,7 +46,9 @@
 // plain argument, then AttnMods): WINDOW reads only the key blocks some row of the tile sees (kv_span: the first
 // block's index goes to the producer's copies and the consumers' key offsets) and masks per element the blocks
 // that straddle an edge (mask_window); SOFTCAP maps S to tanh(S scale / c) (tanh.approx) before the mask, and
-// c log2(e) is then the exp2-domain scale of the softmax and the LSE. The plain kernels' code is unchanged.
+// c log2(e) is then the exp2-domain scale of the softmax and the LSE; ALIBI adds -slope |i + seq_k - seq_q - j|
+// (in S's units: slope / scale, or slope / c after a softcap) to every element before the mask (add_alibi), so that
+// the LSE includes it as FlashAttention's does. The plain kernels' code is unchanged.
 //
 // Packed variable-length batches, fa3_wgmma_fwd<Traits, true> (VarlenParams: cu_seqlens_q/k): a tile is a
 // query block of one head of one sequence (z, or the tile index's batch, is the sequence; seq_q/seq_k the
@@ -373,6 +375,7 @@ struct Rows {
   int key0 = 0;       // WINDOW: the tile's first block's first key (blocks before it are skipped)
   int lo = 0, hi = 0;  // WINDOW: row i sees keys i + lo .. i + hi (window_offsets)
   float cap_scale = 0.f;  // SOFTCAP: scale / c, the raw score's factor inside tanh
+  float alibi_slope = 0.f;  // ALIBI: -slope alibi_unit, the bias per key of distance in S's units
 };
 
 // The first key of the tile's block nb (of those it reads).
@@ -399,16 +402,33 @@ __device__ __forceinline__ void mask_window(float (&s)[T::kBlockN / 2], const Ro
     }
 }
 
+// ALiBi's bias on every element of the block at key n0: S += alibi_slope |i + seq_k - seq_q - key| (alibi_slope
+// negative, in S's units). The distance in float from one conversion per block: d0, row0's distance to the
+// thread's first key, then constants (8 rows down, 8 j + e keys right); exact, every distance being below 2^22.
+// An FADD and an FFMA (|x| is an operand modifier) per element.
+template <class T>
+__device__ __forceinline__ void add_alibi(float (&s)[T::kBlockN / 2], const Rows& r, int n0) {
+  const float d0 = static_cast<float>(r.row0 + r.causal_offset - n0 - r.col0);
+#pragma unroll
+  for (int j = 0; j < T::kSTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float dist = d0 + static_cast<float>(8 * (e >> 1) - 8 * j - (e & 1));
+      s[4 * j + e] = fmaf(r.alibi_slope, fabsf(dist), s[4 * j + e]);
+    }
+}
+
 // -inf at keys past seq_k and (causal) keys j > i + causal_offset, for the block at key n0; only
 // blocks that straddle the end of the keys or the warpgroup's diagonal have any.
 // SOFTCAP first: S becomes tanh(S scale / c) (its exp2-domain factor, c log2(e), is the kernel's scale_log2), then
-// the mask; WINDOW: mask_window instead.
+// ALIBI's bias (on every block), then the mask; WINDOW: mask_window instead.
 template <class T>
 __device__ __forceinline__ void mask(float (&s)[T::kBlockN / 2], const Rows& r, int n0) {
   if constexpr (ModsOf<T>::softcap) {
 #pragma unroll
     for (int x = 0; x < T::kBlockN / 2; ++x) s[x] = tanh_approx(s[x] * r.cap_scale);
   }
+  if constexpr (ModsOf<T>::alibi) add_alibi<T>(s, r, n0);
   if constexpr (ModsOf<T>::window) {
     mask_window<T>(s, r, n0);
     return;
@@ -832,7 +852,8 @@ struct Fa3FwdArg {
   using type = typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnFwdParams>::type>::type;
 };
 
-// Traits: Fa3WgmmaTraits, or AttnModTraits<Fa3WgmmaTraits, WINDOW, SOFTCAP> (then the argument is ModParams).
+// Traits: Fa3WgmmaTraits, or AttnModTraits<Fa3WgmmaTraits, WINDOW, SOFTCAP, ALIBI> (then the argument is
+// ModParams).
 template <class Traits, bool VARLEN = false>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     fa3_wgmma_fwd(const typename Fa3FwdArg<Traits, VARLEN>::type p, const __grid_constant__ AttnTensorMaps tm) {
@@ -908,6 +929,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       det::window_offsets<T>(p, tile_seq_q, tile_seq_k, rows.lo, rows.hi);
     }
     if constexpr (ModsOf<T>::softcap) rows.cap_scale = p.mods.softcap_scale;
+    if constexpr (ModsOf<T>::alibi)  // the tile's (batch or sequence, query head) slope, in S's units
+      rows.alibi_slope = -p.mods.alibi_slopes[batch * p.mods.alibi_batch_stride + tile.head] * p.mods.alibi_unit;
 
     float o[T::kHeadDim / 2];
 #pragma unroll

@@ -58,7 +58,10 @@
 // forward's LSE is of the capped scores c tanh(s / c), so P^T = exp2(t c log2(e) - lse2) with t = tanh(S^T scale
 // / c) (tanh.approx), and dS^T = P^T (dP^T - delta) (1 - t^2): the gradient through the cap, scaled by `scale`
 // in dK and dQ as before. t is computed while dP^T's GEMM runs and held in S^T's registers, P^T and dS^T together
-// once dP^T is done (ModScores); the preprocess and the convert are the plain ones.
+// once dP^T is done (ModScores); the preprocess and the convert are the plain ones. ALIBI: the forward's LSE
+// includes the bias b = -slope |m + seq_k - seq_q - n|, so P^T = exp2((S^T + b / scale) scale log2(e) - lse2) (b / c
+// on t with a softcap; AlibiBias, per step: the slope is the step's query head's); b does not depend on Q or K, so
+// dS^T = P^T (dP^T - delta) (times the cap's 1 - t^2) as without it.
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -420,16 +423,40 @@ struct StepMask {
   __device__ bool operator()(int off, int h) const { return off < below[h] || off > above[h]; }
 };
 
-// P^T in place of S^T under a StepMask (a window without a softcap): exp2(S scale_log2 - lse2), 0 where masked.
-template <class T, bool MASKED>
+// ALiBi's bias of a step's elements (ModScores, the traits' ALIBI): element (j, e) is key row key0 + 8 h and query
+// m0 + 2 tig + off (StepMask's numbering), at distance |d0 - 8 h + off| from the diagonal, d0 = m0 + 2 tig + seq_k
+// - seq_q - key0 (one conversion per step: exact, every distance being below 2^22); score + neg_slope |...|, in
+// the units the exponent's factor multiplies (S^T, or t with a softcap). NoBias: the score itself.
+template <bool C, class A, class B>
+struct Conditional {
+  using type = A;
+};
+template <class A, class B>
+struct Conditional<false, A, B> {
+  using type = B;
+};
+struct NoBias {
+  __device__ float operator()(float x, int, int) const { return x; }
+};
+struct AlibiBias {
+  float neg_slope, d0;
+  __device__ float operator()(float x, int off, int h) const {
+    return fmaf(neg_slope, fabsf(d0 + static_cast<float>(off - 8 * h)), x);
+  }
+};
+
+// P^T in place of S^T under a StepMask (a window without a softcap): exp2(S scale_log2 - lse2), 0 where masked;
+// ALIBI: of S plus its bias.
+template <class T, bool MASKED, class Bias = NoBias>
 __device__ __forceinline__ void masked_probs(float (&st)[T::kBlockM / 2], const StepStats<T>& lse2, float scale_log2,
-                                             const StepMask& mask) {
+                                             const StepMask& mask, const Bias& bias = {}) {
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
     const float2 l2 = lse2[j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float pv = fast_exp2(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+      const float x = bias(st[4 * j + e], 8 * j + (e & 1), e >> 1);
+      float pv = fast_exp2(fmaf(x, scale_log2, -((e & 1) ? l2.y : l2.x)));
       if constexpr (MASKED) {
         if (mask(8 * j + (e & 1), e >> 1)) pv = 0.f;
       }
@@ -443,9 +470,11 @@ __device__ __forceinline__ void masked_probs(float (&st)[T::kBlockM / 2], const 
 // derivative is 1 - t^2. Two passes, each reading one of the step's stats: (dP^T - delta) (1 - t^2) first, then
 // P^T and its product. (NVRTC 13.0, sm_90a: one pass, with both stats' loads and the exponentials beside t and
 // dP^T, spilled 4-20 bytes at d 128 BLOCK_M 64 with one consumer; two passes none.)
-template <class T, bool MASKED, class Lse2>
+// ALIBI: the exponent is t plus its bias (t' is the cap's alone: the bias does not depend on S).
+template <class T, bool MASKED, class Lse2, class Bias = NoBias>
 __device__ __forceinline__ void capped_grads(float (&st)[T::kBlockM / 2], float (&dpt)[T::kBlockM / 2], const Lse2& lse2,
-                                             const StepStats<T>& delta, float softcap_log2, const StepMask& mask) {
+                                             const StepStats<T>& delta, float softcap_log2, const StepMask& mask,
+                                             const Bias& bias = {}) {
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
     const float2 d2 = delta[j];
@@ -460,7 +489,8 @@ __device__ __forceinline__ void capped_grads(float (&st)[T::kBlockM / 2], float 
     const float2 l2 = lse2[j];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float pv = fast_exp2(fmaf(st[4 * j + e], softcap_log2, -((e & 1) ? l2.y : l2.x)));
+      const float x = bias(st[4 * j + e], 8 * j + (e & 1), e >> 1);
+      float pv = fast_exp2(fmaf(x, softcap_log2, -((e & 1) ? l2.y : l2.x)));
       if constexpr (MASKED) {
         if (mask(8 * j + (e & 1), e >> 1)) pv = 0.f;
       }
@@ -478,19 +508,28 @@ __device__ __forceinline__ void capped_grads(float (&st)[T::kBlockM / 2], float 
 // P^T (1 - t^2) kept for dS^T (4 bytes of spills at d 128 BLOCK_M 64 with two consumers, 96 at d 64 BLOCK_M 128).
 // The plain kernels keep their own lines (consume), so that their code is what it was: an equivalent plain piece
 // of this shape moved ptxas's register allocation in every plain dK/dV kernel.
+// ALIBI: the step's query head's slope (per batch with [B, H] slopes) and the distances' base, read per step
+// (a step's head changes within a kv head's group), added to the exponent in both forms (AlibiBias).
 template <class T>
 struct ModScores {
   static constexpr bool kSoftcap = ModsOf<T>::softcap;
+  using Bias = typename Conditional<ModsOf<T>::alibi, AlibiBias, NoBias>::type;
   int key0, seq_k, tig;  // the thread's first key row, the keys' end
   int wg_key0;           // the warpgroup's first key
   WindowBand band;       // WINDOW: the window's (Steps::band); else the causal diagonal's (or none) as a band
   float scale_log2;      // the exponent's factor: SOFTCAP c log2(e) on t, else scale log2(e) on S
   float cap_scale;       // SOFTCAP: scale / c, S's factor inside tanh
+  Bias bias{};           // ALIBI: the step's slope and distances
   template <class P>
-  __device__ static ModScores at(const P& p, const Steps& st, int key0_block, int krow, int c, int tig) {
+  __device__ static ModScores at(const P& p, const Steps& st, int key0_block, int krow, int c, int tig, int batch,
+                                 int hq, int m0) {
     ModScores s{key0_block + krow, p.seq_k, tig, key0_block + 64 * c, st.band, p.scale_log2, 0.f};
     if constexpr (!ModsOf<T>::window) s.band = window_band(-1, -1, T::kCausal, p.seq_q, p.seq_k);
     if constexpr (kSoftcap) s.scale_log2 = p.mods.softcap_log2, s.cap_scale = p.mods.softcap_scale;
+    if constexpr (ModsOf<T>::alibi) {
+      s.bias.neg_slope = -p.mods.alibi_slopes[batch * p.mods.alibi_batch_stride + hq] * p.mods.alibi_unit;
+      s.bias.d0 = static_cast<float>(m0 + 2 * tig + p.seq_k - p.seq_q - s.key0);
+    }
     return s;
   }
   // Some (row, key) of rows m0 .. m0 + BM - 1 and the warpgroup's 64 keys lies past seq_k or outside the band.
@@ -514,16 +553,16 @@ struct ModScores {
 #pragma unroll
       for (int x = 0; x < T::kBlockM / 2; ++x) sc[x] = tanh_approx(sc[x] * cap_scale);
     } else {
-      if (masked) masked_probs<T, true>(sc, lse2, scale_log2, step_mask(m0));
-      else masked_probs<T, false>(sc, lse2, scale_log2, StepMask{});
+      if (masked) masked_probs<T, true>(sc, lse2, scale_log2, step_mask(m0), bias);
+      else masked_probs<T, false>(sc, lse2, scale_log2, StepMask{}, bias);
     }
   }
   template <class Lse2>
   __device__ void after_dp(float (&sc)[T::kBlockM / 2], float (&dp)[T::kBlockM / 2], const Lse2& lse2,
                            const StepStats<T>& delta, int m0, bool masked) const {
     if constexpr (kSoftcap) {
-      if (masked) capped_grads<T, true>(sc, dp, lse2, delta, scale_log2, step_mask(m0));
-      else capped_grads<T, false>(sc, dp, lse2, delta, scale_log2, StepMask{});
+      if (masked) capped_grads<T, true>(sc, dp, lse2, delta, scale_log2, step_mask(m0), bias);
+      else capped_grads<T, false>(sc, dp, lse2, delta, scale_log2, StepMask{}, bias);
     } else {
       dscores<T>(dp, sc, delta);
     }
@@ -716,7 +755,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const P& p, const Wor
     wgmma_fence_regs(sc);
     delta.load(sm.delta_ptr(s), tig);  // under the exponentials
     if constexpr (ModsOf<T>::any) {  // WINDOW, SOFTCAP: ModScores (the band's mask; t, then P^T and dS^T together)
-      const ModScores<T> mod = ModScores<T>::at(p, st, w.n0, krow, c, tig);
+      const ModScores<T> mod = ModScores<T>::at(p, st, w.n0, krow, c, tig, w.batch, at.hq, m0);
       const bool masked = mod.masked(m0);
       mod.under_dp(sc, lse2, m0, masked);
       wgmma_wait<0>();  // dP^T

@@ -26,21 +26,24 @@ constexpr int kMaxSmemBytesSm90 = 227 * 1024;  // 232448
 constexpr int kMaxSmemBytesSm80 = 163 * 1024;  // 166912
 
 // Score modifications (issue 32) as compile-time switches: a family that has them (Family::mods) is instantiated
-// on AttnModTraits<Traits, WINDOW, SOFTCAP> for a problem with a window or a softcap, its plain kernels on Traits
-// itself, whose code and names stay what they were. ModsOf<T> reads the switches of either (false for a plain
-// traits struct, which does not declare them). The kernel's argument is then ModParams (attention_params.h).
-template <class Base, bool WINDOW, bool SOFTCAP>
+// on AttnModTraits<Traits, WINDOW, SOFTCAP, ALIBI> for a problem with a window, a softcap or ALiBi, its plain
+// kernels on Traits itself, whose code and names stay what they were. ModsOf<T> reads the switches of either (false
+// for a plain traits struct, which does not declare them). The kernel's argument is then ModParams
+// (attention_params.h).
+template <class Base, bool WINDOW, bool SOFTCAP, bool ALIBI = false>
 struct AttnModTraits : Base {
   static constexpr bool kModWindow = WINDOW;    // sliding window: key blocks outside skipped, edges masked
   static constexpr bool kModSoftcap = SOFTCAP;  // logit softcap: s -> c tanh(s / c) before the softmax
+  static constexpr bool kModAlibi = ALIBI;      // ALiBi: s -> s - slope |i + Sk - Sq - j| (after any softcap)
 };
 template <class T, class = void>
 struct ModsOf {
-  static constexpr bool window = false, softcap = false, any = false;
+  static constexpr bool window = false, softcap = false, alibi = false, any = false;
 };
 template <class T>
 struct ModsOf<T, decltype(void(T::kModWindow))> {
-  static constexpr bool window = T::kModWindow, softcap = T::kModSoftcap, any = T::kModWindow || T::kModSoftcap;
+  static constexpr bool window = T::kModWindow, softcap = T::kModSoftcap, alibi = T::kModAlibi,
+                        any = T::kModWindow || T::kModSoftcap || T::kModAlibi;
 };
 
 // A sliding window as a band around the bottom-right diagonal (issue 32; attention_params.h's AttnMods): query i

@@ -20,7 +20,7 @@ int main() {
   std::printf("{");
   STRUCT(ft_tensor, FIELD(ft_tensor, data); FIELD(ft_tensor, stride));
   STRUCT(ft_mods, FIELD(ft_mods, window); FIELD(ft_mods, window_left); FIELD(ft_mods, window_right);
-         FIELD(ft_mods, softcap));
+         FIELD(ft_mods, softcap); FIELD(ft_mods, alibi_slopes); FIELD(ft_mods, alibi_batch_stride));
   STRUCT(ft_forward_args, FIELD(ft_forward_args, batch); FIELD(ft_forward_args, heads); FIELD(ft_forward_args, seq_q);
          FIELD(ft_forward_args, seq_k); FIELD(ft_forward_args, head_dim); FIELD(ft_forward_args, dtype);
          FIELD(ft_forward_args, causal); FIELD(ft_forward_args, scale); FIELD(ft_forward_args, q);

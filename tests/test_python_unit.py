@@ -189,9 +189,9 @@ class ArgumentChecks(unittest.TestCase):
 
     def test_mods(self):
         self.assertEqual(_lib.mods_tuple(), _lib.NO_MODS)  # zeroed: none
-        self.assertEqual(_lib.mods_tuple((-1, -1), 0), (0, 0, 0, 0.0))
-        self.assertEqual(_lib.mods_tuple((-1, 0)), (1, -1, 0, 0.0))
-        self.assertEqual(_lib.mods_tuple((4096, 4096), 50.0), (1, 4096, 4096, 50.0))
+        self.assertEqual(_lib.mods_tuple((-1, -1), 0), (0, 0, 0, 0.0, 0, 0))  # no ALiBi slopes: NULL, stride 0
+        self.assertEqual(_lib.mods_tuple((-1, 0)), (1, -1, 0, 0.0, 0, 0))
+        self.assertEqual(_lib.mods_tuple((4096, 4096), 50.0), (1, 4096, 4096, 50.0, 0, 0))
         for bad, pattern in [(dict(window_size=(-2, 0)), "window_size\[0\] = -2 is out of range"),
                              (dict(window_size=(0, 2**30 + 1)), "window_size\[1\] = 1073741825 is out of range"),
                              (dict(window_size=5), "window_size must be \(left, right\)"),

@@ -1371,6 +1371,19 @@ TEST(RuntimeArgs, ForwardChecks) {
        "no family runs fp32 forward with a softcap"},
       {[](ft_forward_args& a) { a.dtype = FT_FP32, a.mods = ft_mods{1, 128, 0, 30}; }, FT_UNSUPPORTED,
        "no family runs fp32 forward with a sliding window and a softcap"},
+      // ALiBi: aligned fp32 slopes, a batch stride of 0 or at least heads, and a family that has them
+      {[](ft_forward_args& a) { a.mods.alibi_slopes = reinterpret_cast<const float*>(uintptr_t{0x1002}); },
+       FT_INVALID_ARGUMENT, "mods.alibi_slopes must be 4-byte aligned"},
+      {[](ft_forward_args& a) { a.mods.alibi_slopes = reinterpret_cast<const float*>(uintptr_t{0x1000}), a.mods.alibi_batch_stride = 1; },
+       FT_INVALID_ARGUMENT, "mods.alibi_batch_stride must be 0 (slopes [H]) or in heads"},
+      {[](ft_forward_args& a) { a.mods.alibi_slopes = reinterpret_cast<const float*>(uintptr_t{0x1000}), a.mods.alibi_batch_stride = -4; },
+       FT_INVALID_ARGUMENT, "mods.alibi_batch_stride"},
+      {[](ft_forward_args& a) { a.mods.alibi_batch_stride = 16; }, FT_INVALID_ARGUMENT,
+       "mods.alibi_batch_stride 16 without mods.alibi_slopes"},
+      {[](ft_forward_args& a) { a.dtype = FT_FP32, a.mods.alibi_slopes = reinterpret_cast<const float*>(uintptr_t{0x1000}); },
+       FT_UNSUPPORTED, "no family runs fp32 forward with ALiBi slopes"},
+      {[](ft_forward_args& a) { a.dtype = FT_FP32, a.mods = ft_mods{0, 0, 0, 30, reinterpret_cast<const float*>(uintptr_t{0x1000}), 0}; },
+       FT_UNSUPPORTED, "no family runs fp32 forward with a softcap and ALiBi slopes"},
   };
   expect_refusals(good_forward(), cases, check_forward, ft_attention_forward, ft_explain_forward, ft_explain_forward_text);
   {  // a window the Hopper forward has passes the checks; window 0 ignores the edges; both edges -1 is none
@@ -1380,6 +1393,11 @@ TEST(RuntimeArgs, ForwardChecks) {
     m.mods = ft_mods{0, -7, 99, 0};
     EXPECT_EQ(check_forward(&m).status, FT_OK) << check_forward(&m).message;
     m.dtype = FT_FP32, m.mods = ft_mods{1, -1, -1, 0};
+    EXPECT_EQ(check_forward(&m).status, FT_OK) << check_forward(&m).message;
+    m = good_forward();  // ALiBi slopes [H] and [B, H] (any stride >= heads) on the Hopper forward
+    m.mods.alibi_slopes = reinterpret_cast<const float*>(uintptr_t{0x1000});
+    EXPECT_EQ(check_forward(&m).status, FT_OK) << check_forward(&m).message;
+    m.mods.alibi_batch_stride = m.heads + 3;
     EXPECT_EQ(check_forward(&m).status, FT_OK) << check_forward(&m).message;
   }
   // Inputs may broadcast (stride 0); transposed outputs are fine.
@@ -1836,5 +1854,5 @@ TEST(RuntimeCApi, NoGpuIsOneLine) {
   EXPECT_EQ(round.k_pages.stride[0], 5);
   EXPECT_EQ(round.v_pages.stride[3], 12);
   EXPECT_EQ(round.o.stride[0], 13);
-  EXPECT_EQ(runtime::version(), "0.5.0");
+  EXPECT_EQ(runtime::version(), "0.6.0");
 }

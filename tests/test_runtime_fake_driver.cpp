@@ -1291,6 +1291,22 @@ TEST(FakeDriver, DISABLED_WindowAndSoftcapChild) {
   EXPECT_EQ(g_mod_fwd.mods.window_right, -1);  // the causal kernel's right edge is the diagonal
   EXPECT_EQ(g_mod_fwd.mods.softcap, 0.0f);
 
+  // ALiBi: the slopes' pointer and batch stride reach AttnMods as given, with 1 / scale (1 / c with a softcap) as the
+  // bias's unit; a window or softcap beside it is kept.
+  std::vector<float> slopes(Hq + 4, 0.5f);
+  a.mods = ft_mods{};
+  a.mods.alibi_slopes = slopes.data(), a.mods.alibi_batch_stride = Hq;
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_TRUE(g_mod_kernel);
+  EXPECT_EQ(g_mod_fwd.mods.alibi_slopes, slopes.data());
+  EXPECT_EQ(g_mod_fwd.mods.alibi_batch_stride, Hq);
+  EXPECT_EQ(g_mod_fwd.mods.alibi_unit, 8.0f);  // 1 / 0.125
+  EXPECT_EQ(g_mod_fwd.mods.window_left, -1);
+  a.mods.softcap = 20;
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_EQ(g_mod_fwd.mods.alibi_unit, 1.0f / 20);
+  EXPECT_EQ(g_mod_fwd.mods.softcap, 20.0f);
+
   a.mods = ft_mods{};  // none: the plain kernel
   ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
   EXPECT_FALSE(g_mod_kernel);

@@ -187,12 +187,12 @@ TEST(Sample, DefaultVariantsSpanHeadDimsMasksDtypes) {
     const size_t packed = f.varlen ? f.head_dims.size() * 2 : 0;  // one dtype: see default_variants
     const size_t paged = f.paged ? f.head_dims.size() * 2 : 0;
     // Score modifications (fa3_wgmma): all of them at every head dim and mask, each alone at the last head dim.
-    const size_t mods = f.mods ? f.head_dims.size() * 2 + (f.mods == (kModWindow | kModSoftcap) ? 4 : 0) : 0;
+    const size_t mods = f.mods ? f.head_dims.size() * 2 + (f.mods == (kModWindow | kModSoftcap | kModAlibi) ? 6 : 0) : 0;
     EXPECT_EQ(vs.size(), dense + packed + paged + mods) << f.name;
     EXPECT_EQ((size_t)std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.mods != 0; }), mods) << f.name;
     if (f.name == "fa3_wgmma") {
       EXPECT_GT(mods, 0u);
-      for (unsigned m : {kModWindow, kModSoftcap, kModWindow | kModSoftcap})
+      for (unsigned m : {kModWindow, kModSoftcap, kModAlibi, kModWindow | kModSoftcap | kModAlibi})
         EXPECT_TRUE(std::any_of(vs.begin(), vs.end(), [&](const Variant& v) { return v.mods == m; })) << m;
     }
     EXPECT_EQ((size_t)std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.varlen; }), packed)

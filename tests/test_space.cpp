@@ -758,7 +758,7 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   c.softcap = 30;
   for (const auto& f : families()) {
     if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd") {
-      EXPECT_EQ(f.mods, kModWindow | kModSoftcap);
+      EXPECT_EQ(f.mods, kModWindow | kModSoftcap | kModAlibi);
       EXPECT_EQ(f.shape_reason(w), "");
       EXPECT_EQ(f.shape_reason(c), "");
     } else {
@@ -823,7 +823,10 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   EXPECT_EQ(sm.variants().size(), 4u);
   EXPECT_EQ(sm.size(), 4u);
   for (const auto& [text, needle] : {std::pair{R"({"family":"fa2_mma","mods":["window"]})", "family fa2_mma has no window form"},
-                                     std::pair{R"({"family":"fa3_wgmma","mods":["alibi"]})", "'mods' holds"}}) {
+                                     std::pair{R"({"family":"fa3_wgmma","mods":["dropout"]})", "'mods' holds"},
+                                     std::pair{R"({"family":"fa3_wgmma","mods":["alibi+alibi"]})", "'mods' holds"},
+                                     std::pair{R"({"family":"fa2_mma","mods":["softcap+alibi"]})",
+                                               "family fa2_mma has no softcap+alibi form"}}) {
     try {
       space_from_json(json::parse(text));
       ADD_FAILURE() << text << " was accepted";
@@ -1444,4 +1447,52 @@ TEST(Family, Fa3BwdWindowBlocksArePairsThatMeet) {
               EXPECT_EQ(down, want) << at << " query block " << m;
             }
           }
+}
+
+// ALiBi (issue 32): a boolean of the problem's identity (the slopes are data), its JSON field, str, the families
+// that have it (fa3_wgmma, fa3_wgmma_bwd; the rest refuse it in one line), its variants and name expression (the
+// fourth AttnModTraits argument, written only when true), and "mods" names joined by '+'.
+TEST(Family, AlibiIsAFa3Variant) {
+  auto one = [](const std::string& fields) {
+    return problems_from_json(json::parse(R"({"problems":[{"batch":2,"heads":4,"seq_q":300,"seq_k":500,"head_dim":128,"dtype":"bf16")" +
+                                          fields + "}]}"))
+        .at(0);
+  };
+  const Problem plain = one(""), a = one(R"(,"alibi":true)"), off = one(R"(,"alibi":false)");
+  EXPECT_TRUE(a.alibi);
+  EXPECT_EQ(off, plain);
+  EXPECT_NE(a, plain);
+  EXPECT_FALSE(to_json(plain).contains("alibi"));  // plain problems keep their JSON
+  EXPECT_EQ(a.str(), "B2 H4 Sq300 Sk500 d128 bf16 alibi");
+  EXPECT_EQ(problem_from_json(to_json(a)), a);
+  EXPECT_EQ(a.flops(), plain.flops());  // the bias adds no pairs
+  EXPECT_THROW(one(R"(,"alibi":1)"), UsageError);
+  const Problem all = one(R"(,"window":[64,-1],"softcap":30,"alibi":true)");
+  EXPECT_EQ(problem_mods(all), kModWindow | kModSoftcap | kModAlibi);
+  EXPECT_EQ(problem_mods(a), kModAlibi);
+  for (const auto& f : families()) {
+    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd") EXPECT_EQ(f.shape_reason(a), "") << f.name;
+    else EXPECT_EQ(f.shape_reason(a), "does not support ALiBi (alibi)") << f.name;
+  }
+  const Family& f = find_family("fa3_wgmma");
+  EXPECT_EQ(f.name_expressions(f.default_config, 64, false, DType::fp16, false, false, kModAlibi).at(0),
+            "&flashtune::fa3_wgmma_fwd<flashtune::AttnModTraits<flashtune::Fa3WgmmaTraits<64,64,2,2,1,1,0,0,0,0,0,false>, "
+            "false, false, true>>");
+  const Space s = space_from_json(json::parse(R"({"family":"fa3_wgmma","params":{"BLOCK_N":[64]},"head_dims":[128],
+      "causal":[false],"dtypes":["bf16"],"mods":["none","alibi","softcap+alibi","window+softcap+alibi"]})"));
+  EXPECT_EQ(s.variants().size(), 4u);
+  const auto vs = variants_for(space_from_json(json::parse(R"({"family":"fa3_wgmma","params":{"BLOCK_N":[64]},
+      "head_dims":[128],"causal":[false],"dtypes":["bf16"]})")), {a});
+  ASSERT_EQ(vs.size(), 1u);
+  EXPECT_EQ(vs[0].mods, kModAlibi);
+  EXPECT_EQ(mods_string(kModWindow | kModSoftcap | kModAlibi), "window+softcap+alibi");
+  unsigned m = 0;
+  EXPECT_TRUE(mods_from_string("alibi+window", m));
+  EXPECT_EQ(m, kModWindow | kModAlibi);
+  EXPECT_FALSE(mods_from_string("alibi+", m));
+  EXPECT_FALSE(mods_from_string("", m));
+  Variant v = vs[0];
+  v.family = &find_family("fa2_mma");
+  v.config = v.family->default_config;
+  EXPECT_EQ(Compiler("sm_80").prune_before_compile(v), "has no alibi form");
 }

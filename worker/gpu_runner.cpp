@@ -97,7 +97,7 @@ GpuRunner::~GpuRunner() {
 
 std::vector<GpuRunner::Buffer*> GpuRunner::problem_buffers() {
   return {&q_, &k_, &v_, &o_, &lse_, &dout_, &dq_, &dk_, &dv_, &delta_, &dq_accum_, &workspace_, &scores_, &probs_,
-          &cu_q_, &cu_k_, &block_table_, &cache_seqlens_};
+          &cu_q_, &cu_k_, &block_table_, &cache_seqlens_, &alibi_};
 }
 
 size_t GpuRunner::problem_bytes() {
@@ -206,6 +206,10 @@ void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long
 
   ref::Shape shape = with_modifications(ref::Shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   shape.heads_k = p.heads_k;
+  if (p.alibi) {  // head bh's slope that of distinct head bh % (units * group), the tiled inputs' period
+    upload_alibi(p, (long long)units * p.group());
+    shape.alibi_slopes = alibi_host_.data(), shape.alibi_batch_stride = p.heads;
+  }
   fwd_ref_ = tiled_forward_reference(shape, units, q.values.data(), k.values.data(), v.values.data(),
                                      ref::sample_rows(shape, max_rows, seed), threads_);
   prepare_clock_.lap("reference");
@@ -243,6 +247,10 @@ void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std
   // The distinct heads as one (1, distinct_heads_) problem: each head's reference is its own.
   ref::Shape heads = with_modifications(ref::Shape{1, distinct_heads_, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   heads.heads_k = g > 1 ? groups : 0;
+  if (p.alibi) {  // head bh's slope that of distinct head bh % distinct_heads_, as its data
+    upload_alibi(p, distinct_heads_);
+    heads.alibi_slopes = alibi_host_.data();
+  }
   bwd_ref_ = backward_reference(heads, q.values.data(), k.values.data(), v.values.data(), dout.values.data(), threads_);
   bwd_bounds_ = backward_bounds(p, bwd_ref_);
   prepare_clock_.lap("reference");
@@ -294,8 +302,9 @@ void GpuRunner::prepare_varlen_fwd(const Problem& p, unsigned long long seed, lo
   CU_CHECK(cuMemcpyHtoD(cu_q_.ptr, cu_q.data(), cu_q.size() * 4));
   CU_CHECK(cuMemcpyHtoD(cu_k_.ptr, cu_k.data(), cu_k.size() * 4));
   prepare_clock_.lap("upload");
+  if (p.alibi) upload_alibi(p, (long long)p.batch * p.heads);  // every (sequence, head) its own
   fwd_ref_ = varlen_forward_reference(p, q.values.data(), k.values.data(), v.values.data(),
-                                      varlen_sample_rows(p, max_rows, seed), threads_);
+                                      varlen_sample_rows(p, max_rows, seed), threads_, alibi_host_.data());
   prepare_clock_.lap("reference");
 }
 
@@ -412,6 +421,12 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
   prepare_clock_.lap("reference");
 }
 
+void GpuRunner::upload_alibi(const Problem& p, long long period) {
+  alibi_host_ = seeded_alibi_slopes((long long)p.batch * p.heads, p.heads, period);
+  ensure(alibi_, alibi_host_.size() * 4);
+  CU_CHECK(cuMemcpyHtoD(alibi_.ptr, alibi_host_.data(), alibi_host_.size() * 4));
+}
+
 void GpuRunner::upload_tiled(CUdeviceptr dst, const void* src, size_t unit_bytes, int distinct, int count) {
   // Unit i comes from unit i % distinct: a run of `distinct` units per copy.
   for (int i = 0; i < count; i += distinct)
@@ -437,12 +452,14 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
   // A paged K/V cache: the paged kernels' argument, the dense struct (k and v: the pools) and the block table.
   PagedParams<AttnFwdParams> fwd_paged{fwd, (const int*)block_table_.ptr, (const int*)cache_seqlens_.ptr,
                                        p.paged.page_size, max_pages_};
-  // Score modifications (a window, a softcap): the modified kernels' argument, the plain one and AttnMods.
-  const AttnMods mods = make_attn_mods(p.window_left, p.window_right, p.softcap, scale);
+  // Score modifications (a window, a softcap, ALiBi): the modified kernels' argument, the plain one and AttnMods
+  // (ALiBi's slopes [B, H], stride H: upload_alibi's).
+  const AttnMods mods = make_attn_mods(p.window_left, p.window_right, p.softcap, scale,
+                                       p.alibi ? (const float*)alibi_.ptr : nullptr, p.alibi ? p.heads : 0);
   ModParams<AttnFwdParams> fwd_mods{fwd, mods};
   ModParams<VarlenParams<AttnFwdParams>> fwd_varlen_mods{fwd_varlen, mods};
   ModParams<PagedParams<AttnFwdParams>> fwd_paged_mods{fwd_paged, mods};
-  const bool modified = p.windowed() || p.softcapped();
+  const bool modified = p.windowed() || p.softcapped() || p.alibi;
   void* fwd_args[] = {modified ? (packed ? (void*)&fwd_varlen_mods : p.paged.enabled() ? (void*)&fwd_paged_mods : (void*)&fwd_mods)
                                : (packed ? (void*)&fwd_varlen : p.paged.enabled() ? (void*)&fwd_paged : (void*)&fwd),
                       &maps_};

@@ -115,6 +115,8 @@ class GpuRunner {
   // OutOfMemory (the caller releases everything).
   void ensure(Buffer&, size_t bytes);
   std::vector<Buffer*> problem_buffers();  // every buffer but the L2 flush
+  // ALiBi (Problem::alibi): seeded_alibi_slopes(B*H, H, period) into alibi_host_ and alibi_.
+  void upload_alibi(const Problem& p, long long period);
   size_t problem_bytes();                  // sum of their `bytes`: the run's device footprint
   // Warm-up, then `reps` L2-flushed, event-timed repeats of `launch`: reps, ms_median, ms_p20, ms_p80.
   void time_repeats(const std::function<void()>& launch, const nlohmann::json& timing, nlohmann::json& out);
@@ -155,6 +157,8 @@ class GpuRunner {
   // Forward: q, k, v in, o, lse out. Backward: q, k, v, o, lse, dout in; dq, dk, dv out.
   Buffer q_, k_, v_, o_, lse_, dout_, dq_, dk_, dv_, delta_, dq_accum_, workspace_, flush_;
   Buffer cu_q_, cu_k_;  // varlen: batch + 1 int32 offsets each (unused by dense problems)
+  Buffer alibi_;  // ALiBi: B*H fp32 slopes, [B, H] (seeded_alibi_slopes: alibi_host_'s copy)
+  std::vector<float> alibi_host_;  // the reference's view of them (it holds a pointer: kept with the problem)
   Buffer block_table_, cache_seqlens_;  // paged: (B, max_pages) and (B) int32 (k_ and v_ then hold the pools)
   int max_pages_ = 0;                   // paged: the block table's row stride
   // The unfused baseline's scores S (fp32) and probabilities P (dtype): allocated per run_library

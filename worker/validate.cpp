@@ -356,6 +356,15 @@ ref::Shape with_modifications(ref::Shape s, const Problem& p) {
   return s;
 }
 
+std::vector<float> seeded_alibi_slopes(long long count, int heads, long long period) {
+  std::vector<float> out((size_t)std::max(0ll, count));
+  for (long long x = 0; x < count; ++x) {
+    const long long u = x % period;
+    out[(size_t)x] = (float)(std::exp2(-8.0 * (double)(u % heads + 1) / heads) * ((u / heads) % 2 ? 2.0 : 1.0));
+  }
+  return out;
+}
+
 ref::VarlenShape with_modifications(ref::VarlenShape s, const Problem& p) {
   s.window_left = p.window_left, s.window_right = p.window_right, s.softcap = p.softcap;
   return s;
@@ -363,6 +372,7 @@ ref::VarlenShape with_modifications(ref::VarlenShape s, const Problem& p) {
 
 FwdReference paged_forward_reference(const Problem& p, int units, const float* q, const float* k, const float* v,
                                      std::vector<int64_t> rows, int threads) {
+  if (p.alibi) throw std::runtime_error("paged problems have no ALiBi form");
   ref::Shape full = with_modifications(ref::Shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
   full.heads_k = p.heads_k;
   const int64_t rows_per_seq = (int64_t)p.heads * p.seq_q;
@@ -616,13 +626,15 @@ std::vector<int64_t> varlen_sample_rows(const Problem& p, int64_t max_rows, uint
 }
 
 FwdReference varlen_forward_reference(const Problem& p, const float* q, const float* k, const float* v,
-                                      std::vector<int64_t> rows, int threads) {
+                                      std::vector<int64_t> rows, int threads, const float* alibi_slopes) {
+  if (p.alibi && !alibi_slopes) throw std::runtime_error("varlen_forward_reference: an ALiBi problem without slopes");
   const int H = p.heads, Hk = p.kv_heads(), d = p.head_dim, g = p.group();
   const std::vector<int> cu_q = p.varlen.cu_seqlens_q(), cu_k = p.varlen.cu_seqlens_k();
   const int64_t total_q = cu_q.back();
   FwdReference r;
   r.shape = with_modifications(ref::Shape{p.batch, H, p.seq_q, p.seq_k, d, p.causal}, p);
   r.shape.heads_k = p.heads_k;
+  if (p.alibi) r.shape.alibi_slopes = alibi_slopes, r.shape.alibi_batch_stride = H;
   r.rows = std::move(rows);
   const size_t n = r.rows.size();
   r.o.assign(n * d, 0.0), r.o_mag.assign(n * d, 0.0), r.o_logit.assign(n * d, 0.0);
@@ -648,7 +660,8 @@ FwdReference varlen_forward_reference(const Problem& p, const float* q, const fl
       std::copy_n(k + ((k0 + t) * Hk + hk) * d, d, ks.data() + t * d);
       std::copy_n(v + ((k0 + t) * Hk + hk) * d, d, vs.data() + t * d);
     }
-    const ref::Shape one = with_modifications(ref::Shape{1, 1, (int)lq, (int)lk, d, p.causal}, p);
+    ref::Shape one = with_modifications(ref::Shape{1, 1, (int)lq, (int)lk, d, p.causal}, p);
+    if (p.alibi) one.alibi_slopes = alibi_slopes + (size_t)b * H + h;  // sequence b's head h
     std::vector<int64_t> local;
     for (size_t i : idx) local.push_back(r.rows[i] / H - q0);
     std::vector<double> o(local.size() * d), o_mag(local.size() * d), o_logit(local.size() * d), lse(local.size()),
@@ -670,6 +683,7 @@ FwdReference varlen_forward_reference(const Problem& p, const float* q, const fl
 
 BwdReference varlen_backward_reference(const Problem& p, int heads, int kv_heads, const float* q, const float* k,
                                        const float* v, const float* dout, int threads) {
+  if (p.alibi) throw std::runtime_error("packed backward problems have no ALiBi form");
   BwdReference r;
   const int d = p.head_dim;
   r.shape = with_modifications(ref::Shape{1, heads, p.seq_q, p.seq_k, d, p.causal}, p);

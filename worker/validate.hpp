@@ -118,6 +118,14 @@ struct ErrorStats {
 ref::Shape with_modifications(ref::Shape shape, const Problem&);
 ref::VarlenShape with_modifications(ref::VarlenShape shape, const Problem&);
 
+// ALiBi's slopes for generated inputs (Problem::alibi): `count` floats, entry x the slope of distinct query head
+// x % period of a problem with `heads` query heads, u = x % period: FlashAttention's geometric slope of head u % heads,
+// 2^(-8 (u % heads + 1) / heads), doubled when u / heads is odd (so that per-batch slopes, [B, H] with stride H, are
+// exercised). The kernel reads them as [B, H] (count B*H, stride H); where the worker tiles `period` distinct heads
+// over the B*H (dense forward and backward) the reference's distinct heads read the first `period` of them, the same
+// numbers.
+std::vector<float> seeded_alibi_slopes(long long count, int heads, long long period);
+
 // Forward reference on sampled rows, with the magnitudes the bound needs.
 struct FwdReference {
   ref::Shape shape{1, 1, 1, 1, 1};
@@ -179,8 +187,9 @@ BwdReference backward_reference(const ref::Shape&, const float* q, const float* 
 std::vector<int64_t> varlen_sample_rows(const Problem&, int64_t max_rows, uint64_t seed);
 // The reference on those rows, from the packed q, k, v: each (sequence, head)'s rows by the dense
 // forward_rows on that sequence alone, which is what ref::forward_varlen computes, bit for bit.
+// alibi_slopes (Problem::alibi): [B, H] with stride H, sequence b's head h at b * H + h.
 FwdReference varlen_forward_reference(const Problem&, const float* q, const float* k, const float* v,
-                                      std::vector<int64_t> rows, int threads = 0);
+                                      std::vector<int64_t> rows, int threads = 0, const float* alibi_slopes = nullptr);
 // Every element of a packed batch's backward for `heads` query heads and `kv_heads` kv heads per token
 // (the distinct heads of the generated inputs; the problem's heads repeat them, query head h holding
 // distinct head h % heads), with the forward's O (total_q, heads, d) and LSE (heads, total_q).

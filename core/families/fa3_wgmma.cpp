@@ -34,7 +34,7 @@ Family make_fa3_wgmma() {
   f.gqa = true;
   f.map_only_inputs = {"q", "k", "v"};  // TMA loads alone; O is stored through the params (and its map)
   f.varlen = true;  // fa3_wgmma_fwd<Traits, true>: packed tensor maps, guarded O stores at a sequence's end
-  f.mods = kModWindow | kModSoftcap;  // fa3_wgmma_fwd<AttnModTraits<Traits, WINDOW, SOFTCAP>[, true]> on ModParams
+  f.mods = kModWindow | kModSoftcap | kModAlibi;  // fa3_wgmma_fwd<AttnModTraits<Traits, W, S, A>[, true]> on ModParams
   struct Named {  // the config by name (the order of f.params)
     int block_n, consumers, stages, overlap, pingpong, p_smem, persistent, two_ctas, multicast;
     explicit Named(const Config& c)

@@ -31,9 +31,10 @@ Family make_fa3_wgmma_bwd() {
   f.hopper_only = true;
   f.gqa = true;
   f.map_only_inputs = {"q", "k", "v"};  // TMA loads alone; the preprocess reads O and dO through the params
-  // Every kernel on AttnModTraits<Traits, WINDOW, SOFTCAP> and ModParams<AttnBwdParams>: a window walks only the
-  // query blocks that see the key block, a softcap's derivative enters dS (templates/fa3_wgmma_bwd.cuh).
-  f.mods = kModWindow | kModSoftcap;
+  // Every kernel on AttnModTraits<Traits, WINDOW, SOFTCAP, ALIBI> and ModParams<AttnBwdParams>: a window walks only
+  // the query blocks that see the key block, a softcap's derivative enters dS, ALiBi's bias P^T's exponent
+  // (templates/fa3_wgmma_bwd.cuh).
+  f.mods = kModWindow | kModSoftcap | kModAlibi;
   struct Named {  // the config by name (the order of f.params)
     int block_m, consumers, stages, sched, dq_overlap, dq_turns, deterministic, dq_stages;
     explicit Named(const Config& c)

@@ -80,9 +80,10 @@ class FtTensor(ctypes.Structure):
 
 
 class FtMods(ctypes.Structure):
-    """ft_mods: a sliding window (window 1, its edges; -1 unbounded) and a softcap (0: off); zeroed: none."""
+    """ft_mods: a sliding window (window 1, its edges; -1 unbounded), a softcap (0: off) and ALiBi's fp32 device
+    slopes (NULL: none) with their batch stride (0: [H]); zeroed: none."""
     _fields_ = [("window", ctypes.c_int), ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
-                ("softcap", ctypes.c_float)]
+                ("softcap", ctypes.c_float), ("alibi_slopes", ctypes.c_void_p), ("alibi_batch_stride", ctypes.c_int64)]
 
 
 # C enums (ft_dtype) are int-sized on the platforms CUDA supports.
@@ -380,12 +381,12 @@ def _heads_k(args, heads_k):
 
 # Score modifications (ft_mods): FlashAttention's window_size and softcap.
 MAX_WINDOW = 2**30
-NO_MODS = (0, 0, 0, 0.0)
+NO_MODS = (0, 0, 0, 0.0, 0, 0)  # ..., alibi_slopes (pointer, 0: none), alibi_batch_stride
 
 
 def mods_tuple(window_size=(-1, -1), softcap=0.0):
-    """(window, window_left, window_right, softcap) for ft_mods from FlashAttention's window_size (left, right; -1
-    unbounded) and softcap (0: off); ValueError (one line) for a value the runtime refuses."""
+    """(window, window_left, window_right, softcap, 0, 0) for ft_mods from FlashAttention's window_size (left, right;
+    -1 unbounded) and softcap (0: off), no ALiBi slopes; ValueError (one line) for a value the runtime refuses."""
     try:
         left, right = window_size
     except (TypeError, ValueError):
@@ -398,12 +399,11 @@ def mods_tuple(window_size=(-1, -1), softcap=0.0):
     if not math.isfinite(softcap) or softcap < 0 or (softcap and not 1e-3 <= softcap <= 1e6):
         raise ValueError(f"softcap must be 0 (off) or a number in [0.001, 1000000], got {softcap}")
     windowed = left >= 0 or right >= 0
-    return (1, left, right, softcap) if windowed else (0, 0, 0, softcap)
+    return (1, left, right, softcap, 0, 0) if windowed else (0, 0, 0, softcap, 0, 0)
 
 
 def _set_mods(args, window_size, softcap):
-    window, left, right, cap = mods_tuple(window_size, softcap)
-    args.mods = FtMods(window, left, right, cap)
+    args.mods = FtMods(*mods_tuple(window_size, softcap))
 
 
 def forward_args(shape, dtype, causal, scale, q, k, v, o, lse, heads_k=0, window_size=(-1, -1), softcap=0.0):
@@ -535,8 +535,8 @@ def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv
 # against the header, by tests/test_python_unit.py). The runtime checks every value again.
 _HEAD_FMT = "=7if"
 _TENSOR_FMT = "Q4q"
-_MODS_FMT = "3if"  # window, window_left, window_right, softcap
-FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q" + "i" + _MODS_FMT + "4x")  # ..., lse, heads_k, mods
+_MODS_FMT = "3ifQq"  # window, window_left, window_right, softcap, alibi_slopes, alibi_batch_stride (8-aligned)
+FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q" + "i" + "4x" + _MODS_FMT)  # ..., lse, heads_k, mods
 BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ" + "ii" + _MODS_FMT)
 assert FORWARD_FMT.size == ctypes.sizeof(FtForwardArgs) and BACKWARD_FMT.size == ctypes.sizeof(FtBackwardArgs)
 # Packed variable-length: 8 sizes, the two offset pointers, dtype, causal, scale (and padding), then
@@ -544,8 +544,8 @@ assert FORWARD_FMT.size == ctypes.sizeof(FtForwardArgs) and BACKWARD_FMT.size ==
 _VARLEN_HEAD_FMT = "=8iQQiif4x"
 _PACKED_FMT = "Q3q"
 VARLEN_FORWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 4 + "Q" + _MODS_FMT)
-VARLEN_BACKWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 5 + "Q" + _PACKED_FMT * 3 + "QQ" + "i" + _MODS_FMT +
-                                    "4x")
+VARLEN_BACKWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 5 + "Q" + _PACKED_FMT * 3 + "QQ" + "i" + "4x" +
+                                    _MODS_FMT)
 assert VARLEN_FORWARD_FMT.size == ctypes.sizeof(FtVarlenForwardArgs)
 assert VARLEN_BACKWARD_FMT.size == ctypes.sizeof(FtVarlenBackwardArgs)
 # Paged: 11 ints (9 sizes, dtype, causal) and scale, the block table and cache lengths, 4 tensors, lse.

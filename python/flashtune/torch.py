@@ -325,17 +325,17 @@ def _mods(fn, window_size, softcap):
     if window_size == (-1, -1) and softcap == 0:
         return NO_MODS
     try:
-        window, left, right, cap = _lib.mods_tuple(window_size, softcap)
+        window, left, right, cap, _, _ = _lib.mods_tuple(window_size, softcap)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{fn}: {e}") from None
     return (left, right, cap) if window else (-1, -1, cap)
 
 
 def _ft_mods(mods):
-    """The ops' (window_left, window_right, softcap) as the runtime's ft_mods tuple (window, left, right, softcap).
-    Not checked again here: attention() checked them (_mods), and the runtime checks every field of ft_mods."""
+    """The ops' (window_left, window_right, softcap) as the runtime's ft_mods tuple (window, left, right, softcap, no
+    ALiBi slopes). Not checked again here: attention() checked them (_mods), and the runtime checks every field."""
     left, right, cap = mods
-    return (1, left, right, cap) if left >= 0 or right >= 0 else (0, 0, 0, cap)
+    return (1, left, right, cap, 0, 0) if left >= 0 or right >= 0 else (0, 0, 0, cap, 0, 0)
 
 
 def _fwd_args(q, k, v, o, lse, causal, scale, mods=NO_MODS):

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdint>
 #include <limits>
 
 #include "lookup.hpp"
@@ -73,7 +74,8 @@ Check check_common(int heads, int heads_k, int head_dim, const ft_dtype& dtype_f
 }
 
 // The score modifications (ft_mods): their fields, then a family that has them for this call (FT_UNSUPPORTED
-// naming what is missing otherwise: the Hopper forward alone has them so far).
+// naming what is missing otherwise: the Hopper families alone have them so far). ALiBi's slopes: 4-byte aligned, the
+// batch stride 0 ([H]) or at least heads ([B, H]) and below 2^31.
 Check check_mods(const ft_mods& m, int heads, int heads_k, int head_dim, const ft_dtype& dtype, const char* direction,
                  bool varlen) {
   if (m.window != 0 && m.window != 1)
@@ -87,6 +89,18 @@ Check check_mods(const ft_mods& m, int heads, int heads_k, int head_dim, const f
     p.softcap = check_softcap(m.softcap, "mods.softcap");
   } catch (const std::exception& e) {
     return bad(FT_INVALID_ARGUMENT, e.what());
+  }
+  if (m.alibi_slopes) {
+    if (reinterpret_cast<uintptr_t>(m.alibi_slopes) % 4 != 0)
+      return bad(FT_INVALID_ARGUMENT, "mods.alibi_slopes must be 4-byte aligned (fp32)");
+    if (m.alibi_batch_stride != 0 && (m.alibi_batch_stride < heads || m.alibi_batch_stride > INT32_MAX))
+      return bad(FT_INVALID_ARGUMENT, "mods.alibi_batch_stride must be 0 (slopes [H]) or in heads (" +
+                                          std::to_string(heads) + ")..2^31-1 (slopes [B, H]), got " +
+                                          std::to_string(m.alibi_batch_stride));
+    p.alibi = true;
+  } else if (m.alibi_batch_stride != 0) {
+    return bad(FT_INVALID_ARGUMENT, "mods.alibi_batch_stride " + std::to_string(m.alibi_batch_stride) +
+                                        " without mods.alibi_slopes (must be 0)");
   }
   if (const unsigned mods = problem_mods(p)) {
     const bool gqa = heads_k > 0 && heads_k != heads;
@@ -233,6 +247,7 @@ int batch_chunk(const ft_backward_args* a) {
 ft_forward_args batch_slice(const ft_forward_args& a, int b0, int n) {
   ft_forward_args s = a;
   s.batch = n;
+  if (s.mods.alibi_slopes) s.mods.alibi_slopes += (int64_t)b0 * a.mods.alibi_batch_stride;  // the chunk's batches'
   for (ft_tensor* t : {&s.q, &s.k, &s.v, &s.o}) advance(*t, b0, elem_bytes(a.dtype));
   if (s.lse) s.lse += (int64_t)b0 * a.heads * a.seq_q;
   return s;
@@ -240,6 +255,7 @@ ft_forward_args batch_slice(const ft_forward_args& a, int b0, int n) {
 ft_backward_args batch_slice(const ft_backward_args& a, int b0, int n) {
   ft_backward_args s = a;
   s.batch = n;
+  if (s.mods.alibi_slopes) s.mods.alibi_slopes += (int64_t)b0 * a.mods.alibi_batch_stride;
   for (ft_tensor* t : {&s.q, &s.k, &s.v, &s.o, &s.dout, &s.dq, &s.dk, &s.dv}) advance(*t, b0, elem_bytes(a.dtype));
   s.lse += (int64_t)b0 * a.heads * a.seq_q;
   return s;

@@ -580,6 +580,7 @@ Problem common_problem(const Args* a, const char* direction) {
   if constexpr (kHasMods<Args>) {  // checked (check_mods): window 0 or 1, edges -1..2^30, softcap 0 or 1e-3..1e6
     if (a->mods.window) p.window_left = a->mods.window_left, p.window_right = a->mods.window_right;
     p.softcap = a->mods.softcap;
+    p.alibi = a->mods.alibi_slopes != nullptr;  // the slopes themselves go to the kernel (with_params)
     p.canonicalize_mask();
   }
   return p;
@@ -686,8 +687,12 @@ constexpr bool kPaged = std::is_same_v<Args, ft_paged_forward_args>;
 // A call with score modifications: that argument followed by AttnMods (ModParams), as its kernels take it.
 template <class Args, class Dense, class F>
 void with_params(const Args* a, const Dense& dense, const Problem& p, F launch) {
-  const bool modified = p.windowed() || p.softcapped();
-  const AttnMods mods = make_attn_mods(p.window_left, p.window_right, p.softcap, dense.scale);
+  const bool modified = p.windowed() || p.softcapped() || p.alibi;
+  const float* slopes = nullptr;
+  long long slopes_stride = 0;
+  if constexpr (kHasMods<Args>) slopes = a->mods.alibi_slopes, slopes_stride = a->mods.alibi_batch_stride;
+  const AttnMods mods = make_attn_mods(p.window_left, p.window_right, p.softcap, dense.scale, p.alibi ? slopes : nullptr,
+                                       slopes_stride);
   auto go = [&](const auto& plain) {
     using Plain = std::decay_t<decltype(plain)>;
     if (!modified) return launch((void*)&plain);

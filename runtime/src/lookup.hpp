@@ -37,7 +37,7 @@ struct Query {
   bool deterministic = false;  // a backward whose gradients must be bitwise reproducible: only configs the family
                                // calls so (Family::reproducible), from the tables' and the store's deterministic
                                // picks, else the default's nearest such config; no effect on a forward
-  unsigned mods = 0;  // the score modifications the call has (kModWindow, kModSoftcap): only families that have them
+  unsigned mods = 0;  // the score modifications the call has (kModWindow, kModSoftcap, kModAlibi): only families that have them
                       // (Family::mods), with the config of the unmodified call's bucket (no table keys them yet)
   long long batch_heads = 0;   // batch x kv heads (heads_k, or heads for multi-head): a decoding family's buckets'
                                // second key (tuned::find_in, pick_bucket: the nearest by ratio); 0: unknown (the

@@ -147,6 +147,7 @@ void mask_options(const Args& a, nlohmann::json& j) {
     if (t.empty() || *end || errno) throw UsageError("--softcap must be a number, got '" + brief(t) + "'");
     j["softcap"] = check_softcap(c, "--softcap");
   }
+  if (a.has("alibi")) j["alibi"] = true;
 }
 
 }  // namespace flashtune::cli

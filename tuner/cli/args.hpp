@@ -51,7 +51,8 @@ struct Args {
 };
 
 // --window L,R (each -1 or 0..2^30) and --softcap C (0 or in [0.001, 1e6]) into a problem's JSON (the fields
-// "window" and "softcap"), checked here so that the message names the flag. Absent flags leave j alone.
+// "window" and "softcap"), checked here so that the message names the flag; the flag --alibi sets "alibi". Absent
+// flags leave j alone.
 void mask_options(const Args& a, nlohmann::json& j);
 
 // Parses argv[2..] with the keys a verb accepts (valued: take a value; flags: take none). An option given

@@ -83,7 +83,7 @@ int cmd_run(int argc, char** argv) {
               "                     [--causal] [--direction fwd|bwd] [--seed N] [--check] [--check-determinism]\n"
               "                     [--json] [--db PATH] [--device N] [--timeout S] [--inputs DIR] [--save-outputs DIR]\n"
               "                     [--input-dist normal|heavy] [--input-scale X] [--heads-k N]\n"
-              "                     [--window L,R] [--softcap C]\n"
+              "                     [--window L,R] [--softcap C] [--alibi]\n"
               "       flashtune run ... --shape H,d (--varlen FILE|JSON | --seq-lens L,L,.. [--seq-lens-k L,L,..])\n"
               "       flashtune run ... --shape B,H,Sq,Sk,d --paged FILE|JSON\n"
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
@@ -115,6 +115,8 @@ int cmd_run(int argc, char** argv) {
               "--window L,R: sliding-window attention (FlashAttention's window_size; -1 unbounded): query i sees\n"
               "key j iff i + Sk - Sq - L <= j <= i + Sk - Sq + R (bottom-right aligned like --causal, which is\n"
               "-1,0 and overrides R). --softcap C: scores s become C tanh(s / C) before the softmax (0: off).\n"
+              "--alibi: ALiBi (FlashAttention's alibi_slopes): scores get -slope_h |i + Sk - Sq - j| after any softcap,\n"
+              "with seeded slopes (FlashAttention's geometric 2^(-8 (h+1) / H), doubled on odd batches: [B, H]).\n"
               "Families without them (all but fa3_wgmma and fa3_wgmma_bwd) refuse such a problem (exit 2).\n"
               "Exit 1 if the kernel is not valid.");
     return 0;
@@ -123,7 +125,7 @@ int cmd_run(int argc, char** argv) {
                  {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
                   "save-outputs", "input-dist", "input-scale", "heads-k", "varlen", "seq-lens", "seq-lens-k", "paged",
                   "window", "softcap"},
-                 {"causal", "check", "json", "best", "check-determinism"});
+                 {"causal", "check", "json", "best", "check-determinism", "alibi"});
   no_positional(a, "run");
   if (!a.has("family")) throw UsageError("run needs --family");
   if (!a.has("shape")) throw UsageError("run needs --shape B,H,Sq,Sk,d (or H,d with --varlen or --seq-lens)");

@@ -89,6 +89,7 @@ std::string result_key(const ResultRecord& r) {
   if (p.paged.enabled()) key.push_back("paged " + p.paged.key());  // likewise; never equal to a varlen key
   if (p.windowed() || p.softcapped())  // likewise
     key.push_back("mask " + std::to_string(p.window_left) + "," + std::to_string(p.window_right) + "," + json(p.softcap).dump());
+  if (p.alibi) key.push_back("alibi");  // likewise
   return key.dump();
 }
 

@@ -84,6 +84,7 @@ ordered_json problem_json(const Problem& p) {
   // Windowed or softcapped only (problem_from_json's fields), likewise.
   if (p.windowed()) j["window"] = {p.window_left, p.window_right};
   if (p.softcapped()) j["softcap"] = p.softcap;
+  if (p.alibi) j["alibi"] = true;
   return j;
 }
 

@@ -40,7 +40,7 @@ std::vector<Variant> default_variants(const Family& f) {
   if (f.mods) {
     for (int d : f.head_dims)
       for (bool causal : {false, true}) vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, false, f.mods});
-    for (unsigned m : {kModWindow, kModSoftcap})
+    for (unsigned m : {kModWindow, kModSoftcap, kModAlibi})
       if ((f.mods & m) && m != f.mods)
         for (bool causal : {false, true})
           vs.push_back(Variant{&f, f.default_config, f.head_dims.back(), causal, f.dtypes.back(), false, false, m});

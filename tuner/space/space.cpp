@@ -195,16 +195,14 @@ Space space_from_json(const json& j, bool allow_large) {
   }
   if (j.contains("mods")) {
     if (!j["mods"].is_array() || j["mods"].empty())
-      throw UsageError("space 'mods' must be an array of \"none\", \"window\", \"softcap\", \"window+softcap\"");
+      throw UsageError("space 'mods' must be an array of \"none\" or of \"window\", \"softcap\", \"alibi\" joined by '+'");
     s.mods.clear();
     for (const auto& c : j["mods"]) {
       const std::string name = c.is_string() ? c.get<std::string>() : std::string();
       unsigned m = 0;
-      if (name == "window") m = kModWindow;
-      else if (name == "softcap") m = kModSoftcap;
-      else if (name == "window+softcap") m = kModWindow | kModSoftcap;
-      else if (name != "none")
-        throw UsageError("space 'mods' holds \"none\", \"window\", \"softcap\" or \"window+softcap\", got " + brief_json(c));
+      if (!mods_from_string(name, m))
+        throw UsageError("space 'mods' holds \"none\" or \"window\", \"softcap\", \"alibi\" joined by '+' (\"window+softcap\"), got " +
+                         brief_json(c));
       if (m & ~f.mods) throw UsageError("family " + f.name + " has no " + mods_string(m & ~f.mods) + " form");
       if (std::find(s.mods.begin(), s.mods.end(), m) == s.mods.end()) s.mods.push_back(m);
     }

@@ -26,7 +26,7 @@ struct Space {
   // Likewise the paged K/V cache form (true, a Family::paged family only). Default {false}.
   std::vector<bool> paged{false};
   // The score modifications to compile (Family::mods bits; 0: plain), as space files' "mods": ["none",
-  // "window", "softcap", "window+softcap"]. Default {0}. Like varlen, for compile-check, the sample and the
+  // "window", "softcap", "alibi", "window+softcap", ...: names joined by '+']. Default {0}. Like varlen, for compile-check, the sample and the
   // NVRTC tests: tune takes the modifications each problem has (variants_for).
   std::vector<unsigned> mods{0};
 

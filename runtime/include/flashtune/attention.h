@@ -49,15 +49,21 @@ typedef struct {
   int64_t stride[4];
 } ft_tensor;
 
-/* Score modifications (FlashAttention's window_size and softcap), the last field of the dense and packed args
- * structs (ABI 0.5); a zero-initialised one is none. Families that have them (the Hopper forward fa3_wgmma)
- * run such a call with the config of the unmodified call's bucket; a call no family runs with them is
- * FT_UNSUPPORTED, naming the family that lacks them. */
+/* Score modifications (FlashAttention's window_size, softcap and alibi_slopes), the last field of the dense and
+ * packed args structs (ABI 0.6: alibi_slopes and alibi_batch_stride added); a zero-initialised one is none.
+ * Families that have them (the Hopper forward fa3_wgmma and backward fa3_wgmma_bwd) run such a call with the config
+ * of the unmodified call's bucket; a call no family runs with them is FT_UNSUPPORTED, naming what is missing. */
 typedef struct {
   int window;       /* 1: the sliding window below applies; 0: none (then window_left/right are ignored) */
   int window_left;  /* query i sees key j iff i + Sk - Sq - window_left <= j <= i + Sk - Sq + window_right */
   int window_right; /* (bottom-right aligned like causal; -1: unbounded; causal keeps its right edge, the diagonal) */
   float softcap;    /* > 0: the scaled scores s become softcap * tanh(s / softcap) before the softmax; 0: off */
+  /* ALiBi: non-NULL, fp32 device slopes; query head h of batch b (sequence b when packed) adds
+   * -alibi_slopes[b * alibi_batch_stride + h] * |i + Sk - Sq - j| to its scaled (and capped) scores, as
+   * FlashAttention's alibi_slopes (the LSE includes it). alibi_batch_stride: 0 for slopes [H], >= heads for [B, H]
+   * (elements). The slopes are read while the call's kernels run on the stream. */
+  const float* alibi_slopes;
+  int64_t alibi_batch_stride;
 } ft_mods;
 
 typedef struct {
@@ -250,7 +256,7 @@ ft_status ft_scratch_pool_bytes(size_t* bytes);
 ft_status ft_device_available(void);
 /* The last error of this thread, one line; "" after a success. */
 const char* ft_last_error(void);
-/* "0.5.0" */
+/* "0.6.0" */
 const char* ft_version(void);
 
 #ifdef __cplusplus

@@ -70,13 +70,17 @@ struct PackedTensor {
   ft_packed_tensor c() const { return ft_packed_tensor{data, {stride[0], stride[1], stride[2]}}; }
 };
 
-// Score modifications (ft_mods): FlashAttention's window_size (-1: unbounded) and softcap (0: off).
+// Score modifications (ft_mods): FlashAttention's window_size (-1: unbounded), softcap (0: off) and alibi_slopes
+// (fp32 device slopes, nullptr: none; batch stride 0 for [H], >= heads for [B, H]).
 struct Mods {
   int window_left = -1, window_right = -1;
   float softcap = 0;
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_batch_stride = 0;
   ft_mods c() const {
     const bool windowed = window_left >= 0 || window_right >= 0;
-    return ft_mods{windowed ? 1 : 0, windowed ? window_left : 0, windowed ? window_right : 0, softcap};
+    return ft_mods{windowed ? 1 : 0, windowed ? window_left : 0, windowed ? window_right : 0, softcap, alibi_slopes,
+                   alibi_batch_stride};
   }
 };
 
