@@ -40,6 +40,8 @@
 #   torch-op [PART ...] - the runtime and the PyTorch extension alone (their targets), python_unit, gpu_torch_op's
 #            PARTs (default: all), each probe shape's kernels compiled meanwhile in the background, then the host-time
 #            probe: host_time.csv and host_time.txt
+#   mods   - issue 32: ALiBi variants of the Hopper mods spaces validated on ragged shapes (alibi_validate.db),
+#            ALiBi's cost at one long point forward and backward
 #   train [PROFILE_STEPS] - examples/train_tiny_gpt.py through the extension, at its default size and at context 2048
 #            (8 heads of 64, batch 8), the two runs' steps interleaved; each then profiled PROFILE_STEPS (default 10)
 #            steps: train_tiny_gpt{,_ctx2048}{.csv,.png,_profile.csv}, train.log
@@ -961,6 +963,31 @@ attention(q, k, v, causal=True).sum().backward(); torch.cuda.synchronize()" "$sh
   log "host time"
   PYTHONUNBUFFERED=1 python3 experiments/probes/host_time.py --csv "$rep/host_time.csv" 2>&1 | tee "$rep/host_time.txt"
   cp "$rep/host_time.csv" "$rep/host_time.txt" "$OUT/"
+  ;;
+mods)
+  # Issue 32's score modifications on Hopper, ALiBi first: random samples (16 per problem) of the mods spaces
+  # validated on ragged ALiBi problems (forward dense and packed, backward dense) into alibi_validate.db, then
+  # the cost of ALiBi at one long point (the same call with and without --alibi, each timed by run).
+  val=$(validation_store alibi)
+  for pair in "fa3_wgmma_mods ragged_alibi_bf16" "fa3_wgmma_mods ragged_alibi_varlen_bf16" \
+              "fa3_wgmma_bwd_mods ragged_alibi_bwd_bf16"; do
+    set -- $pair
+    log "validate $1 on $2"
+    timeout "${MODS_VALIDATE_LIMIT_S:-120}" $ft tune "configs/spaces/$1.json" "configs/problems/$2.json" --db "$val" \
+      --strategy random --max-evals 16 --seed 3 --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | grep -vE "^\[" | tail -2
+  done
+  validation_summary "$val"
+  $ft drop-cubins --db "$val"
+  for dir in fwd bwd; do
+    shape=4,16,16384,16384,128; [[ $dir == bwd ]] && shape=4,16,8192,8192,128
+    for extra in "" "--alibi"; do
+      log "run $dir causal $shape $extra"
+      params=BLOCK_N=128,CONSUMERS=2; [[ $dir == bwd ]] && params=BLOCK_M=64,CONSUMERS=2
+      $ft run --family "$([[ $dir == fwd ]] && echo fa3_wgmma || echo fa3_wgmma_bwd)" --params $params --shape $shape --dtype bf16 \
+        --causal --direction $dir $extra 2>&1 | grep -E "status|time|TFLOP|error" | head -3
+    done
+  done
+  finish
   ;;
 train)
   export PYTHONPATH=$PWD/python FLASHTUNE_LIBRARY=$PWD/build/runtime/libflashtune_attention.so \
