@@ -6,27 +6,22 @@ recorded or not, autocast or not; SDPA beside each. Places where a training step
 usage: python3 experiments/probes/host_fwd_variants.py [B,H,S,d]   (default 8,8,2048,64, bf16, causal)"""
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_time  # noqa: E402  (its timer; it sets the library defaults before flashtune loads)
 from flashtune import torch as ftt  # noqa: E402
 
 
 def host_us(fn, n=50):
+    """host_time.py's timer after five warm-up calls."""
     for _ in range(5):
         fn()
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return sorted(ts)[n // 2]
+    return host_time.host_us(fn, n)
 
 
 def main():
