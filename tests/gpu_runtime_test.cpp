@@ -626,6 +626,7 @@ int decode_pass(const std::vector<Case>& all) {
   past.seq_q = 17, past.seq_k = 300, past.batch = 1;
   cs.push_back(past);
   setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ft_reload_settings();
   int failed = 0;
   for (size_t i = 0; i < cs.size(); ++i) {
     const Case& c = cs[i];
@@ -638,6 +639,7 @@ int decode_pass(const std::vector<Case>& all) {
     failed += !ok;
   }
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   std::filesystem::remove_all(dir);
   return failed;
 }
@@ -668,6 +670,7 @@ int paged_db_pass() {
                {128, dense_cfg, "config: db", "the dense decoding pick used", true},
                {64, f.config_string(f.default_config), "config: default", "rejected for pages of 64 keys", false}};
   setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ft_reload_settings();
   int failed = 0;
   for (const Want& w : wants) {
     c.page_size = w.page, c.dense_twin = w.twin;
@@ -681,6 +684,7 @@ int paged_db_pass() {
     failed += !ok;
   }
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   std::filesystem::remove_all(dir);
   return failed;
 }
@@ -708,6 +712,7 @@ int multicast_pass() {
   for (const Want& w : wants) rows.push_back({w.config, flashtune::Problem{2, 4, 333, 517, w.head_dim, flashtune::DType::bf16, false}});
   put_rows(db, rows, "fa3_wgmma");
   setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ft_reload_settings();
   int failed = 0;
   for (const Want& w : wants) {
     Case c;
@@ -720,6 +725,7 @@ int multicast_pass() {
     failed += !ok;
   }
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   std::filesystem::remove_all(dir);
   return failed;
 }

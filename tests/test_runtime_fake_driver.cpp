@@ -14,6 +14,8 @@
 // decoding on a fake H100 through the committed table's decode_splitkv entry; a second user's planted cache
 // entries and -wal, and a store of packed rows the lookup does not read, through FLASHTUNE_CACHE_DIR and FLASHTUNE_DB;
 // the user's store ($XDG_CACHE_HOME/flashtune/<gpu-slug>.db) read with no variable, and passed over when unsafe.
+// (A test that sets $FLASHTUNE_DB or $XDG_CACHE_HOME calls ft_reload_settings: the runtime reads them at most once
+// a second otherwise; PlanCache checks that window and the plan cache itself.)
 #include <cuda.h>
 #include <dlfcn.h>
 #include <grp.h>
@@ -23,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +33,7 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -161,6 +165,7 @@ TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
   const std::string cache = make_private_tmpdir("ft-fake-cache");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   FakeState& st = fake();
   st.hook = play;
   ASSERT_EQ(ft_device_available(), FT_OK) << ft_last_error();
@@ -331,14 +336,17 @@ TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
       s.put_result(r, fixture::fixture_device("Fake GPU", "sm_80"));
     }
     setenv("FLASHTUNE_DB", db.c_str(), 1);
+    ft_reload_settings();
     a = buf.fwd();
     ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
     EXPECT_STREQ(e.source, "db");
     EXPECT_EQ(std::string(e.config), tuned);
     setenv("FLASHTUNE_DB", (cache + "/missing.db").c_str(), 1);
+    ft_reload_settings();
     EXPECT_EQ(ft_explain_forward(&a, &e), FT_INVALID_ARGUMENT);
     EXPECT_EQ(std::string(ft_last_error()).rfind("FLASHTUNE_DB: ", 0), 0u) << ft_last_error();
     unsetenv("FLASHTUNE_DB");
+    ft_reload_settings();
 
     // The user's store, with no variable: $XDG_CACHE_HOME/flashtune/<gpu-slug>.db first (source "user");
     // made group-writable, it is passed over (checked again within a second) and explain's text says why.
@@ -350,6 +358,7 @@ TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
     const char* saved_xdg = std::getenv("XDG_CACHE_HOME");
     const std::string keep_xdg = saved_xdg ? saved_xdg : "";
     setenv("XDG_CACHE_HOME", xdg.c_str(), 1);
+    ft_reload_settings();
     ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
     EXPECT_STREQ(e.source, "user");
     EXPECT_EQ(std::string(e.config), tuned);
@@ -360,6 +369,7 @@ TEST(FakeDriver, ForwardBackwardCachesAndPacking) {
     EXPECT_NE(std::string(text).find("(config: default,"), std::string::npos) << text;
     EXPECT_NE(std::string(text).find("fake-gpu.db' is writable by group or others: not read"), std::string::npos) << text;
     saved_xdg ? (void)setenv("XDG_CACHE_HOME", keep_xdg.c_str(), 1) : (void)unsetenv("XDG_CACHE_HOME");
+    ft_reload_settings();
     fs::remove_all(xdg);
     fs::remove(db);
   }
@@ -401,6 +411,7 @@ TEST(FakeDriver, PastTwoToTheThirtyOneInBatchChunks) {
   const std::string cache = make_private_tmpdir("ft-fake-chunks");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   FakeState& st = fake();
   st.hook = nullptr;
   constexpr int b = 17, sk = 1 << 22, d = 32;
@@ -438,6 +449,7 @@ TEST(FakeDriver, GroupedQueryHeads) {
   const std::string cache = make_private_tmpdir("ft-fake-gqa");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   FakeState& st = fake();
   st.hook = record_heads_k;
   constexpr int Hq = 8, Hk = 2, S = 64, d = 64;
@@ -573,6 +585,7 @@ TEST(FakeDriver, DISABLED_HopperGqaChild) {
   const std::string cache = make_private_tmpdir("ft-fake-gqa90");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   constexpr int Hq = 8, Hk = 2, S_q = 70, S_k = 100, d = 128;
   std::vector<uint16_t> q(Hq * S_q * d + 8), kv(Hk * S_k * d + 8), o(Hq * S_q * d + 8), dout(Hq * S_q * d + 8),
       dq(Hq * S_q * d + 8), dk(Hk * S_k * d + 8), dv(Hk * S_k * d + 8);
@@ -632,6 +645,7 @@ TEST(FakeDriver, DISABLED_HopperGqaChild) {
     s.put_result(r, fixture::fixture_device("Fake GPU", "sm_90"));
   }
   setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ft_reload_settings();
   ASSERT_EQ(ft_explain_backward(&b, &e), FT_OK) << ft_last_error();
   EXPECT_STREQ(e.source, "db");
   ASSERT_EQ(std::string(e.config), f.config_string(load1));
@@ -650,6 +664,7 @@ TEST(FakeDriver, DISABLED_HopperGqaChild) {
   EXPECT_LE(w + images, base + ws);
   EXPECT_EQ(st.live_allocations, 0);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   st.hook = nullptr;
   fs::remove_all(cache);
 }
@@ -763,6 +778,7 @@ TEST(FakeDriver, PackedBatches) {
   const std::string cache = make_private_tmpdir("ft-fake-varlen");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   FakeState& st = fake();
   st.hook = play_packed;
   g_head_dim = 64;
@@ -898,6 +914,7 @@ TEST(FakeDriver, PagedCache) {
   const std::string cache = make_private_tmpdir("ft-fake-paged");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   FakeState& st = fake();
   st.hook = play_paged;
   constexpr int Bp = 3, Hq = 8, Hk = 2, d = 64, page = 64, num_pages = 11, max_pages = 5;
@@ -1036,6 +1053,7 @@ TEST(FakeDriver, DISABLED_HopperDecodeAndPackedChild) {
   const std::string cache = make_private_tmpdir("ft-fake-h100");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   constexpr int d = 128;
   g_head_dim = d;
 
@@ -1205,6 +1223,7 @@ TEST(FakeDriver, DISABLED_Fa3MulticastChild) {
     }
   }
   setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ft_reload_settings();
   ft_explanation e;
   ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
   ASSERT_STREQ(e.family, "fa3_wgmma");
@@ -1231,6 +1250,7 @@ TEST(FakeDriver, DISABLED_Fa3MulticastChild) {
   expect_launches(st, f, causal_pick, p);
   EXPECT_EQ(st.launches.at(0).cluster, 1u);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   fs::remove_all(cache);
 }
 
@@ -1372,7 +1392,9 @@ TEST(FakeDriver, SecondUserPlantsCacheEntriesAndWal) {
   chmod(shared.c_str(), 01777);
   ASSERT_EQ(chown(foreign.c_str(), kSecondUser, kSecondUser), 0);
   setenv("XDG_CACHE_HOME", home.c_str(), 1);
+  ft_reload_settings();
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
 
   // This call's entries, compiled by a first child into a private folder.
   setenv("FLASHTUNE_CACHE_DIR", warm.c_str(), 1);
@@ -1421,6 +1443,7 @@ TEST(FakeDriver, SecondUserPlantsCacheEntriesAndWal) {
   }
   ASSERT_EQ(as_second_user([&] { return write_bytes(db + "-wal", std::string(4096, 'w')); }), 0);
   setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ft_reload_settings();
   EXPECT_EQ(ft_explain_forward(&a, &e), FT_INVALID_ARGUMENT);
   const std::string why = ft_last_error();
   EXPECT_EQ(why.rfind("FLASHTUNE_DB: ", 0), 0u) << why;
@@ -1445,6 +1468,7 @@ TEST(FakeDriver, SecondUserPlantsCacheEntriesAndWal) {
   // The lookup never reads packed rows (no bucket's pick: the SQL leaves them out), so the call goes on, with the
   // tables' or the default config, in bounded memory.
   setenv("FLASHTUNE_DB", packed.c_str(), 1);
+  ft_reload_settings();
   struct rusage before {}, after {};
   getrusage(RUSAGE_SELF, &before);
   EXPECT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
@@ -1452,7 +1476,9 @@ TEST(FakeDriver, SecondUserPlantsCacheEntriesAndWal) {
   EXPECT_STRNE(e.source, "db");
   EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64l << 10) << "KiB more at the peak";  // 64 MiB
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   unsetenv("XDG_CACHE_HOME");
+  ft_reload_settings();
   fs::remove_all(base);
 }
 
@@ -1488,6 +1514,7 @@ TEST(FakeDriver, DISABLED_StridedViewsChild) {
   const std::string cache = make_private_tmpdir("ft-fake-views");
   setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
   unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
   constexpr int B = 2, H = 4, Sq = 333, Sk = 517, d = 128;
   // q, k, v as [B, S, H, d] memory seen as [B, H, S, d]; o, dout and the gradients contiguous.
   U16 q((size_t)B * Sq * H * d), k((size_t)B * Sk * H * d), v((size_t)B * Sk * H * d), o((size_t)B * H * Sq * d),
@@ -1555,4 +1582,179 @@ TEST(FakeDriver, DISABLED_StridedViewsChild) {
   EXPECT_NE(g_maps.map[0].bits[0], reinterpret_cast<uintptr_t>(q_odd.ptr())) << "the map reads the packed copy";
   EXPECT_EQ(g_maps.map[0].bits[5], 2ull * d);  // contiguous scratch: a row of d
   fs::remove_all(cache);
+}
+
+// The plan cache (runtime/src/attention.cpp: each thread's table keyed by a POD of the call, the process's map):
+// a cached plan is the plan made anew (ft_reload_settings before each call) for many shapes, called in another
+// order, past the thread table's size (collisions), from several threads while another forgets every plan; a
+// store re-tuned and $FLASHTUNE_DB changed reach the calls within a second with no reload; a reload, at once.
+namespace {
+struct PlanShape {
+  int batch, heads, heads_k, seq_q, seq_k, head_dim;
+  ft_dtype dtype;
+  int causal, bwd, deterministic;
+};
+// Host buffers large enough for every shape below (explain reads no data).
+struct PlanBuffers {
+  static constexpr size_t kElems = 3u * 4 * 1024 * 128;
+  Host q{kElems}, k{kElems}, v{kElems}, o{kElems}, dout{kElems}, dq{kElems}, dk{kElems}, dv{kElems}, lse{3 * 4 * 1024};
+};
+ft_tensor contiguous(float* p, int h, int s, int d) { return ft_tensor{p, {(int64_t)h * s * d, (int64_t)s * d, d, 1}}; }
+// (status, explain's line or the error) of one shape.
+std::string explain_shape(PlanBuffers& m, const PlanShape& s) {
+  char text[1024] = {};
+  ft_status st;
+  const int hk = s.heads_k;
+  if (!s.bwd) {
+    ft_forward_args a{};
+    a.batch = s.batch, a.heads = s.heads, a.heads_k = hk, a.seq_q = s.seq_q, a.seq_k = s.seq_k,
+    a.head_dim = s.head_dim, a.dtype = s.dtype, a.causal = s.causal;
+    a.q = contiguous(m.q.ptr(), s.heads, s.seq_q, s.head_dim), a.o = contiguous(m.o.ptr(), s.heads, s.seq_q, s.head_dim);
+    a.k = contiguous(m.k.ptr(), hk, s.seq_k, s.head_dim), a.v = contiguous(m.v.ptr(), hk, s.seq_k, s.head_dim);
+    st = ft_explain_forward_text(&a, text, sizeof text);
+  } else {
+    ft_backward_args a{};
+    a.batch = s.batch, a.heads = s.heads, a.heads_k = hk, a.seq_q = s.seq_q, a.seq_k = s.seq_k,
+    a.head_dim = s.head_dim, a.dtype = s.dtype, a.causal = s.causal, a.deterministic = s.deterministic;
+    a.q = contiguous(m.q.ptr(), s.heads, s.seq_q, s.head_dim), a.o = contiguous(m.o.ptr(), s.heads, s.seq_q, s.head_dim);
+    a.dout = contiguous(m.dout.ptr(), s.heads, s.seq_q, s.head_dim);
+    a.dq = contiguous(m.dq.ptr(), s.heads, s.seq_q, s.head_dim);
+    a.k = contiguous(m.k.ptr(), hk, s.seq_k, s.head_dim), a.v = contiguous(m.v.ptr(), hk, s.seq_k, s.head_dim);
+    a.dk = contiguous(m.dk.ptr(), hk, s.seq_k, s.head_dim), a.dv = contiguous(m.dv.ptr(), hk, s.seq_k, s.head_dim);
+    a.lse = m.lse.ptr();
+    st = ft_explain_backward_text(&a, text, sizeof text);
+  }
+  return std::to_string((int)st) + ": " + (st == FT_OK ? std::string(text) : std::string(ft_last_error()));
+}
+// The first `n` configs of fa2_simt's domains its check accepts at head dim d, in domain order.
+std::vector<std::string> valid_configs(const Family& f, int d, size_t n) {
+  std::vector<std::string> out;
+  Config c(f.params.size());
+  std::vector<size_t> idx(f.params.size(), 0);
+  for (;;) {
+    for (size_t i = 0; i < c.size(); ++i) c[i] = f.params[i].domain[idx[i]];
+    if (!f.check(c, d)) out.push_back(f.config_string(c));
+    if (out.size() == n) return out;
+    size_t i = 0;
+    while (i < idx.size() && ++idx[i] == f.params[i].domain.size()) idx[i++] = 0;
+    if (i == idx.size()) return out;
+  }
+}
+// Calls explain until it names `config` (the settings are looked at again once a second); whether it did in 5 s.
+bool names_within(PlanBuffers& m, const PlanShape& s, const std::string& config) {
+  for (int i = 0; i < 100; ++i) {
+    if (explain_shape(m, s).find(config) != std::string::npos) return true;
+    usleep(50 * 1000);
+  }
+  return false;
+}
+}  // namespace
+
+TEST(FakeDriver, PlanCache) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  const std::string dir = make_private_tmpdir("ft-plan-cache");
+  setenv("FLASHTUNE_CACHE_DIR", dir.c_str(), 1);
+  fake();  // loaded before the runtime's first driver call
+  ASSERT_EQ(ft_device_available(), FT_OK) << ft_last_error();
+  // A store whose picks differ by sequence bucket and mask (fa2_simt fp32 d 32 on the fake sm_80), so that a plan
+  // cached under a wrong key shows.
+  const Family& f = find_family("fa2_simt");
+  const std::vector<std::string> cfg = valid_configs(f, 32, 4);
+  ASSERT_EQ(cfg.size(), 4u);
+  const std::string db = dir + "/results.db", db2 = dir + "/other.db";
+  {
+    Store s(db);
+    const DeviceInfo dev = fixture::fixture_device("Fake GPU", "sm_80");
+    s.put_result(fixture::fixture_result(cfg[0], Problem{1, 2, 64, 64, 32, DType::fp32, false}, "ok", 1.0), dev);
+    s.put_result(fixture::fixture_result(cfg[1], Problem{1, 2, 256, 256, 32, DType::fp32, false}, "ok", 1.0), dev);
+    s.put_result(fixture::fixture_result(cfg[2], Problem{1, 2, 64, 64, 32, DType::fp32, true}, "ok", 1.0), dev);
+    Store s2(db2);
+    s2.put_result(fixture::fixture_result(cfg[3], Problem{1, 2, 64, 64, 32, DType::fp32, false}, "ok", 1.0), dev);
+  }
+  setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ft_reload_settings();
+
+  std::vector<PlanShape> shapes;
+  for (ft_dtype dt : {FT_FP32, FT_BF16})
+    for (int d : {32, 128})
+      for (int sq : {1, 17, 64, 200})
+        for (int sk : {33, 64, 1000})
+          for (int causal : {0, 1})
+            for (int bwd : {0, 1}) {
+              const int heads_k = dt == FT_FP32 ? 4 : (sq + sk) % 2 ? 2 : 4;  // grouped-query only where supported
+              shapes.push_back({1 + (sq + sk + d) % 3, 4, heads_k, sq, sk, d, dt, causal, bwd, bwd && (sq % 2)});
+            }
+  ASSERT_GT(shapes.size(), 2 * 64u);  // past the thread table's 64 slots
+  PlanBuffers m;
+  std::vector<std::string> fresh;
+  for (const PlanShape& s : shapes) {
+    ft_reload_settings();  // every plan forgotten: made anew
+    fresh.push_back(explain_shape(m, s));
+  }
+  EXPECT_NE(fresh[0].find("(config: db"), std::string::npos) << fresh[0];
+  int answered = 0;
+  for (const std::string& x : fresh) answered += x.rfind("0: ", 0) == 0;
+  EXPECT_GT(answered, (int)shapes.size() / 2);
+  for (int round = 0; round < 3; ++round)  // cached: in order, backwards, strided
+    for (size_t j = 0; j < shapes.size(); ++j) {
+      const size_t i = round == 0 ? j : round == 1 ? shapes.size() - 1 - j : (j * 7) % shapes.size();
+      ASSERT_EQ(explain_shape(m, shapes[i]), fresh[i]) << "shape " << i << ", round " << round;
+    }
+
+  // Several threads, each over the shapes in its own order, while this one forgets every plan again and again.
+  {
+    std::atomic<bool> done{false};
+    std::atomic<int> mismatches{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        for (int rep = 0; rep < 2; ++rep)
+          for (size_t j = 0; j < shapes.size(); ++j) {
+            const size_t i = (j * (2 * t + 1) + t) % shapes.size();
+            if (explain_shape(m, shapes[i]) != fresh[i]) ++mismatches;  // explain reads no data
+          }
+      });
+    std::thread reloader([&] {
+      while (!done) {
+        ft_reload_settings();
+        usleep(500);
+      }
+    });
+    for (std::thread& th : threads) th.join();
+    done = true;
+    reloader.join();
+    EXPECT_EQ(mismatches.load(), 0);
+  }
+
+  // Invalidation with no reload: $FLASHTUNE_DB naming another store is read within a second; so is the user's store
+  // re-tuned (its inode, size and mtime are its identity; $FLASHTUNE_DB's is its path, as before the cache).
+  const PlanShape s64{1, 2, 2, 64, 64, 32, FT_FP32, 0, 0, 0};
+  ft_reload_settings();
+  ASSERT_NE(explain_shape(m, s64).find(cfg[0] + " (config: db"), std::string::npos) << explain_shape(m, s64);
+  setenv("FLASHTUNE_DB", db2.c_str(), 1);
+  EXPECT_TRUE(names_within(m, s64, cfg[3] + " (config: db")) << explain_shape(m, s64);
+  const std::string xdg = dir + "/xdg", user = xdg + "/flashtune/fake-gpu.db";
+  fs::create_directories(xdg + "/flashtune");
+  chmod((xdg + "/flashtune").c_str(), 0700);
+  fs::copy_file(db, user);
+  chmod(user.c_str(), 0600);
+  const char* saved_xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string keep_xdg = saved_xdg ? saved_xdg : "";
+  setenv("XDG_CACHE_HOME", xdg.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  EXPECT_TRUE(names_within(m, s64, cfg[0] + " (config: user")) << explain_shape(m, s64);
+  {
+    Store s(user);  // re-tuned: a faster row for the S 64 bucket
+    s.put_result(fixture::fixture_result(cfg[1], Problem{1, 2, 64, 64, 32, DType::fp32, false}, "ok", 0.5),
+                 fixture::fixture_device("Fake GPU", "sm_80"));
+  }
+  EXPECT_TRUE(names_within(m, s64, cfg[1] + " (config: user")) << explain_shape(m, s64);
+  // A reload: at once.
+  setenv("FLASHTUNE_DB", db.c_str(), 1);
+  ft_reload_settings();
+  EXPECT_NE(explain_shape(m, s64).find(cfg[0] + " (config: db"), std::string::npos) << explain_shape(m, s64);
+  unsetenv("FLASHTUNE_DB");
+  saved_xdg ? (void)setenv("XDG_CACHE_HOME", keep_xdg.c_str(), 1) : (void)unsetenv("XDG_CACHE_HOME");
+  ft_reload_settings();
+  fs::remove_all(dir);
 }

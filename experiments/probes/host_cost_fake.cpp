@@ -1,6 +1,9 @@
 // The runtime library's host cost per call, without a GPU: ft_attention_forward (and backward) on the fake
 // driver (tests/fake_driver: launches recorded, not run), so what is timed is the library's own work between
 // the call and the driver's launch (checks, the plan lookup, argument packing, scratch), not the driver's.
+// The plan alone (which family and config, the kernels' key: what runtime/src/attention.cpp's plan cache
+// answers) is timed through ft_backward_workspace_bytes (checks, context, plan, scratch layout; no launch) and
+// ft_explain_forward (checks, plan, where the kernel would come from, the explanation's fields).
 // Built with the tests (FT_FAKE_CUDA names the fake libcuda.so.1).
 //   host_cost_fake [calls]   -> one line per case: ns per call (median of 7 rounds)
 #include <cuda.h>
@@ -79,5 +82,11 @@ int main(int argc, char** argv) {
   driver_calls("backward:", [&] { return ft_attention_backward(&b, nullptr); });
   std::printf("backward, workspace by the library: %8.0f ns per call\n",
               ns_per_call(calls / 4, [&] { return ft_attention_backward(&b, nullptr); }));
+  size_t bytes = 0;
+  std::printf("plan: ft_backward_workspace_bytes: %8.0f ns per call\n",
+              ns_per_call(calls, [&] { return ft_backward_workspace_bytes(&b, &bytes); }));
+  ft_explanation e{};
+  std::printf("plan: ft_explain_forward:        %8.0f ns per call\n",
+              ns_per_call(calls, [&] { return ft_explain_forward(&f, &e); }));
   return 0;
 }

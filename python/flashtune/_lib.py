@@ -184,6 +184,7 @@ def _bind(lib):
         "ft_set_scratch_allocator": (ctypes.c_int, [SCRATCH_ALLOC_FN, SCRATCH_FREE_FN, ctypes.c_void_p]),
         "ft_release_scratch": (ctypes.c_int, []),
         "ft_scratch_pool_bytes": (ctypes.c_int, [P(ctypes.c_size_t)]),
+        "ft_reload_settings": (ctypes.c_int, []),
         "ft_device_available": (ctypes.c_int, []),
         "ft_last_error": (ctypes.c_char_p, []),
         "ft_version": (ctypes.c_char_p, []),
@@ -301,6 +302,12 @@ def _uninstall_scratch_allocator():
 def release_scratch():
     """ft_release_scratch: the library's own pool returns its memory to the driver (what no queued call still uses)."""
     check(load().ft_release_scratch(), "flashtune release scratch")
+
+
+def reload_settings():
+    """ft_reload_settings: every cached plan forgotten; the next call reads $FLASHTUNE_DB, $XDG_CACHE_HOME, $HOME
+    and the store they name again (otherwise looked at again at most once a second)."""
+    check(load().ft_reload_settings(), "flashtune reload settings")
 
 
 def scratch_pool_bytes():

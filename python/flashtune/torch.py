@@ -318,6 +318,7 @@ def _on(device):
 # The score modifications as the ops carry them: (window_left, window_right, softcap), FlashAttention's
 # window_size and softcap; NO_MODS: none.
 NO_MODS = (-1, -1, 0.0)
+_NO_WINDOW = (-1, -1)  # window_size's default
 
 
 def _mods(fn, window_size, softcap):
@@ -853,10 +854,17 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
     TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or
     dtype the runtime has no kernel for on this GPU, flashtune.FlashtuneError for other runtime failures."""
+    # Every line here runs on every call (its host time shows where the GPU waits: experiments/probes/host_time.py):
+    # the usual arguments are recognised by identity, the checks' functions run only for the others.
     fn = "flashtune.torch.attention"
-    return_lse = _lib.flag(fn, "return_lse", return_lse)
-    det = _lib.flag(fn, "deterministic", deterministic)  # to the runtime's backward args (python/csrc: BackwardOptions)
-    mods = _mods(fn, window_size, softcap)
+    if return_lse is not True and return_lse is not False:
+        _lib.flag(fn, "return_lse", return_lse)  # raises: a bool only
+    if deterministic is not True and deterministic is not False:
+        _lib.flag(fn, "deterministic", deterministic)
+    det = deterministic  # to the runtime's backward args (python/csrc: BackwardOptions)
+    mods = NO_MODS if window_size == _NO_WINDOW and softcap == 0 else _mods(fn, window_size, softcap)
+    if causal is not True and causal is not False:
+        causal = bool(causal)
     if _autotune.requested() and not torch.compiler.is_compiling():
         _first_use(q, k, v, causal, det)
     if _recorder is not None:
@@ -865,12 +873,12 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
         s = 0.0 if scale is None else _scale(scale)
         if torch.compiler.is_compiling():
             q, k, v = _check(q, k, v, fn, autocast=True)
-            o, lse = _ext_fwd(q, k, v, bool(causal), s, det, *mods)
+            o, lse = _ext_fwd(q, k, v, causal, s, det, *mods)
         else:
             if torch.is_autocast_enabled("cuda"):
                 q, k, v = _autocast_cast(q, k, v)
             try:
-                o, lse = _ext_fwd_eager(q, k, v, bool(causal), s, det, *mods)
+                o, lse = _ext_fwd_eager(q, k, v, causal, s, det, *mods)
             except (RuntimeError, ValueError, TypeError) as e:
                 raise _ext_error(e, lambda: _check(q, k, v, fn)) from None
         return (o, lse) if return_lse else o

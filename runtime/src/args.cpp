@@ -18,20 +18,20 @@ Check bad(ft_status s, std::string m) { return {s, std::move(m)}; }
 // A tensor: pointer, non-negative strides, elements it spans within 32-bit indexing, and (outputs) no two
 // elements at one address. Messages name the caller's strides (3 for a packed tensor).
 std::string check_tensor(const TensorArg& t, bool size_limits) {
-  const std::string name = t.name;
-  if (!t.data) return name + ".data is null";
+  const char* name = t.name;  // a std::string only for a message (this runs for every tensor of every call)
+  if (!t.data) return std::string(name) + ".data is null";
   static const int dense_dims[] = {0, 1, 2, 3}, packed_dims[] = {0, 1, 3};  // view dim of the caller's stride[i]
   const int* dims = t.packed ? packed_dims : dense_dims;
   const int rank = t.packed ? 3 : 4;
   int64_t span = 0;  // the largest element offset
   for (int i = 0; i < rank; ++i) {
     const int64_t s = t.stride[dims[i]];
-    if (s < 0) return name + ".stride[" + std::to_string(i) + "] is negative";
-    if (size_limits && s > kMaxElements) return name + ".stride[" + std::to_string(i) + "] is over 2^31";
+    if (s < 0) return std::string(name) + ".stride[" + std::to_string(i) + "] is negative";
+    if (size_limits && s > kMaxElements) return std::string(name) + ".stride[" + std::to_string(i) + "] is over 2^31";
     span += s * (t.ext[dims[i]] - 1);
   }
   if (size_limits && (t.ext[0] * t.ext[1] * t.ext[2] * t.ext[3] > kMaxElements || span > kMaxElements))
-    return name + " has over 2^31 elements (unsupported)";
+    return std::string(name) + " has over 2^31 elements (unsupported)";
   if (t.output) {
     // Sorted by stride, each dimension must step past everything the smaller ones reach.
     int idx[4] = {0, 1, 2, 3};
@@ -39,7 +39,7 @@ std::string check_tensor(const TensorArg& t, bool size_limits) {
     int64_t reach = 0;  // largest offset reachable by the smaller dimensions
     for (int i : idx) {
       if (t.ext[i] == 1) continue;
-      if (t.stride[i] <= reach) return name + " has overlapping strides (an output must not alias itself)";
+      if (t.stride[i] <= reach) return std::string(name) + " has overlapping strides (an output must not alias itself)";
       reach += t.stride[i] * (t.ext[i] - 1);
     }
   }

@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -75,18 +75,20 @@ struct DeviceDesc {
   std::string name, arch;
   int sm_count = 0;
 };
-struct CachedPick {
+// A plan as the caches hold it: immutable once made (a config that does not compile is replaced by a new one).
+struct Resolved {
   Pick pick;
-  std::string variant;  // its variant hash
+  std::string variant;   // its variant hash (the kernels' key)
+  std::string plan_key;  // its key in State::plans
 };
 struct State {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<const Compiled>> compiled;    // variant hash -> cubin
   std::map<std::pair<CUcontext, std::string>, Loaded> modules;        // per context
   std::map<int, CUcontext> primaries;                                 // retained for the process
-  std::map<int, DeviceDesc> devices;
+  std::map<int, DeviceDesc> devices;                                  // each written once, never erased
   std::map<std::string, std::unique_ptr<Compiler>> compilers;         // per arch
-  std::map<std::string, CachedPick> plans;                            // plan key -> pick and its variant
+  std::map<std::string, std::shared_ptr<const Resolved>> plans;      // plan key -> pick and its variant
   std::map<int, CUmemoryPool> pools;                                  // scratch, per device
 };
 State& state() {
@@ -150,7 +152,9 @@ class ContextScope {
   bool pushed_ = false;
 };
 
-DeviceDesc current_device() {
+// The current context's device, described once per process (a reference into State::devices: never moved,
+// never rewritten).
+const DeviceDesc& current_device() {
   CUdevice dev;
   FT_CU(cuCtxGetDevice, &dev);
   State& s = state();
@@ -167,8 +171,7 @@ DeviceDesc current_device() {
   FT_CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
   DeviceDesc d{name, "sm_" + std::to_string(major) + std::to_string(minor), sms};
   std::lock_guard<std::mutex> lock(s.mu);
-  s.devices[(int)dev] = d;
-  return d;
+  return s.devices.emplace((int)dev, std::move(d)).first->second;  // another thread's, if it came first
 }
 
 const Compiler& compiler_for(const std::string& arch) {
@@ -188,13 +191,32 @@ const Compiler& compiler_for(const std::string& arch) {
 }
 
 // ---- which kernel ---------------------------------------------------------------------------
+// A call's plan (family, config, the kernels' key) depends on the call's query, the device, and the store the
+// lookup reads ($FLASHTUNE_DB, else the user's store under $XDG_CACHE_HOME or $HOME: user_store.hpp). Three
+// levels answer it:
+//  - each thread's own small table (t_plans), keyed by a 40-byte POD of the call (context, direction, dtype, head
+//    dim, mask, grouped-query, deterministic, packed, page size, modifications, sequence bucket, query-length
+//    class and, inside a query-length range, batch x kv heads) and stamped with the settings' generation: a
+//    repeated call's plan is a hash, a compare and an atomic load, with no lock, no string, no allocation, no
+//    getenv, no store query; the slot also holds the context's loaded kernels, so the call skips the module
+//    maps too;
+//  - the process's map (State::plans, under the state's mutex), keyed by the same fields as a string with the
+//    device's name and the store's identity (path, inode, size, mtime), shared by every thread and context;
+//  - choose_with_store (lookup.hpp): the tables and the store, the only level that reads the store.
+// What makes a thread's entries stale (Settings::generation moves on): the three variables or the store's
+// identity changing, seen at the first call after a second has passed since the last look (a call then reads
+// the variables and stats the store: the one-second window the runtime always had for a re-tuned store, which
+// now holds for the variables too), ft_reload_settings (at the next call, with every plan forgotten), and a config
+// that does not compile being replaced by its default (family_kernels). The device's description is read once.
 struct Plan {
-  DeviceDesc device;
-  Query query;  // with the device's name and arch
-  Pick pick;
+  const DeviceDesc* device = nullptr;
+  Query query;  // the call's; the device's name and arch only where the plan was made here (the slow path)
+  const Resolved* resolved = nullptr;      // held by `hold` or by the thread's slot
+  std::shared_ptr<const Resolved> hold;
   Problem problem;
-  std::string key;       // variant hash
-  std::string plan_key;  // the plan cache's key
+  struct FastSlot* slot = nullptr;  // this thread's entry for the call, when it holds the plan
+  const Pick& pick() const { return resolved->pick; }
+  const std::string& key() const { return resolved->variant; }
 };
 
 // The kernels a pick runs on p: the packed form for a packed variable-length batch, the paged form for a
@@ -204,76 +226,208 @@ Variant variant_of(const Pick& pick, const Problem& p) {
                  problem_mods(p)};
 }
 
-// store_for(device), checked again at most once a second for the same environment (a call costs no
-// file system checks; a store that flashtune.tune creates or re-tunes is read within a second).
-StoreChoice current_store(const std::string& device) {
-  auto env = [](const char* name) {
+// The settings plans depend on: the three variables as last read, the store each device's lookup reads, and a
+// generation that moves on whenever a plan made before may no longer be the plan now. Read at the first call,
+// then again at most once a second (CLOCK_MONOTONIC_COARSE: a few nanoseconds a call) or after
+// ft_reload_settings.
+struct Settings {
+  std::mutex mu;
+  std::atomic<int64_t> next_check_ns{0};  // when a call looks again; 0: at the next call
+  std::atomic<uint64_t> generation{1};
+  bool read = false;                          // env holds the variables
+  std::string env;                            // FLASHTUNE_DB, XDG_CACHE_HOME, HOME (each '\0'-terminated)
+  std::map<std::string, StoreChoice> stores;  // device name -> its store under `env`
+};
+Settings& settings() {
+  static Settings* s = new Settings;  // never destroyed, as the state
+  return *s;
+}
+int64_t coarse_now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+std::string settings_env() {
+  std::string out;
+  for (const char* name : {"FLASHTUNE_DB", "XDG_CACHE_HOME", "HOME"}) {
     const char* v = std::getenv(name);
-    return std::string(v ? v : "") + '\0';
-  };
-  const std::string key = device + '\0' + env("FLASHTUNE_DB") + env("XDG_CACHE_HOME") + env("HOME");
-  using clock = std::chrono::steady_clock;
-  static std::mutex mu;
-  static std::map<std::string, std::pair<clock::time_point, StoreChoice>> checked;
-  const clock::time_point now = clock::now();
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto it = checked.find(key); it != checked.end() && now - it->second.first < std::chrono::seconds(1))
-      return it->second.second;
+    out += v ? v : "";
+    out += '\0';
   }
-  StoreChoice s = store_for(device);
-  std::lock_guard<std::mutex> lock(mu);
-  if (checked.size() > 64) checked.clear();  // environments a process goes through: a few
-  checked[key] = {now, s};
-  return s;
+  return out;
+}
+// Looks again (the variables, each known device's store), moving the generation on if anything changed.
+void refresh_settings(int64_t now) {
+  Settings& st = settings();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (now < st.next_check_ns.load(std::memory_order_relaxed)) return;  // another thread just did
+  bool changed = false;
+  if (std::string env = settings_env(); !st.read || env != st.env) {
+    changed = st.read;
+    st.read = true;
+    st.env = std::move(env);
+    st.stores.clear();
+  } else {
+    for (auto& [device, choice] : st.stores) {
+      StoreChoice now_choice = store_for(device);
+      if (now_choice.identity != choice.identity || now_choice.path != choice.path || now_choice.note != choice.note) {
+        choice = std::move(now_choice);
+        changed = true;
+      }
+    }
+  }
+  if (changed) st.generation.fetch_add(1, std::memory_order_acq_rel);
+  st.next_check_ns.store(now + 1000000000, std::memory_order_release);
+}
+// The settings' generation now (looking again first when a second has passed).
+uint64_t settings_generation() {
+  Settings& st = settings();
+  const int64_t now = coarse_now_ns();
+  if (now >= st.next_check_ns.load(std::memory_order_acquire)) refresh_settings(now);
+  return st.generation.load(std::memory_order_acquire);
+}
+// The store a lookup on `device` reads under the settings of `*generation` (set with it, under one lock).
+StoreChoice store_choice(const std::string& device, uint64_t* generation) {
+  Settings& st = settings();
+  std::lock_guard<std::mutex> lock(st.mu);
+  *generation = st.generation.load(std::memory_order_acquire);
+  auto it = st.stores.find(device);
+  if (it == st.stores.end()) {
+    if (st.stores.size() > 64) st.stores.clear();  // devices a process sees: a few
+    it = st.stores.emplace(device, store_for(device)).first;
+  }
+  return it->second;
+}
+// Every thread's plans stale: they look again at their next call.
+void bump_settings_generation() { settings().generation.fetch_add(1, std::memory_order_acq_rel); }
+
+// A call's fields a plan depends on besides the device and the store (the same as the plan key's), as a POD.
+struct FastKey {
+  CUcontext ctx;          // the device, through the context (handles are not reused: the module map keys on them)
+  int64_t batch_heads;    // batch x kv heads inside a family's query-length range, else 0
+  int32_t head_dim, page_size, seq_bucket, seq_q_class;
+  uint32_t mods;
+  uint8_t bwd, dtype, flags, unused;  // flags: causal 1, gqa 2, deterministic 4, packed 8
+};
+static_assert(sizeof(FastKey) == 40 && std::has_unique_object_representations_v<FastKey>,
+              "FastKey is compared and hashed as bytes: no padding");
+bool operator==(const FastKey& a, const FastKey& b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+size_t fast_hash(const FastKey& k) {
+  uint64_t w[5];
+  std::memcpy(w, &k, sizeof w);
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (uint64_t x : w) h = (h ^ x) * 0xbf58476d1ce4e5b9ull, h ^= h >> 29;
+  return (size_t)h;
+}
+FastKey fast_key(CUcontext ctx, const Query& q, const Problem& p) {
+  FastKey k{};
+  k.ctx = ctx;
+  k.seq_q_class = seq_q_class(q.seq_q);
+  // batch x kv heads: a decoding family's second key, which only a query inside a family's query-length range
+  // can reach
+  k.batch_heads = k.seq_q_class > 0 ? q.batch_heads : 0;
+  k.head_dim = q.head_dim;
+  k.page_size = q.page_size;
+  k.seq_bucket = p.seq_bucket();
+  k.mods = q.mods;
+  k.bwd = q.direction == "bwd";
+  k.dtype = (uint8_t)q.dtype;
+  k.flags = (q.causal ? 1 : 0) | (q.gqa ? 2 : 0) | (q.deterministic ? 4 : 0) | (q.varlen ? 8 : 0);
+  return k;
+}
+// One entry of a thread's table: direct-mapped by fast_hash, so a thread's working set of calls (a model's few
+// shapes, forward and backward) stays in it; a collision costs the next call the process's map.
+struct FastSlot {
+  FastKey key{};
+  uint64_t generation = 0;  // 0: empty (generations start at 1)
+  std::shared_ptr<const Resolved> plan;
+  const DeviceDesc* device = nullptr;
+  const Loaded* kernels = nullptr;  // the plan's kernels in key.ctx, once a call loaded them
+};
+constexpr size_t kFastSlots = 64;
+thread_local std::array<FastSlot, kFastSlots> t_plans;
+
+// The plan key of State::plans: the fields of FastKey, with the device's name and arch and the store's identity.
+std::string plan_key_of(const Query& q, const FastKey& k, const std::string& store_identity) {
+  return q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' + std::to_string(q.head_dim) +
+         '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") + (q.deterministic ? "d" : "") + (q.varlen ? "v" : "") +
+         (q.page_size ? "p" + std::to_string(q.page_size) : "") + (q.mods ? "m" + std::to_string(q.mods) : "") + '|' +
+         std::to_string(k.seq_bucket) + '|' + std::to_string(k.seq_q_class) + '|' +
+         (k.seq_q_class > 0 ? std::to_string(q.batch_heads) : "") + '|' + store_identity;
 }
 
-Plan make_plan(const Query& q0, const Problem& p) {
+// The plan of a call in context ctx (current): this thread's entry when it is of this generation, else the
+// process's map, else choose_with_store (then cached at both levels).
+Plan make_plan(CUcontext ctx, const Query& q0, const Problem& p) {
   Plan plan;
-  plan.device = current_device();
+  plan.problem = p;
+  const FastKey k = fast_key(ctx, q0, p);
+  FastSlot& slot = t_plans[fast_hash(k) % kFastSlots];
+  if (const uint64_t gen = settings_generation(); slot.generation == gen && slot.key == k) {
+    plan.query = q0;
+    plan.device = slot.device;
+    plan.resolved = slot.plan.get();
+    plan.slot = &slot;
+    return plan;
+  }
+  const DeviceDesc& device = current_device();
+  plan.device = &device;
   Query q = q0;
-  q.device = plan.device.name;
-  q.arch = plan.device.arch;
+  q.device = device.name;
+  q.arch = device.arch;
   // $FLASHTUNE_DB, else the user's store (user_store.hpp); its identity in the plan's key, so that a store
-  // re-tuned while this process runs (flashtune.tune) is read by the next call.
-  const StoreChoice store = current_store(q.device);
-  const std::string plan_key = q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' +
-                               std::to_string(q.head_dim) + '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") +
-                               (q.deterministic ? "d" : "") +
-                               (q.varlen ? "v" : "") + (q.page_size ? "p" + std::to_string(q.page_size) : "") +
-                               (q.mods ? "m" + std::to_string(q.mods) : "") + '|' +
-                               std::to_string(p.seq_bucket()) + '|' + std::to_string(seq_q_class(q.seq_q)) + '|' +
-                               // batch x kv heads: a decoding family's second key, which only a query inside a
-                               // family's query-length range can reach
-                               (seq_q_class(q.seq_q) > 0 ? std::to_string(q.batch_heads) : "") + '|' + store.identity;
+  // re-tuned while this process runs (flashtune.tune) is read by the next call once the settings look again.
+  uint64_t gen = 0;
+  const StoreChoice store = store_choice(q.device, &gen);
+  const std::string plan_key = plan_key_of(q, k, store.identity);
+  plan.query = q;
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (auto it = s.plans.find(plan_key); it != s.plans.end()) {
-      plan.pick = it->second.pick;
-      plan.key = it->second.variant;
+    if (auto it = s.plans.find(plan_key); it != s.plans.end()) plan.hold = it->second;
+  }
+  if (!plan.hold) {
+    const Compiler& compiler = compiler_for(q.arch);
+    auto r = std::make_shared<Resolved>();
+    try {
+      r->pick = choose_with_store(generated_tables(), q, store);
+    } catch (const std::exception& e) {
+      fail(FT_INVALID_ARGUMENT, std::string("FLASHTUNE_DB: ") + e.what());
     }
+    if (!r->pick.family)
+      fail(FT_UNSUPPORTED, "no family runs " + std::string(to_string(q.dtype)) + " " +
+                               (q.varlen ? "packed variable-length " : "") + (q.page_size ? "paged K/V cache " : "") +
+                               (q.direction == "fwd" ? "forward" : "backward") +
+                               (q.mods ? " with " + mods_string(q.mods) : "") +
+                               " d=" + std::to_string(q.head_dim) + " on " + q.arch);
+    r->variant = compiler.variant_hash(variant_of(r->pick, p));
+    r->plan_key = plan_key;
+    std::lock_guard<std::mutex> lock(s.mu);
+    plan.hold = s.plans.emplace(plan_key, std::move(r)).first->second;  // another thread's, if it came first
   }
-  plan.query = q;
-  plan.problem = p;
-  plan.plan_key = plan_key;
-  if (plan.pick.family) return plan;
-  const Compiler& compiler = compiler_for(q.arch);
-  try {
-    plan.pick = choose_with_store(generated_tables(), q, store);
-  } catch (const std::exception& e) {
-    fail(FT_INVALID_ARGUMENT, std::string("FLASHTUNE_DB: ") + e.what());
-  }
-  if (!plan.pick.family)
-    fail(FT_UNSUPPORTED, "no family runs " + std::string(to_string(q.dtype)) + " " +
-                             (q.varlen ? "packed variable-length " : "") + (q.page_size ? "paged K/V cache " : "") +
-                             (q.direction == "fwd" ? "forward" : "backward") +
-                             (q.mods ? " with " + mods_string(q.mods) : "") +
-                             " d=" + std::to_string(q.head_dim) + " on " + q.arch);
-  plan.key = compiler.variant_hash(variant_of(plan.pick, p));
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.plans[plan_key] = {plan.pick, plan.key};
+  plan.resolved = plan.hold.get();
+  slot.key = k;
+  slot.generation = gen;
+  slot.plan = plan.hold;
+  slot.device = &device;
+  slot.kernels = nullptr;
+  plan.slot = &slot;
   return plan;
+}
+
+// Every plan forgotten, the settings read again at the next call (ft_reload_settings).
+void reload_settings() {
+  {
+    Settings& st = settings();
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.read = false;
+    st.stores.clear();
+    st.next_check_ns.store(0, std::memory_order_release);
+    st.generation.fetch_add(1, std::memory_order_acq_rel);
+  }
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.plans.clear();
 }
 
 // The kernels embedded in the library (FLASHTUNE_AOT_ARCHS; none without).
@@ -342,17 +496,19 @@ const Loaded& load_module(CUcontext ctx, const std::string& key, const Compiled&
   return s.modules.emplace(std::make_pair(ctx, key), l).first->second;
 }
 
-// The plan's kernels in this context; a config that does not compile falls back to the default.
+// The plan's kernels in this context; a config that does not compile falls back to the default. A plan from this
+// thread's table whose kernels a call loaded before goes straight to them.
 const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
-  const Compiler& compiler = compiler_for(plan.device.arch);
+  if (plan.slot && plan.slot->kernels && plan.slot->plan.get() == plan.resolved) return *plan.slot->kernels;
+  const Compiler& compiler = compiler_for(plan.device->arch);
   const Problem& p = plan.problem;
   std::string first_error;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const Variant v = variant_of(plan.pick, p);
-    auto c = cubin_for(plan.key, [&]() -> std::shared_ptr<const Compiled> {
+    const Variant v = variant_of(plan.pick(), p);
+    auto c = cubin_for(plan.key(), [&]() -> std::shared_ptr<const Compiled> {
       KernelRecord k = compiler.compile(v);
       if (k.status != "compiled") {
-        first_error = plan.pick.family->name + " " + k.config + ": " + k.status + ": " + brief(k.reason, 200);
+        first_error = plan.pick().family->name + " " + k.config + ": " + k.status + ": " + brief(k.reason, 200);
         return nullptr;
       }
       auto out = std::make_shared<Compiled>();
@@ -360,16 +516,28 @@ const Loaded& family_kernels(CUcontext ctx, Plan& plan) {
       out->cubin = std::move(k.cubin);
       return out;
     });
-    if (c) return load_module(ctx, plan.key, *c);
-    if (plan.pick.source == "default") break;
-    plan.pick.note = first_error + ": default used";
-    plan.pick.source = "default";
-    plan.pick.bucket.clear();
-    plan.pick.config = fallback_config(*plan.pick.family, plan.query);  // a paged call's: one that reads its pages
-    plan.key = compiler.variant_hash(variant_of(plan.pick, p));
-    State& s = state();
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.plans[plan.plan_key] = {plan.pick, plan.key};  // later calls (and explain) go straight to the default
+    if (c) {
+      const Loaded& l = load_module(ctx, plan.key(), *c);
+      if (plan.slot && plan.slot->plan.get() == plan.resolved) plan.slot->kernels = &l;
+      return l;
+    }
+    if (plan.pick().source == "default") break;
+    auto r = std::make_shared<Resolved>(*plan.resolved);
+    r->pick.note = first_error + ": default used";
+    r->pick.source = "default";
+    r->pick.bucket.clear();
+    r->pick.config = fallback_config(*r->pick.family, plan.query);  // a paged call's: one that reads its pages
+    r->variant = compiler.variant_hash(variant_of(r->pick, p));
+    plan.hold = r;
+    plan.resolved = r.get();
+    if (plan.slot) plan.slot->plan = r, plan.slot->kernels = nullptr;
+    {
+      State& s = state();
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.plans[r->plan_key] = r;  // later calls (and explain) go straight to the default
+    }
+    bump_settings_generation();  // other threads' tables hold the config that does not compile
+    if (plan.slot) plan.slot->generation = settings().generation.load(std::memory_order_acquire);
   }
   fail(FT_COMPILE_ERROR, first_error);
 }
@@ -542,8 +710,8 @@ class Scratch {
 void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream stream,
                    const AttnTensorMaps* maps = nullptr) {
   Problem on_device = plan.problem;  // the persistent grids' SM count (Problem::sm_count)
-  on_device.sm_count = plan.device.sm_count;
-  const std::vector<Launch> ls = plan.pick.family->launches(plan.pick.config, on_device);
+  on_device.sm_count = plan.device->sm_count;
+  const std::vector<Launch> ls = plan.pick().family->launches(plan.pick().config, on_device);
   void* args[] = {params, const_cast<AttnTensorMaps*>(maps)};
   for (size_t i = 0; i < ls.size() && i < k.fns.size(); ++i) {
     const Launch& l = ls[i];
@@ -667,7 +835,7 @@ void with_operands(CUcontext ctx, const Plan& plan, std::vector<Operand>& ops, c
   const Loaded* copy = nullptr;
   for (Operand& o : ops) {
     o.ptr = o.packed ? scratch.at(o.offset) : (CUdeviceptr)o.t.data;
-    if (o.packed && !copy) copy = &copy_kernels(ctx, plan.device.arch);
+    if (o.packed && !copy) copy = &copy_kernels(ctx, plan.device->arch);
     if (o.packed && !o.t.output) launch_copy(*copy, stream, o, elem, (CUdeviceptr)o.t.data, o.ptr, 0);
   }
   launch();
@@ -712,13 +880,13 @@ template <class Args>
 void run_forward(const Args* a, CUstream stream) {
   ContextScope ctx(a->q.data);
   const Problem p = problem_of(a, "fwd");
-  Plan plan = make_plan(query_of(p), p);
+  Plan plan = make_plan(ctx.get(), query_of(p), p);
   const Loaded& k = family_kernels(ctx.get(), plan);
   std::vector<Operand> ops = operands(a);
   const CallLayout c =
-      layout_for(ops, *plan.pick.family, p, plan.pick.family->workspace_bytes(plan.pick.config, p), !a->lse, false);
+      layout_for(ops, *plan.pick().family, p, plan.pick().family->workspace_bytes(plan.pick().config, p), !a->lse, false);
   Scratch scratch(c.layout.total, nullptr, 0, stream);
-  if (c.workspace_bytes && !plan.pick.family->workspace_written)
+  if (c.workspace_bytes && !plan.pick().family->workspace_written)
     FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
   with_operands(ctx.get(), plan, ops, scratch, stream, [&] {
     const float scale = softmax_scale(a->scale, p.head_dim);
@@ -726,16 +894,16 @@ void run_forward(const Args* a, CUstream stream) {
                      a->lse ? a->lse : (float*)scratch.at(c.lse),
                      c.workspace_bytes ? (float*)scratch.at(c.workspace) : nullptr,
                      p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E), p.heads_k};
-    const std::vector<TensorMapSpec> specs = plan.pick.family->tensor_maps(plan.pick.config, p);
+    const std::vector<TensorMapSpec> specs = plan.pick().family->tensor_maps(plan.pick().config, p);
     AttnTensorMaps maps{};
     if (!specs.empty() && p.paged.enabled())  // maps describe dense K/V; no paged family declares any
-      fail(FT_UNSUPPORTED, plan.pick.family->name + " declares tensor maps, which a paged cache cannot have");
+      fail(FT_UNSUPPORTED, plan.pick().family->name + " declares tensor maps, which a paged cache cannot have");
     if (!specs.empty()) {
       try {
         maps = encode_tensor_maps(drv().cuTensorMapEncodeTiled, specs, p,
                                   {ops[0].ptr, ops[1].ptr, ops[2].ptr, ops[3].ptr, 0, view_strides(ops)});
       } catch (const std::exception& e) {
-        fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick.family->name + ": " + e.what());
+        fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick().family->name + ": " + e.what());
       }
     }
     with_params(a, fp, p, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
@@ -743,21 +911,21 @@ void run_forward(const Args* a, CUstream stream) {
 }
 
 CallLayout backward_layout(const Plan& plan, std::vector<Operand>& ops) {
-  return layout_for(ops, *plan.pick.family, plan.problem,
-                    plan.pick.family->workspace_bytes(plan.pick.config, plan.problem), false, true);
+  return layout_for(ops, *plan.pick().family, plan.problem,
+                    plan.pick().family->workspace_bytes(plan.pick().config, plan.problem), false, true);
 }
 
 template <class Args>
 void run_backward(const Args* a, CUstream stream) {
   ContextScope ctx(a->q.data);
   const Problem p = problem_of(a, "bwd");
-  Plan plan = make_plan(query_of(a, p), p);
+  Plan plan = make_plan(ctx.get(), query_of(a, p), p);
   const Loaded& k = family_kernels(ctx.get(), plan);
   std::vector<Operand> ops = operands(a);
   const CallLayout c = backward_layout(plan, ops);
   Scratch scratch(c.layout.total, a->workspace, a->workspace_bytes, stream,
                   kPacked<Args> ? "ft_varlen_backward_workspace_bytes" : "ft_backward_workspace_bytes");
-  if (c.workspace_bytes && !plan.pick.family->workspace_written)
+  if (c.workspace_bytes && !plan.pick().family->workspace_written)
     FT_CU(cuMemsetD8Async, scratch.at(c.workspace), 0, c.workspace_bytes, stream);
   with_operands(ctx.get(), plan, ops, scratch, stream, [&] {
     const float scale = softmax_scale(a->scale, p.head_dim);
@@ -766,14 +934,14 @@ void run_backward(const Args* a, CUstream stream) {
                      (void*)ops[7].ptr, (float*)scratch.at(c.delta), (float*)scratch.at(c.dq_accum),
                      p.batch, p.heads, p.seq_q, p.seq_k, scale, (float)(scale * M_LOG2E),
                      c.workspace_bytes ? (void*)scratch.at(c.workspace) : nullptr, p.heads_k};
-    const std::vector<TensorMapSpec> specs = plan.pick.family->tensor_maps(plan.pick.config, p);
+    const std::vector<TensorMapSpec> specs = plan.pick().family->tensor_maps(plan.pick().config, p);
     AttnTensorMaps maps{};
     if (!specs.empty()) {
       try {
         maps = encode_tensor_maps(drv().cuTensorMapEncodeTiled, specs, p,
                                   {ops[0].ptr, ops[1].ptr, ops[2].ptr, ops[3].ptr, ops[4].ptr, view_strides(ops)});
       } catch (const std::exception& e) {
-        fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick.family->name + ": " + e.what());
+        fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick().family->name + ": " + e.what());
       }
     }
     with_params(a, bp, p, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
@@ -788,21 +956,21 @@ template <class Args>
 std::string explain(const Args* a, const char* direction, ft_explanation* out) {
   ContextScope ctx(a->q.data);
   const Problem p = problem_of(a, direction);
-  const Plan plan = make_plan(query_of(a, p), p);
-  const std::string cache = cache_level(ctx.get(), plan.key);
-  const std::string config = plan.pick.family->config_string(plan.pick.config);
+  const Plan plan = make_plan(ctx.get(), query_of(a, p), p);
+  const std::string cache = cache_level(ctx.get(), plan.key());
+  const std::string config = plan.pick().family->config_string(plan.pick().config);
   if (out) {
     std::memset(out, 0, sizeof *out);
-    copy_str(out->family, sizeof out->family, plan.pick.family->name);
+    copy_str(out->family, sizeof out->family, plan.pick().family->name);
     copy_str(out->config, sizeof out->config, config);
-    copy_str(out->source, sizeof out->source, plan.pick.source);
+    copy_str(out->source, sizeof out->source, plan.pick().source);
     copy_str(out->cache, sizeof out->cache, cache);
-    copy_str(out->device, sizeof out->device, plan.device.name);
-    copy_str(out->arch, sizeof out->arch, plan.device.arch);
+    copy_str(out->device, sizeof out->device, plan.device->name);
+    copy_str(out->arch, sizeof out->arch, plan.device->arch);
   }
-  return plan.pick.family->name + " " + config + " (config: " + plan.pick.source +
-         (plan.pick.bucket.empty() ? "" : ", bucket: " + plan.pick.bucket) + ", kernel: " + cache + ") on " +
-         plan.device.name + " (" + plan.device.arch + ")" + (plan.pick.note.empty() ? "" : "; " + plan.pick.note);
+  return plan.pick().family->name + " " + config + " (config: " + plan.pick().source +
+         (plan.pick().bucket.empty() ? "" : ", bucket: " + plan.pick().bucket) + ", kernel: " + cache + ") on " +
+         plan.device->name + " (" + plan.device->arch + ")" + (plan.pick().note.empty() ? "" : "; " + plan.pick().note);
 }
 
 // Every entry point: errors become (status, one line) in the thread's last error.
@@ -912,7 +1080,7 @@ ft_status workspace_call(const Args* args, size_t* bytes) {
     drv();
     ContextScope ctx(a.q.data);
     const Problem p = problem_of(&a, "bwd");
-    const Plan plan = make_plan(query_of(&a, p), p);
+    const Plan plan = make_plan(ctx.get(), query_of(&a, p), p);
     std::vector<Operand> ops = operands(&a);
     *bytes = backward_layout(plan, ops).layout.total;
   });
@@ -1030,6 +1198,10 @@ ft_status ft_scratch_pool_bytes(size_t* bytes) {
     if (!bytes) fail(FT_INVALID_ARGUMENT, "bytes is null");
     *bytes = pool_bytes();
   });
+}
+
+ft_status ft_reload_settings(void) {
+  return guarded([] { reload_settings(); });
 }
 
 ft_status ft_device_available(void) {

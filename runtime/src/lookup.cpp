@@ -1,5 +1,6 @@
 #include "lookup.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -124,10 +125,18 @@ std::vector<const Family*> candidate_families(const Query& q) {
 }
 
 int seq_q_class(int seq_q) {
-  int c = 0;
-  for (const Family& f : families())
-    if (f.max_seq_q > 0 && in_range(f, seq_q) && (c == 0 || f.max_seq_q < c)) c = f.max_seq_q;
-  return c;
+  // The registry's query-length ranges, ascending, once (every call's plan key asks).
+  static const std::vector<int> ranges = [] {
+    std::vector<int> r;
+    for (const Family& f : families())
+      if (f.max_seq_q > 0) r.push_back(f.max_seq_q);
+    std::sort(r.begin(), r.end());
+    return r;
+  }();
+  if (seq_q <= 0) return 0;
+  for (int m : ranges)
+    if (seq_q <= m) return m;
+  return 0;
 }
 
 std::string unsupported_reason(const std::string& direction, DType dtype, int head_dim, bool gqa, bool varlen,

@@ -252,6 +252,14 @@ ft_status ft_release_scratch(void);
 /* The bytes the library's pools hold from the driver now (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT summed over
  * devices): 0 when no pool was created. FT_INVALID_ARGUMENT when bytes is NULL. */
 ft_status ft_scratch_pool_bytes(size_t* bytes);
+/* Plans (the family, config and kernels a call runs) are cached, per process and per thread: a repeated call's
+ * plan is a table lookup. What a plan depends on besides the call: the device, and the store the lookup reads
+ * ($FLASHTUNE_DB, else the user's store under $XDG_CACHE_HOME or $HOME). Those variables and the store's file
+ * (its inode, size and mtime) are read at the first call, then looked at again at most once a second, by the
+ * first call after that second: a change (a store re-tuned while the process runs, a variable set) reaches the
+ * calls within a second. ft_reload_settings forgets every plan, so that the next call of every thread reads the
+ * variables and the store again (after setenv, for an immediate effect). Needs no GPU. */
+ft_status ft_reload_settings(void);
 /* FT_OK when a CUDA device is usable, else FT_NO_GPU with the reason in ft_last_error(). */
 ft_status ft_device_available(void);
 /* The last error of this thread, one line; "" after a success. */

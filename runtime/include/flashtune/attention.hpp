@@ -257,6 +257,7 @@ inline Status set_scratch_allocator(ft_scratch_alloc_fn alloc_fn, ft_scratch_fre
 }
 inline Status release_scratch() { return status_of(ft_release_scratch()); }
 inline Status scratch_pool_bytes(size_t* bytes) { return status_of(ft_scratch_pool_bytes(bytes)); }
+inline Status reload_settings() { return status_of(ft_reload_settings()); }
 inline Status device_available() { return status_of(ft_device_available()); }
 inline std::string version() { return ft_version(); }
 
