@@ -185,15 +185,17 @@ def accuracy():
 
 
 # --- decoding ----------------------------------------------------------------------------------------
-def tabled_decode_devices():
+def tabled_decode_devices(paged=False):
     """Device names whose committed table (configs/generated/*.hpp) holds a bf16 d 128 non-causal
-    decode_splitkv entry: there the op must run it for Sq <= 16."""
+    decode_splitkv entry (paged: one marked paged, the field after TFLOP/s): there the op must run it for
+    Sq <= 16."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "generated")
+    entry = r'\{"decode_splitkv", "fwd", "bf16", 128, false, \d+, \{[^}]*\}, [0-9.]+f' + (", true" if paged else "")
     out = set()
     for path in glob.glob(os.path.join(root, "sm*.hpp")):
         text = open(path).read()
         m = re.search(r'kTable\{"((?:[^"\\]|\\.)*)"', text)
-        if m and re.search(r'\{"decode_splitkv", "fwd", "bf16", 128, false,', text):
+        if m and re.search(entry, text):
             out.add(m.group(1))
     return out
 
@@ -397,7 +399,7 @@ AGREE_REL_L2 = {torch.bfloat16: 4 * 2.0**-8, torch.float16: 4 * 2.0**-11}
 
 def paged_accuracy():
     gen = torch.Generator(device="cuda").manual_seed(SEED + 4)
-    tabled = torch.cuda.get_device_name() in tabled_decode_devices()
+    tabled = torch.cuda.get_device_name() in tabled_decode_devices(paged=True)
     for lengths, H, Hk, sq, d, page, causal, dtype, transposed in PAGED_CASES:
         B = len(lengths)
         name = (f"paged {str(dtype).split('.')[-1]} H{H}/{Hk} Sq{sq} d{d} page {page} lens {lengths}"
@@ -841,7 +843,7 @@ def deterministic():
                    for _ in range(4))
         info = ftt.explain(q, k, v, causal=causal, deterministic=True)["backward"]
         cfg = info.get("config", "")
-        named = "DETERMINISTIC=1" in cfg or "DQ_MODE=1" in cfg
+        named = re.search(r"\b(DETERMINISTIC|DQ_MODE)=[1-9]", cfg) is not None  # fa3_wgmma_bwd: 1 or 2
         ref = reference(q.detach().double(), k.detach().double(), v.detach().double(), dout.double(), causal,
                         1.0 / math.sqrt(d))[1:]
         worst = max(errors(g, r)[1] for g, r in zip(first, ref))
