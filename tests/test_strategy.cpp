@@ -219,6 +219,59 @@ TEST(StepProblems, SeveralWorkersRunEveryCandidateOnceAndFinishEveryProblemOnce)
   EXPECT_GT(all.size(), 1u);
 }
 
+// With `ready` (a problem's inputs and reference prepared ahead, tuner/sweep/prepare_ahead.hpp), a worker whose
+// next problem is not ready shares a ready problem's evaluations instead of waiting, and starts the unready one
+// only when nothing else is left: problem 1, never ready, starts once problem 0 has no ticket to give (at most
+// the other worker's one in flight); problems still start in order, every candidate runs once, the picks stay.
+TEST(StepProblems, AWorkerSharesReadyProblemsBeforeWaitingForAnUnreadyOne) {
+  const Space space = load_space(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/spaces/fa2_mma.json");
+  const Compiler compiler("sm_90");
+  std::vector<Problem> problems;
+  std::vector<std::vector<SearchCandidate>> cands;
+  for (int d : {64, 128, 256}) {
+    Problem p;
+    p.batch = 2, p.heads = 4, p.seq_q = p.seq_k = 512, p.head_dim = d, p.dtype = DType::bf16;
+    problems.push_back(p);
+    cands.push_back(search_candidates(space, p, compiler, Shard{}));
+    ASSERT_GT(cands.back().size(), 4u);
+  }
+  SearchOptions o;
+  o.strategy = "exhaustive";
+  for (const bool with_ready : {false, true}) {
+    std::mutex mu;
+    std::map<std::pair<size_t, size_t>, int> runs;
+    std::vector<size_t> started;
+    size_t done0 = 0, done0_at_start1 = 0;
+    std::vector<std::string> picks(problems.size());
+    step_problems(
+        problems.size(), 2, 0, [] { return 0.0; },
+        [&](size_t pi, int) {
+          std::lock_guard<std::mutex> lock(mu);
+          started.push_back(pi);
+          if (pi == 1) done0_at_start1 = done0;
+          return std::make_unique<ProblemSearch>(cands[pi], problems[pi], o);
+        },
+        [&](size_t pi, int, const ProblemSearch::Ticket& t) {
+          std::this_thread::sleep_for(std::chrono::microseconds(pi == 0 ? 1000 : 100));
+          std::lock_guard<std::mutex> lock(mu);
+          runs[{pi, t.prop.candidate}]++;
+          done0 += pi == 0;
+          SearchEvaluation e;
+          e.o = {true, 1.0 + 0.01 * (double)((t.prop.candidate * 7 + pi) % 13), t.prop.reps, false};
+          return e;
+        },
+        [&](size_t pi, int, const ProblemSearch& search) { picks[pi] = search.report(nullptr).best_config; },
+        with_ready ? ReadyProblem([](size_t pi, int) { return pi != 1; }) : ReadyProblem());
+    size_t want = 0;
+    for (const auto& c : cands) want += c.size();
+    EXPECT_EQ(runs.size(), want);
+    for (const auto& [key, n] : runs) EXPECT_EQ(n, 1);
+    EXPECT_EQ(started, (std::vector<size_t>{0, 1, 2}));
+    for (const std::string& pick : picks) EXPECT_FALSE(pick.empty());
+    if (with_ready) EXPECT_GE(done0_at_start1 + 1, cands[0].size()) << "problem 1 started before problem 0's tickets";
+  }
+}
+
 TEST(StepProblems, HalvingRoundsCloseWhileOtherProblemsGoOn) {
   const Stepped one = step_fa2_mma("halving", 1), two = step_fa2_mma("halving", 2);
   for (size_t pi = 0; pi < one.problems.size(); ++pi) {

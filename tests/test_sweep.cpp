@@ -38,6 +38,9 @@ for line in sys.stdin:
                "max_smem_optin": 232448, "clock_khz": 1980000}}
     elif op == "prepare":
         rep = {"status": "ok", "prepare_ms": {"inputs": 1.0, "reference": 2.0, "upload": 3.0, "total": 6.0}}
+        # The tuner's file of the problem, prepared ahead (tuner/sweep/prepare_ahead.hpp): there, in a private folder.
+        f = req.get("prepared_file", "")
+        rep["prepare_ms"]["file_ok"] = 1.0 if f and os.path.isfile(f) and (os.stat(os.path.dirname(f)).st_mode & 0o777) == 0o700 else 0.0
     elif op == "run":
         h = os.path.basename(req["cubin_path"])[:-len(".cubin")]
         if h == crash:
@@ -161,6 +164,11 @@ TEST(SweepWithFakeWorker, ExhaustiveStoresEveryCandidateAndARerunReusesThem) {
   for (const ResultRecord& r : store.results({})) {
     const json d = json::parse(r.detail.empty() ? "{}" : r.detail);
     prepared_ms += d.value("prepare_ms", json::object()).value("total", 0.0);
+    // Every prepare named the problem's file, prepared ahead by the tuner, and the tuner's wait for it.
+    if (d.contains("prepare_ms")) {
+      EXPECT_GE(d["prepare_ms"].value("file_ok", 0.0), 1.0) << r.detail;
+      EXPECT_TRUE(d["prepare_ms"].contains("wait")) << r.detail;
+    }
   }
   EXPECT_EQ(prepared_ms, 6.0 * (double)(f.problems.size() + crashes));
   EXPECT_EQ(first.by_status.at("crashed"), (int)crashes);

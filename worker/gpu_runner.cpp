@@ -19,6 +19,7 @@
 #include "templates/attention_params.h"
 #include "worker/cuda_check.hpp"
 #include "worker/inputs.hpp"
+#include "worker/prepared.hpp"
 #include "worker/validate.hpp"
 
 using nlohmann::json;
@@ -145,10 +146,12 @@ void GpuRunner::ensure(Buffer& b, size_t bytes) {
   b.capacity = bytes;
 }
 
-json GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows, const std::string& inputs_dir) {
+json GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max_rows, const std::string& inputs_dir,
+                        const std::string& prepared_file) {
   // Generated and file-backed inputs never stand in for each other, nor two folders' files.
   if (prepared_ && p == problem_ && seed == seed_ && inputs_dir == inputs_dir_) return json::object();
   prepared_ = false;
+  prepared_rejected_.clear();
   prepare_clock_ = PhaseClock();
   // Only what this problem ensures counts toward its footprint (peak_bytes).
   for (Buffer* b : problem_buffers()) b->bytes = 0;
@@ -159,8 +162,8 @@ json GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
     if (p.varlen.enabled() && p.direction == "bwd") prepare_varlen_bwd(p, seed);
     else if (p.varlen.enabled()) prepare_varlen_fwd(p, seed, max_rows);
     else if (p.paged.enabled()) prepare_paged_fwd(p, seed, max_rows);
-    else if (p.direction == "bwd") prepare_bwd(p, seed, inputs_dir);
-    else prepare_fwd(p, seed, max_rows, inputs_dir);
+    else if (p.direction == "bwd") prepare_bwd(p, seed, inputs_dir, prepared_file);
+    else prepare_fwd(p, seed, max_rows, inputs_dir, prepared_file);
     // The L2 flush buffer: twice the L2, rewritten before every timed repeat.
     ensure(flush_, (size_t)std::max(info_.l2_bytes, 1 << 20) * 2);
     prepare_clock_.lap("upload");
@@ -175,85 +178,113 @@ json GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
   return prepare_clock_.ms();
 }
 
+// The host side of a dense problem with generated inputs: the tuner's file when it names one and holds exactly
+// this problem (worker/prepared.hpp), else computed here by the same function.
+HostPrepared GpuRunner::host_side(const Problem& p, unsigned long long seed, long long max_rows,
+                                  const std::string& prepared_file) {
+  HostPrepared h;
+  if (!prepared_file.empty()) {
+    std::string why;
+    if (read_prepared(prepared_file, p, seed, max_rows, h, why)) {
+      prepare_clock_.lap("read");
+      return h;
+    }
+    prepared_rejected_ = why;
+    prepare_clock_.lap("read");
+  }
+  return prepare_host(p, seed, max_rows, threads_, [this](const char* phase) { prepare_clock_.lap(phase); });
+}
+
 void GpuRunner::prepare_fwd(const Problem& p, unsigned long long seed, long long max_rows,
-                            const std::string& inputs_dir) {
+                            const std::string& inputs_dir, const std::string& prepared_file) {
   // Generated inputs: forward_distinct_units' distinct (kv head, query group) units tiled over the
   // B*Hk of the problem (all of them but at scale: 103 GB of host inputs at B = 64, Sk = 128k otherwise),
-  // the reference's sampled rows from the units they repeat. File inputs: every head is its own.
+  // the reference's sampled rows from the units they repeat (prepare_host). File inputs: every head is its own.
   const int bhk = p.batch * p.kv_heads();
-  const int units = inputs_dir.empty() ? forward_distinct_units(p) : bhk;
   const size_t unit_q = (size_t)p.group() * p.seq_q * p.head_dim, unit_k = (size_t)p.seq_k * p.head_dim;
   const size_t elem = dtype_bytes(p.dtype);
-  // One stream per tensor: fresh inputs for every (problem, seed), never zeros. Rounded to the
-  // kernel's dtype, so the reference sees exactly the kernel's inputs. Or the files' numbers as they are.
-  const std::vector<InputFile> files = input_files(p);
-  auto input = [&](int i, uint64_t tag, size_t n) {
-    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, p.inputs, threads_)
-                              : loaded_input(inputs_dir, files[i], p.dtype);
-  };
-  const HostTensor q = input(0, 0x51, unit_q * units), k = input(1, 0x4b, unit_k * units),
-                   v = input(2, 0x56, unit_k * units);
-  prepare_clock_.lap("inputs");
+  HostPrepared h;
+  if (inputs_dir.empty()) {
+    h = host_side(p, seed, max_rows, prepared_file);
+  } else {
+    // The files' numbers as they are.
+    const std::vector<InputFile> files = input_files(p);
+    const HostTensor q = loaded_input(inputs_dir, files[0], p.dtype), k = loaded_input(inputs_dir, files[1], p.dtype),
+                     v = loaded_input(inputs_dir, files[2], p.dtype);
+    prepare_clock_.lap("inputs");
+    ref::Shape shape = with_modifications(ref::Shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
+    shape.heads_k = p.heads_k;
+    const std::vector<float> slopes = p.alibi ? seeded_alibi_slopes((long long)p.batch * p.heads, p.heads,
+                                                                   (long long)p.batch * p.heads)
+                                              : std::vector<float>{};
+    if (p.alibi) shape.alibi_slopes = slopes.data(), shape.alibi_batch_stride = p.heads;  // every head its own
+    h.units = bhk;
+    h.fwd = tiled_forward_reference(shape, bhk, q.values.data(), k.values.data(), v.values.data(),
+                                    ref::sample_rows(shape, max_rows, seed), threads_);
+    prepare_clock_.lap("reference");
+    h.q = q.bytes;
+    h.k = k.bytes;
+    h.v = v.bytes;
+  }
+  const int units = h.units;
   ensure(q_, bhk * unit_q * elem);
   ensure(k_, bhk * unit_k * elem);
   ensure(v_, bhk * unit_k * elem);
   ensure(o_, bhk * unit_q * elem);
   ensure(lse_, (size_t)p.batch * p.heads * p.seq_q * 4);
-  upload_tiled(q_.ptr, q.bytes.data(), unit_q * elem, units, bhk);
-  upload_tiled(k_.ptr, k.bytes.data(), unit_k * elem, units, bhk);
-  upload_tiled(v_.ptr, v.bytes.data(), unit_k * elem, units, bhk);
-  prepare_clock_.lap("upload");
-
-  ref::Shape shape = with_modifications(ref::Shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
-  shape.heads_k = p.heads_k;
-  if (p.alibi) {  // head bh's slope that of distinct head bh % (units * group), the tiled inputs' period
-    upload_alibi(p, (long long)units * p.group());
-    shape.alibi_slopes = alibi_host_.data(), shape.alibi_batch_stride = p.heads;
-  }
-  fwd_ref_ = tiled_forward_reference(shape, units, q.values.data(), k.values.data(), v.values.data(),
-                                     ref::sample_rows(shape, max_rows, seed), threads_);
-  prepare_clock_.lap("reference");
+  upload_tiled(q_.ptr, h.q.data(), unit_q * elem, units, bhk);
+  upload_tiled(k_.ptr, h.k.data(), unit_k * elem, units, bhk);
+  upload_tiled(v_.ptr, h.v.data(), unit_k * elem, units, bhk);
+  if (p.alibi) upload_alibi(p, (long long)units * p.group());  // the reference's slopes (prepare_host, above)
+  fwd_ref_ = std::move(h.fwd);
 }
 
-void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std::string& inputs_dir) {
-  // Generated inputs: independent heads' worth of data tiled over all B*H heads: the float64
-  // reference of a whole head's backward stays affordable, and every output element of every head is
-  // checked. Two heads, or one when a head alone costs ~10^11 float64 operations (S = 16k at d = 64
-  // and up). File-backed inputs: every head is its own, so the reference covers all B*H of them.
+void GpuRunner::prepare_bwd(const Problem& p, unsigned long long seed, const std::string& inputs_dir,
+                            const std::string& prepared_file) {
+  // Generated inputs: independent heads' worth of data tiled over all B*H heads (prepare_host: two heads, or
+  // one when a head alone costs ~10^11 float64 operations), so that the float64 reference of a whole head's
+  // backward stays affordable and every output element of every head is checked. File-backed inputs: every
+  // head is its own, so the reference covers all B*H of them.
   // Grouped-query attention: the unit is a kv head with its group of query heads (one query head
   // when multi-head); the distinct groups are tiled, query heads over query heads and kv heads over kv
   // heads, so that query head i holds distinct query head i % (groups * g) and kv head G distinct
   // kv head G % groups: element i of every gradient is element i % size of its reference.
   const int bh = p.batch * p.heads, bhk = p.batch * p.kv_heads(), g = p.group();
-  const double head_cost = (double)p.seq_q * p.seq_k * p.head_dim;
-  if (!inputs_dir.empty() && bh * head_cost > kMaxFileBwdReferenceWork)
-    throw std::runtime_error("backward with file inputs: B*H*Sq*Sk*d = " + std::to_string(bh * head_cost) +
-                             " is over 2^34, too slow for the float64 reference of every head");
-  const int groups = inputs_dir.empty() ? std::min(bhk, head_cost * g >= 0x1p34 ? 1 : 2) : bhk;
-  distinct_heads_ = groups * g;
   const size_t hq = (size_t)p.seq_q * p.head_dim, hk = (size_t)p.seq_k * p.head_dim;
   const size_t elem = dtype_bytes(p.dtype);
-  const std::vector<InputFile> files = input_files(p);
-  auto input = [&](int i, uint64_t tag, size_t n, const InputDist& dist) {
-    return inputs_dir.empty() ? generated_input(n, splitmix64(seed ^ tag), p.dtype, dist, threads_)
-                              : loaded_input(inputs_dir, files[i], p.dtype);
-  };
-  const HostTensor q = input(0, 0x51, hq * distinct_heads_, p.inputs), k = input(1, 0x4b, hk * groups, p.inputs),
-                   v = input(2, 0x56, hk * groups, p.inputs),
-                   dout = input(3, 0x64, hq * distinct_heads_, grad_dist(p.inputs));
-  const auto &q_dev = q.bytes, &k_dev = k.bytes, &v_dev = v.bytes, &do_dev = dout.bytes;
-  prepare_clock_.lap("inputs");
-
-  // The distinct heads as one (1, distinct_heads_) problem: each head's reference is its own.
-  ref::Shape heads = with_modifications(ref::Shape{1, distinct_heads_, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
-  heads.heads_k = g > 1 ? groups : 0;
-  if (p.alibi) {  // head bh's slope that of distinct head bh % distinct_heads_, as its data
-    upload_alibi(p, distinct_heads_);
-    heads.alibi_slopes = alibi_host_.data();
+  HostPrepared h;
+  if (inputs_dir.empty()) {
+    h = host_side(p, seed, /*max_rows=*/0, prepared_file);
+  } else {
+    const double head_cost = (double)p.seq_q * p.seq_k * p.head_dim;
+    if (bh * head_cost > kMaxFileBwdReferenceWork)
+      throw std::runtime_error("backward with file inputs: B*H*Sq*Sk*d = " + std::to_string(bh * head_cost) +
+                               " is over 2^34, too slow for the float64 reference of every head");
+    const std::vector<InputFile> files = input_files(p);
+    const HostTensor q = loaded_input(inputs_dir, files[0], p.dtype), k = loaded_input(inputs_dir, files[1], p.dtype),
+                     v = loaded_input(inputs_dir, files[2], p.dtype), dout = loaded_input(inputs_dir, files[3], p.dtype);
+    prepare_clock_.lap("inputs");
+    h.groups = bhk;
+    h.distinct_heads = bhk * g;
+    ref::Shape heads = with_modifications(ref::Shape{1, h.distinct_heads, p.seq_q, p.seq_k, p.head_dim, p.causal}, p);
+    heads.heads_k = g > 1 ? h.groups : 0;
+    const std::vector<float> slopes =
+        p.alibi ? seeded_alibi_slopes(h.distinct_heads, p.heads, h.distinct_heads) : std::vector<float>{};
+    if (p.alibi) heads.alibi_slopes = slopes.data();  // every head its own
+    h.bwd = backward_reference(heads, q.values.data(), k.values.data(), v.values.data(), dout.values.data(), threads_);
+    h.bounds = backward_bounds(p, h.bwd);
+    prepare_clock_.lap("reference");
+    h.q = q.bytes;
+    h.k = k.bytes;
+    h.v = v.bytes;
+    h.dout = dout.bytes;
   }
-  bwd_ref_ = backward_reference(heads, q.values.data(), k.values.data(), v.values.data(), dout.values.data(), threads_);
-  bwd_bounds_ = backward_bounds(p, bwd_ref_);
-  prepare_clock_.lap("reference");
+  const int groups = h.groups;
+  distinct_heads_ = h.distinct_heads;
+  if (p.alibi) upload_alibi(p, distinct_heads_);  // head bh's slope that of distinct head bh % distinct_heads_
+  bwd_ref_ = std::move(h.bwd);
+  bwd_bounds_ = std::move(h.bounds);
+  const auto &q_dev = h.q, &k_dev = h.k, &v_dev = h.v, &do_dev = h.dout;
   // The forward's results as the backward's inputs: O in the kernel's dtype, LSE in fp32.
   std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
   const auto o_dev = to_device_format(o_f, p.dtype);

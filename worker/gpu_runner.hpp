@@ -19,6 +19,7 @@
 
 #include "core/kernel_record.hpp"
 #include "core/problem.hpp"
+#include "worker/prepared.hpp"
 #include "worker/validate.hpp"
 
 namespace flashtune {
@@ -72,8 +73,13 @@ class GpuRunner {
   // backward; see input_files.hpp) instead, and a backward's reference covers every head. Returns where
   // its time went, in ms: {"inputs" (generated or read), "reference" (with the backward's bounds),
   // "upload" (device buffers, copies, the backward's O and LSE in their formats), "total"}; {} when current.
+  // `prepared_file` (generated inputs of a dense problem): the tuner's file of this problem's inputs and reference
+  // (worker/prepared.hpp), read instead of computed ("read" in the phases) unless it is not exactly this
+  // problem's; then prepared_rejected() says why and the worker computes them itself.
   nlohmann::json prepare(const Problem&, unsigned long long seed, long long max_rows,
-                         const std::string& inputs_dir = "");
+                         const std::string& inputs_dir = "", const std::string& prepared_file = "");
+  // Why the last prepare's file was not used ("" when it was, or when none was named).
+  const std::string& prepared_rejected() const { return prepared_rejected_; }
   // {"cubin_path", "kernels": [{"name","grid":[3],"threads","smem"}...], "workspace", "check_determinism",
   //  "reproducible_runs" (N > 1: the validated run repeated N times, invalid unless every output is equal bit
   //  for bit), "timing": {...}, "save_dir" (optional)} -> result json, with "mean_abs" and "peak_bytes" beside
@@ -122,8 +128,11 @@ class GpuRunner {
   void time_repeats(const std::function<void()>& launch, const nlohmann::json& timing, nlohmann::json& out);
   void init_library();
   void destroy_library();
-  void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir);
-  void prepare_bwd(const Problem&, unsigned long long seed, const std::string& inputs_dir);
+  void prepare_fwd(const Problem&, unsigned long long seed, long long max_rows, const std::string& inputs_dir,
+                   const std::string& prepared_file);
+  void prepare_bwd(const Problem&, unsigned long long seed, const std::string& inputs_dir,
+                   const std::string& prepared_file);
+  HostPrepared host_side(const Problem&, unsigned long long seed, long long max_rows, const std::string& prepared_file);
   // Packed variable-length batches (Problem::varlen): token-major inputs and the offsets.
   void prepare_varlen_fwd(const Problem&, unsigned long long seed, long long max_rows);
   void prepare_varlen_bwd(const Problem&, unsigned long long seed);
@@ -165,6 +174,7 @@ class GpuRunner {
   // call and freed at its end, so they never crowd out a family's run.
   Buffer scores_, probs_;
   PhaseClock prepare_clock_;  // the current prepare's phases
+  std::string prepared_rejected_;  // why the current prepare's file was not used
   LibraryState* lib_ = nullptr;
   // The current run's TMA descriptors: the kernels' second parameter (ignored by kernels that take one).
   AttnTensorMaps maps_{};

@@ -76,9 +76,10 @@ int main(int argc, char** argv) {
       } else if (op == "prepare") {
         const json ms = gpu->prepare(flashtune::problem_from_json(req.at("problem")),
                                      req.at("seed").get<unsigned long long>(), req.value("max_rows", 512LL),
-                                     req.value("inputs_dir", std::string()));
+                                     req.value("inputs_dir", std::string()), req.value("prepared_file", std::string()));
         out = {{"status", "ok"}};
         if (!ms.empty()) out["prepare_ms"] = ms;
+        if (!gpu->prepared_rejected().empty()) out["prepared_rejected"] = gpu->prepared_rejected();
       } else if (op == "run") {
         out = gpu->run(req);
       } else if (op == "run_library") {

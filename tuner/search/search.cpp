@@ -288,7 +288,8 @@ std::vector<ProblemReport> replay_search(const Space& space, const std::vector<P
 namespace flashtune {
 
 void step_problems(size_t problems, int workers, double deadline, const std::function<double()>& clock,
-                   const StartProblem& start, const EvaluateTicket& evaluate, const FinishProblem& finish) {
+                   const StartProblem& start, const EvaluateTicket& evaluate, const FinishProblem& finish,
+                   const ReadyProblem& ready) {
   struct Run {
     std::unique_ptr<ProblemSearch> search;
     bool finishing = false;  // a worker took its finish
@@ -320,10 +321,7 @@ void step_problems(size_t problems, int workers, double deadline, const std::fun
         }
         return false;
       };
-      // The worker's own problem first (its inputs and reference are prepared there), then the next
-      // problem not started, then any problem with an evaluation to share.
-      bool found = mine < problems && pick(mine);
-      while (!found && next_problem < problems) {
+      auto start_next = [&] {
         const size_t i = next_problem++;
         // A budget is shared out as the problems start: each gets an equal part of what is left (with
         // several workers, of what is left times the workers that can run problems side by side), so
@@ -333,8 +331,17 @@ void step_problems(size_t problems, int workers, double deadline, const std::fun
           runs[i].deadline = now + std::max(0.0, deadline - now) * side_by_side / left;
         }
         runs[i].search = start(i, w);
-        found = pick(i);
+        return pick(i);
+      };
+      // The worker's own problem first (its inputs and reference are prepared there), then the next
+      // problem not started, then any problem with an evaluation to share; with `ready`, first those of
+      // them that wait for nothing.
+      bool found = mine < problems && pick(mine);
+      if (ready) {
+        while (!found && next_problem < problems && ready(next_problem, w)) found = start_next();
+        for (size_t i = 0; !found && i < next_problem; ++i) found = ready(i, w) && pick(i);
       }
+      while (!found && next_problem < problems) found = start_next();
       for (size_t i = 0; !found && i < next_problem; ++i) found = pick(i);
       if (!found) {
         bool all_done = next_problem == problems;

@@ -131,7 +131,12 @@ ProblemReport search_problem(const std::vector<SearchCandidate>&, const Problem&
 using StartProblem = std::function<std::unique_ptr<ProblemSearch>(size_t problem, int worker)>;
 using EvaluateTicket = std::function<SearchEvaluation(size_t problem, int worker, const ProblemSearch::Ticket&)>;
 using FinishProblem = std::function<void(size_t problem, int worker, const ProblemSearch&)>;
+// ready(problem, worker): whether the worker can run the problem's evaluations without waiting for its inputs
+// and reference (tuner/sweep/prepare_ahead.hpp). Given, a worker whose own problem has nothing for it prefers
+// work that waits for nothing: the next problem when ready, else a ready problem's evaluation to share, and
+// only then the next problem or another's evaluation that waits. Empty: every problem is ready.
+using ReadyProblem = std::function<bool(size_t problem, int worker)>;
 void step_problems(size_t problems, int workers, double deadline, const std::function<double()>& clock,
-                   const StartProblem&, const EvaluateTicket&, const FinishProblem&);
+                   const StartProblem&, const EvaluateTicket&, const FinishProblem&, const ReadyProblem& ready = {});
 
 }  // namespace flashtune

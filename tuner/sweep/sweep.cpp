@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -172,13 +173,26 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
 
 bool GpuSession::prepare_for(const Problem& p, ResultRecord& r) {
   // Generated and file-backed inputs of the same problem are different problems to the cache.
-  if (prepared_ && prepared_problem_ == p && prepared_inputs_dir_ == opt_.inputs_dir) return true;
+  if (holds(p)) return true;
   json req = {{"op", "prepare"}, {"problem", to_json(p)}, {"seed", opt_.seed}, {"max_rows", opt_.max_rows}};
   if (!opt_.inputs_dir.empty()) req["inputs_dir"] = opt_.inputs_dir;
+  // Prepared ahead: the worker reads the problem's file instead of computing it (it checks the file first).
+  double waited_ms = 0;
+  if (ahead_ && opt_.inputs_dir.empty())
+    if (const std::string file = ahead_->wait(p, &waited_ms); !file.empty()) req["prepared_file"] = file;
   json rep = worker_.request(req, kPrepareTimeout);
   ++spent_.prepares;
   prepare_ms_ = rep.contains("prepare_ms") && rep["prepare_ms"].is_object() ? rep["prepare_ms"] : json();
+  if (req.contains("prepared_file") || waited_ms > 0) {
+    if (!prepare_ms_.is_object()) prepare_ms_ = json::object();
+    prepare_ms_["wait"] = waited_ms;
+  }
   add_phases(spent_.prepare_ms, prepare_ms_);
+  if (rep.contains("prepared_rejected") && !warned_rejected_) {
+    warned_rejected_ = true;  // the worker prepared the problem itself: slower, never wrong
+    std::fprintf(stderr, "device %d: the prepared file of %s was not used (%s)\n", opt_.device, p.str().c_str(),
+                 rep["prepared_rejected"].is_string() ? rep["prepared_rejected"].get<std::string>().c_str() : "?");
+  }
   if (rep.value("status", "") != "ok") {
     prepared_ = false;
     r.status = rep.value("status", "error");  // crashed, timeout, oom, or error
@@ -425,6 +439,7 @@ class Sweep {
   }
 
   SweepSummary run() {
+    prepare_ahead();
     compile_upfront();
     const double t0 = seconds_now();
     deadline_ = so_.time_budget_s > 0 ? t0 + so_.time_budget_s : 0;
@@ -433,7 +448,17 @@ class Sweep {
         problems_.size(), (int)gpus_.size(), deadline_, seconds_now,
         [this](size_t pi, int w) { return start(pi, w); },
         [this](size_t pi, int w, const ProblemSearch::Ticket& t) { return step(pi, w, t); },
-        [this](size_t pi, int w, const ProblemSearch& search) { finish(pi, w, search); });
+        [this](size_t pi, int w, const ProblemSearch& search) { finish(pi, w, search); },
+        [this](size_t pi, int w) {
+          return !ahead_ || ahead_->ready(pi) || gpus_[(size_t)w]->holds(problems_[pi]);
+        });
+    if (ahead_) {
+      for (auto& g : gpus_) g->set_prepare_ahead(nullptr);
+      if (ahead_->prepared())
+        std::fprintf(stderr, "tuner: %d problems prepared ahead in %.1f s\n", ahead_->prepared(),
+                     ahead_->prepare_ms() / 1000);
+      ahead_.reset();  // its thread is idle by now, or ends after the problem it is on
+    }
     for (auto& r : reports_)
       if (r) sum_.reports.push_back(std::move(*r));
     progress_->finish();
@@ -453,6 +478,17 @@ class Sweep {
     std::set<std::string> validated;
     std::mutex mu;
   };
+
+  // Prepare ahead (issue 33): one thread of the tuner computes each problem's inputs and float64 reference once,
+  // in the order the problems start and up to the workers' number plus one past the furthest one a worker
+  // asked for, into files the workers read (tuner/sweep/prepare_ahead.hpp); it starts before the compile so
+  // that the first problems are ready sooner. File-backed inputs are the workers' to read.
+  void prepare_ahead() {
+    if (!opt_.run.inputs_dir.empty()) return;
+    ahead_ = std::make_unique<PrepareAhead>(problems_, opt_.run.seed, opt_.run.max_rows, (int)gpus_.size() + 1,
+                                            opt_.run.worker_threads);
+    for (auto& g : gpus_) g->set_prepare_ahead(ahead_.get());
+  }
 
   // Compile. Strategies that will evaluate every candidate anyway get all of them compiled first, on every
   // core; the others compile what they propose, when they propose it (kernel).
@@ -498,7 +534,10 @@ class Sweep {
 
   // A problem's search, with what the store holds for it; nullptr when no candidate fits it.
   std::unique_ptr<ProblemSearch> start(size_t pi, int w) {
-    if (cands_[pi].empty()) return nullptr;
+    if (cands_[pi].empty()) {
+      if (ahead_) ahead_->done(pi);
+      return nullptr;
+    }
     runs_[pi] = std::make_unique<ProblemRun>();
     load_stored(pi, *stores_[(size_t)w]);
     return std::make_unique<ProblemSearch>(cands_[pi], problems_[pi], so_);
@@ -605,6 +644,7 @@ class Sweep {
                          return kernel(worker, v, hash);
                        },
                        rep);
+    if (ahead_) ahead_->done(pi);  // nothing runs on it any more: its file goes
     std::fprintf(stderr, "%s: %zu of %zu candidates evaluated (%zu stored before), best %s %.3f ms %.1f TFLOP/s\n",
                  p.str().c_str(), rep.evaluations, rep.space_size, rep.reused, rep.best_config.c_str(), rep.best_ms,
                  rep.best_tflops);
@@ -618,6 +658,7 @@ class Sweep {
   const SearchOptions& so_;
   std::vector<std::unique_ptr<GpuSession>> gpus_;  // one per device of opt_.devices
   std::vector<std::unique_ptr<Store>> stores_;     // one connection per worker thread
+  std::unique_ptr<PrepareAhead> ahead_;            // the problems' inputs and references, prepared ahead
   const Compiler compiler_;
   const bool several_;  // more than one worker: rows name their GPU (detail.worker_device)
   double deadline_ = 0;  // --time-budget's end (0: none), counted from after the upfront compile
@@ -635,18 +676,35 @@ class Sweep {
   std::mutex progress_mu_;  // progress_, sum_ and evaluations_done_
 };
 
-// One worker per listed device; the first one says whether there is a GPU at all.
+// One worker per listed device; the first one says whether there is a GPU at all. The first starts alone (no GPU:
+// no others), the rest side by side: each start is a process, a CUDA context and a hello, which one after the
+// other put their sum before the sweep.
 std::vector<std::unique_ptr<GpuSession>> start_workers(const SweepOptions& opt) {
-  std::vector<std::unique_ptr<GpuSession>> gpus;
-  for (int d : opt.devices) {
+  auto options = [&](int d) {
     RunOptions ro = opt.run;
     ro.device = d;
     // Every worker keeps every core unless --worker-threads says otherwise: on four H200s of one host a share of
     // cores / 4 made each backward problem's float64 reference, which its GPU waits for, 2-4x slower and the
     // sweep's backward 38.7 s against 27.2 s (docs/measurements.md, issue 33).
-    gpus.push_back(std::make_unique<GpuSession>(ro));
-    if (!gpus[0]->has_gpu()) break;
-  }
+    return ro;
+  };
+  std::vector<std::unique_ptr<GpuSession>> gpus;
+  gpus.push_back(std::make_unique<GpuSession>(options(opt.devices[0])));
+  if (!gpus[0]->has_gpu() || opt.devices.size() == 1) return gpus;
+  gpus.resize(opt.devices.size());
+  std::vector<std::thread> starting;
+  std::vector<std::exception_ptr> failed(opt.devices.size());
+  for (size_t i = 1; i < opt.devices.size(); ++i)
+    starting.emplace_back([&, i] {
+      try {
+        gpus[i] = std::make_unique<GpuSession>(options(opt.devices[i]));
+      } catch (...) {
+        failed[i] = std::current_exception();
+      }
+    });
+  for (auto& t : starting) t.join();
+  for (const auto& e : failed)
+    if (e) std::rethrow_exception(e);
   return gpus;
 }
 

@@ -9,6 +9,7 @@
 #include "core/compile.hpp"
 #include "results/store.hpp"
 #include "tuner/search/search.hpp"
+#include "tuner/sweep/prepare_ahead.hpp"
 #include "tuner/space/space.hpp"
 #include "tuner/sweep/worker_client.hpp"
 
@@ -73,6 +74,11 @@ class GpuSession {
   // "matmul_fp16_tflops","copy_gbps",...}: cuBLAS GEMM 8192^3 medians, 1 GiB device copy (read +
   // write bytes). Otherwise {"status": "no_gpu" | "oom" | "crashed" | "timeout" | "error", "error"}.
   nlohmann::json probe();
+  // Problems prepared ahead by the tuner (several workers' sweep): a prepare with generated inputs waits for the
+  // problem's file there and names it to the worker ("wait" in prepare_ms: the time it waited). nullptr: none.
+  void set_prepare_ahead(PrepareAhead* ahead) { ahead_ = ahead; }
+  // The worker holds `p`'s inputs and reference already: a run on it needs no prepare.
+  bool holds(const Problem& p) const { return prepared_ && prepared_problem_ == p && prepared_inputs_dir_ == opt_.inputs_dir; }
 
  private:
   // Sends "prepare" unless the worker holds `p` already; false (with r's status and error) on failure.
@@ -95,6 +101,8 @@ class GpuSession {
   std::string prepared_inputs_dir_;  // "" when the worker holds generated inputs
   nlohmann::json prepare_ms_;        // the last prepare's phases, until the next run's record carries them
   WorkerTime spent_;
+  PrepareAhead* ahead_ = nullptr;
+  bool warned_rejected_ = false;
 };
 
 // A record for a variant that never ran (pruned, compile_error): stored like any other.

@@ -1,0 +1,232 @@
+// Problems prepared once and ahead (issue 33): worker/prepared.hpp's host side (the inputs and the reference a
+// worker's prepare computes) as the worker computed it before, bit for bit; its file read back exactly, and
+// refused (the worker then computes the problem itself) unless it is exactly the problem asked for: another
+// problem, seed or max_rows, a size off by one byte, a bad magic or header, a link, a folder. PrepareAhead: the
+// files in a private folder (0700), each problem once, none for what it cannot prepare, removed when done.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/util.hpp"
+#include "reference/attention_ref.hpp"
+#include "tuner/sweep/prepare_ahead.hpp"
+#include "worker/inputs.hpp"
+#include "worker/prepared.hpp"
+#include "worker/validate.hpp"
+
+using namespace flashtune;
+
+namespace {
+
+Problem fwd_problem() {
+  Problem p;
+  p.batch = 2, p.heads = 4, p.seq_q = 96, p.seq_k = 80, p.head_dim = 32, p.dtype = DType::bf16, p.causal = true;
+  return p;
+}
+
+Problem bwd_problem(int heads_k = 0) {
+  Problem p;
+  p.batch = 2, p.heads = 4, p.heads_k = heads_k, p.seq_q = 64, p.seq_k = 72, p.head_dim = 32, p.dtype = DType::fp16;
+  p.direction = "bwd";
+  return p;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+void expect_same(const HostPrepared& a, const HostPrepared& b) {
+  EXPECT_EQ(a.units, b.units);
+  EXPECT_EQ(a.distinct_heads, b.distinct_heads);
+  EXPECT_EQ(a.groups, b.groups);
+  for (auto m : {&HostPrepared::q, &HostPrepared::k, &HostPrepared::v, &HostPrepared::dout})
+    EXPECT_TRUE(same_bits(a.*m, b.*m));
+  EXPECT_EQ(a.fwd.rows, b.fwd.rows);
+  for (auto m : {&FwdReference::o, &FwdReference::o_mag, &FwdReference::o_logit, &FwdReference::lse,
+                 &FwdReference::lse_mag})
+    EXPECT_TRUE(same_bits(a.fwd.*m, b.fwd.*m));
+  EXPECT_EQ(a.fwd.max_abs_v, b.fwd.max_abs_v);
+  for (auto m : {&BwdReference::o, &BwdReference::lse, &BwdReference::dq, &BwdReference::dk, &BwdReference::dv,
+                 &BwdReference::dq_mag, &BwdReference::dq_logit, &BwdReference::dk_mag, &BwdReference::dk_logit,
+                 &BwdReference::dv_mag, &BwdReference::dv_logit})
+    EXPECT_TRUE(same_bits(a.bwd.*m, b.bwd.*m));
+  for (auto m : {&BwdReference::max_abs_q, &BwdReference::max_abs_k, &BwdReference::max_abs_do, &BwdReference::max_abs_v})
+    EXPECT_EQ(a.bwd.*m, b.bwd.*m);
+  for (auto m : {&BwdBounds::dq, &BwdBounds::dk, &BwdBounds::dv}) EXPECT_TRUE(same_bits(a.bounds.*m, b.bounds.*m));
+}
+
+struct TmpDir {
+  std::string path = make_private_tmpdir("ft-test-prepared");
+  ~TmpDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+// prepare_host is what the worker's prepare computed before it: the same streams and the same reference calls.
+TEST(Prepared, HostSideIsTheWorkersInputsAndReference) {
+  const uint64_t seed = 20261121;
+  {
+    const Problem p = fwd_problem();
+    const HostPrepared h = prepare_host(p, seed, 100, 2);
+    const int units = forward_distinct_units(p);
+    ASSERT_EQ(h.units, units);
+    const size_t n = (size_t)p.batch * p.heads * p.seq_q * p.head_dim, nk = (size_t)p.batch * p.heads * p.seq_k * p.head_dim;
+    const HostTensor q = generated_input(n, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
+                     k = generated_input(nk, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
+                     v = generated_input(nk, splitmix64(seed ^ 0x56), p.dtype, p.inputs);
+    ref::Shape shape{p.batch, p.heads, p.seq_q, p.seq_k, p.head_dim, p.causal};
+    const FwdReference want = forward_reference(shape, q.values.data(), k.values.data(), v.values.data(),
+                                                 ref::sample_rows(shape, 100, seed));
+    EXPECT_TRUE(same_bits(h.q, q.bytes) && same_bits(h.k, k.bytes) && same_bits(h.v, v.bytes));
+    EXPECT_EQ(h.fwd.rows, want.rows);
+    EXPECT_TRUE(same_bits(h.fwd.o, want.o) && same_bits(h.fwd.lse, want.lse) && same_bits(h.fwd.o_mag, want.o_mag));
+    EXPECT_EQ(h.fwd.max_abs_v, want.max_abs_v);
+  }
+  {
+    const Problem p = bwd_problem();
+    const HostPrepared h = prepare_host(p, seed, 512, 2);
+    ASSERT_EQ(h.distinct_heads, 2);
+    ASSERT_EQ(h.groups, 2);
+    const size_t hq = (size_t)p.seq_q * p.head_dim * 2, hk = (size_t)p.seq_k * p.head_dim * 2;
+    const HostTensor q = generated_input(hq, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
+                     k = generated_input(hk, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
+                     v = generated_input(hk, splitmix64(seed ^ 0x56), p.dtype, p.inputs),
+                     d = generated_input(hq, splitmix64(seed ^ 0x64), p.dtype, grad_dist(p.inputs));
+    const BwdReference want = backward_reference(ref::Shape{1, 2, p.seq_q, p.seq_k, p.head_dim, p.causal},
+                                                 q.values.data(), k.values.data(), v.values.data(), d.values.data());
+    EXPECT_TRUE(same_bits(h.q, q.bytes) && same_bits(h.dout, d.bytes) && same_bits(h.v, v.bytes));
+    EXPECT_TRUE(same_bits(h.bwd.dq, want.dq) && same_bits(h.bwd.dk, want.dk) && same_bits(h.bwd.dv_logit, want.dv_logit));
+    EXPECT_TRUE(same_bits(h.bounds.dk, backward_bounds(p, want).dk));
+  }
+}
+
+TEST(Prepared, FileReadsBackExactly) {
+  TmpDir dir;
+  for (const Problem& p : {fwd_problem(), bwd_problem(), bwd_problem(2)}) {
+    const HostPrepared h = prepare_host(p, 7, 64, 2);
+    const std::string path = dir.path + "/p.prep";
+    write_prepared(path, h);
+    HostPrepared back;
+    std::string why;
+    ASSERT_TRUE(read_prepared(path, p, 7, 64, back, why)) << p.str() << ": " << why;
+    expect_same(h, back);
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    // A backward covers every element: max_rows plays no part in it.
+    if (p.direction == "bwd") EXPECT_TRUE(read_prepared(path, p, 7, 512, back, why)) << why;
+    unlink(path.c_str());
+  }
+}
+
+// A file is untrusted input: anything but exactly the problem asked for is refused, with a reason, and nothing
+// past the expected size is allocated.
+TEST(Prepared, FileIsRefusedUnlessItIsExactlyTheProblem) {
+  TmpDir dir;
+  const Problem p = fwd_problem();
+  const std::string path = dir.path + "/p.prep";
+  write_prepared(path, prepare_host(p, 7, 64, 2));
+  std::string bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  auto refused = [&](const std::string& file, const Problem& q, uint64_t seed, long long rows) {
+    HostPrepared out;
+    std::string why;
+    const bool ok = read_prepared(file, q, seed, rows, out, why);
+    EXPECT_FALSE(why.empty() && !ok);
+    return !ok;
+  };
+  auto variant = [&](const std::string& content) {
+    const std::string f = dir.path + "/v.prep";
+    unlink(f.c_str());
+    std::ofstream(f, std::ios::binary) << content;
+    return f;
+  };
+  Problem other = p;
+  other.causal = false;
+  EXPECT_TRUE(refused(path, other, 7, 64));
+  EXPECT_TRUE(refused(path, p, 8, 64));
+  EXPECT_TRUE(refused(path, p, 7, 65));
+  EXPECT_TRUE(refused(variant(bytes.substr(0, bytes.size() - 1)), p, 7, 64));
+  EXPECT_TRUE(refused(variant(bytes + "x"), p, 7, 64));
+  EXPECT_TRUE(refused(variant("XTPREP01" + bytes.substr(8)), p, 7, 64));
+  EXPECT_TRUE(refused(variant(""), p, 7, 64));
+  std::string huge = bytes;
+  huge[8] = huge[9] = huge[10] = huge[11] = '\xff';  // a header length past the limit
+  EXPECT_TRUE(refused(variant(huge), p, 7, 64));
+  std::string garbled = bytes;
+  garbled[16] = '[';  // the header's JSON, no longer an object
+  EXPECT_TRUE(refused(variant(garbled), p, 7, 64));
+  const std::string link = dir.path + "/link.prep";
+  ASSERT_EQ(symlink(path.c_str(), link.c_str()), 0);
+  EXPECT_TRUE(refused(link, p, 7, 64));
+  EXPECT_TRUE(refused(dir.path, p, 7, 64));
+  EXPECT_TRUE(refused(dir.path + "/missing.prep", p, 7, 64));
+  Problem varlen = p;
+  varlen.varlen.lengths = "list";
+  varlen.varlen.seq_lens_q = varlen.varlen.seq_lens_k = {96, 40};
+  EXPECT_FALSE(host_preparable(varlen));
+  EXPECT_TRUE(refused(path, varlen, 7, 64));
+  // The original still reads.
+  HostPrepared out;
+  std::string why;
+  EXPECT_TRUE(read_prepared(path, p, 7, 64, out, why)) << why;
+}
+
+TEST(PrepareAhead, EachProblemOnceInAPrivateFolderRemovedWhenDone) {
+  Problem second = fwd_problem();
+  second.causal = false;  // the same streams and sizes: its inputs come from the first one's
+  Problem varlen = fwd_problem();
+  varlen.varlen.lengths = "list";
+  varlen.varlen.seq_lens_q = varlen.varlen.seq_lens_k = {96, 40};
+  const std::vector<Problem> problems = {fwd_problem(), second, varlen, bwd_problem()};
+  std::string dir;
+  {
+    PrepareAhead ahead(problems, 11, 32, 1, 2);
+    dir = ahead.dir();
+    struct stat st {};
+    ASSERT_EQ(stat(dir.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    for (size_t i : {0u, 1u, 3u}) {
+      double waited = -1;
+      const std::string file = ahead.wait(problems[i], &waited);
+      ASSERT_FALSE(file.empty()) << i << ": " << ahead.failure(i);
+      EXPECT_GE(waited, 0);
+      EXPECT_TRUE(ahead.ready(i));
+      HostPrepared h;
+      std::string why;
+      ASSERT_TRUE(read_prepared(file, problems[i], 11, 32, h, why)) << why;
+      expect_same(h, prepare_host(problems[i], 11, 32, 2));
+      ahead.done(i);
+      EXPECT_FALSE(std::filesystem::exists(file));
+      EXPECT_EQ(ahead.wait(problems[i]), "");  // done: nothing to wait for
+    }
+    EXPECT_EQ(ahead.wait(varlen), "");  // the worker prepares it
+    EXPECT_TRUE(ahead.ready(2));
+    EXPECT_EQ(ahead.prepared(), 3);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+// Stopped early: the thread ends after the problem it is on, and the folder goes.
+TEST(PrepareAhead, StopsWithoutWaitingForTheRest) {
+  std::vector<Problem> problems(6, bwd_problem());
+  for (size_t i = 0; i < problems.size(); ++i) problems[i].seq_q = 64 + 8 * (int)i;
+  std::string dir;
+  {
+    PrepareAhead ahead(problems, 11, 32, 2, 2);
+    dir = ahead.dir();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}

@@ -1,0 +1,60 @@
+// A prepared problem's host side: the seeded inputs in the kernel's format and the float64 reference (with the
+// backward's bounds), for a dense problem with generated inputs -- what GpuRunner::prepare computes before it
+// uploads, as one value. The worker computes it itself, or reads it from a file the tuner wrote ahead of the
+// GPUs' need (tuner/sweep/prepare_ahead.hpp), once per problem for every worker that shares the problem: the
+// same function makes both, so a read problem is the computed one bit for bit. Pure host code (no CUDA).
+//
+// THE FILE. "FTPREP01", the header's length (u64, little-endian), the header (JSON: the problem, seed, max_rows),
+// then the arrays in a fixed order with no sizes of their own: every size follows from the problem (its distinct
+// units or heads, its sampled rows, recomputed by the reader), so a file is read as data only. A file is untrusted
+// input: read_prepared rejects it (and the worker computes the problem itself) unless its size is exactly the
+// one the expected problem implies, its header names that problem, seed and max_rows, and it is a regular file.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/problem.hpp"
+#include "worker/inputs.hpp"
+#include "worker/validate.hpp"
+
+namespace flashtune {
+
+struct HostPrepared {
+  Problem problem;
+  uint64_t seed = 0;
+  long long max_rows = 0;
+  // Forward: q, k, v of `units` distinct units (forward_distinct_units), tiled over the problem's heads on upload.
+  // Backward: q, dout of `distinct_heads` distinct query heads, k, v of `groups` distinct kv heads.
+  int units = 0, distinct_heads = 0, groups = 0;
+  std::vector<uint8_t> q, k, v, dout;  // the kernel's bytes (dtype)
+  FwdReference fwd;                    // forward
+  BwdReference bwd;                    // backward
+  BwdBounds bounds;                    // backward
+};
+
+// True for what prepare_host covers: a dense problem (not varlen, not paged). File-backed inputs are the
+// caller's to exclude.
+bool host_preparable(const Problem&);
+
+// A seeded tensor as prepare_host asks for it: n numbers of `stream` in the dtype, from `dist` (generated_input's
+// arguments). The tuner passes one that keeps what it made (shared: prepare_host copies the bytes of a tensor
+// someone else holds, and moves them out of one it alone holds): problems of one sweep share their streams.
+using InputSource = std::function<std::shared_ptr<HostTensor>(size_t n, uint64_t stream, DType, const InputDist&)>;
+
+// The inputs and the reference of `p` (host_preparable) with generated inputs, as the worker's prepare makes
+// them; `lap(phase)` after the inputs ("inputs") and after the reference ("reference"); `source` makes the inputs
+// (empty: generated_input on `threads` threads).
+HostPrepared prepare_host(const Problem& p, uint64_t seed, long long max_rows, int threads = 0,
+                          const std::function<void(const char*)>& lap = {}, const InputSource& source = {});
+
+// Writes `h` to `path` (a new file: written beside it, then renamed over it). Throws on a failed write.
+void write_prepared(const std::string& path, const HostPrepared& h);
+
+// `path` as the prepared problem (p, seed, max_rows); false with `why` when it is not exactly that.
+bool read_prepared(const std::string& path, const Problem& p, uint64_t seed, long long max_rows, HostPrepared& out,
+                   std::string& why);
+
+}  // namespace flashtune
