@@ -560,6 +560,8 @@ fa3-bwd)
   #   peers - each point's best backward (fa3_wgmma_bwd, fa2_wgmma_bwd, fa2_mma_bwd) through flashtune.torch beside
   #           torch SDPA flash, cuDNN and the FA3-class kernel (FA4's sm90, if installed), one process, profiler
   #           kernel time: bwd_hopper_vs_peers.csv
+  #   short - fa3_wgmma_bwd_short.json exhaustively on the long points (S 16k, GQA 8k): fa3_bwd_short.db
+  #           (peers then with FA3_BWD_PEERS_DB=<it>, FA3_BWD_PEERS_PROBLEMS=<files>, FA3_BWD_PEERS_OUT=<csv stem>)
   #   det   - DETERMINISTIC 1 validated (5 bitwise-equal runs per config) and tuned (halving) on the grid
   parts=("$@")
   ((${#parts[@]})) || parts=(check spot)
@@ -594,15 +596,22 @@ fa3-bwd)
         done
         $ft best --db "$db" --family fa3_wgmma_bwd --csv >"$rep/best_fa3_wgmma_bwd.csv"
         ;;
+      short)  # fa3_wgmma_bwd_short.json exhaustively on the long points (anchors_bwd_long_bf16) into fa3_bwd_short.db
+        log "tune fa3_wgmma_bwd_short on anchors_bwd_long_bf16 (exhaustive)"
+        timeout "${FA3_BWD_SHORT_LIMIT_S:-300}" $ft tune configs/spaces/fa3_wgmma_bwd_short.json \
+          configs/problems/anchors_bwd_long_bf16.json --db "$rep/fa3_bwd_short.db" --timeout 10 2>&1 | grep -vE "^\[" | tail -9
+        $ft drop-cubins --db "$rep/fa3_bwd_short.db"; cp "$rep/fa3_bwd_short.db" "$OUT/"
+        ;;
       peers)
         log "backward peers, one process, profiler kernel time"
         lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
         fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)  # the FA3-class peer, if .fa4a/.fa4b installed it
         PYTHONPATH="$PWD/python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
         timeout "${FA3_BWD_PEERS_LIMIT_S:-300}" python3 experiments/bwd_peers.py --db "${FA3_BWD_PEERS_DB:-$db}" \
-          --problems configs/problems/anchors_bwd_bf16.json configs/problems/gqa_bwd_bf16_2k8k.json \
-          --out "$rep/bwd_hopper_vs_peers.csv" 2>"$OUT/bwd_peers.log"
-        echo "peers exit $?"; tail -5 "$OUT/bwd_peers.log"; cp "$rep/bwd_hopper_vs_peers.csv" "$rep/bwd_hopper_vs_peers_kernels.csv" "$OUT/" 2>/dev/null
+          --problems ${FA3_BWD_PEERS_PROBLEMS:-configs/problems/anchors_bwd_bf16.json configs/problems/gqa_bwd_bf16_2k8k.json} \
+          --out "$rep/${FA3_BWD_PEERS_OUT:-bwd_hopper_vs_peers}.csv" 2>"$OUT/bwd_peers.log"
+        echo "peers exit $?"; tail -5 "$OUT/bwd_peers.log"
+        cp "$rep/${FA3_BWD_PEERS_OUT:-bwd_hopper_vs_peers}.csv" "$rep/${FA3_BWD_PEERS_OUT:-bwd_hopper_vs_peers}_kernels.csv" "$OUT/" 2>/dev/null
         ;;
       profile)  # Nsight Compute on the dK/dV kernel at each FA3_BWD_PROFILE_POINTS entry "params;B,H,Sq,Sk,d;causal"
                 # (entries split by '|'), and on the FA3-class kernel (FA4's sm90) at the same shapes where installed
