@@ -560,7 +560,8 @@ fa3-bwd)
   #   peers - each point's best backward (fa3_wgmma_bwd, fa2_wgmma_bwd, fa2_mma_bwd) through flashtune.torch beside
   #           torch SDPA flash, cuDNN and the FA3-class kernel (FA4's sm90, if installed), one process, profiler
   #           kernel time: bwd_hopper_vs_peers.csv
-  #   short - fa3_wgmma_bwd_short.json exhaustively on the long points (S 16k, GQA 8k): fa3_bwd_short.db
+  #   short - fa3_wgmma_bwd_short.json exhaustively on the long points (S 16k, GQA 8k; FA3_BWD_SHORT_PROBLEMS: names
+  #           under configs/problems) into fa3_bwd_short.db (rows there kept: a second call adds)
   #           (peers then with FA3_BWD_PEERS_DB=<it>, FA3_BWD_PEERS_PROBLEMS=<files>, FA3_BWD_PEERS_OUT=<csv stem>)
   #   det   - DETERMINISTIC 1 validated (5 bitwise-equal runs per config) and tuned (halving) on the grid
   parts=("$@")
@@ -597,9 +598,11 @@ fa3-bwd)
         $ft best --db "$db" --family fa3_wgmma_bwd --csv >"$rep/best_fa3_wgmma_bwd.csv"
         ;;
       short)  # fa3_wgmma_bwd_short.json exhaustively on the long points (anchors_bwd_long_bf16) into fa3_bwd_short.db
-        log "tune fa3_wgmma_bwd_short on anchors_bwd_long_bf16 (exhaustive)"
-        timeout "${FA3_BWD_SHORT_LIMIT_S:-300}" $ft tune configs/spaces/fa3_wgmma_bwd_short.json \
-          configs/problems/anchors_bwd_long_bf16.json --db "$rep/fa3_bwd_short.db" --timeout 10 2>&1 | grep -vE "^\[" | tail -9
+        for probs in ${FA3_BWD_SHORT_PROBLEMS:-anchors_bwd_long_bf16}; do
+          log "tune fa3_wgmma_bwd_short on $probs (exhaustive)"
+          timeout "${FA3_BWD_SHORT_LIMIT_S:-300}" $ft tune configs/spaces/fa3_wgmma_bwd_short.json \
+            configs/problems/$probs.json --db "$rep/fa3_bwd_short.db" --timeout 10 2>&1 | grep -vE "^\[|^tune " | tail -14
+        done
         $ft drop-cubins --db "$rep/fa3_bwd_short.db"; cp "$rep/fa3_bwd_short.db" "$OUT/"
         ;;
       peers)
