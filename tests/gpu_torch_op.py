@@ -962,9 +962,10 @@ def first_use_tuning():
 
 
 # --- sliding windows and softcap (issue 32) ---------------------------------------------------------------
-def mod_reference(q, k, v, dout, causal, scale, window, softcap):
+def mod_reference(q, k, v, dout, causal, scale, window, softcap, alibi=None):
     """float64 forward and backward with FlashAttention's window_size (bottom-right aligned, -1 unbounded; causal
-    keeps the diagonal as its right edge) and softcap (s -> c tanh(s / c) before the mask and softmax)."""
+    keeps the diagonal as its right edge), softcap (s -> c tanh(s / c) before the mask and softmax) and alibi_slopes
+    ([H] or [B, H]: s -> s - slope |i + Sk - Sq - j| after the cap)."""
     q, k0, v0 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
     k, v = expand_kv(q, k0, v0)
     s = (q @ k.transpose(-1, -2)) * scale
@@ -974,6 +975,9 @@ def mod_reference(q, k, v, dout, causal, scale, window, softcap):
     i = torch.arange(sq, device=q.device)[:, None]
     j = torch.arange(sk, device=q.device)[None, :]
     diag = i + (sk - sq)
+    if alibi is not None:
+        slopes = alibi.double().expand(q.shape[0], q.shape[1])[:, :, None, None]  # [B, H, 1, 1]
+        s = s - slopes * (diag - j).abs()
     mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     left, right = window
     if left >= 0:
@@ -1056,6 +1060,81 @@ def window_softcap():
         raises(lambda: attention(q, q, q, **kw), exc, pattern, f"attention(fp32 or bad values, {kw})")
 
 
+ALIBI_CASES = [  # B, H, Hk, Sq, Sk, d, causal, slopes per batch, dtype
+    (2, 4, 4, 333, 517, 128, True, False, torch.bfloat16),
+    (2, 8, 2, 517, 333, 64, False, True, torch.bfloat16),
+    (1, 4, 4, 300, 300, 128, False, True, torch.float16),
+    (2, 4, 1, 190, 257, 64, True, False, torch.bfloat16),
+]
+
+
+def alibi():
+    """attention(alibi_slopes=...) ([H] and [B, H], fp32; FlashAttention's) against a float64 reference with the
+    same bias (and the plain reference far from it), forward and backward through the op; attention_varlen's forward
+    with slopes per sequence; the argument's errors in one line."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        check(True, "alibi: not an sm_90 GPU (ALiBi is in the Hopper families)")
+        return
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 33)
+    for B, H, Hk, sq, sk, d, causal, per_batch, dtype in ALIBI_CASES:
+        name = (f"alibi {str(dtype).split('.')[-1]} B{B} H{H}/{Hk} Sq{sq} Sk{sk} d{d}{' causal' if causal else ''} "
+                f"slopes {'[B, H]' if per_batch else '[H]'}")
+        q = make((B, H, sq, d), dtype, "bhsd", gen).requires_grad_(True)
+        k = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
+        v = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
+        dout = torch.randn(B, H, sq, d, device="cuda", dtype=dtype, generator=gen)
+        # BLOOM's slopes 2^(-8 (h + 1) / H), times b + 1 for sequence b when per batch: large enough that the bias
+        # moves the output well past the bound below
+        base = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], device="cuda")
+        slopes = torch.stack([(b + 1) * base for b in range(B)]) if per_batch else base
+        scale = 1.0 / math.sqrt(d)
+        ex = explain(q, k, v, causal=causal, alibi_slopes=slopes)
+        check(ex["family"] == "fa3_wgmma", f"{name}: explain names fa3_wgmma ({ex['family']} {ex['config']})")
+        o = attention(q, k, v, causal=causal, alibi_slopes=slopes)
+        ref = mod_reference(q, k, v, dout, causal, scale, (-1, -1), 0.0, slopes)
+        ma, rl2 = errors(o, ref[0])
+        check(rl2 <= MOD_REL_L2, f"{name}: O rel L2 {rl2:.2e} <= {MOD_REL_L2} (max-abs {ma:.2e})")
+        _, dropped = errors(o, mod_reference(q, k, v, dout, causal, scale, (-1, -1), 0.0)[0])
+        check(dropped > 3 * MOD_REL_L2, f"{name}: the reference without the bias is far ({dropped:.2e})")
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+        for key, ours, want in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref[1:]):
+            ma, rl2 = errors(ours, want)
+            check(rl2 <= 2 * MOD_REL_L2, f"{name}: {key} rel L2 {rl2:.2e} <= {2 * MOD_REL_L2} (max-abs {ma:.2e})")
+    # packed: sequence b's head h has slopes[b, h]; forward only (no_grad), and a call that would need a backward
+    lengths = [(300, 500), (1, 64), (700, 700)]
+    cu_q, cu_k = (torch.tensor(offsets(ls), dtype=torch.int32, device="cuda")
+                  for ls in ([a for a, _ in lengths], [c for _, c in lengths]))
+    H, Hk, d = 4, 2, 128
+    qv = torch.randn(int(cu_q[-1]), H, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    kv = torch.randn(int(cu_k[-1]), Hk, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    vv = torch.randn(int(cu_k[-1]), Hk, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    slopes = torch.rand(len(lengths), H, device="cuda", generator=gen) * 0.5 + 0.01
+    for causal in (False, True):
+        with torch.no_grad():
+            o = ftt.attention_varlen(qv, kv, vv, cu_q, cu_k, 700, 700, causal=causal, alibi_slopes=slopes)
+        worst = 0.0
+        for b, (a, c) in enumerate(lengths):
+            qs, ks, vs = (t[int(cu[b]):int(cu[b + 1])].transpose(0, 1)[None] for t, cu in ((qv, cu_q), (kv, cu_k),
+                                                                                         (vv, cu_k)))
+            want = mod_reference(qs, ks, vs, torch.zeros_like(qs), causal, 1.0 / math.sqrt(d), (-1, -1), 0.0,
+                                 slopes[b])[0]
+            worst = max(worst, errors(o[int(cu_q[b]):int(cu_q[b + 1])].transpose(0, 1)[None], want)[1])
+        check(worst <= MOD_REL_L2, f"alibi varlen causal={causal}: every sequence's O rel L2 <= {MOD_REL_L2} "
+                                   f"(worst {worst:.2e})")
+    qg = qv.clone().requires_grad_(True)
+    raises(lambda: ftt.attention_varlen(qg, kv, vv, cu_q, cu_k, 700, 700, alibi_slopes=slopes), ValueError,
+           "alibi_slopes has no backward for packed batches", "attention_varlen(alibi_slopes=...) needing a backward")
+    # the argument's errors, one line each
+    q = torch.randn(2, 4, 64, 64, device="cuda", dtype=torch.bfloat16)
+    good = torch.full((4,), 0.25, device="cuda")
+    for slopes, exc, pattern in [(good.half(), TypeError, "alibi_slopes must be torch.float32"),
+                                 (good.cpu(), ValueError, "alibi_slopes is on cpu"),
+                                 (torch.ones(3, device="cuda"), ValueError, "alibi_slopes must have shape (4,) or (2, 4)"),
+                                 (torch.ones(3, 4, device="cuda"), ValueError, "alibi_slopes must have shape"),
+                                 ([0.5] * 4, TypeError, "alibi_slopes must be a torch.Tensor")]:
+        raises(lambda: attention(q, q, q, alibi_slopes=slopes), exc, pattern, f"attention(alibi_slopes={slopes!r:.40})")
+
+
 def main():
     ok, why = flashtune.device_available()
     if not ok or not torch.cuda.is_available():
@@ -1064,7 +1143,7 @@ def main():
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
     parts = (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
              streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs, deterministic,
-             scratch_through_torch, window_softcap)
+             scratch_through_torch, window_softcap, alibi)
     names = {p.__name__: p for p in parts + (first_use_tuning,)}  # first_use_tuning only when named
     unknown = [a for a in sys.argv[1:] if a not in names]
     if unknown:

@@ -523,7 +523,8 @@ class TorchOpSchemas(unittest.TestCase):
     (@torch.library.custom_op("flashtune_ctypes::...") in flashtune/torch.py) declare the same ops: names, argument
     names, types and defaults, in order. Both are read as text, so this runs without torch."""
     ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    TYPES = {"torch.Tensor": "Tensor", "bool": "bool", "float": "float", "int": "int"}
+    TYPES = {"torch.Tensor": "Tensor", "Optional[torch.Tensor]": "Tensor?", "bool": "bool", "float": "float",
+             "int": "int"}
 
     def cpp_ops(self):
         src = open(os.path.join(self.ROOT, "python", "csrc", "flashtune_torch.cpp")).read()

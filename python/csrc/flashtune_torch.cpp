@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -341,11 +342,12 @@ struct BackwardOptions {
 void apply_options(const BackwardOptions& o, ft_backward_args& a) { a.deterministic = o.deterministic ? 1 : 0; }
 void apply_options(const BackwardOptions& o, ft_varlen_backward_args& a) { a.deterministic = o.deterministic ? 1 : 0; }
 
-// The score modifications of a call (FlashAttention's window_size and softcap), the ops' last three arguments, as the
-// runtime's ft_mods (which checks their ranges, and that a family has them, in one line).
+// The score modifications of a call (FlashAttention's window_size, softcap and alibi_slopes), the ops' last four
+// arguments, as the runtime's ft_mods (which checks their ranges, and that a family has them, in one line).
 struct Mods {
   int64_t window_left = -1, window_right = -1;
   double softcap = 0;
+  std::optional<Tensor> alibi;  // fp32 [H] or [batch, H] on q's device (checked by with_alibi)
   ft_mods c() const {
     const bool windowed = window_left >= 0 || window_right >= 0;
     auto edge = [](int64_t e, const char* name) {
@@ -353,14 +355,37 @@ struct Mods {
                         " must be -1 (unbounded) or a key count in 0..1073741824, got ", e);
       return static_cast<int>(e);
     };
-    return ft_mods{windowed ? 1 : 0, windowed ? edge(window_left, "window_size[0]") : 0,
-                   windowed ? edge(window_right, "window_size[1]") : 0, static_cast<float>(softcap)};
+    ft_mods m{windowed ? 1 : 0, windowed ? edge(window_left, "window_size[0]") : 0,
+              windowed ? edge(window_right, "window_size[1]") : 0, static_cast<float>(softcap), nullptr, 0};
+    if (alibi) {
+      m.alibi_slopes = alibi->data_ptr<float>();
+      m.alibi_batch_stride = alibi->dim() == 2 ? alibi->size(1) : 0;
+    }
+    return m;
   }
 };
 
+// ALiBi's slopes checked against q (heads H = q.size(1); batch: B, or a packed call's sequences), contiguous: the
+// Mods to pass on. One line for a wrong dtype, device or shape, as flashtune/torch.py's _alibi words it.
+Mods with_alibi(Mods m, const std::optional<Tensor>& slopes, const Tensor& q, int64_t batch, const char* fn) {
+  if (!slopes) return m;
+  const Tensor& a = *slopes;
+  TORCH_CHECK_TYPE(a.scalar_type() == at::kFloat, fn, ": alibi_slopes must be torch.float32 (FlashAttention's), got ",
+                   a.scalar_type());
+  TORCH_CHECK_VALUE(a.device() == q.device(), fn, ": alibi_slopes is on ", a.device(), ", q on ", q.device(),
+                    "; the kernels read it on q's GPU");
+  const int64_t H = q.size(1);
+  TORCH_CHECK_VALUE((a.dim() == 1 && a.size(0) == H) || (a.dim() == 2 && a.size(0) == batch && a.size(1) == H), fn,
+                    ": alibi_slopes must have shape (", H, ",) or (", batch, ", ", H, ") ([heads] or [batch, heads]), got ",
+                    shape_str(a));
+  m.alibi = a.contiguous();
+  return m;
+}
+
 std::tuple<Tensor, Tensor> attention_fwd_cuda(const Tensor& q_, const Tensor& k_, const Tensor& v_, bool causal,
                                               double scale, bool /*deterministic: the backward's*/,
-                                              int64_t window_left, int64_t window_right, double softcap) {
+                                              int64_t window_left, int64_t window_right, double softcap,
+                                              const std::optional<Tensor>& alibi_slopes) {
   check_dense(q_, k_, v_);
   const c10::cuda::CUDAGuard guard(q_.device());
   const int64_t B = q_.size(0), H = q_.size(1), Sq = q_.size(2), d = q_.size(3), Sk = k_.size(2);
@@ -388,7 +413,8 @@ std::tuple<Tensor, Tensor> attention_fwd_cuda(const Tensor& q_, const Tensor& k_
   a.o = ref4(o);
   a.lse = lse.data_ptr<float>();
   a.heads_k = static_cast<int>(k.size(1));
-  a.mods = Mods{window_left, window_right, softcap}.c();
+  const Mods mods = with_alibi(Mods{window_left, window_right, softcap}, alibi_slopes, q, B, kDense);
+  a.mods = mods.c();
   check_status(rt().forward(&a, stream_of(q)), "flashtune forward");
   return {o, lse};
 }
@@ -448,9 +474,10 @@ std::tuple<Tensor, Tensor, Tensor> dense_backward(const Tensor& dout_, const Ten
 std::tuple<Tensor, Tensor, Tensor> attention_bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                       const Tensor& v, const Tensor& o, const Tensor& lse, bool causal,
                                                       double scale, bool deterministic, int64_t window_left,
-                                                      int64_t window_right, double softcap) {
+                                                      int64_t window_right, double softcap,
+                                                      const std::optional<Tensor>& alibi_slopes) {
   return dense_backward(dout, q, k, v, o, lse, causal, scale, BackwardOptions{deterministic},
-                        Mods{window_left, window_right, softcap});
+                        with_alibi(Mods{window_left, window_right, softcap}, alibi_slopes, q, q.size(0), kDense));
 }
 
 template <class Args>
@@ -475,7 +502,8 @@ std::tuple<Tensor, Tensor> attention_varlen_fwd_cuda(const Tensor& q_, const Ten
                                                      const Tensor& cu_q_, const Tensor& cu_k_, int64_t max_q,
                                                      int64_t max_k, bool causal, double scale,
                                                      bool /*deterministic: the backward's*/, int64_t window_left,
-                                                     int64_t window_right, double softcap) {
+                                                     int64_t window_right, double softcap,
+                                                     const std::optional<Tensor>& alibi_slopes) {
   check_varlen(q_, k_, v_, cu_q_, cu_k_, max_q, max_k);
   const c10::cuda::CUDAGuard guard(q_.device());
   const int64_t Tq = q_.size(0), H = q_.size(1), d = q_.size(2);
@@ -496,7 +524,8 @@ std::tuple<Tensor, Tensor> attention_varlen_fwd_cuda(const Tensor& q_, const Ten
   a.v = ref3(v);
   a.o = ref3(o);
   a.lse = lse.data_ptr<float>();
-  a.mods = Mods{window_left, window_right, softcap}.c();
+  const Mods mods = with_alibi(Mods{window_left, window_right, softcap}, alibi_slopes, q, cu_q.numel() - 1, kVarlen);
+  a.mods = mods.c();
   check_status(rt().varlen_forward(&a, stream_of(q)), "flashtune varlen forward");
   return {o, lse};
 }
@@ -542,9 +571,11 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_bwd_cuda(const Tensor& dout,
                                                              const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
                                                              int64_t max_k, bool causal, double scale,
                                                              bool deterministic, int64_t window_left,
-                                                             int64_t window_right, double softcap) {
-  return varlen_backward(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale,
-                         BackwardOptions{deterministic}, Mods{window_left, window_right, softcap});
+                                                             int64_t window_right, double softcap,
+                                                             const std::optional<Tensor>& alibi_slopes) {
+  return varlen_backward(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, BackwardOptions{deterministic},
+                         with_alibi(Mods{window_left, window_right, softcap}, alibi_slopes, q, cu_q.numel() - 1,
+                                    kVarlen));
 }
 
 std::tuple<Tensor, Tensor> attention_paged_fwd_cuda(const Tensor& q_, const Tensor& kp, const Tensor& vp,
@@ -590,46 +621,53 @@ std::tuple<Tensor, Tensor> attention_paged_fwd_cuda(const Tensor& q_, const Tens
 // ---- autograd ------------------------------------------------------------------------------------------------
 // The forwards redispatch below autograd to their CUDA kernels; the backwards call the backward ops through the
 // dispatcher, so that torch.compile (AOTAutograd) traces them as ops and eager mode runs their CUDA kernels.
-// ..., deterministic, window_left, window_right, softcap: the ops' last four arguments.
+// ..., deterministic, window_left, window_right, softcap, alibi_slopes: the ops' last five arguments.
+using Slopes = std::optional<Tensor>;
 using FwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool, double, bool, int64_t,
-                                          int64_t, double);
+                                          int64_t, double, const Slopes&);
 using BwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                   const Tensor&, const Tensor&, bool, double, bool, int64_t, int64_t,
-                                                  double);
+                                                  double, const Slopes&);
 using VarlenFwdSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                 const Tensor&, int64_t, int64_t, bool, double, bool, int64_t, int64_t,
-                                                double);
+                                                double, const Slopes&);
 using VarlenBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                         const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                        int64_t, int64_t, bool, double, bool, int64_t, int64_t, double);
+                                                        int64_t, int64_t, bool, double, bool, int64_t, int64_t, double,
+                                                        const Slopes&);
 
 template <class Sig>
 c10::TypedOperatorHandle<Sig> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
-void save_mods(AutogradContext* ctx, int64_t window_left, int64_t window_right, double softcap) {
+void save_mods(AutogradContext* ctx, int64_t window_left, int64_t window_right, double softcap, const Slopes& alibi) {
   ctx->saved_data["window_left"] = window_left;
   ctx->saved_data["window_right"] = window_right;
   ctx->saved_data["softcap"] = softcap;
+  ctx->saved_data["alibi_slopes"] = alibi;  // a constant of the call (no gradient), kept as given
+}
+Slopes saved_alibi(AutogradContext* ctx) {
+  const c10::IValue& a = ctx->saved_data["alibi_slopes"];
+  return a.isNone() ? Slopes{} : Slopes{a.toTensor()};
 }
 
 class DenseAttention : public torch::autograd::Function<DenseAttention> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                double scale, bool deterministic, int64_t window_left, int64_t window_right,
-                               double softcap) {
+                               double softcap, const Slopes& alibi) {
     static const auto fwd = find_op<FwdSig>("flashtune::attention_fwd");
     Tensor o, lse;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(o, lse) = fwd.call(q, k, v, causal, scale, deterministic, window_left, window_right, softcap);
+      std::tie(o, lse) = fwd.call(q, k, v, causal, scale, deterministic, window_left, window_right, softcap, alibi);
     }
     ctx->save_for_backward({q, k, v, o, lse});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["deterministic"] = deterministic;
-    save_mods(ctx, window_left, window_right, softcap);
+    save_mods(ctx, window_left, window_right, softcap, alibi);
     ctx->mark_non_differentiable({lse});
     ctx->set_materialize_grads(false);  // lse's gradient stays undefined: no zeros_like(lse) per backward
     return {o, lse};
@@ -641,8 +679,8 @@ class DenseAttention : public torch::autograd::Function<DenseAttention> {
     auto [dq, dk, dv] = bwd.call(dout, s[0], s[1], s[2], s[3], s[4], ctx->saved_data["causal"].toBool(),
                                  ctx->saved_data["scale"].toDouble(), ctx->saved_data["deterministic"].toBool(),
                                  ctx->saved_data["window_left"].toInt(), ctx->saved_data["window_right"].toInt(),
-                                 ctx->saved_data["softcap"].toDouble());
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+                                 ctx->saved_data["softcap"].toDouble(), saved_alibi(ctx));
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -657,14 +695,14 @@ bool records_graph(std::initializer_list<const Tensor*> ts) {
 
 std::tuple<Tensor, Tensor> attention_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                                   double scale, bool deterministic, int64_t window_left,
-                                                  int64_t window_right, double softcap) {
+                                                  int64_t window_right, double softcap, const Slopes& alibi) {
   if (!records_graph({&q, &k, &v})) {
     static const auto fwd = find_op<FwdSig>("flashtune::attention_fwd");
     const at::AutoDispatchBelowADInplaceOrView below;
-    return fwd.call(q, k, v, causal, scale, deterministic, window_left, window_right, softcap);
+    return fwd.call(q, k, v, causal, scale, deterministic, window_left, window_right, softcap, alibi);
   }
   const variable_list out =
-      DenseAttention::apply(q, k, v, causal, scale, deterministic, window_left, window_right, softcap);
+      DenseAttention::apply(q, k, v, causal, scale, deterministic, window_left, window_right, softcap, alibi);
   return {out[0], out[1]};
 }
 
@@ -673,16 +711,16 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k, bool causal,
                                double scale, bool deterministic, int64_t window_left, int64_t window_right,
-                               double softcap) {
+                               double softcap, const Slopes& alibi) {
     static const auto fwd = find_op<VarlenFwdSig>("flashtune::attention_varlen_fwd");
     Tensor o, lse;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
       std::tie(o, lse) = fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic, window_left,
-                                  window_right, softcap);
+                                  window_right, softcap, alibi);
     }
     ctx->saved_data["deterministic"] = deterministic;
-    save_mods(ctx, window_left, window_right, softcap);
+    save_mods(ctx, window_left, window_right, softcap, alibi);
     ctx->save_for_backward({q, k, v, o, lse, cu_q, cu_k});
     ctx->saved_data["max_q"] = max_q;
     ctx->saved_data["max_k"] = max_k;
@@ -700,24 +738,25 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                                  ctx->saved_data["max_k"].toInt(), ctx->saved_data["causal"].toBool(),
                                  ctx->saved_data["scale"].toDouble(), ctx->saved_data["deterministic"].toBool(),
                                  ctx->saved_data["window_left"].toInt(), ctx->saved_data["window_right"].toInt(),
-                                 ctx->saved_data["softcap"].toDouble());
+                                 ctx->saved_data["softcap"].toDouble(), saved_alibi(ctx));
     return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
-            Tensor(), Tensor(), Tensor()};
+            Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor> attention_varlen_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                                          const Tensor& cu_q, const Tensor& cu_k, int64_t max_q,
                                                          int64_t max_k, bool causal, double scale, bool deterministic,
-                                                         int64_t window_left, int64_t window_right, double softcap) {
+                                                         int64_t window_left, int64_t window_right, double softcap,
+                                                         const Slopes& alibi) {
   if (!records_graph({&q, &k, &v})) {
     static const auto fwd = find_op<VarlenFwdSig>("flashtune::attention_varlen_fwd");
     const at::AutoDispatchBelowADInplaceOrView below;
     return fwd.call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic, window_left, window_right,
-                    softcap);
+                    softcap, alibi);
   }
   const variable_list out = VarlenAttention::apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, deterministic,
-                                                   window_left, window_right, softcap);
+                                                   window_left, window_right, softcap, alibi);
   return {out[0], out[1]};
 }
 
@@ -726,19 +765,21 @@ std::tuple<Tensor, Tensor> attention_varlen_fwd_autograd(const Tensor& q, const 
 
 TORCH_LIBRARY(flashtune, m) {
   m.set_python_module("flashtune.torch");  // the fake implementations (torch.compile) are registered there
-  // The last three: window_left, window_right (-1: unbounded) and softcap (0: off), FlashAttention's window_size and
-  // softcap (spelled out in each schema: tests/test_python_unit.py reads them as text beside the fallback's).
+  // The last four: window_left, window_right (-1: unbounded), softcap (0: off) and alibi_slopes (None: off),
+  // FlashAttention's window_size, softcap and alibi_slopes (spelled out in each schema: tests/test_python_unit.py reads
+  // them as text beside the fallback's).
   m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool deterministic=False, "
-        "int window_left=-1, int window_right=-1, float softcap=0.0) -> (Tensor, Tensor)");
+        "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None) -> (Tensor, Tensor)");
   m.def("attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool causal, float scale, "
-        "bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0) "
-        "-> (Tensor, Tensor, Tensor)");
+        "bool deterministic=False, int window_left=-1, int window_right=-1, float softcap=0.0, "
+        "Tensor? alibi_slopes=None) -> (Tensor, Tensor, Tensor)");
   m.def("attention_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, int max_seqlen_k, bool causal, float scale, bool deterministic=False, "
-        "int window_left=-1, int window_right=-1, float softcap=0.0) -> (Tensor, Tensor)");
+        "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None) -> (Tensor, Tensor)");
   m.def("attention_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor cu_seqlens_q, "
         "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, float scale, bool deterministic=False, "
-        "int window_left=-1, int window_right=-1, float softcap=0.0) -> (Tensor, Tensor, Tensor)");
+        "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None) "
+        "-> (Tensor, Tensor, Tensor)");
   m.def("attention_paged_fwd(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, Tensor cache_seqlens, "
         "bool causal, float scale, int max_seqlen_k) -> (Tensor, Tensor)");
 }

@@ -47,6 +47,7 @@ import os
 import re
 import subprocess
 import warnings
+from typing import Optional
 
 import torch
 
@@ -315,28 +316,58 @@ def _on(device):
     return torch.cuda.device(device)
 
 
-# The score modifications as the ops carry them: (window_left, window_right, softcap), FlashAttention's
-# window_size and softcap; NO_MODS: none.
-NO_MODS = (-1, -1, 0.0)
+# The score modifications as the ops carry them: (window_left, window_right, softcap, alibi_slopes), FlashAttention's
+# window_size, softcap and alibi_slopes; NO_MODS: none.
+NO_MODS = (-1, -1, 0.0, None)
 _NO_WINDOW = (-1, -1)  # window_size's default
 
 
-def _mods(fn, window_size, softcap):
-    """(window_left, window_right, softcap) from attention()'s keywords, checked (one line)."""
+def _alibi(fn, slopes, q, batch=None):
+    """ALiBi's slopes as the kernels read them: fp32 [H] or [batch, H] on q's device (FlashAttention's alibi_slopes),
+    contiguous (a strided tensor is copied: a few bytes); TypeError/ValueError (one line) otherwise."""
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"{fn}: alibi_slopes must be a torch.Tensor ([heads] or [batch, heads] fp32) or None, "
+                        f"got {type(slopes).__name__}")
+    if slopes.dtype != torch.float32:
+        raise TypeError(f"{fn}: alibi_slopes must be torch.float32 (FlashAttention's), got {slopes.dtype}")
+    if not isinstance(q, torch.Tensor) or q.dim() not in (3, 4):
+        return slopes  # q's own check says what is wrong with it
+    if slopes.device != q.device:
+        raise ValueError(f"{fn}: alibi_slopes is on {slopes.device}, q on {q.device}; the kernels read it on q's GPU")
+    H = q.shape[1]  # packed [total, H, d] (batch: the sequences) or [B, H, S, d]
+    batch = q.shape[0] if batch is None else batch
+    if tuple(slopes.shape) not in ((H,), (batch, H)):
+        raise ValueError(f"{fn}: alibi_slopes must have shape ({H},) or ({batch}, {H}) ([heads] or [batch, heads]), "
+                         f"got {tuple(slopes.shape)}")
+    return slopes if slopes.is_contiguous() else slopes.contiguous()
+
+
+def _mods(fn, window_size, softcap, alibi_slopes=None):
+    """(window_left, window_right, softcap, alibi_slopes) from attention()'s keywords, window and softcap checked (one
+    line); the slopes as given (checked against q by _alibi)."""
     if window_size == (-1, -1) and softcap == 0:
-        return NO_MODS
+        return NO_MODS if alibi_slopes is None else (-1, -1, 0.0, alibi_slopes)
     try:
         window, left, right, cap, _, _ = _lib.mods_tuple(window_size, softcap)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{fn}: {e}") from None
-    return (left, right, cap) if window else (-1, -1, cap)
+    return (left, right, cap, alibi_slopes) if window else (-1, -1, cap, alibi_slopes)
+
+
+def _with_alibi(fn, mods, q, batch=None):
+    """mods with its slopes checked against q (_alibi), or mods as they are when they hold none."""
+    if mods[3] is None:
+        return mods
+    return mods[:3] + (_alibi(fn, mods[3], q, batch),)
 
 
 def _ft_mods(mods):
-    """The ops' (window_left, window_right, softcap) as the runtime's ft_mods tuple (window, left, right, softcap, no
-    ALiBi slopes). Not checked again here: attention() checked them (_mods), and the runtime checks every field."""
-    left, right, cap = mods
-    return (1, left, right, cap, 0, 0) if left >= 0 or right >= 0 else (0, 0, 0, cap, 0, 0)
+    """The ops' (window_left, window_right, softcap, alibi_slopes) as the runtime's ft_mods tuple (window, left, right,
+    softcap, slopes pointer, slopes batch stride: 0 for [H]). Not checked again here: attention() checked them (_mods,
+    _alibi), and the runtime checks every field."""
+    left, right, cap, slopes = mods
+    ptr, stride = (0, 0) if slopes is None else (slopes.data_ptr(), slopes.shape[1] if slopes.dim() == 2 else 0)
+    return (1, left, right, cap, ptr, stride) if left >= 0 or right >= 0 else (0, 0, 0, cap, ptr, stride)
 
 
 def _fwd_args(q, k, v, o, lse, causal, scale, mods=NO_MODS):
@@ -398,13 +429,17 @@ def _forward_impl(q, k, v, causal, scale, mods=NO_MODS):
 @torch.library.custom_op("flashtune_ctypes::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   scale: float, deterministic: bool = False, window_left: int = -1, window_right: int = -1,
-                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    q, k, v = _check(q, k, v, "flashtune_ctypes::attention_fwd")
-    return _forward_impl(q, k, v, causal, scale, (window_left, window_right, softcap))
+                  softcap: float = 0.0,
+                  alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = "flashtune_ctypes::attention_fwd"
+    q, k, v = _check(q, k, v, fn)
+    return _forward_impl(q, k, v, causal, scale,
+                         _with_alibi(fn, (window_left, window_right, softcap, alibi_slopes), q))
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, scale, deterministic=False, window_left=-1, window_right=-1, softcap=0.0):
+def _attention_fwd_fake(q, k, v, causal, scale, deterministic=False, window_left=-1, window_right=-1, softcap=0.0,
+                        alibi_slopes=None):
     B, H, Sq, d = q.shape
     return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -432,15 +467,17 @@ def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False, mo
 @torch.library.custom_op("flashtune_ctypes::attention_bwd", mutates_args=())
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                   lse: torch.Tensor, causal: bool, scale: float, deterministic: bool = False,
-                  window_left: int = -1, window_right: int = -1,
-                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v = _check(q, k, v, "flashtune_ctypes::attention_bwd")
-    return _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic, (window_left, window_right, softcap))
+                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                  alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    fn = "flashtune_ctypes::attention_bwd"
+    q, k, v = _check(q, k, v, fn)
+    return _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic,
+                          _with_alibi(fn, (window_left, window_right, softcap, alibi_slopes), q))
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, o, lse, causal, scale, deterministic=False, window_left=-1, window_right=-1,
-                        softcap=0.0):
+                        softcap=0.0, alibi_slopes=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -529,15 +566,17 @@ def _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causa
 def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                          scale: float, deterministic: bool = False, window_left: int = -1, window_right: int = -1,
-                         softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    args = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         "flashtune_ctypes::attention_varlen_fwd")
-    return _varlen_forward_impl(*args, causal, scale, (window_left, window_right, softcap))
+                         softcap: float = 0.0,
+                         alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = "flashtune_ctypes::attention_varlen_fwd"
+    args = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, fn)
+    mods = _with_alibi(fn, (window_left, window_right, softcap, alibi_slopes), args[0], args[3].numel() - 1)
+    return _varlen_forward_impl(*args, causal, scale, mods)
 
 
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                               deterministic=False, window_left=-1, window_right=-1, softcap=0.0):
+                               deterministic=False, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
     Tq, H, d = q.shape
     return q.new_empty((Tq, H, d)), q.new_empty((H, Tq), dtype=torch.float32)
 
@@ -546,17 +585,20 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                          lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
                          max_seqlen_k: int, causal: bool, scale: float, deterministic: bool = False,
-                         window_left: int = -1, window_right: int = -1,
-                         softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                         alibi_slopes: Optional[torch.Tensor] = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    fn = "flashtune_ctypes::attention_varlen_bwd"
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                      "flashtune_ctypes::attention_varlen_bwd")
-    return _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic,
-                                 (window_left, window_right, softcap))
+                                                      fn)
+    mods = _with_alibi(fn, (window_left, window_right, softcap, alibi_slopes), q, cu_q.numel() - 1)
+    return _varlen_backward_impl(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale, deterministic, mods)
 
 
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                               scale, deterministic=False, window_left=-1, window_right=-1, softcap=0.0):
+                               scale, deterministic=False, window_left=-1, window_right=-1, softcap=0.0,
+                               alibi_slopes=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -836,7 +878,7 @@ def _first_use(q, k, v, causal, det):
 
 
 def attention(q, k, v, causal=False, scale=None, *, return_lse=False, deterministic=False, window_size=(-1, -1),
-              softcap=0.0):
+              softcap=0.0, alibi_slopes=None):
     """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
     (Hk = H, or a divisor of H: grouped-query attention, query head h reading kv head h // (H // Hk), as
     torch SDPA with enable_gqa=True; fp16 and bf16).
@@ -851,6 +893,8 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     diagonal); softcap=c > 0: the scaled scores s become c * tanh(s / c) before the softmax (Gemma-2). Both run in
     the Hopper families (sm_90, fp16 and bf16, blocks outside the window skipped; the backward at d 64, 96, 128); a
     call no kernel runs with them raises flashtune.UnsupportedError naming what is missing.
+    alibi_slopes (FlashAttention's; fp32 [H] or [B, H] on q's device): head h of sequence b adds
+    -slope |i + Sk - Sq - j| to its scaled scores (BLOOM, MPT), forward and backward, in the same families.
     Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
     TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or
     dtype the runtime has no kernel for on this GPU, flashtune.FlashtuneError for other runtime failures."""
@@ -862,7 +906,10 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     if deterministic is not True and deterministic is not False:
         _lib.flag(fn, "deterministic", deterministic)
     det = deterministic  # to the runtime's backward args (python/csrc: BackwardOptions)
-    mods = NO_MODS if window_size == _NO_WINDOW and softcap == 0 else _mods(fn, window_size, softcap)
+    if window_size == _NO_WINDOW and softcap == 0 and alibi_slopes is None:
+        mods = NO_MODS
+    else:
+        mods = _with_alibi(fn, _mods(fn, window_size, softcap, alibi_slopes), q)
     if causal is not True and causal is not False:
         causal = bool(causal)
     if _autotune.requested() and not torch.compiler.is_compiling():
@@ -908,15 +955,16 @@ class FlashAttention(torch.nn.Module):
         return f"head_dim={self.head_dim}, causal={self.causal}" + (f", scale={self.scale}" if self.scale else "")
 
 
-def explain(q, k, v, causal=False, deterministic=False, window_size=(-1, -1), softcap=0.0):
+def explain(q, k, v, causal=False, deterministic=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Which kernels attention(q, k, v, causal, deterministic=...) runs and why: a dict with family, config, source
     ("user", "db", "device", "arch", "default"), cache ("memory", "disk", "jit", "aot"), device and arch of
     the forward, its decode bucket ("bucket": "batch x kv heads 512 (of 8, 64, 512), Sk <= 4096" where a decoding
     family's tabled or stored pick runs, else ""), and the same for the backward under "backward" ({"error": ...}
     where it has none)."""
     det = _lib.flag("flashtune.torch.explain", "deterministic", deterministic)
-    mods = _mods("flashtune.torch.explain", window_size, softcap)
+    mods = _mods("flashtune.torch.explain", window_size, softcap, alibi_slopes)
     q, k, v = _check(q, k, v, "flashtune.torch.explain", autocast=True)
+    mods = _with_alibi("flashtune.torch.explain", mods, q)
     B, H, Sq, d = q.shape
     q, k, v = (_runtime_layout(t) for t in (q, k, v))
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
@@ -935,7 +983,7 @@ def explain(q, k, v, causal=False, deterministic=False, window_size=(-1, -1), so
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None, *,
-                     return_lse=False, deterministic=False, window_size=(-1, -1), softcap=0.0):
+                     return_lse=False, deterministic=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Attention over a packed batch of sequences of different lengths, as flash_attn_varlen_func: q
     [total_q, H, d], k and v [total_k, Hk, d] (Hk dividing H: grouped-query attention), sequence b owning
     query tokens cu_seqlens_q[b]:cu_seqlens_q[b+1] and keys cu_seqlens_k[b]:cu_seqlens_k[b+1] (int32
@@ -943,7 +991,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     max_seqlen_q/k (ints) at least the longest lengths. causal is per sequence, bottom-right aligned.
     Returns o [total_q, H, d]; with return_lse=True, (o, lse): lse [H, total_q] fp32, natural log
     (flash_attn_varlen_func's softmax_lse layout), without a gradient. Differentiable in q, k, v (through o);
-    deterministic=True, window_size and softcap as attention's (the window aligned to each sequence's lengths).
+    deterministic=True, window_size and softcap as attention's (the window aligned to each sequence's lengths);
+    alibi_slopes ([H] or [batch, H] fp32) as attention's, forward only (the packed backward has no ALiBi form: with
+    inputs that require grad while grad mode is on it raises ValueError).
     fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype).
 
     Raises TypeError/ValueError on bad arguments (shapes, dtypes, devices, offsets' dtype and count, totals
@@ -952,9 +1002,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     fn = "flashtune.torch.attention_varlen"
     return_lse = _lib.flag(fn, "return_lse", return_lse)
     det = _lib.flag(fn, "deterministic", deterministic)
-    mods = _mods(fn, window_size, softcap)
+    mods = _mods(fn, window_size, softcap, alibi_slopes)
     q, k, v, cu_q, cu_k, max_q, max_k = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                       fn, autocast=True)
+    if alibi_slopes is not None:
+        mods = _with_alibi(fn, mods, q, cu_q.numel() - 1)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise ValueError(f"{fn}: alibi_slopes has no backward for packed batches yet (the dense attention() has "
+                             f"one): call it under torch.no_grad(), or pass tensors that do not require grad")
     args = (q, k, v, cu_q, cu_k, max_q, max_k, bool(causal), _scale(scale), det)
     if _EXT:
         if torch.compiler.is_compiling():
