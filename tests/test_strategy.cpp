@@ -90,6 +90,33 @@ TEST(Strategy, HalvingRanksCheaplyThenTimesTheFinalistsFully) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(finalists.count(order[i].second)) << i;
 }
 
+// A time budget stops halving's first round where it is: what it measured then is a seeded sample of the whole
+// space, not the space's first candidates (one value of its first parameter).
+TEST(Strategy, HalvingFirstRoundIsASeededSampleOfTheWholeSpace) {
+  auto f = grid(8);  // 64 candidates, the first parameter slowest in the space's order
+  auto a = make_strategy({"halving", 0, 5}, f), b = make_strategy({"halving", 0, 5}, f);
+  const std::vector<Proposal> first = a->propose(16), again = b->propose(16);
+  ASSERT_EQ(first.size(), 16u);
+  std::set<size_t> distinct;
+  bool ordered = true;
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(first[i].candidate, again[i].candidate) << i;  // the seed decides it
+    distinct.insert(first[i].candidate);
+    ordered &= first[i].candidate == i;
+  }
+  EXPECT_EQ(distinct.size(), 16u);
+  EXPECT_FALSE(ordered);
+  // The first 16 of 64 in the space's order would be two of the eight values of the first parameter
+  std::set<size_t> spread;
+  for (const Proposal& p : first) spread.insert(p.candidate / 8);
+  EXPECT_GE(spread.size(), 5u);
+  // and the whole round is still every candidate once
+  auto c = make_strategy({"halving", 0, 5}, f);
+  std::set<size_t> round;
+  for (const Proposal& p : c->propose(64)) round.insert(p.candidate);
+  EXPECT_EQ(round.size(), 64u);
+}
+
 TEST(Strategy, GuidedStaysInItsBudgetAndFindsTheOptimumOfASmoothLandscape) {
   auto f = grid(10);
   std::vector<Proposal> props = drive(*make_strategy({"guided", 20, 3}, f), f);
