@@ -5,7 +5,7 @@
 # (every no-GPU test but the three that cannot load an instrumented library; any sanitizer report fails its
 # test), then scripts/fuzz.sh FUZZ_SECONDS t4 (findings in build-asan/fuzz/findings/t4/). Exit status 1 when
 # a test failed or the fuzzer found something. Not in CI (.ci/run's 20 minutes on 2 cores do not hold it):
-# on 2 cores the build is some 25 minutes from scratch, the suite some 20 (most of it the NVRTC tests;
+# on 2 cores the build is some 25 minutes from scratch, the suite some 25 (17 of it the NVRTC tests;
 # `scripts/sanitize.sh 300 --no-nvrtc` leaves them out: some 8), the fuzz what it is given. (The preset's label
 # filter takes precedence over a -LE given after it, so --no-nvrtc runs ctest with the preset's filters spelled
 # out and nvrtc added.)
