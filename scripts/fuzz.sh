@@ -27,6 +27,6 @@ for t in "${targets[@]}"; do
     echo "fuzz_$t FOUND something: $(ls "$out/findings/$t" | head -3) (log: $out/$t.log)"
     grep -m3 -E "ERROR|runtime error|fuzz: " "$out/$t.log" || true
   fi
-  grep -E "stat::number_of_executed_runs|cov: .* ft: " "$out/$t.log" | tail -2 || true
+  grep -E "stat::number_of_executed_units|DONE +cov: " "$out/$t.log" | tail -2 || true
 done
 exit $status
