@@ -4,6 +4,7 @@
 // (full Sq x Sk matrices per head), and the backward against finite differences
 // of a float64 loss, so the gradient formula itself is verified.
 #include "reference/attention_ref.hpp"
+#include "tests/reference_inputs.hpp"
 
 #include <gtest/gtest.h>
 
@@ -27,12 +28,7 @@ int64_t q_size(const Shape& s) { return s.q_elements(); }
 int64_t k_size(const Shape& s) { return s.kv_elements(); }  // (B, Hk, Sk, d)
 int64_t n_q_rows(const Shape& s) { return s.q_rows(); }
 
-std::vector<float> random_tensor(int64_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> t(n);
-  for (auto& x : t) x = dist(rng);
-  return t;
-}
+using flashtune::test::random_tensor;
 
 std::vector<double> to_double(const std::vector<float>& t) { return {t.begin(), t.end()}; }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "reference/attention_ref.hpp"
+#include "tests/reference_inputs.hpp"
 
 namespace {
 
@@ -20,12 +21,7 @@ namespace ref = flashtune::ref;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::vector<float> random_tensor(int64_t n, std::mt19937_64& rng, float scale) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> t((size_t)n);
-  for (auto& x : t) x = dist(rng);
-  return t;
-}
+using flashtune::test::random_tensor;
 
 std::string describe(const Shape& s) {
   return "B" + std::to_string(s.batch) + " H" + std::to_string(s.heads) + "/" + std::to_string(s.kv_heads()) + " Sq" +

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "reference/attention_ref.hpp"
+#include "tests/reference_inputs.hpp"
 
 namespace {
 
@@ -20,12 +21,7 @@ namespace ref = flashtune::ref;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::vector<float> random_tensor(int64_t n, std::mt19937_64& rng, float scale) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> t((size_t)n);
-  for (auto& x : t) x = dist(rng);
-  return t;
-}
+using flashtune::test::random_tensor;
 
 // The mask as a matrix, from FlashAttention's definition (flash_attn_func's docstring): query i, key j, bottom-right
 // aligned, "query at position i will only attend to keys between [i + seqlen_k - seqlen_q - window_size[0],
