@@ -995,6 +995,14 @@ def mod_reference(q, k, v, dout, causal, scale, window, softcap, alibi=None):
     return o.detach(), dq, dk, dv
 
 
+def mod_inputs(B, H, Hk, sq, sk, d, dtype, gen):
+    """Seeded q [B, H, Sq, d], k and v [B, Hk, Sk, d] requiring grad, and a gradient dout for o."""
+    q = make((B, H, sq, d), dtype, "bhsd", gen).requires_grad_(True)
+    k = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
+    v = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
+    return q, k, v, torch.randn(B, H, sq, d, device="cuda", dtype=dtype, generator=gen)
+
+
 MOD_CASES = [  # B, H, Hk, Sq, Sk, d, causal, window, softcap, dtype
     (2, 4, 4, 333, 517, 128, True, (64, -1), 0.0, torch.bfloat16),
     (1, 4, 2, 517, 333, 128, True, (7, -1), 0.0, torch.bfloat16),
@@ -1023,10 +1031,7 @@ def window_softcap():
     for B, H, Hk, sq, sk, d, causal, window, softcap, dtype in MOD_CASES:
         name = (f"{str(dtype).split('.')[-1]} B{B} H{H}/{Hk} Sq{sq} Sk{sk} d{d}{' causal' if causal else ''} "
                 f"window {window} softcap {softcap}")
-        q = make((B, H, sq, d), dtype, "bhsd", gen).requires_grad_(True)
-        k = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
-        v = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
-        dout = torch.randn(B, H, sq, d, device="cuda", dtype=dtype, generator=gen)
+        q, k, v, dout = mod_inputs(B, H, Hk, sq, sk, d, dtype, gen)
         scale = 1.0 / math.sqrt(d)
         kw = dict(window_size=window, softcap=softcap)
         ex = explain(q, k, v, causal=causal, **kw)
@@ -1079,10 +1084,7 @@ def alibi():
     for B, H, Hk, sq, sk, d, causal, per_batch, dtype in ALIBI_CASES:
         name = (f"alibi {str(dtype).split('.')[-1]} B{B} H{H}/{Hk} Sq{sq} Sk{sk} d{d}{' causal' if causal else ''} "
                 f"slopes {'[B, H]' if per_batch else '[H]'}")
-        q = make((B, H, sq, d), dtype, "bhsd", gen).requires_grad_(True)
-        k = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
-        v = make((B, Hk, sk, d), dtype, "bhsd", gen).requires_grad_(True)
-        dout = torch.randn(B, H, sq, d, device="cuda", dtype=dtype, generator=gen)
+        q, k, v, dout = mod_inputs(B, H, Hk, sq, sk, d, dtype, gen)
         # BLOOM's slopes 2^(-8 (h + 1) / H), times b + 1 for sequence b when per batch: large enough that the bias
         # moves the output well past the bound below
         base = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], device="cuda")
