@@ -888,3 +888,19 @@ TEST(Paged, ValidationTellsTheCacheLengthsApart) {
       EXPECT_FALSE(validate_forward(p, ref, bad_o, bad_lse).ok) << "another sequence's keys passed";
     }
 }
+
+// An output read back short (the worker's host buffer saying 0 bytes after its first allocation: every backward
+// validation of a fresh worker compared nothing and passed) is an error, never a pass.
+TEST(Calibration, BackwardOutputReadBackShortIsAnError) {
+  const Case& cs = kCases[0];
+  const Inputs in = make_inputs(cs.shape, DType::bf16, cs.heavy, cs.scale, 11);
+  const Problem p = problem_of(in, "bwd");
+  const BwdReference ref = backward_reference(cs.shape, in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+  std::vector<float> dq, dk, dv;
+  emulate_backward(in, ref, Fault::none, dq, dk, dv);
+  const std::vector<float> none;
+  EXPECT_THROW(validate_backward(p, ref, none, dk, dv), std::invalid_argument);
+  EXPECT_THROW(validate_backward(p, ref, dq, dk, std::vector<float>(dv.begin(), dv.begin() + dv.size() / 2)),
+               std::invalid_argument);
+  EXPECT_TRUE(validate_backward(p, ref, dq, dk, dv).ok);
+}

@@ -539,18 +539,20 @@ void GpuRunner::poison_outputs() {
 }
 
 void GpuRunner::ensure_host(HostBuffer& h, size_t bytes) {
-  h.bytes = bytes;
-  if (h.capacity >= bytes && h.ptr) return;
-  free_host(h);
-  void* p = nullptr;
-  if (cuMemAllocHost(&p, std::max<size_t>(bytes, 1)) == CUDA_SUCCESS) {
-    h.pinned = true;
-  } else {
-    p = std::malloc(std::max<size_t>(bytes, 1));
-    if (!p) throw std::bad_alloc();
+  if (!(h.capacity >= bytes && h.ptr)) {
+    free_host(h);  // (resets h: bytes is set below, after it; set before it, a new buffer said 0 bytes, and the
+                   // backward's first validated run of a worker, or of a larger problem, compared nothing)
+    void* p = nullptr;
+    if (cuMemAllocHost(&p, std::max<size_t>(bytes, 1)) == CUDA_SUCCESS) {
+      h.pinned = true;
+    } else {
+      p = std::malloc(std::max<size_t>(bytes, 1));
+      if (!p) throw std::bad_alloc();
+    }
+    h.ptr = static_cast<uint8_t*>(p);
+    h.capacity = bytes;
   }
-  h.ptr = static_cast<uint8_t*>(p);
-  h.capacity = bytes;
+  h.bytes = bytes;
 }
 
 void GpuRunner::free_host(HostBuffer& h) {
@@ -576,6 +578,14 @@ bool GpuRunner::same_bytes(const HostBuffer& a, const HostBuffer& b) {
 // The outputs, read in their own format, to the validation module (worker/validate.cpp).
 void GpuRunner::validate(const Outputs& outputs, json& out) {
   const Problem& p = problem_;
+  // Every output read back whole: a validation over fewer elements than the kernel wrote checks nothing.
+  const std::vector<Buffer*> bufs = p.direction == "bwd" ? std::vector<Buffer*>{&dq_, &dk_, &dv_}
+                                                         : std::vector<Buffer*>{&o_, &lse_};
+  for (size_t i = 0; i < bufs.size(); ++i)
+    if (i >= outputs.size() || outputs[i].bytes != bufs[i]->bytes || (bufs[i]->bytes && !outputs[i].ptr))
+      throw std::logic_error("validate: output " + std::to_string(i) + " read back as " +
+                             std::to_string(i < outputs.size() ? outputs[i].bytes : 0) + " bytes where " +
+                             std::to_string(bufs[i]->bytes) + " were written");
   auto tensor = [&](size_t i, DType t) { return OutputTensor{outputs[i].ptr, outputs[i].bytes / dtype_bytes(t), t}; };
   const DType t = p.dtype;
   const Verdict v = p.direction == "bwd"

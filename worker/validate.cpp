@@ -550,6 +550,11 @@ Verdict validate_backward(const Problem& p, const BwdReference& ref, const BwdBo
     const std::vector<double>& want = *refs[g];
     if (bound_of[g]->size() != want.size() || (want.empty() && got.size))
       throw std::invalid_argument(std::string("validate_backward: ") + names[g] + " has no reference or bounds");
+    // Every head's gradient holds at least the reference's distinct heads: fewer elements (an output read back
+    // short) would be a comparison of nothing, passed.
+    if (got.size < want.size())
+      throw std::invalid_argument(std::string("validate_backward: ") + names[g] + " has " + std::to_string(got.size) +
+                                  " elements, fewer than its reference's " + std::to_string(want.size()));
     const size_t row = g == 0 ? ref.q_row : ref.k_row, row_ref = g == 0 ? ref.q_row_ref : ref.k_row_ref;
     std::vector<OutputCheck> parts(chunks_of(got.size));
     for_each_chunk(parts.size(), threads, [&](size_t c) {
