@@ -552,8 +552,9 @@ fa3)
   ;;
 fa3-bwd)
   # Issue 29, fa3_wgmma_bwd (FlashAttention-3's backward design). Parts, in the order given (default: check spot):
-  #   check - every compiled variant of configs/spaces/fa3_wgmma_bwd.json validated on ragged_mma_bwd and
-  #           ragged_gqa_bwd (Sq != Sk both ways, causal and not, GQA/MQA, fp16/bf16) into fa3_bwd_validate.db
+  #   check - every compiled variant of configs/spaces/fa3_wgmma_bwd.json (FA3_BWD_CHECK_SPACE: another space)
+  #           validated on ragged_mma_bwd and ragged_gqa_bwd (Sq != Sk both ways, causal and not, GQA/MQA,
+  #           fp16/bf16) into fa3_bwd_validate.db
   #   spot  - a few configs timed at S 4k beside fa2_wgmma_bwd's stored picks (the harness's timer)
   #   tune  - fa3_wgmma_bwd_grid tuned exhaustively on the bf16 grid's d 64/128 points and the GQA points
   #   profile - Nsight Compute sections and per-instruction stall samples of one dK/dV kernel
@@ -572,7 +573,8 @@ fa3-bwd)
       check)
         for probs in ragged_mma_bwd ragged_gqa_bwd; do
           log "validate fa3_wgmma_bwd on $probs"
-          timeout "${FA3_BWD_VALIDATE_LIMIT_S:-200}" $ft tune configs/spaces/fa3_wgmma_bwd.json configs/problems/$probs.json \
+          timeout "${FA3_BWD_VALIDATE_LIMIT_S:-200}" $ft tune "${FA3_BWD_CHECK_SPACE:-configs/spaces/fa3_wgmma_bwd.json}" \
+            configs/problems/$probs.json \
             --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -2
         done
         validation_summary "$val"
