@@ -562,7 +562,8 @@ fa3-bwd)
   #           torch SDPA flash, cuDNN and the FA3-class kernel (FA4's sm90, if installed), one process, profiler
   #           kernel time: bwd_hopper_vs_peers.csv
   #   short - fa3_wgmma_bwd_short.json exhaustively on the long points (S 16k, GQA 8k; FA3_BWD_SHORT_PROBLEMS: names
-  #           under configs/problems) into fa3_bwd_short.db (rows there kept: a second call adds)
+  #           under configs/problems) into fa3_bwd_short.db (rows there kept: a second call adds); FA3_BWD_SHORT_SPACE
+  #           and FA3_BWD_SHORT_DB (names under configs/spaces and reports/<gpu>) another space and store
   #           (peers then with FA3_BWD_PEERS_DB=<it>, FA3_BWD_PEERS_PROBLEMS=<files>, FA3_BWD_PEERS_OUT=<csv stem>)
   #   det   - DETERMINISTIC 1 validated (5 bitwise-equal runs per config) and tuned (halving) on the grid
   parts=("$@")
@@ -600,12 +601,13 @@ fa3-bwd)
         $ft best --db "$db" --family fa3_wgmma_bwd --csv >"$rep/best_fa3_wgmma_bwd.csv"
         ;;
       short)  # fa3_wgmma_bwd_short.json exhaustively on the long points (anchors_bwd_long_bf16) into fa3_bwd_short.db
+        sspace=${FA3_BWD_SHORT_SPACE:-fa3_wgmma_bwd_short} sdb=$rep/${FA3_BWD_SHORT_DB:-fa3_bwd_short.db}
         for probs in ${FA3_BWD_SHORT_PROBLEMS:-anchors_bwd_long_bf16}; do
-          log "tune fa3_wgmma_bwd_short on $probs (exhaustive)"
-          timeout "${FA3_BWD_SHORT_LIMIT_S:-300}" $ft tune configs/spaces/fa3_wgmma_bwd_short.json \
-            configs/problems/$probs.json --db "$rep/fa3_bwd_short.db" --timeout 10 2>&1 | grep -vE "^\[|^tune " | tail -14
+          log "tune $sspace on $probs (exhaustive)"
+          timeout "${FA3_BWD_SHORT_LIMIT_S:-300}" $ft tune "configs/spaces/$sspace.json" \
+            configs/problems/$probs.json --db "$sdb" --timeout 10 2>&1 | grep -vE "^\[|^tune " | tail -14
         done
-        $ft drop-cubins --db "$rep/fa3_bwd_short.db"; cp "$rep/fa3_bwd_short.db" "$OUT/"
+        $ft drop-cubins --db "$sdb"; cp "$sdb" "$OUT/"
         ;;
       peers)
         log "backward peers, one process, profiler kernel time"
