@@ -86,6 +86,45 @@ double dot(const float* a, const float* b, int d) {
   return acc;
 }
 
+// Dot products of `a` with n rows of b (row t at b + t * stride) into out[0 .. n-1], and the squared norms of
+// n rows (norms2_rows: norm2 before its sqrt): each one summed in x order exactly as dot() and norm2() sum it
+// (the same bits), kDotRows of them side by side. A dot of length d is a chain of d dependent additions; the
+// float64 reference spent most of its time waiting on those chains (issue 33: the backward's references are
+// what the GPUs of a multi-GPU sweep wait for), and independent chains interleaved fill the pipeline.
+constexpr int kDotRows = 4;
+void dot_rows(const float* a, const float* b, int64_t stride, int d, int n, double* out) {
+  if (n != kDotRows) {
+    for (int t = 0; t < n; ++t) out[t] = dot(a, b + t * stride, d);
+    return;
+  }
+  double acc[kDotRows] = {0, 0, 0, 0};
+  const float *b0 = b, *b1 = b + stride, *b2 = b + 2 * stride, *b3 = b + 3 * stride;
+  for (int x = 0; x < d; ++x) {
+    const double ax = static_cast<double>(a[x]);
+    acc[0] += ax * static_cast<double>(b0[x]);
+    acc[1] += ax * static_cast<double>(b1[x]);
+    acc[2] += ax * static_cast<double>(b2[x]);
+    acc[3] += ax * static_cast<double>(b3[x]);
+  }
+  for (int t = 0; t < kDotRows; ++t) out[t] = acc[t];
+}
+void norms2_rows(const float* b, int64_t stride, int d, int n, double* out) {
+  if (n != kDotRows) {
+    for (int t = 0; t < n; ++t) out[t] = dot(b + t * stride, b + t * stride, d);
+    return;
+  }
+  double acc[kDotRows] = {0, 0, 0, 0};
+  const float *b0 = b, *b1 = b + stride, *b2 = b + 2 * stride, *b3 = b + 3 * stride;
+  for (int x = 0; x < d; ++x) {
+    const double x0 = b0[x], x1 = b1[x], x2 = b2[x], x3 = b3[x];
+    acc[0] += x0 * x0;
+    acc[1] += x1 * x1;
+    acc[2] += x2 * x2;
+    acc[3] += x3 * x3;
+  }
+  for (int t = 0; t < kDotRows; ++t) out[t] = acc[t];
+}
+
 // Flat (b, kv head) pair of the flat (b, h) pair bh: with H = Hk * group,
 // (b*H + h) / group = b*Hk + h / group.
 int64_t kv_pair_of(const Shape& s, int64_t bh) { return bh / s.group_size(); }
@@ -118,13 +157,13 @@ double exponent_units(const Shape& s, double raw, double capped_score, double ls
 struct PairGrad {
   double raw, capped, p, ds, ds_tanh;
 };
-PairGrad pair_grad(const Shape& s, double scale, const float* q_row, const float* k_row, const float* v_row,
-                   const float* do_row, double lse, double delta, int d, double bias) {
+// qk = q_i . k_j, dov = dO_i . v_j (dot() or dot_rows: the same bits).
+PairGrad pair_grad(const Shape& s, double scale, double qk, double dov, double lse, double delta, double bias) {
   PairGrad g;
-  g.raw = scale * dot(q_row, k_row, d);
+  g.raw = scale * qk;
   g.capped = capped(s, g.raw);
   g.p = std::exp(g.capped + bias - lse);
-  const double ds_capped = g.p * (dot(do_row, v_row, d) - delta);
+  const double ds_capped = g.p * (dov - delta);
   g.ds = ds_capped, g.ds_tanh = 0;
   if (s.softcap > 0) {
     const double t = g.capped / s.softcap;
@@ -165,9 +204,15 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
   // scores[j] = scale * q_i . k_j; track the max for a stable softmax.
   // softcap c: scores[j] = c tanh(scale q_i . k_j / c); ALiBi: plus the bias.
   double row_max = -kInf;
-  for (int64_t j = first_key; j < end_key; ++j) {
-    scores[j] = capped(s, scale * dot(q_row, k_head + j * d, d)) + s.alibi_bias(bh, i, j);
-    row_max = std::max(row_max, scores[j]);
+  for (int64_t j0 = first_key; j0 < end_key; j0 += kDotRows) {
+    const int n = static_cast<int>(std::min<int64_t>(kDotRows, end_key - j0));
+    double qk[kDotRows];
+    dot_rows(q_row, k_head + j0 * d, d, d, n, qk);
+    for (int t = 0; t < n; ++t) {
+      const int64_t j = j0 + t;
+      scores[j] = capped(s, scale * qk[t]) + s.alibi_bias(bh, i, j);
+      row_max = std::max(row_max, scores[j]);
+    }
   }
 
   // o_i = sum_j exp(s_ij - max) v_j / sum_j exp(s_ij - max)
@@ -185,14 +230,20 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
   // Magnitudes: P_ij exactly as above, Lambda_ij as in the header.
   const double q_norm = norm2(q_row, d), root_d = std::sqrt(static_cast<double>(d));
   double lse_acc = 0;
+  double qk[kDotRows], k2[kDotRows];
   for (int64_t j = first_key; j < end_key; ++j) {
+    const int t = static_cast<int>((j - first_key) % kDotRows);
+    if (t == 0) {  // the next block's ||k_j||^2 (and q_i . k_j with a softcap), as norm2 and dot sum them
+      const int n = static_cast<int>(std::min<int64_t>(kDotRows, end_key - j));
+      norms2_rows(k_head + j * d, d, d, n, k2);
+      if (s.softcap > 0) dot_rows(q_row, k_head + j * d, d, d, n, qk);
+    }
     const double p = std::exp(scores[j] - row_max) / row_sum;
     // The uncapped score for the roundings' term (it bounds the capped one's), the fast tanh's on the capped one,
     // each without ALiBi's bias, which has its own.
     const double bias = s.alibi_bias(bh, i, j);
-    const double raw = s.softcap > 0 ? scale * dot(q_row, k_head + j * d, d) : scores[j] - bias;
-    const double lambda =
-        exponent_units(s, raw, scores[j] - bias, *lse, q_norm * norm2(k_head + j * d, d), root_d, bias);
+    const double raw = s.softcap > 0 ? scale * qk[t] : scores[j] - bias;
+    const double lambda = exponent_units(s, raw, scores[j] - bias, *lse, q_norm * std::sqrt(k2[t]), root_d, bias);
     lse_acc += p * lambda;
     const float* v_row = v_head + j * d;
     for (int x = 0; x < d; ++x) {
@@ -363,10 +414,17 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
       // Masked keys (outside [first, end): causal, the window) have P = 0 and contribute nothing; a fully
       // masked row has first == end, so its dQ stays 0.
       const KeySpan keys = visible_range(s, r % s.seq_q);
+      double qk[kDotRows], dov[kDotRows];
       for (int64_t j = keys.first; j < keys.end; ++j) {
+        const int t = static_cast<int>((j - keys.first) % kDotRows);
+        if (t == 0) {  // the next block's dots
+          const int n = static_cast<int>(std::min<int64_t>(kDotRows, keys.end - j));
+          dot_rows(q_row, k_head + j * d, d, d, n, qk);
+          dot_rows(do_row, v_head + j * d, d, d, n, dov);
+        }
         const float* k_row = k_head + j * d;
         const double bias = s.alibi_bias(r / s.seq_q, r % s.seq_q, j);
-        const PairGrad pg = pair_grad(s, scale, q_row, k_row, v_head + j * d, do_row, lse[r], D, d, bias);
+        const PairGrad pg = pair_grad(s, scale, qk[t], dov[t], lse[r], D, bias);
         for (int x = 0; x < d; ++x) dq_row[x] += scale * pg.ds * static_cast<double>(k_row[x]);
         if (mq) {
           const int64_t kr = kv_bh * s.seq_k + j;
@@ -408,12 +466,19 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
       const KeySpan queries = visible_queries(s, j);
       for (int64_t bh = kv_bh * group; bh < (kv_bh + 1) * group; ++bh) {  // the group's query heads, in order
         std::fill(share.begin(), share.end(), 0.0);
+        double qk[kDotRows], dov[kDotRows];
         for (int64_t i = queries.first; i < queries.end; ++i) {
           const int64_t r = bh * s.seq_q + i;
           const float* q_row = q + r * d;
           const float* do_row = dout + r * d;
+          const int t = static_cast<int>((i - queries.first) % kDotRows);
+          if (t == 0) {  // the next block's dots (q_i . k_j = k_j . q_i: the same products, in the same order)
+            const int n = static_cast<int>(std::min<int64_t>(kDotRows, queries.end - i));
+            dot_rows(k_row, q_row, d, d, n, qk);
+            dot_rows(v_row, do_row, d, d, n, dov);
+          }
           const double bias = s.alibi_bias(bh, i, j);
-          const PairGrad pg = pair_grad(s, scale, q_row, k_row, v_row, do_row, lse[r], delta[r], d, bias);
+          const PairGrad pg = pair_grad(s, scale, qk[t], dov[t], lse[r], delta[r], bias);
           const double p = pg.p;
           for (int x = 0; x < d; ++x) {
             dv_share[x] += p * static_cast<double>(do_row[x]);

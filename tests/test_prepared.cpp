@@ -230,3 +230,30 @@ TEST(PrepareAhead, StopsWithoutWaitingForTheRest) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
+
+// The sweep starts its problems cheapest reference first (tuner/sweep/sweep.cpp, start_order): a backward's whole
+// heads cost far more than a forward's sampled rows, a longer sequence more than a shorter one, causal about half.
+TEST(Prepared, CostOrdersProblemsByTheirReference) {
+  auto make = [](const char* dir, int batch, int s, bool causal) {
+    Problem p;
+    p.batch = batch, p.heads = 32, p.seq_q = p.seq_k = s, p.head_dim = 64, p.dtype = DType::bf16;
+    p.causal = causal, p.direction = dir;
+    return p;
+  };
+  const double fwd_1k = prepare_cost(make("fwd", 16, 1024, false), 512),
+               fwd_16k = prepare_cost(make("fwd", 1, 16384, false), 512),
+               bwd_1k = prepare_cost(make("bwd", 16, 1024, false), 512),
+               bwd_4k = prepare_cost(make("bwd", 4, 4096, false), 512),
+               bwd_16k = prepare_cost(make("bwd", 1, 16384, false), 512),
+               bwd_16k_causal = prepare_cost(make("bwd", 1, 16384, true), 512);
+  EXPECT_GT(fwd_1k, 0);
+  EXPECT_LT(fwd_1k, fwd_16k);
+  EXPECT_LT(fwd_16k, bwd_4k);
+  EXPECT_LT(bwd_1k, bwd_4k);
+  EXPECT_LT(bwd_4k, bwd_16k_causal);
+  EXPECT_LT(bwd_16k_causal, bwd_16k);
+  Problem varlen = make("fwd", 2, 128, false);
+  varlen.varlen.lengths = "list";
+  varlen.varlen.seq_lens_q = varlen.varlen.seq_lens_k = {96, 40};
+  EXPECT_EQ(prepare_cost(varlen, 512), 0);  // the worker prepares it: nothing ahead
+}

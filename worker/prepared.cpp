@@ -195,6 +195,16 @@ HostPrepared prepare_host(const Problem& p, uint64_t seed, long long max_rows, i
   return h;
 }
 
+double prepare_cost(const Problem& p, long long max_rows) {
+  if (!host_preparable(p)) return 0;
+  const Layout L = layout_of(p, 0, max_rows);
+  const double elem = (double)dtype_bytes(p.dtype);
+  const double inputs = (double)(L.q + L.k + L.v + L.dout) / elem;
+  const double keys = p.causal ? 0.5 * p.seq_k : (double)p.seq_k;  // a causal row sees about half of them
+  const double rows = L.fwd ? (double)L.rows.size() : (double)L.distinct_heads * p.seq_q;
+  return rows * keys * p.head_dim * (L.fwd ? 1 : 3) + inputs;
+}
+
 void write_prepared(const std::string& path, const HostPrepared& h) {
   const Layout L = layout_of(h.problem, h.seed, h.max_rows);
   for_each_array(h, L, [&](const auto& a, size_t n) {

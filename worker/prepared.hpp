@@ -50,6 +50,11 @@ using InputSource = std::function<std::shared_ptr<HostTensor>(size_t n, uint64_t
 HostPrepared prepare_host(const Problem& p, uint64_t seed, long long max_rows, int threads = 0,
                           const std::function<void(const char*)>& lap = {}, const InputSource& source = {});
 
+// The host work prepare_host does for `p` (host_preparable; 0 otherwise), in float64 multiply-adds: its reference's
+// (query, key) pairs times head_dim, times 3 for a backward (a forward pass, then the backward's two passes), plus
+// its input elements. A measure for ordering problems (the sweep starts the cheapest first), not a time.
+double prepare_cost(const Problem& p, long long max_rows);
+
 // Writes `h` to `path` (a new file: written beside it, then renamed over it). Throws on a failed write.
 void write_prepared(const std::string& path, const HostPrepared& h);
 

@@ -4,6 +4,8 @@
 // $TMPDIR); every worker that takes a problem's candidates reads its file (validated: size, header, problem
 // identity) instead of computing the reference itself, and waits only for what is not done yet. Where a problem
 // cannot be prepared here (varlen, paged, or a failure), wait() gives "" and the worker prepares it as before.
+// A problem that no worker has asked for yet (nor is one the GPUs start with) is computed at kBackgroundNice
+// below the workers, whose validations its GPU waits for.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -19,6 +21,9 @@
 #include "worker/inputs.hpp"
 
 namespace flashtune {
+
+// How far below the workers a problem that no worker has asked for yet is prepared (nice units).
+inline constexpr int kBackgroundNice = 10;
 
 class PrepareAhead {
  public:

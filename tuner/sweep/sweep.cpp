@@ -18,6 +18,7 @@
 #include "core/timing.hpp"
 #include "core/util.hpp"
 #include "worker/library_kernels.hpp"
+#include "worker/prepared.hpp"
 
 using nlohmann::json;
 
@@ -413,6 +414,24 @@ std::string with_worker_device(const std::string& detail, int device) {
   return d.dump();
 }
 
+// The order a sweep starts its problems in: the cheapest to prepare first (prepare_cost: the float64 reference's
+// work), in the given order among equals. The tuner's prepare-ahead thread computes the references in this order,
+// a few problems ahead of the GPUs (tuner/sweep/prepare_ahead.hpp): cheap ones first get every GPU running at once,
+// and the costly ones (a backward's reference of S = 16k is ~10^11 float64 operations) are computed while the GPUs
+// run the cheap ones, instead of while the GPUs wait for them. Issue 33: in the configs' order two H200s waited
+// 2.7 and 3.0 s for the backward's S = 16k reference (it was the third problem to start). The rows, the picks and
+// the reports (given back in the caller's order) do not depend on the order; with file-backed inputs (nothing
+// prepared ahead) the given order stays.
+std::vector<Problem> start_order(const std::vector<Problem>& problems, const SweepOptions& opt) {
+  std::vector<Problem> out = problems;
+  if (!opt.run.inputs_dir.empty()) return out;
+  std::vector<std::pair<double, size_t>> cost(problems.size());
+  for (size_t i = 0; i < problems.size(); ++i) cost[i] = {prepare_cost(problems[i], opt.run.max_rows), i};
+  std::stable_sort(cost.begin(), cost.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < problems.size(); ++i) out[i] = problems[cost[i].second];
+  return out;
+}
+
 // One GPU sweep, shared by its worker threads (step_problems, one per device): the workers and a store
 // connection each, the kernels compiled so far, each problem's candidates, stored rows and report, the
 // summary and the one progress line. Its pieces: compile (kernel), reuse a stored row (reuse), a row this
@@ -425,7 +444,7 @@ class Sweep {
   Sweep(const Space& space, const std::vector<Problem>& problems, Store& store, const SweepOptions& opt,
         std::vector<std::unique_ptr<GpuSession>> gpus)
       : space_(space),
-        problems_(problems),
+        problems_(start_order(problems, opt)),
         store_(store),
         opt_(opt),
         so_(opt.search),
@@ -434,6 +453,15 @@ class Sweep {
         several_(gpus_.size() > 1),
         runs_(problems.size()),
         reports_(problems.size()) {
+    given_.resize(problems_.size());
+    std::vector<bool> taken(problems.size());
+    for (size_t pi = 0; pi < problems_.size(); ++pi)  // each started problem's place in the caller's list
+      for (size_t i = 0; i < problems.size(); ++i)
+        if (!taken[i] && problems[i] == problems_[pi]) {
+          taken[i] = true;
+          given_[pi] = i;
+          break;
+        }
     // Every worker thread its own connection to the store (SQLite serialises the writers).
     for (size_t i = 0; i < gpus_.size(); ++i) stores_.push_back(std::make_unique<Store>(store.path()));
   }
@@ -459,7 +487,9 @@ class Sweep {
                      ahead_->prepare_ms() / 1000);
       ahead_.reset();  // its thread is idle by now, or ends after the problem it is on
     }
-    for (auto& r : reports_)
+    std::vector<std::optional<ProblemReport>> given(reports_.size());  // the reports in the caller's order
+    for (size_t pi = 0; pi < reports_.size(); ++pi) given[given_[pi]] = std::move(reports_[pi]);
+    for (auto& r : given)
       if (r) sum_.reports.push_back(std::move(*r));
     progress_->finish();
     for (const auto& g : gpus_)
@@ -652,7 +682,8 @@ class Sweep {
   }
 
   const Space& space_;
-  const std::vector<Problem>& problems_;
+  const std::vector<Problem> problems_;  // in the order the sweep starts them (start_order)
+  std::vector<size_t> given_;            // problem pi's index in the caller's list
   Store& store_;  // the caller's connection: the upfront compile's cache
   const SweepOptions& opt_;
   const SearchOptions& so_;
