@@ -125,6 +125,9 @@ static void check_choice(const BucketChoice& c) {
   if (c.batch_heads < 0) refuse("batch x kv heads out of range");
   if (c.batch_heads > 0 && f->max_seq_q == 0)
     refuse("a batch x kv heads bucket of a family without a query-length range (only decoding buckets have one)");
+  if (c.group < 0 || c.group == 1 || c.group > 1024) refuse("group out of range (0, or 2 to 1024 query heads per kv head)");
+  if (c.group > 1 && (!f->gqa || f->max_seq_q > 0))
+    refuse("a grouped-query bucket of a family without grouped-query attention or with a query-length range");
   if (!std::isfinite(c.tflops) || c.tflops < 0 || c.tflops > 1e6) refuse("TFLOP/s out of range");
 }
 
@@ -172,6 +175,7 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
     const bool any_paged = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->paged; });
     const bool any_det = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->deterministic; });
     const bool any_bh = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->batch_heads > 0; });
+    const bool any_group = std::any_of(list.begin(), list.end(), [](const BucketChoice* c) { return c->group > 0; });
     if (any_paged)
       h << "// Entries ending in `true` were measured on paged K/V caches: only the runtime's paged entry point reads\n"
         << "// them, where the family's paged form takes the call's page size (decode_splitkv: BLOCK_N divides it).\n";
@@ -182,11 +186,16 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
       h << "// Entries with a third value after TFLOP/s are a decoding family's buckets by (batch x kv heads, sequence):\n"
         << "// the problem's batch x heads_k. A lookup takes the batch x kv heads nearest the call's (by ratio, a tie to\n"
         << "// the smaller), then among those the sequence bucket as for every entry (tuned_config.h, find_in).\n";
-    const bool any_tail = any_paged || any_det || any_bh;
+    if (any_group)
+      h << "// Entries with a fourth value after TFLOP/s were tuned on grouped-query problems of that many query heads per\n"
+        << "// kv head: a call of that group takes them where they are, else the entries without one (tuned_config.h).\n";
+    const bool any_tail = any_paged || any_det || any_bh || any_group;
+    const bool any_det_tail = any_det || any_bh || any_group, any_bh_tail = any_bh || any_group;
     h << "inline constexpr Entry kEntries[] = {\n"
       << "    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)"
-      << (any_tail ? "[, paged" : "") << (any_det || any_bh ? "[, deterministic" : "")
-      << (any_bh ? "[, batch x kv heads]" : "") << (any_det || any_bh ? "]" : "") << (any_tail ? "]" : "") << "\n";
+      << (any_tail ? "[, paged" : "") << (any_det_tail ? "[, deterministic" : "")
+      << (any_bh_tail ? "[, batch x kv heads" : "") << (any_group ? "[, group]" : "") << (any_bh_tail ? "]" : "")
+      << (any_det_tail ? "]" : "") << (any_tail ? "]" : "") << "\n";
     for (const auto* c : list) {
       const Family& f = find_family(c->family);
       char tf[32];
@@ -194,9 +203,10 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
       h << "    {\"" << f.name << "\", \"" << f.direction << "\", \"" << to_string(c->dtype) << "\", " << c->head_dim
         << ", " << (c->causal ? "true" : "false") << ", " << c->seq_bucket << ", " << params_initializer(f, c->config)
         << ", " << tf;
-      if (c->batch_heads > 0)
+      if (c->batch_heads > 0 || c->group > 0) {
         h << ", " << (c->paged ? "true" : "false") << ", " << (c->deterministic ? "true" : "false") << ", " << c->batch_heads;
-      else
+        if (c->group > 0) h << ", " << c->group;
+      } else
         h << (c->deterministic ? (c->paged ? ", true, true" : ", false, true") : c->paged ? ", true" : "");
       h << "},\n";
       ++res.entries;
@@ -244,16 +254,18 @@ EmitResult emit_headers(const std::vector<BucketChoice>& choices, const std::str
       << ", 0.0f},  // " << cfg << "\n";
   }
   d << "};\n\n"
-    << "// batch_heads: the call's batch x kv heads, a decoding family's second key (0: unknown, its smallest bucket).\n"
+    << "// batch_heads: the call's batch x kv heads, a decoding family's second key (0: unknown, its smallest bucket);\n"
+    << "// group: query heads per kv head of a grouped-query call (0: multi-head), the grouped-query entries' key.\n"
     << "constexpr Choice lookup(const char* device, const char* arch, const char* family, const char* direction,\n"
-    << "                        const char* dtype, int head_dim, bool causal, int seq, long long batch_heads = 0) {\n"
+    << "                        const char* dtype, int head_dim, bool causal, int seq, long long batch_heads = 0,\n"
+    << "                        int group = 0) {\n"
     << "  for (const Table& t : kTables)\n"
     << "    if (t.count && str_eq(t.device, device))\n"
-    << "      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads))\n"
+    << "      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads, group))\n"
     << "        return {*e, Source::device};\n"
     << "  for (const Table& t : kTables)\n"
     << "    if (t.count && str_eq(t.arch, arch))\n"
-    << "      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads))\n"
+    << "      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads, group))\n"
     << "        return {*e, Source::arch};\n"
     << "  for (const Entry& e : kDefaults)\n"
     << "    if (str_eq(e.family, family) && str_eq(e.direction, direction)) return {e, Source::fallback};\n"

@@ -102,7 +102,7 @@ std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& rows
 }
 
 namespace {
-using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int, bool, int>;
+using Bucket = std::tuple<std::string, std::string, std::string, std::string, std::string, int, int, int, bool, int, int>;
 
 // Each bucket's config valid on every problem of the bucket with the highest geometric-mean TFLOP/s,
 // from `results`.
@@ -118,11 +118,12 @@ std::map<Bucket, BucketChoice> bucket_picks(const Rows& results) {
     const ResultRecord& r = *row;
     const Problem& p = r.problem;
     const Family* f = family_named(r.family);
-    // Grouped-query rows are not (yet) a dispatch key of their own, except a decoding family's
-    // (Family::max_seq_q): decoding is tuned on the models that decode, which are GQA (Llama-3's 32/8
-    // heads), its entries are consulted only inside its query range, where no multi-head row of a general
-    // family measured anything, and its configs do not depend on the head layout.
-    if (p.heads_k > 0 && !(f && f->max_seq_q > 0)) continue;
+    // Grouped-query rows make buckets of their own by group (query heads per kv head: a kv-head CTA that walks four
+    // query heads is not the multi-head one's best, fa3_wgmma_bwd's scheduler at 32/8 heads), except a decoding
+    // family's (Family::max_seq_q): decoding is tuned on the models that decode, which are GQA (Llama-3's 32/8
+    // heads), its entries are consulted only inside its query range, where no multi-head row of a general family
+    // measured anything, and batch x kv heads keys them.
+    const bool ranged = f && f->max_seq_q > 0;
     // Packed variable-length rows: a length distribution of their own (the runtime's packed calls take the
     // dense bucket's config).
     if (p.varlen.enabled()) continue;
@@ -136,7 +137,7 @@ std::map<Bucket, BucketChoice> bucket_picks(const Rows& results) {
     // A decoding family's buckets are per batch x kv heads as well: its pick for one sequence at 4k keys (many
     // splits of the keys to fill the GPU) is not the pick for 64 of them (the H100's: SPLITS 8 against 1).
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket(),
-             p.paged.enabled(), f && f->max_seq_q > 0 ? batch_kv_heads(p) : 0};
+             p.paged.enabled(), ranged ? batch_kv_heads(p) : 0, ranged ? 0 : group_of(p)};
     problems[b].insert(p.str());
     if (r.status != "ok" || r.tflops <= 0 || staleness.stale(r)) continue;
     auto& s = per_config[b][r.config];
@@ -156,7 +157,7 @@ std::map<Bucket, BucketChoice> bucket_picks(const Rows& results) {
     if (!best) continue;
     BucketChoice c;
     std::tie(c.device, c.arch, c.family, c.direction, std::ignore, c.head_dim, std::ignore, c.seq_bucket, c.paged,
-             c.batch_heads) = b;
+             c.batch_heads, c.group) = b;
     c.dtype = parse_dtype(std::get<4>(b));
     c.causal = std::get<6>(b) != 0;
     c.config = *best;
@@ -200,17 +201,23 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& rows,
 }
 
 int batch_kv_heads(const Problem& p) { return (int)std::clamp<long long>(p.batch_kv_heads(), 0, INT_MAX); }
+int group_of(const Problem& p) { return p.heads_k > 0 && p.heads_k < p.heads ? p.heads / p.heads_k : 0; }
 
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, int seq_bucket, long long batch_heads,
-                                bool paged, bool deterministic) {
+                                bool paged, bool deterministic, int group) {
+  // The group's buckets where there are any (of this paged and deterministic kind), else the multi-head ones.
+  int g = 0;
+  if (group > 1)
+    for (const auto& c : choices)
+      if (c.paged == paged && c.deterministic == deterministic && c.group == group) g = group;
   const long long want = std::clamp<long long>(batch_heads, 1, INT_MAX);
   int keyed = 0;  // the nearest batch x kv heads of the buckets keyed by it; 0: none is
   for (const auto& c : choices)
-    if (c.paged == paged && c.deterministic == deterministic && c.batch_heads > 0 &&
+    if (c.paged == paged && c.deterministic == deterministic && c.group == g && c.batch_heads > 0 &&
         (keyed == 0 || tuned::nearer_batch_heads(want, c.batch_heads, keyed)))
       keyed = c.batch_heads;
   auto of_class = [&](const BucketChoice& c) {
-    return c.paged == paged && c.deterministic == deterministic && std::max(c.batch_heads, 0) == keyed;
+    return c.paged == paged && c.deterministic == deterministic && c.group == g && std::max(c.batch_heads, 0) == keyed;
   };
   const BucketChoice* pick = nullptr;
   for (const auto& c : choices)
@@ -222,7 +229,7 @@ const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, int se
 }
 
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p, bool deterministic) {
-  return pick_bucket(choices, p.seq_bucket(), batch_kv_heads(p), p.paged.enabled(), deterministic);
+  return pick_bucket(choices, p.seq_bucket(), batch_kv_heads(p), p.paged.enabled(), deterministic, group_of(p));
 }
 
 StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Problem& p) {

@@ -39,29 +39,38 @@ struct BucketChoice {
   // problems: decode_bf16.json's B 1, 8, 64 with 8 kv heads make 8, 64, 512): how many (sequence, kv head) pairs
   // the grid has decides how far the keys are split. 0 for every other family: its buckets span every batch.
   int batch_heads = 0;
+  // Grouped-query rows (heads_k > 0) of a family without a query-length range make buckets of their own, keyed by
+  // the group (query heads per kv head, Problem::group): a grouped-query call takes its group's buckets where
+  // there are any, else the multi-head ones (0). A decoding family's rows keep 0 (batch x kv heads keys them).
+  int group = 0;
 };
 
 // A problem's batch x kv heads: batch x heads_k (heads where heads_k is 0, multi-head), at most 2^31 - 1.
 int batch_kv_heads(const Problem& p);
+// A problem's group key: query heads per kv head of a grouped-query problem, 0 for multi-head.
+int group_of(const Problem& p);
 
 // A config must be valid on every problem of its bucket; among those the highest geometric-mean
 // TFLOP/s wins (so one huge shape does not dominate). Paged rows make buckets apart from dense ones.
 // deterministic: among the reproducible configs only, each choice marked so.
 std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& results, bool deterministic = false);
 
-// The choice a problem gets (as the emitted headers do, tuned::find_in): among the buckets keyed by batch x kv
+// The choice a problem gets (as the emitted headers do, tuned::find_in): a grouped-query problem's among its
+// group's buckets where there are any, else among the multi-head ones; of those, among the buckets keyed by batch x kv
 // heads, those of the value nearest the problem's (by ratio, a tie to the smaller; the others span every batch);
 // of them the smallest bucket that holds its sequence length, else the largest there is; among the paged buckets
 // for a paged problem and the dense ones otherwise; nullptr when there is none.
 // Only choices whose `deterministic` equals the argument.
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p, bool deterministic = false);
-// The same for a sequence bucket, batch x kv heads (0: unknown, taken as 1) and paged or not.
+// The same for a sequence bucket, batch x kv heads (0: unknown, taken as 1), paged or not, and a group (0 or 1:
+// multi-head).
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, int seq_bucket, long long batch_heads,
-                                bool paged, bool deterministic);
+                                bool paged, bool deterministic, int group = 0);
 
 // The stored config a measurement of problem p runs (experiment, run --best), from one family's results on
-// one device: the problem's own best ("problem"), else its sequence bucket's ("bucket"; multi-head dense
-// rows only; a packed variable-length problem has its own or none); source "" when there is neither.
+// one device: the problem's own best ("problem"), else its sequence bucket's ("bucket"; dense rows, a grouped-query
+// problem's group's buckets first; a packed variable-length problem has its own or none); source "" when there is
+// neither.
 struct StoredChoice {
   std::string config, source;
 };

@@ -32,6 +32,10 @@ struct Entry {
   // 0: the entry serves every batch and head count (every other family's entries, and tables emitted before
   // this key). Last, so that older initializers leave it out.
   int batch_heads = 0;
+  // Query heads per kv head of the grouped-query problems the entry was tuned on (> 1), or 0: tuned on multi-head
+  // problems, serving every call (every entry of tables emitted before this key). A grouped-query call takes the
+  // entries of its own group where the table has any, else the multi-head ones. Last, as batch_heads.
+  int group = 0;
 };
 
 struct Table {
@@ -62,14 +66,10 @@ constexpr bool nearer_batch_heads(long long want, long long a, long long b) {
   return lhs < rhs || (lhs == rhs && a < b);
 }
 
-// The entry for (family, direction, dtype, d, causal): among the entries keyed by batch x kv heads (a decoding
-// family's, Entry::batch_heads > 0), those of the value nearest `batch_heads` by ratio (a tie to the smaller; 0 or
-// less: unknown, taken as 1), else those that serve every batch; of them, the one whose bucket is the smallest that
-// holds seq, past the largest bucket the largest. nullptr when none matches. Dense entries unless `paged` (then the
-// paged K/V cache entries only); the deterministic entries only when `deterministic`, else none.
-constexpr const Entry* find_in(const Table& t, const char* family, const char* direction, const char* dtype,
-                               int head_dim, bool causal, int seq, bool paged = false, bool deterministic = false,
-                               long long batch_heads = 0) {
+// find_in among the entries of one group class (Entry::group == group).
+constexpr const Entry* find_in_group(const Table& t, const char* family, const char* direction, const char* dtype,
+                                     int head_dim, bool causal, int seq, bool paged, bool deterministic,
+                                     long long batch_heads, int group) {
   const long long want = batch_heads > 0 ? (batch_heads < 2147483647LL ? batch_heads : 2147483647LL) : 1;
   int keyed = 0;  // the nearest batch x kv heads seen so far; 0: no entry keyed by it yet
   const Entry* best = nullptr;      // of the entries of `keyed`: the smallest bucket that holds seq
@@ -79,7 +79,8 @@ constexpr const Entry* find_in(const Table& t, const char* family, const char* d
   for (int i = 0; i < t.count; ++i) {  // one pass: the class changes only to a nearer one
     const Entry& e = t.entries[i];
     if (!str_eq(e.family, family) || !str_eq(e.direction, direction) || !str_eq(e.dtype, dtype) ||
-        e.head_dim != head_dim || e.causal != causal || e.paged != paged || e.deterministic != deterministic)
+        e.head_dim != head_dim || e.causal != causal || e.paged != paged || e.deterministic != deterministic ||
+        e.group != group)
       continue;
     const Entry** b = &best0;
     const Entry** l = &largest0;
@@ -96,6 +97,23 @@ constexpr const Entry* find_in(const Table& t, const char* family, const char* d
   }
   if (keyed) return best ? best : largest;
   return best0 ? best0 : largest0;
+}
+
+// The entry for (family, direction, dtype, d, causal): a grouped-query call's (`group` query heads per kv head, > 1)
+// among the entries tuned on that group where there are any, else among the multi-head ones (Entry::group 0); of
+// those, the entries keyed by batch x kv heads (a decoding family's, Entry::batch_heads > 0) of the value nearest
+// `batch_heads` by ratio (a tie to the smaller; 0 or less: unknown, taken as 1), else those that serve every batch;
+// of them, the one whose bucket is the smallest that holds seq, past the largest bucket the largest. nullptr when
+// none matches. Dense entries unless `paged` (then the paged K/V cache entries only); the deterministic entries
+// only when `deterministic`, else none.
+constexpr const Entry* find_in(const Table& t, const char* family, const char* direction, const char* dtype,
+                               int head_dim, bool causal, int seq, bool paged = false, bool deterministic = false,
+                               long long batch_heads = 0, int group = 0) {
+  if (group > 1)
+    if (const Entry* e = find_in_group(t, family, direction, dtype, head_dim, causal, seq, paged, deterministic,
+                                       batch_heads, group))
+      return e;
+  return find_in_group(t, family, direction, dtype, head_dim, causal, seq, paged, deterministic, batch_heads, 0);
 }
 
 }  // namespace tuned

@@ -396,18 +396,25 @@ TEST(DecodeSplitkv, ServesDecodingShapesOnly) {
   EXPECT_EQ(choices[0].tflops, 1);
 
   // Grouped-query rows make a bucket for the decoding family (the shapes it is tuned on: decode_bf16.json
-  // is all GQA), and only for it: a general family's GQA row stays out of the tables.
+  // is all GQA), keyed by batch x kv heads and not by the group; a general family's GQA row makes one keyed by
+  // its group (Select.GroupedQueryBucketsByGroup), its multi-head row one without.
   Problem gqa = decode;
   gqa.heads_k = 2;
   const auto gqa_choices = best_per_bucket({row(gqa, 3)});
   ASSERT_EQ(gqa_choices.size(), 1u);
   EXPECT_EQ(gqa_choices[0].family, f.name);
   EXPECT_DOUBLE_EQ(gqa_choices[0].tflops, 3);
+  EXPECT_EQ(gqa_choices[0].group, 0);
   ResultRecord general = row(gqa, 3);
   const Family& g = find_family("fa2_mma");
   ASSERT_EQ(g.max_seq_q, 0);
   general.family = g.name, general.config = g.config_string(g.default_config);
-  EXPECT_TRUE(best_per_bucket({general}).empty());
+  const auto grouped = best_per_bucket({general});
+  ASSERT_EQ(grouped.size(), 1u);
+  EXPECT_EQ(grouped[0].group, gqa.heads / gqa.heads_k);
+  EXPECT_EQ(grouped[0].batch_heads, 0);
   general.problem.heads_k = 0;
-  EXPECT_EQ(best_per_bucket({general}).size(), 1u);
+  const auto mha = best_per_bucket({general});
+  ASSERT_EQ(mha.size(), 1u);
+  EXPECT_EQ(mha[0].group, 0);
 }

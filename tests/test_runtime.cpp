@@ -217,6 +217,31 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
     EXPECT_EQ(name(TableSet{t, 1}, q), mma_tflops > 300 ? "fa2_mma_bwd" : "fa2_wgmma_bwd");
   }
 
+  // A table's grouped-query entries (Entry::group): a call of that group takes them, a call of another group or a
+  // multi-head call the multi-head entry of the bucket; the pick names the group's bucket.
+  {
+    const Family& f3 = find_family("fa3_wgmma_bwd");
+    Config mha_cfg = f3.default_config, gqa_cfg = f3.default_config;
+    gqa_cfg[3] = 1;  // SCHED 1
+    tuned::Entry grouped = entry("fa3_wgmma_bwd", "bwd", "bf16", 128, gqa_cfg, 520);
+    grouped.group = 4;
+    const tuned::Entry es[] = {entry("fa3_wgmma_bwd", "bwd", "bf16", 128, mha_cfg, 500), grouped};
+    const tuned::Table t[] = {{"GPU A", "sm_90", es, 2}};
+    const TableSet ts{t, 1};
+    Query q = gqa(query("GPU A", "sm_90", "bwd", DType::bf16, 128, false, 4096));
+    q.group = 4;
+    Pick p = choose(ts, q);
+    ASSERT_EQ(p.family, &f3);
+    EXPECT_EQ(p.config, gqa_cfg);
+    EXPECT_EQ(p.bucket, "group 4 (query heads per kv head), S <= 4096");
+    q.group = 8;
+    p = choose(ts, q);
+    EXPECT_EQ(p.config, mha_cfg);
+    EXPECT_EQ(p.bucket, "");
+    q.group = 0, q.gqa = false;
+    EXPECT_EQ(choose(ts, q).config, mha_cfg);
+  }
+
   // A device table emitted before a family landed (no entry of it for the query's direction, dtype and head
   // dim) is stale for it: another device of the arch that measured the family wins, and the pick says why.
   // A device that measured the family keeps its own order, even where the new family rated lower there.
@@ -644,7 +669,8 @@ TEST(RuntimeLookup, PagedFromTheCommittedTables) {
       }
       q.page_size = 0;  // the dense call of the bucket: never the paged entry's row
       const tuned::Entry* dense =
-          tuned::find_in(t, e.family, e.direction, e.dtype, e.head_dim, e.causal, e.seq_max, false, false, e.batch_heads);
+          tuned::find_in(t, e.family, e.direction, e.dtype, e.head_dim, e.causal, e.seq_max, false, false, e.batch_heads,
+                         e.group);
       if (dense) EXPECT_EQ(choose(ts, q).config, Config(dense->params, dense->params + f.params.size()));
     }
   EXPECT_GT(seen, 0) << "no paged entry in the committed tables (configs/generated)";

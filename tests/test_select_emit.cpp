@@ -411,3 +411,69 @@ TEST(Select, FindInNearestBatchTimesKvHeads) {
   }
   EXPECT_EQ(tuned::find_in(old, "decode_splitkv", "fwd", "bf16", 128, false, 4096), &plain[0]);
 }
+
+// Grouped-query rows of a general family make buckets of their own by group (query heads per kv head): a kv-head
+// CTA walking four query heads has its own best scheduler (fa3_wgmma_bwd at 32/8 heads, causal 8k: SCHED 1). A
+// grouped-query problem takes its group's bucket where there is one, else the multi-head bucket; the header holds
+// the group after batch x kv heads, and emit refuses a group on a family without grouped-query attention.
+TEST(Select, GroupedQueryBucketsByGroup) {
+  const Family& f = find_family("fa3_wgmma_bwd");
+  Config c1 = f.default_config;
+  c1[3] = 1;  // SCHED 1
+  const std::string base = f.config_string(f.default_config), lpt = f.config_string(c1);
+  auto row = [&](const std::string& cfg, int heads_k, double tflops) {
+    ResultRecord r;
+    r.family = f.name, r.direction = f.direction, r.config = cfg, r.status = "ok";
+    r.problem = Problem{2, 32, 8192, 8192, 128, DType::bf16, true, "bwd"};
+    r.problem.heads_k = heads_k;
+    r.tflops = tflops, r.reps = kFullTimingReps, r.device_name = "GPU A", r.arch = "sm_90";
+    return r;
+  };
+  const std::vector<ResultRecord> rows = {row(base, 0, 580), row(lpt, 0, 560), row(base, 8, 518), row(lpt, 8, 544)};
+  const std::vector<BucketChoice> choices = best_per_bucket(rows);
+  ASSERT_EQ(choices.size(), 2u);
+  std::map<int, std::string> by_group;
+  for (const auto& c : choices) by_group[c.group] = c.config;
+  EXPECT_EQ(by_group[0], base);
+  EXPECT_EQ(by_group[4], lpt);
+  EXPECT_EQ(group_of(rows[2].problem), 4);
+  EXPECT_EQ(group_of(rows[0].problem), 0);
+  ASSERT_NE(pick_bucket(choices, rows[2].problem), nullptr);
+  EXPECT_EQ(pick_bucket(choices, rows[2].problem)->config, lpt);
+  EXPECT_EQ(pick_bucket(choices, rows[0].problem)->config, base);
+  Problem g8 = rows[2].problem;
+  g8.heads_k = 4;  // group 8: no bucket of its own, the multi-head one
+  EXPECT_EQ(pick_bucket(choices, g8)->config, base);
+  EXPECT_EQ(stored_choice({rows[0], rows[1], rows[2], rows[3]}, g8).config, base);
+
+  auto dir = fs::temp_directory_path() / ("flashtune_emit_group_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const EmitResult res = emit_headers(choices, dir.string(), "flashtune emit --db x --out y");
+  EXPECT_EQ(res.entries, 2);
+  const std::string gpu = slurp(dir / "sm90_gpu_a.hpp");
+  EXPECT_NE(gpu.find(", 544.00f, false, false, 0, 4},"), std::string::npos) << gpu;
+  EXPECT_NE(gpu.find(", 580.00f},"), std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("[, group]"), std::string::npos) << gpu;
+  EXPECT_NE(slurp(dir / "dispatch.hpp").find("int group = 0"), std::string::npos);
+  // The header's lookup: the group's entry for its group, the multi-head entry for any other call.
+  tuned::Entry grouped{"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192, {}, 544.0f};
+  grouped.group = 4;
+  const tuned::Entry entries[] = {{"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192, {}, 580.0f}, grouped};
+  const tuned::Table t{"GPU A", "sm_90", entries, 2};
+  EXPECT_EQ(tuned::find_in(t, "fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192, false, false, 0, 4), &entries[1]);
+  EXPECT_EQ(tuned::find_in(t, "fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192, false, false, 0, 8), &entries[0]);
+  EXPECT_EQ(tuned::find_in(t, "fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192), &entries[0]);
+  const tuned::Table grouped_only{"GPU A", "sm_90", entries + 1, 1};
+  EXPECT_EQ(tuned::find_in(grouped_only, "fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192), nullptr)
+      << "a multi-head call never takes a grouped-query entry";
+  // Refused: group 1 (multi-head is 0), and a group on a family without grouped-query attention.
+  BucketChoice wrong = choices[0];
+  wrong.group = 1;
+  EXPECT_THROW(emit_headers({wrong}, dir.string(), "x"), UsageError);
+  const Family& simt = find_family("fa2_simt");
+  ASSERT_FALSE(simt.gqa);
+  wrong.family = simt.name, wrong.direction = simt.direction, wrong.dtype = DType::fp32, wrong.head_dim = 64;
+  wrong.config = simt.config_string(simt.default_config), wrong.group = 4;
+  EXPECT_THROW(emit_headers({wrong}, dir.string(), "x"), UsageError);
+  fs::remove_all(dir);
+}

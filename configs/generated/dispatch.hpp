@@ -28,16 +28,18 @@ inline constexpr Entry kDefaults[] = {
     {"decode_splitkv", "fwd", "*", 0, false, 0, {16, 64, 4, 2}, 0.0f},  // SPLITS=16,BLOCK_N=64,WARPS=4,STAGES=2
 };
 
-// batch_heads: the call's batch x kv heads, a decoding family's second key (0: unknown, its smallest bucket).
+// batch_heads: the call's batch x kv heads, a decoding family's second key (0: unknown, its smallest bucket);
+// group: query heads per kv head of a grouped-query call (0: multi-head), the grouped-query entries' key.
 constexpr Choice lookup(const char* device, const char* arch, const char* family, const char* direction,
-                        const char* dtype, int head_dim, bool causal, int seq, long long batch_heads = 0) {
+                        const char* dtype, int head_dim, bool causal, int seq, long long batch_heads = 0,
+                        int group = 0) {
   for (const Table& t : kTables)
     if (t.count && str_eq(t.device, device))
-      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads))
+      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads, group))
         return {*e, Source::device};
   for (const Table& t : kTables)
     if (t.count && str_eq(t.arch, arch))
-      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads))
+      if (const Entry* e = find_in(t, family, direction, dtype, head_dim, causal, seq, false, false, batch_heads, group))
         return {*e, Source::arch};
   for (const Entry& e : kDefaults)
     if (str_eq(e.family, family) && str_eq(e.direction, direction)) return {e, Source::fallback};

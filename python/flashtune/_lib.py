@@ -658,8 +658,9 @@ def explain_forward_text(args):
 
 
 def explain_bucket(line):
-    """The decode bucket an explain line names ("batch x kv heads 512 (of 8, 64, 512), Sk <= 4096": a decoding
-    family's tabled or stored pick is keyed by batch x kv heads and the sequence), or "" where it names none."""
+    """The bucket an explain line names ("batch x kv heads 512 (of 8, 64, 512), Sk <= 4096": a decoding family's
+    tabled or stored pick is keyed by batch x kv heads and the sequence; "group 4 (query heads per kv head),
+    S <= 8192": a grouped-query call's, by its group), or "" where it names none (a multi-head bucket)."""
     head = line.split(") on ", 1)[0]
     if ", bucket: " not in head:
         return ""

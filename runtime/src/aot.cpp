@@ -45,6 +45,9 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
   // A decoding entry's batch x kv heads: the query at that value takes it (find_in: the nearest), so the values
   // the tables hold (and 0, unknown) cover every decoding entry; no other family's entry has one.
   std::set<long long> batch_heads = {0};
+  // A grouped-query entry's group: a grouped-query query of that group takes it (find_in), others the multi-head
+  // entries; 0 stands for every multi-head query (and for the grouped-query calls of groups no table holds).
+  std::set<int> groups = {0};
   for (int i = 0; i < ts.count; ++i) {
     const tuned::Table& t = ts.tables[i];
     if (t.arch == a.arch && std::find(devices.begin(), devices.end(), t.device) == devices.end())
@@ -52,6 +55,7 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
     for (int j = 0; j < t.count; ++j) {
       seqs.insert(t.entries[j].seq_max);
       if (t.entries[j].batch_heads > 0) batch_heads.insert(t.entries[j].batch_heads);
+      if (t.entries[j].group > 0) groups.insert(t.entries[j].group);
     }
   }
   // find_in picks the smallest bucket that holds seq: every bucket boundary, and one past the largest,
@@ -94,13 +98,15 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
               for (int seq_q : seq_q_classes)        // the candidates change only at a family's max_seq_q
                 for (bool varlen : {false, true})      // packed calls: the families' packed forms
                   for (int page : page_points)         // paged calls: the families' paged forms
-                    for (long long bh : batch_heads) {  // decoding queries (a ranged seq_q class) only
+                    for (long long bh : batch_heads)  // decoding queries (a ranged seq_q class) only
+                    for (int group : groups) {        // grouped-query queries of the groups the tables hold
                       if (varlen && page) continue;
                       if (bh && (seq_q == 0 || !ranged_runs)) continue;
+                      if (group && (bh || page || varlen)) continue;  // (dense calls: the grouped-query entries')
                       Query q;
                       q.device = device, q.arch = a.arch, q.direction = dir, q.dtype = t;
                       q.head_dim = d, q.causal = causal != 0, q.seq = seq, q.seq_q = seq_q, q.varlen = varlen;
-                      q.page_size = page, q.batch_heads = bh;
+                      q.page_size = page, q.batch_heads = bh, q.gqa = group > 0, q.group = group;
                       const Family* f = choose_family(ts, q);
                       if (!f || !wanted(filter.families, f->name)) continue;
                       const Pick pick = choose_config(ts, *f, q);

@@ -307,7 +307,7 @@ struct FastKey {
   int64_t batch_heads;    // batch x kv heads inside a family's query-length range, else 0
   int32_t head_dim, page_size, seq_bucket, seq_q_class;
   uint32_t mods;
-  uint8_t bwd, dtype, flags, unused;  // flags: causal 1, gqa 2, deterministic 4, packed 8
+  uint8_t bwd, dtype, flags, group;  // flags: causal 1, gqa 2, deterministic 4, packed 8; group: Query::group
 };
 static_assert(sizeof(FastKey) == 40 && std::has_unique_object_representations_v<FastKey>,
               "FastKey is compared and hashed as bytes: no padding");
@@ -333,6 +333,7 @@ FastKey fast_key(CUcontext ctx, const Query& q, const Problem& p) {
   k.bwd = q.direction == "bwd";
   k.dtype = (uint8_t)q.dtype;
   k.flags = (q.causal ? 1 : 0) | (q.gqa ? 2 : 0) | (q.deterministic ? 4 : 0) | (q.varlen ? 8 : 0);
+  k.group = (uint8_t)q.group;  // 0 or 2..255 (query_of)
   return k;
 }
 // One entry of a thread's table: direct-mapped by fast_hash, so a thread's working set of calls (a model's few
@@ -353,7 +354,7 @@ std::string plan_key_of(const Query& q, const FastKey& k, const std::string& sto
          '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") + (q.deterministic ? "d" : "") + (q.varlen ? "v" : "") +
          (q.page_size ? "p" + std::to_string(q.page_size) : "") + (q.mods ? "m" + std::to_string(q.mods) : "") + '|' +
          std::to_string(k.seq_bucket) + '|' + std::to_string(k.seq_q_class) + '|' +
-         (k.seq_q_class > 0 ? std::to_string(q.batch_heads) : "") + '|' + store_identity;
+         (k.seq_q_class > 0 ? std::to_string(q.batch_heads) : "") + '|' + std::to_string(q.group) + '|' + store_identity;
 }
 
 // The plan of a call in context ctx (current): this thread's entry when it is of this generation, else the
@@ -799,6 +800,8 @@ Query query_of(const Problem& p) {
   q.varlen = p.varlen.enabled();
   q.page_size = p.paged.page_size;
   q.batch_heads = p.batch_kv_heads();
+  // The grouped-query tables' key; a group past 255 (no table holds one) reads the multi-head entries.
+  q.group = p.heads_k > 0 && p.heads_k < p.heads && p.heads / p.heads_k <= 255 ? p.heads / p.heads_k : 0;
   q.mods = problem_mods(p);
   return q;
 }

@@ -36,7 +36,9 @@ bool in_range(const Family& f, int seq_q) { return f.max_seq_q == 0 || (seq_q > 
 
 // What explain() says of a decoding bucket: "batch x kv heads 64 (of 8, 64, 512), Sk <= 4096"; "" where the
 // pick is not keyed by batch x kv heads (batch_heads 0).
-std::string bucket_text(int batch_heads, std::set<int> of, int seq_bucket) {
+std::string bucket_text(int batch_heads, std::set<int> of, int seq_bucket, int group = 0) {
+  if (batch_heads <= 0 && group > 0)  // a grouped-query bucket (explain's "bucket")
+    return "group " + std::to_string(group) + " (query heads per kv head), S <= " + std::to_string(seq_bucket);
   if (batch_heads <= 0) return "";
   std::string list;
   for (int v : of) list += (list.empty() ? "" : ", ") + std::to_string(v);
@@ -54,8 +56,8 @@ const tuned::Entry* find(const TableSet& ts, const std::string& family, const Qu
     if (!t.count || (by_device ? q.device != t.device : q.arch != t.arch)) continue;
     const bool det = wants_reproducible(q);
     if (const tuned::Entry* e = tuned::find_in(t, family.c_str(), q.direction.c_str(), to_string(q.dtype), q.head_dim,
-                                               q.causal, q.seq, paged, det, q.batch_heads)) {
-      if (bucket && e->batch_heads <= 0) bucket->clear();
+                                               q.causal, q.seq, paged, det, q.batch_heads, q.group)) {
+      if (bucket && e->batch_heads <= 0) *bucket = bucket_text(0, {}, e->seq_max, e->group);
       if (bucket && e->batch_heads > 0) {
         std::set<int> of;  // the batch x kv heads the table holds for this (family, direction, dtype, d, mask)
         for (int k = 0; k < t.count; ++k) {
@@ -283,13 +285,13 @@ std::string stored_config(const Family& f, const Query& q, const std::string& db
   const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter), wants_reproducible(q));
   Problem prob;
   prob.seq_q = prob.seq_k = q.seq;
-  const BucketChoice* b = pick_bucket(choices, prob.seq_bucket(), q.batch_heads, paged, wants_reproducible(q));
+  const BucketChoice* b = pick_bucket(choices, prob.seq_bucket(), q.batch_heads, paged, wants_reproducible(q), q.group);
   if (b && tflops) *tflops = b->tflops;
   if (b && bucket) {
     std::set<int> of;
     for (const BucketChoice& c : choices)
       if (c.batch_heads > 0 && c.paged == b->paged && c.deterministic == b->deterministic) of.insert(c.batch_heads);
-    *bucket = bucket_text(b->batch_heads, of, b->seq_bucket);
+    *bucket = bucket_text(b->batch_heads, of, b->seq_bucket, b->group);
   }
   return b ? b->config : "";
 }

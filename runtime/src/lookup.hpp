@@ -42,6 +42,8 @@ struct Query {
   long long batch_heads = 0;   // batch x kv heads (heads_k, or heads for multi-head): a decoding family's buckets'
                                // second key (tuned::find_in, pick_bucket: the nearest by ratio); 0: unknown (the
                                // smallest)
+  int group = 0;  // query heads per kv head of a grouped-query call (2 to 255; 0: multi-head, or a larger group):
+                  // the entries and stored buckets of that group first, else the multi-head ones
 };
 
 // The registry's non-test families that run `q` (direction, dtype, head dim) on q.arch (a Hopper-only
@@ -99,8 +101,9 @@ struct Pick {
   Config config;
   std::string source;  // "db", "device", "arch" or "default"
   std::string note;    // why a tabled/stored config was not used, or ""
-  // The decoding bucket the config came from, where it is keyed by batch x kv heads (a tabled or stored pick of
-  // a decoding family): "batch x kv heads 64 (of 8, 64, 512), Sk <= 4096"; "" otherwise. explain() shows it.
+  // The bucket the config came from, where it is keyed by more than the sequence: a decoding family's by batch x
+  // kv heads ("batch x kv heads 64 (of 8, 64, 512), Sk <= 4096"), a grouped-query call's by its group ("group 4
+  // (query heads per kv head), S <= 8192"); "" otherwise. explain() shows it.
   std::string bucket;
 };
 
