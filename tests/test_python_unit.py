@@ -444,6 +444,11 @@ class WithLibrary(unittest.TestCase):
                          "batch x kv heads 512 (of 8, 64, 512), Sk <= 4096")
         self.assertEqual(_lib.explain_bucket("fa2_mma BLOCK_M=128 (config: device, kernel: disk) on GPU (sm_90)"), "")
         self.assertEqual(_lib.explain_bucket(""), "")
+        # A grouped-query call's tabled or stored pick names its group's bucket; it is no decode bucket.
+        gqa = ("fa3_wgmma_bwd BLOCK_M=64 (config: device, bucket: group 4 (query heads per kv head), S <= 8192, "
+               "kernel: jit) on NVIDIA H200 (sm_90)")
+        self.assertEqual(_lib.explain_bucket(gqa), "group 4 (query heads per kv head), S <= 8192")
+        self.assertIsNone(flashtune._autotune.explained_batch_heads(_lib.explain_bucket(gqa)))
 
     def test_varlen_calls_raise_with_last_error(self):
         # A null q through the packed entry points: the runtime's own check (the Python packer accepts a 0
