@@ -171,6 +171,10 @@ struct Problem {
   // batch x kv heads: the (sequence, kv head) pairs, a decoding family's second bucket key (results/select.hpp).
   long long batch_kv_heads() const { return (long long)batch * kv_heads(); }
   int group() const { return heads / kv_heads(); }  // query heads per kv head
+  // The grouped-query key of the tables and buckets (tuned::Entry::group, results/select.hpp): group() of a
+  // grouped-query problem up to 255 (the runtime's plan key holds a byte), else 0: multi-head, or a group no bucket
+  // keys (it takes the multi-head ones).
+  int group_key() const { return heads_k > 0 && group() > 1 && group() <= 255 ? group() : 0; }
 #ifndef FLASHTUNE_NO_JSON
   // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>"; paged: "... paged <Paged::str>";
   // "... window 1024,-1", "... softcap 30", "... alibi")

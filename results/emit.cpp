@@ -125,7 +125,7 @@ static void check_choice(const BucketChoice& c) {
   if (c.batch_heads < 0) refuse("batch x kv heads out of range");
   if (c.batch_heads > 0 && f->max_seq_q == 0)
     refuse("a batch x kv heads bucket of a family without a query-length range (only decoding buckets have one)");
-  if (c.group < 0 || c.group == 1 || c.group > 1024) refuse("group out of range (0, or 2 to 1024 query heads per kv head)");
+  if (c.group < 0 || c.group == 1 || c.group > 255) refuse("group out of range (0, or 2 to 255 query heads per kv head)");
   if (c.group > 1 && (!f->gqa || f->max_seq_q > 0))
     refuse("a grouped-query bucket of a family without grouped-query attention or with a query-length range");
   if (!std::isfinite(c.tflops) || c.tflops < 0 || c.tflops > 1e6) refuse("TFLOP/s out of range");

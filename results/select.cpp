@@ -137,7 +137,7 @@ std::map<Bucket, BucketChoice> bucket_picks(const Rows& results) {
     // A decoding family's buckets are per batch x kv heads as well: its pick for one sequence at 4k keys (many
     // splits of the keys to fill the GPU) is not the pick for 64 of them (the H100's: SPLITS 8 against 1).
     Bucket b{r.device_name, r.arch, r.family, r.direction, to_string(p.dtype), p.head_dim, p.causal, p.seq_bucket(),
-             p.paged.enabled(), ranged ? batch_kv_heads(p) : 0, ranged ? 0 : group_of(p)};
+             p.paged.enabled(), ranged ? batch_kv_heads(p) : 0, ranged ? 0 : p.group_key()};
     problems[b].insert(p.str());
     if (r.status != "ok" || r.tflops <= 0 || staleness.stale(r)) continue;
     auto& s = per_config[b][r.config];
@@ -201,7 +201,6 @@ std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& rows,
 }
 
 int batch_kv_heads(const Problem& p) { return (int)std::clamp<long long>(p.batch_kv_heads(), 0, INT_MAX); }
-int group_of(const Problem& p) { return p.heads_k > 0 && p.heads_k < p.heads ? p.heads / p.heads_k : 0; }
 
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, int seq_bucket, long long batch_heads,
                                 bool paged, bool deterministic, int group) {
@@ -229,7 +228,7 @@ const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, int se
 }
 
 const BucketChoice* pick_bucket(const std::vector<BucketChoice>& choices, const Problem& p, bool deterministic) {
-  return pick_bucket(choices, p.seq_bucket(), batch_kv_heads(p), p.paged.enabled(), deterministic, group_of(p));
+  return pick_bucket(choices, p.seq_bucket(), batch_kv_heads(p), p.paged.enabled(), deterministic, p.group_key());
 }
 
 StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Problem& p) {

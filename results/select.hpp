@@ -40,15 +40,13 @@ struct BucketChoice {
   // the grid has decides how far the keys are split. 0 for every other family: its buckets span every batch.
   int batch_heads = 0;
   // Grouped-query rows (heads_k > 0) of a family without a query-length range make buckets of their own, keyed by
-  // the group (query heads per kv head, Problem::group): a grouped-query call takes its group's buckets where
+  // the group (query heads per kv head, Problem::group_key): a grouped-query call takes its group's buckets where
   // there are any, else the multi-head ones (0). A decoding family's rows keep 0 (batch x kv heads keys them).
   int group = 0;
 };
 
 // A problem's batch x kv heads: batch x heads_k (heads where heads_k is 0, multi-head), at most 2^31 - 1.
 int batch_kv_heads(const Problem& p);
-// A problem's group key: query heads per kv head of a grouped-query problem, 0 for multi-head.
-int group_of(const Problem& p);
 
 // A config must be valid on every problem of its bucket; among those the highest geometric-mean
 // TFLOP/s wins (so one huge shape does not dominate). Paged rows make buckets apart from dense ones.

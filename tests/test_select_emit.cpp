@@ -436,8 +436,11 @@ TEST(Select, GroupedQueryBucketsByGroup) {
   for (const auto& c : choices) by_group[c.group] = c.config;
   EXPECT_EQ(by_group[0], base);
   EXPECT_EQ(by_group[4], lpt);
-  EXPECT_EQ(group_of(rows[2].problem), 4);
-  EXPECT_EQ(group_of(rows[0].problem), 0);
+  EXPECT_EQ(rows[2].problem.group_key(), 4);
+  EXPECT_EQ(rows[0].problem.group_key(), 0);
+  Problem wide = rows[2].problem;
+  wide.heads = 512, wide.heads_k = 1;  // a group past the plan key's byte: the multi-head buckets
+  EXPECT_EQ(wide.group_key(), 0);
   ASSERT_NE(pick_bucket(choices, rows[2].problem), nullptr);
   EXPECT_EQ(pick_bucket(choices, rows[2].problem)->config, lpt);
   EXPECT_EQ(pick_bucket(choices, rows[0].problem)->config, base);

@@ -333,7 +333,7 @@ FastKey fast_key(CUcontext ctx, const Query& q, const Problem& p) {
   k.bwd = q.direction == "bwd";
   k.dtype = (uint8_t)q.dtype;
   k.flags = (q.causal ? 1 : 0) | (q.gqa ? 2 : 0) | (q.deterministic ? 4 : 0) | (q.varlen ? 8 : 0);
-  k.group = (uint8_t)q.group;  // 0 or 2..255 (query_of)
+  k.group = (uint8_t)q.group;  // 0 or 2..255 (Problem::group_key)
   return k;
 }
 // One entry of a thread's table: direct-mapped by fast_hash, so a thread's working set of calls (a model's few
@@ -800,8 +800,7 @@ Query query_of(const Problem& p) {
   q.varlen = p.varlen.enabled();
   q.page_size = p.paged.page_size;
   q.batch_heads = p.batch_kv_heads();
-  // The grouped-query tables' key; a group past 255 (no table holds one) reads the multi-head entries.
-  q.group = p.heads_k > 0 && p.heads_k < p.heads && p.heads / p.heads_k <= 255 ? p.heads / p.heads_k : 0;
+  q.group = p.group_key();
   q.mods = problem_mods(p);
   return q;
 }

@@ -42,7 +42,7 @@ struct Query {
   long long batch_heads = 0;   // batch x kv heads (heads_k, or heads for multi-head): a decoding family's buckets'
                                // second key (tuned::find_in, pick_bucket: the nearest by ratio); 0: unknown (the
                                // smallest)
-  int group = 0;  // query heads per kv head of a grouped-query call (2 to 255; 0: multi-head, or a larger group):
+  int group = 0;  // Problem::group_key: query heads per kv head of a grouped-query call (2 to 255), else 0:
                   // the entries and stored buckets of that group first, else the multi-head ones
 };
 
