@@ -561,9 +561,12 @@ void GpuRunner::free_host(HostBuffer& h) {
   h = HostBuffer{};
 }
 
+std::vector<GpuRunner::Buffer*> GpuRunner::output_buffers() {
+  return problem_.direction == "bwd" ? std::vector<Buffer*>{&dq_, &dk_, &dv_} : std::vector<Buffer*>{&o_, &lse_};
+}
+
 void GpuRunner::read_outputs(Outputs& into) {
-  std::vector<Buffer*> bufs = problem_.direction == "bwd" ? std::vector<Buffer*>{&dq_, &dk_, &dv_}
-                                                          : std::vector<Buffer*>{&o_, &lse_};
+  const std::vector<Buffer*> bufs = output_buffers();
   if (into.size() < bufs.size()) into.resize(bufs.size());
   for (size_t i = 0; i < bufs.size(); ++i) {
     ensure_host(into[i], bufs[i]->bytes);
@@ -579,8 +582,7 @@ bool GpuRunner::same_bytes(const HostBuffer& a, const HostBuffer& b) {
 void GpuRunner::validate(const Outputs& outputs, json& out) {
   const Problem& p = problem_;
   // Every output read back whole: a validation over fewer elements than the kernel wrote checks nothing.
-  const std::vector<Buffer*> bufs = p.direction == "bwd" ? std::vector<Buffer*>{&dq_, &dk_, &dv_}
-                                                         : std::vector<Buffer*>{&o_, &lse_};
+  const std::vector<Buffer*> bufs = output_buffers();
   for (size_t i = 0; i < bufs.size(); ++i)
     if (i >= outputs.size() || outputs[i].bytes != bufs[i]->bytes || (bufs[i]->bytes && !outputs[i].ptr))
       throw std::logic_error("validate: output " + std::to_string(i) + " read back as " +

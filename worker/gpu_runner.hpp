@@ -121,6 +121,7 @@ class GpuRunner {
   // OutOfMemory (the caller releases everything).
   void ensure(Buffer&, size_t bytes);
   std::vector<Buffer*> problem_buffers();  // every buffer but the L2 flush
+  std::vector<Buffer*> output_buffers();   // the problem's outputs: dQ, dK, dV (backward) or O, LSE
   // ALiBi (Problem::alibi): seeded_alibi_slopes(B*H, H, period) into alibi_host_ and alibi_.
   void upload_alibi(const Problem& p, long long period);
   size_t problem_bytes();                  // sum of their `bytes`: the run's device footprint
