@@ -53,7 +53,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtune
 import flashtune.torch as ftt
-from flashtune.torch import (FlashAttention, attention, attention_paged, attention_varlen, explain, explain_paged,
+from flashtune.torch import (FlashAttention, attention, attention_kvcache, attention_paged, attention_varlen, explain, explain_paged,
                              explain_varlen)
 
 FAILURES = []
@@ -1137,6 +1137,82 @@ def alibi():
         raises(lambda: attention(q, q, q, alibi_slopes=slopes), exc, pattern, f"attention(alibi_slopes={slopes!r:.40})")
 
 
+def kvcache():
+    """attention_kvcache (FlashAttention's flash_attn_with_kvcache): the step's new keys and values written into a
+    paged and into a contiguous cache at each sequence's length, cache_seqlens left as it was, every row the call
+    does not own left as it was (the NaN rows of make_paged stay NaN), and O against the float64 reference on each
+    sequence's cache followed by its new tokens (within torch flash's error there, as paged_accuracy)."""
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 7)
+    for lengths, H, Hk, s_new, d, page, causal, dtype in (([5, 0, 100], 8, 2, 1, 128, 64, False, torch.bfloat16),
+                                                          ([63, 64, 1], 8, 8, 4, 64, 64, True, torch.float16),
+                                                          ([30, 200], 4, 1, 16, 128, 32, True, torch.bfloat16)):
+        B = len(lengths)
+        for paged in (True, False):
+            name = (f"kvcache {'paged' if paged else 'contiguous'} {str(dtype).split('.')[-1]} H{H}/{Hk} new {s_new} "
+                    f"d{d} page {page} lens {lengths}{' causal' if causal else ''}")
+            k_pages, v_pages, table, lens, dk, dv = make_paged([n + s_new for n in lengths], Hk, d, page, dtype, gen)
+            if paged:
+                kc, vc, bt = k_pages, v_pages, table
+            else:  # one row of S_max keys per sequence, S_max a multiple of the page
+                s_max = page * -(-max(n + s_new for n in lengths) // page)
+                kc = torch.full((B, Hk, s_max, d), float("nan"), dtype=dtype, device="cuda")
+                vc = torch.full_like(kc, float("nan"))
+                for b, n in enumerate(lengths):
+                    kc[b, :, :n], vc[b, :, :n] = dk[b][:, :n], dv[b][:, :n]
+                bt = None
+            if paged:  # the new tokens' rows: NaN before the call (make_paged filled them: blank them)
+                for b, n in enumerate(lengths):
+                    for i in range(s_new):
+                        p = n + i
+                        kc[int(table[b, p // page]), :, p % page] = float("nan")
+                        vc[int(table[b, p // page]), :, p % page] = float("nan")
+            before_k, before_v = kc.clone(), vc.clone()
+            k_new = torch.stack([dk[b][:, n:n + s_new] for b, n in enumerate(lengths)])
+            v_new = torch.stack([dv[b][:, n:n + s_new] for b, n in enumerate(lengths)])
+            q = torch.randn(B, H, s_new, d, device="cuda", dtype=dtype, generator=gen)
+            seqlens = lens - s_new
+            kept = seqlens.clone()
+            with torch.no_grad():
+                o = attention_kvcache(q, kc, vc, seqlens, k=k_new, v=v_new, block_table=bt, causal=causal)
+            check(torch.equal(seqlens, kept), f"{name}: cache_seqlens unchanged")
+            # The cache: the new rows hold the new tokens, every other row (NaN or not) is as it was.
+            want_k, want_v = before_k.clone(), before_v.clone()
+            for b, n in enumerate(lengths):
+                for i in range(s_new):
+                    p = n + i
+                    at = (int(table[b, p // page]), slice(None), p % page) if paged else (b, slice(None), p)
+                    want_k[at], want_v[at] = k_new[b, :, i], v_new[b, :, i]
+            same = lambda x, y: bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())  # noqa: E731
+            check(same(kc, want_k) and same(vc, want_v), f"{name}: the new tokens written at each sequence's length, "
+                                                           f"nothing else of the cache changed")
+            ref = torch.zeros(o.shape, dtype=torch.float64, device="cuda")
+            flash = torch.zeros_like(o)
+            dout = torch.zeros(1, H, s_new, d, dtype=dtype, device="cuda")
+            scale = 1.0 / math.sqrt(d)
+            for b, n in enumerate(lengths):
+                qb, kb, vb = q[b:b + 1], dk[b][None], dv[b][None]
+                ref[b] = reference(qb, kb, vb, dout, causal, scale)[0][0]
+                flash[b] = torch_flash(qb, kb, vb, dout, causal, scale)[0][0]
+            ma, rl2 = errors(o, ref)
+            tma, trl2 = errors(flash, ref)
+            check(rl2 <= 1.2 * trl2 and ma <= 2.0 * tma,
+                  f"{name}: O rel L2 {rl2:.3e} vs torch flash on the cache and new tokens {trl2:.3e} (<= 1.2x), max-abs "
+                  f"{ma:.3e} vs {tma:.3e} (<= 2x)")
+    # One line for a bad call, nothing written.
+    k_pages, v_pages, table, lens, _, _ = make_paged([10, 20], 2, 64, 64, torch.bfloat16, gen)
+    q = torch.randn(2, 4, 1, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    kn = torch.randn(2, 2, 1, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    before = k_pages.clone()
+    with torch.no_grad():
+        raises(lambda: attention_kvcache(q, k_pages, v_pages, lens, k=kn, block_table=table), ValueError,
+               "both k and v", "kvcache: k without v")
+        raises(lambda: attention_kvcache(q, k_pages, v_pages, lens, k=kn.half(), v=kn.half(), block_table=table),
+               TypeError, "the cache", "kvcache: new tokens of another dtype")
+        raises(lambda: attention_kvcache(q, k_pages, v_pages, lens, k=kn.expand(2, 2, 65, 64), v=kn.expand(2, 2, 65, 64),
+                                         block_table=table), ValueError, "more than a page", "kvcache: a page at most")
+    check(torch.equal(torch.nan_to_num(k_pages), torch.nan_to_num(before)), "kvcache: a refused call wrote nothing")
+
+
 def main():
     ok, why = flashtune.device_available()
     if not ok or not torch.cuda.is_available():
@@ -1145,7 +1221,7 @@ def main():
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
     parts = (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
              streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs, deterministic,
-             scratch_through_torch, window_softcap, alibi)
+             scratch_through_torch, window_softcap, alibi, kvcache)
     names = {p.__name__: p for p in parts + (first_use_tuning,)}  # first_use_tuning only when named
     unknown = [a for a in sys.argv[1:] if a not in names]
     if unknown:

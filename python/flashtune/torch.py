@@ -53,8 +53,8 @@ import torch
 
 from . import _autotune, _lib
 
-__all__ = ["attention", "attention_varlen", "attention_paged", "FlashAttention", "explain", "explain_varlen", "autotune",
-           "explain_paged", "backend"]
+__all__ = ["attention", "attention_varlen", "attention_paged", "attention_kvcache", "FlashAttention", "explain",
+           "explain_varlen", "autotune", "explain_paged", "backend"]
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _NAMES = ("q", "k", "v")
@@ -1053,6 +1053,77 @@ def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=Fals
     if torch.compiler.is_compiling():
         return attention_paged_fwd(*args)[0]
     return _paged_forward_impl(*args)[0]
+
+
+def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False, scale=None,
+                      max_seqlen_k=None):
+    """Decoding against a K/V cache with the step's new keys and values appended first, in one call (FlashAttention's
+    flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=..., block_table=...)), in flashtune's layouts:
+    q [B, H, Sq, d] (Sq 1 to 16); the cache either paged, k_cache and v_cache [num_pages, Hk, page_size, d] with
+    block_table int32 [B, max_pages] (as attention_paged), or, block_table None, contiguous [B, Hk, S_max, d]
+    (sequence b's keys in k_cache[b]: read as one page of S_max keys per sequence, so S_max must be a page size
+    attention_paged reads); cache_seqlens int32 [B], the keys each sequence holds before this call.
+    k, v (both or neither): [B, Hk, S_new, d] in the cache's dtype, S_new at most a page: written into the cache at
+    positions cache_seqlens[b] .. cache_seqlens[b] + S_new - 1 of sequence b (in place, through the block table),
+    then every query row attends to the cache_seqlens[b] + S_new keys (causal: bottom-right aligned to that length,
+    so with Sq = S_new new tokens each sees the cache and the new tokens up to itself). cache_seqlens is not changed:
+    the caller advances it, as with FlashAttention. Returns o [B, H, Sq, d], contiguous.
+
+    Forward only (decoding is inference), under torch.no_grad() or torch.inference_mode(). The cache's positions
+    are device values and trusted as the tables are: max_seqlen_k, when given, bounds cache_seqlens + S_new and is
+    checked against the cache's capacity (max_pages x page_size, or S_max); a position past the capacity is not
+    written (its page index is clamped to the table, so no index leaves the tensors), and its keys are not what the
+    attention reads. Raises TypeError/ValueError on bad arguments, one line each, and what attention_paged raises."""
+    fn = "flashtune.torch.attention_kvcache"
+    if (k is None) != (v is None):
+        raise ValueError(f"{fn}: give both k and v (the new tokens) or neither")
+    if block_table is None:
+        if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4:
+            raise ValueError(f"{fn}: without block_table, k_cache must be a 4-D contiguous cache [batch, heads_k, "
+                             f"max_seqlen, head_dim]")
+        if not isinstance(q, torch.Tensor) or q.dim() != 4 or k_cache.shape[0] != q.shape[0]:
+            raise ValueError(f"{fn}: without block_table, the cache holds one sequence per row of q's batch: q "
+                             f"{tuple(getattr(q, 'shape', ()))}, k_cache {tuple(k_cache.shape)}")
+        block_table = torch.arange(k_cache.shape[0], dtype=torch.int32, device=k_cache.device)[:, None]
+    if k is not None:
+        for n, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise ValueError(f"{fn}: {n} must be a 4-D tensor [batch, heads_k, new_tokens, head_dim]")
+            if t.dtype != k_cache.dtype or t.device != k_cache.device:
+                raise TypeError(f"{fn}: {n} is {t.dtype} on {t.device}, the cache {k_cache.dtype} on {k_cache.device}; "
+                                f"the new tokens are written into it as they are")
+        if k.shape != v.shape:
+            raise ValueError(f"{fn}: k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
+        if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4:
+            raise ValueError(f"{fn}: k_cache must be 4-D [num_pages, heads_k, page_size, head_dim]")
+        B, Hk, s_new, d = k.shape
+        if (B, Hk, d) != (block_table.shape[0], k_cache.shape[1], k_cache.shape[3]):
+            raise ValueError(f"{fn}: k {tuple(k.shape)} does not match the cache's heads and head dim "
+                             f"{(k_cache.shape[1], k_cache.shape[3])} and the batch {block_table.shape[0]}")
+        if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != B:
+            raise ValueError(f"{fn}: cache_seqlens must be a 1-D torch.int32 tensor [batch]")
+        page, capacity = k_cache.shape[2], block_table.shape[1] * k_cache.shape[2]
+        if s_new > page:
+            raise ValueError(f"{fn}: {s_new} new tokens in one call, more than a page ({page} keys); append them in "
+                             f"calls of at most a page")
+        if max_seqlen_k is not None and not isinstance(max_seqlen_k, bool) and isinstance(max_seqlen_k, int) \
+                and max_seqlen_k > capacity:
+            raise ValueError(f"{fn}: max_seqlen_k = {max_seqlen_k} is past the cache's capacity {capacity}")
+        if s_new:
+            # Positions on the device, no host sync (a CUDA graph may hold the call): token i of sequence b goes to
+            # row pos % page_size of page block_table[b, pos // page_size], pos = cache_seqlens[b] + i. A position past
+            # the capacity writes its row's own value back (clamped into the table: no index leaves the tensors; it
+            # cannot meet a written row of its sequence: those are fewer than S_new <= page_size positions away).
+            with torch.no_grad():
+                pos = cache_seqlens.to(torch.long).clamp(min=0)[:, None] + torch.arange(s_new, device=k.device)[None, :]
+                inside = (pos < capacity)[..., None, None]
+                pages = block_table.to(torch.long).gather(1, (pos // page).clamp(max=block_table.shape[1] - 1))
+                slot = pos % page
+                for cache, new in ((k_cache, k), (v_cache, v)):
+                    cache[pages, :, slot] = torch.where(inside, new.transpose(1, 2), cache[pages, :, slot])
+            cache_seqlens = cache_seqlens + s_new
+    return attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
+                           max_seqlen_k=max_seqlen_k)
 
 
 def explain_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, max_seqlen_k=None):
