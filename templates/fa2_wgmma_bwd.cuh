@@ -127,23 +127,6 @@ __device__ __forceinline__ void dscores(float (&dpt)[BM / 2], PT pt, const float
   }
 }
 
-// Rows of a 64 x NCOL accumulator tile (this thread's elements) to columns col0.. of a (seq, D)
-// 16-bit matrix with rows `stride` elements apart, times mul.
-template <int DTYPE, int NCOL, int D>
-__device__ __forceinline__ void store_tile(unsigned short* out, const float (&acc)[NCOL / 2], float mul, int row0,
-                                           int col0, int seq, int tig, int stride = D) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row0 + 8 * h;
-    if (r < seq) {
-#pragma unroll
-      for (int j = 0; j < NCOL / 8; ++j)
-        *reinterpret_cast<unsigned*>(out + static_cast<long long>(r) * stride + col0 + 8 * j + 2 * tig) =
-            pack_half2<DTYPE>(acc[4 * j + 2 * h] * mul, acc[4 * j + 2 * h + 1] * mul);
-    }
-  }
-}
-
 // DQ_RED 2: a warp's 16 x C piece of dQ (accumulators in the C layout, times mul) added into rows
 // 0..15 of out (row stride `stride`: D, packed H*D; rows >= rows_left skipped), 32 columns at a time through the warp's
 // 16 x 32 fp32 staging tile: stored in 16-byte pieces swizzled by row (piece c4 of row r at
@@ -949,13 +932,19 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
       static_cast<unsigned short*>(p.dk) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
   unsigned short* dv_out =
       static_cast<unsigned short*>(p.dv) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
-  const int row0 = n0 + kr0 + wrow + g;
+  // Through shared memory (store_rows_staged: whole rows, 16 bytes a lane), each warp's rows in the K or V tile,
+  // free once every warpgroup is past its last products (all of them read all of K and V). SPLIT 1: warpgroup 0's
+  // dV in V, 1's dK in K; SPLIT 0: the warpgroup's keys, SPLIT 2: its half of the columns, of both.
+  __syncthreads();
+  const int row0 = n0 + kr0 + wrow;  // the warp's first key
+  const unsigned at = static_cast<unsigned>((SPLIT == 1 ? wrow : 64 * wg + wrow) * Step::GA * 4);
   if constexpr (SPLIT == 1) {
-    det::store_tile<DT, Step::GA * 2, D>(wg == 0 ? dv_out : dk_out, ga, wg == 0 ? 1.f : p.scale, row0, 0, seq_k, tig,
-                                         k_stride);
+    store_rows_staged<DT, Step::GA * 2>(wg == 0 ? dv_out : dk_out, ga, wg == 0 ? 1.f : p.scale,
+                                        (wg == 0 ? sm.v() : sm.k) + at, row0, seq_k, lane, k_stride, 0);
   } else {
-    det::store_tile<DT, Step::GA * 2, D>(dv_out, ga, 1.f, row0, gc0, seq_k, tig, k_stride);
-    det::store_tile<DT, Step::GB * 2, D>(dk_out, gb, p.scale, row0, gc0, seq_k, tig, k_stride);
+    static_assert(Step::GA == Step::GB, "dK and dV tiles of one shape");
+    store_rows_staged<DT, Step::GA * 2>(dv_out, ga, 1.f, sm.v() + at, row0, seq_k, lane, k_stride, gc0);
+    store_rows_staged<DT, Step::GB * 2>(dk_out, gb, p.scale, sm.k + at, row0, seq_k, lane, k_stride, gc0);
   }
 }
 

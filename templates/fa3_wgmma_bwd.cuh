@@ -664,43 +664,6 @@ struct DqSink {
   }
 };
 
-// The epilogue: a warp's 16 rows of dK or dV (scaled by mul, 16-bit) staged in shared memory by stmatrix and
-// written out as whole rows, 16 bytes a lane (a warp's store is 512 contiguous bytes at d 64 and 128). Stored
-// straight from the accumulators, each thread's 4-byte pairs took D / 4 stores that each touched 8 rows: at
-// d 128, S 1k the CTAs' fixed cost was ~8.7 us against the FA3-class kernel's ~4.5 (docs/kernels.md).
-// tile: this warp's 16 rows, D 16-bit each, 16-byte chunk j of row r at j ^ (r & kSw) (conflict free both ways).
-template <int DTYPE, int D>
-__device__ __forceinline__ void store_rows_staged(unsigned short* out, const float (&acc)[D / 2], float mul,
-                                                  unsigned tile, int row0, int seq, int lane) {
-  constexpr int kChunks = D / 8;
-  constexpr int kSw = ((kChunks & -kChunks) < 8 ? (kChunks & -kChunks) : 8) - 1;  // d 96: 12 chunks, XOR by 2 bits
-  const int mi = lane >> 3, r = 8 * (mi & 1) + (lane & 7);
-#pragma unroll
-  for (int j = 0; j < kChunks; j += 2) {
-    const unsigned at0 = tile + static_cast<unsigned>(r * 2 * D + 16 * ((j + (mi >> 1)) ^ (r & kSw)));
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at0),
-                 "r"(pack_half2<DTYPE>(acc[4 * j] * mul, acc[4 * j + 1] * mul)),
-                 "r"(pack_half2<DTYPE>(acc[4 * j + 2] * mul, acc[4 * j + 3] * mul)),
-                 "r"(pack_half2<DTYPE>(acc[4 * j + 4] * mul, acc[4 * j + 5] * mul)),
-                 "r"(pack_half2<DTYPE>(acc[4 * j + 6] * mul, acc[4 * j + 7] * mul))
-                 : "memory");
-  }
-  __syncwarp();
-#pragma unroll
-  for (int i = lane; i < 16 * kChunks; i += 32) {
-    const int row = i / kChunks, j = i % kChunks;
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(tile + static_cast<unsigned>(row * 2 * D + 16 * (j ^ (row & kSw))))
-                 : "memory");
-    if (row0 + row < seq)  // (a uint4 assignment from these asm outputs was split into four 4-byte stores)
-      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(out + static_cast<long long>(row0 + row) * D + 8 * j),
-                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                   : "memory");
-  }
-}
-
 // DQ_OVERLAP 0: this warpgroup's dQ chains (its piece: row tiles x DQ_CHUNK columns), two at a time in two
 // accumulator sets: both issued, then the first stored while the second
 // runs. One at a time, the tensor pipe idled under each chain's stores and the next chain's issue waited for
@@ -853,10 +816,10 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const P& p, const Wor
   const int row0 = w.n0 + 64 * c + wrow;
   const unsigned rows_bytes = static_cast<unsigned>((64 * c + wrow) * 2 * D);
   store_rows_staged<DT, D>(static_cast<unsigned short*>(p.dv) + off, dv, 1.f, sm.v() + rows_bytes, row0, p.seq_k,
-                           lane);
+                           lane, D, 0);
   named_bar_sync(kKvFree, NQ);
   store_rows_staged<DT, D>(static_cast<unsigned short*>(p.dk) + off, dk, p.scale, sm.k() + rows_bytes, row0, p.seq_k,
-                           lane);
+                           lane, D, 0);
 }
 
 }  // namespace fa3_bwd_detail

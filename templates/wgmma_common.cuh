@@ -117,6 +117,47 @@ __device__ __forceinline__ void store_a_frags_stsm(unsigned tile, const unsigned
                  : "memory");
 }
 
+// A backward's epilogue: a warp's 16 rows of an accumulator tile of NCOL columns (dK or dV, times mul, 16-bit)
+// staged in shared memory by stmatrix, then stored as whole rows, 16 bytes a lane (a warp's store covers 512
+// contiguous bytes where NCOL is 64 or 128 and the rows are adjacent). Stored straight from the accumulators, a
+// thread's 4-byte pairs took NCOL / 4 stores that each touched 8 rows: ~4 us of a d 128 CTA's fixed cost
+// (fa3_wgmma_bwd, docs/kernels.md). tile: the warp's 16 x NCOL region (16-byte aligned, no other reader), 16-byte
+// chunk j of row r at j ^ (r & kSw): conflict free for the 8 rows of a matrix and for the read-back of a row.
+// out: row 0 of the output, rows `stride` elements apart; row0 the warp's first row; rows >= seq not stored.
+template <int DTYPE, int NCOL>
+__device__ __forceinline__ void store_rows_staged(unsigned short* out, const float (&acc)[NCOL / 2], float mul,
+                                                  unsigned tile, int row0, int seq, int lane, long long stride,
+                                                  int col0) {
+  constexpr int kChunks = NCOL / 8;
+  static_assert(kChunks % 2 == 0, "stmatrix x4 stores two 16-byte chunks of 16 rows");
+  constexpr int kSw = ((kChunks & -kChunks) < 8 ? (kChunks & -kChunks) : 8) - 1;  // 12 chunks (d 96): XOR by 2 bits
+  const int mi = lane >> 3, r = 8 * (mi & 1) + (lane & 7);
+#pragma unroll
+  for (int j = 0; j < kChunks; j += 2) {
+    const unsigned at0 = tile + static_cast<unsigned>(r * 2 * NCOL + 16 * ((j + (mi >> 1)) ^ (r & kSw)));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at0),
+                 "r"(pack_half2<DTYPE>(acc[4 * j] * mul, acc[4 * j + 1] * mul)),
+                 "r"(pack_half2<DTYPE>(acc[4 * j + 2] * mul, acc[4 * j + 3] * mul)),
+                 "r"(pack_half2<DTYPE>(acc[4 * j + 4] * mul, acc[4 * j + 5] * mul)),
+                 "r"(pack_half2<DTYPE>(acc[4 * j + 6] * mul, acc[4 * j + 7] * mul))
+                 : "memory");
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = lane; i < 16 * kChunks; i += 32) {
+    const int row = i / kChunks, j = i % kChunks;
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(tile + static_cast<unsigned>(row * 2 * NCOL + 16 * (j ^ (row & kSw))))
+                 : "memory");
+    if (row0 + row < seq)  // (a uint4 assignment from these asm outputs was split into four 4-byte stores)
+      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(out + (row0 + row) * stride + col0 + 8 * j),
+                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
+  }
+}
+
 // Registers an asynchronous GEMM reads (A fragments), kept live and unmoved until after its wait.
 template <int N>
 __device__ __forceinline__ void fence_frags(unsigned (&a)[N][4]) {
