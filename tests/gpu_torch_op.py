@@ -53,7 +53,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtune
 import flashtune.torch as ftt
-from flashtune.torch import (FlashAttention, attention, attention_kvcache, attention_paged, attention_varlen, explain, explain_paged,
+from flashtune.torch import (FlashAttention, attention, attention_with_kvcache, attention_paged, attention_varlen, explain, explain_paged,
                              explain_varlen)
 
 FAILURES = []
@@ -1138,7 +1138,7 @@ def alibi():
 
 
 def kvcache():
-    """attention_kvcache (FlashAttention's flash_attn_with_kvcache): the step's new keys and values written into a
+    """attention_with_kvcache (FlashAttention's flash_attn_with_kvcache): the step's new keys and values written into a
     paged and into a contiguous cache at each sequence's length, cache_seqlens left as it was, every row the call
     does not own left as it was (the NaN rows of make_paged stay NaN), and O against the float64 reference on each
     sequence's cache followed by its new tokens (within torch flash's error there, as paged_accuracy)."""
@@ -1173,7 +1173,7 @@ def kvcache():
             seqlens = lens - s_new
             kept = seqlens.clone()
             with torch.no_grad():
-                o = attention_kvcache(q, kc, vc, seqlens, k=k_new, v=v_new, block_table=bt, causal=causal)
+                o = attention_with_kvcache(q, kc, vc, k=k_new, v=v_new, cache_seqlens=seqlens, block_table=bt, causal=causal)
             check(torch.equal(seqlens, kept), f"{name}: cache_seqlens unchanged")
             # The cache: the new rows hold the new tokens, every other row (NaN or not) is as it was.
             want_k, want_v = before_k.clone(), before_v.clone()
@@ -1204,12 +1204,12 @@ def kvcache():
     kn = torch.randn(2, 2, 1, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
     before = k_pages.clone()
     with torch.no_grad():
-        raises(lambda: attention_kvcache(q, k_pages, v_pages, lens, k=kn, block_table=table), ValueError,
+        raises(lambda: attention_with_kvcache(q, k_pages, v_pages, cache_seqlens=lens, k=kn, block_table=table), ValueError,
                "both k and v", "kvcache: k without v")
-        raises(lambda: attention_kvcache(q, k_pages, v_pages, lens, k=kn.half(), v=kn.half(), block_table=table),
-               TypeError, "the cache", "kvcache: new tokens of another dtype")
-        raises(lambda: attention_kvcache(q, k_pages, v_pages, lens, k=kn.expand(2, 2, 65, 64), v=kn.expand(2, 2, 65, 64),
-                                         block_table=table), ValueError, "more than a page", "kvcache: a page at most")
+        raises(lambda: attention_with_kvcache(q, k_pages, v_pages, kn.half(), kn.half(), cache_seqlens=lens,
+                                              block_table=table), TypeError, "the cache", "kvcache: new tokens of another dtype")
+        raises(lambda: attention_with_kvcache(q, k_pages, v_pages, kn.expand(2, 2, 65, 64), kn.expand(2, 2, 65, 64),
+                                              cache_seqlens=lens, block_table=table), ValueError, "more than a page", "kvcache: a page at most")
     check(torch.equal(torch.nan_to_num(k_pages), torch.nan_to_num(before)), "kvcache: a refused call wrote nothing")
 
 

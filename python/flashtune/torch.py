@@ -53,7 +53,7 @@ import torch
 
 from . import _autotune, _lib
 
-__all__ = ["attention", "attention_varlen", "attention_paged", "attention_kvcache", "FlashAttention", "explain",
+__all__ = ["attention", "attention_varlen", "attention_paged", "attention_with_kvcache", "FlashAttention", "explain",
            "explain_varlen", "autotune", "explain_paged", "backend"]
 
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -1055,8 +1055,8 @@ def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=Fals
     return _paged_forward_impl(*args)[0]
 
 
-def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False, scale=None,
-                      max_seqlen_k=None):
+def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, block_table=None, causal=False,
+                           scale=None, max_seqlen_k=None):
     """Decoding against a K/V cache with the step's new keys and values appended first, in one call (FlashAttention's
     flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=..., block_table=...)), in flashtune's layouts:
     q [B, H, Sq, d] (Sq 1 to 16); the cache either paged, k_cache and v_cache [num_pages, Hk, page_size, d] with
@@ -1074,7 +1074,7 @@ def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_
     checked against the cache's capacity (max_pages x page_size, or S_max); a position past the capacity is not
     written (its page index is clamped to the table, so no index leaves the tensors), and its keys are not what the
     attention reads. Raises TypeError/ValueError on bad arguments, one line each, and what attention_paged raises."""
-    fn = "flashtune.torch.attention_kvcache"
+    fn = "flashtune.torch.attention_with_kvcache"
     if (k is None) != (v is None):
         raise ValueError(f"{fn}: give both k and v (the new tokens) or neither")
     if block_table is None:
