@@ -1058,6 +1058,13 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
   const int page_sizes[] = {0, 16, 32, 48, 96, 160, 192, 256, 384, 768, 1000, 1280, 65536};
   // Unknown (the smallest), and values between the tables' own (8, 64, 512) that the nearest rule sends to 64 and 512.
   const std::vector<long long> decode_bh = {0, 23, 182};
+  // Grouped-query calls (16-bit: no fp32 entry has a group): the groups the tables hold, and one they do not (the
+  // multi-head entries serve it).
+  std::set<int> group_set = {0, 3};
+  for (int i = 0; i < ts.count; ++i)
+    for (int j = 0; j < ts.tables[i].count; ++j)
+      if (ts.tables[i].entries[j].group > 0) group_set.insert(ts.tables[i].entries[j].group);
+  const std::vector<int> groups(group_set.begin(), group_set.end());
   for (const char* entry : {"80", "90", "90a"}) {
     const AotArch a = parse_aot_arch(entry);
     std::vector<std::string> devices = {"Some Other GPU"};  // and the tabled devices of this arch
@@ -1098,13 +1105,15 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
                       // decoding queries (16-bit forwards inside the decoding family's range): batch x kv heads
                       // between and past the tables' own too
                       for (long long bh : seq_q == 1 && !varlen && t != DType::fp32 && std::string(dir) == "fwd"
-                                              ? decode_bh : std::vector<long long>{0}) {
+                                              ? decode_bh : std::vector<long long>{0})
+                      for (int group : !varlen && !page && !bh && t != DType::fp32 ? groups : std::vector<int>{0}) {
                         if (varlen && page) continue;
                         // Other batch x kv heads at one page size per class of the BLOCK_Ns that divide it (32; 32,
                         // 64; up to 128; up to 256) and dense: the paged picks depend on the page through that only.
                         if (bh && page != 0 && page != 96 && page != 192 && page != 384 && page != 768) continue;
                         Query q = query(device, a.arch, dir, t, d, causal, seq);
                         q.seq_q = seq_q, q.varlen = varlen, q.page_size = page, q.batch_heads = bh;
+                        q.gqa = group > 0, q.group = group;
                         const Pick p = choose(ts, q);
                         if (!p.family) continue;
                         if (p.family->hopper_only && !a.hopper) {
@@ -1119,6 +1128,7 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
                           if (!picked.count(key))
                             picked.emplace(key, std::pair{v, "seq " + std::to_string(seq) + " Sq " + std::to_string(seq_q) +
                                                                  " BxHk " + std::to_string(bh) +
+                                                                 (group ? " group " + std::to_string(group) : "") +
                                                                  (page ? " page " + std::to_string(page) : "") + " on " +
                                                                  device});
                         }

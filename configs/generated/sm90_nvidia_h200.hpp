@@ -23,8 +23,10 @@ namespace sm90_nvidia_h200 {
 // Entries with a third value after TFLOP/s are a decoding family's buckets by (batch x kv heads, sequence):
 // the problem's batch x heads_k. A lookup takes the batch x kv heads nearest the call's (by ratio, a tie to
 // the smaller), then among those the sequence bucket as for every entry (tuned_config.h, find_in).
+// Entries with a fourth value after TFLOP/s were tuned on grouped-query problems of that many query heads per
+// kv head: a call of that group takes them where they are, else the entries without one (tuned_config.h).
 inline constexpr Entry kEntries[] = {
-    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)[, paged[, deterministic[, batch x kv heads]]]
+    // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)[, paged[, deterministic[, batch x kv heads[, group]]]]
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {17, 256, 4, 1}, 4.16f, false, false, 8},
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {4, 128, 4, 1}, 11.21f, false, false, 64},
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 32, 2, 1}, 15.76f, false, false, 512},
@@ -141,6 +143,8 @@ inline constexpr Entry kEntries[] = {
     {"fa3_wgmma", "fwd", "bf16", 128, false, 4096, {128, 2, 2, 1, 1, 0, 1, 0, 0}, 644.20f},
     {"fa3_wgmma", "fwd", "bf16", 128, false, 16384, {128, 3, 2, 0, 0, 0, 0, 0, 0}, 657.69f},
     {"fa3_wgmma", "fwd", "bf16", 128, true, 1024, {128, 2, 2, 1, 1, 0, 0, 0, 0}, 395.63f},
+    {"fa3_wgmma", "fwd", "bf16", 128, true, 1024, {128, 2, 2, 1, 0, 0, 1, 0, 0}, 432.92f, false, false, 0, 4},
+    {"fa3_wgmma", "fwd", "bf16", 128, true, 1024, {128, 2, 2, 1, 0, 0, 1, 0, 0}, 431.80f, false, false, 0, 8},
     {"fa3_wgmma", "fwd", "bf16", 128, true, 4096, {128, 2, 2, 1, 0, 0, 0, 0, 0}, 580.83f},
     {"fa3_wgmma", "fwd", "bf16", 128, true, 16384, {176, 2, 2, 1, 0, 0, 0, 0, 0}, 647.43f},
     {"fa3_wgmma", "fwd", "bf16", 256, false, 1024, {64, 2, 2, 1, 1, 0, 1, 0, 0}, 617.23f},
@@ -152,15 +156,19 @@ inline constexpr Entry kEntries[] = {
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 1024, {128, 2, 2, 0, 0, 1, 0, 1}, 407.72f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 4096, {128, 2, 2, 0, 0, 1, 0, 1}, 499.06f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 16384, {128, 2, 2, 2, 0, 1, 0, 1}, 524.93f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 1024, {128, 2, 2, 0, 0, 1, 0, 1}, 289.17f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 4096, {128, 2, 2, 0, 0, 1, 0, 1}, 445.64f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 16384, {128, 2, 2, 0, 0, 1, 0, 1}, 527.24f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 1024, {128, 2, 2, 0, 0, 1, 0, 1}, 308.16f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 4096, {128, 2, 2, 2, 0, 1, 0, 1}, 476.61f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 16384, {128, 2, 2, 0, 0, 1, 0, 1}, 530.83f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 2, 2, 0, 1, 0, 0, 0}, 445.37f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 2048, {64, 2, 2, 0, 0, 1, 0, 2}, 548.21f, false, false, 0, 4},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 2, 2, 2, 0, 1, 0, 2}, 563.85f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 8192, {64, 2, 2, 0, 0, 1, 0, 2}, 585.98f, false, false, 0, 4},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 16384, {64, 2, 2, 0, 0, 1, 0, 2}, 584.95f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 2, 2, 0, 0, 1, 0, 1}, 316.94f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 2, 2, 2, 0, 1, 0, 2}, 507.32f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 2, 2, 2, 0, 1, 0, 2}, 579.87f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 2, 2, 0, 0, 1, 0, 1}, 345.55f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 2048, {64, 2, 2, 0, 0, 1, 0, 1}, 448.51f, false, false, 0, 4},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 2, 2, 2, 0, 1, 0, 1}, 526.35f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192, {64, 2, 2, 1, 0, 1, 0, 1}, 543.57f, false, false, 0, 4},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 2, 2, 0, 0, 1, 0, 2}, 578.80f},
     {"naive", "fwd", "fp32", 64, false, 32, {128}, 0.66f},
     {"naive", "fwd", "fp32", 64, false, 128, {128}, 0.34f},
     {"naive", "fwd", "fp32", 64, false, 256, {128}, 0.78f},
@@ -212,15 +220,22 @@ inline constexpr Entry kEntries[] = {
     {"fa2_simt_bwd", "bwd", "fp32", 128, true, 4096, {64, 32, 4, 4, 1}, 25.01f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 1024, {64, 2, 2, 0, 0, 1, 1, 2}, 321.57f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 4096, {64, 2, 2, 0, 0, 1, 1, 2}, 417.88f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 16384, {128, 2, 2, 0, 0, 1, 1, 1}, 520.22f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 1024, {64, 2, 2, 0, 0, 1, 2, 2}, 273.91f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 4096, {64, 2, 2, 0, 0, 1, 2, 2}, 431.64f, false, true},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 16384, {64, 2, 2, 0, 0, 1, 1, 2}, 289.76f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 16384, {128, 2, 2, 0, 0, 1, 2, 1}, 513.41f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 2, 2, 0, 0, 1, 1, 2}, 401.62f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 2048, {64, 2, 2, 0, 0, 1, 1, 2}, 544.84f, false, true, 0, 4},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 2, 2, 0, 0, 0, 1, 2}, 511.85f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 8192, {64, 2, 2, 0, 0, 1, 1, 2}, 567.20f, false, true, 0, 4},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 16384, {64, 2, 2, 0, 0, 1, 1, 2}, 575.72f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 2, 2, 0, 0, 0, 2, 2}, 302.16f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 2048, {64, 2, 2, 0, 0, 1, 2, 2}, 429.75f, false, true, 0, 4},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 2, 2, 0, 0, 0, 2, 1}, 471.75f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192, {64, 2, 2, 0, 0, 1, 2, 2}, 509.23f, false, true, 0, 4},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 2, 2, 0, 0, 1, 2, 2}, 568.41f, false, true},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 194};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 207};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned
