@@ -124,7 +124,17 @@ def training_like(B, H, S, d, causal=True):
         for _ in range(3):
             step()
         us = host_us(step)
-        if profile:
+        if profile:  # the step's GPU time beside its host time: a host time near it says the step waits for the GPU
+            gpu = []
+            for _ in range(20):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                e0.record()
+                step()
+                e1.record()
+                torch.cuda.synchronize()
+                gpu.append(e0.elapsed_time(e1) * 1e3)
+            print(f"   host {us:.1f} us, GPU (events around the step) {sorted(gpu)[10]:.1f} us")
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for _ in range(20):
                     step()
@@ -132,6 +142,11 @@ def training_like(B, H, S, d, causal=True):
             rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
             print("   self CPU per step (under the profiler):  " +
                   ", ".join(f"{e.key} {e.self_cpu_time_total / 20:.0f} us x{e.count / 20:g}" for e in rows))
+            # What waits for the GPU inside a step (a host time near the kernels' time says something does).
+            waits = [e for e in prof.key_averages() if any(w in e.key for w in ("Synchronize", "Memcpy", "EventQuery",
+                                                                                 "cuMemAlloc", "cudaMalloc", "cuMemFree"))]
+            print("   waits and allocations per step:  " + (", ".join(
+                f"{e.key} {e.self_cpu_time_total / 20:.0f} us x{e.count / 20:g}" for e in waits) or "none"))
         return us
 
     ft_attn = lambda q, k, v: ftt.attention(q, k, v, causal=causal)  # noqa: E731
