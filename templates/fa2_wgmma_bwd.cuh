@@ -198,10 +198,21 @@ __device__ __forceinline__ Images images_packed(const AttnBwdParams& p, const Va
   }
 }
 
+// DETERMINISTIC's turn counters in p.workspace, after LOAD 1's images (traits: fa2_wgmma_bwd_turns_bytes):
+// laid out as lse and delta, query block m's counter at its first row (vs: the sequence, packed).
+template <class T, bool VARLEN>
+__device__ __forceinline__ int* turn_counters(const AttnBwdParams& p, const VarlenSeq& vs) {
+  constexpr int D = T::kHeadDim, BM = T::kBlockM, LOAD = T::kLoad;
+  const long long images = VARLEN ? fa2_wgmma_bwd_varlen_images_bytes(p.batch, p.heads, vs.total_q, D, BM, LOAD)
+                                  : fa2_wgmma_bwd_images_bytes(p.batch, p.heads, p.seq_q, D, BM, LOAD);
+  return reinterpret_cast<int*>(static_cast<unsigned char*>(p.workspace) + images);
+}
+
 }  // namespace fa2_wgmma_bwd_detail
 
 // delta = rowsum(dO * O) and dq_accum = 0 for rows < seq_q, as fa2_mma_bwd_preprocess; LOAD 1 also
-// writes the images, zeros for the rows from seq_q up to the next multiple of BM (packed: per sequence).
+// writes the images, zeros for the rows from seq_q up to the next multiple of BM (packed: per sequence);
+// DETERMINISTIC zeroes each query block's turn counter.
 template <class Traits, bool VARLEN = false>
 __global__ void __launch_bounds__(Traits::kPreThreads)
     fa2_wgmma_bwd_preprocess(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
@@ -254,6 +265,9 @@ __global__ void __launch_bounds__(Traits::kPreThreads)
     if (T::kLoad == 1 && fa2_wgmma_bwd_image_row(row, seq_q, BM)) {
       img.delta[row] = ok ? acc : 0.f;
       img.lse[row] = ok ? p.lse[stat] : 0.f;
+    }
+    if constexpr (T::kDeterministic) {
+      if (ok && rb == 0) fa2_wgmma_bwd_detail::turn_counters<T, VARLEN>(p, vs)[stat] = 0;
     }
   }
 }
@@ -593,6 +607,50 @@ __device__ __forceinline__ DqBlock dq_block(const DqRows& r, const QueryStep& st
     return {r.accum + static_cast<long long>(st.hq) * r.seq_q * T::kHeadDim, st.mb * T::kBlockM};
 }
 
+// DETERMINISTIC: the turns of the CTA's key block at its steps' query blocks (fa2_wgmma_bwd_turn), taken by
+// DQ_RED 3's issuers around each tile's reduction: wait() before it is issued, pass() once it is complete.
+// Packed, lane 0 of warp 0 waits and passes for the warp (each lane reduces rows of the tile: every lane's
+// reductions complete, then the warp's barrier, then the release). Empty when not DETERMINISTIC.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+template <class T, bool PACKED, bool DET = T::kDeterministic>
+struct DqTurns {
+  template <class P>
+  __device__ __forceinline__ static DqTurns make(const P&, const VarlenSeq&, long long, int, int, int, int) {
+    return {};
+  }
+};
+template <class T, bool PACKED>
+struct DqTurns<T, PACKED, true> {
+  int* counters;   // the group's first query head's (turn_counters: the counter of row r at r)
+  long long head;  // counters between the group's heads: seq_q, packed total_q
+  int key_block, seq_q, seq_k;
+  // bh_q0: the group's first query head (dense), h0: its index (packed); seq_q, seq_k: the sequence's.
+  template <class P>
+  __device__ __forceinline__ static DqTurns make(const P& p, const VarlenSeq& vs, long long bh_q0, int h0,
+                                                 int key_block, int seq_q, int seq_k) {
+    int* c = turn_counters<T, PACKED>(p, vs);
+    return PACKED ? DqTurns{c + vs.lse_offset(h0), vs.total_q, key_block, seq_q, seq_k}
+                  : DqTurns{c + bh_q0 * seq_q, seq_q, key_block, seq_q, seq_k};
+  }
+  __device__ __forceinline__ int* at(const QueryStep& st) const { return counters + st.hq * head + st.mb * T::kBlockM; }
+  __device__ __forceinline__ void wait(int lane, const QueryStep& st) const {
+    if (!PACKED || lane == 0)
+      turn_wait(at(st), fa2_wgmma_bwd_turn(T::kDeterministicOrder, key_block, st.mb, T::kBlockM, T::kBlockN, seq_q, seq_k));
+    if constexpr (PACKED) {
+      __syncwarp();
+      fence_proxy_async_global();  // each lane's reductions after what lane 0's acquire saw
+    }
+  }
+  __device__ __forceinline__ void pass(int lane, const QueryStep& st) const {
+    bulk_wait<0>();  // this thread's reductions complete (written, not only read)
+    if constexpr (PACKED) {
+      fence_proxy_async_global();
+      __syncwarp();
+    }
+    if (!PACKED || lane == 0) turn_pass(at(st));
+  }
+};
+
 // PACKED: the packed form's (only DQ_RED 3 differs: rows H*D apart in dq_accum).
 template <class T, int RED = T::kDqRed, bool PACKED = false>
 struct DqReducer;
@@ -690,11 +748,14 @@ struct DqReducer<T, 2, PACKED> {
 // block's first barrier (start_block); that slot is refilled once the copy engine has read it.
 // Packed, the block's rows are H*D apart in dq_accum: warp 0 reduces it one row per lane (each lane's own bulk
 // group, so warp 0 waits where thread 0 does dense).
+// DETERMINISTIC: the issuers wait for the tile's turn before its reduction, and where the slot is refilled
+// (pass_turn) wait for the reduction to complete, not only to be read, and pass the turn on (DqTurns).
 template <class T, bool PACKED>
 struct DqReducer<T, 3, PACKED> {
   static constexpr bool dq_holds_other_slot = true, needs_staging_barrier = true;
   DkdvSmem<T> sm;
-  __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {sm}; }
+  DqTurns<T, PACKED> turns;  // DETERMINISTIC: set by the kernel once it knows its key block and heads
+  __device__ __forceinline__ static DqReducer make(const DkdvSmem<T>& sm) { return {sm, {}}; }
   template <int N>
   __device__ __forceinline__ void add(const DqRows& r, const DqBlock&, int s, const float (&dq)[N], float scale,
                                       int c0) const {
@@ -728,16 +789,29 @@ struct DqReducer<T, 3, PACKED> {
   }
   // Step t's start: step t-1's (prev) tile, in slot s^1.
   __device__ __forceinline__ void start_block(const DqRows& r, int t, int s, const QueryStep& prev) const {
-    if (issues(r) && t > 0) reduce(r, prev, s ^ 1);
+    if (issues(r) && t > 0) {
+      if constexpr (T::kDeterministic) turns.wait(r.lane, prev);
+      reduce(r, prev, s ^ 1);
+    }
+  }
+  // DETERMINISTIC, where the kernel would wait for step t-1's (prev) tile to be read out of the other slot (step
+  // t's scores in registers, before the slot is refilled): its reduction complete, and the turn passed on.
+  __device__ __forceinline__ void pass_turn(const DqRows& r, int t, const QueryStep& prev) const {
+    if (issues(r) && t > 0) turns.pass(r.lane, prev);
   }
   __device__ __forceinline__ void before_products(const DqRows&) const {}
   __device__ __forceinline__ void end_block(const DqRows&, const DqBlock&) const {}
-  // The last step's (last) tile, if any, then every reduction complete.
+  // The last step's (last) tile, if any (DETERMINISTIC: in its turn, passed on once complete), then every
+  // reduction complete.
   __device__ __forceinline__ void finish(const DqRows& r, int steps, int s, const QueryStep& last) const {
     if (steps > 0) {
       fence_proxy_async();
       __syncthreads();
-      if (issues(r)) reduce(r, last, s ^ 1);
+      if (issues(r)) {
+        if constexpr (T::kDeterministic) turns.wait(r.lane, last);
+        reduce(r, last, s ^ 1);
+        if constexpr (T::kDeterministic) turns.pass(r.lane, last);
+      }
     }
     if (issues(r)) bulk_wait<0>();
   }
@@ -775,7 +849,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
   extern __shared__ __align__(128) unsigned char fa2_wgmma_bwd_smem[];
   const det::DkdvSmem<T> sm{fa2_wgmma_bwd_smem, smem_u32(fa2_wgmma_bwd_smem)};
   using Dq = det::DqReducer<T, T::kDqRed, VARLEN>;
-  const Dq dqr = Dq::make(sm);
+  Dq dqr = Dq::make(sm);  // DETERMINISTIC: its turns set below
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -792,7 +866,9 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
   const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, blockIdx.z);
   const int seq_q = VARLEN ? vs.seq_q : p.seq_q;
   const int seq_k = VARLEN ? vs.seq_k : p.seq_k;
-  const int n0 = blockIdx.x * BN;
+  // DETERMINISTIC 2: key blocks from the last down (fa2_wgmma_bwd_key_block), else block x.
+  const unsigned key_block = fa2_wgmma_bwd_key_block(T::kDeterministicOrder, blockIdx.x, gridDim.x);
+  const int n0 = key_block * BN;
   if (n0 >= seq_k) return;  // whole block (packed: past its sequence's keys): safe before any barrier
   // K, V, dK, dV of kv head y; Q, dO, lse, delta, dq_accum (and LOAD 1's images) of the group's query
   // heads y*group .. y*group+group-1, consecutive from bh_q0.
@@ -812,6 +888,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
   const det::DqRows rows{p.dq_accum + (VARLEN ? vs.q_offset(p.heads, h0, D) : bh_q0 * seq_q * D),
                          seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid, q_stride};
   const float scale_log2 = p.scale_log2;
+  if constexpr (T::kDeterministic) dqr.turns = det::DqTurns<T, VARLEN>::make(p, vs, bh_q0, h0, key_block, seq_q, seq_k);
 
   // Query i sees key n iff n <= i + causal_offset: only query blocks reaching row n0 - causal_offset.
   const int causal_offset = seq_k - seq_q;
@@ -819,10 +896,11 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
   const int first_m_block = CAUSAL ? imax(0, n0 - causal_offset) / BM : 0;
   // Steps: the visible query blocks of each query head of the group, visited from a per-CTA rotation
   // (step m_rot of the sequence first): CTAs of one kv head that run together then add into different
-  // rows of dq_accum instead of contending for the same L2 lines.
+  // rows of dq_accum instead of contending for the same L2 lines. DETERMINISTIC: in order from step 0 (a
+  // key block waits for its turn at each query block: rotated, for its neighbour's whole lap).
   const det::QuerySteps sched{first_m_block, num_m_blocks, group};
   const int steps = sched.count();
-  const int m_rot = steps > 0 ? static_cast<int>(blockIdx.x) % steps : 0;
+  const int m_rot = !T::kDeterministic && steps > 0 ? static_cast<int>(blockIdx.x) % steps : 0;
   det::QueryStep cur = sched.at(m_rot);
   det::QueryStep prev = cur;  // the step before cur (DQ_RED 3 reduces its dQ tile at cur's start)
 
@@ -862,7 +940,10 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
     // out of it (its barrier is SPLIT 2's after P^T and dS^T); SPLIT 2 otherwise needs that barrier alone.
     auto scores_done = [&]() {
       if constexpr (Dq::dq_holds_other_slot) {
-        if (VARLEN ? warp == 0 : tid == 0) bulk_wait_read<0>();  // the issuers of the tile's reductions
+        if constexpr (T::kDeterministic)
+          dqr.pass_turn(rows, t, prev);  // step t-1's tile reduced (so read too), its turn passed on
+        else if (VARLEN ? warp == 0 : tid == 0)
+          bulk_wait_read<0>();  // the issuers of the tile's reductions
         __syncthreads();
         prefetch_next();
       } else if constexpr (SPLIT == 2) {

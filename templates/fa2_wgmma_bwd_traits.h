@@ -47,6 +47,16 @@
 //   is left to the warps. dq_accum is then stored swizzled (16-byte piece c of row r at c ^ (r % 8)
 //   within its 128-byte line: conflict-free C-layout stores, and the bulk copy is a plain memcpy);
 //   the dQ conversion kernel reads it back through the same swizzle.
+//
+// Bitwise-reproducible dQ (DETERMINISTIC): dK, dV are summed in registers in a fixed order, so only the order in
+// which the key blocks' dQ tiles reach a query block's dq_accum rows varies from run to run. DETERMINISTIC 1
+// fixes it (FlashAttention-3's semaphore, as fa3_wgmma_bwd's): a turn counter per (batch, query head, query
+// block) in p.workspace, zeroed by the preprocess; before its bulk reduction into query block m, key block j's
+// issuing thread waits until m's counter reads j's turn, and passes the turn on once the reduction is complete
+// (not just read). 1: ascending key-block order; 2 (causal only): descending, each query block's diagonal block
+// first, the grid launched from the last key block down. Needs DQ_RED 3 (one bulk reduction per query block) and
+// walks the query blocks in order, from the first visible one (no rotation: a rotated walk would make a key
+// block wait for its neighbour's whole lap).
 #pragma once
 #include "traits_common.h"
 
@@ -124,8 +134,19 @@ FT_HD constexpr long long fa2_wgmma_bwd_padded_rows(int seq_q, int BM) { return 
 // exactly those rows; packed, it covers the longest sequence's blocks, and a shorter sequence's rows past its
 // own padding are the next sequence's images (or the next head's, or past the workspace).
 FT_HD constexpr bool fa2_wgmma_bwd_image_row(int row, int seq_q, int BM) { return row < fa2_wgmma_bwd_padded_rows(seq_q, BM); }
-FT_HD constexpr long long fa2_wgmma_bwd_workspace_bytes(int batch, int heads, int seq_q, int D, int BM, int LOAD) {
+FT_HD constexpr long long fa2_wgmma_bwd_images_bytes(int batch, int heads, int seq_q, int D, int BM, int LOAD) {
   return LOAD == 1 ? static_cast<long long>(batch) * heads * fa2_wgmma_bwd_padded_rows(seq_q, BM) * (4LL * D + 8) : 0;
+}
+// DETERMINISTIC's turn counters (int32) follow the images, laid out as lse and delta are ([B H][seq_q], packed
+// [H][total_q]): query block m's counter is the one of its first row, m BM (a row per counter: simple to address
+// packed, and 4 bytes a query row against dq_accum's 4 D).
+FT_HD constexpr long long fa2_wgmma_bwd_turns_bytes(int batch, int heads, int seq_q, int DETERMINISTIC) {
+  return DETERMINISTIC >= 1 ? 4LL * batch * heads * seq_q : 0;
+}
+FT_HD constexpr long long fa2_wgmma_bwd_workspace_bytes(int batch, int heads, int seq_q, int D, int BM, int LOAD,
+                                                       int DETERMINISTIC = 0) {
+  return fa2_wgmma_bwd_images_bytes(batch, heads, seq_q, D, BM, LOAD) +
+         fa2_wgmma_bwd_turns_bytes(batch, heads, seq_q, DETERMINISTIC);
 }
 // Packed (varlen) images: per query head, sequence b's padded blocks from row
 // round_up(cu_q[b], 16) + b (BM + 16): 16-row aligned for the bulk copies of lse and delta, and the 16 rows
@@ -138,19 +159,46 @@ FT_HD constexpr long long fa2_wgmma_bwd_varlen_seq_row(long long q_tok0, int b, 
 FT_HD constexpr long long fa2_wgmma_bwd_varlen_head_rows(long long total_q, int batch, int BM) {
   return fa2_wgmma_bwd_round16(total_q) + static_cast<long long>(batch) * (BM + 16);
 }
-FT_HD constexpr long long fa2_wgmma_bwd_varlen_workspace_bytes(int batch, int heads, long long total_q, int D, int BM,
-                                                              int LOAD) {
+FT_HD constexpr long long fa2_wgmma_bwd_varlen_images_bytes(int batch, int heads, long long total_q, int D, int BM,
+                                                           int LOAD) {
   return LOAD == 1 ? static_cast<long long>(heads) * fa2_wgmma_bwd_varlen_head_rows(total_q, batch, BM) * (4LL * D + 8) : 0;
+}
+FT_HD constexpr long long fa2_wgmma_bwd_varlen_workspace_bytes(int batch, int heads, long long total_q, int D, int BM,
+                                                              int LOAD, int DETERMINISTIC = 0) {
+  return fa2_wgmma_bwd_varlen_images_bytes(batch, heads, total_q, D, BM, LOAD) +
+         (DETERMINISTIC >= 1 ? 4LL * heads * total_q : 0);
 }
 // heads: the kv heads (heads_k, or heads when multi-head).
 FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int seq_k, int, int BN, int, int) {
   return GridDims{ceil_div(seq_k, BN), heads, batch};
 }
 
+// DETERMINISTIC's order. Key block j sees query block m iff its first visible block, max(0, j BN - (Sk - Sq)) / BM,
+// is at most m: x = (m + 1) BM + Sk - Sq > j BN. That grows with j, so m's contributors are the key blocks
+// 0 .. J(m) (causal or not, Sq <= Sk or not, each query head of a group apart): J(m), -1 when none.
+FT_HD constexpr int fa2_wgmma_bwd_last_key_block(int m, int BM, int BN, int seq_q, int seq_k) {
+  const int x = (m + 1) * BM + (seq_k - seq_q);
+  if (x <= 0) return -1;
+  const int j = (x - 1) / BN, last = (seq_k > 0 ? seq_k - 1 : 0) / BN;
+  return j < last ? j : last;
+}
+// Key block j's turn at query block m: DETERMINISTIC 1 ascending (j), 2 descending (J(m) - j).
+FT_HD constexpr int fa2_wgmma_bwd_turn(int DETERMINISTIC, int j, int m, int BM, int BN, int seq_q, int seq_k) {
+  return DETERMINISTIC == 2 ? fa2_wgmma_bwd_last_key_block(m, BM, BN, seq_q, seq_k) - j : j;
+}
+// The key block of dK/dV CTA x of a grid row of `blocks`: DETERMINISTIC 2 counts them from the last down, so that
+// the blocks a key block waits for (the higher ones) were launched before it (packed: the grid row covers the
+// longest sequence; a shorter one's CTAs past its keys, now the row's first, exit at once).
+// (Unsigned as blockIdx: DETERMINISTIC 0's n0 = x BN computed as it was.)
+FT_HD constexpr unsigned fa2_wgmma_bwd_key_block(int DETERMINISTIC, unsigned x, unsigned blocks) {
+  return DETERMINISTIC == 2 ? blocks - 1 - x : x;
+}
+
 // The dK/dV CTA's steps (grouped-query attention walks every query head of the kv head's group; one head
 // when multi-head): a step is query block mb of query head hq of the group. The sequence is the query
 // blocks first .. blocks-1 that can see the CTA's keys, for head 0, 1, .. group-1; a CTA starts at a rotated
-// step and takes count() of them, wrapping from the last head's last block to head 0's first.
+// step (DETERMINISTIC: at step 0) and takes count() of them, wrapping from the last head's last block to head
+// 0's first.
 struct Fa2WgmmaBwdQueryStep {
   int hq, mb;
 };
@@ -204,9 +252,17 @@ FT_HD constexpr bool fa2_wgmma_bwd_acc_ok(int D, int BM, int BN, int SPLIT) {
 }
 FT_HD constexpr bool fa2_wgmma_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 FT_HD constexpr bool fa2_wgmma_bwd_load_ok(int LOAD) { return LOAD == 0 || LOAD == 1; }
+FT_HD constexpr bool fa2_wgmma_bwd_det_ok(int DETERMINISTIC) { return DETERMINISTIC >= 0 && DETERMINISTIC <= 2; }
+// The turns order one add per (key block, query block): DQ_RED 3's bulk reduction of the whole tile (DQ_RED 0
+// and 2 add from every warp, 1 a row at a time from a staging tile the next block reuses).
+FT_HD constexpr bool fa2_wgmma_bwd_det_red_ok(int DQ_RED, int DETERMINISTIC) { return DETERMINISTIC == 0 || DQ_RED == 3; }
+// DETERMINISTIC 2 orders the adds for the causal mask: without it every key block sees every query block, and
+// 1's ascending order waits for nothing (the family's causal check; the traits assert it).
+FT_HD constexpr bool fa2_wgmma_bwd_det_causal_ok(int DETERMINISTIC, bool CAUSAL) { return DETERMINISTIC != 2 || CAUSAL; }
 
 // nullptr if valid, else the reason. The shared-memory limit is the host's to compare.
-FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED, int LOAD) {
+FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED, int LOAD,
+                                                int DETERMINISTIC = 0) {
   return !fa2_wgmma_bwd_d_ok(D)                ? "D must be 32, 64, 96, 128, 192 or 256"
          : !fa2_wgmma_bwd_bm_ok(BM)            ? "BLOCK_M must be 64 or 128 (m64 tiles of the dQ product)"
          : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 and 2 BLOCK_N = 64"
@@ -221,14 +277,21 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
          : !fa2_wgmma_bwd_red_stages_ok(STAGES, DQ_RED)
              ? "DQ_RED 3 stages dQ in the Q/dO slot of the block just used: needs STAGES 2"
          : !fa2_wgmma_bwd_load_ok(LOAD) ? "LOAD must be 0 (cp.async from the inputs) or 1 (bulk copies of tile images)"
+         : !fa2_wgmma_bwd_det_ok(DETERMINISTIC) ? "DETERMINISTIC must be 0, 1 (ascending key-block order) or 2 (descending)"
+         : !fa2_wgmma_bwd_det_red_ok(DQ_RED, DETERMINISTIC)
+             ? "DETERMINISTIC needs DQ_RED 3 (one bulk reduction per query block: the turns order whole tiles)"
                                         : nullptr;
 }
 
-template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int LOAD, int DTYPE, bool CAUSAL>
+// DETERMINISTIC last, defaulted: the DETERMINISTIC 0 variants keep the names they had (the family writes it only
+// when set).
+template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int LOAD, int DTYPE, bool CAUSAL,
+          int DETERMINISTIC = 0>
 struct Fa2WgmmaBwdTraits {
-  static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED, LOAD) == nullptr,
+  static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED, LOAD, DETERMINISTIC) == nullptr,
                 "invalid Fa2WgmmaBwdTraits: see fa2_wgmma_bwd_check");
   static_assert(fa2_wgmma_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
+  static_assert(fa2_wgmma_bwd_det_causal_ok(DETERMINISTIC, CAUSAL), "DETERMINISTIC 2 is causal only");
 
   static constexpr int kHeadDim = D;
   static constexpr int kBlockM = BLOCK_M;
@@ -239,6 +302,8 @@ struct Fa2WgmmaBwdTraits {
   static constexpr int kLoad = LOAD;
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kDeterministic = DETERMINISTIC >= 1;
+  static constexpr int kDeterministicOrder = DETERMINISTIC;  // fa2_wgmma_bwd_turn, fa2_wgmma_bwd_key_block
   static constexpr int kDqMode = 0;  // dQ by fp32 reductions (the shared preprocess / dq kernels read this)
   static constexpr bool kDqAccumSwizzled = DQ_RED == 3;  // dq_accum's layout, for the dQ conversion kernel
 

@@ -230,6 +230,158 @@ TEST(Family, WgmmaBwdQuerySteps) {
       }
 }
 
+// DETERMINISTIC (bitwise-reproducible dQ): pruned with its reasons, reproducible by its family, its variants
+// named apart (DETERMINISTIC 0 keeps its old name), its turn counters in the workspace (a row each, as lse).
+TEST(Family, WgmmaBwdDeterministicPrunes) {
+  const Family& f = find_family("fa2_wgmma_bwd");
+  ASSERT_EQ(f.params.back().name, "DETERMINISTIC");  // last: a 6-value config (stored, tabled before it) reads 0
+  EXPECT_EQ(f.check({64, 64, 2, 2, 3, 1, 1}, 256), nullptr);
+  EXPECT_EQ(f.check({64, 64, 0, 2, 3, 0, 2}, 128), nullptr);
+  // d 192 has no DQ_RED 3 config (SPLIT 1, 2: 48-column dQ chunks; BLOCK_M 128: shared memory): no deterministic one.
+  EXPECT_THAT(f.check({64, 64, 2, 2, 3, 1, 1}, 192), HasSubstr("DQ_RED 2 and 3"));
+  EXPECT_EQ(f.check({64, 64, 2, 2, 3, 1}, 256), nullptr);
+  EXPECT_THAT(f.check({64, 64, 2, 2, 0, 1, 1}, 256), HasSubstr("DETERMINISTIC needs DQ_RED 3"));
+  EXPECT_THAT(f.check({64, 64, 2, 2, 2, 1, 2}, 128), HasSubstr("DETERMINISTIC needs DQ_RED 3"));
+  EXPECT_THAT(f.check({64, 64, 2, 1, 3, 1, 1}, 256), HasSubstr("STAGES 2"));  // DQ_RED 3's own condition first
+  EXPECT_THAT(fa2_wgmma_bwd_check(256, 64, 64, 2, 2, 3, 1, 3), HasSubstr("DETERMINISTIC must be"));
+  EXPECT_THAT(f.causal_check({64, 64, 2, 2, 3, 1, 2}, false), HasSubstr("DETERMINISTIC 2"));
+  EXPECT_EQ(f.causal_check({64, 64, 2, 2, 3, 1, 2}, true), nullptr);
+  EXPECT_EQ(f.causal_check({64, 64, 2, 2, 3, 1, 1}, false), nullptr);
+  EXPECT_EQ(f.causal_check({64, 64, 2, 2, 3, 1}, false), nullptr);
+  EXPECT_FALSE(f.reproducible({64, 64, 2, 2, 3, 1}));
+  EXPECT_FALSE(f.reproducible({64, 64, 2, 2, 3, 1, 0}));
+  EXPECT_TRUE(f.reproducible({64, 64, 2, 2, 3, 1, 1}));
+  EXPECT_TRUE(f.reproducible(f.parse_config("BLOCK_M=64,DQ_RED=3,STAGES=2,DETERMINISTIC=2")));
+  EXPECT_EQ(f.parse_config("BLOCK_M=64,BLOCK_N=64,SPLIT=2,STAGES=2,DQ_RED=3,LOAD=1"), (Config{64, 64, 2, 2, 3, 1, 0}));
+  const Compiler sm90("sm_90");
+  EXPECT_THAT(sm90.prune_before_compile(Variant{&f, {64, 64, 2, 2, 3, 1, 2}, 256, false, DType::bf16}),
+              HasSubstr("DETERMINISTIC 2"));
+  EXPECT_EQ(sm90.prune_before_compile(Variant{&f, {64, 64, 2, 2, 3, 1, 2}, 256, true, DType::bf16}), "");
+  EXPECT_EQ(sm90.prune_before_compile(Variant{&f, {64, 64, 2, 2, 3, 1, 1}, 128, true, DType::bf16, true}), "");
+  EXPECT_EQ(f.name_expressions({64, 64, 2, 2, 3, 1, 0}, 256, true, DType::bf16).at(1),
+            "&flashtune::fa2_wgmma_bwd_dkdv<flashtune::Fa2WgmmaBwdTraits<256,64,64,2,2,3,1,1,true>>");
+  EXPECT_EQ(f.name_expressions({64, 64, 2, 2, 3, 1, 2}, 256, true, DType::bf16, true).at(1),
+            "&flashtune::fa2_wgmma_bwd_dkdv<flashtune::Fa2WgmmaBwdTraits<256,64,64,2,2,3,1,1,true,2>, true>");
+  EXPECT_TRUE((Fa2WgmmaBwdTraits<256, 64, 64, 2, 2, 3, 1, 1, true, 2>::kDeterministic));
+  EXPECT_FALSE((Fa2WgmmaBwdTraits<256, 64, 64, 2, 2, 3, 1, 1, true>::kDeterministic));
+  // The turn counters: 4 bytes per query row of every (batch, query head) after LOAD 1's images; packed per token.
+  Problem p;
+  p.batch = 2, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 256;
+  p.direction = "bwd", p.dtype = DType::bf16;
+  for (int load : {0, 1})
+    EXPECT_EQ(f.workspace_bytes({64, 64, 2, 2, 3, load, 1}, p) - f.workspace_bytes({64, 64, 2, 2, 3, load, 0}, p),
+              4u * 2u * 8u * 333u);
+  EXPECT_EQ(f.workspace_bytes({64, 64, 2, 2, 3, 1}, p), f.workspace_bytes({64, 64, 2, 2, 3, 1, 0}, p));
+  Problem packed = problems_from_json(json::parse(
+      R"({"problems":[{"heads":8,"heads_k":2,"head_dim":128,"dtype":"bf16","direction":"bwd",
+          "varlen":{"seq_lens":[1,0,129,64,300]}}]})")).at(0);
+  EXPECT_EQ(f.workspace_bytes({64, 64, 2, 2, 3, 1, 2}, packed) - f.workspace_bytes({64, 64, 2, 2, 3, 1, 0}, packed),
+            4u * 8u * 494u);
+}
+
+// DETERMINISTIC's order, against the kernel's walk: the key blocks whose walks (first visible query block
+// max(0, j BN - (Sk - Sq)) / BM, as the kernel's first_m_block) reach query block m are exactly 0 .. J(m)
+// (fa2_wgmma_bwd_last_key_block), so each turn 0 .. J(m) is taken once, ascending (1) or descending (2).
+// Then the whole protocol, emulated: CTAs launched in linear order onto `slots` resident places (a CTA holds
+// its place until done), each walking its steps from step 0 (Fa2WgmmaBwdQuerySteps, every query head of the
+// group), waiting at each for its turn at that query head's block, adding and passing it on. It never
+// deadlocks, each (head, block) receives its contributors in key-block order, ascending or descending; and
+// DETERMINISTIC 2 launched ascending (not from the last key block down) does deadlock with few places.
+TEST(Family, WgmmaBwdDeterministicTurns) {
+  for (int BM : {64, 128})
+    for (int BN : {64, 128, 192})
+      for (int sq : {1, 63, 64, 65, 200, 517, 1000})
+        for (int sk : {1, 63, 64, 65, 200, 333, 1000}) {
+          const int nb = (sk + BN - 1) / BN, num_m = (sq + BM - 1) / BM;
+          for (int m = 0; m < num_m; ++m) {
+            int last = -1;
+            for (int j = 0; j < nb; ++j)
+              if (std::max(0, j * BN - (sk - sq)) / BM <= m) {
+                EXPECT_EQ(last, j - 1) << "a gap below key block " << j;
+                last = j;
+              }
+            ASSERT_EQ(fa2_wgmma_bwd_last_key_block(m, BM, BN, sq, sk), last) << BM << " " << BN << " " << sq << " " << sk << " " << m;
+            std::set<int> up, down;
+            for (int j = 0; j <= last; ++j) {
+              up.insert(fa2_wgmma_bwd_turn(1, j, m, BM, BN, sq, sk));
+              down.insert(fa2_wgmma_bwd_turn(2, j, m, BM, BN, sq, sk));
+            }
+            std::set<int> all;
+            for (int t = 0; t <= last; ++t) all.insert(t);
+            EXPECT_EQ(up, all);
+            EXPECT_EQ(down, all);
+            if (last >= 0) EXPECT_EQ(fa2_wgmma_bwd_turn(2, last, m, BM, BN, sq, sk), 0);  // the diagonal block first
+          }
+        }
+  for (unsigned x = 0; x < 5; ++x) {
+    EXPECT_EQ(fa2_wgmma_bwd_key_block(1, x, 5), x);
+    EXPECT_EQ(fa2_wgmma_bwd_key_block(2, x, 5), 4 - x);
+  }
+
+  // Returns false on a deadlock. order: DETERMINISTIC; launch_down: key blocks launched from the last down.
+  auto emulate = [](int order, bool launch_down, bool causal, int BM, int BN, int sq, int sk, int group, int slots) {
+    const int nb = (sk + BN - 1) / BN, num_m = (sq + BM - 1) / BM;
+    std::vector<int> counter(group * num_m, 0);
+    std::vector<std::vector<int>> adds(group * num_m);  // key blocks in the order they added
+    struct Cta {
+      int j, left;
+      Fa2WgmmaBwdQuerySteps sched;
+      Fa2WgmmaBwdQueryStep st;
+    };
+    std::vector<Cta> running;
+    int launched = 0;
+    for (;;) {
+      while ((int)running.size() < slots && launched < nb) {
+        const int j = (int)fa2_wgmma_bwd_key_block(launch_down ? 2 : 1, (unsigned)launched++, (unsigned)nb);
+        const int first = causal ? std::max(0, j * BN - (sk - sq)) / BM : 0;
+        const Fa2WgmmaBwdQuerySteps sched{first, num_m, group};
+        const int steps = std::max(0, sched.count());
+        if (steps > 0) running.push_back(Cta{j, steps, sched, sched.at(0)});
+      }
+      if (running.empty()) break;
+      bool moved = false;
+      for (size_t i = 0; i < running.size();) {
+        Cta& c = running[i];
+        const int at = c.st.hq * num_m + c.st.mb;
+        if (counter[at] == fa2_wgmma_bwd_turn(order, c.j, c.st.mb, BM, BN, sq, sk)) {
+          adds[at].push_back(c.j);
+          ++counter[at];
+          moved = true;
+          c.st = c.sched.next(c.st);
+          if (--c.left == 0) {
+            running.erase(running.begin() + (long)i);
+            continue;
+          }
+        }
+        ++i;
+      }
+      if (!moved) return false;
+    }
+    for (int hq = 0; hq < group; ++hq)
+      for (int m = 0; m < num_m; ++m) {
+        const int last = causal ? fa2_wgmma_bwd_last_key_block(m, BM, BN, sq, sk) : nb - 1;
+        const std::vector<int>& a = adds[hq * num_m + m];
+        EXPECT_EQ((int)a.size(), last + 1) << hq << " " << m;
+        for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], order == 2 ? last - (int)k : (int)k) << hq << " " << m;
+      }
+    return true;
+  };
+  for (bool causal : {false, true})
+    for (int order : {1, 2}) {
+      if (order == 2 && !causal) continue;  // the causal check's prune
+      for (int group : {1, 3})
+        for (int slots : {1, 2, 5, 64})
+          for (auto [sq, sk] : {std::pair{517, 1000}, std::pair{1000, 333}, std::pair{64, 64}, std::pair{300, 300}}) {
+            SCOPED_TRACE("order " + std::to_string(order) + " causal " + std::to_string(causal) + " group " +
+                         std::to_string(group) + " slots " + std::to_string(slots) + " sq " + std::to_string(sq) +
+                         " sk " + std::to_string(sk));
+            EXPECT_TRUE(emulate(order, order == 2, causal, 64, 64, sq, sk, group, slots));
+            EXPECT_TRUE(emulate(order, order == 2, causal, 128, 64, sq, sk, group, slots));
+          }
+    }
+  EXPECT_FALSE(emulate(2, false, true, 64, 64, 1000, 1000, 1, 2));  // descending turns, ascending launch
+}
+
 TEST(Problems, ExplicitListAndStandardGrid) {
   auto ps = problems_from_json(json::parse(R"({"problems":[{"batch":2,"heads":3,"seq_q":100,"seq_k":77,"head_dim":64,
       "causal":true}], "grid":{"tokens":16384,"hidden":2048,"seq":[1024,4096],"head_dim":[64,128],

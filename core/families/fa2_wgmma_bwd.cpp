@@ -24,17 +24,28 @@ Family make_fa2_wgmma_bwd() {
               // reductions, 3 one bulk reduction per query block from its dead Q/dO slot
               {"DQ_RED", {0, 1, 2, 3}},
               // Q, dO, lse, delta: 0 cp.async by every thread, 1 bulk copies of tile images the preprocess writes
-              {"LOAD", {0, 1}}};
+              {"LOAD", {0, 1}},
+              // dQ added in key-block order (bitwise reproducible; DQ_RED 3): 1 ascending, 2 descending (causal:
+              // each query block's diagonal block first). Last: a config stored or tabled before it reads 0.
+              {"DETERMINISTIC", {0, 1, 2}}};
   f.head_dims = {32, 64, 96, 128, 192, 256};
   f.dtypes = {DType::fp16, DType::bf16};
-  f.default_config = {64, 64, 2, 1, 0, 0};  // compiles spill-free for every head dim (SPLIT 1 is at 255 registers at d = 256)
+  f.default_config = {64, 64, 2, 1, 0, 0, 0};  // compiles spill-free for every head dim (SPLIT 1 is at 255 registers at d = 256)
   f.hopper_only = true;
   f.gqa = true;
   f.varlen = true;  // each kernel <Traits, true>
-  struct Named {  // the config by name (the order of f.params)
-    int block_m, block_n, split, stages, dq_red, load;
+  struct Named {  // the config by name (the order of f.params); a 6-value config (before DETERMINISTIC) has 0
+    int block_m, block_n, split, stages, dq_red, load, deterministic;
     explicit Named(const Config& c)
-        : block_m(c.at(0)), block_n(c.at(1)), split(c.at(2)), stages(c.at(3)), dq_red(c.at(4)), load(c.at(5)) {}
+        : block_m(c.at(0)), block_n(c.at(1)), split(c.at(2)), stages(c.at(3)), dq_red(c.at(4)), load(c.at(5)),
+          deterministic(c.size() > 6 ? c.at(6) : 0) {}
+  };
+  f.reproducible = [](const Config& c) { return Named(c).deterministic >= 1; };
+  f.causal_check = [](const Config& c, bool causal) -> const char* {
+    return fa2_wgmma_bwd_det_causal_ok(Named(c).deterministic, causal)
+               ? nullptr
+               : "DETERMINISTIC 2 orders the adds for the causal mask (every key block sees every query block "
+                 "without it: 1's ascending order waits for nothing)";
   };
   f.traits = [](const Config& c, int d, bool causal, DType t) {
     const Named n(c);
@@ -42,23 +53,29 @@ Family make_fa2_wgmma_bwd() {
            join_args({std::to_string(d), std::to_string(n.block_m), std::to_string(n.block_n),
                       std::to_string(n.split), std::to_string(n.stages), std::to_string(n.dq_red),
                       std::to_string(n.load), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
-           ">";
+           // DETERMINISTIC 0: the template's default, so that those variants keep their names
+           (n.deterministic ? "," + std::to_string(n.deterministic) : "") + ">";
   };
   f.check = [](const Config& c, int d) {
     const Named n(c);
-    return fa2_wgmma_bwd_check(d, n.block_m, n.block_n, n.split, n.stages, n.dq_red, n.load);
+    return fa2_wgmma_bwd_check(d, n.block_m, n.block_n, n.split, n.stages, n.dq_red, n.load, n.deterministic);
   };
   // The packed LOAD 1 (per-sequence tile images) once failed on the H100 (201 of 222 ragged runs): the
   // preprocess's Q/dO image stores ran past a short sequence's padding; fa2_wgmma_bwd_image_row guards them
   // (docs/kernels.md), and the GPU re-validated it (varlen_bwd_wgmma_validate.db).
-  f.workspace_bytes = [](const Config& c, const Problem& p) {  // LOAD 1's images: per query head (packed: per sequence)
+  // LOAD 1's images: per query head (packed: per sequence); then DETERMINISTIC's turn counters (one per query row,
+  // laid out as lse).
+  f.workspace_bytes = [](const Config& c, const Problem& p) {
     const Named n(c);
     if (p.varlen.enabled())
       return (size_t)fa2_wgmma_bwd_varlen_workspace_bytes(p.batch, p.heads, p.varlen.total_q(), p.head_dim, n.block_m,
-                                                          n.load);
-    return (size_t)fa2_wgmma_bwd_workspace_bytes(p.batch, p.heads, p.seq_q, p.head_dim, n.block_m, n.load);
+                                                          n.load, n.deterministic);
+    return (size_t)fa2_wgmma_bwd_workspace_bytes(p.batch, p.heads, p.seq_q, p.head_dim, n.block_m, n.load,
+                                                 n.deterministic);
   };
-  f.workspace_written = true;  // LOAD 1's images: the preprocess writes every padded row (zeros past seq_q)
+  // LOAD 1's images: the preprocess writes every padded row (zeros past seq_q); DETERMINISTIC's counters: it zeroes
+  // each query block's (its first row's), the only ones read.
+  f.workspace_written = true;
   f.launches = [](const Config& c, const Problem& p) {
     const Named n(c);
     const int bm = n.block_m, bn = n.block_n, sp = n.split, st = n.stages, red = n.dq_red, load = n.load,
