@@ -84,9 +84,9 @@ class Staleness {
 };
 }  // namespace
 
-std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& rows) {
+std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& rows, bool every_timing) {
   const Rows all = pointers(rows);
-  const Rows results = fully_timed_where_any(all);
+  const Rows results = every_timing ? all : fully_timed_where_any(all);
   const Staleness staleness(all);
   using Key = ProblemKey;
   std::map<Key, const ResultRecord*> best;
@@ -185,7 +185,10 @@ std::vector<ResultRecord> reproducible_rows(const std::vector<ResultRecord>& row
 std::vector<BucketChoice> best_per_bucket(const std::vector<ResultRecord>& rows, bool deterministic) {
   const std::vector<ResultRecord> kept = deterministic ? reproducible_rows(rows) : std::vector<ResultRecord>{};
   const Rows all = pointers(deterministic ? kept : rows);
-  std::map<Bucket, BucketChoice> picks = bucket_picks(fully_timed_where_any(all));
+  // Reproducible rows rank on every timing: stores hold deterministic configs whose timing a search stopped
+  // early against a faster non-reproducible config (before searches kept a bar per class), and such a row
+  // may be the fastest deterministic one. A row stopped against a reproducible best is slower than it anyway.
+  std::map<Bucket, BucketChoice> picks = bucket_picks(deterministic ? all : fully_timed_where_any(all));
   // A bucket of several problems that a search tuned one by one (halving: each problem's finalists are
   // its own, decode_bf16.json's batches of 1, 8 and 64 in one sequence bucket) may have no config fully
   // timed on all of them. Such a bucket is ranked on every ok row, the cheaper timings included (each

@@ -18,7 +18,9 @@ inline constexpr int kFullTimingReps = timing::kMinReps;
 std::vector<ResultRecord> reproducible_rows(const std::vector<ResultRecord>& rows);
 
 // Among `ok` results: the fastest config for each (device, family, direction, problem).
-std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& results);
+// every_timing: rank on every ok timing, the cheap ones too (reproducible rows: a search may have stopped a
+// deterministic config's timing early against a faster non-reproducible one, which its pick does not compete with).
+std::vector<ResultRecord> best_per_problem(const std::vector<ResultRecord>& results, bool every_timing = false);
 
 struct BucketChoice {
   std::string device, arch, family, direction, config;

@@ -153,6 +153,33 @@ TEST(Select, BucketOfSeparatelyTunedProblemsStillHasAPick) {
   EXPECT_EQ(choices[0].config, A);
 }
 
+// A deterministic config whose timing a search stopped early (3 repeats) against a faster non-reproducible one
+// is still the deterministic pick when it is the fastest reproducible row; the plain pick keeps the fully
+// timed rule (and `best --deterministic`'s per-problem pick ranks the same way).
+TEST(Select, DeterministicPicksRankEveryTiming) {
+  const Family& f = find_family("fa3_wgmma_bwd");
+  auto row = [&](const char* cfg, double tflops, int reps) {
+    ResultRecord r;
+    r.family = f.name, r.direction = f.direction, r.config = cfg, r.status = "ok";
+    r.problem = Problem{4, 16, 4096, 4096, 128, DType::bf16, false};
+    r.problem.direction = "bwd";
+    r.tflops = tflops, r.reps = reps, r.device_name = "GPU A", r.arch = "sm_90";
+    return r;
+  };
+  const char* fast = "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=0";
+  const char* det_cut = "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1,DQ_TURNS=0,DETERMINISTIC=1";
+  const char* det_full = "BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=0,DQ_TURNS=0,DETERMINISTIC=1";
+  const std::vector<ResultRecord> rows = {row(fast, 500, kFullTimingReps), row(det_cut, 380, 3),
+                                          row(det_full, 300, kFullTimingReps)};
+  const std::vector<BucketChoice> only = best_per_bucket(rows, true);
+  ASSERT_EQ(only.size(), 1u);
+  EXPECT_EQ(only[0].config, det_cut);
+  const std::vector<ResultRecord> per_problem = best_per_problem(reproducible_rows(rows), true);
+  ASSERT_EQ(per_problem.size(), 1u);
+  EXPECT_EQ(per_problem[0].config, det_cut);
+  EXPECT_EQ(best_per_problem(reproducible_rows(rows)).at(0).config, det_full) << "the fully timed rule, unchanged";
+}
+
 // A deterministic backward's picks: the best of the configs whose family calls them reproducible, buckets of
 // their own; emitted as entries marked deterministic, which only a deterministic lookup reads.
 TEST(Select, DeterministicPicksBucketApart) {

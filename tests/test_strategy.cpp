@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/compile.hpp"
+#include "core/family.hpp"
 #include "core/problem.hpp"
 #include "core/timing.hpp"
 #include "core/util.hpp"
@@ -384,4 +385,40 @@ TEST(Timing, OneMedianLiesWithinItsOwnSpread) {
   std::vector<double> pool = {0.2800, 0.2801, 0.2802, 0.2809, 0.2810, 0.2811, 0.2812, 0.2813, 0.2814, 0.2815};
   EXPECT_GE(percentile(pool, 0.5), percentile(pool, 0.2));
   EXPECT_LE(percentile(pool, 0.5), percentile(pool, 0.8));
+}
+
+// Early stopping cuts a candidate against the best of its own class: a reproducible (deterministic) config
+// competes for the deterministic pick, so a faster non-reproducible one must not cut its timing short.
+TEST(ProblemSearch, ReproducibleCandidatesAreStoppedAgainstTheirOwnBest) {
+  const Family& f = *family_named("fa3_wgmma_bwd");
+  Problem p;
+  p.batch = 1, p.heads = 2, p.seq_q = p.seq_k = 1024, p.head_dim = 128, p.dtype = DType::bf16;
+  p.direction = "bwd";
+  std::vector<SearchCandidate> cands;
+  for (int det : {0, 1, 1}) {  // one non-reproducible config, then two reproducible ones
+    SearchCandidate c;
+    c.v.family = &f;
+    c.v.config = f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=0,DQ_TURNS=" +
+                                std::to_string(cands.size() == 2 ? 1 : 0) +
+                                ",DETERMINISTIC=" + std::to_string(det) + ",DQ_STAGES=2");
+    c.v.head_dim = 128, c.v.dtype = DType::bf16;
+    cands.push_back(c);
+  }
+  ASSERT_FALSE(f.reproducible(cands[0].v.config));
+  ASSERT_TRUE(f.reproducible(cands[1].v.config));
+  SearchOptions o;
+  o.strategy = "exhaustive";
+  ProblemSearch s(cands, p, o);
+  const double ms[] = {1.0, 2.0, 1.8};
+  std::map<size_t, double> bar;
+  while (auto t = s.take(false)) {
+    bar[t->prop.candidate] = t->stop_above_ms;
+    SearchEvaluation e;
+    e.o = {true, ms[t->prop.candidate], 0, false};
+    s.complete(*t, e);
+  }
+  ASSERT_EQ(bar.size(), 3u);
+  EXPECT_EQ(bar[0], 0.0) << "nothing timed yet";
+  EXPECT_EQ(bar[1], 0.0) << "the first reproducible config has no reproducible best to be cut against";
+  EXPECT_NEAR(bar[2], 2.0 * (1 + o.stop_margin), 1e-9) << "cut against the reproducible best, not the 1 ms one";
 }

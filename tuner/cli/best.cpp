@@ -29,7 +29,8 @@ int cmd_best(int argc, char** argv) {
   // Every status: a newer prune or failure of a config supersedes its older success (select.cpp).
   ResultFilter filter = filter_from(a);
   filter.lean = true;  // the text columns selection and this table never read stay unread (ReadBudget bounds the rest)
-  auto best = best_per_problem(a.has("deterministic") ? reproducible_rows(store.results(filter)) : store.results(filter));
+  const bool det = a.has("deterministic");
+  auto best = best_per_problem(det ? reproducible_rows(store.results(filter)) : store.results(filter), det);
   if (a.has("csv")) {
     std::puts("device,family,direction,batch,heads,seq_q,seq_k,head_dim,dtype,causal,config,ms_median,ms_p20,ms_p80,"
               "tflops,gbps,max_abs,max_rel,heads_k,varlen,paged");

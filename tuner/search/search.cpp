@@ -93,8 +93,9 @@ std::optional<ProblemSearch::Ticket> ProblemSearch::take(bool stopped) {
     return std::nullopt;
   }
   Ticket t{next[0], 0.0};
-  if (opt_.stop_margin > 0 && t.prop.reps == 0 && strategy_->may_stop_early(t.prop) && std::isfinite(best_ms_))
-    t.stop_above_ms = best_ms_ * (1.0 + opt_.stop_margin);
+  const double bar = reproducible(t.prop.candidate) ? best_reproducible_ms_ : best_ms_;
+  if (opt_.stop_margin > 0 && t.prop.reps == 0 && strategy_->may_stop_early(t.prop) && std::isfinite(bar))
+    t.stop_above_ms = bar * (1.0 + opt_.stop_margin);
   ++in_flight_;
   return t;
 }
@@ -107,7 +108,15 @@ void ProblemSearch::complete(const Ticket& t, const SearchEvaluation& e) {
   const int weight = t.prop.reps == 0 ? (1 << 30) : t.prop.reps;
   Measured& m = measured_[t.prop.candidate];
   if (weight >= m.weight) m = {e.o, weight};
-  if (e.o.ok && !e.o.early_stopped && t.prop.reps == 0) best_ms_ = std::min(best_ms_, e.o.ms);
+  if (e.o.ok && !e.o.early_stopped && t.prop.reps == 0) {
+    best_ms_ = std::min(best_ms_, e.o.ms);
+    if (reproducible(t.prop.candidate)) best_reproducible_ms_ = std::min(best_reproducible_ms_, e.o.ms);
+  }
+}
+
+bool ProblemSearch::reproducible(size_t candidate) const {
+  const Variant& v = cands_[candidate].v;
+  return v.family->reproducible && v.family->reproducible(v.config);
 }
 
 ProblemReport ProblemSearch::report(std::vector<std::pair<double, size_t>>* ranking) const {

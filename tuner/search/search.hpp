@@ -112,7 +112,12 @@ class ProblemSearch {
   bool exhausted_ = false;
   std::set<size_t> evaluated_;
   std::map<size_t, Measured> measured_;
+  // The early-stop bars: the fastest fully timed success, and the fastest reproducible one. A reproducible
+  // candidate (Family::reproducible) is cut against its own class's best only: it competes for the
+  // deterministic pick, which a faster non-reproducible config does not take from it.
   double best_ms_ = std::numeric_limits<double>::infinity();
+  double best_reproducible_ms_ = std::numeric_limits<double>::infinity();
+  bool reproducible(size_t candidate) const;
 };
 
 // One problem's search, evaluated in the caller's thread (replay); each evaluation that could be cut
