@@ -84,7 +84,7 @@ std::string Compiler::options_string(const Family& f) const {
 
 std::string Compiler::variant_hash(const Variant& v) const {
   std::string key = source_hash_ + '|' + options_string(*v.family) + '|' + nvrtc_version() + '|' + arch_;
-  for (const auto& e : v.family->name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen, v.paged, v.mods)) key += '|' + e;
+  for (const auto& e : v.family->name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen, v.paged, v.mods, v.page_layout)) key += '|' + e;
   return content_hash(key);
 }
 
@@ -105,6 +105,8 @@ std::string Compiler::prune_before_compile(const Variant& v) const {
   if (v.varlen && !f.varlen) return "does not support packed variable-length batches";
   if (v.paged && !f.paged) return "does not read paged K/V caches";
   if (v.varlen && v.paged) return "the packed and the paged form do not combine";
+  if (v.page_layout == PageLayout::nhd && !v.paged) return "a page layout goes with the paged form";
+  if (v.page_layout == PageLayout::nhd && !f.paged_nhd) return "does not read token-major (nhd) paged K/V caches";
   if (v.mods & ~f.mods) return "has no " + mods_string(v.mods & ~f.mods) + " form";
   if (const char* why = f.check(v.config, v.head_dim)) return why;
   if (const char* why = f.causal_check(v.config, v.causal)) return why;
@@ -133,7 +135,7 @@ KernelRecord Compiler::compile(const Variant& v) const {
   k.nvrtc_version = nvrtc_version();
   k.options = options_string(f);
   k.source_hash = source_hash_;
-  const std::vector<std::string> exprs = f.name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen, v.paged, v.mods);
+  const std::vector<std::string> exprs = f.name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen, v.paged, v.mods, v.page_layout);
   for (const auto& e : exprs) k.name_expression += (k.name_expression.empty() ? "" : "\n") + e;
 
   // Prune before compiling: the target's instruction set, the family's constraints, the target's limits.

@@ -23,9 +23,12 @@ struct Variant {
   bool paged = false;
   // The score modifications compiled in (Family::mods: kModWindow, kModSoftcap, kModAlibi), for problems that have them.
   unsigned mods = 0;
+  // The paged form's pool layout (paged only; nhd: Family::paged_nhd's token-major form), for problems whose
+  // Paged::layout it is.
+  PageLayout page_layout = PageLayout::hnd;
   bool operator==(const Variant& o) const {
     return family == o.family && config == o.config && head_dim == o.head_dim && causal == o.causal &&
-           dtype == o.dtype && varlen == o.varlen && paged == o.paged && mods == o.mods;
+           dtype == o.dtype && varlen == o.varlen && paged == o.paged && mods == o.mods && page_layout == o.page_layout;
   }
 };
 

@@ -100,6 +100,7 @@ std::string Family::shape_reason(const Problem& p) const {
   if (p.heads_k > 0 && !gqa) return "does not support grouped-query attention (heads_k)";
   if (p.varlen.enabled() && !varlen) return "does not support packed variable-length batches";
   if (p.paged.enabled() && !paged) return "does not read paged K/V caches";
+  if (p.paged.enabled() && p.paged.layout == PageLayout::nhd && !paged_nhd) return "does not read token-major (nhd) paged K/V caches";
   if (max_seq_q > 0 && p.seq_q > max_seq_q)
     return "serves Sq <= " + std::to_string(max_seq_q) + " (decoding), not Sq " + std::to_string(p.seq_q);
   return "";

@@ -74,6 +74,10 @@ struct Family {
   // (Variant::paged picks it). A family has at most one second form: varlen or paged, never both (the
   // template's second argument names one).
   bool paged = false;
+  // Its paged form also reads token-major pages (PageLayout::nhd: FlashAttention's and vLLM's [num_pages,
+  // page_size, Hk, d]) as `kernel<PagedNhdTraits<Traits>, true>` (Variant::page_layout picks it), the configs and
+  // paged_check those of the head-major form.
+  bool paged_nhd = false;
   // Query rows per sequence it serves (Sq <= max_seq_q), 0: any. A decoding family: tuned, selected and
   // run by the library only for shapes in its range (shape_reason), whatever it measured elsewhere.
   int max_seq_q = 0;
@@ -122,9 +126,12 @@ struct Family {
 
   // packed: the varlen form, paged: the paged form (a family has one of them at most): `kernel<Traits, true>`.
   // mods (kModWindow | kModSoftcap): the traits wrapped in AttnModTraits (templates/traits_common.h).
+  // layout nhd (paged only): the traits wrapped in PagedNhdTraits (templates/attention_params.h).
   std::vector<std::string> name_expressions(const Config& c, int head_dim, bool causal, DType t,
-                                            bool packed = false, bool paged = false, unsigned mod = 0) const {
+                                            bool packed = false, bool paged = false, unsigned mod = 0,
+                                            PageLayout layout = PageLayout::hnd) const {
     std::string tr = traits(c, head_dim, causal, t);
+    if (paged && layout == PageLayout::nhd) tr = "flashtune::PagedNhdTraits<" + tr + ">";
     if (mod)
       tr = "flashtune::AttnModTraits<" + tr + ", " + ((mod & kModWindow) ? "true" : "false") + ", " +
            ((mod & kModSoftcap) ? "true" : "false") + ((mod & kModAlibi) ? ", true>" : ">");  // ALIBI: its default false

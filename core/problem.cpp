@@ -341,6 +341,7 @@ nlohmann::json Paged::description() const {
   if (!enabled()) return nlohmann::json::object();
   nlohmann::json j = {{"page_size", page_size}, {"seed", seed}};
   if (!seq_lens_k.empty()) j["seq_lens_k"] = seq_lens_k;
+  if (layout != PageLayout::hnd) j["layout"] = to_string(layout);
   return j;
 }
 
@@ -350,6 +351,7 @@ std::string Paged::str() const {
   if (!enabled()) return "";
   std::string s = "page " + std::to_string(page_size) + " seed " + std::to_string(seed);
   if (!seq_lens_k.empty()) s += " lens " + short_list(seq_lens_k, key());
+  if (layout != PageLayout::hnd) s += std::string(" ") + to_string(layout);
   return s;
 }
 
@@ -357,7 +359,8 @@ Paged paged_from_json(const nlohmann::json& j) {
   if (!j.is_object())
     throw UsageError("problem field 'paged' must be an object like {\"page_size\": 256, \"seed\": 0, \"seq_lens_k\": [..]}");
   for (auto& [key, _] : j.items())
-    if (key != "page_size" && key != "seed" && key != "seq_lens_k") throw UsageError("unknown paged field '" + brief(key, 40) + "'");
+    if (key != "page_size" && key != "seed" && key != "seq_lens_k" && key != "layout")
+      throw UsageError("unknown paged field '" + brief(key, 40) + "'");
   Paged pg;
   if (!j.contains("page_size")) throw UsageError("paged needs 'page_size'");
   const auto& ps = j["page_size"];
@@ -371,9 +374,24 @@ Paged paged_from_json(const nlohmann::json& j) {
   pg.page_size = (int)v;
   if (j.contains("seed")) pg.seed = seed_field(j["seed"], "paged");
   if (j.contains("seq_lens_k")) pg.seq_lens_k = varlen_list(j, "seq_lens_k", "paged");
+  if (j.contains("layout")) {
+    const auto& l = j["layout"];
+    const std::optional<PageLayout> layout = l.is_string() ? page_layout_from_string(l.get<std::string>()) : std::nullopt;
+    if (!layout)
+      throw UsageError("paged 'layout' must be \"hnd\" (pools [num_pages, Hk, page_size, d]) or \"nhd\" ([num_pages, "
+                       "page_size, Hk, d]), got " + brief(l.dump(), 40));
+    pg.layout = *layout;
+  }
   return pg;
 }
 #endif  // FLASHTUNE_NO_JSON
+
+const char* to_string(PageLayout l) { return l == PageLayout::nhd ? "nhd" : "hnd"; }
+std::optional<PageLayout> page_layout_from_string(const std::string& s) {
+  if (s == "hnd") return PageLayout::hnd;
+  if (s == "nhd") return PageLayout::nhd;
+  return std::nullopt;
+}
 
 PageTable page_table(const Paged& pg, int batch, int seq_k) {
   PageTable t;

@@ -1,8 +1,11 @@
 // A problem: one attention shape to tune for (what the kernel is run on, not how).
 #pragma once
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "templates/attention_params.h"
 
 #ifndef FLASHTUNE_NO_JSON  // a build without nlohmann_json (the runtime alone): no JSON in or out, no key()/str()
 #include <nlohmann/json_fwd.hpp>
@@ -77,30 +80,38 @@ inline constexpr long long kMaxVarlenElements = (1ll << 31) - 1;  // total * hea
 // decoding: K and V are pools of pages, (num_pages, Hk, page_size, d), and sequence b's logical page j (its keys
 // [j*page_size, (j+1)*page_size)) is physical page block_table[b][j]; sequence b holds seq_lens_k[b] keys
 // (cache_seqlens), so the sequences of a batch differ in length. Q, O and LSE stay dense (B, H, Sq, ...).
-// A problem file's "paged" object: {"page_size": P, "seed": S, "seq_lens_k": [..]} (seed and lengths optional;
-// without lengths every sequence has seq_k keys). The pages a batch uses, sum_b ceil(len_b / P), are
-// numbered in a seeded random order (block_table()), so the physical order is never the logical one.
-// Part of a problem's identity: key() is its canonical text (the store's `paged` column).
+// A problem file's "paged" object: {"page_size": P, "seed": S, "seq_lens_k": [..], "layout": "nhd"} (seed,
+// lengths and layout optional; without lengths every sequence has seq_k keys). The pages a batch uses,
+// sum_b ceil(len_b / P), are numbered in a seeded random order (block_table()), so the physical order is never
+// the logical one. "layout": "hnd" (the default) pools (num_pages, Hk, page_size, d), "nhd" FlashAttention's and
+// vLLM's (num_pages, page_size, Hk, d) (templates/attention_params.h's PageLayout: the kernels' token-major form).
+// Part of a problem's identity: key() is its canonical text (the store's `paged` column; "layout" written only
+// for nhd, so that a head-major problem keeps the key it had before layouts existed).
 struct Paged {
   int page_size = 0;            // 0: dense (contiguous K/V); else a multiple of 16 in 16..2^20
   unsigned long long seed = 0;  // the page permutation's
   std::vector<int> seq_lens_k;  // per sequence, as given (the cache lengths); empty: every sequence seq_k long
+  PageLayout layout = PageLayout::hnd;  // the pools' layout
 
   bool enabled() const { return page_size > 0; }
 #ifndef FLASHTUNE_NO_JSON
   nlohmann::json description() const;  // as written in problem files, canonical
   std::string key() const;             // compact description() text; "" when dense
-  std::string str() const;             // "page 256 seed 0", "page 64 seed 3 lens [300,1,4133]"
+  std::string str() const;             // "page 256 seed 0", "page 64 seed 3 lens [300,1,4133]", "page 256 seed 0 nhd"
 #endif
   // Sequence b's keys (the problem's seq_k when no lengths are given).
   int seq_len(int b, int seq_k) const { return seq_lens_k.empty() ? seq_k : seq_lens_k[(size_t)b]; }
   bool operator==(const Paged&) const = default;
 };
 // A Paged from its description (the "paged" object of a problem file), checked: page_size a multiple of 16
-// in 16..2^20, seed 0..2^53, lengths 0..2^20, at most kMaxVarlenSeqs of them. Throws UsageError naming the field.
+// in 16..2^20, seed 0..2^53, lengths 0..2^20, at most kMaxVarlenSeqs of them, layout "hnd" or "nhd". Throws
+// UsageError naming the field.
 #ifndef FLASHTUNE_NO_JSON
 Paged paged_from_json(const nlohmann::json&);
 #endif
+// "hnd", "nhd"; and back (nullopt for another string).
+const char* to_string(PageLayout);
+std::optional<PageLayout> page_layout_from_string(const std::string&);
 // The block table and the pool it indexes, for a batch of `batch` sequences of at most `seq_k` keys.
 struct PageTable {
   int max_pages = 0;              // ceil(seq_k / page_size): the table's row stride

@@ -32,10 +32,12 @@
 #   decode - decode_splitkv: every compiled variant validated on ragged decoding shapes, tuned (halving) on the
 #            Llama-3 8B decoding grid, re-timed beside torch SDPA (each backend, enable_gqa) and a device copy of
 #            the same bytes in one run: decode_vs_peers.csv
-#   decode-paged [check] [tune] [peers] - issue 16's paged K/V cache: every compiled decode_splitkv variant in its
-#            paged form validated on ragged paged caches (decode_paged_validate.db), tuned (halving) on the decoding
-#            grid from 256-key pages, each point's paged pick timed beside the dense pick in one run:
-#            decode_paged_vs_dense.csv
+#   decode-paged [check] [tune] [peers] [check-nhd] [tune-nhd] - issue 16's paged K/V cache: every compiled
+#            decode_splitkv variant in its paged form validated on ragged paged caches (decode_paged_validate.db),
+#            tuned (halving) on the decoding grid from 256-key pages, each point's paged pick timed beside the dense
+#            pick in one run: decode_paged_vs_dense.csv; issue 31's token-major pools (FlashAttention's/vLLM's
+#            [num_pages, page_size, Hk, d]) validated (check-nhd: decode_paged_nhd_validate.db) and tuned
+#            (tune-nhd: decode_paged_nhd.db, apart from results.db) only when named
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py): host_time.csv
 #   torch-op [PART ...] - the runtime and the PyTorch extension alone (their targets), python_unit, gpu_torch_op's
 #            PARTs (default: all), each probe shape's kernels compiled meanwhile in the background, then the host-time
@@ -886,6 +888,12 @@ decode-paged)
   #   peers - each point's paged pick, the dense pick of the same shape (the decode stage's rows in results.db)
   #           and that config on the paged cache, in one run: decode_paged_vs_dense.csv (decode_vs_peers.py
   #           --paged, ~1.5 min)
+  #   check-nhd - the same validation of the token-major kernels (decode_splitkv_*<PagedNhdTraits<...>, true>) on
+  #           ragged_decode_paged_nhd.json (ragged_decode_paged.json with "layout": "nhd") into
+  #           decode_paged_nhd_validate.db (not in the default parts)
+  #   tune-nhd - decode_paged_nhd_bf16.json (the tune part's grid, token-major pools) by halving into its own
+  #           decode_paged_nhd.db: its picks and times beside the head-major ones of results.db before any of its
+  #           rows join the shared paged buckets (`flashtune best --db ...` on both; not in the default parts)
   parts=("$@")
   [[ ${#parts[@]} -eq 0 ]] && parts=(check tune peers)
   for part in "${parts[@]}"; do
@@ -913,7 +921,23 @@ decode-paged)
       cut -d, -f1-13 "$rep/decode_paged_vs_dense.csv"
       cp "$rep/decode_paged_vs_dense.csv" "$OUT/"
       ;;
-    *) echo "decode-paged: unknown part '$part' (check, tune, peers)"; exit 2 ;;
+    check-nhd)
+      val=$(validation_store decode_paged_nhd)
+      log "validate decode_splitkv (paged form, token-major pools) on ragged_decode_paged_nhd"
+      timeout "${DECODE_PAGED_VALIDATE_LIMIT_S:-160}" $ft tune configs/spaces/decode_splitkv.json \
+        configs/problems/ragged_decode_paged_nhd.json --db "$val" --quiet --strategy halving --retime 0 2>&1 | tail -1
+      validation_summary "$val" || echo "FAIL: a compiled decode_splitkv variant did not validate on a token-major paged cache"
+      $ft drop-cubins --db "$val"
+      ;;
+    tune-nhd)
+      log "tune decode_splitkv (paged form, token-major pools) on decode_paged_nhd_bf16 (halving)"
+      timeout "${DECODE_PAGED_TUNE_LIMIT_S:-160}" $ft tune configs/spaces/decode_splitkv.json \
+        configs/problems/decode_paged_nhd_bf16.json --db "$rep/decode_paged_nhd.db" --strategy halving 2>&1 |
+        grep -vE "^\[" | tail -10
+      $ft best --db "$rep/decode_paged_nhd.db" 2>&1 | tail -12
+      $ft drop-cubins --db "$rep/decode_paged_nhd.db"
+      ;;
+    *) echo "decode-paged: unknown part '$part' (check, tune, peers, check-nhd, tune-nhd)"; exit 2 ;;
     esac
   done
   finish

@@ -81,10 +81,13 @@ struct ParamsOf<true, Dense> {
 // Paged K/V caches (vLLM's PagedAttention; FlashAttention's flash_attn_with_kvcache(block_table=...)), for a
 // decoding family's paged form (`kernel<Traits, true>`): the dense struct followed by the block table, for the
 // same reason as VarlenParams (the dense argument, and so the dense kernels' code, unchanged). k and v point at
-// pools of pages (num_pages, heads_k, page_size, d): one page holds page_size consecutive keys of every kv head,
-// each head's a contiguous (page_size, d) matrix, so a block of keys inside a page is read exactly as a dense
-// head's rows are (FlashAttention's k_cache is (num_blocks, page_size, heads_k, d), keys heads_k*d apart:
-// the head-major page keeps a tile's rows d apart, so the loader's per-chunk offsets stay immediates).
+// pools of pages in one of two layouts (PageLayout below; the argument is the same for both):
+//   head-major (hnd, `kernel<Traits, true>`): (num_pages, heads_k, page_size, d): one page holds page_size
+//     consecutive keys of every kv head, each head's a contiguous (page_size, d) matrix, so a block of keys inside
+//     a page is read exactly as a dense head's rows are (rows d apart: the loader's per-chunk offsets immediates);
+//   token-major (nhd, `kernel<PagedNhdTraits<Traits>, true>`): (num_pages, page_size, heads_k, d), FlashAttention's
+//     k_cache and vLLM's: a key's kv heads adjacent, so a kv head's keys are heads_k*d elements apart (the loader
+//     steps its rows by that runtime stride, the chunks of a row still immediates).
 // Sequence b's logical page j (keys [j*page_size, (j+1)*page_size)) is physical page
 // block_table[b*max_pages + j]; it holds cache_seqlens[b] <= seq_k keys (seq_k: the longest, the grid's).
 // Q, O and LSE are dense (B, H, Sq, ...); causal is bottom-right aligned to each sequence's own length.
@@ -109,6 +112,39 @@ struct PagedParamsOf<true, Dense> {
 FT_HD inline long long paged_key_offset(int page, int heads_k, int page_size, int hk, int key_in_page, int d) {
   return ((static_cast<long long>(page) * heads_k + hk) * page_size + key_in_page) * d;
 }
+// The same key in a token-major (num_pages, page_size, heads_k, d) pool.
+FT_HD inline long long nhd_paged_key_offset(int page, int heads_k, int page_size, int hk, int key_in_page, int d) {
+  return ((static_cast<long long>(page) * page_size + key_in_page) * heads_k + hk) * d;
+}
+
+// A pool's layout: part of a paged problem's identity (core/problem.hpp's Paged) and of the runtime's paged call
+// (ft_paged_forward_args.layout, whose values these are).
+enum class PageLayout : int {
+  hnd = 0,  // (num_pages, heads_k, page_size, d): head-major pages
+  nhd = 1,  // (num_pages, page_size, heads_k, d): token-major pages (FlashAttention's, vLLM's)
+};
+// Either layout's offset (host code: the worker's pools, the tests' emulation).
+FT_HD inline long long paged_key_offset(PageLayout layout, int page, int heads_k, int page_size, int hk, int key_in_page,
+                                        int d) {
+  return layout == PageLayout::nhd ? nhd_paged_key_offset(page, heads_k, page_size, hk, key_in_page, d)
+                                   : paged_key_offset(page, heads_k, page_size, hk, key_in_page, d);
+}
+// The token-major form of a family's paged kernels: the traits wrapped (as AttnModTraits wraps them for the score
+// modifications), so that the head-major kernels keep their names and code. PagesOf<T>::nhd() reads it (false for
+// plain traits, which do not declare it). A function, not a static data member: NVRTC emitted such a member as a
+// variable of the cubin (and its address into the constant bank) in the head-major kernels too.
+template <class Base>
+struct PagedNhdTraits : Base {
+  static constexpr bool kPagesNhd = true;
+};
+template <class T, class = void>
+struct PagesOf {
+  FT_HD static constexpr bool nhd() { return false; }
+};
+template <class T>
+struct PagesOf<T, decltype(void(T::kPagesNhd))> {
+  FT_HD static constexpr bool nhd() { return T::kPagesNhd; }
+};
 
 // Score modifications (issue 32): the argument of a kernel instantiated on AttnModTraits (traits_common.h) is its
 // plain argument (dense, packed or paged) followed by AttnMods, for the same reason as VarlenParams: the plain

@@ -2,7 +2,7 @@
 // cache, fp16 or bf16 in and out, fp32 accumulation, fp32 natural-log LSE; grouped-query attention native.
 //   decode_splitkv_partial<DecodeSplitkvTraits<D, SPLITS, BLOCK_N, WARPS, STAGES, DTYPE, CAUSAL>[, PAGED]>
 //   decode_splitkv_combine<same traits[, PAGED]>   (launched only when SPLITS > 1)
-// PAGED true: the paged K/V cache form (PagedParams), below.
+// PAGED true: the paged K/V cache form (PagedParams), below; on PagedNhdTraits<traits>, its token-major pages.
 //
 // Decoding is memory bound: each K/V element is used by only g*Sq query rows (g = query heads per kv head),
 // so the kernels exist to stream K and V once, at HBM bandwidth, from enough CTAs to fill the GPU.
@@ -49,6 +49,13 @@
 // lies inside one page, where its rows are d elements apart as a dense head's, and the loader above takes it
 // unchanged from the page's base (one table entry a block, looked up a block ahead so that its load waits
 // behind the barriers and the block's math, not in front of the copies). The dense form's code is unchanged.
+// Token-major pages (decode_splitkv_partial<PagedNhdTraits<Traits>, true>: FlashAttention's and vLLM's (num_pages,
+// page_size, heads_k, d) pools, read in place): the same blocks, pages and table lookups; a block's rows are
+// heads_k*d elements apart, so the loader (load_rows_strided) gives each of a thread's rows its own base, one
+// 64-bit add from the previous row's (kept opaque to the compiler, so that no per-row offset stays live through the
+// loop), each row's chunks still at immediate offsets. The same bytes and the same 16-byte copies as head-major
+// pages; each row is 2*d contiguous bytes (128 to 512: whole 32-byte sectors and 128-byte lines) rather than the
+// tile being one contiguous run. The head-major kernels' code is unchanged (the wrapper is a different type).
 //
 // Combine kernel. Grid x = ceil(H*Sq / 4), z = batch; 4 warps, a warp per (batch, query head, query
 // row): LSE = log(sum_s exp(LSE_s)), O = sum_s exp(LSE_s - LSE) O_s over the splits with LSE_s > -inf
@@ -212,6 +219,48 @@ __device__ __forceinline__ void load_rows(unsigned dst, const unsigned short* sr
   load_chunks<M, 0, 0>(dst + M::L::offset(r0, c0), g, r0, n0 + ROWS <= end, end - n0 - r0);
 }
 
+// p + bytes as one 64-bit add the compiler cannot see into. Written in C++, the bases of a thread's rows in a
+// strided tile are base + IT * step: NVVM's loop strength reduction would keep every IT * step (a 64-bit offset per
+// row, 16-32 a tile) live through the main loop, as it kept per-chunk offsets (the loader's note above).
+__device__ __forceinline__ const unsigned short* advance_bytes(const unsigned short* p, long long bytes) {
+  const unsigned short* out;
+  asm("add.s64 %0, %1, %2;\n" : "=l"(out) : "l"(p), "l"(bytes));
+  return out;
+}
+
+// load_chunks over rows `row_step` bytes apart in global memory (a token-major page: heads_k*D elements): each
+// of a thread's rows from its own base, the previous row's advanced by row_step; its chunks' offsets within the
+// row immediates as above, the shared-memory side unchanged.
+template <class M, int IT, int JT>
+__device__ __forceinline__ void load_chunks_strided(unsigned s0, const unsigned short* g, long long row_step, int r0,
+                                                    bool full, int valid) {
+  if constexpr (IT < M::kRowIters) {
+    if constexpr (JT < M::kColIters) {
+      if (M::kRows % M::kRowStep == 0 || r0 + IT * M::kRowStep < M::kRows) {
+        constexpr int kSmemOff = IT * M::kRowStep * M::L::RB + 16 * JT * M::kColStep;
+        constexpr int kGmemOff = 16 * JT * M::kColStep;
+        if (full || IT * M::kRowStep < valid) cp_async_16_at<kSmemOff, kGmemOff>(s0, g);
+        else st_shared_zero16_at<kSmemOff>(s0);
+      }
+      load_chunks_strided<M, IT, JT + 1>(s0, g, row_step, r0, full, valid);
+    } else if constexpr (IT + 1 < M::kRowIters) {
+      load_chunks_strided<M, IT + 1, 0>(s0, advance_bytes(g, row_step), row_step, r0, full, valid);
+    }
+  }
+}
+
+// Rows [0, ROWS) of a (rows, D) 16-bit matrix whose rows are `stride` elements apart (stride >= D) into a tile, as
+// load_rows: rows at or past `end` zero-filled. One 64-bit add per row of a thread's rows besides load_rows' work.
+template <int ROWS, int D, int NT>
+__device__ __forceinline__ void load_rows_strided(unsigned dst, const unsigned short* src, long long stride, int end,
+                                                  int tid) {
+  using M = RowsMapping<ROWS, D, NT>;
+  const int r0 = M::row0(tid);
+  const int c0 = M::col0(tid);
+  const unsigned short* g = src + static_cast<long long>(r0) * stride + 8 * c0;
+  load_chunks_strided<M, 0, 0>(dst + M::L::offset(r0, c0), g, 2 * M::kRowStep * stride, r0, ROWS <= end, end - r0);
+}
+
 // Paged form: where a block of keys lives, its physical page and its first key's row in that page.
 struct PageRef {
   int page = 0, row = 0;
@@ -243,6 +292,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int STAGES = T::kStages;
   constexpr int SPLITS = T::kSplits;
   constexpr bool CAUSAL = T::kCausal;
+  constexpr bool NHD = PagesOf<T>::nhd();  // token-major pages (PagedNhdTraits)
+  static_assert(PAGED || !NHD, "the token-major layout is a layout of the paged form");
   check_dynamic_smem(T::kSmemBytes);
   if constexpr (PAGED)
     if (p.page_size <= 0 || p.page_size % BN != 0) __trap();  // a block would straddle two pages
@@ -348,9 +399,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return r;
   };
   // Keys [n0, n0 + BN) into a tile; keys at or past kv_end are zero-filled, never read. Paged: from the rows of
-  // its page (`at`, block_at(n0)), its kv head's (page_size, D) matrix there.
+  // its page (`at`, block_at(n0)), its kv head's (page_size, D) matrix there; token-major pages: its kv head's
+  // rows of the page, heads_k*D elements apart.
   auto load_kv = [&](unsigned dst, const unsigned short* src, int n0, det::PageRef at) {
-    if constexpr (PAGED)
+    if constexpr (NHD) {
+      const int heads_k = p.heads / group;
+      det::load_rows_strided<BN, D, NT>(dst, src + nhd_paged_key_offset(at.page, heads_k, p.page_size, kv_head, at.row, D),
+                                        static_cast<long long>(heads_k) * D, kv_end - n0, tid);
+    } else if constexpr (PAGED)
       det::load_rows<BN, D, NT>(dst, src + paged_key_offset(at.page, p.heads / group, p.page_size, kv_head, at.row, D), 0,
                                 kv_end - n0, tid);
     else

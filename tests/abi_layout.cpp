@@ -55,14 +55,15 @@ int main() {
          FIELD(ft_paged_forward_args, dtype); FIELD(ft_paged_forward_args, causal); FIELD(ft_paged_forward_args, scale);
          FIELD(ft_paged_forward_args, block_table); FIELD(ft_paged_forward_args, cache_seqlens);
          FIELD(ft_paged_forward_args, q); FIELD(ft_paged_forward_args, k_pages); FIELD(ft_paged_forward_args, v_pages);
-         FIELD(ft_paged_forward_args, o); FIELD(ft_paged_forward_args, lse));
+         FIELD(ft_paged_forward_args, o); FIELD(ft_paged_forward_args, lse); FIELD(ft_paged_forward_args, layout));
   STRUCT(ft_explanation, FIELD(ft_explanation, family); FIELD(ft_explanation, config); FIELD(ft_explanation, source);
          FIELD(ft_explanation, cache); FIELD(ft_explanation, device); FIELD(ft_explanation, arch));
   // The enums' values and size: ctypes passes them as int.
   std::printf(", \"enums\": {\"sizeof_ft_status\": %zu, \"sizeof_ft_dtype\": %zu, \"FT_OK\": %d, "
               "\"FT_INVALID_ARGUMENT\": %d, \"FT_UNSUPPORTED\": %d, \"FT_NO_GPU\": %d, \"FT_CUDA_ERROR\": %d, "
-              "\"FT_COMPILE_ERROR\": %d, \"FT_FP32\": %d, \"FT_FP16\": %d, \"FT_BF16\": %d}}\n",
+              "\"FT_COMPILE_ERROR\": %d, \"FT_FP32\": %d, \"FT_FP16\": %d, \"FT_BF16\": %d, \"FT_PAGES_HND\": %d, "
+              "\"FT_PAGES_NHD\": %d}}\n",
               sizeof(ft_status), sizeof(ft_dtype), FT_OK, FT_INVALID_ARGUMENT, FT_UNSUPPORTED, FT_NO_GPU, FT_CUDA_ERROR,
-              FT_COMPILE_ERROR, FT_FP32, FT_FP16, FT_BF16);
+              FT_COMPILE_ERROR, FT_FP32, FT_FP16, FT_BF16, FT_PAGES_HND, FT_PAGES_NHD);
   return 0;
 }

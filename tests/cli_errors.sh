@@ -179,6 +179,8 @@ expect_usage_error "--paged: paged 'seq_lens_k' holds -1, not a length" run $dec
 expect_usage_error "--paged: paged 'seed' must be an integer in 0..2^53" run $dec --shape 2,8,1,512,128 --paged '{"page_size":64,"seed":-3}'
 expect_usage_error "--paged: problem fields 'paged' and 'varlen' do not combine" run $dec --shape 8,128 --seq-lens 8,8 --paged '{"page_size":64}'
 expect_usage_error "not valid JSON" run $dec --shape 2,8,1,512,128 --paged '{"page_size":64'
+expect_usage_error "--paged: paged 'layout' must be \"hnd\" (pools" run $dec --shape 2,8,1,512,128 \
+  --paged '{"page_size":64,"layout":"bhsd"}'
 expect_usage_error "cannot read '$tmp/none_paged.json'" run $dec --shape 2,8,1,512,128 --paged "$tmp/none_paged.json"
 expect_usage_error "BLOCK_N must divide the page size (a block of keys is read from one page) (32)" run $dec --shape 2,8,1,512,128 \
   --paged '{"page_size":32}'

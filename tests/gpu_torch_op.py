@@ -24,6 +24,15 @@ FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (tests/CMakeLists.txt se
   explain_paged() (the committed paged entry where the tables hold one for this GPU, the noted fallbacks);
   torch.compile(fullgraph=True) and inference_mode give the same bits; its one-line errors, a tensor requiring
   grad refused.
+- Token-major pools (layout="nhd": FlashAttention's and vLLM's [num_pages, page_size, Hk, d], part paged_nhd): on
+  ragged caches (an empty sequence, NaN past every length and in spare pages), GQA/MQA/MHA, Sq 1/3/4/16, d
+  64/128/256, pages of 32 to 256 keys (96: no power of two), fp16 and bf16, causal and not: O and LSE bit for bit
+  those of layout="hnd" on the same pages (the same config: both layouts share the paged entries), and O within
+  1.2x torch flash's rel L2 (2x max-abs) against the float64 reference on the K/V gathered through the block
+  table; explain_paged(layout="nhd") names the hnd call's config; attention_with_kvcache(layout="nhd") writes the
+  new tokens at [page, slot, :, :] (paged and contiguous [B, S_max, Hk, d] caches) and equals the hnd call; the
+  extension's op and the ctypes op give the same bits; torch.compile(fullgraph=True) the same as eager; one-line
+  errors for a bad layout and for pools whose shape does not fit the layout.
 - The backend: where $FLASHTUNE_TORCH_LIBRARY names the extension (the CMake build sets it when it built one),
   backend() must be the extension. Its ops against the ctypes fallback's (torch.ops.flashtune_ctypes.*, the same
   runtime): dense (a transposed layout), packed and paged forwards give the same bits, the backwards the same
@@ -53,6 +62,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtune
 import flashtune.torch as ftt
+from flashtune import _lib
 from flashtune.torch import (FlashAttention, attention, attention_with_kvcache, attention_paged, attention_varlen, explain, explain_paged,
                              explain_varlen)
 
@@ -1213,6 +1223,145 @@ def kvcache():
     check(torch.equal(torch.nan_to_num(k_pages), torch.nan_to_num(before)), "kvcache: a refused call wrote nothing")
 
 
+# --- token-major (nhd) paged pools ---------------------------------------------------------------------------
+NHD_CASES = [  # cache lengths, H, Hk, Sq, d, page size, causal, dtype
+    ([300, 1, 0, 1000, 256], 32, 8, 1, 128, 256, False, torch.bfloat16),
+    ([700, 129, 2048, 1], 16, 2, 1, 128, 128, True, torch.float16),
+    ([64, 65, 200], 8, 1, 4, 64, 64, True, torch.float16),
+    ([5, 100, 33, 0], 4, 4, 16, 256, 32, True, torch.bfloat16),
+    ([96, 191], 8, 4, 3, 128, 96, False, torch.float16),
+    ([4133, 17, 512], 32, 8, 1, 64, 256, False, torch.bfloat16),
+]
+
+
+def to_nhd(pool):
+    """A head-major pool [num_pages, Hk, page, d] as the token-major one holding the same keys [num_pages, page, Hk, d]."""
+    return pool.transpose(1, 2).contiguous()
+
+
+def paged_nhd():
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 8)
+    for lengths, H, Hk, sq, d, page, causal, dtype in NHD_CASES:
+        B = len(lengths)
+        name = (f"paged nhd {str(dtype).split('.')[-1]} H{H}/{Hk} Sq{sq} d{d} page {page} lens {lengths}"
+                f"{' causal' if causal else ''}")
+        k_pages, v_pages, table, lens, dk, dv = make_paged(lengths, Hk, d, page, dtype, gen)
+        kn, vn = to_nhd(k_pages), to_nhd(v_pages)
+        q = torch.randn(B, H, sq, d, device="cuda", dtype=dtype, generator=gen)
+        scale = 1.0 / math.sqrt(d)
+        with torch.no_grad():
+            o_hnd, lse_hnd = ftt._paged_forward_impl(q, k_pages, v_pages, table, lens, causal, scale, 0)
+            o_nhd, lse_nhd = ftt._paged_forward_impl(q, kn, vn, table, lens, causal, scale, 0, _lib.FT_PAGES_NHD)
+            o = attention_paged(q, kn, vn, table, lens, causal=causal, layout="nhd")
+        check(o.shape == (B, H, sq, d) and o.dtype == dtype and o.is_contiguous(), f"{name}: O shape, dtype, contiguous")
+        check(bool(torch.isfinite(o).all()), f"{name}: every O element finite (no NaN row of the pools was read)")
+        check(torch.equal(o, o_nhd), f"{name}: attention_paged(layout='nhd') is the paged op on the nhd pools")
+        check(torch.equal(o_nhd, o_hnd) and torch.equal(lse_nhd, lse_hnd),
+              f"{name}: O and LSE bit for bit those of the hnd pools holding the same keys (max |dO| "
+              f"{(o_nhd.double() - o_hnd.double()).abs().max().item():.3e})")
+        ref = torch.zeros(o.shape, dtype=torch.float64, device="cuda")
+        flash = torch.zeros_like(o)
+        dout = torch.zeros(1, H, sq, d, dtype=dtype, device="cuda")
+        for b, n in enumerate(lengths):
+            if n == 0:
+                continue
+            qb, kb, vb = q[b:b + 1], dk[b][None], dv[b][None]
+            ref[b] = reference(qb, kb, vb, dout, causal, scale)[0][0]
+            flash[b] = torch_flash(qb, kb, vb, dout, causal, scale)[0][0]
+        ma, rl2 = errors(o, ref)
+        tma, trl2 = errors(flash, ref)
+        check(rl2 <= 1.2 * trl2 and ma <= 2.0 * tma,
+              f"{name}: O rel L2 {rl2:.3e} vs torch flash on the gathered K/V {trl2:.3e} (<= 1.2x), max-abs {ma:.3e} vs "
+              f"{tma:.3e} (<= 2x)")
+        for b, n in enumerate(lengths):
+            if n == 0:
+                check(bool((o[b] == 0).all()), f"{name}: sequence {b} holds no key: O = 0")
+        e_n = explain_paged(q, kn, vn, table, lens, causal=causal, layout="nhd")
+        e_h = explain_paged(q, k_pages, v_pages, table, lens, causal=causal)
+        check((e_n["family"], e_n["config"], e_n["source"]) == (e_h["family"], e_h["config"], e_h["source"]),
+              f"{name}: explain_paged(layout='nhd') {e_n['config']} ({e_n['source']}) is the hnd call's "
+              f"{e_h['config']} ({e_h['source']})")
+
+    # attention_with_kvcache on nhd caches (paged and contiguous [B, S_max, Hk, d]): the new tokens at
+    # [page, slot, :, :], the rest untouched, the same O as the hnd call on the same cache.
+    for lengths, H, Hk, s_new, d, page, causal, dtype in (([5, 0, 100], 8, 2, 1, 128, 64, False, torch.bfloat16),
+                                                          ([30, 200], 4, 1, 16, 128, 32, True, torch.float16)):
+        B = len(lengths)
+        k_pages, v_pages, table, lens, dk, dv = make_paged([n + s_new for n in lengths], Hk, d, page, dtype, gen)
+        for b, n in enumerate(lengths):  # the new tokens' rows blank before the call
+            for i in range(s_new):
+                p = n + i
+                k_pages[int(table[b, p // page]), :, p % page] = float("nan")
+                v_pages[int(table[b, p // page]), :, p % page] = float("nan")
+        k_new = torch.stack([dk[b][:, n:n + s_new] for b, n in enumerate(lengths)])
+        v_new = torch.stack([dv[b][:, n:n + s_new] for b, n in enumerate(lengths)])
+        q = torch.randn(B, H, s_new, d, device="cuda", dtype=dtype, generator=gen)
+        seqlens = lens - s_new
+        s_max = page * -(-max(n + s_new for n in lengths) // page)
+        for paged in (True, False):
+            name = f"kvcache nhd {'paged' if paged else 'contiguous'} H{H}/{Hk} new {s_new} lens {lengths}"
+            if paged:
+                kh, vh, bt = k_pages.clone(), v_pages.clone(), table
+            else:
+                kh = torch.full((B, Hk, s_max, d), float("nan"), dtype=dtype, device="cuda")
+                vh = torch.full_like(kh, float("nan"))
+                for b, n in enumerate(lengths):
+                    kh[b, :, :n], vh[b, :, :n] = dk[b][:, :n], dv[b][:, :n]
+                bt = None
+            kn, vn = to_nhd(kh), to_nhd(vh)  # [pages or B, page or S_max, Hk, d]
+            with torch.no_grad():
+                o_h = attention_with_kvcache(q, kh, vh, k=k_new, v=v_new, cache_seqlens=seqlens, block_table=bt,
+                                             causal=causal)
+                o_n = attention_with_kvcache(q, kn, vn, k=k_new, v=v_new, cache_seqlens=seqlens, block_table=bt,
+                                             causal=causal, layout="nhd")
+            same = lambda x, y: bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())  # noqa: E731
+            check(same(kn, to_nhd(kh)) and same(vn, to_nhd(vh)),
+                  f"{name}: the nhd cache after the call is the hnd cache after it, transposed (new tokens at "
+                  f"[page, slot, :, :], nothing else changed)")
+            check(torch.equal(o_n, o_h) and bool(torch.isfinite(o_n).all()), f"{name}: O bit for bit the hnd call's")
+
+    # The extension's op and the ctypes op, torch.compile, and the errors.
+    k_pages, v_pages, table, lens, _, _ = make_paged([333, 0, 64], 2, 128, 64, torch.bfloat16, gen)
+    kn, vn = to_nhd(k_pages), to_nhd(v_pages)
+    q = torch.randn(3, 8, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if ftt._EXT:
+        pe = torch.ops.flashtune.attention_paged_fwd(q, kn, vn, table, lens, False, 0.0, 0, 1)
+        pc = torch.ops.flashtune_ctypes.attention_paged_fwd(q, kn, vn, table, lens, False, 0.0, 0, 1)
+        check(torch.equal(pe[0], pc[0]) and torch.equal(pe[1], pc[1]), "extension vs ctypes ops: nhd paged forward")
+
+    def f(q):
+        return attention_paged(q, kn, vn, table, lens, max_seqlen_k=333, layout="nhd")
+
+    with torch.no_grad():
+        eager = f(q)
+        compiled = torch.compile(f, fullgraph=True)(q)
+        hnd = attention_paged(q, k_pages, v_pages, table, lens, max_seqlen_k=333)
+    check(torch.equal(eager, compiled), "attention_paged(layout='nhd') under torch.compile(fullgraph=True): as eager")
+    check(torch.equal(eager, hnd), "attention_paged(layout='nhd'): the hnd call's O")
+
+    def ap(k=kn, v=vn, **kw):
+        with torch.no_grad():
+            return attention_paged(q, k, v, table, lens, **kw)
+
+    raises(lambda: ap(layout="NHD"), ValueError, 'layout must be "hnd"', "nhd: layout 'NHD'")
+    raises(lambda: ap(layout=1), ValueError, 'layout must be "hnd"', "nhd: layout 1")
+    raises(lambda: explain_paged(q, kn, vn, table, lens, layout="bshd"), ValueError, 'layout must be "hnd"',
+           "nhd: explain_paged with layout 'bshd'")
+    raises(lambda: attention_with_kvcache(q, kn, vn, cache_seqlens=lens, block_table=table, layout=None), ValueError,
+           'layout must be "hnd"', "nhd: attention_with_kvcache with layout None")
+    # hnd pools [P, 2, 64, 128] read as nhd: 64 kv heads for 8 query heads
+    raises(lambda: ap(k=k_pages, v=v_pages, layout="nhd"), ValueError, "must divide", "nhd: hnd pools given as nhd")
+    # nhd pools read as hnd (the default): 64 kv heads again
+    raises(lambda: ap(), ValueError, "must divide", "nhd: nhd pools given without layout='nhd'")
+    raises(lambda: ap(k=k_pages.transpose(1, 2), v=v_pages.transpose(1, 2), layout="nhd"), ValueError,
+           "must be contiguous", "nhd: a transposed view of hnd pools (not contiguous)")
+    kn3 = torch.randn(kn.shape[0], 64, 3, 128, device="cuda", dtype=torch.bfloat16)
+    raises(lambda: ap(k=kn3, v=kn3, layout="nhd"), ValueError, "must divide", "nhd: 3 kv heads for 8 query heads")
+    with torch.no_grad():
+        raises(lambda: attention_with_kvcache(q, kn, vn, k=q, v=q, cache_seqlens=lens, block_table=table, layout="nhd"),
+               ValueError, "does not match", "nhd: new tokens of 8 heads for a cache of 2")
+
+
 def main():
     ok, why = flashtune.device_available()
     if not ok or not torch.cuda.is_available():
@@ -1221,7 +1370,7 @@ def main():
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
     parts = (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
              streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs, deterministic,
-             scratch_through_torch, window_softcap, alibi, kvcache)
+             scratch_through_torch, window_softcap, alibi, kvcache, paged_nhd)
     names = {p.__name__: p for p in parts + (first_use_tuning,)}  # first_use_tuning only when named
     unknown = [a for a in sys.argv[1:] if a not in names]
     if unknown:

@@ -53,8 +53,8 @@ struct Running {
 };
 
 // A paged cache as the worker builds it (worker/gpu_runner.cpp): the logical K/V ((B, Hk, Sk, d), every kv head
-// its own) scattered into pools of (num_pages, Hk, page_size, d) pages in the block table's order, the rows of a
-// page past its sequence's length NaN (read, they would show).
+// its own) scattered into pools of (num_pages, Hk, page_size, d) pages (Paged::layout nhd: (num_pages, page_size,
+// Hk, d)) in the block table's order, the rows of a page past its sequence's length NaN (read, they would show).
 struct Pools {
   PageTable t;
   std::vector<float> k, v;
@@ -68,12 +68,13 @@ Pools make_pools(const Problem& p, const std::vector<float>& k, const std::vecto
   for (int b = 0; b < p.batch; ++b)
     for (int j = 0; j * P < pl.t.cache_seqlens[b]; ++j) {
       const int page = pl.t.table[(size_t)b * pl.t.max_pages + j], rows = std::min(P, pl.t.cache_seqlens[b] - j * P);
-      for (int h = 0; h < Hk; ++h) {
-        const size_t src = (((size_t)b * Hk + h) * p.seq_k + (size_t)j * P) * d;
-        const size_t dst = (size_t)paged_key_offset(page, Hk, P, h, 0, d);
-        std::copy_n(k.begin() + src, (size_t)rows * d, pl.k.begin() + dst);
-        std::copy_n(v.begin() + src, (size_t)rows * d, pl.v.begin() + dst);
-      }
+      for (int h = 0; h < Hk; ++h)
+        for (int r = 0; r < rows; ++r) {
+          const size_t src = (((size_t)b * Hk + h) * p.seq_k + (size_t)j * P + r) * d;
+          const size_t dst = (size_t)paged_key_offset(p.paged.layout, page, Hk, P, h, r, d);
+          std::copy_n(k.begin() + src, (size_t)d, pl.k.begin() + dst);
+          std::copy_n(v.begin() + src, (size_t)d, pl.v.begin() + dst);
+        }
     }
   return pl;
 }
@@ -152,7 +153,8 @@ Outputs emulate(const Family& f, const Config& cfg, const Problem& p, const floa
               }
               if (!visible) continue;
               EXPECT_LT(j, kv_end);  // loaded, not zero-filled
-              const long long at = pools ? paged_key_offset(page, Hk, p.paged.page_size, kv_head, row_in_page + (j - n0), d)
+              const long long at = pools ? paged_key_offset(p.paged.layout, page, Hk, p.paged.page_size, kv_head,
+                                                            row_in_page + (j - n0), d)
                                          : (bh_kv * Sk + j) * d;
               const float* kj = (pools ? pools->k.data() : k) + at;
               const float* vj = (pools ? pools->v.data() : v) + at;
@@ -259,6 +261,8 @@ TEST(DecodeSplitkv, EmulatedPartitionMatchesReferenceOnRaggedShapes) {
 // page size: per-sequence key ranges and causal limits, blocks found through the seeded block table (never an
 // entry past a sequence's pages, never a block across pages, never a key past the cache length: those rows
 // are NaN), against the reference on the logical cache (paged_forward_reference, what the worker validates).
+// Both pool layouts: head-major pages and token-major ones (FlashAttention's and vLLM's), each read where its
+// offsets put a key.
 TEST(DecodeSplitkv, EmulatedPagedFormMatchesReference) {
   const Family& f = find_family("decode_splitkv");
   const std::vector<Problem> problems =
@@ -269,7 +273,10 @@ TEST(DecodeSplitkv, EmulatedPagedFormMatchesReference) {
   int cases = 0;
   std::set<int> page_sizes;
   bool empty_sequence = false;
-  for (const Problem& p : problems) {
+  for (const Problem& problem : problems)
+  for (PageLayout layout : {PageLayout::hnd, PageLayout::nhd}) {
+    Problem p = problem;
+    p.paged.layout = layout;
     ASSERT_TRUE(p.paged.enabled()) << p.str();
     page_sizes.insert(p.paged.page_size);
     const int bhk = p.batch * p.kv_heads();
@@ -295,7 +302,7 @@ TEST(DecodeSplitkv, EmulatedPagedFormMatchesReference) {
       ++cases;
     }
   }
-  EXPECT_GE(cases, (int)problems.size() * 2);
+  EXPECT_GE(cases, (int)problems.size() * 4);
   EXPECT_TRUE(empty_sequence);  // the set holds a sequence without keys
   EXPECT_GE(page_sizes.size(), 4u);
 }
@@ -361,7 +368,8 @@ TEST(DecodeSplitkv, GeometryAndConstraints) {
 TEST(DecodeSplitkv, ServesDecodingShapesOnly) {
   const Family& f = find_family("decode_splitkv");
   ASSERT_GT(f.max_seq_q, 0);
-  for (const char* file : {"ragged_decode.json", "decode_bf16.json", "ragged_decode_paged.json", "decode_paged_bf16.json"})
+  for (const char* file : {"ragged_decode.json", "decode_bf16.json", "ragged_decode_paged.json", "decode_paged_bf16.json",
+                           "ragged_decode_paged_nhd.json", "decode_paged_nhd_bf16.json"})
     for (const Problem& p : load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/" + file))
       EXPECT_EQ(f.shape_reason(p), "") << file << " " << p.str();
   Problem p;

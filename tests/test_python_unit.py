@@ -77,6 +77,7 @@ class StructLayout(unittest.TestCase):
         for name, value in _lib.STATUS_NAMES.items():
             self.assertEqual(e[value], name, value)
         self.assertEqual({"fp32": e["FT_FP32"], "fp16": e["FT_FP16"], "bf16": e["FT_BF16"]}, _lib.DTYPES)
+        self.assertEqual({"hnd": e["FT_PAGES_HND"], "nhd": e["FT_PAGES_NHD"]}, _lib.PAGE_LAYOUTS)
 
 
 class ImportWithoutTorch(unittest.TestCase):
@@ -350,6 +351,27 @@ class PagedArgumentChecks(unittest.TestCase):
         self.assertEqual(bytes(slow), bytes(fast))
         with self.assertRaisesRegex(ValueError, "does not fit"):
             _lib.pack_paged_forward((2**31, *sizes[1:]), 0x7000, 0x7100, 2, 0, 0.0, *[flat(self.Q)] * 4, 0)
+        # Token-major pools: the layout code in the struct's last field, both packers alike.
+        nhd_pool = (0x5000, (64 * 2 * 128, 2 * 128, 128, 1))  # [num_pages, page_size, heads_k, d]
+        slow = self.fwd(scale=0.125, k_pages=nhd_pool, v_pages=nhd_pool, layout="nhd")
+        fast = _lib.pack_paged_forward(sizes, 0x7000, 0x7100, _lib.DTYPES["bf16"], 1, 0.125, flat(self.Q),
+                                       flat(nhd_pool), flat(nhd_pool), flat(self.Q), 0x2000, _lib.FT_PAGES_NHD)
+        self.assertEqual(bytes(slow), bytes(fast))
+        self.assertEqual(fast.layout, _lib.FT_PAGES_NHD)
+
+    def test_layout(self):
+        self.assertEqual(self.fwd().layout, _lib.FT_PAGES_HND)  # the default: head-major pages, ABI 0.6's meaning
+        self.assertEqual(self.fwd(layout="hnd").layout, 0)
+        self.assertEqual(self.fwd(layout="nhd").layout, 1)
+        self.assertEqual(_lib.PAGE_LAYOUTS, {"hnd": 0, "nhd": 1})
+        for bad in ("NHD", "bshd", "", None, 1, b"nhd", ["nhd"]):
+            with self.assertRaises(ValueError) as cm:
+                self.fwd(layout=bad)
+            self.assertNotIn("\n", str(cm.exception))
+            self.assertRegex(str(cm.exception), r'^layout: layout must be "hnd" \(\[num_pages, heads_k, page_size, '
+                                                r'head_dim\]\) or "nhd"')
+        with self.assertRaisesRegex(ValueError, r"^flashtune\.torch\.attention_paged: layout must be .* got 'x'$"):
+            _lib.page_layout_code("flashtune.torch.attention_paged", "x")
 
 
 class WithLibrary(unittest.TestCase):
@@ -500,6 +522,27 @@ class WithLibrary(unittest.TestCase):
             call(_lib.explain_paged_forward_text, sizes=dict(sizes, head_dim=96), q=(0x1000, (8 * 96, 96, 96, 1)),
                  o=(0x1000, (8 * 96, 96, 96, 1)), k_pages=(0x5000, (2 * 64 * 96, 64 * 96, 96, 1)),
                  v_pages=(0x5000, (2 * 64 * 96, 64 * 96, 96, 1)))
+        # The pools' layout (ABI 0.7): the head-major message names FT_PAGES_NHD for FlashAttention's layout; a
+        # token-major call checks its own view [num_pages, page_size, heads_k, d]; another value is refused.
+        with self.assertRaisesRegex(flashtune.InvalidArgumentError, "is layout FT_PAGES_NHD"):
+            call(lambda a: _lib.paged_forward(a, 0), k_pages=(0x5000, (2 * 64 * 128, 128, 2 * 128, 1)))
+        nhd = (0x5000, (64 * 2 * 128, 2 * 128, 128, 1))
+        with self.assertRaisesRegex(flashtune.InvalidArgumentError, "k_pages is not a contiguous \\[num_pages, "
+                                                                    "page_size, heads_k, head_dim\\] pool"):
+            call(lambda a: _lib.paged_forward(a, 0), layout="nhd", v_pages=nhd)  # k_pages head-major
+        with self.assertRaisesRegex(flashtune.UnsupportedError, "page_size 16 is not one decode_splitkv reads"):
+            call(lambda a: _lib.paged_forward(a, 0), layout="nhd", sizes=dict(sizes, page_size=16),
+                 k_pages=(0x5000, (16 * 2 * 128, 2 * 128, 128, 1)), v_pages=(0x5000, (16 * 2 * 128, 2 * 128, 128, 1)))
+
+        def raw(layout):
+            a = _lib.paged_forward_args(sizes=dict(sizes), block_table=0x7000, cache_seqlens=0x7100, dtype="bf16",
+                                        causal=False, scale=None, q=q, k_pages=pool, v_pages=pool, o=q, lse=0, heads_k=2)
+            a.layout = layout
+            _lib.paged_forward(a, 0)
+
+        for bad in (2, -1):
+            with self.assertRaisesRegex(flashtune.InvalidArgumentError, "layout must be FT_PAGES_HND .* got " + str(bad)):
+                raw(bad)
 
 
 class TorchKeywordFlags(unittest.TestCase):

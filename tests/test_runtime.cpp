@@ -1077,11 +1077,13 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
     const Compiler compiler(a.arch);
     const AotPlan plan = aot_variants(ts, a);
     std::set<std::string> planned, needed;
-    int packed = 0, paged = 0;
+    int packed = 0, paged = 0, nhd = 0;
     for (const Variant& v : plan.variants) {
       planned.insert(compiler.variant_hash(v));
       packed += v.varlen;
       paged += v.paged;
+      nhd += v.page_layout == PageLayout::nhd;
+      EXPECT_TRUE(v.page_layout == PageLayout::hnd || (v.paged && v.family->paged_nhd)) << v.family->name;
       EXPECT_TRUE(!v.varlen || v.family->varlen) << v.family->name;
       EXPECT_TRUE(!v.paged || v.family->paged) << v.family->name;
       EXPECT_TRUE(!v.family->hopper_only || a.hopper) << entry << " " << v.family->name;
@@ -1094,6 +1096,7 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
     EXPECT_EQ(planned.size(), plan.variants.size()) << "duplicates";
     EXPECT_GT(packed, 0) << entry << ": packed calls' kernels";
     EXPECT_GT(paged, 0) << entry << ": paged calls' kernels";
+    EXPECT_EQ(2 * nhd, paged) << entry << ": every paged kernel in both pool layouts";
     bool hopper_skipped = false;
     // Every (variant, first query that picks it): hashed once each after the sweep (a hash costs more than a pick).
     std::map<std::string, std::pair<Variant, std::string>> picked;
@@ -1124,11 +1127,15 @@ TEST(RuntimeAot, PlanHoldsEveryPickAndDefault) {
                           hopper_skipped = true;
                           continue;
                         }
-                        for (const Config& c : {p.config, fallback_config(*p.family, q)}) {
-                          const Variant v{p.family, c, d, causal, t, varlen, page > 0};
+                        // A paged call runs the same config in either pool layout: both forms are needed.
+                        for (const Config& c : {p.config, fallback_config(*p.family, q)})
+                        for (PageLayout layout : {PageLayout::hnd, PageLayout::nhd}) {
+                          if (layout == PageLayout::nhd && !(page && p.family->paged_nhd)) continue;
+                          const Variant v{p.family, c, d, causal, t, varlen, page > 0, 0, layout};
                           const std::string key = p.family->name + " " + p.family->config_string(c) + " d=" +
                                                   std::to_string(d) + " " + to_string(t) + (causal ? " causal" : "") +
-                                                  (varlen ? " packed" : "") + (page ? " paged" : "");
+                                                  (varlen ? " packed" : "") + (page ? " paged" : "") +
+                                                  (layout == PageLayout::nhd ? " nhd" : "");
                           if (!picked.count(key))
                             picked.emplace(key, std::pair{v, "seq " + std::to_string(seq) + " Sq " + std::to_string(seq_q) +
                                                                  " BxHk " + std::to_string(bh) +
@@ -1790,6 +1797,46 @@ TEST(RuntimeArgs, PagedForwardChecks) {
   EXPECT_EQ(std::vector<int64_t>(pool.ext, pool.ext + 4), (std::vector<int64_t>{1, 8, 1 << 20, 128}));
 }
 
+// Token-major pools (layout FT_PAGES_NHD, ABI 0.7: FlashAttention's and vLLM's [num_pages, page_size, heads_k, d]):
+// checked as that view; a head-major pool given as token-major (and the reverse) refused in one line; a layout
+// other than 0 and 1 refused; the problem and the plan key carry it, the config lookup does not.
+TEST(RuntimeArgs, PagedForwardLayouts) {
+  ft_paged_forward_args a = good_paged_forward();
+  a.layout = FT_PAGES_NHD;
+  a.k_pages = a.v_pages = contiguous(64, 2, 128);  // [num_pages, 64 keys, 2 kv heads, 128]
+  EXPECT_EQ(check_paged_forward(&a).status, FT_OK) << check_paged_forward(&a).message;
+  const TensorArg pool = tensor_args(&a)[1];
+  EXPECT_EQ(std::vector<int64_t>(pool.ext, pool.ext + 4), (std::vector<int64_t>{40, 64, 2, 128}));
+  EXPECT_TRUE(pool.pool && direct(pool));
+  const Refusal<ft_paged_forward_args> cases[] = {
+      {[](ft_paged_forward_args& x) { x.layout = 2; }, FT_INVALID_ARGUMENT,
+       "layout must be FT_PAGES_HND (0: [num_pages, heads_k, page_size, d]) or FT_PAGES_NHD (1: [num_pages, page_size, "
+       "heads_k, d]), got 2"},
+      {[](ft_paged_forward_args& x) { x.layout = -1; }, FT_INVALID_ARGUMENT, "layout must be FT_PAGES_HND"},
+      // the head-major pool of good_paged_forward() given as token-major
+      {[](ft_paged_forward_args& x) { x.k_pages = contiguous(2, 64, 128); }, FT_INVALID_ARGUMENT,
+       "k_pages is not a contiguous [num_pages, page_size, heads_k, head_dim] pool (strides 16384, 8192, 128, 1, want "
+       "16384, 256, 128, 1): pages are read in place (layout FT_PAGES_NHD)"},
+      {[](ft_paged_forward_args& x) { x.v_pages.data = g_fake + 8; }, FT_INVALID_ARGUMENT, "v_pages is not 16-byte aligned"},
+      {[](ft_paged_forward_args& x) { x.page_size = 16, x.max_seqlen_k = 0; }, FT_UNSUPPORTED,
+       "page_size 16 is not one decode_splitkv reads"},
+  };
+  expect_refusals(a, cases, check_paged_forward, ft_attention_paged_forward, ft_explain_paged_forward,
+                  ft_explain_paged_forward_text);
+  // A token-major pool given as head-major (layout 0): FlashAttention's layout named.
+  ft_paged_forward_args h = a;
+  h.layout = FT_PAGES_HND;
+  EXPECT_EQ(check_paged_forward(&h).status, FT_INVALID_ARGUMENT);
+  EXPECT_NE(check_paged_forward(&h).message.find("is layout FT_PAGES_NHD"), std::string::npos)
+      << check_paged_forward(&h).message;
+  // The C++ interface carries the field; a zeroed struct is head-major.
+  flashtune::runtime::PagedForwardArgs cpp;
+  EXPECT_EQ(cpp.c().layout, FT_PAGES_HND);
+  cpp.layout = FT_PAGES_NHD;
+  EXPECT_EQ(cpp.c().layout, FT_PAGES_NHD);
+  EXPECT_EQ(ft_paged_forward_args{}.layout, FT_PAGES_HND);
+}
+
 TEST(RuntimeArgs, LayoutAligns) {
   Layout l;
   EXPECT_EQ(l.add(10), 0u);
@@ -1894,5 +1941,5 @@ TEST(RuntimeCApi, NoGpuIsOneLine) {
   EXPECT_EQ(round.k_pages.stride[0], 5);
   EXPECT_EQ(round.v_pages.stride[3], 12);
   EXPECT_EQ(round.o.stride[0], 13);
-  EXPECT_EQ(runtime::version(), "0.6.0");
+  EXPECT_EQ(runtime::version(), "0.7.0");
 }

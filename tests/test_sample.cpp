@@ -185,7 +185,8 @@ TEST(Sample, DefaultVariantsSpanHeadDimsMasksDtypes) {
     const auto vs = default_variants(f);
     const size_t dense = f.head_dims.size() * 2 * f.dtypes.size();
     const size_t packed = f.varlen ? f.head_dims.size() * 2 : 0;  // one dtype: see default_variants
-    const size_t paged = f.paged ? f.head_dims.size() * 2 : 0;
+    // The paged form at every head dim and mask; its token-major pages (paged_nhd) non-causal at every head dim.
+    const size_t paged = (f.paged ? f.head_dims.size() * 2 : 0) + (f.paged_nhd ? f.head_dims.size() : 0);
     // Score modifications (fa3_wgmma): all of them at every head dim and mask, each alone at the last head dim.
     const size_t mods = f.mods ? f.head_dims.size() * 2 + (f.mods == (kModWindow | kModSoftcap | kModAlibi) ? 6 : 0) : 0;
     EXPECT_EQ(vs.size(), dense + packed + paged + mods) << f.name;
@@ -242,6 +243,12 @@ TEST(Sample, PagedFormCoveredWhereTheSpaceListsIt) {
   for (int d : s.head_dims) EXPECT_TRUE(covered.count("paged:d=" + std::to_string(d))) << d;
   for (const char* f : {"paged:dtype=fp16", "paged:dtype=bf16", "paged:causal=0", "paged:causal=1", "paged:BLOCK_N=32",
                         "paged:BLOCK_N=256", "paged:STAGES=1", "paged:STAGES=2", "paged:WARPS=8", "paged:SPLITS=1"})
+    EXPECT_TRUE(covered.count(f)) << f;
+  // The token-major pages ("page_layouts": ["hnd", "nhd"]) are kernels of their own: covered likewise.
+  ASSERT_EQ(s.page_layouts, (std::vector<PageLayout>{PageLayout::hnd, PageLayout::nhd}));
+  for (int d : s.head_dims) EXPECT_TRUE(covered.count("paged-nhd:d=" + std::to_string(d))) << d;
+  for (const char* f : {"paged-nhd:BLOCK_N=32", "paged-nhd:BLOCK_N=256", "paged-nhd:STAGES=1", "paged-nhd:STAGES=2",
+                        "paged-nhd:WARPS=2", "paged-nhd:WARPS=8"})
     EXPECT_TRUE(covered.count(f)) << f;
   Space dense = s;
   dense.paged = {false};

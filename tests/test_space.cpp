@@ -583,6 +583,67 @@ TEST(Problems, PagedCacheDescriptionAndIdentity) {
                UsageError);
 }
 
+// The pools' layout (Paged::layout): token-major pages (FlashAttention's and vLLM's [num_pages, page_size, Hk, d])
+// are another problem, their key, str and JSON say so; head-major ("hnd", the default) keeps the key it had before
+// layouts existed (stored rows stay theirs). Bad layouts are refused in one line.
+TEST(Problems, PagedLayoutIsPartOfTheIdentity) {
+  auto with = [](const std::string& paged) {
+    return problems_from_json(json::parse(R"({"problems":[{"heads":32,"heads_k":8,"batch":2,"seq_q":1,"seq_k":1000,)"
+                                          R"("head_dim":128,"dtype":"bf16","paged":)" + paged + "}]}")).at(0);
+  };
+  const Problem hnd = with(R"({"page_size":256})"), hnd_named = with(R"({"page_size":256,"layout":"hnd"})");
+  const Problem nhd = with(R"({"page_size":256,"layout":"nhd"})");
+  EXPECT_EQ(hnd, hnd_named);
+  EXPECT_EQ(hnd.paged.layout, PageLayout::hnd);
+  EXPECT_EQ(hnd_named.paged.key(), R"({"page_size":256,"seed":0})");  // unchanged by the default written out
+  EXPECT_EQ(nhd.paged.layout, PageLayout::nhd);
+  EXPECT_NE(nhd, hnd);
+  EXPECT_EQ(nhd.paged.key(), R"({"layout":"nhd","page_size":256,"seed":0})");
+  EXPECT_THAT(nhd.str(), HasSubstr("paged page 256 seed 0 nhd"));
+  EXPECT_EQ(problem_from_json(to_json(nhd)), nhd);  // round trip (the store reads the key back this way)
+  EXPECT_DOUBLE_EQ(nhd.bytes(), hnd.bytes());        // the same bytes read
+  EXPECT_EQ(nhd.paged.seq_len(1, nhd.seq_k), 1000);
+  const Problem ragged = with(R"({"page_size":64,"seed":3,"seq_lens_k":[1000,0],"layout":"nhd"})");
+  EXPECT_THAT(ragged.str(), HasSubstr("page 64 seed 3 lens [1000,0] nhd"));
+  EXPECT_EQ(page_table(ragged.paged, ragged.batch, ragged.seq_k).table,
+            page_table(with(R"({"page_size":64,"seed":3,"seq_lens_k":[1000,0]})").paged, 2, 1000).table);  // same table
+  for (const char* bad : {R"({"page_size":256,"layout":"NHD"})", R"({"page_size":256,"layout":"bhsd"})",
+                          R"({"page_size":256,"layout":1})", R"({"page_size":256,"layout":null})",
+                          R"({"page_size":256,"layout":["nhd"]})", R"({"page_size":256,"layout":""})"}) {
+    try {
+      with(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+      EXPECT_THAT(e.what(), HasSubstr("paged 'layout' must be \"hnd\"")) << bad;
+    }
+  }
+  EXPECT_STREQ(to_string(PageLayout::nhd), "nhd");
+  EXPECT_EQ(page_layout_from_string("hnd"), PageLayout::hnd);
+  EXPECT_EQ(page_layout_from_string("x"), std::nullopt);
+}
+
+// The two layouts' offsets: the same (page, head, key) in both is the same element of a page transposed, a
+// head-major page's rows d apart, a token-major page's heads_k*d apart, each page's elements addressed once.
+TEST(Problems, PagedKeyOffsetsOfBothLayouts) {
+  const int Hk = 3, P = 32, d = 64;
+  std::vector<int> hits_hnd((size_t)2 * Hk * P * d, 0), hits_nhd(hits_hnd.size(), 0);
+  for (int page = 0; page < 2; ++page)
+    for (int h = 0; h < Hk; ++h)
+      for (int r = 0; r < P; ++r) {
+        const long long a = paged_key_offset(PageLayout::hnd, page, Hk, P, h, r, d);
+        const long long b = paged_key_offset(PageLayout::nhd, page, Hk, P, h, r, d);
+        EXPECT_EQ(a, paged_key_offset(page, Hk, P, h, r, d));
+        EXPECT_EQ(b, (((long long)page * P + r) * Hk + h) * d);
+        if (r > 0) {
+          EXPECT_EQ(a - paged_key_offset(PageLayout::hnd, page, Hk, P, h, r - 1, d), d);
+          EXPECT_EQ(b - paged_key_offset(PageLayout::nhd, page, Hk, P, h, r - 1, d), (long long)Hk * d);
+        }
+        for (int c = 0; c < d; ++c) ++hits_hnd[(size_t)(a + c)], ++hits_nhd[(size_t)(b + c)];
+      }
+  for (size_t i = 0; i < hits_hnd.size(); ++i) ASSERT_TRUE(hits_hnd[i] == 1 && hits_nhd[i] == 1) << i;
+}
+
 // The block table: every page a sequence uses once, in a seeded order that is not the logical one, -1 past a
 // sequence's pages; the same on every machine (the values below are what splitmix64 gives).
 TEST(Problems, PagedBlockTableIsASeededPermutation) {
@@ -687,6 +748,47 @@ TEST(Family, PagedFormFollowsTheProblem) {
   // The compiler refuses the paged form of a family that has none, before NVRTC.
   Variant v{&mma, mma.default_config, 64, false, DType::bf16, false, true};
   EXPECT_EQ(sm90.prune_before_compile(v), "does not read paged K/V caches");
+
+  // Token-major pages (Paged::layout nhd): the paged kernels on PagedNhdTraits (the head-major ones keep their
+  // names), picked by the problem's layout; the same configs and page condition.
+  EXPECT_TRUE(f.paged_nhd);
+  for (const auto& g : families()) EXPECT_TRUE(!g.paged_nhd || g.paged) << g.name;
+  EXPECT_EQ(f.name_expressions(f.default_config, 128, false, DType::bf16, false, true, 0, PageLayout::nhd),
+            (std::vector<std::string>{
+                "&flashtune::decode_splitkv_partial<flashtune::PagedNhdTraits<flashtune::DecodeSplitkvTraits<128,16,64,4,2,1,false>>, true>",
+                "&flashtune::decode_splitkv_combine<flashtune::PagedNhdTraits<flashtune::DecodeSplitkvTraits<128,16,64,4,2,1,false>>, true>"}));
+  EXPECT_EQ(f.name_expressions(f.default_config, 128, false, DType::bf16, false, false, 0, PageLayout::nhd),
+            f.name_expressions(f.default_config, 128, false, DType::bf16));  // a layout only of the paged form
+  Problem nhd = p;
+  nhd.paged.layout = PageLayout::nhd;
+  EXPECT_EQ(f.shape_reason(nhd), "");
+  EXPECT_EQ(mma.shape_reason(nhd), "does not read paged K/V caches");
+  const auto vn = variants_for(s, {nhd});
+  ASSERT_EQ(vn.size(), 2u);
+  for (const auto& v : vn) EXPECT_TRUE(v.paged && v.page_layout == PageLayout::nhd);
+  EXPECT_EQ(variants_for(s, {p, nhd}).size(), 4u);  // each layout its own kernels
+  EXPECT_NE(sm90.variant_hash(vn[0]), sm90.variant_hash(vp[0]));
+  const auto cn = search_candidates(s, nhd, sm90, Shard{});
+  ASSERT_EQ(cn.size(), 1u);  // BLOCK_N 64 reads 64-key pages, as head-major
+  EXPECT_EQ(cn[0].v.config[1], 64);
+  EXPECT_EQ(cn[0].v.page_layout, PageLayout::nhd);
+  // Spaces list the layouts to compile ("page_layouts", with "paged": [.., true]).
+  const Space layouts = space_from_json(json::parse(R"({"family":"decode_splitkv","params":{"SPLITS":[4],"BLOCK_N":[64,128],
+      "WARPS":[4],"STAGES":[1]},"head_dims":[128],"causal":[false],"dtypes":["bf16"],"paged":[false,true],
+      "page_layouts":["hnd","nhd"]})"));
+  EXPECT_EQ(layouts.size(), 6u);
+  const auto lv = layouts.variants();
+  ASSERT_EQ(lv.size(), 6u);
+  EXPECT_EQ(std::count_if(lv.begin(), lv.end(), [](const Variant& x) { return x.page_layout == PageLayout::nhd; }), 2);
+  for (const auto& x : lv) EXPECT_TRUE(x.paged || x.page_layout == PageLayout::hnd);
+  for (const char* bad : {R"({"family":"decode_splitkv","paged":[false,true],"page_layouts":["NHD"]})",
+                          R"({"family":"decode_splitkv","paged":[false,true],"page_layouts":[]})",
+                          R"({"family":"decode_splitkv","paged":[false,true],"page_layouts":"nhd"})",
+                          R"({"family":"decode_splitkv","page_layouts":["nhd"]})",
+                          R"({"family":"fa2_mma","page_layouts":["nhd"]})"})
+    EXPECT_THROW(space_from_json(json::parse(bad)), UsageError) << bad;
+  Variant wrong{&mma, mma.default_config, 64, false, DType::bf16, false, false, 0, PageLayout::nhd};
+  EXPECT_EQ(sm90.prune_before_compile(wrong), "a page layout goes with the paged form");
 }
 
 // The varlen form of a family's kernels: `kernel<Traits, true>`, picked by the problem; a family without it

@@ -506,15 +506,17 @@ TEST(Validate, ForwardInputsTileDistinctUnitsAtScale) {
   EXPECT_EQ(forward_distinct_units(small), 64);
   for (const auto& e : std::filesystem::directory_iterator(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems")) {
     if (e.path().extension() != ".json" || e.path().filename() == "decode_bf16.json" ||
-        e.path().filename() == "decode_paged_bf16.json")  // the same shapes from a paged cache
+        e.path().filename() == "decode_paged_bf16.json" ||  // the same shapes from a paged cache
+        e.path().filename() == "decode_paged_nhd_bf16.json")  // and from token-major pages
       continue;
     for (const Problem& p : load_problems(e.path().string()))
       if (p.direction == "fwd")
         EXPECT_EQ(forward_distinct_units(p), p.batch * p.kv_heads()) << e.path().filename() << " " << p.str();
   }
   auto decode = load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/decode_bf16.json");
-  for (const Problem& p : load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/decode_paged_bf16.json"))
-    decode.push_back(p);
+  for (const char* paged : {"decode_paged_bf16.json", "decode_paged_nhd_bf16.json"})
+    for (const Problem& p : load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/" + paged))
+      decode.push_back(p);
   ASSERT_FALSE(decode.empty());
   int tiled = 0;
   for (const Problem& p : decode) {

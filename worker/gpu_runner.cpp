@@ -395,8 +395,9 @@ void GpuRunner::prepare_varlen_bwd(const Problem& p, unsigned long long seed) {
 }
 
 // Paged forward: the dense forward's generated inputs (the same streams, units tiled over the B*Hk kv heads
-// past 2^30 elements a tensor) are the logical K and V; each page of the pools (num_pages, Hk, P, d) gets its
-// sequence's rows of every kv head, in the block table's seeded order. A page's rows past its sequence's
+// past 2^30 elements a tensor) are the logical K and V; each page of the pools (num_pages, Hk, P, d), or
+// (num_pages, P, Hk, d) for token-major pages (Paged::layout), gets its sequence's rows of every kv head, in the
+// block table's seeded order. A page's rows past its sequence's
 // length hold NaN: a kernel that read a key past the cache length would show it. Pages go up in staging
 // chunks of whole pages (the B = 64, Sk = 128k point's pools are 17 GB each).
 void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, long long max_rows) {
@@ -435,10 +436,13 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
         const auto [b, j] = owner[first + i];
         const int rows = std::min(P, t.cache_seqlens[b] - j * P);  // the page's keys; the rest NaN
         for (int h = 0; h < Hk; ++h) {
-          uint8_t* dst = staging.data() + i * page_bytes + (size_t)paged_key_offset(0, Hk, P, h, 0, d) * elem;
-          const size_t unit = (size_t)(b * Hk + h) % units;  // the logical kv head's distinct unit
-          std::memcpy(dst, logical->bytes.data() + (unit * unit_k + (size_t)j * P * d) * elem, (size_t)rows * d * elem);
-          for (size_t e = (size_t)rows * d; e < (size_t)P * d; ++e) std::memcpy(dst + e * elem, &nan, elem);
+          const uint8_t* src = logical->bytes.data() + ((size_t)(b * Hk + h) % units * unit_k + (size_t)j * P * d) * elem;
+          for (int r = 0; r < P; ++r) {  // row r of the page's kv head h, where the layout puts it
+            uint8_t* dst = staging.data() + i * page_bytes + (size_t)paged_key_offset(p.paged.layout, 0, Hk, P, h, r, d) * elem;
+            if (r < rows) std::memcpy(dst, src + (size_t)r * d * elem, (size_t)d * elem);
+            else
+              for (int e = 0; e < d; ++e) std::memcpy(dst + (size_t)e * elem, &nan, elem);
+          }
         }
       }
       CU_CHECK(cuMemcpyHtoD(pool->ptr + first * page_bytes, staging.data(), n * page_bytes));

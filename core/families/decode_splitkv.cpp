@@ -27,6 +27,7 @@ Family make_decode_splitkv() {
   f.default_config = {16, 64, 4, 2};
   f.gqa = true;
   f.paged = true;  // decode_splitkv_partial / _combine<Traits, true> on PagedParams
+  f.paged_nhd = true;  // and <PagedNhdTraits<Traits>, true>: token-major pages
   struct Named {  // the config by name (the order of f.params)
     int splits, block_n, warps, stages;
     explicit Named(const Config& c) : splits(c.at(0)), block_n(c.at(1)), warps(c.at(2)), stages(c.at(3)) {}

@@ -13,7 +13,8 @@
 //   flashtune::attention_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale) -> (o, lse [H, total_q])
 //   flashtune::attention_varlen_bwd(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal, scale)
 //   flashtune::attention_paged_fwd(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale,
-//                                  max_seqlen_k) -> (o, lse)                    forward only
+//                                  max_seqlen_k, layout) -> (o, lse)            forward only; layout an
+//                                  ft_page_layout code (0 "hnd", 1 "nhd": flashtune.torch maps the names)
 // Kernels: CUDA (the work) and CPU (only to say, in one line, that the tensors must be on a GPU); Autograd for
 // the two forwards (lse is an output without a gradient: marked non-differentiable). The fake (meta)
 // implementations torch.compile needs live in Python (flashtune/torch.py, named by set_python_module).
@@ -296,14 +297,27 @@ void check_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                     " x max_seqlen_k ", n(max_k), ": some sequence would be longer than max_seqlen_k");
 }
 
-// The paged layout: q [B, H, Sq, d], contiguous pools [num_pages, Hk, page_size, d], int32 block table
-// [B, max_pages] and cache lengths [B] on q's device; flashtune.torch.attention_paged words these errors first.
+// The pools' dimensions of their layout: heads_k and page_size are dims 1 and 2 (hnd), or 2 and 1 (nhd).
+struct PoolDims {
+  int heads_k_dim, page_dim;
+  const char* shape;
+};
+PoolDims pool_dims(int64_t layout) {
+  return layout == FT_PAGES_NHD ? PoolDims{2, 1, "[num_pages, page_size, heads_k, head_dim]"}
+                                : PoolDims{1, 2, "[num_pages, heads_k, page_size, head_dim]"};
+}
+
+// The paged layout: q [B, H, Sq, d], contiguous pools [num_pages, Hk, page_size, d] (layout 1, nhd: [num_pages,
+// page_size, Hk, d]), int32 block table [B, max_pages] and cache lengths [B] on q's device;
+// flashtune.torch.attention_paged words these errors first.
 void check_paged(const Tensor& q, const Tensor& kp, const Tensor& vp, const Tensor& table, const Tensor& lens,
-                 int64_t max_seqlen_k) {
+                 int64_t max_seqlen_k, int64_t layout) {
   const char* fn = kPaged;
+  TORCH_CHECK_VALUE(layout == FT_PAGES_HND || layout == FT_PAGES_NHD, fn,
+                    ": layout must be 0 (\"hnd\") or 1 (\"nhd\"), got ", n(layout));
+  const PoolDims pd = pool_dims(layout);
   TORCH_CHECK_VALUE(q.dim() == 4 && kp.dim() == 4 && vp.dim() == 4, fn,
-                    ": q [batch, heads, seq_q, head_dim] and the pools [num_pages, heads_k, page_size, head_dim] "
-                    "must be 4-D, got ",
+                    ": q [batch, heads, seq_q, head_dim] and the pools ", pd.shape, " must be 4-D, got ",
                     shape_str(q), ", ", shape_str(kp), ", ", shape_str(vp));
   check_qkv_devices(fn, q, kp, vp);
   check_int_tensor(fn, "block_table", table, 2, q);
@@ -316,17 +330,16 @@ void check_paged(const Tensor& q, const Tensor& kp, const Tensor& vp, const Tens
                    "torch.bfloat16");
   TORCH_CHECK_VALUE(kp.sizes() == vp.sizes(), fn, ": k_pages ", shape_str(kp), " and v_pages ", shape_str(vp),
                     " differ in shape");
-  const int64_t B = q.size(0), H = q.size(1), Hk = kp.size(1);
-  TORCH_CHECK_VALUE(Hk != 0 && H % Hk == 0, fn, ": q has ", n(H), " heads, the pools ", n(Hk),
-                    "; the pools' heads must divide q's (grouped-query attention)");
+  const int64_t B = q.size(0), H = q.size(1), Hk = kp.size(pd.heads_k_dim);
+  TORCH_CHECK_VALUE(Hk != 0 && H % Hk == 0, fn, ": q has ", n(H), " heads, the pools ", n(Hk), " (pools ", pd.shape,
+                    ")", "; the pools' heads must divide q's (grouped-query attention)");
   TORCH_CHECK_VALUE(kp.size(3) == q.size(3), fn, ": head dims differ (q ", n(q.size(3)), ", pools ", n(kp.size(3)), ")");
-  TORCH_CHECK_VALUE(kp.is_contiguous() && vp.is_contiguous(), fn,
-                    ": the pools must be contiguous [num_pages, heads_k, page_size, head_dim] (read in place, never "
-                    "copied)");
+  TORCH_CHECK_VALUE(kp.is_contiguous() && vp.is_contiguous(), fn, ": the pools must be contiguous ", pd.shape,
+                    " (read in place, never copied)");
   TORCH_CHECK_VALUE(table.size(0) == B && lens.size(0) == B, fn, ": batch sizes differ (q ", n(B), ", block_table ",
                     n(table.size(0)), ", cache_seqlens ", n(lens.size(0)), ")");
   TORCH_CHECK_VALUE(table.size(1) != 0, fn, ": block_table has no columns (max_pages must be at least 1)");
-  const int64_t capacity = table.size(1) * kp.size(2);
+  const int64_t capacity = table.size(1) * kp.size(pd.page_dim);
   TORCH_CHECK_VALUE(max_seqlen_k >= 0 && max_seqlen_k <= capacity, fn, ": max_seqlen_k = ", n(max_seqlen_k),
                     " is out of range [0, max_pages x page_size = ", n(capacity), "]");
   TORCH_CHECK_VALUE(capacity <= kMaxPagedKeys, fn, ": max_pages x page_size = ", n(capacity),
@@ -580,14 +593,15 @@ std::tuple<Tensor, Tensor, Tensor> attention_varlen_bwd_cuda(const Tensor& dout,
 
 std::tuple<Tensor, Tensor> attention_paged_fwd_cuda(const Tensor& q_, const Tensor& kp, const Tensor& vp,
                                                     const Tensor& table_, const Tensor& lens_, bool causal,
-                                                    double scale, int64_t max_seqlen_k) {
-  check_paged(q_, kp, vp, table_, lens_, max_seqlen_k);
+                                                    double scale, int64_t max_seqlen_k, int64_t layout) {
+  check_paged(q_, kp, vp, table_, lens_, max_seqlen_k, layout);
+  const PoolDims pd = pool_dims(layout);
   const c10::cuda::CUDAGuard guard(q_.device());
   const int64_t B = q_.size(0), H = q_.size(1), Sq = q_.size(2), d = q_.size(3);
   Tensor o = at::empty({B, H, Sq, d}, q_.options());
   Tensor lse = at::empty({B, H, Sq}, q_.options().dtype(at::kFloat));
   if (o.numel() == 0) return {o, lse};
-  if (kp.size(0) == 0 || kp.size(2) == 0) {  // no pages: no sequence holds a key
+  if (kp.size(0) == 0 || kp.size(pd.page_dim) == 0) {  // no pages: no sequence holds a key
     o.zero_();
     lse.fill_(std::numeric_limits<float>::infinity());
     return {o, lse};
@@ -597,11 +611,11 @@ std::tuple<Tensor, Tensor> attention_paged_fwd_cuda(const Tensor& q_, const Tens
   ft_paged_forward_args a{};
   a.batch = to_int(B, "batch", kPaged);
   a.heads = to_int(H, "heads", kPaged);
-  a.heads_k = to_int(kp.size(1), "heads_k", kPaged);
+  a.heads_k = to_int(kp.size(pd.heads_k_dim), "heads_k", kPaged);
   a.seq_q = to_int(Sq, "seq_q", kPaged);
   a.head_dim = to_int(d, "head_dim", kPaged);
   a.num_pages = to_int(kp.size(0), "num_pages", kPaged);
-  a.page_size = to_int(kp.size(2), "page_size", kPaged);
+  a.page_size = to_int(kp.size(pd.page_dim), "page_size", kPaged);
   a.max_pages = to_int(table.size(1), "max_pages", kPaged);
   a.max_seqlen_k = static_cast<int>(max_seqlen_k);
   a.dtype = dtype_code(q.scalar_type());
@@ -614,6 +628,7 @@ std::tuple<Tensor, Tensor> attention_paged_fwd_cuda(const Tensor& q_, const Tens
   a.v_pages = ref4(vp);
   a.o = ref4(o);
   a.lse = lse.data_ptr<float>();
+  a.layout = static_cast<int>(layout);  // the pools' strides are those of their layout's 4-D view (ref4)
   check_status(rt().paged_forward(&a, stream_of(q)), "flashtune paged forward");
   return {o, lse};
 }
@@ -781,7 +796,7 @@ TORCH_LIBRARY(flashtune, m) {
         "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("attention_paged_fwd(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, Tensor cache_seqlens, "
-        "bool causal, float scale, int max_seqlen_k) -> (Tensor, Tensor)");
+        "bool causal, float scale, int max_seqlen_k, int layout=0) -> (Tensor, Tensor)");
 }
 
 // CPU: the same functions, whose first check says in one line that flashtune runs on CUDA tensors.

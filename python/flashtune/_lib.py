@@ -133,7 +133,12 @@ class FtPagedForwardArgs(ctypes.Structure):
                 ("max_pages", ctypes.c_int), ("max_seqlen_k", ctypes.c_int), ("dtype", ctypes.c_int),
                 ("causal", ctypes.c_int), ("scale", ctypes.c_float), ("block_table", ctypes.c_void_p),
                 ("cache_seqlens", ctypes.c_void_p), ("q", FtTensor), ("k_pages", FtTensor), ("v_pages", FtTensor),
-                ("o", FtTensor), ("lse", ctypes.c_void_p)]
+                ("o", FtTensor), ("lse", ctypes.c_void_p), ("layout", ctypes.c_int)]
+
+
+# ft_page_layout: the pools' layout of a paged call (FtPagedForwardArgs.layout, ABI 0.7).
+FT_PAGES_HND, FT_PAGES_NHD = 0, 1
+PAGE_LAYOUTS = {"hnd": FT_PAGES_HND, "nhd": FT_PAGES_NHD}
 
 
 class FtExplanation(ctypes.Structure):
@@ -491,11 +496,12 @@ MAX_PAGED_KEYS = 2**30  # max_pages x page_size: the kernels index a sequence's 
 PAGED_SIZES = ("batch", "heads", "seq_q", "head_dim", "num_pages", "page_size", "max_pages", "max_seqlen_k")
 
 
-def paged_forward_args(sizes, block_table, cache_seqlens, dtype, causal, scale, q, k_pages, v_pages, o, lse, heads_k=0):
+def paged_forward_args(sizes, block_table, cache_seqlens, dtype, causal, scale, q, k_pages, v_pages, o, lse, heads_k=0,
+                       layout="hnd"):
     """FtPagedForwardArgs: sizes a dict of PAGED_SIZES (max_seqlen_k 0: the capacity max_pages x page_size);
     block_table and cache_seqlens device pointers (int32 [batch, max_pages] and [batch]); q, o [B, H, Sq, d] and the
-    pools [num_pages, heads_k, page_size, d] as (pointer, 4 strides); lse a pointer (0: not wanted); heads_k the
-    pools' kv heads (0: heads)."""
+    pools [num_pages, heads_k, page_size, d] (layout "nhd": [num_pages, page_size, heads_k, d]) as (pointer, 4
+    strides); lse a pointer (0: not wanted); heads_k the pools' kv heads (0: heads)."""
     if not isinstance(sizes, dict) or set(sizes) != set(PAGED_SIZES):
         raise ValueError(f"sizes must be a dict of {', '.join(PAGED_SIZES)}")
     a = FtPagedForwardArgs()
@@ -516,7 +522,17 @@ def paged_forward_args(sizes, block_table, cache_seqlens, dtype, causal, scale, 
     for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages), ("o", o)):
         setattr(a, name, make_tensor(name, t))
     a.lse = _int_in("lse pointer", lse, 0, 2**64 - 1) or None
+    a.layout = page_layout_code("layout", layout)
     return a
+
+
+def page_layout_code(fn, layout):
+    """The ft_page_layout code of "hnd" or "nhd"; ValueError (one line) for anything else."""
+    if isinstance(layout, str) and layout in PAGE_LAYOUTS:
+        return PAGE_LAYOUTS[layout]
+    raise ValueError(f"{fn}: layout must be \"hnd\" ([num_pages, heads_k, page_size, head_dim]) or \"nhd\" ([num_pages, "
+                     f"page_size, heads_k, head_dim], FlashAttention's and vLLM's), got "
+                     f"{one_line(repr(layout), 60) if isinstance(layout, str) else type(layout).__name__}")
 
 
 def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, workspace=0, workspace_bytes=0,
@@ -555,8 +571,8 @@ VARLEN_BACKWARD_FMT = struct.Struct(_VARLEN_HEAD_FMT + _PACKED_FMT * 5 + "Q" + _
                                     _MODS_FMT)
 assert VARLEN_FORWARD_FMT.size == ctypes.sizeof(FtVarlenForwardArgs)
 assert VARLEN_BACKWARD_FMT.size == ctypes.sizeof(FtVarlenBackwardArgs)
-# Paged: 11 ints (9 sizes, dtype, causal) and scale, the block table and cache lengths, 4 tensors, lse.
-PAGED_FORWARD_FMT = struct.Struct("=11ifQQ" + _TENSOR_FMT * 4 + "Q")
+# Paged: 11 ints (9 sizes, dtype, causal) and scale, the block table and cache lengths, 4 tensors, lse, layout.
+PAGED_FORWARD_FMT = struct.Struct("=11ifQQ" + _TENSOR_FMT * 4 + "Q" + "i4x")
 assert PAGED_FORWARD_FMT.size == ctypes.sizeof(FtPagedForwardArgs)
 
 
@@ -611,15 +627,17 @@ def pack_varlen_backward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, 
     return a
 
 
-def pack_paged_forward(sizes, block_table, cache_seqlens, dtype_code, causal, scale, q, k_pages, v_pages, o, lse):
+def pack_paged_forward(sizes, block_table, cache_seqlens, dtype_code, causal, scale, q, k_pages, v_pages, o, lse,
+                       layout_code=FT_PAGES_HND):
     """FtPagedForwardArgs from sizes (batch, heads, heads_k, seq_q, head_dim, num_pages, page_size, max_pages,
     max_seqlen_k: heads_k 0 means heads, max_seqlen_k 0 the capacity), the block table and cache lengths' pointers,
-    an ft_dtype code, causal (0/1), scale, q, k_pages, v_pages, o each a 5-tuple (pointer, 4 strides) and the lse
-    pointer. ValueError (one line) when a value does not fit."""
+    an ft_dtype code, causal (0/1), scale, q, k_pages, v_pages, o each a 5-tuple (pointer, 4 strides: the pools'
+    in their layout's order), the lse pointer and an ft_page_layout code. ValueError (one line) when a value does
+    not fit."""
     a = FtPagedForwardArgs()
     try:
         PAGED_FORWARD_FMT.pack_into(a, 0, *sizes, dtype_code, causal, scale, block_table, cache_seqlens, *q, *k_pages,
-                                    *v_pages, *o, lse)
+                                    *v_pages, *o, lse, layout_code)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a

@@ -7,8 +7,9 @@
     # packed variable-length batches, as flash_attn_varlen_func: q [total_q, H, d], k and v [total_k, Hk, d],
     # cu_seqlens int32 [batch + 1] on the GPU
     o = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
-    # decoding from a paged K/V cache (forward only): q [B, H, Sq <= 16, d], pools [num_pages, Hk, page_size, d],
-    # block_table int32 [B, max_pages] and cache_seqlens int32 [B] on the GPU
+    # decoding from a paged K/V cache (forward only): q [B, H, Sq <= 16, d], pools [num_pages, Hk, page_size, d]
+    # (layout="nhd": FlashAttention's/vLLM's [num_pages, page_size, Hk, d]), block_table int32 [B, max_pages] and
+    # cache_seqlens int32 [B] on the GPU
     o = attention_paged(q, k_pages, v_pages, block_table, cache_seqlens)
 
 Two backends run the same ops. The compiled extension libflashtune_torch.so (python/csrc, built where torch
@@ -36,7 +37,7 @@ attention_varlen_bwd (dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 causal, scale) -> (dq, dk, dv), likewise with fake implementations and autograd.
 
 Paged K/V caches: torch.ops.flashtune.attention_paged_fwd (q, k_pages, v_pages, block_table, cache_seqlens,
-causal, scale, max_seqlen_k) -> (o, lse), with a fake implementation and no autograd: decoding is inference
+causal, scale, max_seqlen_k, layout: 0 hnd, 1 nhd) -> (o, lse), with a fake implementation and no autograd: decoding is inference
 (attention_paged() refuses inputs that would need a backward).
 """
 import contextlib
@@ -183,17 +184,30 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 _PAGED_NAMES = ("q", "k_pages", "v_pages", "block_table", "cache_seqlens")
 
 
-def _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k, fn, autocast=False):
+# The pools' shape in each layout, and which of their dimensions hold the kv heads and the page's keys.
+_POOL_SHAPES = {_lib.FT_PAGES_HND: ("[num_pages, heads_k, page_size, head_dim]", 1, 2),
+                _lib.FT_PAGES_NHD: ("[num_pages, page_size, heads_k, head_dim]", 2, 1)}
+
+
+def _pool_dims(pool, layout_code):
+    """(num_pages, heads_k, page_size) of a 4-D pool in its layout."""
+    _, hk_dim, page_dim = _POOL_SHAPES[layout_code]
+    return pool.shape[0], pool.shape[hk_dim], pool.shape[page_dim]
+
+
+def _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k, fn, autocast=False,
+                 layout_code=_lib.FT_PAGES_HND):
     """The paged layout's checks, one line each: q [B, H, Sq, d] (torch SDPA's layout, any strides), the pools
-    [num_pages, Hk, page_size, d] contiguous (read in place: never copied), block_table int32 [B, max_pages] and
+    [num_pages, Hk, page_size, d] (layout_code FT_PAGES_NHD: [num_pages, page_size, Hk, d], FlashAttention's and
+    vLLM's) contiguous (read in place: never copied), block_table int32 [B, max_pages] and
     cache_seqlens int32 [B], all on one CUDA device; fp16/bf16, q in the pools' dtype (under autocast q is cast
     to the autocast dtype first, the cache never: a copy of it would cost more than the call). The tables'
     values are device memory: not read (attention.h says what that trusts). The runtime checks Sq, the head
     dim and the page size (flashtune.UnsupportedError). Returns (q, block_table, cache_seqlens, max_seqlen_k)."""
     _check_tensors(fn, _PAGED_NAMES, (q, k_pages, v_pages, block_table, cache_seqlens))
+    pool_shape = _POOL_SHAPES[layout_code][0]
     for n, t, want in (("q", q, "[batch, heads, seq_q, head_dim] (torch SDPA's layout)"),
-                       ("k_pages", k_pages, "[num_pages, heads_k, page_size, head_dim]"),
-                       ("v_pages", v_pages, "[num_pages, heads_k, page_size, head_dim]")):
+                       ("k_pages", k_pages, pool_shape), ("v_pages", v_pages, pool_shape)):
         if t.dim() != 4:
             raise ValueError(f"{fn}: {n} must be 4-D {want}, got shape {tuple(t.shape)}")
     if block_table.dim() != 2 or block_table.dtype != torch.int32:
@@ -220,17 +234,18 @@ def _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k, 
     B, H, Sq, d = q.shape
     if k_pages.shape != v_pages.shape:
         raise ValueError(f"{fn}: k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} differ in shape")
-    num_pages, Hk, page_size, dk = k_pages.shape
+    num_pages, Hk, page_size = _pool_dims(k_pages, layout_code)
+    dk = k_pages.shape[3]
     if Hk == 0 or H % Hk:
-        raise ValueError(f"{fn}: q has {H} heads, the pools {Hk}; the pools' heads must divide q's (grouped-query "
-                         f"attention)")
+        raise ValueError(f"{fn}: q has {H} heads, the pools {Hk} (pools {pool_shape}: layout "
+                         f"{'nhd' if layout_code == _lib.FT_PAGES_NHD else 'hnd'}); the pools' heads must divide q's "
+                         f"(grouped-query attention)")
     if dk != d:
         raise ValueError(f"{fn}: head dims differ (q {d}, pools {dk})")
     for n, t in (("k_pages", k_pages), ("v_pages", v_pages)):
         if not t.is_contiguous():
-            raise ValueError(f"{fn}: {n} must be contiguous [num_pages, heads_k, page_size, head_dim] (it is read in "
-                             f"place, never copied), got strides {t.stride()}; FlashAttention's [num_blocks, page_size, "
-                             f"heads_k, d] cache converts with .transpose(1, 2).contiguous()")
+            raise ValueError(f"{fn}: {n} must be contiguous {pool_shape} (it is read in place, never copied), got "
+                             f"strides {t.stride()}")
     if block_table.shape[0] != B or cache_seqlens.shape[0] != B:
         raise ValueError(f"{fn}: batch sizes differ (q {B}, block_table {block_table.shape[0]}, cache_seqlens "
                          f"{cache_seqlens.shape[0]})")
@@ -383,13 +398,14 @@ def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic=Fa
                               _ref(dq), _ref(dk), _ref(dv), k.shape[1], 1 if deterministic else 0, _ft_mods(mods))
 
 
-def _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_seqlen_k, causal, scale):
+def _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_seqlen_k, causal, scale,
+                    layout_code=_lib.FT_PAGES_HND):
     B, H, Sq, d = q.shape
-    num_pages, Hk, page_size = k_pages.shape[:3]
+    num_pages, Hk, page_size = _pool_dims(k_pages, layout_code)
     sizes = (B, H, Hk, Sq, d, num_pages, page_size, block_table.shape[1], max_seqlen_k)
     return _lib.pack_paged_forward(sizes, block_table.data_ptr(), cache_seqlens.data_ptr(), _DTYPE_CODES[q.dtype],
                                    1 if causal else 0, scale, _ref(q), _ref(k_pages), _ref(v_pages), _ref(o),
-                                   lse.data_ptr())
+                                   lse.data_ptr(), layout_code)
 
 
 def _varlen_sizes(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
@@ -648,32 +664,38 @@ class _EagerVarlenAttention(torch.autograd.Function):
 
 
 # --- paged K/V caches (forward only) ----------------------------------------------------------------------
-def _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k):
+def _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k,
+                        layout_code=_lib.FT_PAGES_HND):
     B, H, Sq, d = q.shape
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
-    if k_pages.shape[0] == 0 or k_pages.shape[2] == 0:  # no pages: no sequence holds a key
+    num_pages, _, page_size = _pool_dims(k_pages, layout_code)
+    if num_pages == 0 or page_size == 0:  # no pages: no sequence holds a key
         return o.zero_(), lse.fill_(math.inf)
     q = _runtime_layout(q)
     with _on(q.device):
         _lib.paged_forward(_paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_seqlen_k,
-                                           causal, scale), _stream(q.device))
+                                           causal, scale, layout_code), _stream(q.device))
     return o, lse
 
 
 @torch.library.custom_op("flashtune_ctypes::attention_paged_fwd", mutates_args=())
 def attention_paged_fwd(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                         cache_seqlens: torch.Tensor, causal: bool, scale: float,
-                        max_seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                        max_seqlen_k: int, layout: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = "flashtune_ctypes::attention_paged_fwd"
+    if layout not in _POOL_SHAPES:
+        raise ValueError(f"{fn}: layout must be 0 (\"hnd\") or 1 (\"nhd\"), got {layout}")
     q, block_table, cache_seqlens, max_seqlen_k = _check_paged(q, k_pages, v_pages, block_table, cache_seqlens,
-                                                               max_seqlen_k, "flashtune_ctypes::attention_paged_fwd")
-    return _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k)
+                                                               max_seqlen_k, fn, layout_code=layout)
+    return _paged_forward_impl(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k, layout)
 
 
 @attention_paged_fwd.register_fake
-def _attention_paged_fwd_fake(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k):
+def _attention_paged_fwd_fake(q, k_pages, v_pages, block_table, cache_seqlens, causal, scale, max_seqlen_k,
+                              layout=0):
     B, H, Sq, d = q.shape
     return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
@@ -1023,11 +1045,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return (o, lse) if return_lse else o
 
 
-def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, scale=None, max_seqlen_k=None):
+def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, scale=None, max_seqlen_k=None, *,
+                    layout="hnd"):
     """Decoding attention against a paged K/V cache (vLLM's PagedAttention; FlashAttention's
     flash_attn_with_kvcache(block_table=...)): q [B, H, Sq, d] (torch SDPA's layout, any strides; Sq 1 to 16),
-    k_pages and v_pages [num_pages, Hk, page_size, d], contiguous (each page holds page_size consecutive keys of
-    every kv head, head-major; Hk dividing H: grouped-query attention), block_table int32 [B, max_pages]
+    k_pages and v_pages contiguous, layout="hnd": [num_pages, Hk, page_size, d] (each page holds page_size
+    consecutive keys of every kv head, head-major), layout="nhd": [num_pages, page_size, Hk, d] (FlashAttention's
+    k_cache and vLLM's blocks; read in place as well, by the same configs; Hk dividing H: grouped-query attention),
+    block_table int32 [B, max_pages]
     (sequence b's logical page j is physical page block_table[b, j]) and cache_seqlens int32 [B] (sequence b
     holds cache_seqlens[b] keys), all on q's GPU. causal is bottom-right aligned to each sequence's own length;
     a sequence without keys gives O = 0. max_seqlen_k (an int, optional) bounds the cache lengths for the
@@ -1040,12 +1065,13 @@ def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=Fals
     be a multiple of some BLOCK_N: 32 keys at least). The tables' values live on the GPU and are trusted: a
     block table entry outside the pools or a cache length past max_pages x page_size reads outside them."""
     fn = "flashtune.torch.attention_paged"
+    code = _lib.page_layout_code(fn, layout)
     q, block_table, cache_seqlens, max_k = _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k,
-                                                        fn, autocast=True)
+                                                        fn, autocast=True, layout_code=code)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_pages, v_pages)):
         raise RuntimeError(f"{fn} is forward only (decoding has no backward here): call it under torch.no_grad() or "
                            f"torch.inference_mode(), or pass tensors that do not require grad")
-    args = (q, k_pages, v_pages, block_table, cache_seqlens, bool(causal), _scale(scale), max_k)
+    args = (q, k_pages, v_pages, block_table, cache_seqlens, bool(causal), _scale(scale), max_k, code)
     if _EXT:
         if torch.compiler.is_compiling():
             return _ext_paged_fwd(*args)[0]
@@ -1056,15 +1082,18 @@ def attention_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=Fals
 
 
 def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens, block_table=None, causal=False,
-                           scale=None, max_seqlen_k=None):
+                           scale=None, max_seqlen_k=None, layout="hnd"):
     """Decoding against a K/V cache with the step's new keys and values appended first, in one call (FlashAttention's
-    flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=..., block_table=...)), in flashtune's layouts:
-    q [B, H, Sq, d] (Sq 1 to 16); the cache either paged, k_cache and v_cache [num_pages, Hk, page_size, d] with
-    block_table int32 [B, max_pages] (as attention_paged), or, block_table None, contiguous [B, Hk, S_max, d]
-    (sequence b's keys in k_cache[b]: read as one page of S_max keys per sequence, so S_max must be a page size
-    attention_paged reads); cache_seqlens int32 [B], the keys each sequence holds before this call.
-    k, v (both or neither): [B, Hk, S_new, d] in the cache's dtype, S_new at most a page: written into the cache at
-    positions cache_seqlens[b] .. cache_seqlens[b] + S_new - 1 of sequence b (in place, through the block table),
+    flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=..., block_table=...)): q [B, H, Sq, d]
+    (Sq 1 to 16); the cache either paged, k_cache and v_cache [num_pages, Hk, page_size, d] (layout="nhd":
+    [num_pages, page_size, Hk, d], FlashAttention's and vLLM's) with block_table int32 [B, max_pages] (as
+    attention_paged), or, block_table None, contiguous [B, Hk, S_max, d] (layout="nhd": [B, S_max, Hk, d],
+    FlashAttention's k_cache without a block table) (sequence b's keys in k_cache[b]: read as one page of S_max
+    keys per sequence, so S_max must be a page size attention_paged reads); cache_seqlens int32 [B], the keys each
+    sequence holds before this call.
+    k, v (both or neither): [B, Hk, S_new, d] (q's SDPA layout, in either cache layout) in the cache's dtype, S_new
+    at most a page: written into the cache at positions cache_seqlens[b] .. cache_seqlens[b] + S_new - 1 of
+    sequence b (in place, through the block table; nhd: k_cache[page, slot, :, :]),
     then every query row attends to the cache_seqlens[b] + S_new keys (causal: bottom-right aligned to that length,
     so with Sq = S_new new tokens each sees the cache and the new tokens up to itself). cache_seqlens is not changed:
     the caller advances it, as with FlashAttention. Returns o [B, H, Sq, d], contiguous.
@@ -1075,12 +1104,15 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
     written (its page index is clamped to the table, so no index leaves the tensors), and its keys are not what the
     attention reads. Raises TypeError/ValueError on bad arguments, one line each, and what attention_paged raises."""
     fn = "flashtune.torch.attention_with_kvcache"
+    code = _lib.page_layout_code(fn, layout)
+    nhd = code == _lib.FT_PAGES_NHD
     if (k is None) != (v is None):
         raise ValueError(f"{fn}: give both k and v (the new tokens) or neither")
     if block_table is None:
         if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4:
-            raise ValueError(f"{fn}: without block_table, k_cache must be a 4-D contiguous cache [batch, heads_k, "
-                             f"max_seqlen, head_dim]")
+            raise ValueError(f"{fn}: without block_table, k_cache must be a 4-D contiguous cache "
+                             f"{'[batch, max_seqlen, heads_k, head_dim]' if nhd else '[batch, heads_k, max_seqlen, head_dim]'}"
+                             f" (layout {layout!r})")
         if not isinstance(q, torch.Tensor) or q.dim() != 4 or k_cache.shape[0] != q.shape[0]:
             raise ValueError(f"{fn}: without block_table, the cache holds one sequence per row of q's batch: q "
                              f"{tuple(getattr(q, 'shape', ()))}, k_cache {tuple(k_cache.shape)}")
@@ -1095,14 +1127,18 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
         if k.shape != v.shape:
             raise ValueError(f"{fn}: k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
         if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4:
-            raise ValueError(f"{fn}: k_cache must be 4-D [num_pages, heads_k, page_size, head_dim]")
+            raise ValueError(f"{fn}: k_cache must be 4-D {_POOL_SHAPES[code][0]} (layout {layout!r})")
+        if k_cache.shape != v_cache.shape:
+            raise ValueError(f"{fn}: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
+        _, cache_heads, page = _pool_dims(k_cache, code)
         B, Hk, s_new, d = k.shape
-        if (B, Hk, d) != (block_table.shape[0], k_cache.shape[1], k_cache.shape[3]):
-            raise ValueError(f"{fn}: k {tuple(k.shape)} does not match the cache's heads and head dim "
-                             f"{(k_cache.shape[1], k_cache.shape[3])} and the batch {block_table.shape[0]}")
+        if (B, Hk, d) != (block_table.shape[0], cache_heads, k_cache.shape[3]):
+            raise ValueError(f"{fn}: k {tuple(k.shape)} [batch, heads_k, new_tokens, head_dim] does not match the "
+                             f"cache's heads and head dim {(cache_heads, k_cache.shape[3])} (k_cache "
+                             f"{_POOL_SHAPES[code][0]}, layout {layout!r}) and the batch {block_table.shape[0]}")
         if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != B:
             raise ValueError(f"{fn}: cache_seqlens must be a 1-D torch.int32 tensor [batch]")
-        page, capacity = k_cache.shape[2], block_table.shape[1] * k_cache.shape[2]
+        capacity = block_table.shape[1] * page
         if s_new > page:
             raise ValueError(f"{fn}: {s_new} new tokens in one call, more than a page ({page} keys); append them in "
                              f"calls of at most a page")
@@ -1120,25 +1156,34 @@ def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens
                 pages = block_table.to(torch.long).gather(1, (pos // page).clamp(max=block_table.shape[1] - 1))
                 slot = pos % page
                 for cache, new in ((k_cache, k), (v_cache, v)):
-                    cache[pages, :, slot] = torch.where(inside, new.transpose(1, 2), cache[pages, :, slot])
+                    # [B, S_new, Hk, d] either way: hnd's index (page, :, slot) puts its two index dims first
+                    rows = cache[pages, slot] if nhd else cache[pages, :, slot]
+                    rows = torch.where(inside, new.transpose(1, 2), rows)
+                    if nhd:
+                        cache[pages, slot] = rows
+                    else:
+                        cache[pages, :, slot] = rows
             cache_seqlens = cache_seqlens + s_new
     return attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
-                           max_seqlen_k=max_seqlen_k)
+                           max_seqlen_k=max_seqlen_k, layout=layout)
 
 
-def explain_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, max_seqlen_k=None):
+def explain_paged(q, k_pages, v_pages, block_table, cache_seqlens, causal=False, max_seqlen_k=None, *, layout="hnd"):
     """explain() for attention_paged(): family, config, source, cache, device and arch of the forward, the decode
     bucket ("bucket", as explain()'s) and the runtime's note ("note": why a tuned config did not suit the page size,
     or that the dense decoding pick or the default's nearest config ran; "" when the tables' paged entry runs) from
-    its explain line."""
+    its explain line. layout as attention_paged's (both layouts take the same config; "nhd" runs its token-major
+    kernels)."""
+    fn = "flashtune.torch.explain_paged"
+    code = _lib.page_layout_code(fn, layout)
     q, block_table, cache_seqlens, max_k = _check_paged(q, k_pages, v_pages, block_table, cache_seqlens, max_seqlen_k,
-                                                        "flashtune.torch.explain_paged", autocast=True)
+                                                        fn, autocast=True, layout_code=code)
     B, H, Sq, d = q.shape
     q = _runtime_layout(q)
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     with _on(q.device):
-        args = _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_k, bool(causal), 0.0)
+        args = _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_k, bool(causal), 0.0, code)
         out = _lib.explain_paged_forward(args)
         line = _lib.explain_paged_forward_text(args)
     out["note"] = line.split("; ", 1)[1] if "; " in line else ""

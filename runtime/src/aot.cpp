@@ -77,10 +77,14 @@ AotPlan aot_variants(const TableSet& ts, const AotArch& a, const AotFilter& filt
   // every page size; test_runtime checks the plan against other page sizes too.
   std::vector<int> page_points = {0};  // 0: contiguous K/V
   for (int page = 16; page <= 4096; page *= 2) page_points.push_back(page);
+  // A paged pick serves both pool layouts (the same config): its head-major and token-major forms are built.
   auto add = [&](const Family& f, const Config& c, const Query& q) {
-    const Variant v{&f, c, q.head_dim, q.causal, q.dtype, q.varlen, q.page_size > 0};
     std::vector<Variant>& to = f.hopper_only && !a.hopper ? hopper_skipped : plan.variants;
-    if (std::find(to.begin(), to.end(), v) == to.end()) to.push_back(v);
+    for (PageLayout layout : {PageLayout::hnd, PageLayout::nhd}) {
+      if (layout == PageLayout::nhd && !(q.page_size > 0 && f.paged_nhd)) continue;
+      const Variant v{&f, c, q.head_dim, q.causal, q.dtype, q.varlen, q.page_size > 0, 0, layout};
+      if (std::find(to.begin(), to.end(), v) == to.end()) to.push_back(v);
+    }
   };
   for (const char* dir : {"fwd", "bwd"})
     for (DType t : {DType::fp32, DType::fp16, DType::bf16})

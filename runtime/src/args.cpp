@@ -182,9 +182,10 @@ Check check_varlen_common(const Args* a, const char* direction) {
 }
 
 // A pool of pages is read in place (never packed to scratch: it may be most of the GPU's memory), so it must
-// be the contiguous [num_pages, heads_k, page_size, d] the kernel addresses (paged_key_offset) and 16-byte
-// aligned (its 16-byte copies). No 2^31-element limit: page offsets are 64-bit in the kernel.
-std::string check_pool(const TensorArg& t) {
+// be the contiguous [num_pages, heads_k, page_size, d] the kernel addresses (paged_key_offset), or for
+// token-major pages [num_pages, page_size, heads_k, d] (nhd_paged_key_offset: t's view is then that order), and
+// 16-byte aligned (its 16-byte copies). No 2^31-element limit: page offsets are 64-bit in the kernel.
+std::string check_pool(const TensorArg& t, PageLayout layout) {
   const std::string name = t.name;
   if (!t.data) return name + ".data is null";
   if ((long double)t.ext[0] * t.ext[1] * t.ext[2] * t.ext[3] > (long double)(int64_t{1} << 47))
@@ -196,10 +197,14 @@ std::string check_pool(const TensorArg& t) {
       return s;
     };
     const int64_t want[4] = {t.ext[1] * t.ext[2] * t.ext[3], t.ext[2] * t.ext[3], t.ext[3], 1};
+    if (layout == PageLayout::nhd)
+      return name + " is not a contiguous [num_pages, page_size, heads_k, head_dim] pool (strides " +
+             list([&](int i) { return t.stride[i]; }) + ", want " + list([&](int i) { return want[i]; }) +
+             "): pages are read in place (layout FT_PAGES_NHD)";
     return name + " is not a contiguous [num_pages, heads_k, page_size, head_dim] pool (strides " +
            list([&](int i) { return t.stride[i]; }) + ", want " + list([&](int i) { return want[i]; }) +
-           "): pages are read in place, each kv head's keys of a page adjacent (not FlashAttention's [num_blocks, "
-           "page_size, heads_k, d])";
+           "): pages are read in place, each kv head's keys of a page adjacent (FlashAttention's [num_blocks, "
+           "page_size, heads_k, d] is layout FT_PAGES_NHD)";
   }
   if (reinterpret_cast<uintptr_t>(t.data) % 16) return name + " is not 16-byte aligned (pages are read in 16-byte copies)";
   return "";
@@ -286,8 +291,11 @@ std::vector<TensorArg> tensor_args(const ft_varlen_forward_args* a) {
 }
 std::vector<TensorArg> tensor_args(const ft_paged_forward_args* a) {
   const int64_t B = a->batch, H = a->heads, Hk = kv_heads(a), d = a->head_dim, P = a->num_pages, S = a->page_size;
-  std::vector<TensorArg> ts = {dense("q", a->q, B, H, a->seq_q, d, false), dense("k_pages", a->k_pages, P, Hk, S, d, false),
-                                dense("v_pages", a->v_pages, P, Hk, S, d, false), dense("o", a->o, B, H, a->seq_q, d, true)};
+  // The pools as the 4-D view of their layout: [P, Hk, S, d], or token-major [P, S, Hk, d].
+  const bool nhd = a->layout == FT_PAGES_NHD;
+  const int64_t e1 = nhd ? S : Hk, e2 = nhd ? Hk : S;
+  std::vector<TensorArg> ts = {dense("q", a->q, B, H, a->seq_q, d, false), dense("k_pages", a->k_pages, P, e1, e2, d, false),
+                                dense("v_pages", a->v_pages, P, e1, e2, d, false), dense("o", a->o, B, H, a->seq_q, d, true)};
   ts[1].pool = ts[2].pool = true;
   return ts;
 }
@@ -354,6 +362,9 @@ Check check_paged_forward(const ft_paged_forward_args* a) {
   if (a->batch > kMaxVarlenSeqs)
     return bad(FT_INVALID_ARGUMENT, "batch " + std::to_string(a->batch) + " is over " + std::to_string(kMaxVarlenSeqs) +
                                         " sequences (one grid row each)");
+  if (a->layout != FT_PAGES_HND && a->layout != FT_PAGES_NHD)
+    return bad(FT_INVALID_ARGUMENT, "layout must be FT_PAGES_HND (0: [num_pages, heads_k, page_size, d]) or FT_PAGES_NHD "
+                                    "(1: [num_pages, page_size, heads_k, d]), got " + std::to_string(a->layout));
   const int64_t capacity = (int64_t)a->max_pages * a->page_size;
   if (capacity > kMaxPagedKeys)
     return bad(FT_INVALID_ARGUMENT, "max_pages x page_size = " + std::to_string(capacity) +
@@ -373,7 +384,10 @@ Check check_paged_forward(const ft_paged_forward_args* a) {
   if (std::string why = paged_page_reason(to_dtype(a->dtype), a->head_dim, a->page_size); !why.empty())
     return bad(FT_UNSUPPORTED, why);
   for (const TensorArg& t : tensor_args(a))
-    if (std::string why = t.pool ? check_pool(t) : check_tensor(t, true); !why.empty()) return bad(FT_INVALID_ARGUMENT, why);
+    if (std::string why = t.pool ? check_pool(t, a->layout == FT_PAGES_NHD ? PageLayout::nhd : PageLayout::hnd)
+                                 : check_tensor(t, true);
+        !why.empty())
+      return bad(FT_INVALID_ARGUMENT, why);
   return check_lse(a->lse, false);
 }
 

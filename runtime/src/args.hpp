@@ -54,7 +54,8 @@ struct TensorArg {
   int64_t stride[4];
   bool output;
   bool packed = false;  // a [total, H, d] tensor: messages name its 3 strides
-  bool pool = false;    // a paged cache's pool [num_pages, Hk, page_size, d]: read in place, never packed
+  bool pool = false;    // a paged cache's pool [num_pages, Hk, page_size, d] (token-major: [num_pages, page_size,
+                        // Hk, d]): read in place, never packed
 };
 // The kv heads a call's k and v have (heads_k, or heads when 0).
 template <class Args>

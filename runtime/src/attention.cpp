@@ -219,11 +219,11 @@ struct Plan {
   const std::string& key() const { return resolved->variant; }
 };
 
-// The kernels a pick runs on p: the packed form for a packed variable-length batch, the paged form for a
-// paged K/V cache.
+// The kernels a pick runs on p: the packed form for a packed variable-length batch, the paged form (in the
+// pools' layout) for a paged K/V cache.
 Variant variant_of(const Pick& pick, const Problem& p) {
   return Variant{pick.family, pick.config, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled(),
-                 problem_mods(p)};
+                 problem_mods(p), p.paged.layout};
 }
 
 // The settings plans depend on: the three variables as last read, the store each device's lookup reads, and a
@@ -307,7 +307,8 @@ struct FastKey {
   int64_t batch_heads;    // batch x kv heads inside a family's query-length range, else 0
   int32_t head_dim, page_size, seq_bucket, seq_q_class;
   uint32_t mods;
-  uint8_t bwd, dtype, flags, group;  // flags: causal 1, gqa 2, deterministic 4, packed 8; group: Query::group
+  uint8_t bwd, dtype, flags, group;  // flags: causal 1, gqa 2, deterministic 4, packed 8, token-major pages 16;
+                                     // group: Query::group
 };
 static_assert(sizeof(FastKey) == 40 && std::has_unique_object_representations_v<FastKey>,
               "FastKey is compared and hashed as bytes: no padding");
@@ -332,7 +333,8 @@ FastKey fast_key(CUcontext ctx, const Query& q, const Problem& p) {
   k.mods = q.mods;
   k.bwd = q.direction == "bwd";
   k.dtype = (uint8_t)q.dtype;
-  k.flags = (q.causal ? 1 : 0) | (q.gqa ? 2 : 0) | (q.deterministic ? 4 : 0) | (q.varlen ? 8 : 0);
+  k.flags = (q.causal ? 1 : 0) | (q.gqa ? 2 : 0) | (q.deterministic ? 4 : 0) | (q.varlen ? 8 : 0) |
+            (q.page_layout == PageLayout::nhd ? 16 : 0);
   k.group = (uint8_t)q.group;  // 0 or 2..255 (Problem::group_key)
   return k;
 }
@@ -352,7 +354,8 @@ thread_local std::array<FastSlot, kFastSlots> t_plans;
 std::string plan_key_of(const Query& q, const FastKey& k, const std::string& store_identity) {
   return q.device + '|' + q.arch + '|' + q.direction + '|' + to_string(q.dtype) + '|' + std::to_string(q.head_dim) +
          '|' + (q.causal ? "c" : "n") + (q.gqa ? "g" : "") + (q.deterministic ? "d" : "") + (q.varlen ? "v" : "") +
-         (q.page_size ? "p" + std::to_string(q.page_size) : "") + (q.mods ? "m" + std::to_string(q.mods) : "") + '|' +
+         (q.page_size ? "p" + std::to_string(q.page_size) : "") + (q.page_layout == PageLayout::nhd ? "n" : "") +
+         (q.mods ? "m" + std::to_string(q.mods) : "") + '|' +
          std::to_string(k.seq_bucket) + '|' + std::to_string(k.seq_q_class) + '|' +
          (k.seq_q_class > 0 ? std::to_string(q.batch_heads) : "") + '|' + std::to_string(q.group) + '|' + store_identity;
 }
@@ -784,6 +787,7 @@ Problem problem_of(const ft_paged_forward_args* a, const char* direction) {
   p.seq_q = a->seq_q;
   p.seq_k = a->max_seqlen_k > 0 ? a->max_seqlen_k : a->max_pages * a->page_size;
   p.paged.page_size = a->page_size;
+  p.paged.layout = a->layout == FT_PAGES_NHD ? PageLayout::nhd : PageLayout::hnd;  // checked: 0 or 1
   if (p.seq_q == 1) p.causal = false;
   return p;
 }
@@ -799,6 +803,7 @@ Query query_of(const Problem& p) {
   q.seq_q = p.seq_q;
   q.varlen = p.varlen.enabled();
   q.page_size = p.paged.page_size;
+  q.page_layout = p.paged.layout;
   q.batch_heads = p.batch_kv_heads();
   q.group = p.group_key();
   q.mods = problem_mods(p);

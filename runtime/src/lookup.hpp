@@ -34,6 +34,9 @@ struct Query {
   int page_size = 0;    // a paged K/V cache's keys per page (0: contiguous K/V): only families with a paged form
                         // (Family::paged), configs whose paged form reads such pages (Family::paged_check), the
                         // tables' and the store's paged entries first; seq the longest cache length
+  // The pools' layout of a paged call: which form of the paged kernels runs, not which config (the paged
+  // entries and the store's paged buckets serve both layouts: the same configs, the same bytes; docs/kernels.md).
+  PageLayout page_layout = PageLayout::hnd;
   bool deterministic = false;  // a backward whose gradients must be bitwise reproducible: only configs the family
                                // calls so (Family::reproducible), from the tables' and the store's deterministic
                                // picks, else the default's nearest such config; no effect on a forward

@@ -148,7 +148,7 @@ int run(int argc, char** argv) {
       for (const Variant& v : p.plan.variants)
         std::printf("  %s %s d=%d %s%s%s\n", v.family->name.c_str(), v.family->config_string(v.config).c_str(),
                     v.head_dim, to_string(v.dtype), v.causal ? " causal" : "",
-                    v.varlen ? " packed" : v.paged ? " paged" : "");
+                    v.varlen ? " packed" : v.paged ? (v.page_layout == PageLayout::nhd ? " paged nhd" : " paged") : "");
       for (const std::string& s : p.plan.skipped) std::printf("  not built: %s\n", s.c_str());
     }
     return 0;
@@ -187,7 +187,7 @@ int run(int argc, char** argv) {
       const KernelRecord& k = recs[i];
       Kernel out;
       out.what = k.family + " " + k.config + " d=" + std::to_string(k.head_dim) + " " + to_string(k.dtype) +
-                 (k.causal ? " causal" : "") + (todo[i].varlen ? " packed" : todo[i].paged ? " paged" : "") + " " +
+                 (k.causal ? " causal" : "") + (todo[i].varlen ? " packed" : todo[i].paged ? (todo[i].page_layout == PageLayout::nhd ? " paged nhd" : " paged") : "") + " " +
                  compiler.arch();
       if (k.status != "compiled") {
         std::printf("  not built: %s: %s: %s\n", out.what.c_str(), k.status.c_str(), brief(k.reason, 200).c_str());

@@ -24,7 +24,8 @@ int cmd_compile_check(int argc, char** argv) {
               "Compiles every variant of the space with NVRTC (or prunes it, with the reason) and prints the\n"
               "resource table; --save-cubins writes each compiled variant to DIR/<lowered name>.cubin (for\n"
               "cuobjdump). The space's \"varlen\": [false, true] compiles the packed variable-length form of\n"
-              "its variants too, \"paged\": [false, true] the paged K/V cache form (column form). Exit 1 if any\n"
+              "its variants too, \"paged\": [false, true] the paged K/V cache form (column form; with\n"
+              "\"page_layouts\": [\"hnd\", \"nhd\"] also its token-major pages, form paged-nhd). Exit 1 if any\n"
               "variant failed to compile.");
     return 0;
   }
@@ -53,7 +54,10 @@ int cmd_compile_check(int argc, char** argv) {
     const KernelRecord& k = kernels[i];
     n[k.status]++;
     // The form, and the score modifications compiled in ("dense+window", "varlen+window+softcap").
-    const std::string form = std::string(variants[i].varlen ? "varlen" : variants[i].paged ? "paged" : "dense") +
+    const std::string form = std::string(variants[i].varlen                              ? "varlen"
+                                         : !variants[i].paged                            ? "dense"
+                                         : variants[i].page_layout == PageLayout::nhd   ? "paged-nhd"
+                                                                                        : "paged") +
                              (variants[i].mods ? "+" + mods_string(variants[i].mods) : "");
     std::printf("%-10s %-44s %4d %-6s %-5s %-6s %-13s %5d %6d  %s\n", k.family.c_str(), k.config.c_str(), k.head_dim,
                 k.causal ? "yes" : "no", to_string(k.dtype), form.c_str(), k.status.c_str(),

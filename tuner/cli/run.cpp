@@ -108,8 +108,9 @@ int cmd_run(int argc, char** argv) {
               "variable-length batch, Q and O (total_q, H, d), K and V (total_k, Hk, d), LSE (H, total_q),\n"
               "causal per sequence; --shape is then H,d (families fa2_mma, fa2_mma_bwd; --best needs the\n"
               "problem's own stored row). --save-outputs writes the packed tensors.\n"
-              "--paged FILE|JSON (a problem file's \"paged\" object: {\"page_size\": P, \"seed\": S, \"seq_lens_k\": [..]}):\n"
-              "K and V in a paged cache, pools of (num_pages, Hk, P, d) pages in a seeded order through a block\n"
+              "--paged FILE|JSON (a problem file's \"paged\" object: {\"page_size\": P, \"seed\": S, \"seq_lens_k\": [..],\n"
+              "\"layout\": \"hnd\"|\"nhd\"}): K and V in a paged cache, pools of (num_pages, Hk, P, d) pages (nhd:\n"
+              "(num_pages, P, Hk, d), FlashAttention's and vLLM's) in a seeded order through a block\n"
               "table, each sequence its own cache length (B and Sk of --shape: the lengths' count and longest);\n"
               "family decode_splitkv, whose BLOCK_N must divide P; --best needs the problem's own stored row.\n"
               "--window L,R: sliding-window attention (FlashAttention's window_size; -1 unbounded): query i sees\n"
@@ -199,7 +200,7 @@ int cmd_run(int argc, char** argv) {
     store = std::make_unique<Store>(a.get("db"));
   }
   check_pages(cfg);  // --best: its pick is the problem's own row, which read these pages
-  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled(), problem_mods(p)};
+  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled(), problem_mods(p), p.paged.layout};
   Compiler compiler(gpu.device().arch);
   KernelRecord k = compiler.compile_all({v}, store.get())[0];
   ResultRecord r = gpu.run(k, v, p);

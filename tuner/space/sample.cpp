@@ -35,6 +35,9 @@ std::vector<Variant> default_variants(const Family& f) {
     for (int d : f.head_dims)
       for (bool causal : {false, true})
         vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, true});
+  if (f.paged_nhd)  // and its token-major pages, non-causal (the layout changes the loader only, not the mask)
+    for (int d : f.head_dims)
+      vs.push_back(Variant{&f, f.default_config, d, false, f.dtypes.back(), false, true, 0, PageLayout::nhd});
   // The score modifications (Family::mods), likewise in the last dtype: every head dim and mask with all of
   // them (the most registers), and each alone at one head dim per mask (their code apart).
   if (f.mods) {
@@ -63,8 +66,8 @@ std::vector<std::string> single_features(const Variant& v) {
   // too (its (value, head dim) pairs are the dense form's to cover: a few more compiles, not twice as many).
   if (v.varlen)
     for (auto& s : out) s = "varlen:" + s;
-  if (v.paged)  // the paged form likewise
-    for (auto& s : out) s = "paged:" + s;
+  if (v.paged)  // the paged form likewise, each layout its own kernel
+    for (auto& s : out) s = (v.page_layout == PageLayout::nhd ? "paged-nhd:" : "paged:") + s;
   if (v.mods)  // and each set of score modifications
     for (auto& s : out) s = mods_string(v.mods) + ":" + s;
   return out;

@@ -121,7 +121,7 @@ Space space_from_json(const json& j, bool allow_large) {
   if (!j.is_object()) throw UsageError("a space must be a JSON object");
   for (auto& [key, _] : j.items())
     if (key != "family" && key != "params" && key != "head_dims" && key != "causal" && key != "dtypes" &&
-        key != "description" && key != "varlen" && key != "paged" && key != "mods")
+        key != "description" && key != "varlen" && key != "paged" && key != "page_layouts" && key != "mods")
       throw UsageError("unknown space field '" + key + "'");
   if (!j.contains("family") || !j["family"].is_string()) throw UsageError("space needs a string 'family'");
   Space s;
@@ -193,6 +193,20 @@ Space space_from_json(const json& j, bool allow_large) {
       if (std::find(s.paged.begin(), s.paged.end(), c.get<bool>()) == s.paged.end()) s.paged.push_back(c.get<bool>());
     }
   }
+  if (j.contains("page_layouts")) {
+    const auto& ls = j["page_layouts"];
+    if (!ls.is_array() || ls.empty()) throw UsageError("space 'page_layouts' must be an array of \"hnd\" and \"nhd\"");
+    s.page_layouts.clear();
+    for (const auto& c : ls) {
+      const std::optional<PageLayout> l = c.is_string() ? page_layout_from_string(c.get<std::string>()) : std::nullopt;
+      if (!l) throw UsageError("space 'page_layouts' must hold \"hnd\" or \"nhd\", got " + brief_json(c));
+      if (*l == PageLayout::nhd && !f.paged_nhd)
+        throw UsageError("family " + f.name + " does not read token-major (nhd) paged K/V caches");
+      if (std::find(s.page_layouts.begin(), s.page_layouts.end(), *l) == s.page_layouts.end()) s.page_layouts.push_back(*l);
+    }
+    if (std::find(s.paged.begin(), s.paged.end(), true) == s.paged.end())
+      throw UsageError("space 'page_layouts' goes with \"paged\": [true] (the layouts of the paged form)");
+  }
   if (j.contains("mods")) {
     if (!j["mods"].is_array() || j["mods"].empty())
       throw UsageError("space 'mods' must be an array of \"none\" or of \"window\", \"softcap\", \"alibi\" joined by '+'");
@@ -252,11 +266,15 @@ std::vector<Config> Space::configs() const {
   return out;
 }
 
-std::vector<std::pair<bool, bool>> Space::forms() const {
-  std::vector<std::pair<bool, bool>> out;
+std::vector<Space::Form> Space::forms() const {
+  std::vector<Form> out;
   for (bool packed : varlen)
     for (bool pg : paged)
-      if (!(packed && pg)) out.push_back({packed, pg});  // a kernel has one second form at most
+      if (!(packed && pg)) {  // a kernel has one second form at most
+        if (!pg) out.push_back({packed, pg});
+        else
+          for (PageLayout l : page_layouts) out.push_back({packed, pg, l});
+      }
   return out;
 }
 
@@ -265,9 +283,9 @@ std::vector<Variant> Space::variants() const {
   for (int d : head_dims)
     for (bool c : causal)
       for (DType t : dtypes)
-        for (const auto& [packed, pg] : forms())
+        for (const Form& fm : forms())
           for (unsigned m : mods)
-            for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t, packed, pg, m});
+            for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t, fm.packed, fm.paged, m, fm.layout});
   return out;
 }
 
@@ -278,23 +296,27 @@ std::vector<Variant> variants_for(const Space& s, const std::vector<Problem>& pr
   Space dense = s;
   dense.varlen = {false};
   dense.paged = {false};
+  dense.page_layouts = {PageLayout::hnd};
   dense.mods = {0};
   std::set<unsigned> problem_mod_sets;  // the modifications the problems have: each a variant of its own
   for (const Problem& p : problems) problem_mod_sets.insert(problem_mods(p));
+  const std::vector<Space::Form> forms = {{false, false}, {true, false}, {false, true, PageLayout::hnd}, {false, true, PageLayout::nhd}};
   std::vector<Variant> out;
   for (const Variant& v : dense.variants())
-    for (const auto& [packed, pg] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}})
+    for (const Space::Form& fm : forms)
       for (unsigned m : problem_mod_sets) {
         bool needed = false;
         for (const Problem& p : problems)
           needed |= p.head_dim == v.head_dim && p.causal == v.causal && p.dtype == v.dtype &&
-                    p.direction == v.family->direction && p.varlen.enabled() == packed && p.paged.enabled() == pg &&
+                    p.direction == v.family->direction && p.varlen.enabled() == fm.packed &&
+                    p.paged.enabled() == fm.paged && (!fm.paged || p.paged.layout == fm.layout) &&
                     problem_mods(p) == m && v.family->shape_reason(p).empty();
         if (!needed) continue;
         out.push_back(v);
-        out.back().varlen = packed;
-        out.back().paged = pg;
+        out.back().varlen = fm.packed;
+        out.back().paged = fm.paged;
         out.back().mods = m;
+        out.back().page_layout = fm.layout;
       }
   return out;
 }

@@ -25,13 +25,21 @@ struct Space {
   std::vector<bool> varlen{false};
   // Likewise the paged K/V cache form (true, a Family::paged family only). Default {false}.
   std::vector<bool> paged{false};
+  // The paged form's pool layouts, as space files' "page_layouts": ["hnd", "nhd"] (nhd: a Family::paged_nhd
+  // family only). Default {hnd}. Like paged, for compile-check, the sample and the NVRTC tests: tune takes the
+  // layout each paged problem has (variants_for).
+  std::vector<PageLayout> page_layouts{PageLayout::hnd};
   // The score modifications to compile (Family::mods bits; 0: plain), as space files' "mods": ["none",
   // "window", "softcap", "alibi", "window+softcap", ...: names joined by '+']. Default {0}. Like varlen, for compile-check, the sample and the
   // NVRTC tests: tune takes the modifications each problem has (variants_for).
   std::vector<unsigned> mods{0};
 
-  // The kernel forms listed, as (varlen, paged) pairs: dense, packed, paged (never both).
-  std::vector<std::pair<bool, bool>> forms() const;
+  // The kernel forms listed: dense, packed, paged (never both), the paged form in each of page_layouts.
+  struct Form {
+    bool packed = false, paged = false;
+    PageLayout layout = PageLayout::hnd;
+  };
+  std::vector<Form> forms() const;
   unsigned long long size() const;        // variants() would hold this many (saturating), without building them
   std::vector<Config> configs() const;    // the cartesian product of values
   std::vector<Variant> variants() const;  // configs x head_dims x causal x dtypes x (varlen or paged forms) x mods

@@ -148,11 +148,19 @@ typedef struct {
   ft_mods mods;                      /* the forward's */
 } ft_varlen_backward_args;
 
+/* The layout of a paged cache's pools (ft_paged_forward_args.layout, ABI 0.7). */
+typedef enum {
+  FT_PAGES_HND = 0, /* [num_pages, heads_k, page_size, d]: each kv head's keys of a page adjacent (0: a zeroed
+                       struct, the only layout before ABI 0.7) */
+  FT_PAGES_NHD = 1  /* [num_pages, page_size, heads_k, d]: each key's kv heads adjacent, FlashAttention's k_cache
+                       (flash_attn_with_kvcache) and vLLM's; read in place as well (the same configs and bytes) */
+} ft_page_layout;
+
 /* Paged K/V caches (decoding from a serving engine's cache, as vLLM's PagedAttention and FlashAttention's
- * flash_attn_with_kvcache(block_table=...)): K and V are pools of pages, [num_pages, heads_k, page_size, d],
- * contiguous (each page holds page_size consecutive keys of every kv head, head-major inside the page:
- * FlashAttention's [num_blocks, page_size, heads_k, d] is not this layout) and 16-byte aligned; they are read
- * in place, never copied. Sequence b's logical page j (its keys [j*page_size, (j+1)*page_size)) is physical
+ * flash_attn_with_kvcache(block_table=...)): K and V are pools of pages, [num_pages, heads_k, page_size, d]
+ * (layout FT_PAGES_HND: each page holds page_size consecutive keys of every kv head, head-major inside the
+ * page) or [num_pages, page_size, heads_k, d] (FT_PAGES_NHD: FlashAttention's and vLLM's block layout),
+ * contiguous and 16-byte aligned; they are read in place, never copied. Sequence b's logical page j (its keys [j*page_size, (j+1)*page_size)) is physical
  * page block_table[b*max_pages + j]; it holds cache_seqlens[b] keys. q, o [B, H, Sq, d] and lse [B, H, Sq]
  * are dense as in ft_forward_args (any strides for q and o). causal is bottom-right aligned to each
  * sequence's own length (query i sees keys j <= i + cache_seqlens[b] - Sq); a sequence without keys gets
@@ -178,9 +186,12 @@ typedef struct {
   const int32_t* block_table;   /* device memory, int32 [batch, max_pages] */
   const int32_t* cache_seqlens; /* device memory, int32 [batch] */
   ft_tensor q;                  /* [B, H, Sq, d] */
-  ft_tensor k_pages, v_pages;   /* [num_pages, heads_k, page_size, d], contiguous */
+  ft_tensor k_pages, v_pages;   /* [num_pages, heads_k, page_size, d] (FT_PAGES_NHD: [num_pages, page_size,
+                                   heads_k, d]), contiguous; the strides are those of that 4-D view */
   ft_tensor o;                  /* output [B, H, Sq, d] */
   float* lse;                   /* output [B, H, Sq] contiguous fp32, natural log; may be NULL */
+  int layout;                   /* ABI 0.7: an ft_page_layout, FT_PAGES_HND (0) or FT_PAGES_NHD; another value is
+                                   FT_INVALID_ARGUMENT */
 } ft_paged_forward_args;
 
 /* Which kernel a call runs, and where the choice came from. */
@@ -264,7 +275,7 @@ ft_status ft_reload_settings(void);
 ft_status ft_device_available(void);
 /* The last error of this thread, one line; "" after a success. */
 const char* ft_last_error(void);
-/* "0.6.0" */
+/* "0.7.0" */
 const char* ft_version(void);
 
 #ifdef __cplusplus

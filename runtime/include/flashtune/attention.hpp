@@ -172,11 +172,13 @@ struct PagedForwardArgs {
   const int32_t* block_table = nullptr;    // device, [batch, max_pages]
   const int32_t* cache_seqlens = nullptr;  // device, [batch]
   Tensor q, k_pages, v_pages, o;           // pools: Tensor::bhsd(pool, num_pages, heads_k, page_size, d)
+                                           // (FT_PAGES_NHD: Tensor::bhsd(pool, num_pages, page_size, heads_k, d))
   float* lse = nullptr;                    // [B, H, Sq] fp32, optional
+  ft_page_layout layout = FT_PAGES_HND;    // FT_PAGES_NHD: FlashAttention's and vLLM's [num_pages, page_size, Hk, d]
   ft_paged_forward_args c() const {
     return ft_paged_forward_args{batch,     heads,     heads_k,      seq_q, head_dim,       num_pages,
                                  page_size, max_pages, max_seqlen_k, dtype, causal ? 1 : 0, scale,
-                                 block_table, cache_seqlens, q.c(), k_pages.c(), v_pages.c(), o.c(), lse};
+                                 block_table, cache_seqlens, q.c(), k_pages.c(), v_pages.c(), o.c(), lse, (int)layout};
   }
 };
 
