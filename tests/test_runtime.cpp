@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <set>
 #include <string>
 
@@ -944,6 +945,32 @@ TEST(RuntimeUserStore, LookupOrder) {
   EXPECT_THROW(choose_with_store(ts, q, store_for(kH100)), std::exception);
   unsetenv("FLASHTUNE_DB");
   fs::remove_all(dir);
+}
+
+// $FLASHTUNE_TABLES: unset, "" or "on" reads the committed tables, "off" does not (an untabled GPU on a tabled
+// one); any other value is refused in one line naming the variable. (The runtime honouring it: FakeDriver's
+// HopperDecodeAndPacked, through explain().)
+TEST(RuntimeUserStore, TablesSwitch) {
+  EnvScope env;
+  env.set("FLASHTUNE_TABLES", std::nullopt);
+  EXPECT_TRUE(committed_tables_on());
+  for (const char* on : {"", "on"}) {
+    setenv("FLASHTUNE_TABLES", on, 1);
+    EXPECT_TRUE(committed_tables_on()) << on;
+  }
+  setenv("FLASHTUNE_TABLES", "off", 1);
+  EXPECT_FALSE(committed_tables_on());
+  for (const char* bad : {"0", "OFF", "no", " off", "off\nx", "1"}) {
+    setenv("FLASHTUNE_TABLES", bad, 1);
+    try {
+      committed_tables_on();
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("FLASHTUNE_TABLES must be on or off, not '", 0), 0u) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
 }
 
 // A store the runtime must not read: a link, a FIFO, a folder, a group- or world-writable file, one in a

@@ -11,7 +11,8 @@
 // Grouped-query heads on sm_80 and a fake sm_90; packed variable-length batches (the packed kernel forms, their parameters and
 // scratch, strided packed tensors packed and unpacked, fa3_wgmma's token-major tensor maps); paged K/V caches
 // (decode_splitkv's paged form, its parameters, the pools in place, the nearest config for small pages);
-// decoding on a fake H100 through the committed table's decode_splitkv entry; a second user's planted cache
+// decoding on a fake H100 through the committed table's decode_splitkv entry (and the default with
+// $FLASHTUNE_TABLES=off); a second user's planted cache
 // entries and -wal, and a store of packed rows the lookup does not read, through FLASHTUNE_CACHE_DIR and FLASHTUNE_DB;
 // the user's store ($XDG_CACHE_HOME/flashtune/<gpu-slug>.db) read with no variable, and passed over when unsafe.
 // (A test that sets $FLASHTUNE_DB or $XDG_CACHE_HOME calls ft_reload_settings: the runtime reads them at most once
@@ -1069,6 +1070,28 @@ TEST(FakeDriver, DISABLED_HopperDecodeAndPackedChild) {
   EXPECT_STREQ(e.family, "decode_splitkv");
   EXPECT_STREQ(e.source, "device");
   EXPECT_STREQ(e.device, "NVIDIA H100 80GB HBM3");
+  // $FLASHTUNE_TABLES=off: the H100 as an untabled GPU (the default, said in explain's text); any other value than
+  // on or off fails the call in one line; "on" reads the table again.
+  {
+    ft_explanation off;
+    setenv("FLASHTUNE_TABLES", "off", 1);
+    ft_reload_settings();
+    ASSERT_EQ(ft_explain_forward(&a, &off), FT_OK) << ft_last_error();
+    EXPECT_STREQ(off.source, "default");
+    EXPECT_NE(explain_fwd(a).find("the committed tables are off (FLASHTUNE_TABLES=off)"), std::string::npos)
+        << explain_fwd(a);
+    setenv("FLASHTUNE_TABLES", "offf", 1);
+    ft_reload_settings();
+    EXPECT_EQ(ft_explain_forward(&a, &off), FT_INVALID_ARGUMENT);
+    EXPECT_STREQ(ft_last_error(), "FLASHTUNE_TABLES must be on or off, not 'offf'");
+    setenv("FLASHTUNE_TABLES", "on", 1);
+    ft_reload_settings();
+    ASSERT_EQ(ft_explain_forward(&a, &off), FT_OK) << ft_last_error();
+    EXPECT_STREQ(off.source, "device");
+    EXPECT_EQ(std::string(off.config), e.config);
+    unsetenv("FLASHTUNE_TABLES");
+    ft_reload_settings();
+  }
   a.causal = 0;
   ft_explanation e2;
   ASSERT_EQ(ft_explain_forward(&a, &e2), FT_OK) << ft_last_error();

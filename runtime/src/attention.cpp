@@ -192,8 +192,8 @@ const Compiler& compiler_for(const std::string& arch) {
 
 // ---- which kernel ---------------------------------------------------------------------------
 // A call's plan (family, config, the kernels' key) depends on the call's query, the device, and the store the
-// lookup reads ($FLASHTUNE_DB, else the user's store under $XDG_CACHE_HOME or $HOME: user_store.hpp). Three
-// levels answer it:
+// lookup reads ($FLASHTUNE_DB, else the user's store under $XDG_CACHE_HOME or $HOME: user_store.hpp) and whether
+// it reads the committed tables ($FLASHTUNE_TABLES). Three levels answer it:
 //  - each thread's own small table (t_plans), keyed by a 40-byte POD of the call (context, direction, dtype, head
 //    dim, mask, grouped-query, deterministic, packed, page size, modifications, sequence bucket, query-length
 //    class and, inside a query-length range, batch x kv heads) and stamped with the settings' generation: a
@@ -201,9 +201,10 @@ const Compiler& compiler_for(const std::string& arch) {
 //    getenv, no store query; the slot also holds the context's loaded kernels, so the call skips the module
 //    maps too;
 //  - the process's map (State::plans, under the state's mutex), keyed by the same fields as a string with the
-//    device's name and the store's identity (path, inode, size, mtime), shared by every thread and context;
+//    device's name, the store's identity (path, inode, size, mtime) and the tables switch, shared by every thread
+//    and context;
 //  - choose_with_store (lookup.hpp): the tables and the store, the only level that reads the store.
-// What makes a thread's entries stale (Settings::generation moves on): the three variables or the store's
+// What makes a thread's entries stale (Settings::generation moves on): the four variables or the store's
 // identity changing, seen at the first call after a second has passed since the last look (a call then reads
 // the variables and stats the store: the one-second window the runtime always had for a re-tuned store, which
 // now holds for the variables too), ft_reload_settings (at the next call, with every plan forgotten), and a config
@@ -226,7 +227,7 @@ Variant variant_of(const Pick& pick, const Problem& p) {
                  problem_mods(p), p.paged.layout};
 }
 
-// The settings plans depend on: the three variables as last read, the store each device's lookup reads, and a
+// The settings plans depend on: the four variables as last read, the store each device's lookup reads, and a
 // generation that moves on whenever a plan made before may no longer be the plan now. Read at the first call,
 // then again at most once a second (CLOCK_MONOTONIC_COARSE: a few nanoseconds a call) or after
 // ft_reload_settings.
@@ -235,7 +236,7 @@ struct Settings {
   std::atomic<int64_t> next_check_ns{0};  // when a call looks again; 0: at the next call
   std::atomic<uint64_t> generation{1};
   bool read = false;                          // env holds the variables
-  std::string env;                            // FLASHTUNE_DB, XDG_CACHE_HOME, HOME (each '\0'-terminated)
+  std::string env;  // FLASHTUNE_DB, XDG_CACHE_HOME, HOME, FLASHTUNE_TABLES (each '\0'-terminated)
   std::map<std::string, StoreChoice> stores;  // device name -> its store under `env`
 };
 Settings& settings() {
@@ -249,7 +250,7 @@ int64_t coarse_now_ns() {
 }
 std::string settings_env() {
   std::string out;
-  for (const char* name : {"FLASHTUNE_DB", "XDG_CACHE_HOME", "HOME"}) {
+  for (const char* name : {"FLASHTUNE_DB", "XDG_CACHE_HOME", "HOME", "FLASHTUNE_TABLES"}) {
     const char* v = std::getenv(name);
     out += v ? v : "";
     out += '\0';
@@ -383,7 +384,13 @@ Plan make_plan(CUcontext ctx, const Query& q0, const Problem& p) {
   // re-tuned while this process runs (flashtune.tune) is read by the next call once the settings look again.
   uint64_t gen = 0;
   const StoreChoice store = store_choice(q.device, &gen);
-  const std::string plan_key = plan_key_of(q, k, store.identity);
+  bool tables = true;  // $FLASHTUNE_TABLES (user_store.hpp): off, as on a GPU with no table
+  try {
+    tables = committed_tables_on();
+  } catch (const std::exception& e) {
+    fail(FT_INVALID_ARGUMENT, e.what());
+  }
+  const std::string plan_key = plan_key_of(q, k, store.identity) + (tables ? "" : "|no-tables");
   plan.query = q;
   State& s = state();
   {
@@ -394,7 +401,11 @@ Plan make_plan(CUcontext ctx, const Query& q0, const Problem& p) {
     const Compiler& compiler = compiler_for(q.arch);
     auto r = std::make_shared<Resolved>();
     try {
-      r->pick = choose_with_store(generated_tables(), q, store);
+      r->pick = choose_with_store(tables ? generated_tables() : TableSet{}, q, store);
+      if (!tables) {
+        const char* off = "the committed tables are off (FLASHTUNE_TABLES=off)";
+        r->pick.note = r->pick.note.empty() ? off : r->pick.note + "; " + off;
+      }
     } catch (const std::exception& e) {
       fail(FT_INVALID_ARGUMENT, std::string("FLASHTUNE_DB: ") + e.what());
     }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 
 #include "disk_cache.hpp"
 #include "core/util.hpp"
@@ -100,6 +101,14 @@ StoreChoice store_for(const std::string& device) {
   s.identity = path + '|' + std::to_string(st.st_ino) + '|' + std::to_string(st.st_size) + '|' +
                std::to_string(st.st_mtim.tv_sec) + '.' + std::to_string(st.st_mtim.tv_nsec);
   return s;
+}
+
+bool committed_tables_on() {
+  const char* v = std::getenv("FLASHTUNE_TABLES");
+  const std::string value = v ? v : "";
+  if (value.empty() || value == "on") return true;
+  if (value == "off") return false;
+  throw std::invalid_argument("FLASHTUNE_TABLES must be on or off, not '" + brief(value, 40) + "'");
 }
 
 Pick choose_with_store(const TableSet& ts, const Query& q, const StoreChoice& store) {

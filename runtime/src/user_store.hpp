@@ -46,6 +46,12 @@ struct StoreChoice {
 };
 StoreChoice store_for(const std::string& device);
 
+// $FLASHTUNE_TABLES: whether a lookup reads the committed tables (configs/generated/dispatch.hpp, compiled in).
+// Unset, "" or "on": yes (after the store); "off": no, as on a GPU with no table: the store ($FLASHTUNE_DB or
+// the user's), then the family's default. It stands for an untabled GPU on a tabled one (issue 36's first-use
+// measurement: experiments/autotune_first_use.py). Any other value throws std::invalid_argument, one line.
+bool committed_tables_on();
+
 // choose() over store_for's store. A $FLASHTUNE_DB store that cannot be read throws (the call fails, as
 // before); the user's store falls back to the tables with a note. A pick from the user's store has
 // source "user" ($FLASHTUNE_DB's: "db").
