@@ -38,6 +38,11 @@
 #            pick in one run: decode_paged_vs_dense.csv; issue 31's token-major pools (FlashAttention's/vLLM's
 #            [num_pages, page_size, Hk, d]) validated (check-nhd: decode_paged_nhd_validate.db) and tuned
 #            (tune-nhd: decode_paged_nhd.db, apart from results.db) only when named
+#   autotune-first-use - issue 36: tuning at first use with the committed tables off (FLASHTUNE_TABLES=off: an
+#            untabled GPU), then a second process that must not tune times the stored picks beside the committed
+#            table's, forward and backward, profiler kernel time (experiments/autotune_first_use.py):
+#            autotune_first_use.csv; AUTOTUNE_GPUS parts side by side on as many GPUs, AUTOTUNE_OFFSET/SUBSET a part
+#            of the 18 buckets, AUTOTUNE_BUDGET_S per bucket, AUTOTUNE_CALL_S the call's wall time
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py): host_time.csv
 #   torch-op [PART ...] - the runtime and the PyTorch extension alone (their targets), python_unit, gpu_torch_op's
 #            PARTs (default: all), each probe shape's kernels compiled meanwhile in the background, then the host-time
@@ -93,7 +98,7 @@ fi
 # The main job needs the CLI and its worker only (what a user's first build of the main job makes).
 targets=()
 [[ $stage == main-job ]] && targets=(--target flashtune flashtune-worker)
-[[ $stage == torch-op || $stage == train || $stage == host-time ]] && targets=(--target flashtune flashtune-worker flashtune_attention flashtune_torch abi_layout make_fixture_db lookup_probe)
+[[ $stage == torch-op || $stage == train || $stage == host-time || $stage == autotune-first-use ]] && targets=(--target flashtune flashtune-worker flashtune_attention flashtune_torch abi_layout make_fixture_db lookup_probe)
 build_t0=$(date +%s)
 if ! { cmake --preset release -DFLASHTUNE_BENCHMARKS=OFF "${extra[@]}" && cmake --build build -j"$(nproc)" "${targets[@]}"; } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
@@ -982,6 +987,44 @@ host-time)
   PYTHONUNBUFFERED=1 python3 experiments/probes/host_time.py --csv "$rep/host_time.csv" "$@" 2>&1 |
     tee "$rep/host_time.txt" | tail -150
   cp "$rep/host_time.csv" "$rep/host_time.txt" "$OUT/"
+  ;;
+autotune-first-use)
+  # Issue 36's first-use measurement (experiments/autotune_first_use.py): per bucket of the bf16 grid, the first
+  # call tunes it (tables off, AUTOTUNE_BUDGET_S, default 60), a second process times the stored picks and the
+  # committed table's, forward and backward. ~105 s a bucket at 60 s (the tune, its compiles, the timing): one GPU
+  # takes ~4 buckets a call. AUTOTUNE_GPUS=N runs N parts side by side (one GPU each, its own store): on 8 GPUs
+  # the 18 buckets fit one call. AUTOTUNE_OFFSET and AUTOTUNE_SUBSET: buckets OFFSET..OFFSET+SUBSET-1 (default all
+  # 18). Each part paces itself to AUTOTUNE_CALL_S (default 570) less the build's time, and `timeout` stops it 30 s
+  # later (its rows stay). AUTOTUNE_FAULT_CHECK=1 (default when OFFSET is 0): the first part first tunes a small
+  # bucket through a CLI whose first sweep holds a faulting candidate (autotune_first_use_fault_check.json).
+  export PYTHONPATH=$PWD/python FLASHTUNE_LIBRARY=$PWD/build/runtime/libflashtune_attention.so \
+    FLASHTUNE_TORCH_LIBRARY=$PWD/build/python/csrc/libflashtune_torch.so FLASHTUNE_CLI=$PWD/build/flashtune
+  gpus=${AUTOTUNE_GPUS:-1} offset=${AUTOTUNE_OFFSET:-0}
+  subset=${AUTOTUNE_SUBSET:-$((18 - offset))}
+  per=$(((subset + gpus - 1) / gpus))
+  limit=$((${AUTOTUNE_CALL_S:-570} - ($(date +%s) - build_t0) - 30))
+  name=autotune_first_use
+  ((offset == 0 && subset >= 18)) || name=autotune_first_use_${offset}_$subset
+  af_dir=$(mktemp -d)
+  log "autotune at first use: buckets $offset..$((offset + subset - 1)) on $gpus GPU(s), budget ${AUTOTUNE_BUDGET_S:-60} s, paced to $limit s"
+  pids=()
+  for ((i = 0; i < gpus && offset + i * per < offset + subset; i++)); do
+    o=$((offset + i * per)) n=$((subset - i * per))
+    ((n > per)) && n=$per
+    fault=()
+    [[ $i == 0 && ${AUTOTUNE_FAULT_CHECK:-$((offset == 0))} == 1 ]] && fault=(--fault-check)
+    CUDA_VISIBLE_DEVICES=$i timeout $((limit + 30)) python3 experiments/autotune_first_use.py --out "$af_dir/$i.csv" \
+      --offset $o --subset $n --budget-s "${AUTOTUNE_BUDGET_S:-60}" --time-limit-s $limit "${fault[@]}" >"$af_dir/$i.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  for log_file in "$af_dir"/*.log; do echo "-- part $(basename "$log_file" .log)"; cat "$log_file"; done >"$OUT/$name.log"
+  { head -1 "$af_dir/0.csv"; for f in "$af_dir"/*.csv; do tail -n +2 "$f"; done; } >"$rep/$name.csv"
+  grep -hE "^(fault check|autotune_first_use|tuned)|BAR|Error" "$OUT/$name.log" | tail -40
+  cp "$rep/$name.csv" "$OUT/"
+  [[ -f $af_dir/0_fault_check.json ]] && cp "$af_dir/0_fault_check.json" "$rep/${name}_fault_check.json" &&
+    cp "$rep/${name}_fault_check.json" "$OUT/"
+  rm -rf "$af_dir"
   ;;
 torch-op)
   export PYTHONPATH=$PWD/python FLASHTUNE_LIBRARY=$PWD/build/runtime/libflashtune_attention.so \
