@@ -954,6 +954,10 @@ split-compare)
   # interleaved (experiments/ab_builds.py; the configs tuned on the H200 grid): wgmma_split_ab.csv.
   # $1 a directory: its files laid over the tree by their paths (e.g. .split/templates/fa2_wgmma_bwd*.h*,
   # the other side of a change that touched several files). SPLIT_VALIDATE_LIMIT_S=0 skips the validation.
+  # SPLIT_FAMILY=fa3_wgmma_bwd: that family instead (its sample space validated on ragged_mma_bwd and
+  # ragged_gqa_bwd, its picks of AB_CONFIGS_DB timed on the bwd grid and the GQA points).
+  fam=${SPLIT_FAMILY:-fa2_wgmma_bwd}
+  [[ $fam == fa2_wgmma_bwd || $fam == fa3_wgmma_bwd ]] || { echo "split-compare: SPLIT_FAMILY fa2_wgmma_bwd or fa3_wgmma_bwd" >&2; exit 2; }
   cand=${1:-.split/fa2_wgmma_bwd.cuh}
   log "second build with $cand"
   rm -rf /tmp/ab && mkdir -p /tmp/ab
@@ -967,18 +971,38 @@ split-compare)
 {"family": "fa2_wgmma_bwd", "params": {"BLOCK_M": [64], "BLOCK_N": [64, 128], "SPLIT": [0, 1, 2], "STAGES": [1, 2],
  "DQ_RED": [0, 1, 2, 3], "LOAD": [0, 1]}, "head_dims": [64, 128, 192, 256], "causal": [false, true], "dtypes": ["bf16"]}
 JSON
+  vspace=/tmp/ab_space.json vprobs=(ragged_mma_bwd) abprobs=(configs/problems/anchors_bwd_bf16.json)
+  if [[ $fam == fa3_wgmma_bwd ]]; then
+    vspace=configs/spaces/fa3_wgmma_bwd_sample.json vprobs=(ragged_mma_bwd ragged_gqa_bwd)
+    abprobs+=(configs/problems/gqa_bwd_bf16_2k8k.json)
+  fi
   [[ ${SPLIT_VALIDATE_LIMIT_S:-200} == 0 ]] || {
-  log "validate the candidate's sample on ragged_mma_bwd"
   rm -f /tmp/ab_val.db
-  timeout "${SPLIT_VALIDATE_LIMIT_S:-200}" /tmp/ab/build/flashtune tune /tmp/ab_space.json configs/problems/ragged_mma_bwd.json \
-    --db /tmp/ab_val.db --quiet --stop-margin 0.5 --retime 0 >"$OUT/ab_validate.log" 2>&1; tail -1 "$OUT/ab_validate.log"
+  for probs in "${vprobs[@]}"; do
+    log "validate the candidate's sample on $probs"
+    timeout "${SPLIT_VALIDATE_LIMIT_S:-200}" /tmp/ab/build/flashtune tune "$vspace" configs/problems/$probs.json \
+      --db /tmp/ab_val.db --quiet --stop-margin 0.5 --retime 0 --timeout 5 >>"$OUT/ab_validate.log" 2>&1; tail -1 "$OUT/ab_validate.log"
+  done
   validation_summary /tmp/ab_val.db || echo "FAIL: a compiled variant of the candidate did not validate"
   }
   log "A/B on the bwd grid"
-  $ft best --db "${AB_CONFIGS_DB:-reports/nvidia-h200/results.db}" --family fa2_wgmma_bwd --csv >/tmp/ab_configs.csv  # its tuned grid
-  python3 experiments/ab_builds.py --a "$ft" --b /tmp/ab/build/flashtune --configs /tmp/ab_configs.csv --db /tmp/ab.db \
-    --problems configs/problems/anchors_bwd_bf16.json --family fa2_wgmma_bwd --max-seq "${SPLIT_MAX_SEQ:-4096}" \
-    --out "$rep/${AB_OUT:-wgmma_split_ab}.csv" >"$OUT/ab.log" 2>&1; cat "$OUT/ab.log"
+  $ft best --db "${AB_CONFIGS_DB:-reports/nvidia-h200/results.db}" --family "$fam" --csv >/tmp/ab_configs.csv  # its tuned grid
+  rm -rf /tmp/ab_out && mkdir -p /tmp/ab_out
+  for probs in "${abprobs[@]}"; do
+    python3 experiments/ab_builds.py --a "$ft" --b /tmp/ab/build/flashtune --configs /tmp/ab_configs.csv --db /tmp/ab.db \
+      --problems "$probs" --family "$fam" --max-seq "${SPLIT_MAX_SEQ:-4096}" \
+      --out "/tmp/ab_out/$(basename "$probs" .json).csv" >>"$OUT/ab.log" 2>&1
+  done
+  cat "$OUT/ab.log"
+  python3 - "$rep/${AB_OUT:-wgmma_split_ab}.csv" /tmp/ab_out/*.csv <<'PY'
+import csv, sys
+rows = [r for f in sys.argv[2:] for r in csv.DictReader(open(f))]
+if rows:
+    with open(sys.argv[1], "w", newline="") as out:
+        w = csv.DictWriter(out, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+PY
   cp "$rep/${AB_OUT:-wgmma_split_ab}.csv" "$OUT/"
   ;;
 host-time)
