@@ -607,7 +607,7 @@ __device__ __forceinline__ DqBlock dq_block(const DqRows& r, const QueryStep& st
     return {r.accum + static_cast<long long>(st.hq) * r.seq_q * T::kHeadDim, st.mb * T::kBlockM};
 }
 
-// DETERMINISTIC: the turns of the CTA's key block at its steps' query blocks (fa2_wgmma_bwd_turn), taken by
+// DETERMINISTIC: the turns of the CTA's key block at its steps' query blocks (bwd_dq_turn), taken by
 // DQ_RED 3's issuers around each tile's reduction: wait() before it is issued, pass() once it is complete.
 // Packed, lane 0 of warp 0 waits and passes for the warp (each lane reduces rows of the tile: every lane's
 // reductions complete, then the warp's barrier, then the release). Empty when not DETERMINISTIC.
@@ -635,7 +635,7 @@ struct DqTurns<T, PACKED, true> {
   __device__ __forceinline__ int* at(const QueryStep& st) const { return counters + st.hq * head + st.mb * T::kBlockM; }
   __device__ __forceinline__ void wait(int lane, const QueryStep& st) const {
     if (!PACKED || lane == 0)
-      turn_wait(at(st), fa2_wgmma_bwd_turn(T::kDeterministicOrder, key_block, st.mb, T::kBlockM, T::kBlockN, seq_q, seq_k));
+      turn_wait(at(st), bwd_dq_turn(T::kDeterministicOrder, key_block, st.mb, T::kBlockM, T::kBlockN, seq_q, seq_k));
     if constexpr (PACKED) {
       __syncwarp();
       fence_proxy_async_global();  // each lane's reductions after what lane 0's acquire saw

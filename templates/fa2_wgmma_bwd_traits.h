@@ -173,19 +173,7 @@ FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int 
   return GridDims{ceil_div(seq_k, BN), heads, batch};
 }
 
-// DETERMINISTIC's order. Key block j sees query block m iff its first visible block, max(0, j BN - (Sk - Sq)) / BM,
-// is at most m: x = (m + 1) BM + Sk - Sq > j BN. That grows with j, so m's contributors are the key blocks
-// 0 .. J(m) (causal or not, Sq <= Sk or not, each query head of a group apart): J(m), -1 when none.
-FT_HD constexpr int fa2_wgmma_bwd_last_key_block(int m, int BM, int BN, int seq_q, int seq_k) {
-  const int x = (m + 1) * BM + (seq_k - seq_q);
-  if (x <= 0) return -1;
-  const int j = (x - 1) / BN, last = (seq_k > 0 ? seq_k - 1 : 0) / BN;
-  return j < last ? j : last;
-}
-// Key block j's turn at query block m: DETERMINISTIC 1 ascending (j), 2 descending (J(m) - j).
-FT_HD constexpr int fa2_wgmma_bwd_turn(int DETERMINISTIC, int j, int m, int BM, int BN, int seq_q, int seq_k) {
-  return DETERMINISTIC == 2 ? fa2_wgmma_bwd_last_key_block(m, BM, BN, seq_q, seq_k) - j : j;
-}
+// DETERMINISTIC's order: bwd_dq_last_key_block, bwd_dq_turn (traits_common.h, shared with fa3_wgmma_bwd).
 // The key block of dK/dV CTA x of a grid row of `blocks`: DETERMINISTIC 2 counts them from the last down, so that
 // the blocks a key block waits for (the higher ones) were launched before it (packed: the grid row covers the
 // longest sequence; a shorter one's CTAs past its keys, now the row's first, exit at once).
@@ -303,7 +291,7 @@ struct Fa2WgmmaBwdTraits {
   static constexpr int kDtype = DTYPE;
   static constexpr bool kCausal = CAUSAL;
   static constexpr bool kDeterministic = DETERMINISTIC >= 1;
-  static constexpr int kDeterministicOrder = DETERMINISTIC;  // fa2_wgmma_bwd_turn, fa2_wgmma_bwd_key_block
+  static constexpr int kDeterministicOrder = DETERMINISTIC;  // bwd_dq_turn, fa2_wgmma_bwd_key_block
   static constexpr int kDqMode = 0;  // dQ by fp32 reductions (the shared preprocess / dq kernels read this)
   static constexpr bool kDqAccumSwizzled = DQ_RED == 3;  // dq_accum's layout, for the dQ conversion kernel
 

@@ -26,7 +26,7 @@
 //                       turn, adds, waits for the add to complete and passes the turn on; key block j
 //                       adds to every query block it sees iff blocks 0 .. j - 1 do (the first visible query
 //                       block grows with j), so the additions run in key-block order: 1 from block 0 up,
-//                       2 from the query block's last block J down (fa3_bwd_turn)
+//                       2 from the query block's last block J down (bwd_dq_turn)
 //   consumers           warpgroup c owns keys [64c, 64c + 64) of the block; per step (a query block of one
 //                       query head of the group):
 //     S^T  = K_c Q^T        SS, K-major both, m64 x BM, k = D
@@ -291,7 +291,7 @@ __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams&
       if constexpr (T::kDeterministic && ModsOf<T>::window)
         turn_wait(turn, fa3_bwd_window_turn(T::kDeterministicOrder, st.band, key_block, mb, BM, T::kBlockN, p.seq_q, p.seq_k));
       else if constexpr (T::kDeterministic)
-        turn_wait(turn, fa3_bwd_turn(T::kDeterministicOrder, key_block, mb, BM, T::kBlockN, p.seq_q, p.seq_k));
+        turn_wait(turn, bwd_dq_turn(T::kDeterministicOrder, key_block, mb, BM, T::kBlockN, p.seq_q, p.seq_k));
     }
 #pragma unroll
     for (int piece = 0; piece < P; ++piece) {

@@ -147,20 +147,7 @@ FT_HD constexpr bool fa3_bwd_direct_ok(int DQ_STAGES, int DETERMINISTIC) { retur
 FT_HD constexpr bool fa3_bwd_dtype_ok(int DTYPE) { return DTYPE == 0 || DTYPE == 1; }
 FT_HD constexpr bool fa3_bwd_deterministic_ok(int SCHED, int DETERMINISTIC) { return DETERMINISTIC == 0 || SCHED != 2; }
 FT_HD constexpr bool fa3_bwd_deterministic_value_ok(int DETERMINISTIC) { return DETERMINISTIC >= 0 && DETERMINISTIC <= 2; }
-// The key blocks that add into query block m under the bottom-right causal mask are 0 .. J (key block j sees m iff
-// its first visible query block, max(0, j BN - (Sk - Sq)) / BM, is at most m): J, or -1 when none does.
-// (32-bit: x is below Sk + BM, and the runtime caps a sequence far below 2^31; the dQ writer that computes it
-// has 24 registers.)
-FT_HD constexpr int fa3_bwd_last_key_block(int m, int BM, int BN, int seq_q, int seq_k) {
-  const int x = (m + 1) * BM + (seq_k - seq_q);  // key block j sees m iff j BN < x
-  if (x <= 0) return -1;
-  const int j = (x - 1) / BN, last = (seq_k > 0 ? seq_k - 1 : 0) / BN;
-  return j < last ? j : last;
-}
-// Key block j's turn at query block m: DETERMINISTIC 1 ascending (j), 2 descending (J - j).
-FT_HD constexpr int fa3_bwd_turn(int DETERMINISTIC, int j, int m, int BM, int BN, int seq_q, int seq_k) {
-  return DETERMINISTIC == 2 ? fa3_bwd_last_key_block(m, BM, BN, seq_q, seq_k) - j : j;
-}
+// DETERMINISTIC's order: bwd_dq_last_key_block, bwd_dq_turn (traits_common.h).
 
 // A window (AttnModTraits' WINDOW, WindowBand): the blocks a pair of tiles share a visible (query, key) pair in.
 // Query block m (rows [m BM, min((m + 1) BM, Sq))) meets key blocks first .. last (last < first: none); key block
@@ -235,7 +222,7 @@ struct Fa3WgmmaBwdTraits {
   static constexpr bool kDqOverlap = DQ_OVERLAP == 1;
   static constexpr bool kDqTurns = DQ_TURNS == 1;
   static constexpr bool kDeterministic = DETERMINISTIC >= 1;
-  static constexpr int kDeterministicOrder = DETERMINISTIC;    // fa3_bwd_turn
+  static constexpr int kDeterministicOrder = DETERMINISTIC;    // bwd_dq_turn
   static constexpr bool kDescending = DETERMINISTIC == 2;      // the grid from the last key block down
   static constexpr int kDqStages = DQ_STAGES;
   static constexpr bool kDqDirect = DQ_STAGES == 0;  // dQ added from registers: no staging tile, no writer warp

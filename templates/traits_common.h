@@ -75,4 +75,20 @@ FT_HD constexpr WindowBand window_band(int window_left, int window_right, bool c
   return WindowBand{lo, causal && !(hi < diag) ? diag : hi};
 }
 
+// The deterministic backward's dQ order (fa3_wgmma_bwd and fa2_wgmma_bwd, DETERMINISTIC 1 and 2). Key block j sees
+// query block m iff its first visible block, max(0, j BN - (Sk - Sq)) / BM, is at most m: x = (m + 1) BM + Sk - Sq
+// > j BN. That grows with j, so m's contributors are the key blocks 0 .. J(m) (bottom-right causal mask or none,
+// Sq <= Sk or not, each query head of a group apart): J(m), or -1 when none does. (32-bit: x is below Sk + BM,
+// and the runtime caps a sequence far below 2^31; fa3_wgmma_bwd's dQ writer that computes it has 24 registers.)
+FT_HD constexpr int bwd_dq_last_key_block(int m, int BM, int BN, int seq_q, int seq_k) {
+  const int x = (m + 1) * BM + (seq_k - seq_q);
+  if (x <= 0) return -1;
+  const int j = (x - 1) / BN, last = (seq_k > 0 ? seq_k - 1 : 0) / BN;
+  return j < last ? j : last;
+}
+// Key block j's turn at query block m: order 1 ascending (j), 2 descending (J(m) - j: the diagonal block first).
+FT_HD constexpr int bwd_dq_turn(int order, int j, int m, int BM, int BN, int seq_q, int seq_k) {
+  return order == 2 ? bwd_dq_last_key_block(m, BM, BN, seq_q, seq_k) - j : j;
+}
+
 }  // namespace flashtune

@@ -279,15 +279,11 @@ TEST(Family, WgmmaBwdDeterministicPrunes) {
             4u * 8u * 494u);
 }
 
-// DETERMINISTIC's order, against the kernel's walk: the key blocks whose walks (first visible query block
-// max(0, j BN - (Sk - Sq)) / BM, as the kernel's first_m_block) reach query block m are exactly 0 .. J(m)
-// (fa2_wgmma_bwd_last_key_block), so each turn 0 .. J(m) is taken once, ascending (1) or descending (2).
-// Then the whole protocol, emulated: CTAs launched in linear order onto `slots` resident places (a CTA holds
-// its place until done), each walking its steps from step 0 (Fa2WgmmaBwdQuerySteps, every query head of the
-// group), waiting at each for its turn at that query head's block, adding and passing it on. It never
-// deadlocks, each (head, block) receives its contributors in key-block order, ascending or descending; and
-// DETERMINISTIC 2 launched ascending (not from the last key block down) does deadlock with few places.
-TEST(Family, WgmmaBwdDeterministicTurns) {
+// The deterministic dQ's order (fa3_wgmma_bwd and fa2_wgmma_bwd), against the kernels' walk: the key blocks whose
+// walks (first visible query block max(0, j BN - (Sk - Sq)) / BM, as the kernels' first query block) reach query
+// block m are exactly 0 .. J(m) (bwd_dq_last_key_block), so each turn 0 .. J(m) is taken once, ascending (1) or
+// descending (2), the diagonal block first.
+TEST(Family, BwdDqTurnsFollowTheWalks) {
   for (int BM : {64, 128})
     for (int BN : {64, 128, 192})
       for (int sq : {1, 63, 64, 65, 200, 517, 1000})
@@ -300,19 +296,29 @@ TEST(Family, WgmmaBwdDeterministicTurns) {
                 EXPECT_EQ(last, j - 1) << "a gap below key block " << j;
                 last = j;
               }
-            ASSERT_EQ(fa2_wgmma_bwd_last_key_block(m, BM, BN, sq, sk), last) << BM << " " << BN << " " << sq << " " << sk << " " << m;
+            ASSERT_EQ(bwd_dq_last_key_block(m, BM, BN, sq, sk), last) << BM << " " << BN << " " << sq << " " << sk << " " << m;
             std::set<int> up, down;
             for (int j = 0; j <= last; ++j) {
-              up.insert(fa2_wgmma_bwd_turn(1, j, m, BM, BN, sq, sk));
-              down.insert(fa2_wgmma_bwd_turn(2, j, m, BM, BN, sq, sk));
+              up.insert(bwd_dq_turn(1, j, m, BM, BN, sq, sk));
+              down.insert(bwd_dq_turn(2, j, m, BM, BN, sq, sk));
             }
             std::set<int> all;
             for (int t = 0; t <= last; ++t) all.insert(t);
             EXPECT_EQ(up, all);
             EXPECT_EQ(down, all);
-            if (last >= 0) EXPECT_EQ(fa2_wgmma_bwd_turn(2, last, m, BM, BN, sq, sk), 0);  // the diagonal block first
+            EXPECT_EQ(up, down);
+            if (last >= 0) EXPECT_EQ(*down.rbegin(), last);
+            if (last >= 0) EXPECT_EQ(bwd_dq_turn(2, last, m, BM, BN, sq, sk), 0);  // the diagonal block first
           }
         }
+}
+
+// fa2_wgmma_bwd's DETERMINISTIC protocol, emulated: CTAs launched in linear order onto `slots` resident places (a
+// CTA holds its place until done), each walking its steps from step 0 (Fa2WgmmaBwdQuerySteps, every query head of
+// the group), waiting at each for its turn at that query head's block, adding and passing it on. It never
+// deadlocks, each (head, block) receives its contributors in key-block order, ascending or descending; and
+// DETERMINISTIC 2 launched ascending (not from the last key block down) does deadlock with few places.
+TEST(Family, WgmmaBwdDeterministicTurns) {
   for (unsigned x = 0; x < 5; ++x) {
     EXPECT_EQ(fa2_wgmma_bwd_key_block(1, x, 5), x);
     EXPECT_EQ(fa2_wgmma_bwd_key_block(2, x, 5), 4 - x);
@@ -343,7 +349,7 @@ TEST(Family, WgmmaBwdDeterministicTurns) {
       for (size_t i = 0; i < running.size();) {
         Cta& c = running[i];
         const int at = c.st.hq * num_m + c.st.mb;
-        if (counter[at] == fa2_wgmma_bwd_turn(order, c.j, c.st.mb, BM, BN, sq, sk)) {
+        if (counter[at] == bwd_dq_turn(order, c.j, c.st.mb, BM, BN, sq, sk)) {
           adds[at].push_back(c.j);
           ++counter[at];
           moved = true;
@@ -359,7 +365,7 @@ TEST(Family, WgmmaBwdDeterministicTurns) {
     }
     for (int hq = 0; hq < group; ++hq)
       for (int m = 0; m < num_m; ++m) {
-        const int last = causal ? fa2_wgmma_bwd_last_key_block(m, BM, BN, sq, sk) : nb - 1;
+        const int last = causal ? bwd_dq_last_key_block(m, BM, BN, sq, sk) : nb - 1;
         const std::vector<int>& a = adds[hq * num_m + m];
         EXPECT_EQ((int)a.size(), last + 1) << hq << " " << m;
         for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], order == 2 ? last - (int)k : (int)k) << hq << " " << m;
@@ -1490,31 +1496,7 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 2, 0, 1, 1), HasSubstr("DETERMINISTIC 1 needs SCHED 0 or 1"));
   EXPECT_THAT(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 3), HasSubstr("DETERMINISTIC must be"));
   EXPECT_EQ(fa3_bwd_check(64, 128, 2, 2, 0, 0, 1, 2), nullptr);
-  // The turns: the key blocks that see query block m are exactly 0 .. J (fa3_bwd_last_key_block), for every
-  // ragged causal shape; DETERMINISTIC 1 walks them up, 2 down, each turn taken once.
-  for (int BM : {64, 128})
-    for (int BN : {64, 128, 192})
-      for (int sq : {1, 63, 64, 65, 200, 517, 1000})
-        for (int sk : {1, 63, 64, 65, 200, 333, 1000}) {
-          const int nb = (sk + BN - 1) / BN, num_m = (sq + BM - 1) / BM;
-          for (int m = 0; m < num_m; ++m) {
-            int last = -1;
-            for (int j = 0; j < nb; ++j)
-              if (std::max(0, j * BN - (sk - sq)) / BM <= m) {
-                EXPECT_EQ(last, j - 1) << "a gap below key block " << j;
-                last = j;
-              }
-            EXPECT_EQ(fa3_bwd_last_key_block(m, BM, BN, sq, sk), last) << BM << " " << BN << " " << sq << " " << sk << " " << m;
-            std::set<int> up, down;
-            for (int j = 0; j <= last; ++j) {
-              up.insert(fa3_bwd_turn(1, j, m, BM, BN, sq, sk));
-              down.insert(fa3_bwd_turn(2, j, m, BM, BN, sq, sk));
-            }
-            EXPECT_EQ(up, down);
-            if (last >= 0) EXPECT_EQ(*down.rbegin(), last);
-            if (last >= 0) EXPECT_EQ(fa3_bwd_turn(2, last, m, BM, BN, sq, sk), 0);
-          }
-        }
+  // The turns' order: Family.BwdDqTurnsFollowTheWalks (shared with fa2_wgmma_bwd).
   // Two dQ staging tiles: 32 KB more at d 128 BLOCK_M 64 (231464 bytes of 232448), too many with three consumers.
   EXPECT_EQ(fa3_bwd_check(128, 64, 2, 2, 0, 1, 0, 1, 2), nullptr);
   EXPECT_EQ(fa3_bwd_smem_bytes(128, 64, 2, 2, 2), fa3_bwd_smem_bytes(128, 64, 2, 2) + 4 * 64 * 128);
@@ -1649,7 +1631,7 @@ TEST(Family, Fa3BwdFamilyMapsAndLaunches) {
 // and its dQ turns count the key blocks fa3_bwd_window_key_blocks gives; both must be exactly the block pairs
 // that share a visible (query, key) pair (Problem::visible_keys, the problem's own definition), for ragged shapes
 // and windows of every kind, else a query block's turns would wait for a key block that never adds (a hang) or a
-// key block would skip rows that see it. The band without a window is causal's: the same turns as fa3_bwd_turn.
+// key block would skip rows that see it. The band without a window is causal's: the same turns as bwd_dq_turn.
 TEST(Family, Fa3BwdWindowBlocksArePairsThatMeet) {
   for (const auto& [left, right] : {std::pair{0, 0}, std::pair{1, -1}, std::pair{64, -1}, std::pair{65, 65},
                                     std::pair{-1, 1}, std::pair{3, 17}, std::pair{100000, 100000}, std::pair{-1, -1},
@@ -1691,8 +1673,8 @@ TEST(Family, Fa3BwdWindowBlocksArePairsThatMeet) {
                 down.insert(fa3_bwd_window_turn(2, band, n, m, BM, BN, sq, sk));
                 if (left < 0 && right < 0) {  // no window: the plain kernels' turns (DETERMINISTIC 2 is causal only)
                   if (causal)
-                    EXPECT_EQ(fa3_bwd_window_turn(2, band, n, m, BM, BN, sq, sk), fa3_bwd_turn(2, n, m, BM, BN, sq, sk)) << at;
-                  EXPECT_EQ(fa3_bwd_window_turn(1, band, n, m, BM, BN, sq, sk), fa3_bwd_turn(1, n, m, BM, BN, sq, sk)) << at;
+                    EXPECT_EQ(fa3_bwd_window_turn(2, band, n, m, BM, BN, sq, sk), bwd_dq_turn(2, n, m, BM, BN, sq, sk)) << at;
+                  EXPECT_EQ(fa3_bwd_window_turn(1, band, n, m, BM, BN, sq, sk), bwd_dq_turn(1, n, m, BM, BN, sq, sk)) << at;
                 }
               }
               std::set<int> want;  // each turn 0 .. count - 1 taken once
