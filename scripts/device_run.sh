@@ -903,12 +903,14 @@ decode-paged)
   [[ ${#parts[@]} -eq 0 ]] && parts=(check tune peers)
   for part in "${parts[@]}"; do
     case $part in
-    check)
-      val=$(validation_store decode_paged)
-      log "validate decode_splitkv (paged form) on ragged_decode_paged"
+    check|check-nhd)  # check-nhd: the token-major pools (ragged_decode_paged_nhd, decode_paged_nhd_validate.db)
+      sfx="" what="paged form"
+      [[ $part == check-nhd ]] && sfx=_nhd what="paged form, token-major pools"
+      val=$(validation_store "decode_paged$sfx")
+      log "validate decode_splitkv ($what) on ragged_decode_paged$sfx"
       timeout "${DECODE_PAGED_VALIDATE_LIMIT_S:-160}" $ft tune configs/spaces/decode_splitkv.json \
-        configs/problems/ragged_decode_paged.json --db "$val" --quiet --strategy halving --retime 0 2>&1 | tail -1
-      validation_summary "$val" || echo "FAIL: a compiled decode_splitkv variant did not validate on a paged cache"
+        "configs/problems/ragged_decode_paged$sfx.json" --db "$val" --quiet --strategy halving --retime 0 2>&1 | tail -1
+      validation_summary "$val" || echo "FAIL: a compiled decode_splitkv variant did not validate ($what)"
       $ft drop-cubins --db "$val"
       ;;
     tune)
@@ -925,14 +927,6 @@ decode-paged)
       tail -3 "$OUT/decode_paged_vs_dense.log"
       cut -d, -f1-13 "$rep/decode_paged_vs_dense.csv"
       cp "$rep/decode_paged_vs_dense.csv" "$OUT/"
-      ;;
-    check-nhd)
-      val=$(validation_store decode_paged_nhd)
-      log "validate decode_splitkv (paged form, token-major pools) on ragged_decode_paged_nhd"
-      timeout "${DECODE_PAGED_VALIDATE_LIMIT_S:-160}" $ft tune configs/spaces/decode_splitkv.json \
-        configs/problems/ragged_decode_paged_nhd.json --db "$val" --quiet --strategy halving --retime 0 2>&1 | tail -1
-      validation_summary "$val" || echo "FAIL: a compiled decode_splitkv variant did not validate on a token-major paged cache"
-      $ft drop-cubins --db "$val"
       ;;
     tune-nhd)
       log "tune decode_splitkv (paged form, token-major pools) on decode_paged_nhd_bf16 (halving)"

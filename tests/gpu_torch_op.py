@@ -407,6 +407,26 @@ def sdpa_gqa(q, k, v, causal, scale):
 AGREE_REL_L2 = {torch.bfloat16: 4 * 2.0**-8, torch.float16: 4 * 2.0**-11}
 
 
+def check_gathered(name, o, q, dk, dv, lengths, causal, scale, what="the gathered K/V"):
+    """O of a paged (or cache) call against each sequence alone on its K/V gathered through the block table (dk[b],
+    dv[b]: [Hk, n, d]): within torch flash's error against the float64 reference there (rel L2 <= 1.2x, max-abs
+    <= 2x). A sequence with no key is skipped (its O checked by the caller)."""
+    ref = torch.zeros(o.shape, dtype=torch.float64, device="cuda")
+    flash = torch.zeros_like(o)
+    dout = torch.zeros(1, *q.shape[1:], dtype=q.dtype, device="cuda")  # the helpers also differentiate: unused
+    for b, n in enumerate(lengths):
+        if n == 0:
+            continue
+        qb, kb, vb = q[b:b + 1], dk[b][None], dv[b][None]
+        ref[b] = reference(qb, kb, vb, dout, causal, scale)[0][0]
+        flash[b] = torch_flash(qb, kb, vb, dout, causal, scale)[0][0]
+    ma, rl2 = errors(o, ref)
+    tma, trl2 = errors(flash, ref)
+    check(rl2 <= 1.2 * trl2 and ma <= 2.0 * tma,
+          f"{name}: O rel L2 {rl2:.3e} vs torch flash on {what} {trl2:.3e} (<= 1.2x), max-abs {ma:.3e} vs "
+          f"{tma:.3e} (<= 2x)")
+
+
 def paged_accuracy():
     gen = torch.Generator(device="cuda").manual_seed(SEED + 4)
     tabled = torch.cuda.get_device_name() in tabled_decode_devices(paged=True)
@@ -426,21 +446,11 @@ def paged_accuracy():
         check(bool(torch.isfinite(o).all()), f"{name}: every O element finite (no NaN row of the pools was read)")
         # Each sequence alone on its K/V gathered through the block table: the float64 reference, torch flash (the
         # bar the dense op meets: the same precision class, GQA by repeated heads) and SDPA with enable_gqa=True.
-        ref = torch.zeros(o.shape, dtype=torch.float64, device="cuda")
-        flash, sdpa = torch.zeros_like(o), torch.zeros_like(o)
-        dout = torch.zeros(1, H, sq, d, dtype=dtype, device="cuda")  # the helpers also differentiate: unused here
+        check_gathered(name, o, q, dk, dv, lengths, causal, scale)
+        sdpa = torch.zeros_like(o)
         for b, n in enumerate(lengths):
-            if n == 0:  # no key: O = 0 for every row
-                continue
-            qb, kb, vb = q[b:b + 1], dk[b][None], dv[b][None]
-            ref[b] = reference(qb, kb, vb, dout, causal, scale)[0][0]
-            flash[b] = torch_flash(qb, kb, vb, dout, causal, scale)[0][0]
-            sdpa[b] = sdpa_gqa(qb, kb, vb, causal, scale)[0]
-        ma, rl2 = errors(o, ref)
-        tma, trl2 = errors(flash, ref)
-        check(rl2 <= 1.2 * trl2 and ma <= 2.0 * tma,
-              f"{name}: O rel L2 {rl2:.3e} vs torch flash on the gathered K/V {trl2:.3e} (<= 1.2x), max-abs {ma:.3e} vs "
-              f"{tma:.3e} (<= 2x)")
+            if n:  # no key: O = 0 for every row
+                sdpa[b] = sdpa_gqa(q[b:b + 1], dk[b][None], dv[b][None], causal, scale)[0]
         agree = (o.double() - sdpa.double()).norm().item() / sdpa.double().norm().clamp_min(1e-300).item()
         check(agree <= AGREE_REL_L2[dtype], f"{name}: O against torch SDPA (enable_gqa=True) on the gathered K/V: rel "
                                             f"L2 {agree:.3e} <= {AGREE_REL_L2[dtype]:.1e}")
@@ -1195,19 +1205,8 @@ def kvcache():
             same = lambda x, y: bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())  # noqa: E731
             check(same(kc, want_k) and same(vc, want_v), f"{name}: the new tokens written at each sequence's length, "
                                                            f"nothing else of the cache changed")
-            ref = torch.zeros(o.shape, dtype=torch.float64, device="cuda")
-            flash = torch.zeros_like(o)
-            dout = torch.zeros(1, H, s_new, d, dtype=dtype, device="cuda")
-            scale = 1.0 / math.sqrt(d)
-            for b, n in enumerate(lengths):
-                qb, kb, vb = q[b:b + 1], dk[b][None], dv[b][None]
-                ref[b] = reference(qb, kb, vb, dout, causal, scale)[0][0]
-                flash[b] = torch_flash(qb, kb, vb, dout, causal, scale)[0][0]
-            ma, rl2 = errors(o, ref)
-            tma, trl2 = errors(flash, ref)
-            check(rl2 <= 1.2 * trl2 and ma <= 2.0 * tma,
-                  f"{name}: O rel L2 {rl2:.3e} vs torch flash on the cache and new tokens {trl2:.3e} (<= 1.2x), max-abs "
-                  f"{ma:.3e} vs {tma:.3e} (<= 2x)")
+            check_gathered(name, o, q, dk, dv, [n + s_new for n in lengths], causal, 1.0 / math.sqrt(d),
+                           "the cache and new tokens")
     # One line for a bad call, nothing written.
     k_pages, v_pages, table, lens, _, _ = make_paged([10, 20], 2, 64, 64, torch.bfloat16, gen)
     q = torch.randn(2, 4, 1, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -1259,20 +1258,7 @@ def paged_nhd():
         check(torch.equal(o_nhd, o_hnd) and torch.equal(lse_nhd, lse_hnd),
               f"{name}: O and LSE bit for bit those of the hnd pools holding the same keys (max |dO| "
               f"{(o_nhd.double() - o_hnd.double()).abs().max().item():.3e})")
-        ref = torch.zeros(o.shape, dtype=torch.float64, device="cuda")
-        flash = torch.zeros_like(o)
-        dout = torch.zeros(1, H, sq, d, dtype=dtype, device="cuda")
-        for b, n in enumerate(lengths):
-            if n == 0:
-                continue
-            qb, kb, vb = q[b:b + 1], dk[b][None], dv[b][None]
-            ref[b] = reference(qb, kb, vb, dout, causal, scale)[0][0]
-            flash[b] = torch_flash(qb, kb, vb, dout, causal, scale)[0][0]
-        ma, rl2 = errors(o, ref)
-        tma, trl2 = errors(flash, ref)
-        check(rl2 <= 1.2 * trl2 and ma <= 2.0 * tma,
-              f"{name}: O rel L2 {rl2:.3e} vs torch flash on the gathered K/V {trl2:.3e} (<= 1.2x), max-abs {ma:.3e} vs "
-              f"{tma:.3e} (<= 2x)")
+        check_gathered(name, o, q, dk, dv, lengths, causal, scale)
         for b, n in enumerate(lengths):
             if n == 0:
                 check(bool((o[b] == 0).all()), f"{name}: sequence {b} holds no key: O = 0")
