@@ -49,6 +49,8 @@
 #            probe: host_time.csv and host_time.txt
 #   mods   - issue 32: ALiBi variants of the Hopper mods spaces validated on ragged shapes (alibi_validate.db),
 #            ALiBi's cost at one long point forward and backward
+#   mods-mma - issue 32 on fa2_mma (sm_80's forward, any GPU): every compiled variant of fa2_mma_mods validated on
+#            the ragged window, softcap and ALiBi problems, dense and packed (mma_mods_validate.db)
 #   train [PROFILE_STEPS] - examples/train_tiny_gpt.py through the extension, at its default size and at context 2048
 #            (8 heads of 64, batch 8), the two runs' steps interleaved; each then profiled PROFILE_STEPS (default 10)
 #            steps: train_tiny_gpt{,_ctx2048}{.csv,.png,_profile.csv}, train.log
@@ -1089,6 +1091,20 @@ mods)
         --causal --direction $dir $extra 2>&1 | grep -E "status|time|TFLOP|error" | head -3
     done
   done
+  finish
+  ;;
+mods-mma)
+  # Issue 32 on fa2_mma: every variant the problems need (their mods, dense or packed) compiled and validated on the
+  # ragged forward shapes (windows 0, 1, a block, a block + 1, past the sequence; softcap 30 and 0.5; ALiBi alone and
+  # with both; GQA, MQA, Sq != Sk both ways), no timing beyond validation.
+  val=$(validation_store mma_mods)
+  for problems in ragged_window_bf16 ragged_window_varlen_bf16 ragged_alibi_bf16 ragged_alibi_varlen_bf16; do
+    log "validate fa2_mma_mods on $problems"
+    timeout "${MODS_VALIDATE_LIMIT_S:-300}" $ft tune configs/spaces/fa2_mma_mods.json "configs/problems/$problems.json" \
+      --db "$val" --retime 0 --stop-margin 0.5 2>&1 | grep -vE "^\[" | tail -2
+  done
+  validation_summary "$val"
+  $ft drop-cubins --db "$val"
   finish
   ;;
 train)

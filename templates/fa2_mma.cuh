@@ -20,6 +20,15 @@
 //                 ldmatrix.trans from Vs[BN][D].
 // Shared-memory rows are D/8 16-byte chunks, padded (D <= 128) or XOR-swizzled (D >= 192) so
 // that the 8 row addresses of every ldmatrix phase hit distinct bank groups (SmemLayout).
+//
+// Score modifications (issue 32), fa2_mma_fwd<AttnModTraits<Traits, WINDOW, SOFTCAP, ALIBI>[, true]> (ModParams: the
+// plain argument, then AttnMods), fa3_wgmma's design on this loop: WINDOW reads only the key blocks some row of the
+// query block sees (kv_span: the loop starts at the first of them, block_key), so that a window's work scales with
+// it, and masks per element only the blocks that straddle an edge of the band for some row of the warp (mask_window);
+// SOFTCAP maps S to tanh(S scale / c) (tanh.approx) before the mask, c log2(e) then being the exp2-domain scale of
+// the softmax and the LSE (the LSE of the capped scores, as the backward reads it); ALIBI adds -slope |i + seq_k -
+// seq_q - j| (in S's units: slope / scale, or slope / c after a softcap) to every element before the mask
+// (add_alibi). modify_scores does all three in that order. The plain kernels' code is unchanged.
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -166,6 +175,106 @@ __device__ __forceinline__ void apply_mask(float (&s)[T::kMTiles][T::kSTiles][4]
       }
 }
 
+// The K/V blocks a query block reads: [first, first + count). Plain: from block 0, every key, or causal, the keys up
+// to its last row's diagonal. WINDOW: only the blocks some row of the query block sees (fa2_mma_window_blocks), so
+// that blocks wholly outside the window are neither loaded nor multiplied.
+template <class T, class P>
+__device__ __forceinline__ BlockSpan kv_span(const P& p, int m0, int seq_q, int seq_k) {
+  if constexpr (ModsOf<T>::window) {
+    const WindowBand band = window_band(p.mods.window_left, p.mods.window_right, T::kCausal, seq_q, seq_k);
+    return fa2_mma_window_blocks(band, m0, T::kBlockM, T::kBlockN, seq_q, seq_k);
+  } else {
+    const int kv_end = T::kCausal ? imin(seq_k, imin(m0 + T::kBlockM, seq_q) + seq_k - seq_q) : seq_k;
+    return {0, kv_end > 0 ? ceil_div(kv_end, T::kBlockN) : 0};
+  }
+}
+
+// The first key of the loop's block nb: WINDOW, nb blocks after the span's first key (key0); plain, block nb.
+template <class T>
+__device__ __forceinline__ int block_key(int key0, int nb) {
+  if constexpr (ModsOf<T>::window) return key0 + nb * T::kBlockN;
+  else return nb * T::kBlockN;
+}
+
+// What a modified kernel's scores need (set once per CTA by ModRows::of; plain kernels have none): the lane's rows
+// and columns as apply_mask numbers them, and each switch's constants.
+struct ModRows {
+  int row_g, col_t;       // the lane's first row (row_g + 16 mt + 8 h) and first key offset in a block (+ 8 nt + e)
+  int warp_row0;          // the warp's first row: a block needs masking iff some row of the warp needs it
+  int seq_k, causal_offset;
+  WindowBand band{0, 0};  // WINDOW: row i sees keys i + lo .. i + hi
+  float cap_scale = 0.f;  // SOFTCAP: scale / c, the raw score's factor inside tanh
+  float alibi_slope = 0.f;  // ALIBI: -slope alibi_unit, the bias per key of distance in S's units
+  template <class T, class P>
+  __device__ static ModRows of(const P& p, int warp_row0, int g, int tig, int seq_q, int seq_k, int batch, int head) {
+    ModRows r{warp_row0 + g, 2 * tig, warp_row0, seq_k, seq_k - seq_q};  // warp_row0: a query index
+    if constexpr (ModsOf<T>::window) {
+      r.band = window_band(p.mods.window_left, p.mods.window_right, T::kCausal, seq_q, seq_k);
+    }
+    if constexpr (ModsOf<T>::softcap) r.cap_scale = p.mods.softcap_scale;
+    if constexpr (ModsOf<T>::alibi)  // this (batch or sequence, query head)'s slope, in S's units
+      r.alibi_slope = -p.mods.alibi_slopes[batch * p.mods.alibi_batch_stride + head] * p.mods.alibi_unit;
+    return r;
+  }
+};
+
+// ALiBi's bias on every element of the block at key n0: S += alibi_slope |i + seq_k - seq_q - j| (alibi_slope
+// negative, in S's units). The distance in float from one conversion per block: d0, the lane's first row's
+// distance to its first key, then constants (16 mt + 8 h rows down, 8 nt + e keys right); exact, every distance
+// being below 2^22. An FADD and an FFMA (|x| is an operand modifier) per element.
+template <class T>
+__device__ __forceinline__ void add_alibi(float (&s)[T::kMTiles][T::kSTiles][4], const ModRows& r, int n0) {
+  const float d0 = static_cast<float>(r.row_g + r.causal_offset - n0 - r.col_t);
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float dist = d0 + static_cast<float>(16 * mt + 8 * (e >> 1) - 8 * nt - (e & 1));
+        s[mt][nt][e] = fmaf(r.alibi_slope, fabsf(dist), s[mt][nt][e]);
+      }
+}
+
+// Masking with a window: -inf at keys past seq_k and keys outside [i + lo, i + hi]; only blocks that straddle the
+// end of the keys or an edge of the band for some row of the warp have any (fa2_mma_window_masks: the blocks wholly
+// outside were skipped by kv_span, and a block wholly inside for all the warp's rows needs nothing).
+template <class T>
+__device__ __forceinline__ void mask_window(float (&s)[T::kMTiles][T::kSTiles][4], const ModRows& r, int n0) {
+  if (!fa2_mma_window_masks(r.band, r.warp_row0, T::kRowsPerWarp, n0, T::kBlockN, r.seq_k)) return;
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r.row_g + 16 * mt + 8 * (e >> 1);
+        const int j = n0 + r.col_t + 8 * nt + (e & 1);
+        if (j >= r.seq_k || j < i + r.band.lo || j > i + r.band.hi) s[mt][nt][e] = neg_inf();
+      }
+}
+
+// A modified kernel's scores of the block at key n0: SOFTCAP first (S becomes tanh(S scale / c); its exp2-domain
+// factor c log2(e) is then the kernel's scale_log2), then ALIBI's bias (every block), then the mask: WINDOW's
+// band (mask_window), else the plain kernel's (keys past seq_k, causal), on the blocks that straddle them.
+template <class T>
+__device__ __forceinline__ void modify_scores(float (&s)[T::kMTiles][T::kSTiles][4], const ModRows& r, int n0) {
+  if constexpr (ModsOf<T>::softcap) {
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = tanh_approx(s[mt][nt][e] * r.cap_scale);
+  }
+  if constexpr (ModsOf<T>::alibi) add_alibi<T>(s, r, n0);
+  if constexpr (ModsOf<T>::window) {
+    mask_window<T>(s, r, n0);
+  } else if (n0 + T::kBlockN > r.seq_k || (T::kCausal && n0 + T::kBlockN - 1 > r.warp_row0 + r.causal_offset)) {
+    apply_mask<T>(s, r.row_g, n0 + r.col_t, r.seq_k, r.causal_offset);
+  }
+}
+
 // Online softmax over one K/V block for the lane's rows (mt, half h: row g + 8h):
 // m = running max of raw scores, P = exp2(S*scale_log2 - m*scale_log2) in place,
 // l = l*alpha + (this lane's partial row sum), O *= alpha with alpha = exp2((m_old - m)*scale_log2).
@@ -246,8 +355,16 @@ __device__ __forceinline__ void gemm_pv(float (&o)[T::kMTiles][T::kOTiles][4],
 
 }  // namespace fa2_mma_detail
 
+// The kernel's argument: the dense or packed params, with the modifications' values after them where the traits
+// have any (ModParams). One name for it, as fa3_wgmma's Fa3FwdArg.
+template <class Traits, bool VARLEN>
+struct Fa2FwdArg {
+  using type = typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnFwdParams>::type>::type;
+};
+
+// Traits: Fa2MmaTraits, or AttnModTraits<Fa2MmaTraits, WINDOW, SOFTCAP, ALIBI> (then the argument is ModParams).
 template <class Traits, bool VARLEN = false>
-__global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const typename ParamsOf<VARLEN, AttnFwdParams>::type p) {
+__global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const typename Fa2FwdArg<Traits, VARLEN>::type p) {
   using T = Traits;
   namespace det = fa2_mma_detail;
   constexpr int D = T::kHeadDim;
@@ -297,13 +414,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const typenam
   const unsigned short* q = static_cast<const unsigned short*>(p.q) + q_off;
   const unsigned short* k = static_cast<const unsigned short*>(p.k) + k_off;
   const unsigned short* v = static_cast<const unsigned short*>(p.v) + k_off;
-  const float scale_log2 = p.scale_log2;
+  // SOFTCAP: the capped score's factor (S holds tanh(S scale / c) by then), for the softmax and the LSE alike.
+  float scale_log2 = p.scale_log2;
+  if constexpr (ModsOf<T>::softcap) scale_log2 = p.mods.softcap_log2;
 
   // Key j is visible to query i iff j <= i + causal_offset (bottom-right aligned).
   const int causal_offset = seq_k - seq_q;
   int kv_end = seq_k;  // keys [0, kv_end) can be visible to some row of this block
   if (CAUSAL) kv_end = imin(seq_k, imin(m0 + BM, seq_q) + causal_offset);
-  const int num_kv_blocks = kv_end > 0 ? (kv_end + BN - 1) / BN : 0;
+  int num_kv_blocks = kv_end > 0 ? (kv_end + BN - 1) / BN : 0;
+  // Modified: the blocks kv_span gives (WINDOW: from key0 on) and the scores' constants (ModRows).
+  int key0 = 0;
+  det::ModRows mod{};
+  if constexpr (ModsOf<T>::any) {
+    const BlockSpan span = det::kv_span<T>(p, m0, seq_q, seq_k);
+    num_kv_blocks = span.count;
+    key0 = span.first * BN;
+    mod = det::ModRows::of<T>(p, m0 + warp_row0, g, tig, seq_q, seq_k, blockIdx.z, blockIdx.y);
+  }
 
   // Lane addressing of the ldmatrix.x4: A operands (Q) and trans B (V) read row lane%16 of a
   // 16-row slab, chunk 2*slice + lane/16; non-trans B (K) reads row lane%8 + 8*(lane/16),
@@ -339,10 +467,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const typenam
     }
   };
   // S for the block at key n0, masked where the block straddles the diagonal or seq_k.
+  // Modified: modify_scores instead (the switches, then the mask where some row of the warp needs it).
   auto scores = [&](float (&s)[MT][T::kSTiles][4], unsigned kt, int n0) {
     det::gemm_qk<T>(s, qf, q_base, kt + k_lane);
-    const bool needs_mask = (n0 + BN > seq_k) || (CAUSAL && n0 + BN - 1 > m0 + causal_offset);
-    if (needs_mask) det::apply_mask<T>(s, m0 + warp_row0 + g, n0 + 2 * tig, seq_k, causal_offset);
+    if constexpr (ModsOf<T>::any) {
+      det::modify_scores<T>(s, mod, n0);
+    } else {
+      const bool needs_mask = (n0 + BN > seq_k) || (CAUSAL && n0 + BN - 1 > m0 + causal_offset);
+      if (needs_mask) det::apply_mask<T>(s, m0 + warp_row0 + g, n0 + 2 * tig, seq_k, causal_offset);
+    }
   };
 
   det::load_tile_async<BM, D, NT>(q_tile, q, q_stride, m0, seq_q, tid);
@@ -350,7 +483,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const typenam
   if constexpr (STAGES == 1) {
     // FlashAttention-2's schedule on one K and one V buffer: V(n) lands during S(n),
     // K(n+1) lands during softmax and O += P V(n).
-    if (num_kv_blocks > 0) det::load_tile_async<BN, D, NT>(k_tile(0), k, k_stride, 0, seq_k, tid);
+    if (num_kv_blocks > 0) det::load_tile_async<BN, D, NT>(k_tile(0), k, k_stride, det::block_key<T>(key0, 0), seq_k, tid);
     cp_async_commit();
     if constexpr (T::kQInRegs) {
       cp_async_wait<1>();  // Q; K(0) may still be in flight
@@ -358,7 +491,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const typenam
       load_q_regs();
     }
     for (int nb = 0; nb < num_kv_blocks; ++nb) {
-      const int n0 = nb * BN;
+      int n0 = nb * BN;
+      if constexpr (ModsOf<T>::window) n0 = det::block_key<T>(key0, nb);  // (the plain loop's code as it was)
       cp_async_wait<0>();  // K(n) (and Q)
       __syncthreads();     // visible to all; everyone done reading V(n-1)
       det::load_tile_async<BN, D, NT>(v_tile(0), v, k_stride, n0, seq_k, tid);
@@ -378,8 +512,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const typenam
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
       if (st < num_kv_blocks) {
-        det::load_tile_async<BN, D, NT>(k_tile(st), k, k_stride, st * BN, seq_k, tid);
-        det::load_tile_async<BN, D, NT>(v_tile(st), v, k_stride, st * BN, seq_k, tid);
+        det::load_tile_async<BN, D, NT>(k_tile(st), k, k_stride, det::block_key<T>(key0, st), seq_k, tid);
+        det::load_tile_async<BN, D, NT>(v_tile(st), v, k_stride, det::block_key<T>(key0, st), seq_k, tid);
       }
       cp_async_commit();
     }
@@ -390,14 +524,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fa2_mma_fwd(const typenam
     }
     int stage = 0;
     for (int nb = 0; nb < num_kv_blocks; ++nb) {
-      const int n0 = nb * BN;
+      int n0 = nb * BN;
+      if constexpr (ModsOf<T>::window) n0 = det::block_key<T>(key0, nb);  // (the plain loop's code as it was)
       cp_async_wait<STAGES - 2>();  // block nb (and Q)
       __syncthreads();              // visible to all; everyone done with block nb-1's slot
       const int ahead = nb + STAGES - 1;
       const int ahead_stage = stage == 0 ? STAGES - 1 : stage - 1;  // the slot of block nb-1
       if (ahead < num_kv_blocks) {
-        det::load_tile_async<BN, D, NT>(k_tile(ahead_stage), k, k_stride, ahead * BN, seq_k, tid);
-        det::load_tile_async<BN, D, NT>(v_tile(ahead_stage), v, k_stride, ahead * BN, seq_k, tid);
+        det::load_tile_async<BN, D, NT>(k_tile(ahead_stage), k, k_stride, det::block_key<T>(key0, ahead), seq_k, tid);
+        det::load_tile_async<BN, D, NT>(v_tile(ahead_stage), v, k_stride, det::block_key<T>(key0, ahead), seq_k, tid);
       }
       cp_async_commit();
       float s[MT][T::kSTiles][4];

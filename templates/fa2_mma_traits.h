@@ -43,6 +43,22 @@ FT_HD constexpr bool fa2_mma_q_in_regs(int D, int BM, int BN, int WARPS) {
   return fa2_mma_acc_regs(D, BM, BN, WARPS) + fa2_mma_q_regs(D, BM, WARPS) <= kFa2MmaQRegsBudget;
 }
 
+// A window (AttnModTraits' WINDOW, WindowBand): the key blocks the query block at row m0 reads, [first, first +
+// count): those that hold a key some of its rows [m0, min(m0 + BM, seq_q)) see, so that a window's work scales with
+// it. Of those, a block needs per-element masking for a warp's rows [row0, row0 + rows) iff it holds a key past
+// seq_k or some (row, key) pair of it lies outside the band (fa2_mma_window_masks); every other block of the span
+// is wholly visible to those rows. Host-usable: tests/test_space.cpp holds both to Problem::visible_keys.
+struct BlockSpan {
+  int first, count;
+};
+FT_HD constexpr BlockSpan fa2_mma_window_blocks(const WindowBand& band, int m0, int BM, int BN, int seq_q, int seq_k) {
+  const IndexRange keys = band.keys_of_rows(m0, m0 + BM < seq_q ? m0 + BM : seq_q, seq_k);
+  return keys.empty() ? BlockSpan{0, 0} : BlockSpan{keys.first / BN, ceil_div(keys.end, BN) - keys.first / BN};
+}
+FT_HD constexpr bool fa2_mma_window_masks(const WindowBand& band, int row0, int rows, int n0, int BN, int seq_k) {
+  return n0 + BN > seq_k || row0 + rows - 1 + band.lo > n0 || row0 + band.hi < n0 + BN - 1;
+}
+
 // Individual validity conditions (shared by fa2_mma_check and the traits' static_asserts).
 FT_HD constexpr bool fa2_mma_d_ok(int D) {
   return D == 32 || D == 64 || D == 96 || D == 128 || D == 192 || D == 256;

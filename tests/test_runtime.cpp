@@ -195,6 +195,26 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
   for (const Family* f : candidate_families(query("X", "sm_90", "fwd", DType::fp32, 64, false, 1)))
     EXPECT_FALSE(f->test_only) << f->name;
 
+  // Score modifications (issue 32): only families that have them are candidates; on sm_80 the forward fa2_mma (dense
+  // and packed), no backward yet; on sm_90 fa2_mma beside fa3_wgmma, the tables choosing as for the plain call.
+  auto modded = [](Query q, unsigned mods) {
+    q.mods = mods;
+    return q;
+  };
+  for (unsigned m : {kModWindow, kModSoftcap, kModAlibi, kModWindow | kModSoftcap | kModAlibi}) {
+    EXPECT_EQ(name(none, modded(query("X", "sm_80", "fwd", DType::bf16, 128, true, 512), m)), "fa2_mma") << m;
+    EXPECT_EQ(name(none, modded(query("X", "sm_80", "fwd", DType::fp16, 32, false, 512), m)), "fa2_mma") << m;
+    EXPECT_EQ(name(none, modded(query("X", "sm_80", "bwd", DType::bf16, 128, true, 512), m)), "none") << m;
+    EXPECT_EQ(name(none, modded(query("X", "sm_80", "fwd", DType::fp32, 64, false, 512), m)), "none") << m;
+    Query packed = modded(query("X", "sm_80", "fwd", DType::bf16, 64, true, 512), m);
+    packed.varlen = true, packed.gqa = true;
+    EXPECT_EQ(name(none, packed), "fa2_mma") << m;
+    std::set<std::string> hopper;
+    for (const Family* f : candidate_families(modded(query("X", "sm_90", "fwd", DType::bf16, 128, true, 512), m)))
+      hopper.insert(f->name);
+    EXPECT_EQ(hopper, (std::set<std::string>{"fa2_mma", "fa3_wgmma"})) << m;
+  }
+
   // Grouped-query attention: only families that support it are candidates; untabled, the same preference
   // as multi-head (both 16-bit backward families sum dK, dV over the group), none for fp32; a table that
   // rates one of them faster for the bucket sends a grouped-query call there.

@@ -1315,7 +1315,7 @@ TEST(FakeDriver, DISABLED_WindowAndSoftcapChild) {
   a.mods = ft_mods{1, 256, 64, 30.0f};
   ft_explanation e;
   ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
-  EXPECT_STREQ(e.family, "fa3_wgmma");  // the one forward family with them
+  EXPECT_STREQ(e.family, "fa3_wgmma");  // the sm_90 tables' pick among the forward families with them
   ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
   EXPECT_TRUE(g_mod_kernel);
   const AttnMods want = make_attn_mods(256, 64, 30.0, 0.125f);
@@ -1353,6 +1353,106 @@ TEST(FakeDriver, DISABLED_WindowAndSoftcapChild) {
   a.mods = ft_mods{};  // none: the plain kernel
   ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
   EXPECT_FALSE(g_mod_kernel);
+  st.hook = nullptr;
+  fs::remove_all(cache);
+}
+
+// The same on sm_80 (the untabled fake, issue 32 for sm_80): a windowed, softcapped or ALiBi forward runs fa2_mma's
+// modified kernel (AttnModTraits in its name) with ModParams as on Hopper, dense and packed (VarlenParams, then
+// AttnMods; the slopes [B, H] per sequence); the call without them its plain kernel. A modified backward, which no
+// sm_80 family has yet (fa2_mma_bwd), is refused in one line naming what is missing.
+namespace {
+std::string g_mma_name;
+ModParams<AttnFwdParams> g_mma_fwd;
+ModParams<VarlenParams<AttnFwdParams>> g_mma_varlen;
+void record_mma_mods(const char* name, void** params) {
+  const std::string n = name;
+  if (n.find("fa2_mma_fwd") == std::string::npos) return;
+  g_mma_name = n;
+  if (n.find("AttnModTraits") == std::string::npos) return;
+  if (packed_form(n)) g_mma_varlen = **reinterpret_cast<ModParams<VarlenParams<AttnFwdParams>>**>(params);
+  else g_mma_fwd = **reinterpret_cast<ModParams<AttnFwdParams>**>(params);
+}
+}  // namespace
+
+TEST(FakeDriver, ModsOnSm80RunFa2Mma) {
+  if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
+  if (embeds_sm80()) GTEST_SKIP() << "the library embeds sm_80 kernels (FLASHTUNE_AOT_ARCHS)";
+  const std::string cache = make_private_tmpdir("ft-fake-mods80");
+  setenv("FLASHTUNE_CACHE_DIR", cache.c_str(), 1);
+  unsetenv("FLASHTUNE_DB");
+  ft_reload_settings();
+  FakeState& st = fake();
+  ASSERT_EQ(st.cc_major, 8);
+  st.hook = record_mma_mods;
+  constexpr int Hq = 2, S_q = 300, S_k = 900, d = 128;
+  U16 q(Hq * S_q * d), kv(Hq * S_k * d), o(Hq * S_q * d);
+  std::vector<float> lse(Hq * S_q + 4);
+  auto t = [](void* p, int h, int s) { return ft_tensor{p, {(int64_t)h * s * d, (int64_t)s * d, d, 1}}; };
+  ft_forward_args a{};
+  a.batch = 1, a.heads = Hq, a.seq_q = S_q, a.seq_k = S_k, a.head_dim = d, a.dtype = FT_BF16, a.scale = 0.125f;
+  a.q = t(q.ptr(), Hq, S_q), a.k = t(kv.ptr(), Hq, S_k), a.v = t(kv.ptr(), Hq, S_k), a.o = t(o.ptr(), Hq, S_q);
+  a.lse = lse.data();
+  a.mods = ft_mods{1, 256, 64, 30.0f};
+  ft_explanation e;
+  ASSERT_EQ(ft_explain_forward(&a, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "fa2_mma");  // sm_80's one forward family with them
+  const Family& f = find_family("fa2_mma");
+  st.launches.clear();
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  Problem p{1, Hq, S_q, S_k, d, DType::bf16, false};
+  expect_launches(st, f, f.parse_config(e.config), p);  // the plain kernel's grid, block and shared memory
+  EXPECT_NE(g_mma_name.find("AttnModTraits"), std::string::npos) << g_mma_name;
+  const AttnMods want = make_attn_mods(256, 64, 30.0, 0.125f);
+  EXPECT_EQ(g_mma_fwd.mods.window_left, 256);
+  EXPECT_EQ(g_mma_fwd.mods.window_right, 64);
+  EXPECT_EQ(g_mma_fwd.mods.softcap, 30.0f);
+  EXPECT_EQ(g_mma_fwd.mods.softcap_scale, want.softcap_scale);
+  EXPECT_EQ(g_mma_fwd.mods.softcap_log2, want.softcap_log2);
+  EXPECT_EQ(g_mma_fwd.seq_q, S_q);
+  EXPECT_EQ(g_mma_fwd.scale, 0.125f);
+
+  std::vector<float> slopes(Hq + 4, 0.5f);  // ALiBi alone: the slopes as given, 1 / scale its unit
+  a.mods = ft_mods{};
+  a.mods.alibi_slopes = slopes.data();
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_NE(g_mma_name.find("AttnModTraits"), std::string::npos) << g_mma_name;
+  EXPECT_EQ(g_mma_fwd.mods.alibi_slopes, slopes.data());
+  EXPECT_EQ(g_mma_fwd.mods.alibi_batch_stride, 0);
+  EXPECT_EQ(g_mma_fwd.mods.alibi_unit, 8.0f);  // 1 / 0.125
+  EXPECT_EQ(g_mma_fwd.mods.window_left, -1);
+
+  a.mods = ft_mods{};  // none: the plain kernel
+  ASSERT_EQ(ft_attention_forward(&a, nullptr), FT_OK) << ft_last_error();
+  EXPECT_EQ(g_mma_name.find("AttnModTraits"), std::string::npos) << g_mma_name;
+
+  // Packed, grouped-query: the packed form of the modified kernel, its offsets and then the window and slopes.
+  PackedBatch pb(4, 2, 64);
+  ft_varlen_forward_args va = pb.fwd();
+  std::vector<float> batch_slopes(PackedBatch::B * pb.H, 0.25f);
+  va.mods = ft_mods{1, 3, -1, 0};
+  va.mods.alibi_slopes = batch_slopes.data(), va.mods.alibi_batch_stride = pb.H;
+  ASSERT_EQ(ft_explain_varlen_forward(&va, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "fa2_mma");
+  ASSERT_EQ(ft_attention_varlen_forward(&va, nullptr), FT_OK) << ft_last_error();
+  EXPECT_TRUE(packed_form(g_mma_name)) << g_mma_name;
+  EXPECT_NE(g_mma_name.find("AttnModTraits"), std::string::npos) << g_mma_name;
+  EXPECT_EQ(g_mma_varlen.cu_seqlens_q, pb.cu_q.data());
+  EXPECT_EQ(g_mma_varlen.heads_k, 2);
+  EXPECT_EQ(g_mma_varlen.mods.window_left, 3);
+  EXPECT_EQ(g_mma_varlen.mods.alibi_slopes, batch_slopes.data());
+  EXPECT_EQ(g_mma_varlen.mods.alibi_batch_stride, pb.H);
+
+  // The backward with a window: no sm_80 family has it yet.
+  ft_backward_args b{};
+  b.batch = 1, b.heads = Hq, b.seq_q = S_q, b.seq_k = S_k, b.head_dim = d, b.dtype = FT_BF16, b.scale = 0.125f;
+  b.q = a.q, b.k = a.k, b.v = a.v, b.o = a.o, b.dout = a.o, b.lse = lse.data();
+  U16 dq(Hq * S_q * d), dk(Hq * S_k * d), dv(Hq * S_k * d);
+  b.dq = t(dq.ptr(), Hq, S_q), b.dk = t(dk.ptr(), Hq, S_k), b.dv = t(dv.ptr(), Hq, S_k);
+  b.mods = ft_mods{1, 256, 64, 0};
+  EXPECT_EQ(ft_explain_backward(&b, &e), FT_UNSUPPORTED);
+  EXPECT_NE(std::string(ft_last_error()).find("no family runs bf16 backward with window d=128 on sm_80"), std::string::npos)
+      << ft_last_error();
   st.hook = nullptr;
   fs::remove_all(cache);
 }

@@ -14,6 +14,7 @@
 #include "core/util.hpp"
 #include "reference/attention_ref.hpp"
 #include "fake_driver/record_tensor_map.hpp"
+#include "templates/fa2_mma_traits.h"
 #include "templates/fa2_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_traits.h"
@@ -1007,7 +1008,7 @@ TEST(Problems, WindowAndSoftcapFieldsAndIdentity) {
       }
 }
 
-// Families say which modifications they have: fa3_wgmma and fa3_wgmma_bwd both, every other none, so that a
+// Families say which modifications they have: fa3_wgmma, fa3_wgmma_bwd and fa2_mma all, every other none, so that a
 // problem with a window or a softcap is refused by the rest (shape_reason) and never runs silently without it;
 // variants_for gives such a problem the modified variant, and its name expression wraps the traits.
 TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
@@ -1017,7 +1018,7 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   Problem c = p;
   c.softcap = 30;
   for (const auto& f : families()) {
-    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd") {
+    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd" || f.name == "fa2_mma") {
       EXPECT_EQ(f.mods, kModWindow | kModSoftcap | kModAlibi);
       EXPECT_EQ(f.shape_reason(w), "");
       EXPECT_EQ(f.shape_reason(c), "");
@@ -1052,7 +1053,7 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   EXPECT_EQ(sm90.prune_before_compile(v), "");
   EXPECT_NE(sm90.variant_hash(v), sm90.variant_hash(variants_for(s, {p})[0]));
   Variant m = v;
-  m.family = &find_family("fa2_mma");
+  m.family = &find_family("fa2_simt");
   m.config = m.family->default_config;
   EXPECT_EQ(Compiler("sm_80").prune_before_compile(m), "has no window form");
   // The backward: every kernel (preprocess, dK/dV, convert) on the wrapped traits; a backward problem with a window
@@ -1082,11 +1083,11 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
       "causal":[true],"dtypes":["bf16"],"mods":["none","window","softcap","window+softcap"]})"));
   EXPECT_EQ(sm.variants().size(), 4u);
   EXPECT_EQ(sm.size(), 4u);
-  for (const auto& [text, needle] : {std::pair{R"({"family":"fa2_mma","mods":["window"]})", "family fa2_mma has no window form"},
+  for (const auto& [text, needle] : {std::pair{R"({"family":"fa2_simt","mods":["window"]})", "family fa2_simt has no window form"},
                                      std::pair{R"({"family":"fa3_wgmma","mods":["dropout"]})", "'mods' holds"},
                                      std::pair{R"({"family":"fa3_wgmma","mods":["alibi+alibi"]})", "'mods' holds"},
-                                     std::pair{R"({"family":"fa2_mma","mods":["softcap+alibi"]})",
-                                               "family fa2_mma has no softcap+alibi form"}}) {
+                                     std::pair{R"({"family":"fa2_simt","mods":["softcap+alibi"]})",
+                                               "family fa2_simt has no softcap+alibi form"}}) {
     try {
       space_from_json(json::parse(text));
       ADD_FAILURE() << text << " was accepted";
@@ -1685,6 +1686,58 @@ TEST(Family, Fa3BwdWindowBlocksArePairsThatMeet) {
           }
 }
 
+// fa2_mma's window (issue 32): a query block's loop reads exactly the key blocks that hold a key some of its rows
+// see (fa2_mma_window_blocks against Problem::visible_keys, the problem's own definition), for ragged shapes and
+// windows of every kind, so that blocks wholly outside the band are skipped and none that holds a visible key is;
+// and a block a warp's rows leave unmasked (fa2_mma_window_masks false) is wholly visible to every one of its rows
+// inside the sequence (no key past seq_k, none outside the band), so that skipping the per-element mask there never
+// lets a masked score through. The modified kernels' name expression wraps the traits (ALIBI written when true).
+TEST(Family, Fa2MmaWindowReadsTheBlocksThatMeet) {
+  for (const auto& [left, right] : {std::pair{0, 0}, std::pair{1, -1}, std::pair{64, -1}, std::pair{65, 65},
+                                    std::pair{-1, 1}, std::pair{3, 17}, std::pair{100000, 100000}, std::pair{-1, -1},
+                                    std::pair{0, -1}, std::pair{200, 0}, std::pair{128, 128}})
+    for (bool causal : {false, true})
+      for (const auto& [sq, sk] : {std::pair{1, 700}, std::pair{333, 517}, std::pair{517, 333}, std::pair{64, 64},
+                                   std::pair{129, 1000}, std::pair{200, 65}})
+        for (int BM : {64, 128})
+          for (int BN : {32, 64, 128}) {
+            Problem p{1, 1, sq, sk, 64, DType::bf16, causal};
+            p.window_left = left, p.window_right = right;
+            const WindowBand band = window_band(left, right, causal, sq, sk);
+            const int num_m = (sq + BM - 1) / BM, num_n = (sk + BN - 1) / BN;
+            std::vector<std::pair<long long, long long>> visible(sq);
+            std::vector<std::vector<char>> meet(num_m, std::vector<char>(num_n, 0));
+            for (int i = 0; i < sq; ++i) {
+              visible[i] = p.visible_keys(i, sq, sk);
+              for (long long j = visible[i].first; j < visible[i].second; ++j) meet[i / BM][j / BN] = 1;
+            }
+            const std::string at = "window " + std::to_string(left) + "," + std::to_string(right) + (causal ? " causal " : " ") +
+                                   std::to_string(sq) + "x" + std::to_string(sk) + " BM " + std::to_string(BM) + " BN " +
+                                   std::to_string(BN);
+            for (int m = 0; m < num_m; ++m) {
+              const BlockSpan span = fa2_mma_window_blocks(band, m * BM, BM, BN, sq, sk);
+              for (int n = 0; n < num_n; ++n)
+                ASSERT_EQ(n >= span.first && n < span.first + span.count, (bool)meet[m][n]) << at << " query block " << m << " key block " << n;
+              for (int rows : {16, 32})  // a warp's rows: 16 or 32 per warp (fa2_mma_rows_per_warp)
+                for (int row0 = m * BM; row0 < (m + 1) * BM; row0 += rows)
+                  for (int n = span.first; n < span.first + span.count; ++n) {
+                    if (fa2_mma_window_masks(band, row0, rows, n * BN, BN, sk)) continue;
+                    for (int i = row0; i < row0 + rows && i < sq; ++i)
+                      ASSERT_TRUE(visible[i].first <= n * BN && n * BN + BN <= visible[i].second)
+                          << at << " rows from " << row0 << " key block " << n << " left unmasked, row " << i;
+                  }
+            }
+          }
+  const Family& f = find_family("fa2_mma");
+  EXPECT_EQ(f.name_expressions(f.default_config, 128, true, DType::bf16, true, false, kModWindow | kModSoftcap | kModAlibi).at(0),
+            "&flashtune::fa2_mma_fwd<flashtune::AttnModTraits<flashtune::Fa2MmaTraits<128,64,64,4,2,1,true>, true, true, "
+            "true>, true>");
+  EXPECT_EQ(f.name_expressions(f.default_config, 64, false, DType::fp16, false, false, kModSoftcap).at(0),
+            "&flashtune::fa2_mma_fwd<flashtune::AttnModTraits<flashtune::Fa2MmaTraits<64,64,64,4,2,0,false>, false, true>>");
+  EXPECT_EQ(f.name_expressions(f.default_config, 64, false, DType::fp16).at(0),
+            "&flashtune::fa2_mma_fwd<flashtune::Fa2MmaTraits<64,64,64,4,2,0,false>>");  // the plain kernel's, as it was
+}
+
 // ALiBi (issue 32): a boolean of the problem's identity (the slopes are data), its JSON field, str, the families
 // that have it (fa3_wgmma, fa3_wgmma_bwd; the rest refuse it in one line), its variants and name expression (the
 // fourth AttnModTraits argument, written only when true), and "mods" names joined by '+'.
@@ -1707,7 +1760,7 @@ TEST(Family, AlibiIsAFa3Variant) {
   EXPECT_EQ(problem_mods(all), kModWindow | kModSoftcap | kModAlibi);
   EXPECT_EQ(problem_mods(a), kModAlibi);
   for (const auto& f : families()) {
-    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd") EXPECT_EQ(f.shape_reason(a), "") << f.name;
+    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd" || f.name == "fa2_mma") EXPECT_EQ(f.shape_reason(a), "") << f.name;
     else EXPECT_EQ(f.shape_reason(a), "does not support ALiBi (alibi)") << f.name;
   }
   const Family& f = find_family("fa3_wgmma");
@@ -1728,7 +1781,7 @@ TEST(Family, AlibiIsAFa3Variant) {
   EXPECT_FALSE(mods_from_string("alibi+", m));
   EXPECT_FALSE(mods_from_string("", m));
   Variant v = vs[0];
-  v.family = &find_family("fa2_mma");
+  v.family = &find_family("fa2_simt");
   v.config = v.family->default_config;
   EXPECT_EQ(Compiler("sm_80").prune_before_compile(v), "has no alibi form");
 }

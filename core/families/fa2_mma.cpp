@@ -1,4 +1,5 @@
-// FlashAttention-2 forward on tensor cores (mma.sync m16n8k16), fp16 / bf16.
+// FlashAttention-2 forward on tensor cores (mma.sync m16n8k16), fp16 / bf16; sliding window, softcap and ALiBi as
+// compile-time variants (issue 32: the forward that runs them on sm_80 and every GPU that is not Hopper).
 #include "templates/fa2_mma_traits.h"
 #include "core/families/common.hpp"
 #include "core/families/families.hpp"
@@ -24,6 +25,7 @@ Family make_fa2_mma() {
   f.default_config = {64, 64, 4, 2};  // FlashAttention-2's d=256 tile: fits every head dim
   f.gqa = true;
   f.varlen = true;  // fa2_mma_fwd<Traits, true>
+  f.mods = kModWindow | kModSoftcap | kModAlibi;  // fa2_mma_fwd<AttnModTraits<Traits, W, S, A>[, true]> on ModParams
   struct Named {  // the config by name (the order of f.params)
     int block_m, block_n, warps, stages;
     explicit Named(const Config& c) : block_m(c.at(0)), block_n(c.at(1)), warps(c.at(2)), stages(c.at(3)) {}

@@ -74,7 +74,7 @@ Check check_common(int heads, int heads_k, int head_dim, const ft_dtype& dtype_f
 }
 
 // The score modifications (ft_mods): their fields, then a family that has them for this call (FT_UNSUPPORTED
-// naming what is missing otherwise: the Hopper families alone have them so far). ALiBi's slopes: 4-byte aligned, the
+// naming what is missing otherwise: the forwards fa3_wgmma and fa2_mma and the Hopper backward have them so far). ALiBi's slopes: 4-byte aligned, the
 // batch stride 0 ([H]) or at least heads ([B, H]) and below 2^31.
 Check check_mods(const ft_mods& m, int heads, int heads_k, int head_dim, const ft_dtype& dtype, const char* direction,
                  bool varlen) {

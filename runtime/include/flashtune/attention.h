@@ -51,7 +51,8 @@ typedef struct {
 
 /* Score modifications (FlashAttention's window_size, softcap and alibi_slopes), the last field of the dense and
  * packed args structs (ABI 0.6: alibi_slopes and alibi_batch_stride added); a zero-initialised one is none.
- * Families that have them (the Hopper forward fa3_wgmma and backward fa3_wgmma_bwd) run such a call with the config
+ * Families that have them (the forwards fa3_wgmma on sm_90 and fa2_mma on every GPU, the Hopper backward
+ * fa3_wgmma_bwd) run such a call with the config
  * of the unmodified call's bucket; a call no family runs with them is FT_UNSUPPORTED, naming what is missing. */
 typedef struct {
   int window;       /* 1: the sliding window below applies; 0: none (then window_left/right are ignored) */
