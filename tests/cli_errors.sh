@@ -137,10 +137,10 @@ expect_usage_error "--window L must be -1 (unbounded) or a key count in 0..10737
 expect_usage_error "--softcap must be 0 (off) or a number in .0.001, 1000000., got -1" run $fa3 --softcap -1
 expect_usage_error "--softcap must be 0 (off) or a number in .0.001, 1000000., got inf" run $fa3 --softcap inf
 expect_usage_error "--softcap must be a number, got '3x'" run $fa3 --softcap 3x
-expect_usage_error "family fa2_mma does not support sliding windows (window)" run --family fa2_mma --params BLOCK_M=64 \
-  --shape 1,2,64,64,64 --dtype bf16 --window 16,16
-expect_usage_error "family fa2_mma does not support logit softcapping (softcap)" run --family fa2_mma --params BLOCK_M=64 \
-  --shape 1,2,64,64,64 --dtype bf16 --softcap 30
+expect_usage_error "family fa2_simt does not support sliding windows (window)" run --family fa2_simt --params BLOCK_M=64 \
+  --shape 1,2,64,64,64 --dtype fp32 --window 16,16
+expect_usage_error "family fa2_simt does not support logit softcapping (softcap)" run --family fa2_simt --params BLOCK_M=64 \
+  --shape 1,2,64,64,64 --dtype fp32 --softcap 30
 echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"window":[4]}]}' >"$tmp/w_short.json"
 expect_usage_error "problem field 'window' must be \[left, right\]" problems "$tmp/w_short.json"
 echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"window":[4.5,0]}]}' >"$tmp/w_float.json"
@@ -150,10 +150,14 @@ expect_usage_error "problem field 'softcap' must be a number" problems "$tmp/w_c
 echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"dtype":"bf16","window":[8,0],"softcap":30}]}' >"$tmp/w_ok.json"
 "$FLASHTUNE" problems "$tmp/w_ok.json" | grep -q "B1 H2 Sq64 Sk64 d64 bf16 causal window 8,-1 softcap 30" ||
   { echo "FAIL: problems does not print the window and softcap"; "$FLASHTUNE" problems "$tmp/w_ok.json"; fail=1; }
-expect_usage_error "no problem in $tmp/w_ok.json matches a variant" tune "$SRC/configs/spaces/fa2_mma.json" "$tmp/w_ok.json" --db "$tmp/x.db"
-# Accepted flags reach the GPU step (here: none, exit 1), not a usage error.
+echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"dtype":"fp32","window":[8,0],"softcap":30}]}' >"$tmp/w_ok32.json"
+expect_usage_error "no problem in $tmp/w_ok32.json matches a variant" tune "$SRC/configs/spaces/fa2_simt.json" "$tmp/w_ok32.json" --db "$tmp/x.db"
+# Accepted flags reach the GPU step (here: none, exit 1), not a usage error: fa3_wgmma, and fa2_mma (sm_80's forward).
 "$FLASHTUNE" run $fa3 --window 128,-1 --softcap 30 >"$tmp/out" 2>"$tmp/err"
 [[ $? -ne 2 ]] || { echo "FAIL: run --window 128,-1 --softcap 30 was refused:"; cat "$tmp/err"; fail=1; }
+"$FLASHTUNE" run --family fa2_mma --params BLOCK_M=64 --shape 1,2,64,64,64 --dtype bf16 --window 16,16 --softcap 30 \
+  --alibi >"$tmp/out" 2>"$tmp/err"
+[[ $? -ne 2 ]] || { echo "FAIL: run --family fa2_mma --window 16,16 --softcap 30 --alibi was refused:"; cat "$tmp/err"; fail=1; }
 # The backward: fa3_wgmma_bwd takes both; every other backward family refuses them in a line, in run and tune.
 expect_usage_error "family fa2_wgmma_bwd does not support sliding windows (window)" run --family fa2_wgmma_bwd \
   --params BLOCK_M=64 --direction bwd --shape 1,2,300,300,128 --dtype bf16 --window 64,-1
