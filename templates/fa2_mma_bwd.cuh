@@ -31,6 +31,20 @@
 // makes every contribution of a padded query row zero (dO = 0 gives dV += 0, dP = 0, dS = 0).
 // Keys past seq_k and (causal, bottom-right) keys j > i + (seq_k - seq_q) get P = 0, only in tiles
 // that straddle the seq_k end or the diagonal. A fully masked row has lse = +inf: P = 0.
+//
+// Score modifications (issue 32), every kernel on AttnModTraits<T, WINDOW, SOFTCAP, ALIBI> (Fa2BwdArg: ModParams,
+// the plain argument then AttnMods; the preprocess and DQ_MODE 0's conversion read only the plain part), fa3_wgmma_bwd's
+// design on these loops; the plain kernels' code is unchanged. WINDOW: query m sees key n iff m + lo <= n <= m + hi
+// (WindowBand); a K/V block's CTA walks only the query blocks whose rows see one of its keys
+// (fa2_mma_bwd_window_query_blocks), so that its steps scale with the window, and a block no row sees writes dK = dV =
+// 0; DQ_MODE 0's atomics then add only the visited pairs (a query block no key block meets keeps dq_accum = 0), and
+// DQ_MODE 1's dQ pass reads only the key steps its rows see (fa2_mma_bwd_window_key_blocks, from the first of them);
+// both mask per element only the tiles that straddle an edge of the band or seq_k for some element of the warp
+// (fa2_mma_bwd_window_masks). SOFTCAP: the forward's LSE is of the capped scores, so P = exp2(t c log2(e) - lse log2(e))
+// with t = tanh(S scale / c) (tanh.approx), and dS = P (dP - delta) (1 - t^2), scaled by `scale` in dK and dQ as
+// before. ALIBI: the forward's LSE includes b = -slope |m + seq_k - seq_q - n|, added to the exponent in S's units
+// (alibi_unit: 1 / scale, or 1 / c on t); b depends on neither Q nor K, so dS keeps its form. The dK/dV kernel reads
+// the slope of each step's query head (a kv head's group walks several). ModGrads does all three per element.
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -189,7 +203,64 @@ __device__ __forceinline__ void store_rows(unsigned short* out, int stride, cons
     }
 }
 
+// A modified kernel's per-element P and dS (ModsOf<T>::any), in place of S and dP: x = S, or t = tanh(S cap_scale)
+// with dP - delta times 1 - t^2 (SOFTCAP); x += neg_slope |dist| (ALIBI); P = exp2(x scale_log2 + nl), 0 where
+// masked; dS = P (dP - delta)[(1 - t^2)]. scale_log2 is SOFTCAP's c log2(e), else the plain scale's.
+template <class T>
+struct ModGrads {
+  WindowBand band{0, 0};  // WINDOW: row m sees key n iff m + lo <= n <= m + hi
+  float scale_log2 = 0.f;
+  float cap_scale = 0.f;  // SOFTCAP: scale / c
+  float neg_slope = 0.f;  // ALIBI: -slope alibi_unit of the head at hand
+  template <class P>
+  __device__ static ModGrads of(const P& p, int seq_q, int seq_k) {
+    ModGrads m;
+    m.scale_log2 = p.scale_log2;
+    if constexpr (ModsOf<T>::window)
+      m.band = window_band(p.mods.window_left, p.mods.window_right, T::kCausal, seq_q, seq_k);
+    if constexpr (ModsOf<T>::softcap) m.scale_log2 = p.mods.softcap_log2, m.cap_scale = p.mods.softcap_scale;
+    return m;
+  }
+  template <class P>
+  __device__ void set_head(const P& p, int batch, int hq) {
+    if constexpr (ModsOf<T>::alibi)
+      neg_slope = -p.mods.alibi_slopes[batch * p.mods.alibi_batch_stride + hq] * p.mods.alibi_unit;
+  }
+  // Whether (query m, key n) is masked out: past seq_k, outside the band (WINDOW), else past the causal diagonal.
+  __device__ bool masked(int m, int n, int seq_k, int causal_offset) const {
+    if constexpr (ModsOf<T>::window) return n >= seq_k || n < m + band.lo || n > m + band.hi;
+    else return n >= seq_k || (T::kCausal && n > m + causal_offset);
+  }
+  // One element: s (S) becomes P, dp (dP) becomes dS; dist = m + seq_k - seq_q - n (ALIBI), nl = -lse log2(e).
+  __device__ __forceinline__ void apply(float& s, float& dp, float nl, float dl, float dist, bool out) const {
+    float x = s, g = dp - dl;
+    if constexpr (ModsOf<T>::softcap) {
+      x = tanh_approx(x * cap_scale);
+      g *= fmaf(-x, x, 1.f);
+    }
+    if constexpr (ModsOf<T>::alibi) x = fmaf(neg_slope, fabsf(dist), x);
+    float pv = fast_exp2(fmaf(x, scale_log2, nl));
+    if (out) pv = 0.f;
+    s = pv;
+    dp = pv * g;
+  }
+};
+
+// The first key of the dQ pass's step nb (KS keys): WINDOW, nb steps after the span's first key (key0); plain, nb KS.
+template <class T, int KS>
+__device__ __forceinline__ int step_key(int key0, int nb) {
+  if constexpr (ModsOf<T>::window) return key0 + nb * KS;
+  else return nb * KS;
+}
+
 }  // namespace fa2_mma_bwd_detail
+
+// The kernels' argument: the dense or packed params, with the modifications' values after them where the traits have
+// any (ModParams). One name for it, as fa2_mma's Fa2FwdArg.
+template <class Traits, bool VARLEN>
+struct Fa2BwdArg {
+  using type = typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnBwdParams>::type>::type;
+};
 
 // acc + the dot product of two 16-byte chunks of 16-bit values (dO and O), in fp32.
 template <int DTYPE>
@@ -210,7 +281,7 @@ __device__ __forceinline__ float dot_chunk(uint4 a, uint4 b, float acc) {
 // delta[b,h,i] = sum_c dO[i][c] * O[i][c] in fp32; DQ_MODE 0 also zeroes dq_accum. 8 lanes per row,
 // 16-byte loads.
 template <class Traits, bool VARLEN = false>
-__global__ void __launch_bounds__(Traits::kPreThreads) fa2_mma_bwd_preprocess(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
+__global__ void __launch_bounds__(Traits::kPreThreads) fa2_mma_bwd_preprocess(const typename Fa2BwdArg<Traits, VARLEN>::type p) {
   using T = Traits;
   constexpr int D = T::kHeadDim;
   constexpr int L = T::kRowLanes;
@@ -243,7 +314,7 @@ __global__ void __launch_bounds__(Traits::kPreThreads) fa2_mma_bwd_preprocess(co
 // One CTA per K/V block j (x), head (y), batch (z): dK_j, dV_j over every query block i that can
 // see the block, in increasing i; DQ_MODE 0 also dq_accum[i] += scale * dS_ij K_j.
 template <class Traits, bool VARLEN = false>
-__global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
+__global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(const typename Fa2BwdArg<Traits, VARLEN>::type p) {
   using T = Traits;
   namespace det = fa2_mma_bwd_detail;
   constexpr int D = T::kHeadDim;
@@ -299,8 +370,19 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
   // Query i sees key n iff n <= i + causal_offset: only query blocks reaching row n0 - causal_offset.
   const int causal_offset = seq_k - seq_q;
   const int num_m_blocks = ceil_div(seq_q, BM);
-  const int first_m_block = CAUSAL ? imax(0, n0 - causal_offset) / BM : 0;
-  const int blocks_per_head = num_m_blocks - first_m_block;
+  int first_m_block = CAUSAL ? imax(0, n0 - causal_offset) / BM : 0;
+  int blocks_per_head = num_m_blocks - first_m_block;
+  // Modified: the scores' constants; WINDOW walks only the query blocks whose rows see a key of the block (none: dK =
+  // dV = 0 below).
+  [[maybe_unused]] det::ModGrads<T> mod{};
+  if constexpr (ModsOf<T>::any) {
+    mod = det::ModGrads<T>::of(p, seq_q, seq_k);
+    if constexpr (ModsOf<T>::window) {
+      const IndexRange mbs = fa2_mma_bwd_window_query_blocks(mod.band, n0, BM, BN, seq_q, seq_k);
+      first_m_block = mbs.first;
+      blocks_per_head = mbs.end - mbs.first;
+    }
+  }
   const int num_steps = group * blocks_per_head;  // step t: query head t / blocks_per_head of the group
   auto head_of = [&](int t) { return bh_q0 + t / blocks_per_head; };
   auto block_of = [&](int t) { return first_m_block + t % blocks_per_head; };
@@ -351,6 +433,35 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
                                           v_tile + kr0 * RB + a_off, do_tile(s) + b_off);
 
     // P^T and dS^T in place.
+    if constexpr (ModsOf<T>::any) {
+      const float* lse_s = stats + 2 * s * BM;
+      const float* dl_s = lse_s + BM;
+      // Modified (ModGrads): the step's query head's slope (ALIBI); the mask where some element of the warp's key
+      // rows and the block's queries needs it (WINDOW: straddling the band or seq_k).
+      mod.set_head(p, blockIdx.z, packed_head(t));
+      bool masked;
+      if constexpr (ModsOf<T>::window)
+        masked = fa2_mma_bwd_window_masks(mod.band, m0, BM, n0 + kr0, 16 * MTN, seq_k);
+      else
+        masked = (n0 + BN > seq_k) || (CAUSAL && n0 + BN - 1 > m0 + causal_offset);
+      // Element (mt, nt, e): key n0 + kr0 + 16 mt + g + 8 (e >> 1), query m0 + 8 nt + 2 tig + (e & 1).
+      const int d0 = m0 + 2 * tig + causal_offset - (n0 + kr0 + g);
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * nt + 2 * tig);
+        const float2 d2 = *reinterpret_cast<const float2*>(dl_s + 8 * nt + 2 * tig);
+        const float nl[2] = {-l2.x * kLog2e, -l2.y * kLog2e};
+        const float dl[2] = {d2.x, d2.y};
+#pragma unroll
+        for (int mt = 0; mt < MTN; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int dn = 16 * mt + 8 * (e >> 1), dm = 8 * nt + (e & 1);
+            const bool out = masked && mod.masked(m0 + 2 * tig + dm, n0 + kr0 + g + dn, seq_k, causal_offset);
+            mod.apply(st[mt][nt][e], dpt[mt][nt][e], nl[e & 1], dl[e & 1], static_cast<float>(d0 + dm - dn), out);
+          }
+      }
+    } else {
     const bool needs_mask = (n0 + BN > seq_k) || (CAUSAL && n0 + BN - 1 > m0 + causal_offset);
     const float* lse_s = stats + 2 * s * BM;
     const float* dl_s = lse_s + BM;
@@ -374,6 +485,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
           dpt[mt][nt][e] = pv * (dpt[mt][nt][e] - dl[e & 1]);
         }
     }
+    }  // (the plain kernels' lines as they were)
 
     if constexpr (T::kDqMode == 0) {
       // dS^T (16-bit) for the dQ product; the DSPLIT warps of a key group hold the same values.
@@ -458,7 +570,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1) fa2_mma_bwd_dkdv(cons
 // when causal so the heaviest blocks start first), head (y), batch (z): dQ_i = scale * sum_j dS_ij K_j
 // over the visible keys in increasing order, in registers; bitwise deterministic.
 template <class Traits, bool VARLEN = false>
-__global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const typename ParamsOf<VARLEN, AttnBwdParams>::type p) {
+__global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const typename Fa2BwdArg<Traits, VARLEN>::type p) {
   using T = Traits;
   namespace det = fa2_mma_bwd_detail;
   constexpr int D = T::kHeadDim;
@@ -533,7 +645,19 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const ty
     const int causal_offset = seq_k - seq_q;
     int kv_end = seq_k;
     if (CAUSAL) kv_end = imin(seq_k, imin(m0 + BM, seq_q) + causal_offset);
-    const int num_n_blocks = kv_end > 0 ? ceil_div(kv_end, KS) : 0;
+    int num_n_blocks = kv_end > 0 ? ceil_div(kv_end, KS) : 0;
+    // Modified: the scores' constants (this head's slope); WINDOW reads only the key steps its rows see, from key0.
+    [[maybe_unused]] int key0 = 0;
+    [[maybe_unused]] det::ModGrads<T> mod{};
+    if constexpr (ModsOf<T>::any) {
+      mod = det::ModGrads<T>::of(p, seq_q, seq_k);
+      mod.set_head(p, blockIdx.z, blockIdx.y);
+      if constexpr (ModsOf<T>::window) {
+        const IndexRange ks = fa2_mma_bwd_window_key_blocks(mod.band, m0, BM, KS, seq_q, seq_k);
+        num_n_blocks = ks.end - ks.first;
+        key0 = ks.first * KS;
+      }
+    }
 
     // Row statistics of the lane's rows qr0 + 16mt + g + 8h; rows past seq_q: P = 0.
     float nl2[MT][2], dl[MT][2];
@@ -550,8 +674,8 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const ty
     const unsigned a_off = det::chunk_off<RB>(lane & 15, lane >> 4);
     const unsigned b_off = det::chunk_off<RB>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
     auto load_kv = [&](int nb, int s) {
-      det::load_rows<KS, D, NT>(k_tile(s), k, k_stride, nb * KS, seq_k, tid);
-      det::load_rows<KS, D, NT>(v_tile(s), v, k_stride, nb * KS, seq_k, tid);
+      det::load_rows<KS, D, NT>(k_tile(s), k, k_stride, det::step_key<T, KS>(key0, nb), seq_k, tid);
+      det::load_rows<KS, D, NT>(v_tile(s), v, k_stride, det::step_key<T, KS>(key0, nb), seq_k, tid);
     };
 
     float dq[MT][D / 8][4];
@@ -563,7 +687,8 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const ty
 
     int s = 0;
     for (int nb = 0; nb < num_n_blocks; ++nb) {
-      const int n0 = nb * KS;
+      int n0 = nb * KS;
+      if constexpr (ModsOf<T>::window) n0 = det::step_key<T, KS>(key0, nb);  // (the plain loop's code as it was)
       cp_async_wait<0>();
       __syncthreads();  // block nb visible; everyone done with block nb-1's slot
       if constexpr (STAGES == 2) {
@@ -573,6 +698,25 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const ty
       float sc[MT][KS / 8][4], dp[MT][KS / 8][4];
       det::gemm_two_abt<DT, MT, KS, D, RB>(sc, dp, q_tile + qr0 * RB + a_off, k_tile(s) + b_off,
                                            do_tile + qr0 * RB + a_off, v_tile(s) + b_off);
+      if constexpr (ModsOf<T>::any) {
+        bool masked;
+        if constexpr (ModsOf<T>::window)
+          masked = fa2_mma_bwd_window_masks(mod.band, m0 + qr0, 16 * MT, n0, KS, seq_k);
+        else
+          masked = (n0 + KS > seq_k) || (CAUSAL && n0 + KS - 1 > m0 + qr0 + causal_offset);
+        // Element (mt, nt, e): query m0 + qr0 + 16 mt + g + 8 (e >> 1), key n0 + 8 nt + 2 tig + (e & 1).
+        const int d0 = m0 + qr0 + g + causal_offset - (n0 + 2 * tig);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < KS / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int h = e >> 1, dm = 16 * mt + 8 * h, dn = 8 * nt + (e & 1);
+              const bool out = masked && mod.masked(m0 + qr0 + g + dm, n0 + 2 * tig + dn, seq_k, causal_offset);
+              mod.apply(sc[mt][nt][e], dp[mt][nt][e], nl2[mt][h], dl[mt][h], static_cast<float>(d0 + dm - dn), out);
+            }
+      } else {
       const bool needs_mask = (n0 + KS > seq_k) || (CAUSAL && n0 + KS - 1 > m0 + qr0 + causal_offset);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -589,6 +733,7 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const ty
             }
             dp[mt][nt][e] = pv * (dp[mt][nt][e] - dl[mt][h]);
           }
+      }  // (the plain kernels' lines as they were)
       det::gemm_regs_by_tile<DT, MT, KS, D, RB>(dq, dp, k_tile(s) + a_off);
       if constexpr (STAGES == 1) {
         __syncthreads();  // everyone done with slot 0

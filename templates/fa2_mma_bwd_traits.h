@@ -103,6 +103,28 @@ FT_HD constexpr GridDims fa2_mma_bwd_dq_grid(int batch, int heads, int seq_q, in
   return GridDims{DQ_MODE == 0 ? ceil_div(seq_q, kFa2MmaBwdRowsPerCta) : ceil_div(seq_q, BM), heads, batch};
 }
 
+// ---- score modifications (issue 32): a window (AttnModTraits' WINDOW, WindowBand) ----
+// The dK/dV kernel's CTA at key n0 walks the query blocks [first, end) whose rows see some key of
+// [n0, min(n0 + BN, seq_k)) (n0 < seq_k): WindowBand::rows_of_keys in blocks of BM; empty (no row sees the block:
+// dK = dV = 0) when end <= first. The DQ_MODE 1 dQ kernel's query block at m0 (m0 < seq_q) reads the key steps [first,
+// end) of KS keys that hold a key some of its rows see (keys_of_rows). Of a pair of tiles, rows [row0, row0 + rows)
+// and keys [n0, n0 + keys), masking is needed iff some key lies past seq_k or some (row, key) pair outside the band
+// (fa2_mma_bwd_window_masks, the same test both ways: rows past seq_q only make it conservative). Host-usable:
+// tests/test_space.cpp holds all three to Problem::visible_keys.
+FT_HD constexpr IndexRange fa2_mma_bwd_window_query_blocks(const WindowBand& band, int n0, int BM, int BN, int seq_q,
+                                                           int seq_k) {
+  const IndexRange rows = band.rows_of_keys(n0, n0 + BN < seq_k ? n0 + BN : seq_k, seq_q);
+  return rows.empty() ? IndexRange{0, 0} : IndexRange{rows.first / BM, ceil_div(rows.end, BM)};
+}
+FT_HD constexpr IndexRange fa2_mma_bwd_window_key_blocks(const WindowBand& band, int m0, int BM, int KS, int seq_q,
+                                                         int seq_k) {
+  const IndexRange keys = band.keys_of_rows(m0, m0 + BM < seq_q ? m0 + BM : seq_q, seq_k);
+  return keys.empty() ? IndexRange{0, 0} : IndexRange{keys.first / KS, ceil_div(keys.end, KS)};
+}
+FT_HD constexpr bool fa2_mma_bwd_window_masks(const WindowBand& band, int row0, int rows, int n0, int keys, int seq_k) {
+  return n0 + keys > seq_k || row0 + rows - 1 + band.lo > n0 || row0 + band.hi < n0 + keys - 1;
+}
+
 // ---- individual validity conditions (shared by fa2_mma_bwd_check and the traits' static_asserts) ----
 FT_HD constexpr bool fa2_mma_bwd_d_ok(int D) {
   return D == 32 || D == 64 || D == 96 || D == 128 || D == 192 || D == 256;

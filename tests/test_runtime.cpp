@@ -195,8 +195,8 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
   for (const Family* f : candidate_families(query("X", "sm_90", "fwd", DType::fp32, 64, false, 1)))
     EXPECT_FALSE(f->test_only) << f->name;
 
-  // Score modifications (issue 32): only families that have them are candidates; on sm_80 the forward fa2_mma (dense
-  // and packed), no backward yet; on sm_90 fa2_mma beside fa3_wgmma, the tables choosing as for the plain call.
+  // Score modifications (issue 32): only families that have them are candidates; on sm_80 the forward fa2_mma and the
+  // backward fa2_mma_bwd (dense and packed; fp32 none); on sm_90 fa2_mma beside fa3_wgmma, the tables choosing as for the plain call.
   auto modded = [](Query q, unsigned mods) {
     q.mods = mods;
     return q;
@@ -204,7 +204,12 @@ TEST(RuntimeLookup, FamilyChoiceByTableThenPreference) {
   for (unsigned m : {kModWindow, kModSoftcap, kModAlibi, kModWindow | kModSoftcap | kModAlibi}) {
     EXPECT_EQ(name(none, modded(query("X", "sm_80", "fwd", DType::bf16, 128, true, 512), m)), "fa2_mma") << m;
     EXPECT_EQ(name(none, modded(query("X", "sm_80", "fwd", DType::fp16, 32, false, 512), m)), "fa2_mma") << m;
-    EXPECT_EQ(name(none, modded(query("X", "sm_80", "bwd", DType::bf16, 128, true, 512), m)), "none") << m;
+    EXPECT_EQ(name(none, modded(query("X", "sm_80", "bwd", DType::bf16, 128, true, 512), m)), "fa2_mma_bwd") << m;
+    EXPECT_EQ(name(none, modded(query("X", "sm_80", "bwd", DType::fp16, 64, false, 512), m)), "fa2_mma_bwd") << m;
+    Query packed_bwd = modded(query("X", "sm_80", "bwd", DType::bf16, 128, true, 512), m);
+    packed_bwd.varlen = true, packed_bwd.gqa = true;
+    EXPECT_EQ(name(none, packed_bwd), "fa2_mma_bwd") << m;
+    EXPECT_EQ(name(none, modded(query("X", "sm_80", "bwd", DType::fp32, 64, false, 512), m)), "none") << m;
     EXPECT_EQ(name(none, modded(query("X", "sm_80", "fwd", DType::fp32, 64, false, 512), m)), "none") << m;
     Query packed = modded(query("X", "sm_80", "fwd", DType::bf16, 64, true, 512), m);
     packed.varlen = true, packed.gqa = true;

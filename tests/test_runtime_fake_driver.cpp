@@ -1359,14 +1359,22 @@ TEST(FakeDriver, DISABLED_WindowAndSoftcapChild) {
 
 // The same on sm_80 (the untabled fake, issue 32 for sm_80): a windowed, softcapped or ALiBi forward runs fa2_mma's
 // modified kernel (AttnModTraits in its name) with ModParams as on Hopper, dense and packed (VarlenParams, then
-// AttnMods; the slopes [B, H] per sequence); the call without them its plain kernel. A modified backward, which no
-// sm_80 family has yet (fa2_mma_bwd), is refused in one line naming what is missing.
+// AttnMods; the slopes [B, H] per sequence); the call without them its plain kernel. A modified backward runs
+// fa2_mma_bwd's three modified kernels on ModParams.
 namespace {
 std::string g_mma_name;
 ModParams<AttnFwdParams> g_mma_fwd;
 ModParams<VarlenParams<AttnFwdParams>> g_mma_varlen;
+std::vector<std::string> g_mma_bwd_names;
+ModParams<AttnBwdParams> g_mma_bwd;
 void record_mma_mods(const char* name, void** params) {
   const std::string n = name;
+  if (n.find("fa2_mma_bwd") != std::string::npos) {
+    g_mma_bwd_names.push_back(n);
+    if (n.find("AttnModTraits") != std::string::npos && !packed_form(n))
+      g_mma_bwd = **reinterpret_cast<ModParams<AttnBwdParams>**>(params);
+    return;
+  }
   if (n.find("fa2_mma_fwd") == std::string::npos) return;
   g_mma_name = n;
   if (n.find("AttnModTraits") == std::string::npos) return;
@@ -1443,16 +1451,25 @@ TEST(FakeDriver, ModsOnSm80RunFa2Mma) {
   EXPECT_EQ(g_mma_varlen.mods.alibi_slopes, batch_slopes.data());
   EXPECT_EQ(g_mma_varlen.mods.alibi_batch_stride, pb.H);
 
-  // The backward with a window: no sm_80 family has it yet.
+  // The backward with a window: fa2_mma_bwd's modified kernels, every one of the three on ModParams.
   ft_backward_args b{};
   b.batch = 1, b.heads = Hq, b.seq_q = S_q, b.seq_k = S_k, b.head_dim = d, b.dtype = FT_BF16, b.scale = 0.125f;
   b.q = a.q, b.k = a.k, b.v = a.v, b.o = a.o, b.dout = a.o, b.lse = lse.data();
   U16 dq(Hq * S_q * d), dk(Hq * S_k * d), dv(Hq * S_k * d);
   b.dq = t(dq.ptr(), Hq, S_q), b.dk = t(dk.ptr(), Hq, S_k), b.dv = t(dv.ptr(), Hq, S_k);
-  b.mods = ft_mods{1, 256, 64, 0};
-  EXPECT_EQ(ft_explain_backward(&b, &e), FT_UNSUPPORTED);
-  EXPECT_NE(std::string(ft_last_error()).find("no family runs bf16 backward with window d=128 on sm_80"), std::string::npos)
-      << ft_last_error();
+  b.mods = ft_mods{1, 256, 64, 30.0f};
+  b.mods.alibi_slopes = slopes.data();
+  ASSERT_EQ(ft_explain_backward(&b, &e), FT_OK) << ft_last_error();
+  EXPECT_STREQ(e.family, "fa2_mma_bwd");
+  g_mma_bwd_names.clear();
+  ASSERT_EQ(ft_attention_backward(&b, nullptr), FT_OK) << ft_last_error();
+  ASSERT_EQ(g_mma_bwd_names.size(), 3u);
+  for (const auto& n : g_mma_bwd_names) EXPECT_NE(n.find("AttnModTraits"), std::string::npos) << n;
+  EXPECT_EQ(g_mma_bwd.mods.window_left, 256);
+  EXPECT_EQ(g_mma_bwd.mods.window_right, 64);
+  EXPECT_EQ(g_mma_bwd.mods.softcap_log2, want.softcap_log2);
+  EXPECT_EQ(g_mma_bwd.mods.alibi_slopes, slopes.data());
+  EXPECT_EQ(g_mma_bwd.seq_k, S_k);
   st.hook = nullptr;
   fs::remove_all(cache);
 }

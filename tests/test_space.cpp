@@ -14,6 +14,7 @@
 #include "core/util.hpp"
 #include "reference/attention_ref.hpp"
 #include "fake_driver/record_tensor_map.hpp"
+#include "templates/fa2_mma_bwd_traits.h"
 #include "templates/fa2_mma_traits.h"
 #include "templates/fa2_wgmma_bwd_traits.h"
 #include "templates/fa3_wgmma_bwd_traits.h"
@@ -1008,7 +1009,7 @@ TEST(Problems, WindowAndSoftcapFieldsAndIdentity) {
       }
 }
 
-// Families say which modifications they have: fa3_wgmma, fa3_wgmma_bwd and fa2_mma all, every other none, so that a
+// Families say which modifications they have: fa3_wgmma, fa3_wgmma_bwd, fa2_mma and fa2_mma_bwd all, every other none, so that a
 // problem with a window or a softcap is refused by the rest (shape_reason) and never runs silently without it;
 // variants_for gives such a problem the modified variant, and its name expression wraps the traits.
 TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
@@ -1018,7 +1019,7 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   Problem c = p;
   c.softcap = 30;
   for (const auto& f : families()) {
-    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd" || f.name == "fa2_mma") {
+    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd" || f.name == "fa2_mma" || f.name == "fa2_mma_bwd") {
       EXPECT_EQ(f.mods, kModWindow | kModSoftcap | kModAlibi);
       EXPECT_EQ(f.shape_reason(w), "");
       EXPECT_EQ(f.shape_reason(c), "");
@@ -1057,7 +1058,7 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   m.config = m.family->default_config;
   EXPECT_EQ(Compiler("sm_80").prune_before_compile(m), "has no window form");
   // The backward: every kernel (preprocess, dK/dV, convert) on the wrapped traits; a backward problem with a window
-  // gets fa3_wgmma_bwd's modified variant and every other backward family's one-line reason.
+  // gets fa3_wgmma_bwd's modified variant and every other backward family's but fa2_mma_bwd's one-line reason.
   const Family& b = find_family("fa3_wgmma_bwd");
   const auto bn = b.name_expressions(b.default_config, 64, true, DType::bf16, false, false, kModWindow);
   ASSERT_EQ(bn.size(), 3u);
@@ -1071,7 +1072,7 @@ TEST(Family, WindowAndSoftcapAreFa3WgmmaVariants) {
   EXPECT_EQ(variants_for(bs, {wb})[0].mods, kModWindow);
   EXPECT_EQ(sm90.prune_before_compile(variants_for(bs, {wb})[0]), "");
   for (const auto& f : families())
-    if (f.direction == "bwd" && f.name != "fa3_wgmma_bwd") {
+    if (f.direction == "bwd" && f.name != "fa3_wgmma_bwd" && f.name != "fa2_mma_bwd") {
       EXPECT_EQ(f.shape_reason(wb), "does not support sliding windows (window)") << f.name;
       Variant o = variants_for(bs, {wb})[0];
       o.family = &f;
@@ -1738,6 +1739,81 @@ TEST(Family, Fa2MmaWindowReadsTheBlocksThatMeet) {
             "&flashtune::fa2_mma_fwd<flashtune::Fa2MmaTraits<64,64,64,4,2,0,false>>");  // the plain kernel's, as it was
 }
 
+// fa2_mma_bwd's window (issue 32): a key block's CTA walks exactly the query blocks that hold a row seeing one of its
+// keys, and the deterministic dQ pass's query block exactly the key steps holding a key one of its rows sees
+// (fa2_mma_bwd_window_query_blocks / _key_blocks against Problem::visible_keys), for ragged shapes and windows of
+// every kind: no block wholly outside the band is visited, none with a visible pair skipped (a key block none sees
+// walks nothing: dK = dV = 0; a query block none meets reads nothing: dQ = 0); and a pair of tiles left unmasked
+// (fa2_mma_bwd_window_masks false, either orientation) is wholly visible for every row inside the sequence.
+TEST(Family, Fa2MmaBwdWindowWalksTheBlocksThatMeet) {
+  for (const auto& [left, right] : {std::pair{0, 0}, std::pair{1, -1}, std::pair{64, -1}, std::pair{65, 65},
+                                    std::pair{-1, 1}, std::pair{3, 17}, std::pair{100000, 100000}, std::pair{-1, -1},
+                                    std::pair{0, -1}, std::pair{200, 0}, std::pair{128, 128}})
+    for (bool causal : {false, true})
+      for (const auto& [sq, sk] : {std::pair{1, 700}, std::pair{333, 517}, std::pair{517, 333}, std::pair{64, 64},
+                                   std::pair{129, 1000}, std::pair{200, 65}})
+        for (int BM : {32, 64})
+          for (int BN : {64, 128}) {
+            Problem p{1, 1, sq, sk, 64, DType::bf16, causal};
+            p.window_left = left, p.window_right = right;
+            const WindowBand band = window_band(left, right, causal, sq, sk);
+            const int num_m = (sq + BM - 1) / BM, num_n = (sk + BN - 1) / BN;
+            std::vector<std::pair<long long, long long>> visible(sq);
+            std::vector<std::vector<char>> meet(num_m, std::vector<char>(num_n, 0));
+            for (int i = 0; i < sq; ++i) {
+              visible[i] = p.visible_keys(i, sq, sk);
+              for (long long j = visible[i].first; j < visible[i].second; ++j) meet[i / BM][j / BN] = 1;
+            }
+            auto seen = [&](int i, int j) { return visible[i].first <= j && j < visible[i].second; };
+            const std::string at = "window " + std::to_string(left) + "," + std::to_string(right) +
+                                   (causal ? " causal " : " ") + std::to_string(sq) + "x" + std::to_string(sk) + " BM " +
+                                   std::to_string(BM) + " BN " + std::to_string(BN);
+            // The dK/dV walk: key block n visits query blocks [first, end).
+            for (int n = 0; n < num_n; ++n) {
+              const IndexRange mb = fa2_mma_bwd_window_query_blocks(band, n * BN, BM, BN, sq, sk);
+              for (int m = 0; m < num_m; ++m)
+                ASSERT_EQ(m >= mb.first && m < mb.end, (bool)meet[m][n]) << at << " key block " << n << " query block " << m;
+              for (int keys : {16, 32, 64})  // a warp's key rows (16 MTN)
+                for (int k0 = n * BN; k0 < (n + 1) * BN; k0 += keys)
+                  for (int m = mb.first; m < mb.end; ++m) {
+                    if (fa2_mma_bwd_window_masks(band, m * BM, BM, k0, keys, sk)) continue;
+                    for (int i = m * BM; i < (m + 1) * BM && i < sq; ++i)
+                      for (int j = k0; j < k0 + keys; ++j)
+                        ASSERT_TRUE(j < sk && seen(i, j)) << at << " keys from " << k0 << " query block " << m << " unmasked, " << i << "," << j;
+                  }
+            }
+            // The deterministic dQ pass: query block m reads key steps of KS keys [first, end).
+            for (int KS : {32, 64}) {
+              const int num_s = (sk + KS - 1) / KS;
+              for (int m = 0; m < num_m; ++m) {
+                const IndexRange kb = fa2_mma_bwd_window_key_blocks(band, m * BM, BM, KS, sq, sk);
+                for (int n = 0; n < num_s; ++n) {
+                  bool any = false;
+                  for (int i = m * BM; i < (m + 1) * BM && i < sq && !any; ++i)
+                    any = visible[i].first < std::min<long long>((n + 1) * KS, sk) && visible[i].second > n * KS;
+                  ASSERT_EQ(n >= kb.first && n < kb.end, any) << at << " KS " << KS << " query block " << m << " step " << n;
+                }
+                for (int rows : {16, 32})  // a warp's rows (16 MT)
+                  for (int r0 = m * BM; r0 < (m + 1) * BM; r0 += rows)
+                    for (int n = kb.first; n < kb.end; ++n) {
+                      if (fa2_mma_bwd_window_masks(band, r0, rows, n * KS, KS, sk)) continue;
+                      for (int i = r0; i < r0 + rows && i < sq; ++i)
+                        ASSERT_TRUE(visible[i].first <= n * KS && n * KS + KS <= visible[i].second)
+                            << at << " rows from " << r0 << " step " << n << " unmasked, row " << i;
+                    }
+              }
+            }
+          }
+  const Family& f = find_family("fa2_mma_bwd");
+  EXPECT_EQ(f.mods, kModWindow | kModSoftcap | kModAlibi);
+  const auto names = f.name_expressions(f.default_config, 128, true, DType::bf16, true, false, kModWindow | kModAlibi);
+  ASSERT_EQ(names.size(), 3u);  // every kernel on the wrapped traits
+  EXPECT_EQ(names.at(1), "&flashtune::fa2_mma_bwd_dkdv<flashtune::AttnModTraits<flashtune::Fa2MmaBwdTraits<128,32,64,8,2,2,1,1,true>, "
+                         "true, false, true>, true>");
+  EXPECT_EQ(f.name_expressions(f.default_config, 64, false, DType::fp16).at(2),
+            "&flashtune::fa2_mma_bwd_dq<flashtune::Fa2MmaBwdTraits<64,32,64,8,2,2,1,0,false>>");  // the plain one, as it was
+}
+
 // ALiBi (issue 32): a boolean of the problem's identity (the slopes are data), its JSON field, str, the families
 // that have it (fa3_wgmma, fa3_wgmma_bwd; the rest refuse it in one line), its variants and name expression (the
 // fourth AttnModTraits argument, written only when true), and "mods" names joined by '+'.
@@ -1760,7 +1836,7 @@ TEST(Family, AlibiIsAFa3Variant) {
   EXPECT_EQ(problem_mods(all), kModWindow | kModSoftcap | kModAlibi);
   EXPECT_EQ(problem_mods(a), kModAlibi);
   for (const auto& f : families()) {
-    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd" || f.name == "fa2_mma") EXPECT_EQ(f.shape_reason(a), "") << f.name;
+    if (f.name == "fa3_wgmma" || f.name == "fa3_wgmma_bwd" || f.name == "fa2_mma" || f.name == "fa2_mma_bwd") EXPECT_EQ(f.shape_reason(a), "") << f.name;
     else EXPECT_EQ(f.shape_reason(a), "does not support ALiBi (alibi)") << f.name;
   }
   const Family& f = find_family("fa3_wgmma");

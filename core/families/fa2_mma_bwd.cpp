@@ -1,4 +1,5 @@
-// FlashAttention-2 backward on tensor cores, fp16 / bf16: preprocess, dK/dV, dQ.
+// FlashAttention-2 backward on tensor cores, fp16 / bf16: preprocess, dK/dV, dQ; sliding window, softcap and ALiBi
+// as compile-time variants (issue 32).
 #include "templates/fa2_mma_bwd_traits.h"
 #include "core/families/common.hpp"
 #include "core/families/families.hpp"
@@ -26,6 +27,10 @@ Family make_fa2_mma_bwd() {
   f.default_config = {32, 64, 8, 2, 2, 1};
   f.gqa = true;
   f.varlen = true;  // each kernel <Traits, true>
+  // Every kernel on AttnModTraits<Traits, WINDOW, SOFTCAP, ALIBI> and ModParams (Fa2BwdArg): a window walks only the
+  // query blocks that see a key block (and the dQ pass only the key steps a query block sees); softcap and ALiBi
+  // in P and dS (issue 32: the backward that runs them on sm_80 and every GPU that is not Hopper).
+  f.mods = kModWindow | kModSoftcap | kModAlibi;
   struct Named {  // the config by name (the order of f.params)
     int block_m, block_n, warps, dsplit, stages, dq_mode;
     explicit Named(const Config& c)
