@@ -49,8 +49,9 @@
 #            probe: host_time.csv and host_time.txt
 #   mods   - issue 32: ALiBi variants of the Hopper mods spaces validated on ragged shapes (alibi_validate.db),
 #            ALiBi's cost at one long point forward and backward
-#   mods-mma - issue 32 on fa2_mma (sm_80's forward, any GPU): every compiled variant of fa2_mma_mods validated on
-#            the ragged window, softcap and ALiBi problems, dense and packed (mma_mods_validate.db)
+#   mods-mma - issue 32 on fa2_mma and fa2_mma_bwd (sm_80's forward and backward, any GPU): every compiled variant
+#            of fa2_mma_mods validated on the ragged window, softcap and ALiBi problems, dense and packed, and of
+#            fa2_mma_bwd_mods on the backward's (both dQ modes) (mma_mods_validate.db)
 #   train [PROFILE_STEPS] - examples/train_tiny_gpt.py through the extension, at its default size and at context 2048
 #            (8 heads of 64, batch 8), the two runs' steps interleaved; each then profiled PROFILE_STEPS (default 10)
 #            steps: train_tiny_gpt{,_ctx2048}{.csv,.png,_profile.csv}, train.log
@@ -1101,6 +1102,13 @@ mods-mma)
   for problems in ragged_window_bf16 ragged_window_varlen_bf16 ragged_alibi_bf16 ragged_alibi_varlen_bf16; do
     log "validate fa2_mma_mods on $problems"
     timeout "${MODS_VALIDATE_LIMIT_S:-300}" $ft tune configs/spaces/fa2_mma_mods.json "configs/problems/$problems.json" \
+      --db "$val" --retime 0 --stop-margin 0.5 2>&1 | grep -vE "^\[" | tail -2
+  done
+  # The backward (fa2_mma_bwd): windows of 0, 1, a block, a block + 1, past the sequence, softcap, ALiBi alone and
+  # with both, GQA and MQA, Sq != Sk both ways; DQ_MODE 0 (atomics) and 1 (the deterministic pass) alike.
+  for problems in ragged_window_bwd_bf16 ragged_alibi_bwd_bf16; do
+    log "validate fa2_mma_bwd_mods on $problems"
+    timeout "${MODS_VALIDATE_LIMIT_S:-300}" $ft tune configs/spaces/fa2_mma_bwd_mods.json "configs/problems/$problems.json" \
       --db "$val" --retime 0 --stop-margin 0.5 2>&1 | grep -vE "^\[" | tail -2
   done
   validation_summary "$val"

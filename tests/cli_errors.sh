@@ -158,11 +158,15 @@ expect_usage_error "no problem in $tmp/w_ok32.json matches a variant" tune "$SRC
 "$FLASHTUNE" run --family fa2_mma --params BLOCK_M=64 --shape 1,2,64,64,64 --dtype bf16 --window 16,16 --softcap 30 \
   --alibi >"$tmp/out" 2>"$tmp/err"
 [[ $? -ne 2 ]] || { echo "FAIL: run --family fa2_mma --window 16,16 --softcap 30 --alibi was refused:"; cat "$tmp/err"; fail=1; }
-# The backward: fa3_wgmma_bwd takes both; every other backward family refuses them in a line, in run and tune.
+# The backward: fa3_wgmma_bwd and fa2_mma_bwd (sm_80's) take them; every other backward family refuses them in a
+# line, in run and tune.
 expect_usage_error "family fa2_wgmma_bwd does not support sliding windows (window)" run --family fa2_wgmma_bwd \
   --params BLOCK_M=64 --direction bwd --shape 1,2,300,300,128 --dtype bf16 --window 64,-1
-expect_usage_error "family fa2_mma_bwd does not support logit softcapping (softcap)" run --family fa2_mma_bwd \
-  --params BLOCK_M=64 --direction bwd --shape 1,2,300,300,64 --dtype bf16 --softcap 30
+expect_usage_error "family fa2_simt_bwd does not support logit softcapping (softcap)" run --family fa2_simt_bwd \
+  --params BLOCK_M=64 --direction bwd --shape 1,2,300,300,64 --dtype fp32 --softcap 30
+"$FLASHTUNE" run --family fa2_mma_bwd --params BLOCK_M=64 --direction bwd --shape 1,2,300,300,64 --dtype bf16 \
+  --window 16,16 --softcap 30 --alibi >"$tmp/out" 2>"$tmp/err"
+[[ $? -ne 2 ]] || { echo "FAIL: run --family fa2_mma_bwd --window 16,16 --softcap 30 --alibi was refused:"; cat "$tmp/err"; fail=1; }
 expect_usage_error "no problem in $SRC/configs/problems/ragged_window_bwd_bf16.json matches a variant" tune \
   "$SRC/configs/spaces/fa2_wgmma_bwd.json" "$SRC/configs/problems/ragged_window_bwd_bf16.json" --db "$tmp/x.db"
 "$FLASHTUNE" run --family fa3_wgmma_bwd --params BLOCK_M=64,CONSUMERS=2 --direction bwd --shape 1,2,300,300,128 \
