@@ -150,9 +150,10 @@ struct Workspace {
   }
 };
 
-// The CTA's key block and heads. SCHED 0: x = key block, y = kv head, z = batch; SCHED 1 (LPT): x = the
+// The CTA's key block and heads. SCHED 0 and 2: x = key block, y = kv head, z = batch; SCHED 1 (LPT): x = the
 // (kv head, batch) pair, y = key block, so the grid's first wave holds every pair's first (causal: heaviest)
-// key blocks. DETERMINISTIC 2 counts the key blocks from the last down (its turns run that way).
+// key blocks; SCHED 3: as 1 within groups of gridDim.x pairs (z = group; a CTA past the last pair has no
+// work: batch >= p.batch). 1 is 3 with one group, in one piece of code. DETERMINISTIC 2 counts the key blocks from the last down (its turns run that way).
 struct Work {
   int n0, kv_head, batch;
   template <class T>
@@ -162,10 +163,10 @@ struct Work {
   template <class T>
   __device__ static Work of(const AttnBwdParams& p) {
     const int hk = p.heads_k > 0 ? p.heads_k : p.heads;
-    if constexpr (T::kLpt)
-      return Work{key_block<T>(blockIdx.y, gridDim.y) * T::kBlockN, static_cast<int>(blockIdx.x) % hk,
-                  static_cast<int>(blockIdx.x) / hk};
-    else
+    if constexpr (T::kPairGroups) {  // SCHED 1: one group of every pair (z = 0)
+      const int pair = static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x);
+      return Work{key_block<T>(blockIdx.y, gridDim.y) * T::kBlockN, pair % hk, pair / hk};
+    } else
       return Work{key_block<T>(blockIdx.x, gridDim.x) * T::kBlockN, static_cast<int>(blockIdx.y),
                   static_cast<int>(blockIdx.z)};
   }
@@ -887,6 +888,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const unsigned raw = smem_u32(fa3_bwd_smem), base = (raw + 1023u) & ~1023u;
   const det::Smem<T> sm{base, fa3_bwd_smem + (base - raw)};
   const det::Work w = det::Work::of<T>(p);
+  if constexpr (T::kPairGroups)
+    if (w.batch >= p.batch) return;  // the last group's CTAs past the pairs (before any barrier: all threads)
   const det::Steps st = det::Steps::of<T>(p, w);
 
   if (threadIdx.x == 0) {

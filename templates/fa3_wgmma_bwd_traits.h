@@ -12,6 +12,9 @@
 //   SCHED 0: key blocks of one (kv head, batch) side by side in the grid (they share Q and dO in L2);
 //   SCHED 1: the grid's first wave takes every head's heaviest key block (causal: longest first, LPT).
 //   SCHED 2: as 0, each CTA walking its query blocks from a rotated start (dq_accum's rows spread over the CTAs).
+//   SCHED 3: 1 within groups of pairs whose Q and dO fit a share of L2 (fa3_bwd_pair_group, FlashAttention-3's
+//   head swizzle): a pair's key blocks a group's width apart in the grid, so that they neither start together
+//   (DETERMINISTIC's turns: key block j would wait j turns at the first query block) nor miss L2 (1's spread).
 //   DQ_OVERLAP 0: dV and dK issued together, then the dQ chains; 1: the one dQ chain issued with dK and
 //   staged while dK runs (needs a consumer's dQ piece to be one chain).
 //   DQ_TURNS 1: two consumers take turns at a step's whole dQ instead of a piece each (they drift half a
@@ -103,12 +106,29 @@ FT_HD constexpr GridDims fa3_bwd_preprocess_grid(int batch, int heads, int seq_q
 FT_HD constexpr GridDims fa3_bwd_convert_grid(int batch, int heads, int seq_q, int BM) {
   return GridDims{ceil_div(seq_q > 0 ? seq_q : 1, BM), heads, batch};
 }
-// dK/dV: one CTA per (key block, kv head, batch). SCHED 0: x = key blocks, y = kv heads, z = batch.
+// SCHED 3's L2 share: the Q and dO bytes of the (kv head, batch) pairs whose CTAs run side by side. A third of
+// the H100's 50 MB (the H200 has 60): dq_accum's rows of the same pairs, as many fp32 bytes again, pass
+// through L2 by the dQ reduce-adds beside them.
+constexpr long long kFa3BwdPairGroupL2Bytes = 16LL << 20;
+// SCHED 3's group: how many pairs (a kv head of a sequence: q_per_kv query heads of seq_q rows of Q and dO)
+// fit kFa3BwdPairGroupL2Bytes, at least 1 and at most every pair.
+FT_HD constexpr int fa3_bwd_pair_group(int pairs, int q_per_kv, int seq_q, int D) {
+  const long long per_pair = 4LL * (q_per_kv > 0 ? q_per_kv : 1) * (seq_q > 0 ? seq_q : 1) * D;
+  const long long g = kFa3BwdPairGroupL2Bytes / per_pair;
+  return pairs < 1 ? 1 : g < 1 ? 1 : g > pairs ? pairs : static_cast<int>(g);
+}
+// dK/dV: one CTA per (key block, kv head, batch). SCHED 0 and 2: x = key blocks, y = kv heads, z = batch.
 // SCHED 1: x = kv heads x batch, y = key blocks, so that the grid's first CTAs are every pair's first key
 // block (causal: the longest), then every pair's second, ...
-FT_HD constexpr GridDims fa3_bwd_dkdv_grid(int batch, int heads_k, int seq_k, int CONSUMERS, int SCHED) {
+// SCHED 3: x = pair within a group of `group` pairs (fa3_bwd_pair_group), y = key blocks, z = group: 1 group by
+// group; the last group's CTAs past the pairs have no work.
+FT_HD constexpr GridDims fa3_bwd_dkdv_grid(int batch, int heads_k, int seq_k, int CONSUMERS, int SCHED,
+                                           int group = 1) {
   const int nb = ceil_div(seq_k > 0 ? seq_k : 1, fa3_bwd_block_n(CONSUMERS));
-  return SCHED == 1 ? GridDims{heads_k * batch, nb, 1} : GridDims{nb, heads_k, batch};
+  const int pairs = heads_k * batch, g = group < 1 ? 1 : group;
+  return SCHED == 1   ? GridDims{pairs, nb, 1}
+         : SCHED == 3 ? GridDims{g, nb, ceil_div(pairs, g)}
+                      : GridDims{nb, heads_k, batch};
 }
 
 // ---- validity (fa3_bwd_check and the traits' static_asserts) ----
@@ -117,7 +137,7 @@ FT_HD constexpr bool fa3_bwd_bm_ok(int BM) { return BM == 64 || BM == 128; }
 FT_HD constexpr bool fa3_bwd_consumers_ok(int C) { return C >= 1 && C <= 3; }
 FT_HD constexpr bool fa3_bwd_stages_ok(int S) { return S == 1 || S == 2; }
 FT_HD constexpr bool fa3_bwd_switch_ok(int x) { return x == 0 || x == 1; }
-FT_HD constexpr bool fa3_bwd_sched_ok(int x) { return x >= 0 && x <= 2; }
+FT_HD constexpr bool fa3_bwd_sched_ok(int x) { return x >= 0 && x <= 3; }
 // 48 registers of a consumer's budget kept for addresses, loop state and the packed A fragments' overlap.
 FT_HD constexpr bool fa3_bwd_acc_ok(int D, int BM, int C) { return fa3_bwd_acc_regs(D, BM) <= fa3_wgmma_consumer_regs(C) - 48; }
 // The dQ pieces: the warpgroups split the row tiles or each row tile's columns evenly, and a piece's columns
@@ -183,7 +203,7 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
          : !fa3_bwd_bm_ok(BM)                  ? "BLOCK_M must be 64 or 128 (a wgmma N of the score products)"
          : !fa3_bwd_consumers_ok(CONSUMERS)    ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_N = 64 x CONSUMERS)"
          : !fa3_bwd_stages_ok(STAGES)          ? "STAGES must be 1 or 2 (Q/dO slots; 3 measured no faster)"
-         : !fa3_bwd_sched_ok(SCHED)            ? "SCHED must be 0, 1 or 2"
+         : !fa3_bwd_sched_ok(SCHED)            ? "SCHED must be 0, 1, 2 or 3"
          : !fa3_bwd_switch_ok(DQ_OVERLAP)      ? "DQ_OVERLAP must be 0 or 1"
          : !fa3_bwd_switch_ok(DQ_TURNS)        ? "DQ_TURNS must be 0 or 1"
          : !fa3_bwd_deterministic_value_ok(DETERMINISTIC) ? "DETERMINISTIC must be 0, 1 or 2"
@@ -217,8 +237,8 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kConsumers = CONSUMERS;
   static constexpr int kBlockN = fa3_bwd_block_n(CONSUMERS);
   static constexpr int kStages = STAGES;
-  static constexpr bool kLpt = SCHED == 1;
   static constexpr bool kRotate = SCHED == 2;
+  static constexpr bool kPairGroups = SCHED == 1 || SCHED == 3;  // pairs first, in groups (1: one group)
   static constexpr bool kDqOverlap = DQ_OVERLAP == 1;
   static constexpr bool kDqTurns = DQ_TURNS == 1;
   static constexpr bool kDeterministic = DETERMINISTIC >= 1;

@@ -1486,7 +1486,8 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_THAT(fa3_bwd_check(64, 64, 4, 2, 0, 0, 0), HasSubstr("CONSUMERS"));
   EXPECT_THAT(fa3_bwd_check(64, 64, 1, 3, 0, 0, 0), HasSubstr("STAGES"));
   EXPECT_THAT(fa3_bwd_check(64, 64, 1, 0, 0, 0, 0), HasSubstr("STAGES"));
-  EXPECT_THAT(fa3_bwd_check(64, 64, 1, 2, 3, 0, 0), HasSubstr("SCHED"));
+  EXPECT_THAT(fa3_bwd_check(64, 64, 1, 2, 4, 0, 0), HasSubstr("SCHED"));
+  EXPECT_EQ(fa3_bwd_check(64, 64, 1, 2, 3, 0, 0), nullptr);  // SCHED 3: groups of pairs
   EXPECT_THAT(fa3_bwd_check(128, 128, 2, 2, 0, 0, 0), HasSubstr("accumulators"));  // 128 + 128 > 240 - 48
   EXPECT_THAT(fa3_bwd_check(64, 64, 3, 2, 0, 0, 0), HasSubstr("accumulators"));   // 128 > 160 - 48
   EXPECT_THAT(fa3_bwd_check(96, 64, 2, 2, 0, 0, 0), HasSubstr("dQ pieces"));      // 48 columns of 32-column groups
@@ -1533,6 +1534,16 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_EQ(g0.x, 8); EXPECT_EQ(g0.y, 4); EXPECT_EQ(g0.z, 2);
   EXPECT_EQ(g1.x, 8); EXPECT_EQ(g1.y, 8); EXPECT_EQ(g1.z, 1);
   EXPECT_EQ(g2.x, g0.x); EXPECT_EQ(g2.y, g0.y); EXPECT_EQ(g2.z, g0.z);
+  // SCHED 3: groups of pairs whose Q and dO fit 16 MB (8 pairs here: 2 x 4 pairs, 3 per group), key blocks
+  // within a group, the last group short by one pair.
+  const GridDims g3 = fa3_bwd_dkdv_grid(2, 4, 1000, 2, 3, 3);
+  EXPECT_EQ(g3.x, 3); EXPECT_EQ(g3.y, 8); EXPECT_EQ(g3.z, 3);
+  EXPECT_EQ(fa3_bwd_pair_group(512, 1, 1024, 64), 64);     // 256 KB a pair
+  EXPECT_EQ(fa3_bwd_pair_group(64, 4, 8192, 128), 1);      // 16 MB a pair (4 query heads of 8k at d 128)
+  EXPECT_EQ(fa3_bwd_pair_group(1000, 4, 100000, 128), 1);  // past the share: one pair at a time
+  EXPECT_EQ(fa3_bwd_pair_group(8, 1, 1024, 64), 8);        // never past the pairs
+  EXPECT_EQ(fa3_bwd_pair_group(0, 1, 1024, 64), 1);
+  EXPECT_EQ(fa3_bwd_pair_group(16, 4, 2048, 128), 4);      // GQA 32/8 at 2k: 4 MB a pair
 }
 
 // The dQ staging order (fa3_bwd_dq_place): every element of a query block's BM x D tile once, and each

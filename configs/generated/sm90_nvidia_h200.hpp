@@ -18,6 +18,8 @@ namespace sm90_nvidia_h200 {
 // fa3_wgmma parameters, positional: BLOCK_N CONSUMERS STAGES OVERLAP PINGPONG P_SMEM PERSISTENT TWO_CTAS MULTICAST
 // fa3_wgmma_bwd parameters, positional: BLOCK_M CONSUMERS STAGES SCHED DQ_OVERLAP DQ_TURNS DETERMINISTIC DQ_STAGES
 // naive parameters, positional: THREADS
+// Entries ending in `true` were measured on paged K/V caches: only the runtime's paged entry point reads
+// them, where the family's paged form takes the call's page size (decode_splitkv: BLOCK_N divides it).
 // Entries ending in `false, true` are the best bitwise-reproducible config of their bucket: only a
 // deterministic backward reads them (and reads nothing else).
 // Entries with a third value after TFLOP/s are a decoding family's buckets by (batch x kv heads, sequence):
@@ -30,10 +32,19 @@ inline constexpr Entry kEntries[] = {
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {17, 256, 4, 1}, 4.16f, false, false, 8},
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {4, 128, 4, 1}, 11.21f, false, false, 64},
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 32, 2, 1}, 15.76f, false, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {16, 256, 4, 1}, 4.13f, true, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {2, 256, 4, 1}, 11.06f, true, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 256, 4, 1}, 17.19f, true, false, 512},
     {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.86f, false, false, 8},
     {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {4, 128, 4, 1}, 16.89f, false, false, 64},
     {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {1, 32, 2, 1}, 16.73f, false, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.99f, true, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {2, 256, 4, 1}, 17.14f, true, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {1, 256, 4, 1}, 18.57f, true, false, 512},
     {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 4, 1}, 15.57f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 4, 1}, 15.74f, true, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {2, 256, 4, 1}, 18.26f, true, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {4, 128, 4, 1}, 18.70f, true, false, 512},
     {"fa1_simt", "fwd", "fp32", 32, false, 4096, {128, 64, 8, 8, 1, 4}, 30.28f},
     {"fa1_simt", "fwd", "fp32", 64, false, 32, {64, 32, 4, 4, 1, 4}, 3.87f},
     {"fa1_simt", "fwd", "fp32", 64, false, 128, {64, 64, 4, 8, 1, 4}, 1.84f},
@@ -153,20 +164,20 @@ inline constexpr Entry kEntries[] = {
     {"fa3_wgmma", "fwd", "bf16", 256, true, 1024, {80, 2, 2, 1, 1, 0, 0, 0, 0}, 435.24f},
     {"fa3_wgmma", "fwd", "bf16", 256, true, 4096, {80, 2, 2, 1, 1, 0, 0, 0, 0}, 593.95f},
     {"fa3_wgmma", "fwd", "bf16", 256, true, 16384, {80, 2, 2, 1, 0, 0, 0, 0, 0}, 716.07f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 1024, {128, 2, 2, 0, 0, 1, 0, 1}, 407.72f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 4096, {128, 2, 2, 0, 0, 1, 0, 1}, 499.06f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 1024, {128, 2, 2, 0, 0, 1, 0, 1}, 425.64f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 4096, {128, 2, 2, 0, 0, 1, 0, 1}, 510.17f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 16384, {128, 2, 2, 2, 0, 1, 0, 1}, 524.93f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 1024, {128, 2, 2, 0, 0, 1, 0, 1}, 308.16f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 1024, {128, 2, 2, 0, 0, 1, 0, 1}, 308.28f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 4096, {128, 2, 2, 2, 0, 1, 0, 1}, 476.61f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 16384, {128, 2, 2, 0, 0, 1, 0, 1}, 530.83f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 2, 2, 0, 1, 0, 0, 0}, 445.37f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 2, 2, 0, 0, 1, 0, 2}, 474.83f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 2048, {64, 2, 2, 0, 0, 1, 0, 2}, 548.21f, false, false, 0, 4},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 2, 2, 2, 0, 1, 0, 2}, 563.85f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 2, 2, 3, 0, 1, 0, 1}, 565.95f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 8192, {64, 2, 2, 0, 0, 1, 0, 2}, 585.98f, false, false, 0, 4},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 16384, {64, 2, 2, 0, 0, 1, 0, 2}, 584.95f},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 2, 2, 0, 0, 1, 0, 1}, 345.55f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 2, 2, 3, 0, 1, 0, 1}, 347.44f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 2048, {64, 2, 2, 0, 0, 1, 0, 1}, 448.51f, false, false, 0, 4},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 2, 2, 0, 0, 1, 2, 2}, 532.97f},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 2, 2, 3, 0, 1, 2, 2}, 529.28f},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192, {64, 2, 2, 1, 0, 1, 1, 2}, 545.42f, false, false, 0, 4},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 2, 2, 0, 0, 1, 0, 2}, 578.80f},
     {"naive", "fwd", "fp32", 64, false, 32, {128}, 0.66f},
@@ -224,24 +235,24 @@ inline constexpr Entry kEntries[] = {
     {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 1024, {64, 64, 2, 2, 3, 1, 2}, 193.39f, false, true},
     {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 4096, {64, 64, 2, 2, 3, 1, 2}, 269.13f, false, true},
     {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 16384, {64, 64, 2, 2, 3, 1, 2}, 296.31f, false, true},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 1024, {128, 2, 2, 0, 0, 1, 1, 1}, 344.05f, false, true},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 4096, {128, 2, 2, 0, 0, 1, 1, 1}, 445.29f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 1024, {128, 2, 2, 3, 0, 1, 1, 1}, 388.00f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 4096, {128, 2, 2, 3, 0, 1, 1, 1}, 484.82f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 16384, {128, 2, 2, 0, 0, 1, 1, 1}, 520.22f, false, true},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 1024, {64, 2, 2, 0, 0, 1, 2, 2}, 292.41f, false, true},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 4096, {128, 2, 2, 0, 0, 1, 2, 1}, 472.99f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 1024, {64, 2, 2, 0, 0, 1, 2, 2}, 290.51f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 4096, {128, 2, 2, 3, 0, 1, 2, 1}, 460.66f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, true, 16384, {128, 2, 2, 0, 0, 1, 2, 1}, 513.41f, false, true},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 2, 2, 0, 0, 1, 1, 2}, 427.74f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 2, 2, 3, 0, 1, 1, 2}, 460.49f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 2048, {64, 2, 2, 0, 0, 1, 1, 2}, 544.84f, false, true, 0, 4},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 2, 2, 0, 0, 1, 1, 2}, 544.09f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 2, 2, 3, 0, 1, 1, 2}, 564.83f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 8192, {64, 2, 2, 0, 0, 1, 1, 2}, 567.20f, false, true, 0, 4},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, false, 16384, {64, 2, 2, 0, 0, 1, 1, 2}, 575.72f, false, true},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 2, 2, 0, 0, 1, 2, 2}, 341.63f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 2, 2, 0, 0, 1, 2, 2}, 340.25f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 2048, {64, 2, 2, 0, 0, 1, 2, 2}, 429.75f, false, true, 0, 4},
-    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 2, 2, 0, 0, 1, 2, 2}, 532.97f, false, true},
+    {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 2, 2, 3, 0, 1, 2, 2}, 529.28f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192, {64, 2, 2, 1, 0, 1, 1, 2}, 545.42f, false, true, 0, 4},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 2, 2, 0, 0, 1, 2, 2}, 568.41f, false, true},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 213};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 222};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned

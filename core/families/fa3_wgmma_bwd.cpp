@@ -19,7 +19,8 @@ Family make_fa3_wgmma_bwd() {
   f.params = {{"BLOCK_M", {64, 128}},      // query rows per step (the scores' wgmma N)
               {"CONSUMERS", {1, 2, 3}},    // consumer warpgroups: BLOCK_N = 64 x CONSUMERS keys
               {"STAGES", {1, 2}},          // Q, dO, lse, delta slots in the TMA ring
-              {"SCHED", {0, 1, 2}},        // 0: key blocks of a head together; 1: heaviest first (LPT); 2: 0, rotated
+              {"SCHED", {0, 1, 2, 3}},     // 0: key blocks of a head together; 1: heaviest first (LPT); 2: 0, rotated;
+                                           // 3: 1 within groups of heads that share L2
               {"DQ_OVERLAP", {0, 1}},      // 1: dQ issued with dK and staged while dK runs
               {"DQ_TURNS", {0, 1}},        // 1: two consumers take turns at a step's whole dQ
               {"DETERMINISTIC", {0, 1, 2}},  // dQ added in key-block order (bitwise reproducible): 1 ascending,
@@ -72,7 +73,9 @@ Family make_fa3_wgmma_bwd() {
     const Named n(c);
     return std::vector{
         make_launch(fa3_bwd_preprocess_grid(p.batch, p.heads, p.seq_q, n.block_m), kFa3BwdRowThreads, 0),
-        make_launch(fa3_bwd_dkdv_grid(p.batch, p.kv_heads(), p.seq_k, n.consumers, n.sched),
+        make_launch(fa3_bwd_dkdv_grid(p.batch, p.kv_heads(), p.seq_k, n.consumers, n.sched,
+                                      fa3_bwd_pair_group(p.batch * p.kv_heads(), p.heads / p.kv_heads(), p.seq_q,
+                                                         p.head_dim)),
                     fa3_wgmma_threads(n.consumers),
                     fa3_bwd_smem_bytes(p.head_dim, n.block_m, n.consumers, n.stages, n.dq_stages)),
         make_launch(fa3_bwd_convert_grid(p.batch, p.heads, p.seq_q, n.block_m), kFa3BwdRowThreads, 0)};
