@@ -52,6 +52,9 @@
 #   mods-mma - issue 32 on fa2_mma and fa2_mma_bwd (sm_80's forward and backward, any GPU): every compiled variant
 #            of fa2_mma_mods validated on the ragged window, softcap and ALiBi problems, dense and packed, and of
 #            fa2_mma_bwd_mods on the backward's (both dQ modes) (mma_mods_validate.db)
+#   variants-peers - issue 32: experiments/variants_peers.py (windows, softcap, ALiBi through the op beside the plain
+#            call, FlexAttention and FA4's sm90 kernel if installed; VARIANTS_ARGS its options, VARIANTS_LIMIT_S the
+#            time limit, default 480): variants_vs_peers.csv, variants_peers.log
 #   train [PROFILE_STEPS] - examples/train_tiny_gpt.py through the extension, at its default size and at context 2048
 #            (8 heads of 64, batch 8), the two runs' steps interleaved; each then profiled PROFILE_STEPS (default 10)
 #            steps: train_tiny_gpt{,_ctx2048}{.csv,.png,_profile.csv}, train.log
@@ -1114,6 +1117,18 @@ mods-mma)
   validation_summary "$val"
   $ft drop-cubins --db "$val"
   finish
+  ;;
+variants-peers)
+  lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
+  fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)  # the FA3-class peer, if .fa4a/.fa4b installed it
+  log "variants beside the plain call, FlexAttention and FA3-class, one process, profiler kernel time"
+  rm -f "$rep/variants_vs_peers.csv"
+  # shellcheck disable=SC2086
+  PYTHONPATH="$PWD/python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
+    timeout "${VARIANTS_LIMIT_S:-480}" python3 experiments/variants_peers.py --out "$rep/variants_vs_peers.csv" \
+    ${VARIANTS_ARGS:-} 2>"$OUT/variants_peers.log"
+  echo "variants exit $?"; tail -5 "$OUT/variants_peers.log"
+  cp "$rep/variants_vs_peers.csv" "$OUT/" 2>/dev/null
   ;;
 train)
   export PYTHONPATH=$PWD/python FLASHTUNE_LIBRARY=$PWD/build/runtime/libflashtune_attention.so \
