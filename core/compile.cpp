@@ -108,6 +108,9 @@ std::string Compiler::prune_before_compile(const Variant& v) const {
   if (v.page_layout == PageLayout::nhd && !v.paged) return "a page layout goes with the paged form";
   if (v.page_layout == PageLayout::nhd && !f.paged_nhd) return "does not read token-major (nhd) paged K/V caches";
   if (v.mods & ~f.mods) return "has no " + mods_string(v.mods & ~f.mods) + " form";
+  if (!f.has_mods(v.mods, v.head_dim))
+    return "has its " + mods_string(v.mods) + " form up to head_dim " + std::to_string(f.mods_max_head_dim) +
+           " (past it the kernels spill)";
   if (const char* why = f.check(v.config, v.head_dim)) return why;
   if (const char* why = f.causal_check(v.config, v.causal)) return why;
   if (v.varlen)

@@ -97,6 +97,9 @@ std::string Family::shape_reason(const Problem& p) const {
   if (p.windowed() && !(mods & kModWindow)) return "does not support sliding windows (window)";
   if (p.softcapped() && !(mods & kModSoftcap)) return "does not support logit softcapping (softcap)";
   if (p.alibi && !(mods & kModAlibi)) return "does not support ALiBi (alibi)";
+  if (!has_mods(problem_mods(p), p.head_dim))
+    return "has " + mods_string(problem_mods(p)) + " up to head_dim " + std::to_string(mods_max_head_dim) +
+           ", not " + std::to_string(p.head_dim);
   if (p.heads_k > 0 && !gqa) return "does not support grouped-query attention (heads_k)";
   if (p.varlen.enabled() && !varlen) return "does not support packed variable-length batches";
   if (p.paged.enabled() && !paged) return "does not read paged K/V caches";

@@ -87,6 +87,13 @@ struct Family {
   // kernels keep their names and code) and takes ModParams (the plain argument, then AttnMods). A problem with a
   // window or a softcap the family lacks is refused by shape_reason, so nothing runs it without them.
   unsigned mods = 0;
+  // The largest head dim whose modified forms it has (0: every head dim of head_dims): fa2_mma_bwd's kernels with
+  // all three modifications pass ptxas's 255 registers past d 128 and spill. has_mods() reads both.
+  int mods_max_head_dim = 0;
+  // Whether it has the modifications `m` (a kMod* mask) at head_dim (none: always).
+  bool has_mods(unsigned m, int head_dim) const {
+    return !(m & ~mods) && (!m || mods_max_head_dim == 0 || head_dim <= mods_max_head_dim);
+  }
 
   // "flashtune::Fa2SimtTraits<64,128,64,8,4,2,false>"
   std::function<std::string(const Config&, int head_dim, bool causal, DType)> traits;

@@ -1108,8 +1108,9 @@ mods-mma)
       --db "$val" --retime 0 --stop-margin 0.5 2>&1 | grep -vE "^\[" | tail -2
   done
   # The backward (fa2_mma_bwd): windows of 0, 1, a block, a block + 1, past the sequence, softcap, ALiBi alone and
-  # with both, GQA and MQA, Sq != Sk both ways; DQ_MODE 0 (atomics) and 1 (the deterministic pass) alike.
-  for problems in ragged_window_bwd_bf16 ragged_alibi_bwd_bf16; do
+  # with both, GQA and MQA, Sq != Sk both ways; DQ_MODE 0 (atomics) and 1 (the deterministic pass) alike; dense and
+  # packed (the *_varlen_bwd problems: the forwards' packed batches as backward problems).
+  for problems in ragged_window_bwd_bf16 ragged_alibi_bwd_bf16 ragged_window_varlen_bwd_bf16 ragged_alibi_varlen_bwd_bf16; do
     log "validate fa2_mma_bwd_mods on $problems"
     timeout "${MODS_VALIDATE_LIMIT_S:-300}" $ft tune configs/spaces/fa2_mma_bwd_mods.json "configs/problems/$problems.json" \
       --db "$val" --retime 0 --stop-margin 0.5 2>&1 | grep -vE "^\[" | tail -2

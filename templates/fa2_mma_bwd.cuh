@@ -605,7 +605,11 @@ __global__ void __launch_bounds__(Traits::kDqThreads, 1) fa2_mma_bwd_dq(const ty
     }
   } else {
     constexpr int BM = T::kBlockM;
-    constexpr int KS = T::kDqKeyStep;
+    // A modified variant's key step may be shorter (its registers beside the accumulators; never 0 where the
+    // plain one is not, as mods_max_head_dim keeps D <= 128), in the same shared memory as the plain one's.
+    constexpr int KS = ModsOf<T>::any ? fa2_mma_bwd_dq_key_step(D, T::kBlockM, T::kBlockN, T::kWarps, true)
+                                      : T::kDqKeyStep;
+    static_assert(KS > 0 && KS <= T::kDqKeyStep, "the modified dQ pass's key step");
     constexpr int NT = T::kDqThreads;
     constexpr int MT = T::kDqMTiles;
     constexpr int RB = T::kRowBytes;

@@ -54,10 +54,14 @@ FT_HD constexpr int fa2_mma_bwd_dq_m_tiles(int BM, int WARPS) {
   return fa2_mma_bwd_dq_warps(BM, WARPS) > 0 ? BM / (16 * fa2_mma_bwd_dq_warps(BM, WARPS)) : 0;
 }
 constexpr int kFa2MmaBwdDqAccBudget = 144;
-FT_HD constexpr int fa2_mma_bwd_dq_key_step(int D, int BM, int BN, int WARPS) {
+// A modified variant's (AttnModTraits) registers beside them: the band, the slope, the cap's scales and the
+// per-element mask and distance; at d 128 with all three the budget above left ptxas at 255 and spilling on sm_90.
+constexpr int kFa2MmaBwdDqModRegs = 32;
+FT_HD constexpr int fa2_mma_bwd_dq_key_step(int D, int BM, int BN, int WARPS, bool MODS = false) {
   int ks = 0;
+  const int budget = kFa2MmaBwdDqAccBudget - (MODS ? kFa2MmaBwdDqModRegs : 0);
   for (int c = 256; c >= 16; c /= 2)
-    if (ks == 0 && c <= BN && fa2_mma_bwd_dq_m_tiles(BM, WARPS) * (D / 2 + c) <= kFa2MmaBwdDqAccBudget) ks = c;
+    if (ks == 0 && c <= BN && fa2_mma_bwd_dq_m_tiles(BM, WARPS) * (D / 2 + c) <= budget) ks = c;
   return ks;  // 0: none fits
 }
 

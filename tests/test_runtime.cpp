@@ -579,6 +579,15 @@ TEST(RuntimeLookup, PagedCandidatesPagesAndNearestConfig) {
             "head_dim 96 is not supported for bf16 paged K/V cache forward with grouped-query heads (heads_k) "
             "(supported: 64, 128, 256)");
   EXPECT_EQ(unsupported_reason("fwd", DType::fp16, 64, true, false, true), "");
+  // The modified backward up to d 128 (fa2_mma_bwd's mods_max_head_dim; fa3_wgmma_bwd's head dims): d 192 and 256
+  // refused naming the head dims that have it; the forward's modified forms at every head dim.
+  EXPECT_EQ(unsupported_reason("bwd", DType::bf16, 256, false, false, false, kModWindow),
+            "head_dim 256 is not supported for bf16 backward with a sliding window (supported: 32, 64, 96, 128)");
+  EXPECT_EQ(unsupported_reason("bwd", DType::bf16, 128, false, false, false, kModWindow | kModSoftcap | kModAlibi), "");
+  EXPECT_EQ(unsupported_reason("fwd", DType::bf16, 256, false, false, false, kModWindow | kModSoftcap | kModAlibi), "");
+  EXPECT_EQ(unsupported_reason("bwd", DType::bf16, 256, false, false, false, 0), "");
+  EXPECT_FALSE(find_family("fa2_mma_bwd").has_mods(kModAlibi, 192));
+  EXPECT_TRUE(find_family("fa2_mma_bwd").has_mods(0, 192));
 
   // The default (BLOCK_N 64) reads pages of 64 and its multiples; 32-key pages need BLOCK_N 32, which takes
   // WARPS 2 (16 keys per warp); pages of 16 or 48 keys no config reads.

@@ -187,8 +187,13 @@ TEST(Sample, DefaultVariantsSpanHeadDimsMasksDtypes) {
     const size_t packed = f.varlen ? f.head_dims.size() * 2 : 0;  // one dtype: see default_variants
     // The paged form at every head dim and mask; its token-major pages (paged_nhd) non-causal at every head dim.
     const size_t paged = (f.paged ? f.head_dims.size() * 2 : 0) + (f.paged_nhd ? f.head_dims.size() : 0);
-    // Score modifications (fa3_wgmma): all of them at every head dim and mask, each alone at the last head dim.
-    const size_t mods = f.mods ? f.head_dims.size() * 2 + (f.mods == (kModWindow | kModSoftcap | kModAlibi) ? 6 : 0) : 0;
+    // Score modifications (fa3_wgmma): all of them at every head dim (up to mods_max_head_dim: fa2_mma_bwd's 128) and
+    // mask, each alone at the largest of those head dims.
+    const size_t mod_dims = (size_t)std::count_if(f.head_dims.begin(), f.head_dims.end(),
+                                                  [&](int d) { return f.has_mods(f.mods, d); });
+    const size_t mods = f.mods ? mod_dims * 2 + (f.mods == (kModWindow | kModSoftcap | kModAlibi) ? 6 : 0) : 0;
+    if (f.name == "fa2_mma_bwd") EXPECT_EQ(mod_dims, 4u);  // 32, 64, 96, 128: not 192, 256
+    for (const auto& v : vs) EXPECT_TRUE(f.has_mods(v.mods, v.head_dim)) << f.name << " d " << v.head_dim;
     EXPECT_EQ(vs.size(), dense + packed + paged + mods) << f.name;
     EXPECT_EQ((size_t)std::count_if(vs.begin(), vs.end(), [](const Variant& v) { return v.mods != 0; }), mods) << f.name;
     if (f.name == "fa3_wgmma") {

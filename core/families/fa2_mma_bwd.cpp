@@ -31,6 +31,9 @@ Family make_fa2_mma_bwd() {
   // query blocks that see a key block (and the dQ pass only the key steps a query block sees); softcap and ALiBi
   // in P and dS (issue 32: the backward that runs them on sm_80 and every GPU that is not Hopper).
   f.mods = kModWindow | kModSoftcap | kModAlibi;
+  // Up to d 128: at d 192 and 256 the default tile with all three spills (12-28 bytes, sm_80 and sm_90); the dQ pass
+  // of a modified variant takes a shorter key step (fa2_mma_bwd_dq_key_step's budget less kFa2MmaBwdDqModRegs).
+  f.mods_max_head_dim = 128;
   struct Named {  // the config by name (the order of f.params)
     int block_m, block_n, warps, dsplit, stages, dq_mode;
     explicit Named(const Config& c)

@@ -914,7 +914,7 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     i + Sk - Sq - left <= j <= i + Sk - Sq + right (bottom-right aligned; with causal the right edge is the
     diagonal); softcap=c > 0: the scaled scores s become c * tanh(s / c) before the softmax (Gemma-2). Both run in
     the forward on every GPU (fa3_wgmma on sm_90, fa2_mma elsewhere; fp16 and bf16, blocks outside the window
-    skipped) and the backward on sm_90 (d 64, 96, 128); a
+    skipped) and the backward up to d 128 (fa3_wgmma_bwd on sm_90 at d 64, 96, 128, fa2_mma_bwd elsewhere); a
     call no kernel runs with them raises flashtune.UnsupportedError naming what is missing.
     alibi_slopes (FlashAttention's; fp32 [H] or [B, H] on q's device): head h of sequence b adds
     -slope |i + Sk - Sq - j| to its scaled scores (BLOOM, MPT), forward and backward, in the same families.

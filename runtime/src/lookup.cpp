@@ -120,7 +120,7 @@ std::vector<const Family*> candidate_families(const Query& q) {
   std::vector<const Family*> out;
   for (const Family& f : families())
     if (runs(f, q.direction, q.dtype, q.head_dim) && (!f.hopper_only || q.arch == "sm_90") && (!q.gqa || f.gqa) &&
-        (!q.varlen || f.varlen) && (!q.page_size || f.paged) && !(q.mods & ~f.mods) && in_range(f, q.seq_q) &&
+        (!q.varlen || f.varlen) && (!q.page_size || f.paged) && f.has_mods(q.mods, q.head_dim) && in_range(f, q.seq_q) &&
         (!wants_reproducible(q) || has_reproducible(f, q.head_dim, q.causal)))
       out.push_back(&f);
   return out;
@@ -150,9 +150,9 @@ std::string unsupported_reason(const std::string& direction, DType dtype, int he
         (paged && !f.paged) || (mods & ~f.mods))
       continue;
     dtype_known = true;
-    if (has(f.head_dims, head_dim)) return "";
+    if (has(f.head_dims, head_dim) && f.has_mods(mods, head_dim)) return "";
     for (int d : f.head_dims)
-      if (!has(dims, d)) dims.push_back(d);
+      if (!has(dims, d) && f.has_mods(mods, d)) dims.push_back(d);
   }
   std::vector<std::string> with;  // "with grouped-query heads (heads_k), a sliding window and a softcap"
   if (gqa) with.push_back("grouped-query heads (heads_k)");

@@ -1,5 +1,6 @@
 #include "tuner/space/sample.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <set>
@@ -41,12 +42,16 @@ std::vector<Variant> default_variants(const Family& f) {
   // The score modifications (Family::mods), likewise in the last dtype: every head dim and mask with all of
   // them (the most registers), and each alone at one head dim per mask (their code apart).
   if (f.mods) {
+    int widest = 0;  // the largest head dim with the modified forms (Family::mods_max_head_dim)
     for (int d : f.head_dims)
-      for (bool causal : {false, true}) vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, false, f.mods});
+      if (f.has_mods(f.mods, d)) {
+        widest = std::max(widest, d);
+        for (bool causal : {false, true}) vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, false, f.mods});
+      }
     for (unsigned m : {kModWindow, kModSoftcap, kModAlibi})
-      if ((f.mods & m) && m != f.mods)
+      if ((f.mods & m) && m != f.mods && widest > 0)
         for (bool causal : {false, true})
-          vs.push_back(Variant{&f, f.default_config, f.head_dims.back(), causal, f.dtypes.back(), false, false, m});
+          vs.push_back(Variant{&f, f.default_config, widest, causal, f.dtypes.back(), false, false, m});
   }
   return vs;
 }
