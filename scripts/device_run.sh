@@ -955,7 +955,8 @@ split-compare)
   # $1 a directory: its files laid over the tree by their paths (e.g. .split/templates/fa2_wgmma_bwd*.h*,
   # the other side of a change that touched several files). SPLIT_VALIDATE_LIMIT_S=0 skips the validation.
   # SPLIT_FAMILY=fa3_wgmma_bwd: that family instead (its sample space validated on ragged_mma_bwd and
-  # ragged_gqa_bwd, its picks of AB_CONFIGS_DB timed on the bwd grid and the GQA points).
+  # ragged_gqa_bwd, its picks of AB_CONFIGS_DB timed on the bwd grid and the GQA points). AB_DETERMINISTIC=1: the
+  # deterministic picks instead (a change to the ordered dQ additions).
   fam=${SPLIT_FAMILY:-fa2_wgmma_bwd}
   [[ $fam == fa2_wgmma_bwd || $fam == fa3_wgmma_bwd ]] || { echo "split-compare: SPLIT_FAMILY fa2_wgmma_bwd or fa3_wgmma_bwd" >&2; exit 2; }
   cand=${1:-.split/fa2_wgmma_bwd.cuh}
@@ -986,7 +987,9 @@ JSON
   validation_summary /tmp/ab_val.db || echo "FAIL: a compiled variant of the candidate did not validate"
   }
   log "A/B on the bwd grid"
-  $ft best --db "${AB_CONFIGS_DB:-reports/nvidia-h200/results.db}" --family "$fam" --csv >/tmp/ab_configs.csv  # its tuned grid
+  # its tuned grid (AB_DETERMINISTIC=1: the deterministic picks, `best --deterministic`)
+  $ft best --db "${AB_CONFIGS_DB:-reports/nvidia-h200/results.db}" --family "$fam" --csv \
+    ${AB_DETERMINISTIC:+--deterministic} >/tmp/ab_configs.csv
   rm -rf /tmp/ab_out && mkdir -p /tmp/ab_out
   for probs in "${abprobs[@]}"; do
     python3 experiments/ab_builds.py --a "$ft" --b /tmp/ab/build/flashtune --configs /tmp/ab_configs.csv --db /tmp/ab.db \
