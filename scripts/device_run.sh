@@ -956,7 +956,7 @@ split-compare)
   # the other side of a change that touched several files). SPLIT_VALIDATE_LIMIT_S=0 skips the validation.
   # SPLIT_FAMILY=fa3_wgmma_bwd: that family instead (its sample space validated on ragged_mma_bwd and
   # ragged_gqa_bwd, its picks of AB_CONFIGS_DB timed on the bwd grid and the GQA points). AB_DETERMINISTIC=1: the
-  # deterministic picks instead (a change to the ordered dQ additions).
+  # deterministic picks instead (a change to the ordered dQ additions); SPLIT_VALIDATE_SPACE: the space validated.
   fam=${SPLIT_FAMILY:-fa2_wgmma_bwd}
   [[ $fam == fa2_wgmma_bwd || $fam == fa3_wgmma_bwd ]] || { echo "split-compare: SPLIT_FAMILY fa2_wgmma_bwd or fa3_wgmma_bwd" >&2; exit 2; }
   cand=${1:-.split/fa2_wgmma_bwd.cuh}
@@ -977,6 +977,7 @@ JSON
     vspace=configs/spaces/fa3_wgmma_bwd_sample.json vprobs=(ragged_mma_bwd ragged_gqa_bwd)
     abprobs+=(configs/problems/gqa_bwd_bf16_2k8k.json)
   fi
+  vspace=${SPLIT_VALIDATE_SPACE:-$vspace}  # another space to validate (e.g. the deterministic variants)
   [[ ${SPLIT_VALIDATE_LIMIT_S:-200} == 0 ]] || {
   rm -f /tmp/ab_val.db
   for probs in "${vprobs[@]}"; do
