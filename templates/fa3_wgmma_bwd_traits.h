@@ -117,6 +117,9 @@ FT_HD constexpr int fa3_bwd_pair_group(int pairs, int q_per_kv, int seq_q, int D
   const long long g = kFa3BwdPairGroupL2Bytes / per_pair;
   return pairs < 1 ? 1 : g < 1 ? 1 : g > pairs ? pairs : static_cast<int>(g);
 }
+// SCHED 1 and 3: the (kv head, batch) pair (kv head fastest) of the CTA at grid x, z, in groups of gx pairs (gridDim.x;
+// SCHED 1: one group, z = 0). The kernel's Work and the tests read this one mapping.
+FT_HD constexpr int fa3_bwd_grouped_pair(int x, int z, int gx) { return z * gx + x; }
 // dK/dV: one CTA per (key block, kv head, batch). SCHED 0 and 2: x = key blocks, y = kv heads, z = batch.
 // SCHED 1: x = kv heads x batch, y = key blocks, so that the grid's first CTAs are every pair's first key
 // block (causal: the longest), then every pair's second, ...

@@ -1464,6 +1464,88 @@ TEST(Family, Fa3MulticastClusters) {
 
 // fa3_wgmma_bwd's budgets, prunes, shared memory, workspace and grids (templates/fa3_wgmma_bwd_traits.h): the
 // same functions the kernel's static_asserts and the family's check call.
+// fa3_wgmma_bwd's DETERMINISTIC protocol over the whole grid, emulated for every scheduler that allows it (SCHED 0,
+// 1 and 3): CTAs launched in the grid's linear order (x fastest; fa3_bwd_dkdv_grid's dims, fa3_bwd_grouped_pair's
+// pairs, key blocks counted from the last down under DETERMINISTIC 2) onto `slots` resident places, each walking
+// every query head of its kv head's group, its visible query blocks in order, waiting at each for its turn
+// (bwd_dq_turn). Never a deadlock, whatever the residency, and every (pair, head, block) receives its contributors
+// in key-block order; the last group's CTAs past the pairs have no work.
+TEST(Family, Fa3BwdDeterministicGridNeverDeadlocks) {
+  auto emulate = [](int sched, int order, bool causal, int sq, int sk, int batch, int hk, int group, int slots,
+                    int pair_group, bool launch_down) {
+    constexpr int BM = 64, CONSUMERS = 2, BN = 64 * CONSUMERS;
+    const GridDims g = fa3_bwd_dkdv_grid(batch, hk, sk, CONSUMERS, sched, pair_group);
+    const int nb = (sk + BN - 1) / BN, num_m = (sq + BM - 1) / BM, pairs = batch * hk;
+    std::vector<int> counter(pairs * group * num_m, 0);
+    std::vector<std::vector<int>> adds(counter.size());
+    struct Cta {
+      int pair, j, first, blocks, t;
+    };
+    std::vector<Cta> running;
+    const long long total = (long long)g.x * g.y * g.z;
+    long long launched = 0;
+    for (;;) {
+      while ((int)running.size() < slots && launched < total) {
+        const int x = (int)(launched % g.x), y = (int)(launched / g.x % g.y), z = (int)(launched / g.x / g.y);
+        ++launched;
+        const bool grouped = sched == 1 || sched == 3;
+        const int pair = grouped ? fa3_bwd_grouped_pair(x, z, g.x) : z * hk + y;
+        const int index = grouped ? y : x, count = grouped ? (int)g.y : (int)g.x;
+        const int j = launch_down ? count - 1 - index : index;
+        if (pair >= pairs) continue;  // the kernel's early return
+        const int first = causal ? std::max(0, j * BN - (sk - sq)) / BM : 0;
+        const int blocks = std::max(0, num_m - first);
+        if (blocks > 0) running.push_back(Cta{pair, j, first, blocks, 0});
+      }
+      if (running.empty()) break;
+      bool moved = false;
+      for (size_t i = 0; i < running.size();) {
+        Cta& c = running[i];
+        const int hq = c.t / c.blocks, mb = c.first + c.t % c.blocks;
+        const int at = (c.pair * group + hq) * num_m + mb;
+        if (counter[at] == bwd_dq_turn(order, c.j, mb, BM, BN, sq, sk)) {
+          adds[at].push_back(c.j);
+          ++counter[at];
+          moved = true;
+          if (++c.t == group * c.blocks) {
+            running.erase(running.begin() + (long)i);
+            continue;
+          }
+        }
+        ++i;
+      }
+      if (!moved) return false;
+    }
+    for (int pr = 0; pr < pairs; ++pr)
+      for (int hq = 0; hq < group; ++hq)
+        for (int m = 0; m < num_m; ++m) {
+          const int last = causal ? bwd_dq_last_key_block(m, BM, BN, sq, sk) : nb - 1;
+          const std::vector<int>& a = adds[(pr * group + hq) * num_m + m];
+          EXPECT_EQ((int)a.size(), last + 1) << pr << " " << hq << " " << m;
+          for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], order == 2 ? last - (int)k : (int)k);
+        }
+    return true;
+  };
+  for (int sched : {0, 1, 3})
+    for (bool causal : {false, true})
+      for (int order : {1, 2}) {
+        if (order == 2 && !causal) continue;  // the causal check's prune
+        for (int slots : {1, 3, 16})
+          for (auto [sq, sk] : {std::pair{517, 1000}, std::pair{1000, 333}, std::pair{300, 300}})
+            for (int pair_group : {1, 2, 5}) {
+              if (sched != 3 && pair_group != 1) continue;
+              SCOPED_TRACE("sched " + std::to_string(sched) + " order " + std::to_string(order) + " causal " +
+                           std::to_string(causal) + " slots " + std::to_string(slots) + " sq " + std::to_string(sq) +
+                           " sk " + std::to_string(sk) + " pair group " + std::to_string(pair_group));
+              // 3 sequences x 2 kv heads (6 pairs; 5 per group leaves a short last group), 2 query heads each.
+              EXPECT_TRUE(
+                  emulate(sched, order, causal, sq, sk, 3, 2, 2, slots, sched == 1 ? 6 : pair_group, order == 2));
+            }
+      }
+  // The control: descending turns launched ascending deadlock with few resident CTAs, under either order of the grid.
+  for (int sched : {0, 3}) EXPECT_FALSE(emulate(sched, 2, true, 1000, 1000, 1, 1, 1, 2, 1, false)) << sched;
+}
+
 TEST(Family, Fa3BwdBudgetsAndPrunes) {
   // setmaxnreg: one CTA per SM, 128 (C + 1) threads; the budgets add up to at most the launch allocation.
   // (fa3_wgmma's budgets at one CTA per SM, which the traits take.)
