@@ -167,6 +167,9 @@ expect_usage_error "family fa2_simt_bwd does not support logit softcapping (soft
 "$FLASHTUNE" run --family fa2_mma_bwd --params BLOCK_M=64 --direction bwd --shape 1,2,300,300,64 --dtype bf16 \
   --window 16,16 --softcap 30 --alibi >"$tmp/out" 2>"$tmp/err"
 [[ $? -ne 2 ]] || { echo "FAIL: run --family fa2_mma_bwd --window 16,16 --softcap 30 --alibi was refused:"; cat "$tmp/err"; fail=1; }
+# ... up to d 128 (Family::mods_max_head_dim: past it the kernels spill).
+expect_usage_error "family fa2_mma_bwd has window up to head_dim 128, not 256" run --family fa2_mma_bwd \
+  --params BLOCK_M=32 --direction bwd --shape 1,2,64,64,256 --dtype bf16 --window 8,0
 expect_usage_error "no problem in $SRC/configs/problems/ragged_window_bwd_bf16.json matches a variant" tune \
   "$SRC/configs/spaces/fa2_wgmma_bwd.json" "$SRC/configs/problems/ragged_window_bwd_bf16.json" --db "$tmp/x.db"
 "$FLASHTUNE" run --family fa3_wgmma_bwd --params BLOCK_M=64,CONSUMERS=2 --direction bwd --shape 1,2,300,300,128 \
