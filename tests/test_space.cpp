@@ -1727,57 +1727,86 @@ TEST(Family, Fa3BwdFamilyMapsAndLaunches) {
 // that share a visible (query, key) pair (Problem::visible_keys, the problem's own definition), for ragged shapes
 // and windows of every kind, else a query block's turns would wait for a key block that never adds (a hang) or a
 // key block would skip rows that see it. The band without a window is causal's: the same turns as bwd_dq_turn.
-TEST(Family, Fa3BwdWindowBlocksArePairsThatMeet) {
+namespace {
+// The window tests' cases: windows of every kind (a point, one side, both, past the sequence, none), causal and not,
+// ragged shapes, every block size pair given; each with its problem, band, each row's visible keys, the block pairs
+// that share a visible (query, key) pair (Problem::visible_keys, the problem's own definition) and a name.
+struct WindowCase {
+  Problem p;
+  WindowBand band;
+  int BM, BN, num_m, num_n;
+  std::vector<std::pair<long long, long long>> visible;  // row i: keys [first, end)
+  std::vector<std::vector<char>> meet;                     // [query block][key block]
+  std::string at;                                          // for failure messages
+  bool sees(int i, long long j) const { return visible[i].first <= j && j < visible[i].second; }
+};
+template <class F>
+void for_each_window_case(std::initializer_list<int> bms, std::initializer_list<int> bns, F f) {
   for (const auto& [left, right] : {std::pair{0, 0}, std::pair{1, -1}, std::pair{64, -1}, std::pair{65, 65},
                                     std::pair{-1, 1}, std::pair{3, 17}, std::pair{100000, 100000}, std::pair{-1, -1},
-                                    std::pair{0, -1}, std::pair{200, 0}})
+                                    std::pair{0, -1}, std::pair{200, 0}, std::pair{128, 128}})
     for (bool causal : {false, true})
       for (const auto& [sq, sk] : {std::pair{1, 700}, std::pair{333, 517}, std::pair{517, 333}, std::pair{64, 64},
                                    std::pair{129, 1000}, std::pair{200, 65}})
-        for (int BM : {64, 128})
-          for (int BN : {64, 128, 192}) {
-            Problem p{1, 1, sq, sk, 64, DType::bf16, causal};
-            p.window_left = left, p.window_right = right;
-            const WindowBand band = window_band(left, right, causal, sq, sk);
-            const int num_m = (sq + BM - 1) / BM, num_n = (sk + BN - 1) / BN;
-            std::vector<std::vector<char>> meet(num_m, std::vector<char>(num_n, 0));
+        for (int BM : bms)
+          for (int BN : bns) {
+            WindowCase c{Problem{1, 1, sq, sk, 64, DType::bf16, causal}, window_band(left, right, causal, sq, sk), BM, BN,
+                         (sq + BM - 1) / BM, (sk + BN - 1) / BN, {}, {}, {}};
+            c.p.window_left = left, c.p.window_right = right;
+            c.visible.resize(sq);
+            c.meet.assign(c.num_m, std::vector<char>(c.num_n, 0));
             for (int i = 0; i < sq; ++i) {
-              const auto [first, end] = p.visible_keys(i, sq, sk);
-              const IndexRange keys = band.keys_of_rows(i, i + 1, sk);  // the band is the problem's mask, row by row
-              if (first < end) ASSERT_EQ(std::make_pair((long long)keys.first, (long long)keys.end), std::make_pair(first, end)) << i;
-              else ASSERT_TRUE(keys.empty()) << i;
-              for (long long j = first; j < end; ++j) meet[i / BM][j / BN] = 1;
+              c.visible[i] = c.p.visible_keys(i, sq, sk);
+              for (long long j = c.visible[i].first; j < c.visible[i].second; ++j) c.meet[i / BM][j / BN] = 1;
             }
-            const std::string at = "window " + std::to_string(left) + "," + std::to_string(right) + (causal ? " causal " : " ") +
-                                   std::to_string(sq) + "x" + std::to_string(sk) + " BM " + std::to_string(BM) + " BN " +
-                                   std::to_string(BN);
-            for (int n = 0; n < num_n; ++n) {  // a key block's walk
-              int first = 0, blocks = 0;
-              fa3_bwd_window_query_blocks(band, n * BN, BM, BN, sq, sk, first, blocks);
-              for (int m = 0; m < num_m; ++m)
-                ASSERT_EQ(m >= first && m < first + blocks, (bool)meet[m][n]) << at << " key block " << n << " query block " << m;
-            }
-            for (int m = 0; m < num_m; ++m) {  // a query block's adders and their turns
-              int first = 0, last = -1;
-              fa3_bwd_window_key_blocks(band, m, BM, BN, sq, sk, first, last);
-              std::set<int> up, down;
-              for (int n = 0; n < num_n; ++n) {
-                ASSERT_EQ(n >= first && n <= last, (bool)meet[m][n]) << at << " query block " << m << " key block " << n;
-                if (!meet[m][n]) continue;
-                up.insert(fa3_bwd_window_turn(1, band, n, m, BM, BN, sq, sk));
-                down.insert(fa3_bwd_window_turn(2, band, n, m, BM, BN, sq, sk));
-                if (left < 0 && right < 0) {  // no window: the plain kernels' turns (DETERMINISTIC 2 is causal only)
-                  if (causal)
-                    EXPECT_EQ(fa3_bwd_window_turn(2, band, n, m, BM, BN, sq, sk), bwd_dq_turn(2, n, m, BM, BN, sq, sk)) << at;
-                  EXPECT_EQ(fa3_bwd_window_turn(1, band, n, m, BM, BN, sq, sk), bwd_dq_turn(1, n, m, BM, BN, sq, sk)) << at;
-                }
-              }
-              std::set<int> want;  // each turn 0 .. count - 1 taken once
-              for (int t = 0; t <= last - first; ++t) want.insert(t);
-              EXPECT_EQ(up, want) << at << " query block " << m;
-              EXPECT_EQ(down, want) << at << " query block " << m;
-            }
+            c.at = "window " + std::to_string(left) + "," + std::to_string(right) + (causal ? " causal " : " ") +
+                   std::to_string(sq) + "x" + std::to_string(sk) + " BM " + std::to_string(BM) + " BN " + std::to_string(BN);
+            f(c);
           }
+}
+}  // namespace
+
+TEST(Family, Fa3BwdWindowBlocksArePairsThatMeet) {
+  for_each_window_case({64, 128}, {64, 128, 192}, [](const WindowCase& c) {
+    const int sq = c.p.seq_q, sk = c.p.seq_k, BM = c.BM, BN = c.BN, num_m = c.num_m, num_n = c.num_n;
+    const int left = c.p.window_left, right = c.p.window_right;
+    const bool causal = c.p.causal;
+    const WindowBand& band = c.band;
+    const auto& meet = c.meet;
+    const std::string& at = c.at;
+    for (int i = 0; i < sq; ++i) {  // the band is the problem's mask, row by row
+      const auto [first, end] = c.visible[i];
+      const IndexRange keys = band.keys_of_rows(i, i + 1, sk);
+      if (first < end) ASSERT_EQ(std::make_pair((long long)keys.first, (long long)keys.end), std::make_pair(first, end)) << i;
+      else ASSERT_TRUE(keys.empty()) << i;
+    }
+    for (int n = 0; n < num_n; ++n) {  // a key block's walk
+      int first = 0, blocks = 0;
+      fa3_bwd_window_query_blocks(band, n * BN, BM, BN, sq, sk, first, blocks);
+      for (int m = 0; m < num_m; ++m)
+        ASSERT_EQ(m >= first && m < first + blocks, (bool)meet[m][n]) << at << " key block " << n << " query block " << m;
+    }
+    for (int m = 0; m < num_m; ++m) {  // a query block's adders and their turns
+      int first = 0, last = -1;
+      fa3_bwd_window_key_blocks(band, m, BM, BN, sq, sk, first, last);
+      std::set<int> up, down;
+      for (int n = 0; n < num_n; ++n) {
+        ASSERT_EQ(n >= first && n <= last, (bool)meet[m][n]) << at << " query block " << m << " key block " << n;
+        if (!meet[m][n]) continue;
+        up.insert(fa3_bwd_window_turn(1, band, n, m, BM, BN, sq, sk));
+        down.insert(fa3_bwd_window_turn(2, band, n, m, BM, BN, sq, sk));
+        if (left < 0 && right < 0) {  // no window: the plain kernels' turns (DETERMINISTIC 2 is causal only)
+          if (causal)
+            EXPECT_EQ(fa3_bwd_window_turn(2, band, n, m, BM, BN, sq, sk), bwd_dq_turn(2, n, m, BM, BN, sq, sk)) << at;
+          EXPECT_EQ(fa3_bwd_window_turn(1, band, n, m, BM, BN, sq, sk), bwd_dq_turn(1, n, m, BM, BN, sq, sk)) << at;
+        }
+      }
+      std::set<int> want;  // each turn 0 .. count - 1 taken once
+      for (int t = 0; t <= last - first; ++t) want.insert(t);
+      EXPECT_EQ(up, want) << at << " query block " << m;
+      EXPECT_EQ(down, want) << at << " query block " << m;
+    }
+  });
 }
 
 // fa2_mma's window (issue 32): a query block's loop reads exactly the key blocks that hold a key some of its rows
@@ -1787,41 +1816,26 @@ TEST(Family, Fa3BwdWindowBlocksArePairsThatMeet) {
 // inside the sequence (no key past seq_k, none outside the band), so that skipping the per-element mask there never
 // lets a masked score through. The modified kernels' name expression wraps the traits (ALIBI written when true).
 TEST(Family, Fa2MmaWindowReadsTheBlocksThatMeet) {
-  for (const auto& [left, right] : {std::pair{0, 0}, std::pair{1, -1}, std::pair{64, -1}, std::pair{65, 65},
-                                    std::pair{-1, 1}, std::pair{3, 17}, std::pair{100000, 100000}, std::pair{-1, -1},
-                                    std::pair{0, -1}, std::pair{200, 0}, std::pair{128, 128}})
-    for (bool causal : {false, true})
-      for (const auto& [sq, sk] : {std::pair{1, 700}, std::pair{333, 517}, std::pair{517, 333}, std::pair{64, 64},
-                                   std::pair{129, 1000}, std::pair{200, 65}})
-        for (int BM : {64, 128})
-          for (int BN : {32, 64, 128}) {
-            Problem p{1, 1, sq, sk, 64, DType::bf16, causal};
-            p.window_left = left, p.window_right = right;
-            const WindowBand band = window_band(left, right, causal, sq, sk);
-            const int num_m = (sq + BM - 1) / BM, num_n = (sk + BN - 1) / BN;
-            std::vector<std::pair<long long, long long>> visible(sq);
-            std::vector<std::vector<char>> meet(num_m, std::vector<char>(num_n, 0));
-            for (int i = 0; i < sq; ++i) {
-              visible[i] = p.visible_keys(i, sq, sk);
-              for (long long j = visible[i].first; j < visible[i].second; ++j) meet[i / BM][j / BN] = 1;
-            }
-            const std::string at = "window " + std::to_string(left) + "," + std::to_string(right) + (causal ? " causal " : " ") +
-                                   std::to_string(sq) + "x" + std::to_string(sk) + " BM " + std::to_string(BM) + " BN " +
-                                   std::to_string(BN);
-            for (int m = 0; m < num_m; ++m) {
-              const BlockSpan span = fa2_mma_window_blocks(band, m * BM, BM, BN, sq, sk);
-              for (int n = 0; n < num_n; ++n)
-                ASSERT_EQ(n >= span.first && n < span.first + span.count, (bool)meet[m][n]) << at << " query block " << m << " key block " << n;
-              for (int rows : {16, 32})  // a warp's rows: 16 or 32 per warp (fa2_mma_rows_per_warp)
-                for (int row0 = m * BM; row0 < (m + 1) * BM; row0 += rows)
-                  for (int n = span.first; n < span.first + span.count; ++n) {
-                    if (fa2_mma_window_masks(band, row0, rows, n * BN, BN, sk)) continue;
-                    for (int i = row0; i < row0 + rows && i < sq; ++i)
-                      ASSERT_TRUE(visible[i].first <= n * BN && n * BN + BN <= visible[i].second)
-                          << at << " rows from " << row0 << " key block " << n << " left unmasked, row " << i;
-                  }
-            }
+  for_each_window_case({64, 128}, {32, 64, 128}, [](const WindowCase& c) {
+    const int sq = c.p.seq_q, sk = c.p.seq_k, BM = c.BM, BN = c.BN, num_m = c.num_m, num_n = c.num_n;
+    const WindowBand& band = c.band;
+    const auto& visible = c.visible;
+    const auto& meet = c.meet;
+    const std::string& at = c.at;
+    for (int m = 0; m < num_m; ++m) {
+      const BlockSpan span = fa2_mma_window_blocks(band, m * BM, BM, BN, sq, sk);
+      for (int n = 0; n < num_n; ++n)
+        ASSERT_EQ(n >= span.first && n < span.first + span.count, (bool)meet[m][n]) << at << " query block " << m << " key block " << n;
+      for (int rows : {16, 32})  // a warp's rows: 16 or 32 per warp (fa2_mma_rows_per_warp)
+        for (int row0 = m * BM; row0 < (m + 1) * BM; row0 += rows)
+          for (int n = span.first; n < span.first + span.count; ++n) {
+            if (fa2_mma_window_masks(band, row0, rows, n * BN, BN, sk)) continue;
+            for (int i = row0; i < row0 + rows && i < sq; ++i)
+              ASSERT_TRUE(visible[i].first <= n * BN && n * BN + BN <= visible[i].second)
+                  << at << " rows from " << row0 << " key block " << n << " left unmasked, row " << i;
           }
+    }
+  });
   const Family& f = find_family("fa2_mma");
   EXPECT_EQ(f.name_expressions(f.default_config, 128, true, DType::bf16, true, false, kModWindow | kModSoftcap | kModAlibi).at(0),
             "&flashtune::fa2_mma_fwd<flashtune::AttnModTraits<flashtune::Fa2MmaTraits<128,64,64,4,2,1,true>, true, true, "
@@ -1839,64 +1853,49 @@ TEST(Family, Fa2MmaWindowReadsTheBlocksThatMeet) {
 // walks nothing: dK = dV = 0; a query block none meets reads nothing: dQ = 0); and a pair of tiles left unmasked
 // (fa2_mma_bwd_window_masks false, either orientation) is wholly visible for every row inside the sequence.
 TEST(Family, Fa2MmaBwdWindowWalksTheBlocksThatMeet) {
-  for (const auto& [left, right] : {std::pair{0, 0}, std::pair{1, -1}, std::pair{64, -1}, std::pair{65, 65},
-                                    std::pair{-1, 1}, std::pair{3, 17}, std::pair{100000, 100000}, std::pair{-1, -1},
-                                    std::pair{0, -1}, std::pair{200, 0}, std::pair{128, 128}})
-    for (bool causal : {false, true})
-      for (const auto& [sq, sk] : {std::pair{1, 700}, std::pair{333, 517}, std::pair{517, 333}, std::pair{64, 64},
-                                   std::pair{129, 1000}, std::pair{200, 65}})
-        for (int BM : {32, 64})
-          for (int BN : {64, 128}) {
-            Problem p{1, 1, sq, sk, 64, DType::bf16, causal};
-            p.window_left = left, p.window_right = right;
-            const WindowBand band = window_band(left, right, causal, sq, sk);
-            const int num_m = (sq + BM - 1) / BM, num_n = (sk + BN - 1) / BN;
-            std::vector<std::pair<long long, long long>> visible(sq);
-            std::vector<std::vector<char>> meet(num_m, std::vector<char>(num_n, 0));
-            for (int i = 0; i < sq; ++i) {
-              visible[i] = p.visible_keys(i, sq, sk);
-              for (long long j = visible[i].first; j < visible[i].second; ++j) meet[i / BM][j / BN] = 1;
-            }
-            auto seen = [&](int i, int j) { return visible[i].first <= j && j < visible[i].second; };
-            const std::string at = "window " + std::to_string(left) + "," + std::to_string(right) +
-                                   (causal ? " causal " : " ") + std::to_string(sq) + "x" + std::to_string(sk) + " BM " +
-                                   std::to_string(BM) + " BN " + std::to_string(BN);
-            // The dK/dV walk: key block n visits query blocks [first, end).
-            for (int n = 0; n < num_n; ++n) {
-              const IndexRange mb = fa2_mma_bwd_window_query_blocks(band, n * BN, BM, BN, sq, sk);
-              for (int m = 0; m < num_m; ++m)
-                ASSERT_EQ(m >= mb.first && m < mb.end, (bool)meet[m][n]) << at << " key block " << n << " query block " << m;
-              for (int keys : {16, 32, 64})  // a warp's key rows (16 MTN)
-                for (int k0 = n * BN; k0 < (n + 1) * BN; k0 += keys)
-                  for (int m = mb.first; m < mb.end; ++m) {
-                    if (fa2_mma_bwd_window_masks(band, m * BM, BM, k0, keys, sk)) continue;
-                    for (int i = m * BM; i < (m + 1) * BM && i < sq; ++i)
-                      for (int j = k0; j < k0 + keys; ++j)
-                        ASSERT_TRUE(j < sk && seen(i, j)) << at << " keys from " << k0 << " query block " << m << " unmasked, " << i << "," << j;
-                  }
-            }
-            // The deterministic dQ pass: query block m reads key steps of KS keys [first, end).
-            for (int KS : {32, 64}) {
-              const int num_s = (sk + KS - 1) / KS;
-              for (int m = 0; m < num_m; ++m) {
-                const IndexRange kb = fa2_mma_bwd_window_key_blocks(band, m * BM, BM, KS, sq, sk);
-                for (int n = 0; n < num_s; ++n) {
-                  bool any = false;
-                  for (int i = m * BM; i < (m + 1) * BM && i < sq && !any; ++i)
-                    any = visible[i].first < std::min<long long>((n + 1) * KS, sk) && visible[i].second > n * KS;
-                  ASSERT_EQ(n >= kb.first && n < kb.end, any) << at << " KS " << KS << " query block " << m << " step " << n;
-                }
-                for (int rows : {16, 32})  // a warp's rows (16 MT)
-                  for (int r0 = m * BM; r0 < (m + 1) * BM; r0 += rows)
-                    for (int n = kb.first; n < kb.end; ++n) {
-                      if (fa2_mma_bwd_window_masks(band, r0, rows, n * KS, KS, sk)) continue;
-                      for (int i = r0; i < r0 + rows && i < sq; ++i)
-                        ASSERT_TRUE(visible[i].first <= n * KS && n * KS + KS <= visible[i].second)
-                            << at << " rows from " << r0 << " step " << n << " unmasked, row " << i;
-                    }
-              }
-            }
+  for_each_window_case({32, 64}, {64, 128}, [](const WindowCase& c) {
+    const int sq = c.p.seq_q, sk = c.p.seq_k, BM = c.BM, BN = c.BN, num_m = c.num_m, num_n = c.num_n;
+    const WindowBand& band = c.band;
+    const auto& visible = c.visible;
+    const auto& meet = c.meet;
+    const std::string& at = c.at;
+    auto seen = [&](int i, int j) { return c.sees(i, j); };
+    // The dK/dV walk: key block n visits query blocks [first, end).
+    for (int n = 0; n < num_n; ++n) {
+      const IndexRange mb = fa2_mma_bwd_window_query_blocks(band, n * BN, BM, BN, sq, sk);
+      for (int m = 0; m < num_m; ++m)
+        ASSERT_EQ(m >= mb.first && m < mb.end, (bool)meet[m][n]) << at << " key block " << n << " query block " << m;
+      for (int keys : {16, 32, 64})  // a warp's key rows (16 MTN)
+        for (int k0 = n * BN; k0 < (n + 1) * BN; k0 += keys)
+          for (int m = mb.first; m < mb.end; ++m) {
+            if (fa2_mma_bwd_window_masks(band, m * BM, BM, k0, keys, sk)) continue;
+            for (int i = m * BM; i < (m + 1) * BM && i < sq; ++i)
+              for (int j = k0; j < k0 + keys; ++j)
+                ASSERT_TRUE(j < sk && seen(i, j)) << at << " keys from " << k0 << " query block " << m << " unmasked, " << i << "," << j;
           }
+    }
+    // The deterministic dQ pass: query block m reads key steps of KS keys [first, end).
+    for (int KS : {32, 64}) {
+      const int num_s = (sk + KS - 1) / KS;
+      for (int m = 0; m < num_m; ++m) {
+        const IndexRange kb = fa2_mma_bwd_window_key_blocks(band, m * BM, BM, KS, sq, sk);
+        for (int n = 0; n < num_s; ++n) {
+          bool any = false;
+          for (int i = m * BM; i < (m + 1) * BM && i < sq && !any; ++i)
+            any = visible[i].first < std::min<long long>((n + 1) * KS, sk) && visible[i].second > n * KS;
+          ASSERT_EQ(n >= kb.first && n < kb.end, any) << at << " KS " << KS << " query block " << m << " step " << n;
+        }
+        for (int rows : {16, 32})  // a warp's rows (16 MT)
+          for (int r0 = m * BM; r0 < (m + 1) * BM; r0 += rows)
+            for (int n = kb.first; n < kb.end; ++n) {
+              if (fa2_mma_bwd_window_masks(band, r0, rows, n * KS, KS, sk)) continue;
+              for (int i = r0; i < r0 + rows && i < sq; ++i)
+                ASSERT_TRUE(visible[i].first <= n * KS && n * KS + KS <= visible[i].second)
+                    << at << " rows from " << r0 << " step " << n << " unmasked, row " << i;
+            }
+      }
+    }
+  });
   const Family& f = find_family("fa2_mma_bwd");
   EXPECT_EQ(f.mods, kModWindow | kModSoftcap | kModAlibi);
   const auto names = f.name_expressions(f.default_config, 128, true, DType::bf16, true, false, kModWindow | kModAlibi);
