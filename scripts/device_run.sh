@@ -83,6 +83,14 @@ mkdir -p "$OUT"
 stage=${1:?stage: tests, final, experiments, smoke-baselines, sweep-simt, sweep-bwd, sweep-mma, compare-mma, sweep-mma-bwd, compare-mma-bwd, check-wgmma, sweep-wgmma-bwd, varlen, ...}
 shift
 log() { echo "== $(date +%T) $*"; }
+# with_peers CMD...: CMD in the peer scripts' environment: the package, this build's library and the FA3-class
+# peer (FA4's sm90) where .fa4a/.fa4b installed it.
+with_peers() {
+  local lib fa4
+  lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
+  fa4=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
+  PYTHONPATH="$PWD/python${fa4:+:$fa4}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" "$@"
+}
 # The device tool brings back at most 8 files from $OUT: past 7, everything goes into one out.tgz, also when a
 # time limit stops the script (TERM).
 pack_out() {
@@ -528,8 +536,6 @@ fa3)
   if [[ $part == peers ]]; then  # fa3 peers: the op's forward (the store's picks) beside torch SDPA flash, cuDNN and the
     # FA3-class kernel (FA4's sm90, if .fa4a/.fa4b installed it), one process, profiler kernel time: fwd_op_vs_peers.csv
     log "forward peers, one process, profiler kernel time"
-    lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
-    fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
     # FA3_PEERS_DB=none: the runtime's tables alone (what a user's call runs); FA3_PEERS_PROBLEMS (names under
     # configs/problems) and FA3_PEERS_OUT (the CSV's stem) for a subset.
     dbarg=(--db "${FA3_PEERS_DB:-$db}")
@@ -537,8 +543,7 @@ fa3)
     probs=()
     for p in ${FA3_PEERS_PROBLEMS:-anchors_bf16 gqa_bf16}; do probs+=("configs/problems/$p.json"); done
     pout=${FA3_PEERS_OUT:-fwd_op_vs_peers}
-    PYTHONPATH="$PWD/python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
-    timeout "${FA3_PEERS_LIMIT_S:-240}" python3 experiments/fwd_peers.py "${dbarg[@]}" --problems "${probs[@]}" \
+    with_peers timeout "${FA3_PEERS_LIMIT_S:-240}" python3 experiments/fwd_peers.py "${dbarg[@]}" --problems "${probs[@]}" \
       --out "$rep/$pout.csv" 2>"$OUT/fwd_peers.log"
     echo "fwd peers exit $?"; tail -22 "$OUT/fwd_peers.log"; cp "$rep/$pout.csv" "$rep/${pout}_kernels.csv" "$OUT/" 2>/dev/null
   fi
@@ -624,10 +629,7 @@ fa3-bwd)
         ;;
       peers)
         log "backward peers, one process, profiler kernel time"
-        lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
-        fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)  # the FA3-class peer, if .fa4a/.fa4b installed it
-        PYTHONPATH="$PWD/python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
-        timeout "${FA3_BWD_PEERS_LIMIT_S:-300}" python3 experiments/bwd_peers.py --db "${FA3_BWD_PEERS_DB:-$db}" \
+        with_peers timeout "${FA3_BWD_PEERS_LIMIT_S:-300}" python3 experiments/bwd_peers.py --db "${FA3_BWD_PEERS_DB:-$db}" \
           --problems ${FA3_BWD_PEERS_PROBLEMS:-configs/problems/anchors_bwd_bf16.json configs/problems/gqa_bwd_bf16_2k8k.json} \
           --out "$rep/${FA3_BWD_PEERS_OUT:-bwd_hopper_vs_peers}.csv" 2>"$OUT/bwd_peers.log"
         echo "peers exit $?"; tail -5 "$OUT/bwd_peers.log"
@@ -1124,13 +1126,10 @@ mods-mma)
   finish
   ;;
 variants-peers)
-  lib=$(ls build/runtime/libflashtune_attention.so* | head -1)
-  fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)  # the FA3-class peer, if .fa4a/.fa4b installed it
   log "variants beside the plain call, FlexAttention and FA3-class, one process, profiler kernel time"
   rm -f "$rep/variants_vs_peers.csv"
   # shellcheck disable=SC2086
-  PYTHONPATH="$PWD/python${fa4path:+:$fa4path}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" \
-    timeout "${VARIANTS_LIMIT_S:-480}" python3 experiments/variants_peers.py --out "$rep/variants_vs_peers.csv" \
+  with_peers timeout "${VARIANTS_LIMIT_S:-480}" python3 experiments/variants_peers.py --out "$rep/variants_vs_peers.csv" \
     ${VARIANTS_ARGS:-} 2>"$OUT/variants_peers.log"
   echo "variants exit $?"; tail -5 "$OUT/variants_peers.log"
   cp "$rep/variants_vs_peers.csv" "$OUT/" 2>/dev/null
