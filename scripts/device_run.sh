@@ -43,6 +43,8 @@
 #            table's, forward and backward, profiler kernel time (experiments/autotune_first_use.py):
 #            autotune_first_use.csv; AUTOTUNE_GPUS parts side by side on as many GPUs, AUTOTUNE_OFFSET/SUBSET a part
 #            of the 18 buckets, AUTOTUNE_BUDGET_S per bucket, AUTOTUNE_CALL_S the call's wall time
+#   fa2-det-sched - fa2_wgmma_bwd's SCHED 1/3 validated on ragged shapes, then tuned deterministic on the d 256
+#            grid points beside SCHED 0: fa2_det_sched.db (and fa3_wgmma_bwd's SCHED 3 on part-empty groups)
 #   host-time [B,H,S,d ...] - where the torch op's host time goes (experiments/probes/host_time.py): host_time.csv
 #   torch-op [PART ...] - the runtime and the PyTorch extension alone (their targets), python_unit, gpu_torch_op's
 #            PARTs (default: all), each probe shape's kernels compiled meanwhile in the background, then the host-time
@@ -1010,6 +1012,32 @@ if rows:
         w.writerows(rows)
 PY
   cp "$rep/${AB_OUT:-wgmma_split_ab}.csv" "$OUT/"
+  ;;
+fa2-det-sched)
+  # fa2_wgmma_bwd's SCHED 1 and 3 (pairs first: in one group, or in groups whose Q and dO fit L2) for the
+  # deterministic d 256 backward: every compiled variant of fa2_wgmma_bwd_sched_check.json validated on the ragged
+  # backward shapes, dense, GQA, packed, and pairs that leave the last group part-empty (ragged_pair_groups_bwd, where
+  # fa3_wgmma_bwd's SCHED 3 sample is validated too), the deterministic ones held to 5 bitwise-equal runs
+  # (fa2_sched_validate.db); then fa2_wgmma_bwd_det_sched.json exhaustively on the grid's d 256 points, SCHED 0, 1
+  # and 3 side by side (fa2_det_sched.db, apart from results.db)
+  val=$(validation_store fa2_sched)
+  for probs in ragged_mma_bwd ragged_gqa_bwd ragged_varlen_bwd ragged_pair_groups_bwd; do
+    log "validate fa2_wgmma_bwd_sched_check on $probs"
+    timeout "${FA2_SCHED_VALIDATE_LIMIT_S:-100}" $ft tune configs/spaces/fa2_wgmma_bwd_sched_check.json \
+      configs/problems/$probs.json --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -1
+  done
+  log "validate fa3_wgmma_bwd_sched3_check on ragged_pair_groups_bwd"
+  timeout "${FA2_SCHED_VALIDATE_LIMIT_S:-100}" $ft tune configs/spaces/fa3_wgmma_bwd_sched3_check.json \
+    configs/problems/ragged_pair_groups_bwd.json --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -1
+  validation_summary "$val" || echo "FAIL: a compiled variant did not validate"
+  $ft drop-cubins --db "$val"
+  sdb=$rep/fa2_det_sched.db
+  log "tune fa2_wgmma_bwd_det_sched on the grid's d 256 points (exhaustive)"
+  timeout "${FA2_SCHED_TUNE_LIMIT_S:-300}" $ft tune configs/spaces/fa2_wgmma_bwd_det_sched.json \
+    configs/problems/anchors_bwd_bf16_d256.json --db "$sdb" --timeout 10 2>&1 | grep -vE "^\[|^tune " | tail -14
+  $ft best --db "$sdb" --family fa2_wgmma_bwd --deterministic --csv >"$OUT/fa2_det_sched_best.csv"
+  $ft drop-cubins --db "$sdb"; cp "$sdb" "$OUT/"
+  finish
   ;;
 host-time)
   log "host time of the torch op, layer by layer"

@@ -1,6 +1,6 @@
 // FlashAttention-2 backward on Hopper's warpgroup MMA (wgmma, sm_90a), fp16 or bf16 in and out,
 // fp32 accumulation. Kernels, launched in order (T = Fa2WgmmaBwdTraits<D, BLOCK_M, BLOCK_N, SPLIT,
-// STAGES, DQ_RED, LOAD, DTYPE, CAUSAL>):
+// STAGES, DQ_RED, LOAD, DTYPE, CAUSAL, DETERMINISTIC, SCHED>):
 //   fa2_wgmma_bwd_preprocess<T>  delta = rowsum(dO * O), dq_accum = 0; LOAD 1: the tile images of Q, dO,
 //                                lse, delta that the dK/dV kernel bulk-copies
 //   fa2_wgmma_bwd_dkdv<T>        one CTA per K/V block j of a kv head: dK_j, dV_j; dq_accum += scale dS K_j
@@ -30,11 +30,12 @@
 // Shared-memory tiles use the interleaved core-matrix layout of wgmma_common.cuh (no swizzle).
 //
 // Packed variable-length batches: kernel<T, true> (VarlenParams: cu_seqlens_q/k) take their sequence's
-// lengths and offsets (VarlenSeq, z = the sequence) with fa2_mma_bwd's layouts: token-major rows of H*D
-// (Hk*D) elements, lse and delta (H, total_q), dq_accum laid out like dQ. A CTA whose block starts past its
-// sequence's end exits; keys of a sequence without queries get dK = dV = 0 (no step). LOAD 1's images
-// hold each sequence's padded blocks from a 16-row aligned start (fa2_wgmma_bwd_varlen_seq_row); DQ_RED 3
-// reduces its block's tile one row per lane of warp 0 (the rows are H*D apart in dq_accum).
+// lengths and offsets (VarlenSeq, z = the sequence; the dK/dV kernel's SCHED 3: its pair's) with fa2_mma_bwd's
+// layouts: token-major rows of H*D (Hk*D) elements, lse and delta (H, total_q), dq_accum laid out like dQ. A
+// CTA whose block starts past its sequence's end exits; keys of a sequence without queries get dK = dV = 0 (no
+// step). LOAD 1's images hold each sequence's padded blocks from a 16-row aligned start
+// (fa2_wgmma_bwd_varlen_seq_row); DQ_RED 3 reduces its block's tile one row per lane of warp 0 (the rows are H*D
+// apart in dq_accum).
 //
 // Masking as fa2_mma_bwd: padded rows are zero-filled (lse, delta too), so a padded query
 // contributes exactly zero; keys past seq_k and causal keys k > q + seq_k - seq_q get P = 0 on
@@ -208,6 +209,24 @@ __device__ __forceinline__ int* turn_counters(const AttnBwdParams& p, const Varl
   return reinterpret_cast<int*>(static_cast<unsigned char*>(p.workspace) + images);
 }
 
+// The dK/dV CTA's key block, kv head and batch (packed: sequence) from its block index (fa2_wgmma_bwd_work: SCHED 0
+// x, y, z; SCHED 1 and 3 the pair in its group, key block on y); a CTA past the last pair has batch >= p.batch. Each field
+// is read where it is used, so that SCHED 0 reads blockIdx where the kernel always did and compiles as before (the
+// three taken at the top moved blockIdx.y ahead of the packed sequence's loads: 16 bytes spilled at packed d 128).
+template <class T>
+struct Work {
+  int kv_heads;
+  __device__ __forceinline__ explicit Work(const AttnBwdParams& p) : kv_heads(p.heads_k > 0 ? p.heads_k : p.heads) {}
+  __device__ __forceinline__ unsigned key_block() const { return at().key_block; }
+  __device__ __forceinline__ unsigned kv_head() const { return at().kv_head; }
+  __device__ __forceinline__ unsigned batch() const { return at().batch; }
+
+ private:
+  __device__ __forceinline__ Fa2WgmmaBwdWork at() const {
+    return fa2_wgmma_bwd_work(T::kSched, T::kDeterministicOrder, kv_heads, blockIdx, gridDim);
+  }
+};
+
 }  // namespace fa2_wgmma_bwd_detail
 
 // delta = rowsum(dO * O) and dq_accum = 0 for rows < seq_q, as fa2_mma_bwd_preprocess; LOAD 1 also
@@ -317,7 +336,7 @@ using QuerySteps = Fa2WgmmaBwdQuerySteps;
 
 // ---- LOAD: how a query block's Q, dO, lse and delta reach their stage ---------------------------------
 // bh: the group's first query head (dense). Packed: the group's first query head of the CTA's sequence,
-// taken from the params and the CTA's indices by the loader itself (the dense one's constructor unchanged
+// taken from the params and the CTA's work (Work<T>) by the loader itself (the dense one's constructor unchanged
 // keeps its SASS: with the sequence passed in, ptxas allocated the LOAD 0 kernels differently).
 template <class T, bool VARLEN, int LOAD = T::kLoad>
 struct BlockLoader;
@@ -357,7 +376,10 @@ struct BlockLoader<T, true, 0> {
   long long total_q;
   __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const VarlenParams<AttnBwdParams>& p, long long,
                                          int tid_)
-      : BlockLoader(sm_, p, VarlenSeq::of<true>(p, blockIdx.z), blockIdx.y * query_group(p), tid_) {}
+      : BlockLoader(sm_, p, Work<T>(p), tid_) {}
+  __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const VarlenParams<AttnBwdParams>& p, const Work<T>& w,
+                                         int tid_)
+      : BlockLoader(sm_, p, VarlenSeq::of<true>(p, w.batch()), w.kv_head() * query_group(p), tid_) {}
   __device__ __forceinline__ BlockLoader(const DkdvSmem<T>& sm_, const AttnBwdParams& p, const VarlenSeq& vs, int h0,
                                          int tid_)
       : sm(sm_), q(static_cast<const unsigned short*>(p.q) + vs.q_offset(p.heads, h0, T::kHeadDim)),
@@ -390,9 +412,10 @@ struct BlockLoader<T, VARLEN, 1> {
   // The images' addresses are taken here, not in the constructor: where the single-function kernel took them.
   template <class Params>
   __device__ __forceinline__ void init(const Params& p, long long bh) {
-    if constexpr (VARLEN) {  // the CTA's sequence z, its group's first query head
-      const VarlenSeq vs = VarlenSeq::of<true>(p, blockIdx.z);
-      img = images_packed<T>(p, vs, blockIdx.y * query_group(p), blockIdx.z);
+    if constexpr (VARLEN) {  // the CTA's sequence, its group's first query head
+      const Work<T> w(p);
+      const VarlenSeq vs = VarlenSeq::of<true>(p, w.batch());
+      img = images_packed<T>(p, vs, w.kv_head() * query_group(p), w.batch());
       head_rows = fa2_wgmma_bwd_varlen_head_rows(vs.total_q, p.batch, T::kBlockM);
     } else {
       img = images<T>(p, bh);
@@ -819,7 +842,8 @@ struct DqReducer<T, 3, PACKED> {
 
 }  // namespace fa2_wgmma_bwd_detail
 
-// One CTA per K/V block j (x), kv head (y), batch (z): dK_j, dV_j over every query block i that can see
+// One CTA per K/V block j, kv head and batch (det::Work: SCHED 0 x, y, z; SCHED 1 and 3 pairs in groups, j on
+// y; fa2_wgmma_bwd_traits.h): dK_j, dV_j over every query block i that can see
 // the block, of every query head of the kv head's group (grouped-query attention; one head when
 // multi-head), as one sequence of steps in a rotated order (below); dq_accum[head][i] += scale * dS_ij K_j.
 // Per step: its Q, dO, lse and delta arrive (BlockLoader, LOAD), the scores and the dV, dK products
@@ -863,32 +887,34 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
   const int dq_m = (wg / T::kDqColPieces) * 64;  // this warpgroup's dQ piece: query rows, columns
   const int dq_c = (wg % T::kDqColPieces) * DQC;
 
-  const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, blockIdx.z);
+  const det::Work<T> w(p);  // DETERMINISTIC 2: key blocks from the last down
+  if constexpr (T::kPairGroups)  // the last group's CTAs past the pairs: before any barrier
+    if (w.batch() >= static_cast<unsigned>(p.batch)) return;
+  const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, w.batch());
   const int seq_q = VARLEN ? vs.seq_q : p.seq_q;
   const int seq_k = VARLEN ? vs.seq_k : p.seq_k;
-  // DETERMINISTIC 2: key blocks from the last down (fa2_wgmma_bwd_key_block), else block x.
-  const unsigned key_block = fa2_wgmma_bwd_key_block(T::kDeterministicOrder, blockIdx.x, gridDim.x);
-  const int n0 = key_block * BN;
+  const int n0 = w.key_block() * BN;
   if (n0 >= seq_k) return;  // whole block (packed: past its sequence's keys): safe before any barrier
-  // K, V, dK, dV of kv head y; Q, dO, lse, delta, dq_accum (and LOAD 1's images) of the group's query
-  // heads y*group .. y*group+group-1, consecutive from bh_q0.
+  // K, V, dK, dV of kv head w.kv_head(); Q, dO, lse, delta, dq_accum (and LOAD 1's images) of the group's query
+  // heads kv_head*group .. kv_head*group+group-1, consecutive from bh_q0.
   const int group = query_group(p);
-  const long long bh_kv = static_cast<long long>(blockIdx.z) * (p.heads_k > 0 ? p.heads_k : p.heads) + blockIdx.y;
-  const long long bh_q0 = static_cast<long long>(blockIdx.z) * p.heads + static_cast<long long>(blockIdx.y) * group;
+  const long long bh_kv = static_cast<long long>(w.batch()) * (p.heads_k > 0 ? p.heads_k : p.heads) + w.kv_head();
+  const long long bh_q0 = static_cast<long long>(w.batch()) * p.heads + static_cast<long long>(w.kv_head()) * group;
   // Packed: token-major rows of every head, H*D (Q side) and Hk*D (K side) elements apart.
-  const int h0 = blockIdx.y * group;
+  const int h0 = w.kv_head() * group;
   const int kv_heads = p.heads_k > 0 ? p.heads_k : p.heads;
   const int q_stride = VARLEN ? p.heads * D : D;
   const int k_stride = VARLEN ? kv_heads * D : D;
   det::BlockLoader<T, VARLEN> loader(sm, p, bh_q0, tid);
   const unsigned short* k =
-      static_cast<const unsigned short*>(p.k) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
+      static_cast<const unsigned short*>(p.k) + (VARLEN ? vs.k_offset(kv_heads, w.kv_head(), D) : bh_kv * seq_k * D);
   const unsigned short* v =
-      static_cast<const unsigned short*>(p.v) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
+      static_cast<const unsigned short*>(p.v) + (VARLEN ? vs.k_offset(kv_heads, w.kv_head(), D) : bh_kv * seq_k * D);
   const det::DqRows rows{p.dq_accum + (VARLEN ? vs.q_offset(p.heads, h0, D) : bh_q0 * seq_q * D),
                          seq_q, dq_m, dq_c, wrow, g, tig, lane, warp, tid, q_stride};
   const float scale_log2 = p.scale_log2;
-  if constexpr (T::kDeterministic) dqr.turns = det::DqTurns<T, VARLEN>::make(p, vs, bh_q0, h0, key_block, seq_q, seq_k);
+  if constexpr (T::kDeterministic)
+    dqr.turns = det::DqTurns<T, VARLEN>::make(p, vs, bh_q0, h0, w.key_block(), seq_q, seq_k);
 
   // Query i sees key n iff n <= i + causal_offset: only query blocks reaching row n0 - causal_offset.
   const int causal_offset = seq_k - seq_q;
@@ -900,7 +926,7 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
   // key block waits for its turn at each query block: rotated, for its neighbour's whole lap).
   const det::QuerySteps sched{first_m_block, num_m_blocks, group};
   const int steps = sched.count();
-  const int m_rot = !T::kDeterministic && steps > 0 ? static_cast<int>(blockIdx.x) % steps : 0;
+  const int m_rot = !T::kDeterministic && steps > 0 ? static_cast<int>(w.key_block()) % steps : 0;
   det::QueryStep cur = sched.at(m_rot);
   det::QueryStep prev = cur;  // the step before cur (DQ_RED 3 reduces its dQ tile at cur's start)
 
@@ -1010,9 +1036,9 @@ __global__ void __launch_bounds__(Traits::kDkdvThreads, 1)
 
   // dK (times scale), dV rows of the kv head, summed over its group; zeros for a block no query sees.
   unsigned short* dk_out =
-      static_cast<unsigned short*>(p.dk) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
+      static_cast<unsigned short*>(p.dk) + (VARLEN ? vs.k_offset(kv_heads, w.kv_head(), D) : bh_kv * seq_k * D);
   unsigned short* dv_out =
-      static_cast<unsigned short*>(p.dv) + (VARLEN ? vs.k_offset(kv_heads, blockIdx.y, D) : bh_kv * seq_k * D);
+      static_cast<unsigned short*>(p.dv) + (VARLEN ? vs.k_offset(kv_heads, w.kv_head(), D) : bh_kv * seq_k * D);
   // Through shared memory (store_rows_staged: whole rows, 16 bytes a lane), each warp's rows in the K or V tile,
   // free once every warpgroup is past its last products (all of them read all of K and V). SPLIT 1: warpgroup 0's
   // dV in V, 1's dK in K; SPLIT 0: the warpgroup's keys, SPLIT 2: its half of the columns, of both.

@@ -57,6 +57,22 @@
 // first, the grid launched from the last key block down. Needs DQ_RED 3 (one bulk reduction per query block) and
 // walks the query blocks in order, from the first visible one (no rotation: a rotated walk would make a key
 // block wait for its neighbour's whole lap).
+//
+// The dK/dV grid's order (SCHED; fa2_wgmma_bwd_dkdv_grid, fa2_wgmma_bwd_work):
+//   0: x = key block, y = kv head, z = batch: a (kv head, batch) pair's key blocks side by side (they share Q and
+//      dO in L2). Under DETERMINISTIC they start together, in the first wave and in every later one, so key block j
+//      waits j turns at its first query block (a ramp, each wave).
+//   3: fa3_wgmma_bwd's SCHED 3 (FlashAttention-3's head swizzle): pairs in groups whose Q and dO fit a share of L2
+//      (bwd_pair_group), x = pair within the group, y = key block, z = group: every pair's key block j of a group
+//      is launched before any pair's j + 1, so a block's predecessors in the turns ran rows earlier, and a pair's
+//      blocks stay a group's width apart, close enough to share Q and dO in L2. The last group's CTAs past the
+//      pairs exit. Predicted, not yet measured: DETERMINISTIC non-causal d 256 +5-13% (what fa3_wgmma_bwd's SCHED 3
+//      gave at d 64 and 128 on the H200), non-deterministic within +-3%.
+//   1: 3 with one group of every pair (the family passes group = pairs): a wave holds (its CTAs / pairs) key blocks
+//      of each pair, so the turns' ramp is that long, not a wave's. At d 256 the L2 rule leaves 3 little room (one
+//      pair a group at S 16k: 0's order), while the key blocks of a wave still read a pair's Q and dO together, in
+//      step: what 1 gives up is only the reuse across waves. Predicted: DETERMINISTIC d 256 at S 4k and 16k near
+//      the non-deterministic picks (the ramp 4 and 16 steps of 64 and 256, from 33 and 132).
 #pragma once
 #include "traits_common.h"
 
@@ -168,18 +184,42 @@ FT_HD constexpr long long fa2_wgmma_bwd_varlen_workspace_bytes(int batch, int he
   return fa2_wgmma_bwd_varlen_images_bytes(batch, heads, total_q, D, BM, LOAD) +
          (DETERMINISTIC >= 1 ? 4LL * heads * total_q : 0);
 }
-// heads: the kv heads (heads_k, or heads when multi-head).
-FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int heads, int, int seq_k, int, int BN, int, int) {
-  return GridDims{ceil_div(seq_k, BN), heads, batch};
+// kv_heads: heads_k, or heads when multi-head. SCHED 0: x = key blocks, y = kv heads, z = batch (packed: sequences);
+// SCHED 1 and 3: x = pair within a group of `group` (kv head, batch) pairs (3: bwd_pair_group; 1: every pair), y = key
+// blocks, z = group.
+FT_HD constexpr GridDims fa2_wgmma_bwd_dkdv_grid(int batch, int kv_heads, int seq_k, int BN, int SCHED, int group) {
+  const int nb = ceil_div(seq_k, BN), pairs = kv_heads * batch, g = group < 1 ? 1 : group;
+  return SCHED != 0 ? GridDims{g, nb, ceil_div(pairs, g)} : GridDims{nb, kv_heads, batch};
 }
 
 // DETERMINISTIC's order: bwd_dq_last_key_block, bwd_dq_turn (traits_common.h, shared with fa3_wgmma_bwd).
-// The key block of dK/dV CTA x of a grid row of `blocks`: DETERMINISTIC 2 counts them from the last down, so that
-// the blocks a key block waits for (the higher ones) were launched before it (packed: the grid row covers the
-// longest sequence; a shorter one's CTAs past its keys, now the row's first, exit at once).
+// The key block of the dK/dV CTA at index x of the grid's `blocks` key blocks (SCHED 0: x, 3: y): DETERMINISTIC 2
+// counts them from the last down, so that the blocks a key block waits for (the higher ones) were launched before it
+// (packed: the grid covers the longest sequence; a shorter one's CTAs past its keys, now launched first, exit at once).
 // (Unsigned as blockIdx: DETERMINISTIC 0's n0 = x BN computed as it was.)
 FT_HD constexpr unsigned fa2_wgmma_bwd_key_block(int DETERMINISTIC, unsigned x, unsigned blocks) {
   return DETERMINISTIC == 2 ? blocks - 1 - x : x;
+}
+// What a dK/dV CTA works on: its key block, kv head and batch (packed: sequence). The kernel reads these, never its
+// block index (unsigned as blockIdx: SCHED 0 computes every offset as before).
+struct Fa2WgmmaBwdWork {
+  unsigned key_block, kv_head, batch;
+};
+// The work of the CTA at block index idx of a grid of dims dim (fa2_wgmma_bwd_dkdv_grid; the kernel's blockIdx and
+// gridDim, read here only where a field needs them, or any x, y, z). SCHED 1, 3: the pair from bwd_grouped_pair, kv head
+// fastest; the last group's CTAs past the pairs get batch >= the batch (no work).
+template <class Idx, class Dim>
+FT_HD constexpr Fa2WgmmaBwdWork fa2_wgmma_bwd_work(int SCHED, int DETERMINISTIC, int kv_heads, const Idx& idx,
+                                                   const Dim& dim) {
+  if (SCHED != 0) {
+    const unsigned pair = static_cast<unsigned>(
+        bwd_grouped_pair(static_cast<int>(idx.x), static_cast<int>(idx.z), static_cast<int>(dim.x)));
+    return Fa2WgmmaBwdWork{fa2_wgmma_bwd_key_block(DETERMINISTIC, static_cast<unsigned>(idx.y),
+                                                   static_cast<unsigned>(dim.y)),
+                           pair % static_cast<unsigned>(kv_heads), pair / static_cast<unsigned>(kv_heads)};
+  }
+  return Fa2WgmmaBwdWork{fa2_wgmma_bwd_key_block(DETERMINISTIC, static_cast<unsigned>(idx.x), static_cast<unsigned>(dim.x)),
+                         static_cast<unsigned>(idx.y), static_cast<unsigned>(idx.z)};
 }
 
 // The dK/dV CTA's steps (grouped-query attention walks every query head of the kv head's group; one head
@@ -247,10 +287,11 @@ FT_HD constexpr bool fa2_wgmma_bwd_det_red_ok(int DQ_RED, int DETERMINISTIC) { r
 // DETERMINISTIC 2 orders the adds for the causal mask: without it every key block sees every query block, and
 // 1's ascending order waits for nothing (the family's causal check; the traits assert it).
 FT_HD constexpr bool fa2_wgmma_bwd_det_causal_ok(int DETERMINISTIC, bool CAUSAL) { return DETERMINISTIC != 2 || CAUSAL; }
+FT_HD constexpr bool fa2_wgmma_bwd_sched_ok(int SCHED) { return SCHED == 0 || SCHED == 1 || SCHED == 3; }
 
 // nullptr if valid, else the reason. The shared-memory limit is the host's to compare.
 FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT, int STAGES, int DQ_RED, int LOAD,
-                                                int DETERMINISTIC = 0) {
+                                                int DETERMINISTIC = 0, int SCHED = 0) {
   return !fa2_wgmma_bwd_d_ok(D)                ? "D must be 32, 64, 96, 128, 192 or 256"
          : !fa2_wgmma_bwd_bm_ok(BM)            ? "BLOCK_M must be 64 or 128 (m64 tiles of the dQ product)"
          : !fa2_wgmma_bwd_split_ok(BN, SPLIT)  ? "SPLIT 0 needs BLOCK_N a multiple of 64 in 64..256, SPLIT 1 and 2 BLOCK_N = 64"
@@ -268,15 +309,18 @@ FT_HD constexpr const char* fa2_wgmma_bwd_check(int D, int BM, int BN, int SPLIT
          : !fa2_wgmma_bwd_det_ok(DETERMINISTIC) ? "DETERMINISTIC must be 0, 1 (ascending key-block order) or 2 (descending)"
          : !fa2_wgmma_bwd_det_red_ok(DQ_RED, DETERMINISTIC)
              ? "DETERMINISTIC needs DQ_RED 3 (one bulk reduction per query block: the turns order whole tiles)"
+         : !fa2_wgmma_bwd_sched_ok(SCHED)
+             ? "SCHED must be 0 (a kv head's key blocks side by side), 1 (key blocks across every pair) or 3 (across pairs in "
+               "L2-sized groups)"
                                         : nullptr;
 }
 
-// DETERMINISTIC last, defaulted: the DETERMINISTIC 0 variants keep the names they had (the family writes it only
+// DETERMINISTIC and SCHED last, defaulted: the variants of 0 keep the names they had (the family writes them only
 // when set).
 template <int D, int BLOCK_M, int BLOCK_N, int SPLIT, int STAGES, int DQ_RED, int LOAD, int DTYPE, bool CAUSAL,
-          int DETERMINISTIC = 0>
+          int DETERMINISTIC = 0, int SCHED = 0>
 struct Fa2WgmmaBwdTraits {
-  static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED, LOAD, DETERMINISTIC) == nullptr,
+  static_assert(fa2_wgmma_bwd_check(D, BLOCK_M, BLOCK_N, SPLIT, STAGES, DQ_RED, LOAD, DETERMINISTIC, SCHED) == nullptr,
                 "invalid Fa2WgmmaBwdTraits: see fa2_wgmma_bwd_check");
   static_assert(fa2_wgmma_bwd_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
   static_assert(fa2_wgmma_bwd_det_causal_ok(DETERMINISTIC, CAUSAL), "DETERMINISTIC 2 is causal only");
@@ -292,6 +336,8 @@ struct Fa2WgmmaBwdTraits {
   static constexpr bool kCausal = CAUSAL;
   static constexpr bool kDeterministic = DETERMINISTIC >= 1;
   static constexpr int kDeterministicOrder = DETERMINISTIC;  // bwd_dq_turn, fa2_wgmma_bwd_key_block
+  static constexpr int kSched = SCHED;                       // fa2_wgmma_bwd_work
+  static constexpr bool kPairGroups = SCHED != 0;            // CTAs past the last pair: no work
   static constexpr int kDqMode = 0;  // dQ by fp32 reductions (the shared preprocess / dq kernels read this)
   static constexpr bool kDqAccumSwizzled = DQ_RED == 3;  // dq_accum's layout, for the dQ conversion kernel
 

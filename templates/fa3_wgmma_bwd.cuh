@@ -164,8 +164,8 @@ struct Work {
   __device__ static Work of(const AttnBwdParams& p) {
     const int hk = p.heads_k > 0 ? p.heads_k : p.heads;
     if constexpr (T::kPairGroups) {  // SCHED 1: one group of every pair (z = 0)
-      const int pair = fa3_bwd_grouped_pair(static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.z),
-                                            static_cast<int>(gridDim.x));
+      const int pair = bwd_grouped_pair(static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.z),
+                                        static_cast<int>(gridDim.x));
       return Work{key_block<T>(blockIdx.y, gridDim.y) * T::kBlockN, pair % hk, pair / hk};
     } else
       return Work{key_block<T>(blockIdx.x, gridDim.x) * T::kBlockN, static_cast<int>(blockIdx.y),

@@ -12,7 +12,7 @@
 //   SCHED 0: key blocks of one (kv head, batch) side by side in the grid (they share Q and dO in L2);
 //   SCHED 1: the grid's first wave takes every head's heaviest key block (causal: longest first, LPT).
 //   SCHED 2: as 0, each CTA walking its query blocks from a rotated start (dq_accum's rows spread over the CTAs).
-//   SCHED 3: 1 within groups of pairs whose Q and dO fit a share of L2 (fa3_bwd_pair_group, FlashAttention-3's
+//   SCHED 3: 1 within groups of pairs whose Q and dO fit a share of L2 (bwd_pair_group, FlashAttention-3's
 //   head swizzle): a pair's key blocks a group's width apart in the grid, so that they neither start together
 //   (DETERMINISTIC's turns: key block j would wait j turns at the first query block) nor miss L2 (1's spread).
 //   DQ_OVERLAP 0: dV and dK issued together, then the dQ chains; 1: the one dQ chain issued with dK and
@@ -106,25 +106,12 @@ FT_HD constexpr GridDims fa3_bwd_preprocess_grid(int batch, int heads, int seq_q
 FT_HD constexpr GridDims fa3_bwd_convert_grid(int batch, int heads, int seq_q, int BM) {
   return GridDims{ceil_div(seq_q > 0 ? seq_q : 1, BM), heads, batch};
 }
-// SCHED 3's L2 share: the Q and dO bytes of the (kv head, batch) pairs whose CTAs run side by side. A third of
-// the H100's 50 MB (the H200 has 60): dq_accum's rows of the same pairs, as many fp32 bytes again, pass
-// through L2 by the dQ reduce-adds beside them.
-constexpr long long kFa3BwdPairGroupL2Bytes = 16LL << 20;
-// SCHED 3's group: how many pairs (a kv head of a sequence: q_per_kv query heads of seq_q rows of Q and dO)
-// fit kFa3BwdPairGroupL2Bytes, at least 1 and at most every pair.
-FT_HD constexpr int fa3_bwd_pair_group(int pairs, int q_per_kv, int seq_q, int D) {
-  const long long per_pair = 4LL * (q_per_kv > 0 ? q_per_kv : 1) * (seq_q > 0 ? seq_q : 1) * D;
-  const long long g = kFa3BwdPairGroupL2Bytes / per_pair;
-  return pairs < 1 ? 1 : g < 1 ? 1 : g > pairs ? pairs : static_cast<int>(g);
-}
-// SCHED 1 and 3: the (kv head, batch) pair (kv head fastest) of the CTA at grid x, z, in groups of gx pairs (gridDim.x;
-// SCHED 1: one group, z = 0). The kernel's Work and the tests read this one mapping.
-FT_HD constexpr int fa3_bwd_grouped_pair(int x, int z, int gx) { return z * gx + x; }
 // dK/dV: one CTA per (key block, kv head, batch). SCHED 0 and 2: x = key blocks, y = kv heads, z = batch.
 // SCHED 1: x = kv heads x batch, y = key blocks, so that the grid's first CTAs are every pair's first key
 // block (causal: the longest), then every pair's second, ...
-// SCHED 3: x = pair within a group of `group` pairs (fa3_bwd_pair_group), y = key blocks, z = group: 1 group by
-// group; the last group's CTAs past the pairs have no work.
+// SCHED 3: x = pair within a group of `group` pairs (bwd_pair_group), y = key blocks, z = group: 1 group by
+// group; the last group's CTAs past the pairs have no work. SCHED 1 and 3 read the pair from bwd_grouped_pair
+// (SCHED 1: one group, z = 0).
 FT_HD constexpr GridDims fa3_bwd_dkdv_grid(int batch, int heads_k, int seq_k, int CONSUMERS, int SCHED,
                                            int group = 1) {
   const int nb = ceil_div(seq_k > 0 ? seq_k : 1, fa3_bwd_block_n(CONSUMERS));

@@ -91,4 +91,20 @@ FT_HD constexpr int bwd_dq_turn(int order, int j, int m, int BM, int BN, int seq
   return order == 2 ? bwd_dq_last_key_block(m, BM, BN, seq_q, seq_k) - j : j;
 }
 
+// The backward dK/dV grids' SCHED 3 (fa3_wgmma_bwd and fa2_wgmma_bwd): (kv head, batch) pairs in groups, every
+// pair's key block j of a group before any pair's j + 1. The L2 share: the Q and dO bytes of the pairs whose CTAs
+// run side by side. A third of the H100's 50 MB (the H200 has 60): dq_accum's rows of the same pairs, as many fp32
+// bytes again, pass through L2 by the dQ reduce-adds beside them.
+constexpr long long kBwdPairGroupL2Bytes = 16LL << 20;
+// The group: how many pairs (a kv head of a sequence: q_per_kv query heads of seq_q rows of Q and dO) fit
+// kBwdPairGroupL2Bytes, at least 1 and at most every pair.
+FT_HD constexpr int bwd_pair_group(int pairs, int q_per_kv, int seq_q, int D) {
+  const long long per_pair = 4LL * (q_per_kv > 0 ? q_per_kv : 1) * (seq_q > 0 ? seq_q : 1) * D;
+  const long long g = kBwdPairGroupL2Bytes / per_pair;
+  return pairs < 1 ? 1 : g < 1 ? 1 : g > pairs ? pairs : static_cast<int>(g);
+}
+// The pair (kv head fastest: kv head = pair % kv heads, batch = pair / kv heads) of the CTA at grid x, z, in groups
+// of gx pairs (gridDim.x). The kernels and the tests read this one mapping.
+FT_HD constexpr int bwd_grouped_pair(int x, int z, int gx) { return z * gx + x; }
+
 }  // namespace flashtune

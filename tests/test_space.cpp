@@ -236,7 +236,7 @@ TEST(Family, WgmmaBwdQuerySteps) {
 // named apart (DETERMINISTIC 0 keeps its old name), its turn counters in the workspace (a row each, as lse).
 TEST(Family, WgmmaBwdDeterministicPrunes) {
   const Family& f = find_family("fa2_wgmma_bwd");
-  ASSERT_EQ(f.params.back().name, "DETERMINISTIC");  // last: a 6-value config (stored, tabled before it) reads 0
+  ASSERT_EQ(f.params.at(6).name, "DETERMINISTIC");  // a 6-value config (stored, tabled before it) reads 0
   EXPECT_EQ(f.check({64, 64, 2, 2, 3, 1, 1}, 256), nullptr);
   EXPECT_EQ(f.check({64, 64, 0, 2, 3, 0, 2}, 128), nullptr);
   // d 192 has no DQ_RED 3 config (SPLIT 1, 2: 48-column dQ chunks; BLOCK_M 128: shared memory): no deterministic one.
@@ -254,7 +254,7 @@ TEST(Family, WgmmaBwdDeterministicPrunes) {
   EXPECT_FALSE(f.reproducible({64, 64, 2, 2, 3, 1, 0}));
   EXPECT_TRUE(f.reproducible({64, 64, 2, 2, 3, 1, 1}));
   EXPECT_TRUE(f.reproducible(f.parse_config("BLOCK_M=64,DQ_RED=3,STAGES=2,DETERMINISTIC=2")));
-  EXPECT_EQ(f.parse_config("BLOCK_M=64,BLOCK_N=64,SPLIT=2,STAGES=2,DQ_RED=3,LOAD=1"), (Config{64, 64, 2, 2, 3, 1, 0}));
+  EXPECT_EQ(f.parse_config("BLOCK_M=64,BLOCK_N=64,SPLIT=2,STAGES=2,DQ_RED=3,LOAD=1"), (Config{64, 64, 2, 2, 3, 1, 0, 0}));
   const Compiler sm90("sm_90");
   EXPECT_THAT(sm90.prune_before_compile(Variant{&f, {64, 64, 2, 2, 3, 1, 2}, 256, false, DType::bf16}),
               HasSubstr("DETERMINISTIC 2"));
@@ -388,6 +388,223 @@ TEST(Family, WgmmaBwdDeterministicTurns) {
           }
     }
   EXPECT_FALSE(emulate(2, false, true, 64, 64, 1000, 1000, 1, 2));  // descending turns, ascending launch
+}
+
+// A deterministic backward's whole dK/dV grid, emulated (fa2_wgmma_bwd and fa3_wgmma_bwd): CTAs launched in the
+// grid's linear order (x fastest) onto `slots` resident places (a CTA holds its place until done), cta_at(x, y, z)
+// giving each its (kv head, batch) pair (past the last pair: no work, the kernels' early return) and key block;
+// each walks every query head of its kv head's group, its visible query blocks in order from the first
+// (Fa2WgmmaBwdQuerySteps from step 0; fa3_wgmma_bwd's Steps walk the same order), waiting at each for its turn
+// (bwd_dq_turn), adding and passing it on. Returns false on a deadlock; else expects every (pair, query head,
+// block) to have received its contributors in key-block order, and each (pair, key block) launched once.
+struct EmulatedCta {
+  int pair, key_block;
+};
+struct DetGridCase {
+  int order;  // DETERMINISTIC
+  bool causal;
+  int BM, BN, sq, sk;
+  int pairs, group;  // (kv head, batch) pairs; query heads per kv head
+};
+template <class CtaAt>
+bool emulate_det_grid(const DetGridCase& c, const GridDims& g, int slots, CtaAt cta_at) {
+  const int nb = (c.sk + c.BN - 1) / c.BN, num_m = (c.sq + c.BM - 1) / c.BM;
+  std::vector<int> counter((size_t)c.pairs * c.group * num_m, 0);
+  std::vector<std::vector<int>> adds(counter.size());  // key blocks in the order they added
+  std::set<std::pair<int, int>> launched_work;
+  struct Cta {
+    int pair, j, left;
+    Fa2WgmmaBwdQuerySteps steps;
+    Fa2WgmmaBwdQueryStep st;
+  };
+  std::vector<Cta> running;
+  const long long total = (long long)g.x * g.y * g.z;
+  long long launched = 0;
+  for (;;) {
+    while ((int)running.size() < slots && launched < total) {
+      const int x = (int)(launched % g.x), y = (int)(launched / g.x % g.y), z = (int)(launched / g.x / g.y);
+      ++launched;
+      const EmulatedCta w = cta_at(x, y, z);
+      if (w.pair >= c.pairs) continue;
+      EXPECT_TRUE(w.pair >= 0 && w.key_block >= 0 && w.key_block < nb) << w.pair << " " << w.key_block;
+      EXPECT_TRUE(launched_work.insert({w.pair, w.key_block}).second) << w.pair << " " << w.key_block;
+      const int first = c.causal ? std::max(0, w.key_block * c.BN - (c.sk - c.sq)) / c.BM : 0;
+      const Fa2WgmmaBwdQuerySteps steps{first, num_m, c.group};
+      if (steps.count() > 0) running.push_back(Cta{w.pair, w.key_block, steps.count(), steps, steps.at(0)});
+    }
+    if (running.empty()) break;
+    bool moved = false;
+    for (size_t i = 0; i < running.size();) {
+      Cta& r = running[i];
+      const int at = (r.pair * c.group + r.st.hq) * num_m + r.st.mb;
+      if (counter[at] == bwd_dq_turn(c.order, r.j, r.st.mb, c.BM, c.BN, c.sq, c.sk)) {
+        adds[at].push_back(r.j);
+        ++counter[at];
+        moved = true;
+        r.st = r.steps.next(r.st);
+        if (--r.left == 0) {
+          running.erase(running.begin() + (long)i);
+          continue;
+        }
+      }
+      ++i;
+    }
+    if (!moved) return false;
+  }
+  EXPECT_EQ((int)launched_work.size(), c.pairs * nb);
+  for (int pr = 0; pr < c.pairs; ++pr)
+    for (int hq = 0; hq < c.group; ++hq)
+      for (int m = 0; m < num_m; ++m) {
+        const int last = c.causal ? bwd_dq_last_key_block(m, c.BM, c.BN, c.sq, c.sk) : nb - 1;
+        const std::vector<int>& a = adds[(pr * c.group + hq) * num_m + m];
+        EXPECT_EQ((int)a.size(), last + 1) << pr << " " << hq << " " << m;
+        for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], c.order == 2 ? last - (int)k : (int)k);
+      }
+  return true;
+}
+
+// fa2_wgmma_bwd's DETERMINISTIC protocol over the whole grid (emulate_det_grid), SCHED 0, 1 and 3: the family's grid
+// (fa2_wgmma_bwd_dkdv_grid) and the kernel's mapping (fa2_wgmma_bwd_work, DETERMINISTIC 2 counting key blocks from
+// the last down) over sequences x kv heads x query heads, 1-16 resident CTAs, groups of 1, 2 and 5 pairs (5 leaves
+// a short last group). Never a deadlock, each block's adds in order; the control, descending turns launched
+// ascending, deadlocks under either order of the grid.
+TEST(Family, WgmmaBwdDeterministicGridNeverDeadlocks) {
+  // launch_down: the mapping's key blocks from the last down (DETERMINISTIC 2's), else ascending.
+  auto emulate = [](int sched, int order, bool launch_down, bool causal, int BN, int sq, int sk, int batch, int hk,
+                    int group, int slots, int pair_group) {
+    const GridDims g = fa2_wgmma_bwd_dkdv_grid(batch, hk, sk, BN, sched, pair_group);
+    auto cta_at = [&](int x, int y, int z) {
+      const Fa2WgmmaBwdWork w = fa2_wgmma_bwd_work(sched, launch_down ? 2 : 1, hk, GridDims{x, y, z}, g);
+      return EmulatedCta{(int)(w.batch * hk + w.kv_head), (int)w.key_block};
+    };
+    return emulate_det_grid(DetGridCase{order, causal, 64, BN, sq, sk, batch * hk, group}, g, slots, cta_at);
+  };
+  for (int sched : {0, 1, 3})
+    for (bool causal : {false, true})
+      for (int order : {1, 2}) {
+        if (order == 2 && !causal) continue;  // the causal check's prune
+        for (int BN : {64, 128})
+          for (int slots : {1, 3, 16})
+            for (auto [sq, sk] : {std::pair{517, 1000}, std::pair{1000, 333}, std::pair{300, 300}})
+              for (int pair_group : {1, 2, 5, 6}) {
+                if (sched == 0 && pair_group != 1) continue;  // SCHED 0's grid has no groups
+                if ((sched == 1) != (pair_group == 6)) continue;  // SCHED 1: one group of the 6 pairs
+                SCOPED_TRACE("sched " + std::to_string(sched) + " order " + std::to_string(order) + " causal " +
+                             std::to_string(causal) + " BN " + std::to_string(BN) + " slots " + std::to_string(slots) +
+                             " sq " + std::to_string(sq) + " sk " + std::to_string(sk) + " pair group " +
+                             std::to_string(pair_group));
+                // 3 sequences x 2 kv heads (6 pairs), 2 query heads each.
+                EXPECT_TRUE(emulate(sched, order, order == 2, causal, BN, sq, sk, 3, 2, 2, slots, pair_group));
+              }
+      }
+  for (int sched : {0, 1, 3}) EXPECT_FALSE(emulate(sched, 2, false, true, 64, 1000, 1000, 1, 1, 1, 2, 1)) << sched;
+}
+
+// SCHED (the dK/dV grid's order): 0 as before (names, grid, a 7-value config), 3 fa3_wgmma_bwd's pairs in L2-sized
+// groups: its grid, each (key block, pair) of its mapping exactly once, the last group's CTAs past the pairs idle,
+// DETERMINISTIC 2's key blocks from the last down on y; dense and packed.
+TEST(Family, WgmmaBwdSched) {
+  const Family& f = find_family("fa2_wgmma_bwd");
+  ASSERT_EQ(f.params.back().name, "SCHED");  // last: a 7-value config (stored, tabled before it) reads 0
+  EXPECT_EQ(f.params.back().domain, (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(f.default_config.size(), f.params.size());
+  const Config old7{64, 64, 2, 2, 3, 1, 1}, sched0{64, 64, 2, 2, 3, 1, 1, 0}, sched3{64, 64, 2, 2, 3, 1, 1, 3};
+  EXPECT_EQ(f.check(old7, 256), nullptr);
+  EXPECT_EQ(f.check(sched3, 256), nullptr);
+  EXPECT_EQ(f.check({64, 64, 2, 2, 3, 1, 0, 3}, 256), nullptr);  // non-deterministic too
+  EXPECT_EQ(f.check({64, 128, 0, 2, 0, 0, 0, 3}, 128), nullptr);
+  for (int bad : {2, 4})
+    EXPECT_THAT(f.check({64, 64, 2, 2, 3, 1, 1, bad}, 256), HasSubstr("SCHED must be 0")) << bad;
+  EXPECT_THAT(fa2_wgmma_bwd_check(256, 64, 64, 2, 2, 3, 1, 1, 2), HasSubstr("SCHED must be 0"));
+  EXPECT_EQ(f.causal_check({64, 64, 2, 2, 3, 1, 2, 3}, true), nullptr);
+  EXPECT_THAT(f.causal_check({64, 64, 2, 2, 3, 1, 2, 3}, false), HasSubstr("DETERMINISTIC 2"));
+  EXPECT_TRUE(f.reproducible(sched3));
+  EXPECT_FALSE(f.reproducible({64, 64, 2, 2, 3, 1, 0, 3}));
+  // Names: SCHED 0 (and a 7-value config) keeps the name it had; 3 is written after DETERMINISTIC (0 included).
+  for (bool packed : {false, true}) {
+    EXPECT_EQ(f.name_expressions(old7, 256, true, DType::bf16, packed), f.name_expressions(sched0, 256, true, DType::bf16, packed));
+    EXPECT_EQ(f.name_expressions({64, 64, 2, 2, 3, 1, 0, 0}, 256, true, DType::bf16, packed),
+              f.name_expressions({64, 64, 2, 2, 3, 1}, 256, true, DType::bf16, packed));
+  }
+  EXPECT_EQ(f.name_expressions(sched0, 256, true, DType::bf16).at(1),
+            "&flashtune::fa2_wgmma_bwd_dkdv<flashtune::Fa2WgmmaBwdTraits<256,64,64,2,2,3,1,1,true,1>>");
+  EXPECT_EQ(f.name_expressions(sched3, 256, true, DType::bf16).at(1),
+            "&flashtune::fa2_wgmma_bwd_dkdv<flashtune::Fa2WgmmaBwdTraits<256,64,64,2,2,3,1,1,true,1,3>>");
+  EXPECT_EQ(f.name_expressions({64, 64, 2, 2, 3, 1, 0, 3}, 256, false, DType::bf16, true).at(1),
+            "&flashtune::fa2_wgmma_bwd_dkdv<flashtune::Fa2WgmmaBwdTraits<256,64,64,2,2,3,1,1,false,0,3>, true>");
+  EXPECT_TRUE((Fa2WgmmaBwdTraits<256, 64, 64, 2, 2, 3, 1, 1, true, 1, 3>::kPairGroups));
+  EXPECT_FALSE((Fa2WgmmaBwdTraits<256, 64, 64, 2, 2, 3, 1, 1, true, 1>::kPairGroups));
+  const Compiler sm90("sm_90");
+  Variant packed{&f, sched3, 256, true, DType::bf16, true};
+  EXPECT_EQ(sm90.prune_before_compile(packed), "");  // the packed form too: sequence = pair / kv heads
+
+  // Grids: SCHED 0 {key blocks, kv heads, batch} as before (a 7-value config the same); SCHED 3 {group, key blocks,
+  // groups}, the group by bwd_pair_group (the Q and dO of its pairs within 16 MB).
+  auto dims = [](const Launch& l) { return std::vector<unsigned>{l.grid[0], l.grid[1], l.grid[2]}; };
+  Problem p;
+  p.batch = 2, p.heads = 8, p.heads_k = 2, p.seq_q = 333, p.seq_k = 517, p.head_dim = 256;
+  p.dtype = DType::bf16, p.direction = "bwd";
+  EXPECT_EQ(dims(f.launches(old7, p).at(1)), (std::vector<unsigned>{9, 2, 2}));
+  EXPECT_EQ(dims(f.launches(sched0, p).at(1)), (std::vector<unsigned>{9, 2, 2}));
+  EXPECT_EQ(dims(f.launches(sched3, p).at(1)), (std::vector<unsigned>{4, 9, 1}));  // 4 pairs of 1.4 MB: one group
+  for (int i : {0, 2}) EXPECT_EQ(dims(f.launches(sched3, p).at(i)), dims(f.launches(sched0, p).at(i))) << i;
+  EXPECT_EQ(f.launches(sched3, p).at(1).smem_bytes, f.launches(sched0, p).at(1).smem_bytes);
+  Problem mha = p;  // 16 x 16 pairs of 1 MB (S 1k, d 256): groups of 16
+  mha.batch = 16, mha.heads = 16, mha.heads_k = 0, mha.seq_q = mha.seq_k = 1024;
+  EXPECT_EQ(dims(f.launches(sched3, mha).at(1)), (std::vector<unsigned>{16, 16, 16}));
+  Problem gqa = p;  // 4 query heads of 8k at d 256: 32 MB a pair, one pair a group (SCHED 0's pair order)
+  gqa.batch = 4, gqa.heads = 32, gqa.heads_k = 8, gqa.seq_q = gqa.seq_k = 8192;
+  EXPECT_EQ(dims(f.launches(sched3, gqa).at(1)), (std::vector<unsigned>{1, 128, 32}));
+  const Config sched1{64, 64, 2, 2, 3, 1, 1, 1};  // SCHED 1: one group of every pair, whatever their bytes
+  EXPECT_EQ(dims(f.launches(sched1, gqa).at(1)), (std::vector<unsigned>{32, 128, 1}));
+  EXPECT_EQ(dims(f.launches(sched1, mha).at(1)), (std::vector<unsigned>{256, 16, 1}));
+  EXPECT_TRUE((Fa2WgmmaBwdTraits<256, 64, 64, 2, 2, 3, 1, 1, true, 1, 1>::kPairGroups));
+  const GridDims short_last = fa2_wgmma_bwd_dkdv_grid(2, 4, 1000, 64, 3, 3);  // 8 pairs, 3 a group
+  EXPECT_EQ(short_last.x, 3); EXPECT_EQ(short_last.y, 16); EXPECT_EQ(short_last.z, 3);
+  const GridDims zero = fa2_wgmma_bwd_dkdv_grid(2, 4, 1000, 64, 0, 3);
+  EXPECT_EQ(zero.x, 16); EXPECT_EQ(zero.y, 4); EXPECT_EQ(zero.z, 2);
+  // Packed: batch = the sequences, the key blocks of the longest, the group by its length.
+  Problem ragged = problems_from_json(json::parse(
+      R"({"problems":[{"heads":8,"heads_k":2,"head_dim":128,"dtype":"bf16","direction":"bwd",
+          "varlen":{"seq_lens":[1,0,129,64,300]}}]})")).at(0);
+  EXPECT_EQ(dims(f.launches({64, 64, 0, 2, 3, 1, 1, 3}, ragged).at(1)), (std::vector<unsigned>{10, 5, 1}));
+  EXPECT_EQ(dims(f.launches({64, 64, 0, 2, 3, 1, 1, 0}, ragged).at(1)), (std::vector<unsigned>{5, 2, 5}));
+
+  // The mapping: every (key block, pair) exactly once over the grid, the CTAs past the last pair (batch >= the
+  // batch) exactly the last group's spare ones; kv head fastest within a group; DETERMINISTIC 2 from the last down.
+  for (int sched : {0, 1, 3})
+    for (int det : {0, 1, 2})
+      for (auto [batch, hk] : {std::pair{1, 1}, std::pair{3, 2}, std::pair{5, 3}, std::pair{2, 8}})
+        for (int group : {1, 2, 4, 7, 64}) {
+          if (sched == 0 && group != 1) continue;
+          if (sched == 1 && group != 64) continue;  // one group of every pair (the family's group for SCHED 1)
+          const int nb = 5, pairs = batch * hk, g = std::min(group, pairs);
+          SCOPED_TRACE("sched " + std::to_string(sched) + " det " + std::to_string(det) + " batch " +
+                       std::to_string(batch) + " hk " + std::to_string(hk) + " group " + std::to_string(g));
+          const GridDims grid = fa2_wgmma_bwd_dkdv_grid(batch, hk, nb * 64 - 10, 64, sched, g);
+          std::set<std::pair<int, int>> seen;  // (pair, key block)
+          int idle = 0;
+          for (int z = 0; z < grid.z; ++z)
+            for (int y = 0; y < grid.y; ++y)
+              for (int x = 0; x < grid.x; ++x) {
+                const Fa2WgmmaBwdWork w = fa2_wgmma_bwd_work(sched, det, hk, GridDims{x, y, z}, grid);
+                if ((int)w.batch >= batch) {
+                  ++idle;
+                  EXPECT_EQ(sched, 3);  // SCHED 1's one group has no spare CTA
+                  EXPECT_EQ(z, grid.z - 1);  // only the last group has spare CTAs
+                  continue;
+                }
+                EXPECT_LT((int)w.kv_head, hk);
+                EXPECT_LT((int)w.key_block, nb);
+                const int index = sched != 0 ? y : x;
+                EXPECT_EQ((int)w.key_block, det == 2 ? nb - 1 - index : index);
+                if (sched != 0) EXPECT_EQ((int)(w.batch * hk + w.kv_head), z * grid.x + x);
+                else EXPECT_EQ(std::pair((int)w.kv_head, (int)w.batch), std::pair(y, z));
+                EXPECT_TRUE(seen.insert({(int)(w.batch * hk + w.kv_head), (int)w.key_block}).second);
+              }
+          EXPECT_EQ((int)seen.size(), pairs * nb);
+          EXPECT_EQ(idle, sched == 3 ? ((g - pairs % g) % g) * nb : 0);
+        }
 }
 
 TEST(Problems, ExplicitListAndStandardGrid) {
@@ -1464,67 +1681,21 @@ TEST(Family, Fa3MulticastClusters) {
 
 // fa3_wgmma_bwd's budgets, prunes, shared memory, workspace and grids (templates/fa3_wgmma_bwd_traits.h): the
 // same functions the kernel's static_asserts and the family's check call.
-// fa3_wgmma_bwd's DETERMINISTIC protocol over the whole grid, emulated for every scheduler that allows it (SCHED 0,
-// 1 and 3): CTAs launched in the grid's linear order (x fastest; fa3_bwd_dkdv_grid's dims, fa3_bwd_grouped_pair's
-// pairs, key blocks counted from the last down under DETERMINISTIC 2) onto `slots` resident places, each walking
-// every query head of its kv head's group, its visible query blocks in order, waiting at each for its turn
-// (bwd_dq_turn). Never a deadlock, whatever the residency, and every (pair, head, block) receives its contributors
+// fa3_wgmma_bwd's DETERMINISTIC protocol over the whole grid (emulate_det_grid) for every scheduler that allows it
+// (SCHED 0, 1 and 3): fa3_bwd_dkdv_grid's dims, bwd_grouped_pair's pairs, key blocks counted from the last down under
+// DETERMINISTIC 2. Never a deadlock, whatever the residency, and every (pair, head, block) receives its contributors
 // in key-block order; the last group's CTAs past the pairs have no work.
 TEST(Family, Fa3BwdDeterministicGridNeverDeadlocks) {
   auto emulate = [](int sched, int order, bool causal, int sq, int sk, int batch, int hk, int group, int slots,
                     int pair_group, bool launch_down) {
     constexpr int BM = 64, CONSUMERS = 2, BN = 64 * CONSUMERS;
     const GridDims g = fa3_bwd_dkdv_grid(batch, hk, sk, CONSUMERS, sched, pair_group);
-    const int nb = (sk + BN - 1) / BN, num_m = (sq + BM - 1) / BM, pairs = batch * hk;
-    std::vector<int> counter(pairs * group * num_m, 0);
-    std::vector<std::vector<int>> adds(counter.size());
-    struct Cta {
-      int pair, j, first, blocks, t;
+    auto cta_at = [&](int x, int y, int z) {
+      const bool grouped = sched == 1 || sched == 3;
+      const int index = grouped ? y : x, count = grouped ? g.y : g.x;
+      return EmulatedCta{grouped ? bwd_grouped_pair(x, z, g.x) : z * hk + y, launch_down ? count - 1 - index : index};
     };
-    std::vector<Cta> running;
-    const long long total = (long long)g.x * g.y * g.z;
-    long long launched = 0;
-    for (;;) {
-      while ((int)running.size() < slots && launched < total) {
-        const int x = (int)(launched % g.x), y = (int)(launched / g.x % g.y), z = (int)(launched / g.x / g.y);
-        ++launched;
-        const bool grouped = sched == 1 || sched == 3;
-        const int pair = grouped ? fa3_bwd_grouped_pair(x, z, g.x) : z * hk + y;
-        const int index = grouped ? y : x, count = grouped ? (int)g.y : (int)g.x;
-        const int j = launch_down ? count - 1 - index : index;
-        if (pair >= pairs) continue;  // the kernel's early return
-        const int first = causal ? std::max(0, j * BN - (sk - sq)) / BM : 0;
-        const int blocks = std::max(0, num_m - first);
-        if (blocks > 0) running.push_back(Cta{pair, j, first, blocks, 0});
-      }
-      if (running.empty()) break;
-      bool moved = false;
-      for (size_t i = 0; i < running.size();) {
-        Cta& c = running[i];
-        const int hq = c.t / c.blocks, mb = c.first + c.t % c.blocks;
-        const int at = (c.pair * group + hq) * num_m + mb;
-        if (counter[at] == bwd_dq_turn(order, c.j, mb, BM, BN, sq, sk)) {
-          adds[at].push_back(c.j);
-          ++counter[at];
-          moved = true;
-          if (++c.t == group * c.blocks) {
-            running.erase(running.begin() + (long)i);
-            continue;
-          }
-        }
-        ++i;
-      }
-      if (!moved) return false;
-    }
-    for (int pr = 0; pr < pairs; ++pr)
-      for (int hq = 0; hq < group; ++hq)
-        for (int m = 0; m < num_m; ++m) {
-          const int last = causal ? bwd_dq_last_key_block(m, BM, BN, sq, sk) : nb - 1;
-          const std::vector<int>& a = adds[(pr * group + hq) * num_m + m];
-          EXPECT_EQ((int)a.size(), last + 1) << pr << " " << hq << " " << m;
-          for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], order == 2 ? last - (int)k : (int)k);
-        }
-    return true;
+    return emulate_det_grid(DetGridCase{order, causal, BM, BN, sq, sk, batch * hk, group}, g, slots, cta_at);
   };
   for (int sched : {0, 1, 3})
     for (bool causal : {false, true})
@@ -1620,12 +1791,12 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   // within a group, the last group short by one pair.
   const GridDims g3 = fa3_bwd_dkdv_grid(2, 4, 1000, 2, 3, 3);
   EXPECT_EQ(g3.x, 3); EXPECT_EQ(g3.y, 8); EXPECT_EQ(g3.z, 3);
-  EXPECT_EQ(fa3_bwd_pair_group(512, 1, 1024, 64), 64);     // 256 KB a pair
-  EXPECT_EQ(fa3_bwd_pair_group(64, 4, 8192, 128), 1);      // 16 MB a pair (4 query heads of 8k at d 128)
-  EXPECT_EQ(fa3_bwd_pair_group(1000, 4, 100000, 128), 1);  // past the share: one pair at a time
-  EXPECT_EQ(fa3_bwd_pair_group(8, 1, 1024, 64), 8);        // never past the pairs
-  EXPECT_EQ(fa3_bwd_pair_group(0, 1, 1024, 64), 1);
-  EXPECT_EQ(fa3_bwd_pair_group(16, 4, 2048, 128), 4);      // GQA 32/8 at 2k: 4 MB a pair
+  EXPECT_EQ(bwd_pair_group(512, 1, 1024, 64), 64);     // 256 KB a pair
+  EXPECT_EQ(bwd_pair_group(64, 4, 8192, 128), 1);      // 16 MB a pair (4 query heads of 8k at d 128)
+  EXPECT_EQ(bwd_pair_group(1000, 4, 100000, 128), 1);  // past the share: one pair at a time
+  EXPECT_EQ(bwd_pair_group(8, 1, 1024, 64), 8);        // never past the pairs
+  EXPECT_EQ(bwd_pair_group(0, 1, 1024, 64), 1);
+  EXPECT_EQ(bwd_pair_group(16, 4, 2048, 128), 4);      // GQA 32/8 at 2k: 4 MB a pair
 }
 
 // The dQ staging order (fa3_bwd_dq_place): every element of a query block's BM x D tile once, and each

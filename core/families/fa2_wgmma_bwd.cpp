@@ -26,19 +26,23 @@ Family make_fa2_wgmma_bwd() {
               // Q, dO, lse, delta: 0 cp.async by every thread, 1 bulk copies of tile images the preprocess writes
               {"LOAD", {0, 1}},
               // dQ added in key-block order (bitwise reproducible; DQ_RED 3): 1 ascending, 2 descending (causal:
-              // each query block's diagonal block first). Last: a config stored or tabled before it reads 0.
-              {"DETERMINISTIC", {0, 1, 2}}};
+              // each query block's diagonal block first). A config stored or tabled before it reads 0.
+              {"DETERMINISTIC", {0, 1, 2}},
+              // The dK/dV grid: 0 a kv head's key blocks side by side; 3 pairs in L2-sized groups, each group's key
+              // block j before its j + 1 (fa3_wgmma_bwd's); 1 the same in one group of every pair. Last: a config
+              // stored or tabled before it reads 0.
+              {"SCHED", {0, 1, 3}}};
   f.head_dims = {32, 64, 96, 128, 192, 256};
   f.dtypes = {DType::fp16, DType::bf16};
-  f.default_config = {64, 64, 2, 1, 0, 0, 0};  // compiles spill-free for every head dim (SPLIT 1 is at 255 registers at d = 256)
+  f.default_config = {64, 64, 2, 1, 0, 0, 0, 0};  // compiles spill-free for every head dim (SPLIT 1 is at 255 registers at d = 256)
   f.hopper_only = true;
   f.gqa = true;
   f.varlen = true;  // each kernel <Traits, true>
-  struct Named {  // the config by name (the order of f.params); a 6-value config (before DETERMINISTIC) has 0
-    int block_m, block_n, split, stages, dq_red, load, deterministic;
+  struct Named {  // the config by name (the order of f.params); one stored before DETERMINISTIC or SCHED has 0
+    int block_m, block_n, split, stages, dq_red, load, deterministic, sched;
     explicit Named(const Config& c)
         : block_m(c.at(0)), block_n(c.at(1)), split(c.at(2)), stages(c.at(3)), dq_red(c.at(4)), load(c.at(5)),
-          deterministic(c.size() > 6 ? c.at(6) : 0) {}
+          deterministic(c.size() > 6 ? c.at(6) : 0), sched(c.size() > 7 ? c.at(7) : 0) {}
   };
   f.reproducible = [](const Config& c) { return Named(c).deterministic >= 1; };
   f.causal_check = [](const Config& c, bool causal) -> const char* {
@@ -53,12 +57,14 @@ Family make_fa2_wgmma_bwd() {
            join_args({std::to_string(d), std::to_string(n.block_m), std::to_string(n.block_n),
                       std::to_string(n.split), std::to_string(n.stages), std::to_string(n.dq_red),
                       std::to_string(n.load), t == DType::bf16 ? "1" : "0", bool_arg(causal)}) +
-           // DETERMINISTIC 0: the template's default, so that those variants keep their names
-           (n.deterministic ? "," + std::to_string(n.deterministic) : "") + ">";
+           // DETERMINISTIC and SCHED 0: the template's defaults, so that those variants keep their names
+           (n.deterministic || n.sched ? "," + std::to_string(n.deterministic) : "") +
+           (n.sched ? "," + std::to_string(n.sched) : "") + ">";
   };
   f.check = [](const Config& c, int d) {
     const Named n(c);
-    return fa2_wgmma_bwd_check(d, n.block_m, n.block_n, n.split, n.stages, n.dq_red, n.load, n.deterministic);
+    return fa2_wgmma_bwd_check(d, n.block_m, n.block_n, n.split, n.stages, n.dq_red, n.load, n.deterministic,
+                               n.sched);
   };
   // The packed LOAD 1 (per-sequence tile images) once failed on the H100 (201 of 222 ragged runs): the
   // preprocess's Q/dO image stores ran past a short sequence's padding; fa2_wgmma_bwd_image_row guards them
@@ -80,14 +86,18 @@ Family make_fa2_wgmma_bwd() {
     const Named n(c);
     const int bm = n.block_m, bn = n.block_n, sp = n.split, st = n.stages, red = n.dq_red, load = n.load,
               d = p.head_dim;
-    // Per query head, but dK/dV per kv head (grouped-query attention sums over the group in the CTA).
-    auto grid = [&](auto fn, int heads) { return fn(p.batch, heads, p.seq_q, p.seq_k, bm, bn, sp, st); };
+    // Per query head, but dK/dV per kv head (grouped-query attention sums over the group in the CTA); SCHED 3's
+    // group of (kv head, batch) pairs by the Q and dO bytes of each (packed: of the longest sequence), 1's every pair.
+    auto grid = [&](auto fn) { return fn(p.batch, p.heads, p.seq_q, p.seq_k, bm, bn, sp, st); };
+    const int pairs = p.batch * p.kv_heads();
+    const int pair_group = n.sched == 1 ? pairs : bwd_pair_group(pairs, p.group(), p.seq_q, d);
     return std::vector{
-        make_launch(grid(fa2_wgmma_bwd_preprocess_grid, p.heads), fa2_wgmma_bwd_preprocess_threads(bm, bn, sp, st),
+        make_launch(grid(fa2_wgmma_bwd_preprocess_grid), fa2_wgmma_bwd_preprocess_threads(bm, bn, sp, st),
                     fa2_wgmma_bwd_preprocess_smem_bytes(d, bm, bn, sp, st)),
-        make_launch(grid(fa2_wgmma_bwd_dkdv_grid, p.kv_heads()), fa2_wgmma_bwd_dkdv_threads(bm, bn, sp, st),
+        make_launch(fa2_wgmma_bwd_dkdv_grid(p.batch, p.kv_heads(), p.seq_k, bn, n.sched, pair_group),
+                    fa2_wgmma_bwd_dkdv_threads(bm, bn, sp, st),
                     fa2_wgmma_bwd_dkdv_smem_bytes(d, bm, bn, sp, st, red, load)),
-        make_launch(grid(fa2_wgmma_bwd_dq_grid, p.heads), fa2_wgmma_bwd_dq_threads(bm, bn, sp, st),
+        make_launch(grid(fa2_wgmma_bwd_dq_grid), fa2_wgmma_bwd_dq_threads(bm, bn, sp, st),
                     fa2_wgmma_bwd_dq_smem_bytes(d, bm, bn, sp, st))};
   };
   return f;

@@ -74,8 +74,8 @@ Family make_fa3_wgmma_bwd() {
     return std::vector{
         make_launch(fa3_bwd_preprocess_grid(p.batch, p.heads, p.seq_q, n.block_m), kFa3BwdRowThreads, 0),
         make_launch(fa3_bwd_dkdv_grid(p.batch, p.kv_heads(), p.seq_k, n.consumers, n.sched,
-                                      fa3_bwd_pair_group(p.batch * p.kv_heads(), p.heads / p.kv_heads(), p.seq_q,
-                                                         p.head_dim)),
+                                      bwd_pair_group(p.batch * p.kv_heads(), p.heads / p.kv_heads(), p.seq_q,
+                                                     p.head_dim)),
                     fa3_wgmma_threads(n.consumers),
                     fa3_bwd_smem_bytes(p.head_dim, n.block_m, n.consumers, n.stages, n.dq_stages)),
         make_launch(fa3_bwd_convert_grid(p.batch, p.heads, p.seq_q, n.block_m), kFa3BwdRowThreads, 0)};
