@@ -22,7 +22,7 @@ inline constexpr Entry kDefaults[] = {
     {"fa2_simt_bwd", "bwd", "*", 0, false, 0, {32, 64, 4, 2, 1}, 0.0f},  // BLOCK_M=32,BLOCK_N=64,TM=4,TN=2,DQ_MODE=1
     {"fa2_mma", "fwd", "*", 0, false, 0, {64, 64, 4, 2}, 0.0f},  // BLOCK_M=64,BLOCK_N=64,WARPS=4,STAGES=2
     {"fa2_mma_bwd", "bwd", "*", 0, false, 0, {32, 64, 8, 2, 2, 1}, 0.0f},  // BLOCK_M=32,BLOCK_N=64,WARPS=8,DSPLIT=2,STAGES=2,DQ_MODE=1
-    {"fa2_wgmma_bwd", "bwd", "*", 0, false, 0, {64, 64, 2, 1, 0, 0, 0}, 0.0f},  // BLOCK_M=64,BLOCK_N=64,SPLIT=2,STAGES=1,DQ_RED=0,LOAD=0,DETERMINISTIC=0
+    {"fa2_wgmma_bwd", "bwd", "*", 0, false, 0, {64, 64, 2, 1, 0, 0, 0, 0}, 0.0f},  // BLOCK_M=64,BLOCK_N=64,SPLIT=2,STAGES=1,DQ_RED=0,LOAD=0,DETERMINISTIC=0,SCHED=0
     {"fa3_wgmma", "fwd", "*", 0, false, 0, {64, 2, 2, 1, 1, 0, 0, 0, 0}, 0.0f},  // BLOCK_N=64,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=1,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0
     {"fa3_wgmma_bwd", "bwd", "*", 0, false, 0, {64, 1, 2, 0, 0, 0, 0, 1}, 0.0f},  // BLOCK_M=64,CONSUMERS=1,STAGES=2,SCHED=0,DQ_OVERLAP=0,DQ_TURNS=0,DETERMINISTIC=0,DQ_STAGES=1
     {"decode_splitkv", "fwd", "*", 0, false, 0, {16, 64, 4, 2}, 0.0f},  // SPLITS=16,BLOCK_N=64,WARPS=4,STAGES=2

@@ -14,7 +14,7 @@ namespace sm90_nvidia_h200 {
 // fa2_mma_bwd parameters, positional: BLOCK_M BLOCK_N WARPS DSPLIT STAGES DQ_MODE
 // fa2_simt parameters, positional: BLOCK_M BLOCK_N TM TN KV_STAGES
 // fa2_simt_bwd parameters, positional: BLOCK_M BLOCK_N TM TN DQ_MODE
-// fa2_wgmma_bwd parameters, positional: BLOCK_M BLOCK_N SPLIT STAGES DQ_RED LOAD DETERMINISTIC
+// fa2_wgmma_bwd parameters, positional: BLOCK_M BLOCK_N SPLIT STAGES DQ_RED LOAD DETERMINISTIC SCHED
 // fa3_wgmma parameters, positional: BLOCK_N CONSUMERS STAGES OVERLAP PINGPONG P_SMEM PERSISTENT TWO_CTAS MULTICAST
 // fa3_wgmma_bwd parameters, positional: BLOCK_M CONSUMERS STAGES SCHED DQ_OVERLAP DQ_TURNS DETERMINISTIC DQ_STAGES
 // naive parameters, positional: THREADS
@@ -132,18 +132,18 @@ inline constexpr Entry kEntries[] = {
     {"fa2_simt_bwd", "bwd", "fp32", 128, false, 4096, {64, 64, 4, 4, 0}, 34.67f},
     {"fa2_simt_bwd", "bwd", "fp32", 128, true, 1024, {64, 64, 4, 4, 0}, 30.64f},
     {"fa2_simt_bwd", "bwd", "fp32", 128, true, 4096, {64, 64, 4, 4, 0}, 33.63f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 64, 0, 2, 3, 1, 0}, 326.33f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 64, 0, 2, 3, 1, 0}, 390.25f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 16384, {64, 64, 0, 2, 3, 1, 0}, 414.56f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 64, 0, 2, 3, 1, 0}, 236.58f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 64, 0, 2, 3, 1, 0}, 353.87f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 128, 0, 2, 0, 1, 0}, 399.60f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 1024, {64, 64, 2, 2, 3, 1, 0}, 290.59f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 4096, {64, 64, 2, 2, 3, 1, 0}, 362.76f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 16384, {64, 64, 2, 2, 3, 1, 0}, 374.35f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 1024, {64, 64, 2, 2, 3, 1, 0}, 219.95f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 4096, {64, 64, 2, 2, 3, 1, 0}, 327.29f},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 16384, {64, 64, 2, 2, 3, 1, 0}, 383.34f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 1024, {64, 64, 0, 2, 3, 1, 0, 0}, 326.33f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 4096, {64, 64, 0, 2, 3, 1, 0, 0}, 390.25f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, false, 16384, {64, 64, 0, 2, 3, 1, 0, 0}, 414.56f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 1024, {64, 64, 0, 2, 3, 1, 0, 0}, 236.58f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 4096, {64, 64, 0, 2, 3, 1, 0, 0}, 353.87f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 128, 0, 2, 0, 1, 0, 0}, 399.60f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 1024, {64, 64, 2, 2, 3, 1, 0, 0}, 290.59f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 4096, {64, 64, 2, 2, 3, 1, 0, 0}, 362.76f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 16384, {64, 64, 2, 2, 3, 1, 0, 0}, 374.35f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 1024, {64, 64, 2, 2, 3, 1, 0, 0}, 219.95f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 4096, {64, 64, 2, 2, 3, 1, 0, 0}, 327.29f},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 16384, {64, 64, 2, 2, 3, 1, 0, 0}, 383.34f},
     {"fa3_wgmma", "fwd", "bf16", 64, false, 1024, {80, 2, 2, 0, 0, 0, 0, 1, 0}, 441.35f},
     {"fa3_wgmma", "fwd", "bf16", 64, false, 4096, {176, 3, 2, 0, 0, 0, 1, 0, 0}, 501.94f},
     {"fa3_wgmma", "fwd", "bf16", 64, false, 16384, {176, 3, 2, 0, 0, 0, 1, 0, 0}, 534.51f},
@@ -229,12 +229,12 @@ inline constexpr Entry kEntries[] = {
     {"fa2_simt_bwd", "bwd", "fp32", 128, false, 4096, {64, 32, 4, 4, 1}, 25.81f, false, true},
     {"fa2_simt_bwd", "bwd", "fp32", 128, true, 1024, {64, 32, 4, 4, 1}, 23.32f, false, true},
     {"fa2_simt_bwd", "bwd", "fp32", 128, true, 4096, {64, 32, 4, 4, 1}, 25.01f, false, true},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 1024, {64, 64, 2, 2, 3, 1, 1}, 213.89f, false, true},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 4096, {64, 64, 2, 2, 3, 1, 1}, 280.14f, false, true},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 16384, {64, 64, 2, 2, 3, 1, 1}, 313.09f, false, true},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 1024, {64, 64, 2, 2, 3, 1, 2}, 193.39f, false, true},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 4096, {64, 64, 2, 2, 3, 1, 2}, 269.13f, false, true},
-    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 16384, {64, 64, 2, 2, 3, 1, 2}, 296.31f, false, true},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 1024, {64, 64, 2, 2, 3, 1, 1, 3}, 242.95f, false, true},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 4096, {64, 64, 2, 2, 3, 1, 1, 3}, 296.14f, false, true},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, false, 16384, {64, 64, 2, 2, 3, 1, 1, 3}, 314.29f, false, true},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 1024, {64, 64, 2, 2, 3, 1, 2, 0}, 192.51f, false, true},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 4096, {64, 64, 2, 2, 3, 1, 2, 3}, 268.48f, false, true},
+    {"fa2_wgmma_bwd", "bwd", "bf16", 256, true, 16384, {64, 64, 2, 2, 3, 1, 1, 1}, 300.59f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 1024, {128, 2, 2, 3, 0, 1, 1, 1}, 388.00f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 4096, {128, 2, 2, 3, 0, 1, 1, 1}, 484.82f, false, true},
     {"fa3_wgmma_bwd", "bwd", "bf16", 64, false, 16384, {128, 2, 2, 0, 0, 1, 1, 1}, 520.22f, false, true},
