@@ -8,12 +8,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "core/util.hpp"
 #include "reference/attention_ref.hpp"
+#include "tuner/space/space.hpp"
 #include "tuner/sweep/prepare_ahead.hpp"
 #include "worker/inputs.hpp"
 #include "worker/prepared.hpp"
@@ -107,6 +109,52 @@ TEST(Prepared, HostSideIsTheWorkersInputsAndReference) {
     EXPECT_TRUE(same_bits(h.bwd.dq, want.dq) && same_bits(h.bwd.dk, want.dk) && same_bits(h.bwd.dv_logit, want.dv_logit));
     EXPECT_TRUE(same_bits(h.bounds.dk, backward_bounds(p, want).dk));
   }
+}
+
+// A packed backward's host side (prepare_varlen_backward_host, GpuRunner::prepare_varlen_bwd's) prepares every problem
+// of configs/problems/ragged_alibi_varlen_bwd_bf16.json (ALiBi alone and with a window and a softcap; GQA, MQA,
+// Sq != Sk both ways, a sequence without keys): the seeded streams of the distinct heads, the kernel's slopes
+// [B, H] (varlen_backward_alibi_slopes) and the reference computed from those slopes with stride H; without ALiBi,
+// no slopes. A problem that is not a packed backward is refused.
+TEST(Prepared, PackedAlibiBackwardHostSide) {
+  const uint64_t seed = 20261122;
+  const std::vector<Problem> problems =
+      load_problems(std::string(FLASHTUNE_SOURCE_DIR) + "/configs/problems/ragged_alibi_varlen_bwd_bf16.json");
+  ASSERT_EQ(problems.size(), 3u);
+  for (const Problem& p : problems) {
+    SCOPED_TRACE(p.str());
+    ASSERT_TRUE(p.alibi && p.varlen.enabled() && p.direction == "bwd");
+    HostPrepared h;
+    ASSERT_NO_THROW(h = prepare_varlen_backward_host(p, seed, 2));
+    const int units = h.groups, hd = h.distinct_heads, d = p.head_dim;
+    EXPECT_EQ(units, std::min(p.kv_heads(), 2));
+    EXPECT_EQ(hd, units * p.group());
+    EXPECT_EQ(h.alibi, varlen_backward_alibi_slopes(p, hd));
+    const int64_t tq = p.varlen.total_q(), tk = p.varlen.total_k();
+    const HostTensor q = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x51), p.dtype, p.inputs),
+                     k = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x4b), p.dtype, p.inputs),
+                     v = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x56), p.dtype, p.inputs),
+                     dout = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x64), p.dtype, grad_dist(p.inputs));
+    EXPECT_TRUE(same_bits(h.q, q.bytes) && same_bits(h.k, k.bytes) && same_bits(h.v, v.bytes) &&
+                same_bits(h.dout, dout.bytes));
+    const BwdReference want = varlen_backward_reference(p, hd, units, q.values.data(), k.values.data(),
+                                                        v.values.data(), dout.values.data(), 2, h.alibi.data(), p.heads);
+    ASSERT_EQ(h.bwd.dq.size(), (size_t)tq * hd * d);
+    ASSERT_EQ(h.bwd.dk.size(), (size_t)tk * units * d);
+    EXPECT_TRUE(same_bits(h.bwd.o, want.o) && same_bits(h.bwd.lse, want.lse) && same_bits(h.bwd.dq, want.dq) &&
+                same_bits(h.bwd.dk, want.dk) && same_bits(h.bwd.dv, want.dv) && same_bits(h.bwd.dk_logit, want.dk_logit));
+    EXPECT_TRUE(same_bits(h.bounds.dq, backward_bounds(p, want).dq));
+    // The slopes take part: without them (the same inputs) the gradients differ.
+    Problem plain = p;
+    plain.alibi = false;
+    const BwdReference without = varlen_backward_reference(plain, hd, units, q.values.data(), k.values.data(),
+                                                           v.values.data(), dout.values.data(), 2);
+    EXPECT_FALSE(same_bits(without.dq, want.dq));
+    const HostPrepared hp = prepare_varlen_backward_host(plain, seed, 2);
+    EXPECT_TRUE(hp.alibi.empty());
+    EXPECT_TRUE(same_bits(hp.bwd.dq, without.dq));
+  }
+  EXPECT_THROW(prepare_varlen_backward_host(bwd_problem(), seed), std::invalid_argument);
 }
 
 TEST(Prepared, FileReadsBackExactly) {

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -760,6 +761,163 @@ TEST(Varlen, BackwardValidationOfRepeatedHeads) {
   for (int64_t tok = ck[2]; tok < ck[3]; ++tok)
     for (int c = 0; c < Hk * d; ++c) zeroed[(size_t)tok * Hk * d + c] = 0.f;
   EXPECT_FALSE(validate_backward(p, ref, gq, gk, zeroed).ok) << "zeroed dV rows passed";
+}
+
+namespace {
+
+// A packed ALiBi backward problem of `heads` query heads over `heads_k` kv heads (bf16, head_dim 32).
+Problem alibi_varlen_problem(const char* varlen, int heads, int heads_k, bool causal) {
+  const std::string text = R"({"problems":[{"heads":)" + std::to_string(heads) + R"(,"heads_k":)" +
+                           std::to_string(heads_k) + R"(,"head_dim":32,"varlen":)" + varlen +
+                           R"(,"dtype":"bf16","causal":)" + (causal ? "true" : "false") +
+                           R"(,"alibi":true,"direction":"bwd"}]})";
+  return problems_from_json(nlohmann::json::parse(text)).at(0);
+}
+
+}  // namespace
+
+// ALiBi in the packed backward's reference: each sequence's elements are the dense backward reference of that
+// sequence alone with that sequence's slopes, bit for bit (O, LSE, the gradients and their magnitudes), for slopes
+// [H] (stride 0) and [sequences, H] (stride the problem's H, past the distinct heads, as the runner's), causal and
+// not, multi-head, grouped and multi-query, with a sequence without queries, one without keys, Sq != Sk both ways.
+TEST(Varlen, AlibiBackwardReferenceIsTheDenseOnePerSequence) {
+  std::mt19937 gen(11);
+  const DType t = DType::bf16;
+  const char* lens = R"({"seq_lens":[3,0,40,17,6],"seq_lens_k":[5,4,33,0,21]})";
+  struct Heads {
+    int heads, heads_k, units;  // the problem's; the reference's distinct kv heads
+  };
+  for (const Heads& hh : {Heads{2, 2, 2}, Heads{4, 2, 1}, Heads{4, 1, 1}, Heads{6, 3, 2}})
+    for (bool causal : {false, true})
+      for (bool per_sequence : {false, true}) {
+        const Problem p = alibi_varlen_problem(lens, hh.heads, hh.heads_k, causal);
+        SCOPED_TRACE(p.str() + (per_sequence ? " slopes [sequences, H]" : " slopes [H]"));
+        const int units = hh.units, hd = units * p.group(), d = p.head_dim;
+        const auto cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
+        const int64_t tq = cq.back(), tk = ck.back();
+        const auto q = packed_input((size_t)tq * hd * d, t, gen), k = packed_input((size_t)tk * units * d, t, gen),
+                   v = packed_input((size_t)tk * units * d, t, gen), dout = packed_input((size_t)tq * hd * d, t, gen);
+        const int64_t stride = per_sequence ? p.heads : 0;
+        std::vector<float> slopes((size_t)(per_sequence ? p.batch * stride : hd));
+        for (size_t x = 0; x < slopes.size(); ++x)  // every (sequence, head) its own
+          slopes[x] = (float)(std::exp2(-8.0 * (double)(x % p.heads + 1) / p.heads) * (1.0 + 0.5 * (x / p.heads)));
+        const BwdReference r =
+            varlen_backward_reference(p, hd, units, q.data(), k.data(), v.data(), dout.data(), 0, slopes.data(), stride);
+        size_t bad = 0;
+        std::string first;
+        auto expect = [&](const char* what, double got, double want, int64_t at) {
+          if (got == want || (std::isnan(got) && std::isnan(want))) return;
+          if (bad++ == 0)
+            first = std::string(what) + "[" + std::to_string(at) + "] " + std::to_string(got) + " vs " + std::to_string(want);
+        };
+        for (size_t b = 0; b + 1 < cq.size(); ++b) {
+          const int lq = cq[b + 1] - cq[b], lk = ck[b + 1] - ck[b];
+          if (lq == 0 || lk == 0) {  // no queries: dK = dV = 0; no keys: O = 0, LSE = +inf, dQ = 0
+            for (int64_t e = (int64_t)ck[b] * units * d; e < (int64_t)ck[b + 1] * units * d; ++e)
+              expect("dk", r.dk[e], 0, e), expect("dv", r.dv[e], 0, e);
+            for (int64_t e = (int64_t)cq[b] * hd * d; e < (int64_t)cq[b + 1] * hd * d; ++e)
+              expect("dq", r.dq[e], 0, e), expect("o", r.o[e], 0, e);
+            for (int h = 0; h < hd; ++h)
+              for (int i = 0; i < lq; ++i) expect("lse", r.lse[h * tq + cq[b] + i], INFINITY, h * tq + cq[b] + i);
+            continue;
+          }
+          // The sequence as a dense (1, hd, lq, d) problem over (1, units, lk, d) keys, with its slopes.
+          std::vector<float> sq((size_t)hd * lq * d), sdo(sq.size()), sk((size_t)units * lk * d), sv(sk.size());
+          for (int h = 0; h < hd; ++h)
+            for (int i = 0; i < lq; ++i) {
+              std::copy_n(q.begin() + ((cq[b] + i) * (size_t)hd + h) * d, d, sq.begin() + ((size_t)h * lq + i) * d);
+              std::copy_n(dout.begin() + ((cq[b] + i) * (size_t)hd + h) * d, d, sdo.begin() + ((size_t)h * lq + i) * d);
+            }
+          for (int h = 0; h < units; ++h)
+            for (int j = 0; j < lk; ++j) {
+              std::copy_n(k.begin() + ((ck[b] + j) * (size_t)units + h) * d, d, sk.begin() + ((size_t)h * lk + j) * d);
+              std::copy_n(v.begin() + ((ck[b] + j) * (size_t)units + h) * d, d, sv.begin() + ((size_t)h * lk + j) * d);
+            }
+          ref::Shape one{1, hd, lq, lk, d, p.causal};
+          one.heads_k = units == hd ? 0 : units;
+          one.alibi_slopes = slopes.data() + b * stride;
+          const BwdReference want = backward_reference(one, sq.data(), sk.data(), sv.data(), sdo.data());
+          for (int h = 0; h < hd; ++h)
+            for (int i = 0; i < lq; ++i) {
+              const int64_t pr = (cq[b] + i) * (int64_t)hd + h, dr = (int64_t)h * lq + i;  // packed and dense rows
+              expect("lse", r.lse[h * tq + cq[b] + i], want.lse[dr], h * tq + cq[b] + i);
+              for (int c = 0; c < d; ++c) {
+                const int64_t e = pr * d + c, w = dr * d + c;
+                expect("o", r.o[e], want.o[w], e), expect("dq", r.dq[e], want.dq[w], e);
+                expect("dq_mag", r.dq_mag[e], want.dq_mag[w], e), expect("dq_logit", r.dq_logit[e], want.dq_logit[w], e);
+              }
+            }
+          for (int h = 0; h < units; ++h)
+            for (int j = 0; j < lk; ++j)
+              for (int c = 0; c < d; ++c) {
+                const int64_t e = ((ck[b] + j) * (int64_t)units + h) * d + c, w = ((int64_t)h * lk + j) * d + c;
+                expect("dk", r.dk[e], want.dk[w], e), expect("dv", r.dv[e], want.dv[w], e);
+                expect("dk_logit", r.dk_logit[e], want.dk_logit[w], e), expect("dv_mag", r.dv_mag[e], want.dv_mag[w], e);
+              }
+        }
+        EXPECT_EQ(bad, 0u) << first;
+      }
+  const Problem p = alibi_varlen_problem(lens, 4, 2, true);
+  std::vector<float> x((size_t)p.varlen.total_q() * 4 * 32, 0.5f);
+  EXPECT_THROW(varlen_backward_reference(p, 4, 2, x.data(), x.data(), x.data(), x.data()), std::runtime_error);
+}
+
+// The packed backward's slopes as the runner uploads them (varlen_backward_alibi_slopes, [B, H]) and as its
+// reference reads them: a packed ALiBi kernel (emulated on the CPU, every problem head, the slopes read at
+// b * H + h) passes against the distinct-heads reference; one that reads sequence 0's slopes for every sequence
+// (batch stride 0), or gives each repeated head a slope of its own, fails.
+TEST(Varlen, AlibiBackwardValidationOfRepeatedHeads) {
+  std::mt19937 gen(13);
+  const DType t = DType::bf16;
+  // Sequence 1 (odd: its slopes doubled, seeded_alibi_slopes) has queries and keys, so its slopes tell.
+  const Problem p = alibi_varlen_problem(R"({"seq_lens":[3,70,0,33],"seq_lens_k":[5,60,4,0]})", 4, 2, true);
+  const int H = p.heads, Hk = p.kv_heads(), d = p.head_dim, units = 1, hd = units * p.group();
+  const int64_t tq = p.varlen.total_q(), tk = p.varlen.total_k();
+  // Sequence b's head h: the packed forward's slope of sequence b's head h % hd.
+  const std::vector<float> slopes = varlen_backward_alibi_slopes(p, hd),
+                           own = seeded_alibi_slopes((long long)p.batch * H, H, (long long)p.batch * H);
+  ASSERT_EQ(slopes.size(), (size_t)p.batch * H);
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < H; ++h) EXPECT_EQ(slopes[(size_t)b * H + h], own[(size_t)b * H + h % hd]) << b << " " << h;
+  EXPECT_NE(slopes[0], slopes[H]);  // sequences differ
+  EXPECT_EQ(varlen_backward_alibi_slopes(p, H), own);  // every head distinct: the packed forward's slopes
+  const auto q = packed_input((size_t)tq * hd * d, t, gen), k = packed_input((size_t)tk * units * d, t, gen),
+             v = packed_input((size_t)tk * units * d, t, gen), dout = packed_input((size_t)tq * hd * d, t, gen);
+  const BwdReference ref =
+      varlen_backward_reference(p, hd, units, q.data(), k.data(), v.data(), dout.data(), 0, slopes.data(), H);
+  auto expand = [&](const std::vector<float>& x, int64_t tokens, int distinct, int heads) {
+    std::vector<float> out((size_t)tokens * heads * d);
+    for (int64_t tok = 0; tok < tokens; ++tok)
+      for (int h = 0; h < heads; ++h)
+        std::copy_n(x.begin() + ((size_t)tok * distinct + h % distinct) * d, d, out.begin() + ((size_t)tok * heads + h) * d);
+    return out;
+  };
+  const auto fq = expand(q, tq, hd, H), fk = expand(k, tk, units, Hk), fv = expand(v, tk, units, Hk),
+             fdo = expand(dout, tq, hd, H);
+  const auto cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
+  const std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end());
+  // The kernel's gradients, rounded to bf16, with its slopes at alibi[b * stride + h].
+  auto kernel = [&](const float* alibi, int64_t stride) {
+    ref::VarlenShape vs{H, d, p.causal, 0, p.heads_k};
+    vs.alibi_slopes = alibi, vs.alibi_batch_stride = stride;
+    std::vector<double> dq(fq.size()), dk(fk.size()), dv(fv.size());
+    ref::backward_varlen(vs, cu_q, cu_k, fq.data(), fk.data(), fv.data(), fdo.data(), dq.data(), dk.data(), dv.data());
+    std::array<std::vector<float>, 3> g;
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<double>& x = i == 0 ? dq : i == 1 ? dk : dv;
+      g[i].resize(x.size());
+      for (size_t e = 0; e < x.size(); ++e) g[i][e] = round_to(t, (float)x[e]);
+    }
+    return g;
+  };
+  const auto ok = kernel(slopes.data(), H);
+  const Verdict v_ok = validate_backward(p, ref, ok[0], ok[1], ok[2]);
+  EXPECT_TRUE(v_ok.ok) << v_ok.error;
+  EXPECT_LT(v_ok.worst_ratio, kMargin);
+  const auto unbatched = kernel(slopes.data(), 0);
+  EXPECT_FALSE(validate_backward(p, ref, unbatched[0], unbatched[1], unbatched[2]).ok) << "sequence 0's slopes passed";
+  const auto per_head = kernel(own.data(), H);
+  EXPECT_FALSE(validate_backward(p, ref, per_head[0], per_head[1], per_head[2]).ok) << "per-head slopes passed";
 }
 
 // ---- Paged K/V caches: the reference reads the logical cache, sequence by sequence ----

@@ -340,29 +340,20 @@ void GpuRunner::prepare_varlen_fwd(const Problem& p, unsigned long long seed, lo
 }
 
 // Packed variable-length backward: as the dense backward, distinct heads' worth of data repeated over the
-// heads so that the float64 reference of every element stays affordable, here inside each token: the
-// inputs hold `units` distinct kv heads (2, or 1 when Hk is 1 or the batch costs ~10^11 float64
-// operations) with their query groups, and query head h of every token holds distinct head h % (units*g),
-// kv head hk distinct kv head hk % units. Every element of dQ, dK, dV is checked against its distinct one.
+// heads so that the float64 reference of every element stays affordable, here inside each token
+// (prepare_varlen_backward_host: `units` distinct kv heads with their query groups, query head h of every token
+// distinct head h % (units*g), kv head hk distinct kv head hk % units). Every element of dQ, dK, dV is checked
+// against its distinct one. ALiBi: the slopes the reference read, [B, H] as the packed forward's (stride H).
 void GpuRunner::prepare_varlen_bwd(const Problem& p, unsigned long long seed) {
-  const int H = p.heads, Hk = p.kv_heads(), g = p.group(), d = p.head_dim;
-  double cost = 0;  // float64 multiply-adds of one distinct head's backward
-  for (size_t b = 0; b < p.varlen.seq_lens_q.size(); ++b)
-    cost += (double)p.varlen.seq_lens_q[b] * p.varlen.seq_lens_k[b] * d;
-  const int units = std::min(Hk, cost * g >= 0x1p34 ? 1 : 2), hd = units * g;
+  const int H = p.heads, Hk = p.kv_heads(), d = p.head_dim;
+  HostPrepared h =
+      prepare_varlen_backward_host(p, seed, threads_, [this](const char* phase) { prepare_clock_.lap(phase); });
+  const int units = h.groups, hd = h.distinct_heads;
   distinct_heads_ = hd;
   const int64_t tq = p.varlen.total_q(), tk = p.varlen.total_k();
   const size_t elem = dtype_bytes(p.dtype);
-  const HostTensor q = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x51), p.dtype, p.inputs, threads_),
-                   k = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x4b), p.dtype, p.inputs, threads_),
-                   v = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x56), p.dtype, p.inputs, threads_),
-                   dout = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x64), p.dtype, grad_dist(p.inputs),
-                                          threads_);
-  prepare_clock_.lap("inputs");
-  bwd_ref_ = varlen_backward_reference(p, hd, units, q.values.data(), k.values.data(), v.values.data(),
-                                       dout.values.data(), threads_);
-  bwd_bounds_ = backward_bounds(p, bwd_ref_);
-  prepare_clock_.lap("reference");
+  bwd_ref_ = std::move(h.bwd);
+  bwd_bounds_ = std::move(h.bounds);
   std::vector<float> o_f(bwd_ref_.o.begin(), bwd_ref_.o.end()), lse_f(bwd_ref_.lse.begin(), bwd_ref_.lse.end());
   const auto o_dev = to_device_format(o_f, p.dtype);
   // Token t's row of `heads` heads from the distinct row of `distinct` heads: head h is distinct head h % distinct.
@@ -384,14 +375,15 @@ void GpuRunner::prepare_varlen_bwd(const Problem& p, unsigned long long seed) {
   ensure(dq_accum_, nq * 4);
   ensure(cu_q_, cu_q.size() * 4);
   ensure(cu_k_, cu_k.size() * 4);
-  CU_CHECK(cuMemcpyHtoD(q_.ptr, expand(q.bytes, tq, hd, H).data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(q_.ptr, expand(h.q, tq, hd, H).data(), nq * elem));
   CU_CHECK(cuMemcpyHtoD(o_.ptr, expand(o_dev, tq, hd, H).data(), nq * elem));
-  CU_CHECK(cuMemcpyHtoD(dout_.ptr, expand(dout.bytes, tq, hd, H).data(), nq * elem));
-  CU_CHECK(cuMemcpyHtoD(k_.ptr, expand(k.bytes, tk, units, Hk).data(), nk * elem));
-  CU_CHECK(cuMemcpyHtoD(v_.ptr, expand(v.bytes, tk, units, Hk).data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(dout_.ptr, expand(h.dout, tq, hd, H).data(), nq * elem));
+  CU_CHECK(cuMemcpyHtoD(k_.ptr, expand(h.k, tk, units, Hk).data(), nk * elem));
+  CU_CHECK(cuMemcpyHtoD(v_.ptr, expand(h.v, tk, units, Hk).data(), nk * elem));
   upload_tiled(lse_.ptr, lse_f.data(), (size_t)tq * 4, hd, H);  // (H, total_q): head h's row is distinct head h % hd's
   CU_CHECK(cuMemcpyHtoD(cu_q_.ptr, cu_q.data(), cu_q.size() * 4));
   CU_CHECK(cuMemcpyHtoD(cu_k_.ptr, cu_k.data(), cu_k.size() * 4));
+  if (p.alibi) upload_alibi(std::move(h.alibi));  // sequence b's head h: its distinct head h % hd's slope in sequence b
 }
 
 // Paged forward: the dense forward's generated inputs (the same streams, units tiled over the B*Hk kv heads
@@ -457,7 +449,11 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
 }
 
 void GpuRunner::upload_alibi(const Problem& p, long long period) {
-  alibi_host_ = seeded_alibi_slopes((long long)p.batch * p.heads, p.heads, period);
+  upload_alibi(seeded_alibi_slopes((long long)p.batch * p.heads, p.heads, period));
+}
+
+void GpuRunner::upload_alibi(std::vector<float> slopes) {
+  alibi_host_ = std::move(slopes);
   ensure(alibi_, alibi_host_.size() * 4);
   CU_CHECK(cuMemcpyHtoD(alibi_.ptr, alibi_host_.data(), alibi_host_.size() * 4));
 }

@@ -122,8 +122,9 @@ class GpuRunner {
   void ensure(Buffer&, size_t bytes);
   std::vector<Buffer*> problem_buffers();  // every buffer but the L2 flush
   std::vector<Buffer*> output_buffers();   // the problem's outputs: dQ, dK, dV (backward) or O, LSE
-  // ALiBi (Problem::alibi): seeded_alibi_slopes(B*H, H, period) into alibi_host_ and alibi_.
+  // ALiBi (Problem::alibi): seeded_alibi_slopes(B*H, H, period), or `slopes` ([B, H]), into alibi_host_ and alibi_.
   void upload_alibi(const Problem& p, long long period);
+  void upload_alibi(std::vector<float> slopes);
   size_t problem_bytes();                  // sum of their `bytes`: the run's device footprint
   // Warm-up, then `reps` L2-flushed, event-timed repeats of `launch`: reps, ms_median, ms_p20, ms_p80.
   void time_repeats(const std::function<void()>& launch, const nlohmann::json& timing, nlohmann::json& out);

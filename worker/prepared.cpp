@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -192,6 +193,40 @@ HostPrepared prepare_host(const Problem& p, uint64_t seed, long long max_rows, i
   h.v = bytes_of(v);
   h.dout = bytes_of(dout);
   done("reference");
+  return h;
+}
+
+HostPrepared prepare_varlen_backward_host(const Problem& p, uint64_t seed, int threads,
+                                          const std::function<void(const char*)>& lap) {
+  if (!p.varlen.enabled() || p.direction != "bwd")
+    throw std::invalid_argument("prepare_varlen_backward_host: " + p.str() + " is not a packed backward problem");
+  // Distinct heads' worth of data repeated inside every token, as the dense backward tiles its heads: `units` kv
+  // heads (2, or 1 when Hk is 1 or one distinct head's backward costs ~10^11 float64 operations) with their groups.
+  const int g = p.group(), d = p.head_dim;
+  double cost = 0;  // float64 multiply-adds of one distinct head's backward
+  for (size_t b = 0; b < p.varlen.seq_lens_q.size(); ++b)
+    cost += (double)p.varlen.seq_lens_q[b] * p.varlen.seq_lens_k[b] * d;
+  const int units = std::min(p.kv_heads(), cost * g >= 0x1p34 ? 1 : 2), hd = units * g;
+  const int64_t tq = p.varlen.total_q(), tk = p.varlen.total_k();
+  HostTensor q = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x51), p.dtype, p.inputs, threads),
+             k = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x4b), p.dtype, p.inputs, threads),
+             v = generated_input((size_t)tk * units * d, splitmix64(seed ^ 0x56), p.dtype, p.inputs, threads),
+             dout = generated_input((size_t)tq * hd * d, splitmix64(seed ^ 0x64), p.dtype, grad_dist(p.inputs), threads);
+  if (lap) lap("inputs");
+  HostPrepared h;
+  h.problem = p;
+  h.seed = seed;
+  h.distinct_heads = hd;
+  h.groups = units;
+  if (p.alibi) h.alibi = varlen_backward_alibi_slopes(p, hd);
+  h.bwd = varlen_backward_reference(p, hd, units, q.values.data(), k.values.data(), v.values.data(),
+                                    dout.values.data(), threads, p.alibi ? h.alibi.data() : nullptr, p.heads);
+  h.bounds = backward_bounds(p, h.bwd);
+  h.q = std::move(q.bytes);
+  h.k = std::move(k.bytes);
+  h.v = std::move(v.bytes);
+  h.dout = std::move(dout.bytes);
+  if (lap) lap("reference");
   return h;
 }
 

@@ -33,6 +33,7 @@ struct HostPrepared {
   FwdReference fwd;                    // forward
   BwdReference bwd;                    // backward
   BwdBounds bounds;                    // backward
+  std::vector<float> alibi;            // packed backward with ALiBi: the kernel's slopes, which the reference read
 };
 
 // True for what prepare_host covers: a dense problem (not varlen, not paged). File-backed inputs are the
@@ -49,6 +50,14 @@ using InputSource = std::function<std::shared_ptr<HostTensor>(size_t n, uint64_t
 // (empty: generated_input on `threads` threads).
 HostPrepared prepare_host(const Problem& p, uint64_t seed, long long max_rows, int threads = 0,
                           const std::function<void(const char*)>& lap = {}, const InputSource& source = {});
+
+// A packed backward problem's host side (Problem::varlen, direction "bwd"; prepared apart from prepare_host and
+// never to a file), as GpuRunner::prepare_varlen_bwd uploads it: q and dout of `distinct_heads` query heads and k and v
+// of `groups` kv heads per token (token-major; the problem's heads repeat them, query head h holding distinct head
+// h % distinct_heads), the reference of every element (varlen_backward_reference) with its bounds, and with ALiBi
+// the kernel's slopes (varlen_backward_alibi_slopes, [B, H]) in `alibi`. `lap` as prepare_host's.
+HostPrepared prepare_varlen_backward_host(const Problem& p, uint64_t seed, int threads = 0,
+                                          const std::function<void(const char*)>& lap = {});
 
 // The host work prepare_host does for `p` (host_preparable; 0 otherwise), in float64 multiply-adds: its reference's
 // (query, key) pairs times head_dim, times 3 for a backward (a forward pass, then the backward's two passes), plus

@@ -365,6 +365,14 @@ std::vector<float> seeded_alibi_slopes(long long count, int heads, long long per
   return out;
 }
 
+std::vector<float> varlen_backward_alibi_slopes(const Problem& p, int distinct_heads) {
+  const long long H = p.heads, count = (long long)p.batch * H;
+  const std::vector<float> own = seeded_alibi_slopes(count, p.heads, count);  // the packed forward's
+  std::vector<float> out((size_t)count);
+  for (long long x = 0; x < count; ++x) out[(size_t)x] = own[(size_t)(x - x % H + x % H % distinct_heads)];
+  return out;
+}
+
 ref::VarlenShape with_modifications(ref::VarlenShape s, const Problem& p) {
   s.window_left = p.window_left, s.window_right = p.window_right, s.softcap = p.softcap;
   return s;
@@ -687,15 +695,18 @@ FwdReference varlen_forward_reference(const Problem& p, const float* q, const fl
 }
 
 BwdReference varlen_backward_reference(const Problem& p, int heads, int kv_heads, const float* q, const float* k,
-                                       const float* v, const float* dout, int threads) {
-  if (p.alibi) throw std::runtime_error("packed backward problems have no ALiBi form");
+                                       const float* v, const float* dout, int threads, const float* alibi_slopes,
+                                       int64_t alibi_batch_stride) {
+  if (p.alibi && !alibi_slopes) throw std::runtime_error("varlen_backward_reference: an ALiBi problem without slopes");
   BwdReference r;
   const int d = p.head_dim;
   r.shape = with_modifications(ref::Shape{1, heads, p.seq_q, p.seq_k, d, p.causal}, p);
   r.shape.heads_k = kv_heads == heads ? 0 : kv_heads;
   r.q_row = (size_t)p.heads * d, r.q_row_ref = (size_t)heads * d;
   r.k_row = (size_t)p.kv_heads() * d, r.k_row_ref = (size_t)kv_heads * d;
-  const ref::VarlenShape vs = with_modifications(ref::VarlenShape{heads, d, p.causal, 0, r.shape.heads_k}, p);
+  ref::VarlenShape vs = with_modifications(ref::VarlenShape{heads, d, p.causal, 0, r.shape.heads_k}, p);
+  // ALiBi: each sequence's own slopes (ref::backward_varlen takes sequence b's at b * alibi_batch_stride).
+  if (p.alibi) vs.alibi_slopes = alibi_slopes, vs.alibi_batch_stride = alibi_batch_stride;
   const std::vector<int> cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
   const std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end());
   const size_t nq = (size_t)cu_q.back() * heads * d, nk = (size_t)cu_k.back() * kv_heads * d;

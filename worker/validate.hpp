@@ -125,6 +125,12 @@ ref::VarlenShape with_modifications(ref::VarlenShape shape, const Problem&);
 // over the B*H (dense forward and backward) the reference's distinct heads read the first `period` of them, the same
 // numbers.
 std::vector<float> seeded_alibi_slopes(long long count, int heads, long long period);
+// A packed backward's slopes (Problem::alibi, Problem::varlen) as the kernel reads them, [B, H] with stride H like the
+// packed forward's, for generated inputs that repeat `distinct_heads` query heads inside every token: sequence b's
+// head h has the packed forward's slope (seeded_alibi_slopes(B*H, H, B*H)) of sequence b's head h % distinct_heads,
+// so every sequence has its own (doubled in odd sequences) and a head the slope of the distinct head whose data it
+// holds. varlen_backward_reference reads the same buffer with stride H: the first distinct_heads of each sequence's.
+std::vector<float> varlen_backward_alibi_slopes(const Problem& p, int distinct_heads);
 
 // Forward reference on sampled rows, with the magnitudes the bound needs.
 struct FwdReference {
@@ -193,8 +199,11 @@ FwdReference varlen_forward_reference(const Problem&, const float* q, const floa
 // Every element of a packed batch's backward for `heads` query heads and `kv_heads` kv heads per token
 // (the distinct heads of the generated inputs; the problem's heads repeat them, query head h holding
 // distinct head h % heads), with the forward's O (total_q, heads, d) and LSE (heads, total_q).
+// alibi_slopes (Problem::alibi): sequence b's distinct head h at alibi_slopes[b * alibi_batch_stride + h]; stride 0
+// is [heads] for every sequence, the runner's is varlen_backward_alibi_slopes' [B, H] with stride H.
 BwdReference varlen_backward_reference(const Problem&, int heads, int kv_heads, const float* q, const float* k,
-                                       const float* v, const float* dout, int threads = 0);
+                                       const float* v, const float* dout, int threads = 0,
+                                       const float* alibi_slopes = nullptr, int64_t alibi_batch_stride = 0);
 
 // An output as read back from the device: `size` elements of `dtype` at `data` (fp32, or the 16-bit
 // formats' bytes), compared without a float copy. A std::vector<float> converts to an fp32 view of itself.
