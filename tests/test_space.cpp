@@ -315,81 +315,6 @@ TEST(Family, BwdDqTurnsFollowTheWalks) {
         }
 }
 
-// fa2_wgmma_bwd's DETERMINISTIC protocol, emulated: CTAs launched in linear order onto `slots` resident places (a
-// CTA holds its place until done), each walking its steps from step 0 (Fa2WgmmaBwdQuerySteps, every query head of
-// the group), waiting at each for its turn at that query head's block, adding and passing it on. It never
-// deadlocks, each (head, block) receives its contributors in key-block order, ascending or descending; and
-// DETERMINISTIC 2 launched ascending (not from the last key block down) does deadlock with few places.
-TEST(Family, WgmmaBwdDeterministicTurns) {
-  for (unsigned x = 0; x < 5; ++x) {
-    EXPECT_EQ(fa2_wgmma_bwd_key_block(1, x, 5), x);
-    EXPECT_EQ(fa2_wgmma_bwd_key_block(2, x, 5), 4 - x);
-  }
-
-  // Returns false on a deadlock. order: DETERMINISTIC; launch_down: key blocks launched from the last down.
-  auto emulate = [](int order, bool launch_down, bool causal, int BM, int BN, int sq, int sk, int group, int slots) {
-    const int nb = (sk + BN - 1) / BN, num_m = (sq + BM - 1) / BM;
-    std::vector<int> counter(group * num_m, 0);
-    std::vector<std::vector<int>> adds(group * num_m);  // key blocks in the order they added
-    struct Cta {
-      int j, left;
-      Fa2WgmmaBwdQuerySteps sched;
-      Fa2WgmmaBwdQueryStep st;
-    };
-    std::vector<Cta> running;
-    int launched = 0;
-    for (;;) {
-      while ((int)running.size() < slots && launched < nb) {
-        const int j = (int)fa2_wgmma_bwd_key_block(launch_down ? 2 : 1, (unsigned)launched++, (unsigned)nb);
-        const int first = causal ? std::max(0, j * BN - (sk - sq)) / BM : 0;
-        const Fa2WgmmaBwdQuerySteps sched{first, num_m, group};
-        const int steps = std::max(0, sched.count());
-        if (steps > 0) running.push_back(Cta{j, steps, sched, sched.at(0)});
-      }
-      if (running.empty()) break;
-      bool moved = false;
-      for (size_t i = 0; i < running.size();) {
-        Cta& c = running[i];
-        const int at = c.st.hq * num_m + c.st.mb;
-        if (counter[at] == bwd_dq_turn(order, c.j, c.st.mb, BM, BN, sq, sk)) {
-          adds[at].push_back(c.j);
-          ++counter[at];
-          moved = true;
-          c.st = c.sched.next(c.st);
-          if (--c.left == 0) {
-            running.erase(running.begin() + (long)i);
-            continue;
-          }
-        }
-        ++i;
-      }
-      if (!moved) return false;
-    }
-    for (int hq = 0; hq < group; ++hq)
-      for (int m = 0; m < num_m; ++m) {
-        const int last = causal ? bwd_dq_last_key_block(m, BM, BN, sq, sk) : nb - 1;
-        const std::vector<int>& a = adds[hq * num_m + m];
-        EXPECT_EQ((int)a.size(), last + 1) << hq << " " << m;
-        for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], order == 2 ? last - (int)k : (int)k) << hq << " " << m;
-      }
-    return true;
-  };
-  for (bool causal : {false, true})
-    for (int order : {1, 2}) {
-      if (order == 2 && !causal) continue;  // the causal check's prune
-      for (int group : {1, 3})
-        for (int slots : {1, 2, 5, 64})
-          for (auto [sq, sk] : {std::pair{517, 1000}, std::pair{1000, 333}, std::pair{64, 64}, std::pair{300, 300}}) {
-            SCOPED_TRACE("order " + std::to_string(order) + " causal " + std::to_string(causal) + " group " +
-                         std::to_string(group) + " slots " + std::to_string(slots) + " sq " + std::to_string(sq) +
-                         " sk " + std::to_string(sk));
-            EXPECT_TRUE(emulate(order, order == 2, causal, 64, 64, sq, sk, group, slots));
-            EXPECT_TRUE(emulate(order, order == 2, causal, 128, 64, sq, sk, group, slots));
-          }
-    }
-  EXPECT_FALSE(emulate(2, false, true, 64, 64, 1000, 1000, 1, 2));  // descending turns, ascending launch
-}
-
 // A deterministic backward's whole dK/dV grid, emulated (fa2_wgmma_bwd and fa3_wgmma_bwd): CTAs launched in the
 // grid's linear order (x fastest) onto `slots` resident places (a CTA holds its place until done), cta_at(x, y, z)
 // giving each its (kv head, batch) pair (past the last pair: no work, the kernels' early return) and key block;
@@ -462,6 +387,44 @@ bool emulate_det_grid(const DetGridCase& c, const GridDims& g, int slots, CtaAt 
       }
   return true;
 }
+
+// fa2_wgmma_bwd's DETERMINISTIC protocol, emulated: CTAs launched in linear order onto `slots` resident places (a
+// CTA holds its place until done), each walking its steps from step 0 (Fa2WgmmaBwdQuerySteps, every query head of
+// the group), waiting at each for its turn at that query head's block, adding and passing it on. It never
+// deadlocks, each (head, block) receives its contributors in key-block order, ascending or descending; and
+// DETERMINISTIC 2 launched ascending (not from the last key block down) does deadlock with few places.
+TEST(Family, WgmmaBwdDeterministicTurns) {
+  for (unsigned x = 0; x < 5; ++x) {
+    EXPECT_EQ(fa2_wgmma_bwd_key_block(1, x, 5), x);
+    EXPECT_EQ(fa2_wgmma_bwd_key_block(2, x, 5), 4 - x);
+  }
+
+  // Returns false on a deadlock. order: DETERMINISTIC; launch_down: key blocks launched from the last down. One
+  // (kv head, batch) pair: the grid's row of key blocks (emulate_det_grid).
+  auto emulate = [](int order, bool launch_down, bool causal, int BM, int BN, int sq, int sk, int group, int slots) {
+    const int nb = (sk + BN - 1) / BN;
+    return emulate_det_grid(DetGridCase{order, causal, BM, BN, sq, sk, 1, group}, GridDims{nb, 1, 1}, slots,
+                            [&](int x, int, int) {
+                              return EmulatedCta{0, (int)fa2_wgmma_bwd_key_block(launch_down ? 2 : 1, (unsigned)x,
+                                                                                 (unsigned)nb)};
+                            });
+  };
+  for (bool causal : {false, true})
+    for (int order : {1, 2}) {
+      if (order == 2 && !causal) continue;  // the causal check's prune
+      for (int group : {1, 3})
+        for (int slots : {1, 2, 5, 64})
+          for (auto [sq, sk] : {std::pair{517, 1000}, std::pair{1000, 333}, std::pair{64, 64}, std::pair{300, 300}}) {
+            SCOPED_TRACE("order " + std::to_string(order) + " causal " + std::to_string(causal) + " group " +
+                         std::to_string(group) + " slots " + std::to_string(slots) + " sq " + std::to_string(sq) +
+                         " sk " + std::to_string(sk));
+            EXPECT_TRUE(emulate(order, order == 2, causal, 64, 64, sq, sk, group, slots));
+            EXPECT_TRUE(emulate(order, order == 2, causal, 128, 64, sq, sk, group, slots));
+          }
+    }
+  EXPECT_FALSE(emulate(2, false, true, 64, 64, 1000, 1000, 1, 2));  // descending turns, ascending launch
+}
+
 
 // fa2_wgmma_bwd's DETERMINISTIC protocol over the whole grid (emulate_det_grid), SCHED 0, 1 and 3: the family's grid
 // (fa2_wgmma_bwd_dkdv_grid) and the kernel's mapping (fa2_wgmma_bwd_work, DETERMINISTIC 2 counting key blocks from

@@ -722,6 +722,18 @@ TEST(Varlen, ForwardValidationOfPackedOutputs) {
 // The backward's distinct heads repeated inside every token: the packed gradients of the repeated inputs,
 // computed in full, pass against the distinct-heads reference element by element (the index mapping);
 // a gradient of a later head moved, or a sequence's dK rows zeroed, fails.
+namespace {
+// Token-major rows of `distinct` heads of d values, widened to `heads` heads: head h repeats head h % distinct (the
+// packed backward's inputs, whose query heads repeat within every token).
+std::vector<float> repeat_heads(const std::vector<float>& x, int64_t tokens, int distinct, int heads, int d) {
+  std::vector<float> out((size_t)tokens * heads * d);
+  for (int64_t tok = 0; tok < tokens; ++tok)
+    for (int h = 0; h < heads; ++h)
+      std::copy_n(x.begin() + ((size_t)tok * distinct + h % distinct) * d, d, out.begin() + ((size_t)tok * heads + h) * d);
+  return out;
+}
+}  // namespace
+
 TEST(Varlen, BackwardValidationOfRepeatedHeads) {
   std::mt19937 gen(5);
   const DType t = DType::bf16;
@@ -731,15 +743,8 @@ TEST(Varlen, BackwardValidationOfRepeatedHeads) {
   const auto q = packed_input((size_t)tq * hd * d, t, gen), k = packed_input((size_t)tk * units * d, t, gen),
              v = packed_input((size_t)tk * units * d, t, gen), dout = packed_input((size_t)tq * hd * d, t, gen);
   const BwdReference ref = varlen_backward_reference(p, hd, units, q.data(), k.data(), v.data(), dout.data());
-  auto expand = [&](const std::vector<float>& x, int64_t tokens, int distinct, int heads) {
-    std::vector<float> out((size_t)tokens * heads * d);
-    for (int64_t tok = 0; tok < tokens; ++tok)
-      for (int h = 0; h < heads; ++h)
-        std::copy_n(x.begin() + ((size_t)tok * distinct + h % distinct) * d, d, out.begin() + ((size_t)tok * heads + h) * d);
-    return out;
-  };
-  const auto fq = expand(q, tq, hd, H), fk = expand(k, tk, units, Hk), fv = expand(v, tk, units, Hk),
-             fdo = expand(dout, tq, hd, H);
+  const auto fq = repeat_heads(q, tq, hd, H, d), fk = repeat_heads(k, tk, units, Hk, d),
+             fv = repeat_heads(v, tk, units, Hk, d), fdo = repeat_heads(dout, tq, hd, H, d);
   ref::VarlenShape vs{H, d, p.causal, 0, p.heads_k};
   const auto cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
   const std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end());
@@ -885,15 +890,8 @@ TEST(Varlen, AlibiBackwardValidationOfRepeatedHeads) {
              v = packed_input((size_t)tk * units * d, t, gen), dout = packed_input((size_t)tq * hd * d, t, gen);
   const BwdReference ref =
       varlen_backward_reference(p, hd, units, q.data(), k.data(), v.data(), dout.data(), 0, slopes.data(), H);
-  auto expand = [&](const std::vector<float>& x, int64_t tokens, int distinct, int heads) {
-    std::vector<float> out((size_t)tokens * heads * d);
-    for (int64_t tok = 0; tok < tokens; ++tok)
-      for (int h = 0; h < heads; ++h)
-        std::copy_n(x.begin() + ((size_t)tok * distinct + h % distinct) * d, d, out.begin() + ((size_t)tok * heads + h) * d);
-    return out;
-  };
-  const auto fq = expand(q, tq, hd, H), fk = expand(k, tk, units, Hk), fv = expand(v, tk, units, Hk),
-             fdo = expand(dout, tq, hd, H);
+  const auto fq = repeat_heads(q, tq, hd, H, d), fk = repeat_heads(k, tk, units, Hk, d),
+             fv = repeat_heads(v, tk, units, Hk, d), fdo = repeat_heads(dout, tq, hd, H, d);
   const auto cq = p.varlen.cu_seqlens_q(), ck = p.varlen.cu_seqlens_k();
   const std::vector<int32_t> cu_q(cq.begin(), cq.end()), cu_k(ck.begin(), ck.end());
   // The kernel's gradients, rounded to bf16, with its slopes at alibi[b * stride + h].
