@@ -114,7 +114,7 @@ fi
 # The main job needs the CLI and its worker only (what a user's first build of the main job makes).
 targets=()
 [[ $stage == main-job ]] && targets=(--target flashtune flashtune-worker)
-[[ $stage == torch-op || $stage == train || $stage == host-time || $stage == autotune-first-use ]] && targets=(--target flashtune flashtune-worker flashtune_attention flashtune_torch abi_layout make_fixture_db lookup_probe)
+[[ $stage == torch-op || $stage == train || $stage == host-time || $stage == autotune-first-use || $stage == decode-op ]] && targets=(--target flashtune flashtune-worker flashtune_attention flashtune_torch abi_layout make_fixture_db lookup_probe)
 build_t0=$(date +%s)
 if ! { cmake --preset release -DFLASHTUNE_BENCHMARKS=OFF "${extra[@]}" && cmake --build build -j"$(nproc)" "${targets[@]}"; } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
@@ -888,6 +888,57 @@ decode)
   cut -d, -f1-10 "$rep/decode_vs_peers.csv"
   cp "$rep/decode_vs_peers.csv" "$OUT/"
   finish
+  ;;
+decode-stages)
+  # decode_splitkv's deeper K/V rings (STAGES 3, 4) on the lent GPU: the streaming probe (stream_read.cu: each
+  # loader's HBM rate at B 64 Sk 32k, beside decode configs, 3 interleaved rounds) into stream_read_<slug>.csv; the
+  # STAGES 3/4 variants of decode_splitkv_stages_check.json validated on ragged_decode and ragged_decode_paged(_nhd)
+  # into decode_stages_validate.db; decode_splitkv_stages.json tuned (halving) on decode_bf16 into decode_stages.db;
+  # per point the best with STAGES 1-2 and with 3-4 (decode_stages_ab.txt).
+  log "stream_read probe"
+  nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I templates experiments/probes/stream_read.cu -lcuda \
+    -o /tmp/stream_read && timeout "${STREAM_LIMIT_S:-120}" /tmp/stream_read >"$rep/stream_read_$slug.csv"
+  cat "$rep/stream_read_$slug.csv" | tail -22; cp "$rep/stream_read_$slug.csv" "$OUT/"
+  val=$(validation_store decode_stages)
+  for probs in ragged_decode ragged_decode_paged ragged_decode_paged_nhd; do
+    log "validate decode_splitkv_stages_check on $probs"
+    timeout "${DECODE_VALIDATE_LIMIT_S:-60}" $ft tune configs/spaces/decode_splitkv_stages_check.json \
+      configs/problems/$probs.json --db "$val" --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -1
+  done
+  validation_summary "$val"
+  $ft drop-cubins --db "$val"
+  sdb=$rep/decode_stages.db
+  log "tune decode_splitkv_stages on decode_bf16 (halving)"
+  timeout "${DECODE_TUNE_LIMIT_S:-200}" $ft tune configs/spaces/decode_splitkv_stages.json configs/problems/decode_bf16.json \
+    --db "$sdb" --strategy halving 2>&1 | grep -vE "^\[" | tail -3
+  python3 - "$sdb" <<'PY' | tee "$OUT/decode_stages_ab.txt"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+best = {}
+for cfg, b, sk, us in c.execute("select config, batch, seq_k, ms_median * 1000 from results where status = 'ok' and "
+                                 "family = 'decode_splitkv' and ms_median > 0"):
+    deep = int(cfg.split("STAGES=")[1].split(",")[0]) >= 3
+    key = (b, sk)
+    if us < best.setdefault(key, {}).get(deep, (1e30, ""))[0]:
+        best[key][deep] = (us, cfg)
+print("batch seq_k  best_us_stages_1_2  best_us_stages_3_4  speedup  config_3_4  config_1_2")
+for key in sorted(best):
+    a, d = best[key].get(False, (0, "")), best[key].get(True, (0, ""))
+    print(*key, f"{a[0]:.1f}", f"{d[0]:.1f}", f"{a[0] / d[0]:.3f}" if a[0] and d[0] else "-", d[1], a[1])
+PY
+  $ft drop-cubins --db "$sdb"; cp "$sdb" "$OUT/"
+  finish
+  ;;
+decode-op)
+  # Decoding through the op as a serving loop calls it (issue 31): experiments/decode_op_peers.py, flashtune.torch
+  # with the committed table beside torch SDPA's backends, call by call, into decode_op_vs_peers.csv.
+  export PYTHONPATH=$PWD/python FLASHTUNE_LIBRARY=$PWD/build/runtime/libflashtune_attention.so \
+    FLASHTUNE_TORCH_LIBRARY=$PWD/build/python/csrc/libflashtune_torch.so FLASHTUNE_CACHE_DIR=${FLASHTUNE_CACHE_DIR:-/tmp/ft-cache}
+  log "decode through the op beside torch SDPA"
+  PYTHONUNBUFFERED=1 timeout "${DECODE_OP_LIMIT_S:-400}" python3 experiments/decode_op_peers.py \
+    --out "$rep/decode_op_vs_peers.csv" 2>"$OUT/decode_op_peers.log"
+  echo "decode_op_peers exit $?"; tail -3 "$OUT/decode_op_peers.log"
+  cut -d, -f1-6,13 "$rep/decode_op_vs_peers.csv"; cp "$rep/decode_op_vs_peers.csv" "$OUT/"
   ;;
 decode-paged)
   # decode_splitkv's paged K/V cache form (never run on a GPU before this stage), in parts (default: all three,

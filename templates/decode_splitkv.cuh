@@ -19,8 +19,8 @@
 //         key j iff j <= i + Sk - Sq). A split that owns no block, or one no row of the tile sees, runs no block and
 //         writes empty results (O = 0, LSE = -inf).
 // K/V arrive by 16-byte cp.async into shared memory, in fa2_mma's tile layout and schedules (STAGES 1: one
-// K and one V buffer, V(n) lands during S(n) and K(n+1) during softmax and PV(n); STAGES 2: a ring, block
-// n+1 in flight during block n). cp.async rather than loads into registers: the data have to reach every
+// K and one V buffer, V(n) lands during S(n) and K(n+1) during softmax and PV(n); STAGES 2-4: a ring, blocks
+// n+1 .. n+STAGES-1 in flight during block n). cp.async rather than loads into registers: the data have to reach every
 // warp in the MMA fragment layouts anyway (ldmatrix from shared memory), copies in flight hold no
 // registers, so a CTA keeps BLOCK_N*d*4 bytes in flight (STAGES 2) at no register cost, and several CTAs
 // fit per SM. The loader (load_rows) forms one 64-bit address per thread and tile; every chunk's offset

@@ -89,7 +89,9 @@ FT_HD constexpr bool decode_splitkv_warps_ok(int WARPS) { return WARPS == 2 || W
 FT_HD constexpr bool decode_splitkv_bn_ok(int BN, int WARPS) {
   return BN >= 16 && BN <= 256 && BN % (16 * WARPS) == 0;
 }
-FT_HD constexpr bool decode_splitkv_stages_ok(int STAGES) { return STAGES == 1 || STAGES == 2; }
+// STAGES 3, 4: a ring of that many slots, STAGES - 1 blocks in flight (the H200 reads HBM at 4.8 TB/s: more bytes in
+// flight per SM than the H100 needed at 3.35).
+FT_HD constexpr bool decode_splitkv_stages_ok(int STAGES) { return STAGES >= 1 && STAGES <= 4; }
 FT_HD constexpr bool decode_splitkv_acc_ok(int D, int BN, int WARPS) {
   return decode_splitkv_acc_regs(D, BN, WARPS) <= kFa2MmaMaxAccRegs;
 }
@@ -103,7 +105,7 @@ FT_HD constexpr const char* decode_splitkv_check(int D, int SPLITS, int BN, int 
          : !decode_splitkv_splits_ok(SPLITS)     ? "SPLITS must be in 1..128"
          : !decode_splitkv_warps_ok(WARPS)       ? "WARPS must be 2, 4 or 8"
          : !decode_splitkv_bn_ok(BN, WARPS)      ? "BLOCK_N must be a multiple of 16*WARPS in 16..256 (16 keys per warp and block at least)"
-         : !decode_splitkv_stages_ok(STAGES)     ? "STAGES must be 1 or 2"
+         : !decode_splitkv_stages_ok(STAGES)     ? "STAGES must be 1, 2, 3 or 4"
          : !decode_splitkv_acc_ok(D, BN, WARPS)  ? "(D + BLOCK_N/WARPS)/2 fp32 accumulators too many (> 192)"
                                                  : nullptr;
 }
@@ -129,7 +131,7 @@ struct DecodeSplitkvTraits {
   static_assert(decode_splitkv_warps_ok(WARPS), "WARPS must be 2, 4 or 8");
   static_assert(decode_splitkv_bn_ok(BLOCK_N, WARPS),
                 "BLOCK_N must be a multiple of 16*WARPS in 16..256 (16 keys per warp and block at least)");
-  static_assert(decode_splitkv_stages_ok(STAGES), "STAGES must be 1 or 2");
+  static_assert(decode_splitkv_stages_ok(STAGES), "STAGES must be 1, 2, 3 or 4");
   static_assert(decode_splitkv_acc_ok(D, BLOCK_N, WARPS), "(D + BLOCK_N/WARPS)/2 fp32 accumulators too many (> 192)");
   static_assert(decode_splitkv_dtype_ok(DTYPE), "DTYPE must be 0 (fp16) or 1 (bf16)");
   static_assert(decode_splitkv_check(D, SPLITS, BLOCK_N, WARPS, STAGES) == nullptr, "invalid DecodeSplitkvTraits");

@@ -29,19 +29,21 @@ namespace sm90_nvidia_h200 {
 // kv head: a call of that group takes them where they are, else the entries without one (tuned_config.h).
 inline constexpr Entry kEntries[] = {
     // family, direction, dtype, head_dim, causal, seq_max, {params}, TFLOP/s (geomean of the bucket)[, paged[, deterministic[, batch x kv heads[, group]]]]
-    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {17, 256, 4, 1}, 4.16f, false, false, 8},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {4, 128, 4, 1}, 11.21f, false, false, 64},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 32, 2, 1}, 15.76f, false, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {8, 128, 4, 3}, 4.39f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 128, 8, 3}, 11.40f, false, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 128, 8, 1}, 17.38f, false, false, 512},
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {16, 256, 4, 1}, 4.13f, true, false, 8},
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {2, 256, 4, 1}, 11.06f, true, false, 64},
     {"decode_splitkv", "fwd", "bf16", 128, false, 4096, {1, 256, 4, 1}, 17.19f, true, false, 512},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.86f, false, false, 8},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {4, 128, 4, 1}, 16.89f, false, false, 64},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {1, 32, 2, 1}, 16.73f, false, false, 512},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 64, 4, 3}, 10.94f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {4, 128, 4, 1}, 17.19f, false, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {1, 256, 4, 1}, 18.64f, false, false, 512},
     {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {16, 256, 4, 1}, 10.99f, true, false, 8},
     {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {2, 256, 4, 1}, 17.14f, true, false, 64},
     {"decode_splitkv", "fwd", "bf16", 128, false, 32768, {1, 256, 4, 1}, 18.57f, true, false, 512},
-    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 4, 1}, 15.57f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 4, 1}, 15.76f, false, false, 8},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {2, 128, 8, 3}, 18.39f, false, false, 64},
+    {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {1, 256, 4, 1}, 18.82f, false, false, 512},
     {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {16, 256, 4, 1}, 15.74f, true, false, 8},
     {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {2, 256, 4, 1}, 18.26f, true, false, 64},
     {"decode_splitkv", "fwd", "bf16", 128, false, 131072, {4, 128, 4, 1}, 18.70f, true, false, 512},
@@ -252,7 +254,7 @@ inline constexpr Entry kEntries[] = {
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 8192, {64, 2, 2, 1, 0, 1, 1, 2}, 545.42f, false, true, 0, 4},
     {"fa3_wgmma_bwd", "bwd", "bf16", 128, true, 16384, {64, 2, 2, 0, 0, 1, 2, 2}, 568.41f, false, true},
 };
-inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 222};
+inline constexpr Table kTable{"NVIDIA H200", "sm_90", kEntries, 224};
 
 }  // namespace sm90_nvidia_h200
 }  // namespace tuned

@@ -20,7 +20,7 @@ Family make_decode_splitkv() {
   f.params = {{"SPLITS", {1, 2, 4, 8, 9, 16, 17, 32, 33, 64, 66, 128}},
               {"BLOCK_N", {32, 64, 128, 256}},            // keys per step, BLOCK_N / WARPS per warp
               {"WARPS", {2, 4, 8}},
-              {"STAGES", {1, 2}}};                        // K/V buffers: one K and one V, or a ring of two
+              {"STAGES", {1, 2, 3, 4}}};                  // K/V buffers: one K and one V, or a ring of 2-4
   f.head_dims = {64, 128, 256};
   f.dtypes = {DType::fp16, DType::bf16};
   // 16 splits: 128 CTAs for one sequence of a Llama-3-like model (8 kv heads), about one per SM.

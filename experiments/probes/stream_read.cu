@@ -229,6 +229,15 @@ int main(int argc, char** argv) {
     row("decode S16/BN256/W8/ST1", 0, run_decode<16, 256, 8, 1>(k, v, q, o, lse, ws, reps));
     row("decode S4/BN128/W8/ST2", 0, run_decode<4, 128, 8, 2>(k, v, q, o, lse, ws, reps));
     row("decode S4/BN64/W4/ST2", 0, run_decode<4, 64, 4, 2>(k, v, q, o, lse, ws, reps));
+    // The H200's picks (B 64 Sk 32k: S1/BN32/W2/ST1; 128k: S4/BN128/W4/ST1) and deeper rings (STAGES 3, 4).
+    row("decode S1/BN32/W2/ST1", 0, run_decode<1, 32, 2, 1>(k, v, q, o, lse, ws, reps));
+    row("decode S4/BN128/W4/ST1", 0, run_decode<4, 128, 4, 1>(k, v, q, o, lse, ws, reps));
+    row("decode S1/BN64/W4/ST3", 0, run_decode<1, 64, 4, 3>(k, v, q, o, lse, ws, reps));
+    row("decode S1/BN64/W4/ST4", 0, run_decode<1, 64, 4, 4>(k, v, q, o, lse, ws, reps));
+    row("decode S1/BN128/W4/ST3", 0, run_decode<1, 128, 4, 3>(k, v, q, o, lse, ws, reps));
+    row("decode S4/BN64/W4/ST4", 0, run_decode<4, 64, 4, 4>(k, v, q, o, lse, ws, reps));
+    row("decode S1/BN32/W2/ST4", 0, run_decode<1, 32, 2, 4>(k, v, q, o, lse, ws, reps));
+    row("decode S4/BN128/W8/ST3", 0, run_decode<4, 128, 8, 3>(k, v, q, o, lse, ws, reps));
   }
   return 0;
 }
