@@ -939,6 +939,9 @@ decode-op)
     --out "$rep/decode_op_vs_peers.csv" 2>"$OUT/decode_op_peers.log"
   echo "decode_op_peers exit $?"; tail -3 "$OUT/decode_op_peers.log"
   cut -d, -f1-6,13 "$rep/decode_op_vs_peers.csv"; cp "$rep/decode_op_vs_peers.csv" "$OUT/"
+  [[ ${DECODE_OP_KERNELS:-0} == 1 ]] || exit 0  # DECODE_OP_KERNELS=1: where the call's time goes (profiler)
+  log "decode op: kernel time against call time"
+  timeout 200 python3 experiments/probes/decode_op_kernels.py 2>&1 | tee "$OUT/decode_op_kernels.csv" | grep -v Warning
   ;;
 decode-paged)
   # decode_splitkv's paged K/V cache form (never run on a GPU before this stage), in parts (default: all three,

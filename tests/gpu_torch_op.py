@@ -239,7 +239,7 @@ def decode_dispatch():
 def past_two_to_the_31(gen):
     """Decoding at B 64, 8 kv heads of 128, Sk 128k (k and v 8.6e9 elements each, 17 GB): the runtime runs it in
     batch chunks within 32-bit indexing (it refused it before, issue 31). Checked against an fp32 computation of
-    batches at the chunks' edges (15 batches a chunk): rel L2 < 2e-2, the autocast checks' bound (bf16 output
+    batches at the chunks' edges (8 batches a chunk: the power of two below the 15 that fit): rel L2 < 2e-2, the autocast checks' bound (bf16 output
     rounding is 2^-9 relative)."""
     free, _ = torch.cuda.mem_get_info()
     B, H, Hk, Sk, d = 64, 32, 8, 131072, 128
@@ -250,7 +250,7 @@ def past_two_to_the_31(gen):
     k, v = (torch.randn(B, Hk, Sk, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     o = attention(q, k, v)
     torch.cuda.synchronize()
-    for b in (0, 14, 15, 37, 63):
+    for b in (0, 7, 8, 37, 63):
         qb, kb, vb = q[b].float(), k[b].float().repeat_interleave(H // Hk, 0), v[b].float().repeat_interleave(H // Hk, 0)
         ref = torch.softmax(qb @ kb.transpose(-1, -2) / math.sqrt(d), dim=-1) @ vb
         err, rel = errors(o[b], ref.double())

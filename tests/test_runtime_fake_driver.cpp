@@ -403,8 +403,8 @@ void record_heads_k(const char* name, void** params) {
 }
 
 // A dense call past the kernels' 32-bit indexing runs as batch chunks that each fit, one launch set each:
-// fp32 d 32, k of B 17 x Sk 2^22 keys (one batch 2^27 elements: 15 a chunk), so chunks of 15 and 2 batches,
-// each launched with its own grid; a shape whose one batch does not fit is refused in one line. (Device
+// fp32 d 32, k of B 17 x Sk 2^22 keys (one batch 2^27 elements: 15 fit, so chunks of the power of two below, 8),
+// so chunks of 8, 8 and 1 batches, each launched with its own grid; a shape whose one batch does not fit is refused in one line. (Device
 // pointers the fake never reads: no hook plays these launches.)
 TEST(FakeDriver, PastTwoToTheThirtyOneInBatchChunks) {
   if (std::getenv("FT_FAKE_CHILD")) GTEST_SKIP();
@@ -428,7 +428,7 @@ TEST(FakeDriver, PastTwoToTheThirtyOneInBatchChunks) {
   const Family& f = find_family(e.family);
   const Config c = f.parse_config(e.config);
   std::vector<std::vector<unsigned>> want;
-  for (int n : {15, 2}) {
+  for (int n : {8, 8, 1}) {
     Problem p;
     p.batch = n, p.heads = 1, p.seq_q = 1, p.seq_k = sk, p.head_dim = d, p.dtype = DType::fp32;
     for (const Launch& l : f.launches(c, p)) want.push_back({l.grid[0], l.grid[1], l.grid[2]});

@@ -1036,7 +1036,10 @@ const char* direction_of() {
 
 // A dense call whose tensors pass the kernels' 32-bit indexing, and only that (every other check holds), runs
 // as chunks of its batch that each fit (batch_chunk), one after the other on the stream. size_chunk: the
-// chunk's batches for a call that failed its checks, 0 where it is not so run.
+// chunk's batches for a call that failed its checks, 0 where it is not so run. The chunk is the largest power of
+// two that fits: equal chunks (the most that fit left a last chunk of a batch or two: B 64 x Sk 32k ran 63 + 1),
+// and batch sizes the tables' decoding buckets hold (B 64 x Sk 128k ran four chunks of 15 on the B 8 entry, whose
+// SPLITS fill the SMs for 8: 0.96 of cuDNN by call on the H200, decode_op_vs_peers.csv).
 template <class Args>
 constexpr bool kDense = std::is_same_v<Args, ft_forward_args> || std::is_same_v<Args, ft_backward_args>;
 template <class Args>
@@ -1044,7 +1047,11 @@ int size_chunk(const Args* args) {
   if constexpr (kDense<Args>) {
     if (args && check_args(args, false).status == FT_OK) {
       const int per = batch_chunk(args);
-      if (per >= 1 && per < args->batch) return per;
+      if (per >= 1 && per < args->batch) {
+        int chunk = 1;
+        while (chunk <= per / 2) chunk *= 2;
+        return chunk;
+      }
     }
   }
   return 0;
