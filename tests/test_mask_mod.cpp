@@ -1,0 +1,315 @@
+// mask_mod (issue 32, part 3): the predicate's checks and normalisation, its hash, the wrapper, NVRTC's error as one
+// line, the problem field (tensors from files, lists, segments; identity), and the block summary's emulation.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "core/compile.hpp"
+#include "core/family.hpp"
+#include "core/mask_mod.hpp"
+#include "core/nvrtc_api.hpp"
+#include "core/problem.hpp"
+#include "core/util.hpp"
+#include "templates/mask_mod.h"
+#include "tuner/space/sample.hpp"
+#include "tuner/space/space.hpp"
+
+using namespace flashtune;
+using nlohmann::json;
+
+namespace {
+
+std::string refusal(const std::string& text, std::vector<std::string> names = {}) {
+  try {
+    make_mask_predicate(text, std::move(names));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool has_nvrtc() {
+  try {
+    nvrtc();
+    return true;
+  } catch (const NvrtcUnavailable&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+TEST(MaskMod, NormalisesCommentsAndWhiteSpace) {
+  const MaskPredicate a = make_mask_predicate("  return doc[q_idx] ==   doc[kv_idx]; // same document\n", {"doc"});
+  EXPECT_EQ(a.body, "return doc[q_idx] == doc[kv_idx];");
+  const MaskPredicate b = make_mask_predicate("return /* why */ doc[q_idx]\n\t== doc[kv_idx];", {"doc"});
+  EXPECT_EQ(b.body, a.body);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.hash(), b.hash());
+  EXPECT_EQ(a.hash().size(), 16u);
+  EXPECT_EQ(a.type_name(), "flashtune::MaskMod_" + a.hash());
+  EXPECT_FALSE(a.expression);
+  // One expression: its value, a trailing ';' dropped.
+  const MaskPredicate e = make_mask_predicate("kv_idx <= q_idx;", {});
+  EXPECT_EQ(e.body, "return (kv_idx <= q_idx);");
+  EXPECT_TRUE(e.expression);
+  EXPECT_EQ(make_mask_predicate("kv_idx <= q_idx", {}), e);
+  // The names are sorted and part of the identity.
+  const MaskPredicate two = make_mask_predicate("return doc[q_idx] == pos[kv_idx];", {"pos", "doc"});
+  EXPECT_EQ(two.names, (std::vector<std::string>{"doc", "pos"}));
+  EXPECT_NE(two.hash(), make_mask_predicate("return doc[q_idx] == pos[kv_idx];", {"doc"}).hash() + "x");
+  EXPECT_NE(make_mask_predicate("return q_idx >= kv_idx;", {}).hash(), make_mask_predicate("return q_idx > kv_idx;", {}).hash());
+}
+
+TEST(MaskMod, ReadsBatchAndHeadLexically) {
+  const MaskPredicate none = make_mask_predicate("kv_idx <= q_idx", {});
+  EXPECT_FALSE(none.reads_batch);
+  EXPECT_FALSE(none.reads_head);
+  const MaskPredicate both = make_mask_predicate("return prefix[b] + kv_idx <= q_idx + h;", {"prefix"});
+  EXPECT_TRUE(both.reads_batch);
+  EXPECT_TRUE(both.reads_head);
+  // Letters inside numbers and longer names are not b or h.
+  const MaskPredicate hex = make_mask_predicate("return (q_idx & 0xbb) != 0x1h0 + hb;", {});
+  EXPECT_FALSE(hex.reads_batch);
+  EXPECT_FALSE(hex.reads_head);
+}
+
+TEST(MaskMod, RefusesWhatWouldBeMoreThanABody) {
+  EXPECT_NE(refusal("#include <cstdio>\nreturn true;").find("may not hold '#'"), std::string::npos);
+  EXPECT_NE(refusal("return q_idx \\\n > 0;").find("may not hold '\\'"), std::string::npos);
+  EXPECT_NE(refusal("asm(\"trap;\"); return true;").find("may not hold '\"'"), std::string::npos);
+  EXPECT_NE(refusal("return 'a' > 0;").find("may not hold '''"), std::string::npos);
+  EXPECT_NE(refusal("return 1'000 > q_idx;").find("may not hold '''"), std::string::npos);
+  EXPECT_NE(refusal("return q_idx <% 3;").find("'<%'"), std::string::npos);
+  EXPECT_NE(refusal("%:define X\nreturn 1;").find("'%:'"), std::string::npos);
+  EXPECT_NE(refusal("return q_idx ??= 1;").find("'??'"), std::string::npos);
+  EXPECT_NE(refusal("k<<<1, 1>>>(); return 1;").find("'<<<'"), std::string::npos);
+  EXPECT_NE(refusal("return 1; } __global__ void evil() {").find("unbalanced '}' at column 11"), std::string::npos);
+  EXPECT_NE(refusal("return (q_idx > 1;").find("unclosed '('"), std::string::npos);
+  EXPECT_NE(refusal("return doc[q_idx) > 1];", {"doc"}).find("unbalanced ')'"), std::string::npos);
+  EXPECT_NE(refusal("return true; /* { */ }").find("unbalanced '}'"), std::string::npos);  // comments stripped first
+  EXPECT_NE(refusal("return true; /* never closed").find("not closed"), std::string::npos);
+  EXPECT_NE(refusal("asm volatile(); return 1;").find("identifier 'asm'"), std::string::npos);
+  EXPECT_NE(refusal("__asm__ (); return 1;").find("identifier '__asm__'"), std::string::npos);
+  EXPECT_NE(refusal("_Pragma(x) return 1;").find("identifier '_Pragma'"), std::string::npos);
+  EXPECT_NE(refusal("return ft_args.tensor[0].length > 0;").find("identifier 'ft_args'"), std::string::npos);
+  EXPECT_NE(refusal("").find("is empty"), std::string::npos);
+  EXPECT_NE(refusal(" // nothing\n").find("is empty"), std::string::npos);
+  EXPECT_NE(refusal(std::string("return q_idx\x01 > 0;")).find("not printable ASCII"), std::string::npos);
+  EXPECT_NE(refusal("return q_idx > 0; " + std::string(kMaxMaskModBytes, ' ')).find("bytes, more than"), std::string::npos);
+  std::string long_expr = "q_idx";
+  while (long_expr.size() <= kMaxMaskModNormalised) long_expr += " + q_idx";
+  EXPECT_NE(refusal(long_expr).find("once normalised, more than 2000"), std::string::npos);
+  EXPECT_NE(refusal("q_idx; kv_idx").find("neither one expression"), std::string::npos);
+}
+
+TEST(MaskMod, ChecksTensorNames) {
+  EXPECT_NE(refusal("return true;", {"doc"}).find("tensor 'doc' is not read"), std::string::npos);
+  EXPECT_NE(refusal("return int_[0] > 0;", {"int"}).find("tensor name 'int' is a keyword"), std::string::npos);
+  EXPECT_NE(refusal("return q_idx > 0;", {"q_idx"}).find("a parameter of the predicate"), std::string::npos);
+  EXPECT_NE(refusal("return x[0] > 0;", {"1x"}).find("is not a C identifier"), std::string::npos);
+  EXPECT_NE(refusal("return x[0] > 0;", {"x y"}).find("is not a C identifier"), std::string::npos);
+  EXPECT_NE(refusal("return ft_x[0] > 0;", {"ft_x"}).find("identifier 'ft_x'"), std::string::npos);
+  EXPECT_NE(refusal("return a[0] + b_[0] + c[0] + d[0] + e[0] > 0;", {"a", "b_", "c", "d", "e"}).find("at most 4"),
+            std::string::npos);
+  EXPECT_NE(refusal("return a[0] > 0;", {"a", "a"}).find("named twice"), std::string::npos);
+  EXPECT_NE(refusal("return x[0] > 0;", {std::string(33, 'x')}).find("at most 32"), std::string::npos);
+  EXPECT_TRUE(is_cxx_keyword("return"));
+  EXPECT_FALSE(is_cxx_keyword("doc"));
+}
+
+TEST(MaskMod, WrapperPutsTheBodyOnItsLine) {
+  const MaskPredicate m = make_mask_predicate("return doc[q_idx] == doc[kv_idx];", {"doc"});
+  const std::vector<std::string> lines = split(m.wrapper_source(), '\n');
+  ASSERT_GE(lines.size(), (size_t)kMaskBodyLine);
+  EXPECT_EQ(lines[kMaskBodyLine - 1], std::string(kMaskBodyIndent, ' ') + m.body);
+  EXPECT_NE(m.wrapper_source().find("struct MaskMod_" + m.hash()), std::string::npos);
+  EXPECT_NE(m.wrapper_source().find("const MaskTensor doc = ft_args.tensor[0];"), std::string::npos);
+  EXPECT_NE(m.wrapper_source().find("kReadsBatch = false, kReadsHead = false"), std::string::npos);
+  EXPECT_EQ(mask_program_source(m, "fa3_wgmma.cuh"), m.wrapper_source() + "#include \"fa3_wgmma.cuh\"\n");
+}
+
+TEST(MaskMod, CompileErrorIsOneLineWithItsColumn) {
+  // NVRTC 13's form: "<file>(<line>): error: <message>", the source line (two spaces of margin), a caret.
+  const MaskPredicate m = make_mask_predicate("doc[q_idx] == dox[kv_idx]", {"doc"});
+  const std::string log = "mask_mod.cu(11): error: identifier \"dox\" is undefined\n      " + m.body + "\n" +
+                          std::string(6 + m.body.find("dox"), ' ') + "^\n\n1 error detected in the compilation of "
+                          "\"mask_mod.cu\".\n";
+  EXPECT_EQ(mask_compile_error(log, m), "identifier \"dox\" is undefined (at column 15: \"dox[kv_idx]\")");
+  EXPECT_EQ(mask_compile_error("x.cu(13): error: expected a \";\"\n", m),
+            "expected a \";\" (in the wrapper after the predicate: is a return missing, or a brace?)");
+  EXPECT_EQ(mask_compile_error("something odd\n", m), "something odd");
+}
+
+TEST(MaskMod, NvrtcChecksThePredicate) {
+  if (!has_nvrtc()) GTEST_SKIP() << "no NVRTC on this machine";
+  check_mask_compiles(make_mask_predicate("return doc[q_idx] == doc[kv_idx] && kv_idx <= q_idx;", {"doc"}));
+  check_mask_compiles(make_mask_predicate("int d = q_idx - kv_idx; if (d < 0) return false; return d < 128;", {}));
+  check_mask_compiles(sample_mask_predicate());
+  auto error = [](const MaskPredicate& m) {
+    try {
+      check_mask_compiles(m);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string undefined = error(make_mask_predicate("return dox[q_idx] == doc[kv_idx];", {"doc"}));
+  EXPECT_EQ(undefined, "mask_mod does not compile: identifier \"dox\" is undefined (at column 8: \"dox[q_idx] == "
+                       "doc[kv_idx];\")");
+  EXPECT_EQ(undefined.find('\n'), std::string::npos);
+  EXPECT_NE(error(make_mask_predicate("return doc;", {"doc"})).find("no suitable conversion"), std::string::npos);
+  EXPECT_NE(error(make_mask_predicate("if (q_idx > 0) return true;", {})).find("without a return"), std::string::npos);
+}
+
+TEST(MaskMod, ProblemFieldLoadsTensorsAndKeepsIdentity) {
+  const std::string dir = make_private_tmpdir("ft-mask");
+  const std::string file = dir + "/doc.bin";
+  {
+    std::ofstream f(file, std::ios::binary);
+    const int32_t v[] = {0, 0, 0, 1, 1, 2, 2, 2};
+    f.write(reinterpret_cast<const char*>(v), sizeof v);
+  }
+  const json base = {{"batch", 1}, {"heads", 2}, {"seq", 8}, {"head_dim", 64}, {"dtype", "bf16"}, {"causal", true}};
+  json from_file = base, from_list = base, from_segments = base;
+  from_file["mask_mod"] = {{"predicate", "doc[q_idx] == doc[kv_idx]"}, {"tensors", {{"doc", file}}}};
+  from_list["mask_mod"] = {{"predicate", "doc[q_idx] ==  doc[kv_idx];"}, {"tensors", {{"doc", {0, 0, 0, 1, 1, 2, 2, 2}}}}};
+  from_segments["mask_mod"] = {{"predicate", "doc[q_idx] == doc[kv_idx]"}, {"tensors", {{"doc", {{"segments", {3, 2, 3}}}}}}};
+  const Problem a = problem_from_json(from_file), b = problem_from_json(from_list), c = problem_from_json(from_segments);
+  ASSERT_TRUE(a.mask_mod.enabled());
+  EXPECT_EQ(*a.mask_mod.values[0], (std::vector<int32_t>{0, 0, 0, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(a, b);  // the same predicate and the same values: one problem, however given
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(a.mask_mod.key(), c.mask_mod.key());
+  EXPECT_NE(a.str().find("mask_mod " + a.mask_mod.predicate.hash() + "(doc)"), std::string::npos);
+  EXPECT_EQ(problem_mods(a), (unsigned)kModMask);
+  json other = from_segments;
+  other["mask_mod"]["tensors"]["doc"]["segments"] = {4, 4};
+  EXPECT_FALSE(problem_from_json(other) == a);  // another layout: another problem
+  // to_json and back; the key's digests back to the identity (without values).
+  EXPECT_EQ(problem_from_json(to_json(c)), c);
+  json keyed = base;
+  keyed["mask_mod"] = json::parse(a.mask_mod.key());
+  const Problem k = problem_from_json(keyed);
+  EXPECT_EQ(k, a);
+  EXPECT_FALSE(k.mask_mod.has_values());
+  EXPECT_TRUE(a.mask_mod.has_values());
+  // Refusals, one line each.
+  auto refused = [&](json j) {
+    try {
+      problem_from_json(j);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  json w = from_list;
+  w["window"] = {16, -1};
+  EXPECT_NE(refused(w).find("do not combine"), std::string::npos);
+  json v = from_list;
+  v.erase("seq");
+  v.erase("batch");
+  v["varlen"] = {{"seq_lens", {4, 4}}};
+  EXPECT_NE(refused(v).find("dense problems"), std::string::npos);
+  json missing = base;
+  missing["mask_mod"] = {{"predicate", "doc[q_idx] > 0"}, {"tensors", {{"doc", dir + "/none.bin"}}}};
+  EXPECT_NE(refused(missing).find("does not exist"), std::string::npos);
+  json ragged = base;
+  {
+    std::ofstream f(dir + "/odd.bin", std::ios::binary);
+    f << "abc";
+  }
+  ragged["mask_mod"] = {{"predicate", "doc[q_idx] > 0"}, {"tensors", {{"doc", dir + "/odd.bin"}}}};
+  EXPECT_NE(refused(ragged).find("int32 values"), std::string::npos);
+  json big = base;
+  big["mask_mod"] = {{"predicate", "doc[q_idx] > 0"}, {"tensors", {{"doc", {1, 5000000000ll}}}}};
+  EXPECT_NE(refused(big).find("int32 values"), std::string::npos);
+  json unknown = base;
+  unknown["mask_mod"] = {{"predicate", "q_idx > 0"}, {"extra", 1}};
+  EXPECT_NE(refused(unknown).find("unknown mask_mod field"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// The block summary, emulated on the host: every list holds exactly the blocks with a visible pair, in order, its
+// partial bit set iff some pair of the block is masked; the backward's union over a group likewise.
+TEST(MaskMod, BlockListsHoldTheBlocksThatMeet) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int seq_q = 1 + (int)(rng() % 300), seq_k = 1 + (int)(rng() % 300);
+    const int bq = trial % 2 ? 64 : 128, bk = trial % 3 ? 64 : 112;
+    const bool causal = trial % 4 == 1;
+    const int docs = 1 + (int)(rng() % 5);
+    std::vector<int> doc_q(seq_q), doc_k(seq_k);
+    for (auto& d : doc_q) d = (int)(rng() % docs);
+    for (auto& d : doc_k) d = (int)(rng() % docs);
+    std::sort(doc_q.begin(), doc_q.end());
+    std::sort(doc_k.begin(), doc_k.end());
+    const int window = 1 + (int)(rng() % 200);
+    auto visible = [&](int head) {
+      return [&, head](int q, int k) { return doc_q[q] == doc_k[k] && (head == 0 || k >= q - window); };
+    };
+    const int qb = ceil_div(seq_q, bq), kb = ceil_div(seq_k, bk);
+    // Two heads' states, [h][qb][kb].
+    std::vector<unsigned char> states(2 * qb * kb);
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < qb; ++r)
+        for (int c = 0; c < kb; ++c)
+          states[(h * qb + r) * kb + c] = mask_block_state(r * bq, std::min(seq_q, (r + 1) * bq), c * bk, (c + 1) * bk,
+                                                           seq_q, seq_k, causal, visible(h));
+    auto pair_state = [&](int h, int r, int c) {
+      bool any = false, all = true;
+      for (int q = r * bq; q < std::min(seq_q, (r + 1) * bq); ++q)
+        for (int k = c * bk; k < (c + 1) * bk; ++k) {
+          const bool v = k < seq_k && (!causal || k <= q + seq_k - seq_q) && visible(h)(q, k);
+          any |= v;
+          all &= v;
+        }
+      return std::pair{any, all};
+    };
+    // Forward: head 1's rows of query blocks.
+    for (int r = 0; r < qb; ++r) {
+      std::vector<int> index(kb);
+      const int n = mask_list_row(&states[(1 * qb + r) * kb], kb, 1, 1, 0, index.data());
+      int at = 0;
+      for (int c = 0; c < kb; ++c) {
+        const auto [any, all] = pair_state(1, r, c);
+        if (!any) continue;
+        ASSERT_LT(at, n);
+        EXPECT_EQ(MaskBlockList::block(index[at]), c);
+        EXPECT_EQ(MaskBlockList::partial(index[at]), !all);
+        ++at;
+      }
+      EXPECT_EQ(at, n);
+    }
+    // Backward: rows of key blocks, columns query blocks, the union over both heads.
+    for (int c = 0; c < kb; ++c) {
+      std::vector<int> index(qb);
+      const int n = mask_list_row(&states[c], qb, kb, 2, (long long)qb * kb, index.data());
+      int at = 0;
+      for (int r = 0; r < qb; ++r) {
+        const auto [any0, all0] = pair_state(0, r, c);
+        const auto [any1, all1] = pair_state(1, r, c);
+        if (!any0 && !any1) continue;
+        ASSERT_LT(at, n);
+        EXPECT_EQ(MaskBlockList::block(index[at]), r);
+        EXPECT_EQ(MaskBlockList::partial(index[at]), !(all0 && all1));
+        ++at;
+      }
+      EXPECT_EQ(at, n);
+    }
+  }
+  const MaskTensor t{nullptr, 0};
+  EXPECT_EQ(t[-1], 0);  // out of range reads 0, never the pointer
+  const int data[] = {5, 6};
+  const MaskTensor u{data, 2};
+  EXPECT_EQ(u[1], 6);
+  EXPECT_EQ(u[2], 0);
+  EXPECT_EQ(u[-1], 0);
+  const MaskBlockList list{nullptr, nullptr, 10, 30, 10};
+  EXPECT_EQ(list.row(2, 1, 3), 2 * 30 + 10 + 3);
+}
