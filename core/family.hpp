@@ -96,6 +96,10 @@ struct Family {
   std::function<const char*(const Config&, unsigned mods)> mods_check = [](const Config&, unsigned) -> const char* {
     return nullptr;
   };
+  // A mask_mod's block summary for a config (kModMask): the (query rows, keys) of one block of its lists, the
+  // kernel's tiles (fa3_wgmma: BLOCK_M = 64 CONSUMERS and BLOCK_N; fa3_wgmma_bwd: BLOCK_M and BLOCK_N = 64
+  // CONSUMERS); core/mask_summary.hpp plans the lists from them.
+  std::function<std::pair<int, int>(const Config&)> mask_blocks = [](const Config&) { return std::pair{0, 0}; };
   // Whether it has the modifications `m` (a kMod* mask) at head_dim (none: always).
   bool has_mods(unsigned m, int head_dim) const {
     return !(m & ~mods) && (!m || mods_max_head_dim == 0 || head_dim <= mods_max_head_dim);

@@ -58,6 +58,30 @@ struct MaskModArgs {
   MaskBlockList blocks;
 };
 
+// The block summary's kernels' arguments (mask_mod.cuh; core/mask_summary.hpp plans them). States:
+// states[((b' heads + h') q_blocks + qb) k_blocks + kb], b' in [0, batches), h' in [0, heads) (1 where the predicate
+// does not read b, h). The dense mask (validation) is out[((b' heads + h') seq_q + q) seq_k + k].
+struct MaskStatesArgs {
+  MaskModArgs mask;       // the predicate's tensors (blocks unused)
+  unsigned char* states;  // out
+  int batches, heads;
+  int seq_q, seq_k, causal;
+  int block_q, block_k;   // query rows, keys per block
+  int q_blocks, k_blocks;
+};
+// List row (o, r), o in [0, outers), r in [0, rows), reads column c's state of grid g at
+// states[o outer_stride + g group_stride + r row_stride + c col_stride] (forward: rows are query blocks, columns key
+// blocks, one grid; backward: rows key blocks, columns query blocks, the kv head's group of query heads' grids), and
+// writes count[o rows + r] and index[(o rows + r) cols ...].
+struct MaskListsArgs {
+  const unsigned char* states;
+  int* count;
+  int* index;
+  int outers, rows, cols, group;
+  long long outer_stride, group_stride, row_stride, col_stride;
+};
+enum : int { kMaskStatesThreads = 128, kMaskListsThreads = 128, kMaskDenseThreads = 256 };
+
 // A list row's entries from its row of block states (a (row, column) grid of `cols` states, `group` such grids
 // `group_stride` apart, unioned): the host's emulation and mask_mod.cuh's mask_mod_block_lists share it.
 // states[g * group_stride + c * col_stride] is column c's state in grid g. Returns the count.

@@ -12,6 +12,7 @@
 #include "core/compile.hpp"
 #include "core/family.hpp"
 #include "core/mask_mod.hpp"
+#include "core/mask_summary.hpp"
 #include "core/nvrtc_api.hpp"
 #include "core/problem.hpp"
 #include "core/util.hpp"
@@ -235,6 +236,71 @@ TEST(MaskMod, ProblemFieldLoadsTensorsAndKeepsIdentity) {
   std::filesystem::remove_all(dir);
 }
 
+// The variant of a mask problem: kModMask and its predicate, the type in the name expression (so the hash), the
+// wrapper before the template; refused combinations pruned with their reasons.
+TEST(MaskMod, VariantsCarryThePredicate) {
+  const Family& f = find_family("fa3_wgmma");
+  const Family& b = find_family("fa3_wgmma_bwd");
+  ASSERT_TRUE(f.mods & kModMask);
+  ASSERT_TRUE(b.mods & kModMask);
+  json j = {{"batch", 1}, {"heads", 2}, {"seq", 256}, {"head_dim", 128}, {"dtype", "bf16"}, {"causal", true},
+            {"mask_mod", {{"predicate", "doc[q_idx] == doc[kv_idx]"}, {"tensors", {{"doc", {{"segments", {100, 156}}}}}}}}};
+  const Problem p = problem_from_json(j);
+  EXPECT_EQ(f.shape_reason(p), "");
+  EXPECT_EQ(find_family("fa2_mma").shape_reason(p), "does not support a mask predicate (mask_mod)");
+  const Variant v = variant_for(f, f.default_config, p);
+  ASSERT_TRUE(v.mask);
+  EXPECT_EQ(v.mods, (unsigned)kModMask);
+  const std::string expr = v.name_expressions().at(0);
+  EXPECT_NE(expr.find(", false, false, false, " + p.mask_mod.predicate.type_name() + ">"), std::string::npos) << expr;
+  Compiler c("sm_90");
+  EXPECT_EQ(c.prune_before_compile(v), "");
+  Variant other = v;
+  other.mask = std::make_shared<const MaskPredicate>(make_mask_predicate("kv_idx <= q_idx", {}));
+  EXPECT_NE(c.variant_hash(v), c.variant_hash(other));
+  Variant multicast = v;
+  multicast.config = f.parse_config("MULTICAST=1");
+  EXPECT_NE(c.prune_before_compile(multicast).find("MULTICAST with a mask_mod"), std::string::npos);
+  Variant packed = v;
+  packed.varlen = true;
+  EXPECT_EQ(c.prune_before_compile(packed), "a mask_mod is dense only");
+  Variant lost = v;
+  lost.mask = nullptr;
+  EXPECT_NE(c.prune_before_compile(lost).find("needs its predicate"), std::string::npos);
+  Variant det = variant_for(b, b.parse_config("DETERMINISTIC=1"), p);
+  EXPECT_NE(c.prune_before_compile(det).find("DETERMINISTIC with a mask_mod"), std::string::npos);
+  EXPECT_EQ(f.mask_blocks(f.parse_config("CONSUMERS=3,BLOCK_N=112")), (std::pair{192, 112}));
+  EXPECT_EQ(b.mask_blocks(b.parse_config("BLOCK_M=128,CONSUMERS=2")), (std::pair{128, 128}));
+  EXPECT_EQ(mods_string(kModSoftcap | kModMask), "softcap+mask");
+  unsigned m = 0;
+  EXPECT_TRUE(mods_from_string("alibi+mask", m));
+  EXPECT_EQ(m, kModAlibi | kModMask);
+}
+
+TEST(MaskMod, SpaceTakesAPredicateForItsMaskForm) {
+  json s = {{"family", "fa3_wgmma"}, {"params", {{"BLOCK_N", {64, 128}}}}, {"head_dims", {128}}, {"dtypes", {"bf16"}},
+            {"mods", {"mask", "softcap+mask"}},
+            {"mask_mod", {{"predicate", "doc[q_idx] == doc[kv_idx]"}, {"tensors", {"doc"}}}}};
+  const Space space = space_from_json(s);
+  ASSERT_TRUE(space.mask);
+  const auto vs = space.variants();
+  EXPECT_EQ(vs.size(), 8u);
+  for (const auto& v : vs) {
+    EXPECT_TRUE(v.mods & kModMask);
+    EXPECT_EQ(v.mask, space.mask);
+  }
+  json without = s;
+  without.erase("mask_mod");
+  EXPECT_THROW(space_from_json(without), UsageError);
+  json windowed = s;
+  windowed["mods"] = {"window+mask"};
+  EXPECT_THROW(space_from_json(windowed), UsageError);
+  // The families' defaults hold mask variants (with the sample predicate), for the CI's compile coverage.
+  int masked = 0;
+  for (const auto& v : default_variants(find_family("fa3_wgmma_bwd"))) masked += v.mask != nullptr;
+  EXPECT_GT(masked, 0);
+}
+
 // The block summary, emulated on the host: every list holds exactly the blocks with a visible pair, in order, its
 // partial bit set iff some pair of the block is masked; the backward's union over a group likewise.
 TEST(MaskMod, BlockListsHoldTheBlocksThatMeet) {
@@ -312,4 +378,76 @@ TEST(MaskMod, BlockListsHoldTheBlocksThatMeet) {
   EXPECT_EQ(u[-1], 0);
   const MaskBlockList list{nullptr, nullptr, 10, 30, 10};
   EXPECT_EQ(list.row(2, 1, 3), 2 * 30 + 10 + 3);
+}
+
+// The summary's plan, emulated on the host: the states kernel's grid and layout, the lists kernel's rows over them,
+// and the attention kernel's MaskBlockList::row(b, h, block) finding the list of its (batch, head, block), forward
+// (query heads) and backward (kv heads, the union of their groups), with and without b and h read.
+TEST(MaskMod, SummaryPlanAddressesEachKernelsList) {
+  const int B = 2, H = 4, Hk = 2, Sq = 150, Sk = 190;
+  for (const char* text : {"return (q_idx / 40) == (kv_idx / 50);", "return (q_idx + 7 * h + 3 * b) % 5 != 0 && kv_idx >= h;"})
+    for (bool backward : {false, true})
+      for (bool causal : {false, true}) {
+        const MaskPredicate m = make_mask_predicate(text, {});
+        auto visible = [&](int b, int h, int q, int k) {
+          return m.reads_head ? (q + 7 * h + 3 * b) % 5 != 0 && k >= h : (q / 40) == (k / 50);
+        };
+        const int bq = 64, bk = backward ? 128 : 112;
+        const MaskSummaryPlan plan = mask_summary_plan(m, backward, B, H, Hk, Sq, Sk, causal, bq, bk);
+        const MaskStatesArgs& s = plan.states;
+        ASSERT_EQ(plan.states_grid[2], (unsigned)(s.batches * s.heads));
+        std::vector<unsigned char> states(plan.states_bytes);
+        for (int bh = 0; bh < s.batches * s.heads; ++bh)
+          for (int r = 0; r < s.q_blocks; ++r)
+            for (int c = 0; c < s.k_blocks; ++c)
+              states[((size_t)bh * s.q_blocks + r) * s.k_blocks + c] = mask_block_state(
+                  r * bq, std::min(Sq, (r + 1) * bq), c * bk, (c + 1) * bk, Sq, Sk, causal,
+                  [&](int q, int k) { return visible(bh / s.heads, bh % s.heads, q, k); });
+        const MaskListsArgs& l = plan.lists;
+        std::vector<int> count(plan.count_bytes / 4), index(plan.index_bytes / 4);
+        for (long long x = 0; x < (long long)l.outers * l.rows; ++x) {
+          const long long o = x / l.rows, r = x % l.rows;
+          count[x] = mask_list_row(states.data() + o * l.outer_stride + r * l.row_stride, l.cols, l.col_stride, l.group,
+                                   l.group_stride, index.data() + x * l.cols);
+        }
+        // Each kernel's (batch, head, block): the blocks that hold a visible pair for it (a kv head: for any of its
+        // query heads), in order, partial unless every pair is visible (for every query head).
+        const int heads_seen = backward ? Hk : H, rows = backward ? s.k_blocks : s.q_blocks;
+        for (int b = 0; b < B; ++b)
+          for (int h = 0; h < heads_seen; ++h)
+            for (int r = 0; r < rows; ++r) {
+              const long long row = plan.blocks.row(b, h, r);
+              std::vector<int> want;
+              for (int c = 0; c < (backward ? s.q_blocks : s.k_blocks); ++c) {
+                bool any = false, all = true;
+                for (int hq = backward ? h * (H / Hk) : h; hq < (backward ? (h + 1) * (H / Hk) : h + 1); ++hq) {
+                  const int qb = backward ? c : r, kb = backward ? r : c;
+                  for (int q = qb * bq; q < std::min(Sq, (qb + 1) * bq); ++q)
+                    for (int k = kb * bk; k < (kb + 1) * bk; ++k) {
+                      const bool v = k < Sk && (!causal || k <= q + Sk - Sq) && visible(b, hq, q, k);
+                      any |= v;
+                      all &= v;
+                    }
+                }
+                if (any) want.push_back(mask_list_entry(c, !all));
+              }
+              ASSERT_LT(row, (long long)count.size());
+              EXPECT_EQ(std::vector<int>(index.begin() + row * plan.blocks.cols,
+                                         index.begin() + row * plan.blocks.cols + count[row]),
+                        want)
+                  << text << (backward ? " bwd" : " fwd") << (causal ? " causal" : "") << " b" << b << " h" << h
+                  << " block " << r;
+            }
+      }
+  EXPECT_EQ(mask_dense_elements(make_mask_predicate("kv_idx <= q_idx + b", {}), 3, 4, 10, 20), 3 * 10 * 20);
+}
+
+// The summary's program compiles (NVRTC, no GPU): its three kernels, lowered.
+TEST(MaskMod, SummaryProgramCompiles) {
+  if (!has_nvrtc()) GTEST_SKIP() << "no NVRTC on this machine";
+  const MaskSummaryProgram prog = compile_mask_summary(sample_mask_predicate(), "sm_90");
+  EXPECT_FALSE(prog.cubin.empty());
+  ASSERT_EQ(prog.lowered.size(), 3u);
+  for (const auto& n : prog.lowered) EXPECT_FALSE(n.empty());
+  EXPECT_NE(prog.lowered[0].find("mask_mod_block_states"), std::string::npos);
 }
