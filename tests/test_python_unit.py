@@ -52,6 +52,9 @@ class StructLayout(unittest.TestCase):
     def test_forward_args(self):
         self.check("ft_forward_args", _lib.FtForwardArgs)
 
+    def test_mask_mod(self):
+        self.check("ft_mask_mod", _lib.FtMaskMod)
+
     def test_backward_args(self):
         self.check("ft_backward_args", _lib.FtBackwardArgs)
 
@@ -413,6 +416,37 @@ class WithLibrary(unittest.TestCase):
         self.assertNotIn("\n", msg)
         self.assertGreater(len(msg.split(": ", 1)[-1]), 0)
         print(f"null pointers -> {type(e).__name__}: {msg}", file=sys.stderr)
+
+    def test_mask_mod_checks(self):
+        # mask_mod (ABI 0.8): the predicate checked and compiled alone by the runtime (NVRTC, no GPU): a ValueError
+        # (InvalidArgumentError) in one line for a refused text, an unread tensor, an NVRTC error; None when good.
+        try:
+            _lib.check_mask_mod("doc[q_idx] == doc[kv_idx] && kv_idx <= q_idx", ["doc"])
+        except flashtune.CompileError as e:
+            raise unittest.SkipTest(f"no NVRTC: {e}")
+        for text, names, says in [
+                ("#include <cstdio>\nreturn true;", [], "mask_mod may not hold '#'"),
+                ("return 1; } void f() {", [], "mask_mod has an unbalanced '}'"),
+                ("return true;", ["doc"], "mask_mod tensor 'doc' is not read by the predicate"),
+                ("int d = doc; return d > 0;", ["doc"], "mask_mod does not compile: no suitable conversion"),
+                ("dox[q_idx] == 0", ["doc"], "mask_mod tensor 'doc' is not read"),
+                ("dox[q_idx] == doc[0]", ["doc"], 'identifier "dox" is undefined (at column 1')]:
+            with self.subTest(text=text):
+                with self.assertRaises(ValueError) as cm:
+                    _lib.check_mask_mod(text, names)
+                self.assertIsInstance(cm.exception, flashtune.InvalidArgumentError)
+                self.assertIn(says, str(cm.exception))
+                self.assertNotIn("\n", str(cm.exception))
+        with self.assertRaises(TypeError):
+            _lib.check_mask_mod(b"kv_idx <= q_idx")
+        with self.assertRaises(ValueError):
+            _lib.check_mask_mod("q_idx > 0", ["a", "b", "c", "d", "e"])
+        m = _lib.mask_mod_struct("doc[q_idx] > 0", ["doc"], [4096], [10], [3])
+        self.assertEqual((m.num_tensors, m.tensors[0], m.lengths[0], m.versions[0]), (1, 4096, 10, 3))
+        self.assertEqual(m.struct_size, ctypes.sizeof(_lib.FtMaskMod))
+        t = (0, 4096, 1024, 64, 1)  # (pointer, 4 strides)
+        a = _lib.pack_forward((1, 16, 64, 64, 64), 2, 0, 0.0, t, t, t, t, 0, 0, _lib.NO_MODS, ctypes.addressof(m))
+        self.assertEqual(a.mask_mod, ctypes.addressof(m))
 
     def test_scratch_allocator_and_pool(self):
         # set_scratch_allocator: both functions or neither (one line, before the runtime; the runtime's own check is

@@ -385,17 +385,70 @@ def _ft_mods(mods):
     return (1, left, right, cap, ptr, stride) if left >= 0 or right >= 0 else (0, 0, 0, cap, ptr, stride)
 
 
-def _fwd_args(q, k, v, o, lse, causal, scale, mods=NO_MODS):
+def _fwd_args(q, k, v, o, lse, causal, scale, mods=NO_MODS, mask=None):
     B, H, Sq, d = q.shape
     return _lib.pack_forward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
-                             _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr(), k.shape[1], _ft_mods(mods))
+                             _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr(), k.shape[1], _ft_mods(mods),
+                             0 if mask is None else mask.address())
 
 
-def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic=False, mods=NO_MODS):
+def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic=False, mods=NO_MODS, mask=None):
     B, H, Sq, d = q.shape
     return _lib.pack_backward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
                               _ref(q), _ref(k), _ref(v), _ref(o), _ref(dout), lse.data_ptr(),
-                              _ref(dq), _ref(dk), _ref(dv), k.shape[1], 1 if deterministic else 0, _ft_mods(mods))
+                              _ref(dq), _ref(dk), _ref(dv), k.shape[1], 1 if deterministic else 0, _ft_mods(mods),
+                              0 if mask is None else mask.address())
+
+
+class _Mask:
+    """A mask_mod call's predicate and tensors as the runtime takes them (ft_mask_mod): the struct, and the tensors
+    it points at kept alive with it. Each tensor's _version is the struct's version: PyTorch bumps it on every
+    in-place write, so the runtime's block summary, kept per (predicate, tensors, versions, shape, stream), is made
+    again after one (attention.h)."""
+
+    def __init__(self, predicate, tensors):
+        self.tensors = tensors  # name -> int32 CUDA tensor, contiguous 1-D
+        names = list(tensors)
+        self.struct = _lib.mask_mod_struct(predicate, names, [tensors[n].data_ptr() for n in names],
+                                           [tensors[n].numel() for n in names],
+                                           [tensors[n]._version for n in names])
+
+    def address(self):
+        return ctypes.addressof(self.struct)
+
+
+def _mask_arg(fn, mask_mod, mask_tensors, q, window_size):
+    """attention()'s mask_mod and mask_tensors checked (one line each: TypeError for a type, ValueError for a
+    value, a predicate the runtime refuses or NVRTC cannot compile included): the _Mask to pass on."""
+    if not isinstance(mask_mod, str):
+        raise TypeError(f"{fn}: mask_mod must be a str (the body of bool mask(int b, int h, int q_idx, int kv_idx)), "
+                        f"got {type(mask_mod).__name__}")
+    if mask_tensors is None:
+        mask_tensors = {}
+    if not isinstance(mask_tensors, dict):
+        raise TypeError(f"{fn}: mask_tensors must be a dict name -> torch.int32 CUDA tensor, got "
+                        f"{type(mask_tensors).__name__}")
+    if tuple(window_size) != _NO_WINDOW:
+        raise ValueError(f"{fn}: mask_mod and window_size do not combine: write the window in the predicate")
+    tensors = {}
+    for name, t in mask_tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{fn}: mask_tensors' names must be str, got {type(name).__name__}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: mask_tensors['{name}'] must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"{fn}: mask_tensors['{name}'] must be torch.int32, got {t.dtype}")
+        if t.dim() != 1 or t.numel() == 0:
+            raise ValueError(f"{fn}: mask_tensors['{name}'] must be a non-empty 1-D tensor, got shape {tuple(t.shape)}")
+        if isinstance(q, torch.Tensor) and t.device != q.device:
+            raise ValueError(f"{fn}: mask_tensors['{name}'] is on {t.device}, q on {q.device}; the kernels read it on "
+                             f"q's GPU")
+        tensors[name] = t if t.is_contiguous() else t.contiguous()
+    try:
+        _lib.check_mask_mod(mask_mod, list(tensors))
+    except _lib.InvalidArgumentError as e:
+        raise ValueError(f"{fn}: {str(e).split(': ', 1)[-1]}") from None
+    return _Mask(mask_mod, tensors)
 
 
 def _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_seqlen_k, causal, scale,
@@ -428,7 +481,7 @@ def _varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k
 
 
 # --- the ops ---------------------------------------------------------------------------------------
-def _forward_impl(q, k, v, causal, scale, mods=NO_MODS):
+def _forward_impl(q, k, v, causal, scale, mods=NO_MODS, mask=None):
     B, H, Sq, d = q.shape
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
@@ -438,7 +491,7 @@ def _forward_impl(q, k, v, causal, scale, mods=NO_MODS):
         return o.zero_(), lse.fill_(math.inf)
     q, k, v = _runtime_layout(q), _runtime_layout(k), _runtime_layout(v)
     with _on(q.device):
-        _lib.forward(_fwd_args(q, k, v, o, lse, causal, scale, mods), _stream(q.device))
+        _lib.forward(_fwd_args(q, k, v, o, lse, causal, scale, mods, mask), _stream(q.device))
     return o, lse
 
 
@@ -460,7 +513,7 @@ def _attention_fwd_fake(q, k, v, causal, scale, deterministic=False, window_left
     return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
-def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False, mods=NO_MODS):
+def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False, mods=NO_MODS, mask=None):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -475,7 +528,7 @@ def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False, mo
     if lse.dtype != torch.float32 or lse.device != q.device or not lse.is_contiguous():
         lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
     with _on(q.device):
-        _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic, mods),
+        _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic, mods, mask),
                       _stream(q.device))
     return dq, dk, dv
 
@@ -539,6 +592,29 @@ class _EagerAttention(torch.autograd.Function):
             dout = torch.zeros_like(o)
         dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.mods)
         return dq, dk, dv, None, None, None, None
+
+
+class _MaskedAttention(torch.autograd.Function):
+    """A mask_mod call (_Mask): _EagerAttention's with the predicate, through ctypes in either backend (the ops'
+    schemas carry no mask yet: under torch.compile such a call is a graph break). Returns (o, lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, deterministic, mods, mask):
+        o, lse = _forward_impl(q, k, v, causal, scale, mods, mask)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale, ctx.deterministic, ctx.mods, ctx.mask = causal, scale, deterministic, mods, mask
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(o)
+        dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.mods,
+                                    ctx.mask)
+        return dq, dk, dv, None, None, None, None, None
 
 
 # --- packed variable-length batches -----------------------------------------------------------------
@@ -900,7 +976,7 @@ def _first_use(q, k, v, causal, det):
 
 
 def attention(q, k, v, causal=False, scale=None, *, return_lse=False, deterministic=False, window_size=(-1, -1),
-              softcap=0.0, alibi_slopes=None):
+              softcap=0.0, alibi_slopes=None, mask_mod=None, mask_tensors=None):
     """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
     (Hk = H, or a divisor of H: grouped-query attention, query head h reading kv head h // (H // Hk), as
     torch SDPA with enable_gqa=True; fp16 and bf16).
@@ -918,6 +994,13 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     call no kernel runs with them raises flashtune.UnsupportedError naming what is missing.
     alibi_slopes (FlashAttention's; fp32 [H] or [B, H] on q's device): head h of sequence b adds
     -slope |i + Sk - Sq - j| to its scaled scores (BLOOM, MPT), forward and backward, in the same families.
+    mask_mod (a str): a mask predicate, the body of `bool mask(int b, int h, int q_idx, int kv_idx)` (statements with
+    a return, or one expression), true where query q_idx of head h in batch entry b sees key kv_idx (positions in
+    the sequence), ANDed with causal; mask_tensors: a dict name -> 1-D torch.int32 tensor on q's device that the
+    predicate reads as name[i] (0 outside it), e.g. mask_mod="doc[q_idx] == doc[kv_idx]", mask_tensors={"doc": ids}.
+    Compiled into the Hopper kernels (fa3_wgmma, fa3_wgmma_bwd; dense, not with window_size or deterministic),
+    cached by its hash; a predicate that is refused or does not compile raises ValueError in one line. Runs eagerly
+    through ctypes in either backend (under torch.compile: a graph break). docs/kernels.md, "mask_mod".
     Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
     TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or
     dtype the runtime has no kernel for on this GPU, flashtune.FlashtuneError for other runtime failures."""
@@ -929,6 +1012,14 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     if deterministic is not True and deterministic is not False:
         _lib.flag(fn, "deterministic", deterministic)
     det = deterministic  # to the runtime's backward args (python/csrc: BackwardOptions)
+    if mask_mod is not None or mask_tensors is not None:  # the predicate's own path (_MaskedAttention)
+        if mask_mod is None:
+            raise ValueError(f"{fn}: mask_tensors goes with mask_mod")
+        mask = _mask_arg(fn, mask_mod, mask_tensors, q, window_size)
+        mods = _with_alibi(fn, _mods(fn, window_size, softcap, alibi_slopes), q)
+        q, k, v = _check(q, k, v, fn, autocast=True)
+        o, lse = _MaskedAttention.apply(q, k, v, bool(causal), _scale(scale), det, mods, mask)
+        return (o, lse) if return_lse else o
     if window_size == _NO_WINDOW and softcap == 0 and alibi_slopes is None:
         mods = NO_MODS
     else:
