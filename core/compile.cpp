@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/embedded.hpp"
+#include "core/mask_mod.hpp"
 #include "core/nvrtc_api.hpp"
 #include "core/util.hpp"
 
@@ -82,9 +83,21 @@ std::string Compiler::options_string(const Family& f) const {
   return s;
 }
 
+std::vector<std::string> Variant::name_expressions() const {
+  return family->name_expressions(config, head_dim, causal, dtype, varlen, paged, mods, page_layout,
+                                  mask ? mask->type_name() : std::string());
+}
+
+Variant variant_for(const Family& f, const Config& c, const Problem& p) {
+  Variant v{&f, c, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled(), problem_mods(p), p.paged.layout};
+  if (p.mask_mod.enabled()) v.mask = std::make_shared<const MaskPredicate>(p.mask_mod.predicate);
+  return v;
+}
+
 std::string Compiler::variant_hash(const Variant& v) const {
   std::string key = source_hash_ + '|' + options_string(*v.family) + '|' + nvrtc_version() + '|' + arch_;
-  for (const auto& e : v.family->name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen, v.paged, v.mods, v.page_layout)) key += '|' + e;
+  for (const auto& e : v.name_expressions()) key += '|' + e;
+  if (v.mask) key += '|' + v.mask->body + '|' + std::to_string(v.mask->names.size());  // (the type name hashes both)
   return content_hash(key);
 }
 
@@ -108,6 +121,10 @@ std::string Compiler::prune_before_compile(const Variant& v) const {
   if (v.page_layout == PageLayout::nhd && !v.paged) return "a page layout goes with the paged form";
   if (v.page_layout == PageLayout::nhd && !f.paged_nhd) return "does not read token-major (nhd) paged K/V caches";
   if (v.mods & ~f.mods) return "has no " + mods_string(v.mods & ~f.mods) + " form";
+  if (((v.mods & kModMask) != 0) != (v.mask != nullptr)) return "a mask variant needs its predicate, and only it one";
+  if ((v.mods & kModMask) && (v.varlen || v.paged)) return "a mask_mod is dense only";
+  if ((v.mods & kModMask) && (v.mods & kModWindow)) return "a mask_mod does not combine with a window";
+  if (const char* why = f.mods_check(v.config, v.mods)) return why;
   if (!f.has_mods(v.mods, v.head_dim))
     return "has its " + mods_string(v.mods) + " form up to head_dim " + std::to_string(f.mods_max_head_dim) +
            " (past it the kernels spill)";
@@ -138,7 +155,7 @@ KernelRecord Compiler::compile(const Variant& v) const {
   k.nvrtc_version = nvrtc_version();
   k.options = options_string(f);
   k.source_hash = source_hash_;
-  const std::vector<std::string> exprs = f.name_expressions(v.config, v.head_dim, v.causal, v.dtype, v.varlen, v.paged, v.mods, v.page_layout);
+  const std::vector<std::string> exprs = v.name_expressions();
   for (const auto& e : exprs) k.name_expression += (k.name_expression.empty() ? "" : "\n") + e;
 
   // Prune before compiling: the target's instruction set, the family's constraints, the target's limits.
@@ -155,7 +172,9 @@ KernelRecord Compiler::compile(const Variant& v) const {
     header_src.push_back(h.contents.c_str());
     header_names.push_back(h.name.c_str());
   }
-  const std::string source = "#include \"" + f.template_file + "\"\n";
+  // A mask_mod's wrapper first (its struct is the traits' fifth argument), then the family's template.
+  const std::string source =
+      v.mask ? mask_program_source(*v.mask, f.template_file) : "#include \"" + f.template_file + "\"\n";
   const NvrtcApi& nv = nvrtc();
   nvrtcProgram prog;
   nv.CreateProgram(&prog, source.c_str(), ("flashtune_" + f.name + ".cu").c_str(), (int)header_src.size(),

@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,11 +27,21 @@ struct Variant {
   // The paged form's pool layout (paged only; nhd: Family::paged_nhd's token-major form), for problems whose
   // Paged::layout it is.
   PageLayout page_layout = PageLayout::hnd;
+  // The predicate of a variant with kModMask (its wrapper is compiled before the template, its type the traits'
+  // fifth argument); null otherwise.
+  std::shared_ptr<const MaskPredicate> mask;
   bool operator==(const Variant& o) const {
     return family == o.family && config == o.config && head_dim == o.head_dim && causal == o.causal &&
-           dtype == o.dtype && varlen == o.varlen && paged == o.paged && mods == o.mods && page_layout == o.page_layout;
+           dtype == o.dtype && varlen == o.varlen && paged == o.paged && mods == o.mods && page_layout == o.page_layout &&
+           (mask == o.mask || (mask && o.mask && *mask == *o.mask));
   }
+  // Family::name_expressions of the variant (its mask's type where it has one).
+  std::vector<std::string> name_expressions() const;
 };
+
+// The variant of a family's config for a problem: its head dim, mask, dtype, form (packed, paged and the pages'
+// layout), modifications and mask_mod predicate.
+Variant variant_for(const Family&, const Config&, const Problem&);
 
 // What the target can hold, for pruning without a GPU.
 struct ArchLimits {

@@ -64,10 +64,12 @@ const Family& find_family(const std::string& name) {
 }
 
 unsigned problem_mods(const Problem& p) {
-  return (p.windowed() ? kModWindow : 0u) | (p.softcapped() ? kModSoftcap : 0u) | (p.alibi ? kModAlibi : 0u);
+  return (p.windowed() ? kModWindow : 0u) | (p.softcapped() ? kModSoftcap : 0u) | (p.alibi ? kModAlibi : 0u) |
+         (p.mask_mod.enabled() ? kModMask : 0u);
 }
 
-static const std::pair<unsigned, const char*> kModNames[] = {{kModWindow, "window"}, {kModSoftcap, "softcap"}, {kModAlibi, "alibi"}};
+static const std::pair<unsigned, const char*> kModNames[] = {
+    {kModWindow, "window"}, {kModSoftcap, "softcap"}, {kModAlibi, "alibi"}, {kModMask, "mask"}};
 
 std::string mods_string(unsigned m) {
   std::string out;
@@ -97,6 +99,7 @@ std::string Family::shape_reason(const Problem& p) const {
   if (p.windowed() && !(mods & kModWindow)) return "does not support sliding windows (window)";
   if (p.softcapped() && !(mods & kModSoftcap)) return "does not support logit softcapping (softcap)";
   if (p.alibi && !(mods & kModAlibi)) return "does not support ALiBi (alibi)";
+  if (p.mask_mod.enabled() && !(mods & kModMask)) return "does not support a mask predicate (mask_mod)";
   if (!has_mods(problem_mods(p), p.head_dim))
     return "has " + mods_string(problem_mods(p)) + " up to head_dim " + std::to_string(mods_max_head_dim) +
            ", not " + std::to_string(p.head_dim);

@@ -43,9 +43,10 @@ struct TensorMapSpec {
 inline constexpr unsigned kModWindow = 1;   // sliding window (Problem::window_left/right)
 inline constexpr unsigned kModSoftcap = 2;  // logit softcapping (Problem::softcap)
 inline constexpr unsigned kModAlibi = 4;    // ALiBi (Problem::alibi)
-// The modifications a problem needs: kModWindow when it has a window, kModSoftcap when a softcap.
+inline constexpr unsigned kModMask = 8;     // a mask_mod (Problem::mask_mod): the user's predicate (Variant::mask)
+// The modifications a problem needs: kModWindow when it has a window, kModSoftcap when a softcap, ...
 unsigned problem_mods(const Problem&);
-// "", or the names joined by '+' in this order: "window", "softcap", "alibi" ("window+softcap+alibi").
+// "", or the names joined by '+' in this order: "window", "softcap", "alibi", "mask" ("softcap+alibi+mask").
 std::string mods_string(unsigned mods);
 // The mask of a mods_string (each name once, in any order; "none" is 0); false when it is not one.
 bool mods_from_string(const std::string& s, unsigned& mods);
@@ -90,6 +91,15 @@ struct Family {
   // The largest head dim whose modified forms it has (0: every head dim of head_dims): fa2_mma_bwd's kernels with
   // all three modifications pass ptxas's 255 registers past d 128 and spill. has_mods() reads both.
   int mods_max_head_dim = 0;
+  // Further conditions on the modifications: nullptr when the config has a variant with them, else why not
+  // (fa3_wgmma: no MULTICAST with a mask_mod; fa3_wgmma_bwd: no DETERMINISTIC with one).
+  std::function<const char*(const Config&, unsigned mods)> mods_check = [](const Config&, unsigned) -> const char* {
+    return nullptr;
+  };
+  // A mask_mod's block summary for a config (kModMask): the (query rows, keys) of one block of its lists, the
+  // kernel's tiles (fa3_wgmma: BLOCK_M = 64 CONSUMERS and BLOCK_N; fa3_wgmma_bwd: BLOCK_M and BLOCK_N = 64
+  // CONSUMERS); core/mask_summary.hpp plans the lists from them.
+  std::function<std::pair<int, int>(const Config&)> mask_blocks = [](const Config&) { return std::pair{0, 0}; };
   // Whether it has the modifications `m` (a kMod* mask) at head_dim (none: always).
   bool has_mods(unsigned m, int head_dim) const {
     return !(m & ~mods) && (!m || mods_max_head_dim == 0 || head_dim <= mods_max_head_dim);
@@ -132,14 +142,19 @@ struct Family {
       [](const Config&, const Problem&) { return std::vector<TensorMapSpec>{}; };
 
   // packed: the varlen form, paged: the paged form (a family has one of them at most): `kernel<Traits, true>`.
-  // mods (kModWindow | kModSoftcap): the traits wrapped in AttnModTraits (templates/traits_common.h).
+  // mods (kModWindow | kModSoftcap | kModAlibi | kModMask): the traits wrapped in AttnModTraits
+  // (templates/traits_common.h); kModMask's fifth argument is mask_type (MaskPredicate::type_name()).
   // layout nhd (paged only): the traits wrapped in PagedNhdTraits (templates/attention_params.h).
   std::vector<std::string> name_expressions(const Config& c, int head_dim, bool causal, DType t,
                                             bool packed = false, bool paged = false, unsigned mod = 0,
-                                            PageLayout layout = PageLayout::hnd) const {
+                                            PageLayout layout = PageLayout::hnd, const std::string& mask_type = "") const {
     std::string tr = traits(c, head_dim, causal, t);
     if (paged && layout == PageLayout::nhd) tr = "flashtune::PagedNhdTraits<" + tr + ">";
-    if (mod)
+    if (mod & kModMask)
+      tr = "flashtune::AttnModTraits<" + tr + ", " + ((mod & kModWindow) ? "true" : "false") + ", " +
+           ((mod & kModSoftcap) ? "true" : "false") + ", " + ((mod & kModAlibi) ? "true" : "false") + ", " + mask_type +
+           ">";
+    else if (mod)
       tr = "flashtune::AttnModTraits<" + tr + ", " + ((mod & kModWindow) ? "true" : "false") + ", " +
            ((mod & kModSoftcap) ? "true" : "false") + ((mod & kModAlibi) ? ", true>" : ">");  // ALIBI: its default false
     std::vector<std::string> out;

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sys/stat.h>
 
 #include "core/kernel_record.hpp"
 #include "core/util.hpp"
@@ -425,7 +427,123 @@ int Problem::seq_bucket() const {
   return b;
 }
 
+bool MaskMod::has_values() const {
+  return std::all_of(values.begin(), values.end(), [](const auto& v) { return v != nullptr; }) &&
+         values.size() == predicate.names.size();
+}
+
 #ifndef FLASHTUNE_NO_JSON
+namespace {
+
+std::string values_digest(const std::vector<int32_t>& v) {
+  std::string bytes(v.size() * 4, '\0');
+  for (size_t i = 0; i < v.size(); ++i)
+    for (int b = 0; b < 4; ++b) bytes[4 * i + b] = (char)(((uint32_t)v[i] >> (8 * b)) & 0xff);  // little-endian
+  return content_hash(bytes);
+}
+
+// One tensor's values from its source (MaskMod's comment), or only its digest ({"digest": ...}).
+void mask_tensor_from_json(const std::string& name, const nlohmann::json& src, MaskMod& m) {
+  const std::string what = "mask_mod tensor '" + name + "'";
+  auto values = std::make_shared<std::vector<int32_t>>();
+  if (src.is_string()) {
+    const std::string path = src.get<std::string>();
+    struct stat st {};
+    if (path.empty() || stat(path.c_str(), &st) != 0) throw UsageError(what + ": file '" + brief(path) + "' does not exist");
+    if (!S_ISREG(st.st_mode)) throw UsageError(what + ": '" + brief(path) + "' is not a regular file");
+    if (st.st_size == 0 || st.st_size % 4 != 0 || st.st_size / 4 > kMaxMaskTensorValues)
+      throw UsageError(what + ": '" + brief(path) + "' must hold 1.." + std::to_string(kMaxMaskTensorValues) +
+                       " little-endian int32 values (its size " + std::to_string((long long)st.st_size) + " bytes)");
+    std::ifstream f(path, std::ios::binary);
+    std::string bytes((size_t)st.st_size, '\0');
+    if (!f.read(bytes.data(), (std::streamsize)bytes.size())) throw UsageError(what + ": cannot read '" + brief(path) + "'");
+    values->resize(bytes.size() / 4);
+    for (size_t i = 0; i < values->size(); ++i) {
+      uint32_t x = 0;
+      for (int b = 0; b < 4; ++b) x |= (uint32_t)(unsigned char)bytes[4 * i + b] << (8 * b);
+      (*values)[i] = (int32_t)x;
+    }
+  } else if (src.is_array()) {
+    if (src.empty() || (long long)src.size() > kMaxMaskTensorInline)
+      throw UsageError(what + " must hold 1.." + std::to_string(kMaxMaskTensorInline) + " values inline (a file takes more)");
+    for (const auto& v : src) {
+      const bool ok = v.is_number_integer() && !(v.is_number_unsigned() && v.get<unsigned long long>() > (unsigned long long)INT32_MAX) &&
+                      v.get<long long>() >= INT32_MIN && v.get<long long>() <= INT32_MAX;
+      if (!ok) throw UsageError(what + " must hold int32 values, got " + brief(v.dump(), 40));
+      values->push_back((int32_t)v.get<long long>());
+    }
+  } else if (src.is_object() && src.size() == 1 && src.contains("segments")) {
+    const auto& lens = src["segments"];
+    if (!lens.is_array() || lens.empty()) throw UsageError(what + ": 'segments' must be a non-empty array of lengths");
+    long long total = 0;
+    for (const auto& v : lens) {
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<unsigned long long>() > (unsigned long long)kMaxMaskTensorValues) ||
+          v.get<long long>() < 1 || (total += v.get<long long>()) > kMaxMaskTensorValues)
+        throw UsageError(what + ": 'segments' must be lengths >= 1 summing to at most " + std::to_string(kMaxMaskTensorValues) +
+                         ", got " + brief(v.dump(), 40));
+    }
+    values->reserve((size_t)total);
+    int32_t id = 0;
+    for (const auto& v : lens) values->insert(values->end(), (size_t)v.get<long long>(), id++);
+  } else if (src.is_object() && src.size() == 1 && src.contains("digest")) {
+    const auto& d = src["digest"];
+    if (!d.is_string() || d.get<std::string>().size() != 32 ||
+        d.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw UsageError(what + ": 'digest' must be 32 lower-case hex digits");
+    m.digests.push_back(d.get<std::string>());
+    m.sources.push_back(src.dump());
+    m.values.push_back(nullptr);
+    return;
+  } else {
+    throw UsageError(what + " must be a file path, a list of int32 values, {\"segments\": [..]} or {\"digest\": ..}, got " +
+                     brief(src.dump(), 40));
+  }
+  m.digests.push_back(values_digest(*values));
+  m.sources.push_back(src.dump());
+  m.values.push_back(std::move(values));
+}
+
+}  // namespace
+
+MaskMod mask_mod_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw UsageError("problem field 'mask_mod' must be {\"predicate\": \"...\", \"tensors\": {...}}");
+  for (auto& [key, _] : j.items())
+    if (key != "predicate" && key != "tensors") throw UsageError("unknown mask_mod field '" + brief(key, 40) + "'");
+  if (!j.contains("predicate") || !j["predicate"].is_string())
+    throw UsageError("mask_mod needs a string 'predicate' (the body of bool mask(int b, int h, int q_idx, int kv_idx))");
+  const nlohmann::json tensors = j.value("tensors", nlohmann::json::object());
+  if (!tensors.is_object()) throw UsageError("mask_mod 'tensors' must be an object {\"name\": values}");
+  std::vector<std::string> names;
+  for (auto& [name, _] : tensors.items()) names.push_back(name);
+  MaskMod m;
+  m.predicate = make_mask_predicate(j["predicate"].get<std::string>(), names);  // names checked and sorted
+  for (const std::string& n : m.predicate.names) mask_tensor_from_json(n, tensors[n], m);
+  return m;
+}
+
+nlohmann::json MaskMod::description() const {
+  nlohmann::json t = nlohmann::json::object();
+  for (size_t i = 0; i < predicate.names.size(); ++i)
+    t[predicate.names[i]] = sources[i].empty() ? nlohmann::json{{"digest", digests[i]}} : nlohmann::json::parse(sources[i]);
+  // The normalised body, in the form it was given (an expression without its added return).
+  const std::string text = predicate.expression ? predicate.body.substr(8, predicate.body.size() - 10) : predicate.body;
+  return {{"predicate", text}, {"tensors", t}};
+}
+
+std::string MaskMod::key() const {
+  if (!enabled()) return "";
+  nlohmann::json t = nlohmann::json::object();
+  for (size_t i = 0; i < predicate.names.size(); ++i) t[predicate.names[i]] = nlohmann::json{{"digest", digests[i]}};
+  const std::string text = predicate.expression ? predicate.body.substr(8, predicate.body.size() - 10) : predicate.body;
+  return nlohmann::json{{"predicate", text}, {"tensors", t}}.dump();
+}
+
+std::string MaskMod::str() const {
+  std::string names;
+  for (const auto& n : predicate.names) names += (names.empty() ? "" : ",") + n;
+  return "mask_mod " + predicate.hash() + "(" + names + ")";
+}
+
 std::string Problem::str() const {
   std::string s = "B" + std::to_string(batch) + " H" + std::to_string(heads) +
                   (heads_k > 0 ? "/" + std::to_string(heads_k) : std::string()) + " Sq" + std::to_string(seq_q) +
@@ -441,6 +559,7 @@ std::string Problem::str() const {
     s += buf;
   }
   if (alibi) s += " alibi";
+  if (mask_mod.enabled()) s += " " + mask_mod.str();
   if (!(inputs == InputDist{})) s += " inputs " + inputs.str();
   return s;
 }
@@ -502,7 +621,7 @@ Problem problem_from_json(const nlohmann::json& j) {
     if (key != "batch" && key != "heads" && key != "seq_q" && key != "seq_k" && key != "seq" && key != "head_dim" &&
         key != "dtype" && key != "causal" && key != "direction" && key != "inputs" && key != "heads_k" &&
         key != "varlen" && key != "paged" && key != "window" && key != "softcap" &&
-        key != "alibi")
+        key != "alibi" && key != "mask_mod")
       throw UsageError("unknown problem field '" + key + "'");
   Problem p;
   if (j.contains("paged")) {
@@ -583,6 +702,13 @@ Problem problem_from_json(const nlohmann::json& j) {
     p.alibi = j["alibi"].get<bool>();
   }
   p.canonicalize_mask();
+  if (j.contains("mask_mod")) {
+    p.mask_mod = mask_mod_from_json(j["mask_mod"]);
+    if (p.varlen.enabled() || p.paged.enabled())
+      throw UsageError("mask_mod goes with dense problems (not 'varlen' or 'paged')");
+    if (p.windowed())
+      throw UsageError("mask_mod and 'window' do not combine: write the window in the predicate (kv_idx >= q_idx - L)");
+  }
   if (p.varlen.enabled()) {  // packed tensors within int32 element offsets
     const long long eq = p.varlen.total_q() * p.heads * p.head_dim, ek = p.varlen.total_k() * p.kv_heads() * p.head_dim;
     if (eq > kMaxVarlenElements || ek > kMaxVarlenElements)
@@ -607,6 +733,7 @@ nlohmann::json to_json(const Problem& p) {
   if (p.windowed()) j["window"] = {p.window_left, p.window_right};  // only when set, likewise
   if (p.softcapped()) j["softcap"] = p.softcap;
   if (p.alibi) j["alibi"] = true;
+  if (p.mask_mod.enabled()) j["mask_mod"] = p.mask_mod.description();
   return j;
 }
 #endif  // FLASHTUNE_NO_JSON

@@ -1,10 +1,13 @@
 // A problem: one attention shape to tune for (what the kernel is run on, not how).
 #pragma once
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/mask_mod.hpp"
 #include "templates/attention_params.h"
 
 #ifndef FLASHTUNE_NO_JSON  // a build without nlohmann_json (the runtime alone): no JSON in or out, no key()/str()
@@ -125,6 +128,38 @@ PageTable page_table(const Paged&, int batch, int seq_k);
 // Block table entries a problem may have at most (batch x max_pages; 64 MiB of int32).
 inline constexpr long long kMaxPageTableEntries = 1ll << 24;
 
+// A mask_mod (issue 32, part 3; docs/kernels.md, "mask_mod"): the user's predicate and the named int32 tensors it
+// reads. A problem file's "mask_mod" object: {"predicate": "<body of bool mask(int b, int h, int q_idx, int
+// kv_idx)>", "tensors": {"<name>": <values>}}, each tensor's values one of
+//   "path.bin"                 raw little-endian int32, 1..2^24 of them (relative to the working directory)
+//   [0, 0, 1, ...]             inline, 1..2^20 int32 values
+//   {"segments": [L0, L1, ..]} a document id per position: L0 zeros, L1 ones, ... (1..2^24 in all)
+//   {"digest": "<32 hex>"}     identity only (a stored row's): no values, so nothing runs it
+// Identity: the predicate (normalised, with its tensors' names: MaskPredicate) and each tensor's content digest, so
+// that two documents layouts under one predicate are two problems (their work differs); the values ride along.
+struct MaskMod {
+  MaskPredicate predicate;                 // !enabled(): no mask_mod
+  std::vector<std::string> digests;        // per predicate.names entry: content_hash of the int32 values' bytes
+  std::vector<std::string> sources;        // per name: the JSON the problem gave (compact), for to_json
+  std::vector<std::shared_ptr<const std::vector<int32_t>>> values;  // per name: null where not loaded (a digest)
+
+  bool enabled() const { return predicate.enabled(); }
+  bool has_values() const;  // every tensor's values are here
+#ifndef FLASHTUNE_NO_JSON
+  nlohmann::json description() const;  // {"predicate": ..., "tensors": {name: source}}
+  std::string key() const;   // canonical JSON of the identity ({"predicate":...,"tensors":{name: digest}}); "" when none
+  std::string str() const;   // "mask_mod 1a2b3c4d5e6f7a8b(doc)"
+#endif
+  bool operator==(const MaskMod& o) const { return predicate == o.predicate && digests == o.digests; }
+};
+inline constexpr long long kMaxMaskTensorValues = 1ll << 24;        // a file's or the segments' int32 values
+inline constexpr long long kMaxMaskTensorInline = 1ll << 20;        // a JSON list's
+#ifndef FLASHTUNE_NO_JSON
+// The "mask_mod" object of a problem file (or of a stored key, whose tensors are digests), checked: the predicate by
+// make_mask_predicate, the tensors read and digested. Throws UsageError (one line).
+MaskMod mask_mod_from_json(const nlohmann::json&);
+#endif
+
 struct Problem {
   int batch = 1, heads = 1, seq_q = 1, seq_k = 1, head_dim = 64;
   DType dtype = DType::fp32;
@@ -158,6 +193,8 @@ struct Problem {
   // -slope_h |i + Sk - Sq - j| before the softmax. The slopes are data (the caller's, or seeded inputs: FlashAttention's
   // geometric 2^(-8 (h + 1) / H)), not identity: a problem says only whether it has them.
   bool alibi = false;
+  // A user's mask predicate (MaskMod; dense only, never with a window): ANDed with causal.
+  MaskMod mask_mod;
 
   bool windowed() const { return window_left >= 0 || window_right >= 0; }
   bool softcapped() const { return softcap > 0; }
@@ -188,7 +225,7 @@ struct Problem {
   int group_key() const { return heads_k > 0 && group() > 1 && group() <= 255 ? group() : 0; }
 #ifndef FLASHTUNE_NO_JSON
   // "B4 H16 Sq4096 Sk4096 d128 fp32 causal" (GQA: "H32/8"; varlen: "... varlen <Varlen::str>"; paged: "... paged <Paged::str>";
-  // "... window 1024,-1", "... softcap 30", "... alibi")
+  // "... window 1024,-1", "... softcap 30", "... alibi", "... mask_mod 1a2b3c4d5e6f7a8b(doc)")
   std::string str() const;
 #endif
   bool operator==(const Problem&) const = default;

@@ -38,6 +38,8 @@ void check_shape(const Shape& s) {
     throw std::invalid_argument("flashtune::ref: window edges must be >= -1 and softcap finite and >= 0");
   }
   if (s.alibi_batch_stride < 0) throw std::invalid_argument("flashtune::ref: alibi_batch_stride must be >= 0");
+  if (s.mask_batch_stride < 0 || s.mask_head_stride < 0)
+    throw std::invalid_argument("flashtune::ref: mask strides must be >= 0");
   if (s.heads_k < 0 || (s.heads_k > 0 && s.heads % s.heads_k != 0)) {
     throw std::invalid_argument("flashtune::ref: heads (" + std::to_string(s.heads) +
                                 ") must be a positive multiple of heads_k (" +
@@ -210,14 +212,19 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
     dot_rows(q_row, k_head + j0 * d, d, d, n, qk);
     for (int t = 0; t < n; ++t) {
       const int64_t j = j0 + t;
-      scores[j] = capped(s, scale * qk[t]) + s.alibi_bias(bh, i, j);
+      scores[j] = s.allowed(bh, i, j) ? capped(s, scale * qk[t]) + s.alibi_bias(bh, i, j) : -kInf;  // explicit mask
       row_max = std::max(row_max, scores[j]);
     }
+  }
+  if (row_max == -kInf) {  // the explicit mask left no key: as a row with none
+    *lse = keys.empty_lse;
+    return;
   }
 
   // o_i = sum_j exp(s_ij - max) v_j / sum_j exp(s_ij - max)
   double row_sum = 0;
   for (int64_t j = first_key; j < end_key; ++j) {
+    if (scores[j] == -kInf) continue;  // masked: P = 0
     const double p = std::exp(scores[j] - row_max);
     row_sum += p;
     const float* v_row = v_head + j * d;
@@ -238,6 +245,7 @@ void forward_row(const Shape& s, const float* q, const float* k, const float* v,
       norms2_rows(k_head + j * d, d, d, n, k2);
       if (s.softcap > 0) dot_rows(q_row, k_head + j * d, d, d, n, qk);
     }
+    if (scores[j] == -kInf) continue;  // masked: in no sum
     const double p = std::exp(scores[j] - row_max) / row_sum;
     // The uncapped score for the roundings' term (it bounds the capped one's), the fast tanh's on the capped one,
     // each without ALiBi's bias, which has its own.
@@ -422,6 +430,7 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
           dot_rows(q_row, k_head + j * d, d, d, n, qk);
           dot_rows(do_row, v_head + j * d, d, d, n, dov);
         }
+        if (!s.allowed(r / s.seq_q, r % s.seq_q, j)) continue;  // the explicit mask: P = 0
         const float* k_row = k_head + j * d;
         const double bias = s.alibi_bias(r / s.seq_q, r % s.seq_q, j);
         const PairGrad pg = pair_grad(s, scale, qk[t], dov[t], lse[r], D, bias);
@@ -477,6 +486,7 @@ void backward(const Shape& s, const float* q, const float* k, const float* v, co
             dot_rows(k_row, q_row, d, d, n, qk);
             dot_rows(v_row, do_row, d, d, n, dov);
           }
+          if (!s.allowed(bh, i, j)) continue;  // the explicit mask: P = 0
           const double bias = s.alibi_bias(bh, i, j);
           const PairGrad pg = pair_grad(s, scale, qk[t], dov[t], lse[r], delta[r], bias);
           const double p = pg.p;

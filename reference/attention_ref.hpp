@@ -29,8 +29,19 @@ struct Shape {
   // which must outlive the call; stride 0: one slope per head, H: per batch and head); nullptr is none.
   const float* alibi_slopes = nullptr;
   int64_t alibi_batch_stride = 0;
+  // An explicit mask (a mask_mod's, materialised: the reference cannot run the predicate's C++ text): query i of
+  // query head h in batch b sees key j only where mask[b * mask_batch_stride + h * mask_head_stride + i * Sk + j] != 0,
+  // ANDed with causal and the window (the caller's bytes, which must outlive the call; a stride 0 broadcasts: one
+  // [Sq, Sk] mask for every batch entry or head). nullptr: none. Masked pairs are in no sum (P = 0, no Lambda term);
+  // a row it leaves without keys gives O = 0, lse = +inf as causal's.
+  const uint8_t* mask = nullptr;
+  int64_t mask_batch_stride = 0, mask_head_stride = 0;
 
   double softmax_scale() const;
+  // Whether the explicit mask lets (flat (b, h) pair bh, query i) see key j: true without one.
+  bool allowed(int64_t bh, int64_t i, int64_t j) const {
+    return !mask || mask[(bh / heads) * mask_batch_stride + (bh % heads) * mask_head_stride + i * seq_k + j] != 0;
+  }
   // ALiBi's bias of (flat (b, h) pair bh, query i, key j): 0 without slopes.
   double alibi_bias(int64_t bh, int64_t i, int64_t j) const;
   int kv_heads() const;          // heads_k, or heads when it is 0

@@ -15,12 +15,12 @@ namespace flashtune {
 
 namespace {
 using ProblemKey = std::tuple<std::string, std::string, std::string, int, int, int, int, int, std::string, int, int,
-                              std::string, std::string, int, int, double, bool>;
+                              std::string, std::string, int, int, double, bool, std::string>;
 ProblemKey key_of(const ResultRecord& r) {
   const Problem& p = r.problem;
   return {r.device_name, r.family, r.direction, p.head_dim, p.causal, p.seq_q,  p.seq_k,       p.batch,
           to_string(p.dtype), p.heads, p.heads_k, p.varlen.key(), p.paged.key(), p.window_left, p.window_right, p.softcap,
-          p.alibi};
+          p.alibi, p.mask_mod.key()};
 }
 // The rows selection looks at, by address: subsets are taken without copying a row (the runtime's lookup holds
 // up to kMaxLookupRows of them in the caller's process).
@@ -127,9 +127,9 @@ std::map<Bucket, BucketChoice> bucket_picks(const Rows& results) {
     // Packed variable-length rows: a length distribution of their own (the runtime's packed calls take the
     // dense bucket's config).
     if (p.varlen.enabled()) continue;
-    // Windowed, softcapped or ALiBi rows (issue 32): not yet a dispatch key (a window would bucket like a
+    // Windowed, softcapped, ALiBi or mask_mod rows (issue 32): not yet a dispatch key (a window would bucket like a
     // sequence length); each stands for its own problem only (best per problem, `run --best`).
-    if (p.windowed() || p.softcapped() || p.alibi) continue;
+    if (p.windowed() || p.softcapped() || p.alibi || p.mask_mod.enabled()) continue;
     // Outside the family's query-length range (an imported or merged row): never a bucket's pick.
     if (f && !f->shape_reason(p).empty()) continue;
     // Paged K/V cache rows bucket apart (the runtime's paged entry point reads them): the paged form's
@@ -239,7 +239,8 @@ StoredChoice stored_choice(const std::vector<ResultRecord>& results, const Probl
     if (b.problem == p) return {b.config, "problem"};
   if (p.varlen.enabled()) return {};  // a packed batch's rows are its own: no dense bucket stands for it
   if (p.paged.enabled()) return {};   // a paged cache's likewise (its pages and lengths are part of it)
-  if (p.windowed() || p.softcapped() || p.alibi) return {};  // a window's, softcap's or ALiBi's likewise (no bucket holds them yet)
+  if (p.windowed() || p.softcapped() || p.alibi || p.mask_mod.enabled())
+    return {};  // a window's, softcap's, ALiBi's or mask_mod's likewise (no bucket holds them yet)
   const std::vector<BucketChoice> buckets = best_per_bucket(results);
   if (const BucketChoice* pick = pick_bucket(buckets, p)) return {pick->config, "bucket"};
   return {};

@@ -185,7 +185,8 @@ class Stmt {
 // description (Paged::key()), '' for contiguous K/V; seq_k then holds the longest cache length. window_left,
 // window_right and softcap (v9): the sliding window and the logit softcap (Problem's fields; -1, -1, 0: none, what
 // every earlier row means). alibi (v10): ALiBi's bias (Problem::alibi; 0: none, what every earlier row means; the
-// slopes are seeded inputs, not identity).
+// slopes are seeded inputs, not identity). mask_mod (v11): a mask predicate's identity (MaskMod::key(), canonical
+// JSON: the normalised predicate and each tensor's content digest), '' for none, what every earlier row means.
 std::string results_ddl(const std::string& name) {
   return "CREATE TABLE IF NOT EXISTS " + name + R"sql((
   id INTEGER PRIMARY KEY,
@@ -201,9 +202,9 @@ std::string results_ddl(const std::string& name) {
   created TEXT NOT NULL, detail TEXT, inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER,
   heads_k INTEGER NOT NULL DEFAULT 0, varlen TEXT NOT NULL DEFAULT '', paged TEXT NOT NULL DEFAULT '',
   window_left INTEGER NOT NULL DEFAULT -1, window_right INTEGER NOT NULL DEFAULT -1, softcap REAL NOT NULL DEFAULT 0,
-  alibi INTEGER NOT NULL DEFAULT 0,
+  alibi INTEGER NOT NULL DEFAULT 0, mask_mod TEXT NOT NULL DEFAULT '',
   UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen, paged,
-         window_left, window_right, softcap, alibi)))sql";
+         window_left, window_right, softcap, alibi, mask_mod)))sql";
 }
 
 constexpr const char* kSchemaRest = R"sql(
@@ -350,6 +351,10 @@ constexpr Migration kMigrations[] = {
     {10, "results.alibi (ALiBi) in the unique key",
      [](sqlite3* db, const FileState&) {
        if (!table_columns(db, "results").count("alibi")) rebuild_results(db);  // default: no ALiBi
+     }},
+    {11, "results.mask_mod (a mask predicate) in the unique key",
+     [](sqlite3* db, const FileState&) {
+       if (!table_columns(db, "results").count("mask_mod")) rebuild_results(db);  // default: no mask_mod
      }},
 };
 
@@ -500,6 +505,7 @@ void Store::open_checked(Mode mode) {
     has_paged_ = f.results_columns.count("paged") > 0;
     has_mask_ = f.results_columns.count("softcap") > 0;
     has_alibi_ = f.results_columns.count("alibi") > 0;
+    has_mask_mod_ = f.results_columns.count("mask_mod") > 0;
     has_experiments_ = f.tables.count("experiment_runs") && f.tables.count("experiment_rows");
     has_provenance_ = f.tables.count("provenance") > 0;
     return;
@@ -659,7 +665,7 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
       "status", "error", "max_abs", "max_rel", "mse", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps", "seed",
       "device_name", "arch", "sm_count", "driver_version", "nvrtc_version", "options", "source_hash", "registers",
       "smem_static", "spill_stores", "created", "detail", "inputs", "origin", "heads_k", "varlen", "paged",
-      "window_left", "window_right", "softcap", "alibi");
+      "window_left", "window_right", "softcap", "alibi", "mask_mod");
   Stmt s(db, std::string(verb) + " INTO results(" + R.list() + ") VALUES(" + R.placeholders(origin_placeholder) + ")");
   const Problem& p = r.problem;
   s.bind(R["kernel_hash"], r.kernel_hash).bind(R["family"], r.family).bind(R["direction"], r.direction)
@@ -676,14 +682,14 @@ void insert_result_row(sqlite3* db, const char* verb, const ResultRecord& r, con
       .bind(R["created"], created).bind(R["detail"], r.detail).bind(R["inputs"], p.inputs.str())
       .bind(R["origin"], origin).bind(R["heads_k"], p.heads_k).bind(R["varlen"], p.varlen.key())
       .bind(R["paged"], p.paged.key()).bind(R["window_left"], p.window_left).bind(R["window_right"], p.window_right)
-      .bind(R["softcap"], p.softcap).bind(R["alibi"], (int)p.alibi);
+      .bind(R["softcap"], p.softcap).bind(R["alibi"], (int)p.alibi).bind(R["mask_mod"], p.mask_mod.key());
   s.step();
 }
 
 // The results table's unique key but for the kernel's resources: one measured point (has_result, copy_result).
 constexpr auto kResultKey = column_list("kernel_hash", "device_name", "sm_count", "batch", "heads", "seq_q", "seq_k",
                                         "inputs", "heads_k", "varlen", "paged", "window_left", "window_right",
-                                        "softcap", "alibi");
+                                        "softcap", "alibi", "mask_mod");
 
 void bind_result_key(Stmt& s, const std::string& kernel_hash, const std::string& device_name, int sm_count,
                      const Problem& p) {
@@ -692,7 +698,7 @@ void bind_result_key(Stmt& s, const std::string& kernel_hash, const std::string&
       .bind(K["batch"], p.batch).bind(K["heads"], p.heads).bind(K["seq_q"], p.seq_q).bind(K["seq_k"], p.seq_k)
       .bind(K["inputs"], p.inputs.str()).bind(K["heads_k"], p.heads_k).bind(K["varlen"], p.varlen.key())
       .bind(K["paged"], p.paged.key()).bind(K["window_left"], p.window_left).bind(K["window_right"], p.window_right)
-      .bind(K["softcap"], p.softcap).bind(K["alibi"], (int)p.alibi);
+      .bind(K["softcap"], p.softcap).bind(K["alibi"], (int)p.alibi).bind(K["mask_mod"], p.mask_mod.key());
 }
 
 }  // namespace
@@ -711,6 +717,7 @@ bool Store::has_result(const std::string& kernel_hash, const DeviceInfo& d, cons
            if ((c == "window_left" || c == "window_right") && !has_mask_) return std::string("-1");
            if (c == "softcap" && !has_mask_) return std::string("0");
            if (c == "alibi" && !has_alibi_) return std::string("0");
+           if (c == "mask_mod" && !has_mask_mod_) return std::string("''");
            return std::string(c);
          }));
   bind_result_key(s, kernel_hash, d.name, d.sm_count, p);
@@ -728,7 +735,7 @@ constexpr auto kResultReadColumns = column_list(
     "causal", "status", "error", "max_abs", "max_rel", "mse", "ms_median", "ms_p20", "ms_p80", "reps", "tflops", "gbps",
     "seed", "device_name", "arch", "sm_count", "driver_version", "nvrtc_version", "options", "source_hash", "registers",
     "smem_static", "spill_stores", "created", "detail", "inputs", "heads_k", "varlen", "paged", "window_left",
-    "window_right", "softcap", "alibi");
+    "window_right", "softcap", "alibi", "mask_mod");
 
 // The refusal of a read past its budget: rows or stored text.
 UsageError over_budget(const std::string& path, const std::string& what, const ReadBudget& b, bool text) {
@@ -777,6 +784,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
     if ((c == "window_left" || c == "window_right") && !has_mask_) return "-1";
     if (c == "softcap" && !has_mask_) return "0";
     if (c == "alibi" && !has_alibi_) return "0";
+    if (c == "mask_mod" && !has_mask_mod_) return "''";
     return std::string(c);
   });
   std::string where = " FROM results WHERE 1=1";
@@ -811,7 +819,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
       db_, where, [&](Stmt& c) { for (size_t i = 0; i < binds.size(); ++i) c.bind((int)i + 1, binds[i]); }, cap, refuse);
   sql += where + " ORDER BY family, device_name, direction, dtype, head_dim, causal, seq_q, seq_k, batch, heads, " +
          std::string(has_heads_k_ ? "heads_k, " : "") + (has_varlen_ ? "varlen, " : "") + (has_paged_ ? "paged, " : "") +
-         (has_mask_ ? "window_left, window_right, softcap, " : "") + (has_alibi_ ? "alibi, " : "") + "id";
+         (has_mask_ ? "window_left, window_right, softcap, " : "") + (has_alibi_ ? "alibi, " : "") + (has_mask_mod_ ? "mask_mod, " : "") + "id";
   Stmt s(db_, sql);
   for (size_t i = 0; i < binds.size(); ++i) s.bind((int)i + 1, binds[i]);
   std::vector<ResultRecord> out;
@@ -821,7 +829,7 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
   static constexpr Column kText[] = {
       R["kernel_hash"], R["family"], R["direction"], R["config"], R["dtype"], R["status"], R["error"],
       R["device_name"], R["arch"], R["nvrtc_version"], R["options"], R["source_hash"], R["created"],
-      R["detail"], R["inputs"], R["varlen"], R["paged"]};
+      R["detail"], R["inputs"], R["varlen"], R["paged"], R["mask_mod"]};
   while (s.step()) {
     if ((long long)out.size() >= cap) throw refuse();  // rows added since the count
     long long row_bytes = 0;
@@ -881,6 +889,15 @@ std::vector<ResultRecord> Store::results(const ResultFilter& f, ReadBudget* shar
       const long long alibi = s.i64(R["alibi"]);
       if (alibi != 0 && alibi != 1) throw UsageError("alibi " + std::to_string(alibi) + " is not 0 or 1");
       r.problem.alibi = alibi == 1;
+      if (const std::string mm = s.text(R["mask_mod"]); !mm.empty()) {
+        // The predicate checked as a problem file's (stored text becomes source), its tensors digests alone.
+        const nlohmann::json mj = nlohmann::json::parse(mm, nullptr, false);
+        if (mj.is_discarded()) throw UsageError("mask_mod '" + brief(mm, 40) + "' is not JSON");
+        r.problem.mask_mod = mask_mod_from_json(mj);
+        if (r.problem.mask_mod.key() != mm) throw UsageError("mask_mod '" + brief(mm, 40) + "' is not in its one spelling");
+        if (!r.problem.varlen.key().empty() || !r.problem.paged.key().empty() || r.problem.windowed())
+          throw UsageError("mask_mod goes with dense problems without a window");
+      }
     } catch (const UsageError& e) {
       throw UsageError("'" + path_ + "': results row " + std::to_string(r.id) + ": " + e.what());
     }

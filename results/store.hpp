@@ -22,7 +22,7 @@ namespace flashtune {
 // 6: results.heads_k (grouped-query attention) in the unique key; 7: results.varlen (packed
 // variable-length batches: Varlen::key(), '' for dense) in the unique key; 8: results.paged (paged K/V
 // caches: Paged::key(), '' for contiguous K/V) in the unique key
-inline constexpr int kSchemaVersion = 10;
+inline constexpr int kSchemaVersion = 11;
 inline constexpr int kApplicationId = 0x466c546e;  // "FlTn" in the SQLite header, set at creation
 
 // One attempt to run a compiled variant on one problem on one device.
@@ -207,7 +207,7 @@ class Store : public KernelCache {
   bool read_only_ = false;
   int version_ = kSchemaVersion;
   int txn_depth_ = 0;  // write_txn nesting: inner calls join the outer transaction
-  bool has_detail_ = true, has_inputs_ = true, has_heads_k_ = true, has_varlen_ = true, has_paged_ = true, has_mask_ = true, has_alibi_ = true, has_experiments_ = true, has_provenance_ = true;  // older stores read read-only
+  bool has_detail_ = true, has_inputs_ = true, has_heads_k_ = true, has_varlen_ = true, has_paged_ = true, has_mask_ = true, has_alibi_ = true, has_mask_mod_ = true, has_experiments_ = true, has_provenance_ = true;  // older stores read read-only
 };
 
 }  // namespace flashtune

@@ -2,6 +2,7 @@
 // host (tuner worker, consumer builds) and the device (NVRTC, nvcc) share it.
 #pragma once
 
+#include "mask_mod.h"
 #include "traits_common.h"
 
 namespace flashtune {
@@ -184,14 +185,24 @@ template <class Plain>
 struct ModParams : Plain {
   AttnMods mods;
 };
-// The argument type of a kernel with modifications (MODS true) or without.
-template <bool MODS, class Plain>
+// A kernel with a mask_mod (AttnModTraits' MASK, mask_mod.h): ModParams, then the predicate's tensors and its block
+// summary's lists, so that every other kernel's argument (plain or modified) is what it was.
+template <class Plain>
+struct MaskModParams : ModParams<Plain> {
+  MaskModArgs mask;
+};
+// The argument type of a kernel with modifications (MODS true) or without; MASK: with a mask_mod too.
+template <bool MODS, class Plain, bool MASK = false>
 struct ModParamsOf {
   using type = Plain;
 };
 template <class Plain>
-struct ModParamsOf<true, Plain> {
+struct ModParamsOf<true, Plain, false> {
   using type = ModParams<Plain>;
+};
+template <class Plain>
+struct ModParamsOf<true, Plain, true> {
+  using type = MaskModParams<Plain>;
 };
 
 // TMA tensor maps (CUtensorMap: 128 opaque bytes, 128-byte aligned as cuda.h declares it), encoded on the host from what a

@@ -49,6 +49,10 @@
 // c log2(e) is then the exp2-domain scale of the softmax and the LSE; ALIBI adds -slope |i + seq_k - seq_q - j|
 // (in S's units: slope / scale, or slope / c after a softcap) to every element before the mask (add_alibi), so that
 // the LSE includes it as FlashAttention's does. The plain kernels' code is unchanged.
+// MASK (a mask_mod, AttnModTraits' fifth argument; MaskModParams: ModParams, then MaskModArgs): a tile walks its row
+// of the block summary (MaskBlockList: the key blocks holding a visible pair), the producer loading and the
+// consumers computing those alone; the blocks the list calls partial are masked per element by the predicate, keys
+// past seq_k and causal (mask_predicate), the full ones not at all. Dense only, no MULTICAST, no window.
 //
 // Packed variable-length batches, fa3_wgmma_fwd<Traits, true> (VarlenParams: cu_seqlens_q/k): a tile is a
 // query block of one head of one sequence (z, or the tile index's batch, is the sequence; seq_q/seq_k the
@@ -277,12 +281,20 @@ __device__ __forceinline__ void window_offsets(const P& p, int seq_q, int seq_k,
 // The K/V blocks a tile reads: [first, first + count). Plain: from block 0 (kv_blocks). WINDOW: only the blocks
 // some row of the tile sees (rows m0 .. min(m0 + BM, seq_q) - 1: keys m0 + lo .. last row + hi), so that blocks
 // wholly outside the window are never loaded nor multiplied: a tile's work scales with the window.
+// MASK (a mask_mod): the tile's list of the block summary (MaskBlockList: the key blocks holding a visible pair,
+// each with its partial bit), so that the empty blocks are neither loaded nor multiplied; block nb of the span is
+// the list's entry nb (span_block).
 struct KvSpan {
   int first, count;
+  const int* list = nullptr;  // MASK: the tile's list row
 };
 template <class T, class P>
-__device__ __forceinline__ KvSpan kv_span(const P& p, int m0, int seq_q, int seq_k) {
-  if constexpr (ModsOf<T>::window) {
+__device__ __forceinline__ KvSpan kv_span(const P& p, int m0, int seq_q, int seq_k, int batch = 0, int head = 0) {
+  if constexpr (MaskOf<T>::on()) {
+    const MaskBlockList& blocks = p.mask.blocks;
+    const long long row = blocks.row(batch, head, m0 / T::kBlockM);
+    return {0, blocks.count[row], blocks.index + row * blocks.cols};
+  } else if constexpr (ModsOf<T>::window) {
     int lo, hi;  // WindowBand::keys_of_rows written out (that form moved ptxas's schedule of the validated kernel)
     window_offsets<T>(p, seq_q, seq_k, lo, hi);
     const int first_key = imax(0, m0 + lo), end_key = imin(seq_k, imin(m0 + T::kBlockM, seq_q) + hi);
@@ -292,6 +304,13 @@ __device__ __forceinline__ KvSpan kv_span(const P& p, int m0, int seq_q, int seq
   } else {
     return {0, kv_blocks<T>(m0, seq_q, seq_k)};
   }
+}
+
+// The key block of the span's block nb.
+template <class T>
+__device__ __forceinline__ int span_block(const KvSpan& blocks, int nb) {
+  if constexpr (MaskOf<T>::on()) return MaskBlockList::block(blocks.list[nb]);
+  else return blocks.first + nb;
 }
 
 // One tile's copies: Q into its slot, then every K/V block into the ring.
@@ -326,10 +345,10 @@ __device__ __forceinline__ void produce_tile(const Smem<T>& sm, const AttnTensor
     // barrier expects the whole block, its own share and the other CTA's.
     if (ring.reused) mbar_wait(sm.k_empty(ring.slot), ring.parity ^ 1u);
     mbar_arrive_expect_tx(sm.k_full(ring.slot), T::kKvBytes);
-    load_block(sm.k(ring.slot), &tm.map[1], blocks.first + nb, sm.k_full(ring.slot));
+    load_block(sm.k(ring.slot), &tm.map[1], span_block<T>(blocks, nb), sm.k_full(ring.slot));
     if (ring.reused) mbar_wait(sm.v_empty(ring.slot), ring.parity ^ 1u);
     mbar_arrive_expect_tx(sm.v_full(ring.slot), T::kKvBytes);
-    load_block(sm.v(ring.slot), &tm.map[2], blocks.first + nb, sm.v_full(ring.slot));
+    load_block(sm.v(ring.slot), &tm.map[2], span_block<T>(blocks, nb), sm.v_full(ring.slot));
   }
 }
 
@@ -348,7 +367,8 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
       produce_tile<T, VARLEN>(sm, tm, tile, tile.head / query_group(p), kv_span<T>(p, tile.m0, vs.seq_q, vs.seq_k), ring,
                               MapCoords<VARLEN>{vs.q_tok0, vs.k_tok0});
     } else {
-      produce_tile<T>(sm, tm, tile, tile.head / query_group(p), kv_span<T>(p, tile.m0, p.seq_q, p.seq_k), ring);
+      produce_tile<T>(sm, tm, tile, tile.head / query_group(p),
+                      kv_span<T>(p, tile.m0, p.seq_q, p.seq_k, tile.batch, tile.head), ring);
     }
   }
 }
@@ -376,12 +396,15 @@ struct Rows {
   int lo = 0, hi = 0;  // WINDOW: row i sees keys i + lo .. i + hi (window_offsets)
   float cap_scale = 0.f;  // SOFTCAP: scale / c, the raw score's factor inside tanh
   float alibi_slope = 0.f;  // ALIBI: -slope alibi_unit, the bias per key of distance in S's units
+  const int* kv_list = nullptr;  // MASK: the tile's list row (KvSpan::list)
+  int batch = 0, head = 0;       // MASK: the predicate's b and h (the tile's)
 };
 
 // The first key of the tile's block nb (of those it reads).
 template <class T>
 __device__ __forceinline__ int block_key(const Rows& r, int nb) {
-  if constexpr (ModsOf<T>::window) return r.key0 + nb * T::kBlockN;
+  if constexpr (MaskOf<T>::on()) return MaskBlockList::block(r.kv_list[nb]) * T::kBlockN;
+  else if constexpr (ModsOf<T>::window) return r.key0 + nb * T::kBlockN;
   else return nb * T::kBlockN;
 }
 
@@ -418,17 +441,63 @@ __device__ __forceinline__ void add_alibi(float (&s)[T::kBlockN / 2], const Rows
     }
 }
 
+// MASK (a mask_mod): the predicate's answers for a block, one bit per element of the thread's BN / 2 scores (element
+// (j, e), the accumulators' numbering, is bit 4 j + e: lo holds bits 0-63, hi 64-127), masked where the key is
+// past seq_k, (causal) past the row's diagonal, or the predicate says no; all clear where the summary calls the block
+// full. Taken before the block's S GEMM (block_bits, in consume_*), while K lands and S's registers are free: tested
+// after the GEMM, the predicate's loads were held beside S and O (NVRTC 13.0, sm_90a: up to 208 bytes of spills
+// with three consumers). The empty type for the other kernels.
+template <class T, bool MASK = MaskOf<T>::on()>
+struct BlockBits {};
+template <class T>
+struct BlockBits<T, true> {
+  unsigned long long lo = 0, hi = 0;
+  __device__ bool masked(int x) const { return ((x < 64 ? lo >> x : hi >> (x - 64)) & 1ull) != 0; }
+};
+template <class T, class P>
+__device__ __forceinline__ BlockBits<T> block_bits(const Rows& r, int n0, int nb, const P& p) {
+  BlockBits<T> b;
+  if constexpr (MaskOf<T>::on()) {
+    using M = typename MaskOf<T>::type;
+    if (!MaskBlockList::partial(r.kv_list[nb])) return b;
+#pragma unroll
+    for (int j = 0; j < T::kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r.row0 + 8 * (e >> 1), key = n0 + r.col0 + 8 * j + (e & 1), x = 4 * j + e;
+        const bool m = key >= r.seq_k || (T::kCausal && key > i + r.causal_offset) || !M::test(p.mask, r.batch, r.head, i, key);
+        if (x < 64) b.lo |= static_cast<unsigned long long>(m) << x;
+        else b.hi |= static_cast<unsigned long long>(m) << (x - 64);
+      }
+  }
+  return b;
+}
+// -inf where the block's bits say masked (bits clear on a full block: nothing to do).
+template <class T>
+__device__ __forceinline__ void mask_predicate(float (&s)[T::kBlockN / 2], const Rows& r, int nb, const BlockBits<T>& bits) {
+  if (!MaskBlockList::partial(r.kv_list[nb])) return;
+#pragma unroll
+  for (int x = 0; x < T::kBlockN / 2; ++x)
+    if (bits.masked(x)) s[x] = neg_inf();
+}
+
 // -inf at keys past seq_k and (causal) keys j > i + causal_offset, for the block at key n0; only
 // blocks that straddle the end of the keys or the warpgroup's diagonal have any.
 // SOFTCAP first: S becomes tanh(S scale / c) (its exp2-domain factor, c log2(e), is the kernel's scale_log2), then
-// ALIBI's bias (on every block), then the mask; WINDOW: mask_window instead.
+// ALIBI's bias (on every block), then the mask; WINDOW: mask_window instead; MASK: mask_predicate (nb: the block's
+// place in the span, for its partial bit; bits: its block_bits).
 template <class T>
-__device__ __forceinline__ void mask(float (&s)[T::kBlockN / 2], const Rows& r, int n0) {
+__device__ __forceinline__ void mask(float (&s)[T::kBlockN / 2], const Rows& r, int n0, int nb,
+                                     const BlockBits<T>& bits) {
   if constexpr (ModsOf<T>::softcap) {
 #pragma unroll
     for (int x = 0; x < T::kBlockN / 2; ++x) s[x] = tanh_approx(s[x] * r.cap_scale);
   }
   if constexpr (ModsOf<T>::alibi) add_alibi<T>(s, r, n0);
+  if constexpr (MaskOf<T>::on()) {
+    mask_predicate<T>(s, r, nb, bits);
+    return;
+  }
   if constexpr (ModsOf<T>::window) {
     mask_window<T>(s, r, n0);
     return;
@@ -581,12 +650,15 @@ struct Turns {
 
 // One consumer warpgroup's main loop over a tile's blocks, serial: S, softmax, P V per block. `ring`
 // is at the tile's first block and ends past its last.
-template <class T>
+// `args`: the kernel's argument (MASK reads the predicate's tensors from it).
+template <class T, class Args>
 __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg, const Rows& r, int num_kv_blocks,
                                                float scale_log2, bool lane0, Ring<T::kStages>& ring, POperand<T>& p,
-                                               float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2]) {
+                                               float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2],
+                                               const Args& args) {
   for (int nb = 0; nb < num_kv_blocks; ++nb, ring.next()) {
     const int n0 = block_key<T>(r, nb);
+    const BlockBits<T> bits = block_bits<T>(r, n0, nb, args);  // MASK: while K lands
     float s[T::kBlockN / 2];
     mbar_wait(sm.k_full(ring.slot), ring.parity);
     wgmma_fence();
@@ -595,7 +667,7 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
     wgmma_wait<0>();
     wgmma_fence_regs(s);
     if (lane0) KvCluster<T>::release(sm.k_empty(ring.slot));
-    mask<T>(s, r, n0);
+    mask<T>(s, r, n0, nb, bits);
     float alpha[2];
     softmax<T>(s, m, l, alpha, scale_log2);
     rescale<T>(o, alpha);
@@ -615,15 +687,17 @@ __device__ __forceinline__ void consume_serial(const Smem<T>& sm, unsigned q_wg,
 
 // One consumer warpgroup's main loop with intra-warpgroup overlap: S(n+1) and P(n) V(n) issued
 // together, the softmax of S(n+1) computed while P(n) V(n) runs. `ring` as consume_serial's.
-template <class T>
+template <class T, class Args>
 __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q_wg, const Rows& r, int num_kv_blocks,
                                                    float scale_log2, bool lane0, const Turns<T>& turns,
                                                    Ring<T::kStages>& ring, POperand<T>& p,
-                                                   float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2]) {
+                                                   float (&o)[T::kHeadDim / 2], float (&m)[2], float (&l)[2],
+                                                   const Args& args) {
   if (num_kv_blocks == 0) return;
   float s[T::kBlockN / 2];
   float alpha[2];
   Ring<T::kStages> cur = ring;  // the block whose P is staged in p
+  const BlockBits<T> bits0 = block_bits<T>(r, block_key<T>(r, 0), 0, args);  // MASK: while K lands
   mbar_wait(sm.k_full(cur.slot), cur.parity);
   turns.wait();
   wgmma_fence();
@@ -633,12 +707,13 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
   wgmma_wait<0>();
   wgmma_fence_regs(s);
   if (lane0) KvCluster<T>::release(sm.k_empty(cur.slot));
-  mask<T>(s, r, block_key<T>(r, 0));
+  mask<T>(s, r, block_key<T>(r, 0), 0, bits0);
   softmax<T>(s, m, l, alpha, scale_log2);  // alpha = 0 scales the zero O: nothing to do
   p.stage(s);
   for (int nb = 1; nb < num_kv_blocks; ++nb) {
     Ring<T::kStages> nxt = cur;
     nxt.next();
+    const BlockBits<T> bits = block_bits<T>(r, block_key<T>(r, nb), nb, args);  // MASK: while K lands
     mbar_wait(sm.k_full(nxt.slot), nxt.parity);
     mbar_wait(sm.v_full(cur.slot), cur.parity);
     turns.wait();
@@ -653,7 +728,7 @@ __device__ __forceinline__ void consume_overlapped(const Smem<T>& sm, unsigned q
     wgmma_wait<1>();  // S(nb)
     wgmma_fence_regs(s);
     if (lane0) KvCluster<T>::release(sm.k_empty(nxt.slot));  // K(nb) read: its slot may take K(nb + STAGES) now
-    mask<T>(s, r, block_key<T>(r, nb));
+    mask<T>(s, r, block_key<T>(r, nb), nb, bits);
     softmax<T>(s, m, l, alpha, scale_log2);
     // The softmax is plain register arithmetic the compiler may move below the wait (NVVM): these pin
     // it above; wait_then_rescale's branch keeps ptxas from hoisting the wait above it.
@@ -849,11 +924,12 @@ struct Epilogue {
 // --save-cubins names files after it; the nested expression made it 229-258 characters).
 template <class Traits, bool VARLEN>
 struct Fa3FwdArg {
-  using type = typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnFwdParams>::type>::type;
+  using type = typename ModParamsOf<ModsOf<Traits>::any, typename ParamsOf<VARLEN, AttnFwdParams>::type,
+                                    MaskOf<Traits>::on()>::type;
 };
 
-// Traits: Fa3WgmmaTraits, or AttnModTraits<Fa3WgmmaTraits, WINDOW, SOFTCAP, ALIBI> (then the argument is
-// ModParams).
+// Traits: Fa3WgmmaTraits, or AttnModTraits<Fa3WgmmaTraits, WINDOW, SOFTCAP, ALIBI[, MASK]> (then the argument is
+// ModParams, or MaskModParams with a mask_mod).
 template <class Traits, bool VARLEN = false>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     fa3_wgmma_fwd(const typename Fa3FwdArg<Traits, VARLEN>::type p, const __grid_constant__ AttnTensorMaps tm) {
@@ -863,6 +939,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   using Epilogue = det::Epilogue<T, VARLEN, P>;
   constexpr int SW = T::kSwizzle;
   static_assert(!(VARLEN && T::kMulticast), "MULTICAST is dense only: a packed batch's spare CTAs exit at entry");
+  static_assert(!MaskOf<T>::on() || (!VARLEN && !T::kMulticast && !ModsOf<T>::window),
+                "a mask_mod is dense only, without MULTICAST (neighbouring tiles' lists differ) and without a window");
   check_dynamic_smem(T::kSmemBytes);
   if (det::TileScheduler<T, VARLEN, P>::empty_cta(p)) return;  // VARLEN, PERSISTENT 0: past the sequence's end
 
@@ -921,13 +999,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
       const VarlenSeq vs = VarlenSeq::of<VARLEN>(p, batch);
       tile_seq_q = vs.seq_q, tile_seq_k = vs.seq_k;
     }
-    const det::KvSpan span = det::kv_span<T>(p, m0, tile_seq_q, tile_seq_k);
+    const det::KvSpan span = det::kv_span<T>(p, m0, tile_seq_q, tile_seq_k, batch, tile.head);
     const int num_kv_blocks = span.count;
     det::Rows rows{m0 + 64 * c + wg_row, 2 * tig, tile_seq_k, tile_seq_k - tile_seq_q, m0 + 64 * c};
     if constexpr (ModsOf<T>::window) {
       rows.key0 = span.first * T::kBlockN;
       det::window_offsets<T>(p, tile_seq_q, tile_seq_k, rows.lo, rows.hi);
     }
+    if constexpr (MaskOf<T>::on()) rows.kv_list = span.list, rows.batch = batch, rows.head = tile.head;
     if constexpr (ModsOf<T>::softcap) rows.cap_scale = p.mods.softcap_scale;
     if constexpr (ModsOf<T>::alibi)  // the tile's (batch or sequence, query head) slope, in S's units
       rows.alibi_slope = -p.mods.alibi_slopes[batch * p.mods.alibi_batch_stride + tile.head] * p.mods.alibi_unit;
@@ -940,9 +1019,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
     mbar_wait(sm.q_full(), q_parity);
     turns.begin_tile();
     if constexpr (T::kOverlap)
-      det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, ring, pop, o, m, l);
+      det::consume_overlapped<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, turns, ring, pop, o, m, l, p);
     else
-      det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, ring, pop, o, m, l);
+      det::consume_serial<T>(sm, q_wg, rows, num_kv_blocks, scale_log2, lane == 0, ring, pop, o, m, l, p);
     turns.end_tile();
     // The epilogue, after the pingpong's last turn: with O staged apart, gemms_done releases Q's slot, and the
     // next tile's first arrival on barrier kTurn must follow that.

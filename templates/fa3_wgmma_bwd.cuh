@@ -62,6 +62,11 @@
 // includes the bias b = -slope |m + seq_k - seq_q - n|, so P^T = exp2((S^T + b / scale) scale log2(e) - lse2) (b / c
 // on t with a softcap; AlibiBias, per step: the slope is the step's query head's); b does not depend on Q or K, so
 // dS^T = P^T (dP^T - delta) (times the cap's 1 - t^2) as without it.
+// MASK (a mask_mod, AttnModTraits' fifth argument; MaskModParams): a key block walks, for each query head of its
+// group, the query blocks of its row of the block summary (Steps: MaskBlockList per kv head, the union over the
+// group); the steps the list calls partial mask per element by the predicate, keys past seq_k and causal
+// (PredicateMask, in StepMask's place), the full ones not at all. No DETERMINISTIC (the turns count a range of key
+// blocks), no window.
 #pragma once
 #include "attention_params.h"
 #include "device_common.cuh"
@@ -179,16 +184,28 @@ struct Work {
 // add into different rows of dq_accum at a time instead of all into the same ones.
 // WINDOW: the query blocks whose rows see some key of the block (fa3_bwd_window_query_blocks), the band kept for
 // the masks and the dQ turns.
+// MASK (a mask_mod): the query blocks of the key block's list in the block summary (MaskBlockList, per kv head: the
+// union over its group's query heads), first 0 and each step's position in the list mapped to its query block
+// (query_block; Cursor::mb is then the position).
 struct Steps {
   int first, blocks, count, hq0, rot, group;  // first visible query block, blocks per head, steps, the group's
                                               // first head, the first step (SCHED 2), query heads per kv head
   WindowBand band;                            // WINDOW: the mask's band (unused otherwise)
+  int list_off = 0;                           // MASK: the key block's list row, in entries from the lists' start
   template <class T, class P>
   __device__ static Steps of(const P& p, const Work& w) {
     const int group = query_group(p);
-    int first, blocks;
+    int first = 0, blocks = 0;
     WindowBand band{0, 0};
-    if constexpr (ModsOf<T>::window) {
+    if constexpr (MaskOf<T>::on()) {
+      const MaskBlockList& L = p.mask.blocks;
+      const long long row = L.row(w.batch, w.kv_head, w.n0 / T::kBlockN);
+      const int count = group * L.count[row];
+      const int rot = T::kRotate && count > 0 ? (w.n0 / T::kBlockN) % count : 0;
+      Steps s{0, L.count[row], count, w.kv_head * group, rot, group, band};
+      s.list_off = static_cast<int>(row * L.cols);  // (below 2^31: mask_summary_plan)
+      return s;
+    } else if constexpr (ModsOf<T>::window) {
       band = window_band(p.mods.window_left, p.mods.window_right, T::kCausal, p.seq_q, p.seq_k);
       fa3_bwd_window_query_blocks(band, w.n0, T::kBlockM, T::kBlockN, p.seq_q, p.seq_k, first, blocks);
     } else {
@@ -200,20 +217,40 @@ struct Steps {
     const int rot = T::kRotate && count > 0 ? (w.n0 / T::kBlockN) % count : 0;
     return Steps{first, blocks, count, w.kv_head * group, rot, group, band};
   }
-  __device__ void at(int t, int& hq, int& mb) const {
+  // The query block at a position of the walk (MASK: the list's entry there; else the position itself).
+  // (MASK: an int offset into the lists, the pointer read from the argument where used: a pointer held in Steps cost
+  // the dQ writer warps, whose budget is 24 registers, 16 bytes of spills with one consumer.)
+  template <class T, class P>
+  __device__ int query_block(const P& p, int mb) const {
+    if constexpr (MaskOf<T>::on()) return MaskBlockList::block(p.mask.blocks.index[list_off + mb]);
+    else return mb;
+  }
+  // Step t's query head and position in the walk (the query block itself but for MASK).
+  __device__ void position(int t, int& hq, int& mb) const {
     t += rot;
     if (t >= count) t -= count;
     const int i = t / blocks;
     hq = hq0 + i;
     mb = first + t - i * blocks;
   }
+  // Step t's query head and query block. (position's lines again, and the plain walk's spelled apart: at() calling
+  // position(), or query_block() around the plain one, changed the code of the plain dK/dV kernels.)
+  template <class T, class P>
+  __device__ void at(const P& p, int t, int& hq, int& mb) const {
+    t += rot;
+    if (t >= count) t -= count;
+    const int i = t / blocks;
+    hq = hq0 + i;
+    if constexpr (MaskOf<T>::on()) mb = query_block<T>(p, first + t - i * blocks);
+    else mb = first + t - i * blocks;
+  }
   // The steps in order without a division each: start() is step 0, next() moves to the following one.
   struct Cursor {
     int hq, mb;
   };
-  __device__ Cursor start() const {
+  __device__ Cursor start() const {  // (a position: query_block maps it)
     Cursor c{hq0, first};
-    if (rot) at(0, c.hq, c.mb);
+    if (rot) position(0, c.hq, c.mb);
     return c;
   }
   __device__ void next(Cursor& c) const {
@@ -235,8 +272,8 @@ __device__ __forceinline__ unsigned phase_of(int t) {
 }
 
 // The producer thread: K and V once, then every step's Q, dO, lse2 and delta.
-template <class T>
-__device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps& tm, const AttnBwdParams& p,
+template <class T, class P>
+__device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps& tm, const P& p,
                                         const Work& w, const Steps& st, const Workspace& ws) {
   constexpr int W = T::kGroupCols, SW = T::kSwizzle, BN = T::kBlockN, BM = T::kBlockM;
   if (st.count == 0) return;  // no step: K and V unused (and no copy may outlive the CTA)
@@ -251,7 +288,7 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
     const int s = slot_of<T::kStages>(t);
     if (t >= T::kStages) mbar_wait(sm.q_empty(s), phase_of<T::kStages>(t) ^ 1u);
     int hq, mb;
-    st.at(t, hq, mb);
+    st.at<T>(p, t, hq, mb);
     const unsigned bar = sm.q_full(s);
     mbar_arrive_expect_tx(bar, 2 * T::kQBytes + 2 * T::kStatBytes);
 #pragma unroll
@@ -277,8 +314,8 @@ __device__ __forceinline__ void bulk_wait_read_upto(int pending) {
 // dq_accum by one bulk reduce-add as soon as its warpgroup staged it (the piece's floats are contiguous in
 // both, DqLayout), then each piece freed once read (DETERMINISTIC: the adds in the block's turn and complete
 // before it is passed on, see the file's head).
-template <class T>
-__device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams& p, const Work& w, const Steps& st,
+template <class T, class Params>
+__device__ __forceinline__ void write_dq(const Smem<T>& sm, const Params& p, const Work& w, const Steps& st,
                                          const Workspace& ws, int b, int lane) {
   constexpr int BM = T::kBlockM, D = T::kHeadDim, S = T::kDqStages, P = T::kDqPieces;
   const int key_block = w.n0 / T::kBlockN;
@@ -287,7 +324,7 @@ __device__ __forceinline__ void write_dq(const Smem<T>& sm, const AttnBwdParams&
     int* turn = nullptr;
     if (lane == 0) {
       int hq, mb;
-      st.at(t, hq, mb);
+      st.at<T>(p, t, hq, mb);
       row = (static_cast<long long>(w.batch) * p.heads + hq) * ws.rows + mb * BM;
       turn = ws.turn<T>(w.batch, p.heads, hq, mb);
       if constexpr (T::kDeterministic && ModsOf<T>::window)
@@ -448,11 +485,47 @@ struct AlibiBias {
   }
 };
 
+// MASK (a mask_mod): StepMask's interface over the predicate, for a step the summary calls partial. Element (off, h)
+// is key key0 + 8 h and query qbase + off (qbase = m0 + 2 tig); masked iff the key is past seq_k, (causal) past the
+// query's diagonal, or the predicate says no. The step's BM / 2 answers are taken first, one bit each (at(), by
+// consume before the step's Q lands), so that the predicate's loads end in two registers before the score GEMMs
+// (tested where used, its tensors' loads held beside S^T, dP^T, dK and dV spilled 8 bytes at d 128, BLOCK_M 64, two
+// consumers, a document mask; taken under the GEMMs, 12 to 36). Element (j, e), the accumulators' numbering, is
+// bit 4 j + e.
+template <class M, bool CAUSAL, int BM>
+struct PredicateMask {
+  static_assert(BM <= 128, "one bit per element of a thread's BM / 2 scores, in 64 bits");
+  using Word = unsigned long long;
+  Word bits;
+  __device__ static PredicateMask at(const MaskModArgs& args, int key0, int seq_k, int qbase, int causal_offset,
+                                     int batch, int hq) {
+    Word bits = 0;
+    // Not unrolled: NVRTC 13.0, sm_90a, one consumer at d 128 with softcap and ALiBi too, 16 bytes of spills against
+    // 32-48 unrolled (the loads of every query's entries issued together); two consumers, none either way.
+#pragma unroll 1
+    for (int j = 0; j < BM / 8; ++j) {
+      unsigned nibble = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + 8 * (e >> 1), q = qbase + 8 * j + (e & 1);
+        const bool masked = key >= seq_k || (CAUSAL && key > q + causal_offset) || !M::test(args, batch, hq, q, key);
+        nibble |= static_cast<unsigned>(masked) << e;
+      }
+      bits |= static_cast<Word>(nibble) << (4 * j);
+    }
+    return PredicateMask{bits};
+  }
+  __device__ bool operator()(int off, int h) const {
+    const int x = 4 * (off >> 3) + 2 * h + (off & 1);
+    return ((bits >> x) & 1u) != 0;
+  }
+};
+
 // P^T in place of S^T under a StepMask (a window without a softcap): exp2(S scale_log2 - lse2), 0 where masked;
 // ALIBI: of S plus its bias.
-template <class T, bool MASKED, class Bias = NoBias>
+template <class T, bool MASKED, class Bias = NoBias, class Mask = StepMask>
 __device__ __forceinline__ void masked_probs(float (&st)[T::kBlockM / 2], const StepStats<T>& lse2, float scale_log2,
-                                             const StepMask& mask, const Bias& bias = {}) {
+                                             const Mask& mask, const Bias& bias = {}) {
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
     const float2 l2 = lse2[j];
@@ -474,9 +547,9 @@ __device__ __forceinline__ void masked_probs(float (&st)[T::kBlockM / 2], const 
 // P^T and its product. (NVRTC 13.0, sm_90a: one pass, with both stats' loads and the exponentials beside t and
 // dP^T, spilled 4-20 bytes at d 128 BLOCK_M 64 with one consumer; two passes none.)
 // ALIBI: the exponent is t plus its bias (t' is the cap's alone: the bias does not depend on S).
-template <class T, bool MASKED, class Lse2, class Bias = NoBias>
+template <class T, bool MASKED, class Lse2, class Bias = NoBias, class Mask = StepMask>
 __device__ __forceinline__ void capped_grads(float (&st)[T::kBlockM / 2], float (&dpt)[T::kBlockM / 2], const Lse2& lse2,
-                                             const StepStats<T>& delta, float softcap_log2, const StepMask& mask,
+                                             const StepStats<T>& delta, float softcap_log2, const Mask& mask,
                                              const Bias& bias = {}) {
 #pragma unroll
   for (int j = 0; j < T::kBlockM / 8; ++j) {
@@ -503,6 +576,12 @@ __device__ __forceinline__ void capped_grads(float (&st)[T::kBlockM / 2], float 
   }
 }
 
+// MASK: a step's PredicateMask; else nothing (an empty type). Apart from ModScores, which plain kernels must not
+// instantiate (its static member became a variable of their cubins).
+template <class T>
+using StepPredicate = typename Conditional<MaskOf<T>::on(), PredicateMask<typename MaskOf<T>::type, T::kCausal,
+                                                                          T::kBlockM>, NoBias>::type;
+
 // A modified step's P^T and dS^T (the traits' WINDOW and/or SOFTCAP): under_dp while dP^T's GEMM runs, after_dp
 // once it is done; masked(m0): the tile straddles an edge of the band or seq_k for some element of the warpgroup.
 // The band is the window's (Steps::band), or without one the causal diagonal's (or none) as a band. SOFTCAP puts
@@ -523,6 +602,8 @@ struct ModScores {
   float scale_log2;      // the exponent's factor: SOFTCAP c log2(e) on t, else scale log2(e) on S
   float cap_scale;       // SOFTCAP: scale / c, S's factor inside tanh
   Bias bias{};           // ALIBI: the step's slope and distances
+  // MASK: the step's predicate answers (PredicateMask::at, taken by consume before the step's Q lands); else empty.
+  StepPredicate<T> pred{};
   template <class P>
   __device__ static ModScores at(const P& p, const Steps& st, int key0_block, int krow, int c, int tig, int batch,
                                  int hq, int m0) {
@@ -540,7 +621,14 @@ struct ModScores {
     return wg_key0 + 63 >= seq_k || wg_key0 < m0 + T::kBlockM - 1 + band.lo || wg_key0 + 63 > m0 + band.hi;
   }
   // Key row key0 + 8 h is seen by query m0 + 2 tig + off iff key - hi <= m0 + 2 tig + off <= key - lo.
-  __device__ StepMask step_mask(int m0) const {
+  // MASK: the predicate's (PredicateMask).
+  __device__ auto step_mask(int m0) const {
+    if constexpr (MaskOf<T>::on())
+      return pred;
+    else
+      return band_mask(m0);
+  }
+  __device__ StepMask band_mask(int m0) const {
     StepMask k;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -640,10 +728,12 @@ struct DqSink {
   float* dst;  // the staging tile (staged) or the query block's first dq_accum float (direct)
   int tile, piece;
   bool reuse;  // staged: the tile held step t - DQ_STAGES's dQ
-  __device__ static DqSink at(const Smem<T>& sm, const Workspace& ws, const AttnBwdParams& p, const Work& w,
-                              const Steps::Cursor& step, int t, int piece) {
+  template <class P>
+  __device__ static DqSink at(const Smem<T>& sm, const Workspace& ws, const P& p, const Work& w,
+                              const Steps& st, const Steps::Cursor& step, int t, int piece) {
     if constexpr (T::kDqDirect) {
-      const long long row = (static_cast<long long>(w.batch) * p.heads + step.hq) * ws.rows + step.mb * T::kBlockM;
+      const long long row = (static_cast<long long>(w.batch) * p.heads + step.hq) * ws.rows +
+                            st.query_block<T>(p, step.mb) * T::kBlockM;
       return DqSink{ws.dq_accum + row * T::kHeadDim, 0, piece, false};
     } else {
       const int b = t % T::kDqStages;
@@ -725,7 +815,18 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const P& p, const Wor
   Steps::Cursor at = st.start();
   for (int t = 0; t < st.count; ++t, st.next(at)) {
     const int s = slot_of<T::kStages>(t);
-    const int m0 = at.mb * BM;
+    int m0 = at.mb * BM;  // (MASK: the list's query block; spelled apart, as in Steps::at, for the plain kernels' code)
+    if constexpr (MaskOf<T>::on()) m0 = st.query_block<T>(p, at.mb) * BM;
+    // MASK: whether the summary calls the step partial, and if so the predicate's answers for the thread's
+    // elements, taken here, while Q lands: under the score GEMMs they were held beside S^T, dP^T, dK and dV and
+    // spilled (12 bytes at d 128, BLOCK_M 64, two consumers, a document mask).
+    bool partial = false;
+    StepPredicate<T> pred{};
+    if constexpr (MaskOf<T>::on()) {
+      partial = MaskBlockList::partial(p.mask.blocks.index[st.list_off + at.mb]);
+      if (partial)
+        pred = StepPredicate<T>::at(p.mask, w.n0 + krow, p.seq_k, m0 + 2 * tig, p.seq_k - p.seq_q, w.batch, at.hq);
+    }
     mbar_wait(sm.q_full(s), phase_of<T::kStages>(t));
     const unsigned q = opaque(sm.q(s)), dout = opaque(sm.dout(s)), k = opaque(sm.k());
 
@@ -742,8 +843,10 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const P& p, const Wor
     wgmma_fence_regs(sc);
     delta.load(sm.delta_ptr(s), tig);  // under the exponentials
     if constexpr (ModsOf<T>::any) {  // WINDOW, SOFTCAP: ModScores (the band's mask; t, then P^T and dS^T together)
-      const ModScores<T> mod = ModScores<T>::at(p, st, w.n0, krow, c, tig, w.batch, at.hq, m0);
-      const bool masked = mod.masked(m0);
+      ModScores<T> mod = ModScores<T>::at(p, st, w.n0, krow, c, tig, w.batch, at.hq, m0);
+      bool masked;  // MASK: the summary's partial bit; else the band's straddling test
+      if constexpr (MaskOf<T>::on()) masked = partial, mod.pred = pred;
+      else masked = mod.masked(m0);
       mod.under_dp(sc, lse2, m0, masked);
       wgmma_wait<0>();  // dP^T
       wgmma_fence_regs(dp);
@@ -774,7 +877,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const P& p, const Wor
     if (mine) named_bar_sync(kDsReady, NQ);  // every warpgroup's dS^T rows
     else named_bar_arrive(kDsReady, NQ);
     // This warpgroup's piece of the step's dQ (the whole of it under DQ_TURNS), chains placed by DqLayout.
-    const DqSink<T> sink = DqSink<T>::at(sm, ws, p, w, at, t, T::kDqTurns ? 0 : c);
+    const DqSink<T> sink = DqSink<T>::at(sm, ws, p, w, st, at, t, T::kDqTurns ? 0 : c);
     if constexpr (T::kDqOverlap) {
       // DQ_OVERLAP 1, one dQ chain: issued before dK += dS^T Q, so that it is staged while dK runs.
       float dq[T::kDqChunk / 2];
@@ -832,7 +935,7 @@ __device__ __forceinline__ void consume(const Smem<T>& sm, const P& p, const Wor
 // SOFTCAP>.
 template <class Traits>
 struct Fa3BwdArg {
-  using type = typename ModParamsOf<ModsOf<Traits>::any, AttnBwdParams>::type;
+  using type = typename ModParamsOf<ModsOf<Traits>::any, AttnBwdParams, MaskOf<Traits>::on()>::type;
 };
 
 // lse2 = lse log2(e) and delta = rowsum(dO * O) per padded row (zeros past seq_q), dq_accum = 0, and each
@@ -888,6 +991,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char fa3_bwd_smem[];
   const unsigned raw = smem_u32(fa3_bwd_smem), base = (raw + 1023u) & ~1023u;
   const det::Smem<T> sm{base, fa3_bwd_smem + (base - raw)};
+  static_assert(!MaskOf<T>::on() || (!T::kDeterministic && !ModsOf<T>::window),
+                "a mask_mod has no deterministic dQ order (its key blocks are not a range) and no window");
   const det::Work w = det::Work::of<T>(p);
   if constexpr (T::kPairGroups)
     if (w.batch >= p.batch) return;  // the last group's CTAs past the pairs (before any barrier: all threads)

@@ -26,15 +26,40 @@ constexpr int kMaxSmemBytesSm90 = 227 * 1024;  // 232448
 constexpr int kMaxSmemBytesSm80 = 163 * 1024;  // 166912
 
 // Score modifications (issue 32) as compile-time switches: a family that has them (Family::mods) is instantiated
-// on AttnModTraits<Traits, WINDOW, SOFTCAP, ALIBI> for a problem with a window, a softcap or ALiBi, its plain
-// kernels on Traits itself, whose code and names stay what they were. ModsOf<T> reads the switches of either (false
-// for a plain traits struct, which does not declare them). The kernel's argument is then ModParams
-// (attention_params.h).
-template <class Base, bool WINDOW, bool SOFTCAP, bool ALIBI = false>
+// on AttnModTraits<Traits, WINDOW, SOFTCAP, ALIBI[, MASK]> for a problem with a window, a softcap, ALiBi or a
+// mask_mod, its plain kernels on Traits itself, whose code and names stay what they were. ModsOf<T> reads the
+// switches of either (false for a plain traits struct, which does not declare them). The kernel's argument is then
+// ModParams, or MaskModParams with a mask_mod (attention_params.h).
+// MASK is a type: void, or the user's predicate wrapped as `struct MaskMod_<hash>` (mask_mod.h; the generated
+// source defines it before the family's template), whose test(args, b, h, q_idx, kv_idx) says whether query q_idx
+// sees key kv_idx.
+template <class Base, bool WINDOW, bool SOFTCAP, bool ALIBI = false, class MASK = void>
 struct AttnModTraits : Base {
   static constexpr bool kModWindow = WINDOW;    // sliding window: key blocks outside skipped, edges masked
   static constexpr bool kModSoftcap = SOFTCAP;  // logit softcap: s -> c tanh(s / c) before the softmax
   static constexpr bool kModAlibi = ALIBI;      // ALiBi: s -> s - slope |i + Sk - Sq - j| (after any softcap)
+  using MaskMod = MASK;                         // mask_mod: the predicate (void: none)
+};
+// A traits struct's mask_mod: MaskOf<T>::type the predicate (void: none), MaskOf<T>::on() whether there is one.
+// Functions, not static data members (PagesOf's reason): NVRTC emitted such a member of ModsOf as a variable of the
+// cubin, and the plain kernels' .nv.info moved with it.
+template <class M>
+struct MaskModOn {
+  FT_HD static constexpr bool on() { return true; }
+};
+template <>
+struct MaskModOn<void> {
+  FT_HD static constexpr bool on() { return false; }
+};
+template <class T, class = void>
+struct MaskOf {
+  using type = void;
+  FT_HD static constexpr bool on() { return false; }
+};
+template <class T>
+struct MaskOf<T, decltype(void(static_cast<typename T::MaskMod*>(nullptr)))> {
+  using type = typename T::MaskMod;
+  FT_HD static constexpr bool on() { return MaskModOn<type>::on(); }
 };
 template <class T, class = void>
 struct ModsOf {
@@ -43,7 +68,7 @@ struct ModsOf {
 template <class T>
 struct ModsOf<T, decltype(void(T::kModWindow))> {
   static constexpr bool window = T::kModWindow, softcap = T::kModSoftcap, alibi = T::kModAlibi,
-                        any = T::kModWindow || T::kModSoftcap || T::kModAlibi;
+                        any = T::kModWindow || T::kModSoftcap || T::kModAlibi || MaskOf<T>::on();
 };
 
 // A sliding window as a band around the bottom-right diagonal (issue 32; attention_params.h's AttnMods): query i

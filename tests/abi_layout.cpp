@@ -25,7 +25,7 @@ int main() {
          FIELD(ft_forward_args, seq_k); FIELD(ft_forward_args, head_dim); FIELD(ft_forward_args, dtype);
          FIELD(ft_forward_args, causal); FIELD(ft_forward_args, scale); FIELD(ft_forward_args, q);
          FIELD(ft_forward_args, k); FIELD(ft_forward_args, v); FIELD(ft_forward_args, o); FIELD(ft_forward_args, lse);
-         FIELD(ft_forward_args, heads_k); FIELD(ft_forward_args, mods));
+         FIELD(ft_forward_args, heads_k); FIELD(ft_forward_args, mods); FIELD(ft_forward_args, mask_mod));
   STRUCT(ft_backward_args, FIELD(ft_backward_args, batch); FIELD(ft_backward_args, heads);
          FIELD(ft_backward_args, seq_q); FIELD(ft_backward_args, seq_k); FIELD(ft_backward_args, head_dim);
          FIELD(ft_backward_args, dtype); FIELD(ft_backward_args, causal); FIELD(ft_backward_args, scale);
@@ -33,7 +33,9 @@ int main() {
          FIELD(ft_backward_args, dout); FIELD(ft_backward_args, lse); FIELD(ft_backward_args, dq);
          FIELD(ft_backward_args, dk); FIELD(ft_backward_args, dv); FIELD(ft_backward_args, workspace);
          FIELD(ft_backward_args, workspace_bytes); FIELD(ft_backward_args, heads_k);
-         FIELD(ft_backward_args, deterministic); FIELD(ft_backward_args, mods));
+         FIELD(ft_backward_args, deterministic); FIELD(ft_backward_args, mods); FIELD(ft_backward_args, mask_mod));
+  STRUCT(ft_mask_mod, FIELD(ft_mask_mod, struct_size); FIELD(ft_mask_mod, predicate); FIELD(ft_mask_mod, num_tensors);
+         FIELD(ft_mask_mod, names); FIELD(ft_mask_mod, tensors); FIELD(ft_mask_mod, lengths); FIELD(ft_mask_mod, versions));
   STRUCT(ft_packed_tensor, FIELD(ft_packed_tensor, data); FIELD(ft_packed_tensor, stride));
 #define VARLEN_HEAD(T)                                                                                     \
   FIELD(T, batch); FIELD(T, heads); FIELD(T, heads_k); FIELD(T, head_dim); FIELD(T, total_q); FIELD(T, total_k); \

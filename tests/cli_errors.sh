@@ -234,6 +234,38 @@ for e in "$SRC"/experiments/*.json; do
   grep -q " rows, " "$tmp/plan" || { echo "FAIL: no plan for $e"; fail=1; }
 done
 
+# mask_mod (issue 32, part 3): a predicate that would be more than a function body, one that NVRTC rejects, a tensor
+# the predicate does not read and one it reads but nothing gives: one line each, exit 2, before any GPU work.
+printf '\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00' >"$tmp/doc.bin"
+fa3m="--family fa3_wgmma --params BLOCK_N=64 --shape 1,2,300,300,128 --dtype bf16"
+expect_usage_error "mask_mod may not hold '#'" run $fa3m --mask-mod '#include <cstdio>
+return true;'
+expect_usage_error "mask_mod has an unbalanced '}' at column 11" run $fa3m --mask-mod 'return 1; } __global__ void f() {'
+expect_usage_error "mask_mod has an unclosed '{'" run $fa3m --mask-mod 'if (q_idx > 0) { return true; return false;'
+expect_usage_error "mask_mod may not use the identifier '__asm__'" run $fa3m --mask-mod '__asm__ volatile(); return true;'
+expect_usage_error "mask_mod does not compile: no suitable conversion function from \"const flashtune::MaskTensor\" to" \
+  run $fa3m --mask-mod 'int d = doc; return d > 0;' --mask-tensor doc="$tmp/doc.bin"
+expect_usage_error "mask_mod does not compile: identifier \"dox\" is undefined (at column 1: \"dox\[q_idx\] == doc" \
+  run $fa3m --mask-mod 'dox[q_idx] == doc[kv_idx]' --mask-tensor doc="$tmp/doc.bin"
+expect_usage_error "mask_mod does not compile: a path of the predicate ends without a return" \
+  run $fa3m --mask-mod 'if (kv_idx <= q_idx) return true;'
+expect_usage_error "mask_mod tensor 'pos' is not read by the predicate" \
+  run $fa3m --mask-mod 'doc[q_idx] == doc[kv_idx]' --mask-tensor doc="$tmp/doc.bin",pos="$tmp/doc.bin"
+expect_usage_error "mask_mod does not compile: identifier \"doc\" is undefined" run $fa3m --mask-mod 'doc[q_idx] == doc[kv_idx]'
+expect_usage_error "mask_mod tensor 'doc': file '$tmp/none.bin' does not exist" \
+  run $fa3m --mask-mod 'doc[q_idx] == 0' --mask-tensor doc="$tmp/none.bin"
+expect_usage_error "--mask-tensor goes with --mask-mod" run $fa3m --mask-tensor doc="$tmp/doc.bin"
+expect_usage_error "--mask-tensor must be NAME=FILE" run $fa3m --mask-mod 'doc[q_idx] == 0' --mask-tensor doc
+expect_usage_error "mask_mod and 'window' do not combine" run $fa3m --mask-mod 'kv_idx <= q_idx' --window 16,0
+expect_usage_error "family fa2_simt does not support a mask predicate (mask_mod)" run --family fa2_simt --params BLOCK_M=64 \
+  --shape 1,2,64,64,64 --dtype fp32 --mask-mod 'kv_idx <= q_idx'
+echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"dtype":"bf16","causal":true,
+  "mask_mod":{"predicate":"doc[q_idx] == doc[kv_idx] // a comment","tensors":{"doc":{"segments":[40,24]}}}}]}' >"$tmp/m_ok.json"
+"$FLASHTUNE" problems "$tmp/m_ok.json" | grep -q "B1 H2 Sq64 Sk64 d64 bf16 causal mask_mod [0-9a-f]\{16\}(doc)" ||
+  { echo "FAIL: problems does not print the mask_mod"; "$FLASHTUNE" problems "$tmp/m_ok.json"; fail=1; }
+echo '{"problems":[{"batch":1,"heads":2,"seq":64,"head_dim":64,"mask_mod":{"predicate":"doc[q_idx] ==","tensors":{"doc":[1]}}}]}' >"$tmp/m_bad.json"
+expect_usage_error "mask_mod does not compile: expected an expression" tune "$SRC/configs/spaces/fa3_wgmma.json" "$tmp/m_bad.json" --db "$tmp/x.db"
+
 # Every verb has --help (exit 0).
 for verb in devices compile-check tune run best emit drop-cubins experiment report problems; do
   "$FLASHTUNE" $verb --help >/dev/null || { echo "FAIL: $verb --help"; fail=1; }

@@ -222,8 +222,8 @@ cp "$tmp/fixture.db" "$tmp/otherid.db"
 sql "$tmp/otherid.db" "pragma application_id=1234" >/dev/null
 expect_usage_error "is not a flashtune database (application_id 1234)" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/otherid.db"
 cp "$tmp/fixture.db" "$tmp/newer.db"
-sql "$tmp/newer.db" "update meta set value='11' where key='schema_version'" >/dev/null
-expect_usage_error "has schema version '11'" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/newer.db"
+sql "$tmp/newer.db" "update meta set value='12' where key='schema_version'" >/dev/null
+expect_usage_error "has schema version '12'" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/newer.db"
 
 # --- stored strings that become paths or source text ------------------------------------
 add_row() {  # add_row DB DEVICE ARCH FAMILY CONFIG [DTYPE]
@@ -308,8 +308,8 @@ n3=$("$F" best --db "$tmp/v3.db" --csv | wc -l)
 [[ "$(sha256sum <"$tmp/v3.db")" == "$v3_sum" ]] || { echo "FAIL: report changed a v3 store"; fail=1; }
 cases=$((cases + 1))
 "$F" drop-cubins --db "$tmp/v3.db" || { echo "FAIL: drop-cubins on v3"; fail=1; }
-[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "10,1181504622" ]] ||
-  { echo "FAIL: v3 not migrated to 10 with our application_id"; fail=1; }
+[[ "$(sql "$tmp/v3.db" "select value from meta"),$(sql "$tmp/v3.db" "pragma application_id")" == "11,1181504622" ]] ||
+  { echo "FAIL: v3 not migrated to 11 with our application_id"; fail=1; }
 [[ "$(sql "$tmp/v3.db" "select count(*), count(distinct inputs) from results")" == "8|1" ]] ||
   { echo "FAIL: migrated results: $(sql "$tmp/v3.db" "select count(*), group_concat(distinct inputs) from results")"; fail=1; }
 [[ $("$F" best --db "$tmp/v3.db" --csv | wc -l) -eq $n3 ]] || { echo "FAIL: best after migration"; fail=1; }
@@ -317,7 +317,7 @@ cases=$((cases + 1))
 # --- merge, export, import: bad stores and T4 files refused, the target store unchanged ------------
 # (the protected fixture.db is the merge output and the import target in every case)
 expect_usage_error "is not a flashtune database" merge "$tmp/foreign.db" -o "$tmp/fixture.db"
-expect_usage_error "has schema version '11'" merge "$tmp/newer.db" -o "$tmp/fixture.db"
+expect_usage_error "has schema version '12'" merge "$tmp/newer.db" -o "$tmp/fixture.db"
 expect_usage_error "file is not a database" merge "$tmp/text.db" -o "$tmp/fixture.db"
 expect_usage_error "is empty, not a flashtune database" merge "$tmp/zero.db" -o "$tmp/fixture.db"
 expect_usage_error "is a folder" merge "$tmp" -o "$tmp/fixture.db"

@@ -46,7 +46,7 @@ done
 check "results" "$(sql "$tmp/all.db" "select count(*) from results")" "$want_results"
 check "kernels" "$(sql "$tmp/all.db" "select count(*) from kernels")" "$want_kernels"
 check "experiment runs" "$(sql "$tmp/all.db" "select count(*) from experiment_runs")" "$want_runs"
-check "schema" "$(sql "$tmp/all.db" "select value from meta")" 10
+check "schema" "$(sql "$tmp/all.db" "select value from meta")" 11
 check "provenance" "$(sql "$tmp/all.db" "select count(*), count(distinct content_hash), sum(results) from provenance where kind='merge'")" \
   "${#inputs[@]}|${#inputs[@]}|$want_results"
 check "provenance names the input" "$(sql "$tmp/all.db" "select source from provenance where id=1")" "$tmp/fixture.db"
@@ -107,7 +107,7 @@ check "v3 input unchanged" "$(sha256sum <"$tmp/v3.db")" "$v3_sum"
 check "v3 rows" "$(sql "$tmp/from_v3.db" "select count(*), min(inputs) from results")" "8|normal"
 cp "$tmp/v3.db" "$tmp/v3_out.db"
 "$F" merge "${committed[@]:-$tmp/fixture.db}" -o "$tmp/v3_out.db" >/dev/null || { echo "FAIL: merge into a v3 store"; fail=1; }
-check "v3 output migrated" "$(sql "$tmp/v3_out.db" "select value from meta"),$(sql "$tmp/v3_out.db" "pragma application_id")" "10,1181504622"
+check "v3 output migrated" "$(sql "$tmp/v3_out.db" "select value from meta"),$(sql "$tmp/v3_out.db" "pragma application_id")" "11,1181504622"
 
 # --- refusals -----------------------------------------------------------------------------------
 cp "$tmp/fixture.db" "$tmp/out.db"
@@ -123,8 +123,8 @@ cp "$tmp/fixture.db" "$tmp/arch.db"
 sql "$tmp/arch.db" "update results set arch = 'sm_100' where device_name = 'NVIDIA H200'" >/dev/null
 refused "but sm_100, 132 SMs" "$tmp/out.db" "$tmp/arch.db" -o "$tmp/out.db"
 cp "$tmp/fixture.db" "$tmp/newer.db"
-sql "$tmp/newer.db" "update meta set value = '11'" >/dev/null
-refused "has schema version '11', this flashtune reads versions 1..10" "$tmp/out.db" "$tmp/newer.db" -o "$tmp/out.db"
+sql "$tmp/newer.db" "update meta set value = '12'" >/dev/null
+refused "has schema version '12', this flashtune reads versions 1..11" "$tmp/out.db" "$tmp/newer.db" -o "$tmp/out.db"
 sql "$tmp/foreign.db" "create table accounts(id integer primary key)" >/dev/null
 refused "is not a flashtune database" "$tmp/out.db" "$tmp/foreign.db" -o "$tmp/out.db"
 refused "is not a flashtune database" "$tmp/foreign.db" "$tmp/fixture.db" -o "$tmp/foreign.db"

@@ -81,11 +81,13 @@ def columns(p):
 def rows(p, cols):
     c = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
     return sorted(tuple("" if v is None else v for v in r) for r in c.execute(f"select {','.join(cols)} from results"))
-# A store of an older schema lacks newer columns (v6's heads_k, v7's varlen, v8's paged, v9's window and softcap, v10's alibi):
+# A store of an older schema lacks newer columns (v6's heads_k, v7's varlen, v8's paged, v9's window and softcap, v10's alibi,
+# v11's mask_mod):
 # those must hold their default.
 ca, cb = columns(sys.argv[1]), columns(sys.argv[2])
 common = [c for c in ca if c in cb]
-defaults = {"heads_k": 0, "varlen": "", "paged": "", "window_left": -1, "window_right": -1, "softcap": 0, "alibi": 0}
+defaults = {"heads_k": 0, "varlen": "", "paged": "", "window_left": -1, "window_right": -1, "softcap": 0, "alibi": 0,
+            "mask_mod": ""}
 for p, extra in ((sys.argv[1], set(ca) - set(cb)), (sys.argv[2], set(cb) - set(ca))):
     for col in extra:
         bad = sqlite3.connect(f"file:{p}?mode=ro", uri=True).execute(

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/util.hpp"
 #include "reference/attention_ref.hpp"
 #include "tuner/space/space.hpp"
@@ -304,4 +306,31 @@ TEST(Prepared, CostOrdersProblemsByTheirReference) {
   varlen.varlen.lengths = "list";
   varlen.varlen.seq_lens_q = varlen.varlen.seq_lens_k = {96, 40};
   EXPECT_EQ(prepare_cost(varlen, 512), 0);  // the worker prepares it: nothing ahead
+}
+
+// A mask_mod problem (issue 32, part 3): never prepared ahead (its reference needs the predicate run on a GPU); the
+// worker's prepare_host takes the materialised mask instead, one [Sq, Sk] matrix for every head. With the causal
+// mask written as the predicate's matrix, the reference is the causal problem's, bit for bit.
+TEST(Prepared, MaskModTakesItsMaterialisedMask) {
+  for (Problem causal : {fwd_problem(), bwd_problem(2)}) {
+    causal.causal = true;
+    Problem masked = causal;
+    masked.causal = false;
+    masked.mask_mod = mask_mod_from_json(nlohmann::json::parse(R"({"predicate": "kv_idx <= q_idx + 0"})"));
+    EXPECT_FALSE(host_preparable(masked));
+    EXPECT_THROW(prepare_host(masked, 7, 64, 2), std::invalid_argument);  // no mask given
+    std::vector<uint8_t> mask((size_t)causal.seq_q * causal.seq_k);
+    for (int i = 0; i < causal.seq_q; ++i)
+      for (int j = 0; j < causal.seq_k; ++j) mask[(size_t)i * causal.seq_k + j] = j <= i + causal.seq_k - causal.seq_q;
+    EXPECT_THROW(prepare_host(causal, 7, 64, 2, {}, {}, mask.data()), std::invalid_argument);  // a mask, no mask_mod
+    const HostPrepared want = prepare_host(causal, 7, 64, 2);
+    const HostPrepared got = prepare_host(masked, 7, 64, 2, {}, {}, mask.data());
+    EXPECT_TRUE(same_bits(got.q, want.q) && same_bits(got.k, want.k));
+    EXPECT_EQ(got.fwd.rows, want.fwd.rows);
+    EXPECT_TRUE(same_bits(got.fwd.o, want.fwd.o) && same_bits(got.fwd.lse, want.fwd.lse)) << causal.str();
+    EXPECT_TRUE(same_bits(got.fwd.o_logit, want.fwd.o_logit)) << causal.str();
+    EXPECT_TRUE(same_bits(got.bwd.dq, want.bwd.dq) && same_bits(got.bwd.dk, want.bwd.dk) &&
+                same_bits(got.bwd.dv, want.bwd.dv) && same_bits(got.bwd.lse, want.bwd.lse))
+        << causal.str();
+  }
 }

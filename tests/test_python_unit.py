@@ -5,7 +5,8 @@ against the header), `import flashtune` works without torch, device_available() 
 (False and the reason on a machine without a GPU), and the argument checks that need no GPU: the structs'
 packers, the torch layer's keyword flags (return_lse), and the two backends' op schemas (the compiled
 extension's m.def strings in python/csrc against the ctypes fallback's custom ops in flashtune/torch.py, read as
-text: neither needs torch here).
+text: neither needs torch here). Where torch imports (it need not), the masked ops' fakes, autograd and
+torch.compile tracing on the CPU (TorchMaskOps; skipped otherwise).
 
 Environment (tests/CMakeLists.txt): PYTHONPATH=<repo>/python, FT_ABI_LAYOUT=<abi_layout binary>,
 FLASHTUNE_LIBRARY=<the built libflashtune_attention.so> (optional: without it the library tests skip),
@@ -51,6 +52,9 @@ class StructLayout(unittest.TestCase):
 
     def test_forward_args(self):
         self.check("ft_forward_args", _lib.FtForwardArgs)
+
+    def test_mask_mod(self):
+        self.check("ft_mask_mod", _lib.FtMaskMod)
 
     def test_backward_args(self):
         self.check("ft_backward_args", _lib.FtBackwardArgs)
@@ -414,6 +418,37 @@ class WithLibrary(unittest.TestCase):
         self.assertGreater(len(msg.split(": ", 1)[-1]), 0)
         print(f"null pointers -> {type(e).__name__}: {msg}", file=sys.stderr)
 
+    def test_mask_mod_checks(self):
+        # mask_mod (ABI 0.8): the predicate checked and compiled alone by the runtime (NVRTC, no GPU): a ValueError
+        # (InvalidArgumentError) in one line for a refused text, an unread tensor, an NVRTC error; None when good.
+        try:
+            _lib.check_mask_mod("doc[q_idx] == doc[kv_idx] && kv_idx <= q_idx", ["doc"])
+        except flashtune.CompileError as e:
+            raise unittest.SkipTest(f"no NVRTC: {e}")
+        for text, names, says in [
+                ("#include <cstdio>\nreturn true;", [], "mask_mod may not hold '#'"),
+                ("return 1; } void f() {", [], "mask_mod has an unbalanced '}'"),
+                ("return true;", ["doc"], "mask_mod tensor 'doc' is not read by the predicate"),
+                ("int d = doc; return d > 0;", ["doc"], "mask_mod does not compile: no suitable conversion"),
+                ("dox[q_idx] == 0", ["doc"], "mask_mod tensor 'doc' is not read"),
+                ("dox[q_idx] == doc[0]", ["doc"], 'identifier "dox" is undefined (at column 1')]:
+            with self.subTest(text=text):
+                with self.assertRaises(ValueError) as cm:
+                    _lib.check_mask_mod(text, names)
+                self.assertIsInstance(cm.exception, flashtune.InvalidArgumentError)
+                self.assertIn(says, str(cm.exception))
+                self.assertNotIn("\n", str(cm.exception))
+        with self.assertRaises(TypeError):
+            _lib.check_mask_mod(b"kv_idx <= q_idx")
+        with self.assertRaises(ValueError):
+            _lib.check_mask_mod("q_idx > 0", ["a", "b", "c", "d", "e"])
+        m = _lib.mask_mod_struct("doc[q_idx] > 0", ["doc"], [4096], [10], [3])
+        self.assertEqual((m.num_tensors, m.tensors[0], m.lengths[0], m.versions[0]), (1, 4096, 10, 3))
+        self.assertEqual(m.struct_size, ctypes.sizeof(_lib.FtMaskMod))
+        t = (0, 4096, 1024, 64, 1)  # (pointer, 4 strides)
+        a = _lib.pack_forward((1, 16, 64, 64, 64), 2, 0, 0.0, t, t, t, t, 0, 0, _lib.NO_MODS, ctypes.addressof(m))
+        self.assertEqual(a.mask_mod, ctypes.addressof(m))
+
     def test_scratch_allocator_and_pool(self):
         # set_scratch_allocator: both functions or neither (one line, before the runtime; the runtime's own check is
         # one line too); an installed pair's alloc wrapper hands the runtime a pointer, or NULL with the exception kept
@@ -572,7 +607,10 @@ class TorchOpSchemas(unittest.TestCase):
     names, types and defaults, in order. Both are read as text, so this runs without torch."""
     ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     TYPES = {"torch.Tensor": "Tensor", "Optional[torch.Tensor]": "Tensor?", "bool": "bool", "float": "float",
-             "int": "int"}
+             "int": "int", "str": "str", "list[torch.Tensor]": "Tensor[]"}
+    # The masked ops (mask_mod) are the fallback's alone: a mask_mod call runs through ctypes in either backend.
+    CTYPES_ONLY = {"attention_mask_fwd", "attention_mask_bwd"}
+    MASK_ARGS = [("str", "mask_mod"), ("str", "mask_names"), ("Tensor[]", "mask_tensors")]
 
     def cpp_ops(self):
         src = open(os.path.join(self.ROOT, "python", "csrc", "flashtune_torch.cpp")).read()
@@ -602,10 +640,139 @@ class TorchOpSchemas(unittest.TestCase):
 
     def test_same_ops(self):
         cpp, py = self.cpp_ops(), self.python_ops()
-        self.assertEqual(sorted(cpp), sorted(py))
+        self.assertEqual(sorted(cpp), sorted(set(py) - self.CTYPES_ONLY))
         self.assertGreaterEqual(len(cpp), 5)
         for name in cpp:
             self.assertEqual(cpp[name], py[name], name)
+
+    def test_mask_ops(self):
+        # attention_mask_fwd/bwd: attention_fwd's and attention_bwd's arguments with the predicate, the tensors' names
+        # and the tensors after scale, everything else (names, types, defaults, order) the same.
+        py = self.python_ops()
+        self.assertLessEqual(self.CTYPES_ONLY, set(py))
+        for masked, plain in (("attention_mask_fwd", "attention_fwd"), ("attention_mask_bwd", "attention_bwd")):
+            args = list(py[plain])
+            at = [a[1] for a in args].index("scale") + 1
+            self.assertEqual(py[masked], args[:at] + self.MASK_ARGS + args[at:], masked)
+
+
+class TorchMaskOps(unittest.TestCase):
+    """The masked ops (flashtune_ctypes::attention_mask_fwd/bwd) where torch imports, on the CPU: their fakes on meta
+    tensors, autograd through them (the forward's registered backward runs the backward op), torch.compile of a
+    training step with them (fullgraph, AOT autograd: the forward op in the forward graph, the backward op in the
+    backward graph), attention(mask_mod=...) traced without a graph break on fake CUDA tensors, and the argument
+    checks that need no GPU. Skipped without torch (the unit suite's machines have none)."""
+
+    DOC = "doc[q_idx] == doc[kv_idx]"
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            import torch
+        except ImportError:
+            raise unittest.SkipTest("torch is not installed")
+        import flashtune.torch as ft
+        cls.torch, cls.ft = torch, ft
+        cls.ops = torch.ops.flashtune_ctypes
+
+    def qkv(self, device="meta", B=2, H=4, Hk=2, S=128, d=64, grad=True):
+        t = self.torch
+        q = t.empty(B, H, S, d, device=device, dtype=t.bfloat16, requires_grad=grad)
+        k, v = (t.empty(B, Hk, S, d, device=device, dtype=t.bfloat16, requires_grad=grad) for _ in range(2))
+        return q, k, v
+
+    def test_fakes_and_autograd(self):
+        t = self.torch
+        q, k, v = self.qkv()
+        doc = t.empty(128, device="meta", dtype=t.int32)
+        o, lse = self.ops.attention_mask_fwd(q, k, v, True, 0.0, self.DOC, "doc", [doc])
+        self.assertEqual((o.shape, o.dtype, lse.shape, lse.dtype),
+                         ((2, 4, 128, 64), t.bfloat16, (2, 4, 128), t.float32))
+        self.assertFalse(lse.requires_grad)
+        o.float().sum().backward()
+        self.assertEqual([x.grad.shape for x in (q, k, v)], [q.shape, k.shape, v.shape])
+        # no tensor (a predicate of positions alone), and the backward op called alone
+        q, k, v = self.qkv(grad=False)
+        dq, dk, dv = self.ops.attention_mask_bwd(q, q, k, v, q, q.new_empty((2, 4, 128), dtype=t.float32), False,
+                                                 0.0, "kv_idx <= q_idx", "", [])
+        self.assertEqual([x.shape for x in (dq, dk, dv)], [q.shape, k.shape, v.shape])
+
+    def test_compiled_training_step(self):
+        from torch._dynamo.backends.common import aot_autograd
+        from functorch.compile import make_boxed_func
+        t = self.torch
+        graphs = []
+
+        def keep(gm, example_inputs):
+            graphs.append(gm.code)
+            return make_boxed_func(gm.forward)
+
+        def step(q, k, v, doc, seg):
+            o, _ = self.ops.attention_mask_fwd(q, k, v, True, 0.0, self.DOC + " && seg[kv_idx] > 0", "doc,seg",
+                                               [doc, seg], False, -1, -1, 0.0, None)
+            return o.float().sum()
+
+        q, k, v = self.qkv()
+        doc = t.empty(128, device="meta", dtype=t.int32)
+        t._dynamo.reset()
+        loss = t.compile(step, fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))(
+            q, k, v, doc, doc)
+        loss.backward()
+        self.assertEqual([x.grad.shape for x in (q, k, v)], [q.shape, k.shape, v.shape])
+        self.assertEqual(len(graphs), 2)
+        self.assertIn("flashtune_ctypes.attention_mask_fwd.default", graphs[0])
+        self.assertNotIn("attention_mask_bwd", graphs[0])
+        self.assertIn("flashtune_ctypes.attention_mask_bwd.default", graphs[1])
+        self.assertIn("'doc,seg'", graphs[1])
+
+    def test_attention_traced_without_graph_break(self):
+        # attention(mask_mod=...) under torch.compile(fullgraph=True) calls the masked op: one graph holding it. Fake
+        # CUDA tensors (no GPU here); the graph runs on them too (the op's fake).
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        t, ft = self.torch, self.ft
+        graphs = []
+
+        def keep(gm, example_inputs):
+            graphs.append(gm.code)
+            return gm.forward
+
+        def f(q, k, v, doc):
+            o, lse = ft.attention(q, k, v, causal=True, mask_mod=self.DOC, mask_tensors={"doc": doc}, return_lse=True,
+                                  softcap=30.0)
+            return o.float().sum() + lse.sum()
+
+        t._dynamo.reset()
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            q, k, v = self.qkv(device="cuda", grad=False)
+            doc = t.empty(128, device="cuda", dtype=t.int32)
+            out = t.compile(f, fullgraph=True, backend=keep)(q, k, v, doc)
+            self.assertEqual(out.shape, ())
+        self.assertEqual(len(graphs), 1)
+        self.assertIn("flashtune_ctypes.attention_mask_fwd.default", graphs[0])
+        self.assertIn(repr(self.DOC), graphs[0])
+        self.assertIn("30.0", graphs[0])  # the softcap, among the ops' mods
+
+    def test_op_argument_checks(self):
+        # Checked in Python before any GPU work: one line each.
+        t, ft = self.torch, self.ft
+        doc = t.zeros(8, dtype=t.int32)
+        fn = "flashtune_ctypes::attention_mask_fwd"
+        with self.assertRaisesRegex(ValueError, r"mask_names names 2 tensors \('doc,seg'\), mask_tensors holds 1$"):
+            ft._op_mask(fn, self.DOC, "doc,seg", [doc], None, (-1, -1))
+        with self.assertRaisesRegex(ValueError, r"mask_names names a tensor twice \('doc,doc'\)$"):
+            ft._op_mask(fn, self.DOC, "doc,doc", [doc, doc], None, (-1, -1))
+        with self.assertRaisesRegex(ValueError, r"mask_mod and window_size do not combine"):
+            ft._op_mask(fn, self.DOC, "doc", [doc], None, (16, 0))
+        with self.assertRaisesRegex(TypeError, r"mask_tensors\['doc'\] must be torch.int32, got torch.int64$"):
+            ft._op_mask(fn, self.DOC, "doc", [doc.long()], None, (-1, -1))
+        with self.assertRaisesRegex(ValueError, r"mask_tensors' names are C\+\+ identifiers, got 'a,b'$"):
+            ft._mask_tensors("flashtune.torch.attention", self.DOC, {"a,b": doc}, None, (-1, -1))
+        m = ft._op_mask(fn, self.DOC, "doc", [doc[::2]], None, (-1, -1))  # strided: a contiguous copy
+        self.assertTrue(m.tensors["doc"].is_contiguous())
+        self.assertEqual((m.struct.num_tensors, m.struct.lengths[0]), (1, 4))
+        q, k, v = self.qkv(device="cpu", grad=False)
+        with self.assertRaisesRegex(ValueError, r"^flashtune_ctypes::attention_mask_fwd: q is on cpu"):
+            self.ops.attention_mask_fwd(q, k, v, True, 0.0, self.DOC, "doc", [doc])
 
 
 class TuneArguments(unittest.TestCase):

@@ -1518,6 +1518,80 @@ TEST(RuntimeArgs, ForwardChecks) {
   EXPECT_TRUE(is_contiguous(tensor_args(&g)[3]));
 }
 
+// mask_mod (ft_mask_mod, ABI 0.8): the struct's fields, the predicate's checks and NVRTC's compile of it (one line,
+// FT_INVALID_ARGUMENT), then the call's: not with a window, nor a deterministic backward, a family that has it;
+// ft_check_mask_mod alone. No GPU: every refusal comes before the driver.
+TEST(RuntimeArgs, MaskModChecks) {
+  static const int32_t* const dev = reinterpret_cast<const int32_t*>(uintptr_t{0x1000});
+  auto mask = [](const char* text, std::vector<const char*> names = {}) {
+    ft_mask_mod m{};
+    m.struct_size = sizeof m;
+    m.predicate = text;
+    m.num_tensors = (int)names.size();
+    for (size_t i = 0; i < names.size(); ++i) m.names[i] = names[i], m.tensors[i] = dev, m.lengths[i] = 128;
+    return m;
+  };
+  auto status = [](const ft_mask_mod& m) { return ft_check_mask_mod(&m); };
+  const ft_mask_mod doc = mask("doc[q_idx] == doc[kv_idx]", {"doc"});
+  EXPECT_EQ(status(doc), FT_OK) << ft_last_error();
+  EXPECT_EQ(ft_check_mask_mod(nullptr), FT_INVALID_ARGUMENT);
+  struct Case {
+    ft_mask_mod m;
+    ft_status want;
+    const char* says;
+  };
+  ft_mask_mod old_size = doc;
+  old_size.struct_size = 8;
+  ft_mask_mod unaligned = doc;
+  unaligned.tensors[0] = reinterpret_cast<const int32_t*>(uintptr_t{0x1002});
+  ft_mask_mod no_len = doc;
+  no_len.lengths[0] = 0;
+  ft_mask_mod no_name = doc;
+  no_name.names[0] = nullptr;
+  ft_mask_mod too_many = doc;
+  too_many.num_tensors = 5;
+  const Case cases[] = {
+      {old_size, FT_INVALID_ARGUMENT, "mask_mod.struct_size 8 is below sizeof(ft_mask_mod)"},
+      {unaligned, FT_INVALID_ARGUMENT, "mask_mod tensor 0 ('doc') must be 4-byte aligned"},
+      {no_len, FT_INVALID_ARGUMENT, "length 0 is outside 1..2^31-1"},
+      {no_name, FT_INVALID_ARGUMENT, "mask_mod tensor 0: its name is null"},
+      {too_many, FT_INVALID_ARGUMENT, "mask_mod.num_tensors must be 0..4, got 5"},
+      {mask("#include <cstdio>\nreturn true;"), FT_INVALID_ARGUMENT, "mask_mod may not hold '#'"},
+      {mask("return 1; } void f() {"), FT_INVALID_ARGUMENT, "mask_mod has an unbalanced '}'"},
+      {mask("return true;", {"doc"}), FT_INVALID_ARGUMENT, "mask_mod tensor 'doc' is not read by the predicate"},
+      {mask("dox[q_idx] == doc[kv_idx]", {"doc"}), FT_INVALID_ARGUMENT,
+       "mask_mod does not compile: identifier \"dox\" is undefined (at column 1"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(status(c.m), c.want) << c.says;
+    EXPECT_NE(std::string(ft_last_error()).find(c.says), std::string::npos) << ft_last_error();
+    expect_one_line(ft_last_error());
+    ft_forward_args a = good_forward();
+    a.mask_mod = &c.m;
+    const Check k = check_forward(&a);
+    EXPECT_EQ(k.status, c.want);
+    EXPECT_NE(k.message.find(c.says), std::string::npos) << k.message;
+    EXPECT_EQ(ft_attention_forward(&a, nullptr), c.want);
+  }
+  ft_forward_args f = good_forward();  // bf16 d 64 (the Hopper forward's): a mask passes
+  f.mask_mod = &doc;
+  EXPECT_EQ(check_forward(&f).status, FT_OK) << check_forward(&f).message;
+  f.mods = ft_mods{1, 128, -1, 0};
+  EXPECT_EQ(check_forward(&f).status, FT_INVALID_ARGUMENT);
+  EXPECT_NE(check_forward(&f).message.find("mask_mod and a window (mods.window) do not combine"), std::string::npos);
+  f = good_forward();
+  f.mask_mod = &doc, f.dtype = FT_FP32;
+  EXPECT_EQ(check_forward(&f).status, FT_UNSUPPORTED);
+  EXPECT_NE(check_forward(&f).message.find("no family runs fp32 forward with a mask_mod"), std::string::npos)
+      << check_forward(&f).message;
+  ft_backward_args b = good_backward();
+  b.mask_mod = &doc, b.dtype = FT_BF16;
+  EXPECT_EQ(check_backward(&b).status, FT_OK) << check_backward(&b).message;
+  b.deterministic = 1;
+  EXPECT_EQ(check_backward(&b).status, FT_UNSUPPORTED);
+  EXPECT_NE(check_backward(&b).message.find("a deterministic backward has no mask_mod form"), std::string::npos);
+}
+
 // Dense calls past the kernels' 32-bit indexing run in batch chunks that each fit (batch_chunk, batch_slice),
 // where nothing else is wrong with them: the decode shape of issue 31 (B 64 x 8 kv heads x Sk 128k x d 128:
 // k has 8.6e9 elements, one batch 134M, so 15 batches a chunk), a backward whose dq accumulator alone passes.
@@ -2002,5 +2076,5 @@ TEST(RuntimeCApi, NoGpuIsOneLine) {
   EXPECT_EQ(round.k_pages.stride[0], 5);
   EXPECT_EQ(round.v_pages.stride[3], 12);
   EXPECT_EQ(round.o.stride[0], 13);
-  EXPECT_EQ(runtime::version(), "0.7.0");
+  EXPECT_EQ(runtime::version(), "0.8.0");
 }

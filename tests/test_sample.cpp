@@ -189,9 +189,17 @@ TEST(Sample, DefaultVariantsSpanHeadDimsMasksDtypes) {
     const size_t paged = (f.paged ? f.head_dims.size() * 2 : 0) + (f.paged_nhd ? f.head_dims.size() : 0);
     // Score modifications (fa3_wgmma): all of them at every head dim (up to mods_max_head_dim: fa2_mma_bwd's 128) and
     // mask, each alone at the largest of those head dims.
+    const unsigned score = f.mods & ~kModMask;  // a mask_mod's variants need a predicate: counted apart
     const size_t mod_dims = (size_t)std::count_if(f.head_dims.begin(), f.head_dims.end(),
-                                                  [&](int d) { return f.has_mods(f.mods, d); });
-    const size_t mods = f.mods ? mod_dims * 2 + (f.mods == (kModWindow | kModSoftcap | kModAlibi) ? 6 : 0) : 0;
+                                                  [&](int d) { return f.has_mods(score, d); });
+    size_t mods = score ? mod_dims * 2 + (score == (kModWindow | kModSoftcap | kModAlibi) ? 6 : 0) : 0;
+    // mask_mod (sample_mask_predicate): with the softcap and ALiBi it combines with, and alone, at every head dim
+    // and mask.
+    const unsigned with = kModMask | (f.mods & (kModSoftcap | kModAlibi));
+    if (f.mods & kModMask)
+      mods += (size_t)std::count_if(f.head_dims.begin(), f.head_dims.end(), [&](int d) { return f.has_mods(with, d); }) *
+              2 * (with == kModMask ? 1 : 2);
+    for (const auto& v : vs) EXPECT_EQ(v.mask != nullptr, (v.mods & kModMask) != 0) << f.name;
     if (f.name == "fa2_mma_bwd") EXPECT_EQ(mod_dims, 4u);  // 32, 64, 96, 128: not 192, 256
     for (const auto& v : vs) EXPECT_TRUE(f.has_mods(v.mods, v.head_dim)) << f.name << " d " << v.head_dim;
     EXPECT_EQ(vs.size(), dense + packed + paged + mods) << f.name;

@@ -978,3 +978,94 @@ TEST(Store, MigratesVersion9ToAlibiKey) {
     EXPECT_NE(std::string(err.what()).find("alibi"), std::string::npos) << err.what();
   }
 }
+
+// Schema 11: results.mask_mod in the unique key. A version-10 table (no mask_mod column) is read read-only with every
+// row unmasked, migrated with every row keeping its meaning, and a mask_mod row of the same kernel and shape is a
+// row of its own, read back with its predicate and digests; a stored predicate is checked as a problem file's.
+TEST(Store, MigratesVersion10ToMaskModKey) {
+  std::string path = temp_db("v10");
+  {
+    Store s(path);
+    fixture::fill_fixture(s);
+  }
+  {  // a version-10 results table: the v11 table without its mask_mod column
+    sqlite3* db;
+    sqlite3_open(path.c_str(), &db);
+    const char* rebuild = R"sql(
+      CREATE TABLE r10(id INTEGER PRIMARY KEY,
+        kernel_hash TEXT NOT NULL, family TEXT NOT NULL, direction TEXT NOT NULL, config TEXT NOT NULL,
+        batch INTEGER NOT NULL, heads INTEGER NOT NULL, seq_q INTEGER NOT NULL, seq_k INTEGER NOT NULL,
+        head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, causal INTEGER NOT NULL, status TEXT NOT NULL, error TEXT,
+        max_abs REAL, max_rel REAL, mse REAL, ms_median REAL, ms_p20 REAL, ms_p80 REAL, reps INTEGER, tflops REAL,
+        gbps REAL, seed INTEGER, device_name TEXT NOT NULL, arch TEXT NOT NULL, sm_count INTEGER NOT NULL,
+        driver_version INTEGER NOT NULL, nvrtc_version TEXT NOT NULL, options TEXT NOT NULL, source_hash TEXT NOT NULL,
+        registers INTEGER, smem_static INTEGER, spill_stores INTEGER, created TEXT NOT NULL, detail TEXT,
+        inputs TEXT NOT NULL DEFAULT 'normal', origin INTEGER, heads_k INTEGER NOT NULL DEFAULT 0,
+        varlen TEXT NOT NULL DEFAULT '', paged TEXT NOT NULL DEFAULT '',
+        window_left INTEGER NOT NULL DEFAULT -1, window_right INTEGER NOT NULL DEFAULT -1, softcap REAL NOT NULL DEFAULT 0,
+        alibi INTEGER NOT NULL DEFAULT 0,
+        UNIQUE(kernel_hash, device_name, sm_count, batch, heads, heads_k, seq_q, seq_k, inputs, varlen, paged,
+               window_left, window_right, softcap, alibi));
+      INSERT INTO r10 SELECT id,kernel_hash,family,direction,config,batch,heads,seq_q,seq_k,head_dim,dtype,causal,
+        status,error,max_abs,max_rel,mse,ms_median,ms_p20,ms_p80,reps,tflops,gbps,seed,device_name,arch,sm_count,
+        driver_version,nvrtc_version,options,source_hash,registers,smem_static,spill_stores,created,detail,inputs,origin,
+        heads_k,varlen,paged,window_left,window_right,softcap,alibi FROM results;
+      DROP TABLE results; ALTER TABLE r10 RENAME TO results; UPDATE meta SET value='10';)sql";
+    ASSERT_EQ(sqlite3_exec(db, rebuild, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  }
+  std::vector<ResultRecord> before;
+  {
+    Store ro(path, Store::Mode::read_only);
+    EXPECT_EQ(ro.schema_version(), 10);
+    before = ro.results({});
+    ASSERT_EQ(before.size(), 8u);
+    for (const auto& r : before) EXPECT_FALSE(r.problem.mask_mod.enabled());
+  }
+  Store s(path);
+  EXPECT_EQ(s.schema_version(), kSchemaVersion);
+  const std::vector<ResultRecord> after = s.results({});
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].id, before[i].id);
+    EXPECT_EQ(after[i].problem, before[i].problem);
+  }
+  ResultRecord a = after[0];
+  a.problem.mask_mod = mask_mod_from_json(nlohmann::json::parse(
+      R"({"predicate": "doc[q_idx] == doc[kv_idx]", "tensors": {"doc": {"segments": [3, 5]}}})"));
+  a.ms_median = 0.25;
+  DeviceInfo d;
+  d.name = a.device_name; d.arch = a.arch; d.sm_count = a.sm_count; d.driver_version = a.driver_version;
+  EXPECT_FALSE(s.has_result(a.kernel_hash, d, a.problem));
+  s.put_result(a, d);
+  EXPECT_TRUE(s.has_result(a.kernel_hash, d, a.problem));
+  EXPECT_TRUE(s.has_result(after[0].kernel_hash, d, after[0].problem));
+  int found = 0;
+  for (const auto& r : s.results({}))
+    if (r.kernel_hash == a.kernel_hash && r.problem.mask_mod.enabled()) {
+      ++found;
+      EXPECT_EQ(r.problem, a.problem);  // the predicate and the digest: its identity (the values are not stored)
+      EXPECT_FALSE(r.problem.mask_mod.has_values());
+      EXPECT_EQ(r.ms_median, 0.25);
+    }
+  EXPECT_EQ(found, 1);
+  // Another document layout under the same predicate is another problem.
+  ResultRecord b = a;
+  b.problem.mask_mod = mask_mod_from_json(nlohmann::json::parse(
+      R"({"predicate": "doc[q_idx] == doc[kv_idx]", "tensors": {"doc": {"segments": [4, 4]}}})"));
+  EXPECT_FALSE(s.has_result(b.kernel_hash, d, b.problem));
+  sqlite3* db;
+  sqlite3_open(path.c_str(), &db);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "UPDATE results SET mask_mod='{\"predicate\":\"#include <x>\",\"tensors\":{}}' "
+                         "WHERE ms_median=0.25",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  try {
+    s.results({});
+    ADD_FAILURE() << "a stored predicate with a directive was read";
+  } catch (const UsageError& err) {
+    EXPECT_NE(std::string(err.what()).find("may not hold '#'"), std::string::npos) << err.what();
+  }
+}

@@ -13,6 +13,7 @@
 #include "core/dtype_convert.hpp"
 #include "core/family.hpp"
 #include "core/input_files.hpp"
+#include "core/mask_summary.hpp"
 #include "core/tensor_maps.hpp"
 #include "core/timing.hpp"
 #include "reference/attention_ref.hpp"
@@ -88,6 +89,7 @@ GpuRunner::GpuRunner(int ordinal, int threads) : ordinal_(ordinal), threads_(thr
 
 GpuRunner::~GpuRunner() {
   destroy_library();
+  if (mask_module_) cuModuleUnload(mask_module_);
   for (Outputs* o : {&outputs_, &again_})
     for (HostBuffer& h : *o) free_host(h);
   for (Buffer* b : problem_buffers())
@@ -98,7 +100,8 @@ GpuRunner::~GpuRunner() {
 
 std::vector<GpuRunner::Buffer*> GpuRunner::problem_buffers() {
   return {&q_, &k_, &v_, &o_, &lse_, &dout_, &dq_, &dk_, &dv_, &delta_, &dq_accum_, &workspace_, &scores_, &probs_,
-          &cu_q_, &cu_k_, &block_table_, &cache_seqlens_, &alibi_};
+          &cu_q_, &cu_k_, &block_table_, &cache_seqlens_, &alibi_, &mask_tensors_[0], &mask_tensors_[1],
+          &mask_tensors_[2], &mask_tensors_[3], &mask_states_, &mask_count_, &mask_index_, &mask_dense_};
 }
 
 size_t GpuRunner::problem_bytes() {
@@ -159,6 +162,11 @@ json GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
     if (p.varlen.enabled() && !inputs_dir.empty()) throw std::runtime_error("varlen problems take generated inputs");
     if (p.paged.enabled() && !inputs_dir.empty()) throw std::runtime_error("paged problems take generated inputs");
     if (p.paged.enabled() && p.direction != "fwd") throw std::runtime_error("paged problems are forward problems");
+    mask_blocks_[0] = mask_blocks_[1] = 0;  // the summary is the problem's and the kernel's blocks'
+    if (p.mask_mod.enabled()) {
+      if (!inputs_dir.empty()) throw std::runtime_error("mask_mod problems take generated inputs");
+      prepare_mask(p);
+    }
     if (p.varlen.enabled() && p.direction == "bwd") prepare_varlen_bwd(p, seed);
     else if (p.varlen.enabled()) prepare_varlen_fwd(p, seed, max_rows);
     else if (p.paged.enabled()) prepare_paged_fwd(p, seed, max_rows);
@@ -183,6 +191,9 @@ json GpuRunner::prepare(const Problem& p, unsigned long long seed, long long max
 HostPrepared GpuRunner::host_side(const Problem& p, unsigned long long seed, long long max_rows,
                                   const std::string& prepared_file) {
   HostPrepared h;
+  if (p.mask_mod.enabled())  // the tuner cannot prepare it (it has no GPU to run the predicate on): computed here
+    return prepare_host(p, seed, max_rows, threads_, [this](const char* phase) { prepare_clock_.lap(phase); }, {},
+                        mask_host_.data());
   if (!prepared_file.empty()) {
     std::string why;
     if (read_prepared(prepared_file, p, seed, max_rows, h, why)) {
@@ -448,6 +459,74 @@ void GpuRunner::prepare_paged_fwd(const Problem& p, unsigned long long seed, lon
   prepare_clock_.lap("reference");
 }
 
+void GpuRunner::prepare_mask(const Problem& p) {
+  const MaskPredicate& m = p.mask_mod.predicate;
+  if (p.varlen.enabled() || p.paged.enabled()) throw std::runtime_error("mask_mod problems are dense");
+  if (!p.mask_mod.has_values()) throw std::runtime_error("mask_mod: its tensors' values are not here (a stored problem's digests)");
+  // The validation's reference tiles distinct heads' inputs over the problem's heads (prepare_host), which holds only
+  // where every head has one mask: a predicate that reads b or h would need every head's own reference.
+  if (m.reads_batch || m.reads_head)
+    throw std::runtime_error("mask_mod: validating a predicate that reads b or h is not built (the reference's "
+                             "heads share their inputs, and so must their mask)");
+  if (mask_module_hash_ != m.hash()) {
+    if (mask_module_) cuModuleUnload(mask_module_);
+    mask_module_ = nullptr;
+    mask_module_hash_.clear();
+    const MaskSummaryProgram prog = compile_mask_summary(m, info_.arch);
+    CU_CHECK(cuModuleLoadData(&mask_module_, prog.cubin.data()));
+    CU_CHECK(cuModuleGetFunction(&mask_states_fn_, mask_module_, prog.lowered[0].c_str()));
+    CU_CHECK(cuModuleGetFunction(&mask_lists_fn_, mask_module_, prog.lowered[1].c_str()));
+    CU_CHECK(cuModuleGetFunction(&mask_dense_fn_, mask_module_, prog.lowered[2].c_str()));
+    mask_module_hash_ = m.hash();
+  }
+  mask_args_ = MaskModArgs{};
+  for (size_t i = 0; i < m.names.size(); ++i) {
+    const std::vector<int32_t>& v = *p.mask_mod.values[i];
+    ensure(mask_tensors_[i], v.size() * 4);
+    CU_CHECK(cuMemcpyHtoD(mask_tensors_[i].ptr, v.data(), v.size() * 4));
+    mask_args_.tensor[i] = MaskTensor{(const int*)mask_tensors_[i].ptr, (int)v.size()};
+  }
+  // The predicate on every (query, key) of one [Sq, Sk] mask (it reads neither b nor h: above).
+  const long long n = mask_dense_elements(m, p.batch, p.heads, p.seq_q, p.seq_k);
+  if (n > (1ll << 32)) throw std::runtime_error("mask_mod: a dense mask of " + std::to_string(n) + " bytes for the reference is past 2^32");
+  ensure(mask_dense_, (size_t)n);
+  MaskStatesArgs a = mask_dense_args(m, p.batch, p.heads, p.seq_q, p.seq_k);
+  a.mask = mask_args_;
+  a.states = (unsigned char*)mask_dense_.ptr;
+  void* args[] = {&a};
+  CU_CHECK(cuLaunchKernel(mask_dense_fn_, (unsigned)((n + kMaskDenseThreads - 1) / kMaskDenseThreads), 1, 1,
+                          kMaskDenseThreads, 1, 1, 0, nullptr, args, nullptr));
+  mask_host_.resize((size_t)n);
+  CU_CHECK(cuMemcpyDtoH(mask_host_.data(), mask_dense_.ptr, (size_t)n));  // (synchronises)
+  prepare_clock_.lap("mask");
+}
+
+void GpuRunner::mask_summary(int block_q, int block_k) {
+  const Problem& p = problem_;
+  if (mask_blocks_[0] == block_q && mask_blocks_[1] == block_k) return;  // this problem's, these blocks'
+  if (block_q <= 0 || block_k <= 0) throw std::runtime_error("mask_mod: the request has no mask_blocks");
+  MaskSummaryPlan plan = mask_summary_plan(p.mask_mod.predicate, p.direction == "bwd", p.batch, p.heads, p.heads_k,
+                                           p.seq_q, p.seq_k, p.causal, block_q, block_k);
+  ensure(mask_states_, plan.states_bytes);
+  ensure(mask_count_, plan.count_bytes);
+  ensure(mask_index_, plan.index_bytes);
+  plan.states.mask = mask_args_;
+  plan.states.states = (unsigned char*)mask_states_.ptr;
+  void* sargs[] = {&plan.states};
+  CU_CHECK(cuLaunchKernel(mask_states_fn_, plan.states_grid[0], plan.states_grid[1], plan.states_grid[2],
+                          kMaskStatesThreads, 1, 1, 0, nullptr, sargs, nullptr));
+  plan.lists.states = (const unsigned char*)mask_states_.ptr;
+  plan.lists.count = (int*)mask_count_.ptr;
+  plan.lists.index = (int*)mask_index_.ptr;
+  void* largs[] = {&plan.lists};
+  CU_CHECK(cuLaunchKernel(mask_lists_fn_, plan.lists_grid, 1, 1, kMaskListsThreads, 1, 1, 0, nullptr, largs, nullptr));
+  CU_CHECK(cuCtxSynchronize());
+  mask_args_.blocks = plan.blocks;
+  mask_args_.blocks.count = (const int*)mask_count_.ptr;
+  mask_args_.blocks.index = (const int*)mask_index_.ptr;
+  mask_blocks_[0] = block_q, mask_blocks_[1] = block_k;
+}
+
 void GpuRunner::upload_alibi(const Problem& p, long long period) {
   upload_alibi(seeded_alibi_slopes((long long)p.batch * p.heads, p.heads, period));
 }
@@ -491,13 +570,19 @@ void GpuRunner::launch_all(const std::vector<Kernel>& kernels, CUstream stream) 
   ModParams<VarlenParams<AttnFwdParams>> fwd_varlen_mods{fwd_varlen, mods};
   ModParams<PagedParams<AttnFwdParams>> fwd_paged_mods{fwd_paged, mods};
   const bool modified = p.windowed() || p.softcapped() || p.alibi;
-  void* fwd_args[] = {modified ? (packed ? (void*)&fwd_varlen_mods : p.paged.enabled() ? (void*)&fwd_paged_mods : (void*)&fwd_mods)
-                               : (packed ? (void*)&fwd_varlen : p.paged.enabled() ? (void*)&fwd_paged : (void*)&fwd),
+  // A mask_mod (dense only): MaskModParams, ModParams then the predicate's tensors and the summary's lists.
+  const bool masked = p.mask_mod.enabled();
+  MaskModParams<AttnFwdParams> fwd_mask{fwd_mods, mask_args_};
+  void* fwd_args[] = {masked     ? (void*)&fwd_mask
+                      : modified ? (packed ? (void*)&fwd_varlen_mods : p.paged.enabled() ? (void*)&fwd_paged_mods : (void*)&fwd_mods)
+                                 : (packed ? (void*)&fwd_varlen : p.paged.enabled() ? (void*)&fwd_paged : (void*)&fwd),
                       &maps_};
   ModParams<AttnBwdParams> bwd_mods{bwd, mods};
   ModParams<VarlenParams<AttnBwdParams>> bwd_varlen_mods{bwd_varlen, mods};
-  void* bwd_args[] = {modified ? (packed ? (void*)&bwd_varlen_mods : (void*)&bwd_mods)
-                               : (packed ? (void*)&bwd_varlen : (void*)&bwd),
+  MaskModParams<AttnBwdParams> bwd_mask{bwd_mods, mask_args_};
+  void* bwd_args[] = {masked     ? (void*)&bwd_mask
+                      : modified ? (packed ? (void*)&bwd_varlen_mods : (void*)&bwd_mods)
+                                 : (packed ? (void*)&bwd_varlen : (void*)&bwd),
                       &maps_};
   for (const Kernel& k : kernels) {
     void** args = p.direction == "bwd" ? bwd_args : fwd_args;
@@ -634,6 +719,10 @@ json GpuRunner::run(const json& req) {
   }
   if (kernels.empty()) throw std::runtime_error("no kernels in the request");
   encode_tensor_maps(req.value("tensor_maps", json()));
+  if (problem_.mask_mod.enabled()) {  // the summary for this kernel's blocks, before (and never in) the timing
+    const json mb = req.value("mask_blocks", json::array());
+    mask_summary(mb.size() == 2 ? mb[0].get<int>() : 0, mb.size() == 2 ? mb[1].get<int>() : 0);
+  }
   const size_t workspace = req.value("workspace", (size_t)0);
   const unsigned char fill = (unsigned char)req.value("workspace_fill", 0);  // 0xFF: the kernels must write it all
   workspace_.bytes = 0;

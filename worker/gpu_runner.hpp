@@ -125,6 +125,12 @@ class GpuRunner {
   // ALiBi (Problem::alibi): seeded_alibi_slopes(B*H, H, period), or `slopes` ([B, H]), into alibi_host_ and alibi_.
   void upload_alibi(const Problem& p, long long period);
   void upload_alibi(std::vector<float> slopes);
+  // mask_mod (Problem::mask_mod): its summary program compiled (NVRTC) and loaded, its tensors uploaded, and the
+  // predicate materialised by mask_mod_dense into mask_host_, the float64 reference's explicit mask.
+  void prepare_mask(const Problem& p);
+  // The block summary for a kernel's blocks (Family::mask_blocks; the request's "mask_blocks"), computed on the GPU
+  // once per (problem, blocks) and kept in mask_states_, mask_count_, mask_index_; mask_list_ is the kernel's view.
+  void mask_summary(int block_q, int block_k);
   size_t problem_bytes();                  // sum of their `bytes`: the run's device footprint
   // Warm-up, then `reps` L2-flushed, event-timed repeats of `launch`: reps, ms_median, ms_p20, ms_p80.
   void time_repeats(const std::function<void()>& launch, const nlohmann::json& timing, nlohmann::json& out);
@@ -171,6 +177,15 @@ class GpuRunner {
   Buffer alibi_;  // ALiBi: B*H fp32 slopes, [B, H] (seeded_alibi_slopes: alibi_host_'s copy)
   std::vector<float> alibi_host_;  // the reference's view of them (it holds a pointer: kept with the problem)
   Buffer block_table_, cache_seqlens_;  // paged: (B, max_pages) and (B) int32 (k_ and v_ then hold the pools)
+  // mask_mod: the predicate's tensors, the block summary (states, list counts and entries), the dense mask; the
+  // summary program; the mask's host copy for the reference; the summary's blocks and the kernel's list view.
+  Buffer mask_tensors_[kMaxMaskTensors], mask_states_, mask_count_, mask_index_, mask_dense_;
+  CUmodule mask_module_ = nullptr;
+  CUfunction mask_states_fn_ = nullptr, mask_lists_fn_ = nullptr, mask_dense_fn_ = nullptr;
+  std::string mask_module_hash_;  // the loaded program's predicate
+  std::vector<uint8_t> mask_host_;
+  int mask_blocks_[2] = {0, 0};
+  MaskModArgs mask_args_{};
   int max_pages_ = 0;                   // paged: the block table's row stride
   // The unfused baseline's scores S (fp32) and probabilities P (dtype): allocated per run_library
   // call and freed at its end, so they never crowd out a family's run.

@@ -127,11 +127,15 @@ struct Fd {
 
 }  // namespace
 
-bool host_preparable(const Problem& p) { return !p.varlen.enabled() && !p.paged.enabled(); }
+bool host_preparable(const Problem& p) { return !p.varlen.enabled() && !p.paged.enabled() && !p.mask_mod.enabled(); }
 
 HostPrepared prepare_host(const Problem& p, uint64_t seed, long long max_rows, int threads,
-                          const std::function<void(const char*)>& lap, const InputSource& source) {
-  if (!host_preparable(p)) throw std::invalid_argument("prepare_host: varlen and paged problems are prepared apart");
+                          const std::function<void(const char*)>& lap, const InputSource& source,
+                          const uint8_t* mask) {
+  if (p.varlen.enabled() || p.paged.enabled())
+    throw std::invalid_argument("prepare_host: varlen and paged problems are prepared apart");
+  if (p.mask_mod.enabled() != (mask != nullptr))
+    throw std::invalid_argument("prepare_host: a mask_mod problem takes its materialised mask, and only it");
   const Layout L = layout_of(p, seed, max_rows);
   auto input = [&](uint64_t tag, size_t n, const InputDist& dist) {
     const uint64_t stream = splitmix64(seed ^ tag);
@@ -159,6 +163,7 @@ HostPrepared prepare_host(const Problem& p, uint64_t seed, long long max_rows, i
   h.groups = L.groups;
   // ALiBi: head x's slope that of distinct head x % period, as the runner uploads them (upload_alibi).
   ref::Shape shape = L.shape;
+  shape.mask = mask;  // one [Sq, Sk] mask for every head (strides 0: the predicate reads neither b nor h)
   const std::vector<float> slopes =
       !p.alibi ? std::vector<float>{}
       : L.fwd  ? seeded_alibi_slopes((long long)p.batch * p.heads, p.heads, (long long)L.units * p.group())

@@ -36,7 +36,8 @@ struct HostPrepared {
   std::vector<float> alibi;            // packed backward with ALiBi: the kernel's slopes, which the reference read
 };
 
-// True for what prepare_host covers: a dense problem (not varlen, not paged). File-backed inputs are the
+// True for what the tuner prepares ahead (prepare_host, read_prepared): a dense problem (not varlen, not paged) without
+// a mask_mod (its reference needs the predicate run on a GPU: the worker's prepare_mask). File-backed inputs are the
 // caller's to exclude.
 bool host_preparable(const Problem&);
 
@@ -48,8 +49,11 @@ using InputSource = std::function<std::shared_ptr<HostTensor>(size_t n, uint64_t
 // The inputs and the reference of `p` (host_preparable) with generated inputs, as the worker's prepare makes
 // them; `lap(phase)` after the inputs ("inputs") and after the reference ("reference"); `source` makes the inputs
 // (empty: generated_input on `threads` threads).
+// A mask_mod problem's `mask`: its predicate materialised as one [Sq, Sk] mask (GpuRunner::prepare_mask; nullptr
+// otherwise), the reference's explicit mask.
 HostPrepared prepare_host(const Problem& p, uint64_t seed, long long max_rows, int threads = 0,
-                          const std::function<void(const char*)>& lap = {}, const InputSource& source = {});
+                          const std::function<void(const char*)>& lap = {}, const InputSource& source = {},
+                          const uint8_t* mask = nullptr);
 
 // A packed backward problem's host side (Problem::varlen, direction "bwd"; prepared apart from prepare_host and
 // never to a file), as GpuRunner::prepare_varlen_bwd uploads it: q and dout of `distinct_heads` query heads and k and v

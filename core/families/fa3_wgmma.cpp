@@ -35,6 +35,8 @@ Family make_fa3_wgmma() {
   f.map_only_inputs = {"q", "k", "v"};  // TMA loads alone; O is stored through the params (and its map)
   f.varlen = true;  // fa3_wgmma_fwd<Traits, true>: packed tensor maps, guarded O stores at a sequence's end
   f.mods = kModWindow | kModSoftcap | kModAlibi;  // fa3_wgmma_fwd<AttnModTraits<Traits, W, S, A>[, true]> on ModParams
+  // A mask_mod: fa3_wgmma_fwd<AttnModTraits<Traits, W, S, A, MaskMod_<hash>>> on MaskModParams, dense only.
+  f.mods |= kModMask;
   struct Named {  // the config by name (the order of f.params)
     int block_n, consumers, stages, overlap, pingpong, p_smem, persistent, two_ctas, multicast;
     explicit Named(const Config& c)
@@ -58,6 +60,13 @@ Family make_fa3_wgmma() {
                            n.two_ctas, n.multicast);
   };
   f.causal_check = [](const Config& c, bool causal) { return fa3_wgmma_causal_check(Named(c).multicast, causal); };
+  f.mods_check = [](const Config& c, unsigned mods) -> const char* {
+    return (mods & kModMask) && c.size() == 9 && Named(c).multicast
+               ? "MULTICAST with a mask_mod: the two CTAs of a cluster share K/V blocks, and neighbouring query "
+                 "blocks' lists of the block summary differ"
+               : nullptr;
+  };
+  f.mask_blocks = [](const Config& c) { return std::pair{fa3_wgmma_block_m(Named(c).consumers), Named(c).block_n}; };
   f.varlen_check = [](const Config& c) -> const char* {
     return Named(c).multicast
                ? "MULTICAST is dense only (a packed batch's query blocks past a sequence's end leave their cluster)"

@@ -36,6 +36,8 @@ Family make_fa3_wgmma_bwd() {
   // the query blocks that see the key block, a softcap's derivative enters dS, ALiBi's bias P^T's exponent
   // (templates/fa3_wgmma_bwd.cuh).
   f.mods = kModWindow | kModSoftcap | kModAlibi;
+  // A mask_mod: a key block walks the query blocks of its list in the block summary (dense only).
+  f.mods |= kModMask;
   struct Named {  // the config by name (the order of f.params)
     int block_m, consumers, stages, sched, dq_overlap, dq_turns, deterministic, dq_stages;
     explicit Named(const Config& c)
@@ -43,6 +45,13 @@ Family make_fa3_wgmma_bwd() {
           dq_turns(c.at(5)), deterministic(c.at(6)), dq_stages(c.at(7)) {}
   };
   f.reproducible = [](const Config& c) { return c.size() == 8 && Named(c).deterministic >= 1; };
+  f.mods_check = [](const Config& c, unsigned mods) -> const char* {
+    return (mods & kModMask) && c.size() == 8 && Named(c).deterministic >= 1
+               ? "DETERMINISTIC with a mask_mod: the dQ turns count each query block's key blocks as a range, and a "
+                 "mask's are not one (a turn order from the block summary is not built)"
+               : nullptr;
+  };
+  f.mask_blocks = [](const Config& c) { return std::pair{Named(c).block_m, fa3_bwd_block_n(Named(c).consumers)}; };
   f.causal_check = [](const Config& c, bool causal) -> const char* {
     return c.size() == 8 && Named(c).deterministic == 2 && !causal
                ? "DETERMINISTIC 2 orders the adds for the causal mask (every key block sees every query block "

@@ -22,7 +22,7 @@ from ._lib import version as _version
 from ._model import tune_model  # noqa: F401
 from ._tune import tune  # noqa: F401
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 
 def device_available():
@@ -31,5 +31,5 @@ def device_available():
 
 
 def runtime_version():
-    """The loaded runtime library's ft_version() ("0.7.0"); raises LibraryNotFoundError without it."""
+    """The loaded runtime library's ft_version() ("0.8.0"); raises LibraryNotFoundError without it."""
     return _version()

@@ -91,9 +91,20 @@ _HEAD = [("batch", ctypes.c_int), ("heads", ctypes.c_int), ("seq_q", ctypes.c_in
          ("head_dim", ctypes.c_int), ("dtype", ctypes.c_int), ("causal", ctypes.c_int), ("scale", ctypes.c_float)]
 
 
+# ft_mask_mod (ABI 0.8): a mask predicate and its named int32 tensors (attention.h).
+MAX_MASK_TENSORS = 4
+
+
+class FtMaskMod(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("predicate", ctypes.c_char_p), ("num_tensors", ctypes.c_int),
+                ("names", ctypes.c_char_p * MAX_MASK_TENSORS), ("tensors", ctypes.c_void_p * MAX_MASK_TENSORS),
+                ("lengths", ctypes.c_int64 * MAX_MASK_TENSORS), ("versions", ctypes.c_uint64 * MAX_MASK_TENSORS)]
+
+
 class FtForwardArgs(ctypes.Structure):
     _fields_ = _HEAD + [("q", FtTensor), ("k", FtTensor), ("v", FtTensor), ("o", FtTensor),
-                        ("lse", ctypes.c_void_p), ("heads_k", ctypes.c_int), ("mods", FtMods)]
+                        ("lse", ctypes.c_void_p), ("heads_k", ctypes.c_int), ("mods", FtMods),
+                        ("mask_mod", ctypes.c_void_p)]
 
 
 class FtBackwardArgs(ctypes.Structure):
@@ -101,7 +112,8 @@ class FtBackwardArgs(ctypes.Structure):
                         ("lse", ctypes.c_void_p),
                         ("dq", FtTensor), ("dk", FtTensor), ("dv", FtTensor),
                         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
-                        ("heads_k", ctypes.c_int), ("deterministic", ctypes.c_int), ("mods", FtMods)]
+                        ("heads_k", ctypes.c_int), ("deterministic", ctypes.c_int), ("mods", FtMods),
+                        ("mask_mod", ctypes.c_void_p)]
 
 
 class FtPackedTensor(ctypes.Structure):
@@ -188,6 +200,7 @@ def _bind(lib):
         "ft_explain_paged_forward_text": (ctypes.c_int, [P(FtPagedForwardArgs), ctypes.c_char_p, ctypes.c_size_t]),
         "ft_set_scratch_allocator": (ctypes.c_int, [SCRATCH_ALLOC_FN, SCRATCH_FREE_FN, ctypes.c_void_p]),
         "ft_release_scratch": (ctypes.c_int, []),
+        "ft_check_mask_mod": (ctypes.c_int, [P(FtMaskMod)]),
         "ft_scratch_pool_bytes": (ctypes.c_int, [P(ctypes.c_size_t)]),
         "ft_reload_settings": (ctypes.c_int, []),
         "ft_device_available": (ctypes.c_int, []),
@@ -559,8 +572,8 @@ def backward_args(shape, dtype, causal, scale, q, k, v, o, dout, lse, dq, dk, dv
 _HEAD_FMT = "=7if"
 _TENSOR_FMT = "Q4q"
 _MODS_FMT = "3ifQq"  # window, window_left, window_right, softcap, alibi_slopes, alibi_batch_stride (8-aligned)
-FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q" + "i" + "4x" + _MODS_FMT)  # ..., lse, heads_k, mods
-BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ" + "ii" + _MODS_FMT)
+FORWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 4 + "Q" + "i" + "4x" + _MODS_FMT + "Q")  # ..., mods, mask_mod
+BACKWARD_FMT = struct.Struct(_HEAD_FMT + _TENSOR_FMT * 5 + "Q" + _TENSOR_FMT * 3 + "QQ" + "ii" + _MODS_FMT + "Q")
 assert FORWARD_FMT.size == ctypes.sizeof(FtForwardArgs) and BACKWARD_FMT.size == ctypes.sizeof(FtBackwardArgs)
 # Packed variable-length: 8 sizes, the two offset pointers, dtype, causal, scale (and padding), then
 # 3-stride tensors.
@@ -576,29 +589,68 @@ PAGED_FORWARD_FMT = struct.Struct("=11ifQQ" + _TENSOR_FMT * 4 + "Q" + "i4x")
 assert PAGED_FORWARD_FMT.size == ctypes.sizeof(FtPagedForwardArgs)
 
 
-def pack_forward(shape, dtype_code, causal, scale, q, k, v, o, lse, heads_k=0, mods=NO_MODS):
+def pack_forward(shape, dtype_code, causal, scale, q, k, v, o, lse, heads_k=0, mods=NO_MODS, mask_mod=0):
     """FtForwardArgs from (B, H, Sq, Sk, d), an ft_dtype code, causal (0/1), scale (0.0: 1/sqrt(d)), q, k,
-    v, o each a 5-tuple (pointer, 4 strides), the lse pointer, heads_k (0: H) and mods (mods_tuple's). ValueError
-    (one line) when a value does not fit its field."""
+    v, o each a 5-tuple (pointer, 4 strides), the lse pointer, heads_k (0: H), mods (mods_tuple's) and the address
+    of an FtMaskMod (mask_mod_struct's; 0: none). ValueError (one line) when a value does not fit its field."""
     a = FtForwardArgs()
     try:
-        FORWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, lse, heads_k, *mods)
+        FORWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, lse, heads_k, *mods, mask_mod)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a
 
 
 def pack_backward(shape, dtype_code, causal, scale, q, k, v, o, dout, lse, dq, dk, dv, heads_k=0, deterministic=0,
-                  mods=NO_MODS):
+                  mods=NO_MODS, mask_mod=0):
     """FtBackwardArgs as pack_forward, with dout, the lse pointer and dq, dk, dv; no workspace (the
-    runtime allocates it); deterministic 1: bitwise-reproducible gradients."""
+    runtime allocates it); deterministic 1: bitwise-reproducible gradients; mask_mod the forward's."""
     a = FtBackwardArgs()
     try:
         BACKWARD_FMT.pack_into(a, 0, *shape, dtype_code, causal, scale, *q, *k, *v, *o, *dout, lse, *dq, *dk, *dv,
-                               0, 0, heads_k, deterministic, *mods)
+                               0, 0, heads_k, deterministic, *mods, mask_mod)
     except struct.error as e:
         raise ValueError(f"flashtune: an argument does not fit the runtime's struct: {e}") from None
     return a
+
+
+def mask_mod_struct(predicate, names=(), pointers=(), lengths=(), versions=()):
+    """FtMaskMod for a predicate (the body of bool mask(int b, int h, int q_idx, int kv_idx)) and its tensors: names,
+    device pointers, lengths (elements) and version counters, one each per tensor. The struct keeps the encoded
+    strings alive (its _keep). TypeError/ValueError (one line) for a text or name that is not a str, or too many."""
+    if not isinstance(predicate, str):
+        raise TypeError(f"mask_mod must be a str (the body of bool mask(int b, int h, int q_idx, int kv_idx)), got "
+                        f"{type(predicate).__name__}")
+    names = list(names)
+    if len(names) > MAX_MASK_TENSORS:
+        raise ValueError(f"mask_mod reads at most {MAX_MASK_TENSORS} tensors, got {len(names)}")
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(f"mask_mod tensor names must be str, got {type(n).__name__}")
+    m = FtMaskMod()
+    m.struct_size = ctypes.sizeof(FtMaskMod)
+    try:
+        keep = [predicate.encode("ascii")] + [n.encode("ascii") for n in names]
+    except UnicodeEncodeError:
+        raise ValueError("mask_mod holds a character that is not printable ASCII") from None
+    m._keep = keep
+    m.predicate = keep[0]
+    m.num_tensors = len(names)
+    for i, n in enumerate(keep[1:]):
+        m.names[i] = n
+        m.tensors[i] = pointers[i] if i < len(pointers) else 0
+        m.lengths[i] = lengths[i] if i < len(lengths) else 0
+        m.versions[i] = versions[i] if i < len(versions) else 0
+    return m
+
+
+def check_mask_mod(predicate, names=()):
+    """A mask predicate and its tensors' names checked and compiled alone by the runtime (NVRTC, no GPU:
+    ft_check_mask_mod): None, or InvalidArgumentError (a ValueError) with one line naming what is wrong or NVRTC's
+    first error; CompileError without NVRTC."""
+    names = list(names)
+    m = mask_mod_struct(predicate, names, [256] * len(names), [1] * len(names))  # stand-ins: the text is checked
+    check(load().ft_check_mask_mod(ctypes.byref(m)), "flashtune")
 
 
 def pack_varlen_forward(sizes, cu_seqlens_q, cu_seqlens_k, dtype_code, causal, scale, q, k, v, o, lse, mods=NO_MODS):

@@ -39,6 +39,13 @@ causal, scale) -> (dq, dk, dv), likewise with fake implementations and autograd.
 Paged K/V caches: torch.ops.flashtune.attention_paged_fwd (q, k_pages, v_pages, block_table, cache_seqlens,
 causal, scale, max_seqlen_k, layout: 0 hnd, 1 nhd) -> (o, lse), with a fake implementation and no autograd: decoding is inference
 (attention_paged() refuses inputs that would need a backward).
+
+Mask predicates (attention(..., mask_mod=..., mask_tensors=...)): torch.ops.flashtune_ctypes.attention_mask_fwd (q, k,
+v, causal, scale, mask_mod, mask_names, mask_tensors, deterministic, window_left, window_right, softcap,
+alibi_slopes) -> (o, lse) and attention_mask_bwd (dout, q, k, v, o, lse, causal, scale, mask_mod, mask_names,
+mask_tensors, ...the same five) -> (dq, dk, dv): mask_mod the predicate's text, mask_names the tensors' names joined
+by ',' and mask_tensors (Tensor[]) the int32 tensors in that order. They run through ctypes in either backend (the
+extension has no masked op), with fake implementations and autograd, so that torch.compile traces such a call.
 """
 import contextlib
 import ctypes
@@ -385,17 +392,107 @@ def _ft_mods(mods):
     return (1, left, right, cap, ptr, stride) if left >= 0 or right >= 0 else (0, 0, 0, cap, ptr, stride)
 
 
-def _fwd_args(q, k, v, o, lse, causal, scale, mods=NO_MODS):
+def _fwd_args(q, k, v, o, lse, causal, scale, mods=NO_MODS, mask=None):
     B, H, Sq, d = q.shape
     return _lib.pack_forward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
-                             _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr(), k.shape[1], _ft_mods(mods))
+                             _ref(q), _ref(k), _ref(v), _ref(o), lse.data_ptr(), k.shape[1], _ft_mods(mods),
+                             0 if mask is None else mask.address())
 
 
-def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic=False, mods=NO_MODS):
+def _bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic=False, mods=NO_MODS, mask=None):
     B, H, Sq, d = q.shape
     return _lib.pack_backward((B, H, Sq, k.shape[2], d), _DTYPE_CODES[q.dtype], 1 if causal else 0, scale,
                               _ref(q), _ref(k), _ref(v), _ref(o), _ref(dout), lse.data_ptr(),
-                              _ref(dq), _ref(dk), _ref(dv), k.shape[1], 1 if deterministic else 0, _ft_mods(mods))
+                              _ref(dq), _ref(dk), _ref(dv), k.shape[1], 1 if deterministic else 0, _ft_mods(mods),
+                              0 if mask is None else mask.address())
+
+
+class _Mask:
+    """A mask_mod call's predicate and tensors as the runtime takes them (ft_mask_mod): the struct, and the tensors
+    it points at kept alive with it. Each tensor's _version is the struct's version: PyTorch bumps it on every
+    in-place write, so the runtime's block summary, kept per (predicate, tensors, versions, shape, stream), is made
+    again after one (attention.h)."""
+
+    def __init__(self, predicate, tensors):
+        self.tensors = tensors  # name -> int32 CUDA tensor, contiguous 1-D
+        names = list(tensors)
+        self.struct = _lib.mask_mod_struct(predicate, names, [tensors[n].data_ptr() for n in names],
+                                           [tensors[n].numel() for n in names],
+                                           [tensors[n]._version for n in names])
+
+    def address(self):
+        return ctypes.addressof(self.struct)
+
+
+def _mask_tensors(fn, mask_mod, mask_tensors, q, window_size):
+    """attention()'s mask_mod and mask_tensors checked in Python (one line each: TypeError for a type, ValueError for a
+    value): (mask_mod, names, tensors), names the tensors' names joined by ',' (the ops' mask_names: a schema has no
+    list of str) and tensors theirs in that order, contiguous. Reads no data and calls no C, so it runs under
+    torch.compile too; the text itself is checked by _check_mask_text (eager) or by the runtime at the call."""
+    if not isinstance(mask_mod, str):
+        raise TypeError(f"{fn}: mask_mod must be a str (the body of bool mask(int b, int h, int q_idx, int kv_idx)), "
+                        f"got {type(mask_mod).__name__}")
+    if mask_tensors is None:
+        mask_tensors = {}
+    if not isinstance(mask_tensors, dict):
+        raise TypeError(f"{fn}: mask_tensors must be a dict name -> torch.int32 CUDA tensor, got "
+                        f"{type(mask_tensors).__name__}")
+    if tuple(window_size) != _NO_WINDOW:
+        raise ValueError(f"{fn}: mask_mod and window_size do not combine: write the window in the predicate")
+    names, tensors = [], []
+    for name, t in mask_tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{fn}: mask_tensors' names must be str, got {type(name).__name__}")
+        if "," in name or not name:
+            raise ValueError(f"{fn}: mask_tensors' names are C++ identifiers, got {name!r}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: mask_tensors['{name}'] must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"{fn}: mask_tensors['{name}'] must be torch.int32, got {t.dtype}")
+        if t.dim() != 1 or t.numel() == 0:
+            raise ValueError(f"{fn}: mask_tensors['{name}'] must be a non-empty 1-D tensor, got shape {tuple(t.shape)}")
+        if isinstance(q, torch.Tensor) and t.device != q.device:
+            raise ValueError(f"{fn}: mask_tensors['{name}'] is on {t.device}, q on {q.device}; the kernels read it on "
+                             f"q's GPU")
+        names.append(name)
+        tensors.append(t if t.is_contiguous() else t.contiguous())
+    return mask_mod, ",".join(names), tensors
+
+
+def _mask_names(fn, mask_names, mask_tensors):
+    """The ops' mask_names (names joined by ',') as a dict name -> tensor with mask_tensors; ValueError (one line)
+    when the counts differ."""
+    names = mask_names.split(",") if mask_names else []
+    if len(names) != len(mask_tensors):
+        raise ValueError(f"{fn}: mask_names names {len(names)} tensors ({mask_names!r}), mask_tensors holds "
+                         f"{len(mask_tensors)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{fn}: mask_names names a tensor twice ({mask_names!r})")
+    return dict(zip(names, mask_tensors))
+
+
+def _check_mask_text(fn, mask_mod, mask_names):
+    """The predicate and its tensors' names checked and compiled alone by the runtime (ft_check_mask_mod: NVRTC, no
+    GPU; once per predicate in the process): a refused or uncompilable predicate raises ValueError in one line."""
+    try:
+        _lib.check_mask_mod(mask_mod, mask_names.split(",") if mask_names else [])
+    except _lib.InvalidArgumentError as e:
+        raise ValueError(f"{fn}: {str(e).split(': ', 1)[-1]}") from None
+
+
+def _op_mask(fn, mask_mod, mask_names, mask_tensors, q, window_size):
+    """The masked ops' mask_mod, mask_names and mask_tensors checked (_mask_names, _mask_tensors; the text by the
+    runtime at the call): the call's _Mask."""
+    mask_mod, names, tensors = _mask_tensors(fn, mask_mod, _mask_names(fn, mask_names, mask_tensors), q, window_size)
+    return _Mask(mask_mod, _mask_names(fn, names, tensors))
+
+
+def _mask_arg(fn, mask_mod, mask_tensors, q, window_size):
+    """attention()'s mask_mod and mask_tensors checked (_mask_tensors, then the runtime's check of the text): the
+    _Mask to pass on (eager mode)."""
+    mask_mod, names, tensors = _mask_tensors(fn, mask_mod, mask_tensors, q, window_size)
+    _check_mask_text(fn, mask_mod, names)
+    return _Mask(mask_mod, _mask_names(fn, names, tensors))
 
 
 def _paged_fwd_args(q, k_pages, v_pages, o, lse, block_table, cache_seqlens, max_seqlen_k, causal, scale,
@@ -428,7 +525,7 @@ def _varlen_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k
 
 
 # --- the ops ---------------------------------------------------------------------------------------
-def _forward_impl(q, k, v, causal, scale, mods=NO_MODS):
+def _forward_impl(q, k, v, causal, scale, mods=NO_MODS, mask=None):
     B, H, Sq, d = q.shape
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
@@ -438,7 +535,7 @@ def _forward_impl(q, k, v, causal, scale, mods=NO_MODS):
         return o.zero_(), lse.fill_(math.inf)
     q, k, v = _runtime_layout(q), _runtime_layout(k), _runtime_layout(v)
     with _on(q.device):
-        _lib.forward(_fwd_args(q, k, v, o, lse, causal, scale, mods), _stream(q.device))
+        _lib.forward(_fwd_args(q, k, v, o, lse, causal, scale, mods, mask), _stream(q.device))
     return o, lse
 
 
@@ -460,7 +557,7 @@ def _attention_fwd_fake(q, k, v, causal, scale, deterministic=False, window_left
     return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
-def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False, mods=NO_MODS):
+def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False, mods=NO_MODS, mask=None):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -475,7 +572,7 @@ def _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic=False, mo
     if lse.dtype != torch.float32 or lse.device != q.device or not lse.is_contiguous():
         lse = lse.to(device=q.device, dtype=torch.float32).contiguous()
     with _on(q.device):
-        _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic, mods),
+        _lib.backward(_bwd_args(dout, q, k, v, o, lse, dq, dk, dv, causal, scale, deterministic, mods, mask),
                       _stream(q.device))
     return dq, dk, dv
 
@@ -539,6 +636,96 @@ class _EagerAttention(torch.autograd.Function):
             dout = torch.zeros_like(o)
         dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.mods)
         return dq, dk, dv, None, None, None, None
+
+
+class _MaskedAttention(torch.autograd.Function):
+    """A mask_mod call (_Mask) in eager mode: _EagerAttention's with the predicate, through ctypes in either backend
+    (under torch.compile attention() goes through the masked ops below). Returns (o, lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, deterministic, mods, mask):
+        o, lse = _forward_impl(q, k, v, causal, scale, mods, mask)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale, ctx.deterministic, ctx.mods, ctx.mask = causal, scale, deterministic, mods, mask
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(o)
+        dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.mods,
+                                    ctx.mask)
+        return dq, dk, dv, None, None, None, None, None
+
+
+# The masked ops (mask_mod): the predicate's text and its tensors' names (joined by ',': a schema has no list of str)
+# as arguments, the tensors as a Tensor[] in the names' order. Registered here alone, in the ctypes namespace, in
+# either backend (the extension has no masked op: a mask_mod call runs through ctypes there too); torch.compile traces
+# them (attention() calls them while compiling), their fakes give the shapes, and the forward's autograd runs the
+# backward op. Each call builds its _Mask from the tensors it is given, their _version then (the runtime's summary
+# cache key; attention.h).
+@torch.library.custom_op("flashtune_ctypes::attention_mask_fwd", mutates_args=())
+def attention_mask_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, mask_mod: str,
+                       mask_names: str, mask_tensors: list[torch.Tensor], deterministic: bool = False,
+                       window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                       alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = "flashtune_ctypes::attention_mask_fwd"
+    q, k, v = _check(q, k, v, fn)
+    mask = _op_mask(fn, mask_mod, mask_names, mask_tensors, q, (window_left, window_right))
+    return _forward_impl(q, k, v, causal, scale, _with_alibi(fn, (window_left, window_right, softcap, alibi_slopes), q),
+                         mask)
+
+
+@attention_mask_fwd.register_fake
+def _attention_mask_fwd_fake(q, k, v, causal, scale, mask_mod, mask_names, mask_tensors, deterministic=False,
+                             window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
+    B, H, Sq, d = q.shape
+    return q.new_empty((B, H, Sq, d)), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashtune_ctypes::attention_mask_bwd", mutates_args=())
+def attention_mask_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                       lse: torch.Tensor, causal: bool, scale: float, mask_mod: str, mask_names: str,
+                       mask_tensors: list[torch.Tensor], deterministic: bool = False, window_left: int = -1,
+                       window_right: int = -1, softcap: float = 0.0,
+                       alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    fn = "flashtune_ctypes::attention_mask_bwd"
+    q, k, v = _check(q, k, v, fn)
+    mask = _op_mask(fn, mask_mod, mask_names, mask_tensors, q, (window_left, window_right))
+    return _backward_impl(dout, q, k, v, o, lse, causal, scale, deterministic,
+                          _with_alibi(fn, (window_left, window_right, softcap, alibi_slopes), q), mask)
+
+
+@attention_mask_bwd.register_fake
+def _attention_mask_bwd_fake(dout, q, k, v, o, lse, causal, scale, mask_mod, mask_names, mask_tensors,
+                             deterministic=False, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _mask_setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, mask_mod, mask_names, mask_tensors, deterministic, *mods = inputs
+    o, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, o, lse, *mask_tensors)
+    ctx.causal, ctx.scale, ctx.deterministic, ctx.mods = causal, scale, deterministic, tuple(mods) or NO_MODS
+    ctx.mask_mod, ctx.mask_names = mask_mod, mask_names
+
+
+def _mask_backward(ctx, dout, dlse):
+    # lse is an output without a gradient (marked non-differentiable): dlse is None. The mask tensors get none.
+    q, k, v, o, lse, *mask_tensors = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(o)
+    dq, dk, dv = attention_mask_bwd(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.mask_mod, ctx.mask_names,
+                                    mask_tensors, ctx.deterministic, *ctx.mods)
+    # One gradient per input, the list's as a list (torch.library checks the structure: None would not do for it).
+    return (dq, dk, dv, None, None, None, None, [None] * len(mask_tensors)) + (None,) * (len(ctx.mods) + 1)
+
+
+attention_mask_fwd.register_autograd(_mask_backward, setup_context=_mask_setup_context)
 
 
 # --- packed variable-length batches -----------------------------------------------------------------
@@ -900,7 +1087,7 @@ def _first_use(q, k, v, causal, det):
 
 
 def attention(q, k, v, causal=False, scale=None, *, return_lse=False, deterministic=False, window_size=(-1, -1),
-              softcap=0.0, alibi_slopes=None):
+              softcap=0.0, alibi_slopes=None, mask_mod=None, mask_tensors=None):
     """softmax(scale * q kᵀ [+ bottom-right causal mask]) v for q [B, H, Sq, d], k and v [B, Hk, Sk, d]
     (Hk = H, or a divisor of H: grouped-query attention, query head h reading kv head h // (H // Hk), as
     torch SDPA with enable_gqa=True; fp16 and bf16).
@@ -918,6 +1105,14 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     call no kernel runs with them raises flashtune.UnsupportedError naming what is missing.
     alibi_slopes (FlashAttention's; fp32 [H] or [B, H] on q's device): head h of sequence b adds
     -slope |i + Sk - Sq - j| to its scaled scores (BLOOM, MPT), forward and backward, in the same families.
+    mask_mod (a str): a mask predicate, the body of `bool mask(int b, int h, int q_idx, int kv_idx)` (statements with
+    a return, or one expression), true where query q_idx of head h in batch entry b sees key kv_idx (positions in
+    the sequence), ANDed with causal; mask_tensors: a dict name -> 1-D torch.int32 tensor on q's device that the
+    predicate reads as name[i] (0 outside it), e.g. mask_mod="doc[q_idx] == doc[kv_idx]", mask_tensors={"doc": ids}.
+    Compiled into the Hopper kernels (fa3_wgmma, fa3_wgmma_bwd; dense, not with window_size or deterministic),
+    cached by its hash; a predicate that is refused or does not compile raises ValueError in one line. Runs through
+    ctypes in either backend; under torch.compile through the ops torch.ops.flashtune_ctypes.attention_mask_fwd and
+    attention_mask_bwd (no graph break). docs/kernels.md, "mask_mod".
     Differentiable; fp32, fp16 and bf16 (under torch.autocast("cuda"): the autocast dtype). Raises
     TypeError/ValueError on bad arguments, flashtune.UnsupportedError (a ValueError) for a head dim or
     dtype the runtime has no kernel for on this GPU, flashtune.FlashtuneError for other runtime failures."""
@@ -929,6 +1124,20 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     if deterministic is not True and deterministic is not False:
         _lib.flag(fn, "deterministic", deterministic)
     det = deterministic  # to the runtime's backward args (python/csrc: BackwardOptions)
+    if mask_mod is not None or mask_tensors is not None:  # the predicate's own path (_MaskedAttention)
+        if mask_mod is None:
+            raise ValueError(f"{fn}: mask_tensors goes with mask_mod")
+        if torch.compiler.is_compiling():  # the masked ops, which the compiler traces (the text: at the call)
+            mask_mod, names, tensors = _mask_tensors(fn, mask_mod, mask_tensors, q, window_size)
+            mods = _with_alibi(fn, _mods(fn, window_size, softcap, alibi_slopes), q)
+            q, k, v = _check(q, k, v, fn, autocast=True)
+            o, lse = attention_mask_fwd(q, k, v, bool(causal), _scale(scale), mask_mod, names, tensors, det, *mods)
+            return (o, lse) if return_lse else o
+        mask = _mask_arg(fn, mask_mod, mask_tensors, q, window_size)
+        mods = _with_alibi(fn, _mods(fn, window_size, softcap, alibi_slopes), q)
+        q, k, v = _check(q, k, v, fn, autocast=True)
+        o, lse = _MaskedAttention.apply(q, k, v, bool(causal), _scale(scale), det, mods, mask)
+        return (o, lse) if return_lse else o
     if window_size == _NO_WINDOW and softcap == 0 and alibi_slopes is None:
         mods = NO_MODS
     else:

@@ -5,7 +5,10 @@
 #include <cstring>
 #include <cstdint>
 #include <limits>
+#include <mutex>
+#include <set>
 
+#include "core/util.hpp"
 #include "lookup.hpp"
 
 namespace flashtune::rt {
@@ -307,6 +310,78 @@ std::vector<TensorArg> tensor_args(const ft_varlen_backward_args* a) {
           packed("dk", a->dk, Tk, Hk, d, true),     packed("dv", a->dv, Tk, Hk, d, true)};
 }
 
+Check check_mask_mod(const ft_mask_mod* m, bool compile, MaskPredicate* out) {
+  if (!m) return bad(FT_INVALID_ARGUMENT, "mask_mod is null");
+  if (m->struct_size < sizeof(ft_mask_mod))
+    return bad(FT_INVALID_ARGUMENT, "mask_mod.struct_size " + std::to_string(m->struct_size) + " is below sizeof(ft_mask_mod) " +
+                                        std::to_string(sizeof(ft_mask_mod)) + " (a caller compiled against an older header)");
+  if (!m->predicate) return bad(FT_INVALID_ARGUMENT, "mask_mod.predicate is null");
+  const size_t len = strnlen(m->predicate, kMaxMaskModBytes + 1);
+  if (len > kMaxMaskModBytes)
+    return bad(FT_INVALID_ARGUMENT, "mask_mod is more than " + std::to_string(kMaxMaskModBytes) + " bytes");
+  if (m->num_tensors < 0 || m->num_tensors > FT_MAX_MASK_TENSORS)
+    return bad(FT_INVALID_ARGUMENT, "mask_mod.num_tensors must be 0.." + std::to_string(FT_MAX_MASK_TENSORS) + ", got " +
+                                        std::to_string(m->num_tensors));
+  std::vector<std::string> names;
+  for (int i = 0; i < m->num_tensors; ++i) {
+    const std::string at = "mask_mod tensor " + std::to_string(i);
+    if (!m->names[i]) return bad(FT_INVALID_ARGUMENT, at + ": its name is null");
+    names.emplace_back(m->names[i], strnlen(m->names[i], kMaxMaskTensorName + 1));
+    if (!m->tensors[i]) return bad(FT_INVALID_ARGUMENT, at + " ('" + brief(names.back(), 40) + "'): its pointer is null");
+    if (reinterpret_cast<uintptr_t>(m->tensors[i]) % 4 != 0)
+      return bad(FT_INVALID_ARGUMENT, at + " ('" + brief(names.back(), 40) + "') must be 4-byte aligned (int32)");
+    if (m->lengths[i] < 1 || m->lengths[i] > INT32_MAX)
+      return bad(FT_INVALID_ARGUMENT, at + " ('" + brief(names.back(), 40) + "'): length " +
+                                          std::to_string(m->lengths[i]) + " is outside 1..2^31-1");
+  }
+  MaskPredicate pred;
+  try {
+    pred = make_mask_predicate(std::string(m->predicate, len), names);
+  } catch (const std::exception& e) {
+    return bad(FT_INVALID_ARGUMENT, e.what());
+  }
+  if (compile) {
+    static std::mutex mu;
+    static std::set<std::string> compiled;  // the predicates that compiled in this process, by hash
+    bool known;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      known = compiled.count(pred.hash()) > 0;
+    }
+    if (!known) {
+      try {
+        check_mask_compiles(pred);
+      } catch (const UsageError& e) {
+        return bad(FT_INVALID_ARGUMENT, e.what());
+      } catch (const std::exception& e) {  // no NVRTC
+        return bad(FT_COMPILE_ERROR, e.what());
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      compiled.insert(pred.hash());
+    }
+  }
+  if (out) *out = std::move(pred);
+  return {};
+}
+
+namespace {
+// A dense call's mask_mod against its shape: not with a window or a deterministic backward, a family that has it.
+Check check_call_mask(const ft_mask_mod* m, const ft_mods& mods, int heads, int heads_k, int head_dim,
+                      const ft_dtype& dtype, const char* direction, bool deterministic) {
+  if (!m) return {};
+  if (Check c = check_mask_mod(m, true); c.status != FT_OK) return c;
+  if (mods.window)
+    return bad(FT_INVALID_ARGUMENT, "mask_mod and a window (mods.window) do not combine: write the window in the predicate");
+  if (deterministic)
+    return bad(FT_UNSUPPORTED, "a deterministic backward has no mask_mod form (its dQ order counts a range of key blocks)");
+  const bool gqa = heads_k > 0 && heads_k != heads;
+  unsigned mods_bits = kModMask | (mods.softcap > 0 ? kModSoftcap : 0u) | (mods.alibi_slopes ? kModAlibi : 0u);
+  if (std::string why = unsupported_reason(direction, to_dtype(dtype), head_dim, gqa, false, false, mods_bits); !why.empty())
+    return bad(FT_UNSUPPORTED, why);
+  return {};
+}
+}  // namespace
+
 Check check_forward(const ft_forward_args* a, bool size_limits) {
   if (!a) return bad(FT_INVALID_ARGUMENT, "args is null");
   if (Check c = check_sizes({{"batch", a->batch}, {"heads", a->heads}, {"seq_q", a->seq_q}, {"seq_k", a->seq_k},
@@ -316,6 +391,9 @@ Check check_forward(const ft_forward_args* a, bool size_limits) {
   if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, "fwd", false); c.status != FT_OK)
     return c;
   if (Check c = check_mods(a->mods, a->heads, a->heads_k, a->head_dim, a->dtype, "fwd", false); c.status != FT_OK)
+    return c;
+  if (Check c = check_call_mask(a->mask_mod, a->mods, a->heads, a->heads_k, a->head_dim, a->dtype, "fwd", false);
+      c.status != FT_OK)
     return c;
   return check_tensors(tensor_args(a), size_limits);
 }
@@ -329,6 +407,10 @@ Check check_backward(const ft_backward_args* a, bool size_limits) {
   if (Check c = check_common(a->heads, a->heads_k, a->head_dim, a->dtype, a->scale, "bwd", false); c.status != FT_OK)
     return c;
   if (Check c = check_mods(a->mods, a->heads, a->heads_k, a->head_dim, a->dtype, "bwd", false); c.status != FT_OK)
+    return c;
+  if (Check c = check_call_mask(a->mask_mod, a->mods, a->heads, a->heads_k, a->head_dim, a->dtype, "bwd",
+                                a->deterministic != 0);
+      c.status != FT_OK)
     return c;
   if (Check c = check_tensors(tensor_args(a), size_limits); c.status != FT_OK) return c;
   if (Check c = check_lse(a->lse, true); c.status != FT_OK) return c;

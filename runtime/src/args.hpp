@@ -33,6 +33,11 @@ int batch_chunk(const ft_forward_args* a);
 int batch_chunk(const ft_backward_args* a);
 ft_forward_args batch_slice(const ft_forward_args& a, int b0, int n);
 ft_backward_args batch_slice(const ft_backward_args& a, int b0, int n);
+// A mask predicate (ft_mask_mod): the struct's fields (its size, the text and names as C strings, the tensors'
+// pointers, alignment and lengths), the text and names checked (make_mask_predicate: FT_INVALID_ARGUMENT with its
+// line) and, with `compile`, compiled alone by NVRTC once per predicate in the process (check_mask_compiles:
+// FT_INVALID_ARGUMENT with NVRTC's first error). The checked predicate in *out when given.
+Check check_mask_mod(const ft_mask_mod* m, bool compile, MaskPredicate* out = nullptr);
 // Packed variable-length batches: the same, and the batch's sizes (sequences, tokens, longest lengths),
 // the cu_seqlens pointers; what lives in device memory (the offsets themselves) is not read (attention.h).
 Check check_varlen_forward(const ft_varlen_forward_args* a);

@@ -28,6 +28,7 @@
 #include "args.hpp"
 #include "core/cluster_launch.hpp"
 #include "core/compile.hpp"
+#include "core/mask_summary.hpp"
 #include "core/nvrtc_api.hpp"
 #include "core/tensor_maps.hpp"
 #include "core/util.hpp"
@@ -223,8 +224,7 @@ struct Plan {
 // The kernels a pick runs on p: the packed form for a packed variable-length batch, the paged form (in the
 // pools' layout) for a paged K/V cache.
 Variant variant_of(const Pick& pick, const Problem& p) {
-  return Variant{pick.family, pick.config, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled(),
-                 problem_mods(p), p.paged.layout};
+  return variant_for(*pick.family, pick.config, p);  // (a mask_mod's predicate too)
 }
 
 // The settings plans depend on: the four variables as last read, the store each device's lookup reads, and a
@@ -367,8 +367,13 @@ Plan make_plan(CUcontext ctx, const Query& q0, const Problem& p) {
   Plan plan;
   plan.problem = p;
   const FastKey k = fast_key(ctx, q0, p);
-  FastSlot& slot = t_plans[fast_hash(k) % kFastSlots];
-  if (const uint64_t gen = settings_generation(); slot.generation == gen && slot.key == k) {
+  // A mask_mod's plan is its predicate's too (the kernels' key holds its hash), which FastKey does not: such a call
+  // takes the process's map, its key with the hash, and a scratch slot of its own, never the thread's table.
+  const bool masked = p.mask_mod.enabled();
+  static thread_local FastSlot mask_slot;
+  FastSlot& slot = masked ? mask_slot : t_plans[fast_hash(k) % kFastSlots];
+  if (masked) slot = FastSlot{};
+  if (const uint64_t gen = settings_generation(); !masked && slot.generation == gen && slot.key == k) {
     plan.query = q0;
     plan.device = slot.device;
     plan.resolved = slot.plan.get();
@@ -390,7 +395,8 @@ Plan make_plan(CUcontext ctx, const Query& q0, const Problem& p) {
   } catch (const std::exception& e) {
     fail(FT_INVALID_ARGUMENT, e.what());
   }
-  const std::string plan_key = plan_key_of(q, k, store.identity) + (tables ? "" : "|no-tables");
+  const std::string plan_key = plan_key_of(q, k, store.identity) + (tables ? "" : "|no-tables") +
+                               (masked ? "|mask " + p.mask_mod.predicate.hash() : "");
   plan.query = q;
   State& s = state();
   {
@@ -749,6 +755,126 @@ void launch_family(const Loaded& k, const Plan& plan, void* params, CUstream str
 // The args structs with score modifications (ft_mods): the dense and packed ones.
 template <class Args>
 constexpr bool kHasMods = !std::is_same_v<Args, ft_paged_forward_args>;
+// With a mask predicate (ft_mask_mod, ABI 0.8): the dense ones.
+template <class Args>
+constexpr bool kHasMask = std::is_same_v<Args, ft_forward_args> || std::is_same_v<Args, ft_backward_args>;
+
+// A call's checked predicate (check_mask_mod: the call's checks ran first), the thread's last one kept: a model's
+// calls repeat one text, which is then compared, not normalised again.
+MaskPredicate mask_predicate_of(const ft_mask_mod* m) {
+  thread_local std::string last_text, last_names;
+  thread_local MaskPredicate last;
+  std::string names;
+  for (int i = 0; i < m->num_tensors; ++i) names += std::string(m->names[i]) + '\0';
+  if (last.enabled() && last_text == m->predicate && last_names == names) return last;
+  MaskPredicate pred;
+  if (const Check c = check_mask_mod(m, false, &pred); c.status != FT_OK) fail(c.status, c.message);
+  last_text = m->predicate, last_names = names, last = pred;
+  return pred;
+}
+
+// ---- mask_mod's block summary: computed on the call's stream, kept per (stream, key) -------------------------
+// The summary's program (core/mask_summary.hpp), compiled once per (arch, predicate) and loaded per context.
+const Loaded& summary_kernels(CUcontext ctx, const std::string& arch, const MaskPredicate& m) {
+  const std::string key = content_hash("mask_summary|" + arch + "|" + nvrtc_version() + "|" + m.hash() + "|" + m.body);
+  auto c = cubin_for(key, [&] {
+    auto out = std::make_shared<Compiled>();
+    try {
+      MaskSummaryProgram prog = compile_mask_summary(m, arch);
+      out->cubin = std::move(prog.cubin);
+      out->names = std::move(prog.lowered);
+    } catch (const UsageError& e) {
+      fail(FT_INVALID_ARGUMENT, e.what());
+    }
+    return out;
+  });
+  return load_module(ctx, key, *c);
+}
+// A summary held for later calls: its device memory (the library's pool, freed by ft_release_scratch on the stream
+// that made it) and the kernel's view of its lists. Reused only by calls on the same stream, after it in stream
+// order: another stream computes its own.
+struct MaskSummary {
+  CUstream stream = nullptr;
+  CUdeviceptr base = 0;
+  MaskBlockList blocks{};
+};
+struct MaskSummaries {
+  std::mutex mu;
+  std::map<std::string, MaskSummary> held;  // (context, stream, predicate, tensors, shape, blocks) -> summary
+};
+MaskSummaries& mask_summaries() {
+  static MaskSummaries* m = new MaskSummaries;  // never destroyed, as the state
+  return *m;
+}
+constexpr size_t kMaxHeldSummaries = 64;  // past it a call's summary is freed with the call (its stream's order)
+
+// The kernel's MaskModArgs for a call: the tensors and the summary of the plan's blocks (Family::mask_blocks).
+MaskModArgs mask_args_for(CUcontext ctx, const Plan& plan, const ft_mask_mod* m, CUstream stream) {
+  const Problem& p = plan.problem;
+  const MaskPredicate& pred = p.mask_mod.predicate;
+  MaskModArgs args{};
+  for (int i = 0; i < m->num_tensors; ++i) {  // bound in the predicate's (sorted) order of names
+    const auto at = std::find(pred.names.begin(), pred.names.end(), std::string(m->names[i]));
+    args.tensor[at - pred.names.begin()] = MaskTensor{m->tensors[i], (int)m->lengths[i]};
+  }
+  const auto [block_q, block_k] = plan.pick().family->mask_blocks(plan.pick().config);
+  std::string key = std::to_string((uintptr_t)ctx) + '|' + std::to_string((uintptr_t)stream) + '|' + pred.hash() + '|' +
+                    std::to_string(p.batch) + ',' + std::to_string(p.heads) + ',' + std::to_string(p.heads_k) + ',' +
+                    std::to_string(p.seq_q) + ',' + std::to_string(p.seq_k) + ',' + (p.causal ? "c" : "n") + ',' +
+                    p.direction + ',' + std::to_string(block_q) + ',' + std::to_string(block_k);
+  for (int i = 0; i < m->num_tensors; ++i)
+    key += '|' + std::to_string((uintptr_t)m->tensors[i]) + ':' + std::to_string(m->lengths[i]) + ':' +
+           std::to_string(m->versions[i]);
+  MaskSummaries& all = mask_summaries();
+  {
+    std::lock_guard<std::mutex> lock(all.mu);
+    if (auto it = all.held.find(key); it != all.held.end()) {
+      args.blocks = it->second.blocks;
+      return args;
+    }
+  }
+  MaskSummaryPlan sp;
+  try {
+    sp = mask_summary_plan(pred, p.direction == "bwd", p.batch, p.heads, p.heads_k, p.seq_q, p.seq_k, p.causal, block_q,
+                           block_k);
+  } catch (const UsageError& e) {
+    fail(FT_UNSUPPORTED, e.what());
+  }
+  const Loaded& k = summary_kernels(ctx, plan.device->arch, pred);
+  auto round = [](size_t b) { return (b + kScratchAlign - 1) / kScratchAlign * kScratchAlign; };
+  const size_t states = round(sp.states_bytes), count = round(sp.count_bytes), total = states + count + round(sp.index_bytes);
+  CUdevice dev;
+  FT_CU(cuCtxGetDevice, &dev);
+  CUdeviceptr base = 0;
+  FT_CU(cuMemAllocFromPoolAsync, &base, total, scratch_pool((int)dev), stream);
+  sp.states.mask = args;
+  sp.states.states = (unsigned char*)base;
+  void* sargs[] = {&sp.states};
+  FT_CU(cuLaunchKernel, k.fns[0], sp.states_grid[0], sp.states_grid[1], sp.states_grid[2], kMaskStatesThreads, 1, 1, 0,
+        stream, sargs, nullptr);
+  sp.lists.states = (const unsigned char*)base;
+  sp.lists.count = (int*)(base + states);
+  sp.lists.index = (int*)(base + states + count);
+  void* largs[] = {&sp.lists};
+  FT_CU(cuLaunchKernel, k.fns[1], sp.lists_grid, 1, 1, kMaskListsThreads, 1, 1, 0, stream, largs, nullptr);
+  args.blocks = sp.blocks;
+  args.blocks.count = sp.lists.count;
+  args.blocks.index = sp.lists.index;
+  std::lock_guard<std::mutex> lock(all.mu);
+  if (all.held.size() < kMaxHeldSummaries) all.held.emplace(key, MaskSummary{stream, base, args.blocks});
+  else FT_CU(cuMemFreeAsync, base, stream);  // after the call's kernels, in its stream's order
+  return args;
+}
+// ft_release_scratch: every held summary freed on its stream (after the work queued there).
+void release_summaries() {
+  MaskSummaries& all = mask_summaries();
+  std::map<std::string, MaskSummary> held;
+  {
+    std::lock_guard<std::mutex> lock(all.mu);
+    held.swap(all.held);
+  }
+  for (const auto& [key, m] : held) drv().cuMemFreeAsync(m.base, m.stream);  // unchecked: a stream may be gone
+}
 
 template <class Args>
 Problem common_problem(const Args* a, const char* direction) {
@@ -766,6 +892,8 @@ Problem common_problem(const Args* a, const char* direction) {
     p.alibi = a->mods.alibi_slopes != nullptr;  // the slopes themselves go to the kernel (with_params)
     p.canonicalize_mask();
   }
+  if constexpr (kHasMask<Args>)
+    if (a->mask_mod) p.mask_mod.predicate = mask_predicate_of(a->mask_mod);
   return p;
 }
 template <class Args>
@@ -871,9 +999,10 @@ constexpr bool kPaged = std::is_same_v<Args, ft_paged_forward_args>;
 // The kernels' argument: the dense struct, or for a packed batch the dense struct followed by the offsets,
 // for a paged cache by the block table, the cache lengths and the table's geometry.
 // A call with score modifications: that argument followed by AttnMods (ModParams), as its kernels take it.
+// A mask_mod: ModParams followed by MaskModArgs (MaskModParams), `mask` its tensors and summary.
 template <class Args, class Dense, class F>
-void with_params(const Args* a, const Dense& dense, const Problem& p, F launch) {
-  const bool modified = p.windowed() || p.softcapped() || p.alibi;
+void with_params(const Args* a, const Dense& dense, const Problem& p, F launch, const MaskModArgs* mask = nullptr) {
+  const bool modified = p.windowed() || p.softcapped() || p.alibi || p.mask_mod.enabled();
   const float* slopes = nullptr;
   long long slopes_stride = 0;
   if constexpr (kHasMods<Args>) slopes = a->mods.alibi_slopes, slopes_stride = a->mods.alibi_batch_stride;
@@ -883,6 +1012,10 @@ void with_params(const Args* a, const Dense& dense, const Problem& p, F launch) 
     using Plain = std::decay_t<decltype(plain)>;
     if (!modified) return launch((void*)&plain);
     const ModParams<Plain> with_mods{plain, mods};
+    if (mask) {
+      const MaskModParams<Plain> with_mask{with_mods, *mask};
+      return launch((void*)&with_mask);
+    }
     launch((void*)&with_mods);
   };
   if constexpr (kPacked<Args>) {
@@ -924,7 +1057,11 @@ void run_forward(const Args* a, CUstream stream) {
         fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick().family->name + ": " + e.what());
       }
     }
-    with_params(a, fp, p, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
+    MaskModArgs mask{};
+    if constexpr (kHasMask<Args>)
+      if (a->mask_mod) mask = mask_args_for(ctx.get(), plan, a->mask_mod, stream);
+    with_params(a, fp, p, [&](void* params) { launch_family(k, plan, params, stream, &maps); },
+                p.mask_mod.enabled() ? &mask : nullptr);
   });
 }
 
@@ -962,7 +1099,11 @@ void run_backward(const Args* a, CUstream stream) {
         fail(FT_CUDA_ERROR, std::string("tensor maps of ") + plan.pick().family->name + ": " + e.what());
       }
     }
-    with_params(a, bp, p, [&](void* params) { launch_family(k, plan, params, stream, &maps); });
+    MaskModArgs mask{};
+    if constexpr (kHasMask<Args>)
+      if (a->mask_mod) mask = mask_args_for(ctx.get(), plan, a->mask_mod, stream);
+    with_params(a, bp, p, [&](void* params) { launch_family(k, plan, params, stream, &maps); },
+                p.mask_mod.enabled() ? &mask : nullptr);
   });
 }
 
@@ -1063,6 +1204,12 @@ void for_each_chunk(const Args* args, F f) {
   if (whole.status == FT_OK) return f(args);
   if constexpr (kDense<Args>) {
     if (const int per = size_chunk(args)) {
+      if (args->mask_mod) {  // chunks see batch entries from 0: a predicate reading b would see the wrong ones
+        MaskPredicate pred;
+        if (check_mask_mod(args->mask_mod, false, &pred).status == FT_OK && pred.reads_batch)
+          fail(FT_UNSUPPORTED, "a call past the kernels' 32-bit indexing runs in batch chunks, and a mask_mod that "
+                               "reads b does not (split the batch)");
+      }
       for (int b0 = 0; b0 < args->batch; b0 += per) {
         const Args part = batch_slice(*args, b0, std::min(per, args->batch - b0));
         require(check_args(&part));
@@ -1215,7 +1362,14 @@ ft_status ft_set_scratch_allocator(ft_scratch_alloc_fn alloc_fn, ft_scratch_free
 }
 
 ft_status ft_release_scratch(void) {
-  return guarded([] { release_pools(); });
+  return guarded([] {
+    release_summaries();
+    release_pools();
+  });
+}
+
+ft_status ft_check_mask_mod(const ft_mask_mod* mask_mod) {
+  return guarded([&] { require(check_mask_mod(mask_mod, true)); });
 }
 
 ft_status ft_scratch_pool_bytes(size_t* bytes) {

@@ -159,6 +159,7 @@ std::string unsupported_reason(const std::string& direction, DType dtype, int he
   if (mods & kModWindow) with.push_back("a sliding window");
   if (mods & kModSoftcap) with.push_back("a softcap");
   if (mods & kModAlibi) with.push_back("ALiBi slopes");
+  if (mods & kModMask) with.push_back("a mask_mod");
   std::string what = std::string(to_string(dtype)) + (varlen ? " packed variable-length" : "") +
                      (paged ? " paged K/V cache" : "") + (direction == "fwd" ? " forward" : " backward");
   for (size_t i = 0; i < with.size(); ++i)

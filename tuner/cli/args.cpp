@@ -3,14 +3,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
-#include "core/problem.hpp"
 #include "core/family.hpp"
+#include "core/mask_mod.hpp"
+#include "core/problem.hpp"
 
 namespace flashtune::cli {
 
@@ -148,6 +150,29 @@ void mask_options(const Args& a, nlohmann::json& j) {
     j["softcap"] = check_softcap(c, "--softcap");
   }
   if (a.has("alibi")) j["alibi"] = true;
+  if (a.has("mask-tensor") && !a.has("mask-mod")) throw UsageError("--mask-tensor goes with --mask-mod");
+  if (a.has("mask-mod")) {  // the problem file's "mask_mod" object; the predicate and names checked by its parser
+    nlohmann::json tensors = nlohmann::json::object();
+    if (a.has("mask-tensor"))
+      for (const std::string& item : split(a.get("mask-tensor"), ',')) {
+        const size_t eq = item.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+          throw UsageError("--mask-tensor must be NAME=FILE[,NAME=FILE...] (raw int32 files), got '" + brief(item) + "'");
+        const std::string name = trim(item.substr(0, eq));
+        if (tensors.contains(name)) throw UsageError("--mask-tensor names '" + brief(name) + "' twice");
+        tensors[name] = item.substr(eq + 1);
+      }
+    j["mask_mod"] = {{"predicate", a.get("mask-mod")}, {"tensors", tensors}};
+  }
+}
+
+void check_mask_mods_compile(const std::vector<Problem>& problems) {
+  std::vector<MaskPredicate> checked;
+  for (const Problem& p : problems)
+    if (p.mask_mod.enabled() && std::find(checked.begin(), checked.end(), p.mask_mod.predicate) == checked.end()) {
+      check_mask_compiles(p.mask_mod.predicate);
+      checked.push_back(p.mask_mod.predicate);
+    }
 }
 
 }  // namespace flashtune::cli

@@ -53,7 +53,12 @@ struct Args {
 // --window L,R (each -1 or 0..2^30) and --softcap C (0 or in [0.001, 1e6]) into a problem's JSON (the fields
 // "window" and "softcap"), checked here so that the message names the flag; the flag --alibi sets "alibi". Absent
 // flags leave j alone.
+// --mask-mod TEXT (the body of bool mask(int b, int h, int q_idx, int kv_idx)) and --mask-tensor NAME=FILE[,...]
+// into the problem's "mask_mod" object (its parser checks both).
 void mask_options(const Args& a, nlohmann::json& j);
+// Each distinct mask_mod predicate of the problems compiled alone (check_mask_compiles): its NVRTC error as one
+// UsageError line, before any other work.
+void check_mask_mods_compile(const std::vector<Problem>& problems);
 
 // Parses argv[2..] with the keys a verb accepts (valued: take a value; flags: take none). An option given
 // twice is refused, as is an unknown one.

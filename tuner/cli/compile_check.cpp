@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/compile.hpp"
+#include "core/mask_mod.hpp"
 #include "core/util.hpp"
 #include "results/store.hpp"
 #include "tuner/cli/args.hpp"
@@ -25,7 +26,8 @@ int cmd_compile_check(int argc, char** argv) {
               "resource table; --save-cubins writes each compiled variant to DIR/<lowered name>.cubin (for\n"
               "cuobjdump). The space's \"varlen\": [false, true] compiles the packed variable-length form of\n"
               "its variants too, \"paged\": [false, true] the paged K/V cache form (column form; with\n"
-              "\"page_layouts\": [\"hnd\", \"nhd\"] also its token-major pages, form paged-nhd). Exit 1 if any\n"
+              "\"page_layouts\": [\"hnd\", \"nhd\"] also its token-major pages, form paged-nhd); \"mods\": [\"mask\", ...]\n"
+              "with \"mask_mod\": {\"predicate\": \"...\", \"tensors\": [\"doc\"]} the mask_mod form. Exit 1 if any\n"
               "variant failed to compile.");
     return 0;
   }
@@ -33,6 +35,7 @@ int cmd_compile_check(int argc, char** argv) {
   if (a.positional.size() != 1) throw UsageError("compile-check takes one space file");
   Space space = load_space(a.positional[0], a.has("allow-large-space"));
   Compiler c(a.get("arch", "sm_90"));
+  if (space.mask) check_mask_compiles(*space.mask);  // a predicate NVRTC rejects: one line, not a row per variant
   if (a.has("save-cubins")) {  // checked before any work
     std::error_code ec;
     std::filesystem::create_directories(a.get("save-cubins"), ec);

@@ -14,12 +14,13 @@ using nlohmann::json;
 namespace flashtune::cli {
 
 namespace {
-// The score modifications a family has (Family::mods), by name: ["window", "softcap", "alibi"].
+// The score modifications a family has (Family::mods), by name: ["window", "softcap", "alibi", "mask"].
 nlohmann::json mods_list(unsigned mods) {
   nlohmann::json out = nlohmann::json::array();
   if (mods & kModWindow) out.push_back("window");
   if (mods & kModSoftcap) out.push_back("softcap");
   if (mods & kModAlibi) out.push_back("alibi");
+  if (mods & kModMask) out.push_back("mask");
   return out;
 }
 }  // namespace

@@ -83,7 +83,7 @@ int cmd_run(int argc, char** argv) {
               "                     [--causal] [--direction fwd|bwd] [--seed N] [--check] [--check-determinism]\n"
               "                     [--json] [--db PATH] [--device N] [--timeout S] [--inputs DIR] [--save-outputs DIR]\n"
               "                     [--input-dist normal|heavy] [--input-scale X] [--heads-k N]\n"
-              "                     [--window L,R] [--softcap C] [--alibi]\n"
+              "                     [--window L,R] [--softcap C] [--alibi] [--mask-mod TEXT [--mask-tensor N=FILE,..]]\n"
               "       flashtune run ... --shape H,d (--varlen FILE|JSON | --seq-lens L,L,.. [--seq-lens-k L,L,..])\n"
               "       flashtune run ... --shape B,H,Sq,Sk,d --paged FILE|JSON\n"
               "Runs one config of a family on one problem in the worker: validated against the float64\n"
@@ -119,13 +119,18 @@ int cmd_run(int argc, char** argv) {
               "--alibi: ALiBi (FlashAttention's alibi_slopes): scores get -slope_h |i + Sk - Sq - j| after any softcap,\n"
               "with seeded slopes (FlashAttention's geometric 2^(-8 (h+1) / H), doubled on odd batches: [B, H]).\n"
               "Families without them (all but fa3_wgmma and fa3_wgmma_bwd) refuse such a problem (exit 2).\n"
+              "--mask-mod TEXT: a mask predicate, the body of bool mask(int b, int h, int q_idx, int kv_idx) (statements\n"
+              "with a return, or one expression), true where query q_idx of head h in batch entry b sees key kv_idx\n"
+              "(positions in the sequence), ANDed with --causal; --mask-tensor NAME=FILE,.. names raw int32 files it\n"
+              "reads as NAME[i] (0 outside the file; at most 4). Dense problems, fa3_wgmma and fa3_wgmma_bwd; not with\n"
+              "--window. A predicate NVRTC rejects is one line naming the error (exit 2). docs/kernels.md, \"mask_mod\".\n"
               "Exit 1 if the kernel is not valid.");
     return 0;
   }
   Args a = parse(argc, argv,
                  {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
                   "save-outputs", "input-dist", "input-scale", "heads-k", "varlen", "seq-lens", "seq-lens-k", "paged",
-                  "window", "softcap"},
+                  "window", "softcap", "mask-mod", "mask-tensor"},
                  {"causal", "check", "json", "best", "check-determinism", "alibi"});
   no_positional(a, "run");
   if (!a.has("family")) throw UsageError("run needs --family");
@@ -134,6 +139,9 @@ int cmd_run(int argc, char** argv) {
   if (a.has("best") && !a.has("db")) throw UsageError("--best needs --db");
   const Family& f = find_family(a.get("family"));
   Problem p = parse_shape(a.get("shape"), a);
+  check_mask_mods_compile({p});  // a mask_mod's NVRTC error in one line, first
+  if (a.has("inputs") && p.mask_mod.enabled())
+    throw UsageError("--inputs with --mask-mod: the validation's mask comes from the predicate on generated inputs");
   if (a.has("inputs") && p.varlen.enabled())
     throw UsageError("--inputs reads dense [B,H,S,d] files; a packed variable-length batch uses generated inputs");
   if (a.has("inputs") && p.paged.enabled())
@@ -200,7 +208,7 @@ int cmd_run(int argc, char** argv) {
     store = std::make_unique<Store>(a.get("db"));
   }
   check_pages(cfg);  // --best: its pick is the problem's own row, which read these pages
-  Variant v{&f, cfg, p.head_dim, p.causal, p.dtype, p.varlen.enabled(), p.paged.enabled(), problem_mods(p), p.paged.layout};
+  const Variant v = variant_for(f, cfg, p);
   Compiler compiler(gpu.device().arch);
   KernelRecord k = compiler.compile_all({v}, store.get())[0];
   ResultRecord r = gpu.run(k, v, p);

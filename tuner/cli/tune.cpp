@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/mask_mod.hpp"
 #include "core/util.hpp"
 #include "results/store.hpp"
 #include "tuner/cli/args.hpp"
@@ -94,6 +95,8 @@ int cmd_tune(int argc, char** argv) {
   Space space = load_space(a.positional[0], a.has("allow-large-space"));
   std::vector<Problem> problems = load_problems(a.positional[1]);
   for (Problem& p : problems) p.inputs = input_dist_option(a, p.inputs);
+  check_mask_mods_compile(problems);  // a predicate NVRTC rejects: one line, before any work
+  if (space.mask) check_mask_compiles(*space.mask);
   if (variants_for(space, problems).empty())  // a sweep that would do nothing is an error, before any work
     throw UsageError("no problem in " + a.positional[1] + " matches a variant of " + a.positional[0] +
                      " (head_dim, causal, dtype and direction must agree; heads_k needs a grouped-query family, varlen a "

@@ -378,7 +378,9 @@ long long run_experiment(const ExperimentSpec& spec, Store& store, const Experim
           source = c.source;
         }
       }
-      jobs.push_back({&impl, p, Variant{&f, cfg, p.head_dim, p.causal, p.dtype, false, false, problem_mods(p)}, source});
+      Variant v{&f, cfg, p.head_dim, p.causal, p.dtype, false, false, problem_mods(p)};
+      v.mask = variant_for(f, cfg, p).mask;
+      jobs.push_back({&impl, p, v, source});
     }
   }
   for (const auto& r : unsupported) store.put_experiment_row(r);

@@ -90,6 +90,7 @@ std::string result_key(const ResultRecord& r) {
   if (p.windowed() || p.softcapped())  // likewise
     key.push_back("mask " + std::to_string(p.window_left) + "," + std::to_string(p.window_right) + "," + json(p.softcap).dump());
   if (p.alibi) key.push_back("alibi");  // likewise
+  if (p.mask_mod.enabled()) key.push_back("mask_mod " + p.mask_mod.key());  // likewise
   return key.dump();
 }
 

@@ -85,6 +85,7 @@ ordered_json problem_json(const Problem& p) {
   if (p.windowed()) j["window"] = {p.window_left, p.window_right};
   if (p.softcapped()) j["softcap"] = p.softcap;
   if (p.alibi) j["alibi"] = true;
+  if (p.mask_mod.enabled()) j["mask_mod"] = ordered_json::parse(p.mask_mod.key());  // digests: identity, not values
   return j;
 }
 

@@ -41,17 +41,33 @@ std::vector<Variant> default_variants(const Family& f) {
       vs.push_back(Variant{&f, f.default_config, d, false, f.dtypes.back(), false, true, 0, PageLayout::nhd});
   // The score modifications (Family::mods), likewise in the last dtype: every head dim and mask with all of
   // them (the most registers), and each alone at one head dim per mask (their code apart).
-  if (f.mods) {
+  const unsigned score_mods = f.mods & ~kModMask;  // a mask_mod needs a predicate: below
+  if (score_mods) {
     int widest = 0;  // the largest head dim with the modified forms (Family::mods_max_head_dim)
     for (int d : f.head_dims)
-      if (f.has_mods(f.mods, d)) {
+      if (f.has_mods(score_mods, d)) {
         widest = std::max(widest, d);
-        for (bool causal : {false, true}) vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, false, f.mods});
+        for (bool causal : {false, true}) vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, false, score_mods});
       }
     for (unsigned m : {kModWindow, kModSoftcap, kModAlibi})
-      if ((f.mods & m) && m != f.mods && widest > 0)
+      if ((f.mods & m) && m != score_mods && widest > 0)
         for (bool causal : {false, true})
           vs.push_back(Variant{&f, f.default_config, widest, causal, f.dtypes.back(), false, false, m});
+  }
+  // A mask_mod (kModMask) with sample_mask_predicate (two tensors, b and h read: the most registers), every head
+  // dim and mask with the softcap and ALiBi it combines with, and alone.
+  if (f.mods & kModMask) {
+    const auto pred = std::make_shared<const MaskPredicate>(sample_mask_predicate());
+    const unsigned with = kModMask | (f.mods & (kModSoftcap | kModAlibi));
+    std::vector<unsigned> sets{with};
+    if (with != kModMask) sets.push_back(kModMask);
+    for (int d : f.head_dims)
+      if (f.has_mods(with, d))
+        for (unsigned m : sets)
+          for (bool causal : {false, true}) {
+            vs.push_back(Variant{&f, f.default_config, d, causal, f.dtypes.back(), false, false, m});
+            vs.back().mask = pred;
+          }
   }
   return vs;
 }

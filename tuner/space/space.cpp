@@ -121,7 +121,8 @@ Space space_from_json(const json& j, bool allow_large) {
   if (!j.is_object()) throw UsageError("a space must be a JSON object");
   for (auto& [key, _] : j.items())
     if (key != "family" && key != "params" && key != "head_dims" && key != "causal" && key != "dtypes" &&
-        key != "description" && key != "varlen" && key != "paged" && key != "page_layouts" && key != "mods")
+        key != "description" && key != "varlen" && key != "paged" && key != "page_layouts" && key != "mods" &&
+        key != "mask_mod")
       throw UsageError("unknown space field '" + key + "'");
   if (!j.contains("family") || !j["family"].is_string()) throw UsageError("space needs a string 'family'");
   Space s;
@@ -209,18 +210,38 @@ Space space_from_json(const json& j, bool allow_large) {
   }
   if (j.contains("mods")) {
     if (!j["mods"].is_array() || j["mods"].empty())
-      throw UsageError("space 'mods' must be an array of \"none\" or of \"window\", \"softcap\", \"alibi\" joined by '+'");
+      throw UsageError("space 'mods' must be an array of \"none\" or of \"window\", \"softcap\", \"alibi\", \"mask\" joined by '+'");
     s.mods.clear();
     for (const auto& c : j["mods"]) {
       const std::string name = c.is_string() ? c.get<std::string>() : std::string();
       unsigned m = 0;
       if (!mods_from_string(name, m))
-        throw UsageError("space 'mods' holds \"none\" or \"window\", \"softcap\", \"alibi\" joined by '+' (\"window+softcap\"), got " +
+        throw UsageError("space 'mods' holds \"none\" or \"window\", \"softcap\", \"alibi\", \"mask\" joined by '+' (\"window+softcap\"), got " +
                          brief_json(c));
       if (m & ~f.mods) throw UsageError("family " + f.name + " has no " + mods_string(m & ~f.mods) + " form");
+      if ((m & kModMask) && (m & kModWindow)) throw UsageError("space 'mods': a mask does not combine with a window");
       if (std::find(s.mods.begin(), s.mods.end(), m) == s.mods.end()) s.mods.push_back(m);
     }
   }
+  if (j.contains("mask_mod")) {  // the predicate alone: {"predicate": "...", "tensors": ["name", ...]}
+    const json& mm = j["mask_mod"];
+    if (!mm.is_object() || !mm.contains("predicate") || !mm["predicate"].is_string())
+      throw UsageError("space 'mask_mod' must be {\"predicate\": \"...\", \"tensors\": [\"name\", ...]}");
+    for (auto& [key, _] : mm.items())
+      if (key != "predicate" && key != "tensors") throw UsageError("unknown space mask_mod field '" + brief(key, 40) + "'");
+    std::vector<std::string> names;
+    if (mm.contains("tensors")) {
+      if (!mm["tensors"].is_array() || mm["tensors"].size() > (size_t)kMaxMaskTensors)
+        throw UsageError("space mask_mod 'tensors' must be an array of at most " + std::to_string(kMaxMaskTensors) + " names");
+      for (const auto& n : mm["tensors"]) {
+        if (!n.is_string()) throw UsageError("space mask_mod 'tensors' must hold names, got " + brief_json(n));
+        names.push_back(n.get<std::string>());
+      }
+    }
+    s.mask = std::make_shared<const MaskPredicate>(make_mask_predicate(mm["predicate"].get<std::string>(), names));
+  }
+  for (unsigned m : s.mods)
+    if ((m & kModMask) && !s.mask) throw UsageError("space 'mods' holds a mask: give the predicate as 'mask_mod'");
   if (!allow_large && s.size() > kMaxSpaceVariants)
     throw UsageError("the space has " + std::to_string(s.size()) + " variants, more than " +
                      std::to_string(kMaxSpaceVariants) + " (--allow-large-space to sweep it anyway)");
@@ -285,7 +306,8 @@ std::vector<Variant> Space::variants() const {
       for (DType t : dtypes)
         for (const Form& fm : forms())
           for (unsigned m : mods)
-            for (const auto& cfg : configs()) out.push_back({family, cfg, d, c, t, fm.packed, fm.paged, m, fm.layout});
+            for (const auto& cfg : configs())
+              out.push_back({family, cfg, d, c, t, fm.packed, fm.paged, m, fm.layout, (m & kModMask) ? mask : nullptr});
   return out;
 }
 
@@ -298,25 +320,36 @@ std::vector<Variant> variants_for(const Space& s, const std::vector<Problem>& pr
   dense.paged = {false};
   dense.page_layouts = {PageLayout::hnd};
   dense.mods = {0};
-  std::set<unsigned> problem_mod_sets;  // the modifications the problems have: each a variant of its own
-  for (const Problem& p : problems) problem_mod_sets.insert(problem_mods(p));
+  // The modifications the problems have, each a variant of its own (a mask_mod's with each predicate).
+  std::vector<std::pair<unsigned, std::shared_ptr<const MaskPredicate>>> problem_mod_sets;
+  for (const Problem& p : problems) {
+    const unsigned m = problem_mods(p);
+    const bool seen = std::any_of(problem_mod_sets.begin(), problem_mod_sets.end(), [&](const auto& e) {
+      return e.first == m && (!(m & kModMask) || *e.second == p.mask_mod.predicate);
+    });
+    if (!seen)
+      problem_mod_sets.push_back(
+          {m, (m & kModMask) ? std::make_shared<const MaskPredicate>(p.mask_mod.predicate) : nullptr});
+  }
   const std::vector<Space::Form> forms = {{false, false}, {true, false}, {false, true, PageLayout::hnd}, {false, true, PageLayout::nhd}};
   std::vector<Variant> out;
   for (const Variant& v : dense.variants())
     for (const Space::Form& fm : forms)
-      for (unsigned m : problem_mod_sets) {
+      for (const auto& [m, pred] : problem_mod_sets) {
         bool needed = false;
         for (const Problem& p : problems)
           needed |= p.head_dim == v.head_dim && p.causal == v.causal && p.dtype == v.dtype &&
                     p.direction == v.family->direction && p.varlen.enabled() == fm.packed &&
                     p.paged.enabled() == fm.paged && (!fm.paged || p.paged.layout == fm.layout) &&
-                    problem_mods(p) == m && v.family->shape_reason(p).empty();
+                    problem_mods(p) == m && (!pred || *pred == p.mask_mod.predicate) &&
+                    v.family->shape_reason(p).empty();
         if (!needed) continue;
         out.push_back(v);
         out.back().varlen = fm.packed;
         out.back().paged = fm.paged;
         out.back().mods = m;
         out.back().page_layout = fm.layout;
+        out.back().mask = pred;
       }
   return out;
 }

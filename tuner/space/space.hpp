@@ -33,6 +33,9 @@ struct Space {
   // "window", "softcap", "alibi", "window+softcap", ...: names joined by '+']. Default {0}. Like varlen, for compile-check, the sample and the
   // NVRTC tests: tune takes the modifications each problem has (variants_for).
   std::vector<unsigned> mods{0};
+  // The predicate of the "mask" modification (kModMask), as space files' "mask_mod": {"predicate": "...",
+  // "tensors": ["doc", ...]} (names only: compiling needs no values). Required where mods hold "mask".
+  std::shared_ptr<const MaskPredicate> mask;
 
   // The kernel forms listed: dense, packed, paged (never both), the paged form in each of page_layouts.
   struct Form {

@@ -140,6 +140,9 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
               {"cubin_path", cubin_path},
               {"kernels", kernels},
               {"workspace", v.family->workspace_bytes(v.config, p)},
+              {"mask_blocks", v.mask ? json::array({v.family->mask_blocks(v.config).first,
+                                                   v.family->mask_blocks(v.config).second})
+                                     : json::array()},
               {"workspace_fill", v.family->workspace_written ? 0xFF : 0},
               {"check_determinism", opt_.check_determinism},
               {"reproducible_runs", v.family->reproducible(v.config) ? kReproducibleRuns : 0}};

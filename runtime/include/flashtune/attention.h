@@ -67,6 +67,30 @@ typedef struct {
   int64_t alibi_batch_stride;
 } ft_mods;
 
+/* A mask predicate (mask_mod, ABI 0.8; docs/kernels.md, "mask_mod"), the last field of the dense args structs: the
+ * body of `bool mask(int b, int h, int q_idx, int kv_idx)`, true where query q_idx (a position in the sequence) of query
+ * head h in batch entry b sees key kv_idx, ANDed with causal; statements with a return, or one expression. It may read
+ * up to FT_MAX_MASK_TENSORS named int32 tensors as name[i] (0 outside [0, length)). The text becomes source: it is
+ * checked (no '#', '\', literals, asm, __ or ft_ names; brackets balanced; at most 4000 bytes) and compiled by NVRTC
+ * with the call's kernels at first use (cached by its hash, as every kernel); a text that fails either is
+ * FT_INVALID_ARGUMENT with one line naming the error (ft_check_mask_mod checks it without a call). Hopper families,
+ * dense calls only, not with a window nor with deterministic; FT_UNSUPPORTED otherwise.
+ * The block summary (which key blocks each query block sees) is computed on the call's stream from the tensors, and
+ * reused by later calls on the same stream while the predicate, each tensor's pointer, length and version, the
+ * shape (B, H, Hk, Sq, Sk, causal) and the kernel's blocks are the same: a caller that rewrites a tensor in place
+ * must change its version (flashtune.torch passes the tensor's _version), and the tensors are read while the call's
+ * kernels run. ft_release_scratch frees the summaries. */
+#define FT_MAX_MASK_TENSORS 4
+typedef struct {
+  size_t struct_size;                          /* sizeof(ft_mask_mod) as the caller compiled it */
+  const char* predicate;                       /* NUL-terminated */
+  int num_tensors;                             /* 0..FT_MAX_MASK_TENSORS */
+  const char* names[FT_MAX_MASK_TENSORS];      /* NUL-terminated C identifiers, as the predicate reads them */
+  const int32_t* tensors[FT_MAX_MASK_TENSORS]; /* device memory, contiguous int32, 4-byte aligned */
+  int64_t lengths[FT_MAX_MASK_TENSORS];        /* elements, 1..2^31 - 1 */
+  uint64_t versions[FT_MAX_MASK_TENSORS];      /* the caller's version of each tensor's contents (the summary's key) */
+} ft_mask_mod;
+
 typedef struct {
   int batch, heads, seq_q, seq_k, head_dim;
   ft_dtype dtype;
@@ -77,6 +101,7 @@ typedef struct {
   float* lse;      /* output [B,H,Sq] contiguous fp32, natural log; +inf for a fully masked row; may be NULL */
   int heads_k;     /* kv heads (grouped-query attention); 0: heads */
   ft_mods mods;    /* sliding window, softcap; zero: none */
+  const ft_mask_mod* mask_mod; /* ABI 0.8: a mask predicate; NULL: none */
 } ft_forward_args;
 
 typedef struct {
@@ -94,6 +119,7 @@ typedef struct {
   int deterministic;          /* 1: dq, dk, dv bitwise equal from run to run (only configs whose additions run in
                                  a fixed order: the tables' deterministic picks); 0: the fastest config */
   ft_mods mods;               /* the forward's */
+  const ft_mask_mod* mask_mod; /* ABI 0.8: the forward's mask predicate; NULL: none */
 } ft_backward_args;
 
 /* Packed variable-length batches (varlen): `batch` sequences packed token after token, as
@@ -272,11 +298,14 @@ ft_status ft_scratch_pool_bytes(size_t* bytes);
  * calls within a second. ft_reload_settings forgets every plan, so that the next call of every thread reads the
  * variables and the store again (after setenv, for an immediate effect). Needs no GPU. */
 ft_status ft_reload_settings(void);
+/* A mask predicate checked and compiled alone (NVRTC, no GPU needed; cached by its hash): FT_OK, or
+ * FT_INVALID_ARGUMENT with one line naming what is wrong or NVRTC's first error, FT_COMPILE_ERROR without NVRTC. */
+ft_status ft_check_mask_mod(const ft_mask_mod* mask_mod);
 /* FT_OK when a CUDA device is usable, else FT_NO_GPU with the reason in ft_last_error(). */
 ft_status ft_device_available(void);
 /* The last error of this thread, one line; "" after a success. */
 const char* ft_last_error(void);
-/* "0.7.0" */
+/* "0.8.0" */
 const char* ft_version(void);
 
 #ifdef __cplusplus

@@ -93,9 +93,10 @@ struct ForwardArgs {
   float* lse = nullptr;  // [B, H, Sq] fp32, optional
   int heads_k = 0;       // kv heads of k and v (grouped-query attention); 0: heads
   Mods mods;             // sliding window, softcap
+  const ft_mask_mod* mask_mod = nullptr;  // a mask predicate (attention.h); the caller's, alive during the call
   ft_forward_args c() const {
     return ft_forward_args{batch, heads, seq_q, seq_k, head_dim, dtype, causal ? 1 : 0, scale,
-                           q.c(), k.c(), v.c(), o.c(), lse, heads_k, mods.c()};
+                           q.c(), k.c(), v.c(), o.c(), lse, heads_k, mods.c(), mask_mod};
   }
 };
 
@@ -112,10 +113,11 @@ struct BackwardArgs {
   int heads_k = 0;             // kv heads of k, v, dk, dv; 0: heads
   bool deterministic = false;  // dq, dk, dv bitwise equal from run to run
   Mods mods;                   // the forward's
+  const ft_mask_mod* mask_mod = nullptr;  // the forward's mask predicate
   ft_backward_args c() const {
     return ft_backward_args{batch, heads, seq_q, seq_k, head_dim, dtype, causal ? 1 : 0, scale, q.c(), k.c(), v.c(),
                             o.c(), dout.c(), lse, dq.c(), dk.c(), dv.c(), workspace, workspace_bytes, heads_k,
-                            deterministic ? 1 : 0, mods.c()};
+                            deterministic ? 1 : 0, mods.c(), mask_mod};
   }
 };
 
