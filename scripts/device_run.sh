@@ -943,6 +943,32 @@ decode-op)
   log "decode op: kernel time against call time"
   timeout 200 python3 experiments/probes/decode_op_kernels.py 2>&1 | tee "$OUT/decode_op_kernels.csv" | grep -v Warning
   ;;
+mask)
+  # Issue 32 part 3, mask_mod on Hopper: random samples (MASK_EVALS per problem, default 12) of the mask spaces of
+  # fa3_wgmma and fa3_wgmma_bwd validated on ragged_mask_mod_bf16.json (the harness materialises each problem's mask
+  # on the GPU for the float64 reference) into mask_validate.db; then one masked training-shaped call timed by run
+  # beside the same call causal only (documents of 1-4k tokens over S 16k).
+  val=$(validation_store mask)
+  for fam in fa3_wgmma fa3_wgmma_bwd; do
+    log "validate ${fam}_mask on ragged_mask_mod_bf16"
+    timeout "${MASK_VALIDATE_LIMIT_S:-150}" $ft tune "configs/spaces/${fam}_mask.json" configs/problems/ragged_mask_mod_bf16.json \
+      --db "$val" --strategy random --max-evals "${MASK_EVALS:-12}" --seed 5 --stop-margin 0.5 --retime 0 --timeout 10 2>&1 |
+      grep -vE "^\[" | tail -2
+  done
+  validation_summary "$val"
+  $ft drop-cubins --db "$val"
+  for mm in "" "--mask-mod 'return doc[q_idx] == doc[kv_idx];' --mask-tensor doc=/tmp/doc16k.bin"; do
+    python3 -c "import struct; L=[1024, 4096, 2048, 3072, 1024, 2048, 3072]; d=[i for i, n in enumerate(L) for _ in range(n)]
+open('/tmp/doc16k.bin', 'wb').write(struct.pack('<%di' % len(d), *d))"
+    for dir in fwd bwd; do
+      params=BLOCK_N=128,CONSUMERS=2; [[ $dir == bwd ]] && params=BLOCK_M=64,CONSUMERS=2
+      log "run $dir causal 1,16,16384,16384,128 ${mm:+(documents)}"
+      eval $ft run --family "$([[ $dir == fwd ]] && echo fa3_wgmma || echo fa3_wgmma_bwd)" --params $params \
+        --shape 1,16,16384,16384,128 --dtype bf16 --causal --direction $dir $mm 2>&1 | grep -E "status|time|TFLOP|error" | head -3
+    done
+  done
+  finish
+  ;;
 decode-paged)
   # decode_splitkv's paged K/V cache form (never run on a GPU before this stage), in parts (default: all three,
   # ~8-9.5 of the call's 10 minutes on a fresh H100 with the ~2 min build; the parts' limits, 160 + 160 + 120 s,
