@@ -96,6 +96,9 @@ struct Family {
   std::function<const char*(const Config&, unsigned mods)> mods_check = [](const Config&, unsigned) -> const char* {
     return nullptr;
   };
+  // The config the runtime runs instead of a pick mods_check refuses (the same config with what the modifications
+  // refuse turned off), or the pick itself where there is none (fa3_wgmma_bwd with a mask_mod: DQ_TURNS 0).
+  std::function<Config(const Config&, unsigned mods)> mods_fallback = [](const Config& c, unsigned) { return c; };
   // A mask_mod's block summary for a config (kModMask): the (query rows, keys) of one block of its lists, the
   // kernel's tiles (fa3_wgmma: BLOCK_M = 64 CONSUMERS and BLOCK_N; fa3_wgmma_bwd: BLOCK_M and BLOCK_N = 64
   // CONSUMERS); core/mask_summary.hpp plans the lists from them.

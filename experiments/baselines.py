@@ -108,9 +108,9 @@ def parse_problem(j):
         raise ValueError("a packed variable-length problem ('varlen'): experiments/varlen_vs_peers.py measures those")
     if "paged" in j:  # likewise a paged K/V cache (torch SDPA reads contiguous K/V)
         raise ValueError("a paged K/V cache problem ('paged'): experiments/decode_vs_peers.py --paged measures those")
-    if "window" in j or "softcap" in j or "alibi" in j:  # the baselines time plain attention; the variants' peers
-        raise ValueError("a sliding-window, softcapped or ALiBi problem ('window', 'softcap', 'alibi'): the dense "
-                         "baselines run plain attention only")
+    if "window" in j or "softcap" in j or "alibi" in j or "mask_mod" in j:  # the baselines time plain attention
+        raise ValueError("a sliding-window, softcapped, ALiBi or mask_mod problem ('window', 'softcap', 'alibi', "
+                         "'mask_mod'): the dense baselines run plain attention only")
     for key in j:
         if key not in PROBLEM_FIELDS:
             raise ValueError(f"unknown problem field '{key}'")

@@ -1039,6 +1039,70 @@ MOD_CASES = [  # B, H, Hk, Sq, Sk, d, causal, window, softcap, dtype
 MOD_REL_L2 = 1e-2
 
 
+def mask_reference(q, k, v, dout, mask, scale):
+    """float64 forward and backward with an explicit boolean mask [Sq, Sk] (True: the pair is seen); a row that sees
+    no key has O = 0 (flashtune's and FlashAttention's convention, where SDPA's softmax would give NaN)."""
+    q, k0, v0 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    k, v = expand_kv(q, k0, v0)
+    s = (q @ k.transpose(-1, -2)) * scale
+    seen = mask.any(-1, keepdim=True)  # rows with a key: their masked pairs at -inf; the others all 0, P = 0
+    s = torch.where(seen, s.masked_fill(~mask, float("-inf")), torch.zeros_like(s))
+    p = torch.softmax(s, dim=-1) * seen
+    o = p @ v
+    o.backward(dout.double())
+    return o.detach(), q.grad, k0.grad, v0.grad
+
+
+def mask_mod_op():
+    """attention(mask_mod=..., mask_tensors=...) (issue 32 part 3) against a float64 reference with the same mask
+    written out: documents with causal, a prefix LM with GQA over Sq != Sk, rows that see no key; O and the
+    gradients, and the same call under torch.compile(fullgraph=True) (the custom ops) equal to eager."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        check(True, "mask_mod_op: not an sm_90 GPU (mask_mod is in the Hopper kernels)")
+        return
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 33)
+    docs = torch.tensor([i for i, n in enumerate([100, 333, 267]) for _ in range(n)], dtype=torch.int32, device="cuda")
+    cases = [  # B, H, Hk, Sq, Sk, d, causal, predicate, tensors, the mask as a function of (i, j)
+        (2, 4, 4, 700, 700, 128, True, "doc[q_idx] == doc[kv_idx]", {"doc": docs},
+         lambda i, j: docs[i.squeeze(1)][:, None] == docs[j.squeeze(0)][None, :]),
+        (1, 8, 2, 333, 517, 64, False, "kv_idx < 64 || kv_idx <= q_idx + 184", {},
+         lambda i, j: (j < 64) | (j <= i + 184)),
+        (1, 2, 2, 190, 300, 64, False, "q_idx >= 50 && kv_idx % 2 == 1", {},
+         lambda i, j: (i >= 50) & (j % 2 == 1)),
+    ]
+    for B, H, Hk, sq, sk, d, causal, pred, tensors, fn in cases:
+        name = f"mask_mod {pred!r} B{B} H{H}/{Hk} Sq{sq} Sk{sk} d{d}{' causal' if causal else ''}"
+        q, k, v, dout = mod_inputs(B, H, Hk, sq, sk, d, torch.bfloat16, gen)
+        scale = 1.0 / math.sqrt(d)
+        i = torch.arange(sq, device="cuda")[:, None]
+        j = torch.arange(sk, device="cuda")[None, :]
+        mask = fn(i, j)
+        if causal:
+            mask = mask & (j <= i + (sk - sq))
+        o = attention(q, k, v, causal=causal, mask_mod=pred, mask_tensors=tensors)
+        ref = mask_reference(q, k, v, dout, mask, scale)
+        ma, rl2 = errors(o, ref[0])
+        check(rl2 <= MOD_REL_L2, f"{name}: O rel L2 {rl2:.2e} <= {MOD_REL_L2} (max-abs {ma:.2e})")
+        plain = mask_reference(q, k, v, dout, torch.ones_like(mask) & ((j <= i + (sk - sq)) if causal else True), scale)[0]
+        check(errors(o, plain)[1] > 3 * MOD_REL_L2, f"{name}: the unmasked reference is far: the test sees the mask")
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), dout)
+        for key, ours, want in zip(("dQ", "dK", "dV"), (dq, dk, dv), ref[1:]):
+            ma, rl2 = errors(ours, want)
+            check(rl2 <= 2 * MOD_REL_L2, f"{name}: {key} rel L2 {rl2:.2e} <= {2 * MOD_REL_L2} (max-abs {ma:.2e})")
+        compiled = torch.compile(lambda q, k, v: attention(q, k, v, causal=causal, mask_mod=pred, mask_tensors=tensors),
+                                 fullgraph=True)
+        oc = compiled(q, k, v)
+        check(torch.equal(oc, o), f"{name}: torch.compile(fullgraph=True) gives eager's O bit for bit")
+        gc = torch.autograd.grad(oc, (q, k, v), dout)
+        check(all(torch.equal(a, b) for a, b in zip(gc, (dq, dk, dv))),
+              f"{name}: torch.compile(fullgraph=True) gives eager's gradients bit for bit")
+    try:
+        attention(q, k, v, mask_mod="return nope[q_idx];")
+        check(False, "a predicate that does not compile is refused")
+    except ValueError as e:
+        check("\n" not in str(e) and "mask_mod" in str(e), f"a predicate that does not compile: ValueError in one line: {e}")
+
+
 def window_softcap():
     """attention(window_size=..., softcap=...) against a float64 reference with the same mask and cap (and the same
     call without them far from it); explain() names the Hopper forward; the backward matches the reference's
@@ -1356,7 +1420,7 @@ def main():
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, runtime {flashtune.runtime_version()}")
     parts = (error_messages, accuracy, decode_dispatch, varlen_accuracy, paged_errors, paged_accuracy,
              streams_module_explain, compiled_and_autocast, backend_and_lse, cuda_graphs, deterministic,
-             scratch_through_torch, window_softcap, alibi, kvcache, paged_nhd)
+             scratch_through_torch, window_softcap, alibi, kvcache, paged_nhd, mask_mod_op)
     names = {p.__name__: p for p in parts + (first_use_tuning,)}  # first_use_tuning only when named
     unknown = [a for a in sys.argv[1:] if a not in names]
     if unknown:

@@ -115,7 +115,8 @@ class Problems(unittest.TestCase):
                     with self.assertRaisesRegex(ValueError, r"decode_vs_peers.py --paged"):
                         bl.load_problems(obj)
                     continue
-                if any("window" in p or "softcap" in p or "alibi" in p for p in obj.get("problems", [])):  # variants: likewise
+                if any("window" in p or "softcap" in p or "alibi" in p or "mask_mod" in p
+                       for p in obj.get("problems", [])):  # variants and masks: likewise
                     with self.assertRaisesRegex(ValueError, "plain attention only"):
                         bl.load_problems(obj)
                     continue

@@ -1858,6 +1858,24 @@ TEST(Family, Fa3BwdFamilyMapsAndLaunches) {
   EXPECT_EQ(f.shape_reason(p), "");  // dense grouped-query attention is served (there is no packed form yet)
 }
 
+// A mask_mod refuses fa3_wgmma_bwd's DQ_TURNS 1 (dK and dQ measured wrong on the H200) and DETERMINISTIC; the runtime
+// runs a refused pick with both off (mods_fallback), which the check takes; configs without a mask are untouched.
+TEST(Family, Fa3BwdMaskRefusesTurnsAndFallsBack) {
+  const Family& f = find_family("fa3_wgmma_bwd");
+  const Config pick = f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=3,DQ_TURNS=1,DQ_STAGES=1");
+  EXPECT_EQ(f.mods_check(pick, 0), nullptr);
+  EXPECT_EQ(f.mods_check(pick, kModWindow | kModSoftcap), nullptr);
+  EXPECT_THAT(f.mods_check(pick, kModMask), HasSubstr("DQ_TURNS 1"));
+  const Config alt = f.mods_fallback(pick, kModMask);
+  EXPECT_EQ(alt, f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=3,DQ_TURNS=0,DQ_STAGES=1"));
+  EXPECT_EQ(f.check(alt, 128), nullptr);
+  EXPECT_EQ(f.mods_check(alt, kModMask), nullptr);
+  EXPECT_EQ(f.mods_fallback(pick, kModWindow), pick);
+  const Config det = f.parse_config("BLOCK_M=64,CONSUMERS=2,DETERMINISTIC=1,DQ_STAGES=1");
+  EXPECT_THAT(f.mods_check(det, kModMask), HasSubstr("DETERMINISTIC"));
+  EXPECT_EQ(f.mods_check(f.mods_fallback(det, kModMask), kModMask), nullptr);
+}
+
 // A window's blocks (issue 32): fa3_wgmma_bwd's key blocks walk the query blocks fa3_bwd_window_query_blocks gives,
 // and its dQ turns count the key blocks fa3_bwd_window_key_blocks gives; both must be exactly the block pairs
 // that share a visible (query, key) pair (Problem::visible_keys, the problem's own definition), for ragged shapes

@@ -712,6 +712,7 @@ def _mask_setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, o, lse, *mask_tensors)
     ctx.causal, ctx.scale, ctx.deterministic, ctx.mods = causal, scale, deterministic, tuple(mods) or NO_MODS
     ctx.mask_mod, ctx.mask_names = mask_mod, mask_names
+    ctx.n_inputs = len(inputs)  # the call's own arguments (a traced call may pass the defaults or leave them out)
 
 
 def _mask_backward(ctx, dout, dlse):
@@ -722,7 +723,7 @@ def _mask_backward(ctx, dout, dlse):
     dq, dk, dv = attention_mask_bwd(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.mask_mod, ctx.mask_names,
                                     mask_tensors, ctx.deterministic, *ctx.mods)
     # One gradient per input, the list's as a list (torch.library checks the structure: None would not do for it).
-    return (dq, dk, dv, None, None, None, None, [None] * len(mask_tensors)) + (None,) * (len(ctx.mods) + 1)
+    return (dq, dk, dv, None, None, None, None, [None] * len(mask_tensors)) + (None,) * (ctx.n_inputs - 8)
 
 
 attention_mask_fwd.register_autograd(_mask_backward, setup_context=_mask_setup_context)

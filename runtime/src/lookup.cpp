@@ -389,15 +389,21 @@ Pick choose_config(const TableSet& ts, const Family& f, const Query& q, const st
                                    ? "the default's nearest reproducible config " + f.config_string(p.config) + " used"
                                    : "default used";
   auto accept = [&](Config c, const char* source, const std::string& what, const std::string& bucket) {
+    if (q.mods && f.mods_check(c, q.mods) && !wants_reproducible(q)) {  // the pick without what the modifications
+      const Config alt = f.mods_fallback(c, q.mods);                    // refuse, where it has a variant
+      if (alt != c && !f.check(alt, q.head_dim) && !f.mods_check(alt, q.mods)) c = alt;
+    }
     const char* why = f.check(c, q.head_dim);
     const bool packed_only = !why && q.varlen && (why = f.varlen_check(c));
     const bool masked = !why && (why = f.causal_check(c, q.causal));
+    const bool modded = !why && q.mods && (why = f.mods_check(c, q.mods));  // the config has no such variant
     const bool nondeterministic = !why && wants_reproducible(q) && !f.reproducible(c);
     if (nondeterministic) why = "its gradients are not bitwise reproducible";
     if (why) {
       p.note = what + " " + f.config_string(c) + " rejected " +
                (packed_only      ? std::string("for the packed form")
                 : masked         ? std::string(q.causal ? "causal" : "non-causal")
+                : modded         ? "with " + mods_string(q.mods)
                 : nondeterministic ? std::string("for a deterministic backward")
                                  : "for d=" + std::to_string(q.head_dim)) +
                " (" + why + "): " + fallback;
