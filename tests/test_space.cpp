@@ -1874,6 +1874,14 @@ TEST(Family, Fa3BwdMaskRefusesTurnsAndFallsBack) {
   const Config det = f.parse_config("BLOCK_M=64,CONSUMERS=2,DETERMINISTIC=1,DQ_STAGES=1");
   EXPECT_THAT(f.mods_check(det, kModMask), HasSubstr("DETERMINISTIC"));
   EXPECT_EQ(f.mods_check(f.mods_fallback(det, kModMask), kModMask), nullptr);
+  // fa3_wgmma: MULTICAST off with a mask_mod.
+  const Family& fw = find_family("fa3_wgmma");
+  const Config mc = fw.parse_config("BLOCK_N=128,CONSUMERS=2,STAGES=2,MULTICAST=1");
+  ASSERT_NE(fw.mods_check(mc, kModMask), nullptr);
+  const Config mc0 = fw.mods_fallback(mc, kModMask);
+  EXPECT_EQ(mc0, fw.parse_config("BLOCK_N=128,CONSUMERS=2,STAGES=2,MULTICAST=0"));
+  EXPECT_EQ(fw.mods_check(mc0, kModMask), nullptr);
+  EXPECT_EQ(fw.mods_fallback(mc, 0), mc);
 }
 
 // A window's blocks (issue 32): fa3_wgmma_bwd's key blocks walk the query blocks fa3_bwd_window_query_blocks gives,

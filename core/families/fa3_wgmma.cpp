@@ -66,6 +66,11 @@ Family make_fa3_wgmma() {
                  "blocks' lists of the block summary differ"
                : nullptr;
   };
+  f.mods_fallback = [](const Config& c, unsigned mods) {  // the runtime's pick with a mask_mod: MULTICAST off
+    Config out = c;
+    if ((mods & kModMask) && out.size() == 9) out[8] = 0;
+    return out;
+  };
   f.mask_blocks = [](const Config& c) { return std::pair{fa3_wgmma_block_m(Named(c).consumers), Named(c).block_n}; };
   f.varlen_check = [](const Config& c) -> const char* {
     return Named(c).multicast
