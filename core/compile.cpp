@@ -167,18 +167,14 @@ KernelRecord Compiler::compile(const Variant& v) const {
   const ArchLimits lim = arch_limits(arch_);
 
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<const char*> header_src, header_names;
-  for (const auto& h : embedded_templates()) {
-    header_src.push_back(h.contents.c_str());
-    header_names.push_back(h.name.c_str());
-  }
+  const EmbeddedHeaders headers = embedded_headers();
   // A mask_mod's wrapper first (its struct is the traits' fifth argument), then the family's template.
   const std::string source =
       v.mask ? mask_program_source(*v.mask, f.template_file) : "#include \"" + f.template_file + "\"\n";
   const NvrtcApi& nv = nvrtc();
   nvrtcProgram prog;
-  nv.CreateProgram(&prog, source.c_str(), ("flashtune_" + f.name + ".cu").c_str(), (int)header_src.size(),
-                     header_src.data(), header_names.data());
+  nv.CreateProgram(&prog, source.c_str(), ("flashtune_" + f.name + ".cu").c_str(), headers.count(),
+                     headers.sources.data(), headers.names.data());
   for (const auto& e : exprs) nv.AddNameExpression(prog, e.c_str());
   const auto opts = options(f);
   std::vector<const char*> copts;

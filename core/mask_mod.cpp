@@ -244,17 +244,13 @@ std::string mask_compile_error(const std::string& log, const MaskPredicate& m) {
 
 void check_mask_compiles(const MaskPredicate& m, const std::string& arch) {
   const NvrtcApi& nv = nvrtc();
-  std::vector<const char*> header_src, header_names;
-  for (const auto& h : embedded_templates()) {
-    header_src.push_back(h.contents.c_str());
-    header_names.push_back(h.name.c_str());
-  }
+  const EmbeddedHeaders headers = embedded_headers();
   const std::string source = m.wrapper_source() +
                              "__global__ void flashtune_mask_check(const flashtune::MaskModArgs a, int b, int h, int q, "
                              "int k, int* out) {\n  *out = " + m.type_name() + "::test(a, b, h, q, k) ? 1 : 0;\n}\n";
   nvrtcProgram prog;
-  if (nv.CreateProgram(&prog, source.c_str(), "mask_mod.cu", (int)header_src.size(), header_src.data(),
-                       header_names.data()) != NVRTC_SUCCESS)
+  if (nv.CreateProgram(&prog, source.c_str(), "mask_mod.cu", headers.count(), headers.sources.data(),
+                       headers.names.data()) != NVRTC_SUCCESS)
     throw UsageError("mask_mod: NVRTC could not create a program");
   const std::string target = "--gpu-architecture=" + arch;
   const char* opts[] = {target.c_str(), "--std=c++17", "-DFLASHTUNE_NVRTC=1"};

@@ -67,15 +67,11 @@ std::vector<std::string> mask_summary_kernels(const MaskPredicate& m) {
 
 MaskSummaryProgram compile_mask_summary(const MaskPredicate& m, const std::string& arch) {
   const NvrtcApi& nv = nvrtc();
-  std::vector<const char*> header_src, header_names;
-  for (const auto& h : embedded_templates()) {
-    header_src.push_back(h.contents.c_str());
-    header_names.push_back(h.name.c_str());
-  }
+  const EmbeddedHeaders headers = embedded_headers();
   const std::string source = mask_summary_source(m);
   nvrtcProgram prog;
-  if (nv.CreateProgram(&prog, source.c_str(), "mask_summary.cu", (int)header_src.size(), header_src.data(),
-                       header_names.data()) != NVRTC_SUCCESS)
+  if (nv.CreateProgram(&prog, source.c_str(), "mask_summary.cu", headers.count(), headers.sources.data(),
+                       headers.names.data()) != NVRTC_SUCCESS)
     throw UsageError("mask_mod: NVRTC could not create a program");
   const std::vector<std::string> names = mask_summary_kernels(m);
   for (const auto& n : names) nv.AddNameExpression(prog, n.c_str());

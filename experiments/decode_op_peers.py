@@ -110,7 +110,7 @@ def main():
                 got = ours()
                 info = ftt.explain(q, k, v)
                 row["flashtune_config"] = f"{info.get('family', '')} {info.get('config', info.get('error', ''))}"
-                calls = {"flashtune": ours}
+                calls, alone = {"flashtune": ours}, {}  # alone: math, which materialises the scores (never the best)
                 for name, backend in BACKENDS.items():
                     row[f"torch_{name}_gbps"] = ""
                     def sdpa(backend=backend):
@@ -121,20 +121,16 @@ def main():
                         if "max_abs_vs_torch" not in row:
                             row["max_abs_vs_torch"] = f"{(got.float() - ref.float()).abs().max().item():.3g}"
                         del ref
-                        if name != "math":  # (materialises the scores; timed alone below, never the best)
-                            calls[name] = sdpa
+                        (alone if name == "math" else calls)[name] = sdpa
                     except Exception as e:  # noqa: BLE001 - a backend refusing a shape is a result
                         notes.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
                     torch.cuda.empty_cache()
                 med = interleaved_us(calls, flush, a.reps)
-                if "math" in BACKENDS and not any(n.startswith("math:") for n in notes):
+                for name, call in alone.items():
                     try:
-                        def math(backend=BACKENDS["math"]):
-                            with sdpa_kernel(backend):
-                                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                        med["math"] = interleaved_us({"math": math}, flush, a.reps)["math"]
+                        med[name] = interleaved_us({name: call}, flush, a.reps)[name]
                     except Exception as e:  # noqa: BLE001
-                        notes.append(f"math: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                        notes.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
                     torch.cuda.empty_cache()
                 gbps = {n: nbytes / (t * 1e-6) / 1e9 for n, t in med.items() if n != "flashtune"}
                 for n, g_ in gbps.items():

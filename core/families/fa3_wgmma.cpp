@@ -37,11 +37,13 @@ Family make_fa3_wgmma() {
   f.mods = kModWindow | kModSoftcap | kModAlibi;  // fa3_wgmma_fwd<AttnModTraits<Traits, W, S, A>[, true]> on ModParams
   // A mask_mod: fa3_wgmma_fwd<AttnModTraits<Traits, W, S, A, MaskMod_<hash>>> on MaskModParams, dense only.
   f.mods |= kModMask;
+  enum Param : size_t { kBlockN, kConsumers, kStages, kOverlap, kPingpong, kPSmem, kPersistent, kTwoCtas, kMulticast };
   struct Named {  // the config by name (the order of f.params)
     int block_n, consumers, stages, overlap, pingpong, p_smem, persistent, two_ctas, multicast;
     explicit Named(const Config& c)
-        : block_n(c.at(0)), consumers(c.at(1)), stages(c.at(2)), overlap(c.at(3)), pingpong(c.at(4)),
-          p_smem(c.at(5)), persistent(c.at(6)), two_ctas(c.at(7)), multicast(c.at(8)) {}
+        : block_n(c.at(kBlockN)), consumers(c.at(kConsumers)), stages(c.at(kStages)), overlap(c.at(kOverlap)),
+          pingpong(c.at(kPingpong)), p_smem(c.at(kPSmem)), persistent(c.at(kPersistent)), two_ctas(c.at(kTwoCtas)),
+          multicast(c.at(kMulticast)) {}
   };
   f.traits = [](const Config& c, int d, bool causal, DType t) {
     const Named n(c);
@@ -68,7 +70,7 @@ Family make_fa3_wgmma() {
   };
   f.mods_fallback = [](const Config& c, unsigned mods) {  // the runtime's pick with a mask_mod: MULTICAST off
     Config out = c;
-    if ((mods & kModMask) && out.size() == 9) out[8] = 0;
+    if ((mods & kModMask) && out.size() == 9) out[kMulticast] = 0;
     return out;
   };
   f.mask_blocks = [](const Config& c) { return std::pair{fa3_wgmma_block_m(Named(c).consumers), Named(c).block_n}; };

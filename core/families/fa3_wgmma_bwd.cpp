@@ -38,11 +38,13 @@ Family make_fa3_wgmma_bwd() {
   f.mods = kModWindow | kModSoftcap | kModAlibi;
   // A mask_mod: a key block walks the query blocks of its list in the block summary (dense only).
   f.mods |= kModMask;
+  enum Param : size_t { kBlockM, kConsumers, kStages, kSched, kDqOverlap, kDqTurns, kDeterministic, kDqStages };
   struct Named {  // the config by name (the order of f.params)
     int block_m, consumers, stages, sched, dq_overlap, dq_turns, deterministic, dq_stages;
     explicit Named(const Config& c)
-        : block_m(c.at(0)), consumers(c.at(1)), stages(c.at(2)), sched(c.at(3)), dq_overlap(c.at(4)),
-          dq_turns(c.at(5)), deterministic(c.at(6)), dq_stages(c.at(7)) {}
+        : block_m(c.at(kBlockM)), consumers(c.at(kConsumers)), stages(c.at(kStages)), sched(c.at(kSched)),
+          dq_overlap(c.at(kDqOverlap)), dq_turns(c.at(kDqTurns)), deterministic(c.at(kDeterministic)),
+          dq_stages(c.at(kDqStages)) {}
   };
   f.reproducible = [](const Config& c) { return c.size() == 8 && Named(c).deterministic >= 1; };
   f.mods_check = [](const Config& c, unsigned mods) -> const char* {
@@ -57,7 +59,7 @@ Family make_fa3_wgmma_bwd() {
   };
   f.mods_fallback = [](const Config& c, unsigned mods) {
     Config out = c;
-    if ((mods & kModMask) && out.size() == 8) out[5] = 0, out[6] = 0;  // DQ_TURNS 0, DETERMINISTIC 0
+    if ((mods & kModMask) && out.size() == 8) out[kDqTurns] = out[kDeterministic] = 0;
     return out;
   };
   f.mask_blocks = [](const Config& c) { return std::pair{Named(c).block_m, fa3_bwd_block_n(Named(c).consumers)}; };

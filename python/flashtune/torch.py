@@ -618,37 +618,16 @@ class _EagerAttention(torch.autograd.Function):
     """Eager mode: the same implementation without the custom op's dispatch, which costs ~0.5 ms of host
     time per call (measured on an H100 under cProfile: torch._library.custom_ops.backend_impl); under
     torch.compile attention() goes through the custom ops, which the compiler can trace. Returns (o, lse),
-    lse without a gradient."""
+    lse without a gradient. mask: a mask_mod call's _Mask (through ctypes in either backend; under torch.compile
+    the masked ops below), None for every other call."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic, mods):
-        o, lse = _forward_impl(q, k, v, causal, scale, mods)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.deterministic, ctx.mods = causal, scale, deterministic, mods
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # lse's gradient stays None: no zeros_like(lse) per backward
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(o)
-        dq, dk, dv = _backward_impl(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic, ctx.mods)
-        return dq, dk, dv, None, None, None, None
-
-
-class _MaskedAttention(torch.autograd.Function):
-    """A mask_mod call (_Mask) in eager mode: _EagerAttention's with the predicate, through ctypes in either backend
-    (under torch.compile attention() goes through the masked ops below). Returns (o, lse)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, deterministic, mods, mask):
+    def forward(ctx, q, k, v, causal, scale, deterministic, mods, mask=None):
         o, lse = _forward_impl(q, k, v, causal, scale, mods, mask)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.deterministic, ctx.mods, ctx.mask = causal, scale, deterministic, mods, mask
         ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)
+        ctx.set_materialize_grads(False)  # lse's gradient stays None: no zeros_like(lse) per backward
         return o, lse
 
     @staticmethod
@@ -1125,7 +1104,7 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     if deterministic is not True and deterministic is not False:
         _lib.flag(fn, "deterministic", deterministic)
     det = deterministic  # to the runtime's backward args (python/csrc: BackwardOptions)
-    if mask_mod is not None or mask_tensors is not None:  # the predicate's own path (_MaskedAttention)
+    if mask_mod is not None or mask_tensors is not None:  # the predicate's own path (_EagerAttention with a mask)
         if mask_mod is None:
             raise ValueError(f"{fn}: mask_tensors goes with mask_mod")
         if torch.compiler.is_compiling():  # the masked ops, which the compiler traces (the text: at the call)
@@ -1137,7 +1116,7 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
         mask = _mask_arg(fn, mask_mod, mask_tensors, q, window_size)
         mods = _with_alibi(fn, _mods(fn, window_size, softcap, alibi_slopes), q)
         q, k, v = _check(q, k, v, fn, autocast=True)
-        o, lse = _MaskedAttention.apply(q, k, v, bool(causal), _scale(scale), det, mods, mask)
+        o, lse = _EagerAttention.apply(q, k, v, bool(causal), _scale(scale), det, mods, mask)
         return (o, lse) if return_lse else o
     if window_size == _NO_WINDOW and softcap == 0 and alibi_slopes is None:
         mods = NO_MODS
@@ -1166,7 +1145,7 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
     if torch.compiler.is_compiling():
         o, lse = attention_fwd(q, k, v, bool(causal), _scale(scale), det, *mods)
     else:
-        o, lse = _EagerAttention.apply(q, k, v, bool(causal), _scale(scale), det, mods)
+        o, lse = _EagerAttention.apply(q, k, v, bool(causal), _scale(scale), det, mods, None)
     return (o, lse) if return_lse else o
 
 
