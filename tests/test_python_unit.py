@@ -197,17 +197,17 @@ class ArgumentChecks(unittest.TestCase):
         self.assertEqual(_lib.mods_tuple((-1, -1), 0), (0, 0, 0, 0.0, 0, 0))  # no ALiBi slopes: NULL, stride 0
         self.assertEqual(_lib.mods_tuple((-1, 0)), (1, -1, 0, 0.0, 0, 0))
         self.assertEqual(_lib.mods_tuple((4096, 4096), 50.0), (1, 4096, 4096, 50.0, 0, 0))
-        for bad, pattern in [(dict(window_size=(-2, 0)), "window_size\[0\] = -2 is out of range"),
-                             (dict(window_size=(0, 2**30 + 1)), "window_size\[1\] = 1073741825 is out of range"),
-                             (dict(window_size=5), "window_size must be \(left, right\)"),
-                             (dict(window_size=(1, 2, 3)), "window_size must be \(left, right\)"),
-                             (dict(softcap=-1.0), "softcap must be 0 \(off\) or a number"),
-                             (dict(softcap=float("nan")), "softcap must be 0 \(off\) or a number"),
-                             (dict(softcap=1e-4), "softcap must be 0 \(off\) or a number"),
-                             (dict(softcap="30"), "softcap must be a number")]:
+        for bad, pattern in [(dict(window_size=(-2, 0)), r"window_size\[0\] = -2 is out of range"),
+                             (dict(window_size=(0, 2**30 + 1)), r"window_size\[1\] = 1073741825 is out of range"),
+                             (dict(window_size=5), r"window_size must be \(left, right\)"),
+                             (dict(window_size=(1, 2, 3)), r"window_size must be \(left, right\)"),
+                             (dict(softcap=-1.0), r"softcap must be 0 \(off\) or a number"),
+                             (dict(softcap=float("nan")), r"softcap must be 0 \(off\) or a number"),
+                             (dict(softcap=1e-4), r"softcap must be 0 \(off\) or a number"),
+                             (dict(softcap="30"), r"softcap must be a number")]:
             with self.assertRaisesRegex((ValueError, TypeError), pattern):
                 _lib.mods_tuple(**bad)
-        with self.assertRaisesRegex(TypeError, "window_size\[0\] must be an int"):
+        with self.assertRaisesRegex(TypeError, r"window_size\[0\] must be an int"):
             _lib.mods_tuple((1.5, 0))
 
     def test_error_classes(self):

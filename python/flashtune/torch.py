@@ -691,7 +691,6 @@ def _mask_setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, o, lse, *mask_tensors)
     ctx.causal, ctx.scale, ctx.deterministic, ctx.mods = causal, scale, deterministic, tuple(mods) or NO_MODS
     ctx.mask_mod, ctx.mask_names = mask_mod, mask_names
-    ctx.n_inputs = len(inputs)  # the call's own arguments (a traced call may pass the defaults or leave them out)
 
 
 def _mask_backward(ctx, dout, dlse):
@@ -701,8 +700,12 @@ def _mask_backward(ctx, dout, dlse):
         dout = torch.zeros_like(o)
     dq, dk, dv = attention_mask_bwd(dout, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.mask_mod, ctx.mask_names,
                                     mask_tensors, ctx.deterministic, *ctx.mods)
-    # One gradient per input, the list's as a list (torch.library checks the structure: None would not do for it).
-    return (dq, dk, dv, None, None, None, None, [None] * len(mask_tensors)) + (None,) * (ctx.n_inputs - 8)
+    # One gradient per argument the call passed, the list's as a list (torch.library checks the structure: None would
+    # not do for it). Not per input of setup_context: it gets the defaults filled in, while a traced call leaves out
+    # the arguments equal to their defaults, and torch before 2.15 checks the gradients against the call's own
+    # arguments (needs_input_grad has their structure; 2.15 trims the extra ones itself).
+    n_args = len(ctx.needs_input_grad)
+    return (dq, dk, dv, None, None, None, None, [None] * len(mask_tensors)) + (None,) * (n_args - 8)
 
 
 attention_mask_fwd.register_autograd(_mask_backward, setup_context=_mask_setup_context)
