@@ -19,8 +19,13 @@ what its blocks cost: ~1.0). ratio_vs_flex and ratio_vs_fa4 are time ratios (the
 max_abs_vs_flex: the largest difference between our output (forward; dq backward) and FlexAttention's on the same
 inputs, so that the rows compare the same computation.
 
+The document mask (docmask) is a mask_mod through the op (attention(..., mask_mod="doc[q_idx] == doc[kv_idx]",
+mask_tensors={"doc": ...}), causal) over seeded documents of S / 16 to S / 4 tokens (documents()), FlexAttention's
+the same predicate; FA3-class takes no predicate (its packed varlen call would be the same computation through
+another API), so that column is blank there.
+
 usage: variants_peers.py --out variants_vs_peers.csv [--reps 10] [--head-dims 64 128] [--seqs 4096 16384]
-                         [--variants window1024 window4096 softcap30 alibi] [--directions fwd bwd]
+                         [--variants window1024 window4096 softcap30 alibi docmask] [--directions fwd bwd] [--warm]
 Rows are appended to --out as they are measured (a time limit that stops the run keeps what it measured).
 """
 import argparse
@@ -33,12 +38,14 @@ from kernel_timer import fa3_class_forward, kernel_ms, l2_flush  # noqa: E402
 
 import torch  # noqa: E402
 
-VARIANTS = {  # name -> (window left or None, softcap, alibi)
-    "window1024": (1024, 0.0, False),
-    "window4096": (4096, 0.0, False),
-    "softcap30": (None, 30.0, False),
-    "alibi": (None, 0.0, True),
+VARIANTS = {  # name -> (window left or None, softcap, alibi, documents: a mask_mod)
+    "window1024": (1024, 0.0, False, False),
+    "window4096": (4096, 0.0, False, False),
+    "softcap30": (None, 30.0, False, False),
+    "alibi": (None, 0.0, True, False),
+    "docmask": (None, 0.0, False, True),
 }
+DOC_MASK = "doc[q_idx] == doc[kv_idx]"  # with causal=True: causal attention within each packed document
 FIELDS = ["device", "variant", "direction", "head_dim", "seq", "batch", "heads", "causal", "flashtune_ms",
           "tflops_effective", "dense_tflops", "flex_tflops", "fa4_tflops", "ratio_vs_dense", "ratio_vs_flex",
           "ratio_vs_fa4", "max_abs_vs_flex", "family"]
@@ -51,12 +58,26 @@ def visible_pairs(S, window):
     return window * (window + 1) // 2 + (S - window) * (window + 1)  # rows i < W see i + 1; the rest W + 1
 
 
+def documents(S, seed=0):
+    """Seeded document lengths that pack S tokens, each between S / 16 and S / 4 (the last one takes the rest, at
+    least 1): packed pretraining sequences of a few documents each. Returns the int32 [S] document index of each
+    token (on the GPU) and the lengths."""
+    g = torch.Generator().manual_seed(seed)
+    lengths, left = [], S
+    while left > 0:
+        n = int(torch.randint(S // 16, S // 4 + 1, (1,), generator=g))
+        lengths.append(min(n, left))
+        left -= lengths[-1]
+    doc = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), torch.tensor(lengths))
+    return doc.to("cuda"), lengths
+
+
 def alibi_slopes(H):
     """ALiBi's geometric slopes 2^(-8 (h + 1) / H) (BLOOM's for a power-of-two H)."""
     return torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)], dtype=torch.float32, device="cuda")
 
 
-MODS = {"window": None, "cap": 0.0, "slopes": None}  # the row's settings, read by the functions below
+MODS = {"window": None, "cap": 0.0, "slopes": None, "doc": None}  # the row's settings, read by the functions below
 
 
 def causal_mask(b, h, qi, ki):
@@ -65,6 +86,10 @@ def causal_mask(b, h, qi, ki):
 
 def window_mask(b, h, qi, ki):
     return (qi >= ki) & (qi - ki <= MODS["window"])
+
+
+def document_mask(b, h, qi, ki):
+    return (qi >= ki) & (MODS["doc"][qi] == MODS["doc"][ki])
 
 
 def softcap_mod(s, b, h, qi, ki):
@@ -83,6 +108,9 @@ def main():
     ap.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
+    ap.add_argument("--warm", action="store_true",
+                    help="call every implementation of every row once and write nothing: the JIT caches (ours, "
+                         "Inductor's) filled by processes run side by side before the timed run")
     a = ap.parse_args()
 
     from flashtune import torch as ftt
@@ -98,7 +126,13 @@ def main():
 
     def timed(direction, fwd, inputs, do):
         """Kernel ms of the forward call, or of the backward (with output gradient `do`, the same for every
-        implementation of a row) of one stored forward output; and that output (backward: dq)."""
+        implementation of a row) of one stored forward output; and that output (backward: dq). --warm: one
+        untimed call."""
+        if a.warm:
+            with torch.no_grad() if direction == "fwd" else torch.enable_grad():
+                r = fwd() if direction == "fwd" else torch.autograd.grad(fwd(), inputs, do)[0]
+            torch.cuda.synchronize()
+            return 1.0, r
         if direction == "fwd":
             with torch.no_grad():
                 return kernel_ms(fwd, flush, a.reps)[0], fwd()
@@ -113,6 +147,7 @@ def main():
             q, k, v = (torch.randn(B, H, S, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
                        for _ in range(3))
             slopes = alibi_slopes(H)
+            doc, doc_lengths = documents(S)
             do = torch.randn(B, H, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
             do_t = do.transpose(1, 2).contiguous()  # FA4's [B, S, H, d]
             for direction in a.directions:
@@ -120,7 +155,7 @@ def main():
                 dense_ms, _ = timed(direction, lambda: ftt.attention(q, k, v, causal=True), (q, k, v), do)
                 dense_tflops = per_pair * visible_pairs(S, None) / dense_ms / 1e9
                 for name in a.variants:
-                    window, cap, alibi = VARIANTS[name]
+                    window, cap, alibi, docs = VARIANTS[name]
                     kw = {}
                     if window is not None:
                         kw["window_size"] = (window, 0)
@@ -128,14 +163,17 @@ def main():
                         kw["softcap"] = cap
                     if alibi:
                         kw["alibi_slopes"] = slopes
+                    if docs:
+                        kw.update(mask_mod=DOC_MASK, mask_tensors={"doc": doc})
                     ours_ms, ours = timed(direction, lambda: ftt.attention(q, k, v, causal=True, **kw), (q, k, v), do)
-                    flops = per_pair * visible_pairs(S, window)
+                    pairs = sum(n * (n + 1) // 2 for n in doc_lengths) if docs else visible_pairs(S, window)
+                    flops = per_pair * pairs
                     row = {"device": device, "variant": name, "direction": direction, "head_dim": d, "seq": S,
                            "batch": B, "heads": H, "causal": 1, "flashtune_ms": f"{ours_ms:.4f}",
                            "tflops_effective": f"{flops / ours_ms / 1e9:.1f}", "dense_tflops": f"{dense_tflops:.1f}",
                            "ratio_vs_dense": f"{flops / ours_ms / 1e9 / dense_tflops:.3f}"}
                     info = ftt.explain(q, k, v, causal=True, window_size=kw.get("window_size", (-1, -1)),
-                                       softcap=cap, alibi_slopes=slopes if alibi else None)
+                                       softcap=cap, alibi_slopes=slopes if alibi else None)  # docmask: the same family
                     row["family"] = (info.get("backward", {}) if direction == "bwd" else info).get("family", "")
                     # Each row compiles FlexAttention afresh: the first run of this script reused the softcap row's
                     # compiled score_mod for the ALiBi row (one function, its settings in default arguments), which
@@ -143,10 +181,10 @@ def main():
                     # their own, their settings in the module's globals.
                     torch._dynamo.reset()
                     flex = torch.compile(flex_attention, dynamic=False)
-                    MODS.update(window=window, cap=cap, slopes=slopes)
+                    MODS.update(window=window, cap=cap, slopes=slopes, doc=doc)
                     try:
-                        bm = create_block_mask(window_mask if window is not None else causal_mask, None, None, S, S,
-                                               device="cuda")
+                        mask_fn = window_mask if window is not None else document_mask if docs else causal_mask
+                        bm = create_block_mask(mask_fn, None, None, S, S, device="cuda")
                         sm = softcap_mod if cap else alibi_mod if alibi else None
                         flex_ms, theirs = timed(direction, lambda: flex(q, k, v, score_mod=sm, block_mask=bm),
                                                 (q, k, v), do)
@@ -155,7 +193,8 @@ def main():
                         row["max_abs_vs_flex"] = f"{(ours.float() - theirs.float()).abs().max().item():.3g}"
                     except Exception as e:  # noqa: BLE001 - a peer that cannot run the row leaves it blank
                         print(f"flex {name} d {d} S {S} {direction}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
-                    if fa4 is not None and not alibi:
+                    # FA3-class takes neither ALiBi nor a predicate; its compile cache is the process's own (not warmed)
+                    if fa4 is not None and not alibi and not docs and not a.warm:
                         try:
                             qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(True) for x in (q, k, v))
                             fkw = {"causal": True}
@@ -173,6 +212,8 @@ def main():
                             row["ratio_vs_fa4"] = f"{fa4_ms / ours_ms:.3f}"
                         except Exception as e:  # noqa: BLE001
                             print(f"fa4 {name} d {d} S {S} {direction}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                    if a.warm:
+                        continue
                     w.writerow(row)
                     out.flush()
                     print(" ".join(f"{k}={row.get(k, '')}" for k in ("variant", "direction", "head_dim", "seq",

@@ -55,8 +55,10 @@
 #            of fa2_mma_mods validated on the ragged window, softcap and ALiBi problems, dense and packed, and of
 #            fa2_mma_bwd_mods on the backward's (both dQ modes) (mma_mods_validate.db)
 #   variants-peers - issue 32: experiments/variants_peers.py (windows, softcap, ALiBi through the op beside the plain
-#            call, FlexAttention and FA4's sm90 kernel if installed; VARIANTS_ARGS its options, VARIANTS_LIMIT_S the
-#            time limit, default 480): variants_vs_peers.csv, variants_peers.log
+#            call, FlexAttention and FA4's sm90 kernel if installed; VARIANTS_DIMS and VARIANTS_SEQS the head dims
+#            and sequences, VARIANTS_ARGS its other options, VARIANTS_LIMIT_S the time limit, default 480; the
+#            compiles first in parallel warm processes, VARIANTS_WARM_LIMIT_S, default 300): variants_vs_peers.csv,
+#            variants_peers.log
 #   train [PROFILE_STEPS] - examples/train_tiny_gpt.py through the extension, at its default size and at context 2048
 #            (8 heads of 64, batch 8), the two runs' steps interleaved; each then profiled PROFILE_STEPS (default 10)
 #            steps: train_tiny_gpt{,_ctx2048}{.csv,.png,_profile.csv}, train.log
@@ -1236,9 +1238,21 @@ mods-mma)
 variants-peers)
   log "variants beside the plain call, FlexAttention and FA3-class, one process, profiler kernel time"
   rm -f "$rep/variants_vs_peers.csv"
+  # The compiles first, side by side: one process per head dim, sequence and direction calls every row once
+  # (--warm), filling our JIT cache and Inductor's (FlexAttention) for the timed run, which then compiles nothing
+  # of its own but FA3-class's per-shape kernels.
+  warm=()
+  for d in ${VARIANTS_DIMS:-64 128}; do for s in ${VARIANTS_SEQS:-4096 16384}; do for dir in fwd bwd; do
+    # shellcheck disable=SC2086
+    with_peers timeout "${VARIANTS_WARM_LIMIT_S:-300}" python3 experiments/variants_peers.py --out /dev/null --warm \
+      --head-dims "$d" --seqs "$s" --directions "$dir" ${VARIANTS_ARGS:-} >"$OUT/warm_${d}_${s}_$dir.log" 2>&1 &
+    warm+=($!)
+  done; done; done
+  wait "${warm[@]}"
+  log "warm done"
   # shellcheck disable=SC2086
   with_peers timeout "${VARIANTS_LIMIT_S:-480}" python3 experiments/variants_peers.py --out "$rep/variants_vs_peers.csv" \
-    ${VARIANTS_ARGS:-} 2>"$OUT/variants_peers.log"
+    --head-dims ${VARIANTS_DIMS:-64 128} --seqs ${VARIANTS_SEQS:-4096 16384} ${VARIANTS_ARGS:-} 2>"$OUT/variants_peers.log"
   echo "variants exit $?"; tail -5 "$OUT/variants_peers.log"
   cp "$rep/variants_vs_peers.csv" "$OUT/" 2>/dev/null
   ;;
