@@ -114,6 +114,10 @@ def main():
     a = ap.parse_args()
 
     from flashtune import torch as ftt
+    # The timed backward replays one stored forward graph (retain_graph=True), which compiled backwards with
+    # donated buffers refuse (the run of 2026-11-29 left FlexAttention's S 16k backward rows blank).
+    import torch._functorch.config as functorch_config
+    functorch_config.donated_buffer = False
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     fa4 = fa3_class_forward()
     flush = l2_flush()

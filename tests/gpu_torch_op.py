@@ -1093,9 +1093,14 @@ def mask_mod_op():
                                  fullgraph=True)
         oc = compiled(q, k, v)
         check(torch.equal(oc, o), f"{name}: torch.compile(fullgraph=True) gives eager's O bit for bit")
+        # The gradients within the reference's bounds, as eager's: not bit for bit, since dQ (and a group's dK, dV)
+        # add up across CTAs in an order that changes from call to call (the non-deterministic backward; mask_mod
+        # has no deterministic one).
         gc = torch.autograd.grad(oc, (q, k, v), dout)
-        check(all(torch.equal(a, b) for a, b in zip(gc, (dq, dk, dv))),
-              f"{name}: torch.compile(fullgraph=True) gives eager's gradients bit for bit")
+        for key, ours, want in zip(("dQ", "dK", "dV"), gc, ref[1:]):
+            ma, rl2 = errors(ours, want)
+            check(rl2 <= 2 * MOD_REL_L2, f"{name}: torch.compile(fullgraph=True) {key} rel L2 {rl2:.2e} <= "
+                  f"{2 * MOD_REL_L2} (max-abs {ma:.2e})")
     try:
         attention(q, k, v, mask_mod="return nope[q_idx];")
         check(False, "a predicate that does not compile is refused")
