@@ -54,6 +54,7 @@
 #   mods-mma - issue 32 on fa2_mma and fa2_mma_bwd (sm_80's forward and backward, any GPU): every compiled variant
 #            of fa2_mma_mods validated on the ragged window, softcap and ALiBi problems, dense and packed, and of
 #            fa2_mma_bwd_mods on the backward's (both dQ modes) (mma_mods_validate.db)
+#   mask-configs - issue 32: the mask spaces' configs timed on the document masks of variants_peers.py (mask_docs.db)
 #   variants-peers - issue 32: experiments/variants_peers.py (windows, softcap, ALiBi through the op beside the plain
 #            call, FlexAttention and FA4's sm90 kernel if installed; VARIANTS_DIMS and VARIANTS_SEQS the head dims
 #            and sequences, VARIANTS_ARGS its other options, VARIANTS_LIMIT_S the time limit, default 480; the
@@ -970,6 +971,25 @@ open('/tmp/doc16k.bin', 'wb').write(struct.pack('<%di' % len(d), *d))"
     done
   done
   finish
+  ;;
+mask-configs)
+  # Issue 32: the mask spaces' configs timed on variants_peers.py's own document masks (doc_mask_bf16.json, S 4k
+  # and 16k, forward and backward), exhaustively, into mask_docs.db: which BLOCK_N / BLOCK_M and walk a document
+  # mask wants, against the plain causal picks the op takes for it.
+  mdb=$rep/mask_docs.db
+  rm -f "$mdb"
+  for fam in fa3_wgmma fa3_wgmma_bwd; do
+    log "tune ${fam}_mask_docs on doc_mask_bf16"
+    timeout "${MASK_CONFIGS_LIMIT_S:-200}" $ft tune "configs/spaces/${fam}_mask_docs.json" configs/problems/doc_mask_bf16.json \
+      --db "$mdb" --strategy exhaustive --retime 0 --timeout 10 2>&1 | grep -vE "^\[" | tail -3
+  done
+  $ft drop-cubins --db "$mdb"
+  sqlite3 -readonly "$mdb" "select r.direction, r.seq_q, r.config, round(r.ms_median, 4), r.tflops, r.status from results r
+    order by r.direction, r.seq_q, r.ms_median" 2>/dev/null >"$OUT/mask_docs.txt" ||
+    python3 -c "import sqlite3, sys; c = sqlite3.connect('file:' + sys.argv[1] + '?mode=ro', uri=True)
+for row in c.execute('select direction, seq_q, config, round(ms_median, 4), tflops, status from results order by direction, seq_q, ms_median'): print(*row)" "$mdb" >"$OUT/mask_docs.txt"
+  cat "$OUT/mask_docs.txt"
+  cp "$mdb" "$OUT/"
   ;;
 decode-paged)
   # decode_splitkv's paged K/V cache form (never run on a GPU before this stage), in parts (default: all three,
