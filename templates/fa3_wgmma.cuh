@@ -465,7 +465,12 @@ __device__ __forceinline__ BlockBits<T> block_bits(const Rows& r, int n0, int nb
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = r.row0 + 8 * (e >> 1), key = n0 + r.col0 + 8 * j + (e & 1), x = 4 * j + e;
-        const bool m = key >= r.seq_k || (T::kCausal && key > i + r.causal_offset) || !M::test(p.mask, r.batch, r.head, i, key);
+        // Bitwise, not short-circuit: the predicate runs for every element, its loads unconditional (MaskTensor's
+        // bound check reads 0 outside a tensor), so that NVRTC issues the block's loads together and keeps one per
+        // distinct index; behind || each load waited in its own branch (H200, a document mask: a partial block
+        // cost 3.3 full ones).
+        const bool m = (key >= r.seq_k) | (T::kCausal && key > i + r.causal_offset) |
+                       !M::test(p.mask, r.batch, r.head, i, key);
         if (x < 64) b.lo |= static_cast<unsigned long long>(m) << x;
         else b.hi |= static_cast<unsigned long long>(m) << (x - 64);
       }

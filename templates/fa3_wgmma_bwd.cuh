@@ -508,7 +508,8 @@ struct PredicateMask {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + 8 * (e >> 1), q = qbase + 8 * j + (e & 1);
-        const bool masked = key >= seq_k || (CAUSAL && key > q + causal_offset) || !M::test(args, batch, hq, q, key);
+        // Bitwise, not short-circuit (as fa3_wgmma's block_bits): every element's loads unconditional.
+        const bool masked = (key >= seq_k) | (CAUSAL && key > q + causal_offset) | !M::test(args, batch, hq, q, key);
         nibble |= static_cast<unsigned>(masked) << e;
       }
       bits |= static_cast<Word>(nibble) << (4 * j);
