@@ -55,6 +55,7 @@
 #            of fa2_mma_mods validated on the ragged window, softcap and ALiBi problems, dense and packed, and of
 #            fa2_mma_bwd_mods on the backward's (both dQ modes) (mma_mods_validate.db)
 #   mask-configs - issue 32: the mask spaces' configs timed on the document masks of variants_peers.py (mask_docs.db)
+#   space-configs NAME PROBLEMS SPACE.. - the spaces' configs timed exhaustively on PROBLEMS (NAME.db, NAME.txt)
 #   variants-peers - issue 32: experiments/variants_peers.py (windows, softcap, ALiBi through the op beside the plain
 #            call, FlexAttention and FA4's sm90 kernel if installed; VARIANTS_DIMS and VARIANTS_SEQS the head dims
 #            and sequences, VARIANTS_ARGS its other options, VARIANTS_LIMIT_S the time limit, default 480; the
@@ -972,23 +973,26 @@ open('/tmp/doc16k.bin', 'wb').write(struct.pack('<%di' % len(d), *d))"
   done
   finish
   ;;
-mask-configs)
-  # Issue 32: the mask spaces' configs timed on variants_peers.py's own document masks (doc_mask_bf16.json, S 4k
-  # and 16k, forward and backward), exhaustively, into mask_docs.db: which BLOCK_N / BLOCK_M and walk a document
-  # mask wants, against the plain causal picks the op takes for it.
-  mdb=$rep/mask_docs.db
+mask-configs|space-configs)
+  # Configs timed on the op's own shapes, exhaustively (--retime 0), into reports/<gpu>/NAME.db, every row printed
+  # (direction, d, S, window, config, ms, TFLOP/s, status) and NAME.txt: which config a modified problem wants,
+  # against the plain causal picks the op takes for it. space-configs NAME PROBLEMS SPACE..; mask-configs: issue
+  # 32's document masks of variants_peers.py (mask_docs.db; doc_mask_bf16.json, the mask spaces).
+  if [[ $stage == mask-configs ]]; then set -- mask_docs configs/problems/doc_mask_bf16.json \
+    configs/spaces/fa3_wgmma_mask_docs.json configs/spaces/fa3_wgmma_bwd_mask_docs.json; fi
+  name=$1 problems=$2; shift 2
+  mdb=$rep/$name.db
   rm -f "$mdb"
-  for fam in fa3_wgmma fa3_wgmma_bwd; do
-    log "tune ${fam}_mask_docs on doc_mask_bf16"
-    timeout "${MASK_CONFIGS_LIMIT_S:-200}" $ft tune "configs/spaces/${fam}_mask_docs.json" configs/problems/doc_mask_bf16.json \
-      --db "$mdb" --strategy exhaustive --retime 0 --timeout 10 2>&1 | grep -vE "^\[" | tail -3
+  for space in "$@"; do
+    log "tune $space on $problems"
+    timeout "${CONFIGS_LIMIT_S:-200}" $ft tune "$space" "$problems" --db "$mdb" --strategy exhaustive --retime 0 --timeout 10 2>&1 |
+      grep -vE "^\[" | tail -3
   done
   $ft drop-cubins --db "$mdb"
-  sqlite3 -readonly "$mdb" "select r.direction, r.seq_q, r.config, round(r.ms_median, 4), r.tflops, r.status from results r
-    order by r.direction, r.seq_q, r.ms_median" 2>/dev/null >"$OUT/mask_docs.txt" ||
-    python3 -c "import sqlite3, sys; c = sqlite3.connect('file:' + sys.argv[1] + '?mode=ro', uri=True)
-for row in c.execute('select direction, seq_q, config, round(ms_median, 4), tflops, status from results order by direction, seq_q, ms_median'): print(*row)" "$mdb" >"$OUT/mask_docs.txt"
-  cat "$OUT/mask_docs.txt"
+  python3 -c "import sqlite3, sys; c = sqlite3.connect('file:' + sys.argv[1] + '?mode=ro', uri=True)
+for row in c.execute('select direction, head_dim, seq_q, window_left, config, round(ms_median, 4), round(tflops, 1), status '
+                     'from results order by direction, head_dim, seq_q, window_left, ms_median'): print(*row)" "$mdb" >"$OUT/$name.txt"
+  cat "$OUT/$name.txt"
   cp "$mdb" "$OUT/"
   ;;
 decode-paged)
