@@ -445,6 +445,52 @@ TEST(RuntimeLookup, DecodeFromTheCommittedTables) {
   EXPECT_EQ(choose(ts, q).family, dense);
 }
 
+// Issue 32: a forward's sliding window is looked up at the sequence whose plain call walks as far (lookup_seq):
+// the keys a row sees, W = min(Sk, left + right + 1) (causal: left + 1), doubled when causal, capped at max(Sq, Sk).
+// A backward, a call without a window, and a window past the sequence keep max(Sq, Sk).
+TEST(RuntimeLookup, WindowLooksUpItsWalk) {
+  Problem p;
+  p.batch = 1, p.heads = 16, p.seq_q = p.seq_k = 16384, p.head_dim = 128, p.dtype = DType::bf16;
+  p.direction = "fwd", p.causal = true;
+  EXPECT_EQ(lookup_seq(p), 16384);  // no window
+  p.window_left = 1024;
+  EXPECT_EQ(lookup_seq(p), 2 * 1025);
+  p.window_left = 8192;
+  EXPECT_EQ(lookup_seq(p), 16384);  // 2 x 8193 capped
+  p.window_left = 0;
+  EXPECT_EQ(lookup_seq(p), 2);  // the diagonal alone
+  p.causal = false, p.window_left = 100, p.window_right = 50;
+  EXPECT_EQ(lookup_seq(p), 151);
+  p.window_left = -1;  // unbounded on the left: every key
+  EXPECT_EQ(lookup_seq(p), 16384);
+  p.window_left = 100, p.seq_q = 20000;  // Sq > Sk: capped at max(Sq, Sk) from above, W from the keys
+  EXPECT_EQ(lookup_seq(p), 151);
+  p.direction = "bwd";
+  EXPECT_EQ(lookup_seq(p), 20000);
+  // The committed tables, through choose: the H200's causal d 128 forward at S 16k with a window of 1024 keys takes
+  // the 4096 bucket's config (2050 <= 4096), the same call without one the 16384 bucket's.
+  const TableSet ts = generated_tables();
+  int seen = 0;
+  for (int i = 0; i < ts.count; ++i) {
+    const tuned::Table& t = ts.tables[i];
+    if (std::string(t.device) != "NVIDIA H200") continue;
+    ++seen;
+    Problem w;
+    w.batch = 1, w.heads = 16, w.seq_q = w.seq_k = 16384, w.head_dim = 128, w.dtype = DType::bf16;
+    w.direction = "fwd", w.causal = true, w.window_left = 1024;
+    Query windowed = query(t.device, t.arch, "fwd", DType::bf16, 128, true, lookup_seq(w));
+    windowed.mods = kModWindow;
+    Query at_4096 = query(t.device, t.arch, "fwd", DType::bf16, 128, true, 4096);
+    Query plain = query(t.device, t.arch, "fwd", DType::bf16, 128, true, 16384);
+    const Pick a = choose(ts, windowed), b = choose(ts, at_4096), c = choose(ts, plain);
+    ASSERT_NE(a.family, nullptr);
+    EXPECT_EQ(a.family, b.family);
+    EXPECT_EQ(a.config, b.config);
+    EXPECT_NE(a.config, c.config) << "the H200 table's 4096 and 16384 causal d 128 picks differ (BLOCK_N 128, 176)";
+  }
+  EXPECT_EQ(seen, 1) << "no H200 table in the committed tables (configs/generated)";
+}
+
 // Issue 31: the decode buckets are keyed by (batch x kv heads, Sk). On the committed H100 table (decode_bf16.json:
 // Hq 32, Hk 8, d 128, B 1/8/64 x Sk 4k/32k/128k) B 64 at 4k keys runs its own tuned pick (SPLITS 1), not B 1's;
 // other batches take the nearest tuned batch x kv heads by ratio, and explain()'s bucket text says which.

@@ -321,7 +321,7 @@ size_t fast_hash(const FastKey& k) {
   for (uint64_t x : w) h = (h ^ x) * 0xbf58476d1ce4e5b9ull, h ^= h >> 29;
   return (size_t)h;
 }
-FastKey fast_key(CUcontext ctx, const Query& q, const Problem& p) {
+FastKey fast_key(CUcontext ctx, const Query& q) {
   FastKey k{};
   k.ctx = ctx;
   k.seq_q_class = seq_q_class(q.seq_q);
@@ -330,7 +330,9 @@ FastKey fast_key(CUcontext ctx, const Query& q, const Problem& p) {
   k.batch_heads = k.seq_q_class > 0 ? q.batch_heads : 0;
   k.head_dim = q.head_dim;
   k.page_size = q.page_size;
-  k.seq_bucket = p.seq_bucket();
+  Problem looked_up;  // the bucket of the sequence the tables are read at (lookup_seq: a forward's window its own)
+  looked_up.seq_q = looked_up.seq_k = q.seq;
+  k.seq_bucket = looked_up.seq_bucket();
   k.mods = q.mods;
   k.bwd = q.direction == "bwd";
   k.dtype = (uint8_t)q.dtype;
@@ -366,7 +368,7 @@ std::string plan_key_of(const Query& q, const FastKey& k, const std::string& sto
 Plan make_plan(CUcontext ctx, const Query& q0, const Problem& p) {
   Plan plan;
   plan.problem = p;
-  const FastKey k = fast_key(ctx, q0, p);
+  const FastKey k = fast_key(ctx, q0);
   // A mask_mod's plan is its predicate's too (the kernels' key holds its hash), which FastKey does not: such a call
   // takes the process's map, its key with the hash, and a scratch slot of its own, never the thread's table.
   const bool masked = p.mask_mod.enabled();
@@ -937,7 +939,7 @@ Query query_of(const Problem& p) {
   q.dtype = p.dtype;
   q.head_dim = p.head_dim;
   q.causal = p.causal;
-  q.seq = std::max(p.seq_q, p.seq_k);
+  q.seq = lookup_seq(p);  // max(Sq, Sk); a forward's window: the plain call that walks as far
   q.gqa = p.heads_k > 0;
   q.seq_q = p.seq_q;
   q.varlen = p.varlen.enabled();

@@ -126,6 +126,15 @@ std::vector<const Family*> candidate_families(const Query& q) {
   return out;
 }
 
+int lookup_seq(const Problem& p) {
+  const int seq = std::max(p.seq_q, p.seq_k);
+  if (p.direction != "fwd" || !p.windowed()) return seq;
+  const long long left = p.window_left < 0 ? p.seq_k : p.window_left;
+  const long long right = p.causal ? 0 : p.window_right < 0 ? p.seq_k : p.window_right;
+  const long long keys = std::min<long long>(p.seq_k, left + right + 1);
+  return (int)std::clamp<long long>(p.causal ? 2 * keys : keys, 1, seq);
+}
+
 int seq_q_class(int seq_q) {
   // The registry's query-length ranges, ascending, once (every call's plan key asks).
   static const std::vector<int> ranges = [] {

@@ -41,13 +41,22 @@ struct Query {
                                // calls so (Family::reproducible), from the tables' and the store's deterministic
                                // picks, else the default's nearest such config; no effect on a forward
   unsigned mods = 0;  // the score modifications the call has (kModWindow, kModSoftcap, kModAlibi): only families that have them
-                      // (Family::mods), with the config of the unmodified call's bucket (no table keys them yet)
+                      // (Family::mods), with an unmodified call's bucket's config (seq: lookup_seq)
   long long batch_heads = 0;   // batch x kv heads (heads_k, or heads for multi-head): a decoding family's buckets'
                                // second key (tuned::find_in, pick_bucket: the nearest by ratio); 0: unknown (the
                                // smallest)
   int group = 0;  // Problem::group_key: query heads per kv head of a grouped-query call (2 to 255), else 0:
                   // the entries and stored buckets of that group first, else the multi-head ones
 };
+
+// The sequence a call's forward is looked up at in the tables (Query::seq): max(Sq, Sk), or for a sliding window the
+// sequence whose plain call walks as many keys per query block: the keys a row sees, W = min(Sk, left + right + 1)
+// (causal: left + 1), and a causal window is a causal call of 2 W (whose rows see S / 2 keys on average), capped at
+// max(Sq, Sk). The forward's picks change with the walk's length (the H200's BLOCK_N 176 at 16k, 128 at 4k), and a
+// window of 1024 keys at S 16k ran 1.16x faster on the 4096 bucket's pick (d 128; window_grid.txt). A backward's
+// stays at max(Sq, Sk): its tile shape is one at every bucket and the walks its buckets pick differed by at most
+// 1.3% on windows. Not for a mask_mod (its lists are known after the pick).
+int lookup_seq(const Problem& p);
 
 // The registry's non-test families that run `q` (direction, dtype, head dim) on q.arch (a Hopper-only
 // family only on sm_90, a grouped-query query only on gqa families, a packed one only on varlen families,
