@@ -1080,6 +1080,12 @@ def mask_mod_op():
         if causal:
             mask = mask & (j <= i + (sk - sq))
         o = attention(q, k, v, causal=causal, mask_mod=pred, mask_tensors=tensors)
+        ex = ftt.explain(q, k, v, causal=causal, mask_mod=pred, mask_tensors=tensors)
+        bex = ex.get("backward", {})
+        check(ex["family"] == "fa3_wgmma" and "MULTICAST=0" in ex["config"] and bex.get("family") == "fa3_wgmma_bwd"
+              and "DQ_TURNS=0" in bex.get("config", ""),
+              f"{name}: explain(mask_mod=...) names the masked picks (MULTICAST 0, DQ_TURNS 0): {ex['config']} / "
+              f"{bex.get('config', bex.get('error'))}")
         ref = mask_reference(q, k, v, dout, mask, scale)
         ma, rl2 = errors(o, ref[0])
         check(rl2 <= MOD_REL_L2, f"{name}: O rel L2 {rl2:.2e} <= {MOD_REL_L2} (max-abs {ma:.2e})")

@@ -773,6 +773,13 @@ class TorchMaskOps(unittest.TestCase):
         q, k, v = self.qkv(device="cpu", grad=False)
         with self.assertRaisesRegex(ValueError, r"^flashtune_ctypes::attention_mask_fwd: q is on cpu"):
             self.ops.attention_mask_fwd(q, k, v, True, 0.0, self.DOC, "doc", [doc])
+        # explain() takes attention()'s mask arguments, checked the same way before anything reaches the runtime
+        with self.assertRaisesRegex(ValueError, r"^flashtune.torch.explain: mask_tensors goes with mask_mod$"):
+            ft.explain(q, k, v, mask_tensors={"doc": doc})
+        with self.assertRaisesRegex(TypeError, r"^flashtune.torch.explain: mask_mod must be a str"):
+            ft.explain(q, k, v, mask_mod=3)
+        with self.assertRaisesRegex(ValueError, r"^flashtune.torch.explain: mask_mod and window_size do not combine"):
+            ft.explain(q, k, v, window_size=(16, 0), mask_mod=self.DOC, mask_tensors={"doc": doc})
 
 
 class TuneArguments(unittest.TestCase):

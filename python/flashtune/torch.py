@@ -1170,28 +1170,37 @@ class FlashAttention(torch.nn.Module):
         return f"head_dim={self.head_dim}, causal={self.causal}" + (f", scale={self.scale}" if self.scale else "")
 
 
-def explain(q, k, v, causal=False, deterministic=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
-    """Which kernels attention(q, k, v, causal, deterministic=...) runs and why: a dict with family, config, source
-    ("user", "db", "device", "arch", "default"), cache ("memory", "disk", "jit", "aot"), device and arch of
+def explain(q, k, v, causal=False, deterministic=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+            mask_mod=None, mask_tensors=None):
+    """Which kernels attention(q, k, v, causal, deterministic=..., ...) runs and why: a dict with family, config,
+    source ("user", "db", "device", "arch", "default"), cache ("memory", "disk", "jit", "aot"), device and arch of
     the forward, its decode bucket ("bucket": "batch x kv heads 512 (of 8, 64, 512), Sk <= 4096" where a decoding
     family's tabled or stored pick runs, else ""), and the same for the backward under "backward" ({"error": ...}
-    where it has none)."""
-    det = _lib.flag("flashtune.torch.explain", "deterministic", deterministic)
-    mods = _mods("flashtune.torch.explain", window_size, softcap, alibi_slopes)
-    q, k, v = _check(q, k, v, "flashtune.torch.explain", autocast=True)
-    mods = _with_alibi("flashtune.torch.explain", mods, q)
+    where it has none). The modifications (window_size, softcap, alibi_slopes, mask_mod with mask_tensors) as
+    attention's, checked the same way: a window's forward reads another bucket than the plain call, and a mask_mod
+    call runs its pick with what the mask refuses turned off (MULTICAST, DQ_TURNS), which the config says."""
+    fn = "flashtune.torch.explain"
+    det = _lib.flag(fn, "deterministic", deterministic)
+    mods = _mods(fn, window_size, softcap, alibi_slopes)
+    mask = None
+    if mask_mod is not None or mask_tensors is not None:
+        if mask_mod is None:
+            raise ValueError(f"{fn}: mask_tensors goes with mask_mod")
+        mask = _mask_arg(fn, mask_mod, mask_tensors, q, window_size)
+    q, k, v = _check(q, k, v, fn, autocast=True)
+    mods = _with_alibi(fn, mods, q)
     B, H, Sq, d = q.shape
     q, k, v = (_runtime_layout(t) for t in (q, k, v))
     o = torch.empty((B, H, Sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     with _on(q.device):
-        args = _fwd_args(q, k, v, o, lse, bool(causal), 0.0, mods)
+        args = _fwd_args(q, k, v, o, lse, bool(causal), 0.0, mods, mask)
         out = _lib.explain_forward(args)
         out["bucket"] = _lib.explain_bucket(_lib.explain_forward_text(args))
         dq, dk, dv = torch.empty_like(o), torch.empty_like(k), torch.empty_like(v)
         try:
             out["backward"] = _lib.explain_backward(_bwd_args(o, q, k, v, o, lse, dq, dk, dv, bool(causal), 0.0, det,
-                                                              mods))
+                                                              mods, mask))
         except _lib.FlashtuneError as e:
             out["backward"] = {"error": str(e)}
     return out
