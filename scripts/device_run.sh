@@ -97,6 +97,21 @@ with_peers() {
   fa4=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
   PYTHONPATH="$PWD/python${fa4:+:$fa4}${PYTHONPATH:+:$PYTHONPATH}" FLASHTUNE_LIBRARY="$PWD/$lib" "$@"
 }
+# Nsight Compute on one kernel of a command (clocks as they are), its report kept under $OUT as NAME.ncu-rep with
+# the details page (NAME.txt) and the SASS source page (NAME.sass.csv.gz, for experiments/probes/sass_mix.py); the
+# headline metrics printed. ncu_profile NAME KERNEL_REGEX COMMAND...
+ncu_profile() {
+  local name=$1 regex=$2
+  shift 2
+  ncu --clock-control none -k "regex:$regex" -c 1 --section SpeedOfLight --section WarpStateStats \
+    --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --section InstructionStats --section SourceCounters --import-source no -o "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
+  ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/$name.txt" 2>&1
+  ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name.sass.csv" 2>&1
+  gzip -f "$OUT/$name.sass.csv"
+  echo "== $name"
+  grep -E "Duration|Registers Per|Executed Ipc A|Issue Slots Busy|No Eligible|Tensor|L2 Hit" "$OUT/$name.txt" | head -12
+}
 # The device tool brings back at most 8 files from $OUT: past 7, everything goes into one out.tgz, also when a
 # time limit stops the script (TERM).
 pack_out() {
@@ -512,6 +527,7 @@ fa3)
   # fwd_hopper_vs_peers.csv. "fa3 all": both. "fa3 spot [problems]": the grid space on a few points.
   # "fa3 peers": the op's forward beside torch's backends and the FA3-class kernel (fwd_op_vs_peers.csv).
   # "fa3 validate SPACE": one space's variants validated (a new switch, before the whole sample).
+  # "fa3 profile": Nsight Compute on our forward, FA3-class's and cuDNN's at the worst points (below).
   part=${1:-check}
   val=$(validation_store fa3)
   if [[ $part == check || $part == all ]]; then
@@ -561,6 +577,30 @@ fa3)
         --quiet --stop-margin 0.5 --retime 0 --timeout 5 2>&1 | tail -2
     done
     validation_summary "$val"
+  fi
+  if [[ $part == profile ]]; then  # fa3 profile: Nsight Compute on fa3_wgmma_fwd at each FA3_PROFILE_POINTS entry
+    # "params;B,H,Sq,Sk,d;causal" (entries split by '|'; default: the H200 table's picks at its worst forward points
+    # against FA3-class and cuDNN, d 64 and 128 causal 4k, d 128 causal 1k), and on the FA3-class kernel (FA4's sm90,
+    # where installed) and torch's cuDNN forward at the same shapes
+    points=${FA3_PROFILE_POINTS:-"BLOCK_N=128,CONSUMERS=3,STAGES=2,OVERLAP=1,PINGPONG=0,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0;4,32,4096,4096,64;1|BLOCK_N=128,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=0,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0;4,16,4096,4096,128;1|BLOCK_N=128,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=1,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0;16,16,1024,1024,128;1"}
+    fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
+    IFS='|' read -ra plist <<<"$points"
+    i=0
+    for pt in "${plist[@]}"; do
+      IFS=';' read -r prof_params prof_shape prof_causal <<<"$pt"
+      c=""; [[ $prof_causal == 1 ]] && c="--causal"
+      ncu_profile "fa3_profile_${i}_ours" fa3_wgmma_fwd \
+        $ft run --family fa3_wgmma --params "$prof_params" --shape "$prof_shape" --dtype bf16 $c
+      if [[ -n $fa4path ]]; then
+        PYTHONPATH="$fa4path${PYTHONPATH:+:$PYTHONPATH}" ncu_profile "fa3_profile_${i}_fa4" 'ForwardSm90|fwd_sm90' \
+          python3 experiments/probes/peer_once.py fa4 fwd "$prof_shape" "$prof_causal"
+      else
+        echo "profile: FA3-class peer not installed, skipped"
+      fi
+      ncu_profile "fa3_profile_${i}_cudnn" 'sdpa_sm90_flash_fprop' \
+        python3 experiments/probes/peer_once.py cudnn fwd "$prof_shape" "$prof_causal"
+      i=$((i + 1))
+    done
   fi
   if [[ $part == spot ]]; then  # fa3 spot [problems]: a space (FA3_SPOT_SPACE, the grid's) tuned exhaustively
     # on a few points into FA3_SPOT_DB (results.db), each point's best re-timed beside the peers
@@ -645,33 +685,19 @@ fa3-bwd)
                 # (entries split by '|'), and on the FA3-class kernel (FA4's sm90) at the same shapes where installed
         points=${FA3_BWD_PROFILE_POINTS:-"BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1;4,16,4096,4096,128;0"}
         fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
-        sections=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats
-                  --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats
-                  --section SourceCounters --import-source no)
         IFS='|' read -ra plist <<<"$points"
         i=0
         for pt in "${plist[@]}"; do
           IFS=';' read -r prof_params prof_shape prof_causal <<<"$pt"
           c=""; [[ $prof_causal == 1 ]] && c="--causal"
-          for who in ours fa4; do
-            name=fa3_bwd_profile_${i}_$who
-            if [[ $who == ours ]]; then
-              [[ ${FA3_BWD_PROFILE_OURS:-1} == 1 ]] || continue
-              ncu --clock-control none -k regex:fa3_wgmma_bwd_dkdv -c 1 "${sections[@]}" -o "$OUT/$name" \
-                $ft run --family fa3_wgmma_bwd --params "$prof_params" --shape "$prof_shape" --dtype bf16 $c --direction bwd \
-                >"$OUT/$name.log" 2>&1
-            else
-              [[ -n $fa4path ]] || { echo "profile: FA3-class peer not installed, skipped"; continue; }
-              PYTHONPATH="$fa4path${PYTHONPATH:+:$PYTHONPATH}" ncu --clock-control none -k regex:'BackwardSm90|bwd_sm90' -c 1 \
-                "${sections[@]}" -o "$OUT/$name" python3 experiments/probes/fa4_bwd_once.py "$prof_shape" "$prof_causal" \
-                >"$OUT/$name.log" 2>&1
-            fi
-            ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/$name.txt" 2>&1
-            ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass >"$OUT/$name.sass.csv" 2>&1
-            gzip -f "$OUT/$name.sass.csv"
-            echo "== $who $pt"
-            grep -E "Duration|Registers Per|Executed Ipc A|Issue Slots Busy|No Eligible|Tensor|L2 Hit" "$OUT/$name.txt" | head -12
-          done
+          [[ ${FA3_BWD_PROFILE_OURS:-1} == 1 ]] && ncu_profile "fa3_bwd_profile_${i}_ours" fa3_wgmma_bwd_dkdv \
+            $ft run --family fa3_wgmma_bwd --params "$prof_params" --shape "$prof_shape" --dtype bf16 $c --direction bwd
+          if [[ -n $fa4path ]]; then
+            PYTHONPATH="$fa4path${PYTHONPATH:+:$PYTHONPATH}" ncu_profile "fa3_bwd_profile_${i}_fa4" 'BackwardSm90|bwd_sm90' \
+              python3 experiments/probes/peer_once.py fa4 bwd "$prof_shape" "$prof_causal"
+          else
+            echo "profile: FA3-class peer not installed, skipped"
+          fi
           i=$((i + 1))
         done
         ;;
