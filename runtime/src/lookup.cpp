@@ -128,7 +128,7 @@ std::vector<const Family*> candidate_families(const Query& q) {
 
 int lookup_seq(const Problem& p) {
   const int seq = std::max(p.seq_q, p.seq_k);
-  if (p.direction != "fwd" || !p.windowed()) return seq;
+  if (p.direction != "fwd" || !p.windowed() || seq < 1) return seq;
   const long long left = p.window_left < 0 ? p.seq_k : p.window_left;
   const long long right = p.causal ? 0 : p.window_right < 0 ? p.seq_k : p.window_right;
   const long long keys = std::min<long long>(p.seq_k, left + right + 1);
