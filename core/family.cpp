@@ -112,6 +112,21 @@ std::string Family::shape_reason(const Problem& p) const {
   return "";
 }
 
+const char* Family::mods_check(const Config& c, unsigned m) const {
+  if (c.size() != params.size()) return nullptr;  // check() says what is wrong with such a config
+  for (const ModsRefusal& r : mods_refused)
+    if ((m & r.mods) && c[r.param] != 0) return r.why;
+  return nullptr;
+}
+
+Config Family::mods_fallback(const Config& c, unsigned m) const {
+  Config out = c;
+  if (c.size() == params.size())
+    for (const ModsRefusal& r : mods_refused)
+      if (m & r.mods) out[r.param] = 0;
+  return out;
+}
+
 std::string Family::config_string(const Config& c) const {
   std::string s;
   for (size_t i = 0; i < params.size() && i < c.size(); ++i)

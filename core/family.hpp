@@ -91,14 +91,20 @@ struct Family {
   // The largest head dim whose modified forms it has (0: every head dim of head_dims): fa2_mma_bwd's kernels with
   // all three modifications pass ptxas's 255 registers past d 128 and spill. has_mods() reads both.
   int mods_max_head_dim = 0;
-  // Further conditions on the modifications: nullptr when the config has a variant with them, else why not
-  // (fa3_wgmma: no MULTICAST with a mask_mod; fa3_wgmma_bwd: no DETERMINISTIC with one).
-  std::function<const char*(const Config&, unsigned mods)> mods_check = [](const Config&, unsigned) -> const char* {
-    return nullptr;
+  // Switches a modification refuses: with any of `mods`, the tunable at index `param` must be 0 (fa3_wgmma: no
+  // MULTICAST with a mask_mod; fa3_wgmma_bwd: no DETERMINISTIC and no DQ_TURNS with one). mods_check and
+  // mods_fallback read them.
+  struct ModsRefusal {
+    unsigned mods;
+    size_t param;
+    const char* why;
   };
-  // The config the runtime runs instead of a pick mods_check refuses (the same config with what the modifications
-  // refuse turned off), or the pick itself where there is none (fa3_wgmma_bwd with a mask_mod: DQ_TURNS 0).
-  std::function<Config(const Config&, unsigned mods)> mods_fallback = [](const Config& c, unsigned) { return c; };
+  std::vector<ModsRefusal> mods_refused;
+  // nullptr when the config has a variant with the modifications `mods`, else why not (the first refusal it meets).
+  const char* mods_check(const Config& c, unsigned mods) const;
+  // The config the runtime runs instead of a pick mods_check refuses: the same config with every switch the
+  // modifications refuse turned off (the pick itself where none is on).
+  Config mods_fallback(const Config& c, unsigned mods) const;
   // A mask_mod's block summary for a config (kModMask): the (query rows, keys) of one block of its lists, the
   // kernel's tiles (fa3_wgmma: BLOCK_M = 64 CONSUMERS and BLOCK_N; fa3_wgmma_bwd: BLOCK_M and BLOCK_N = 64
   // CONSUMERS); core/mask_summary.hpp plans the lists from them.

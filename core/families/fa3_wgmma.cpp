@@ -62,17 +62,9 @@ Family make_fa3_wgmma() {
                            n.two_ctas, n.multicast);
   };
   f.causal_check = [](const Config& c, bool causal) { return fa3_wgmma_causal_check(Named(c).multicast, causal); };
-  f.mods_check = [](const Config& c, unsigned mods) -> const char* {
-    return (mods & kModMask) && c.size() == 9 && Named(c).multicast
-               ? "MULTICAST with a mask_mod: the two CTAs of a cluster share K/V blocks, and neighbouring query "
-                 "blocks' lists of the block summary differ"
-               : nullptr;
-  };
-  f.mods_fallback = [](const Config& c, unsigned mods) {  // the runtime's pick with a mask_mod: MULTICAST off
-    Config out = c;
-    if ((mods & kModMask) && out.size() == 9) out[kMulticast] = 0;
-    return out;
-  };
+  f.mods_refused = {{kModMask, kMulticast,
+                     "MULTICAST with a mask_mod: the two CTAs of a cluster share K/V blocks, and neighbouring query "
+                     "blocks' lists of the block summary differ"}};
   f.mask_blocks = [](const Config& c) { return std::pair{fa3_wgmma_block_m(Named(c).consumers), Named(c).block_n}; };
   f.varlen_check = [](const Config& c) -> const char* {
     return Named(c).multicast

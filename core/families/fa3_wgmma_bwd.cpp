@@ -47,21 +47,12 @@ Family make_fa3_wgmma_bwd() {
           dq_stages(c.at(kDqStages)) {}
   };
   f.reproducible = [](const Config& c) { return c.size() == 8 && Named(c).deterministic >= 1; };
-  f.mods_check = [](const Config& c, unsigned mods) -> const char* {
-    if (!(mods & kModMask) || c.size() != 8) return nullptr;
-    if (Named(c).deterministic >= 1)
-      return "DETERMINISTIC with a mask_mod: the dQ turns count each query block's key blocks as a range, and a "
-             "mask's are not one (a turn order from the block summary is not built)";
-    if (Named(c).dq_turns == 1)
-      return "DQ_TURNS 1 with a mask_mod: dK and dQ measured wrong on the H200 (documents at S 700, causal; DQ_TURNS 0 "
-             "right), refused until found";
-    return nullptr;
-  };
-  f.mods_fallback = [](const Config& c, unsigned mods) {
-    Config out = c;
-    if ((mods & kModMask) && out.size() == 8) out[kDqTurns] = out[kDeterministic] = 0;
-    return out;
-  };
+  f.mods_refused = {{kModMask, kDeterministic,
+                     "DETERMINISTIC with a mask_mod: the dQ turns count each query block's key blocks as a range, and "
+                     "a mask's are not one (a turn order from the block summary is not built)"},
+                    {kModMask, kDqTurns,
+                     "DQ_TURNS 1 with a mask_mod: dK and dQ measured wrong on the H200 (documents at S 700, causal; "
+                     "DQ_TURNS 0 right), refused until found"}};
   f.mask_blocks = [](const Config& c) { return std::pair{Named(c).block_m, fa3_bwd_block_n(Named(c).consumers)}; };
   f.causal_check = [](const Config& c, bool causal) -> const char* {
     return c.size() == 8 && Named(c).deterministic == 2 && !causal
