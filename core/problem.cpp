@@ -421,11 +421,13 @@ PageTable page_table(const Paged& pg, int batch, int seq_k) {
   return t;
 }
 
-int Problem::seq_bucket() const {
-  int s = seq_q > seq_k ? seq_q : seq_k, b = 1;
-  while (b < s) b *= 2;
+int seq_bucket_of(int seq) {
+  int b = 1;
+  while (b < seq) b *= 2;
   return b;
 }
+
+int Problem::seq_bucket() const { return seq_bucket_of(seq_q > seq_k ? seq_q : seq_k); }
 
 bool MaskMod::has_values() const {
   return std::all_of(values.begin(), values.end(), [](const auto& v) { return v != nullptr; }) &&

@@ -160,6 +160,9 @@ inline constexpr long long kMaxMaskTensorInline = 1ll << 20;        // a JSON li
 MaskMod mask_mod_from_json(const nlohmann::json&);
 #endif
 
+// A sequence length's bucket for selection and the runtime's lookup: the smallest power of two >= seq (1 for seq <= 1).
+int seq_bucket_of(int seq);
+
 struct Problem {
   int batch = 1, heads = 1, seq_q = 1, seq_k = 1, head_dim = 64;
   DType dtype = DType::fp32;
@@ -213,7 +216,7 @@ struct Problem {
   // (sum of their lengths), not the pool's padding past each sequence's last key.
   double bytes() const;
   long long rows_q() const;  // query rows of all heads: B*H*Sq, or total_q*H when varlen
-  // Sequence bucket for selection: the smallest power of two >= max(Sq, Sk).
+  // Sequence bucket for selection: seq_bucket_of(max(Sq, Sk)).
   int seq_bucket() const;
   int kv_heads() const { return heads_k > 0 ? heads_k : heads; }
   // batch x kv heads: the (sequence, kv head) pairs, a decoding family's second bucket key (results/select.hpp).

@@ -330,9 +330,7 @@ FastKey fast_key(CUcontext ctx, const Query& q) {
   k.batch_heads = k.seq_q_class > 0 ? q.batch_heads : 0;
   k.head_dim = q.head_dim;
   k.page_size = q.page_size;
-  Problem looked_up;  // the bucket of the sequence the tables are read at (lookup_seq: a forward's window its own)
-  looked_up.seq_q = looked_up.seq_k = q.seq;
-  k.seq_bucket = looked_up.seq_bucket();
+  k.seq_bucket = seq_bucket_of(q.seq);  // the sequence the tables are read at (lookup_seq: a forward's window its own)
   k.mods = q.mods;
   k.bwd = q.direction == "bwd";
   k.dtype = (uint8_t)q.dtype;

@@ -293,9 +293,7 @@ std::string stored_config(const Family& f, const Query& q, const std::string& db
   filter.lean = true;
   filter.max_rows = kMaxLookupRows;
   const std::vector<BucketChoice> choices = best_per_bucket(store.results(filter), wants_reproducible(q));
-  Problem prob;
-  prob.seq_q = prob.seq_k = q.seq;
-  const BucketChoice* b = pick_bucket(choices, prob.seq_bucket(), q.batch_heads, paged, wants_reproducible(q), q.group);
+  const BucketChoice* b = pick_bucket(choices, seq_bucket_of(q.seq), q.batch_heads, paged, wants_reproducible(q), q.group);
   if (b && tflops) *tflops = b->tflops;
   if (b && bucket) {
     std::set<int> of;
