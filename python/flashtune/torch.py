@@ -429,6 +429,8 @@ def _mask_tensors(fn, mask_mod, mask_tensors, q, window_size):
     value): (mask_mod, names, tensors), names the tensors' names joined by ',' (the ops' mask_names: a schema has no
     list of str) and tensors theirs in that order, contiguous. Reads no data and calls no C, so it runs under
     torch.compile too; the text itself is checked by _check_mask_text (eager) or by the runtime at the call."""
+    if mask_mod is None:
+        raise ValueError(f"{fn}: mask_tensors goes with mask_mod")
     if not isinstance(mask_mod, str):
         raise TypeError(f"{fn}: mask_mod must be a str (the body of bool mask(int b, int h, int q_idx, int kv_idx)), "
                         f"got {type(mask_mod).__name__}")
@@ -1108,8 +1110,6 @@ def attention(q, k, v, causal=False, scale=None, *, return_lse=False, determinis
         _lib.flag(fn, "deterministic", deterministic)
     det = deterministic  # to the runtime's backward args (python/csrc: BackwardOptions)
     if mask_mod is not None or mask_tensors is not None:  # the predicate's own path (_EagerAttention with a mask)
-        if mask_mod is None:
-            raise ValueError(f"{fn}: mask_tensors goes with mask_mod")
         if torch.compiler.is_compiling():  # the masked ops, which the compiler traces (the text: at the call)
             mask_mod, names, tensors = _mask_tensors(fn, mask_mod, mask_tensors, q, window_size)
             mods = _with_alibi(fn, _mods(fn, window_size, softcap, alibi_slopes), q)
@@ -1182,11 +1182,7 @@ def explain(q, k, v, causal=False, deterministic=False, window_size=(-1, -1), so
     fn = "flashtune.torch.explain"
     det = _lib.flag(fn, "deterministic", deterministic)
     mods = _mods(fn, window_size, softcap, alibi_slopes)
-    mask = None
-    if mask_mod is not None or mask_tensors is not None:
-        if mask_mod is None:
-            raise ValueError(f"{fn}: mask_tensors goes with mask_mod")
-        mask = _mask_arg(fn, mask_mod, mask_tensors, q, window_size)
+    mask = None if mask_mod is None and mask_tensors is None else _mask_arg(fn, mask_mod, mask_tensors, q, window_size)
     q, k, v = _check(q, k, v, fn, autocast=True)
     mods = _with_alibi(fn, mods, q)
     B, H, Sq, d = q.shape
