@@ -112,6 +112,31 @@ ncu_profile() {
   echo "== $name"
   grep -E "Duration|Registers Per|Executed Ipc A|Issue Slots Busy|No Eligible|Tensor|L2 Hit" "$OUT/$name.txt" | head -12
 }
+# Nsight Compute at each POINTS entry "params;B,H,Sq,Sk,d;causal" (entries split by '|'): our kernel (fa3_wgmma's
+# forward or fa3_wgmma_bwd's dK/dV kernel, run by `run` with the params; PROFILE_OURS=0 skips it), the FA3-class
+# kernel's (FA4's sm90, where .fa4a/.fa4b installed it) and torch's cuDNN kernel at the same shape, as NAME_<i>_ours,
+# _fa4 and _cudnn. profile_points fwd|bwd NAME POINTS
+profile_points() {
+  local dir=$1 name=$2 points=$3 fa4path family kernel peer cudnn pt i=0
+  fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
+  if [[ $dir == fwd ]]; then family=fa3_wgmma kernel=fa3_wgmma_fwd peer='ForwardSm90|fwd_sm90' cudnn=sdpa_sm90_flash_fprop
+  else family=fa3_wgmma_bwd kernel=fa3_wgmma_bwd_dkdv peer='BackwardSm90|bwd_sm90' cudnn=sdpa_sm90_flash_bprop; fi
+  IFS='|' read -ra plist <<<"$points"
+  for pt in "${plist[@]}"; do
+    IFS=';' read -r prof_params prof_shape prof_causal <<<"$pt"
+    c=""; [[ $prof_causal == 1 ]] && c="--causal"
+    [[ ${PROFILE_OURS:-1} == 1 ]] && ncu_profile "${name}_${i}_ours" "$kernel" \
+      $ft run --family "$family" --params "$prof_params" --shape "$prof_shape" --dtype bf16 $c --direction "$dir"
+    if [[ -n $fa4path ]]; then
+      PYTHONPATH="$fa4path${PYTHONPATH:+:$PYTHONPATH}" ncu_profile "${name}_${i}_fa4" "$peer" \
+        python3 experiments/probes/peer_once.py fa4 "$dir" "$prof_shape" "$prof_causal"
+    else
+      echo "profile: FA3-class peer not installed, skipped"
+    fi
+    ncu_profile "${name}_${i}_cudnn" "$cudnn" python3 experiments/probes/peer_once.py cudnn "$dir" "$prof_shape" "$prof_causal"
+    i=$((i + 1))
+  done
+}
 # The device tool brings back at most 8 files from $OUT: past 7, everything goes into one out.tgz, also when a
 # time limit stops the script (TERM).
 pack_out() {
@@ -578,29 +603,10 @@ fa3)
     done
     validation_summary "$val"
   fi
-  if [[ $part == profile ]]; then  # fa3 profile: Nsight Compute on fa3_wgmma_fwd at each FA3_PROFILE_POINTS entry
-    # "params;B,H,Sq,Sk,d;causal" (entries split by '|'; default: the H200 table's picks at its worst forward points
-    # against FA3-class and cuDNN, d 64 and 128 causal 4k, d 128 causal 1k), and on the FA3-class kernel (FA4's sm90,
-    # where installed) and torch's cuDNN forward at the same shapes
-    points=${FA3_PROFILE_POINTS:-"BLOCK_N=128,CONSUMERS=3,STAGES=2,OVERLAP=1,PINGPONG=0,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0;4,32,4096,4096,64;1|BLOCK_N=128,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=0,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0;4,16,4096,4096,128;1|BLOCK_N=128,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=1,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0;16,16,1024,1024,128;1"}
-    fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
-    IFS='|' read -ra plist <<<"$points"
-    i=0
-    for pt in "${plist[@]}"; do
-      IFS=';' read -r prof_params prof_shape prof_causal <<<"$pt"
-      c=""; [[ $prof_causal == 1 ]] && c="--causal"
-      ncu_profile "fa3_profile_${i}_ours" fa3_wgmma_fwd \
-        $ft run --family fa3_wgmma --params "$prof_params" --shape "$prof_shape" --dtype bf16 $c
-      if [[ -n $fa4path ]]; then
-        PYTHONPATH="$fa4path${PYTHONPATH:+:$PYTHONPATH}" ncu_profile "fa3_profile_${i}_fa4" 'ForwardSm90|fwd_sm90' \
-          python3 experiments/probes/peer_once.py fa4 fwd "$prof_shape" "$prof_causal"
-      else
-        echo "profile: FA3-class peer not installed, skipped"
-      fi
-      ncu_profile "fa3_profile_${i}_cudnn" 'sdpa_sm90_flash_fprop' \
-        python3 experiments/probes/peer_once.py cudnn fwd "$prof_shape" "$prof_causal"
-      i=$((i + 1))
-    done
+  if [[ $part == profile ]]; then  # fa3 profile: Nsight Compute on fa3_wgmma_fwd, the FA3-class and cuDNN forwards at
+    # each FA3_PROFILE_POINTS entry (profile_points; default: the H200 table's picks at its worst forward points against
+    # FA3-class and cuDNN, d 64 and 128 causal 4k, d 128 causal 1k)
+    profile_points fwd fa3_profile "${FA3_PROFILE_POINTS:-BLOCK_N=128,CONSUMERS=3,STAGES=2,OVERLAP=1,PINGPONG=0,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0;4,32,4096,4096,64;1|BLOCK_N=128,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=0,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0;4,16,4096,4096,128;1|BLOCK_N=128,CONSUMERS=2,STAGES=2,OVERLAP=1,PINGPONG=1,P_SMEM=0,PERSISTENT=0,TWO_CTAS=0,MULTICAST=0;16,16,1024,1024,128;1}"
   fi
   if [[ $part == spot ]]; then  # fa3 spot [problems]: a space (FA3_SPOT_SPACE, the grid's) tuned exhaustively
     # on a few points into FA3_SPOT_DB (results.db), each point's best re-timed beside the peers
@@ -681,25 +687,10 @@ fa3-bwd)
         echo "peers exit $?"; tail -5 "$OUT/bwd_peers.log"
         cp "$rep/${FA3_BWD_PEERS_OUT:-bwd_hopper_vs_peers}.csv" "$rep/${FA3_BWD_PEERS_OUT:-bwd_hopper_vs_peers}_kernels.csv" "$OUT/" 2>/dev/null
         ;;
-      profile)  # Nsight Compute on the dK/dV kernel at each FA3_BWD_PROFILE_POINTS entry "params;B,H,Sq,Sk,d;causal"
-                # (entries split by '|'), and on the FA3-class kernel (FA4's sm90) at the same shapes where installed
-        points=${FA3_BWD_PROFILE_POINTS:-"BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1;4,16,4096,4096,128;0"}
-        fa4path=$(cat /tmp/fa4/pythonpath 2>/dev/null || true)
-        IFS='|' read -ra plist <<<"$points"
-        i=0
-        for pt in "${plist[@]}"; do
-          IFS=';' read -r prof_params prof_shape prof_causal <<<"$pt"
-          c=""; [[ $prof_causal == 1 ]] && c="--causal"
-          [[ ${FA3_BWD_PROFILE_OURS:-1} == 1 ]] && ncu_profile "fa3_bwd_profile_${i}_ours" fa3_wgmma_bwd_dkdv \
-            $ft run --family fa3_wgmma_bwd --params "$prof_params" --shape "$prof_shape" --dtype bf16 $c --direction bwd
-          if [[ -n $fa4path ]]; then
-            PYTHONPATH="$fa4path${PYTHONPATH:+:$PYTHONPATH}" ncu_profile "fa3_bwd_profile_${i}_fa4" 'BackwardSm90|bwd_sm90' \
-              python3 experiments/probes/peer_once.py fa4 bwd "$prof_shape" "$prof_causal"
-          else
-            echo "profile: FA3-class peer not installed, skipped"
-          fi
-          i=$((i + 1))
-        done
+      profile)  # Nsight Compute on the dK/dV kernel at each FA3_BWD_PROFILE_POINTS entry (profile_points), and on the
+                # FA3-class and cuDNN backward kernels at the same shapes
+        PROFILE_OURS=${FA3_BWD_PROFILE_OURS:-1} profile_points bwd fa3_bwd_profile \
+          "${FA3_BWD_PROFILE_POINTS:-BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1;4,16,4096,4096,128;0}"
         ;;
       det)  # DETERMINISTIC 1 and DQ_STAGES 2: every compiled variant with either validated on the ragged shapes (a
             # deterministic one held to 5 bitwise-equal runs), then, by halving, the picks' neighbourhood (two
@@ -987,9 +978,9 @@ mask)
   done
   validation_summary "$val"
   $ft drop-cubins --db "$val"
-  for mm in "" "--mask-mod 'return doc[q_idx] == doc[kv_idx];' --mask-tensor doc=/tmp/doc16k.bin"; do
-    python3 -c "import struct; L=[1024, 4096, 2048, 3072, 1024, 2048, 3072]; d=[i for i, n in enumerate(L) for _ in range(n)]
+  python3 -c "import struct; L=[1024, 4096, 2048, 3072, 1024, 2048, 3072]; d=[i for i, n in enumerate(L) for _ in range(n)]
 open('/tmp/doc16k.bin', 'wb').write(struct.pack('<%di' % len(d), *d))"
+  for mm in "" "--mask-mod 'return doc[q_idx] == doc[kv_idx];' --mask-tensor doc=/tmp/doc16k.bin"; do
     for dir in fwd bwd; do
       params=BLOCK_N=128,CONSUMERS=2; [[ $dir == bwd ]] && params=BLOCK_M=64,CONSUMERS=2
       log "run $dir causal 1,16,16384,16384,128 ${mm:+(documents)}"
