@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Probe: decoding through flashtune.torch.attention, its kernels' GPU time (torch.profiler, L2 flushed before each
-call) against the whole call's CUDA-event time, and torch SDPA cuDNN's kernels the same way, at a few decoding points
-(Hq 32, Hk 8, d 128, Sq 1, bf16): where the op's call time goes (issue 31's decode_op_vs_peers.csv).
+"""Probe: decoding through flashtune.torch.attention, its kernels' GPU time (kernel_timer.kernel_ms: torch.profiler,
+L2 flushed before each call) against the whole call's CUDA-event time (decode_op_peers.call_times), and torch SDPA
+cuDNN's kernels the same way, at a few decoding points (Hq 32, Hk 8, d 128, Sq 1, bf16): where the op's call time
+goes (issue 31's decode_op_vs_peers.csv). The kernels column names one call's kernels (kernel_breakdown).
 
-usage: decode_op_kernels.py [--points 64x4096,64x32768,8x32768,1x4096] [--reps 10]
+usage: decode_op_kernels.py [--points 64x4096,64x32768,8x32768,8x131072,1x4096] [--reps 10]
 """
 import argparse
+import os
 import statistics
+import sys
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from decode_op_peers import call_times  # noqa: E402
+from kernel_timer import kernel_breakdown, kernel_ms, l2_flush  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
 def main():
@@ -19,7 +26,7 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
     import flashtune.torch as ftt
-    scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = l2_flush()
     H, Hk, d, dt = 32, 8, 128, torch.bfloat16
     print("point,impl,call_us,kernel_us,kernels")
     for pt in a.points.split(","):
@@ -35,31 +42,10 @@ def main():
 
         for name, fn in (("flashtune", lambda: ftt.attention(q, k, v)), ("cudnn", cudnn)):
             with torch.no_grad():
-                for _ in range(3):
-                    fn()
-                torch.cuda.synchronize()
-                calls = []
-                for _ in range(a.reps):
-                    scratch.zero_()
-                    torch.cuda.synchronize()
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    fn()
-                    e.record()
-                    e.synchronize()
-                    calls.append(s.elapsed_time(e) * 1e3)
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    for _ in range(a.reps):
-                        scratch.zero_()
-                        fn()
-                    torch.cuda.synchronize()
-                names = {}
-                for ev in prof.events():
-                    if ev.device_type == torch.autograd.DeviceType.CUDA and "zero" not in ev.name and "fill" not in ev.name.lower():
-                        names.setdefault(ev.name[:60], []).append(ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total)
-                kern = sum(sum(v) for v in names.values()) / a.reps
-                print(f"{pt},{name},{statistics.median(calls):.1f},{kern:.1f},\"{'; '.join(f'{n} x{len(v)}' for n, v in names.items())}\"",
-                      flush=True)
+                kern_ms, _ = kernel_ms(fn, flush, a.reps)  # its warm-up calls first
+                call_us = statistics.median(call_times(fn, flush, a.reps))
+                kernels = "; ".join(f"{n[:60]} {us:.1f}" for n, us in kernel_breakdown(fn, flush))
+            print(f"{pt},{name},{call_us:.1f},{kern_ms * 1e3:.1f},\"{kernels}\"", flush=True)
         del q, k, v
         torch.cuda.empty_cache()
 
