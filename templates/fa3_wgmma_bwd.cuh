@@ -677,30 +677,44 @@ __device__ __forceinline__ DqPiece dq_piece(int c) {
 
 // dQ (rows 64 rt.., columns c0.. of DQ_CHUNK) = dS K over the block's keys; A = dS, the M-major view of the
 // interleaved dS^T tile; B = K, MN-major, swizzled groups BN * SW bytes apart.
+// dQ^T (T::kDqTransposed; rows 64 rt.. of the head dim, all BM query columns) = K^T dS^T: A = K^T, the MN-major
+// view of K's swizzle group rt (64 columns: M = 64 of the head dim), B = dS^T, the N-major view of the same
+// interleaved tile (N = BM query columns, core matrices 128 bytes apart; k16 slices of keys 32 BM bytes apart).
 template <class T>
 __device__ __forceinline__ void gemm_dq(float (&acc)[T::kDqChunk / 2], unsigned ds, unsigned k, int rt, int c0) {
   constexpr int SW = T::kSwizzle, W = T::kGroupCols, BM = T::kBlockM, BN = T::kBlockN;
-  const unsigned long long da0 = desc_mn_major<BM>(ds + static_cast<unsigned>(16 * 64 * rt));
-  const unsigned long long db0 = desc_mn_major_sw<SW>(k + static_cast<unsigned>(c0 / W * BN * SW), BN * SW);
+  if constexpr (T::kDqTransposed) {
+    static_assert(W == 64 && T::kDqChunk == BM, "dQ^T: a row tile is one 128-byte swizzle group, a chain the block");
+    const unsigned long long da0 = desc_mn_major_sw<SW>(k + static_cast<unsigned>(rt * BN * SW), BN * SW);
+    const unsigned long long db0 = desc_mn_major<BM>(ds);
 #pragma unroll
-  for (int ks = 0; ks < BN / 16; ++ks)
-    wgmma_ss<T::kDqChunk, T::kDtype, 1, 1>(acc, desc_advance(da0, static_cast<unsigned>(32 * BM * ks)),
-                                           desc_advance(db0, static_cast<unsigned>(16 * SW * ks)), ks > 0);
+    for (int ks = 0; ks < BN / 16; ++ks)
+      wgmma_ss<BM, T::kDtype, 1, 1>(acc, desc_advance(da0, static_cast<unsigned>(16 * SW * ks)),
+                                    desc_advance(db0, static_cast<unsigned>(32 * BM * ks)), ks > 0);
+  } else {
+    const unsigned long long da0 = desc_mn_major<BM>(ds + static_cast<unsigned>(16 * 64 * rt));
+    const unsigned long long db0 = desc_mn_major_sw<SW>(k + static_cast<unsigned>(c0 / W * BN * SW), BN * SW);
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks)
+      wgmma_ss<T::kDqChunk, T::kDtype, 1, 1>(acc, desc_advance(da0, static_cast<unsigned>(32 * BM * ks)),
+                                             desc_advance(db0, static_cast<unsigned>(16 * SW * ks)), ks > 0);
+  }
 }
 
-// The dQ staging tile (and a query block's dq_accum floats), fa3_bwd_dq_place: chain q = row tile x (D / DQ_CHUNK)
+// The dQ staging tile (and a query block's dq_accum floats), fa3_bwd_dq_place: chain q = row tile x (COLS / DQ_CHUNK)
 // + column chunk at q 64 DQ_CHUNK floats, each in the accumulators' register order: float4 j 128 + thread holds
 // the thread's acc[4 j .. 4 j + 3], rows 16 warp + g and + 8 at columns 8 j + 2 tig, + 1. A warp stores 512 contiguous bytes
 // per float4 (conflict free, one instruction per 8 columns), a piece (its warpgroup's chains, in order) is one
-// contiguous run for the bulk add, and the convert reads float4s in order.
+// contiguous run for the bulk add, and the convert reads float4s in order. The tile is dQ (BM x D) or dQ^T (D x BM,
+// T::kDqTransposed: a row is a head-dim column, a column a query row; the convert transposes it back).
 template <class T>
 struct DqLayout {
   static constexpr int kChainFloats = 64 * T::kDqChunk;
-  static constexpr int kChainsPerRowTile = T::kHeadDim / T::kDqChunk;
+  static constexpr int kChainsPerRowTile = T::kDqTileCols / T::kDqChunk;
   __device__ static int chain(int row_tile, int col0) { return row_tile * kChainsPerRowTile + col0 / T::kDqChunk; }
-  // Where float4 f of a query block's floats lands in the block: row and first column of its two pairs
+  // Where float4 f of a query block's floats lands in the tile: row and first column of its two pairs
   // (the second pair is row + 8, the same columns).
-  __device__ static void place(int f, int& row, int& col) { fa3_bwd_dq_place(f, T::kHeadDim, T::kDqChunk, row, col); }
+  __device__ static void place(int f, int& row, int& col) { fa3_bwd_dq_place(f, T::kDqTileCols, T::kDqChunk, row, col); }
 };
 
 // A dQ chain's accumulators into the staging tile (tid: the thread's index in its warpgroup).
@@ -1050,8 +1064,16 @@ __global__ void __launch_bounds__(kFa3BwdRowThreads)
     int row, col;
     L::place(f, row, col);
     const float4 a = src[f];
-    *reinterpret_cast<unsigned*>(tile + row * PITCH + col) = pack_half2<T::kDtype>(a.x * scale, a.y * scale);
-    *reinterpret_cast<unsigned*>(tile + (row + 8) * PITCH + col) = pack_half2<T::kDtype>(a.z * scale, a.w * scale);
+    if constexpr (T::kDqTransposed) {  // the tile's (row, col) is dQ's (col, row): four 16-bit stores
+      const unsigned xy = pack_half2<T::kDtype>(a.x * scale, a.y * scale), zw = pack_half2<T::kDtype>(a.z * scale, a.w * scale);
+      tile[col * PITCH + row] = static_cast<unsigned short>(xy);
+      tile[(col + 1) * PITCH + row] = static_cast<unsigned short>(xy >> 16);
+      tile[col * PITCH + row + 8] = static_cast<unsigned short>(zw);
+      tile[(col + 1) * PITCH + row + 8] = static_cast<unsigned short>(zw >> 16);
+    } else {
+      *reinterpret_cast<unsigned*>(tile + row * PITCH + col) = pack_half2<T::kDtype>(a.x * scale, a.y * scale);
+      *reinterpret_cast<unsigned*>(tile + (row + 8) * PITCH + col) = pack_half2<T::kDtype>(a.z * scale, a.w * scale);
+    }
   }
   __syncthreads();
   const int rows = p.seq_q - m0;  // rows of this block that exist

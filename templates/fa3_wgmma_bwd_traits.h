@@ -50,28 +50,36 @@ FT_HD constexpr int fa3_bwd_padded_rows(int seq_q, int BM) { return ceil_div(seq
 // S^T, dP^T of one query block (BM/2 each). The dQ piece is live only once S^T and dP^T are packed.
 FT_HD constexpr int fa3_bwd_acc_regs(int D, int BM) { return D + BM; }
 
-// dQ of a query block (BM x D) over the consumers: m64 row tiles x column pieces, one piece per warpgroup
-// (a warpgroup takes several row tiles when there are fewer warpgroups than row tiles).
-// DQ_TURNS 1: one consumer takes the whole tile, as if there were one.
-FT_HD constexpr int fa3_bwd_dq_row_tiles(int BM) { return BM / 64; }
-FT_HD constexpr int fa3_bwd_dq_col_pieces(int BM, int CONSUMERS, int TURNS = 0) {
-  return !TURNS && CONSUMERS > fa3_bwd_dq_row_tiles(BM) ? CONSUMERS / fa3_bwd_dq_row_tiles(BM) : 1;
+// dQ of a query block over the consumers: m64 row tiles x column pieces, one piece per warpgroup (a warpgroup
+// takes several row tiles when there are fewer warpgroups than row tiles). DQ_TURNS 1: one consumer takes the whole
+// tile, as if there were one.
+// BLOCK_M a multiple of 64: the tile is dQ (BM x D), rows the query rows. Otherwise (80, 96: FlashAttention-3's
+// dQ_swapAB, its 80 x 128 tile at d 128) it is dQ^T = K^T dS^T (D x BM): rows the head dim's columns, one chain of
+// BM columns per row tile, so that the query block need not fill whole m64 tiles (fa3_bwd_dq_transposed).
+FT_HD constexpr bool fa3_bwd_dq_transposed(int BM) { return BM % 64 != 0; }
+FT_HD constexpr int fa3_bwd_dq_tile_rows(int D, int BM) { return fa3_bwd_dq_transposed(BM) ? D : BM; }
+FT_HD constexpr int fa3_bwd_dq_tile_cols(int D, int BM) { return fa3_bwd_dq_transposed(BM) ? BM : D; }
+FT_HD constexpr int fa3_bwd_dq_row_tiles(int D, int BM) { return fa3_bwd_dq_tile_rows(D, BM) / 64; }
+FT_HD constexpr int fa3_bwd_dq_col_pieces(int D, int BM, int CONSUMERS, int TURNS = 0) {
+  return !TURNS && CONSUMERS > fa3_bwd_dq_row_tiles(D, BM) ? CONSUMERS / fa3_bwd_dq_row_tiles(D, BM) : 1;
 }
 FT_HD constexpr int fa3_bwd_dq_cols(int D, int BM, int CONSUMERS, int TURNS = 0) {
-  return D / fa3_bwd_dq_col_pieces(BM, CONSUMERS, TURNS);
+  return fa3_bwd_dq_tile_cols(D, BM) / fa3_bwd_dq_col_pieces(D, BM, CONSUMERS, TURNS);
 }
-// Columns per dQ wgmma chain (registers: DQ_CHUNK / 2): 64 where they divide the piece, else 32 (d 96); the
-// piece is whole swizzle groups (fa3_bwd_dq_ok), so either is too.
+// Columns per dQ wgmma chain (registers: DQ_CHUNK / 2): dQ, 64 where they divide the piece, else 32 (d 96; the
+// piece is whole swizzle groups, fa3_bwd_dq_ok, so either is too); dQ^T, the whole query block (one chain a row
+// tile: BM / 2 registers, as one of S^T).
 FT_HD constexpr int fa3_bwd_dq_chunk(int D, int BM, int CONSUMERS, int TURNS = 0) {
-  return fa3_bwd_dq_cols(D, BM, CONSUMERS, TURNS) % 64 == 0 ? 64 : 32;
+  return fa3_bwd_dq_transposed(BM) ? BM : fa3_bwd_dq_cols(D, BM, CONSUMERS, TURNS) % 64 == 0 ? 64 : 32;
 }
 
-// The dQ staging tile's order (and so a query block's dq_accum floats): chain q = row tile x (D / CHUNK) +
-// column chunk at q 64 CHUNK floats, each in the wgmma accumulators' register order: float4 j 128 + thread
-// (thread = 32 warp + lane of the warpgroup) holds rows 16 warp + lane / 4 and + 8 at columns
-// 8 j + 2 (lane % 4), + 1. Where float4 f lands: the row and first column of its first pair.
-FT_HD constexpr void fa3_bwd_dq_place(int f, int D, int CHUNK, int& row, int& col) {
-  const int per_chain = 16 * CHUNK, chains_per_row_tile = D / CHUNK;  // float4s per chain
+// The dQ staging tile's order (and so a query block's dq_accum floats), over the tile's rows x COLS (dQ: BM x D;
+// dQ^T: D x BM): chain q = row tile x (COLS / CHUNK) + column chunk at q 64 CHUNK floats, each in the wgmma
+// accumulators' register order: float4 j 128 + thread (thread = 32 warp + lane of the warpgroup) holds rows
+// 16 warp + lane / 4 and + 8 at columns 8 j + 2 (lane % 4), + 1. Where float4 f lands: the row and first column of
+// its first pair (of the tile: dQ^T's row is the head dim's column, its column the query row).
+FT_HD constexpr void fa3_bwd_dq_place(int f, int COLS, int CHUNK, int& row, int& col) {
+  const int per_chain = 16 * CHUNK, chains_per_row_tile = COLS / CHUNK;  // float4s per chain
   const int q = f / per_chain, k = f % per_chain, j = k / 128, thread = k % 128, lane = thread % 32;
   row = 64 * (q / chains_per_row_tile) + 16 * (thread / 32) + lane / 4;
   col = (q % chains_per_row_tile) * CHUNK + 8 * j + 2 * (lane % 4);
@@ -123,17 +131,24 @@ FT_HD constexpr GridDims fa3_bwd_dkdv_grid(int batch, int heads_k, int seq_k, in
 
 // ---- validity (fa3_bwd_check and the traits' static_asserts) ----
 FT_HD constexpr bool fa3_bwd_d_ok(int D) { return D == 64 || D == 96 || D == 128; }
-FT_HD constexpr bool fa3_bwd_bm_ok(int BM) { return BM == 64 || BM == 128; }
+FT_HD constexpr bool fa3_bwd_bm_ok(int BM) { return BM == 64 || BM == 80 || BM == 96 || BM == 128; }
 FT_HD constexpr bool fa3_bwd_consumers_ok(int C) { return C >= 1 && C <= 3; }
 FT_HD constexpr bool fa3_bwd_stages_ok(int S) { return S == 1 || S == 2; }
 FT_HD constexpr bool fa3_bwd_switch_ok(int x) { return x == 0 || x == 1; }
 FT_HD constexpr bool fa3_bwd_sched_ok(int x) { return x >= 0 && x <= 3; }
-// 48 registers of a consumer's budget kept for addresses, loop state and the packed A fragments' overlap.
-FT_HD constexpr bool fa3_bwd_acc_ok(int D, int BM, int C) { return fa3_bwd_acc_regs(D, BM) <= fa3_wgmma_consumer_regs(C) - 48; }
+// 48 registers of a consumer's budget kept for addresses, loop state and the packed A fragments' overlap; 32 with
+// dQ^T (FlashAttention-3's 80 x 128 tile at d 128: scores and dK, dV take 208 of 240; its dQ^T chain, 40, is live
+// only once the scores are packed). What still spills is pruned by the compile stage.
+FT_HD constexpr bool fa3_bwd_acc_ok(int D, int BM, int C) {
+  return fa3_bwd_acc_regs(D, BM) <= fa3_wgmma_consumer_regs(C) - (fa3_bwd_dq_transposed(BM) ? 32 : 48);
+}
 // The dQ pieces: the warpgroups split the row tiles or each row tile's columns evenly, and a piece's columns
-// are whole swizzle groups of K (an MN-major B operand starts at a group).
+// are whole swizzle groups of K (an MN-major B operand starts at a group). dQ^T: a row tile is one 128-byte
+// swizzle group of K (the A operand K^T, MN-major: d a multiple of 64), and no warpgroup splits a row tile (its
+// chain is the whole query block).
 FT_HD constexpr bool fa3_bwd_dq_ok(int D, int BM, int C, int TURNS = 0) {
-  const int rt = fa3_bwd_dq_row_tiles(BM), cp = fa3_bwd_dq_col_pieces(BM, C, TURNS);
+  const int rt = fa3_bwd_dq_row_tiles(D, BM), cp = fa3_bwd_dq_col_pieces(D, BM, C, TURNS);
+  if (fa3_bwd_dq_transposed(BM)) return D % 64 == 0 && cp == 1 && (TURNS || rt % C == 0);
   return (TURNS || C % rt == 0 || rt % C == 0) && D % cp == 0 &&
          fa3_bwd_dq_cols(D, BM, C, TURNS) % fa3_wgmma_group_cols(D) == 0;
 }
@@ -142,7 +157,8 @@ FT_HD constexpr bool fa3_bwd_dq_ok(int D, int BM, int C, int TURNS = 0) {
 FT_HD constexpr bool fa3_bwd_turns_ok(int C, int TURNS) { return TURNS == 0 || C == 2; }
 // DQ_OVERLAP 1 holds one dQ chain's accumulators beside dK's in flight: a consumer's piece is one chain.
 FT_HD constexpr int fa3_bwd_dq_steps(int D, int BM, int C, int TURNS = 0) {
-  return (!TURNS && C >= fa3_bwd_dq_row_tiles(BM) ? 1 : TURNS ? fa3_bwd_dq_row_tiles(BM) : fa3_bwd_dq_row_tiles(BM) / C) *
+  const int rt = fa3_bwd_dq_row_tiles(D, BM);
+  return (!TURNS && C >= rt ? 1 : TURNS ? rt : rt / C) *
          (fa3_bwd_dq_cols(D, BM, C, TURNS) / fa3_bwd_dq_chunk(D, BM, C, TURNS));
 }
 FT_HD constexpr bool fa3_bwd_overlap_ok(int D, int BM, int C, int DQ_OVERLAP, int TURNS = 0) {
@@ -190,7 +206,8 @@ FT_HD constexpr int fa3_bwd_window_turn(int DETERMINISTIC, const WindowBand& ban
 FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAGES, int SCHED, int DQ_OVERLAP,
                                           int DQ_TURNS = 0, int DETERMINISTIC = 0, int DQ_STAGES = 1) {
   return !fa3_bwd_d_ok(D) ? "D must be 64, 96 or 128 (dK and dV of 64 keys at d > 128 exceed a consumer's registers)"
-         : !fa3_bwd_bm_ok(BM)                  ? "BLOCK_M must be 64 or 128 (a wgmma N of the score products)"
+         : !fa3_bwd_bm_ok(BM)
+             ? "BLOCK_M must be 64, 80, 96 or 128 (a wgmma N of the score products; 80, 96: dQ computed transposed)"
          : !fa3_bwd_consumers_ok(CONSUMERS)    ? "CONSUMERS must be 1, 2 or 3 warpgroups (BLOCK_N = 64 x CONSUMERS)"
          : !fa3_bwd_stages_ok(STAGES)          ? "STAGES must be 1 or 2 (Q/dO slots; 3 measured no faster)"
          : !fa3_bwd_sched_ok(SCHED)            ? "SCHED must be 0, 1, 2 or 3"
@@ -205,9 +222,10 @@ FT_HD constexpr const char* fa3_bwd_check(int D, int BM, int CONSUMERS, int STAG
              ? "DETERMINISTIC 1 needs SCHED 0 or 1 (SCHED 2's rotated walks serialize the ordered dQ additions)"
          : !fa3_wgmma_regs_ok(CONSUMERS, 1)         ? "the register budgets exceed the launch allocation"
          : !fa3_bwd_acc_ok(D, BM, CONSUMERS)
-             ? "accumulators (dK, dV D + S^T, dP^T BLOCK_M) exceed the consumer register budget - 48"
+             ? "accumulators (dK, dV D + S^T, dP^T BLOCK_M) exceed the consumer register budget - 48 (- 32 with dQ^T)"
          : !fa3_bwd_dq_ok(D, BM, CONSUMERS, DQ_TURNS)
-             ? "the dQ pieces (BLOCK_M/64 row tiles x column pieces over the consumers) must be whole swizzle groups"
+             ? "the dQ pieces (m64 row tiles x column pieces over the consumers) must be whole swizzle groups (dQ^T, "
+               "BLOCK_M 80 or 96: d a multiple of 64 and each consumer whole row tiles)"
          : !fa3_bwd_overlap_ok(D, BM, CONSUMERS, DQ_OVERLAP, DQ_TURNS)
              ? "DQ_OVERLAP 1 needs a consumer's dQ piece to be one wgmma chain (64 or 32 columns of one row tile)"
          : !fa3_bwd_smem_ok(D, BM, CONSUMERS, STAGES, DQ_STAGES) ? "shared memory exceeds sm_90's 232448 bytes per block"
@@ -251,8 +269,10 @@ struct Fa3WgmmaBwdTraits {
   static constexpr int kDsBytes = 2 * kBlockN * BLOCK_M;               // one dS^T tile
   static constexpr int kDqBytes = 4 * BLOCK_M * D;                     // the dQ staging tile
   static constexpr int kStatBytes = 4 * BLOCK_M;                       // lse or delta of one block
-  static constexpr int kDqRowTiles = fa3_bwd_dq_row_tiles(BLOCK_M);
-  static constexpr int kDqColPieces = fa3_bwd_dq_col_pieces(BLOCK_M, CONSUMERS, DQ_TURNS);
+  static constexpr bool kDqTransposed = fa3_bwd_dq_transposed(BLOCK_M);  // the tile is dQ^T (D x BM)
+  static constexpr int kDqRowTiles = fa3_bwd_dq_row_tiles(D, BLOCK_M);
+  static constexpr int kDqTileCols = fa3_bwd_dq_tile_cols(D, BLOCK_M);
+  static constexpr int kDqColPieces = fa3_bwd_dq_col_pieces(D, BLOCK_M, CONSUMERS, DQ_TURNS);
   static constexpr int kDqCols = fa3_bwd_dq_cols(D, BLOCK_M, CONSUMERS, DQ_TURNS);
   static constexpr int kDqChunk = fa3_bwd_dq_chunk(D, BLOCK_M, CONSUMERS, DQ_TURNS);
   // A step's lse2 and delta held in registers from before the score GEMMs' wait (fa3_bwd_detail::StepStats):

@@ -1700,7 +1700,34 @@ TEST(Family, Fa3BwdBudgetsAndPrunes) {
   EXPECT_EQ(fa3_bwd_check(96, 64, 1, 2, 0, 0, 0), nullptr);
   // Prunes, each with its reason.
   EXPECT_THAT(fa3_bwd_check(256, 64, 1, 2, 0, 0, 0), HasSubstr("D must be"));
-  EXPECT_THAT(fa3_bwd_check(64, 96, 1, 2, 0, 0, 0), HasSubstr("BLOCK_M"));
+  EXPECT_THAT(fa3_bwd_check(64, 112, 1, 2, 0, 0, 0), HasSubstr("BLOCK_M"));
+  EXPECT_THAT(fa3_bwd_check(64, 32, 1, 2, 0, 0, 0), HasSubstr("BLOCK_M"));
+  // dQ^T (BLOCK_M 80 or 96, FlashAttention-3's dQ_swapAB): FlashAttention-3's 80 x 128 tile at d 128 non-causal, each
+  // consumer one row tile of the head dim (one chain of 80 columns); the accumulators' margin 32 there (128 + 80).
+  EXPECT_EQ(fa3_bwd_check(128, 80, 2, 2, 0, 0, 0), nullptr);
+  EXPECT_EQ(fa3_bwd_check(128, 80, 2, 2, 0, 1, 0), nullptr);     // DQ_OVERLAP 1: one chain a consumer
+  EXPECT_EQ(fa3_bwd_check(128, 80, 2, 2, 0, 0, 1), nullptr);     // DQ_TURNS: both row tiles by one consumer
+  EXPECT_EQ(fa3_bwd_check(64, 96, 1, 2, 0, 0, 0), nullptr);      // d 64: one row tile, one consumer
+  EXPECT_THAT(fa3_bwd_check(64, 80, 2, 2, 0, 0, 0), HasSubstr("dQ pieces"));   // one row tile for two consumers
+  EXPECT_THAT(fa3_bwd_check(96, 80, 1, 2, 0, 0, 0), HasSubstr("dQ pieces"));   // d 96: 32-column swizzle groups
+  EXPECT_THAT(fa3_bwd_check(128, 96, 2, 2, 0, 0, 0), HasSubstr("accumulators"));  // 128 + 96 > 240 - 32
+  EXPECT_TRUE(fa3_bwd_dq_transposed(80) && fa3_bwd_dq_transposed(96) && !fa3_bwd_dq_transposed(64));
+  EXPECT_EQ(fa3_bwd_dq_row_tiles(128, 80), 2);
+  EXPECT_EQ(fa3_bwd_dq_chunk(128, 80, 2), 80);
+  EXPECT_EQ(fa3_bwd_dq_steps(128, 80, 2), 1);
+  EXPECT_EQ(fa3_bwd_dq_steps(128, 80, 2, 1), 2);
+  // 80 x 128 at d 128: K, V, two Q/dO slots of 80 rows, two dS^T tiles, one dQ^T tile fit; two do not.
+  EXPECT_EQ(fa3_bwd_smem_bytes(128, 80, 2, 2), 1024 + 65536 + 4 * 20480 + 2 * 20480 + 40960 + 4 * 320 + 40);
+  EXPECT_THAT(fa3_bwd_check(128, 80, 2, 2, 0, 0, 0, 0, 2), HasSubstr("shared memory"));
+  // dQ^T's staging order: chain c is row tile c of the head dim (d 64 c ..), its float4 j 128 + thread at
+  // head-dim row 16 warp + lane / 4 and query column 8 j + 2 (lane % 4).
+  {
+    int row = -1, col = -1;
+    fa3_bwd_dq_place(0, 80, 80, row, col);
+    EXPECT_EQ(row, 0); EXPECT_EQ(col, 0);
+    fa3_bwd_dq_place(16 * 80 + 128 * 9 + 32 * 3 + 4 * 7 + 3, 80, 80, row, col);  // chain 1, j 9, warp 3, lane 31
+    EXPECT_EQ(row, 64 + 48 + 7); EXPECT_EQ(col, 72 + 6);
+  }
   EXPECT_THAT(fa3_bwd_check(64, 64, 4, 2, 0, 0, 0), HasSubstr("CONSUMERS"));
   EXPECT_THAT(fa3_bwd_check(64, 64, 1, 3, 0, 0, 0), HasSubstr("STAGES"));
   EXPECT_THAT(fa3_bwd_check(64, 64, 1, 0, 0, 0, 0), HasSubstr("STAGES"));

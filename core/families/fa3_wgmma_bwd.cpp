@@ -16,7 +16,7 @@ Family make_fa3_wgmma_bwd() {
   f.direction = "bwd";
   f.template_file = "fa3_wgmma_bwd.cuh";
   f.kernels = {"flashtune::fa3_wgmma_bwd_preprocess", "flashtune::fa3_wgmma_bwd_dkdv", "flashtune::fa3_wgmma_bwd_convert"};
-  f.params = {{"BLOCK_M", {64, 128}},      // query rows per step (the scores' wgmma N)
+  f.params = {{"BLOCK_M", {64, 80, 96, 128}},  // query rows per step (the scores' wgmma N; 80, 96: dQ transposed)
               {"CONSUMERS", {1, 2, 3}},    // consumer warpgroups: BLOCK_N = 64 x CONSUMERS keys
               {"STAGES", {1, 2}},          // Q, dO, lse, delta slots in the TMA ring
               {"SCHED", {0, 1, 2, 3}},     // 0: key blocks of a head together; 1: heaviest first (LPT); 2: 0, rotated;
