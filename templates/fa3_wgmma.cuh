@@ -377,11 +377,14 @@ __device__ __forceinline__ void produce(const Smem<T>& sm, const AttnTensorMaps&
 template <class T>
 __device__ __forceinline__ void issue_qk(float (&s)[T::kBlockN / 2], unsigned q_wg, unsigned k_slot) {
   constexpr int SW = T::kSwizzle, SLICES = T::kGroupCols / 16;
+  // Each slice's descriptors are the first ones advanced (desc_advance: one add on the low word), not rebuilt
+  // from the address (mask, shift, or) per slice.
+  const unsigned long long da0 = desc_k_major_sw<SW>(q_wg), db0 = desc_k_major_sw<SW>(k_slot);
 #pragma unroll
   for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
     const unsigned col = static_cast<unsigned>(32 * (kk % SLICES));
-    const unsigned long long da = desc_k_major_sw<SW>(q_wg + static_cast<unsigned>(kk / SLICES * T::kBlockM * SW) + col);
-    const unsigned long long db = desc_k_major_sw<SW>(k_slot + static_cast<unsigned>(kk / SLICES * T::kBlockN * SW) + col);
+    const unsigned long long da = desc_advance(da0, static_cast<unsigned>(kk / SLICES * T::kBlockM * SW) + col);
+    const unsigned long long db = desc_advance(db0, static_cast<unsigned>(kk / SLICES * T::kBlockN * SW) + col);
     wgmma_ss<T::kBlockN, T::kDtype, 0, 0>(s, da, db, kk > 0);
   }
 }
@@ -598,10 +601,10 @@ struct POperand<T, false> {
   __device__ void fence() { fence_frags(pa); }
   __device__ void issue(float (&o)[T::kHeadDim / 2], unsigned v_slot) const {
     constexpr int SW = T::kSwizzle;
+    const unsigned long long d0 = desc_mn_major_sw<SW>(v_slot, T::kBlockN * SW);
 #pragma unroll
     for (int kk = 0; kk < T::kBlockN / 16; ++kk)
-      wgmma_rs<T::kHeadDim, T::kDtype, 1>(
-          o, pa[kk], desc_mn_major_sw<SW>(v_slot + static_cast<unsigned>(16 * SW * kk), T::kBlockN * SW), 1);
+      wgmma_rs<T::kHeadDim, T::kDtype, 1>(o, pa[kk], desc_advance(d0, static_cast<unsigned>(16 * SW * kk)), 1);
   }
 };
 
@@ -618,11 +621,12 @@ struct POperand<T, true> {
   __device__ void issue(float (&o)[T::kHeadDim / 2], unsigned v_slot) const {
     constexpr int SW = T::kSwizzle;
     named_bar_sync(bar, 128);  // every warp's rows staged
+    const unsigned long long da0 = desc_k_major<T::kBlockN>(desc_offset(tile)),
+                             db0 = desc_mn_major_sw<SW>(v_slot, T::kBlockN * SW);
 #pragma unroll
     for (int kk = 0; kk < T::kBlockN / 16; ++kk)
-      wgmma_ss<T::kHeadDim, T::kDtype, 0, 1>(
-          o, desc_k_major<T::kBlockN>(desc_offset(tile + static_cast<unsigned>(256 * kk))),
-          desc_mn_major_sw<SW>(v_slot + static_cast<unsigned>(16 * SW * kk), T::kBlockN * SW), 1);
+      wgmma_ss<T::kHeadDim, T::kDtype, 0, 1>(o, desc_advance(da0, static_cast<unsigned>(256 * kk)),
+                                             desc_advance(db0, static_cast<unsigned>(16 * SW * kk)), 1);
   }
 };
 
@@ -967,7 +971,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kCtasPerSm)
   }
   det::KvCluster<T>::sync_after_init();
 
-  const int wg = static_cast<int>(threadIdx.x) / 128;
+  // Broadcast from lane 0 so that ptxas sees the warpgroup index warp-uniform: every address and descriptor derived
+  // from it lives in uniform registers (as fa3_wgmma_bwd's; no R2UR per wgmma).
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (wg == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {

@@ -76,5 +76,25 @@ done <"$tmp/list.txt"
 # on the other CTA's mbarriers (remote arrivals), and no spill (the producer's 32 registers hold the copies).
 check fa3_wgmma_multicast '{"family":"fa3_wgmma","params":{"BLOCK_N":[128],"CONSUMERS":[2],"STAGES":[2],"OVERLAP":[1],"PINGPONG":[1],"P_SMEM":[0],"MULTICAST":[1]},"head_dims":[128],"causal":[false],"dtypes":["bf16"]}' \
   sm_90 HGMMA UTMALDG.4D.MULTICAST UCGABAR_ARV UCGABAR_WAIT SYNCS.ARRIVE.TRANS64.RED UTMASTG -- STL LDL
+# fa3_wgmma_bwd's 80-row tile: dQ computed transposed (dQ^T = K^T dS^T: the scores' and dQ^T's wgmma N is 80),
+# added by the bulk reduce, nothing spilled.
+check fa3_wgmma_bwd_dqt '{"family":"fa3_wgmma_bwd","params":{"BLOCK_M":[80],"CONSUMERS":[2],"STAGES":[2],"SCHED":[0],"DQ_OVERLAP":[0],"DQ_TURNS":[1]},"head_dims":[128],"causal":[false],"dtypes":["bf16"]}' \
+  sm_90 HGMMA.64x80x16 HGMMA.64x128x16 UTMALDG UBLKRED -- STL LDL
+# The wgmma descriptors of fa3_wgmma's consumers in uniform registers: the warpgroup index broadcast from lane 0 and
+# each k slice's descriptor the first one advanced (43 R2UR in this kernel when they were rebuilt per slice from a
+# per-thread address; Nsight Compute counted 16 per main-loop step, FA3-class none). At most 8.
+check_at_most() {  # check_at_most <name> <space json> <arch> <op> <max>
+  local name=$1 space=$2 arch=$3 op=$4 max=$5
+  echo "$space" >"$tmp/$name.json"
+  "$FLASHTUNE" compile-check "$tmp/$name.json" --arch "$arch" --save-cubins "$tmp/$name" >"$tmp/$name.log" 2>&1 \
+    || { echo "FAIL: compile $name"; cat "$tmp/$name.log"; fail=1; return; }
+  local cubins=("$tmp/$name"/*.cubin)
+  [[ ${#cubins[@]} -gt 0 ]] || { echo "FAIL: $name: nothing compiled"; fail=1; return; }
+  local count
+  count=$("$CUOBJDUMP" -sass "${cubins[0]}" | grep -c "\b$op")
+  if ((count > max)); then echo "FAIL: $name $arch: $count x $op (at most $max)"; fail=1; else echo "$name $arch: $count x $op"; fi
+}
+check_at_most fa3_wgmma_uniform_desc '{"family":"fa3_wgmma","params":{"BLOCK_N":[128],"CONSUMERS":[2],"STAGES":[2],"OVERLAP":[1],"PINGPONG":[0],"P_SMEM":[0]},"head_dims":[128],"causal":[true],"dtypes":["bf16"]}' \
+  sm_90 R2UR 8
 [[ $fail -eq 0 ]] && echo "sass_check: all passed"
 exit $fail
