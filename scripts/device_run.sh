@@ -634,7 +634,8 @@ fa3-bwd)
   #   short - fa3_wgmma_bwd_short.json exhaustively on the long points (S 16k, GQA 8k; FA3_BWD_SHORT_PROBLEMS: names
   #           under configs/problems) into fa3_bwd_short.db (rows there kept: a second call adds); FA3_BWD_SHORT_SPACE
   #           and FA3_BWD_SHORT_DB (names under configs/spaces and reports/<gpu>) another space and store
-  #           (peers then with FA3_BWD_PEERS_DB=<it>, FA3_BWD_PEERS_PROBLEMS=<files>, FA3_BWD_PEERS_OUT=<csv stem>)
+  #           (peers then with FA3_BWD_PEERS_DB=<it>, FA3_BWD_PEERS_PROBLEMS=<files>, FA3_BWD_PEERS_OUT=<csv stem>);
+  #           FA3_BWD_SHORT_PAUSE_US: tune's --pause-us (the GPU idle before each timed repeat)
   #   det   - DETERMINISTIC 1 validated (5 bitwise-equal runs per config) and tuned (halving) on the grid
   parts=("$@")
   ((${#parts[@]})) || parts=(check spot)
@@ -675,7 +676,8 @@ fa3-bwd)
         for probs in ${FA3_BWD_SHORT_PROBLEMS:-anchors_bwd_long_bf16}; do
           log "tune $sspace on $probs (exhaustive)"
           timeout "${FA3_BWD_SHORT_LIMIT_S:-300}" $ft tune "configs/spaces/$sspace.json" \
-            configs/problems/$probs.json --db "$sdb" --timeout 10 2>&1 | grep -vE "^\[|^tune " | tail -14
+            configs/problems/$probs.json --db "$sdb" --timeout 10 ${FA3_BWD_SHORT_PAUSE_US:+--pause-us "$FA3_BWD_SHORT_PAUSE_US"} \
+            2>&1 | grep -vE "^\[|^tune " | tail -14
         done
         $ft drop-cubins --db "$sdb"; cp "$sdb" "$OUT/"
         ;;

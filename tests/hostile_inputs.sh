@@ -135,6 +135,8 @@ expect_usage_error "give --device or --devices, not both" tune "$tmp/space.json"
 expect_usage_error "--replay database" tune "$tmp/space.json" "$tmp/problems.json" --replay "$tmp/absent.db"
 expect_usage_error "--replay writes nothing: drop --db" tune "$tmp/space.json" "$tmp/problems.json" --replay "$tmp/fixture.db" --db "$tmp/fixture.db"
 expect_usage_error "--stop-margin must be a positive number" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --stop-margin -1
+expect_usage_error "--pause-us must be an integer in 0..100000" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --pause-us 200000
+expect_usage_error "--pause-us must be an integer in 0..100000" run --family naive --params THREADS=256 --shape 1,1,8,8,32 --pause-us -5
 expect_usage_error "--worker-threads must be an integer in 1..4096, got '0'" tune "$tmp/space.json" "$tmp/problems.json" --db "$tmp/n.db" --worker-threads 0
 expect_usage_error "experiment: 'title' must be a string" experiment "$tmp/exp_title.json" --dry-run
 expect_usage_error "'reps' must be a number" experiment "$tmp/exp_reps.json" --dry-run

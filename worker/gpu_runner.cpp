@@ -824,6 +824,9 @@ void GpuRunner::time_repeats(const std::function<void()>& launch, const json& ti
   // Timing economy: with stop_above_ms, the first 3 repeats are read before the rest is launched, and a
   // candidate whose median over them is above it (clearly slower than the best so far) stops there.
   const double stop_above = timing.value("stop_above_ms", 0.0);
+  // pause_us: the GPU left idle that long before each repeat (synchronised, then a host sleep), so that a heavy
+  // kernel is timed off the power cap that back-to-back repeats run into (0: back to back).
+  const int pause_us = std::clamp(timing.value("pause_us", 0), 0, 100000);
   const int first = stop_above > 0 ? std::min(reps, 3) : reps;
 
   std::vector<CUevent> starts(reps), stops(reps);
@@ -833,6 +836,10 @@ void GpuRunner::time_repeats(const std::function<void()>& launch, const json& ti
   }
   auto timed = [&](int from, int to) {
     for (int i = from; i < to; ++i) {
+      if (pause_us > 0) {
+        CU_CHECK(cuCtxSynchronize());
+        std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      }
       CU_CHECK(cuMemsetD32Async(flush_.ptr, (unsigned)i, flush_.bytes / 4, nullptr));
       CU_CHECK(cuEventRecord(starts[i], nullptr));
       launch();
@@ -868,6 +875,7 @@ void GpuRunner::time_repeats(const std::function<void()>& launch, const json& ti
   out["detail"]["timing_ms"] = spent;
   out["detail"]["telemetry"] = telemetry_->sample();  // right after the repeats: the state they ran in
   if (early) out["detail"]["early_stopped"] = true;
+  if (pause_us > 0) out["detail"]["pause_us"] = pause_us;
   out["reps"] = (int)ms.size();
   out["ms_median"] = timing::percentile(ms, 0.5);
   out["ms_p20"] = timing::percentile(ms, 0.2);

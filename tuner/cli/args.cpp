@@ -74,6 +74,7 @@ RunOptions run_options(const Args& a) {
   o.device = (int)a.get_int("device", 0, 0, 64);
   o.timeout_s = a.get_double("timeout", 30);
   o.seed = (unsigned long long)a.get_int("seed", (long long)o.seed, 0, (1ll << 62));
+  o.pause_us = (int)a.get_int("pause-us", 0, 0, 100000);
   return o;
 }
 

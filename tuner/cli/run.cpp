@@ -82,7 +82,7 @@ int cmd_run(int argc, char** argv) {
     std::puts("usage: flashtune run --family F (--params K=V,... | --best) --shape B,H,Sq,Sk,d [--dtype fp32]\n"
               "                     [--causal] [--direction fwd|bwd] [--seed N] [--check] [--check-determinism]\n"
               "                     [--json] [--db PATH] [--device N] [--timeout S] [--inputs DIR] [--save-outputs DIR]\n"
-              "                     [--input-dist normal|heavy] [--input-scale X] [--heads-k N]\n"
+              "                     [--input-dist normal|heavy] [--input-scale X] [--heads-k N] [--pause-us N]\n"
               "                     [--window L,R] [--softcap C] [--alibi] [--mask-mod TEXT [--mask-tensor N=FILE,..]]\n"
               "       flashtune run ... --shape H,d (--varlen FILE|JSON | --seq-lens L,L,.. [--seq-lens-k L,L,..])\n"
               "       flashtune run ... --shape B,H,Sq,Sk,d --paged FILE|JSON\n"
@@ -124,13 +124,14 @@ int cmd_run(int argc, char** argv) {
               "(positions in the sequence), ANDed with --causal; --mask-tensor NAME=FILE,.. names raw int32 files it\n"
               "reads as NAME[i] (0 outside the file; at most 4). Dense problems, fa3_wgmma and fa3_wgmma_bwd; not with\n"
               "--window. A predicate NVRTC rejects is one line naming the error (exit 2). docs/kernels.md, \"mask_mod\".\n"
+              "--pause-us N: the GPU left idle N microseconds (0 to 100000) before each timed repeat (tune's option).\n"
               "Exit 1 if the kernel is not valid.");
     return 0;
   }
   Args a = parse(argc, argv,
                  {"family", "params", "shape", "dtype", "seed", "db", "device", "timeout", "direction", "inputs",
                   "save-outputs", "input-dist", "input-scale", "heads-k", "varlen", "seq-lens", "seq-lens-k", "paged",
-                  "window", "softcap", "mask-mod", "mask-tensor"},
+                  "window", "softcap", "mask-mod", "mask-tensor", "pause-us"},
                  {"causal", "check", "json", "best", "check-determinism", "alibi"});
   no_positional(a, "run");
   if (!a.has("family")) throw UsageError("run needs --family");

@@ -51,7 +51,7 @@ int cmd_tune(int argc, char** argv) {
         "                      [--strategy exhaustive|random|halving|guided] [--max-evals N|N%] [--time-budget 10m]\n"
         "                      [--seed N] [--shard k/n] [--replay DB [--replay-device NAME]] [--json]\n"
         "                      [--stop-margin X] [--retime N] [--timeout S] [--arch A] [--quiet] [--worker-threads N]\n"
-        "                      [--input-dist normal|heavy] [--input-scale X]\n"
+        "                      [--input-dist normal|heavy] [--input-scale X] [--pause-us N]\n"
         "Searches the space's variants on each problem: a strategy proposes candidates, a worker process per\n"
         "GPU compiles only what is proposed, runs it, validates it against the float64 reference, times the\n"
         "valid ones and stores every attempt (one row each: a stopped sweep resumes from what is stored).\n"
@@ -81,6 +81,9 @@ int cmd_tune(int argc, char** argv) {
         "                 far (default 0.25; 0: off)\n"
         "  --retime N     re-time each problem's N fastest interleaved (A B C A B C ...) at the end and store\n"
         "                 both figures (default 3; 0: off)\n"
+        "  --pause-us N   leave the GPU idle N microseconds (0 to 100000) before each timed repeat: a heavy kernel's\n"
+        "                 back-to-back repeats run under the power cap, a pause times it as a synchronised call\n"
+        "                 at a time is (the peers' timer); default 0, back to back; kept in the row's detail\n"
         "--input-dist and --input-scale override every problem's \"inputs\": seeded normal numbers, or\n"
         "Student-t with 3 degrees of freedom (heavy), times the scale (0.001 to 1000); either alone keeps\n"
         "the other from each problem. Default: the problem's own, else normal, 1.");
@@ -89,7 +92,7 @@ int cmd_tune(int argc, char** argv) {
   Args a = parse(argc, argv,
                  {"db", "device", "devices", "timeout", "seed", "arch", "input-dist", "input-scale", "strategy",
                   "max-evals", "time-budget", "shard", "replay", "replay-device", "stop-margin", "retime",
-                  "worker-threads"},
+                  "worker-threads", "pause-us"},
                  {"quiet", "allow-large-space", "json"});
   if (a.positional.size() != 2) throw UsageError("tune takes a space file and a problems file");
   Space space = load_space(a.positional[0], a.has("allow-large-space"));

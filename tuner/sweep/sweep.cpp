@@ -151,6 +151,7 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
         {{"tensor", m.tensor}, {"box_rows", m.box_rows}, {"box_cols", m.box_cols}, {"swizzle", m.swizzle_bytes}});
   if (!opt_.save_outputs_dir.empty()) req["save_dir"] = opt_.save_outputs_dir;
   if (!timing.empty()) req["timing"] = timing;
+  if (opt_.pause_us > 0) req["timing"]["pause_us"] = opt_.pause_us;
   if (validated) req["time_only"] = true;
   take_reply(run_request(req), p, r);
   if (validated && r.status == "ok") {
@@ -163,7 +164,7 @@ ResultRecord GpuSession::run(const KernelRecord& k, const Variant& v, const Prob
     if (!d.is_object()) d = json::object();
     const json mine = r.detail.empty() ? json::object() : json::parse(r.detail, nullptr, false);
     for (const char* key : {"timing_ms", "telemetry", "phase_ms", "early_stopped", "worker_device", "ms_samples",
-                            "request_ms"}) {
+                            "request_ms", "pause_us"}) {
       d.erase(key);
       if (mine.is_object() && mine.contains(key)) d[key] = mine[key];
     }

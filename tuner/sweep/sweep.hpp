@@ -34,6 +34,11 @@ struct RunOptions {
   // CPU threads the worker's parallel parts use (input generation, reference, validation); 0: every core, for
   // each of N workers too (tune's --worker-threads sets a share).
   int worker_threads = 0;
+  // The GPU left idle this long (microseconds) before each timed repeat (0: the repeats back to back, the default).
+  // Back-to-back repeats of a heavy kernel run under the power cap (the rows' telemetry: sw_power_cap, lower SM
+  // clocks); a pause times it in the regime the peers' profiler timer sees (a synchronised call at a time). Kept in
+  // the row's detail.pause_us.
+  int pause_us = 0;
 };
 
 // Where a worker's time went over a session, as its tuner saw it: the prepares (their number, and the
