@@ -636,6 +636,10 @@ fa3-bwd)
   #           and FA3_BWD_SHORT_DB (names under configs/spaces and reports/<gpu>) another space and store
   #           (peers then with FA3_BWD_PEERS_DB=<it>, FA3_BWD_PEERS_PROBLEMS=<files>, FA3_BWD_PEERS_OUT=<csv stem>);
   #           FA3_BWD_SHORT_PAUSE_US: tune's --pause-us (the GPU idle before each timed repeat)
+  #   regime - the harness's timing regime against the peers' timer: FA3_BWD_REGIME_SPACE (fa3_wgmma_bwd_dqt_time)
+  #           tuned exhaustively on FA3_BWD_REGIME_PROBLEMS (spot_bwd_d128_s4k) with the repeats back to back and with
+  #           FA3_BWD_REGIME_PAUSE_US (2000) before each, into two stores of this run; then each store's four fastest
+  #           timed as bwd_peers times the op (experiments/probes/bwd_config_ab.py): bwd_regime_*.csv, bwd_regime.txt
   #   det   - DETERMINISTIC 1 validated (5 bitwise-equal runs per config) and tuned (halving) on the grid
   parts=("$@")
   ((${#parts[@]})) || parts=(check spot)
@@ -693,6 +697,33 @@ fa3-bwd)
                 # FA3-class and cuDNN backward kernels at the same shapes
         PROFILE_OURS=${FA3_BWD_PROFILE_OURS:-1} profile_points bwd fa3_bwd_profile \
           "${FA3_BWD_PROFILE_POINTS:-BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_OVERLAP=1;4,16,4096,4096,128;0}"
+        ;;
+      regime)
+        rspace=${FA3_BWD_REGIME_SPACE:-fa3_wgmma_bwd_dqt_time} rprobs=${FA3_BWD_REGIME_PROBLEMS:-spot_bwd_d128_s4k}
+        for pause in 0 "${FA3_BWD_REGIME_PAUSE_US:-2000}"; do
+          rdb=$rep/bwd_regime_pause$pause.db
+          rm -f "$rdb"
+          log "tune $rspace on $rprobs, --pause-us $pause"
+          timeout "${FA3_BWD_REGIME_LIMIT_S:-150}" $ft tune "configs/spaces/$rspace.json" "configs/problems/$rprobs.json" \
+            --db "$rdb" --timeout 10 --pause-us "$pause" 2>&1 | grep -vE "^\[|^tune " | tail -3
+          python3 - "$rdb" >"$OUT/regime_top_$pause.txt" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+for cfg, ms in c.execute("select config, ms_median from results where status = 'ok' order by ms_median limit 4"):
+    print(f"{ms:.4f} {cfg}")
+PY
+          cat "$OUT/regime_top_$pause.txt"
+        done
+        shape=$(python3 -c 'import json, sys; p = json.load(open(sys.argv[1]))["problems"][0]
+print("%d,%d,%d,%d" % (p["batch"], p["heads"], p["seq_q"], p["head_dim"]), "--causal" if p.get("causal") else "")' \
+          "configs/problems/$rprobs.json")
+        configs=$(cat "$OUT"/regime_top_*.txt | awk '{print $2}' | sort -u | paste -sd';')
+        log "the stores' fastest, timed as bwd_peers times the op"
+        with_peers timeout "${FA3_BWD_REGIME_AB_LIMIT_S:-240}" python3 experiments/probes/bwd_config_ab.py \
+          --db "$rep/bwd_regime_pause0.db" --shape $shape --configs "$configs" --rounds 4 \
+          --out "$rep/bwd_regime_ab.csv" 2>&1 | tee "$rep/bwd_regime.txt"
+        $ft drop-cubins --db "$rep/bwd_regime_pause0.db"; $ft drop-cubins --db "$rep/bwd_regime_pause${FA3_BWD_REGIME_PAUSE_US:-2000}.db"
+        cp "$rep"/bwd_regime* "$OUT/" 2>/dev/null
         ;;
       det)  # DETERMINISTIC 1 and DQ_STAGES 2: every compiled variant with either validated on the ragged shapes (a
             # deterministic one held to 5 bitwise-equal runs), then, by halving, the picks' neighbourhood (two
