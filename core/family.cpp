@@ -115,7 +115,7 @@ std::string Family::shape_reason(const Problem& p) const {
 const char* Family::mods_check(const Config& c, unsigned m) const {
   if (c.size() != params.size()) return nullptr;  // check() says what is wrong with such a config
   for (const ModsRefusal& r : mods_refused)
-    if ((m & r.mods) && c[r.param] != 0) return r.why;
+    if ((m & r.mods) && r.refuses(c[r.param])) return r.why;
   return nullptr;
 }
 
@@ -123,7 +123,7 @@ Config Family::mods_fallback(const Config& c, unsigned m) const {
   Config out = c;
   if (c.size() == params.size())
     for (const ModsRefusal& r : mods_refused)
-      if (m & r.mods) out[r.param] = 0;
+      if ((m & r.mods) && r.refuses(out[r.param])) out[r.param] = r.fallback;
   return out;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <algorithm>
 #include <vector>
 
 #include "core/problem.hpp"
@@ -92,12 +93,18 @@ struct Family {
   // all three modifications pass ptxas's 255 registers past d 128 and spill. has_mods() reads both.
   int mods_max_head_dim = 0;
   // Switches a modification refuses: with any of `mods`, the tunable at index `param` must be 0 (fa3_wgmma: no
-  // MULTICAST with a mask_mod; fa3_wgmma_bwd: no DETERMINISTIC and no DQ_TURNS with one). mods_check and
-  // mods_fallback read them.
+  // MULTICAST with a mask_mod; fa3_wgmma_bwd: no DETERMINISTIC and no DQ_TURNS with one), or, where `values` names
+  // them, must not take those values, the runtime running `fallback` instead (fa3_wgmma_bwd: BLOCK_M 80 and 96 with
+  // any modification -> 64). mods_check and mods_fallback read them.
   struct ModsRefusal {
     unsigned mods;
     size_t param;
     const char* why;
+    std::vector<int> values = {};  // the refused values (empty: every value but 0)
+    int fallback = 0;              // what mods_fallback puts in their place
+    bool refuses(int v) const {
+      return values.empty() ? v != 0 : std::find(values.begin(), values.end(), v) != values.end();
+    }
   };
   std::vector<ModsRefusal> mods_refused;
   // nullptr when the config has a variant with the modifications `mods`, else why not (the first refusal it meets).

@@ -491,6 +491,31 @@ TEST(RuntimeLookup, WindowLooksUpItsWalk) {
   EXPECT_EQ(seen, 1) << "no H200 table in the committed tables (configs/generated)";
 }
 
+// The H200 table's d 128 backward picks take fa3_wgmma_bwd's 80-row tile (dQ transposed), validated on a GPU in the
+// plain form only: a call with a score modification runs the same pick at BLOCK_M 64 (Family::mods_refused), the
+// plain call the 80-row tile.
+TEST(Lookup, ModifiedBackwardRunsTheSixtyFourRowTile) {
+  const TableSet ts = generated_tables();
+  int seen = 0;
+  for (int i = 0; i < ts.count; ++i) {
+    const tuned::Table& t = ts.tables[i];
+    if (std::string(t.device) != "NVIDIA H200") continue;
+    ++seen;
+    const Query plain = query(t.device, t.arch, "bwd", DType::bf16, 128, false, 16384);
+    Query windowed = plain;
+    windowed.mods = kModWindow;
+    const Pick a = choose(ts, plain), b = choose(ts, windowed);
+    ASSERT_NE(a.family, nullptr);
+    ASSERT_EQ(a.family->name, "fa3_wgmma_bwd");
+    EXPECT_EQ(a.config[0], 80) << a.family->config_string(a.config);
+    ASSERT_EQ(b.family, a.family);
+    Config expect = a.config;
+    expect[0] = 64;
+    EXPECT_EQ(b.config, expect) << b.family->config_string(b.config);
+  }
+  EXPECT_EQ(seen, 1) << "no H200 table in the committed tables (configs/generated)";
+}
+
 // Issue 31: the decode buckets are keyed by (batch x kv heads, Sk). On the committed H100 table (decode_bf16.json:
 // Hq 32, Hk 8, d 128, B 1/8/64 x Sk 4k/32k/128k) B 64 at 4k keys runs its own tuned pick (SPLITS 1), not B 1's;
 // other batches take the nearest tuned batch x kv heads by ratio, and explain()'s bucket text says which.

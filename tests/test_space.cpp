@@ -1901,6 +1901,19 @@ TEST(Family, Fa3BwdMaskRefusesTurnsAndFallsBack) {
   const Config det = f.parse_config("BLOCK_M=64,CONSUMERS=2,DETERMINISTIC=1,DQ_STAGES=1");
   EXPECT_THAT(f.mods_check(det, kModMask), HasSubstr("DETERMINISTIC"));
   EXPECT_EQ(f.mods_check(f.mods_fallback(det, kModMask), kModMask), nullptr);
+  // BLOCK_M 80 and 96 (dQ transposed) with any modification: not validated on a GPU in the modified forms; the
+  // runtime runs BLOCK_M 64 with the rest of the pick (the plain call keeps 80).
+  const Config t80 = f.parse_config("BLOCK_M=80,CONSUMERS=2,STAGES=2,SCHED=0,DQ_TURNS=1,DQ_STAGES=1");
+  EXPECT_EQ(f.mods_check(t80, 0), nullptr);
+  for (unsigned m : {kModWindow, kModSoftcap, kModAlibi, kModMask}) {
+    if (m != kModMask) EXPECT_THAT(f.mods_check(t80, m), HasSubstr("BLOCK_M 80 or 96")) << m;
+    else EXPECT_NE(f.mods_check(t80, m), nullptr);  // (DQ_TURNS 1's refusal is met first)
+    EXPECT_EQ(f.mods_check(f.mods_fallback(t80, m), m), nullptr) << m;
+  }
+  EXPECT_THAT(f.mods_check(f.parse_config("BLOCK_M=80,CONSUMERS=2,DQ_STAGES=1"), kModMask), HasSubstr("BLOCK_M 80 or 96"));
+  EXPECT_EQ(f.mods_fallback(t80, kModWindow), f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_TURNS=1,DQ_STAGES=1"));
+  EXPECT_EQ(f.mods_fallback(t80, kModMask), f.parse_config("BLOCK_M=64,CONSUMERS=2,STAGES=2,SCHED=0,DQ_TURNS=0,DQ_STAGES=1"));
+  EXPECT_EQ(f.mods_fallback(pick, kModSoftcap), pick);  // 64 and 128 are not refused
   // fa3_wgmma: MULTICAST off with a mask_mod.
   const Family& fw = find_family("fa3_wgmma");
   const Config mc = fw.parse_config("BLOCK_N=128,CONSUMERS=2,STAGES=2,MULTICAST=1");

@@ -52,7 +52,11 @@ Family make_fa3_wgmma_bwd() {
                      "a mask's are not one (a turn order from the block summary is not built)"},
                     {kModMask, kDqTurns,
                      "DQ_TURNS 1 with a mask_mod: dK and dQ measured wrong on the H200 (documents at S 700, causal; "
-                     "DQ_TURNS 0 right), refused until found"}};
+                     "DQ_TURNS 0 right), refused until found"},
+                    {kModWindow | kModSoftcap | kModAlibi | kModMask, kBlockM,
+                     "BLOCK_M 80 or 96 (dQ transposed) with a score modification: validated on a GPU in the plain form "
+                     "only, so the runtime runs BLOCK_M 64 until the modified forms are",
+                     {80, 96}, 64}};
   f.mask_blocks = [](const Config& c) { return std::pair{Named(c).block_m, fa3_bwd_block_n(Named(c).consumers)}; };
   f.causal_check = [](const Config& c, bool causal) -> const char* {
     return c.size() == 8 && Named(c).deterministic == 2 && !causal

@@ -1178,7 +1178,8 @@ def explain(q, k, v, causal=False, deterministic=False, window_size=(-1, -1), so
     family's tabled or stored pick runs, else ""), and the same for the backward under "backward" ({"error": ...}
     where it has none). The modifications (window_size, softcap, alibi_slopes, mask_mod with mask_tensors) as
     attention's, checked the same way: a window's forward reads another bucket than the plain call, and a mask_mod
-    call runs its pick with what the mask refuses turned off (MULTICAST, DQ_TURNS), which the config says."""
+    call runs its pick with what the mask refuses turned off (MULTICAST, DQ_TURNS; and the backward's BLOCK_M 80 or 96 as
+    64 with any modification), which the config says."""
     fn = "flashtune.torch.explain"
     det = _lib.flag(fn, "deterministic", deterministic)
     mods = _mods(fn, window_size, softcap, alibi_slopes)
