@@ -37,6 +37,8 @@
 //     dS^T -> shared memory (its own tile of two, by step parity); named barrier kDsReady
 //     dQ_piece = dS K       SS, dS M-major (interleaved tile), K MN-major; staged in fp32 (register order)
 //                           in the warpgroup's own piece of the staging tile for the writer
+//                           (BLOCK_M 80, 96: dQ^T_piece = K^T dS^T, K's 64-column group MN-major, dS^T N-major,
+//                           N = BLOCK_M: FlashAttention-3's dQ_swapAB; the convert transposes it back)
 //   DQ_OVERLAP 0 issues dV and dK together and the dQ chains once both are done; 1 issues dV, then (after
 //   the barrier) the one dQ chain and dK together, and stages dQ while dK runs.
 //   DQ_TURNS 1 (two consumers): step t's whole dQ is consumer t % 2's, which alone waits for the other's dS^T;
