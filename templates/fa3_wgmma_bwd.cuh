@@ -685,21 +685,17 @@ __device__ __forceinline__ DqPiece dq_piece(int c) {
 template <class T>
 __device__ __forceinline__ void gemm_dq(float (&acc)[T::kDqChunk / 2], unsigned ds, unsigned k, int rt, int c0) {
   constexpr int SW = T::kSwizzle, W = T::kGroupCols, BM = T::kBlockM, BN = T::kBlockN;
-  if constexpr (T::kDqTransposed) {
-    static_assert(W == 64 && T::kDqChunk == BM, "dQ^T: a row tile is one 128-byte swizzle group, a chain the block");
-    const unsigned long long da0 = desc_mn_major_sw<SW>(k + static_cast<unsigned>(rt * BN * SW), BN * SW);
-    const unsigned long long db0 = desc_mn_major<BM>(ds);
+  constexpr bool TR = T::kDqTransposed;
+  static_assert(!TR || (W == 64 && T::kDqChunk == BM), "dQ^T: a row tile is one 128-byte swizzle group, a chain the block");
+  // The two operands and their k16 steps (dS: 2 key rows of core matrices, 32 BM bytes; K: 16 swizzled rows); dQ^T
+  // swaps them.
+  const unsigned long long ds0 = desc_mn_major<BM>(ds + static_cast<unsigned>(TR ? 0 : 16 * 64 * rt));
+  const unsigned long long k0 = desc_mn_major_sw<SW>(k + static_cast<unsigned>((TR ? rt : c0 / W) * BN * SW), BN * SW);
+  constexpr unsigned kDsStep = 32 * BM, kKStep = 16 * SW;
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks)
-      wgmma_ss<BM, T::kDtype, 1, 1>(acc, desc_advance(da0, static_cast<unsigned>(16 * SW * ks)),
-                                    desc_advance(db0, static_cast<unsigned>(32 * BM * ks)), ks > 0);
-  } else {
-    const unsigned long long da0 = desc_mn_major<BM>(ds + static_cast<unsigned>(16 * 64 * rt));
-    const unsigned long long db0 = desc_mn_major_sw<SW>(k + static_cast<unsigned>(c0 / W * BN * SW), BN * SW);
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks)
-      wgmma_ss<T::kDqChunk, T::kDtype, 1, 1>(acc, desc_advance(da0, static_cast<unsigned>(32 * BM * ks)),
-                                             desc_advance(db0, static_cast<unsigned>(16 * SW * ks)), ks > 0);
+  for (int ks = 0; ks < BN / 16; ++ks) {
+    const unsigned long long dsd = desc_advance(ds0, kDsStep * ks), kd = desc_advance(k0, kKStep * ks);
+    wgmma_ss<T::kDqChunk, T::kDtype, 1, 1>(acc, TR ? kd : dsd, TR ? dsd : kd, ks > 0);
   }
 }
 
