@@ -3,9 +3,9 @@
 // expression, which configurations are impossible (and why), how to launch it, and its
 // default configuration (the fixed table a tuner has to beat).
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <string>
-#include <algorithm>
 #include <vector>
 
 #include "core/problem.hpp"
@@ -109,8 +109,8 @@ struct Family {
   std::vector<ModsRefusal> mods_refused;
   // nullptr when the config has a variant with the modifications `mods`, else why not (the first refusal it meets).
   const char* mods_check(const Config& c, unsigned mods) const;
-  // The config the runtime runs instead of a pick mods_check refuses: the same config with every switch the
-  // modifications refuse turned off (the pick itself where none is on).
+  // The config the runtime runs instead of a pick mods_check refuses: the same config with every value the
+  // modifications refuse replaced by its refusal's fallback (the pick itself where none is refused).
   Config mods_fallback(const Config& c, unsigned mods) const;
   // A mask_mod's block summary for a config (kModMask): the (query rows, keys) of one block of its lists, the
   // kernel's tiles (fa3_wgmma: BLOCK_M = 64 CONSUMERS and BLOCK_N; fa3_wgmma_bwd: BLOCK_M and BLOCK_N = 64

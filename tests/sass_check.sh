@@ -8,11 +8,15 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
 export PATH="$(dirname "$CUOBJDUMP"):$PATH"  # cuobjdump runs the nvdisasm beside it
-check() {  # check <name> <space json> <arch> <must have...> -- <must not have...>
-  local name=$1 space=$2 arch=$3; shift 3
+compile() {  # compile <name> <space json> <arch>: the space's cubins into $tmp/<name>; 1 (and FAIL) if it does not
+  local name=$1 space=$2 arch=$3
   echo "$space" >"$tmp/$name.json"
   "$FLASHTUNE" compile-check "$tmp/$name.json" --arch "$arch" --save-cubins "$tmp/$name" >"$tmp/$name.log" 2>&1 \
-    || { echo "FAIL: compile $name"; cat "$tmp/$name.log"; fail=1; return; }
+    || { echo "FAIL: compile $name"; cat "$tmp/$name.log"; fail=1; return 1; }
+}
+check() {  # check <name> <space json> <arch> <must have...> -- <must not have...>
+  local name=$1 space=$2 arch=$3; shift 3
+  compile "$name" "$space" "$arch" || return
   local n=0
   for cubin in "$tmp/$name"/*.cubin; do
     n=$((n + 1))
@@ -85,9 +89,7 @@ check fa3_wgmma_bwd_dqt '{"family":"fa3_wgmma_bwd","params":{"BLOCK_M":[80],"CON
 # per-thread address; Nsight Compute counted 16 per main-loop step, FA3-class none). At most 8.
 check_at_most() {  # check_at_most <name> <space json> <arch> <op> <max>
   local name=$1 space=$2 arch=$3 op=$4 max=$5
-  echo "$space" >"$tmp/$name.json"
-  "$FLASHTUNE" compile-check "$tmp/$name.json" --arch "$arch" --save-cubins "$tmp/$name" >"$tmp/$name.log" 2>&1 \
-    || { echo "FAIL: compile $name"; cat "$tmp/$name.log"; fail=1; return; }
+  compile "$name" "$space" "$arch" || return
   local cubins=("$tmp/$name"/*.cubin)
   [[ ${#cubins[@]} -gt 0 ]] || { echo "FAIL: $name: nothing compiled"; fail=1; return; }
   local count

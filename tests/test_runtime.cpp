@@ -50,6 +50,17 @@ Query query(const std::string& device, const std::string& arch, const std::strin
   return q;
 }
 
+// The one committed table of a device (nullptr when there is none, or more than one).
+const tuned::Table* committed_table(const TableSet& ts, const char* device) {
+  const tuned::Table* found = nullptr;
+  for (int i = 0; i < ts.count; ++i)
+    if (std::string(ts.tables[i].device) == device) {
+      if (found) return nullptr;
+      found = &ts.tables[i];
+    }
+  return found;
+}
+
 // A config of `f` that its check rejects at head dim d (searched over the domains: tests enumerate
 // what exists), or empty when every config is valid there.
 Config rejected_config(const Family& f, int d) {
@@ -470,50 +481,40 @@ TEST(RuntimeLookup, WindowLooksUpItsWalk) {
   // The committed tables, through choose: the H200's causal d 128 forward at S 16k with a window of 1024 keys takes
   // the 4096 bucket's config (2050 <= 4096), the same call without one the 16384 bucket's.
   const TableSet ts = generated_tables();
-  int seen = 0;
-  for (int i = 0; i < ts.count; ++i) {
-    const tuned::Table& t = ts.tables[i];
-    if (std::string(t.device) != "NVIDIA H200") continue;
-    ++seen;
-    Problem w;
-    w.batch = 1, w.heads = 16, w.seq_q = w.seq_k = 16384, w.head_dim = 128, w.dtype = DType::bf16;
-    w.direction = "fwd", w.causal = true, w.window_left = 1024;
-    Query windowed = query(t.device, t.arch, "fwd", DType::bf16, 128, true, lookup_seq(w));
-    windowed.mods = kModWindow;
-    Query at_4096 = query(t.device, t.arch, "fwd", DType::bf16, 128, true, 4096);
-    Query plain = query(t.device, t.arch, "fwd", DType::bf16, 128, true, 16384);
-    const Pick a = choose(ts, windowed), b = choose(ts, at_4096), c = choose(ts, plain);
-    ASSERT_NE(a.family, nullptr);
-    EXPECT_EQ(a.family, b.family);
-    EXPECT_EQ(a.config, b.config);
-    EXPECT_NE(a.config, c.config) << "the H200 table's 4096 and 16384 causal d 128 picks differ (BLOCK_N 128, 176)";
-  }
-  EXPECT_EQ(seen, 1) << "no H200 table in the committed tables (configs/generated)";
+  const tuned::Table* t = committed_table(ts, "NVIDIA H200");
+  ASSERT_NE(t, nullptr) << "no single H200 table in the committed tables (configs/generated)";
+  Problem w;
+  w.batch = 1, w.heads = 16, w.seq_q = w.seq_k = 16384, w.head_dim = 128, w.dtype = DType::bf16;
+  w.direction = "fwd", w.causal = true, w.window_left = 1024;
+  Query windowed = query(t->device, t->arch, "fwd", DType::bf16, 128, true, lookup_seq(w));
+  windowed.mods = kModWindow;
+  Query at_4096 = query(t->device, t->arch, "fwd", DType::bf16, 128, true, 4096);
+  Query plain = query(t->device, t->arch, "fwd", DType::bf16, 128, true, 16384);
+  const Pick a = choose(ts, windowed), b = choose(ts, at_4096), c = choose(ts, plain);
+  ASSERT_NE(a.family, nullptr);
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.config, b.config);
+  EXPECT_NE(a.config, c.config) << "the H200 table's 4096 and 16384 causal d 128 picks differ (BLOCK_N 128, 176)";
 }
 
 // The H200 table's d 128 backward picks take fa3_wgmma_bwd's 80-row tile (dQ transposed), validated on a GPU in the
 // plain form only: a call with a score modification runs the same pick at BLOCK_M 64 (Family::mods_refused), the
 // plain call the 80-row tile.
-TEST(Lookup, ModifiedBackwardRunsTheSixtyFourRowTile) {
+TEST(RuntimeLookup, ModifiedBackwardRunsTheSixtyFourRowTile) {
   const TableSet ts = generated_tables();
-  int seen = 0;
-  for (int i = 0; i < ts.count; ++i) {
-    const tuned::Table& t = ts.tables[i];
-    if (std::string(t.device) != "NVIDIA H200") continue;
-    ++seen;
-    const Query plain = query(t.device, t.arch, "bwd", DType::bf16, 128, false, 16384);
-    Query windowed = plain;
-    windowed.mods = kModWindow;
-    const Pick a = choose(ts, plain), b = choose(ts, windowed);
-    ASSERT_NE(a.family, nullptr);
-    ASSERT_EQ(a.family->name, "fa3_wgmma_bwd");
-    EXPECT_EQ(a.config[0], 80) << a.family->config_string(a.config);
-    ASSERT_EQ(b.family, a.family);
-    Config expect = a.config;
-    expect[0] = 64;
-    EXPECT_EQ(b.config, expect) << b.family->config_string(b.config);
-  }
-  EXPECT_EQ(seen, 1) << "no H200 table in the committed tables (configs/generated)";
+  const tuned::Table* t = committed_table(ts, "NVIDIA H200");
+  ASSERT_NE(t, nullptr) << "no single H200 table in the committed tables (configs/generated)";
+  const Query plain = query(t->device, t->arch, "bwd", DType::bf16, 128, false, 16384);
+  Query windowed = plain;
+  windowed.mods = kModWindow;
+  const Pick a = choose(ts, plain), b = choose(ts, windowed);
+  ASSERT_NE(a.family, nullptr);
+  ASSERT_EQ(a.family->name, "fa3_wgmma_bwd");
+  EXPECT_EQ(a.config[0], 80) << a.family->config_string(a.config);
+  ASSERT_EQ(b.family, a.family);
+  Config expect = a.config;
+  expect[0] = 64;
+  EXPECT_EQ(b.config, expect) << b.family->config_string(b.config);
 }
 
 // Issue 31: the decode buckets are keyed by (batch x kv heads, Sk). On the committed H100 table (decode_bf16.json:
@@ -521,9 +522,7 @@ TEST(Lookup, ModifiedBackwardRunsTheSixtyFourRowTile) {
 // other batches take the nearest tuned batch x kv heads by ratio, and explain()'s bucket text says which.
 TEST(RuntimeLookup, DecodeBucketsByBatchTimesKvHeads) {
   const TableSet ts = generated_tables();
-  const tuned::Table* h100 = nullptr;
-  for (int i = 0; i < ts.count; ++i)
-    if (std::string(ts.tables[i].device) == "NVIDIA H100 80GB HBM3") h100 = &ts.tables[i];
+  const tuned::Table* h100 = committed_table(ts, "NVIDIA H100 80GB HBM3");
   ASSERT_NE(h100, nullptr);
   const Family& f = find_family("decode_splitkv");
   auto decode = [&](int batch, int seq_k, int heads_k = 8) {
